@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Parity fixtures for halo-shell's model families, made by transformers itself.
+
+For each case this creates a tiny random model with transformers, saves it as a Hugging Face
+checkpoint (config.json + model.safetensors, float32) and records transformers' reference state:
+
+  reference.json     input_ids (B x T), per-token logprobs (B x (T-1), float32 forward) and the
+                     same in float64, the mean causal-LM loss, a packed-sequence case (documents run
+                     separately, concatenated), and the losses of 3 AdamW steps on the same batch.
+  grads.safetensors  d(loss)/d(param) for every parameter by its transformers parameter name
+                     (float32; tied embeddings appear once, as model.embed_tokens.weight).
+                     For MoE cases "loss" is the cross-entropy alone; grads_total.safetensors holds
+                     the gradients of cross-entropy + router_aux_loss_coef * aux_loss.
+
+AdamW: torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8), weight decay 0.1 on parameters
+with ndim >= 2 and 0 on the rest, no clipping; "losses" holds the objective before step 1 and after
+steps 1, 2 and 3 (for MoE cases the objective is cross-entropy + coef * aux_loss).
+
+Everything runs on the CPU in float32 with deterministic algorithms, so no TF32 enters.
+
+Usage: python3 make_fixtures.py OUTDIR
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(min(8, os.cpu_count() or 1))
+
+B, T = 2, 16
+PACKED_DOCS = [10, 14]
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def case(name, model_type, **kw):
+    cfg = dict(BASE)
+    cfg.update(kw)
+    return name, model_type, cfg
+
+
+CASES = [
+    case("llama", "llama", tie_word_embeddings=False),
+    case(
+        "llama_tied_llama3",
+        "llama",
+        tie_word_embeddings=True,
+        attention_bias=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+    case("mistral_swa", "mistral", sliding_window=6, tie_word_embeddings=False),
+    case(
+        "qwen2_yarn",
+        "qwen2",
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+    case(
+        "qwen3",
+        "qwen3",
+        head_dim=32,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0},
+    ),
+    case(
+        "qwen3_dynamic",
+        "qwen3",
+        head_dim=16,
+        tie_word_embeddings=False,
+        max_position_embeddings=8,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    ),
+    case(
+        "qwen3_moe",
+        "qwen3_moe",
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        output_router_logits=True,
+        router_aux_loss_coef=0.01,
+        tie_word_embeddings=False,
+    ),
+    case(
+        "qwen3_moe_sparse",
+        "qwen3_moe",
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=2,
+        mlp_only_layers=[],
+        norm_topk_prob=False,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    ),
+    case(
+        "mixtral",
+        "mixtral",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    ),
+    case(
+        "olmoe",
+        "olmoe",
+        num_experts=8,
+        num_experts_per_tok=2,
+        intermediate_size=32,
+        norm_topk_prob=False,
+        output_router_logits=True,
+        router_aux_loss_coef=0.01,
+        tie_word_embeddings=False,
+    ),
+]
+
+
+def perturb(model, seed):
+    """Make norms and biases non-trivial so the fixtures exercise them."""
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                if "norm" in name:
+                    p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                else:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def token_logprobs(logits, ids):
+    lp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
+    return lp[:, :-1, :].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def objective(model, ids, is_moe):
+    out = model(input_ids=ids, labels=ids)
+    ce = out.loss
+    if is_moe and getattr(out, "aux_loss", None) is not None:
+        return ce, ce + model.config.router_aux_loss_coef * out.aux_loss, out.aux_loss
+    return ce, ce, None
+
+
+def make(outdir, name, model_type, cfg_kw, seed):
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model(model_type, **cfg_kw)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    perturb(model, seed)
+    model.eval()
+    is_moe = model_type in ("qwen3_moe", "mixtral", "olmoe")
+    d = os.path.join(outdir, name)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        p = os.path.join(d, extra)
+        if os.path.exists(p):
+            os.remove(p)
+
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(3, cfg_kw["vocab_size"], (B, T), generator=g)
+    ref = {
+        "family": model_type,
+        "case": name,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "input_ids": ids.tolist(),
+    }
+
+    # Float32 forward: per-token logprobs and the loss.
+    model.zero_grad(set_to_none=True)
+    ce, total, aux = objective(model, ids, is_moe)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    ref["logprobs"] = token_logprobs(logits, ids).tolist()
+    ref["loss"] = ce.item()
+    if aux is not None:
+        ref["aux_loss"] = aux.item()
+        ref["router_aux_loss_coef"] = model.config.router_aux_loss_coef
+        ref["loss_total"] = total.item()
+
+    # Gradients of the cross-entropy (and of the total objective for MoE).
+    ce.backward(retain_graph=is_moe)
+    grads = {n: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+    save_file(grads, os.path.join(d, "grads.safetensors"), metadata={"format": "pt"})
+    if is_moe:
+        model.zero_grad(set_to_none=True)
+        _, total, _ = objective(model, ids, is_moe)
+        total.backward()
+        gt = {n: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+        save_file(gt, os.path.join(d, "grads_total.safetensors"), metadata={"format": "pt"})
+    ref["param_names"] = [n for n, _ in model.named_parameters()]
+    ref["param_shapes"] = {n: list(p.shape) for n, p in model.named_parameters()}
+
+    # Float64 logprobs of the same weights, for diagnosing precision questions.
+    # (MoE experts need the eager experts implementation: grouped_mm has no float64 kernel.)
+    extra64 = {"experts_implementation": "eager"} if is_moe else {}
+    m64 = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float64, **extra64)
+    m64.eval()
+    with torch.no_grad():
+        ref["logprobs_f64"] = token_logprobs(m64(input_ids=ids).logits, ids).tolist()
+    del m64
+
+    # Packed documents: the reference is each document run on its own.
+    gp = torch.Generator().manual_seed(seed + 2)
+    docs = [torch.randint(3, cfg_kw["vocab_size"], (1, n), generator=gp) for n in PACKED_DOCS]
+    with torch.no_grad():
+        ref["packed"] = {
+            "doc_lengths": PACKED_DOCS,
+            "input_ids": torch.cat(docs, dim=1)[0].tolist(),
+            "logprobs": [token_logprobs(model(input_ids=x).logits, x)[0].tolist() for x in docs],
+        }
+
+    # Three AdamW steps on the same batch.
+    model.train()
+    if hasattr(model.config, "router_jitter_noise"):
+        model.config.router_jitter_noise = 0.0
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3, betas=(0.9, 0.999), eps=1e-8, foreach=False,
+    )
+    losses = []
+    for step in range(4):
+        opt.zero_grad(set_to_none=True)
+        _, obj, _ = objective(model, ids, is_moe)
+        losses.append(obj.item())
+        if step < 3:
+            obj.backward()
+            opt.step()
+    ref["adamw"] = {
+        "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1,
+        "decay": "ndim>=2", "objective": "ce+aux" if is_moe else "ce", "losses": losses,
+    }
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(ref, f)
+    with open(os.path.join(d, "model.safetensors"), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        keys = sorted(k for k in json.loads(f.read(n)) if k != "__metadata__")
+    return {"case": name, "loss": ref["loss"], "checkpoint_keys": keys[:6] + (["..."] if len(keys) > 6 else []),
+            "n_checkpoint_tensors": len(keys), "n_params": len(ref["param_names"])}
+
+
+def main():
+    outdir = sys.argv[1]
+    summary = []
+    only = set(sys.argv[2:])
+    for i, (name, mt, kw) in enumerate(CASES):
+        if only and name not in only:
+            continue
+        try:
+            summary.append(make(outdir, name, mt, kw, seed=1000 + i))
+        except Exception as e:  # report and go on with the other cases
+            import traceback
+            traceback.print_exc()
+            summary.append({"case": name, "error": repr(e)})
+    print(json.dumps(summary, indent=1))
+    with open(os.path.join(outdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return 1 if any("error" in s for s in summary) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
