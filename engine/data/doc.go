@@ -1,0 +1,19 @@
+// Package data turns JSONL datasets into packed, shuffled, resumable micro-batches of token ids.
+//
+// It reads three record shapes, one JSON object per line:
+//
+//	{"text": "..."}                                    pretraining: every token is a target
+//	{"messages": [{"role": "...", "content": "..."}]}  chat SFT: only assistant tokens are targets
+//	{"prompt": "...", "completion": "..."}             the completion is the target
+//
+// Records become Documents (token ids plus a per-token train mask) through an Encoder supplied
+// by the caller, run on all cores. Documents are packed into micro-batches of at most a fixed
+// token budget by best-fit decreasing; positions restart at 0 for every document and each
+// document's boundaries travel with the batch, so attention never crosses them. A Loader walks
+// the packed micro-batches epoch after epoch in an order fixed by (seed, epoch); its Cursor
+// (epoch, index) is all that is needed to resume exactly.
+//
+// The package is not a tokenizer and knows nothing about chat templates or models: the caller
+// maps records to token ids (see Encoder). It holds whole datasets in memory; streaming
+// datasets larger than memory is not supported.
+package data
