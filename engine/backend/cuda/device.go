@@ -1,0 +1,342 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// Device is one GPU driven by a goroutine locked to its OS thread, on which the device's primary
+// context is current. Every driver call for the device runs on that goroutine: public methods
+// submit their work with Do and wait for it. A Device may be used from any goroutine; calls are
+// serialised in submission order.
+type Device struct {
+	info  DeviceInfo
+	libs  *libraries
+	drv   *driverAPI
+	dev   int32
+	ctx   uintptr
+	cmds  chan func()
+	done  chan struct{}
+	once  sync.Once
+	owner int64 // goroutine-free marker: set while running on the device thread
+
+	// The following are touched only on the device goroutine.
+	stream  uintptr
+	alloc   *cachingAllocator
+	modules map[string]*module
+	gemm    *gemmState
+	closed  bool
+}
+
+// Open starts the goroutine for GPU ordinal, makes its primary context current there and creates
+// the device's compute stream.
+func Open(ordinal int) (*Device, error) {
+	l := loadLibraries()
+	if l.err != nil {
+		return nil, l.err
+	}
+	if ordinal < 0 || ordinal >= l.deviceCount {
+		return nil, fmt.Errorf("cuda: device %d does not exist: the driver sees %d device(s) (ordinals 0..%d)", ordinal, l.deviceCount, l.deviceCount-1)
+	}
+	info, err := queryDevice(l.drv, ordinal)
+	if err != nil {
+		return nil, err
+	}
+	if info.Major < 8 {
+		return nil, fmt.Errorf("cuda: device %d (%s) is %s; halo-shell's kernels need sm_80 or newer (A100, RTX 30xx/40xx, H100/H200)", ordinal, info.Name, info.Arch)
+	}
+	d := &Device{info: info, libs: l, drv: l.drv, cmds: make(chan func()), done: make(chan struct{}), modules: map[string]*module{}}
+	ready := make(chan error, 1)
+	go d.loop(ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Device) loop(ready chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(d.done)
+	if err := d.setup(); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	for f := range d.cmds {
+		f()
+	}
+}
+
+func (d *Device) setup() error {
+	drv := d.drv
+	if err := drv.check("cuDeviceGet", drv.cuDeviceGet(&d.dev, int32(d.info.Ordinal))); err != nil {
+		return err
+	}
+	if err := drv.check("cuDevicePrimaryCtxRetain", drv.cuPrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+		return err
+	}
+	if err := drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(d.ctx)); err != nil {
+		return err
+	}
+	const streamNonBlocking = 1
+	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.stream, streamNonBlocking)); err != nil {
+		return err
+	}
+	var free, total uint64
+	if err := drv.check("cuMemGetInfo_v2", drv.cuMemGetInfo(&free, &total)); err != nil {
+		return err
+	}
+	d.info.FreeMem = free
+	d.alloc = newCachingAllocator(driverMemory{drv})
+	return nil
+}
+
+// Do runs f on the device's goroutine and waits for it. f must not call Do (it would wait on
+// itself); methods whose names end in "OnThread" are the ones f may call.
+func (d *Device) Do(f func() error) error {
+	var err error
+	ran := make(chan struct{})
+	select {
+	case <-d.done:
+		return errors.New("cuda: device is closed")
+	case d.cmds <- func() {
+		defer close(ran)
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("cuda: device %d: panic on the device thread: %v", d.info.Ordinal, r)
+			}
+		}()
+		if d.closed {
+			err = errors.New("cuda: device is closed")
+			return
+		}
+		err = f()
+	}:
+	}
+	<-ran
+	return err
+}
+
+// Info describes the device (free memory as of Open).
+func (d *Device) Info() DeviceInfo { return d.info }
+
+// Close waits for queued work, frees every cached block and releases the context.
+func (d *Device) Close() error {
+	var err error
+	d.once.Do(func() {
+		err = d.Do(func() error {
+			var errs []error
+			errs = append(errs, d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(d.stream)))
+			if d.gemm != nil {
+				errs = append(errs, d.gemm.close(d))
+			}
+			for _, m := range d.modules {
+				errs = append(errs, d.drv.check("cuModuleUnload", d.drv.cuModuleUnload(m.handle)))
+			}
+			for p := range d.alloc.live {
+				errs = append(errs, d.alloc.Free(p))
+			}
+			errs = append(errs, d.alloc.EmptyCache())
+			errs = append(errs, d.drv.check("cuStreamDestroy_v2", d.drv.cuStreamDestroy(d.stream)))
+			errs = append(errs, d.drv.check("cuDevicePrimaryCtxRelease", d.drv.cuPrimaryCtxRelease(d.dev)))
+			d.closed = true
+			return errors.Join(errs...)
+		})
+		close(d.cmds)
+		<-d.done
+	})
+	return err
+}
+
+// Synchronize waits for all work queued on the device's stream and reports any error a kernel
+// raised asynchronously.
+func (d *Device) Synchronize() error {
+	return d.Do(func() error { return d.syncOnThread() })
+}
+
+func (d *Device) syncOnThread() error {
+	return d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(d.stream))
+}
+
+// MemStats returns the caching allocator's statistics.
+func (d *Device) MemStats() MemStats {
+	var s MemStats
+	_ = d.Do(func() error { s = d.alloc.Stats(); return nil })
+	return s
+}
+
+// ResetPeakMem sets the peak statistics to the current values.
+func (d *Device) ResetPeakMem() {
+	_ = d.Do(func() error { d.alloc.ResetPeak(); return nil })
+}
+
+// EmptyCache returns cached free blocks to the driver.
+func (d *Device) EmptyCache() error {
+	return d.Do(func() error {
+		if err := d.syncOnThread(); err != nil {
+			return err
+		}
+		return d.alloc.EmptyCache()
+	})
+}
+
+// MemInfo is the driver's free and total memory for the device.
+func (d *Device) MemInfo() (free, total uint64, err error) {
+	err = d.Do(func() error { return d.drv.check("cuMemGetInfo_v2", d.drv.cuMemGetInfo(&free, &total)) })
+	return
+}
+
+// driverMemory allocates with cuMemAlloc_v2; it runs on the device goroutine.
+type driverMemory struct{ drv *driverAPI }
+
+func (m driverMemory) alloc(n uint64) (uintptr, error) {
+	var p uintptr
+	r := m.drv.cuMemAlloc(&p, n)
+	if r == cuErrOutOfMemory {
+		return 0, fmt.Errorf("%w (cuMemAlloc_v2 of %d bytes)", errOutOfMemory, n)
+	}
+	if err := m.drv.check("cuMemAlloc_v2", r); err != nil {
+		return 0, err
+	}
+	return p, nil
+}
+
+func (m driverMemory) free(p uintptr) error { return m.drv.check("cuMemFree_v2", m.drv.cuMemFree(p)) }
+
+// Buffer is a block of device memory from the device's caching allocator.
+type Buffer struct {
+	dev   *Device
+	ptr   uintptr
+	bytes uint64
+}
+
+// Ptr is the device address.
+func (b *Buffer) Ptr() uintptr { return b.ptr }
+
+// Bytes is the requested size.
+func (b *Buffer) Bytes() uint64 { return b.bytes }
+
+// Alloc returns an uninitialised buffer of n bytes.
+func (d *Device) Alloc(n uint64) (*Buffer, error) {
+	var b *Buffer
+	err := d.Do(func() error {
+		var err error
+		b, err = d.allocOnThread(n)
+		return err
+	})
+	return b, err
+}
+
+func (d *Device) allocOnThread(n uint64) (*Buffer, error) {
+	p, err := d.alloc.Alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: device %d: %w", d.info.Ordinal, err)
+	}
+	return &Buffer{dev: d, ptr: p, bytes: n}, nil
+}
+
+// Free returns the buffer to the device's cache. Work already queued on the device's stream that
+// uses it completes first, because later allocations run on the same stream.
+func (b *Buffer) Free() error {
+	if b == nil || b.ptr == 0 {
+		return nil
+	}
+	p := b.ptr
+	b.ptr = 0
+	return b.dev.Do(func() error { return b.dev.alloc.Free(p) })
+}
+
+// Upload copies host bytes into b (synchronously, after the stream's queued work).
+func (b *Buffer) Upload(src []byte) error {
+	if uint64(len(src)) > b.bytes {
+		return fmt.Errorf("cuda: upload of %d bytes into a %d-byte buffer", len(src), b.bytes)
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	d := b.dev
+	return d.Do(func() error {
+		if err := d.syncOnThread(); err != nil {
+			return err
+		}
+		return d.drv.check("cuMemcpyHtoD_v2", d.drv.cuMemcpyHtoD(b.ptr, unsafe.Pointer(&src[0]), uint64(len(src))))
+	})
+}
+
+// Download copies the first len(dst) bytes of b to the host after the stream's queued work.
+func (b *Buffer) Download(dst []byte) error {
+	if uint64(len(dst)) > b.bytes {
+		return fmt.Errorf("cuda: download of %d bytes from a %d-byte buffer", len(dst), b.bytes)
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	d := b.dev
+	return d.Do(func() error {
+		if err := d.syncOnThread(); err != nil {
+			return err
+		}
+		return d.drv.check("cuMemcpyDtoH_v2", d.drv.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), b.ptr, uint64(len(dst))))
+	})
+}
+
+// Memset sets every byte of b to v, on the device's stream.
+func (b *Buffer) Memset(v byte) error {
+	d := b.dev
+	return d.Do(func() error {
+		return d.drv.check("cuMemsetD8Async", d.drv.cuMemsetD8Async(b.ptr, v, b.bytes, d.stream))
+	})
+}
+
+// CopyFrom copies n bytes from src to b on the device's stream.
+func (b *Buffer) CopyFrom(src *Buffer, n uint64) error {
+	if n > b.bytes || n > src.bytes {
+		return fmt.Errorf("cuda: device copy of %d bytes between buffers of %d and %d bytes", n, src.bytes, b.bytes)
+	}
+	d := b.dev
+	return d.Do(func() error {
+		return d.drv.check("cuMemcpyDtoDAsync_v2", d.drv.cuMemcpyDtoDAsync(b.ptr, src.ptr, n, d.stream))
+	})
+}
+
+// Event is a CUDA event for timing work on the device's stream.
+type Event struct {
+	dev *Device
+	h   uintptr
+}
+
+// NewEvent creates an event.
+func (d *Device) NewEvent() (*Event, error) {
+	e := &Event{dev: d}
+	err := d.Do(func() error { return d.drv.check("cuEventCreate", d.drv.cuEventCreate(&e.h, 0)) })
+	return e, err
+}
+
+// Record records the event on the device's stream.
+func (e *Event) Record() error {
+	d := e.dev
+	return d.Do(func() error { return d.drv.check("cuEventRecord", d.drv.cuEventRecord(e.h, d.stream)) })
+}
+
+// ElapsedMs waits for end and returns the milliseconds between e and end.
+func (e *Event) ElapsedMs(end *Event) (float32, error) {
+	d := e.dev
+	var ms float32
+	err := d.Do(func() error {
+		if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(end.h)); err != nil {
+			return err
+		}
+		return d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, e.h, end.h))
+	})
+	return ms, err
+}
+
+// Destroy releases the event.
+func (e *Event) Destroy() error {
+	d := e.dev
+	return d.Do(func() error { return d.drv.check("cuEventDestroy_v2", d.drv.cuEventDestroy(e.h)) })
+}

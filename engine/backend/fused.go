@@ -1,0 +1,53 @@
+package backend
+
+// Optional fast paths. Callers check for them with a type assertion and fall back to the
+// documented composition of required ops when a backend lacks them; results must match the
+// fallback within the dtype's tolerance.
+
+// AddRMSNormer fuses the residual add with the following RMSNorm.
+//
+// Fallback: Add(residualOut, x, residual); RMSNorm(out, rstd, residualOut, w, eps).
+type AddRMSNormer interface {
+	// AddRMSNorm: residualOut = x + residual (=, may alias residual);
+	// out = RMSNorm(residualOut) (=); rstd [N] F32 =. Shapes as in Ops.RMSNorm.
+	AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error
+}
+
+// AdamWStepper runs one AdamW update of one parameter tensor on the device. engine/optim uses it
+// for every backend that implements it; the CPU backend does.
+//
+// Fallback: none at the Ops level; engine/optim performs the same update on host copies
+// (Download, update, Upload).
+type AdamWStepper interface {
+	AdamW(a AdamWArgs) error
+}
+
+// AdamWArgs describe one AdamW step of one parameter (torch.optim.AdamW semantics):
+//
+//	g  = Grad * GradScale
+//	m  = Beta1*m + (1-Beta1)*g
+//	v  = Beta2*v + (1-Beta2)*g*g
+//	p  = p - LR*WeightDecay*p                       (decoupled decay, applied first)
+//	p  = p - LR/(1-Beta1^Step) * m / (sqrt(v)/sqrt(1-Beta2^Step) + Eps)
+//
+// all in fp32 registers. Param, M and V are read and written (=); Shadow, if set, receives Param
+// rounded to its dtype (the bf16 model copy of fp32 master weights). Stores into BF16 tensors
+// round to nearest even, or stochastically when Stochastic is set, using
+// SRBits(Seed, Step, ParamIndex, role, element) as the random source (role 0 = param, 1 = m,
+// 2 = v, 3 = shadow), so the result depends only on (seed, step, parameter, element).
+type AdamWArgs struct {
+	Param       T // [n] F32 (master or plain fp32 training) or BF16 (AdamW-BF16)
+	Grad        T // [n] F32 or BF16
+	M, V        T // [n] F32 or BF16 moments
+	Shadow      T // [n] optional model copy written from Param
+	LR          float32
+	Beta1       float32
+	Beta2       float32
+	Eps         float32
+	WeightDecay float32
+	GradScale   float32 // multiplies Grad (clipping coefficient, loss-scale undo); 0 means 1
+	Step        int     // 1-based step count after this update, for bias correction
+	Stochastic  bool
+	Seed        uint64
+	ParamIndex  uint32
+}

@@ -1,0 +1,188 @@
+package backend
+
+import (
+	"fmt"
+	"math"
+)
+
+// RoPEConfig is the rotary-embedding part of an HF config.json: rope_theta, head_dim,
+// partial_rotary_factor, max_position_embeddings and the rope_scaling (rope_parameters) dict.
+// Compute turns it into the inverse frequencies and attention scaling that RoPEArgs take; every
+// backend uses this one function so their rotations agree.
+type RoPEConfig struct {
+	Type                  string  // rope_type: "default" (or ""), "linear", "dynamic", "llama3", "yarn"
+	Theta                 float64 // rope_theta (base)
+	HeadDim               int     // HD
+	PartialRotaryFactor   float64 // fraction of HD rotated; 0 means 1
+	MaxPositionEmbeddings int     // config.max_position_embeddings
+	Factor                float64 // rope_scaling.factor (linear, dynamic, llama3, yarn)
+	// OriginalMaxPositionEmbeddings is rope_scaling.original_max_position_embeddings (llama3:
+	// required; yarn: optional, and when given the effective factor becomes
+	// MaxPositionEmbeddings / OriginalMaxPositionEmbeddings, as HF computes it).
+	OriginalMaxPositionEmbeddings int
+	LowFreqFactor                 float64 // llama3
+	HighFreqFactor                float64 // llama3
+	BetaFast                      float64 // yarn; 0 means 32
+	BetaSlow                      float64 // yarn; 0 means 1
+	MScale                        float64 // yarn mscale; 0 = unset
+	MScaleAllDim                  float64 // yarn mscale_all_dim; 0 = unset
+	AttentionFactor               float64 // yarn attention_factor; 0 = computed
+	NoTruncate                    bool    // yarn truncate=false (HF default truncates)
+}
+
+// RotaryDim returns R = int(HD * partial_rotary_factor).
+func (c RoPEConfig) RotaryDim() int {
+	f := c.PartialRotaryFactor
+	if f == 0 {
+		f = 1
+	}
+	return int(float64(c.HeadDim) * f)
+}
+
+// DependsOnLength reports whether Compute's result changes with the sequence length (dynamic
+// NTK scaling), so callers recompute it per micro-batch instead of once.
+func (c RoPEConfig) DependsOnLength() bool { return c.Type == "dynamic" }
+
+// Compute returns inv_freq [R/2] and the attention scaling (multiplier of cos and sin) exactly as
+// Hugging Face transformers' ROPE_INIT_FUNCTIONS compute them (in float64, rounded to float32).
+// seqLen is the longest position + 1 in the batch; only "dynamic" uses it (HF recomputes the
+// base only when seqLen exceeds max_position_embeddings and uses the default frequencies
+// otherwise).
+func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling float32, err error) {
+	dim := c.RotaryDim()
+	if c.Theta <= 0 {
+		return nil, 0, fmt.Errorf("rope: rope_theta must be > 0, got %v", c.Theta)
+	}
+	if dim <= 0 || dim%2 != 0 || dim > c.HeadDim {
+		return nil, 0, fmt.Errorf("rope: rotary dim %d (head_dim %d * partial_rotary_factor %v) must be even, positive and <= head_dim",
+			dim, c.HeadDim, c.PartialRotaryFactor)
+	}
+	base := c.Theta
+	pow := func(b float64) []float64 { // b ** (arange(0, dim, 2) / dim)
+		out := make([]float64, dim/2)
+		for i := range out {
+			out[i] = math.Pow(b, float64(2*i)/float64(dim))
+		}
+		return out
+	}
+	needFactor := func() error {
+		if !(c.Factor > 0) {
+			return fmt.Errorf("rope: rope_type %q needs rope_scaling.factor > 0, got %v", c.Type, c.Factor)
+		}
+		return nil
+	}
+	inv := make([]float64, dim/2)
+	scale := 1.0
+	switch c.Type {
+	case "", "default":
+		for i, p := range pow(base) {
+			inv[i] = 1 / p
+		}
+	case "linear":
+		if err := needFactor(); err != nil {
+			return nil, 0, err
+		}
+		for i, p := range pow(base) {
+			inv[i] = 1 / p / c.Factor
+		}
+	case "dynamic":
+		if err := needFactor(); err != nil {
+			return nil, 0, err
+		}
+		maxPos := c.MaxPositionEmbeddings
+		if maxPos <= 0 {
+			return nil, 0, fmt.Errorf("rope: rope_type dynamic needs max_position_embeddings > 0")
+		}
+		b := base
+		if seqLen > maxPos {
+			b = base * math.Pow(c.Factor*float64(seqLen)/float64(maxPos)-(c.Factor-1), float64(dim)/float64(dim-2))
+		}
+		for i, p := range pow(b) {
+			inv[i] = 1 / p
+		}
+	case "llama3":
+		if err := needFactor(); err != nil {
+			return nil, 0, err
+		}
+		old := float64(c.OriginalMaxPositionEmbeddings)
+		if old <= 0 || !(c.HighFreqFactor > c.LowFreqFactor) || c.LowFreqFactor <= 0 {
+			return nil, 0, fmt.Errorf("rope: llama3 needs original_max_position_embeddings > 0 and 0 < low_freq_factor < high_freq_factor (got %v, %v, %v)",
+				old, c.LowFreqFactor, c.HighFreqFactor)
+		}
+		lowWave := old / c.LowFreqFactor
+		highWave := old / c.HighFreqFactor
+		for i, p := range pow(base) {
+			f := 1 / p
+			wave := 2 * math.Pi / f
+			switch {
+			case wave > lowWave:
+				f /= c.Factor
+			case wave < highWave:
+			default:
+				s := (old/wave - c.LowFreqFactor) / (c.HighFreqFactor - c.LowFreqFactor)
+				f = (1-s)*f/c.Factor + s*f
+			}
+			inv[i] = f
+		}
+	case "yarn":
+		if err := needFactor(); err != nil {
+			return nil, 0, err
+		}
+		factor := c.Factor
+		origMax := float64(c.MaxPositionEmbeddings)
+		if c.OriginalMaxPositionEmbeddings > 0 {
+			origMax = float64(c.OriginalMaxPositionEmbeddings)
+			if c.MaxPositionEmbeddings > 0 {
+				factor = float64(c.MaxPositionEmbeddings) / origMax
+			}
+		}
+		if origMax <= 0 {
+			return nil, 0, fmt.Errorf("rope: yarn needs max_position_embeddings or original_max_position_embeddings > 0")
+		}
+		mscale := func(s, m float64) float64 {
+			if s <= 1 {
+				return 1
+			}
+			return 0.1*m*math.Log(s) + 1
+		}
+		scale = c.AttentionFactor
+		if scale == 0 {
+			if c.MScale != 0 && c.MScaleAllDim != 0 {
+				scale = mscale(factor, c.MScale) / mscale(factor, c.MScaleAllDim)
+			} else {
+				scale = mscale(factor, 1)
+			}
+		}
+		betaFast, betaSlow := c.BetaFast, c.BetaSlow
+		if betaFast == 0 {
+			betaFast = 32
+		}
+		if betaSlow == 0 {
+			betaSlow = 1
+		}
+		corr := func(rot float64) float64 {
+			return float64(dim) * math.Log(origMax/(rot*2*math.Pi)) / (2 * math.Log(base))
+		}
+		low, high := corr(betaFast), corr(betaSlow)
+		if !c.NoTruncate {
+			low, high = math.Floor(low), math.Ceil(high)
+		}
+		low = math.Max(low, 0)
+		high = math.Min(high, float64(dim-1))
+		if low == high {
+			high += 0.001
+		}
+		for i, p := range pow(base) {
+			ramp := math.Min(math.Max((float64(i)-low)/(high-low), 0), 1)
+			extra := 1 - ramp // inv_freq_extrapolation_factor
+			inv[i] = (1/(factor*p))*(1-extra) + (1/p)*extra
+		}
+	default:
+		return nil, 0, fmt.Errorf("rope: unsupported rope_type %q (supported: default, linear, dynamic, llama3, yarn)", c.Type)
+	}
+	invFreq = make([]float32, len(inv))
+	for i, v := range inv {
+		invFreq[i] = float32(v)
+	}
+	return invFreq, float32(scale), nil
+}
