@@ -1,0 +1,136 @@
+package train
+
+import (
+	"strings"
+	"testing"
+)
+
+const goodYAML = `# a comment
+model_name_or_path: ckpt
+dataset:
+  path: [a.jsonl, b.jsonl]
+  eval_split: 0.1
+max_length: 128
+learning_rate: 3e-4
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+max_steps: 100
+output_dir: out
+`
+
+func TestParseConfigDefaultsAndValues(t *testing.T) {
+	cfg, err := ParseConfig([]byte(goodYAML), "c.yaml", "sft", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"method from command", cfg.Method, "sft"},
+		{"paths list", strings.Join(cfg.Dataset.Path, ","), "a.jsonl,b.jsonl"},
+		{"max_length", cfg.Batch.MaxLength, 128},
+		{"learning_rate", cfg.Optim.LearningRate, 3e-4},
+		{"scheduler", cfg.Sched.LRSchedulerType, "cosine"},
+		{"packing default", *cfg.Batch.Packing, true},
+		{"batch default", cfg.Batch.PerDeviceTrainBatchSize, 8},
+		{"eval batch follows train", cfg.Batch.PerDeviceEvalBatchSize, 8},
+		{"accum default", cfg.Batch.GradientAccumulationSteps, 1},
+		{"grad norm default", *cfg.Optim.MaxGradNorm, 1.0},
+		{"beta2 default", cfg.Optim.AdamBeta2, 0.999},
+		{"seed default", *cfg.Run.Seed, int64(42)},
+		{"tokenizer follows model", cfg.Model.TokenizerNameOrPath, "ckpt"},
+		{"optim default", cfg.Optim.Optim, "adamw_torch"},
+		{"device default", cfg.Run.Device, "auto"},
+		{"format default", cfg.Dataset.Format, "auto"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	one, err := ParseConfig([]byte(strings.Replace(goodYAML, "[a.jsonl, b.jsonl]", "single.jsonl", 1)), "c.yaml", "sft", nil)
+	if err != nil || len(one.Dataset.Path) != 1 || one.Dataset.Path[0] != "single.jsonl" {
+		t.Fatalf("a single path: %v %v", one, err)
+	}
+	zero, err := ParseConfig([]byte(goodYAML+"max_grad_norm: 0\nseed: 0\n"), "c.yaml", "sft", nil)
+	if err != nil || *zero.Optim.MaxGradNorm != 0 || *zero.Run.Seed != 0 {
+		t.Fatalf("explicit zeros must survive defaults: %v", err)
+	}
+}
+
+func TestParseConfigRefusals(t *testing.T) {
+	tests := []struct {
+		name      string
+		yaml      string
+		overrides []string
+		want      []string
+	}{
+		{"unknown key with suggestion", goodYAML + "learnig_rate: 1\n", nil,
+			[]string{"c.yaml:12:1", `unknown key "learnig_rate"`, `did you mean "learning_rate"?`}},
+		{"unknown nested key", strings.Replace(goodYAML, "  eval_split: 0.1", "  eval_splt: 0.1", 1), nil,
+			[]string{"c.yaml:5:3", `unknown key "eval_splt"`, `"eval_split"`}},
+		{"wrong type", strings.Replace(goodYAML, "max_length: 128", "max_length: long", 1), nil,
+			[]string{"c.yaml:6:", "max_length", "expected an integer"}},
+		{"bad value with position", strings.Replace(goodYAML, "learning_rate: 3e-4", "learning_rate: -1", 1), nil,
+			[]string{"c.yaml:7:16", "learning_rate: -1 must be in (0, 10)"}},
+		{"bad choice with suggestion", strings.Replace(goodYAML, "cosine", "cosin", 1), nil,
+			[]string{"c.yaml:8:", `lr_scheduler_type: "cosin" is not one of`, `did you mean "cosine"?`}},
+		{"contradiction", goodYAML + "init: {arch: qwen3}\n", nil,
+			[]string{"init: model_name_or_path and init exclude each other"}},
+		{"two warmups", goodYAML + "warmup_steps: 5\n", nil, []string{"warmup_ratio: warmup_steps and warmup_ratio exclude"}},
+		{"missing output", strings.Replace(goodYAML, "output_dir: out\n", "", 1), nil, []string{"output_dir: name a directory"}},
+		{"method mismatch", goodYAML + "method: pretrain\n", nil, []string{"c.yaml:12:", `the file says "pretrain" but the command is`}},
+		{"bf16 optimizer needs bf16", goodYAML + "optim: adamw_bf16\n", nil, []string{"optim: adamw_bf16 keeps bf16 weights"}},
+		{"eval without data", strings.Replace(goodYAML, "  eval_split: 0.1\n", "", 1) + "eval_steps: 10\n", nil,
+			[]string{"eval_steps: evaluation needs held-out data"}},
+		{"override unknown", goodYAML, []string{"--learning_rat=1"}, []string{"command line", `did you mean "learning_rate"?`}},
+		{"override wrong type", goodYAML, []string{"--max_steps=many"}, []string{"command line", "max_steps", "expected an integer"}},
+		{"override bad value", goodYAML, []string{"--max_steps=-5"}, []string{"command line: max_steps: -5 must be positive"}},
+		{"override malformed", goodYAML, []string{"--max_steps"}, []string{"overrides look like --key=value"}},
+		{"several errors at once", strings.Replace(goodYAML, "max_length: 128", "max_length: 1", 1) + "adam_beta1: 1\n", nil,
+			[]string{"max_length: 1 must be", "adam_beta1: 1 must be in [0, 1)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml), "c.yaml", "sft", tc.overrides)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\nlacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestOverridesApply(t *testing.T) {
+	cfg, err := ParseConfig([]byte(goodYAML), "c.yaml", "sft", []string{"--learning_rate=1e-3", "max_steps=7", "--dataset.eval_split=0.2", "--packing=false", "--init.arch=qwen3", "--model_name_or_path=", "--tokenizer_name_or_path=tok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Optim.LearningRate != 1e-3 || cfg.Sched.MaxSteps != 7 || cfg.Dataset.EvalSplit != 0.2 || *cfg.Batch.Packing || cfg.Model.Init == nil || cfg.Model.Init.Arch != "qwen3" {
+		t.Fatalf("overrides not applied: %+v", cfg)
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(goodYAML))
+	f.Add([]byte("dataset: {path: 1}\n"))
+	f.Add([]byte("init:\n  arch: qwen3\n  overrides: {hidden_size: 64}\n"))
+	f.Add([]byte("max_length: [1, 2]\n"))
+	f.Fuzz(func(t *testing.T, src []byte) {
+		cfg, err := ParseConfig(src, "f.yaml", "sft", nil)
+		if err == nil {
+			if cfg.Validate() != nil {
+				t.Fatal("accepted a config that does not validate")
+			}
+			return
+		}
+		if !strings.HasPrefix(err.Error(), "config: ") {
+			t.Fatalf("error without the package prefix: %v", err)
+		}
+	})
+}
