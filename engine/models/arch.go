@@ -1,0 +1,68 @@
+package models
+
+import (
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// Arch is the resolved structure of a decoder: everything the model code needs from
+// config.json, in the model's own terms. Families adjust it in their Tune hook.
+type Arch struct {
+	ModelType    string
+	Vocab        int // V
+	Hidden       int // C
+	Intermediate int // I (F in backend docs)
+	Layers       int // L
+	Heads        int // NH
+	KVHeads      int // NKV
+	HeadDim      int // HD
+	NormEps      float32
+	// InitStd is initializer_range: the std of normal init for linears and embeddings.
+	InitStd float64
+	// Tied: lm_head shares model.embed_tokens.weight (absent from the checkpoint).
+	Tied bool
+	// QKVBias: q/k/v projections carry a bias; OBias: o_proj does; MLPBias: the MLP does.
+	QKVBias, OBias, MLPBias bool
+	// QKNorm: per-head RMSNorm of queries and keys before RoPE (Qwen3).
+	QKNorm bool
+	// Windows[i] is layer i's sliding attention window in tokens; 0 = full causal.
+	Windows []int
+	// PadID is pad_token_id (its embedding row starts at zero), or -1.
+	PadID int
+	// Rope is the rotary embedding configuration.
+	Rope backend.RoPEConfig
+}
+
+// Validate checks the sizes so that layer construction cannot fail on shapes.
+func (a *Arch) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"vocab_size", a.Vocab}, {"hidden_size", a.Hidden}, {"intermediate_size", a.Intermediate},
+		{"num_hidden_layers", a.Layers}, {"num_attention_heads", a.Heads},
+		{"num_key_value_heads", a.KVHeads}, {"head_dim", a.HeadDim}} {
+		if f.v <= 0 {
+			return fmt.Errorf("models: %s: %s must be > 0, got %d", a.ModelType, f.name, f.v)
+		}
+	}
+	if a.Heads%a.KVHeads != 0 {
+		return fmt.Errorf("models: %s: num_attention_heads %d must be a multiple of num_key_value_heads %d",
+			a.ModelType, a.Heads, a.KVHeads)
+	}
+	if len(a.Windows) != a.Layers {
+		return fmt.Errorf("models: %s: %d attention windows for %d layers", a.ModelType, len(a.Windows), a.Layers)
+	}
+	for i, w := range a.Windows {
+		if w < 0 {
+			return fmt.Errorf("models: %s: layer %d: sliding window %d must be >= 0", a.ModelType, i, w)
+		}
+	}
+	if !(a.NormEps > 0) {
+		return fmt.Errorf("models: %s: rms_norm_eps must be > 0, got %v", a.ModelType, a.NormEps)
+	}
+	if _, _, err := a.Rope.Compute(1); err != nil {
+		return fmt.Errorf("models: %s: %w", a.ModelType, err)
+	}
+	return nil
+}

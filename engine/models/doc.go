@@ -1,0 +1,18 @@
+// Package models builds Hugging Face decoder-only language models on a backend: it turns a
+// config.json into a parameter spec table and a stack of nn layers, loads and saves HF
+// checkpoints (config.json + safetensors), initialises weights the way transformers does, runs
+// forward/backward over packed micro-batches, and generates with a KV cache.
+//
+// Each HF family is one self-registering file (llama.go, mistral.go, qwen2.go, qwen3.go) that
+// declares data — model_type, HF architecture class names, capabilities — and overrides only
+// what differs from the dense Llama-style decoder (a QKV bias, q/k norm, a sliding window).
+// Mixture-of-experts families add one file each with their own feed-forward block.
+//
+// Parameters live in one arena per model (gradients in a second) with a named view per
+// parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and
+// checkpoints each see one flat buffer.
+//
+// The package is not a trainer (see engine/train), knows nothing about parallel layouts (those
+// are applied from engine/mesh), and calls only the backend interface, never a backend
+// implementation, so every backend runs the same model code.
+package models

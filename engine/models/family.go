@@ -1,0 +1,78 @@
+package models
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Family declares one Hugging Face model family: its names, what it supports, and the few
+// places where it differs from the Llama-style dense decoder. Each family lives in its own file
+// and registers itself in init.
+type Family struct {
+	// ModelType is config.json's model_type ("llama", "qwen3", ...).
+	ModelType string
+	// Architectures are the HF class names that load this family; the first one is written to
+	// config.json by Save.
+	Architectures []string
+	// Caps lists what the family supports; used to refuse configurations early.
+	Caps Caps
+	// Tune adjusts the architecture derived from config.json for what this family does
+	// differently (biases, q/k norm, sliding windows). Nil when nothing differs.
+	Tune func(a *Arch) error
+}
+
+// Caps are the capabilities of a family. A false capability makes New refuse a config that
+// needs it, with Reason naming why.
+type Caps struct {
+	// SlidingWindow: the family honours sliding_window / layer_types.
+	SlidingWindow bool
+	// TiedEmbeddings: lm_head may share the embedding matrix.
+	TiedEmbeddings bool
+	// Reason explains the family's limits in refusals (optional).
+	Reason string
+}
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]*Family{}
+)
+
+// Register adds a family; it panics on a duplicate model_type, which is a programming error in
+// this package's init functions.
+func Register(f *Family) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if f.ModelType == "" || len(f.Architectures) == 0 {
+		panic("models: Register: family needs ModelType and Architectures")
+	}
+	if _, dup := registry[f.ModelType]; dup {
+		panic("models: Register: duplicate model_type " + f.ModelType)
+	}
+	registry[f.ModelType] = f
+}
+
+// Lookup returns the family registered for model_type, or an error listing the supported ones.
+func Lookup(modelType string) (*Family, error) {
+	registryMu.RLock()
+	f, ok := registry[modelType]
+	registryMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("models: model_type %q is not supported; supported: %s",
+			modelType, strings.Join(Families(), ", "))
+	}
+	return f, nil
+}
+
+// Families lists the registered model_type names, sorted.
+func Families() []string {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,209 @@
+package models
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// ForwardBackward runs the model on a packed micro-batch with targets and accumulates into the
+// gradient arena (+=) the gradient of lossScale * (sum of per-token cross-entropy over the
+// non-ignored targets). It returns that sum (unscaled, in float64) and the number of
+// non-ignored targets. For the mean loss of an optimizer step over several micro-batches, count
+// the step's targets first and pass lossScale = 1/total to every micro-batch.
+func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nTargets int, err error) {
+	if b.Targets == nil {
+		return 0, 0, errors.New("models: ForwardBackward needs Batch.Targets")
+	}
+	if err := m.EnableGrads(); err != nil {
+		return 0, 0, err
+	}
+	r, err := m.resolve(&b)
+	if err != nil {
+		return 0, 0, err
+	}
+	p, err := m.newPass(r)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer p.release(m.b)
+
+	// xs[i] is the input of block i; xs[L] the input of the head.
+	xs := make([]tensor.Tensor, 0, len(m.blocks)+1)
+	var dx, loss tensor.Tensor
+	defer func() {
+		for i := range m.blocks {
+			m.blocks[i].Release(&p.Pass)
+		}
+		for i := range xs {
+			if !xs[i].IsNil() {
+				_ = m.b.Free(xs[i])
+			}
+		}
+		if !dx.IsNil() {
+			_ = m.b.Free(dx)
+		}
+		if !loss.IsNil() {
+			_ = m.b.Free(loss)
+		}
+	}()
+	x, err := m.embed.Forward(&p.Pass, p.ids)
+	if err != nil {
+		return 0, 0, err
+	}
+	xs = append(xs, x)
+	for _, blk := range m.blocks {
+		y, err := blk.Forward(&p.Pass, xs[len(xs)-1], true)
+		if err != nil {
+			return 0, 0, err
+		}
+		xs = append(xs, y)
+	}
+	if loss, err = m.b.Alloc(tensor.F32, p.N); err != nil {
+		return 0, 0, err
+	}
+	if dx, err = m.head.Loss(&p.Pass, xs[len(m.blocks)], p.targets, loss, tensor.Tensor{}, true, lossScale); err != nil {
+		return 0, 0, err
+	}
+	for i := len(m.blocks) - 1; i >= 0; i-- {
+		if dx, err = m.blocks[i].Backward(&p.Pass, dx); err != nil {
+			return 0, 0, err
+		}
+		_ = m.b.Free(xs[i+1])
+		xs[i+1] = tensor.Tensor{}
+	}
+	if err = m.embed.Backward(&p.Pass, dx, p.ids); err != nil {
+		return 0, 0, err
+	}
+	return m.sumLoss(loss, r.targets)
+}
+
+func (m *Model) sumLoss(loss tensor.Tensor, targets []int32) (float64, int, error) {
+	vals, err := backend.ToFloat32(m.b, loss)
+	if err != nil {
+		return 0, 0, err
+	}
+	sum, n := 0.0, 0
+	for i, t := range targets {
+		if t != backend.IgnoreIndex {
+			sum += float64(vals[i])
+			n++
+		}
+	}
+	return sum, n, nil
+}
+
+// Forward runs the model without gradients. With targets it returns the summed cross-entropy
+// and the number of non-ignored targets (for evaluation); without, it returns 0, 0.
+func (m *Model) Forward(b Batch) (lossSum float64, nTargets int, err error) {
+	if b.Targets == nil {
+		return 0, 0, nil
+	}
+	loss, _, err := m.evalTokens(b, true, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	for i, t := range b.Targets {
+		if t != backend.IgnoreIndex {
+			lossSum += float64(loss[i])
+			nTargets++
+		}
+	}
+	return lossSum, nTargets, nil
+}
+
+// TokenLogprobs returns, for each token n of a batch with targets, log p(Targets[n] | the
+// tokens of its document up to n) in float32; ignored positions get 0.
+func (m *Model) TokenLogprobs(b Batch) ([]float32, error) {
+	if b.Targets == nil {
+		return nil, errors.New("models: TokenLogprobs needs Batch.Targets")
+	}
+	_, lp, err := m.evalTokens(b, false, true)
+	return lp, err
+}
+
+// Logprobs returns log p(ids[t] | ids[:t]) for t = 1..len(ids)-1 (len(ids)-1 values), the
+// contract used to compare with transformers.
+func (m *Model) Logprobs(ids []int32) ([]float32, error) {
+	if len(ids) < 2 {
+		return nil, fmt.Errorf("models: Logprobs needs at least 2 ids, got %d", len(ids))
+	}
+	tg := make([]int32, len(ids))
+	copy(tg, ids[1:])
+	tg[len(ids)-1] = backend.IgnoreIndex
+	lp, err := m.TokenLogprobs(Batch{Tokens: ids, Targets: tg})
+	if err != nil {
+		return nil, err
+	}
+	return lp[:len(ids)-1], nil
+}
+
+// evalTokens runs an inference forward and returns per-token loss and/or logprob.
+func (m *Model) evalTokens(b Batch, wantLoss, wantLP bool) (loss, lp []float32, err error) {
+	r, err := m.resolve(&b)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := m.newPass(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer p.release(m.b)
+	x, err := m.hidden(&p.Pass, p.ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.b.Free(x)
+	var lt, lpt tensor.Tensor
+	defer func() {
+		for _, t := range []tensor.Tensor{lt, lpt} {
+			if !t.IsNil() {
+				_ = m.b.Free(t)
+			}
+		}
+	}()
+	if wantLoss {
+		if lt, err = m.b.Alloc(tensor.F32, p.N); err != nil {
+			return nil, nil, err
+		}
+	}
+	if wantLP {
+		if lpt, err = m.b.Alloc(tensor.F32, p.N); err != nil {
+			return nil, nil, err
+		}
+	}
+	if _, err = m.head.Loss(&p.Pass, x, p.targets, lt, lpt, false, 0); err != nil {
+		return nil, nil, err
+	}
+	if wantLoss {
+		if loss, err = backend.ToFloat32(m.b, lt); err != nil {
+			return nil, nil, err
+		}
+	}
+	if wantLP {
+		if lp, err = backend.ToFloat32(m.b, lpt); err != nil {
+			return nil, nil, err
+		}
+	}
+	return loss, lp, nil
+}
+
+// hidden runs the embedding and every block without caching and returns the final residual
+// stream [N,C] (before the final norm); the caller frees it.
+func (m *Model) hidden(p *nnPass, ids tensor.Tensor) (tensor.Tensor, error) {
+	x, err := m.embed.Forward(p, ids)
+	if err != nil {
+		return tensor.Tensor{}, err
+	}
+	for _, blk := range m.blocks {
+		y, err := blk.Forward(p, x, false)
+		_ = m.b.Free(x)
+		if err != nil {
+			return tensor.Tensor{}, err
+		}
+		x = y
+	}
+	return x, nil
+}

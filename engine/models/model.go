@@ -1,0 +1,292 @@
+package models
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/nn"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// Options are the construction choices that are not part of config.json.
+type Options struct {
+	// DType of parameters, gradients and activations: F32 (default) or BF16.
+	DType tensor.DType
+	// Recompute turns on per-layer activation recomputation: each layer keeps only its input
+	// during forward and re-runs its forward in backward. Gradients are identical; activation
+	// memory drops to one [N,C] tensor per layer. Off by default.
+	Recompute bool
+	// ChunkRows is the number of tokens per cross-entropy chunk (0 = backend default).
+	ChunkRows int
+}
+
+// Model is a decoder-only language model on one backend. It is driven by one goroutine at a
+// time (the one that owns the backend).
+type Model struct {
+	// Family is the registered HF family.
+	Family *Family
+	// Arch is the resolved structure.
+	Arch Arch
+	// Specs is the parameter table; Params and Grads are laid out from it.
+	Specs []ParamSpec
+	// Params holds every parameter; Grads every gradient (nil until the first
+	// ForwardBackward or EnableGrads).
+	Params *Arena
+	Grads  *Arena
+
+	cfg    configSource
+	opts   Options
+	b      backend.Backend
+	embed  nn.Embedding
+	blocks []*nn.Block
+	head   nn.Head
+
+	// RoPE tables: invFreq is uploaded once unless the rope type depends on the length
+	// (dynamic), in which case rope tracks transformers' cached-length state.
+	invFreq    tensor.Tensor
+	attnScale  float32
+	ropeCached int // dynamic rope: longest length the current table was built for
+	ropeLen    int // dynamic rope: length invFreq was computed for
+}
+
+// newModel builds a model of family f with architecture a on b. Parameters are zero: load them
+// or call InitRandom.
+func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options) (*Model, error) {
+	if b == nil {
+		return nil, errors.New("models: nil backend")
+	}
+	if o.DType == tensor.Invalid {
+		o.DType = tensor.F32
+	}
+	if o.DType != tensor.F32 && o.DType != tensor.BF16 {
+		return nil, fmt.Errorf("models: dtype %s is not supported for parameters (use f32 or bf16)", o.DType)
+	}
+	if f.Tune != nil {
+		if err := f.Tune(&a); err != nil {
+			return nil, fmt.Errorf("models: %s: %w", f.ModelType, err)
+		}
+	}
+	if err := a.Validate(); err != nil {
+		return nil, err
+	}
+	if !f.Caps.SlidingWindow {
+		for i, w := range a.Windows {
+			if w > 0 {
+				return nil, fmt.Errorf("models: %s does not support sliding-window attention (layer %d has window %d); remove sliding_window from config.json %s",
+					f.ModelType, i, w, f.Caps.Reason)
+			}
+		}
+	}
+	if a.Tied && !f.Caps.TiedEmbeddings {
+		return nil, fmt.Errorf("models: %s does not support tie_word_embeddings=true %s", f.ModelType, f.Caps.Reason)
+	}
+	m := &Model{Family: f, Arch: a, cfg: cfg, opts: o, b: b}
+	m.Specs = denseSpecs(&m.Arch)
+	var err error
+	if m.Params, err = newArena(b, o.DType, m.Specs); err != nil {
+		return nil, err
+	}
+	m.build()
+	m.ropeCached = a.Rope.MaxPositionEmbeddings
+	if err := m.ropeFor(1); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// build creates the layers and binds them to the parameter (and gradient) views.
+func (m *Model) build() {
+	a := &m.Arch
+	p := func(name string) tensor.Tensor { t, _ := m.Params.Get(name); return t }
+	g := func(name string) tensor.Tensor {
+		if m.Grads == nil {
+			return tensor.Tensor{}
+		}
+		t, _ := m.Grads.Get(name)
+		return t
+	}
+	lin := func(prefix string) nn.Linear {
+		return nn.Linear{Name: prefix, W: p(prefix + ".weight"), B: p(prefix + ".bias"),
+			GW: g(prefix + ".weight"), GB: g(prefix + ".bias")}
+	}
+	norm := func(name string) nn.RMSNorm {
+		return nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps}
+	}
+	m.embed = nn.Embedding{Name: "model.embed_tokens", W: p(nameEmbed), GW: g(nameEmbed)}
+	m.blocks = make([]*nn.Block, a.Layers)
+	for i := range m.blocks {
+		pre := fmt.Sprintf("model.layers.%d.", i)
+		at := &nn.Attention{
+			Name: pre + "self_attn",
+			Q:    lin(pre + "self_attn.q_proj"), K: lin(pre + "self_attn.k_proj"),
+			V: lin(pre + "self_attn.v_proj"), O: lin(pre + "self_attn.o_proj"),
+			NH: a.Heads, NKV: a.KVHeads, HD: a.HeadDim, RotaryDim: a.Rope.RotaryDim(),
+			Window: a.Windows[i], Layer: i,
+		}
+		if a.QKNorm {
+			qn, kn := norm(pre+"self_attn.q_norm"), norm(pre+"self_attn.k_norm")
+			at.QNorm, at.KNorm = &qn, &kn
+		}
+		m.blocks[i] = &nn.Block{
+			Name:  pre[:len(pre)-1],
+			Norm1: norm(pre + "input_layernorm"),
+			Attn:  at,
+			Norm2: norm(pre + "post_attention_layernorm"),
+			FFN: &nn.MLP{Name: pre + "mlp", Gate: lin(pre + "mlp.gate_proj"),
+				Up: lin(pre + "mlp.up_proj"), Down: lin(pre + "mlp.down_proj")},
+			Recompute: m.opts.Recompute,
+		}
+	}
+	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows}
+	if a.Tied {
+		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
+	} else {
+		m.head.W, m.head.GW = p(nameLMHead), g(nameLMHead)
+	}
+}
+
+// Backend returns the backend the model lives on.
+func (m *Model) Backend() backend.Backend { return m.b }
+
+// DType returns the parameter and activation dtype.
+func (m *Model) DType() tensor.DType { return m.opts.DType }
+
+// NumParams is the number of trainable parameters (tied embeddings counted once).
+func (m *Model) NumParams() int {
+	n := 0
+	for _, s := range m.Specs {
+		n += s.Numel()
+	}
+	return n
+}
+
+// SetRecompute turns per-layer activation recomputation on or off (between steps).
+func (m *Model) SetRecompute(on bool) {
+	m.opts.Recompute = on
+	for _, b := range m.blocks {
+		b.Recompute = on
+	}
+}
+
+// EnableGrads allocates the gradient arena (zeroed) if it does not exist yet.
+func (m *Model) EnableGrads() error {
+	if m.Grads != nil {
+		return nil
+	}
+	g, err := newArena(m.b, m.opts.DType, m.Specs)
+	if err != nil {
+		return err
+	}
+	m.Grads = g
+	m.build()
+	return nil
+}
+
+// ZeroGrads sets every gradient to zero (call at the start of each optimizer step).
+func (m *Model) ZeroGrads() error {
+	if m.Grads == nil {
+		return m.EnableGrads()
+	}
+	return m.b.Fill(m.Grads.Flat, 0)
+}
+
+// Close frees the parameter and gradient arenas and the RoPE table.
+func (m *Model) Close() error {
+	var errs []error
+	errs = append(errs, m.Params.free(m.b), m.Grads.free(m.b))
+	if !m.invFreq.IsNil() {
+		errs = append(errs, m.b.Free(m.invFreq))
+		m.invFreq = tensor.Tensor{}
+	}
+	return errors.Join(errs...)
+}
+
+// ParamFloat32 downloads a parameter by HF name (lm_head.weight resolves to the embedding when
+// tied).
+func (m *Model) ParamFloat32(name string) ([]float32, error) {
+	t, ok := m.param(name)
+	if !ok {
+		return nil, fmt.Errorf("models: no parameter %q", name)
+	}
+	return backend.ToFloat32(m.b, t)
+}
+
+// GradFloat32 downloads a gradient by HF name.
+func (m *Model) GradFloat32(name string) ([]float32, error) {
+	if m.Grads == nil {
+		return nil, fmt.Errorf("models: gradient %q: no gradients yet (run ForwardBackward first)", name)
+	}
+	t, ok := m.Grads.Get(name)
+	if !ok {
+		return nil, fmt.Errorf("models: no parameter %q", name)
+	}
+	return backend.ToFloat32(m.b, t)
+}
+
+// SetParam uploads values (converted to the parameter dtype) into a parameter by HF name.
+func (m *Model) SetParam(name string, values []float32) error {
+	t, ok := m.param(name)
+	if !ok {
+		return fmt.Errorf("models: no parameter %q", name)
+	}
+	if len(values) != t.Numel() {
+		return fmt.Errorf("models: parameter %q has %d elements (shape %v), got %d values", name, t.Numel(), []int(t.Shape()), len(values))
+	}
+	raw, err := tensor.EncodeFloat32(t.DType(), values)
+	if err != nil {
+		return err
+	}
+	return m.b.Upload(t, raw)
+}
+
+func (m *Model) param(name string) (tensor.Tensor, bool) {
+	if name == nameLMHead && m.Arch.Tied {
+		name = nameEmbed
+	}
+	return m.Params.Get(name)
+}
+
+// ropeFor makes invFreq valid for a micro-batch whose longest position is seqLen-1. For
+// length-independent rope types it is computed once. For dynamic NTK scaling it follows
+// transformers' stateful rule exactly: the table grows (is recomputed for seqLen) when seqLen
+// exceeds the longest length seen so far, and resets to the original table when seqLen drops
+// below max_position_embeddings after having grown.
+func (m *Model) ropeFor(seqLen int) error {
+	r := m.Arch.Rope
+	want := m.ropeLen
+	if m.invFreq.IsNil() {
+		want = r.MaxPositionEmbeddings
+	}
+	if r.DependsOnLength() {
+		orig := r.MaxPositionEmbeddings
+		if seqLen > m.ropeCached {
+			want, m.ropeCached = seqLen, seqLen
+		}
+		if seqLen < orig && m.ropeCached > orig {
+			want, m.ropeCached = orig, orig
+		}
+	}
+	if !m.invFreq.IsNil() && want == m.ropeLen {
+		return nil
+	}
+	inv, scale, err := r.Compute(want)
+	if err != nil {
+		return fmt.Errorf("models: %s: %w", m.Arch.ModelType, err)
+	}
+	if m.invFreq.IsNil() {
+		if m.invFreq, err = m.b.Alloc(tensor.F32, len(inv)); err != nil {
+			return err
+		}
+	}
+	raw, err := tensor.EncodeFloat32(tensor.F32, inv)
+	if err != nil {
+		return err
+	}
+	if err := m.b.Upload(m.invFreq, raw); err != nil {
+		return err
+	}
+	m.attnScale, m.ropeLen = scale, want
+	return nil
+}

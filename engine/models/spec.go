@@ -1,0 +1,146 @@
+package models
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Init says how InitRandom fills a parameter, following transformers' _init_weights.
+type Init uint8
+
+const (
+	// InitNormal draws from normal(0, initializer_range) (linear weights, embeddings).
+	InitNormal Init = iota
+	// InitOnes fills with 1 (RMSNorm weights).
+	InitOnes
+	// InitZeros fills with 0 (biases).
+	InitZeros
+)
+
+func (i Init) String() string {
+	switch i {
+	case InitNormal:
+		return "normal"
+	case InitOnes:
+		return "ones"
+	case InitZeros:
+		return "zeros"
+	}
+	return fmt.Sprintf("Init(%d)", uint8(i))
+}
+
+// ParamSpec describes one trainable parameter. The model's []ParamSpec is the single source from
+// which the parameter arena, the gradient arena, optimizer state and checkpoints are laid out.
+type ParamSpec struct {
+	// Name is the Hugging Face parameter name (the safetensors key), e.g.
+	// "model.layers.0.self_attn.q_proj.weight".
+	Name string
+	// Shape is the parameter shape in the HF layout (linear weights are [out, in]).
+	Shape []int
+	// Decay is true when weight decay applies: matrices (ndim >= 2); false for 1-D norm weights
+	// and biases.
+	Decay bool
+	// Init is how InitRandom fills it.
+	Init Init
+	// ZeroRow, when >= 0, is a row InitRandom zeroes after drawing (the embedding row of
+	// pad_token_id, as nn.Embedding(padding_idx) does). -1 when none.
+	ZeroRow int
+}
+
+// Numel is the number of elements.
+func (p ParamSpec) Numel() int {
+	n := 1
+	for _, d := range p.Shape {
+		n *= d
+	}
+	return n
+}
+
+func (p ParamSpec) String() string {
+	dims := make([]string, len(p.Shape))
+	for i, d := range p.Shape {
+		dims[i] = fmt.Sprint(d)
+	}
+	return fmt.Sprintf("%s [%s] decay=%v init=%s", p.Name, strings.Join(dims, " "), p.Decay, p.Init)
+}
+
+func matrix(name string, rows, cols int) ParamSpec {
+	return ParamSpec{Name: name, Shape: []int{rows, cols}, Decay: true, Init: InitNormal, ZeroRow: -1}
+}
+
+func normWeight(name string, n int) ParamSpec {
+	return ParamSpec{Name: name, Shape: []int{n}, Init: InitOnes, ZeroRow: -1}
+}
+
+func bias(name string, n int) ParamSpec {
+	return ParamSpec{Name: name, Shape: []int{n}, Init: InitZeros, ZeroRow: -1}
+}
+
+// Weight names of the Llama-style decoder shared by every dense family.
+const (
+	nameEmbed     = "model.embed_tokens.weight"
+	nameFinalNorm = "model.norm.weight"
+	nameLMHead    = "lm_head.weight"
+)
+
+// layerName returns "model.layers.<i>.<suffix>".
+func layerName(i int, suffix string) string {
+	return fmt.Sprintf("model.layers.%d.%s", i, suffix)
+}
+
+// attentionSpecs lists the attention parameters of layer i.
+func attentionSpecs(a *Arch, i int) []ParamSpec {
+	q, kv := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+	s := []ParamSpec{normWeight(layerName(i, "input_layernorm.weight"), a.Hidden)}
+	for _, p := range []struct {
+		name string
+		out  int
+	}{{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}} {
+		s = append(s, matrix(layerName(i, "self_attn."+p.name+".weight"), p.out, a.Hidden))
+		if a.QKVBias {
+			s = append(s, bias(layerName(i, "self_attn."+p.name+".bias"), p.out))
+		}
+	}
+	if a.QKNorm {
+		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), a.HeadDim),
+			normWeight(layerName(i, "self_attn.k_norm.weight"), a.HeadDim))
+	}
+	s = append(s, matrix(layerName(i, "self_attn.o_proj.weight"), a.Hidden, q))
+	if a.OBias {
+		s = append(s, bias(layerName(i, "self_attn.o_proj.bias"), a.Hidden))
+	}
+	return s
+}
+
+// mlpSpecs lists the SwiGLU MLP parameters of layer i, with the norm before it.
+func mlpSpecs(a *Arch, i int) []ParamSpec {
+	s := []ParamSpec{normWeight(layerName(i, "post_attention_layernorm.weight"), a.Hidden)}
+	for _, p := range []struct {
+		name     string
+		out, in_ int
+	}{{"gate_proj", a.Intermediate, a.Hidden}, {"up_proj", a.Intermediate, a.Hidden}, {"down_proj", a.Hidden, a.Intermediate}} {
+		s = append(s, matrix(layerName(i, "mlp."+p.name+".weight"), p.out, p.in_))
+		if a.MLPBias {
+			s = append(s, bias(layerName(i, "mlp."+p.name+".bias"), p.out))
+		}
+	}
+	return s
+}
+
+// denseSpecs is the full parameter table of a dense decoder, in arena order.
+func denseSpecs(a *Arch) []ParamSpec {
+	emb := matrix(nameEmbed, a.Vocab, a.Hidden)
+	if a.PadID >= 0 && a.PadID < a.Vocab {
+		emb.ZeroRow = a.PadID
+	}
+	s := []ParamSpec{emb}
+	for i := 0; i < a.Layers; i++ {
+		s = append(s, attentionSpecs(a, i)...)
+		s = append(s, mlpSpecs(a, i)...)
+	}
+	s = append(s, normWeight(nameFinalNorm, a.Hidden))
+	if !a.Tied {
+		s = append(s, matrix(nameLMHead, a.Vocab, a.Hidden))
+	}
+	return s
+}

@@ -1,0 +1,218 @@
+package nn
+
+import (
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// KVCache holds one layer's rotated keys and values for incremental decoding.
+// K, V [MaxLen, NKV*HD] in the activation dtype.
+type KVCache struct {
+	K, V T
+}
+
+// Attention is the self-attention of a Llama-style decoder layer: q/k/v projections, optional
+// per-head RMSNorm of queries and keys (Qwen3, applied before RoPE), rotary embedding, causal
+// GQA attention over packed documents with an optional sliding window, and the output
+// projection.
+//
+// Cached for backward (between Forward and Backward): the input x (not owned: the caller keeps
+// it alive), q and k after norm and rotation, v, the attention output and its log-sum-exp, and
+// with q/k norm the pre-norm q and k with their rstd.
+type Attention struct {
+	Name         string
+	Q, K, V, O   Linear
+	QNorm, KNorm *RMSNorm // nil when the family has no q/k norm
+	NH, NKV, HD  int
+	RotaryDim    int // R; 0 means HD
+	Window       int // sliding window in tokens; 0 = full causal
+	Layer        int // index into Pass.Cache
+
+	c attnCache
+}
+
+type attnCache struct {
+	x                    T
+	qPre, kPre, qRs, kRs T
+	q, k, v, out, lse    T
+	kAll, vAll           T // keys/values attended over (views of the KV cache when decoding)
+	live                 bool
+}
+
+func (a *Attention) shape(p *Pass) backend.AttentionShape {
+	return backend.AttentionShape{
+		CuSeqlens: p.CuSeqlens, CuSeqlensK: p.CuSeqlensK, MaxSeqLen: p.MaxSeqLen,
+		NH: a.NH, NKV: a.NKV, HD: a.HD, Window: a.Window,
+	}
+}
+
+func (a *Attention) rope(p *Pass, heads int) backend.RoPEArgs {
+	return backend.RoPEArgs{
+		Positions: p.Positions, InvFreq: p.InvFreq, Heads: heads, HeadDim: a.HD,
+		RotaryDim: a.RotaryDim, AttentionScaling: p.AttentionScaling,
+	}
+}
+
+// Forward returns a new y [N,C] for x [N,C] (the normed hidden states). When keep is true the
+// activations are cached for Backward; otherwise they are released before returning.
+func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
+	if a.c.live {
+		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", a.Name)
+	}
+	c := &a.c
+	c.x = x
+	c.live = true
+	defer func() {
+		if err != nil || !keep {
+			a.Release(p)
+		}
+	}()
+	if c.q, err = a.Q.Forward(p, x); err != nil {
+		return T{}, err
+	}
+	if c.k, err = a.K.Forward(p, x); err != nil {
+		return T{}, err
+	}
+	if c.v, err = a.V.Forward(p, x); err != nil {
+		return T{}, err
+	}
+	if a.QNorm != nil {
+		c.qPre, c.kPre = c.q, c.k
+		c.q, c.k = T{}, T{}
+		if c.q, c.qRs, err = a.QNorm.Forward(p, c.qPre); err != nil {
+			return T{}, err
+		}
+		if c.k, c.kRs, err = a.KNorm.Forward(p, c.kPre); err != nil {
+			return T{}, err
+		}
+	}
+	if err = p.B.RoPE(c.q, c.q, a.rope(p, a.NH)); err != nil {
+		return T{}, wrap(a.Name+" rope q", err)
+	}
+	if err = p.B.RoPE(c.k, c.k, a.rope(p, a.NKV)); err != nil {
+		return T{}, wrap(a.Name+" rope k", err)
+	}
+	c.kAll, c.vAll = c.k, c.v
+	if p.Cache != nil {
+		if c.kAll, c.vAll, err = a.appendCache(p); err != nil {
+			return T{}, err
+		}
+	}
+	if c.out, err = p.alloc(p.N, a.NH*a.HD); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if c.lse, err = p.allocF32(p.N, a.NH); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if err = p.B.Attention(backend.AttentionArgs{
+		AttentionShape: a.shape(p), Out: c.out, LSE: c.lse, Q: c.q, K: c.kAll, V: c.vAll,
+	}); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	return a.O.Forward(p, c.out)
+}
+
+// appendCache writes this pass's keys and values into the layer's KV cache and returns views of
+// every cached row so far.
+func (a *Attention) appendCache(p *Pass) (k, v T, err error) {
+	if a.Layer >= len(p.Cache) || p.Cache[a.Layer] == nil {
+		return T{}, T{}, fmt.Errorf("nn: %s: no KV cache for layer %d", a.Name, a.Layer)
+	}
+	kv := p.Cache[a.Layer]
+	lo, hi := p.CacheLen, p.CacheLen+p.N
+	if hi > kv.K.Dim(0) {
+		return T{}, T{}, fmt.Errorf("nn: %s: KV cache holds %d tokens, %d needed; allocate a longer cache", a.Name, kv.K.Dim(0), hi)
+	}
+	for _, pair := range [][2]T{{kv.K, a.c.k}, {kv.V, a.c.v}} {
+		dst, err := pair[0].Rows(lo, hi)
+		if err != nil {
+			return T{}, T{}, wrap(a.Name, err)
+		}
+		if err := p.B.Copy(dst, pair[1]); err != nil {
+			return T{}, T{}, wrap(a.Name+" kv cache", err)
+		}
+	}
+	if k, err = kv.K.Rows(0, hi); err != nil {
+		return T{}, T{}, wrap(a.Name, err)
+	}
+	if v, err = kv.V.Rows(0, hi); err != nil {
+		return T{}, T{}, wrap(a.Name, err)
+	}
+	return k, v, nil
+}
+
+// Backward returns a new dx [N,C] (=) for dy [N,C] and accumulates every parameter gradient
+// (+=); it releases the cache.
+func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
+	if !a.c.live {
+		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", a.Name)
+	}
+	c := &a.c
+	defer a.Release(p)
+	var dattn, dq, dk, dv, dqPre, dkPre T
+	defer func() { _ = free(p.B, &dattn, &dq, &dk, &dv, &dqPre, &dkPre) }()
+	if dattn, err = p.alloc(p.N, a.NH*a.HD); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if err = a.O.Backward(p, dattn, dy, c.out, false); err != nil {
+		return T{}, err
+	}
+	if dq, err = p.alloc(c.q.Shape()...); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if dk, err = p.alloc(c.k.Shape()...); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if dv, err = p.alloc(c.v.Shape()...); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if err = p.B.AttentionBackward(backend.AttentionBackwardArgs{
+		AttentionShape: a.shape(p), DQ: dq, DK: dk, DV: dv, DOut: dattn,
+		Q: c.q, K: c.k, V: c.v, Out: c.out, LSE: c.lse,
+	}); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if err = p.B.RoPEBackward(dq, dq, a.rope(p, a.NH)); err != nil {
+		return T{}, wrap(a.Name+" rope q", err)
+	}
+	if err = p.B.RoPEBackward(dk, dk, a.rope(p, a.NKV)); err != nil {
+		return T{}, wrap(a.Name+" rope k", err)
+	}
+	if a.QNorm != nil {
+		if dqPre, err = p.alloc(c.qPre.Shape()...); err != nil {
+			return T{}, wrap(a.Name, err)
+		}
+		if dkPre, err = p.alloc(c.kPre.Shape()...); err != nil {
+			return T{}, wrap(a.Name, err)
+		}
+		if err = a.QNorm.Backward(p, dqPre, dq, c.qPre, c.qRs, false); err != nil {
+			return T{}, err
+		}
+		if err = a.KNorm.Backward(p, dkPre, dk, c.kPre, c.kRs, false); err != nil {
+			return T{}, err
+		}
+		dq, dqPre = dqPre, dq
+		dk, dkPre = dkPre, dk
+	}
+	if dx, err = p.alloc(c.x.Shape()...); err != nil {
+		return T{}, wrap(a.Name, err)
+	}
+	if err = a.Q.Backward(p, dx, dq, c.x, false); err == nil {
+		if err = a.K.Backward(p, dx, dk, c.x, true); err == nil {
+			err = a.V.Backward(p, dx, dv, c.x, true)
+		}
+	}
+	if err != nil {
+		_ = free(p.B, &dx)
+		return T{}, err
+	}
+	return dx, nil
+}
+
+// Release frees the cached activations without a backward (evaluation, abandoned steps).
+func (a *Attention) Release(p *Pass) {
+	c := &a.c
+	_ = free(p.B, &c.qPre, &c.kPre, &c.qRs, &c.kRs, &c.q, &c.k, &c.v, &c.out, &c.lse)
+	*c = attnCache{}
+}

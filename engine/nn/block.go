@@ -1,0 +1,134 @@
+package nn
+
+import "fmt"
+
+// Block is one pre-norm decoder layer:
+//
+//	mid = x + Attn(Norm1(x))
+//	y   = mid + FFN(Norm2(mid))
+//
+// With Recompute set, Forward keeps only its input x (which the caller keeps alive anyway) and
+// Backward re-runs the forward of the layer before differentiating it: the same ops on the same
+// inputs, so gradients are bit-identical to the stored-activation path while activation memory
+// drops to one [N,C] tensor per layer.
+type Block struct {
+	Name      string
+	Norm1     RMSNorm
+	Attn      *Attention
+	Norm2     RMSNorm
+	FFN       FFN
+	Recompute bool
+
+	x, h1, r1, mid, h2, r2 T
+	state                  blockState
+}
+
+type blockState uint8
+
+const (
+	blockIdle blockState = iota
+	blockCached
+	blockInputOnly // recompute: only x is kept
+)
+
+// Forward returns a new y [N,C] for x [N,C]. With train false nothing is cached. x must stay
+// alive until Backward or Release.
+func (b *Block) Forward(p *Pass, x T, train bool) (y T, err error) {
+	if b.state != blockIdle {
+		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", b.Name)
+	}
+	keep := train && !b.Recompute
+	if y, err = b.forward(p, x, keep); err != nil {
+		return T{}, err
+	}
+	switch {
+	case keep:
+		b.state = blockCached
+	case train:
+		b.x, b.state = x, blockInputOnly
+	}
+	return y, nil
+}
+
+func (b *Block) forward(p *Pass, x T, keep bool) (y T, err error) {
+	b.x = x
+	defer func() {
+		if err != nil || !keep {
+			b.release(p)
+		}
+	}()
+	if b.h1, b.r1, err = b.Norm1.Forward(p, x); err != nil {
+		return T{}, err
+	}
+	attn, err := b.Attn.Forward(p, b.h1, keep)
+	if err != nil {
+		return T{}, err
+	}
+	// mid = x + attn, computed in attn's buffer.
+	if err = p.B.Add(attn, x, attn); err != nil {
+		_ = free(p.B, &attn)
+		return T{}, wrap(b.Name, err)
+	}
+	b.mid = attn
+	if b.h2, b.r2, err = b.Norm2.Forward(p, b.mid); err != nil {
+		return T{}, err
+	}
+	if y, err = b.FFN.Forward(p, b.h2, keep); err != nil {
+		return T{}, err
+	}
+	if err = p.B.Add(y, b.mid, y); err != nil {
+		_ = free(p.B, &y)
+		return T{}, wrap(b.Name, err)
+	}
+	return y, nil
+}
+
+// Backward turns dy [N,C] (the gradient of the block output) into the gradient of its input,
+// in place: the returned tensor is dy's buffer. Parameter gradients accumulate (+=).
+func (b *Block) Backward(p *Pass, dy T) (T, error) {
+	switch b.state {
+	case blockIdle:
+		return T{}, fmt.Errorf("nn: %s: Backward without a training Forward", b.Name)
+	case blockInputOnly:
+		b.state = blockIdle
+		y, err := b.forward(p, b.x, true)
+		if err != nil {
+			return T{}, fmt.Errorf("nn: %s: recompute: %w", b.Name, err)
+		}
+		_ = free(p.B, &y)
+	}
+	b.state = blockIdle
+	defer b.release(p)
+	dh2, err := b.FFN.Backward(p, dy)
+	if err != nil {
+		return T{}, err
+	}
+	err = b.Norm2.Backward(p, dy, dh2, b.mid, b.r2, true)
+	_ = free(p.B, &dh2)
+	if err != nil {
+		return T{}, err
+	}
+	dh1, err := b.Attn.Backward(p, dy)
+	if err != nil {
+		return T{}, err
+	}
+	err = b.Norm1.Backward(p, dy, dh1, b.x, b.r1, true)
+	_ = free(p.B, &dh1)
+	if err != nil {
+		return T{}, err
+	}
+	return dy, nil
+}
+
+// Release drops whatever Forward cached, without a backward.
+func (b *Block) Release(p *Pass) {
+	b.Attn.Release(p)
+	b.FFN.Release(p)
+	b.release(p)
+	b.state = blockIdle
+}
+
+func (b *Block) release(p *Pass) {
+	_ = free(p.B, &b.h1, &b.r1, &b.mid, &b.h2, &b.r2)
+	b.x = T{}
+}

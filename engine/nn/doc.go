@@ -1,0 +1,23 @@
+// Package nn holds the layers of a decoder-only transformer with explicit Forward and Backward
+// methods over packed token rows: linear, embedding, RMSNorm, rotary attention with grouped
+// query heads, the SwiGLU MLP and the LM head with a fused cross-entropy loss.
+//
+// Every activation is a row-major [N, ...] tensor where N is the total number of tokens of a
+// packed micro-batch; documents are separated by cumulative sequence lengths and positions
+// restart at 0 for each document. Letters used in shape comments:
+//
+//	N   tokens in the micro-batch (all documents packed)
+//	C   hidden size
+//	I   MLP intermediate size
+//	V   vocabulary size
+//	NH  attention heads, NKV key/value heads, HD head dimension
+//
+// Gradient contract: Backward overwrites (=) the gradient it returns for the layer input and
+// accumulates (+=) into parameter gradients, so micro-batches accumulate without extra copies.
+// A layer caches what its backward needs during Forward and releases it in Backward (or in
+// Release when a forward is abandoned).
+//
+// The package is not a model (engine/models assembles layers into HF families), holds no
+// parameters of its own (they are views into the model's arena), and calls only the backend
+// interface.
+package nn

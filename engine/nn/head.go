@@ -1,0 +1,64 @@
+package nn
+
+import (
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// Head is the final RMSNorm and the LM head with the fused causal-LM cross-entropy. W is
+// lm_head.weight [V,C], or the embedding table when embeddings are tied (then GW is the
+// embedding gradient, so both uses accumulate into one gradient).
+type Head struct {
+	Name      string
+	Norm      RMSNorm
+	W, GW     T
+	ChunkRows int // tokens per cross-entropy chunk; 0 = backend default
+}
+
+// Loss runs the head on x [N,C] with targets [N] I32 (IgnoreIndex skips a token), writing
+// per-token loss and target logprob (both [N] F32, optional). With train set it also returns a
+// new dx [N,C] (=) for d(gradScale * sum of losses)/dx and accumulates GW and the norm weight
+// gradient (+=); otherwise dx is the zero tensor.
+func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale float32) (dx T, err error) {
+	hid, rstd, err := h.Norm.Forward(p, x)
+	if err != nil {
+		return T{}, err
+	}
+	var dh T
+	defer func() { _ = free(p.B, &hid, &rstd, &dh) }()
+	args := backend.CrossEntropyArgs{
+		Hidden: hid, Weight: h.W, Targets: targets, Loss: loss, LogProb: logprob,
+		GradScale: gradScale, ChunkRows: h.ChunkRows,
+	}
+	if train {
+		if dh, err = p.alloc(hid.Shape()...); err != nil {
+			return T{}, wrap(h.Name, err)
+		}
+		args.DHidden, args.DWeight = dh, h.GW
+	}
+	if err = p.B.CrossEntropy(args); err != nil {
+		return T{}, wrap(h.Name+" cross-entropy", err)
+	}
+	if !train {
+		return T{}, nil
+	}
+	if dx, err = p.alloc(x.Shape()...); err != nil {
+		return T{}, wrap(h.Name, err)
+	}
+	if err = h.Norm.Backward(p, dx, dh, x, rstd, false); err != nil {
+		_ = free(p.B, &dx)
+		return T{}, err
+	}
+	return dx, nil
+}
+
+// Logits returns new logits [M,V] for the hidden states x [M,C] (typically the last position
+// of each sequence during generation), in the activation dtype.
+func (h *Head) Logits(p *Pass, x T) (T, error) {
+	hid, rstd, err := h.Norm.Forward(p, x)
+	if err != nil {
+		return T{}, err
+	}
+	defer func() { _ = free(p.B, &hid, &rstd) }()
+	lin := Linear{Name: h.Name, W: h.W}
+	return lin.Forward(p, hid)
+}

@@ -1,0 +1,46 @@
+package nn
+
+import "github.com/halo-shell/halo-shell/engine/backend"
+
+// RMSNorm is an HF LlamaRMSNorm over the last dimension: y = x * rstd * W. W [C]; GW [C]
+// (optional). Used on [N,C] hidden states and, as q/k norm, on [N*H, HD] head rows.
+type RMSNorm struct {
+	Name string
+	W    T
+	GW   T
+	Eps  float32
+}
+
+// Forward returns out (same shape as x, rows = x.Numel()/C) and rstd [rows] F32 for backward.
+func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
+	c := n.W.Dim(0)
+	rows := x.Numel() / c
+	xv, err := x.Reshape(rows, c)
+	if err != nil {
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	if out, err = p.alloc(x.Shape()...); err != nil {
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	if rstd, err = p.allocF32(rows); err != nil {
+		_ = free(p.B, &out)
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	ov, _ := out.Reshape(rows, c)
+	if err := p.B.RMSNorm(ov, rstd, xv, n.W, n.Eps); err != nil {
+		_ = free(p.B, &out, &rstd)
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	return out, rstd, nil
+}
+
+// Backward: dx (= or += with accumulate) from dy, the forward input x and rstd; GW +=.
+// dx may not alias dy.
+func (n *RMSNorm) Backward(p *Pass, dx, dy, x, rstd T, accumulate bool) error {
+	c := n.W.Dim(0)
+	rows := x.Numel() / c
+	v := func(t T) T { r, _ := t.Reshape(rows, c); return r }
+	return wrap(n.Name, p.B.RMSNormBackward(backend.RMSNormBackwardArgs{
+		DX: v(dx), DW: n.GW, DY: v(dy), X: v(x), W: n.W, RStd: rstd, AccumulateDX: accumulate,
+	}))
+}

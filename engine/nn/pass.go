@@ -1,0 +1,69 @@
+package nn
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// T is a tensor (a view into device memory owned by a backend).
+type T = tensor.Tensor
+
+// Pass is the geometry of one micro-batch, shared by every layer of one forward (and its
+// backward). The model builds it once per micro-batch; layers only read it.
+type Pass struct {
+	// B runs every op.
+	B backend.Backend
+	// DType of activations (F32 or BF16).
+	DType tensor.DType
+	// N is the number of query tokens (rows of every activation).
+	N int
+	// Positions [N] I32: each token's position in its document.
+	Positions T
+	// CuSeqlens [D+1] I32: query document boundaries.
+	CuSeqlens T
+	// CuSeqlensK [D+1] I32: key boundaries when keys come from a KV cache (decoding); zero
+	// tensor otherwise.
+	CuSeqlensK T
+	// MaxSeqLen is the longest document (a hint for the attention op).
+	MaxSeqLen int
+	// InvFreq [R/2] F32 and AttentionScaling are the rotary tables of this micro-batch.
+	InvFreq          T
+	AttentionScaling float32
+	// Cache, when set, holds per-layer key/value caches: attention appends this pass's keys and
+	// values at rows [CacheLen, CacheLen+N) and attends over rows [0, CacheLen+N).
+	Cache    []*KVCache
+	CacheLen int
+}
+
+// alloc returns a zeroed activation of the pass dtype.
+func (p *Pass) alloc(shape ...int) (T, error) { return p.B.Alloc(p.DType, shape...) }
+
+// allocF32 returns a zeroed F32 tensor (statistics: rstd, lse).
+func (p *Pass) allocF32(shape ...int) (T, error) { return p.B.Alloc(tensor.F32, shape...) }
+
+// free releases tensors allocated by this package; zero tensors are skipped. The first error
+// is returned but every tensor is attempted.
+func free(b backend.Backend, ts ...*T) error {
+	var errs []error
+	for _, t := range ts {
+		if t == nil || t.IsNil() {
+			continue
+		}
+		if err := b.Free(*t); err != nil {
+			errs = append(errs, err)
+		}
+		*t = T{}
+	}
+	return errors.Join(errs...)
+}
+
+// errorf prefixes an error with the layer name.
+func wrap(layer string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("nn: %s: %w", layer, err)
+}
