@@ -1,0 +1,192 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// gpt2Pattern is the regular expression of the ByteLevel pre-tokenizer with use_regex.
+const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+
+// preStep is one pre-tokenization step: it splits s into pieces and calls emit for each
+// non-empty one.
+type preStep interface {
+	split(s string, sc *scratch, emit func(string))
+}
+
+// scratch is per-call reusable memory for the pre-tokenizer and the BPE merge loop.
+type scratch struct {
+	spans []span
+	bpe   bpeScratch
+	buf   []byte
+}
+
+type splitStep struct {
+	m        matcher
+	behavior splitBehavior
+	invert   bool
+}
+
+func (p splitStep) split(s string, sc *scratch, emit func(string)) {
+	splitBy(s, p.m, p.behavior, p.invert, &sc.spans, emit)
+}
+
+// byteLevelStep is the ByteLevel pre-tokenizer. The mapping of bytes to the byte-level
+// alphabet is applied here only when mapBytes is set; when ByteLevel is the last step the
+// BPE model reads the raw bytes directly (same result, no intermediate strings).
+type byteLevelStep struct {
+	addPrefixSpace bool
+	useRegex       matcher
+	mapBytes       bool
+}
+
+func (p byteLevelStep) split(s string, sc *scratch, emit func(string)) {
+	if p.addPrefixSpace && len(s) > 0 && s[0] != ' ' {
+		s = " " + s
+	}
+	out := emit
+	if p.mapBytes {
+		out = func(x string) { emit(byteLevelEncode(x)) }
+	}
+	if p.useRegex != nil {
+		splitBy(s, p.useRegex, behaviorIsolated, false, &sc.spans, out)
+		return
+	}
+	if s != "" {
+		out(s)
+	}
+}
+
+type sequenceStep []preStep
+
+func (seq sequenceStep) split(s string, sc *scratch, emit func(string)) {
+	runSteps(seq, s, sc, emit)
+}
+
+// runSteps applies steps in order: every piece produced by one step is split by the next.
+func runSteps(steps []preStep, s string, sc *scratch, emit func(string)) {
+	if len(steps) == 0 {
+		if s != "" {
+			emit(s)
+		}
+		return
+	}
+	if len(steps) == 1 {
+		steps[0].split(s, sc, emit)
+		return
+	}
+	// Collect the first step's pieces before running the rest: the steps share scratch.
+	var pieces []string
+	steps[0].split(s, sc, func(x string) { pieces = append(pieces, x) })
+	for _, x := range pieces {
+		runSteps(steps[1:], x, sc, emit)
+	}
+}
+
+func isRustPunctuation(r rune) bool {
+	if r < utf8.RuneSelf {
+		return unicode.IsPunct(r) || unicode.IsSymbol(r) && r != ' '
+	}
+	return unicode.IsPunct(r)
+}
+
+// parsePreTokenizer parses one pre-tokenizer into a flat list of steps. last says whether
+// nothing follows it, so that a final ByteLevel can leave the byte mapping to the model.
+func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) ([]preStep, bool, error) {
+	if isNull(raw) {
+		return nil, false, nil
+	}
+	if depth > maxNesting {
+		return nil, false, fmt.Errorf("%s: Sequence nested deeper than %d", path, maxNesting)
+	}
+	var head struct {
+		Type           string            `json:"type"`
+		Pretokenizers  []json.RawMessage `json:"pretokenizers"`
+		Pattern        *patternJSON      `json:"pattern"`
+		Behavior       string            `json:"behavior"`
+		Invert         bool              `json:"invert"`
+		AddPrefixSpace bool              `json:"add_prefix_space"`
+		UseRegex       *bool             `json:"use_regex"`
+		Individual     bool              `json:"individual_digits"`
+		Delimiter      string            `json:"delimiter"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, false, fmt.Errorf("%s: %v", path, err)
+	}
+	behavior := func(def splitBehavior) (splitBehavior, error) {
+		if head.Behavior == "" {
+			return def, nil
+		}
+		b, ok := behaviorNames[head.Behavior]
+		if !ok {
+			return 0, fmt.Errorf("%s: behavior %q is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous", path, head.Behavior)
+		}
+		return b, nil
+	}
+	switch head.Type {
+	case "Sequence":
+		var steps []preStep
+		byteLevelTail := false
+		for i, r := range head.Pretokenizers {
+			s, tail, err := parsePreTokenizer(r, fmt.Sprintf("%s.pretokenizers[%d]", path, i), depth+1, last && i == len(head.Pretokenizers)-1)
+			if err != nil {
+				return nil, false, err
+			}
+			steps = append(steps, s...)
+			byteLevelTail = tail
+		}
+		return steps, byteLevelTail, nil
+	case "Split":
+		m, err := head.Pattern.compile()
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: Split: %v", path, err)
+		}
+		b, err := behavior(behaviorRemoved)
+		if err != nil {
+			return nil, false, err
+		}
+		if head.Behavior == "" {
+			return nil, false, fmt.Errorf("%s: Split has no \"behavior\"", path)
+		}
+		return []preStep{splitStep{m, b, head.Invert}}, false, nil
+	case "ByteLevel":
+		step := byteLevelStep{addPrefixSpace: head.AddPrefixSpace, mapBytes: !last}
+		if head.UseRegex == nil || *head.UseRegex {
+			m := fastScanner(gpt2Pattern)
+			if m == nil {
+				rm, err := compileRegex(gpt2Pattern)
+				if err != nil {
+					return nil, false, err
+				}
+				m = rm
+			}
+			step.useRegex = m
+		}
+		return []preStep{step}, last, nil
+	case "Digits":
+		b := behaviorContiguous
+		if head.Individual {
+			b = behaviorIsolated
+		}
+		return []preStep{splitStep{runeMatcher{unicode.IsNumber}, b, false}}, false, nil
+	case "WhitespaceSplit":
+		return []preStep{splitStep{runeMatcher{unicode.IsSpace}, behaviorRemoved, false}}, false, nil
+	case "Punctuation":
+		b, err := behavior(behaviorIsolated)
+		if err != nil {
+			return nil, false, err
+		}
+		return []preStep{splitStep{runeMatcher{isRustPunctuation}, b, false}}, false, nil
+	case "CharDelimiterSplit":
+		d := []rune(head.Delimiter)
+		if len(d) != 1 {
+			return nil, false, fmt.Errorf("%s: CharDelimiterSplit delimiter %q is not one character", path, head.Delimiter)
+		}
+		return []preStep{splitStep{runeMatcher{func(r rune) bool { return r == d[0] }}, behaviorRemoved, false}}, false, nil
+	case "":
+		return nil, false, fmt.Errorf("%s: no \"type\"", path)
+	}
+	return nil, false, fmt.Errorf("%s: pre-tokenizer type %q is not supported; supported: Sequence, Split, ByteLevel, Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit", path, head.Type)
+}

