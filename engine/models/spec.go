@@ -88,10 +88,10 @@ func layerName(i int, suffix string) string {
 	return fmt.Sprintf("model.layers.%d.%s", i, suffix)
 }
 
-// attentionSpecs lists the attention parameters of layer i.
+// attentionSpecs lists the attention parameters of layer i, in transformers' state_dict order.
 func attentionSpecs(a *Arch, i int) []ParamSpec {
 	q, kv := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
-	s := []ParamSpec{normWeight(layerName(i, "input_layernorm.weight"), a.Hidden)}
+	var s []ParamSpec
 	for _, p := range []struct {
 		name string
 		out  int
@@ -101,25 +101,25 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 			s = append(s, bias(layerName(i, "self_attn."+p.name+".bias"), p.out))
 		}
 	}
-	if a.QKNorm {
-		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), a.HeadDim),
-			normWeight(layerName(i, "self_attn.k_norm.weight"), a.HeadDim))
-	}
 	s = append(s, matrix(layerName(i, "self_attn.o_proj.weight"), a.Hidden, q))
 	if a.OBias {
 		s = append(s, bias(layerName(i, "self_attn.o_proj.bias"), a.Hidden))
 	}
+	if a.QKNorm {
+		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), a.HeadDim),
+			normWeight(layerName(i, "self_attn.k_norm.weight"), a.HeadDim))
+	}
 	return s
 }
 
-// mlpSpecs lists the SwiGLU MLP parameters of layer i, with the norm before it.
+// mlpSpecs lists the SwiGLU MLP parameters of layer i.
 func mlpSpecs(a *Arch, i int) []ParamSpec {
-	s := []ParamSpec{normWeight(layerName(i, "post_attention_layernorm.weight"), a.Hidden)}
+	var s []ParamSpec
 	for _, p := range []struct {
-		name     string
-		out, in_ int
+		name    string
+		out, in int
 	}{{"gate_proj", a.Intermediate, a.Hidden}, {"up_proj", a.Intermediate, a.Hidden}, {"down_proj", a.Hidden, a.Intermediate}} {
-		s = append(s, matrix(layerName(i, "mlp."+p.name+".weight"), p.out, p.in_))
+		s = append(s, matrix(layerName(i, "mlp."+p.name+".weight"), p.out, p.in))
 		if a.MLPBias {
 			s = append(s, bias(layerName(i, "mlp."+p.name+".bias"), p.out))
 		}
@@ -127,7 +127,16 @@ func mlpSpecs(a *Arch, i int) []ParamSpec {
 	return s
 }
 
-// denseSpecs is the full parameter table of a dense decoder, in arena order.
+// layerNormSpecs lists the two RMSNorm weights of layer i.
+func layerNormSpecs(a *Arch, i int) []ParamSpec {
+	return []ParamSpec{
+		normWeight(layerName(i, "input_layernorm.weight"), a.Hidden),
+		normWeight(layerName(i, "post_attention_layernorm.weight"), a.Hidden),
+	}
+}
+
+// denseSpecs is the full parameter table of a dense decoder, in transformers' state_dict order
+// (which is also the arena order and the order tensors are written to a checkpoint).
 func denseSpecs(a *Arch) []ParamSpec {
 	emb := matrix(nameEmbed, a.Vocab, a.Hidden)
 	if a.PadID >= 0 && a.PadID < a.Vocab {
@@ -137,6 +146,7 @@ func denseSpecs(a *Arch) []ParamSpec {
 	for i := 0; i < a.Layers; i++ {
 		s = append(s, attentionSpecs(a, i)...)
 		s = append(s, mlpSpecs(a, i)...)
+		s = append(s, layerNormSpecs(a, i)...)
 	}
 	s = append(s, normWeight(nameFinalNorm, a.Hidden))
 	if !a.Tied {

@@ -1,0 +1,132 @@
+package models
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// tinyArch is a small decoder of the given family for fast tests; mod adjusts it.
+func tinyArch(family string, mod func(*Arch)) Arch {
+	a := Arch{
+		ModelType: family, Vocab: 37, Hidden: 16, Intermediate: 24, Layers: 2,
+		Heads: 4, KVHeads: 2, HeadDim: 4, NormEps: 1e-6, InitStd: 0.3, PadID: 0,
+		Windows: []int{0, 0},
+		Rope:    backend.RoPEConfig{Theta: 10000, HeadDim: 4, MaxPositionEmbeddings: 64},
+	}
+	if mod != nil {
+		mod(&a)
+	}
+	a.Rope.HeadDim = a.HeadDim
+	return a
+}
+
+func newCPU() backend.Backend { return cpu.New(cpu.Options{}) }
+
+// newTiny builds a randomly initialised model with non-trivial norms and biases.
+func newTiny(t testing.TB, b backend.Backend, a Arch, o Options, seed uint64) *Model {
+	t.Helper()
+	f, err := Lookup(a.ModelType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newModel(f, a, nil, b, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.InitRandom(seed); err != nil {
+		t.Fatal(err)
+	}
+	perturb(t, m, seed)
+	return m
+}
+
+// perturb makes norm weights and biases non-trivial so tests exercise their gradients.
+func perturb(t testing.TB, m *Model, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	for _, s := range m.Specs {
+		if s.Init == InitNormal {
+			continue
+		}
+		v, err := m.ParamFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range v {
+			if s.Init == InitOnes {
+				v[i] = 1 + 0.2*float32(rng.NormFloat64())
+			} else {
+				v[i] = 0.2 * float32(rng.NormFloat64())
+			}
+		}
+		if err := m.SetParam(s.Name, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// packedBatch makes documents of the given lengths with next-token targets inside each
+// document (the last token of a document is ignored).
+func packedBatch(vocab int, lens []int, seed uint64) Batch {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var b Batch
+	b.DocStarts = []int32{0}
+	for _, l := range lens {
+		start := len(b.Tokens)
+		for i := 0; i < l; i++ {
+			b.Tokens = append(b.Tokens, int32(rng.IntN(vocab)))
+			b.Positions = append(b.Positions, int32(i))
+		}
+		for i := 0; i < l; i++ {
+			if i == l-1 {
+				b.Targets = append(b.Targets, backend.IgnoreIndex)
+			} else {
+				b.Targets = append(b.Targets, b.Tokens[start+i+1])
+			}
+		}
+		b.DocStarts = append(b.DocStarts, int32(len(b.Tokens)))
+	}
+	return b
+}
+
+// allGrads downloads every gradient by name.
+func allGrads(t testing.TB, m *Model) map[string][]float32 {
+	t.Helper()
+	out := map[string][]float32{}
+	for _, s := range m.Specs {
+		g, err := m.GradFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[s.Name] = g
+	}
+	return out
+}
+
+func relDiff(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		d := float64(a[i]) - float64(b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	m := 0.0
+	for i := range a {
+		m = max(m, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return m
+}
+
+var _ = tensor.F32

@@ -1,0 +1,42 @@
+package models
+
+import (
+	"fmt"
+	"math/rand/v2"
+)
+
+// InitRandom fills every parameter as transformers' _init_weights does for these families:
+// linear weights and embeddings from normal(0, initializer_range), the pad_token_id row of the
+// embedding zeroed, RMSNorm weights 1, biases 0. Each parameter draws from its own stream keyed
+// by (seed, parameter index), so the result depends only on the seed and the spec table.
+func (m *Model) InitRandom(seed uint64) error {
+	std := m.Arch.InitStd
+	if !(std > 0) {
+		return fmt.Errorf("models: %s: initializer_range must be > 0 for random init, got %v", m.Arch.ModelType, std)
+	}
+	for i, s := range m.Specs {
+		vals := make([]float32, s.Numel())
+		switch s.Init {
+		case InitNormal:
+			rng := rand.New(rand.NewPCG(seed, uint64(i)+1))
+			for j := range vals {
+				vals[j] = float32(rng.NormFloat64() * std)
+			}
+			if s.ZeroRow >= 0 && len(s.Shape) == 2 {
+				cols := s.Shape[1]
+				clear(vals[s.ZeroRow*cols : (s.ZeroRow+1)*cols])
+			}
+		case InitOnes:
+			for j := range vals {
+				vals[j] = 1
+			}
+		case InitZeros:
+		default:
+			return fmt.Errorf("models: parameter %s: unknown init %v", s.Name, s.Init)
+		}
+		if err := m.SetParam(s.Name, vals); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package models
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// LoadWeights copies every parameter from a safetensors source (a file or a checkpoint), by HF
+// name, converting any stored float dtype to the model's dtype. A missing tensor or a shape
+// mismatch is an error naming the tensor; tensors the model does not use (lm_head.weight of a
+// tied model, rotary inv_freq buffers of old checkpoints) are returned as unused.
+func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error) {
+	want := make(map[string]bool, len(m.Specs))
+	for i, s := range m.Specs {
+		want[s.Name] = true
+		info, ok := src.Tensor(s.Name)
+		if !ok {
+			return nil, fmt.Errorf("models: checkpoint has no tensor %q (needed by %s; shape %v)", s.Name, m.Arch.ModelType, s.Shape)
+		}
+		if !slices.Equal(info.Shape, s.Shape) {
+			return nil, fmt.Errorf("models: tensor %q in %s has shape %v, config.json implies %v", s.Name, info.File, info.Shape, s.Shape)
+		}
+		if err := m.uploadTensor(m.Params.Views[i], info); err != nil {
+			return nil, fmt.Errorf("models: tensor %q in %s: %w", s.Name, info.File, err)
+		}
+	}
+	for _, n := range src.Names() {
+		if !want[n] {
+			unused = append(unused, n)
+		}
+	}
+	return unused, nil
+}
+
+func (m *Model) uploadTensor(dst tensor.Tensor, info safetensors.TensorInfo) error {
+	switch {
+	case dst.DType() == tensor.F32 && info.DType == safetensors.F32,
+		dst.DType() == tensor.BF16 && info.DType == safetensors.BF16:
+		return m.b.Upload(dst, info.Data)
+	}
+	vals, err := safetensors.ToFloat32(info)
+	if err != nil {
+		return err
+	}
+	raw, err := tensor.EncodeFloat32(dst.DType(), vals)
+	if err != nil {
+		return err
+	}
+	return m.b.Upload(dst, raw)
+}
+
+// WeightTensors returns the parameters as safetensors tensors in state_dict order, converted to
+// dt (F32 or BF16; Invalid means the model's dtype). Their bytes are downloaded lazily, when a
+// writer asks for them.
+func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
+	if dt == tensor.Invalid {
+		dt = m.opts.DType
+	}
+	var sdt safetensors.DType
+	switch dt {
+	case tensor.F32:
+		sdt = safetensors.F32
+	case tensor.BF16:
+		sdt = safetensors.BF16
+	case tensor.F16:
+		sdt = safetensors.F16
+	default:
+		return nil, fmt.Errorf("models: cannot save weights as %s (use f32, bf16 or f16)", dt)
+	}
+	out := make([]safetensors.Tensor, len(m.Specs))
+	for i, s := range m.Specs {
+		view := m.Params.Views[i]
+		out[i] = safetensors.Tensor{Name: s.Name, DType: sdt, Shape: slices.Clone(s.Shape),
+			Load: func() ([]byte, error) {
+				if view.DType() == dt {
+					raw := make([]byte, view.Bytes())
+					return raw, m.b.Download(raw, view)
+				}
+				vals, err := backend.ToFloat32(m.b, view)
+				if err != nil {
+					return nil, err
+				}
+				return tensor.EncodeFloat32(dt, vals)
+			}}
+	}
+	return out, nil
+}
+
+// describeUnused formats unused tensor names for a warning.
+func describeUnused(names []string) string {
+	if len(names) > 8 {
+		return strings.Join(names[:8], ", ") + fmt.Sprintf(" and %d more", len(names)-8)
+	}
+	return strings.Join(names, ", ")
+}
