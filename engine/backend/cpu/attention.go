@@ -1,0 +1,390 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// attnBlock is the number of query (or key) rows per parallel task.
+const attnBlock = 16
+
+// attnGeom is a validated AttentionShape with host copies of the document boundaries.
+type attnGeom struct {
+	cuQ, cuK  []int32
+	nh, nkv   int
+	hd, group int
+	scale     float32
+	window    int
+	nq, nk    int
+	qw, kw    int // row widths NH*HD and NKV*HD
+	maxK      int
+}
+
+// block is a range of rows [lo, hi) of one document.
+type block struct{ doc, lo, hi int }
+
+func parseGeom(op string, s backend.AttentionShape, nq, nk int) (*attnGeom, error) {
+	g := &attnGeom{nh: s.NH, nkv: s.NKV, hd: s.HD, window: s.Window, nq: nq, nk: nk}
+	if s.NH <= 0 || s.NKV <= 0 || s.HD <= 0 || s.NH%s.NKV != 0 {
+		return nil, fmt.Errorf("cpu: %s: need NH, NKV, HD > 0 and NH %% NKV == 0 (got NH=%d NKV=%d HD=%d)", op, s.NH, s.NKV, s.HD)
+	}
+	if s.Window < 0 {
+		return nil, fmt.Errorf("cpu: %s: Window %d is negative", op, s.Window)
+	}
+	g.group = s.NH / s.NKV
+	g.qw, g.kw = s.NH*s.HD, s.NKV*s.HD
+	g.scale = s.Scale
+	if g.scale == 0 {
+		g.scale = float32(1 / math.Sqrt(float64(s.HD)))
+	}
+	var err error
+	if g.cuQ, err = ints(op, "CuSeqlens", s.CuSeqlens); err != nil {
+		return nil, err
+	}
+	if err := checkCu(op, "CuSeqlens", g.cuQ, nq); err != nil {
+		return nil, err
+	}
+	g.cuK = g.cuQ
+	if !s.CuSeqlensK.IsNil() {
+		if g.cuK, err = ints(op, "CuSeqlensK", s.CuSeqlensK); err != nil {
+			return nil, err
+		}
+		if len(g.cuK) != len(g.cuQ) {
+			return nil, fmt.Errorf("cpu: %s: CuSeqlensK has %d entries, CuSeqlens %d; they must describe the same documents", op, len(g.cuK), len(g.cuQ))
+		}
+		if err := checkCu(op, "CuSeqlensK", g.cuK, nk); err != nil {
+			return nil, err
+		}
+	} else if nk != nq {
+		return nil, fmt.Errorf("cpu: %s: K has %d rows and Q %d; set CuSeqlensK when they differ", op, nk, nq)
+	}
+	for d := 0; d+1 < len(g.cuQ); d++ {
+		lq, lk := int(g.cuQ[d+1]-g.cuQ[d]), int(g.cuK[d+1]-g.cuK[d])
+		if lq > lk {
+			return nil, fmt.Errorf("cpu: %s: document %d has %d queries but only %d keys", op, d, lq, lk)
+		}
+		g.maxK = max(g.maxK, lk)
+	}
+	return g, nil
+}
+
+func checkCu(op, name string, cu []int32, n int) error {
+	if len(cu) < 1 || cu[0] != 0 {
+		return fmt.Errorf("cpu: %s: %s must start with 0 (got %v)", op, name, head(cu))
+	}
+	for d := 1; d < len(cu); d++ {
+		if cu[d] < cu[d-1] {
+			return fmt.Errorf("cpu: %s: %s[%d] = %d < %s[%d] = %d: boundaries must not decrease", op, name, d, cu[d], name, d-1, cu[d-1])
+		}
+	}
+	if int(cu[len(cu)-1]) != n {
+		return fmt.Errorf("cpu: %s: %s ends at %d but the tensor has %d rows", op, name, cu[len(cu)-1], n)
+	}
+	return nil
+}
+
+func head(s []int32) []int32 { return s[:min(len(s), 8)] }
+
+// blocks splits each document's rows (queries when keys is false) into attnBlock-sized tasks.
+func (g *attnGeom) blocks(keys bool) []block {
+	cu := g.cuQ
+	if keys {
+		cu = g.cuK
+	}
+	var bs []block
+	for d := 0; d+1 < len(cu); d++ {
+		for lo := int(cu[d]); lo < int(cu[d+1]); lo += attnBlock {
+			bs = append(bs, block{d, lo, min(lo+attnBlock, int(cu[d+1]))})
+		}
+	}
+	return bs
+}
+
+// visible returns the key range [jlo, jhi) (absolute rows) that query row q of document d sees.
+func (g *attnGeom) visible(d, q int) (int, int) {
+	qs, ks := int(g.cuQ[d]), int(g.cuK[d])
+	off := int(g.cuK[d+1]-g.cuK[d]) - int(g.cuQ[d+1]-g.cuQ[d])
+	last := q - qs + off // local index of the last visible key
+	first := 0
+	if g.window > 0 {
+		first = max(0, last-g.window+1)
+	}
+	return ks + first, ks + last + 1
+}
+
+// queries returns the query range [ilo, ihi) (absolute rows) that see key row k of document d.
+func (g *attnGeom) queries(d, k int) (int, int) {
+	qs, ks := int(g.cuQ[d]), int(g.cuK[d])
+	lq := int(g.cuQ[d+1] - g.cuQ[d])
+	off := int(g.cuK[d+1]-g.cuK[d]) - lq
+	j := k - ks
+	lo := max(0, j-off) // local query i sees j iff i+off >= j
+	hi := lq
+	if g.window > 0 {
+		hi = min(hi, j-off+g.window) // and i+off-j < window
+	}
+	if hi < lo {
+		hi = lo
+	}
+	return qs + lo, qs + hi
+}
+
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func axpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
+
+// Attention is causal GQA attention over packed documents; it caches LSE per (token, head).
+func (b *Backend) Attention(a backend.AttentionArgs) error {
+	const op = "attention"
+	if a.Q.IsNil() || a.K.IsNil() || a.V.IsNil() {
+		return fmt.Errorf("cpu: %s: Q, K and V are required", op)
+	}
+	if a.NH <= 0 || a.NKV <= 0 || a.HD <= 0 {
+		return fmt.Errorf("cpu: %s: need NH, NKV, HD > 0 (got %d, %d, %d)", op, a.NH, a.NKV, a.HD)
+	}
+	nq := a.Q.Numel() / (a.NH * a.HD)
+	nk := a.K.Numel() / (a.NKV * a.HD)
+	g, err := parseGeom(op, a.AttentionShape, nq, nk)
+	if err != nil {
+		return err
+	}
+	if err := numel(op, "Q", a.Q, nq*g.qw, "N*NH*HD"); err != nil {
+		return err
+	}
+	if err := numel(op, "K", a.K, nk*g.kw, "Nk*NKV*HD"); err != nil {
+		return err
+	}
+	if err := numel(op, "V", a.V, nk*g.kw, "Nk*NKV*HD"); err != nil {
+		return err
+	}
+	if err := numel(op, "Out", a.Out, nq*g.qw, "N*NH*HD"); err != nil {
+		return err
+	}
+	for _, in := range []struct {
+		n string
+		t T
+	}{{"Q", a.Q}, {"K", a.K}, {"V", a.V}} {
+		if err := overlapErr(op, "Out", a.Out, in.n, in.t); err != nil {
+			return err
+		}
+	}
+	var lse []float32
+	if !a.LSE.IsNil() {
+		if err := numel(op, "LSE", a.LSE, nq*g.nh, "N*NH"); err != nil {
+			return err
+		}
+		if lse, err = f32only(op, "LSE", a.LSE); err != nil {
+			return err
+		}
+	}
+	qs, err := b.in(op, "Q", a.Q)
+	if err != nil {
+		return err
+	}
+	ks, err := b.in(op, "K", a.K)
+	if err != nil {
+		return err
+	}
+	vs, err := b.in(op, "V", a.V)
+	if err != nil {
+		return err
+	}
+	os, flush, err := b.out(op, "Out", a.Out, false)
+	if err != nil {
+		return err
+	}
+	hd := g.hd
+	blocks := g.blocks(false)
+	b.pool.run(len(blocks), func(bi int) {
+		bl := blocks[bi]
+		sc := make([]float32, g.maxK)
+		acc := make([]float32, hd)
+		for i := bl.lo; i < bl.hi; i++ {
+			jlo, jhi := g.visible(bl.doc, i)
+			for h := 0; h < g.nh; h++ {
+				q := qs[i*g.qw+h*hd : i*g.qw+(h+1)*hd]
+				kv := (h / g.group) * hd
+				m := float32(math.Inf(-1))
+				for j := jlo; j < jhi; j++ {
+					s := g.scale * dot(q, ks[j*g.kw+kv:j*g.kw+kv+hd])
+					sc[j-jlo] = s
+					m = max(m, s)
+				}
+				var l float64
+				clear(acc)
+				for j := jlo; j < jhi; j++ {
+					p := float32(math.Exp(float64(sc[j-jlo] - m)))
+					l += float64(p)
+					axpy(acc, p, vs[j*g.kw+kv:j*g.kw+kv+hd])
+				}
+				o := os[i*g.qw+h*hd : i*g.qw+(h+1)*hd]
+				inv := float32(1 / l)
+				for d := range o {
+					o[d] = acc[d] * inv
+				}
+				if lse != nil {
+					lse[i*g.nh+h] = m + float32(math.Log(l))
+				}
+			}
+		}
+	})
+	flush()
+	return nil
+}
+
+// AttentionBackward recomputes probabilities from Q, K and LSE and writes dQ, dK, dV (=).
+// Queries and keys are handled in two passes so each output row has a single writer.
+func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
+	const op = "attention-backward"
+	if a.Q.IsNil() || a.K.IsNil() || a.V.IsNil() {
+		return fmt.Errorf("cpu: %s: Q, K and V are required", op)
+	}
+	if a.NH <= 0 || a.NKV <= 0 || a.HD <= 0 {
+		return fmt.Errorf("cpu: %s: need NH, NKV, HD > 0 (got %d, %d, %d)", op, a.NH, a.NKV, a.HD)
+	}
+	nq := a.Q.Numel() / (a.NH * a.HD)
+	nk := a.K.Numel() / (a.NKV * a.HD)
+	g, err := parseGeom(op, a.AttentionShape, nq, nk)
+	if err != nil {
+		return err
+	}
+	checks := []struct {
+		n    string
+		t    T
+		want int
+		desc string
+	}{
+		{"Q", a.Q, nq * g.qw, "N*NH*HD"}, {"K", a.K, nk * g.kw, "Nk*NKV*HD"}, {"V", a.V, nk * g.kw, "Nk*NKV*HD"},
+		{"Out", a.Out, nq * g.qw, "N*NH*HD"}, {"dOut", a.DOut, nq * g.qw, "N*NH*HD"},
+		{"dQ", a.DQ, nq * g.qw, "N*NH*HD"}, {"dK", a.DK, nk * g.kw, "Nk*NKV*HD"}, {"dV", a.DV, nk * g.kw, "Nk*NKV*HD"},
+		{"LSE", a.LSE, nq * g.nh, "N*NH"},
+	}
+	for _, c := range checks {
+		if err := numel(op, c.n, c.t, c.want, c.desc); err != nil {
+			return err
+		}
+	}
+	for _, o := range []struct {
+		n string
+		t T
+	}{{"dQ", a.DQ}, {"dK", a.DK}, {"dV", a.DV}} {
+		for _, in := range checks[:5] {
+			if err := overlapErr(op, o.n, o.t, in.n, in.t); err != nil {
+				return err
+			}
+		}
+	}
+	lse, err := f32only(op, "LSE", a.LSE)
+	if err != nil {
+		return err
+	}
+	var qs, ks, vs, os, dos []float32
+	for _, p := range []struct {
+		dst *[]float32
+		n   string
+		t   T
+	}{{&qs, "Q", a.Q}, {&ks, "K", a.K}, {&vs, "V", a.V}, {&os, "Out", a.Out}, {&dos, "dOut", a.DOut}} {
+		if *p.dst, err = b.in(op, p.n, p.t); err != nil {
+			return err
+		}
+	}
+	dq, flushQ, err := b.out(op, "dQ", a.DQ, false)
+	if err != nil {
+		return err
+	}
+	dk, flushK, err := b.out(op, "dK", a.DK, false)
+	if err != nil {
+		return err
+	}
+	dv, flushV, err := b.out(op, "dV", a.DV, false)
+	if err != nil {
+		return err
+	}
+	hd := g.hd
+	// D[i,h] = dOut[i,h] . Out[i,h]
+	dd := make([]float32, nq*g.nh)
+	b.pool.rows(nq, 64, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			for h := 0; h < g.nh; h++ {
+				o := i*g.qw + h*hd
+				dd[i*g.nh+h] = dot(dos[o:o+hd], os[o:o+hd])
+			}
+		}
+	})
+	// Pass 1: dQ.
+	qb := g.blocks(false)
+	b.pool.run(len(qb), func(bi int) {
+		bl := qb[bi]
+		for i := bl.lo; i < bl.hi; i++ {
+			jlo, jhi := g.visible(bl.doc, i)
+			for h := 0; h < g.nh; h++ {
+				o := i*g.qw + h*hd
+				q, do, dqv := qs[o:o+hd], dos[o:o+hd], dq[o:o+hd]
+				clear(dqv)
+				kv := (h / g.group) * hd
+				l, di := lse[i*g.nh+h], dd[i*g.nh+h]
+				for j := jlo; j < jhi; j++ {
+					kr := ks[j*g.kw+kv : j*g.kw+kv+hd]
+					p := float32(math.Exp(float64(g.scale*dot(q, kr) - l)))
+					ds := p * (dot(do, vs[j*g.kw+kv:j*g.kw+kv+hd]) - di)
+					axpy(dqv, ds, kr)
+				}
+				for d := range dqv {
+					dqv[d] *= g.scale
+				}
+			}
+		}
+	})
+	// Pass 2: dK, dV.
+	kb := g.blocks(true)
+	b.pool.run(len(kb), func(bi int) {
+		bl := kb[bi]
+		for j := bl.lo; j < bl.hi; j++ {
+			ilo, ihi := g.queries(bl.doc, j)
+			for kvh := 0; kvh < g.nkv; kvh++ {
+				o := j*g.kw + kvh*hd
+				kr, vr, dkv, dvv := ks[o:o+hd], vs[o:o+hd], dk[o:o+hd], dv[o:o+hd]
+				clear(dkv)
+				clear(dvv)
+				for i := ilo; i < ihi; i++ {
+					for h := kvh * g.group; h < (kvh+1)*g.group; h++ {
+						qo := i*g.qw + h*hd
+						q, do := qs[qo:qo+hd], dos[qo:qo+hd]
+						p := float32(math.Exp(float64(g.scale*dot(q, kr) - lse[i*g.nh+h])))
+						ds := p * (dot(do, vr) - dd[i*g.nh+h])
+						axpy(dvv, p, do)
+						axpy(dkv, ds, q)
+					}
+				}
+				for d := range dkv {
+					dkv[d] *= g.scale
+				}
+			}
+		}
+	})
+	flushQ()
+	flushK()
+	flushV()
+	return nil
+}

@@ -1,0 +1,336 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// Blocking of the packed GEMM: 4x4 register tiles (mr x nr), tasks of tileM x tileN outputs.
+const (
+	mr    = 4
+	nr    = 4
+	tileM = 64
+	tileN = 64
+)
+
+// sgemm computes C = alpha*op(A)@op(B) + beta*C on row-major float32 slices, op(A) [m,k],
+// op(B) [k,n], C [m,n] with leading dimension ldc. A[i,p] is a[i*lda+p] (or a[p*lda+i] when
+// transA); B[p,j] is b[p*ldb+j] (or b[j*ldb+p] when transB). beta == 0 overwrites C.
+//
+// Both operands are packed into zero-padded panels (A: mr rows x k, B: k x nr cols) so the
+// inner kernel streams contiguous memory; output tiles are spread over the worker pool. Each
+// output element is a sum over p in increasing order, so results do not depend on the number
+// of workers.
+func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
+	b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 || alpha == 0 {
+		be.pool.rows(m, 16, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				row := c[i*ldc : i*ldc+n]
+				for j := range row {
+					if beta == 0 {
+						row[j] = 0
+					} else {
+						row[j] *= beta
+					}
+				}
+			}
+		})
+		return
+	}
+	mp := (m + mr - 1) / mr
+	np := (n + nr - 1) / nr
+	pa := make([]float32, mp*mr*k)
+	pb := make([]float32, np*nr*k)
+	// Pack A: panel q holds rows q*mr.. as pa[q*mr*k + p*mr + r].
+	be.pool.rows(mp, 8, func(lo, hi int) {
+		for q := lo; q < hi; q++ {
+			dst := pa[q*mr*k : (q+1)*mr*k]
+			for r := 0; r < mr; r++ {
+				i := q*mr + r
+				if i >= m {
+					for p := 0; p < k; p++ {
+						dst[p*mr+r] = 0
+					}
+					continue
+				}
+				if transA {
+					for p := 0; p < k; p++ {
+						dst[p*mr+r] = a[p*lda+i]
+					}
+				} else {
+					src := a[i*lda : i*lda+k]
+					for p, v := range src {
+						dst[p*mr+r] = v
+					}
+				}
+			}
+		}
+	})
+	// Pack B: panel q holds cols q*nr.. as pb[q*nr*k + p*nr + j].
+	be.pool.rows(np, 8, func(lo, hi int) {
+		for q := lo; q < hi; q++ {
+			dst := pb[q*nr*k : (q+1)*nr*k]
+			for jj := 0; jj < nr; jj++ {
+				j := q*nr + jj
+				if j >= n {
+					for p := 0; p < k; p++ {
+						dst[p*nr+jj] = 0
+					}
+					continue
+				}
+				if transB {
+					src := b[j*ldb : j*ldb+k]
+					for p, v := range src {
+						dst[p*nr+jj] = v
+					}
+				} else {
+					for p := 0; p < k; p++ {
+						dst[p*nr+jj] = b[p*ldb+j]
+					}
+				}
+			}
+		}
+	})
+	tm := (m + tileM - 1) / tileM
+	tn := (n + tileN - 1) / tileN
+	be.pool.run(tm*tn, func(t int) {
+		ti, tj := t/tn, t%tn
+		i0, j0 := ti*tileM, tj*tileN
+		i1, j1 := min(i0+tileM, m), min(j0+tileN, n)
+		for j := j0; j < j1; j += nr {
+			bp := pb[(j/nr)*nr*k : (j/nr+1)*nr*k]
+			for i := i0; i < i1; i += mr {
+				ap := pa[(i/mr)*mr*k : (i/mr+1)*mr*k]
+				kernel4x4(k, ap, bp, c[i*ldc+j:], ldc, min(mr, m-i), min(nr, n-j), alpha, beta)
+			}
+		}
+	})
+}
+
+// kernel4x4 computes a 4x4 tile: C[r][j] = alpha*sum_p ap[p*4+r]*bp[p*4+j] + beta*C[r][j] for
+// r < rows, j < cols.
+func kernel4x4(k int, ap, bp []float32, c []float32, ldc, rows, cols int, alpha, beta float32) {
+	var c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 float32
+	ap = ap[:4*k]
+	bp = bp[:4*k]
+	for p := 0; p < 4*k; p += 4 {
+		a := ap[p : p+4 : p+4]
+		bb := bp[p : p+4 : p+4]
+		a0, a1, a2, a3 := a[0], a[1], a[2], a[3]
+		b0, b1, b2, b3 := bb[0], bb[1], bb[2], bb[3]
+		c00 += a0 * b0
+		c01 += a0 * b1
+		c02 += a0 * b2
+		c03 += a0 * b3
+		c10 += a1 * b0
+		c11 += a1 * b1
+		c12 += a1 * b2
+		c13 += a1 * b3
+		c20 += a2 * b0
+		c21 += a2 * b1
+		c22 += a2 * b2
+		c23 += a2 * b3
+		c30 += a3 * b0
+		c31 += a3 * b1
+		c32 += a3 * b2
+		c33 += a3 * b3
+	}
+	acc := [4][4]float32{
+		{c00, c01, c02, c03},
+		{c10, c11, c12, c13},
+		{c20, c21, c22, c23},
+		{c30, c31, c32, c33},
+	}
+	for r := 0; r < rows; r++ {
+		row := c[r*ldc : r*ldc+cols]
+		for j := range row {
+			if beta == 0 {
+				row[j] = alpha * acc[r][j]
+			} else {
+				row[j] = alpha*acc[r][j] + beta*row[j]
+			}
+		}
+	}
+}
+
+// GEMM computes C = Alpha*op(A)@op(B) + Beta*C.
+func (b *Backend) GEMM(g backend.GEMMArgs) error {
+	const op = "gemm"
+	for _, x := range []struct {
+		n string
+		t T
+	}{{"A", g.A}, {"B", g.B}, {"C", g.C}} {
+		if x.t.IsNil() || x.t.Rank() != 2 {
+			return fmt.Errorf("cpu: gemm: %s %v must be a 2-D tensor", x.n, x.t)
+		}
+	}
+	m, k := g.A.Dim(0), g.A.Dim(1)
+	if g.TransA {
+		m, k = k, m
+	}
+	kb, n := g.B.Dim(0), g.B.Dim(1)
+	if g.TransB {
+		kb, n = n, kb
+	}
+	if kb != k {
+		return fmt.Errorf("cpu: gemm: inner dimensions differ: op(A) %v is [%d,%d], op(B) %v is [%d,%d]", g.A, m, k, g.B, kb, n)
+	}
+	if g.C.Dim(0) != m || g.C.Dim(1) != n {
+		return fmt.Errorf("cpu: gemm: C %v, want [%d %d]", g.C, m, n)
+	}
+	if err := overlapErr(op, "C", g.C, "A", g.A); err != nil {
+		return err
+	}
+	if err := overlapErr(op, "C", g.C, "B", g.B); err != nil {
+		return err
+	}
+	as, err := b.in(op, "A", g.A)
+	if err != nil {
+		return err
+	}
+	bs, err := b.in(op, "B", g.B)
+	if err != nil {
+		return err
+	}
+	cs, flush, err := b.out(op, "C", g.C, g.Beta != 0)
+	if err != nil {
+		return err
+	}
+	b.sgemm(g.TransA, g.TransB, m, n, k, g.Alpha, as, g.A.Dim(1), bs, g.B.Dim(1), g.Beta, cs, n)
+	flush()
+	return nil
+}
+
+// Linear computes out = x @ w^T + bias.
+func (b *Backend) Linear(out, x, w, bias T) error {
+	const op = "linear"
+	if w.IsNil() || w.Rank() != 2 {
+		return fmt.Errorf("cpu: linear: weight %v must be 2-D [out, in]", w)
+	}
+	o, in := w.Dim(0), w.Dim(1)
+	if x.IsNil() || x.Shape().Last() != in {
+		return fmt.Errorf("cpu: linear: x %v: last dimension must be in_features = %d (weight %v)", x, in, w)
+	}
+	m := x.Shape().Rows()
+	if err := numel(op, "out", out, m*o, fmt.Sprintf("rows(x)*out_features = %d*%d", m, o)); err != nil {
+		return err
+	}
+	if err := overlapErr(op, "out", out, "x", x); err != nil {
+		return err
+	}
+	xs, err := b.in(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ws, err := b.in(op, "weight", w)
+	if err != nil {
+		return err
+	}
+	var bs []float32
+	if !bias.IsNil() {
+		if err := numel(op, "bias", bias, o, "out_features"); err != nil {
+			return err
+		}
+		if bs, err = b.in(op, "bias", bias); err != nil {
+			return err
+		}
+	}
+	os, flush, err := b.out(op, "out", out, false)
+	if err != nil {
+		return err
+	}
+	b.sgemm(false, true, m, o, in, 1, xs, in, ws, in, 0, os, o)
+	if bs != nil {
+		b.pool.rows(m, 64, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				row := os[i*o : (i+1)*o]
+				for j := range row {
+					row[j] += bs[j]
+				}
+			}
+		})
+	}
+	flush()
+	return nil
+}
+
+// LinearBackward computes dX (= or +=), dW += and dB +=.
+func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
+	const op = "linear-backward"
+	if a.W.IsNil() || a.W.Rank() != 2 {
+		return fmt.Errorf("cpu: linear-backward: W %v must be 2-D [out, in]", a.W)
+	}
+	o, in := a.W.Dim(0), a.W.Dim(1)
+	if a.DY.IsNil() || a.DY.Shape().Last() != o {
+		return fmt.Errorf("cpu: linear-backward: dY %v: last dimension must be out_features = %d", a.DY, o)
+	}
+	m := a.DY.Shape().Rows()
+	dys, err := b.in(op, "dY", a.DY)
+	if err != nil {
+		return err
+	}
+	if !a.DX.IsNil() {
+		if err := numel(op, "dX", a.DX, m*in, "rows(dY)*in_features"); err != nil {
+			return err
+		}
+		if err := overlapErr(op, "dX", a.DX, "dY", a.DY); err != nil {
+			return err
+		}
+		ws, err := b.in(op, "W", a.W)
+		if err != nil {
+			return err
+		}
+		dxs, flush, err := b.out(op, "dX", a.DX, a.AccumulateDX)
+		if err != nil {
+			return err
+		}
+		beta := float32(0)
+		if a.AccumulateDX {
+			beta = 1
+		}
+		b.sgemm(false, false, m, in, o, 1, dys, o, ws, in, beta, dxs, in)
+		flush()
+	}
+	if !a.DW.IsNil() {
+		if err := numel(op, "dW", a.DW, o*in, "numel(W)"); err != nil {
+			return err
+		}
+		if err := numel(op, "X", a.X, m*in, "rows(dY)*in_features"); err != nil {
+			return err
+		}
+		xs, err := b.in(op, "X", a.X)
+		if err != nil {
+			return err
+		}
+		dws, flush, err := b.out(op, "dW", a.DW, true)
+		if err != nil {
+			return err
+		}
+		b.sgemm(true, false, o, in, m, 1, dys, o, xs, in, 1, dws, in)
+		flush()
+	}
+	if !a.DB.IsNil() {
+		if err := numel(op, "dB", a.DB, o, "out_features"); err != nil {
+			return err
+		}
+		dbs, flush, err := b.out(op, "dB", a.DB, true)
+		if err != nil {
+			return err
+		}
+		b.pool.rows(o, 256, func(lo, hi int) {
+			for i := 0; i < m; i++ {
+				row := dys[i*o : (i+1)*o]
+				for j := lo; j < hi; j++ {
+					dbs[j] += row[j]
+				}
+			}
+		})
+		flush()
+	}
+	return nil
+}

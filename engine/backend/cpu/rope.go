@@ -1,0 +1,122 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// ropeTable returns cos and sin of float32(pos)*invFreq[i] times the scaling as [rows][R/2]
+// tables and the table row of each token. Positions restart per packed document, so the table
+// is indexed by position (0..max) when that is smaller than the token count, else by token.
+func ropeTable(pos []int32, inv []float32, scale float32) (cos, sin []float32, row []int32, err error) {
+	maxPos := int32(0)
+	for i, p := range pos {
+		if p < 0 {
+			return nil, nil, nil, fmt.Errorf("cpu: rope: positions[%d] = %d is negative", i, p)
+		}
+		maxPos = max(maxPos, p)
+	}
+	var vals []int32
+	if int(maxPos) < len(pos) {
+		vals = make([]int32, maxPos+1)
+		for p := range vals {
+			vals[p] = int32(p)
+		}
+		row = pos
+	} else {
+		vals = pos
+		row = make([]int32, len(pos))
+		for t := range row {
+			row[t] = int32(t)
+		}
+	}
+	h := len(inv)
+	cos = make([]float32, len(vals)*h)
+	sin = make([]float32, len(cos))
+	for k, p := range vals {
+		for i, f := range inv {
+			ang := float64(float32(p) * f)
+			cos[k*h+i] = float32(math.Cos(ang)) * scale
+			sin[k*h+i] = float32(math.Sin(ang)) * scale
+		}
+	}
+	return cos, sin, row, nil
+}
+
+func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) error {
+	hd := a.HeadDim
+	r := a.RotaryDim
+	if r == 0 {
+		r = hd
+	}
+	if a.Heads <= 0 || hd <= 0 || r <= 0 || r%2 != 0 || r > hd {
+		return fmt.Errorf("cpu: %s: need Heads > 0, HeadDim > 0 and an even RotaryDim <= HeadDim (got %d, %d, %d)", op, a.Heads, hd, r)
+	}
+	pos, err := ints(op, "positions", a.Positions)
+	if err != nil {
+		return err
+	}
+	n := len(pos)
+	w := a.Heads * hd
+	if err := numel(op, "x", x, n*w, "numel(positions)*Heads*HeadDim"); err != nil {
+		return err
+	}
+	if err := numel(op, "out", out, n*w, "numel(x)"); err != nil {
+		return err
+	}
+	if err := numel(op, "inv_freq", a.InvFreq, r/2, "RotaryDim/2"); err != nil {
+		return err
+	}
+	inv, err := f32only(op, "inv_freq", a.InvFreq)
+	if err != nil {
+		return err
+	}
+	scale := a.AttentionScaling
+	if scale == 0 {
+		scale = 1
+	}
+	cos, sin, row, err := ropeTable(pos, inv, scale)
+	if err != nil {
+		return err
+	}
+	xs, err := b.in(op, "x", x)
+	if err != nil {
+		return err
+	}
+	os, flush, err := b.out(op, "out", out, false)
+	if err != nil {
+		return err
+	}
+	half := r / 2
+	b.pool.rows(n, 64, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			k := int(row[t])
+			cs := cos[k*half : (k+1)*half]
+			sn := sin[k*half : (k+1)*half]
+			for h := 0; h < a.Heads; h++ {
+				base := t*w + h*hd
+				xv := xs[base : base+hd]
+				ov := os[base : base+hd]
+				for i := 0; i < half; i++ {
+					c, s := cs[i], sign*sn[i]
+					x1, x2 := xv[i], xv[i+half]
+					ov[i] = x1*c - x2*s
+					ov[i+half] = x2*c + x1*s
+				}
+				copy(ov[r:], xv[r:])
+			}
+		}
+	})
+	flush()
+	return nil
+}
+
+// RoPE rotates each head's first R dims by pos*inv_freq (HF rotate-half convention).
+func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error { return b.rope("rope", out, x, a, 1) }
+
+// RoPEBackward applies the transposed rotation to dY.
+func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
+	return b.rope("rope-backward", dX, dY, a, -1)
+}
