@@ -1,12 +1,14 @@
-//go:build ignore
-
 package models
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // configSource is the config.json a model was built from.
@@ -64,4 +66,101 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		return Arch{}, fmt.Errorf("models: %s: rope_type longrope is not supported yet (supported: default, linear, dynamic, llama3, yarn)", c.ModelType)
 	}
 	return a, nil
+}
+
+// New builds a model of cfg's family on b. Parameters are zero: call InitRandom or LoadWeights.
+func New(cfg *config.Config, b backend.Backend, o Options) (*Model, error) {
+	f, err := Lookup(cfg.ModelType)
+	if err != nil {
+		return nil, err
+	}
+	a, err := ArchFromConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newModel(f, a, cfg.Clone(), b, o)
+}
+
+// Load reads a Hugging Face checkpoint directory (config.json and model.safetensors or sharded
+// safetensors with an index) onto b. Stored dtypes are converted to o.DType (default F32).
+// Tensors in the checkpoint that the model does not use are listed in m.Unused.
+func Load(dir string, b backend.Backend, o Options) (*Model, error) {
+	cfg, err := config.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	m, err := New(cfg, b, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
+	}
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	defer ck.Close()
+	if m.Unused, err = m.LoadWeights(ck); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// Config returns a copy of the config.json the model was built from (with dtype set to the
+// model's dtype).
+func (m *Model) Config() *config.Config {
+	if m.cfg == nil {
+		return nil
+	}
+	return m.cfg.Clone()
+}
+
+// SaveOptions control Save.
+type SaveOptions struct {
+	// DType of the stored weights; Invalid means the model's dtype.
+	DType tensor.DType
+	// MaxShardSize in bytes; above it the weights are split into shards with an index
+	// (0 = safetensors.DefaultMaxShardSize, 5 GB as transformers).
+	MaxShardSize int64
+}
+
+// Save writes a Hugging Face checkpoint (config.json + safetensors, sharded with an index above
+// MaxShardSize) that transformers loads. Each file is written to a temporary name and renamed;
+// weights files of an earlier save in dir that this one does not replace are removed, other
+// files (tokenizer, trainer state) are kept. To replace a whole checkpoint atomically, Save
+// into a temporary directory and rename it.
+func (m *Model) Save(dir string, o SaveOptions) error {
+	if m.cfg == nil {
+		return fmt.Errorf("models: Save %s: the model was not built from a config.json", dir)
+	}
+	dt := o.DType
+	if dt == tensor.Invalid {
+		dt = m.opts.DType
+	}
+	cfg := m.cfg.Clone()
+	switch dt {
+	case tensor.F32:
+		cfg.DType = "float32"
+	case tensor.BF16:
+		cfg.DType = "bfloat16"
+	case tensor.F16:
+		cfg.DType = "float16"
+	}
+	if len(cfg.Architectures) == 0 {
+		cfg.Architectures = []string{m.Family.Architectures[0]}
+	}
+	tensors, err := m.WeightTensors(dt)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("models: Save: %w", err)
+	}
+	if _, err := safetensors.SaveCheckpoint(dir, tensors, safetensors.CheckpointOptions{MaxShardSize: o.MaxShardSize}); err != nil {
+		return fmt.Errorf("models: Save %s: %w", dir, err)
+	}
+	if err := cfg.Write(filepath.Join(dir, "config.json")); err != nil {
+		return fmt.Errorf("models: Save %s: %w", dir, err)
+	}
+	return nil
 }

@@ -34,6 +34,8 @@ type Model struct {
 	// ForwardBackward or EnableGrads).
 	Params *Arena
 	Grads  *Arena
+	// Unused lists checkpoint tensors that Load found but the model does not use.
+	Unused []string
 
 	cfg    configSource
 	opts   Options

@@ -1,4 +1,0 @@
-package models
-
-// configSource is the config.json a model was built from (typed once engine/hf/config lands).
-type configSource = any

@@ -1,0 +1,251 @@
+package models
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+)
+
+// parityReference is reference.json of a fixture made by transformers
+// (scripts/gpu/make_fixtures.py).
+type parityReference struct {
+	Family   string      `json:"family"`
+	InputIDs [][]int32   `json:"input_ids"`
+	Logprobs [][]float64 `json:"logprobs"`
+	Loss     float64     `json:"loss"`
+	Packed   *struct {
+		DocLengths []int       `json:"doc_lengths"`
+		InputIDs   []int32     `json:"input_ids"`
+		Logprobs   [][]float64 `json:"logprobs"`
+	} `json:"packed"`
+	AdamW struct {
+		LR          float64   `json:"lr"`
+		Betas       []float64 `json:"betas"`
+		Eps         float64   `json:"eps"`
+		WeightDecay float64   `json:"weight_decay"`
+		Objective   string    `json:"objective"`
+		Losses      []float64 `json:"losses"`
+	} `json:"adamw"`
+}
+
+// parityCases are the fixture directories under testdata/parity.
+var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_yarn", "qwen3", "qwen3_dynamic",
+	"qwen3_moe", "mixtral", "olmoe"}
+
+// rowsBatch packs B rows of input_ids as B documents with next-token targets.
+func rowsBatch(rows [][]int32) Batch {
+	var b Batch
+	b.DocStarts = []int32{0}
+	for _, r := range rows {
+		b.Tokens = append(b.Tokens, r...)
+		b.Targets = append(b.Targets, r[1:]...)
+		b.Targets = append(b.Targets, backend.IgnoreIndex)
+		b.DocStarts = append(b.DocStarts, int32(len(b.Tokens)))
+	}
+	return b
+}
+
+// TestParityWithTransformers compares each family against the state transformers computed for
+// the same weights: per-token logprobs (1e-4 absolute), packed documents, the mean loss, every
+// parameter gradient (1e-3 relative) and the losses of 3 AdamW steps (1e-4 relative).
+func TestParityWithTransformers(t *testing.T) {
+	for _, name := range parityCases {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", "parity", name)
+			raw, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+			if os.IsNotExist(err) {
+				t.Skipf("no fixture %s (made by scripts/gpu/make_fixtures.py)", dir)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref parityReference
+			if err := json.Unmarshal(raw, &ref); err != nil {
+				t.Fatalf("%s: %v", dir, err)
+			}
+			if _, err := Lookup(ref.Family); err != nil {
+				t.Skipf("family %s is not implemented yet: %v", ref.Family, err)
+			}
+			b := newCPU()
+			m, err := Load(dir, b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+
+			// Logprobs, one row at a time.
+			for r, ids := range ref.InputIDs {
+				lp, err := m.Logprobs(ids)
+				if err != nil {
+					t.Fatal(err)
+				}
+				worst := 0.0
+				for i := range lp {
+					worst = math.Max(worst, math.Abs(float64(lp[i])-ref.Logprobs[r][i]))
+				}
+				t.Logf("row %d: worst logprob difference %.2g", r, worst)
+				if worst > 1e-4 {
+					t.Errorf("row %d: logprobs differ from transformers by up to %.3g (tolerance 1e-4)", r, worst)
+				}
+			}
+
+			// Loss and gradients of the mean loss over the whole batch.
+			batch := rowsBatch(ref.InputIDs)
+			n := 0
+			for _, tg := range batch.Targets {
+				if tg != backend.IgnoreIndex {
+					n++
+				}
+			}
+			if err := m.ZeroGrads(); err != nil {
+				t.Fatal(err)
+			}
+			sum, got, err := m.ForwardBackward(batch, 1/float32(n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != n {
+				t.Fatalf("%d targets counted, want %d", got, n)
+			}
+			if loss := sum / float64(n); math.Abs(loss-ref.Loss) > 1e-5*math.Abs(ref.Loss) {
+				t.Errorf("loss %.7f, transformers %.7f", loss, ref.Loss)
+			}
+			gf, err := safetensors.Open(filepath.Join(dir, "grads.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gf.Close()
+			worstGrad := 0.0
+			defer func() { t.Logf("worst gradient relative difference %.2g", worstGrad) }()
+			for _, s := range m.Specs {
+				info, ok := gf.Tensor(s.Name)
+				if !ok {
+					t.Errorf("grads.safetensors has no %s", s.Name)
+					continue
+				}
+				want, err := safetensors.ToFloat32(info)
+				if err != nil {
+					t.Fatal(err)
+				}
+				g, err := m.GradFloat32(s.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := relDiff(g, want)
+				worstGrad = math.Max(worstGrad, r)
+				if r > 1e-3 {
+					t.Errorf("%s: gradient differs from transformers: relative %.3g (tolerance 1e-3)", s.Name, r)
+				}
+			}
+
+			// Packed documents equal each document run alone in transformers.
+			if p := ref.Packed; p != nil {
+				pb := Batch{Tokens: p.InputIDs, DocStarts: []int32{0}}
+				for d, l := range p.DocLengths {
+					lo := pb.DocStarts[d]
+					pb.Targets = append(pb.Targets, p.InputIDs[lo+1:lo+int32(l)]...)
+					pb.Targets = append(pb.Targets, backend.IgnoreIndex)
+					pb.DocStarts = append(pb.DocStarts, lo+int32(l))
+				}
+				lp, err := m.TokenLogprobs(pb)
+				if err != nil {
+					t.Fatal(err)
+				}
+				worst := 0.0
+				for d, want := range p.Logprobs {
+					lo := int(pb.DocStarts[d])
+					for i, w := range want {
+						worst = math.Max(worst, math.Abs(float64(lp[lo+i])-w))
+					}
+				}
+				if worst > 1e-4 {
+					t.Errorf("packed documents: logprobs differ from transformers by up to %.3g", worst)
+				}
+			}
+
+			// Three AdamW steps (torch.optim.AdamW, decay on ndim >= 2 only, no clipping).
+			a := ref.AdamW
+			if a.Objective != "" && a.Objective != "ce" {
+				t.Skipf("AdamW objective %q is not the plain cross-entropy", a.Objective)
+			}
+			adam := newHostAdamW(m, a.LR, a.Betas[0], a.Betas[1], a.Eps, a.WeightDecay)
+			for step := 0; step < len(a.Losses); step++ {
+				if err := m.ZeroGrads(); err != nil {
+					t.Fatal(err)
+				}
+				var sum float64
+				if step < len(a.Losses)-1 {
+					sum, _, err = m.ForwardBackward(batch, 1/float32(n))
+				} else {
+					sum, _, err = m.Forward(batch)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				loss := sum / float64(n)
+				if want := a.Losses[step]; math.Abs(loss-want) > 1e-4*math.Abs(want) {
+					t.Errorf("AdamW: loss before step %d is %.7f, transformers %.7f", step+1, loss, want)
+				}
+				if step < len(a.Losses)-1 {
+					if err := adam.step(t); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// hostAdamW is torch.optim.AdamW computed on host copies, the reference the fixtures used.
+type hostAdamW struct {
+	m                   *Model
+	lr, b1, b2, eps, wd float64
+	t                   int
+	mom, vel            map[string][]float64
+}
+
+func newHostAdamW(m *Model, lr, b1, b2, eps, wd float64) *hostAdamW {
+	return &hostAdamW{m: m, lr: lr, b1: b1, b2: b2, eps: eps, wd: wd, mom: map[string][]float64{}, vel: map[string][]float64{}}
+}
+
+func (o *hostAdamW) step(t *testing.T) error {
+	o.t++
+	bc1 := 1 - math.Pow(o.b1, float64(o.t))
+	bc2 := 1 - math.Pow(o.b2, float64(o.t))
+	for _, s := range o.m.Specs {
+		p, err := o.m.ParamFloat32(s.Name)
+		if err != nil {
+			return err
+		}
+		g, err := o.m.GradFloat32(s.Name)
+		if err != nil {
+			return err
+		}
+		if o.mom[s.Name] == nil {
+			o.mom[s.Name] = make([]float64, len(p))
+			o.vel[s.Name] = make([]float64, len(p))
+		}
+		mo, ve := o.mom[s.Name], o.vel[s.Name]
+		wd := 0.0
+		if s.Decay {
+			wd = o.wd
+		}
+		for i := range p {
+			pf := float64(p[i]) * (1 - o.lr*wd)
+			gi := float64(g[i])
+			mo[i] = o.b1*mo[i] + (1-o.b1)*gi
+			ve[i] = o.b2*ve[i] + (1-o.b2)*gi*gi
+			denom := math.Sqrt(ve[i])/math.Sqrt(bc2) + o.eps
+			p[i] = float32(pf - o.lr/bc1*mo[i]/denom)
+		}
+		if err := o.m.SetParam(s.Name, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
