@@ -1,0 +1,529 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxFileSize bounds the size of a config.json this package reads (real ones are a few KiB).
+const MaxFileSize = 16 << 20
+
+// FileName is the name of the config file inside a checkpoint directory.
+const FileName = "config.json"
+
+// baseDefaults are transformers' PreTrainedConfig attributes that any config.json may carry;
+// they are written back only when they differ from these defaults, as save_pretrained does.
+var baseDefaults = map[string]string{
+	"output_hidden_states":    "false",
+	"output_attentions":       "false",
+	"return_dict":             "true",
+	"chunk_size_feed_forward": "0",
+	"is_encoder_decoder":      "false",
+	"problem_type":            "null",
+	"id2label":                `{"0":"LABEL_0","1":"LABEL_1"}`,
+	"label2id":                `{"LABEL_0":0,"LABEL_1":1}`,
+}
+
+// droppedKeys are keys transformers consumes on load and never writes back.
+var droppedKeys = map[string]bool{"_name_or_path": true, "name_or_path": true, "_commit_hash": true}
+
+// Load reads config.json from a file, or from a directory containing one.
+func Load(pathOrDir string) (*Config, error) {
+	path := pathOrDir
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		path = filepath.Join(path, FileName)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("config: %s: %w", path, err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("config: %s: larger than %d bytes; this is not a config.json", path, MaxFileSize)
+	}
+	return Parse(data, path)
+}
+
+// Parse reads a config.json. source names the input in errors (a path, or e.g. "<stdin>").
+// The result has every default and derived value resolved and has passed Validate.
+func Parse(data []byte, source string) (*Config, error) {
+	c, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config: %s: %w", source, err)
+	}
+	return c, nil
+}
+
+func parse(data []byte) (*Config, error) {
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("larger than %d bytes; this is not a config.json", MaxFileSize)
+	}
+	if !utf8.Valid(data) {
+		i := 0
+		for i < len(data) {
+			r, n := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			i += n
+		}
+		return nil, fmt.Errorf("invalid UTF-8 at byte %d: config.json must be UTF-8 text", i)
+	}
+	kvs, err := topLevel(data)
+	if err != nil {
+		return nil, err
+	}
+	byKey := make(map[string][]byte, len(kvs))
+	for _, kv := range kvs {
+		byKey[kv.Key] = kv.Value
+	}
+
+	f, err := familyOf(byKey)
+	if err != nil {
+		return nil, err
+	}
+	c := newDefaults(f)
+	c.src = map[string]bool{}
+	c.intLit = map[string]bool{}
+
+	var ropeScaling, ropeParams, ropeTheta, topPartial []byte
+	for _, kv := range kvs {
+		key, raw := kv.Key, kv.Value
+		switch key {
+		case "model_type":
+			continue // read by familyOf
+		case "architectures":
+			if isNull(raw) {
+				c.Architectures = nil
+			} else if c.Architectures, err = decodeStringList(key, raw); err != nil {
+				return nil, err
+			}
+			continue
+		case "transformers_version":
+			if !isNull(raw) {
+				if c.TransformersVersion, err = decodeString(key, raw); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		case "dtype", "torch_dtype":
+			if isNull(raw) {
+				continue
+			}
+			s, err := decodeString(key, raw)
+			if err != nil {
+				return nil, err
+			}
+			// dtype wins over torch_dtype when both are present, as in transformers.
+			if key == "dtype" || byKey["dtype"] == nil || isNull(byKey["dtype"]) {
+				c.DType = s
+			}
+			continue
+		case "rope_scaling":
+			if !isNull(raw) {
+				ropeScaling = raw
+			}
+			continue
+		case "rope_parameters":
+			if !isNull(raw) {
+				ropeParams = raw
+			}
+			continue
+		case "rope_theta":
+			if !isNull(raw) {
+				ropeTheta = raw
+			}
+			continue
+		case "partial_rotary_factor":
+			// transformers copies it into rope_parameters and also keeps the attribute.
+			if !isNull(raw) {
+				topPartial = raw
+			}
+			c.extra = append(c.extra, rawKey{Key: key, Value: raw, understood: true})
+			continue
+		}
+		if droppedKeys[key] {
+			continue
+		}
+		if def, ok := baseDefaults[key]; ok {
+			if !jsonEqual(raw, []byte(def)) {
+				c.extra = append(c.extra, rawKey{Key: key, Value: raw, understood: true})
+			}
+			continue
+		}
+		canon, ok := f.knows(key)
+		if !ok {
+			c.extra = append(c.extra, rawKey{Key: key, Value: raw})
+			continue
+		}
+		if c.src[canon] {
+			return nil, fmt.Errorf("keys %q and %q both set %s; keep one", key, otherKey(f, canon, key), canon)
+		}
+		if err := c.setField(key, fields[canon], raw); err != nil {
+			return nil, err
+		}
+		if key != canon {
+			c.intLit[canon] = c.intLit[key]
+			delete(c.intLit, key)
+		}
+		c.src[canon] = true
+		if isNull(raw) {
+			c.src["null:"+canon] = true
+		}
+	}
+	if c.LayerTypes == nil {
+		c.layerTypesDerived = true
+	}
+	if err := c.readRope(ropeScaling, ropeParams, ropeTheta, topPartial); err != nil {
+		return nil, err
+	}
+	if err := c.resolve(); err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// otherKey names the key that set canon before key did (the alias or the canonical name).
+func otherKey(f *Family, canon, key string) string {
+	if key != canon {
+		return canon
+	}
+	for a, k := range f.Aliases {
+		if k == canon {
+			return a
+		}
+	}
+	return canon
+}
+
+// topLevel splits a JSON object into its entries, in order, refusing duplicates.
+func topLevel(data []byte) ([]rawKey, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("not valid JSON: %v", syntaxPos(err, dec))
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("expected a JSON object at the top level, got %v", describeToken(tok))
+	}
+	var kvs []rawKey
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("not valid JSON: %v", syntaxPos(err, dec))
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, fmt.Errorf("not valid JSON: expected a key at byte %d", dec.InputOffset())
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, fmt.Errorf("key %q: not valid JSON: %v", key, syntaxPos(err, dec))
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("key %q appears twice; keep one", key)
+		}
+		seen[key] = true
+		kvs = append(kvs, rawKey{Key: key, Value: raw})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("not valid JSON: %v", syntaxPos(err, dec))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("not valid JSON: unexpected data after the top-level object at byte %d", dec.InputOffset())
+	}
+	return kvs, nil
+}
+
+func syntaxPos(err error, dec *json.Decoder) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("%v (at byte %d)", se, se.Offset)
+	}
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return fmt.Sprintf("unexpected end of input at byte %d", dec.InputOffset())
+	}
+	return err.Error()
+}
+
+func describeToken(tok json.Token) string {
+	switch t := tok.(type) {
+	case json.Delim:
+		if t == '[' {
+			return "an array"
+		}
+		return string(t)
+	case string:
+		return "a string"
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	default:
+		return "a number"
+	}
+}
+
+func jsonEqual(a, b []byte) bool {
+	va, err1 := decodePy(a)
+	vb, err2 := decodePy(b)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	ea, err1 := encodePy(va)
+	eb, err2 := encodePy(vb)
+	return err1 == nil && err2 == nil && bytes.Equal(ea, eb)
+}
+
+// familyOf finds the family from model_type, or from architectures when model_type is absent.
+func familyOf(byKey map[string][]byte) (*Family, error) {
+	if raw, ok := byKey["model_type"]; ok {
+		mt, err := decodeString("model_type", raw)
+		if err != nil {
+			return nil, err
+		}
+		f, err := Lookup(mt)
+		if err != nil {
+			return nil, err
+		}
+		return f, nil
+	}
+	if raw, ok := byKey["architectures"]; ok && !isNull(raw) {
+		archs, err := decodeStringList("architectures", raw)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range archs {
+			if f := familyForArchitecture(a); f != nil {
+				return f, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("model_type is missing: add \"model_type\" (one of %s)", strings.Join(Families(), ", "))
+}
+
+// ropeKinds are the rope_parameters keys this package reads.
+var ropeKinds = map[string]kind{
+	"rope_type": kString, "type": kString, "rope_theta": kFloat, "factor": kFloat,
+	"original_max_position_embeddings": kInt, "low_freq_factor": kFloat, "high_freq_factor": kFloat,
+	"beta_fast": kFloat, "beta_slow": kFloat, "attention_factor": kFloat, "mscale": kFloat,
+	"mscale_all_dim": kFloat, "truncate": kBool, "short_factor": kFloat, "long_factor": kFloat,
+	"partial_rotary_factor": kFloat,
+}
+
+// readRope builds Rope the way transformers 5.17 standardises it: rope_scaling (4.x) wins over
+// rope_parameters (5.x); rope_theta comes from the dictionary, else the top-level rope_theta,
+// else the family default; the type from rope_type, else the legacy "type", else "default".
+func (c *Config) readRope(scaling, params, topTheta, topPartial []byte) error {
+	r := &c.Rope
+	r.src = map[string]bool{}
+	name := "rope_parameters"
+	raw := params
+	if scaling != nil {
+		name, raw = "rope_scaling", scaling
+	}
+	if raw != nil {
+		t := bytes.TrimSpace(raw)
+		if len(t) == 0 || t[0] != '{' {
+			return typeError(name, "an object (or null)", raw)
+		}
+		kvs, err := topLevel(t)
+		if err != nil {
+			return fmt.Errorf("key %q: %w", name, err)
+		}
+		for _, kv := range kvs {
+			if kv.Key == FullAttention || kv.Key == SlidingAttention {
+				return fmt.Errorf("key %q: per-layer-type rope parameters (%q) are not supported for model_type %s; give one set of parameters", name, kv.Key, c.ModelType)
+			}
+		}
+		for _, kv := range kvs {
+			if err := c.setRopeKey(name, kv.Key, kv.Value); err != nil {
+				return err
+			}
+		}
+	}
+	if !r.src["rope_theta"] && topTheta != nil {
+		if err := c.setRopeKey("", "rope_theta", topTheta); err != nil {
+			return err
+		}
+	}
+	if !r.src["partial_rotary_factor"] && topPartial != nil {
+		v, _, err := decodeFloat("partial_rotary_factor", topPartial)
+		if err != nil {
+			return err
+		}
+		r.PartialRotaryFactor = v
+		r.src["partial_rotary_factor"] = true
+		c.intLit["rope_parameters.partial_rotary_factor"] = isIntLiteral(string(bytes.TrimSpace(topPartial)))
+	}
+	if r.Type == "" {
+		r.Type = "default"
+	}
+	return nil
+}
+
+func (c *Config) setRopeKey(dict, key string, raw []byte) error {
+	r := &c.Rope
+	k, ok := ropeKinds[key]
+	name := key
+	if dict != "" {
+		name = dict + "." + key
+	}
+	if !ok {
+		r.extra = append(r.extra, rawKey{Key: key, Value: raw})
+		return nil
+	}
+	if isNull(raw) {
+		return nil // transformers treats a null entry as absent
+	}
+	switch k {
+	case kString:
+		s, err := decodeString(name, raw)
+		if err != nil {
+			return err
+		}
+		if key == "type" {
+			r.legacyType = s
+			if !r.src["rope_type"] {
+				r.Type = s
+			}
+		} else {
+			r.Type = s
+		}
+	case kInt:
+		v, err := decodeInt(name, raw)
+		if err != nil {
+			return err
+		}
+		r.OriginalMaxPositionEmbeddings = v
+	case kBool:
+		v, err := decodeBool(name, raw)
+		if err != nil {
+			return err
+		}
+		r.Truncate = &v
+	case kFloat:
+		if key == "short_factor" || key == "long_factor" {
+			l, err := decodeFloatList(name, raw)
+			if err != nil {
+				return err
+			}
+			if key == "short_factor" {
+				r.ShortFactor = l
+			} else {
+				r.LongFactor = l
+			}
+			break
+		}
+		v, isInt, err := decodeFloat(name, raw)
+		if err != nil {
+			return err
+		}
+		*r.floatPtr(key) = v
+		c.intLit["rope_parameters."+key] = isInt
+	}
+	r.src[key] = true
+	return nil
+}
+
+func (r *Rope) floatPtr(key string) *float64 {
+	switch key {
+	case "rope_theta":
+		return &r.Theta
+	case "factor":
+		return &r.Factor
+	case "low_freq_factor":
+		return &r.LowFreqFactor
+	case "high_freq_factor":
+		return &r.HighFreqFactor
+	case "beta_fast":
+		return &r.BetaFast
+	case "beta_slow":
+		return &r.BetaSlow
+	case "attention_factor":
+		return &r.AttentionFactor
+	case "mscale":
+		return &r.MScale
+	case "mscale_all_dim":
+		return &r.MScaleAllDim
+	case "partial_rotary_factor":
+		return &r.PartialRotaryFactor
+	}
+	panic("config: internal error: no rope float " + key)
+}
+
+// maxLayers bounds num_hidden_layers before anything per layer is allocated.
+const maxLayers = 1 << 16
+
+// resolve fills derived values, as transformers' __post_init__ does.
+func (c *Config) resolve() error {
+	f := c.Family()
+	if f == nil {
+		_, err := Lookup(c.ModelType)
+		return err
+	}
+	c.family = f
+	if c.NumHiddenLayers < 0 || c.NumHiddenLayers > maxLayers {
+		return fmt.Errorf("num_hidden_layers (%d) must be between 1 and %d", c.NumHiddenLayers, maxLayers)
+	}
+	if c.NumKeyValueHeads == 0 {
+		c.NumKeyValueHeads = c.NumAttentionHeads
+	}
+	if c.HeadDim == 0 {
+		if c.NumAttentionHeads <= 0 {
+			return fmt.Errorf("num_attention_heads (%d) must be positive", c.NumAttentionHeads)
+		}
+		if c.HiddenSize%c.NumAttentionHeads != 0 {
+			return fmt.Errorf("hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is not set: set head_dim, or make hidden_size a multiple of %d",
+				c.HiddenSize, c.NumAttentionHeads, c.NumAttentionHeads)
+		}
+		c.HeadDim = c.HiddenSize / c.NumAttentionHeads
+	}
+	if f.Resolve != nil {
+		f.Resolve(c)
+	}
+	switch c.Rope.Type {
+	case "llama3", "yarn", "longrope":
+		if c.Rope.OriginalMaxPositionEmbeddings == 0 {
+			c.Rope.OriginalMaxPositionEmbeddings = c.MaxPositionEmbeddings
+		}
+	}
+	return nil
+}
+
+// deriveLayerTypes is qwen2/qwen3's rule: sliding attention for layers at or past
+// max_window_layers when a sliding window is in use.
+// A list read from the file, or set by the caller, is kept; a list this function derived
+// earlier follows later changes of the fields it depends on.
+func deriveLayerTypes(c *Config) {
+	if c.LayerTypes != nil && !(c.layerTypesDerived && slices.Equal(c.LayerTypes, c.derivedLayerTypes)) {
+		c.layerTypesDerived = false
+		return
+	}
+	c.layerTypesDerived = true
+	lt := make([]string, c.NumHiddenLayers)
+	for i := range lt {
+		lt[i] = FullAttention
+		if c.SlidingWindow > 0 && i >= c.MaxWindowLayers {
+			lt[i] = SlidingAttention
+		}
+	}
+	c.LayerTypes = lt
+	c.derivedLayerTypes = slices.Clone(lt)
+}

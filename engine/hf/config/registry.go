@@ -1,0 +1,205 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// ErrUnsupportedModelType is returned (wrapped) for a model_type with no registered Family.
+var ErrUnsupportedModelType = errors.New("unsupported model_type")
+
+// Family declares one Hugging Face model family: its names, the config.json keys transformers
+// 5.17 has for it, its defaults, its validation rules, and its presets. Each family lives in its
+// own file and registers itself in init.
+type Family struct {
+	// ModelType is config.json's model_type.
+	ModelType string
+	// Architectures are the transformers model classes of the family; the first is the causal
+	// LM class written by presets.
+	Architectures []string
+	// Keys are the family's own config keys (beyond model_type, architectures, dtype,
+	// transformers_version and rope_parameters), which transformers 5.17 always writes.
+	Keys []string
+	// Optional are keys the family understands but transformers writes only when the source
+	// had them or the value differs from the derived default (head_dim where it is not a
+	// field).
+	Optional []string
+	// HeadDimNullWhenDerived: head_dim is a field that transformers leaves null when it equals
+	// hidden_size / num_attention_heads and the file did not set it (mixtral).
+	HeadDimNullWhenDerived bool
+	// Aliases maps accepted input keys to the canonical key in Keys (qwen3_moe reads
+	// num_experts as num_local_experts).
+	Aliases map[string]string
+	// DefaultRopeTheta is the rope_theta used when the file has none.
+	DefaultRopeTheta float64
+	// Defaults sets the family's defaults on a zero Config (transformers' class defaults).
+	Defaults func(*Config)
+	// Resolve derives values after the keys are read (transformers' __post_init__): e.g.
+	// dropping sliding_window when use_sliding_window is false. May be nil.
+	Resolve func(*Config)
+	// Validate checks family-specific rules after the common ones. May be nil.
+	Validate func(*Config) error
+	// MoELayer reports whether layer i is a sparse MoE layer; nil for dense families.
+	MoELayer func(c *Config, i int) bool
+	// QKVBias and OProjBias say which attention projections carry biases; nil means
+	// AttentionBias.
+	QKVBias, OProjBias func(*Config) bool
+	// QKNorm: queries and keys are RMS-normalised before RoPE.
+	QKNorm bool
+	// Presets maps a preset name to a function that sets its values on a defaulted Config.
+	Presets map[string]func(*Config)
+}
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]*Family{}
+)
+
+// Register adds a family. It panics on a missing ModelType, a missing Defaults or a duplicate,
+// which are programming errors in init functions.
+func Register(f Family) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if f.ModelType == "" || f.Defaults == nil || len(f.Architectures) == 0 {
+		panic("config: Register: a family needs ModelType, Architectures and Defaults")
+	}
+	if _, dup := registry[f.ModelType]; dup {
+		panic("config: Register: duplicate model_type " + f.ModelType)
+	}
+	for _, k := range append(append([]string{}, f.Keys...), f.Optional...) {
+		if _, ok := fields[k]; !ok {
+			panic(fmt.Sprintf("config: Register %s: key %q has no field", f.ModelType, k))
+		}
+	}
+	registry[f.ModelType] = &f
+}
+
+// Lookup returns the family registered for modelType, or an error wrapping
+// ErrUnsupportedModelType that lists the supported ones.
+func Lookup(modelType string) (*Family, error) {
+	registryMu.RLock()
+	f, ok := registry[modelType]
+	registryMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w %q; supported: %s", ErrUnsupportedModelType, modelType,
+			strings.Join(Families(), ", "))
+	}
+	return f, nil
+}
+
+// Families lists the registered model_type names, sorted.
+func Families() []string {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// familyForArchitecture finds the family whose Architectures contain arch.
+func familyForArchitecture(arch string) *Family {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	for _, f := range registry {
+		for _, a := range f.Architectures {
+			if a == arch {
+				return f
+			}
+		}
+	}
+	return nil
+}
+
+// knows reports whether key is one of the family's keys (canonical or alias).
+func (f *Family) knows(key string) (canonical string, ok bool) {
+	if c, ok := f.Aliases[key]; ok {
+		return c, true
+	}
+	for _, k := range f.Keys {
+		if k == key {
+			return k, true
+		}
+	}
+	for _, k := range f.Optional {
+		if k == key {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// New returns the default configuration of modelType, as transformers' config class built with
+// no arguments (XConfig()).
+func New(modelType string) (*Config, error) {
+	f, err := Lookup(modelType)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c := newDefaults(f)
+	if err := c.resolve(); err != nil {
+		return nil, fmt.Errorf("config: %s defaults: %w", modelType, err)
+	}
+	return c, nil
+}
+
+func newDefaults(f *Family) *Config {
+	c := &Config{ModelType: f.ModelType, family: f, src: map[string]bool{}, intLit: map[string]bool{}}
+	c.UseCache = true
+	c.HiddenAct = "silu"
+	c.InitializerRange = 0.02
+	c.RMSNormEps = 1e-6
+	f.Defaults(c)
+	c.Rope.Type = "default"
+	c.Rope.Theta = f.DefaultRopeTheta
+	return c
+}
+
+// Presets lists the preset names of modelType, sorted.
+func Presets(modelType string) ([]string, error) {
+	f, err := Lookup(modelType)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	names := make([]string, 0, len(f.Presets))
+	for n := range f.Presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// TinyVocab is the vocabulary size of the tiny presets; set VocabSize to your tokenizer's size.
+const TinyVocab = 256
+
+// Preset returns a named configuration of a family: "tiny" (every family: hidden 64, 2 layers,
+// 4 heads, 2 KV heads, head_dim 16, vocabulary TinyVocab; MoE families 8 experts, top-2) for
+// tests and debugging, or a real model's shape such as "qwen3-0.6b", "llama-3.2-1b" and
+// "qwen3-moe-30b-a3b" (values from the models' Hub config.json). Callers may change fields
+// (VocabSize, NumHiddenLayers) and call Validate.
+func Preset(modelType, name string) (*Config, error) {
+	f, err := Lookup(modelType)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	set, ok := f.Presets[name]
+	if !ok {
+		names, _ := Presets(modelType)
+		return nil, fmt.Errorf("config: %s has no preset %q; presets: %s", modelType, name, strings.Join(names, ", "))
+	}
+	c := newDefaults(f)
+	c.Architectures = []string{f.Architectures[0]}
+	set(c)
+	if err := c.resolve(); err != nil {
+		return nil, fmt.Errorf("config: preset %s/%s: %w", modelType, name, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config: preset %s/%s: %w", modelType, name, err)
+	}
+	return c, nil
+}
