@@ -4,7 +4,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 )
+
+// littleEndianHost is true where the host's byte order is the format's, so that float32 and
+// bfloat16 data can be reinterpreted instead of decoded byte by byte.
+var littleEndianHost = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // ToFloat32 decodes a tensor's elements into a new []float32 with the values torch gives for
 // tensor.float() on the CPU:
@@ -62,13 +70,30 @@ func DecodeFloat32(dst []float32, dtype DType, src []byte) error {
 	if len(src) != len(dst)*size {
 		return fmt.Errorf("decoding %s: %d bytes for %d elements, want %d bytes", dtype, len(src), len(dst), len(dst)*size)
 	}
+	if len(dst) == 0 {
+		return nil
+	}
 	le := binary.LittleEndian
 	switch dtype {
 	case F32:
+		if littleEndianHost {
+			// The bytes already are the host's float32s.
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), len(src)), src)
+			return nil
+		}
 		for i := range dst {
 			dst[i] = math.Float32frombits(le.Uint32(src[4*i:]))
 		}
 	case BF16:
+		if littleEndianHost {
+			// Unaligned 16-bit loads are fine on every little-endian platform Go supports.
+			in := unsafe.Slice((*uint16)(unsafe.Pointer(&src[0])), len(dst))
+			out := unsafe.Slice((*uint32)(unsafe.Pointer(&dst[0])), len(dst))
+			for i, v := range in {
+				out[i] = uint32(v) << 16
+			}
+			return nil
+		}
 		for i := range dst {
 			dst[i] = math.Float32frombits(uint32(le.Uint16(src[2*i:])) << 16)
 		}

@@ -211,3 +211,34 @@ func TestDTypes(t *testing.T) {
 		t.Error("invalid DTypes are reported valid or misnamed")
 	}
 }
+
+// TestDecodePortablePath checks that the byte-by-byte decoding used on big-endian hosts gives
+// the same results as the reinterpreting fast path used on little-endian ones.
+func TestDecodePortablePath(t *testing.T) {
+	src := make([]byte, 4096)
+	for i := range src {
+		src[i] = byte(i*7 + i>>8)
+	}
+	for _, dt := range []DType{F32, BF16} {
+		n := len(src) / dt.Size()
+		fast, slow := make([]float32, n), make([]float32, n)
+		if err := DecodeFloat32(fast, dt, src); err != nil {
+			t.Fatal(err)
+		}
+		saved := littleEndianHost
+		littleEndianHost = false
+		err := DecodeFloat32(slow, dt, src)
+		littleEndianHost = saved
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range fast {
+			if math.Float32bits(fast[i]) != math.Float32bits(slow[i]) {
+				t.Fatalf("%s element %d: %#08x vs portable %#08x", dt, i, math.Float32bits(fast[i]), math.Float32bits(slow[i]))
+			}
+		}
+	}
+	if err := DecodeFloat32(nil, BF16, nil); err != nil {
+		t.Errorf("decoding nothing: %v", err)
+	}
+}
