@@ -12,7 +12,7 @@ type cublasLtAPI struct {
 	cublasLtCreate                       func(h *uintptr) int32
 	cublasLtDestroy                      func(h uintptr) int32
 	cublasLtGetVersion                   func() uint64
-	cublasLtGetStatusString              func(s int32) uintptr
+	cublasLtGetStatusString              func(s int32) string
 	cublasLtMatmulDescCreate             func(d *uintptr, computeType int32, scaleType int32) int32
 	cublasLtMatmulDescDestroy            func(d uintptr) int32
 	cublasLtMatmulDescSetAttribute       func(d uintptr, attr int32, buf unsafe.Pointer, size uint64) int32
@@ -93,8 +93,8 @@ func (c *cublasLtAPI) check(call string, st int32) error {
 		return nil
 	}
 	msg := fmt.Sprintf("status %d", st)
-	if p := c.cublasLtGetStatusString(st); p != 0 {
-		msg = goString((*byte)(unsafe.Pointer(p))) + fmt.Sprintf(" (%d)", st)
+	if s := c.cublasLtGetStatusString(st); s != "" {
+		msg = s + fmt.Sprintf(" (%d)", st)
 	}
 	return fmt.Errorf("cuda: cublasLt: %s: %s", call, msg)
 }

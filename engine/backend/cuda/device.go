@@ -13,15 +13,14 @@ import (
 // submit their work with Do and wait for it. A Device may be used from any goroutine; calls are
 // serialised in submission order.
 type Device struct {
-	info  DeviceInfo
-	libs  *libraries
-	drv   *driverAPI
-	dev   int32
-	ctx   uintptr
-	cmds  chan func()
-	done  chan struct{}
-	once  sync.Once
-	owner int64 // goroutine-free marker: set while running on the device thread
+	info DeviceInfo
+	libs *libraries
+	drv  *driverAPI
+	dev  int32
+	ctx  uintptr
+	cmds chan func()
+	done chan struct{}
+	once sync.Once
 
 	// The following are touched only on the device goroutine.
 	stream  uintptr
@@ -340,3 +339,9 @@ func (e *Event) Destroy() error {
 	d := e.dev
 	return d.Do(func() error { return d.drv.check("cuEventDestroy_v2", d.drv.cuEventDestroy(e.h)) })
 }
+
+// Len is the buffer's size in bytes (tensor.Buffer).
+func (b *Buffer) Len() int64 { return int64(b.bytes) }
+
+// Device names the GPU holding the buffer (tensor.Buffer).
+func (b *Buffer) Device() string { return fmt.Sprintf("cuda:%d", b.dev.info.Ordinal) }

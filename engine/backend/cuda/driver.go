@@ -31,6 +31,7 @@ type driverAPI struct {
 	cuMemcpyDtoDAsync    func(dst, src uintptr, bytes uint64, stream uintptr) int32
 	cuMemsetD8Async      func(dst uintptr, v uint8, n uint64, stream uintptr) int32
 	cuMemsetD32Async     func(dst uintptr, v uint32, n uint64, stream uintptr) int32
+	cuMemsetD16Async     func(dst uintptr, v uint16, n uint64, stream uintptr) int32
 	cuStreamCreate       func(s *uintptr, flags uint32) int32
 	cuStreamDestroy      func(s uintptr) int32
 	cuStreamSynchronize  func(s uintptr) int32
@@ -88,6 +89,7 @@ func loadDriver(env searchEnv) (*driverAPI, error) {
 	s.bind(&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2")
 	s.bind(&d.cuMemsetD8Async, "cuMemsetD8Async")
 	s.bind(&d.cuMemsetD32Async, "cuMemsetD32Async")
+	s.bind(&d.cuMemsetD16Async, "cuMemsetD16Async")
 	s.bind(&d.cuStreamCreate, "cuStreamCreate")
 	s.bind(&d.cuStreamDestroy, "cuStreamDestroy_v2")
 	s.bind(&d.cuStreamSynchronize, "cuStreamSynchronize")

@@ -3,7 +3,6 @@ package cuda
 import (
 	"fmt"
 	"strings"
-	"unsafe"
 )
 
 // nvrtcAPI holds the NVRTC entry points used to compile kernels/*.cu at run time.
@@ -11,7 +10,7 @@ type nvrtcAPI struct {
 	info LibraryInfo
 
 	nvrtcVersion           func(major, minor *int32) int32
-	nvrtcGetErrorString    func(res int32) uintptr
+	nvrtcGetErrorString    func(res int32) string
 	nvrtcCreateProgram     func(prog *uintptr, src, name *byte, nHeaders int32, headers, includeNames **byte) int32
 	nvrtcCompileProgram    func(prog uintptr, nOpts int32, opts **byte) int32
 	nvrtcGetProgramLogSize func(prog uintptr, n *uint64) int32
@@ -53,8 +52,8 @@ func loadNVRTC(env searchEnv) (*nvrtcAPI, error) {
 func (n *nvrtcAPI) Version() string { return fmt.Sprintf("%d.%d", n.major, n.minor) }
 
 func (n *nvrtcAPI) errString(r int32) string {
-	if p := n.nvrtcGetErrorString(r); p != 0 {
-		return goString((*byte)(unsafe.Pointer(p)))
+	if s := n.nvrtcGetErrorString(r); s != "" {
+		return s
 	}
 	return fmt.Sprintf("NVRTC error %d", r)
 }

@@ -1,0 +1,1472 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"unsafe"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+func init() {
+	backend.Register("cuda", func(index int) (backend.Backend, error) { return New(index) })
+}
+
+// T is a tensor view.
+type T = tensor.Tensor
+
+// Backend implements backend.Backend (and backend.AddRMSNormer, backend.AdamWStepper) on one GPU.
+// Float tensors may be F32 or BF16 (F16 is refused with an error naming the op); GEMMs need both
+// operands in the same dtype. Every method submits its work to the device goroutine and returns
+// once it is enqueued; Sync and Download wait for it.
+type Backend struct {
+	d *Device
+	// scratch holds small per-op device buffers that live as long as the backend.
+	flag *Buffer // one int32 for bad-index reports
+}
+
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.AddRMSNormer = (*Backend)(nil)
+	_ backend.AdamWStepper = (*Backend)(nil)
+)
+
+// New opens GPU index as a backend.
+func New(index int) (*Backend, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	d, err := Open(index)
+	if err != nil {
+		return nil, err
+	}
+	flag, err := d.Alloc(64)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	return &Backend{d: d, flag: flag}, nil
+}
+
+// Device returns the underlying device (for diagnostics and events).
+func (b *Backend) Device() *Device { return b.d }
+
+// Name is "cuda:N".
+func (b *Backend) Name() string { return fmt.Sprintf("cuda:%d", b.d.info.Ordinal) }
+
+// Sync waits for all enqueued work.
+func (b *Backend) Sync() error { return b.d.Synchronize() }
+
+// Close releases the device.
+func (b *Backend) Close() error { return b.d.Close() }
+
+// ---- memory ----
+
+// Alloc returns a zero-filled tensor.
+func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
+	if !dt.Valid() {
+		return T{}, fmt.Errorf("cuda: Alloc: invalid dtype %s", dt)
+	}
+	s := tensor.Shape(shape)
+	if err := s.Check(); err != nil {
+		return T{}, fmt.Errorf("cuda: Alloc %s%v: %w", dt, shape, err)
+	}
+	n := uint64(s.Numel()) * uint64(dt.Size())
+	if n == 0 {
+		n = 1 // a valid, empty tensor still needs a distinct buffer
+	}
+	var buf *Buffer
+	err := b.d.Do(func() error {
+		var err error
+		if buf, err = b.d.allocOnThread(n); err != nil {
+			return fmt.Errorf("cuda: Alloc %s%v: %w", dt, shape, err)
+		}
+		return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(buf.ptr, 0, n, b.d.stream))
+	})
+	if err != nil {
+		return T{}, err
+	}
+	buf.bytes = uint64(s.Numel()) * uint64(dt.Size())
+	if buf.bytes == 0 {
+		buf.bytes = 1
+	}
+	return tensor.New(buf, 0, dt, shape...)
+}
+
+// Free releases a tensor returned by Alloc.
+func (b *Backend) Free(t T) error {
+	if t.IsNil() {
+		return nil
+	}
+	buf, ok := t.Buffer().(*Buffer)
+	if !ok || buf.dev != b.d {
+		return fmt.Errorf("cuda: Free %v: not a tensor of %s", t, b.Name())
+	}
+	if t.Offset() != 0 {
+		return fmt.Errorf("cuda: Free %v: a view (offset %d) cannot be freed; free the tensor Alloc returned", t, t.Offset())
+	}
+	if buf.ptr == 0 {
+		return fmt.Errorf("cuda: Free %v: already freed", t)
+	}
+	return buf.Free()
+}
+
+// ptr returns the device address of t's first element after checking that t lives on this GPU.
+func (b *Backend) ptr(op, arg string, t T) (uintptr, error) {
+	if t.IsNil() {
+		return 0, fmt.Errorf("cuda: %s: %s is required", op, arg)
+	}
+	buf, ok := t.Buffer().(*Buffer)
+	if !ok || buf.dev != b.d {
+		return 0, fmt.Errorf("cuda: %s: %s %v is not on %s", op, arg, t, b.Name())
+	}
+	if buf.ptr == 0 {
+		return 0, fmt.Errorf("cuda: %s: %s %v was freed", op, arg, t)
+	}
+	return buf.ptr + uintptr(t.Offset()), nil
+}
+
+// optPtr is ptr for optional arguments: 0 for the zero tensor.
+func (b *Backend) optPtr(op, arg string, t T) (uintptr, error) {
+	if t.IsNil() {
+		return 0, nil
+	}
+	return b.ptr(op, arg, t)
+}
+
+// fcode is the kernel dtype code of a float tensor.
+func fcode(op, arg string, t T) (int32, error) {
+	switch t.DType() {
+	case tensor.F32, tensor.BF16:
+		return int32(t.DType()), nil
+	}
+	return 0, fmt.Errorf("cuda: %s: %s %v: dtype %s is not supported (use f32 or bf16)", op, arg, t, t.DType())
+}
+
+// Upload copies host bytes into dst.
+func (b *Backend) Upload(dst T, src []byte) error {
+	p, err := b.ptr("Upload", "dst", dst)
+	if err != nil {
+		return err
+	}
+	if int64(len(src)) != dst.Bytes() {
+		return fmt.Errorf("cuda: Upload: %d bytes for %v (%d bytes)", len(src), dst, dst.Bytes())
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	return b.d.Do(func() error {
+		if err := b.d.syncOnThread(); err != nil {
+			return err
+		}
+		return b.d.drv.check("cuMemcpyHtoD_v2", b.d.drv.cuMemcpyHtoD(p, unsafe.Pointer(&src[0]), uint64(len(src))))
+	})
+}
+
+// Download copies src to host bytes after all preceding work.
+func (b *Backend) Download(dst []byte, src T) error {
+	p, err := b.ptr("Download", "src", src)
+	if err != nil {
+		return err
+	}
+	if int64(len(dst)) != src.Bytes() {
+		return fmt.Errorf("cuda: Download: %d bytes for %v (%d bytes)", len(dst), src, src.Bytes())
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	return b.d.Do(func() error {
+		if err := b.d.syncOnThread(); err != nil {
+			return err
+		}
+		return b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), p, uint64(len(dst))))
+	})
+}
+
+// Copy copies src into dst, converting between F32 and BF16.
+func (b *Backend) Copy(dst, src T) error {
+	const op = "Copy"
+	pd, err := b.ptr(op, "dst", dst)
+	if err != nil {
+		return err
+	}
+	ps, err := b.ptr(op, "src", src)
+	if err != nil {
+		return err
+	}
+	if dst.Numel() != src.Numel() {
+		return fmt.Errorf("cuda: Copy: dst %v and src %v differ in element count", dst, src)
+	}
+	if dst.DType() == src.DType() {
+		if dst.Bytes() == 0 || pd == ps {
+			return nil
+		}
+		return b.d.Do(func() error {
+			return b.d.drv.check("cuMemcpyDtoDAsync_v2", b.d.drv.cuMemcpyDtoDAsync(pd, ps, uint64(dst.Bytes()), b.d.stream))
+		})
+	}
+	cd, err := fcode(op, "dst", dst)
+	if err != nil {
+		return err
+	}
+	cs, err := fcode(op, "src", src)
+	if err != nil {
+		return err
+	}
+	n := int64(dst.Numel())
+	return b.launch1D("elementwise.cu", "ew_convert", n, pd, cd, ps, cs, n)
+}
+
+// MemStats reports the caching allocator's statistics.
+func (b *Backend) MemStats() backend.MemStats {
+	s := b.d.MemStats()
+	return backend.MemStats{Allocated: int64(s.Allocated), Reserved: int64(s.Reserved), Peak: int64(s.PeakAllocated), Total: int64(b.d.info.TotalMem)}
+}
+
+// ResetPeak sets the peak to the current allocation.
+func (b *Backend) ResetPeak() { b.d.ResetPeakMem() }
+
+// ---- kernel launch plumbing ----
+
+// packArgs stores each kernel argument in its own 8-byte slot and returns pointers to them.
+// Accepted types: uintptr (device pointers), int32, uint32, int64, uint64, float32.
+func packArgs(vals ...any) []unsafe.Pointer {
+	slots := make([]uint64, len(vals))
+	ptrs := make([]unsafe.Pointer, len(vals))
+	for i, v := range vals {
+		switch x := v.(type) {
+		case uintptr:
+			slots[i] = uint64(x)
+		case int32:
+			slots[i] = uint64(uint32(x))
+		case uint32:
+			slots[i] = uint64(x)
+		case int64:
+			slots[i] = uint64(x)
+		case uint64:
+			slots[i] = x
+		case float32:
+			slots[i] = uint64(math.Float32bits(x))
+		case int:
+			panic(fmt.Sprintf("cuda: kernel argument %d is a Go int; convert it to int32 or int64", i))
+		default:
+			panic(fmt.Sprintf("cuda: kernel argument %d has unsupported type %T", i, v))
+		}
+		ptrs[i] = unsafe.Pointer(&slots[i])
+	}
+	return ptrs
+}
+
+// launch1D runs a grid-stride kernel over n elements.
+func (b *Backend) launch1D(file, name string, n int64, args ...any) error {
+	if n <= 0 {
+		return nil
+	}
+	p := packArgs(args...)
+	return b.d.Do(func() error {
+		return b.d.launchOnThread(file, name, grid1D(n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, p...)
+	})
+}
+
+func grid1D(n int64, sms int) [3]uint32 {
+	blocks := (n + 255) / 256
+	if lim := int64(max(sms, 1) * 16); blocks > lim {
+		blocks = lim
+	}
+	return [3]uint32{uint32(blocks), 1, 1}
+}
+
+// checkBad reads the int32 "first bad index" flag written by a kernel; it synchronises.
+func (b *Backend) resetFlagOnThread(n int64) error {
+	return b.d.drv.check("cuMemsetD32Async", b.d.drv.cuMemsetD32Async(b.flag.ptr, uint32(min(n, math.MaxInt32)), 1, b.d.stream))
+}
+
+func (b *Backend) readFlagOnThread() (int32, error) {
+	if err := b.d.syncOnThread(); err != nil {
+		return 0, err
+	}
+	var v int32
+	err := b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&v), b.flag.ptr, 4))
+	return v, err
+}
+
+// ---- elementwise ----
+
+// Fill sets every element of t to v.
+func (b *Backend) Fill(t T, v float32) error {
+	p, err := b.ptr("Fill", "t", t)
+	if err != nil {
+		return err
+	}
+	n := uint64(t.Numel())
+	if n == 0 {
+		return nil
+	}
+	return b.d.Do(func() error {
+		drv := b.d.drv
+		switch t.DType() {
+		case tensor.F32:
+			return drv.check("cuMemsetD32Async", drv.cuMemsetD32Async(p, math.Float32bits(v), n, b.d.stream))
+		case tensor.I32:
+			return drv.check("cuMemsetD32Async", drv.cuMemsetD32Async(p, uint32(int32(v)), n, b.d.stream))
+		case tensor.BF16:
+			return drv.check("cuMemsetD16Async", drv.cuMemsetD16Async(p, tensor.F32ToBF16(v), n, b.d.stream))
+		case tensor.F16:
+			return drv.check("cuMemsetD16Async", drv.cuMemsetD16Async(p, tensor.F32ToF16(v), n, b.d.stream))
+		case tensor.U8:
+			return drv.check("cuMemsetD8Async", drv.cuMemsetD8Async(p, uint8(v), n, b.d.stream))
+		}
+		return fmt.Errorf("cuda: Fill: dtype %s is not supported", t.DType())
+	})
+}
+
+// Add computes out = a + b elementwise.
+func (b *Backend) Add(out, x, y T) error {
+	const op = "Add"
+	if out.Numel() != x.Numel() || out.Numel() != y.Numel() {
+		return fmt.Errorf("cuda: Add: out %v, a %v, b %v differ in element count", out, x, y)
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	pa, ca, err := b.fptr(op, "a", x)
+	if err != nil {
+		return err
+	}
+	pb, cb, err := b.fptr(op, "b", y)
+	if err != nil {
+		return err
+	}
+	n := int64(out.Numel())
+	return b.launch1D("elementwise.cu", "ew_add", n, po, co, pa, ca, pb, cb, n)
+}
+
+// Axpy computes y += alpha*x.
+func (b *Backend) Axpy(y T, alpha float32, x T) error {
+	const op = "Axpy"
+	if y.Numel() != x.Numel() {
+		return fmt.Errorf("cuda: Axpy: y %v and x %v differ in element count", y, x)
+	}
+	py, cy, err := b.fptr(op, "y", y)
+	if err != nil {
+		return err
+	}
+	px, cx, err := b.fptr(op, "x", x)
+	if err != nil {
+		return err
+	}
+	n := int64(y.Numel())
+	return b.launch1D("elementwise.cu", "ew_axpy", n, py, cy, alpha, px, cx, n)
+}
+
+// Scale computes t *= alpha.
+func (b *Backend) Scale(t T, alpha float32) error {
+	p, c, err := b.fptr("Scale", "t", t)
+	if err != nil {
+		return err
+	}
+	n := int64(t.Numel())
+	return b.launch1D("elementwise.cu", "ew_scale", n, p, c, alpha, n)
+}
+
+// SumSquares returns each tensor's sum of squares, accumulated in fp64 on the device.
+func (b *Backend) SumSquares(ts []T) ([]float64, error) {
+	out := make([]float64, len(ts))
+	if len(ts) == 0 {
+		return out, nil
+	}
+	type job struct {
+		p uintptr
+		c int32
+		n int64
+	}
+	jobs := make([]job, len(ts))
+	for i, t := range ts {
+		p, c, err := b.fptr("SumSquares", fmt.Sprintf("ts[%d]", i), t)
+		if err != nil {
+			return nil, err
+		}
+		jobs[i] = job{p, c, int64(t.Numel())}
+	}
+	var acc *Buffer
+	err := b.d.Do(func() error {
+		var err error
+		if acc, err = b.d.allocOnThread(uint64(8 * len(ts))); err != nil {
+			return err
+		}
+		defer b.d.alloc.Free(acc.ptr)
+		drv := b.d.drv
+		if err := drv.check("cuMemsetD8Async", drv.cuMemsetD8Async(acc.ptr, 0, uint64(8*len(ts)), b.d.stream)); err != nil {
+			return err
+		}
+		for i, j := range jobs {
+			if j.n == 0 {
+				continue
+			}
+			args := packArgs(acc.ptr+uintptr(8*i), j.p, j.c, j.n)
+			if err := b.d.launchOnThread("elementwise.cu", "sum_squares", grid1D(j.n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...); err != nil {
+				return err
+			}
+		}
+		if err := b.d.syncOnThread(); err != nil {
+			return err
+		}
+		return drv.check("cuMemcpyDtoH_v2", drv.cuMemcpyDtoH(unsafe.Pointer(&out[0]), acc.ptr, uint64(8*len(ts))))
+	})
+	return out, err
+}
+
+// fptr is ptr plus the float dtype code.
+func (b *Backend) fptr(op, arg string, t T) (uintptr, int32, error) {
+	p, err := b.ptr(op, arg, t)
+	if err != nil {
+		return 0, 0, err
+	}
+	c, err := fcode(op, arg, t)
+	return p, c, err
+}
+
+// optFptr is fptr for optional arguments.
+func (b *Backend) optFptr(op, arg string, t T) (uintptr, int32, error) {
+	if t.IsNil() {
+		return 0, 0, nil
+	}
+	return b.fptr(op, arg, t)
+}
+
+func i32ptr(b *Backend, op, arg string, t T) (uintptr, error) {
+	if !t.IsNil() && t.DType() != tensor.I32 {
+		return 0, fmt.Errorf("cuda: %s: %s %v must be i32", op, arg, t)
+	}
+	return b.ptr(op, arg, t)
+}
+
+// rows2D views t as [rows, cols] with cols = its last dimension.
+func rows2D(t T) (rows, cols int) {
+	if t.Rank() == 0 {
+		return 1, 1
+	}
+	cols = t.Dim(-1)
+	if cols == 0 {
+		return 0, 0
+	}
+	return t.Numel() / cols, cols
+}
+
+// ---- embedding ----
+
+// Embedding gathers rows of weight by ids.
+func (b *Backend) Embedding(out, weight, ids T) error {
+	const op = "Embedding"
+	if weight.Rank() != 2 {
+		return fmt.Errorf("cuda: Embedding: weight %v must be [V, C]", weight)
+	}
+	V, C := weight.Dim(0), weight.Dim(1)
+	N := ids.Numel()
+	if out.Numel() != N*C {
+		return fmt.Errorf("cuda: Embedding: out %v must hold [%d, %d] for ids %v and weight %v", out, N, C, ids, weight)
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	pw, cw, err := b.fptr(op, "weight", weight)
+	if err != nil {
+		return err
+	}
+	pi, err := i32ptr(b, op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	if N == 0 {
+		return nil
+	}
+	total := int64(N) * int64(C)
+	return b.d.Do(func() error {
+		if err := b.resetFlagOnThread(int64(N)); err != nil {
+			return err
+		}
+		args := packArgs(po, co, pw, cw, pi, int64(N), int32(C), int32(V), b.flag.ptr)
+		if err := b.d.launchOnThread("embedding.cu", "embedding_fwd", grid1D(total, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...); err != nil {
+			return err
+		}
+		bad, err := b.readFlagOnThread()
+		if err != nil {
+			return err
+		}
+		if int(bad) < N {
+			var id int32
+			_ = b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&id), pi+uintptr(4*bad), 4)
+			return fmt.Errorf("cuda: Embedding: ids[%d] = %d is outside the vocabulary [0, %d)", bad, id, V)
+		}
+		return nil
+	})
+}
+
+// EmbeddingBackward scatter-adds dOut rows into dWeight, deterministically.
+func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
+	const op = "EmbeddingBackward"
+	if dWeight.Rank() != 2 {
+		return fmt.Errorf("cuda: %s: dWeight %v must be [V, C]", op, dWeight)
+	}
+	V, C := dWeight.Dim(0), dWeight.Dim(1)
+	N := ids.Numel()
+	if dOut.Numel() != N*C {
+		return fmt.Errorf("cuda: %s: dOut %v must hold [%d, %d]", op, dOut, N, C)
+	}
+	pw, cw, err := b.fptr(op, "dWeight", dWeight)
+	if err != nil {
+		return err
+	}
+	pd, cd, err := b.fptr(op, "dOut", dOut)
+	if err != nil {
+		return err
+	}
+	pi, err := i32ptr(b, op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	if N == 0 {
+		return nil
+	}
+	return b.d.Do(func() error {
+		drv := b.d.drv
+		if err := b.d.syncOnThread(); err != nil {
+			return err
+		}
+		host := make([]int32, N)
+		if err := drv.check("cuMemcpyDtoH_v2", drv.cuMemcpyDtoH(unsafe.Pointer(&host[0]), pi, uint64(4*N))); err != nil {
+			return err
+		}
+		order := make([]int32, N)
+		for i := range order {
+			order[i] = int32(i)
+			if host[i] < 0 || int(host[i]) >= V {
+				return fmt.Errorf("cuda: %s: ids[%d] = %d is outside the vocabulary [0, %d)", op, i, host[i], V)
+			}
+		}
+		sort.SliceStable(order, func(x, y int) bool { return host[order[x]] < host[order[y]] })
+		var uniq, seg []int32
+		for k, n := range order {
+			if k == 0 || host[n] != host[order[k-1]] {
+				uniq = append(uniq, host[n])
+				seg = append(seg, int32(k))
+			}
+		}
+		seg = append(seg, int32(N))
+		meta := make([]int32, 0, len(order)+len(uniq)+len(seg))
+		meta = append(append(append(meta, order...), uniq...), seg...)
+		buf, err := b.d.allocOnThread(uint64(4 * len(meta)))
+		if err != nil {
+			return err
+		}
+		defer b.d.alloc.Free(buf.ptr) // freed after the kernel: later work is on the same stream
+		if err := drv.check("cuMemcpyHtoD_v2", drv.cuMemcpyHtoD(buf.ptr, unsafe.Pointer(&meta[0]), uint64(4*len(meta)))); err != nil {
+			return err
+		}
+		pOrder := buf.ptr
+		pUniq := pOrder + uintptr(4*len(order))
+		pSeg := pUniq + uintptr(4*len(uniq))
+		args := packArgs(pw, cw, pd, cd, pOrder, pUniq, pSeg, int32(C))
+		grid := [3]uint32{uint32(len(uniq)), uint32((C + 127) / 128), 1}
+		return b.d.launchOnThread("embedding.cu", "embedding_bwd", grid, [3]uint32{128, 1, 1}, 0, args...)
+	})
+}
+
+// ---- matrix products ----
+
+// gemmOperand checks a GEMM input and returns its dtype.
+func gemmDType(op string, a, bb T) (tensor.DType, error) {
+	if a.DType() != bb.DType() {
+		return 0, fmt.Errorf("cuda: %s: operands %v and %v must have the same dtype", op, a, bb)
+	}
+	if a.DType() != tensor.BF16 && a.DType() != tensor.F32 {
+		return 0, fmt.Errorf("cuda: %s: operand dtype %s is not supported (use bf16 or f32)", op, a.DType())
+	}
+	return a.DType(), nil
+}
+
+// GEMM computes C = Alpha*op(A)@op(B) + Beta*C.
+func (b *Backend) GEMM(a backend.GEMMArgs) error {
+	const op = "GEMM"
+	if a.A.Rank() != 2 || a.B.Rank() != 2 || a.C.Rank() != 2 {
+		return fmt.Errorf("cuda: GEMM: A %v, B %v and C %v must be 2-D", a.A, a.B, a.C)
+	}
+	M, K := a.A.Dim(0), a.A.Dim(1)
+	if a.TransA {
+		M, K = K, M
+	}
+	K2, Nc := a.B.Dim(0), a.B.Dim(1)
+	if a.TransB {
+		K2, Nc = Nc, K2
+	}
+	if K != K2 || a.C.Dim(0) != M || a.C.Dim(1) != Nc {
+		return fmt.Errorf("cuda: GEMM: op(A) is [%d,%d], op(B) is [%d,%d], C is %v: shapes do not chain", M, K, K2, Nc, a.C)
+	}
+	return b.gemm(op, gemmCall{A: a.A, B: a.B, C: a.C, M: M, N: Nc, K: K, TransA: a.TransA, TransB: a.TransB, Alpha: a.Alpha, Beta: a.Beta})
+}
+
+type gemmCall struct {
+	A, B, C        T
+	M, N, K        int
+	TransA, TransB bool
+	Alpha, Beta    float32
+}
+
+func (b *Backend) gemm(op string, g gemmCall) error {
+	dt, err := gemmDType(op, g.A, g.B)
+	if err != nil {
+		return err
+	}
+	if g.C.DType() != tensor.F32 && g.C.DType() != tensor.BF16 {
+		return fmt.Errorf("cuda: %s: output dtype %s is not supported (use bf16 or f32)", op, g.C.DType())
+	}
+	if g.M == 0 || g.N == 0 {
+		return nil
+	}
+	pa, err := b.ptr(op, "A", g.A)
+	if err != nil {
+		return err
+	}
+	pb, err := b.ptr(op, "B", g.B)
+	if err != nil {
+		return err
+	}
+	pc, err := b.ptr(op, "C", g.C)
+	if err != nil {
+		return err
+	}
+	if g.K == 0 {
+		// An empty sum: C = Beta*C.
+		if g.Beta == 0 {
+			return b.Fill(g.C, 0)
+		}
+		return b.Scale(g.C, g.Beta)
+	}
+	spec := Gemm{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB,
+		A:     &Buffer{dev: b.d, ptr: pa, bytes: uint64(g.A.Bytes())},
+		B:     &Buffer{dev: b.d, ptr: pb, bytes: uint64(g.B.Bytes())},
+		C:     &Buffer{dev: b.d, ptr: pc, bytes: uint64(g.C.Bytes())},
+		Alpha: g.Alpha, Beta: g.Beta, OutF32: g.C.DType() == tensor.F32, InF32: dt == tensor.F32}
+	if err := spec.validate(); err != nil {
+		return fmt.Errorf("cuda: %s: %w", op, err)
+	}
+	return b.d.Do(func() error { return b.d.matmulOnThread(&spec) })
+}
+
+// Linear computes out = x @ w^T + bias.
+func (b *Backend) Linear(out, x, w, bias T) error {
+	const op = "Linear"
+	if w.Rank() != 2 {
+		return fmt.Errorf("cuda: Linear: w %v must be [O, I]", w)
+	}
+	O, I := w.Dim(0), w.Dim(1)
+	if x.Rank() == 0 || x.Dim(-1) != I {
+		return fmt.Errorf("cuda: Linear: x %v must end in I=%d (w %v)", x, I, w)
+	}
+	M := x.Numel() / I
+	if out.Numel() != M*O {
+		return fmt.Errorf("cuda: Linear: out %v must hold [%d, %d]", out, M, O)
+	}
+	if err := b.gemm(op, gemmCall{A: x, B: w, C: out, M: M, N: O, K: I, TransB: true, Alpha: 1}); err != nil {
+		return err
+	}
+	if bias.IsNil() {
+		return nil
+	}
+	if bias.Numel() != O {
+		return fmt.Errorf("cuda: Linear: bias %v must have O=%d elements", bias, O)
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	pb, cb, err := b.fptr(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	return b.launch1D("elementwise.cu", "add_bias_rows", int64(M)*int64(O), po, co, pb, cb, int64(M), int32(O))
+}
+
+// LinearBackward computes dX, dW and dB of Linear.
+func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
+	const op = "LinearBackward"
+	O := a.DY.Dim(-1)
+	if a.DY.Rank() == 0 || O == 0 {
+		return fmt.Errorf("cuda: %s: dY %v must be [M, O]", op, a.DY)
+	}
+	M := a.DY.Numel() / O
+	if !a.DX.IsNil() {
+		if a.W.Rank() != 2 || a.W.Dim(0) != O {
+			return fmt.Errorf("cuda: %s: W %v must be [O=%d, I]", op, a.W, O)
+		}
+		I := a.W.Dim(1)
+		if a.DX.Numel() != M*I {
+			return fmt.Errorf("cuda: %s: dX %v must hold [%d, %d]", op, a.DX, M, I)
+		}
+		beta := float32(0)
+		if a.AccumulateDX {
+			beta = 1
+		}
+		if err := b.gemm(op, gemmCall{A: a.DY, B: a.W, C: a.DX, M: M, N: I, K: O, Alpha: 1, Beta: beta}); err != nil {
+			return err
+		}
+	}
+	if !a.DW.IsNil() {
+		if a.DW.Rank() != 2 || a.DW.Dim(0) != O {
+			return fmt.Errorf("cuda: %s: dW %v must be [O=%d, I]", op, a.DW, O)
+		}
+		I := a.DW.Dim(1)
+		if a.X.Numel() != M*I {
+			return fmt.Errorf("cuda: %s: X %v must hold [%d, %d]", op, a.X, M, I)
+		}
+		if err := b.gemm(op, gemmCall{A: a.DY, B: a.X, C: a.DW, M: O, N: I, K: M, TransA: true, Alpha: 1, Beta: 1}); err != nil {
+			return err
+		}
+	}
+	if !a.DB.IsNil() {
+		if a.DB.Numel() != O {
+			return fmt.Errorf("cuda: %s: dB %v must have O=%d elements", op, a.DB, O)
+		}
+		pdb, cdb, err := b.fptr(op, "dB", a.DB)
+		if err != nil {
+			return err
+		}
+		pdy, cdy, err := b.fptr(op, "dY", a.DY)
+		if err != nil {
+			return err
+		}
+		if M == 0 {
+			return nil
+		}
+		return b.d.Do(func() error {
+			acc, err := b.d.allocOnThread(uint64(4 * O))
+			if err != nil {
+				return err
+			}
+			defer b.d.alloc.Free(acc.ptr)
+			if err := b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(acc.ptr, 0, uint64(4*O), b.d.stream)); err != nil {
+				return err
+			}
+			gy := uint32(min(M, 256))
+			if err := b.d.launchOnThread("elementwise.cu", "bias_grad_partial", [3]uint32{uint32((O + 255) / 256), gy, 1}, [3]uint32{256, 1, 1}, 0,
+				packArgs(acc.ptr, pdy, cdy, int64(M), int32(O))...); err != nil {
+				return err
+			}
+			n := int64(O)
+			return b.d.launchOnThread("elementwise.cu", "ew_axpy", grid1D(n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0,
+				packArgs(pdb, cdb, float32(1), acc.ptr, int32(tensor.F32), n)...)
+		})
+	}
+	return nil
+}
+
+// ---- normalisation ----
+
+func normBlock(C int) uint32 {
+	switch {
+	case C >= 1024:
+		return 512
+	case C >= 256:
+		return 256
+	default:
+		return 64
+	}
+}
+
+// RMSNorm normalises each row of x.
+func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
+	const op = "RMSNorm"
+	N, C, err := normShapes(op, out, rstd, x, w)
+	if err != nil {
+		return err
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	pr, err := b.ptr(op, "rstd", rstd)
+	if err != nil {
+		return err
+	}
+	px, cx, err := b.fptr(op, "x", x)
+	if err != nil {
+		return err
+	}
+	pw, cw, err := b.fptr(op, "w", w)
+	if err != nil {
+		return err
+	}
+	if N == 0 {
+		return nil
+	}
+	args := packArgs(po, co, pr, px, cx, pw, cw, int32(C), eps)
+	return b.d.Do(func() error {
+		return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_fwd", [3]uint32{uint32(N), 1, 1}, [3]uint32{normBlock(C), 1, 1}, 0, args...)
+	})
+}
+
+func normShapes(op string, out, rstd, x, w T) (N, C int, err error) {
+	if w.Rank() != 1 {
+		return 0, 0, fmt.Errorf("cuda: %s: w %v must be [C]", op, w)
+	}
+	C = w.Dim(0)
+	if x.Rank() == 0 || x.Dim(-1) != C {
+		return 0, 0, fmt.Errorf("cuda: %s: x %v must end in C=%d", op, x, C)
+	}
+	N = x.Numel() / C
+	if out.Numel() != x.Numel() {
+		return 0, 0, fmt.Errorf("cuda: %s: out %v must match x %v", op, out, x)
+	}
+	if rstd.DType() != tensor.F32 || rstd.Numel() != N {
+		return 0, 0, fmt.Errorf("cuda: %s: rstd %v must be f32 [%d]", op, rstd, N)
+	}
+	if N > math.MaxInt32 {
+		return 0, 0, fmt.Errorf("cuda: %s: %d rows exceed the kernel's limit", op, N)
+	}
+	return N, C, nil
+}
+
+// AddRMSNorm fuses residualOut = x + residual with RMSNorm(residualOut).
+func (b *Backend) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
+	const op = "AddRMSNorm"
+	N, C, err := normShapes(op, out, rstd, x, w)
+	if err != nil {
+		return err
+	}
+	if residualOut.Numel() != x.Numel() || residual.Numel() != x.Numel() {
+		return fmt.Errorf("cuda: %s: residualOut %v and residual %v must match x %v", op, residualOut, residual, x)
+	}
+	pro, cro, err := b.fptr(op, "residualOut", residualOut)
+	if err != nil {
+		return err
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	pr, err := b.ptr(op, "rstd", rstd)
+	if err != nil {
+		return err
+	}
+	px, cx, err := b.fptr(op, "x", x)
+	if err != nil {
+		return err
+	}
+	pres, cres, err := b.fptr(op, "residual", residual)
+	if err != nil {
+		return err
+	}
+	pw, cw, err := b.fptr(op, "w", w)
+	if err != nil {
+		return err
+	}
+	if N == 0 {
+		return nil
+	}
+	args := packArgs(pro, cro, po, co, pr, px, cx, pres, cres, pw, cw, int32(C), eps)
+	return b.d.Do(func() error {
+		return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd", [3]uint32{uint32(N), 1, 1}, [3]uint32{normBlock(C), 1, 1}, 0, args...)
+	})
+}
+
+// RMSNormBackward computes dX and dW of RMSNorm.
+func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
+	const op = "RMSNormBackward"
+	N, C, err := normShapes(op, a.DX, a.RStd, a.X, a.W)
+	if err != nil {
+		return err
+	}
+	if a.DY.Numel() != a.X.Numel() {
+		return fmt.Errorf("cuda: %s: dY %v must match x %v", op, a.DY, a.X)
+	}
+	if tensor.SameBuffer(a.DX, a.DY) {
+		return fmt.Errorf("cuda: %s: dX may not alias dY", op)
+	}
+	pdx, cdx, err := b.fptr(op, "dX", a.DX)
+	if err != nil {
+		return err
+	}
+	pdy, cdy, err := b.fptr(op, "dY", a.DY)
+	if err != nil {
+		return err
+	}
+	px, cx, err := b.fptr(op, "x", a.X)
+	if err != nil {
+		return err
+	}
+	pw, cw, err := b.fptr(op, "w", a.W)
+	if err != nil {
+		return err
+	}
+	pr, err := b.ptr(op, "rstd", a.RStd)
+	if err != nil {
+		return err
+	}
+	pdw, cdw, err := b.optFptr(op, "dW", a.DW)
+	if err != nil {
+		return err
+	}
+	if !a.DW.IsNil() && a.DW.Numel() != C {
+		return fmt.Errorf("cuda: %s: dW %v must be [%d]", op, a.DW, C)
+	}
+	if N == 0 {
+		return nil
+	}
+	acc := int32(0)
+	if a.AccumulateDX {
+		acc = 1
+	}
+	return b.d.Do(func() error {
+		var accBuf uintptr
+		shared := uint32(0)
+		if pdw != 0 {
+			buf, err := b.d.allocOnThread(uint64(4 * C))
+			if err != nil {
+				return err
+			}
+			defer b.d.alloc.Free(buf.ptr)
+			accBuf = buf.ptr
+			shared = uint32(4 * C)
+			if err := b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(accBuf, 0, uint64(4*C), b.d.stream)); err != nil {
+				return err
+			}
+		}
+		if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
+			return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)
+		}
+		blocks := uint32(min(N, b.d.info.SMs*4))
+		args := packArgs(pdx, cdx, accBuf, pdy, cdy, px, cx, pw, cw, pr, int64(N), int32(C), acc)
+		if err := b.d.launchOnThread("rmsnorm.cu", "rmsnorm_bwd", [3]uint32{blocks, 1, 1}, [3]uint32{normBlock(C), 1, 1}, shared, args...); err != nil {
+			return err
+		}
+		if pdw == 0 {
+			return nil
+		}
+		n := int64(C)
+		return b.d.launchOnThread("elementwise.cu", "ew_axpy", grid1D(n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0,
+			packArgs(pdw, cdw, float32(1), accBuf, int32(tensor.F32), n)...)
+	})
+}
+
+// ---- rotary embedding ----
+
+// RoPE rotates the first R dims of each head.
+func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error { return b.rope("RoPE", out, x, a, 1) }
+
+// RoPEBackward applies the transpose rotation.
+func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
+	return b.rope("RoPEBackward", dX, dY, a, -1)
+}
+
+func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) error {
+	H, HD := a.Heads, a.HeadDim
+	R := a.RotaryDim
+	if R == 0 {
+		R = HD
+	}
+	if H <= 0 || HD <= 0 || R <= 0 || R%2 != 0 || R > HD {
+		return fmt.Errorf("cuda: %s: heads %d, head dim %d, rotary dim %d: need heads, head dim > 0 and an even rotary dim <= head dim", op, H, HD, R)
+	}
+	if x.Numel()%(H*HD) != 0 || out.Numel() != x.Numel() {
+		return fmt.Errorf("cuda: %s: x %v and out %v must be [N, %d*%d]", op, x, out, H, HD)
+	}
+	N := x.Numel() / (H * HD)
+	if a.Positions.Numel() != N {
+		return fmt.Errorf("cuda: %s: positions %v must have N=%d elements", op, a.Positions, N)
+	}
+	if a.InvFreq.DType() != tensor.F32 || a.InvFreq.Numel() < R/2 {
+		return fmt.Errorf("cuda: %s: inv_freq %v must be f32 with R/2=%d elements", op, a.InvFreq, R/2)
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	px, cx, err := b.fptr(op, "x", x)
+	if err != nil {
+		return err
+	}
+	pp, err := i32ptr(b, op, "positions", a.Positions)
+	if err != nil {
+		return err
+	}
+	pf, err := b.ptr(op, "inv_freq", a.InvFreq)
+	if err != nil {
+		return err
+	}
+	s := a.AttentionScaling
+	if s == 0 {
+		s = 1
+	}
+	total := int64(N) * int64(H) * int64(HD-R/2)
+	return b.launch1D("rope.cu", "rope", total, po, co, px, cx, pp, pf, int64(N), int32(H), int32(HD), int32(R), s, sign)
+}
+
+// ---- MLP ----
+
+// SwiGLU computes out = silu(gate) * up.
+func (b *Backend) SwiGLU(out, gate, up T) error {
+	const op = "SwiGLU"
+	if out.Numel() != gate.Numel() || up.Numel() != gate.Numel() {
+		return fmt.Errorf("cuda: %s: out %v, gate %v, up %v differ in element count", op, out, gate, up)
+	}
+	po, co, err := b.fptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	pg, cg, err := b.fptr(op, "gate", gate)
+	if err != nil {
+		return err
+	}
+	pu, cu, err := b.fptr(op, "up", up)
+	if err != nil {
+		return err
+	}
+	n := int64(out.Numel())
+	return b.launch1D("swiglu.cu", "swiglu_fwd", n, po, co, pg, cg, pu, cu, n)
+}
+
+// SwiGLUBackward computes dGate and dUp.
+func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
+	const op = "SwiGLUBackward"
+	n := int64(gate.Numel())
+	for _, t := range []T{dGate, dUp, dOut, up} {
+		if int64(t.Numel()) != n {
+			return fmt.Errorf("cuda: %s: dGate %v, dUp %v, dOut %v, gate %v, up %v differ in element count", op, dGate, dUp, dOut, gate, up)
+		}
+	}
+	pdg, cdg, err := b.fptr(op, "dGate", dGate)
+	if err != nil {
+		return err
+	}
+	pdu, cdu, err := b.fptr(op, "dUp", dUp)
+	if err != nil {
+		return err
+	}
+	pdo, cdo, err := b.fptr(op, "dOut", dOut)
+	if err != nil {
+		return err
+	}
+	pg, cg, err := b.fptr(op, "gate", gate)
+	if err != nil {
+		return err
+	}
+	pu, cu, err := b.fptr(op, "up", up)
+	if err != nil {
+		return err
+	}
+	return b.launch1D("swiglu.cu", "swiglu_bwd", n, pdg, cdg, pdu, cdu, pdo, cdo, pg, cg, pu, cu, n)
+}
+
+// ---- AdamW ----
+
+// AdamW runs one fused AdamW step.
+func (b *Backend) AdamW(a backend.AdamWArgs) error {
+	const op = "AdamW"
+	n := int64(a.Param.Numel())
+	for name, t := range map[string]T{"grad": a.Grad, "m": a.M, "v": a.V} {
+		if int64(t.Numel()) != n {
+			return fmt.Errorf("cuda: %s: %s %v must have %d elements like param %v", op, name, t, n, a.Param)
+		}
+	}
+	if !a.Shadow.IsNil() && int64(a.Shadow.Numel()) != n {
+		return fmt.Errorf("cuda: %s: shadow %v must have %d elements", op, a.Shadow, n)
+	}
+	if a.Step < 1 {
+		return fmt.Errorf("cuda: %s: step %d must be >= 1", op, a.Step)
+	}
+	pp, cp, err := b.fptr(op, "param", a.Param)
+	if err != nil {
+		return err
+	}
+	pg, cg, err := b.fptr(op, "grad", a.Grad)
+	if err != nil {
+		return err
+	}
+	pm, cm, err := b.fptr(op, "m", a.M)
+	if err != nil {
+		return err
+	}
+	pv, cv, err := b.fptr(op, "v", a.V)
+	if err != nil {
+		return err
+	}
+	ps, cs, err := b.optFptr(op, "shadow", a.Shadow)
+	if err != nil {
+		return err
+	}
+	gs := a.GradScale
+	if gs == 0 {
+		gs = 1
+	}
+	bc1 := float32(1 - math.Pow(float64(a.Beta1), float64(a.Step)))
+	bc2 := float32(math.Sqrt(1 - math.Pow(float64(a.Beta2), float64(a.Step))))
+	st := int32(0)
+	if a.Stochastic {
+		st = 1
+	}
+	return b.launch1D("adamw.cu", "adamw_step", n, pp, cp, pg, cg, pm, cm, pv, cv, ps, cs, n,
+		a.LR, a.Beta1, a.Beta2, a.Eps, a.WeightDecay, gs, bc1, bc2, st, a.Seed, uint64(a.Step), a.ParamIndex)
+}
+
+// ---- attention ----
+
+const (
+	attnRows = 8
+	attnTile = 32
+)
+
+type attnGeom struct {
+	N, Nk, D      int
+	NH, NKV, HD   int
+	scale         float32
+	window        int32
+	cuQ, cuK      uintptr
+	dt            int32
+	pq, pk, pv    uintptr
+	sharedFwd     uint32
+	sharedBwdDQ   uint32
+	sharedBwdDKV  uint32
+	hasSeparateCK bool
+}
+
+func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (attnGeom, error) {
+	var g attnGeom
+	g.NH, g.NKV, g.HD = s.NH, s.NKV, s.HD
+	if g.NH <= 0 || g.NKV <= 0 || g.HD <= 0 || g.NH%g.NKV != 0 {
+		return g, fmt.Errorf("cuda: %s: NH=%d, NKV=%d, HD=%d: need positive values with NH a multiple of NKV", op, g.NH, g.NKV, g.HD)
+	}
+	if g.HD > 256 {
+		return g, fmt.Errorf("cuda: %s: head dim %d is above this kernel's 256", op, g.HD)
+	}
+	if q.Numel()%(g.NH*g.HD) != 0 {
+		return g, fmt.Errorf("cuda: %s: Q %v must be [N, %d*%d]", op, q, g.NH, g.HD)
+	}
+	g.N = q.Numel() / (g.NH * g.HD)
+	if k.Numel() != v.Numel() || k.Numel()%(g.NKV*g.HD) != 0 {
+		return g, fmt.Errorf("cuda: %s: K %v and V %v must be [Nk, %d*%d]", op, k, v, g.NKV, g.HD)
+	}
+	g.Nk = k.Numel() / (g.NKV * g.HD)
+	if q.DType() != k.DType() || q.DType() != v.DType() {
+		return g, fmt.Errorf("cuda: %s: Q %v, K %v, V %v must share a dtype", op, q, k, v)
+	}
+	var err error
+	if g.dt, err = fcode(op, "Q", q); err != nil {
+		return g, err
+	}
+	if s.CuSeqlens.DType() != tensor.I32 || s.CuSeqlens.Numel() < 2 {
+		return g, fmt.Errorf("cuda: %s: CuSeqlens %v must be i32 [D+1] with D >= 1", op, s.CuSeqlens)
+	}
+	g.D = s.CuSeqlens.Numel() - 1
+	if g.cuQ, err = b.ptr(op, "CuSeqlens", s.CuSeqlens); err != nil {
+		return g, err
+	}
+	g.cuK = g.cuQ
+	if !s.CuSeqlensK.IsNil() {
+		if s.CuSeqlensK.DType() != tensor.I32 || s.CuSeqlensK.Numel() != g.D+1 {
+			return g, fmt.Errorf("cuda: %s: CuSeqlensK %v must be i32 [%d]", op, s.CuSeqlensK, g.D+1)
+		}
+		if g.cuK, err = b.ptr(op, "CuSeqlensK", s.CuSeqlensK); err != nil {
+			return g, err
+		}
+		g.hasSeparateCK = true
+	} else if g.Nk != g.N {
+		return g, fmt.Errorf("cuda: %s: K has %d rows but Q has %d: set CuSeqlensK for decoding", op, g.Nk, g.N)
+	}
+	// The boundaries must be well formed: the kernels trust them.
+	if err := b.checkCuSeqlens(op, "CuSeqlens", g.cuQ, g.D, g.N); err != nil {
+		return g, err
+	}
+	if g.hasSeparateCK {
+		if err := b.checkCuSeqlens(op, "CuSeqlensK", g.cuK, g.D, g.Nk); err != nil {
+			return g, err
+		}
+	}
+	g.scale = s.Scale
+	if g.scale == 0 {
+		g.scale = float32(1 / math.Sqrt(float64(g.HD)))
+	}
+	if s.Window < 0 {
+		return g, fmt.Errorf("cuda: %s: window %d must be >= 0", op, s.Window)
+	}
+	g.window = int32(min(s.Window, math.MaxInt32))
+	if g.pq, err = b.ptr(op, "Q", q); err != nil {
+		return g, err
+	}
+	if g.pk, err = b.ptr(op, "K", k); err != nil {
+		return g, err
+	}
+	if g.pv, err = b.ptr(op, "V", v); err != nil {
+		return g, err
+	}
+	P := g.HD + 1
+	g.sharedFwd = uint32(4 * (2*attnTile*P + attnRows*g.HD))
+	g.sharedBwdDQ = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
+	g.sharedBwdDKV = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
+	return g, nil
+}
+
+// checkCuSeqlens downloads document boundaries and checks 0 = cu[0] <= ... <= cu[D] = n.
+func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) error {
+	cu := make([]int32, D+1)
+	err := b.d.Do(func() error {
+		if err := b.d.syncOnThread(); err != nil {
+			return err
+		}
+		return b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&cu[0]), p, uint64(4*(D+1))))
+	})
+	if err != nil {
+		return err
+	}
+	if cu[0] != 0 || int(cu[D]) != n {
+		return fmt.Errorf("cuda: %s: %s must start at 0 and end at %d, got %d and %d", op, name, n, cu[0], cu[D])
+	}
+	for i := 1; i <= D; i++ {
+		if cu[i] < cu[i-1] {
+			return fmt.Errorf("cuda: %s: %s[%d] = %d is below %s[%d] = %d", op, name, i, cu[i], name, i-1, cu[i-1])
+		}
+	}
+	return nil
+}
+
+// Attention runs causal GQA attention over packed documents.
+func (b *Backend) Attention(a backend.AttentionArgs) error {
+	const op = "Attention"
+	g, err := b.attnGeometry(op, a.AttentionShape, a.Q, a.K, a.V)
+	if err != nil {
+		return err
+	}
+	if a.Out.Numel() != a.Q.Numel() || a.Out.DType() != a.Q.DType() {
+		return fmt.Errorf("cuda: %s: Out %v must match Q %v", op, a.Out, a.Q)
+	}
+	po, err := b.ptr(op, "Out", a.Out)
+	if err != nil {
+		return err
+	}
+	var pl uintptr
+	if !a.LSE.IsNil() {
+		if a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH {
+			return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
+		}
+		if pl, err = b.ptr(op, "LSE", a.LSE); err != nil {
+			return err
+		}
+	}
+	if g.N == 0 {
+		return nil
+	}
+	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
+	grid := [3]uint32{uint32((g.N + attnRows - 1) / attnRows), uint32(g.NH), 1}
+	return b.d.Do(func() error {
+		return b.d.launchOnThread("attention.cu", "attn_fwd", grid, [3]uint32{32 * attnRows, 1, 1}, g.sharedFwd, args...)
+	})
+}
+
+// AttentionBackward computes dQ, dK and dV.
+func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
+	const op = "AttentionBackward"
+	g, err := b.attnGeometry(op, a.AttentionShape, a.Q, a.K, a.V)
+	if err != nil {
+		return err
+	}
+	if g.hasSeparateCK || g.Nk != g.N {
+		return errors.New("cuda: AttentionBackward: separate key boundaries (CuSeqlensK) are not supported in backward")
+	}
+	for name, t := range map[string]T{"DQ": a.DQ, "DOut": a.DOut, "Out": a.Out} {
+		if t.Numel() != a.Q.Numel() || t.DType() != a.Q.DType() {
+			return fmt.Errorf("cuda: %s: %s %v must match Q %v", op, name, t, a.Q)
+		}
+	}
+	for name, t := range map[string]T{"DK": a.DK, "DV": a.DV} {
+		if t.Numel() != a.K.Numel() || t.DType() != a.K.DType() {
+			return fmt.Errorf("cuda: %s: %s %v must match K %v", op, name, t, a.K)
+		}
+	}
+	if a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH {
+		return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
+	}
+	ptrs := map[string]uintptr{}
+	for name, t := range map[string]T{"DQ": a.DQ, "DK": a.DK, "DV": a.DV, "DOut": a.DOut, "Out": a.Out, "LSE": a.LSE} {
+		p, err := b.ptr(op, name, t)
+		if err != nil {
+			return err
+		}
+		ptrs[name] = p
+	}
+	if g.N == 0 {
+		return nil
+	}
+	return b.d.Do(func() error {
+		dvec, err := b.d.allocOnThread(uint64(4 * g.N * g.NH))
+		if err != nil {
+			return err
+		}
+		defer b.d.alloc.Free(dvec.ptr)
+		warps := int64(g.N) * int64(g.NH)
+		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dot", [3]uint32{uint32((warps*32 + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			packArgs(dvec.ptr, ptrs["DOut"], ptrs["Out"], g.dt, int64(g.N), int32(g.NH), int32(g.HD))...); err != nil {
+			return err
+		}
+		rows := uint32((g.N + attnRows - 1) / attnRows)
+		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dq", [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDQ,
+			packArgs(ptrs["DQ"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
+				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...); err != nil {
+			return err
+		}
+		return b.d.launchOnThread("attention.cu", "attn_bwd_dkv", [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDKV,
+			packArgs(ptrs["DK"], ptrs["DV"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
+				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...)
+	})
+}
+
+// ---- LM head + loss ----
+
+// crossEntropyChunkBytes bounds the fp32 logits of one chunk.
+const crossEntropyChunkBytes = 512 << 20
+
+// CrossEntropy is the fused LM head and cross-entropy, chunked over tokens.
+func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
+	const op = "CrossEntropy"
+	if a.Weight.Rank() != 2 {
+		return fmt.Errorf("cuda: %s: Weight %v must be [V, C]", op, a.Weight)
+	}
+	V, C := a.Weight.Dim(0), a.Weight.Dim(1)
+	if a.Hidden.Rank() == 0 || a.Hidden.Dim(-1) != C {
+		return fmt.Errorf("cuda: %s: Hidden %v must end in C=%d", op, a.Hidden, C)
+	}
+	N := a.Hidden.Numel() / C
+	if a.Targets.Numel() != N {
+		return fmt.Errorf("cuda: %s: Targets %v must have N=%d elements", op, a.Targets, N)
+	}
+	if _, err := gemmDType(op, a.Hidden, a.Weight); err != nil {
+		return err
+	}
+	pt, err := i32ptr(b, op, "Targets", a.Targets)
+	if err != nil {
+		return err
+	}
+	var pLoss, pLP uintptr
+	if !a.Loss.IsNil() {
+		if a.Loss.DType() != tensor.F32 || a.Loss.Numel() != N {
+			return fmt.Errorf("cuda: %s: Loss %v must be f32 [%d]", op, a.Loss, N)
+		}
+		if pLoss, err = b.ptr(op, "Loss", a.Loss); err != nil {
+			return err
+		}
+	}
+	if !a.LogProb.IsNil() {
+		if a.LogProb.DType() != tensor.F32 || a.LogProb.Numel() != N {
+			return fmt.Errorf("cuda: %s: LogProb %v must be f32 [%d]", op, a.LogProb, N)
+		}
+		if pLP, err = b.ptr(op, "LogProb", a.LogProb); err != nil {
+			return err
+		}
+	}
+	if !a.DHidden.IsNil() && (a.DHidden.Numel() != N*C || a.DHidden.DType() != a.Hidden.DType()) {
+		return fmt.Errorf("cuda: %s: DHidden %v must match Hidden %v", op, a.DHidden, a.Hidden)
+	}
+	if !a.DWeight.IsNil() && a.DWeight.Numel() != V*C {
+		return fmt.Errorf("cuda: %s: DWeight %v must be [%d, %d]", op, a.DWeight, V, C)
+	}
+	backward := !a.DHidden.IsNil() || !a.DWeight.IsNil()
+	if N == 0 {
+		return nil
+	}
+	rows := a.ChunkRows
+	if rows <= 0 {
+		rows = max(1, crossEntropyChunkBytes/(4*V))
+	}
+	rows = min(rows, N)
+	hidden2D, err := a.Hidden.Reshape(N, C)
+	if err != nil {
+		return err
+	}
+	var dHidden2D T
+	if !a.DHidden.IsNil() {
+		if dHidden2D, err = a.DHidden.Reshape(N, C); err != nil {
+			return err
+		}
+	}
+	var dWeight2D T
+	if !a.DWeight.IsNil() {
+		if dWeight2D, err = a.DWeight.Reshape(V, C); err != nil {
+			return err
+		}
+	}
+	// Chunk buffers: fp32 logits, and (backward) dlogits in the weight's dtype.
+	logits, err := b.Alloc(tensor.F32, rows, V)
+	if err != nil {
+		return err
+	}
+	defer b.Free(logits)
+	dlogits := logits
+	if backward && a.Weight.DType() != tensor.F32 {
+		if dlogits, err = b.Alloc(a.Weight.DType(), rows, V); err != nil {
+			return err
+		}
+		defer b.Free(dlogits)
+	}
+	pLogits, _ := b.ptr(op, "logits", logits)
+	pDL, cDL, _ := b.fptr(op, "dlogits", dlogits)
+	if err := b.d.Do(func() error { return b.resetFlagOnThread(int64(N)) }); err != nil {
+		return err
+	}
+	for r0 := 0; r0 < N; r0 += rows {
+		r := min(rows, N-r0)
+		h, err := hidden2D.Rows(r0, r0+r)
+		if err != nil {
+			return err
+		}
+		lg, _ := logits.Rows(0, r)
+		if err := b.gemm(op, gemmCall{A: h, B: a.Weight, C: lg, M: r, N: V, K: C, TransB: true, Alpha: 1}); err != nil {
+			return err
+		}
+		var dlp uintptr
+		if backward {
+			dlp = pDL
+		}
+		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flag.ptr)
+		if err := b.d.Do(func() error {
+			return b.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(r), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
+		}); err != nil {
+			return err
+		}
+		if !backward {
+			continue
+		}
+		dl, _ := dlogits.Rows(0, r)
+		if !dHidden2D.IsNil() {
+			dh, _ := dHidden2D.Rows(r0, r0+r)
+			if err := b.gemm(op, gemmCall{A: dl, B: a.Weight, C: dh, M: r, N: C, K: V, Alpha: 1}); err != nil {
+				return err
+			}
+		}
+		if !dWeight2D.IsNil() {
+			if err := b.gemm(op, gemmCall{A: dl, B: h, C: dWeight2D, M: V, N: C, K: r, TransA: true, Alpha: 1, Beta: 1}); err != nil {
+				return err
+			}
+		}
+	}
+	var bad int32
+	if err := b.d.Do(func() error {
+		var err error
+		bad, err = b.readFlagOnThread()
+		return err
+	}); err != nil {
+		return err
+	}
+	if int(bad) < N {
+		tg, _ := a.Targets.View(int(bad), 1)
+		v, _ := backend.ToInt32(b, tg)
+		got := int32(0)
+		if len(v) == 1 {
+			got = v[0]
+		}
+		return fmt.Errorf("cuda: %s: Targets[%d] = %d is outside the vocabulary [0, %d) and is not the ignore index %d", op, bad, got, V, backend.IgnoreIndex)
+	}
+	return nil
+}

@@ -1,0 +1,230 @@
+package cuda
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"unsafe"
+)
+
+//go:embed kernels/*.cu kernels/*.cuh
+var kernelFS embed.FS
+
+// commonHeader is prepended to every kernel file (NVRTC is given no include paths, so kernels need
+// no CUDA headers at run time).
+const commonHeaderFile = "kernels/common.cuh"
+
+// kernelSource returns the full source compiled for one kernels/*.cu file.
+func kernelSource(file string) (string, error) {
+	hdr, err := kernelFS.ReadFile(commonHeaderFile)
+	if err != nil {
+		return "", fmt.Errorf("cuda: embedded %s: %w", commonHeaderFile, err)
+	}
+	body, err := kernelFS.ReadFile("kernels/" + file)
+	if err != nil {
+		return "", fmt.Errorf("cuda: no embedded kernel file %q: %w", file, err)
+	}
+	return string(hdr) + "\n#line 1 \"" + file + "\"\n" + string(body), nil
+}
+
+// KernelFiles lists the embedded kernels/*.cu files.
+func KernelFiles() []string {
+	var out []string
+	_ = fs.WalkDir(kernelFS, "kernels", func(p string, de fs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(p, ".cu") {
+			out = append(out, filepath.Base(p))
+		}
+		return nil
+	})
+	return out
+}
+
+// KernelCacheDir is where compiled kernels are kept: $HALO_CUDA_CACHE if set, else
+// <user cache dir>/halo-shell/cuda-kernels.
+func KernelCacheDir() (string, error) {
+	if d := os.Getenv("HALO_CUDA_CACHE"); d != "" {
+		return d, nil
+	}
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("cuda: no cache directory for compiled kernels (%v): set HALO_CUDA_CACHE", err)
+	}
+	return filepath.Join(base, "halo-shell", "cuda-kernels"), nil
+}
+
+// cacheKey names a compiled kernel by everything its bytes depend on.
+func cacheKey(src, arch, nvrtcVersion string, opts []string) string {
+	h := sha256.New()
+	for _, s := range append([]string{src, arch, nvrtcVersion}, opts...) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return arch + "-nvrtc" + nvrtcVersion + "-" + hex.EncodeToString(h.Sum(nil))[:32] + ".cubin"
+}
+
+// kernelCache compiles sources through compile and keeps the results under dir.
+type kernelCache struct {
+	dir     string
+	arch    string
+	version string
+	compile func(name, src string) ([]byte, error)
+}
+
+// get returns the CUBIN for src, from disk when present. fromCache says which. A cache that cannot
+// be written is not an error: the kernel still runs, only the next process compiles again.
+func (c kernelCache) get(name, src string, opts []string) (cubin []byte, fromCache bool, err error) {
+	key := cacheKey(src, c.arch, c.version, opts)
+	path := ""
+	if c.dir != "" {
+		path = filepath.Join(c.dir, key)
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return b, true, nil
+		}
+	}
+	cubin, err = c.compile(name, src)
+	if err != nil {
+		return nil, false, err
+	}
+	if path != "" {
+		_ = writeFileAtomic(path, cubin)
+	}
+	return cubin, false, nil
+}
+
+// invalidate removes a cached entry that failed to load.
+func (c kernelCache) invalidate(src string, opts []string) {
+	if c.dir != "" {
+		_ = os.Remove(filepath.Join(c.dir, cacheKey(src, c.arch, c.version, opts)))
+	}
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// module is one loaded kernels/*.cu file.
+type module struct {
+	handle    uintptr
+	fns       map[string]uintptr
+	fromCache bool
+}
+
+// kernelOpts are the NVRTC options every kernel is compiled with.
+var kernelOpts = []string{"-lineinfo"}
+
+// function returns a kernel of a kernels/*.cu file, compiling and loading the file on first use.
+func (d *Device) function(file, name string) (uintptr, error) {
+	m, err := d.moduleOnThread(file)
+	if err != nil {
+		return 0, err
+	}
+	if f, ok := m.fns[name]; ok {
+		return f, nil
+	}
+	var f uintptr
+	if err := d.drv.check("cuModuleGetFunction", d.drv.cuModuleGetFunction(&f, m.handle, cString(name))); err != nil {
+		return 0, fmt.Errorf("cuda: kernel %s in %s: %w", name, file, err)
+	}
+	m.fns[name] = f
+	return f, nil
+}
+
+func (d *Device) moduleOnThread(file string) (*module, error) {
+	if m, ok := d.modules[file]; ok {
+		return m, nil
+	}
+	if d.libs.nvrtc == nil || d.libs.nvrtc.info.Err != "" {
+		return nil, fmt.Errorf("cuda: kernels need NVRTC: %v", d.libs.opsErr)
+	}
+	src, err := kernelSource(file)
+	if err != nil {
+		return nil, err
+	}
+	dir, _ := KernelCacheDir()
+	nv := d.libs.nvrtc
+	cache := kernelCache{dir: dir, arch: d.info.Arch, version: nv.Version(), compile: func(name, src string) ([]byte, error) {
+		return nv.compile(name, src, d.info.Arch, kernelOpts)
+	}}
+	cubin, fromCache, err := cache.get(file, src, kernelOpts)
+	if err != nil {
+		return nil, err
+	}
+	var h uintptr
+	r := d.drv.cuModuleLoadData(&h, unsafe.Pointer(&cubin[0]))
+	if r != cuSuccess && fromCache {
+		// A stale or damaged cache entry: compile afresh.
+		cache.invalidate(src, kernelOpts)
+		cache.dir = ""
+		if cubin, _, err = cache.get(file, src, kernelOpts); err != nil {
+			return nil, err
+		}
+		fromCache = false
+		r = d.drv.cuModuleLoadData(&h, unsafe.Pointer(&cubin[0]))
+	}
+	if err := d.drv.check("cuModuleLoadData("+file+")", r); err != nil {
+		return nil, err
+	}
+	m := &module{handle: h, fns: map[string]uintptr{}, fromCache: fromCache}
+	d.modules[file] = m
+	return m, nil
+}
+
+// PrepareKernels compiles (or loads from the cache) every embedded kernel file, so that the first
+// training step does not pay for compilation. It returns how many files came from the cache.
+func (d *Device) PrepareKernels() (fromCache int, err error) {
+	err = d.Do(func() error {
+		var errs []error
+		for _, f := range KernelFiles() {
+			m, err := d.moduleOnThread(f)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if m.fromCache {
+				fromCache++
+			}
+		}
+		return errors.Join(errs...)
+	})
+	return fromCache, err
+}
+
+// launchOnThread launches kernel name of file with the given arguments (each a pointer to the
+// argument's value) on the device's stream.
+func (d *Device) launchOnThread(file, name string, grid, block [3]uint32, shared uint32, args ...unsafe.Pointer) error {
+	f, err := d.function(file, name)
+	if err != nil {
+		return err
+	}
+	if shared > 48<<10 {
+		if err := d.drv.check("cuFuncSetAttribute", d.drv.cuFuncSetAttribute(f, funcAttrMaxDynamicShared, int32(shared))); err != nil {
+			return fmt.Errorf("cuda: kernel %s: %d bytes of shared memory: %w", name, shared, err)
+		}
+	}
+	if err := d.drv.check("cuLaunchKernel("+name+")", d.drv.launch(f, grid, block, shared, d.stream, args)); err != nil {
+		return err
+	}
+	return nil
+}

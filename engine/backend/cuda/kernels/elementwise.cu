@@ -1,0 +1,58 @@
+// elementwise.cu: elementwise arithmetic, dtype conversion and reductions used by the optimizer
+// and the residual stream.
+//
+// Gradient contract: none of these is an op with a backward; they are the building blocks
+// (Add, Axpy, Scale, Copy with conversion, SumSquares) and the bias helpers of Linear:
+//   add_bias_rows:  out[m, o] += bias[o]                       (out =/+= as the caller arranged)
+//   bias_grad:      dbias[o] += sum_m dy[m, o]                 (+=, parameter gradient)
+// Nothing is cached.
+
+extern "C" __global__ void ew_add(void* out, int dto, const void* a, int dta, const void* b, int dtb, long long n) {
+    GRID_STRIDE(i, n) stf(out, dto, i, ldf(a, dta, i) + ldf(b, dtb, i));
+}
+
+// y += alpha * x
+extern "C" __global__ void ew_axpy(void* y, int dty, float alpha, const void* x, int dtx, long long n) {
+    GRID_STRIDE(i, n) stf(y, dty, i, ldf(y, dty, i) + alpha * ldf(x, dtx, i));
+}
+
+extern "C" __global__ void ew_scale(void* t, int dt, float alpha, long long n) {
+    GRID_STRIDE(i, n) stf(t, dt, i, alpha * ldf(t, dt, i));
+}
+
+// dst = src with float conversion (round to nearest even into bf16).
+extern "C" __global__ void ew_convert(void* dst, int dtd, const void* src, int dts, long long n) {
+    GRID_STRIDE(i, n) stf(dst, dtd, i, ldf(src, dts, i));
+}
+
+extern "C" __global__ void ew_fill_bf16(bf16* t, float v, long long n) {
+    bf16 b = f2bf(v);
+    GRID_STRIDE(i, n) t[i] = b;
+}
+
+// out[m, o] += bias[o]; out [M, O], bias [O].
+extern "C" __global__ void add_bias_rows(void* out, int dto, const void* bias, int dtb, long long M, int O) {
+    GRID_STRIDE(i, M * O) stf(out, dto, i, ldf(out, dto, i) + ldf(bias, dtb, i % O));
+}
+
+// dbias[o] += sum_m dy[m, o]; dy [M, O]. One thread per column, rows strided by blockIdx.y,
+// partial sums combined with atomicAdd on an fp32 accumulator acc [O] (zeroed by the caller).
+extern "C" __global__ void bias_grad_partial(float* acc, const void* dy, int dty, long long M, int O) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= O) return;
+    float s = 0.f;
+    for (long long m = blockIdx.y; m < M; m += gridDim.y) s += ldf(dy, dty, m * O + o);
+    atomicAdd(&acc[o], s);
+}
+
+// sum of squares of x [n] accumulated in fp64 into *out (zeroed by the caller).
+extern "C" __global__ void sum_squares(double* out, const void* x, int dt, long long n) {
+    double s = 0.0;
+    GRID_STRIDE(i, n) {
+        float v = ldf(x, dt, i);
+        s += (double)v * (double)v;
+    }
+    // reduce in fp64 across the warp, then one atomic per warp
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
+}
