@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""Renders halo-shell's chat-template goldens with Python jinja2, the way transformers does.
+
+Run with Debian's interpreter (apt-get install -y python3-jinja2):
+
+    /usr/bin/python3 scripts/chat-goldens/gen.py
+
+The environment mirrors transformers' _compile_jinja_template: an ImmutableSandboxedEnvironment
+with trim_blocks=True, lstrip_blocks=True and the loopcontrols extension, a `generation` block
+tag, `tojson` overridden by json.dumps(ensure_ascii=False, ...), and the raise_exception and
+strftime_now globals. Templates are rendered the way apply_chat_template calls them:
+render(messages=..., tools=..., documents=None, add_generation_prompt=..., **special_tokens,
+**kwargs). strftime_now reads a fixed clock (FIXED_NOW) so that the goldens are stable; the Go
+tests pass the same instant.
+
+Inputs: engine/hf/chat/testdata/cases.json and the templates under
+engine/hf/chat/testdata/templates/ (plus .cache/testdata/llama3, fetched by
+scripts/fetch-testdata.sh, whose rendered goldens may be committed though the template may not).
+Outputs: engine/hf/chat/testdata/golden/<template>.json.
+"""
+import datetime
+import json
+import os
+import sys
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TESTDATA = os.path.join(ROOT, "engine", "hf", "chat", "testdata")
+FIXED_NOW = datetime.datetime(2026, 3, 14, 15, 9, 26)
+
+SPECIAL_KEYS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
+
+
+class GenerationTag(jinja2.ext.Extension):
+    """{% generation %}...{% endgeneration %}: renders its body (transformers tracks its span)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_support"), [], [], body).set_lineno(lineno)
+
+    def _support(self, caller):
+        return caller()
+
+
+def make_env():
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return FIXED_NOW.strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def token_string(v):
+    if isinstance(v, dict):
+        return v.get("content")
+    return v
+
+
+def load_template_dir(path):
+    """Returns (templates, special tokens) the way transformers reads a tokenizer directory."""
+    cfg = {}
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.exists(cfg_path):
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    specials = {}
+    for key in SPECIAL_KEYS:
+        v = token_string(cfg.get(key))
+        if v is not None:
+            specials[key] = v
+    extra = cfg.get("additional_special_tokens")
+    if extra:
+        specials["additional_special_tokens"] = [token_string(t) for t in extra]
+    jinja_path = os.path.join(path, "chat_template.jinja")
+    if os.path.exists(jinja_path):
+        with open(jinja_path, encoding="utf-8") as f:
+            return {"default": f.read()}, specials
+    tmpl = cfg.get("chat_template")
+    if isinstance(tmpl, list):
+        return {t["name"]: t["template"] for t in tmpl}, specials
+    return {"default": tmpl}, specials
+
+
+def pick(templates, tools):
+    if tools is not None and "tool_use" in templates:
+        return templates["tool_use"]
+    return templates["default"]
+
+
+def build_stress():
+    """Assembles the named-list tokenizer_config.json of the stress template from its sources."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    names = [("default", "stress_default.jinja"), ("tool_use", "stress_tool_use.jinja")]
+    tmpl = []
+    for name, fname in names:
+        with open(os.path.join(here, fname), encoding="utf-8") as f:
+            tmpl.append({"name": name, "template": f.read()})
+    cfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": None, "chat_template": tmpl}
+    out = os.path.join(TESTDATA, "templates", "stress")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, ensure_ascii=False, indent=2)
+        f.write("\n")
+
+
+def main():
+    build_stress()
+    with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
+        cases = json.load(f)
+    dirs = {name: os.path.join(TESTDATA, "templates", name) for name in ["qwen3", "deepseek_v3", "chatml_tools", "stress"]}
+    dirs["llama3"] = os.path.join(ROOT, ".cache", "testdata", "llama3")
+    env = make_env()
+    for name, path in sorted(dirs.items()):
+        if not os.path.isdir(path):
+            print(f"skip {name}: {path} is missing (run scripts/fetch-testdata.sh)", file=sys.stderr)
+            continue
+        templates, specials = load_template_dir(path)
+        compiled = {k: env.from_string(v) for k, v in templates.items()}
+        out = []
+        for case in cases:
+            if "only" in case and name not in case["only"]:
+                continue
+            if name in case.get("not", []):
+                continue
+            tools = case.get("tools")
+            key = "tool_use" if tools is not None and "tool_use" in compiled else "default"
+            for agp in (False, True):
+                kwargs = dict(specials)
+                kwargs.update(case.get("kwargs", {}))
+                entry = {"case": case["name"], "add_generation_prompt": agp}
+                try:
+                    entry["output"] = compiled[key].render(
+                        messages=case["messages"], tools=tools, documents=None, add_generation_prompt=agp, **kwargs
+                    )
+                except Exception as e:  # the Go renderer must fail on the same inputs
+                    entry["error"] = f"{type(e).__name__}: {e}"
+                out.append(entry)
+        dest = os.path.join(TESTDATA, "golden", name + ".json")
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(dest, "w", encoding="utf-8") as f:
+            json.dump(out, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"{name}: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
