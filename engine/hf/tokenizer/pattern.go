@@ -140,6 +140,23 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 	}
 	matches := m.findAll(s, (*scratch)[:0])
 	*scratch = matches
+	if behavior == behaviorIsolated {
+		// Every match and every gap between matches is its own piece.
+		prev := 0
+		for _, mt := range matches {
+			if prev < mt.start {
+				emit(s[prev:mt.start])
+			}
+			if mt.start < mt.end {
+				emit(s[mt.start:mt.end])
+			}
+			prev = mt.end
+		}
+		if prev < len(s) {
+			emit(s[prev:])
+		}
+		return
+	}
 	// Cover the whole string: matches and the gaps between them.
 	pieces := make([]piece, 0, 2*len(matches)+1)
 	prev := 0

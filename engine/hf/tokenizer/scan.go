@@ -1,4 +1,247 @@
 package tokenizer
 
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// Hand-written scanners for the pre-tokenizer regular expressions of the GPT-2, Llama-3
+// (cl100k) and Qwen2/Qwen3 families. Each one returns, at every position, the end of the
+// match the backtracking engine would find, by trying the alternatives in order with the
+// same greedy-then-backtrack choices. They give exactly the spans of the regular expression
+// (scan_test.go checks them against regexp2 on the golden corpus and by fuzzing) at a
+// fraction of the cost. Every one of these patterns matches a non-empty string at every
+// position, so matches tile the input.
+
+// Known patterns, exactly as they appear in tokenizer.json files.
+const (
+	llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	qwen2Pattern  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
 // fastScanner returns a hand-written matcher for a known pre-tokenizer pattern, or nil.
-func fastScanner(pattern string) matcher { return nil }
+func fastScanner(pattern string) matcher {
+	switch pattern {
+	case gpt2Pattern:
+		return scanMatcher{gpt2Next}
+	case llama3Pattern:
+		return scanMatcher{func(s string, i int) int { return cl100kNext(s, i, 3) }}
+	case qwen2Pattern:
+		return scanMatcher{func(s string, i int) int { return cl100kNext(s, i, 1) }}
+	}
+	return nil
+}
+
+// scanMatcher adapts a "match end at i" function to the matcher interface.
+type scanMatcher struct {
+	next func(s string, i int) int
+}
+
+func (m scanMatcher) findAll(s string, dst []span) []span {
+	for i := 0; i < len(s); {
+		e := m.next(s, i)
+		dst = append(dst, span{i, e})
+		i = e
+	}
+	return dst
+}
+
+// Character classes of ASCII bytes.
+const (
+	clsL    = 1 << iota // \p{L}
+	clsN                // \p{N}
+	clsS                // \s
+	clsCRLF             // [\r\n]
+)
+
+var asciiClass [128]uint8
+
+func init() {
+	for b := 0; b < 128; b++ {
+		r := rune(b)
+		var c uint8
+		if unicode.IsLetter(r) {
+			c |= clsL
+		}
+		if unicode.IsNumber(r) {
+			c |= clsN
+		}
+		if unicode.IsSpace(r) {
+			c |= clsS
+		}
+		if r == '\r' || r == '\n' {
+			c |= clsCRLF
+		}
+		asciiClass[b] = c
+	}
+}
+
+// classAt returns the class bits and byte size of the rune at s[i] (i < len(s)).
+func classAt(s string, i int) (uint8, int) {
+	if b := s[i]; b < utf8.RuneSelf {
+		return asciiClass[b], 1
+	}
+	r, size := utf8.DecodeRuneInString(s[i:])
+	var c uint8
+	switch {
+	case unicode.IsLetter(r):
+		c = clsL
+	case unicode.IsNumber(r):
+		c = clsN
+	case unicode.IsSpace(r):
+		c = clsS
+	}
+	return c, size
+}
+
+// runOf returns the end of the run of runes starting at i whose class has any bit of want.
+func runOf(s string, i int, want uint8) int {
+	for i < len(s) {
+		c, size := classAt(s, i)
+		if c&want == 0 {
+			break
+		}
+		i += size
+	}
+	return i
+}
+
+// runOfNot returns the end of the run of runes starting at i whose class has no bit of
+// unwanted.
+func runOfNot(s string, i int, unwanted uint8) int {
+	for i < len(s) {
+		c, size := classAt(s, i)
+		if c&unwanted != 0 {
+			break
+		}
+		i += size
+	}
+	return i
+}
+
+func lower(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + 'a' - 'A'
+	}
+	return b
+}
+
+// contraction returns the end of 's|'t|'re|'ve|'m|'ll|'d at i (s[i] == '\''), or -1.
+// foldCase makes the letters match either case (the (?i:...) group).
+func contraction(s string, i int, foldCase bool) int {
+	at := func(k int) byte {
+		if i+k >= len(s) {
+			return 0
+		}
+		if foldCase {
+			return lower(s[i+k])
+		}
+		return s[i+k]
+	}
+	switch at(1) {
+	case 's', 't', 'm', 'd':
+		return i + 2
+	case 'r', 'v':
+		if at(2) == 'e' {
+			return i + 3
+		}
+	case 'l':
+		if at(2) == 'l' {
+			return i + 3
+		}
+	}
+	return -1
+}
+
+// whitespaceTail handles \s+(?!\S)|\s+ at i, where s[i] is whitespace and j is the end of
+// the whitespace run: the run minus its last character when a non-space follows and the
+// run has more than one character, else the whole run.
+func whitespaceTail(s string, i, j int) int {
+	if j < len(s) {
+		_, size := utf8.DecodeLastRuneInString(s[:j])
+		if j-size > i {
+			return j - size
+		}
+	}
+	return j
+}
+
+// cl100kNext is the match end at i of the Llama-3 pattern (maxDigits 3) or the Qwen2
+// pattern (maxDigits 1).
+func cl100kNext(s string, i, maxDigits int) int {
+	c, size := classAt(s, i)
+	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	if s[i] == '\'' {
+		if e := contraction(s, i, true); e >= 0 {
+			return e
+		}
+	}
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if c&clsL != 0 {
+		return runOf(s, i+size, clsL)
+	}
+	if c&(clsCRLF|clsN) == 0 && i+size < len(s) {
+		if c2, _ := classAt(s, i+size); c2&clsL != 0 {
+			return runOf(s, i+size, clsL)
+		}
+	}
+	// \p{N}{1,maxDigits}
+	if c&clsN != 0 {
+		e := i + size
+		for n := 1; n < maxDigits && e < len(s); n++ {
+			c2, size2 := classAt(s, e)
+			if c2&clsN == 0 {
+				break
+			}
+			e += size2
+		}
+		return e
+	}
+	//  ?[^\s\p{L}\p{N}]+[\r\n]*
+	p := i
+	if s[i] == ' ' {
+		p++
+	}
+	if p < len(s) {
+		if c2, _ := classAt(s, p); c2&(clsS|clsL|clsN) == 0 {
+			e := runOfNot(s, p, clsS|clsL|clsN)
+			for e < len(s) && (s[e] == '\r' || s[e] == '\n') {
+				e++
+			}
+			return e
+		}
+	}
+	// Here s[i] is whitespace: every other character matched above.
+	j := runOf(s, i, clsS)
+	// \s*[\r\n]+: up to and including the last CR or LF of the run.
+	for k := j - 1; k >= i; k-- {
+		if s[k] == '\r' || s[k] == '\n' {
+			return k + 1
+		}
+	}
+	return whitespaceTail(s, i, j)
+}
+
+// gpt2Next is the match end at i of the GPT-2 ByteLevel pattern.
+func gpt2Next(s string, i int) int {
+	if s[i] == '\'' {
+		if e := contraction(s, i, false); e >= 0 {
+			return e
+		}
+	}
+	p := i
+	if s[i] == ' ' && i+1 < len(s) {
+		p++
+	}
+	c, _ := classAt(s, p)
+	switch {
+	case c&clsL != 0: //  ?\p{L}+
+		return runOf(s, p, clsL)
+	case c&clsN != 0: //  ?\p{N}+
+		return runOf(s, p, clsN)
+	case c&clsS == 0: //  ?[^\s\p{L}\p{N}]+
+		return runOfNot(s, p, clsS|clsL|clsN)
+	}
+	// s[i] is whitespace: \s+(?!\S)|\s+
+	return whitespaceTail(s, i, runOf(s, i, clsS))
+}

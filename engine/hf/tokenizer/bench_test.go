@@ -1,0 +1,87 @@
+package tokenizer
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// benchDocuments returns about totalBytes of mixed text split into documents of a few KB:
+// English-like prose with a Zipf-distributed vocabulary, numbers, punctuation, code,
+// Chinese, Russian and emoji. It is deterministic.
+func benchDocuments(totalBytes int) []string {
+	r := rand.New(rand.NewPCG(1, 2))
+	syll := []string{"ka", "to", "ri", "an", "the", "ing", "er", "pro", "con", "ma", "ti", "on", "st", "re", "de", "al", "ous", "ly", "sh", "qu"}
+	vocab := make([]string, 30000)
+	for i := range vocab {
+		n := 1 + r.IntN(4)
+		var b strings.Builder
+		for k := 0; k < n; k++ {
+			b.WriteString(syll[r.IntN(len(syll))])
+		}
+		vocab[i] = b.String()
+	}
+	zipf := rand.NewZipf(r, 1.1, 1, uint64(len(vocab)-1))
+	extras := []string{"中文分词测试", "今天天气很好", "Привет мир", "как дела", "🎉", "👍🏽", "func main() {\n\tfmt.Println(x)\n}\n",
+		"def f(x):\n    return x * 2\n", "https://example.com/a/b?c=d", "I'm", "it's", "we'll"}
+	var docs []string
+	size := 0
+	for size < totalBytes {
+		var b strings.Builder
+		for b.Len() < 4096 {
+			switch x := r.IntN(100); {
+			case x < 80:
+				w := vocab[zipf.Uint64()]
+				if r.IntN(10) == 0 {
+					w = strings.ToUpper(w[:1]) + w[1:]
+				}
+				b.WriteString(w)
+			case x < 85:
+				b.WriteString(strings.Repeat("7", 1+r.IntN(6)))
+			case x < 92:
+				b.WriteString([]string{",", ".", ";", ":", "!", "?", "(", ")", "\"", "-"}[r.IntN(10)])
+			case x < 95:
+				b.WriteString("\n")
+			default:
+				b.WriteString(extras[r.IntN(len(extras))])
+			}
+			b.WriteByte(' ')
+		}
+		docs = append(docs, b.String())
+		size += b.Len()
+	}
+	return docs
+}
+
+// BenchmarkEncodeQwen3 measures EncodeBatch throughput (all cores) on 4 MB of mixed text
+// with the Qwen3 tokenizer. Each iteration starts from an empty word cache.
+func BenchmarkEncodeQwen3(b *testing.B) {
+	tok := testTokenizer(b, "qwen3")
+	docs := benchDocuments(4 << 20)
+	total := 0
+	for _, d := range docs {
+		total += len(d)
+	}
+	b.SetBytes(int64(total))
+	b.ResetTimer()
+	for b.Loop() {
+		tok.cache = newWordCache()
+		tok.EncodeBatch(docs)
+	}
+}
+
+// BenchmarkEncodeQwen3Warm is BenchmarkEncodeQwen3 with the word cache kept between runs.
+func BenchmarkEncodeQwen3Warm(b *testing.B) {
+	tok := testTokenizer(b, "qwen3")
+	docs := benchDocuments(4 << 20)
+	total := 0
+	for _, d := range docs {
+		total += len(d)
+	}
+	b.SetBytes(int64(total))
+	tok.EncodeBatch(docs)
+	b.ResetTimer()
+	for b.Loop() {
+		tok.EncodeBatch(docs)
+	}
+}

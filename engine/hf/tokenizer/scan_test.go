@@ -1,0 +1,122 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var knownPatterns = map[string]string{"gpt2": gpt2Pattern, "llama3": llama3Pattern, "qwen2": qwen2Pattern}
+
+// TestRealTokenizersUseFastScanner checks that the patterns in the Qwen3 and Llama-3 files
+// are the ones the hand-written scanners replace (a changed constant would silently fall
+// back to the slow engine).
+func TestRealTokenizersUseFastScanner(t *testing.T) {
+	for _, name := range []string{"qwen3", "llama3"} {
+		t.Run(name, func(t *testing.T) {
+			tok := testTokenizer(t, name)
+			var found bool
+			for _, st := range tok.steps {
+				if sp, ok := st.(splitStep); ok {
+					if _, fast := sp.m.(scanMatcher); fast {
+						found = true
+					} else {
+						t.Errorf("Split step uses %T, want the fast scanner", sp.m)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("no Split step in the pre-tokenizer")
+			}
+		})
+	}
+}
+
+// scannerInputs returns the golden corpus plus random strings built from characters that
+// sit on the classes' boundaries.
+func scannerInputs(t *testing.T) []string {
+	var inputs []string
+	data, err := os.ReadFile(filepath.Join("testdata", "qwen3", "goldens.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Cases []goldenCase `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range g.Cases {
+		inputs = append(inputs, c.Text)
+	}
+	alphabet := []string{"a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
+		"\u2028", "\u0085", "'", "'s", "'S", "'ll", "'LL", "'re", "'Ve", "'d", "'m", "'t", "'x", "!", ".", "?", "-", "_",
+		"🎉", "\u0301", "\u200d", "\ufe0f", "$", "<", ">"}
+	r := rand.New(rand.NewPCG(3, 4))
+	for n := 0; n < 3000; n++ {
+		var b strings.Builder
+		for k := r.IntN(20); k >= 0; k-- {
+			b.WriteString(alphabet[r.IntN(len(alphabet))])
+		}
+		inputs = append(inputs, b.String())
+	}
+	return inputs
+}
+
+// TestFastScannersMatchRegex compares each hand-written scanner with the backtracking
+// regular expression engine on the corpus and on random boundary-heavy strings.
+func TestFastScannersMatchRegex(t *testing.T) {
+	inputs := scannerInputs(t)
+	for name, pat := range knownPatterns {
+		t.Run(name, func(t *testing.T) {
+			fast := fastScanner(pat)
+			slow, err := compileRegex(pat)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := 0
+			for _, s := range inputs {
+				got, want := fast.findAll(s, nil), slow.findAll(s, nil)
+				if !slices.Equal(got, want) {
+					bad++
+					if bad <= 5 {
+						t.Errorf("%q:\n fast %v\nregex %v", s, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// FuzzFastScanners compares the scanners with the regular expression engine on arbitrary
+// valid UTF-8.
+func FuzzFastScanners(f *testing.F) {
+	for _, s := range []string{"", "Hello world", "it's 'LL", " \n\t x", "123456", "a\r\n\r\n b", "🎉 中文", "  !! ??\n"} {
+		f.Add(s)
+	}
+	type pair struct {
+		fast matcher
+		slow *regexMatcher
+	}
+	var pairs []pair
+	for _, pat := range knownPatterns {
+		slow, err := compileRegex(pat)
+		if err != nil {
+			f.Fatal(err)
+		}
+		pairs = append(pairs, pair{fastScanner(pat), slow})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+		for _, p := range pairs {
+			got, want := p.fast.findAll(s, nil), p.slow.findAll(s, nil)
+			if !slices.Equal(got, want) {
+				t.Fatalf("pattern %s on %q:\n fast %v\nregex %v", p.slow.src, s, got, want)
+			}
+		}
+	})
+}
