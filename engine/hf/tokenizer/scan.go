@@ -126,7 +126,7 @@ func lower(b byte) byte {
 	return b
 }
 
-// contraction returns the end of 's|'t|'re|'ve|'m|'ll|'d at i (s[i] == '\”), or -1.
+// contraction returns the end of 's|'t|'re|'ve|'m|'ll|'d at i (s[i] is an apostrophe), or -1.
 // foldCase makes the letters match either case (the (?i:...) group).
 func contraction(s string, i int, foldCase bool) int {
 	at := func(k int) byte {
