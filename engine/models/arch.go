@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
 // Arch is the resolved structure of a decoder: everything the model code needs from
@@ -32,6 +33,9 @@ type Arch struct {
 	PadID int
 	// Rope is the rotary embedding configuration.
 	Rope backend.RoPEConfig
+	// Config is the config.json the architecture came from (nil when built by hand); family
+	// hooks read fields that Arch does not carry (experts, router settings) from it.
+	Config *config.Config
 }
 
 // Validate checks the sizes so that layer construction cannot fail on shapes.

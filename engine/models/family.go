@@ -2,6 +2,9 @@ package models
 
 import (
 	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/nn"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 	"sort"
 	"strings"
 	"sync"
@@ -21,6 +24,19 @@ type Family struct {
 	// Tune adjusts the architecture derived from config.json for what this family does
 	// differently (biases, q/k norm, sliding windows). Nil when nothing differs.
 	Tune func(a *Arch) error
+	// FFN replaces the dense SwiGLU MLP of some layers (mixture-of-experts families). Nil means
+	// every layer is dense.
+	FFN FFNHooks
+}
+
+// FFNHooks let a family give a layer its own feed-forward block. Both hooks are called for
+// every layer; returning nil specs (Specs) and a nil block (Build) keeps the dense MLP.
+type FFNHooks interface {
+	// Specs lists layer i's feed-forward parameters (HF names), or nil for the dense MLP.
+	Specs(a *Arch, i int) []ParamSpec
+	// Build makes layer i's block from parameter and gradient views looked up by HF name
+	// (a gradient lookup yields the zero tensor before gradients exist).
+	Build(a *Arch, i int, param, grad func(name string) tensor.Tensor) nn.FFN
 }
 
 // Caps are the capabilities of a family. A false capability makes New refuse a config that

@@ -32,7 +32,7 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		KVHeads: c.KVHeads(), HeadDim: c.HeadDim, NormEps: float32(c.RMSNormEps),
 		InitStd: c.InitializerRange, Tied: c.TieWordEmbeddings,
 		QKVBias: c.QKVBias(), OBias: c.OProjBias(), MLPBias: c.MLPBias, QKNorm: c.QKNorm(),
-		PadID: -1,
+		PadID: -1, Config: c,
 	}
 	if a.HeadDim == 0 && a.Heads > 0 {
 		a.HeadDim = a.Hidden / a.Heads
@@ -74,11 +74,12 @@ func New(cfg *config.Config, b backend.Backend, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg = cfg.Clone()
 	a, err := ArchFromConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return newModel(f, a, cfg.Clone(), b, o)
+	return newModel(f, a, cfg, b, o)
 }
 
 // Load reads a Hugging Face checkpoint directory (config.json and model.safetensors or sharded

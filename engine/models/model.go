@@ -84,7 +84,7 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 		return nil, fmt.Errorf("models: %s does not support tie_word_embeddings=true %s", f.ModelType, f.Caps.Reason)
 	}
 	m := &Model{Family: f, Arch: a, cfg: cfg, opts: o, b: b}
-	m.Specs = denseSpecs(&m.Arch)
+	m.Specs = specsFor(f, &m.Arch)
 	var err error
 	if m.Params, err = newArena(b, o.DType, m.Specs); err != nil {
 		return nil, err
@@ -131,13 +131,20 @@ func (m *Model) build() {
 			qn, kn := norm(pre+"self_attn.q_norm"), norm(pre+"self_attn.k_norm")
 			at.QNorm, at.KNorm = &qn, &kn
 		}
+		var ffn nn.FFN
+		if m.Family.FFN != nil {
+			ffn = m.Family.FFN.Build(a, i, p, g)
+		}
+		if ffn == nil {
+			ffn = &nn.MLP{Name: pre + "mlp", Gate: lin(pre + "mlp.gate_proj"),
+				Up: lin(pre + "mlp.up_proj"), Down: lin(pre + "mlp.down_proj")}
+		}
 		m.blocks[i] = &nn.Block{
-			Name:  pre[:len(pre)-1],
-			Norm1: norm(pre + "input_layernorm"),
-			Attn:  at,
-			Norm2: norm(pre + "post_attention_layernorm"),
-			FFN: &nn.MLP{Name: pre + "mlp", Gate: lin(pre + "mlp.gate_proj"),
-				Up: lin(pre + "mlp.up_proj"), Down: lin(pre + "mlp.down_proj")},
+			Name:      pre[:len(pre)-1],
+			Norm1:     norm(pre + "input_layernorm"),
+			Attn:      at,
+			Norm2:     norm(pre + "post_attention_layernorm"),
+			FFN:       ffn,
 			Recompute: m.opts.Recompute,
 		}
 	}

@@ -135,9 +135,10 @@ func layerNormSpecs(a *Arch, i int) []ParamSpec {
 	}
 }
 
-// denseSpecs is the full parameter table of a dense decoder, in transformers' state_dict order
-// (which is also the arena order and the order tensors are written to a checkpoint).
-func denseSpecs(a *Arch) []ParamSpec {
+// specsFor is the parameter table of family f (nil: dense), in transformers' state_dict order
+// (also the arena order and the order tensors are written to a checkpoint): dense, with feed-forward blocks replaced where
+// the family's FFN hooks say so.
+func specsFor(f *Family, a *Arch) []ParamSpec {
 	emb := matrix(nameEmbed, a.Vocab, a.Hidden)
 	if a.PadID >= 0 && a.PadID < a.Vocab {
 		emb.ZeroRow = a.PadID
@@ -145,7 +146,14 @@ func denseSpecs(a *Arch) []ParamSpec {
 	s := []ParamSpec{emb}
 	for i := 0; i < a.Layers; i++ {
 		s = append(s, attentionSpecs(a, i)...)
-		s = append(s, mlpSpecs(a, i)...)
+		var ffn []ParamSpec
+		if f != nil && f.FFN != nil {
+			ffn = f.FFN.Specs(a, i)
+		}
+		if ffn == nil {
+			ffn = mlpSpecs(a, i)
+		}
+		s = append(s, ffn...)
 		s = append(s, layerNormSpecs(a, i)...)
 	}
 	s = append(s, normWeight(nameFinalNorm, a.Hidden))
