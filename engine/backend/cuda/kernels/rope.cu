@@ -3,7 +3,7 @@
 // Shapes: x, out [N, H*HD] (out may alias x); pos [N] i32; inv_freq [R/2] fp32.
 // Forward (sign = +1): for i < R/2, angle = float(pos[n]) * inv_freq[i] (fp32),
 //   c = cos(angle) * s, sn = sin(angle) * s:
-//   out[i] = x[i]*c - x[i+R/2]*sn;  out[i+R/2] = x[i+R/2]*c + x[i]*sn;  dims R..HD-1 copied.
+//   out[i] = x[i]*c - x[i+R/2]*sn;  out[i+R/2] = x[i+R/2]*c + x[i]*sn;  dims R..HD-1 copied (=).
 // Backward (sign = -1) is the transpose rotation, dx = R(-angle) dy, same scaling s.
 // Gradient contract: dx = (overwritten). Nothing is cached.
 
