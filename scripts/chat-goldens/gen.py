@@ -121,8 +121,31 @@ def build_stress():
         f.write("\n")
 
 
+def render_snippets(env):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from snippets import SNIPPETS
+
+    out = []
+    names = set()
+    for name, src, variables in SNIPPETS:
+        assert name not in names, name
+        names.add(name)
+        entry = {"name": name, "template": src, "vars": variables}
+        try:
+            entry["output"] = env.from_string(src).render(**variables)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    dest = os.path.join(TESTDATA, "golden", "snippets.json")
+    with open(dest, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"snippets: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
+
+
 def main():
     build_stress()
+    render_snippets(make_env())
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
         cases = json.load(f)
     dirs = {name: os.path.join(TESTDATA, "templates", name) for name in ["qwen3", "deepseek_v3", "chatml_tools", "stress"]}

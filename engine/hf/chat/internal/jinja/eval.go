@@ -296,13 +296,8 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 		return r.execBody(n.orelse, sc)
 	}
 	items = append([]Value(nil), items...) // the body may not change what is iterated
-	depth := 1
-	if outer, ok := sc.lookup("loop"); ok {
-		if lo, ok := outer.(*loopObj); ok {
-			depth = lo.depth + 1
-		}
-	}
-	loop := &loopObj{items: items, depth: depth}
+	// depth only grows in recursive loops, which are not supported.
+	loop := &loopObj{items: items, depth: 1}
 	for i, item := range items {
 		loop.i = i
 		inner := newScope(sc)
