@@ -2,6 +2,7 @@ package safetensors
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -255,5 +256,62 @@ func TestOpenCheckpointErrors(t *testing.T) {
 	}
 	if _, err := OpenCheckpoint(filepath.Join(t.TempDir(), "nope")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("OpenCheckpoint(missing) = %v", err)
+	}
+}
+
+// TestSaveCheckpointMatchesTransformers re-saves the checkpoint that transformers' save_pretrained
+// wrote (testdata/reference/sharded, made by scripts/gpu/safetensors_golden.py) with the same
+// tensors in the same state_dict order and shard size, and requires identical weights files.
+func TestSaveCheckpointMatchesTransformers(t *testing.T) {
+	ref := filepath.Join("testdata", "reference", "sharded")
+	orderRaw, err := os.ReadFile(filepath.Join(ref, "order.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("testdata/reference/sharded is absent: run scripts/gpu/safetensors_golden.py on the GPU machine and commit its output")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order struct {
+		MaxShardSize int64    `json:"max_shard_size"`
+		Order        []string `json:"state_dict_order"`
+	}
+	if err := json.Unmarshal(orderRaw, &order); err != nil {
+		t.Fatal(err)
+	}
+	c, err := OpenCheckpoint(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var tensors []Tensor
+	for _, name := range order.Order {
+		ti, ok := c.Tensor(name)
+		if !ok {
+			t.Fatalf("transformers' checkpoint lacks state_dict entry %q", name)
+		}
+		tensors = append(tensors, Tensor{Name: name, DType: ti.DType, Shape: ti.Shape, Data: ti.Data})
+	}
+	out := t.TempDir()
+	files, err := SaveCheckpoint(out, tensors, CheckpointOptions{MaxShardSize: order.MaxShardSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refFiles, _ := filepath.Glob(filepath.Join(ref, "*.safetensors"))
+	if fileExists(filepath.Join(ref, IndexName)) {
+		refFiles = append(refFiles, filepath.Join(ref, IndexName))
+	}
+	if len(files) != len(refFiles) {
+		t.Errorf("wrote %q, transformers wrote %q", files, baseNames(refFiles))
+	}
+	for _, rf := range refFiles {
+		want, _ := os.ReadFile(rf)
+		got, err := os.ReadFile(filepath.Join(out, filepath.Base(rf)))
+		if err != nil {
+			t.Errorf("transformers wrote %s, we did not: %v", filepath.Base(rf), err)
+			continue
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s differs from transformers' (%d vs %d bytes)", filepath.Base(rf), len(got), len(want))
+		}
 	}
 }
