@@ -17,8 +17,8 @@ type RoPEConfig struct {
 	MaxPositionEmbeddings int     // config.max_position_embeddings
 	Factor                float64 // rope_scaling.factor (linear, dynamic, llama3, yarn)
 	// OriginalMaxPositionEmbeddings is rope_scaling.original_max_position_embeddings (llama3:
-	// required; yarn: optional, and when given the effective factor becomes
-	// MaxPositionEmbeddings / OriginalMaxPositionEmbeddings, as HF computes it).
+	// required; yarn: optional, the pre-extension context used for the correction range, else
+	// MaxPositionEmbeddings; the explicit Factor is used either way, as transformers 5 does).
 	OriginalMaxPositionEmbeddings int
 	LowFreqFactor                 float64 // llama3
 	HighFreqFactor                float64 // llama3
@@ -128,13 +128,12 @@ func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling flo
 		if err := needFactor(); err != nil {
 			return nil, 0, err
 		}
+		// transformers uses the explicit factor even when it disagrees with
+		// max_position_embeddings / original_max_position_embeddings (it only warns).
 		factor := c.Factor
 		origMax := float64(c.MaxPositionEmbeddings)
 		if c.OriginalMaxPositionEmbeddings > 0 {
 			origMax = float64(c.OriginalMaxPositionEmbeddings)
-			if c.MaxPositionEmbeddings > 0 {
-				factor = float64(c.MaxPositionEmbeddings) / origMax
-			}
 		}
 		if origMax <= 0 {
 			return nil, 0, fmt.Errorf("rope: yarn needs max_position_embeddings or original_max_position_embeddings > 0")

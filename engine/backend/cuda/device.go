@@ -81,8 +81,10 @@ func (d *Device) setup() error {
 	if err := drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
-	const streamNonBlocking = 1
-	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.stream, streamNonBlocking)); err != nil {
+	// A blocking stream (flags 0) is ordered with the legacy default stream, on which the
+	// synchronous host-to-device copies of pageable memory finish their DMA after returning.
+	const streamDefault = 0
+	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.stream, streamDefault)); err != nil {
 		return err
 	}
 	var free, total uint64

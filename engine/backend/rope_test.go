@@ -1,0 +1,131 @@
+package backend_test
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// ropeGolden is one case of testdata/rope_goldens.json, written by
+// engine/optim/testdata/make_goldens.py from transformers' LlamaRotaryEmbedding.
+type ropeGolden struct {
+	Name      string         `json:"name"`
+	Error     string         `json:"error"`
+	Theta     float64        `json:"theta"`
+	HeadDim   int            `json:"head_dim"`
+	Partial   float64        `json:"partial"`
+	MaxPos    int            `json:"max_pos"`
+	Params    map[string]any `json:"params"`
+	Seq       int            `json:"seq"`
+	InvFreq   []float64      `json:"inv_freq"`
+	Scaling   float64        `json:"attention_scaling"`
+	Positions []int32        `json:"positions"`
+	Cos       [][]float64    `json:"cos"`
+	Sin       [][]float64    `json:"sin"`
+}
+
+func (g ropeGolden) config() backend.RoPEConfig {
+	num := func(k string) float64 {
+		v, _ := g.Params[k].(float64)
+		return v
+	}
+	typ, _ := g.Params["rope_type"].(string)
+	return backend.RoPEConfig{
+		Type: typ, Theta: g.Theta, HeadDim: g.HeadDim, PartialRotaryFactor: g.Partial,
+		MaxPositionEmbeddings: g.MaxPos, Factor: num("factor"),
+		OriginalMaxPositionEmbeddings: int(num("original_max_position_embeddings")),
+		LowFreqFactor:                 num("low_freq_factor"), HighFreqFactor: num("high_freq_factor"),
+		BetaFast: num("beta_fast"), BetaSlow: num("beta_slow"), MScale: num("mscale"), MScaleAllDim: num("mscale_all_dim"),
+		AttentionFactor: num("attention_factor"),
+	}
+}
+
+func TestRoPEConfigMatchesTransformers(t *testing.T) {
+	raw, err := os.ReadFile("testdata/rope_goldens.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Cases []ropeGolden `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &file); err != nil {
+		t.Fatal(err)
+	}
+	if len(file.Cases) < 9 {
+		t.Fatalf("only %d golden cases", len(file.Cases))
+	}
+	b := cpu.New(cpu.Options{Workers: 2})
+	defer b.Close()
+	for _, g := range file.Cases {
+		t.Run(g.Name, func(t *testing.T) {
+			if g.Error != "" {
+				t.Fatalf("golden generation failed: %s", g.Error)
+			}
+			inv, scale, err := g.config().Compute(g.Seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(inv) != len(g.InvFreq) {
+				t.Fatalf("inv_freq has %d entries, transformers %d", len(inv), len(g.InvFreq))
+			}
+			for i := range inv {
+				if d := math.Abs(float64(inv[i]) - g.InvFreq[i]); d > 2e-6*g.InvFreq[i] {
+					t.Fatalf("inv_freq[%d] = %.9g, transformers %.9g", i, inv[i], g.InvFreq[i])
+				}
+			}
+			if math.Abs(float64(scale)-g.Scaling) > 1e-6 {
+				t.Fatalf("attention scaling %v, transformers %v", scale, g.Scaling)
+			}
+			// Rotating x = [1..1 (first half), 0..0] yields cos in the first half and sin in the second.
+			hd := g.HeadDim
+			half := len(inv)
+			n := len(g.Positions)
+			x := make([]float32, n*hd)
+			for p := 0; p < n; p++ {
+				for i := 0; i < half; i++ {
+					x[p*hd+i] = 1
+				}
+			}
+			X, err := backend.FromFloat32(b, x, tensor.F32, n, hd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pos, _ := backend.FromInt32(b, g.Positions, n)
+			invT, _ := backend.FromFloat32(b, inv, tensor.F32, half)
+			if err := b.RoPE(X, X, backend.RoPEArgs{Positions: pos, InvFreq: invT, Heads: 1, HeadDim: hd, AttentionScaling: scale}); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := backend.ToFloat32(b, X)
+			for p := 0; p < n; p++ {
+				for i := 0; i < half; i++ {
+					c, s := float64(got[p*hd+i]), float64(got[p*hd+half+i])
+					if math.Abs(c-g.Cos[p][i]) > 2e-5 || math.Abs(s-g.Sin[p][i]) > 2e-5 {
+						t.Fatalf("position %d dim %d: cos,sin = %v,%v; transformers %v,%v", g.Positions[p], i, c, s, g.Cos[p][i], g.Sin[p][i])
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestRoPEConfigRejectsBadSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    backend.RoPEConfig
+	}{
+		{"zero theta", backend.RoPEConfig{HeadDim: 8}},
+		{"odd rotary dim", backend.RoPEConfig{Theta: 1e4, HeadDim: 6, PartialRotaryFactor: 0.5}},
+		{"linear without factor", backend.RoPEConfig{Type: "linear", Theta: 1e4, HeadDim: 8}},
+		{"llama3 without original context", backend.RoPEConfig{Type: "llama3", Theta: 1e4, HeadDim: 8, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4}},
+		{"unknown type", backend.RoPEConfig{Type: "longrope", Theta: 1e4, HeadDim: 8}},
+	} {
+		if _, _, err := tc.c.Compute(16); err == nil {
+			t.Errorf("%s: Compute succeeded", tc.name)
+		}
+	}
+}
