@@ -416,3 +416,45 @@ func TestSplit(t *testing.T) {
 		}
 	}
 }
+
+func TestArithmeticDisjointDeterministicAndRoundTrips(t *testing.T) {
+	o := ArithmeticOptions{Seed: 1, MaxOperand: 20, Train: 300, Eval: 40}
+	tr, ev, err := Arithmetic(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr2, ev2, _ := Arithmetic(o)
+	if !reflect.DeepEqual(tr, tr2) || !reflect.DeepEqual(ev, ev2) {
+		t.Fatal("not deterministic")
+	}
+	seen := map[string]bool{}
+	for _, r := range append(append([]Record{}, ev...), tr...) {
+		q := r.Messages[0].Content
+		if seen[q] {
+			t.Fatalf("problem %q drawn twice (held-out leaks into training?)", q)
+		}
+		seen[q] = true
+		var a, b, c int
+		if _, err := fmt.Sscanf(q, "What is %d+%d?", &a, &b); err != nil {
+			t.Fatalf("question %q: %v", q, err)
+		}
+		fmt.Sscan(r.Messages[1].Content, &c)
+		if a+b != c || a > 20 || b > 20 {
+			t.Fatalf("%q answered %q", q, r.Messages[1].Content)
+		}
+	}
+	var sb strings.Builder
+	if err := WriteJSONL(&sb, tr); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Read(strings.NewReader(sb.String()), "train", FormatMessages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, tr) {
+		t.Fatal("JSONL round trip changed the records")
+	}
+	if _, _, err := Arithmetic(ArithmeticOptions{MaxOperand: 3, Train: 10, Eval: 7}); err == nil {
+		t.Fatal("more problems than exist accepted")
+	}
+}
