@@ -50,4 +50,15 @@ type AdamWArgs struct {
 	Stochastic  bool
 	Seed        uint64
 	ParamIndex  uint32
+
+	// Precise scalars, optional: zero means "derive from the fields above". torch computes them
+	// in float64 from the Python hyperparameters and rounds once to float32; engine/optim fills
+	// them the same way so that every backend can match torch.optim.AdamW bit for bit where fp32
+	// allows. With them the update reads: m = m + Weight1*(g-m); v = Beta2*v + Weight2*g*g;
+	// p = p*Decay; p = p - StepSize * m / (sqrt(v)/BC2Sqrt + Eps).
+	Weight1  float32 // 1 - beta1
+	Weight2  float32 // 1 - beta2
+	Decay    float32 // 1 - lr*weight_decay
+	StepSize float32 // lr / (1 - beta1^step)
+	BC2Sqrt  float32 // sqrt(1 - beta2^step)
 }

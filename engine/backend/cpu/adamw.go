@@ -68,6 +68,15 @@ func (b *Backend) AdamW(a backend.AdamWArgs) error {
 	stepSize := float32(float64(a.LR) / bc1)
 	bc2sqrt := float32(math.Sqrt(bc2))
 	decay := 1 - a.LR*a.WeightDecay
+	w1, w2 := 1-b1, 1-b2
+	for _, o := range []struct {
+		dst *float32
+		v   float32
+	}{{&stepSize, a.StepSize}, {&bc2sqrt, a.BC2Sqrt}, {&decay, a.Decay}, {&w1, a.Weight1}, {&w2, a.Weight2}} {
+		if o.v != 0 {
+			*o.dst = o.v
+		}
+	}
 	sr := a.Stochastic
 	pbf := a.Param.DType() == tensor.BF16
 	mbf := a.M.DType() == tensor.BF16
@@ -76,8 +85,8 @@ func (b *Backend) AdamW(a backend.AdamWArgs) error {
 	b.pool.rows(n, convChunk, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			g := gs[i] * scale
-			m := ms[i] + (1-b1)*(g-ms[i]) // torch: exp_avg.lerp_(grad, 1-beta1)
-			v := b2*vs[i] + (1-b2)*g*g
+			m := ms[i] + w1*(g-ms[i]) // torch: exp_avg.lerp_(grad, 1-beta1)
+			v := b2*vs[i] + w2*g*g
 			p := ps[i] * decay
 			p -= stepSize * m / (float32(math.Sqrt(float64(v)))/bc2sqrt + a.Eps)
 			if sr {
