@@ -1,7 +1,6 @@
 package safetensors
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -146,8 +145,7 @@ func openIndexed(indexPath string) (*Checkpoint, error) {
 		return nil, err
 	}
 	var idx indexFile
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := dec.Decode(&idx); err != nil {
+	if err := json.Unmarshal(raw, &idx); err != nil {
 		return nil, formatErr(indexPath, "", "invalid index JSON: %v", err)
 	}
 	if idx.WeightMap == nil {

@@ -102,3 +102,34 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// FuzzOpenCheckpointIndex checks that any index file either fails with an error or gives a
+// checkpoint whose every name resolves to a tensor, with the shards confined to its directory.
+func FuzzOpenCheckpointIndex(f *testing.F) {
+	f.Add([]byte(`{"metadata":{"total_size":1},"weight_map":{"a":"s.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"a":"s.safetensors","b":"s.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"a":"../s.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{}}`))
+	f.Add([]byte(`{"weight_map":null}`))
+	dir := f.TempDir()
+	if err := Save(filepath.Join(dir, "s.safetensors"), []Tensor{{Name: "a", DType: U8, Shape: []int{1}, Data: []byte{1}}}, nil); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, index []byte) {
+		p := filepath.Join(dir, IndexName)
+		if err := os.WriteFile(p, index, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := OpenCheckpoint(dir)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for _, name := range c.Names() {
+			ti, ok := c.Tensor(name)
+			if !ok || filepath.Dir(ti.File) != dir {
+				t.Fatalf("tensor %q: ok=%v file=%s", name, ok, ti.File)
+			}
+		}
+	})
+}

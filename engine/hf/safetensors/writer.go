@@ -273,6 +273,9 @@ func SaveCheckpoint(dir string, tensors []Tensor, opts CheckpointOptions) ([]str
 	if _, _, err := plan(dir, tensors); err != nil {
 		return nil, err
 	}
+	if _, err := encodeHeader(dir, nil, metadata); err != nil {
+		return nil, err
+	}
 	var shards [][]Tensor
 	var cur []Tensor
 	var curSize, totalSize, totalParams int64
