@@ -296,6 +296,69 @@ function tinyTokenizers() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Option tokenizers: one component each, on top of the tiny-gpt2 model unless they bring
+// their own. Stored without the shared model in options/goldens.json.
+
+function optionTokenizers() {
+  const bl = { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false };
+  const pre = (p) => ({ pre_tokenizer: { type: "Sequence", pretokenizers: [p, bl] } });
+  const norm = (n) => ({ normalizer: n, pre_tokenizer: { ...bl, use_regex: true } });
+  const dec = (d) => ({ pre_tokenizer: { ...bl, use_regex: true }, decoder: d });
+  const split = (pattern, behavior, invert) => pre({ type: "Split", pattern, behavior, invert });
+  const out = {
+    "nfd": norm({ type: "NFD" }),
+    "nfkc": norm({ type: "NFKC" }),
+    "nfkd": norm({ type: "NFKD" }),
+    "lowercase": norm({ type: "Lowercase" }),
+    "strip": norm({ type: "Strip", strip_left: true, strip_right: false }),
+    "strip-accents": norm({ type: "Sequence", normalizers: [{ type: "NFD" }, { type: "StripAccents" }] }),
+    "prepend": norm({ type: "Prepend", prepend: "_" }),
+    "replace-regex": norm({ type: "Replace", pattern: { Regex: "\\s+" }, content: " " }),
+    "bytelevel-normalizer": { normalizer: { type: "ByteLevel" }, decoder: null },
+    "digits-contiguous": pre({ type: "Digits", individual_digits: false }),
+    "whitespace-split": pre({ type: "WhitespaceSplit" }),
+    "punctuation-isolated": pre({ type: "Punctuation", behavior: "Isolated" }),
+    "punctuation-merged-previous": pre({ type: "Punctuation", behavior: "MergedWithPrevious" }),
+    "char-delimiter": pre({ type: "CharDelimiterSplit", delimiter: "e" }),
+    "bytelevel-prefix-regex": { pre_tokenizer: { ...bl, add_prefix_space: true, use_regex: true } },
+    "bytelevel-middle": { pre_tokenizer: { type: "Sequence", pretokenizers: [bl, { type: "Split", pattern: { String: "Ġ" }, behavior: "MergedWithNext", invert: false }] } },
+    "no-pretokenizer-no-decoder": { decoder: null },
+    "decoder-fuse-strip": dec({ type: "Sequence", decoders: [{ ...bl }, { type: "Fuse" }, { type: "Strip", content: " ", start: 1, stop: 0 }] }),
+    "decoder-replace-regex": dec({ type: "Sequence", decoders: [{ ...bl }, { type: "Replace", pattern: { Regex: "[aeiou]" }, content: "*" }] }),
+    "decoder-bytefallback": { decoder: { type: "ByteFallback" } },
+    "model-unk": { model: { type: "BPE", unk_token: "<unk>", vocab: { "<unk>": 0, a: 1, b: 2, ab: 3 }, merges: ["a b"] } },
+    "model-fused-unk": { model: { type: "BPE", unk_token: "<unk>", fuse_unk: true, vocab: { "<unk>": 0, a: 1, b: 2, ab: 3 }, merges: ["a b"] } },
+    "model-no-unk": { model: { type: "BPE", vocab: { a: 1, b: 2, ab: 3 }, merges: ["a b"] } },
+    "model-byte-fallback": { model: { type: "BPE", byte_fallback: true, vocab: { a: 1, "<0xC3>": 2, "<0xA9>": 3, "<0x20>": 4, "<0xE4>": 5 }, merges: [] },
+      decoder: { type: "ByteFallback" } },
+    "model-prefix-suffix": { model: { type: "BPE", continuing_subword_prefix: "##", end_of_word_suffix: "</w>",
+      vocab: { a: 0, "##b": 1, "##c</w>": 2, "a##b": 3, ab: 4, "ab##c</w>": 5, "abc</w>": 6, "a</w>": 7, b: 8, "##a": 9, "##a</w>": 10 },
+      merges: ["a ##b", "ab ##c</w>"] }, pre_tokenizer: { type: "WhitespaceSplit" } },
+    "added-ids": { added_tokens: [
+      { id: 9999, content: "<gap>", single_word: false, lstrip: false, rstrip: false, normalized: false, special: true },
+      { id: 10000, content: "Ġthe", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
+      { id: 10001, content: "<gap>", single_word: false, lstrip: true, rstrip: true, normalized: false, special: true },
+      { id: 10002, content: "", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
+      { id: 10003, content: "ab", single_word: true, lstrip: false, rstrip: false, normalized: false, special: false },
+      { id: 10004, content: "abc", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
+    ], pre_tokenizer: { ...bl, use_regex: true } },
+  };
+  for (const behavior of ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]) {
+    for (const invert of [false, true]) {
+      out[`split-${behavior}-${invert ? "inverted" : "plain"}`] = split({ Regex: "\\s+|\\d" }, behavior, invert);
+    }
+    out[`split-string-${behavior}`] = split({ String: "e" }, behavior, false);
+  }
+  return out;
+}
+
+const optionTexts = [
+  "", " ", "Hello world", "  leading and trailing  ", "a  b\t\tc\n\nd", "1 12 123 1234", "it's 3.14, ok? (yes!) -- no...",
+  "café cafe\u0301 ÅNGSTRÖM ﬁ ① İı", "中文 Привет 🎉👍🏽", "ab abc xab abx a b ab.ab", "the<gap>the <gap> the  <gap>  x",
+  "aébé aaa bbb", "abcab abc", "x\u00a0y\u3000z\r\n",
+];
+
+// ---------------------------------------------------------------------------------------
 // Goldens
 
 async function goldens(tok, cases, { decodes }) {
@@ -322,6 +385,25 @@ function writeJSON(file, value) {
   const { cases, ...head } = value;
   const lines = cases.map((c) => "  " + JSON.stringify(c));
   fs.writeFileSync(file, JSON.stringify(head).slice(0, -1) + ',"cases":[\n' + lines.join(",\n") + "\n]}\n");
+}
+
+async function writeOptions(tinyModel) {
+  const rows = [];
+  const specs = optionTokenizers();
+  for (const [name, spec] of Object.entries(specs)) {
+    const full = { version: "1.0", added_tokens: [], normalizer: null, pre_tokenizer: null, post_processor: null,
+      decoder: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false }, model: tinyModel, ...spec };
+    const tok = Tokenizer.fromString(JSON.stringify(full));
+    for (const text of optionTexts) {
+      const ids = (await tok.encode(text, null, { addSpecialTokens: false })).getIds();
+      rows.push({ tokenizer: name, name: `${name}: ${JSON.stringify(text)}`, text, ids,
+        decoded: await tok.decode(ids, false), decoded_skip_special: await tok.decode(ids, true) });
+    }
+  }
+  writeJSON(path.join(out, "options/goldens.json"), {
+    source: "scripts/tokenizer-goldens/gen.mjs, tokenizers 0.23.2; each tokenizer is tokenizers[name] over the defaults (model: tiny-gpt2's)",
+    tokenizers: specs, cases: rows,
+  });
 }
 
 async function main() {
@@ -355,6 +437,7 @@ async function main() {
     writeJSON(path.join(out, name, "goldens.json"), {
       source: "built by scripts/tokenizer-goldens/gen.mjs, tokenizers 0.23.2", cases: await goldens(tok, cases, { decodes: true }),
     });
+    if (name === "tiny-gpt2") await writeOptions(spec.model);
   }
 }
 

@@ -106,19 +106,26 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 	if isNull(f.Model) {
 		return nil, fail("no \"model\"")
 	}
-	var mj modelJSON
-	if err := json.Unmarshal(f.Model, &mj); err != nil {
+	var kind struct {
+		Type   string          `json:"type"`
+		Merges json.RawMessage `json:"merges"`
+	}
+	if err := json.Unmarshal(f.Model, &kind); err != nil {
 		return nil, fail("model: %v", err)
 	}
-	if mj.Type == "" && mj.Merges != nil {
-		mj.Type = "BPE"
+	if kind.Type == "" && kind.Merges != nil {
+		kind.Type = "BPE"
 	}
-	if mj.Type != "BPE" {
-		t := mj.Type
+	if kind.Type != "BPE" {
+		t := kind.Type
 		if t == "" {
 			t = "(no type)"
 		}
 		return nil, fail("tokenizer model %s is not supported yet; supported: BPE (byte-level)", t)
+	}
+	var mj modelJSON
+	if err := json.Unmarshal(f.Model, &mj); err != nil {
+		return nil, fail("model: %v", jsonError(f.Model, err))
 	}
 	if mj.Dropout != nil && *mj.Dropout != 0 {
 		return nil, fail("model.dropout %v makes encoding random; only dropout null or 0 is supported", *mj.Dropout)
