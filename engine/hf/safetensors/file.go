@@ -43,6 +43,10 @@ type File struct {
 
 // Open opens and validates the safetensors file at path. The file's data is memory mapped; it
 // is not read until a tensor's Data is used. Close the File when done.
+//
+// The file must not be truncated or rewritten in place while it is open: the mapping shows the
+// change, and reading past a truncation kills the process. Save and SaveCheckpoint replace
+// files by renaming, which leaves open mappings of the old file intact.
 func Open(path string) (*File, error) {
 	fd, err := os.Open(path)
 	if err != nil {
