@@ -54,7 +54,7 @@ def tensor_of(spec):
 
 
 def raw_bytes(t):
-    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def write_cases(out, report):
