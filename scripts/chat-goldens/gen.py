@@ -36,9 +36,14 @@ SPECIAL_KEYS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
 
 
 class GenerationTag(jinja2.ext.Extension):
-    """{% generation %}...{% endgeneration %}: renders its body (transformers tracks its span)."""
+    """{% generation %}...{% endgeneration %}: renders its body and, while a tracker is set,
+    records the span of the output it produced, as transformers' AssistantTracker does."""
 
     tags = {"generation"}
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        environment.extend(generation_tracker=None)
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno
@@ -46,7 +51,27 @@ class GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(self.call_method("_support"), [], [], body).set_lineno(lineno)
 
     def _support(self, caller):
-        return caller()
+        rv = caller()
+        tracker = self.environment.generation_tracker
+        if tracker is not None:
+            blocks, spans = tracker
+            start = len("".join(blocks))
+            spans.append((start, start + len(rv)))
+        return rv
+
+
+def render_with_spans(env, template, **kwargs):
+    """Renders like transformers' _render_with_assistant_indices; spans are UTF-8 byte offsets."""
+    blocks, spans = [], []
+    env.generation_tracker = (blocks, spans)
+    try:
+        for block in template.generate(**kwargs):
+            blocks.append(block)
+    finally:
+        env.generation_tracker = None
+    text = "".join(blocks)
+    to_bytes = lambda i: len(text[:i].encode("utf-8"))
+    return text, [[to_bytes(a), to_bytes(b)] for a, b in spans]
 
 
 def make_env():
@@ -143,9 +168,56 @@ def render_snippets(env):
     print(f"snippets: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
 
 
+def render_masks(env, cases):
+    """For templates rewritten with {% generation %} blocks around assistant output, records the
+    rendered text and the generation spans. The Go mask finder, run on the original template
+    (which has no such blocks), must find the same spans."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    pairs = {
+        "qwen3": (os.path.join(TESTDATA, "templates", "qwen3"), "qwen3_generation.jinja"),
+        "llama3": (os.path.join(ROOT, ".cache", "testdata", "llama3"), "llama3_generation.jinja"),
+    }
+    for name, (orig_dir, marked_file) in sorted(pairs.items()):
+        if not os.path.isdir(orig_dir):
+            print(f"skip masks for {name}: {orig_dir} is missing", file=sys.stderr)
+            continue
+        templates, specials = load_template_dir(orig_dir)
+        original = env.from_string(templates["default"])
+        with open(os.path.join(here, marked_file), encoding="utf-8") as f:
+            marked = env.from_string(f.read())
+        out = []
+        for case in cases:
+            if not any(m["role"] == "assistant" for m in case["messages"]):
+                continue
+            has_reasoning = any(
+                m.get("reasoning_content") or "</think>" in str(m.get("content")) for m in case["messages"]
+            )
+            # thinking off with reasoning in the data is contradictory: no golden for it
+            variants = [{}] if has_reasoning or name != "qwen3" else [{}, {"enable_thinking": False}]
+            for kw_variant in variants:
+                kwargs = dict(specials)
+                kwargs.update(case.get("kwargs", {}))
+                kwargs.update(kw_variant)
+                args = dict(messages=case["messages"], tools=case.get("tools"), documents=None, add_generation_prompt=False)
+                try:
+                    want = original.render(**args, **kwargs)
+                except Exception:
+                    continue
+                text, spans = render_with_spans(env, marked, **args, **kwargs)
+                assert text == want, (name, case["name"], text, want)
+                out.append({"case": case["name"], "kwargs": kw_variant, "text": text, "spans": spans})
+        dest = os.path.join(TESTDATA, "golden", "masks_" + name + ".json")
+        with open(dest, "w", encoding="utf-8") as f:
+            json.dump(out, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"masks {name}: {len(out)} conversations -> {os.path.relpath(dest, ROOT)}")
+
+
 def main():
     build_stress()
     render_snippets(make_env())
+    with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
+        render_masks(make_env(), json.load(f))
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
         cases = json.load(f)
     dirs = {name: os.path.join(TESTDATA, "templates", name) for name in ["qwen3", "deepseek_v3", "chatml_tools", "stress"]}

@@ -1,0 +1,171 @@
+package chat
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+type maskGolden struct {
+	Case   string                     `json:"case"`
+	Kwargs map[string]json.RawMessage `json:"kwargs"`
+	Text   string                     `json:"text"`
+	Spans  [][2]int                   `json:"spans"`
+}
+
+// TestAssistantSpansMatchGenerationMarkers checks the mask finder on templates without
+// {% generation %} blocks against the spans Python jinja2 reports for the same templates
+// rewritten with generation blocks around the assistant output (scripts/chat-goldens), and
+// checks that the Go engine reports the same spans for the rewritten templates.
+func TestAssistantSpansMatchGenerationMarkers(t *testing.T) {
+	cases := loadCases(t)
+	for _, name := range []string{"qwen3", "llama3"} {
+		t.Run(name, func(t *testing.T) {
+			tmpl, err := Load(templateDir(t, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err := os.ReadFile(filepath.Join("../../../scripts/chat-goldens/templates", name+"_generation.jinja"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			marked, err := FromSource(string(src), tmpl.BOS, tmpl.EOS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(filepath.Join("testdata/golden", "masks_"+name+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var goldens []maskGolden
+			if err := json.Unmarshal(data, &goldens); err != nil {
+				t.Fatal(err)
+			}
+			if len(goldens) < 10 {
+				t.Fatalf("only %d mask goldens", len(goldens))
+			}
+			for _, g := range goldens {
+				c := cases[g.Case]
+				opts := caseOptions(c, false)
+				for k, v := range g.Kwargs {
+					if opts.Kwargs == nil {
+						opts.Kwargs = map[string]any{}
+					}
+					opts.Kwargs[k] = v
+				}
+				label := g.Case
+				if len(g.Kwargs) > 0 {
+					label += "+kwargs"
+				}
+				for _, variant := range []struct {
+					name string
+					t    *Template
+				}{{"inferred", tmpl}, {"generation-blocks", marked}} {
+					text, spans, err := variant.t.AssistantSpans(c.Messages, opts)
+					if err != nil {
+						t.Errorf("%s (%s): %v", label, variant.name, err)
+						continue
+					}
+					if text != g.Text {
+						t.Errorf("%s (%s): text differs from jinja2:\n got %q\nwant %q", label, variant.name, text, g.Text)
+						continue
+					}
+					var got [][2]int
+					for _, s := range spans {
+						got = append(got, [2]int{s.Start, s.End})
+					}
+					want := g.Spans
+					if _, off := g.Kwargs["enable_thinking"]; off && variant.name == "inferred" {
+						// With thinking off the empty think block belongs to the generation
+						// prompt, so it is not output; the marked template includes it.
+						want = nil
+						for _, s := range g.Spans {
+							if strings.HasPrefix(text[s[0]:s[1]], emptyThink) {
+								s[0] += len(emptyThink)
+							}
+							want = append(want, s)
+						}
+					}
+					if !equalSpans(got, want) {
+						t.Errorf("%s (%s): spans %v, want %v\n got %q\nwant %q", label, variant.name, got, want, spanTexts(text, got), spanTexts(text, want))
+					}
+				}
+			}
+		})
+	}
+}
+
+const emptyThink = "<think>\n\n</think>\n\n"
+
+func equalSpans(a, b [][2]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func spanTexts(text string, spans [][2]int) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, text[s[0]:s[1]])
+	}
+	return out
+}
+
+// TestAssistantSpansRefuse checks that conversations whose assistant output cannot be
+// located give a MaskError naming the message instead of a wrong mask.
+func TestAssistantSpansRefuse(t *testing.T) {
+	tests := []struct {
+		name    string
+		src     string
+		msgs    []Message
+		message int
+		want    string
+	}{
+		{
+			name: "generation prompt unlike turn header",
+			src:  `{% for m in messages %}[{{ m.role }}]{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
+			msgs: []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello")}},
+			message: 1,
+			want:    "unlike its generation prompt",
+		},
+		{
+			name: "past turn rewritten",
+			src:  `{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and not loop.last %}SUMMARY{% else %}{{ m.content }}{% endif %}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
+			msgs: []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello there")}, {Role: "user", Content: Text("bye")}},
+			message: 1,
+			want:    "neither the turn rendered last",
+		},
+		{
+			name: "prefix cannot render",
+			src:  `{% if messages[-1].role != 'assistant' and not add_generation_prompt %}{{ raise_exception('must end with assistant') }}{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
+			msgs: []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello")}},
+			message: 1,
+			want:    "must end with assistant",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl, err := FromSource(tt.src, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, spans, err := tmpl.AssistantSpans(tt.msgs, Options{})
+			var me *MaskError
+			if !errors.As(err, &me) {
+				t.Fatalf("got spans %v, err %v; want a MaskError", spans, err)
+			}
+			if me.Message != tt.message || !strings.Contains(me.Msg, tt.want) {
+				t.Fatalf("error %v; want message %d and %q", err, tt.message, tt.want)
+			}
+		})
+	}
+}
