@@ -131,23 +131,23 @@ func TestAssistantSpansRefuse(t *testing.T) {
 		want    string
 	}{
 		{
-			name: "generation prompt unlike turn header",
-			src:  `{% for m in messages %}[{{ m.role }}]{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
-			msgs: []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello")}},
+			name:    "generation prompt unlike turn header",
+			src:     `{% for m in messages %}[{{ m.role }}]{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
+			msgs:    []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello")}},
 			message: 1,
 			want:    "unlike its generation prompt",
 		},
 		{
-			name: "past turn rewritten",
-			src:  `{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and not loop.last %}SUMMARY{% else %}{{ m.content }}{% endif %}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
-			msgs: []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello there")}, {Role: "user", Content: Text("bye")}},
+			name:    "past turn rewritten",
+			src:     `{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and not loop.last %}SUMMARY{% else %}{{ m.content }}{% endif %}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
+			msgs:    []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello there")}, {Role: "user", Content: Text("bye")}},
 			message: 1,
 			want:    "neither the turn rendered last",
 		},
 		{
-			name: "prefix cannot render",
-			src:  `{% if messages[-1].role != 'assistant' and not add_generation_prompt %}{{ raise_exception('must end with assistant') }}{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
-			msgs: []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello")}},
+			name:    "prefix cannot render",
+			src:     `{% if messages[-1].role != 'assistant' and not add_generation_prompt %}{{ raise_exception('must end with assistant') }}{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`,
+			msgs:    []Message{{Role: "user", Content: Text("hi")}, {Role: "assistant", Content: Text("hello")}},
 			message: 1,
 			want:    "must end with assistant",
 		},
