@@ -8,19 +8,31 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/halo-shell/halo-shell/engine/hf/chat"
 	"github.com/halo-shell/halo-shell/engine/hf/tokenizer"
 	"github.com/halo-shell/halo-shell/engine/models"
 )
 
-// chatPrompt, when set (by generate_chat.go), renders a user message with the checkpoint's chat
-// template and add_generation_prompt.
-var chatPrompt func(dir, prompt string) (string, error)
+// chatPrompt renders an optional system message and a user message with the chat template of
+// the tokenizer directory, opening the assistant turn (add_generation_prompt).
+func chatPrompt(dir, system, prompt string) (string, error) {
+	tpl, err := chat.Load(dir)
+	if err != nil {
+		return "", err
+	}
+	var msgs []chat.Message
+	if system != "" {
+		msgs = append(msgs, chat.Message{Role: "system", Content: chat.Text(system)})
+	}
+	msgs = append(msgs, chat.Message{Role: "user", Content: chat.Text(prompt)})
+	return tpl.Render(msgs, chat.Options{AddGenerationPrompt: true})
+}
 
 func init() {
 	var (
-		modelDir, tokDir, prompt, device, dtype string
-		useChat, bos                            bool
-		o                                       models.GenerateOptions
+		modelDir, tokDir, prompt, system, device, dtype string
+		useChat, bos                                    bool
+		o                                               models.GenerateOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -40,10 +52,7 @@ end-of-sequence token of config.json or generation_config.json, or after --max-n
 			}
 			text := prompt
 			if useChat {
-				if chatPrompt == nil {
-					return fmt.Errorf("--chat: chat templates are not available in this build")
-				}
-				if text, err = chatPrompt(tokDir, prompt); err != nil {
+				if text, err = chatPrompt(tokDir, system, prompt); err != nil {
 					return err
 				}
 			}
@@ -93,6 +102,7 @@ end-of-sequence token of config.json or generation_config.json, or after --max-n
 	f.StringVar(&tokDir, "tokenizer", "", "tokenizer directory (default: --model)")
 	f.StringVar(&prompt, "prompt", "", "prompt text")
 	f.BoolVar(&useChat, "chat", false, "render the prompt as a user message with the chat template (add_generation_prompt)")
+	f.StringVar(&system, "system", "", "with --chat: a system message before the prompt")
 	f.BoolVar(&bos, "bos", false, "prepend config.json's bos_token_id")
 	f.IntVar(&o.MaxNewTokens, "max-new-tokens", 64, "most tokens to generate")
 	f.Float64Var(&o.Temperature, "temperature", 0, "sampling temperature; 0 = greedy")
