@@ -6,22 +6,38 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
-// Blocking of the packed GEMM: 4x4 register tiles (mr x nr), tasks of tileM x tileN outputs.
+// Blocking of the packed GEMM: tasks of tileM x tileN outputs, the reduction dimension in
+// blocks of kc so a B micro-panel stays in L1 while the A tile sits in L2.
 const (
-	mr    = 4
-	nr    = 4
-	tileM = 64
-	tileN = 64
+	tileM = 96
+	tileN = 128
+	kc    = 256
 )
+
+// microKernel computes an mr x nr tile acc[r*nr+j] = sum_p a[p*mr+r]*b[p*nr+j], p < k.
+type microKernel struct {
+	mr, nr int
+	run    func(k int, a, b, acc []float32)
+}
+
+// pickKernel returns the AVX2/FMA 6x16 kernel where the CPU has it, else a portable 4x4 one.
+func pickKernel() microKernel {
+	if useAVX2 {
+		return microKernel{6, 16, kernel6x16}
+	}
+	return microKernel{4, 4, kernel4x4}
+}
+
+var gemmKernel = pickKernel()
 
 // sgemm computes C = alpha*op(A)@op(B) + beta*C on row-major float32 slices, op(A) [m,k],
 // op(B) [k,n], C [m,n] with leading dimension ldc. A[i,p] is a[i*lda+p] (or a[p*lda+i] when
 // transA); B[p,j] is b[p*ldb+j] (or b[j*ldb+p] when transB). beta == 0 overwrites C.
 //
-// Both operands are packed into zero-padded panels (A: mr rows x k, B: k x nr cols) so the
-// inner kernel streams contiguous memory; output tiles are spread over the worker pool. Each
-// output element is a sum over p in increasing order, so results do not depend on the number
-// of workers.
+// Both operands are packed into zero-padded micro-panels (A: mr rows x k, B: k x nr columns) so
+// the inner kernel streams contiguous memory; output tiles are spread over the worker pool. The
+// order of additions for each output element is fixed by the shapes alone, so results do not
+// depend on the number of workers.
 func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
 	b []float32, ldb int, beta float32, c []float32, ldc int) {
 	if m == 0 || n == 0 {
@@ -42,6 +58,8 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 		})
 		return
 	}
+	kern := gemmKernel
+	mr, nr := kern.mr, kern.nr
 	mp := (m + mr - 1) / mr
 	np := (n + nr - 1) / nr
 	pa := make([]float32, mp*mr*k)
@@ -52,43 +70,47 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 			dst := pa[q*mr*k : (q+1)*mr*k]
 			for r := 0; r < mr; r++ {
 				i := q*mr + r
-				if i >= m {
+				switch {
+				case i >= m:
 					for p := 0; p < k; p++ {
 						dst[p*mr+r] = 0
 					}
-					continue
-				}
-				if transA {
+				case transA:
 					for p := 0; p < k; p++ {
 						dst[p*mr+r] = a[p*lda+i]
 					}
-				} else {
-					src := a[i*lda : i*lda+k]
-					for p, v := range src {
+				default:
+					for p, v := range a[i*lda : i*lda+k] {
 						dst[p*mr+r] = v
 					}
 				}
 			}
 		}
 	})
-	// Pack B: panel q holds cols q*nr.. as pb[q*nr*k + p*nr + j].
+	// Pack B: panel q holds columns q*nr.. as pb[q*nr*k + p*nr + j].
 	be.pool.rows(np, 8, func(lo, hi int) {
 		for q := lo; q < hi; q++ {
 			dst := pb[q*nr*k : (q+1)*nr*k]
+			j0 := q * nr
+			w := min(nr, n-j0)
+			if !transB && w == nr {
+				for p := 0; p < k; p++ {
+					copy(dst[p*nr:(p+1)*nr], b[p*ldb+j0:p*ldb+j0+nr])
+				}
+				continue
+			}
 			for jj := 0; jj < nr; jj++ {
-				j := q*nr + jj
-				if j >= n {
+				j := j0 + jj
+				switch {
+				case j >= n:
 					for p := 0; p < k; p++ {
 						dst[p*nr+jj] = 0
 					}
-					continue
-				}
-				if transB {
-					src := b[j*ldb : j*ldb+k]
-					for p, v := range src {
+				case transB:
+					for p, v := range b[j*ldb : j*ldb+k] {
 						dst[p*nr+jj] = v
 					}
-				} else {
+				default:
 					for p := 0; p < k; p++ {
 						dst[p*nr+jj] = b[p*ldb+j]
 					}
@@ -102,19 +124,43 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 		ti, tj := t/tn, t%tn
 		i0, j0 := ti*tileM, tj*tileN
 		i1, j1 := min(i0+tileM, m), min(j0+tileN, n)
-		for j := j0; j < j1; j += nr {
-			bp := pb[(j/nr)*nr*k : (j/nr+1)*nr*k]
-			for i := i0; i < i1; i += mr {
-				ap := pa[(i/mr)*mr*k : (i/mr+1)*mr*k]
-				kernel4x4(k, ap, bp, c[i*ldc+j:], ldc, min(mr, m-i), min(nr, n-j), alpha, beta)
+		acc := make([]float32, mr*nr)
+		for p0 := 0; p0 < k; p0 += kc {
+			kk := min(kc, k-p0)
+			bt := beta
+			if p0 > 0 {
+				bt = 1
+			}
+			for j := j0; j < j1; j += nr {
+				q := j / nr
+				bp := pb[q*nr*k+p0*nr : q*nr*k+(p0+kk)*nr]
+				cols := min(nr, n-j)
+				for i := i0; i < i1; i += mr {
+					qa := i / mr
+					ap := pa[qa*mr*k+p0*mr : qa*mr*k+(p0+kk)*mr]
+					kern.run(kk, ap, bp, acc)
+					rows := min(mr, m-i)
+					for r := 0; r < rows; r++ {
+						row := c[(i+r)*ldc+j : (i+r)*ldc+j+cols]
+						ar := acc[r*nr : r*nr+cols]
+						if bt == 0 {
+							for x := range row {
+								row[x] = alpha * ar[x]
+							}
+						} else {
+							for x := range row {
+								row[x] = alpha*ar[x] + bt*row[x]
+							}
+						}
+					}
+				}
 			}
 		}
 	})
 }
 
-// kernel4x4 computes a 4x4 tile: C[r][j] = alpha*sum_p ap[p*4+r]*bp[p*4+j] + beta*C[r][j] for
-// r < rows, j < cols.
-func kernel4x4(k int, ap, bp []float32, c []float32, ldc, rows, cols int, alpha, beta float32) {
+// kernel4x4 is the portable micro-kernel: a 4x4 tile with the accumulators in registers.
+func kernel4x4(k int, ap, bp []float32, acc []float32) {
 	var c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 float32
 	ap = ap[:4*k]
 	bp = bp[:4*k]
@@ -140,19 +186,25 @@ func kernel4x4(k int, ap, bp []float32, c []float32, ldc, rows, cols int, alpha,
 		c32 += a3 * b2
 		c33 += a3 * b3
 	}
-	acc := [4][4]float32{
-		{c00, c01, c02, c03},
-		{c10, c11, c12, c13},
-		{c20, c21, c22, c23},
-		{c30, c31, c32, c33},
-	}
-	for r := 0; r < rows; r++ {
-		row := c[r*ldc : r*ldc+cols]
-		for j := range row {
-			if beta == 0 {
-				row[j] = alpha * acc[r][j]
-			} else {
-				row[j] = alpha*acc[r][j] + beta*row[j]
+	acc = acc[:16]
+	acc[0], acc[1], acc[2], acc[3] = c00, c01, c02, c03
+	acc[4], acc[5], acc[6], acc[7] = c10, c11, c12, c13
+	acc[8], acc[9], acc[10], acc[11] = c20, c21, c22, c23
+	acc[12], acc[13], acc[14], acc[15] = c30, c31, c32, c33
+}
+
+// kernel6x16Go is the portable equivalent of the AVX2 6x16 kernel (used where AVX2 is missing
+// and to check the assembly).
+func kernel6x16Go(k int, a, b, acc []float32) {
+	acc = acc[:96]
+	clear(acc)
+	for p := 0; p < k; p++ {
+		br := b[p*16 : p*16+16]
+		for r := 0; r < 6; r++ {
+			av := a[p*6+r]
+			row := acc[r*16 : r*16+16]
+			for j, bv := range br {
+				row[j] += av * bv
 			}
 		}
 	}
