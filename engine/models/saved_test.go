@@ -1,0 +1,133 @@
+package models
+
+import (
+	"encoding/json"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+var updateSaved = flag.Bool("update-saved", false, "rewrite the checkpoints under testdata/saved (then rerun testdata/saved/check_transformers.py with transformers)")
+
+// savedCases are small checkpoints that halo-shell trains for a few steps and saves; the
+// committed script testdata/saved/check_transformers.py loads each with transformers and
+// records its logprobs in transformers.json.
+var savedCases = []struct {
+	name, family string
+	set          []string
+}{
+	{"llama_tied", "llama", []string{"tie_word_embeddings=true", "attention_bias=true"}},
+	{"mistral_window", "mistral", []string{"sliding_window=4"}},
+	{"qwen2", "qwen2", nil},
+	{"qwen3_bf16", "qwen3", []string{`rope_parameters={"rope_type":"linear","factor":2.0,"rope_theta":1000000.0}`}},
+}
+
+// savedIDs is the sequence whose logprobs both sides compute.
+var savedIDs = []int32{3, 17, 40, 8, 8, 21, 63, 1, 30, 12, 5, 44}
+
+// TestSavedCheckpointsLoadInTransformers checks that checkpoints written by Save after
+// training are read by transformers as the same model: its logprobs (transformers.json,
+// produced by the committed script on a machine with transformers) match ours within 1e-4.
+func TestSavedCheckpointsLoadInTransformers(t *testing.T) {
+	if *updateSaved {
+		writeSavedCheckpoints(t)
+	}
+	for _, tc := range savedCases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join("testdata", "saved", tc.name)
+			raw, err := os.ReadFile(filepath.Join(dir, "transformers.json"))
+			if os.IsNotExist(err) {
+				t.Skipf("no %s/transformers.json yet: run testdata/saved/check_transformers.py where transformers is installed", dir)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref struct {
+				IDs      []int32   `json:"input_ids"`
+				Logprobs []float64 `json:"logprobs"`
+			}
+			if err := json.Unmarshal(raw, &ref); err != nil {
+				t.Fatal(err)
+			}
+			m, err := Load(dir, newCPU(), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			lp, err := m.Logprobs(ref.IDs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(lp) != len(ref.Logprobs) {
+				t.Fatalf("%d logprobs, transformers gave %d", len(lp), len(ref.Logprobs))
+			}
+			for i := range lp {
+				if d := math.Abs(float64(lp[i]) - ref.Logprobs[i]); d > 1e-4 {
+					t.Errorf("token %d: logprob %.6f, transformers %.6f", i+1, lp[i], ref.Logprobs[i])
+				}
+			}
+		})
+	}
+}
+
+// writeSavedCheckpoints trains each case for a few plain gradient steps and saves it.
+func writeSavedCheckpoints(t *testing.T) {
+	for _, tc := range savedCases {
+		cfg, err := config.Preset(tc.family, "tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.VocabSize, cfg.HiddenSize, cfg.IntermediateSize, cfg.HeadDim = 64, 32, 48, 8
+		cfg.PadTokenID = nil
+		if cfg, err = ApplyOverrides(cfg, tc.set); err != nil {
+			t.Fatal(err)
+		}
+		m, err := New(cfg, newCPU(), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.InitRandom(11); err != nil {
+			t.Fatal(err)
+		}
+		batch := packedBatch(cfg.VocabSize, []int{12, 9}, 12)
+		for step := 0; step < 5; step++ {
+			if err := m.ZeroGrads(); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := m.ForwardBackward(batch, 1.0/19); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range m.Specs {
+				p, _ := m.ParamFloat32(s.Name)
+				g, _ := m.GradFloat32(s.Name)
+				for i := range p {
+					p[i] -= 0.5 * g[i]
+				}
+				if err := m.SetParam(s.Name, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		dir := filepath.Join("testdata", "saved", tc.name)
+		so := SaveOptions{}
+		if tc.name == "qwen3_bf16" {
+			so.DType = tensor.BF16
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Save(dir, so); err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := json.Marshal(map[string]any{"input_ids": savedIDs})
+		if err := os.WriteFile(filepath.Join(dir, "ids.json"), ids, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+}
