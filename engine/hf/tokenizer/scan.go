@@ -10,7 +10,8 @@ import (
 // match the backtracking engine would find, by trying the alternatives in order with the
 // same greedy-then-backtrack choices. They give exactly the spans of the regular expression
 // (scan_test.go checks them against regexp2 on the golden corpus and by fuzzing) at a
-// fraction of the cost. Every one of these patterns matches a non-empty string at every
+// fraction of the cost. They classify characters with Hugging Face's own \p{L}, \p{N} and \s
+// tables (unicode_tables.go, newer than Go's unicode package). Every one of these patterns matches a non-empty string at every
 // position, so matches tile the input.
 
 // Known patterns, exactly as they appear in tokenizer.json files.
@@ -60,13 +61,13 @@ func init() {
 	for b := 0; b < 128; b++ {
 		r := rune(b)
 		var c uint8
-		if unicode.IsLetter(r) {
+		if unicode.Is(hfLetter, r) {
 			c |= clsL
 		}
-		if unicode.IsNumber(r) {
+		if unicode.Is(hfNumber, r) {
 			c |= clsN
 		}
-		if unicode.IsSpace(r) {
+		if unicode.Is(hfSpace, r) {
 			c |= clsS
 		}
 		if r == '\r' || r == '\n' {
@@ -84,11 +85,11 @@ func classAt(s string, i int) (uint8, int) {
 	r, size := utf8.DecodeRuneInString(s[i:])
 	var c uint8
 	switch {
-	case unicode.IsLetter(r):
+	case unicode.Is(hfLetter, r):
 		c = clsL
-	case unicode.IsNumber(r):
+	case unicode.Is(hfNumber, r):
 		c = clsN
-	case unicode.IsSpace(r):
+	case unicode.Is(hfSpace, r):
 		c = clsS
 	}
 	return c, size
