@@ -94,5 +94,9 @@ func openModel(dir, device, dtype string) (*models.Model, backend.Backend, error
 		b.Close()
 		return nil, nil, err
 	}
+	if len(m.Unused) > 0 {
+		fmt.Fprintf(rootCmd.ErrOrStderr(), "halo-shell: %s: ignoring %d checkpoint tensors the model does not use (%s)\n",
+			dir, len(m.Unused), strings.Join(m.Unused[:min(len(m.Unused), 5)], ", "))
+	}
 	return m, b, nil
 }

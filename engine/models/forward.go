@@ -95,11 +95,11 @@ func (m *Model) sumLoss(loss tensor.Tensor, targets []int32) (float64, int, erro
 	return sum, n, nil
 }
 
-// Forward runs the model without gradients. With targets it returns the summed cross-entropy
-// and the number of non-ignored targets (for evaluation); without, it returns 0, 0.
+// Forward runs the model without gradients (evaluation) and returns the summed cross-entropy
+// over the non-ignored targets and their number. Nothing is cached.
 func (m *Model) Forward(b Batch) (lossSum float64, nTargets int, err error) {
 	if b.Targets == nil {
-		return 0, 0, nil
+		return 0, 0, errors.New("models: Forward needs Batch.Targets")
 	}
 	loss, _, err := m.evalTokens(b, true, false)
 	if err != nil {

@@ -3,7 +3,6 @@ package models
 import (
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
@@ -89,12 +88,4 @@ func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
 			}}
 	}
 	return out, nil
-}
-
-// describeUnused formats unused tensor names for a warning.
-func describeUnused(names []string) string {
-	if len(names) > 8 {
-		return strings.Join(names[:8], ", ") + fmt.Sprintf(" and %d more", len(names)-8)
-	}
-	return strings.Join(names, ", ")
 }
