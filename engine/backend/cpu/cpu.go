@@ -103,10 +103,11 @@ func (b *Backend) Close() error {
 type buffer struct {
 	words []uint64
 	data  []byte
+	size  int64
 	freed atomic.Bool
 }
 
-func (u *buffer) Len() int64     { return int64(len(u.data)) }
+func (u *buffer) Len() int64     { return u.size }
 func (u *buffer) Device() string { return "cpu" }
 func (u *buffer) Host() []byte   { return u.data }
 
@@ -133,7 +134,7 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 	b.mu.Unlock()
 	words := make([]uint64, (n+7)/8+1)
 	data := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)[:n]
-	buf := &buffer{words: words, data: data}
+	buf := &buffer{words: words, data: data, size: n}
 	return tensor.New(buf, 0, dt, shape...)
 }
 
@@ -145,6 +146,9 @@ func (b *Backend) Free(t T) error {
 	buf, ok := t.Buffer().(*buffer)
 	if !ok {
 		return fmt.Errorf("cpu: free %v: tensor does not belong to the cpu backend", t)
+	}
+	if buf.freed.Load() {
+		return fmt.Errorf("cpu: free %v: already freed", t)
 	}
 	if t.Offset() != 0 || t.Bytes() != buf.Len() {
 		return fmt.Errorf("cpu: free %v: tensor is a view; free the tensor Alloc returned", t)
