@@ -5,6 +5,11 @@ go 1.26.0
 require github.com/spf13/cobra v1.10.2
 
 require (
+	connectrpc.com/connect/v2 v2.0.2
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
 	github.com/dlclark/regexp2 v1.12.0
 	github.com/ebitengine/purego v0.11.3 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect

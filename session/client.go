@@ -1,0 +1,401 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect/v2"
+	"connectrpc.com/connect/v2/connecthttp"
+
+	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
+	"github.com/halo-shell/halo-shell/session/proto/halo/v1/halov1connect"
+)
+
+// Message types of the API, re-exported so that clients need not import the generated package.
+type (
+	StepMetrics     = halov1.StepMetrics
+	StepProfile     = halov1.StepProfile
+	StatusResponse  = halov1.StatusResponse
+	Hyper           = halov1.Hyper
+	SetHyperRequest = halov1.SetHyperRequest
+	InspectRequest  = halov1.InspectRequest
+	InspectResponse = halov1.InspectResponse
+	TensorStats     = halov1.TensorStats
+	GenerateRequest = halov1.GenerateRequest
+	LoadRequest     = halov1.LoadRequest
+	ProfileResponse = halov1.ProfileResponse
+	Event           = halov1.Event
+	State           = halov1.State
+)
+
+// Session states (see the package doc).
+const (
+	StateEmpty    = halov1.State_STATE_EMPTY
+	StateIdle     = halov1.State_STATE_IDLE
+	StateRunning  = halov1.State_STATE_RUNNING
+	StatePaused   = halov1.State_STATE_PAUSED
+	StateStopping = halov1.State_STATE_STOPPING
+)
+
+// Header names the client sends.
+const (
+	HeaderClientID   = "Halo-Client-Id"
+	HeaderClientName = "Halo-Client-Name"
+)
+
+// Options configure a Client.
+type Options struct {
+	// ClientID identifies this client to the session (who controls it). Empty means a random
+	// id; reuse an id to keep control across reconnects.
+	ClientID string
+	// ClientName is a human-readable label shown in Status (e.g. "repl", "tui").
+	ClientName string
+	// Token is the bearer token for tcp:// targets. Empty means: read it from the token file
+	// of the session named by TokenSession (or DefaultName) in RuntimeDir.
+	Token string
+	// TokenSession names the session whose token file is read for tcp:// targets.
+	TokenSession string
+	// DialTimeout bounds connecting (default 5 s).
+	DialTimeout time.Duration
+}
+
+// Client is a connection to one session. Its methods may be called from any goroutine.
+type Client struct {
+	target string
+	id     string
+	name   string
+	http   *http.Client
+	rpc    halov1connect.SessionServiceClient
+}
+
+// NewClientID returns a random client id.
+func NewClientID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Dial connects to a session. target is a session name ("default", "exp1"), a unix socket path
+// (absolute, or "unix:///path"), or "tcp://HOST:PORT" (which needs the bearer token). Dial does
+// not contact the session; use Ping (or any call) to check it answers.
+func Dial(target string, o Options) (*Client, error) {
+	if target == "" {
+		target = DefaultName
+	}
+	if o.ClientID == "" {
+		o.ClientID = NewClientID()
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	var (
+		dial    func(ctx context.Context) (net.Conn, error)
+		baseURL = "http://halo-session"
+		token   = o.Token
+	)
+	d := net.Dialer{Timeout: o.DialTimeout}
+	switch {
+	case strings.HasPrefix(target, "tcp://"):
+		addr := strings.TrimPrefix(target, "tcp://")
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("session: target %q: want tcp://HOST:PORT: %v", target, err)
+		}
+		if token == "" {
+			name := o.TokenSession
+			if name == "" {
+				name = DefaultName
+			}
+			p, err := PathsFor(name)
+			if err != nil {
+				return nil, err
+			}
+			b, err := os.ReadFile(p.Token)
+			if err != nil {
+				return nil, fmt.Errorf("session: target %s needs a bearer token: pass Options.Token or copy the session's token file (%w)", target, err)
+			}
+			token = strings.TrimSpace(string(b))
+		}
+		dial = func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	default:
+		sock := strings.TrimPrefix(target, "unix://")
+		if !strings.Contains(sock, "/") {
+			p, err := PathsFor(sock)
+			if err != nil {
+				return nil, err
+			}
+			sock = p.Socket
+		}
+		dial = func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }
+	}
+	protos := new(http.Protocols)
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{
+		Protocols: protos,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dial(ctx)
+		},
+		MaxIdleConns: 4,
+	}
+	hc := &http.Client{Transport: tr}
+	c := &Client{target: target, id: o.ClientID, name: o.ClientName, http: hc}
+	auth := func(next connect.ClientFunc) connect.ClientFunc {
+		return func(ctx context.Context, spec connect.Spec) (connect.ClientStream, error) {
+			if info, ok := connect.CallInfoForClientContext(ctx); ok {
+				h := info.RequestHeader()
+				h.Set(HeaderClientID, c.id)
+				if c.name != "" {
+					h.Set(HeaderClientName, c.name)
+				}
+				if token != "" {
+					h.Set("Authorization", "Bearer "+token)
+				}
+			}
+			return next(ctx, spec)
+		}
+	}
+	c.rpc = halov1connect.NewSessionServiceClient(connect.NewClient(connecthttp.NewTransport(hc, baseURL), auth))
+	return c, nil
+}
+
+// ID is the client id this client sends.
+func (c *Client) ID() string { return c.id }
+
+// Target is what the client was dialled with.
+func (c *Client) Target() string { return c.target }
+
+// Close releases the client's connections (it does not release control; see Release).
+func (c *Client) Close() error {
+	c.http.CloseIdleConnections()
+	return nil
+}
+
+// Ping checks that the session answers (a Status call).
+func (c *Client) Ping(ctx context.Context) error {
+	_, err := c.Status(ctx)
+	return err
+}
+
+// Load builds a trainer from a config file on the session's machine (method "sft" or
+// "pretrain"; overrides are --key=value strings) and replaces any loaded model.
+func (c *Client) Load(ctx context.Context, configPath, method string, overrides ...string) (*halov1.LoadResponse, error) {
+	return c.rpc.Load(ctx, &halov1.LoadRequest{ConfigPath: configPath, Method: method, Overrides: overrides})
+}
+
+// LoadYAML is Load with the config given inline.
+func (c *Client) LoadYAML(ctx context.Context, yaml, method string, overrides ...string) (*halov1.LoadResponse, error) {
+	return c.rpc.Load(ctx, &halov1.LoadRequest{ConfigYaml: yaml, Method: method, Overrides: overrides})
+}
+
+// Step runs n optimizer steps and returns their metrics.
+func (c *Client) Step(ctx context.Context, n int) ([]*StepMetrics, error) {
+	r, err := c.rpc.Step(ctx, &halov1.StepRequest{N: int32(n)})
+	if err != nil {
+		return nil, err
+	}
+	return r.Metrics, nil
+}
+
+// Run starts training in the background for maxSteps steps (0: until the planned total) and
+// returns at once; follow it with Events.
+func (c *Client) Run(ctx context.Context, maxSteps int) (*StatusResponse, error) {
+	r, err := c.rpc.Run(ctx, &halov1.RunRequest{MaxSteps: int64(maxSteps)})
+	if err != nil {
+		return nil, err
+	}
+	return r.Status, nil
+}
+
+// Pause stops a run at the next step boundary; it returns once the run has stopped.
+func (c *Client) Pause(ctx context.Context) (*StatusResponse, error) {
+	r, err := c.rpc.Pause(ctx, &halov1.PauseRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return r.Status, nil
+}
+
+// Resume continues a paused run.
+func (c *Client) Resume(ctx context.Context) (*StatusResponse, error) {
+	r, err := c.rpc.Resume(ctx, &halov1.ResumeRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return r.Status, nil
+}
+
+// Eval returns the held-out loss.
+func (c *Client) Eval(ctx context.Context) (float64, error) {
+	r, err := c.rpc.Eval(ctx, &halov1.EvalRequest{})
+	if err != nil {
+		return 0, err
+	}
+	return r.Loss, nil
+}
+
+// Generate continues req.Prompt and returns the generated text; onPiece, when not nil,
+// receives each piece of text as it is produced.
+func (c *Client) Generate(ctx context.Context, req *GenerateRequest, onPiece func(string)) (string, error) {
+	st, err := c.rpc.Generate(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	var b strings.Builder
+	for {
+		m, err := st.Receive()
+		if errors.Is(err, io.EOF) {
+			return b.String(), nil
+		}
+		if err != nil {
+			return b.String(), err
+		}
+		b.WriteString(m.Text)
+		if onPiece != nil && m.Text != "" {
+			onPiece(m.Text)
+		}
+	}
+}
+
+// Save writes a checkpoint into dir (on the session's machine).
+func (c *Client) Save(ctx context.Context, dir string) (*halov1.SaveResponse, error) {
+	return c.rpc.Save(ctx, &halov1.SaveRequest{Dir: dir})
+}
+
+// Hyper returns the hyperparameters the next step will use.
+func (c *Client) Hyper(ctx context.Context) (*Hyper, error) {
+	return c.rpc.GetHyper(ctx, &halov1.GetHyperRequest{})
+}
+
+// SetHyper changes the fields of req that are set, from the next step on, and returns the
+// resulting hyperparameters. Invalid values are refused and nothing changes.
+func (c *Client) SetHyper(ctx context.Context, req *SetHyperRequest) (*Hyper, error) {
+	return c.rpc.SetHyper(ctx, req)
+}
+
+// SetLR sets the peak learning rate from the next step on.
+func (c *Client) SetLR(ctx context.Context, lr float64) (*Hyper, error) {
+	return c.rpc.SetHyper(ctx, &halov1.SetHyperRequest{LearningRate: &lr})
+}
+
+// Inspect returns tensor statistics and optionally a slice of one tensor (see InspectRequest).
+func (c *Client) Inspect(ctx context.Context, req *InspectRequest) (*InspectResponse, error) {
+	return c.rpc.Inspect(ctx, req)
+}
+
+// Profile runs the next k steps with profiling on and returns their breakdowns (and a
+// Chrome/Perfetto trace when trace is set).
+func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileResponse, error) {
+	return c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
+}
+
+// Status describes the session.
+func (c *Client) Status(ctx context.Context) (*StatusResponse, error) {
+	return c.rpc.Status(ctx, &halov1.StatusRequest{})
+}
+
+// Claim makes this client the controller if nobody is; it fails with failed_precondition
+// naming the controller otherwise.
+func (c *Client) Claim(ctx context.Context) error {
+	_, err := c.rpc.Control(ctx, &halov1.ControlRequest{Action: halov1.ControlAction_CONTROL_ACTION_CLAIM, ClientName: c.name})
+	return err
+}
+
+// TakeOver makes this client the controller even if another client is; it returns the id of
+// the previous controller ("" when none).
+func (c *Client) TakeOver(ctx context.Context) (string, error) {
+	r, err := c.rpc.Control(ctx, &halov1.ControlRequest{Action: halov1.ControlAction_CONTROL_ACTION_TAKE_OVER, ClientName: c.name})
+	if err != nil {
+		return "", err
+	}
+	return r.Previous, nil
+}
+
+// Release gives up control (a no-op when this client is not the controller).
+func (c *Client) Release(ctx context.Context) error {
+	_, err := c.rpc.Control(ctx, &halov1.ControlRequest{Action: halov1.ControlAction_CONTROL_ACTION_RELEASE, ClientName: c.name})
+	return err
+}
+
+// EventStream is a subscription to a session's events.
+type EventStream struct {
+	st   halov1connect.SessionServiceEventsClientStream
+	once sync.Once
+}
+
+// Subscribe opens an event stream; buffer is how many events the session keeps for this
+// observer before dropping the oldest (0: 256). Cancel ctx or call Close to end it.
+func (c *Client) Subscribe(ctx context.Context, buffer int) (*EventStream, error) {
+	st, err := c.rpc.Events(ctx, &halov1.EventsRequest{Buffer: int32(buffer)})
+	if err != nil {
+		return nil, err
+	}
+	return &EventStream{st: st}, nil
+}
+
+// Recv returns the next event; io.EOF when the session ended the stream.
+func (s *EventStream) Recv() (*Event, error) { return s.st.Receive() }
+
+// Close ends the subscription.
+func (s *EventStream) Close() error {
+	var err error
+	s.once.Do(func() { err = s.st.Close() })
+	return err
+}
+
+// Events subscribes and delivers events on a channel, which is closed when ctx ends or the
+// stream fails; the error that ended it (nil after ctx ends) is then available from the
+// returned function. The channel is unbuffered: the session drops the oldest events (and says
+// so with a DroppedEvent) when the reader falls behind, never the other way round.
+func (c *Client) Events(ctx context.Context, buffer int) (<-chan *Event, func() error, error) {
+	st, err := c.Subscribe(ctx, buffer)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch := make(chan *Event)
+	var (
+		mu   sync.Mutex
+		last error
+	)
+	go func() {
+		defer close(ch)
+		defer st.Close()
+		for {
+			ev, err := st.Recv()
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, io.EOF) {
+					mu.Lock()
+					last = err
+					mu.Unlock()
+				}
+				return
+			}
+			select {
+			case ch <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch, func() error { mu.Lock(); defer mu.Unlock(); return last }, nil
+}
+
+// IsNotController reports whether err is the refusal of a control call from a client that does
+// not control the session.
+func IsNotController(err error) bool {
+	return connect.CodeOf(err) == connect.CodeFailedPrecondition
+}
+
+// IsUnavailable reports whether err means the session could not be reached.
+func IsUnavailable(err error) bool {
+	return connect.CodeOf(err) == connect.CodeUnavailable
+}

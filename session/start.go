@@ -1,0 +1,171 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// StartOptions say how to start a session process.
+type StartOptions struct {
+	// Name of the session (default DefaultName).
+	Name string
+	// ConfigPath, if set, is loaded at start (method Method, default sft).
+	ConfigPath string
+	Method     string
+	// Listen is an extra "tcp://HOST:PORT" address to serve (bearer token required).
+	Listen string
+	// SaveOnStop is a directory where SIGTERM saves a checkpoint before exiting.
+	SaveOnStop string
+	// Command is the argv prefix that runs the halo-shell binary. Empty means this executable
+	// when its name starts with "halo-shell", else "halo-shell" from PATH.
+	Command []string
+	// Env is added to the session's environment.
+	Env []string
+	// Wait bounds how long Start waits for the socket to answer (default 60 s).
+	Wait time.Duration
+}
+
+// StartResult describes a started session.
+type StartResult struct {
+	Name   string
+	Socket string
+	Pid    int
+	Log    string
+}
+
+func (o *StartOptions) args() []string {
+	a := []string{"session", "start", "--foreground", "--name", o.Name}
+	if o.ConfigPath != "" {
+		a = append(a, "--config", o.ConfigPath)
+	}
+	if o.Method != "" {
+		a = append(a, "--method", o.Method)
+	}
+	if o.Listen != "" {
+		a = append(a, "--listen", o.Listen)
+	}
+	if o.SaveOnStop != "" {
+		a = append(a, "--save-on-stop", o.SaveOnStop)
+	}
+	return a
+}
+
+func (o *StartOptions) command() ([]string, error) {
+	if len(o.Command) > 0 {
+		return o.Command, nil
+	}
+	if exe, err := os.Executable(); err == nil && strings.HasPrefix(filepath.Base(exe), "halo-shell") {
+		return []string{exe}, nil
+	}
+	p, err := exec.LookPath("halo-shell")
+	if err != nil {
+		return nil, fmt.Errorf("session: cannot start a session: no halo-shell binary in PATH (install it, or start one with `halo-shell session start`)")
+	}
+	return []string{p}, nil
+}
+
+// Start starts a session in a new detached process (its own process group and session, so
+// signals to the caller's terminal do not reach it), logging to its log file beside the socket,
+// and waits until its socket answers.
+func Start(ctx context.Context, o StartOptions) (StartResult, error) {
+	if o.Name == "" {
+		o.Name = DefaultName
+	}
+	if o.Wait <= 0 {
+		o.Wait = 60 * time.Second
+	}
+	p, err := PathsFor(o.Name)
+	if err != nil {
+		return StartResult{}, err
+	}
+	if _, err := ensureRuntimeDir(); err != nil {
+		return StartResult{}, err
+	}
+	if c, err := Dial(p.Socket, Options{}); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		perr := c.Ping(pctx)
+		cancel()
+		c.Close()
+		if perr == nil {
+			return StartResult{}, fmt.Errorf("session: a session named %q is already running (socket %s); attach to it or stop it first", o.Name, p.Socket)
+		}
+	}
+	argv, err := o.command()
+	if err != nil {
+		return StartResult{}, err
+	}
+	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return StartResult{}, fmt.Errorf("session: log file: %w", err)
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return StartResult{}, err
+	}
+	defer devnull.Close()
+	cmd := exec.Command(argv[0], append(append([]string{}, argv[1:]...), o.args()...)...)
+	cmd.Env = append(os.Environ(), o.Env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return StartResult{}, fmt.Errorf("session: starting %s: %w", argv[0], err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	res := StartResult{Name: o.Name, Socket: p.Socket, Pid: cmd.Process.Pid, Log: p.Log}
+	deadline := time.Now().Add(o.Wait)
+	for {
+		select {
+		case err := <-exited:
+			return res, fmt.Errorf("session: the session process exited before answering (%v); see its log %s", err, p.Log)
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if c, err := Dial(p.Socket, Options{}); err == nil {
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			perr := c.Ping(pctx)
+			cancel()
+			c.Close()
+			if perr == nil {
+				return res, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("session: the session (pid %d) did not answer on %s within %s; see its log %s", res.Pid, p.Socket, o.Wait, p.Log)
+		}
+	}
+}
+
+// DialOrStart attaches to the named session, starting it (with so) when none answers.
+func DialOrStart(ctx context.Context, name string, o Options, so StartOptions) (*Client, error) {
+	if name == "" {
+		name = DefaultName
+	}
+	c, err := Dial(name, o)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	perr := c.Ping(pctx)
+	cancel()
+	if perr == nil {
+		return c, nil
+	}
+	if !IsUnavailable(perr) && !errors.Is(perr, context.DeadlineExceeded) {
+		return nil, perr
+	}
+	so.Name = name
+	if _, err := Start(ctx, so); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
