@@ -3,8 +3,11 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"os"
 	"sort"
+	"sync"
 	"unsafe"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -24,6 +27,11 @@ type T = tensor.Tensor
 // once it is enqueued; Sync and Download wait for it.
 type Backend struct {
 	d *Device
+	// attnMMA selects the tensor-core attention kernels where they apply (bf16, head dim 64 or
+	// 128, 16-byte aligned tensors); HALO_CUDA_ATTENTION=simt turns them off.
+	attnMMA bool
+	mmaOnce sync.Once
+	mmaErr  error
 	// scratch holds small per-op device buffers that live as long as the backend.
 	flag *Buffer // one int32 for bad-index reports
 }
@@ -48,7 +56,7 @@ func New(index int) (*Backend, error) {
 		d.Close()
 		return nil, err
 	}
-	return &Backend{d: d, flag: flag}, nil
+	return &Backend{d: d, flag: flag, attnMMA: os.Getenv("HALO_CUDA_ATTENTION") != "simt"}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).
@@ -672,11 +680,8 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	if out.Numel() != M*O {
 		return fmt.Errorf("cuda: Linear: out %v must hold [%d, %d]", out, M, O)
 	}
-	if err := b.gemm(op, gemmCall{A: x, B: w, C: out, M: M, N: O, K: I, TransB: true, Alpha: 1}); err != nil {
-		return err
-	}
 	if bias.IsNil() {
-		return nil
+		return b.gemm(op, gemmCall{A: x, B: w, C: out, M: M, N: O, K: I, TransB: true, Alpha: 1})
 	}
 	if bias.Numel() != O {
 		return fmt.Errorf("cuda: Linear: bias %v must have O=%d elements", bias, O)
@@ -689,7 +694,22 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	if err != nil {
 		return err
 	}
-	return b.launch1D("elementwise.cu", "add_bias_rows", int64(M)*int64(O), po, co, pb, cb, int64(M), int32(O))
+	if M == 0 {
+		return nil
+	}
+	// The bias is added to the fp32 product before the single rounding to out's dtype.
+	acc := out
+	if out.DType() != tensor.F32 {
+		if acc, err = b.Alloc(tensor.F32, M, O); err != nil {
+			return err
+		}
+		defer b.Free(acc)
+	}
+	if err := b.gemm(op, gemmCall{A: x, B: w, C: acc, M: M, N: O, K: I, TransB: true, Alpha: 1}); err != nil {
+		return err
+	}
+	pacc, _ := b.ptr(op, "acc", acc)
+	return b.launch1D("elementwise.cu", "bias_rows_out", int64(M)*int64(O), po, co, pacc, pb, cb, int64(M), int32(O))
 }
 
 // LinearBackward computes dX, dW and dB of Linear.
@@ -1210,6 +1230,38 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 	return g, nil
 }
 
+// mmaRows is the rows (queries or keys) one block of the tensor-core kernels covers.
+const mmaRows = 64
+
+// useMMA reports whether the tensor-core kernels apply: bf16 tensors, head dim 64 or 128 and
+// every pointer 16-byte aligned (they load 16 bytes at a time).
+// If attention_tc.cu cannot be built for this device, the kernels of attention.cu are used and
+// the reason is logged once (MMAError returns it).
+func (b *Backend) useMMA(g attnGeom, extra ...uintptr) bool {
+	if !b.attnMMA || g.dt != int32(tensor.BF16) || (g.HD != 64 && g.HD != 128) {
+		return false
+	}
+	for _, p := range append([]uintptr{g.pq, g.pk, g.pv}, extra...) {
+		if p%16 != 0 {
+			return false
+		}
+	}
+	b.mmaOnce.Do(func() {
+		b.mmaErr = b.d.Do(func() error {
+			_, err := b.d.function("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD))
+			return err
+		})
+		if b.mmaErr != nil {
+			slog.Warn("cuda: tensor-core attention unavailable; using the SIMT kernels", "device", b.Name(), "error", b.mmaErr)
+		}
+	})
+	return b.mmaErr == nil
+}
+
+// MMAError is why the tensor-core attention kernels could not be built (nil when they were, or
+// have not been needed yet).
+func (b *Backend) MMAError() error { return b.mmaErr }
+
 // checkCuSeqlens downloads document boundaries and checks 0 = cu[0] <= ... <= cu[D] = n.
 func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) error {
 	cu := make([]int32, D+1)
@@ -1259,6 +1311,14 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if g.N == 0 {
 		return nil
 	}
+	if b.useMMA(g, po) {
+		args := packArgs(po, pl, g.pq, g.pk, g.pv, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window)
+		grid := [3]uint32{uint32((g.N + mmaRows - 1) / mmaRows), uint32(g.NH), 1}
+		shared := uint32(2 * (2*64*(g.HD+8) + g.HD*(64+8)))
+		return b.d.Do(func() error {
+			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD), grid, [3]uint32{128, 1, 1}, shared, args...)
+		})
+	}
 	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
 	grid := [3]uint32{uint32((g.N + attnRows - 1) / attnRows), uint32(g.NH), 1}
 	return b.d.Do(func() error {
@@ -1300,6 +1360,7 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 	if g.N == 0 {
 		return nil
 	}
+	mma := b.useMMA(g, ptrs["DQ"], ptrs["DK"], ptrs["DV"], ptrs["DOut"])
 	return b.d.Do(func() error {
 		dvec, err := b.d.allocOnThread(uint64(4 * g.N * g.NH))
 		if err != nil {
@@ -1310,6 +1371,18 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dot", [3]uint32{uint32((warps*32 + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
 			packArgs(dvec.ptr, ptrs["DOut"], ptrs["Out"], g.dt, int64(g.N), int32(g.NH), int32(g.HD))...); err != nil {
 			return err
+		}
+		if mma {
+			rows := uint32((g.N + mmaRows - 1) / mmaRows)
+			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
+			sharedDQ := uint32(2 * (2*32*(g.HD+8) + g.HD*(32+8)))
+			if err := b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dq_mma_%d", g.HD), [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{128, 1, 1}, sharedDQ,
+				packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+				return err
+			}
+			sharedDKV := uint32(2 * (2*32*(g.HD+8) + 2*g.HD*(32+8)))
+			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dkv_mma_%d", g.HD), [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{128, 1, 1}, sharedDKV,
+				packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 		}
 		rows := uint32((g.N + attnRows - 1) / attnRows)
 		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dq", [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDQ,

@@ -44,10 +44,17 @@ const (
 	ltEpilogueDefault = 1 // CUBLASLT_EPILOGUE_DEFAULT
 	ltEpilogueBias    = 4 // CUBLASLT_EPILOGUE_BIAS
 
-	ltLayoutBatchCount   = 5 // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
-	ltLayoutBatchStride  = 6 // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
-	ltPrefMaxWorkspace   = 1 // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
-	ltHeuristicResultLen = 96
+	ltLayoutBatchCount  = 5 // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+	ltLayoutBatchStride = 6 // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
+	ltPrefMaxWorkspace  = 1 // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+	ltPrefReductionMask = 3 // CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK
+	ltPrefMinAlignA     = 5 // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES (B, C, D follow)
+	ltPrefMinAlignB     = 6
+	ltPrefMinAlignC     = 7
+	ltPrefMinAlignD     = 8
+
+	ltReductionComputeType = 2 // CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+	ltHeuristicResultLen   = 96
 )
 
 // ltHeuristicResult mirrors cublasLtMatmulHeuristicResult_t (96 bytes).

@@ -27,6 +27,7 @@ type Gemm struct {
 
 type gemmKey struct {
 	m, n, k, batch            int
+	align                     [3]uint32
 	transA, transB, outF32    bool
 	inF32                     bool
 	bias                      bool
@@ -144,7 +145,7 @@ func (d *Device) gemmStateOnThread() (*gemmState, error) {
 // once per shape.
 func (d *Device) planOnThread(gs *gemmState, g *Gemm) (*gemmPlan, error) {
 	batch := max(g.Batch, 1)
-	key := gemmKey{g.M, g.N, g.K, batch, g.TransA, g.TransB, g.OutF32, g.InF32, g.Bias != nil, g.StrideA, g.StrideB, g.StrideC}
+	key := gemmKey{g.M, g.N, g.K, batch, g.alignments(), g.TransA, g.TransB, g.OutF32, g.InF32, g.Bias != nil, g.StrideA, g.StrideB, g.StrideC}
 	if p, ok := gs.plans[key]; ok {
 		return p, nil
 	}
@@ -229,15 +230,52 @@ func (d *Device) planOnThread(gs *gemmState, g *Gemm) (*gemmPlan, error) {
 	if err := lt.check("set max workspace", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefMaxWorkspace, unsafe.Pointer(&ws), 8)); err != nil {
 		return fail(err)
 	}
+	// The heuristic cannot see the pointers: tell it how they are aligned (our B is its A).
+	al := g.alignments()
+	for i, attr := range []int32{ltPrefMinAlignB, ltPrefMinAlignA, ltPrefMinAlignC, ltPrefMinAlignD} {
+		v := al[min(i, 2)]
+		if err := lt.check("set min alignment", lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, unsafe.Pointer(&v), 4)); err != nil {
+			return fail(err)
+		}
+	}
+	// Split-K reductions must accumulate in fp32, not in the (bf16) output: the contract rounds
+	// results to the output dtype once.
+	mask := uint32(ltReductionComputeType)
+	if err := lt.check("set reduction scheme", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefReductionMask, unsafe.Pointer(&mask), 4)); err != nil {
+		return fail(err)
+	}
 	var returned int32
 	if err := lt.check("cublasLtMatmulAlgoGetHeuristic", lt.cublasLtMatmulAlgoGetHeuristic(gs.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, unsafe.Pointer(&p.algo), &returned)); err != nil {
 		return fail(err)
 	}
 	if returned == 0 {
-		return fail(errors.New("cuBLASLt has no algorithm for this shape"))
+		// No algorithm without an output-typed split-K: let cuBLASLt choose freely.
+		mask = 7
+		if err := lt.check("set reduction scheme", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefReductionMask, unsafe.Pointer(&mask), 4)); err != nil {
+			return fail(err)
+		}
+		if err := lt.check("cublasLtMatmulAlgoGetHeuristic", lt.cublasLtMatmulAlgoGetHeuristic(gs.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, unsafe.Pointer(&p.algo), &returned)); err != nil {
+			return fail(err)
+		}
+	}
+	if returned == 0 {
+		return fail(errors.New("cuBLASLt has no algorithm for this shape and alignment"))
 	}
 	gs.plans[key] = p
 	return p, nil
+}
+
+// alignments returns the byte alignment (a power of two, at most 256) of A, B and C.
+func (g *Gemm) alignments() [3]uint32 {
+	var out [3]uint32
+	for i, b := range []*Buffer{g.A, g.B, g.C} {
+		a := uint32(256)
+		for a > 1 && b.ptr%uintptr(a) != 0 {
+			a >>= 1
+		}
+		out[i] = a
+	}
+	return out
 }
 
 func (d *Device) matmulOnThread(g *Gemm) error {

@@ -299,7 +299,7 @@ func TestKernelCacheDirOverride(t *testing.T) {
 
 func TestEmbeddedKernels(t *testing.T) {
 	files := KernelFiles()
-	want := []string{"adamw.cu", "attention.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
+	want := []string{"adamw.cu", "attention.cu", "attention_tc.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
 	if strings.Join(files, ",") != strings.Join(want, ",") {
 		t.Errorf("embedded kernel files = %v, want %v", files, want)
 	}

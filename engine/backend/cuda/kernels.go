@@ -131,8 +131,16 @@ type module struct {
 	fromCache bool
 }
 
-// kernelOpts are the NVRTC options every kernel is compiled with.
-var kernelOpts = []string{"-lineinfo"}
+// kernelOpts are the NVRTC options every kernel is compiled with. HALO_CUDA_PTXAS_VERBOSE=1 adds
+// ptxas' resource report (registers, shared memory, spills) to the log that HALO_CUDA_NVRTC_LOG
+// prints.
+var kernelOpts = func() []string {
+	o := []string{"-lineinfo"}
+	if os.Getenv("HALO_CUDA_PTXAS_VERBOSE") != "" {
+		o = append(o, "--ptxas-options=-v")
+	}
+	return o
+}()
 
 // function returns a kernel of a kernels/*.cu file, compiling and loading the file on first use.
 func (d *Device) function(file, name string) (uintptr, error) {

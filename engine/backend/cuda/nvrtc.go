@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -73,6 +74,9 @@ func (n *nvrtcAPI) compile(name, src, arch string, extraOpts []string) ([]byte, 
 	}
 	r := n.nvrtcCompileProgram(prog, int32(len(cOpts)), &cOpts[0])
 	log := n.programLog(prog)
+	if os.Getenv("HALO_CUDA_NVRTC_LOG") != "" && log != "" {
+		fmt.Fprintf(os.Stderr, "nvrtc %s (%s):\n%s\n", name, arch, log)
+	}
 	if r != 0 {
 		return nil, fmt.Errorf("cuda: nvrtc %s: compiling %s for %s (%s): %s\n%s", n.Version(), name, arch, strings.Join(opts, " "), n.errString(r), log)
 	}

@@ -659,54 +659,74 @@ func TestGPUAttention(t *testing.T) {
 		{[]int{100, 61}, 8, 2, 128, 0, tensor.BF16},
 		{[]int{90}, 4, 4, 64, 16, tensor.BF16},
 		{[]int{20, 45}, 6, 3, 96, 0, tensor.F32},
+		{[]int{3, 300, 70, 1, 130}, 8, 4, 128, 0, tensor.BF16},
+		{[]int{200, 57}, 4, 1, 64, 50, tensor.BF16},
 	} {
-		N := sum(s.lens...)
-		rel, abs := 2*bf16Eps, 4e-3
-		if s.dt == tensor.F32 {
-			rel, abs = 1e-4, 1e-5
-		}
-		base := func() []tspec {
-			return []tspec{
-				{Name: "q", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Gen: gen{Scale: 1}},
-				{Name: "k", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Gen: gen{Scale: 1}},
-				{Name: "v", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Gen: gen{Scale: 1}},
-				{Name: "cu", DType: tensor.I32, Shape: []int{len(s.lens) + 1}, Gen: gen{Ints: cuSeqlens(s.lens...)}},
+		for _, kernel := range []string{"mma", "simt"} {
+			if kernel == "mma" && (s.dt != tensor.BF16 || (s.HD != 64 && s.HD != 128)) {
+				continue
 			}
-		}
-		shape := func(ts map[string]tensor.Tensor) backend.AttentionShape {
-			return backend.AttentionShape{CuSeqlens: ts["cu"], NH: s.NH, NKV: s.NKV, HD: s.HD, Window: s.window}
-		}
-		name := fmt.Sprintf("%s/docs%v_NH%d_NKV%d_HD%d_win%d", s.dt, s.lens, s.NH, s.NKV, s.HD, s.window)
-		fwd := opCase{
-			Name: "attention/" + name,
-			Tensors: append(base(),
-				tspec{Name: "out", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: abs, Rel: rel},
-				tspec{Name: "lse", DType: tensor.F32, Shape: []int{N, s.NH}, Out: true, AbsFrac: 1e-4, Rel: 1e-4}),
-			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				return be.Attention(backend.AttentionArgs{AttentionShape: shape(ts), Out: ts["out"], LSE: ts["lse"], Q: ts["q"], K: ts["k"], V: ts["v"]})
-			},
-		}
-		t.Run(fwd.Name, func(t *testing.T) { runCase(t, g, fwd) })
-		bwd := opCase{
-			Name: "attention_backward/" + name,
-			Tensors: append(base(),
-				tspec{Name: "out", DType: s.dt, Shape: []int{N, s.NH * s.HD}},
-				tspec{Name: "lse", DType: tensor.F32, Shape: []int{N, s.NH}},
-				tspec{Name: "dout", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Gen: gen{Scale: 1}},
-				tspec{Name: "dq", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel},
-				tspec{Name: "dk", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel},
-				tspec{Name: "dv", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel}),
-			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				sh := shape(ts)
-				if err := be.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ts["out"], LSE: ts["lse"], Q: ts["q"], K: ts["k"], V: ts["v"]}); err != nil {
-					return err
+			N := sum(s.lens...)
+			rel, abs := 2*bf16Eps, 4e-3
+			if s.dt == tensor.F32 {
+				rel, abs = 1e-4, 1e-5
+			}
+			base := func() []tspec {
+				return []tspec{
+					{Name: "q", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Gen: gen{Scale: 1}},
+					{Name: "k", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Gen: gen{Scale: 1}},
+					{Name: "v", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Gen: gen{Scale: 1}},
+					{Name: "cu", DType: tensor.I32, Shape: []int{len(s.lens) + 1}, Gen: gen{Ints: cuSeqlens(s.lens...)}},
 				}
-				return be.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: ts["dq"], DK: ts["dk"], DV: ts["dv"], DOut: ts["dout"],
-					Q: ts["q"], K: ts["k"], V: ts["v"], Out: ts["out"], LSE: ts["lse"]})
-			},
+			}
+			shape := func(ts map[string]tensor.Tensor) backend.AttentionShape {
+				return backend.AttentionShape{CuSeqlens: ts["cu"], NH: s.NH, NKV: s.NKV, HD: s.HD, Window: s.window}
+			}
+			name := fmt.Sprintf("%s/%s/docs%v_NH%d_NKV%d_HD%d_win%d", kernel, s.dt, s.lens, s.NH, s.NKV, s.HD, s.window)
+			setKernel := func() { g.attnMMA = kernel == "mma" }
+			fwd := opCase{
+				Name: "attention/" + name,
+				Tensors: append(base(),
+					tspec{Name: "out", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: abs, Rel: rel},
+					tspec{Name: "lse", DType: tensor.F32, Shape: []int{N, s.NH}, Out: true, AbsFrac: 1e-4, Rel: 1e-4}),
+				Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+					return be.Attention(backend.AttentionArgs{AttentionShape: shape(ts), Out: ts["out"], LSE: ts["lse"], Q: ts["q"], K: ts["k"], V: ts["v"]})
+				},
+			}
+			setKernel()
+			t.Run(fwd.Name, func(t *testing.T) {
+				runCase(t, g, fwd)
+				if kernel == "mma" && g.MMAError() != nil {
+					t.Fatalf("tensor-core kernels unavailable, the SIMT ones ran instead: %v", g.MMAError())
+				}
+			})
+			bwd := opCase{
+				Name: "attention_backward/" + name,
+				Tensors: append(base(),
+					tspec{Name: "out", DType: s.dt, Shape: []int{N, s.NH * s.HD}},
+					tspec{Name: "lse", DType: tensor.F32, Shape: []int{N, s.NH}},
+					tspec{Name: "dout", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Gen: gen{Scale: 1}},
+					tspec{Name: "dq", DType: s.dt, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel},
+					tspec{Name: "dk", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel},
+					tspec{Name: "dv", DType: s.dt, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel}),
+				Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+					sh := shape(ts)
+					if err := be.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ts["out"], LSE: ts["lse"], Q: ts["q"], K: ts["k"], V: ts["v"]}); err != nil {
+						return err
+					}
+					return be.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: ts["dq"], DK: ts["dk"], DV: ts["dv"], DOut: ts["dout"],
+						Q: ts["q"], K: ts["k"], V: ts["v"], Out: ts["out"], LSE: ts["lse"]})
+				},
+			}
+			t.Run(bwd.Name, func(t *testing.T) {
+				runCase(t, g, bwd)
+				if kernel == "mma" && g.MMAError() != nil {
+					t.Fatalf("tensor-core kernels unavailable, the SIMT ones ran instead: %v", g.MMAError())
+				}
+			})
 		}
-		t.Run(bwd.Name, func(t *testing.T) { runCase(t, g, bwd) })
 	}
+	g.attnMMA = true
 }
 
 func TestGPUAdamW(t *testing.T) {
@@ -989,18 +1009,25 @@ func TestGPUOpTimes(t *testing.T) {
 	values := map[string]float64{}
 	values["rmsnorm_fwd_ms"] = timeIt(t, g, 10, func() error { return g.RMSNorm(out, rstd, x, w, 1e-6) })
 	values["swiglu_fwd_ms"] = timeIt(t, g, 10, func() error { return g.SwiGLU(mo, gate, up) })
-	values["attention_fwd_ms"] = timeIt(t, g, 1, func() error {
-		return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
-	})
-	values["attention_bwd_ms"] = timeIt(t, g, 1, func() error {
-		return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
-	})
+	for _, kernel := range []string{"mma", "simt"} {
+		g.attnMMA = kernel == "mma"
+		values["attention_fwd_ms_"+kernel] = timeIt(t, g, 1, func() error {
+			return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
+		})
+		values["attention_bwd_ms_"+kernel] = timeIt(t, g, 1, func() error {
+			return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
+		})
+	}
+	g.attnMMA = true
 	pairs := float64(B) * float64(T) * float64(T+1) / 2 * NH
-	values["attention_fwd_tflops"] = pairs * attnFlopsPair / (values["attention_fwd_ms"] * 1e-3) / 1e12
+	for _, kernel := range []string{"mma", "simt"} {
+		values["attention_fwd_tflops_"+kernel] = pairs * attnFlopsPair / (values["attention_fwd_ms_"+kernel] * 1e-3) / 1e12
+		values["attention_bwd_tflops_"+kernel] = 2.5 * pairs * attnFlopsPair / (values["attention_bwd_ms_"+kernel] * 1e-3) / 1e12
+	}
 	values["rmsnorm_fwd_gbps"] = float64(2*N*C*2) / (values["rmsnorm_fwd_ms"] * 1e-3) / 1e9
 	values["swiglu_fwd_gbps"] = float64(3*N*F*2) / (values["swiglu_fwd_ms"] * 1e-3) / 1e9
 	for k, v := range values {
 		t.Logf("%s = %.3f", k, v)
 	}
-	report.addBench(benchmark{Name: "layer_ops_qwen3_0.6b_shape_b4x4096", Values: values, Note: "median of 5 timed repetitions with CUDA events; bandwidth counts each input read once and each output written once"})
+	report.addBench(benchmark{Name: "layer_ops_qwen3_0.6b_shape_b4x4096", Values: values, Note: "median of 5 timed repetitions with CUDA events; bandwidth counts each input read once and each output written once; attention FLOPs count 4*HD per causal (query, key) pair forward and 2.5x that backward"})
 }

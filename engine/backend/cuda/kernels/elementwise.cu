@@ -3,7 +3,7 @@
 //
 // Gradient contract: none of these is an op with a backward; they are the building blocks
 // (Add, Axpy, Scale, Copy with conversion, SumSquares) and the bias helpers of Linear:
-//   add_bias_rows:  out[m, o] += bias[o]                       (out =/+= as the caller arranged)
+//   bias_rows_out:  out[m, o] = acc[m, o] + bias[o]             (=; acc fp32, rounded once)
 //   bias_grad:      dbias[o] += sum_m dy[m, o]                 (+=, parameter gradient)
 // Nothing is cached.
 
@@ -30,9 +30,9 @@ extern "C" __global__ void ew_fill_bf16(bf16* t, float v, long long n) {
     GRID_STRIDE(i, n) t[i] = b;
 }
 
-// out[m, o] += bias[o]; out [M, O], bias [O].
-extern "C" __global__ void add_bias_rows(void* out, int dto, const void* bias, int dtb, long long M, int O) {
-    GRID_STRIDE(i, M * O) stf(out, dto, i, ldf(out, dto, i) + ldf(bias, dtb, i % O));
+// out[m, o] = acc[m, o] + bias[o]; out, acc [M, O] (acc fp32, may alias out), bias [O].
+extern "C" __global__ void bias_rows_out(void* out, int dto, const float* acc, const void* bias, int dtb, long long M, int O) {
+    GRID_STRIDE(i, M * O) stf(out, dto, i, acc[i] + ldf(bias, dtb, i % O));
 }
 
 // dbias[o] += sum_m dy[m, o]; dy [M, O]. One thread per column, rows strided by blockIdx.y,
