@@ -8,7 +8,7 @@ import (
 )
 
 // attnBlock is the number of query (or key) rows per parallel task.
-const attnBlock = 16
+const attnBlock = 64
 
 // attnGeom is a validated AttentionShape with host copies of the document boundaries.
 type attnGeom struct {
@@ -147,13 +147,6 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-func axpy(y []float32, a float32, x []float32) {
-	x = x[:len(y)]
-	for i := range y {
-		y[i] += a * x[i]
-	}
-}
-
 // Attention is causal GQA attention over packed documents; it caches LSE per (token, head).
 func (b *Backend) Attention(a backend.AttentionArgs) error {
 	const op = "attention"
@@ -214,41 +207,7 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if err != nil {
 		return err
 	}
-	hd := g.hd
-	blocks := g.blocks(false)
-	b.pool.run(len(blocks), func(bi int) {
-		bl := blocks[bi]
-		sc := make([]float32, g.maxK)
-		acc := make([]float32, hd)
-		for i := bl.lo; i < bl.hi; i++ {
-			jlo, jhi := g.visible(bl.doc, i)
-			for h := 0; h < g.nh; h++ {
-				q := qs[i*g.qw+h*hd : i*g.qw+(h+1)*hd]
-				kv := (h / g.group) * hd
-				m := float32(math.Inf(-1))
-				for j := jlo; j < jhi; j++ {
-					s := g.scale * dot(q, ks[j*g.kw+kv:j*g.kw+kv+hd])
-					sc[j-jlo] = s
-					m = max(m, s)
-				}
-				var l float64
-				clear(acc)
-				for j := jlo; j < jhi; j++ {
-					p := float32(math.Exp(float64(sc[j-jlo] - m)))
-					l += float64(p)
-					axpy(acc, p, vs[j*g.kw+kv:j*g.kw+kv+hd])
-				}
-				o := os[i*g.qw+h*hd : i*g.qw+(h+1)*hd]
-				inv := float32(1 / l)
-				for d := range o {
-					o[d] = acc[d] * inv
-				}
-				if lse != nil {
-					lse[i*g.nh+h] = m + float32(math.Log(l))
-				}
-			}
-		}
-	})
+	g.forward(b, qs, ks, vs, os, lse)
 	flush()
 	return nil
 }
@@ -321,10 +280,98 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 	if err != nil {
 		return err
 	}
+	g.backward(b, qs, ks, vs, os, dos, lse, dq, dk, dv)
+	flushQ()
+	flushK()
+	flushV()
+	return nil
+}
+
+// task is one unit of attention work: a block of rows of one document for one kv head.
+type task struct {
+	block
+	kvh int
+}
+
+func (g *attnGeom) tasks(keys bool) []task {
+	var ts []task
+	for _, bl := range g.blocks(keys) {
+		for h := 0; h < g.nkv; h++ {
+			ts = append(ts, task{bl, h})
+		}
+	}
+	return ts
+}
+
+// keySpan returns the keys seen by any query of rows [lo, hi) of document d.
+func (g *attnGeom) keySpan(d, lo, hi int) (int, int) {
+	a, _ := g.visible(d, lo)
+	_, z := g.visible(d, hi-1)
+	return a, z
+}
+
+// querySpan returns the queries that see any key of rows [lo, hi) of document d.
+func (g *attnGeom) querySpan(d, lo, hi int) (int, int) {
+	a, _ := g.queries(d, lo)
+	_, z := g.queries(d, hi-1)
+	if z < a {
+		z = a
+	}
+	return a, z
+}
+
+// forward computes, for each task, S = scale*Q_h K^T over the block's key span with the GEMM
+// kernel, a masked softmax per row (recording LSE), and Out_h = P V. Score blocks are
+// [64 x span] per task: the [N, N] matrix never exists.
+func (g *attnGeom) forward(b *Backend, qs, ks, vs, os, lse []float32) {
 	hd := g.hd
-	// D[i,h] = dOut[i,h] . Out[i,h]
-	dd := make([]float32, nq*g.nh)
-	b.pool.rows(nq, 64, func(lo, hi int) {
+	ts := g.tasks(false)
+	b.pool.run(len(ts), func(ti int) {
+		t := ts[ti]
+		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
+		m, l := t.hi-t.lo, jhi-jlo
+		sc := make([]float32, m*l)
+		var ws gemmScratch
+		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
+			gemmSerial(false, true, m, l, hd, g.scale, qs[t.lo*g.qw+h*hd:], g.qw, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, sc, l, &ws)
+			for r := 0; r < m; r++ {
+				a, z := g.visible(t.doc, t.lo+r)
+				row := sc[r*l : (r+1)*l]
+				mx := float32(math.Inf(-1))
+				for _, v := range row[a-jlo : z-jlo] {
+					mx = max(mx, v)
+				}
+				var sum float64
+				for j := range row {
+					if j < a-jlo || j >= z-jlo {
+						row[j] = 0
+						continue
+					}
+					e := float32(math.Exp(float64(row[j] - mx)))
+					row[j] = e
+					sum += float64(e)
+				}
+				inv := float32(1 / sum)
+				for j := a - jlo; j < z-jlo; j++ {
+					row[j] *= inv
+				}
+				if lse != nil {
+					lse[(t.lo+r)*g.nh+h] = mx + float32(math.Log(sum))
+				}
+			}
+			gemmSerial(false, false, m, hd, l, 1, sc, l, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, os[t.lo*g.qw+h*hd:], g.qw, &ws)
+		}
+	})
+}
+
+// backward recomputes probabilities blockwise from Q, K and LSE. Pass 1 (query blocks) writes
+// dQ; pass 2 (key blocks) writes dK and dV, summing the heads of each kv group. Every output
+// row has one writer, so no locks or atomics are needed and results do not depend on the
+// number of workers.
+func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []float32) {
+	hd := g.hd
+	dd := make([]float32, g.nq*g.nh) // D[i,h] = dOut[i,h] . Out[i,h]
+	b.pool.rows(g.nq, 64, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			for h := 0; h < g.nh; h++ {
 				o := i*g.qw + h*hd
@@ -332,59 +379,76 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			}
 		}
 	})
-	// Pass 1: dQ.
-	qb := g.blocks(false)
-	b.pool.run(len(qb), func(bi int) {
-		bl := qb[bi]
-		for i := bl.lo; i < bl.hi; i++ {
-			jlo, jhi := g.visible(bl.doc, i)
-			for h := 0; h < g.nh; h++ {
-				o := i*g.qw + h*hd
-				q, do, dqv := qs[o:o+hd], dos[o:o+hd], dq[o:o+hd]
-				clear(dqv)
-				kv := (h / g.group) * hd
-				l, di := lse[i*g.nh+h], dd[i*g.nh+h]
-				for j := jlo; j < jhi; j++ {
-					kr := ks[j*g.kw+kv : j*g.kw+kv+hd]
-					p := float32(math.Exp(float64(g.scale*dot(q, kr) - l)))
-					ds := p * (dot(do, vs[j*g.kw+kv:j*g.kw+kv+hd]) - di)
-					axpy(dqv, ds, kr)
-				}
-				for d := range dqv {
-					dqv[d] *= g.scale
-				}
-			}
-		}
-	})
-	// Pass 2: dK, dV.
-	kb := g.blocks(true)
-	b.pool.run(len(kb), func(bi int) {
-		bl := kb[bi]
-		for j := bl.lo; j < bl.hi; j++ {
-			ilo, ihi := g.queries(bl.doc, j)
-			for kvh := 0; kvh < g.nkv; kvh++ {
-				o := j*g.kw + kvh*hd
-				kr, vr, dkv, dvv := ks[o:o+hd], vs[o:o+hd], dk[o:o+hd], dv[o:o+hd]
-				clear(dkv)
-				clear(dvv)
-				for i := ilo; i < ihi; i++ {
-					for h := kvh * g.group; h < (kvh+1)*g.group; h++ {
-						qo := i*g.qw + h*hd
-						q, do := qs[qo:qo+hd], dos[qo:qo+hd]
-						p := float32(math.Exp(float64(g.scale*dot(q, kr) - lse[i*g.nh+h])))
-						ds := p * (dot(do, vr) - dd[i*g.nh+h])
-						axpy(dvv, p, do)
-						axpy(dkv, ds, q)
+	qt := g.tasks(false)
+	b.pool.run(len(qt), func(ti int) {
+		t := qt[ti]
+		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
+		m, l := t.hi-t.lo, jhi-jlo
+		p := make([]float32, m*l)
+		dp := make([]float32, m*l)
+		var ws gemmScratch
+		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
+			gemmSerial(false, true, m, l, hd, g.scale, qs[t.lo*g.qw+h*hd:], g.qw, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, p, l, &ws)
+			gemmSerial(false, true, m, l, hd, 1, dos[t.lo*g.qw+h*hd:], g.qw, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, dp, l, &ws)
+			for r := 0; r < m; r++ {
+				i := t.lo + r
+				a, z := g.visible(t.doc, i)
+				li, di := lse[i*g.nh+h], dd[i*g.nh+h]
+				row, drow := p[r*l:(r+1)*l], dp[r*l:(r+1)*l]
+				for j := range row {
+					if j < a-jlo || j >= z-jlo {
+						row[j] = 0
+						continue
 					}
-				}
-				for d := range dkv {
-					dkv[d] *= g.scale
+					pr := float32(math.Exp(float64(row[j] - li)))
+					row[j] = pr * (drow[j] - di) // dS
 				}
 			}
+			gemmSerial(false, false, m, hd, l, g.scale, p, l, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, dq[t.lo*g.qw+h*hd:], g.qw, &ws)
 		}
 	})
-	flushQ()
-	flushK()
-	flushV()
-	return nil
+	kt := g.tasks(true)
+	b.pool.run(len(kt), func(ti int) {
+		t := kt[ti]
+		ilo, ihi := g.querySpan(t.doc, t.lo, t.hi)
+		m, l := t.hi-t.lo, ihi-ilo
+		if l == 0 {
+			for j := t.lo; j < t.hi; j++ {
+				clear(dk[j*g.kw+t.kvh*hd : j*g.kw+(t.kvh+1)*hd])
+				clear(dv[j*g.kw+t.kvh*hd : j*g.kw+(t.kvh+1)*hd])
+			}
+			return
+		}
+		// Visible query range of each key row of the block.
+		qa, qz := make([]int, m), make([]int, m)
+		for r := 0; r < m; r++ {
+			qa[r], qz[r] = g.queries(t.doc, t.lo+r)
+		}
+		pt := make([]float32, m*l)
+		dpt := make([]float32, m*l)
+		var ws gemmScratch
+		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
+			beta := float32(1)
+			if h == t.kvh*g.group {
+				beta = 0
+			}
+			gemmSerial(false, true, m, l, hd, g.scale, ks[t.lo*g.kw+t.kvh*hd:], g.kw, qs[ilo*g.qw+h*hd:], g.qw, 0, pt, l, &ws)
+			gemmSerial(false, true, m, l, hd, 1, vs[t.lo*g.kw+t.kvh*hd:], g.kw, dos[ilo*g.qw+h*hd:], g.qw, 0, dpt, l, &ws)
+			for r := 0; r < m; r++ {
+				row, drow := pt[r*l:(r+1)*l], dpt[r*l:(r+1)*l]
+				for c := range row {
+					i := ilo + c
+					if i < qa[r] || i >= qz[r] {
+						row[c], drow[c] = 0, 0
+						continue
+					}
+					pr := float32(math.Exp(float64(row[c] - lse[i*g.nh+h])))
+					row[c] = pr
+					drow[c] = pr * (drow[c] - dd[i*g.nh+h]) // dS^T
+				}
+			}
+			gemmSerial(false, false, m, hd, l, 1, pt, l, dos[ilo*g.qw+h*hd:], g.qw, beta, dv[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
+			gemmSerial(false, false, m, hd, l, g.scale, dpt, l, qs[ilo*g.qw+h*hd:], g.qw, beta, dk[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
+		}
+	})
 }

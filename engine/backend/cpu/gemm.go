@@ -44,18 +44,7 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 		return
 	}
 	if k == 0 || alpha == 0 {
-		be.pool.rows(m, 16, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				row := c[i*ldc : i*ldc+n]
-				for j := range row {
-					if beta == 0 {
-						row[j] = 0
-					} else {
-						row[j] *= beta
-					}
-				}
-			}
-		})
+		be.pool.rows(m, 16, func(lo, hi int) { scaleRows(c, ldc, lo, hi, n, beta) })
 		return
 	}
 	kern := gemmKernel
@@ -64,58 +53,14 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 	np := (n + nr - 1) / nr
 	pa := make([]float32, mp*mr*k)
 	pb := make([]float32, np*nr*k)
-	// Pack A: panel q holds rows q*mr.. as pa[q*mr*k + p*mr + r].
 	be.pool.rows(mp, 8, func(lo, hi int) {
 		for q := lo; q < hi; q++ {
-			dst := pa[q*mr*k : (q+1)*mr*k]
-			for r := 0; r < mr; r++ {
-				i := q*mr + r
-				switch {
-				case i >= m:
-					for p := 0; p < k; p++ {
-						dst[p*mr+r] = 0
-					}
-				case transA:
-					for p := 0; p < k; p++ {
-						dst[p*mr+r] = a[p*lda+i]
-					}
-				default:
-					for p, v := range a[i*lda : i*lda+k] {
-						dst[p*mr+r] = v
-					}
-				}
-			}
+			packA(pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
 		}
 	})
-	// Pack B: panel q holds columns q*nr.. as pb[q*nr*k + p*nr + j].
 	be.pool.rows(np, 8, func(lo, hi int) {
 		for q := lo; q < hi; q++ {
-			dst := pb[q*nr*k : (q+1)*nr*k]
-			j0 := q * nr
-			w := min(nr, n-j0)
-			if !transB && w == nr {
-				for p := 0; p < k; p++ {
-					copy(dst[p*nr:(p+1)*nr], b[p*ldb+j0:p*ldb+j0+nr])
-				}
-				continue
-			}
-			for jj := 0; jj < nr; jj++ {
-				j := j0 + jj
-				switch {
-				case j >= n:
-					for p := 0; p < k; p++ {
-						dst[p*nr+jj] = 0
-					}
-				case transB:
-					for p, v := range b[j*ldb : j*ldb+k] {
-						dst[p*nr+jj] = v
-					}
-				default:
-					for p := 0; p < k; p++ {
-						dst[p*nr+jj] = b[p*ldb+j]
-					}
-				}
-			}
+			packB(pb[q*nr*k:(q+1)*nr*k], b, ldb, transB, n, k, q*nr, nr)
 		}
 	})
 	tm := (m + tileM - 1) / tileM
@@ -123,40 +68,142 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 	be.pool.run(tm*tn, func(t int) {
 		ti, tj := t/tn, t%tn
 		i0, j0 := ti*tileM, tj*tileN
-		i1, j1 := min(i0+tileM, m), min(j0+tileN, n)
 		acc := make([]float32, mr*nr)
-		for p0 := 0; p0 < k; p0 += kc {
-			kk := min(kc, k-p0)
-			bt := beta
-			if p0 > 0 {
-				bt = 1
+		gemmTile(kern, pa, pb, k, i0, min(i0+tileM, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc)
+	})
+}
+
+// gemmScratch holds reusable packing buffers for gemmSerial.
+type gemmScratch struct{ pa, pb, acc []float32 }
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// gemmSerial is sgemm on the calling goroutine only, for use inside parallel tasks.
+func gemmSerial(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
+	b []float32, ldb int, beta float32, c []float32, ldc int, ws *gemmScratch) {
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 || alpha == 0 {
+		scaleRows(c, ldc, 0, m, n, beta)
+		return
+	}
+	kern := gemmKernel
+	mr, nr := kern.mr, kern.nr
+	mp := (m + mr - 1) / mr
+	np := (n + nr - 1) / nr
+	ws.pa = grow(ws.pa, mp*mr*k)
+	ws.pb = grow(ws.pb, np*nr*k)
+	ws.acc = grow(ws.acc, mr*nr)
+	for q := 0; q < mp; q++ {
+		packA(ws.pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
+	}
+	for q := 0; q < np; q++ {
+		packB(ws.pb[q*nr*k:(q+1)*nr*k], b, ldb, transB, n, k, q*nr, nr)
+	}
+	gemmTile(kern, ws.pa, ws.pb, k, 0, m, 0, n, m, n, alpha, beta, c, ldc, ws.acc)
+}
+
+func scaleRows(c []float32, ldc, lo, hi, n int, beta float32) {
+	for i := lo; i < hi; i++ {
+		row := c[i*ldc : i*ldc+n]
+		for j := range row {
+			if beta == 0 {
+				row[j] = 0
+			} else {
+				row[j] *= beta
 			}
-			for j := j0; j < j1; j += nr {
-				q := j / nr
-				bp := pb[q*nr*k+p0*nr : q*nr*k+(p0+kk)*nr]
-				cols := min(nr, n-j)
-				for i := i0; i < i1; i += mr {
-					qa := i / mr
-					ap := pa[qa*mr*k+p0*mr : qa*mr*k+(p0+kk)*mr]
-					kern.run(kk, ap, bp, acc)
-					rows := min(mr, m-i)
-					for r := 0; r < rows; r++ {
-						row := c[(i+r)*ldc+j : (i+r)*ldc+j+cols]
-						ar := acc[r*nr : r*nr+cols]
-						if bt == 0 {
-							for x := range row {
-								row[x] = alpha * ar[x]
-							}
-						} else {
-							for x := range row {
-								row[x] = alpha*ar[x] + bt*row[x]
-							}
+		}
+	}
+}
+
+// packA writes rows i0..i0+mr of op(A) (zero beyond m) as dst[p*mr + r].
+func packA(dst, a []float32, lda int, transA bool, m, k, i0, mr int) {
+	for r := 0; r < mr; r++ {
+		i := i0 + r
+		switch {
+		case i >= m:
+			for p := 0; p < k; p++ {
+				dst[p*mr+r] = 0
+			}
+		case transA:
+			for p := 0; p < k; p++ {
+				dst[p*mr+r] = a[p*lda+i]
+			}
+		default:
+			for p, v := range a[i*lda : i*lda+k] {
+				dst[p*mr+r] = v
+			}
+		}
+	}
+}
+
+// packB writes columns j0..j0+nr of op(B) (zero beyond n) as dst[p*nr + j].
+func packB(dst, b []float32, ldb int, transB bool, n, k, j0, nr int) {
+	if !transB && j0+nr <= n {
+		for p := 0; p < k; p++ {
+			copy(dst[p*nr:(p+1)*nr], b[p*ldb+j0:p*ldb+j0+nr])
+		}
+		return
+	}
+	for jj := 0; jj < nr; jj++ {
+		j := j0 + jj
+		switch {
+		case j >= n:
+			for p := 0; p < k; p++ {
+				dst[p*nr+jj] = 0
+			}
+		case transB:
+			for p, v := range b[j*ldb : j*ldb+k] {
+				dst[p*nr+jj] = v
+			}
+		default:
+			for p := 0; p < k; p++ {
+				dst[p*nr+jj] = b[p*ldb+j]
+			}
+		}
+	}
+}
+
+// gemmTile computes C[i0:i1, j0:j1] from packed panels, in reduction blocks of kc.
+func gemmTile(kern microKernel, pa, pb []float32, k, i0, i1, j0, j1, m, n int, alpha, beta float32, c []float32, ldc int, acc []float32) {
+	mr, nr := kern.mr, kern.nr
+	for p0 := 0; p0 < k; p0 += kc {
+		kk := min(kc, k-p0)
+		bt := beta
+		if p0 > 0 {
+			bt = 1
+		}
+		for j := j0; j < j1; j += nr {
+			q := j / nr
+			bp := pb[q*nr*k+p0*nr : q*nr*k+(p0+kk)*nr]
+			cols := min(nr, n-j)
+			for i := i0; i < i1; i += mr {
+				qa := i / mr
+				ap := pa[qa*mr*k+p0*mr : qa*mr*k+(p0+kk)*mr]
+				kern.run(kk, ap, bp, acc)
+				rows := min(mr, m-i)
+				for r := 0; r < rows; r++ {
+					row := c[(i+r)*ldc+j : (i+r)*ldc+j+cols]
+					ar := acc[r*nr : r*nr+cols]
+					if bt == 0 {
+						for x := range row {
+							row[x] = alpha * ar[x]
+						}
+					} else {
+						for x := range row {
+							row[x] = alpha*ar[x] + bt*row[x]
 						}
 					}
 				}
 			}
 		}
-	})
+	}
 }
 
 // kernel4x4 is the portable micro-kernel: a 4x4 tile with the accumulators in registers.
