@@ -93,6 +93,13 @@ const fixed = [
   ["added token words", "hello world [USER] said hello worldly things [USER]"],
 ];
 
+// More fixed cases, kept apart from `fixed` because that one also trains the tiny models.
+const fixedMore = [
+  ["marks unknown to older unicode", "a\u1ac7\u0711 e\u0301\u030a\u1ac4 \u0915\u093c\u1df6"],
+  ["letters of newer unicode", "\u{2ED59}'s \u{13C9E}'ll \u{14377}'d"],
+  ["long space run before word", "x" + " ".repeat(40) + "y\t\t\t\nz"],
+];
+
 // Deterministic PRNG (mulberry32).
 function rng(seed) {
   let a = seed >>> 0;
@@ -155,6 +162,7 @@ function longDocument() {
 
 function corpus() {
   const cases = fixed.map(([name, text]) => ({ name, text }));
+  cases.push(...fixedMore.map(([name, text]) => ({ name, text })));
   cases.push({ name: "long document", text: longDocument() });
   const r = rng(20261129);
   for (let i = 0; i < 300; i++) cases.push({ name: `random ${i}`, text: randomText(r) });

@@ -79,4 +79,31 @@ import "unicode"
 src += table("hfLetter", "hfLetter is \\p{L} of Hugging Face tokenizers' regular expressions.", classOf("\\P{L}"));
 src += table("hfNumber", "hfNumber is \\p{N} of Hugging Face tokenizers' regular expressions.", classOf("\\P{N}"));
 src += table("hfSpace", "hfSpace is \\s of Hugging Face tokenizers' regular expressions.", classOf("\\S"));
+// Characters whose normalization (NFC, NFD, NFKC, NFKD) the library does not know: its
+// normalization tables are older than Go's. Found by normalizing probe strings around every
+// code point with the library and with the JavaScript engine's (newer) ICU tables; where they
+// differ the library treats the character as an unassigned starter.
+function normOpaque() {
+  const probes = (ch) => [ch, "a" + ch, "a\u0345" + ch, "a" + ch + "\u0334"];
+  const cps = [];
+  for (let cp = 0x80; cp <= 0x10ffff; cp++) if (cp < 0xd800 || cp > 0xdfff) cps.push(cp);
+  const flagged = new Set();
+  for (const form of ["NFC", "NFD", "NFKC", "NFKD"]) {
+    const tok = Tokenizer.fromString(JSON.stringify({
+      version: "1.0", added_tokens: [], normalizer: { type: form }, pre_tokenizer: null, post_processor: null, decoder: null,
+      model: { type: "BPE", vocab: {}, merges: [] },
+    }));
+    const parts = [];
+    for (const cp of cps) parts.push(...probes(String.fromCodePoint(cp)));
+    const got = tok.getNormalizer().normalizeString(parts.join("\n")).split("\n");
+    if (got.length !== parts.length) throw new Error(`${form}: probes do not line up`);
+    let k = 0;
+    for (const cp of cps) {
+      for (const p of probes(String.fromCodePoint(cp))) if (got[k++] !== p.normalize(form)) flagged.add(cp);
+    }
+  }
+  return [...flagged].sort((a, b) => a - b);
+}
+src += table("hfNormOpaque", "hfNormOpaque holds the characters Hugging Face tokenizers' normalizers leave alone as unassigned starters.", normOpaque());
+
 fs.writeFileSync(outFile, src.trimEnd() + "\n");

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -16,7 +17,30 @@ type normalizer interface {
 
 type unicodeNormalizer struct{ form norm.Form }
 
-func (n unicodeNormalizer) normalize(s string) string { return n.form.String(s) }
+// normalize applies the normalization form with Hugging Face's (older) Unicode data: the
+// characters of hfNormOpaque are unassigned there, so they stay as they are and act as
+// starters that nothing reorders or composes across.
+func (n unicodeNormalizer) normalize(s string) string {
+	start := 0
+	var b strings.Builder
+	for i, r := range s {
+		if r < 0x7FD || !unicode.Is(hfNormOpaque, r) {
+			continue
+		}
+		if b.Len() == 0 {
+			b.Grow(len(s) + 16)
+		}
+		b.WriteString(n.form.String(s[start:i]))
+		size := utf8.RuneLen(r)
+		b.WriteString(s[i : i+size])
+		start = i + size
+	}
+	if start == 0 {
+		return n.form.String(s)
+	}
+	b.WriteString(n.form.String(s[start:]))
+	return b.String()
+}
 
 type lowercaseNormalizer struct{}
 

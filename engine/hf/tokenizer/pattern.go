@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
@@ -57,7 +58,7 @@ type regexMatcher struct {
 }
 
 func compileRegex(src string) (*regexMatcher, error) {
-	re, err := regexp2.Compile(src, regexp2.None)
+	re, err := regexp2.Compile(withHFClasses(src), regexp2.None)
 	if err != nil {
 		return nil, fmt.Errorf("regular expression %q does not compile: %v", src, err)
 	}
@@ -225,5 +226,103 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 		if !o.remove && o.end > o.start {
 			emit(s[o.start:o.end])
 		}
+	}
+}
+
+// withHFClasses rewrites \p{L}, \p{N}, \pL and \pN (and \P{L}, \P{N} outside brackets) as
+// explicit character ranges from Hugging Face's tables, so that the regexp2 engine (which
+// uses Go's older Unicode tables) classifies letters and numbers as Hugging Face does.
+func withHFClasses(src string) string {
+	var b strings.Builder
+	inClass := false
+	for i := 0; i < len(src); {
+		c := src[i]
+		if c == '\\' && i+1 < len(src) {
+			name, n := unicodeClassAt(src, i)
+			if table := hfClassTable(name); table != nil && n > 0 {
+				negated := src[i+1] == 'P'
+				switch {
+				case inClass && !negated:
+					writeRanges(&b, table)
+				case !inClass && !negated:
+					b.WriteByte('[')
+					writeRanges(&b, table)
+					b.WriteByte(']')
+				case !inClass && negated:
+					b.WriteString("[^")
+					writeRanges(&b, table)
+					b.WriteByte(']')
+				default:
+					b.WriteString(src[i : i+n])
+				}
+				i += n
+				continue
+			}
+			b.WriteString(src[i : i+2])
+			i += 2
+			continue
+		}
+		switch {
+		case c == '[' && !inClass:
+			inClass = true
+			b.WriteByte(c)
+			i++
+			// A ']' right after '[' or '[^' is a literal.
+			if i < len(src) && src[i] == '^' {
+				b.WriteByte('^')
+				i++
+			}
+			if i < len(src) && src[i] == ']' {
+				b.WriteByte(']')
+				i++
+			}
+			continue
+		case c == ']' && inClass:
+			inClass = false
+		}
+		b.WriteByte(c)
+		i++
+	}
+	return b.String()
+}
+
+// unicodeClassAt parses \p{X}, \pX, \P{X} or \PX at src[i] and returns X and the length.
+func unicodeClassAt(src string, i int) (string, int) {
+	if i+2 >= len(src) || (src[i+1] != 'p' && src[i+1] != 'P') {
+		return "", 0
+	}
+	if src[i+2] != '{' {
+		return src[i+2 : i+3], 3
+	}
+	end := strings.IndexByte(src[i+3:], '}')
+	if end < 0 {
+		return "", 0
+	}
+	return src[i+3 : i+3+end], end + 4
+}
+
+func hfClassTable(name string) *unicode.RangeTable {
+	switch name {
+	case "L":
+		return hfLetter
+	case "N":
+		return hfNumber
+	}
+	return nil
+}
+
+func writeRanges(b *strings.Builder, t *unicode.RangeTable) {
+	w := func(lo, hi rune) {
+		b.WriteRune(lo)
+		if hi > lo {
+			b.WriteByte('-')
+			b.WriteRune(hi)
+		}
+	}
+	for _, r := range t.R16 {
+		w(rune(r.Lo), rune(r.Hi))
+	}
+	for _, r := range t.R32 {
+		w(rune(r.Lo), rune(r.Hi))
 	}
 }

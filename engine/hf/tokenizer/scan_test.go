@@ -54,7 +54,7 @@ func scannerInputs(t *testing.T) []string {
 	for _, c := range g.Cases {
 		inputs = append(inputs, c.Text)
 	}
-	alphabet := []string{"a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
+	alphabet := []string{"\U0002ED59", "\U00013C9E", "a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
 		"\u2028", "\u0085", "'", "'s", "'S", "'ll", "'LL", "'re", "'Ve", "'d", "'m", "'t", "'x", "!", ".", "?", "-", "_",
 		"🎉", "\u0301", "\u200d", "\ufe0f", "$", "<", ">"}
 	r := rand.New(rand.NewPCG(3, 4))
@@ -81,9 +81,6 @@ func TestFastScannersMatchRegex(t *testing.T) {
 			}
 			bad := 0
 			for _, s := range inputs {
-				if !tablesAgree(s) {
-					continue
-				}
 				got, want := fast.findAll(s, nil), slow.findAll(s, nil)
 				if !slices.Equal(got, want) {
 					bad++
@@ -116,9 +113,6 @@ func FuzzFastScanners(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
-		if !tablesAgree(s) {
-			t.Skip("holds a character Go's unicode tables and Hugging Face's classify differently")
-		}
 		for _, p := range pairs {
 			got, want := p.fast.findAll(s, nil), p.slow.findAll(s, nil)
 			if !slices.Equal(got, want) {
@@ -126,18 +120,6 @@ func FuzzFastScanners(f *testing.F) {
 			}
 		}
 	})
-}
-
-// tablesAgree reports whether Go's unicode package (which the regexp2 engine uses) and
-// Hugging Face's tables put every character of s in the same classes.
-func tablesAgree(s string) bool {
-	for _, r := range s {
-		if unicode.IsLetter(r) != unicode.Is(hfLetter, r) || unicode.IsNumber(r) != unicode.Is(hfNumber, r) ||
-			unicode.IsSpace(r) != unicode.Is(hfSpace, r) {
-			return false
-		}
-	}
-	return true
 }
 
 // TestUnicodeTablesExtendGo checks that the generated tables hold what Go's unicode
@@ -168,6 +150,32 @@ func TestUnicodeTablesExtendGo(t *testing.T) {
 		if unicode.IsLetter(r) && !unicode.Is(hfLetter, r) {
 			t.Errorf("Go letter %U is not in hfLetter", r)
 			break
+		}
+	}
+}
+
+// TestRegexUsesHFClasses checks that \p{L} and \p{N} in custom patterns follow Hugging
+// Face's tables (a letter of Unicode 15.1 matches) and that other syntax is left alone.
+func TestRegexUsesHFClasses(t *testing.T) {
+	for _, c := range []struct {
+		pattern, in string
+		want        []span
+	}{
+		{`\p{L}+`, "a\U0002ED59b 1", []span{{0, 6}}},
+		{`\pL+`, "ab1", []span{{0, 2}}},
+		{`\P{L}+`, "ab12 c", []span{{2, 5}}},
+		{`[^\r\n\p{L}\p{N}]+`, "a!?\n1 ", []span{{1, 3}, {5, 6}}},
+		{`\\p{L}`, `x\p{L}`, []span{{1, 6}}},
+		{`\p{Lu}+`, "abCDe", []span{{2, 4}}},
+		{`[]\p{N}]+`, "a]1]b", []span{{1, 4}}},
+		{`\p{N}`, "x٣", []span{{1, 3}}},
+	} {
+		m, err := compileRegex(c.pattern)
+		if err != nil {
+			t.Fatalf("%s: %v", c.pattern, err)
+		}
+		if got := m.findAll(c.in, nil); !slices.Equal(got, c.want) {
+			t.Errorf("%s on %q = %v, want %v", c.pattern, c.in, got, c.want)
 		}
 	}
 }
