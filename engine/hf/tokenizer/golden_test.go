@@ -174,3 +174,31 @@ func truncIDs(ids []int) []int {
 	}
 	return ids
 }
+
+// TestDecodeRandomIDsMatchesHuggingFace checks Decode on random id sequences (characters
+// split across byte tokens, special tokens, ids past the vocabulary) against Hugging Face,
+// which replaces each maximal invalid UTF-8 subpart with one U+FFFD.
+func TestDecodeRandomIDsMatchesHuggingFace(t *testing.T) {
+	tok := testTokenizer(t, "qwen3")
+	data, err := os.ReadFile(filepath.Join("testdata", "qwen3", "decode_goldens.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Cases []goldenCase `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Cases) < 300 {
+		t.Fatalf("only %d cases", len(g.Cases))
+	}
+	for _, c := range g.Cases {
+		if got := tok.Decode(c.IDs, false); got != *c.Decoded {
+			t.Errorf("%s: Decode(%v) = %q, want %q", c.Name, c.IDs, got, *c.Decoded)
+		}
+		if got := tok.Decode(c.IDs, true); got != *c.DecodedSkipSpecial {
+			t.Errorf("%s: Decode skipping special(%v) = %q, want %q", c.Name, c.IDs, got, *c.DecodedSkipSpecial)
+		}
+	}
+}
