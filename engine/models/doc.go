@@ -12,6 +12,20 @@
 // parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and
 // checkpoints each see one flat buffer.
 //
+// Entry points:
+//
+//	m, err := models.Load(dir, b, models.Options{})        // HF checkpoint -> model on backend b
+//	m, err := models.New(cfg, b, opts); m.InitRandom(seed) // from a config.json, random init
+//	m.ZeroGrads()                                          // start of an optimizer step
+//	sum, n, err := m.ForwardBackward(batch, 1/float32(stepTargets)) // grads +=
+//	sum, n, err := m.Forward(batch)                        // evaluation
+//	lp, err := m.Logprobs(ids)                             // log p(ids[t] | ids[:t])
+//	out, err := m.Generate(prompt, models.GenerateOptions{MaxNewTokens: 64})
+//	err = m.Save(dir, models.SaveOptions{})                // config.json + safetensors
+//
+// m.Specs, m.Params and m.Grads (one arena each, a view per spec, in the same order) are what an
+// optimizer, a gradient norm or a checkpoint of trainer state works on.
+//
 // The package is not a trainer (see engine/train), knows nothing about parallel layouts (those
 // are applied from engine/mesh), and calls only the backend interface, never a backend
 // implementation, so every backend runs the same model code.
