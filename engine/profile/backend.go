@@ -1,0 +1,367 @@
+package profile
+
+import (
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+type T = tensor.Tensor
+
+// Backend is a backend.Backend that forwards every call to an inner backend and, while its
+// Recorder is on, records a span per op (Sync after each op, then the clock stops). It is used
+// from the inner backend's goroutine, like any backend.
+//
+// Wrap returns a value that also implements backend.AdamWStepper and backend.AddRMSNormer
+// exactly when the inner backend does, so callers that look for those fast paths see the same
+// capabilities; it always implements engine/train's OpTimer (OpTimes, ResetOpTimes).
+type Backend struct {
+	in  backend.Backend
+	rec *Recorder
+}
+
+type withAdamW struct{ *Backend }
+type withAddRMSNorm struct{ *Backend }
+type withBoth struct{ *Backend }
+
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.AdamWStepper = withAdamW{}
+	_ backend.AddRMSNormer = withAddRMSNorm{}
+	_ backend.AdamWStepper = withBoth{}
+	_ backend.AddRMSNormer = withBoth{}
+)
+
+// Wrap returns in wrapped with recording into rec (a new, disabled Recorder when rec is nil).
+func Wrap(in backend.Backend, rec *Recorder) backend.Backend {
+	if rec == nil {
+		rec = NewRecorder()
+	}
+	b := &Backend{in: in, rec: rec}
+	_, adam := in.(backend.AdamWStepper)
+	_, fused := in.(backend.AddRMSNormer)
+	switch {
+	case adam && fused:
+		return withBoth{b}
+	case adam:
+		return withAdamW{b}
+	case fused:
+		return withAddRMSNorm{b}
+	}
+	return b
+}
+
+// Unwrap returns the recorder and the inner backend of a backend returned by Wrap; ok is false
+// for any other backend.
+func Unwrap(b backend.Backend) (rec *Recorder, inner backend.Backend, ok bool) {
+	var p *Backend
+	switch v := b.(type) {
+	case *Backend:
+		p = v
+	case withAdamW:
+		p = v.Backend
+	case withAddRMSNorm:
+		p = v.Backend
+	case withBoth:
+		p = v.Backend
+	default:
+		return nil, nil, false
+	}
+	return p.rec, p.in, true
+}
+
+// Recorder is the wrapper's recorder.
+func (b *Backend) Recorder() *Recorder { return b.rec }
+
+// Inner is the wrapped backend.
+func (b *Backend) Inner() backend.Backend { return b.in }
+
+// OpTimes implements engine/train's OpTimer.
+func (b *Backend) OpTimes() map[string]time.Duration { return b.rec.OpTimes() }
+
+// ResetOpTimes implements engine/train's OpTimer.
+func (b *Backend) ResetOpTimes() { b.rec.ResetOpTimes() }
+
+func (b *Backend) end(start time.Time, err error, name, class string, bytes, flops int64) error {
+	if err == nil {
+		err = b.in.Sync()
+	}
+	b.rec.Record(Span{Name: name, Class: class, Dur: time.Since(start), Bytes: bytes, FLOPs: flops}, start)
+	return err
+}
+
+func nbytes(ts ...T) int64 {
+	var n int64
+	for _, t := range ts {
+		if !t.IsNil() {
+			n += t.Bytes()
+		}
+	}
+	return n
+}
+
+func dim(t T, i int) int64 {
+	if i < 0 {
+		i += t.Rank()
+	}
+	if i < 0 || i >= t.Rank() {
+		return 0
+	}
+	return int64(t.Dim(i))
+}
+
+// ---- backend.Backend and Memory: forwarded; transfers are spans of class other ----
+
+func (b *Backend) Name() string { return b.in.Name() }
+func (b *Backend) Sync() error  { return b.in.Sync() }
+func (b *Backend) Close() error { return b.in.Close() }
+
+func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) { return b.in.Alloc(dt, shape...) }
+func (b *Backend) Free(t T) error                                  { return b.in.Free(t) }
+func (b *Backend) MemStats() backend.MemStats                      { return b.in.MemStats() }
+func (b *Backend) ResetPeak()                                      { b.in.ResetPeak() }
+
+func (b *Backend) Upload(dst T, src []byte) error {
+	if !b.rec.on.Load() {
+		return b.in.Upload(dst, src)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Upload(dst, src), "Upload", ClassOther, int64(len(src)), 0)
+}
+
+func (b *Backend) Download(dst []byte, src T) error {
+	if !b.rec.on.Load() {
+		return b.in.Download(dst, src)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Download(dst, src), "Download", ClassOther, int64(len(dst)), 0)
+}
+
+func (b *Backend) Copy(dst, src T) error {
+	if !b.rec.on.Load() {
+		return b.in.Copy(dst, src)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Copy(dst, src), "Copy", ClassOther, nbytes(dst, src), 0)
+}
+
+// ---- Ops ----
+
+func (b *Backend) Fill(t T, v float32) error {
+	if !b.rec.on.Load() {
+		return b.in.Fill(t, v)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Fill(t, v), "Fill", ClassOther, nbytes(t), 0)
+}
+
+func (b *Backend) Add(out, x, y T) error {
+	if !b.rec.on.Load() {
+		return b.in.Add(out, x, y)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Add(out, x, y), "Add", ClassOther, nbytes(out, x, y), int64(out.Numel()))
+}
+
+func (b *Backend) Axpy(y T, alpha float32, x T) error {
+	if !b.rec.on.Load() {
+		return b.in.Axpy(y, alpha, x)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Axpy(y, alpha, x), "Axpy", ClassOther, nbytes(y, x), 2*int64(y.Numel()))
+}
+
+func (b *Backend) Scale(t T, alpha float32) error {
+	if !b.rec.on.Load() {
+		return b.in.Scale(t, alpha)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Scale(t, alpha), "Scale", ClassOther, nbytes(t), int64(t.Numel()))
+}
+
+// SumSquares is the gradient-norm reduction: class optimizer.
+func (b *Backend) SumSquares(ts []T) ([]float64, error) {
+	if !b.rec.on.Load() {
+		return b.in.SumSquares(ts)
+	}
+	s := time.Now()
+	r, err := b.in.SumSquares(ts)
+	n := nbytes(ts...)
+	var fl int64
+	for _, t := range ts {
+		fl += 2 * int64(t.Numel())
+	}
+	return r, b.end(s, err, "SumSquares", ClassOptimizer, n, fl)
+}
+
+func (b *Backend) Embedding(out, weight, ids T) error {
+	if !b.rec.on.Load() {
+		return b.in.Embedding(out, weight, ids)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Embedding(out, weight, ids), "Embedding", ClassEmbedding, nbytes(out, ids)+out.Bytes(), 0)
+}
+
+func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
+	if !b.rec.on.Load() {
+		return b.in.EmbeddingBackward(dWeight, dOut, ids)
+	}
+	s := time.Now()
+	return b.end(s, b.in.EmbeddingBackward(dWeight, dOut, ids), "EmbeddingBackward", ClassEmbedding, 2*dOut.Bytes()+ids.Bytes(), int64(dOut.Numel()))
+}
+
+func (b *Backend) GEMM(a backend.GEMMArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.GEMM(a)
+	}
+	s := time.Now()
+	k := dim(a.A, 1)
+	if a.TransA {
+		k = dim(a.A, 0)
+	}
+	return b.end(s, b.in.GEMM(a), "GEMM", ClassMatmul, nbytes(a.A, a.B, a.C), 2*dim(a.C, 0)*dim(a.C, 1)*k)
+}
+
+func (b *Backend) Linear(out, x, w, bias T) error {
+	if !b.rec.on.Load() {
+		return b.in.Linear(out, x, w, bias)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Linear(out, x, w, bias), "Linear", ClassMatmul, nbytes(out, x, w, bias), 2*dim(x, 0)*dim(w, 0)*dim(w, 1))
+}
+
+func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.LinearBackward(a)
+	}
+	s := time.Now()
+	m, o := dim(a.DY, 0), dim(a.DY, 1)
+	var fl int64
+	if !a.DX.IsNil() {
+		fl += 2 * m * o * dim(a.DX, 1)
+	}
+	if !a.DW.IsNil() {
+		fl += 2 * m * o * dim(a.DW, 1)
+	}
+	return b.end(s, b.in.LinearBackward(a), "LinearBackward", ClassMatmul, nbytes(a.DX, a.DW, a.DB, a.DY, a.X, a.W), fl)
+}
+
+func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
+	if !b.rec.on.Load() {
+		return b.in.RMSNorm(out, rstd, x, w, eps)
+	}
+	s := time.Now()
+	return b.end(s, b.in.RMSNorm(out, rstd, x, w, eps), "RMSNorm", ClassNorm, nbytes(out, rstd, x, w), 4*int64(x.Numel()))
+}
+
+func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.RMSNormBackward(a)
+	}
+	s := time.Now()
+	return b.end(s, b.in.RMSNormBackward(a), "RMSNormBackward", ClassNorm, nbytes(a.DX, a.DW, a.DY, a.X, a.W, a.RStd), 8*int64(a.X.Numel()))
+}
+
+func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.RoPE(out, x, a)
+	}
+	s := time.Now()
+	return b.end(s, b.in.RoPE(out, x, a), "RoPE", ClassRoPE, nbytes(out, x, a.Positions), 3*int64(x.Numel()))
+}
+
+func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.RoPEBackward(dX, dY, a)
+	}
+	s := time.Now()
+	return b.end(s, b.in.RoPEBackward(dX, dY, a), "RoPEBackward", ClassRoPE, nbytes(dX, dY, a.Positions), 3*int64(dY.Numel()))
+}
+
+// Attention FLOPs are not counted: they depend on the document lengths, which live on the
+// device.
+func (b *Backend) Attention(a backend.AttentionArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.Attention(a)
+	}
+	s := time.Now()
+	return b.end(s, b.in.Attention(a), "Attention", ClassAttention, nbytes(a.Out, a.LSE, a.Q, a.K, a.V), 0)
+}
+
+func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.AttentionBackward(a)
+	}
+	s := time.Now()
+	return b.end(s, b.in.AttentionBackward(a), "AttentionBackward", ClassAttention, nbytes(a.DQ, a.DK, a.DV, a.DOut, a.Q, a.K, a.V, a.Out, a.LSE), 0)
+}
+
+func (b *Backend) SwiGLU(out, gate, up T) error {
+	if !b.rec.on.Load() {
+		return b.in.SwiGLU(out, gate, up)
+	}
+	s := time.Now()
+	return b.end(s, b.in.SwiGLU(out, gate, up), "SwiGLU", ClassMLPActivation, nbytes(out, gate, up), 5*int64(out.Numel()))
+}
+
+func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
+	if !b.rec.on.Load() {
+		return b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up)
+	}
+	s := time.Now()
+	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", ClassMLPActivation, nbytes(dGate, dUp, dOut, gate, up), 10*int64(dOut.Numel()))
+}
+
+// CrossEntropy is the fused LM head and loss: class loss (its GEMMs included).
+func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
+	if !b.rec.on.Load() {
+		return b.in.CrossEntropy(a)
+	}
+	s := time.Now()
+	n, v, c := dim(a.Hidden, 0), dim(a.Weight, 0), dim(a.Weight, 1)
+	fl := 2 * n * v * c
+	if !a.DHidden.IsNil() {
+		fl += 2 * n * v * c
+	}
+	if !a.DWeight.IsNil() {
+		fl += 2 * n * v * c
+	}
+	return b.end(s, b.in.CrossEntropy(a), "CrossEntropy", ClassLoss, nbytes(a.Hidden, a.Weight, a.Targets, a.Loss, a.LogProb, a.DHidden, a.DWeight), fl)
+}
+
+// ---- optional capabilities ----
+
+func (b *Backend) adamW(a backend.AdamWArgs) error {
+	st := b.in.(backend.AdamWStepper)
+	if !b.rec.on.Load() {
+		return st.AdamW(a)
+	}
+	s := time.Now()
+	return b.end(s, st.AdamW(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()))
+}
+
+func (b *Backend) addRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
+	f := b.in.(backend.AddRMSNormer)
+	if !b.rec.on.Load() {
+		return f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps)
+	}
+	s := time.Now()
+	return b.end(s, f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()))
+}
+
+// AdamW forwards to the inner backend's fused AdamW.
+func (b withAdamW) AdamW(a backend.AdamWArgs) error { return b.adamW(a) }
+
+// AddRMSNorm forwards to the inner backend's fused add + RMSNorm.
+func (b withAddRMSNorm) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
+	return b.addRMSNorm(residualOut, out, rstd, x, residual, w, eps)
+}
+
+// AdamW forwards to the inner backend's fused AdamW.
+func (b withBoth) AdamW(a backend.AdamWArgs) error { return b.adamW(a) }
+
+// AddRMSNorm forwards to the inner backend's fused add + RMSNorm.
+func (b withBoth) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
+	return b.addRMSNorm(residualOut, out, rstd, x, residual, w, eps)
+}

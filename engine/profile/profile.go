@@ -1,0 +1,307 @@
+package profile
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Op classes: every backend op belongs to exactly one.
+const (
+	ClassMatmul        = "matmul"
+	ClassAttention     = "attention"
+	ClassNorm          = "norm"
+	ClassRoPE          = "rope"
+	ClassEmbedding     = "embedding"
+	ClassMLPActivation = "mlp_activation"
+	ClassLoss          = "loss"
+	ClassOptimizer     = "optimizer"
+	ClassOther         = "other"
+)
+
+// Classes lists the op classes in display order.
+var Classes = []string{ClassMatmul, ClassAttention, ClassNorm, ClassRoPE, ClassEmbedding, ClassMLPActivation, ClassLoss, ClassOptimizer, ClassOther}
+
+// Collective kinds, for communication spans.
+const (
+	CommAllToAllDispatch = "all_to_all_dispatch"
+	CommAllToAllCombine  = "all_to_all_combine"
+	CommAllGather        = "all_gather"
+	CommReduceScatter    = "reduce_scatter"
+	CommAllReduce        = "all_reduce"
+	CommBroadcast        = "broadcast"
+	CommP2P              = "p2p"
+)
+
+// CommKinds lists the collective kinds in display order.
+var CommKinds = []string{CommAllToAllDispatch, CommAllToAllCombine, CommAllGather, CommReduceScatter, CommAllReduce, CommBroadcast, CommP2P}
+
+// Span is one timed piece of work inside a step.
+type Span struct {
+	Name  string        // op or collective name, e.g. "LinearBackward", "all_reduce"
+	Class string        // op class (compute) or collective kind (communication)
+	Comm  bool          // a collective rather than a compute op
+	Start time.Duration // from the start of the step
+	Dur   time.Duration
+	Bytes int64 // bytes of the operands (0 when unknown)
+	FLOPs int64 // floating-point operations (0 when not counted)
+	Group string
+}
+
+// Step is the accounting of one profiled step.
+type Step struct {
+	Step    int                      // step number (as the caller numbers it)
+	Wall    time.Duration            // measured wall time of the step
+	Compute map[string]time.Duration // by op class
+	Comm    map[string]time.Duration // by collective kind (empty on one device)
+	Host    time.Duration            // Wall minus every span: host work and idle
+	Ops     int
+	Bytes   int64
+	FLOPs   int64
+	Spans   []Span // kept only when the recorder keeps spans (for traces)
+	// DroppedSpans counts spans not kept because the step had more than MaxSpans.
+	DroppedSpans int
+}
+
+// Sum is the total of the parts: every compute class, every collective kind and host time. It
+// equals Wall unless the spans overlapped or exceeded the wall time, in which case Host is 0
+// and Sum exceeds Wall.
+func (s Step) Sum() time.Duration {
+	t := s.Host
+	for _, d := range s.Compute {
+		t += d
+	}
+	for _, d := range s.Comm {
+		t += d
+	}
+	return t
+}
+
+// MaxSpans bounds the spans one step keeps for a trace; beyond it only the totals grow.
+const MaxSpans = 1 << 18
+
+// Recorder collects spans while on. BeginStep, Record and EndStep are called from the goroutine
+// that runs the step (the device's goroutine); Enable, Enabled and Steps may be called from any
+// goroutine.
+type Recorder struct {
+	on        atomic.Bool
+	keepSpans atomic.Bool
+
+	mu      sync.Mutex
+	cur     *Step
+	start   time.Time
+	steps   []Step
+	opTimes map[string]time.Duration // since ResetOpTimes, for the trainer's per-step split
+}
+
+// NewRecorder returns a recorder that is off.
+func NewRecorder() *Recorder { return &Recorder{opTimes: map[string]time.Duration{}} }
+
+// Enable turns recording on or off; keepSpans keeps every span of each step (for Trace).
+func (r *Recorder) Enable(on, keepSpans bool) {
+	r.keepSpans.Store(keepSpans)
+	r.on.Store(on)
+}
+
+// Enabled reports whether recording is on.
+func (r *Recorder) Enabled() bool { return r.on.Load() }
+
+// BeginStep starts accounting step n (a no-op while off).
+func (r *Recorder) BeginStep(n int) {
+	if !r.on.Load() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cur = &Step{Step: n, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}}
+	r.start = time.Now()
+}
+
+// EndStep finishes the current step: its wall time is the time since BeginStep and its host
+// time the part of it no span covers. It returns the step and keeps it for Steps; ok is false
+// when no step was begun.
+func (r *Recorder) EndStep() (Step, bool) {
+	end := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cur == nil {
+		return Step{}, false
+	}
+	s := *r.cur
+	r.cur = nil
+	s.Wall = end.Sub(r.start)
+	var covered time.Duration
+	for _, d := range s.Compute {
+		covered += d
+	}
+	for _, d := range s.Comm {
+		covered += d
+	}
+	s.Host = max(0, s.Wall-covered)
+	r.steps = append(r.steps, s)
+	return s, true
+}
+
+// AbortStep drops the current step (it failed).
+func (r *Recorder) AbortStep() {
+	r.mu.Lock()
+	r.cur = nil
+	r.mu.Unlock()
+}
+
+// Steps returns the steps ended since the last call and forgets them.
+func (r *Recorder) Steps() []Step {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.steps
+	r.steps = nil
+	return s
+}
+
+// Record adds a span that started at start and lasted dur. Spans outside a step count only
+// toward OpTimes.
+func (r *Recorder) Record(sp Span, start time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !sp.Comm {
+		r.opTimes[sp.Class] += sp.Dur
+	} else {
+		r.opTimes["comm."+sp.Class] += sp.Dur
+	}
+	s := r.cur
+	if s == nil {
+		return
+	}
+	if sp.Comm {
+		s.Comm[sp.Class] += sp.Dur
+	} else {
+		s.Compute[sp.Class] += sp.Dur
+	}
+	s.Ops++
+	s.Bytes += sp.Bytes
+	s.FLOPs += sp.FLOPs
+	if r.keepSpans.Load() {
+		if len(s.Spans) < MaxSpans {
+			sp.Start = start.Sub(r.start)
+			s.Spans = append(s.Spans, sp)
+		} else {
+			s.DroppedSpans++
+		}
+	}
+}
+
+// Collective times fn as a communication span of the given kind while recording is on, and
+// just runs it otherwise. Communicators call it around each collective.
+func (r *Recorder) Collective(kind, group string, bytes int64, fn func() error) error {
+	if !r.on.Load() {
+		return fn()
+	}
+	start := time.Now()
+	err := fn()
+	r.Record(Span{Name: kind, Class: kind, Comm: true, Dur: time.Since(start), Bytes: bytes, Group: group}, start)
+	return err
+}
+
+// OpTimes returns compute time per op class (and "comm.KIND" per collective kind) since the
+// last ResetOpTimes; engine/train's OpTimer capability, so that step metrics carry the split
+// while profiling is on.
+func (r *Recorder) OpTimes() map[string]time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := make(map[string]time.Duration, len(r.opTimes))
+	for k, v := range r.opTimes {
+		m[k] = v
+	}
+	return m
+}
+
+// ResetOpTimes clears OpTimes.
+func (r *Recorder) ResetOpTimes() {
+	r.mu.Lock()
+	clear(r.opTimes)
+	r.mu.Unlock()
+}
+
+// traceEvent is one Chrome trace event ("X": a complete event with a duration).
+type traceEvent struct {
+	Name string         `json:"name"`
+	Cat  string         `json:"cat"`
+	Ph   string         `json:"ph"`
+	Ts   float64        `json:"ts"`  // microseconds
+	Dur  float64        `json:"dur"` // microseconds
+	Pid  int            `json:"pid"`
+	Tid  int            `json:"tid"`
+	Args map[string]any `json:"args,omitempty"`
+}
+
+// Trace tracks in a trace: steps, compute ops, collectives.
+const (
+	traceTidStep    = 1
+	traceTidCompute = 2
+	traceTidComm    = 3
+)
+
+// WriteTrace writes steps as a Chrome/Perfetto trace (JSON object format, loadable in
+// ui.perfetto.dev and chrome://tracing): one track of steps, one of compute ops and one of
+// collectives, the steps laid end to end.
+func WriteTrace(w io.Writer, steps []Step) error {
+	evs := []traceEvent{}
+	meta := func(tid int, name string) {
+		evs = append(evs, traceEvent{Name: "thread_name", Ph: "M", Pid: 1, Tid: tid, Args: map[string]any{"name": name}})
+	}
+	evs = append(evs, traceEvent{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "halo-shell"}})
+	meta(traceTidStep, "steps")
+	meta(traceTidCompute, "compute")
+	meta(traceTidComm, "communication")
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	var off time.Duration
+	for _, s := range steps {
+		args := map[string]any{"host_us": us(s.Host), "ops": s.Ops}
+		for _, c := range sortedKeys(s.Compute) {
+			args[c+"_us"] = us(s.Compute[c])
+		}
+		for _, c := range sortedKeys(s.Comm) {
+			args["comm_"+c+"_us"] = us(s.Comm[c])
+		}
+		evs = append(evs, traceEvent{Name: fmt.Sprintf("step %d", s.Step), Cat: "step", Ph: "X", Ts: us(off), Dur: us(s.Wall), Pid: 1, Tid: traceTidStep, Args: args})
+		for _, sp := range s.Spans {
+			tid := traceTidCompute
+			if sp.Comm {
+				tid = traceTidComm
+			}
+			var a map[string]any
+			if sp.Bytes > 0 || sp.FLOPs > 0 || sp.Group != "" {
+				a = map[string]any{}
+				if sp.Bytes > 0 {
+					a["bytes"] = sp.Bytes
+				}
+				if sp.FLOPs > 0 {
+					a["flops"] = sp.FLOPs
+				}
+				if sp.Group != "" {
+					a["group"] = sp.Group
+				}
+			}
+			evs = append(evs, traceEvent{Name: sp.Name, Cat: sp.Class, Ph: "X", Ts: us(off + sp.Start), Dur: us(sp.Dur), Pid: 1, Tid: tid, Args: a})
+		}
+		off += s.Wall
+	}
+	enc := json.NewEncoder(w)
+	return enc.Encode(struct {
+		TraceEvents     []traceEvent `json:"traceEvents"`
+		DisplayTimeUnit string       `json:"displayTimeUnit"`
+	}{evs, "ms"})
+}
+
+func sortedKeys(m map[string]time.Duration) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}

@@ -1,0 +1,263 @@
+package profile
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+func mustF32(t *testing.T, b backend.Backend, shape ...int) T {
+	t.Helper()
+	n := tensor.Shape(shape).Numel()
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(i%7) * 0.25
+	}
+	x, err := backend.FromFloat32(b, v, tensor.F32, shape...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// ops runs a small forward and backward mix through b and returns the Linear output.
+func ops(t *testing.T, b backend.Backend) []float32 {
+	t.Helper()
+	const m, k, o = 8, 16, 12
+	x, w := mustF32(t, b, m, k), mustF32(t, b, o, k)
+	out, _ := b.Alloc(tensor.F32, m, o)
+	if err := b.Linear(out, x, w, T{}); err != nil {
+		t.Fatal(err)
+	}
+	rstd, _ := b.Alloc(tensor.F32, m)
+	nw := mustF32(t, b, o)
+	normed, _ := b.Alloc(tensor.F32, m, o)
+	if err := b.RMSNorm(normed, rstd, out, nw, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	act, _ := b.Alloc(tensor.F32, m, o)
+	if err := b.SwiGLU(act, normed, out); err != nil {
+		t.Fatal(err)
+	}
+	dw, _ := b.Alloc(tensor.F32, o, k)
+	dx, _ := b.Alloc(tensor.F32, m, k)
+	if err := b.LinearBackward(backend.LinearBackwardArgs{DX: dx, DW: dw, DY: act, X: x, W: w}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.SumSquares([]T{dw}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := backend.ToFloat32(b, act)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestWrapForwardsResultsAndCapabilities(t *testing.T) {
+	in := cpu.New(cpu.Options{Workers: 1})
+	want := ops(t, in)
+	for _, on := range []bool{false, true} {
+		rec := NewRecorder()
+		rec.Enable(on, true)
+		w := Wrap(cpu.New(cpu.Options{Workers: 1}), rec)
+		if _, ok := w.(backend.AdamWStepper); !ok {
+			t.Fatal("wrapped cpu backend lost AdamWStepper")
+		}
+		if _, ok := w.(backend.AddRMSNormer); !ok {
+			t.Fatal("wrapped cpu backend lost AddRMSNormer")
+		}
+		if r, inner, ok := Unwrap(w); !ok || r != rec || inner == nil {
+			t.Fatal("Unwrap did not return the recorder and inner backend")
+		}
+		got := ops(t, w)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("recording=%v: value %d = %v, want %v", on, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+// minimal is a backend without optional capabilities.
+type minimal struct{ backend.Backend }
+
+func TestWrapDoesNotInventCapabilities(t *testing.T) {
+	w := Wrap(minimal{cpu.New(cpu.Options{Workers: 1})}, nil)
+	if _, ok := w.(backend.AdamWStepper); ok {
+		t.Fatal("wrapper claims AdamWStepper that the inner backend lacks")
+	}
+	if _, ok := w.(backend.AddRMSNormer); ok {
+		t.Fatal("wrapper claims AddRMSNormer that the inner backend lacks")
+	}
+}
+
+func TestStepAccounting(t *testing.T) {
+	tests := []struct {
+		name      string
+		on        bool
+		wantSteps int
+	}{
+		{"recording on", true, 1},
+		{"recording off", false, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := NewRecorder()
+			rec.Enable(tc.on, true)
+			b := Wrap(cpu.New(cpu.Options{Workers: 1}), rec)
+			rec.BeginStep(1)
+			ops(t, b)
+			time.Sleep(2 * time.Millisecond) // host time no op covers
+			s, ok := rec.EndStep()
+			steps := rec.Steps()
+			if len(steps) != tc.wantSteps || ok != tc.on {
+				t.Fatalf("steps = %d (ok %v), want %d", len(steps), ok, tc.wantSteps)
+			}
+			if !tc.on {
+				if len(rec.OpTimes()) != 0 {
+					t.Fatalf("op times recorded while off: %v", rec.OpTimes())
+				}
+				return
+			}
+			if s.Sum() != s.Wall {
+				t.Fatalf("parts sum %v != wall %v", s.Sum(), s.Wall)
+			}
+			if s.Host < 2*time.Millisecond {
+				t.Fatalf("host %v does not include the 2ms sleep", s.Host)
+			}
+			for _, c := range []string{ClassMatmul, ClassNorm, ClassMLPActivation, ClassOptimizer, ClassOther} {
+				if s.Compute[c] <= 0 {
+					t.Errorf("class %s has no time: %v", c, s.Compute)
+				}
+			}
+			if len(s.Comm) != 0 {
+				t.Errorf("communication on one device: %v", s.Comm)
+			}
+			// Linear 2*8*12*16 + LinearBackward 2*(2*8*12*16).
+			if want := int64(3 * 2 * 8 * 12 * 16); s.FLOPs < want {
+				t.Errorf("FLOPs = %d, want at least %d from the matmuls", s.FLOPs, want)
+			}
+			names := map[string]bool{}
+			for _, sp := range s.Spans {
+				names[sp.Name] = true
+				if sp.Start < 0 || sp.Start+sp.Dur > s.Wall {
+					t.Errorf("span %s [%v, +%v] outside the step (wall %v)", sp.Name, sp.Start, sp.Dur, s.Wall)
+				}
+			}
+			for _, n := range []string{"Linear", "RMSNorm", "SwiGLU", "LinearBackward", "SumSquares", "Upload", "Download"} {
+				if !names[n] {
+					t.Errorf("no span for %s", n)
+				}
+			}
+			if s.Ops != len(s.Spans) {
+				t.Errorf("Ops %d != spans %d", s.Ops, len(s.Spans))
+			}
+		})
+	}
+}
+
+func TestCollectiveIsCommunication(t *testing.T) {
+	rec := NewRecorder()
+	rec.Enable(true, true)
+	rec.BeginStep(3)
+	boom := errors.New("boom")
+	if err := rec.Collective(CommAllReduce, "dp", 1024, func() error { time.Sleep(time.Millisecond); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Collective(CommAllToAllDispatch, "ep", 64, func() error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("collective error = %v, want boom", err)
+	}
+	s, _ := rec.EndStep()
+	if s.Comm[CommAllReduce] < time.Millisecond {
+		t.Fatalf("all_reduce time %v", s.Comm[CommAllReduce])
+	}
+	if _, ok := s.Comm[CommAllToAllDispatch]; !ok {
+		t.Fatal("failed collective not recorded")
+	}
+	if len(s.Compute) != 0 || s.Bytes != 1024+64 || s.Sum() != s.Wall {
+		t.Fatalf("step %+v", s)
+	}
+}
+
+func TestWriteTrace(t *testing.T) {
+	rec := NewRecorder()
+	rec.Enable(true, true)
+	b := Wrap(cpu.New(cpu.Options{Workers: 1}), rec)
+	for i := 1; i <= 2; i++ {
+		rec.BeginStep(i)
+		ops(t, b)
+		_ = rec.Collective(CommAllGather, "fsdp", 8, func() error { return nil })
+		rec.EndStep()
+	}
+	steps := rec.Steps()
+	var buf bytes.Buffer
+	if err := WriteTrace(&buf, steps); err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		TraceEvents []struct {
+			Name, Cat, Ph string
+			Ts, Dur       float64
+			Tid           int
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &tr); err != nil {
+		t.Fatalf("trace is not JSON: %v", err)
+	}
+	var nSteps, nComm, nCompute int
+	lastStepEnd := 0.0
+	for _, e := range tr.TraceEvents {
+		if e.Ph != "X" {
+			continue
+		}
+		switch e.Tid {
+		case traceTidStep:
+			nSteps++
+			if e.Ts < lastStepEnd-1e-3 {
+				t.Errorf("step %s starts at %v before the previous ended at %v", e.Name, e.Ts, lastStepEnd)
+			}
+			lastStepEnd = e.Ts + e.Dur
+		case traceTidComm:
+			nComm++
+		case traceTidCompute:
+			nCompute++
+		}
+	}
+	if nSteps != 2 || nComm != 2 || nCompute != len(steps[0].Spans)+len(steps[1].Spans)-2 {
+		t.Fatalf("trace has %d steps, %d collectives, %d compute events", nSteps, nComm, nCompute)
+	}
+}
+
+func BenchmarkLinear(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		wrap bool
+		on   bool
+	}{{"unwrapped", false, false}, {"wrapped-off", true, false}, {"wrapped-on", true, true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var be backend.Backend = cpu.New(cpu.Options{Workers: 1})
+			rec := NewRecorder()
+			if bc.wrap {
+				be = Wrap(be, rec)
+				rec.Enable(bc.on, false)
+			}
+			x, _ := be.Alloc(tensor.F32, 4, 8)
+			w, _ := be.Alloc(tensor.F32, 8, 8)
+			out, _ := be.Alloc(tensor.F32, 4, 8)
+			rec.BeginStep(0)
+			b.ResetTimer()
+			for b.Loop() {
+				if err := be.Linear(out, x, w, T{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
