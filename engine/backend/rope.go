@@ -30,6 +30,9 @@ type RoPEConfig struct {
 	NoTruncate                    bool    // yarn truncate=false (HF default truncates)
 }
 
+// maxHeadDim bounds head_dim read from a config so a corrupt value cannot ask for a huge table.
+const maxHeadDim = 1 << 16
+
 // RotaryDim returns R = int(HD * partial_rotary_factor).
 func (c RoPEConfig) RotaryDim() int {
 	f := c.PartialRotaryFactor
@@ -49,9 +52,25 @@ func (c RoPEConfig) DependsOnLength() bool { return c.Type == "dynamic" }
 // base only when seqLen exceeds max_position_embeddings and uses the default frequencies
 // otherwise).
 func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling float32, err error) {
+	if c.HeadDim <= 0 || c.HeadDim > maxHeadDim {
+		return nil, 0, fmt.Errorf("rope: head_dim %d must be in [1, %d]", c.HeadDim, maxHeadDim)
+	}
+	if !(c.PartialRotaryFactor >= 0 && c.PartialRotaryFactor <= 1) {
+		return nil, 0, fmt.Errorf("rope: partial_rotary_factor %v must be in (0, 1]", c.PartialRotaryFactor)
+	}
 	dim := c.RotaryDim()
-	if c.Theta <= 0 {
-		return nil, 0, fmt.Errorf("rope: rope_theta must be > 0, got %v", c.Theta)
+	if !(c.Theta > 0) || math.IsInf(c.Theta, 0) {
+		return nil, 0, fmt.Errorf("rope: rope_theta must be a finite number > 0, got %v", c.Theta)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"factor", c.Factor}, {"low_freq_factor", c.LowFreqFactor}, {"high_freq_factor", c.HighFreqFactor},
+		{"beta_fast", c.BetaFast}, {"beta_slow", c.BetaSlow}, {"mscale", c.MScale}, {"mscale_all_dim", c.MScaleAllDim},
+		{"attention_factor", c.AttentionFactor}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return nil, 0, fmt.Errorf("rope: rope_scaling.%s = %v must be a finite number >= 0", f.name, f.v)
+		}
 	}
 	if dim <= 0 || dim%2 != 0 || dim > c.HeadDim {
 		return nil, 0, fmt.Errorf("rope: rotary dim %d (head_dim %d * partial_rotary_factor %v) must be even, positive and <= head_dim",
@@ -182,6 +201,12 @@ func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling flo
 	invFreq = make([]float32, len(inv))
 	for i, v := range inv {
 		invFreq[i] = float32(v)
+		if !(invFreq[i] > 0) || math.IsInf(float64(invFreq[i]), 0) {
+			return nil, 0, fmt.Errorf("rope: %s: computed inv_freq[%d] = %v is not finite and positive; check rope_theta and rope_scaling", c.Type, i, v)
+		}
+	}
+	if !(scale > 0) || math.IsInf(scale, 0) {
+		return nil, 0, fmt.Errorf("rope: %s: attention scaling %v is not finite and positive; check rope_scaling", c.Type, scale)
 	}
 	return invFreq, float32(scale), nil
 }

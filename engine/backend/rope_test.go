@@ -123,9 +123,43 @@ func TestRoPEConfigRejectsBadSettings(t *testing.T) {
 		{"linear without factor", backend.RoPEConfig{Type: "linear", Theta: 1e4, HeadDim: 8}},
 		{"llama3 without original context", backend.RoPEConfig{Type: "llama3", Theta: 1e4, HeadDim: 8, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4}},
 		{"unknown type", backend.RoPEConfig{Type: "longrope", Theta: 1e4, HeadDim: 8}},
+		{"yarn with theta 1", backend.RoPEConfig{Type: "yarn", Theta: 1, HeadDim: 8, Factor: 4, MaxPositionEmbeddings: 64}},
+		{"huge head_dim", backend.RoPEConfig{Theta: 1e4, HeadDim: 1 << 40}},
+		{"NaN factor", backend.RoPEConfig{Type: "linear", Theta: 1e4, HeadDim: 8, Factor: math.NaN()}},
 	} {
 		if _, _, err := tc.c.Compute(16); err == nil {
 			t.Errorf("%s: Compute succeeded", tc.name)
 		}
 	}
+}
+
+// FuzzRoPEConfig: any config values (as read from a config.json) give either an error or finite
+// positive frequencies and a finite scaling; never a panic or a huge allocation.
+func FuzzRoPEConfig(f *testing.F) {
+	f.Add(uint8(0), 10000.0, 64, 1.0, 0.0, 2048, 0, 0.0, 0.0, 0.0, 0.0, 16)
+	f.Add(uint8(3), 500000.0, 128, 1.0, 8.0, 131072, 8192, 1.0, 4.0, 0.0, 0.0, 100)
+	f.Add(uint8(4), 10000.0, 64, 0.5, 4.0, 4096, 1024, 0.0, 0.0, 32.0, 1.0, 10)
+	f.Add(uint8(2), 10000.0, 64, 1.0, 2.0, 64, 0, 0.0, 0.0, 0.0, 0.0, 1000)
+	types := []string{"default", "linear", "dynamic", "llama3", "yarn", "longrope", ""}
+	f.Fuzz(func(t *testing.T, typ uint8, theta float64, hd int, partial, factor float64, maxPos, origMax int,
+		low, high, betaFast, betaSlow float64, seq int) {
+		c := backend.RoPEConfig{Type: types[int(typ)%len(types)], Theta: theta, HeadDim: hd, PartialRotaryFactor: partial,
+			Factor: factor, MaxPositionEmbeddings: maxPos, OriginalMaxPositionEmbeddings: origMax,
+			LowFreqFactor: low, HighFreqFactor: high, BetaFast: betaFast, BetaSlow: betaSlow}
+		inv, scale, err := c.Compute(seq)
+		if err != nil {
+			return
+		}
+		if len(inv) != c.RotaryDim()/2 {
+			t.Fatalf("%d frequencies for rotary dim %d", len(inv), c.RotaryDim())
+		}
+		if math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0) {
+			t.Fatalf("attention scaling %v", scale)
+		}
+		for i, v := range inv {
+			if math.IsNaN(float64(v)) || v <= 0 {
+				t.Fatalf("inv_freq[%d] = %v for %+v", i, v, c)
+			}
+		}
+	})
 }

@@ -76,7 +76,7 @@ __device__ __forceinline__ void stage(bf16* rowm, bf16* tr, const bf16* g, long 
 
 // scores: S (16 x TILE_) = A (16 x HD, fragments) . B^T with B row-major in shared (stride HD + 8).
 template <int HD, int TILE_>
-__device__ __forceinline__ void scores(float (*s)[4], const unsigned (*a)[4], const bf16* b, int lane) {
+__device__ __forceinline__ void scores(float (*s)[4], unsigned (*a)[4], const bf16* b, int lane) {
 #pragma unroll
     for (int nt = 0; nt < TILE_ / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void scores(float (*s)[4], const unsigned (*a)[4], co
 // accumulate: O (16 x HD) += P (16 x TILE_, accumulator layout, rounded to bf16) . B with B given
 // transposed in shared (bt[d * (TILE_ + 8) + k]).
 template <int HD, int TILE_>
-__device__ __forceinline__ void accumulate(float (*o)[4], const float (*p)[4], const bf16* bt, int lane) {
+__device__ __forceinline__ void accumulate(float (*o)[4], float (*p)[4], const bf16* bt, int lane) {
 #pragma unroll
     for (int j = 0; j < TILE_ / 16; j++) {
         unsigned a[4];
