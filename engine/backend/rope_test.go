@@ -123,7 +123,6 @@ func TestRoPEConfigRejectsBadSettings(t *testing.T) {
 		{"linear without factor", backend.RoPEConfig{Type: "linear", Theta: 1e4, HeadDim: 8}},
 		{"llama3 without original context", backend.RoPEConfig{Type: "llama3", Theta: 1e4, HeadDim: 8, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4}},
 		{"unknown type", backend.RoPEConfig{Type: "longrope", Theta: 1e4, HeadDim: 8}},
-		{"yarn with theta 1", backend.RoPEConfig{Type: "yarn", Theta: 1, HeadDim: 8, Factor: 4, MaxPositionEmbeddings: 64}},
 		{"huge head_dim", backend.RoPEConfig{Theta: 1e4, HeadDim: 1 << 40}},
 		{"NaN factor", backend.RoPEConfig{Type: "linear", Theta: 1e4, HeadDim: 8, Factor: math.NaN()}},
 	} {
