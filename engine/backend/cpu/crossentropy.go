@@ -7,8 +7,10 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
-// ceLogitBudget bounds the fp32 logits held at once (elements): chunk rows = budget / V.
-const ceLogitBudget = 1 << 22
+// ceLogitBudget bounds the fp32 logits held at once (elements): chunk rows = budget / V
+// (128 MiB; about 220 tokens for a 152k vocabulary). Each chunk re-packs the LM head for the
+// GEMM, so chunks must be large enough for that to be cheap next to the matmuls.
+const ceLogitBudget = 1 << 25
 
 // CrossEntropy is the fused LM head + cross-entropy; see backend.Ops. Logits exist for at most
 // ChunkRows tokens at a time.

@@ -9,9 +9,10 @@ import (
 // Blocking of the packed GEMM: tasks of tileM x tileN outputs, the reduction dimension in
 // blocks of kc so a B micro-panel stays in L1 while the A tile sits in L2.
 const (
-	tileM = 96
-	tileN = 128
-	kc    = 256
+	smallM = 4 // at most this many rows of A use the unpacked dot-product path (x @ w^T)
+	tileM  = 96
+	tileN  = 128
+	kc     = 256
 )
 
 // microKernel computes an mr x nr tile acc[r*nr+j] = sum_p a[p*mr+r]*b[p*nr+j], p < k.
@@ -45,6 +46,24 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 	}
 	if k == 0 || alpha == 0 {
 		be.pool.rows(m, 16, func(lo, hi int) { scaleRows(c, ldc, lo, hi, n, beta) })
+		return
+	}
+	if !transA && transB && m <= smallM {
+		// A few rows (decoding): dot products straight from the operands; packing would read
+		// and write B once more than the product itself needs.
+		be.pool.rows(n, 64, func(lo, hi int) {
+			for j := lo; j < hi; j++ {
+				wr := b[j*ldb : j*ldb+k]
+				for i := 0; i < m; i++ {
+					s := dot(a[i*lda:i*lda+k], wr)
+					if idx := i*ldc + j; beta == 0 {
+						c[idx] = alpha * s
+					} else {
+						c[idx] = alpha*s + beta*c[idx]
+					}
+				}
+			}
+		})
 		return
 	}
 	kern := gemmKernel

@@ -84,6 +84,8 @@ func testGEMMMatchesNaive(t *testing.T) {
 		dt          tensor.DType
 	}{
 		{1, 1, 1, false, false, 1, 0, tensor.F32},
+		{1, 70, 33, false, true, 1, 0, tensor.F32},  // decode-sized: unpacked path
+		{3, 9, 20, false, true, 0.5, 2, tensor.F32}, // unpacked path with beta
 		{7, 5, 3, false, true, 1, 0, tensor.F32},
 		{9, 13, 17, true, false, 0.5, 1, tensor.F32},
 		{70, 66, 33, true, true, -1.5, 0.25, tensor.F32},
