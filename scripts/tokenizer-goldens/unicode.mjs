@@ -78,6 +78,8 @@ import "unicode"
 `;
 src += table("hfLetter", "hfLetter is \\p{L} of Hugging Face tokenizers' regular expressions.", classOf("\\P{L}"));
 src += table("hfNumber", "hfNumber is \\p{N} of Hugging Face tokenizers' regular expressions.", classOf("\\P{N}"));
+src += table("hfDigit", "hfDigit is \\d of Hugging Face tokenizers' regular expressions.", classOf("\\D"));
+src += table("hfWord", "hfWord is \\w of Hugging Face tokenizers' regular expressions.", classOf("\\W"));
 src += table("hfSpace", "hfSpace is \\s of Hugging Face tokenizers' regular expressions.", classOf("\\S"));
 // Characters whose normalization (NFC, NFD, NFKC, NFKD) the library does not know: its
 // normalization tables are older than Go's. Found by normalizing probe strings around every
@@ -103,6 +105,66 @@ function normOpaque() {
     }
   }
   return [...flagged].sort((a, b) => a - b);
+}
+// Rust's char::is_numeric, as the Digits pre-tokenizer sees it: with individual_digits every
+// numeric character becomes a piece of its own; "a" separators keep the others apart.
+function numeric() {
+  const tok = Tokenizer.fromString(JSON.stringify({
+    version: "1.0", added_tokens: [], normalizer: null, post_processor: null, decoder: null,
+    pre_tokenizer: { type: "Digits", individual_digits: true }, model: { type: "BPE", vocab: {}, merges: [] },
+  }));
+  const members = [];
+  for (const [piece] of tok.getPreTokenizer().preTokenizeString("a" + all.join("a") + "a")) {
+    if (!piece.includes("a")) members.push(piece.codePointAt(0));
+  }
+  return members.sort((a, b) => a - b);
+}
+
+// The Punctuation pre-tokenizer's class: with behavior Removed what remains is the rest.
+function punctuation() {
+  const tok = Tokenizer.fromString(JSON.stringify({
+    version: "1.0", added_tokens: [], normalizer: null, post_processor: null, decoder: null,
+    pre_tokenizer: { type: "Punctuation", behavior: "Removed" }, model: { type: "BPE", vocab: {}, merges: [] },
+  }));
+  const rest = new Set();
+  for (const [piece] of tok.getPreTokenizer().preTokenizeString(text)) {
+    for (const ch of piece) rest.add(ch.codePointAt(0));
+  }
+  return all.map((ch) => ch.codePointAt(0)).filter((cp) => !rest.has(cp));
+}
+
+// The Lowercase normalizer (Rust's char::to_lowercase) for every character it changes.
+function lowercase() {
+  const tok = Tokenizer.fromString(JSON.stringify({
+    version: "1.0", added_tokens: [], normalizer: { type: "Lowercase" }, pre_tokenizer: null, post_processor: null,
+    decoder: null, model: { type: "BPE", vocab: {}, merges: [] },
+  }));
+  const chars = all.slice(1); // U+0000 is the separator (and lowercases to itself)
+  const got = tok.getNormalizer().normalizeString(chars.join("\u0000")).split("\u0000");
+  if (got.length !== chars.length) throw new Error("lowercase: pieces do not line up");
+  const out = [];
+  chars.forEach((ch, i) => { if (got[i] !== ch) out.push([ch.codePointAt(0), got[i]]); });
+  return out;
+}
+
+// The characters the StripAccents normalizer removes.
+function marks() {
+  const tok = Tokenizer.fromString(JSON.stringify({
+    version: "1.0", added_tokens: [], normalizer: { type: "StripAccents" }, pre_tokenizer: null, post_processor: null,
+    decoder: null, model: { type: "BPE", vocab: {}, merges: [] },
+  }));
+  const kept = new Set(Array.from(tok.getNormalizer().normalizeString(text), (ch) => ch.codePointAt(0)));
+  return all.map((ch) => ch.codePointAt(0)).filter((cp) => !kept.has(cp));
+}
+
+src += table("hfMark", "hfMark holds the characters the StripAccents normalizer of Hugging Face tokenizers removes.", marks());
+src += table("hfNumeric", "hfNumeric is Rust's char::is_numeric as the Digits pre-tokenizer of Hugging Face tokenizers uses it.", numeric());
+src += table("hfPunct", "hfPunct is the class the Punctuation pre-tokenizer of Hugging Face tokenizers splits on.", punctuation());
+{
+  const goStr = (s) => '"' + Array.from(s, (c) => "\\U" + c.codePointAt(0).toString(16).padStart(8, "0")).join("") + '"';
+  src += "// hfLower maps every character the Lowercase normalizer of Hugging Face tokenizers changes\n// (Rust's char::to_lowercase) to its lowercase form.\nvar hfLower = map[rune]string{\n";
+  for (const [cp, lo] of lowercase()) src += `\t0x${cp.toString(16).padStart(5, "0")}: ${goStr(lo)},\n`;
+  src += "}\n\n";
 }
 src += table("hfNormOpaque", "hfNormOpaque holds the characters Hugging Face tokenizers' normalizers leave alone as unassigned starters.", normOpaque());
 

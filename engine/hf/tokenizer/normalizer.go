@@ -44,17 +44,17 @@ func (n unicodeNormalizer) normalize(s string) string {
 
 type lowercaseNormalizer struct{}
 
-// normalize lowercases rune by rune with the full Unicode mapping (Rust's
-// char::to_lowercase): U+0130 becomes "i\u0307"; there is no final-sigma rule.
+// normalize lowercases rune by rune with Hugging Face's mapping (Rust's char::to_lowercase,
+// hfLower): U+0130 becomes "i\u0307"; there is no final-sigma rule.
 func (lowercaseNormalizer) normalize(s string) string {
 	var b strings.Builder
 	b.Grow(len(s))
 	for _, r := range s {
-		if r == 0x130 {
-			b.WriteString("i\u0307")
+		if lo, ok := hfLower[r]; ok {
+			b.WriteString(lo)
 			continue
 		}
-		b.WriteRune(unicode.ToLower(r))
+		b.WriteRune(r)
 	}
 	return b.String()
 }
@@ -75,7 +75,7 @@ type stripAccentsNormalizer struct{}
 
 func (stripAccentsNormalizer) normalize(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.Is(unicode.Mn, r) {
+		if unicode.Is(hfMark, r) {
 			return -1
 		}
 		return r

@@ -229,9 +229,9 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 	}
 }
 
-// withHFClasses rewrites \p{L}, \p{N}, \pL and \pN (and \P{L}, \P{N} outside brackets) as
-// explicit character ranges from Hugging Face's tables, so that the regexp2 engine (which
-// uses Go's older Unicode tables) classifies letters and numbers as Hugging Face does.
+// withHFClasses rewrites \p{L}, \p{N}, \pL, \pN, \d and \w (and their negations outside
+// brackets) as explicit character ranges from Hugging Face's tables, so that the regexp2
+// engine (which uses Go's older Unicode tables) classifies characters as Hugging Face does.
 func withHFClasses(src string) string {
 	var b strings.Builder
 	inClass := false
@@ -239,8 +239,13 @@ func withHFClasses(src string) string {
 		c := src[i]
 		if c == '\\' && i+1 < len(src) {
 			name, n := unicodeClassAt(src, i)
+			negated := src[i+1] == 'P'
+			switch src[i+1] {
+			case 'd', 'D', 'w', 'W':
+				name, n = strings.ToLower(src[i+1:i+2]), 2
+				negated = src[i+1] == 'D' || src[i+1] == 'W'
+			}
 			if table := hfClassTable(name); table != nil && n > 0 {
-				negated := src[i+1] == 'P'
 				switch {
 				case inClass && !negated:
 					writeRanges(&b, table)
@@ -307,16 +312,26 @@ func hfClassTable(name string) *unicode.RangeTable {
 		return hfLetter
 	case "N":
 		return hfNumber
+	case "d":
+		return hfDigit
+	case "w":
+		return hfWord
 	}
 	return nil
 }
 
 func writeRanges(b *strings.Builder, t *unicode.RangeTable) {
+	lit := func(r rune) {
+		if strings.ContainsRune(`\]^-[`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
 	w := func(lo, hi rune) {
-		b.WriteRune(lo)
+		lit(lo)
 		if hi > lo {
 			b.WriteByte('-')
-			b.WriteRune(hi)
+			lit(hi)
 		}
 	}
 	for _, r := range t.R16 {

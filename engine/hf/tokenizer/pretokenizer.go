@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode"
-	"unicode/utf8"
 )
 
 // gpt2Pattern is the regular expression of the ByteLevel pre-tokenizer with use_regex.
@@ -85,12 +84,9 @@ func runSteps(steps []preStep, s string, sc *scratch, emit func(string)) {
 	}
 }
 
-func isRustPunctuation(r rune) bool {
-	if r < utf8.RuneSelf {
-		return unicode.IsPunct(r) || unicode.IsSymbol(r) && r != ' '
-	}
-	return unicode.IsPunct(r)
-}
+func isHFPunctuation(r rune) bool { return unicode.Is(hfPunct, r) }
+
+func isHFNumeric(r rune) bool { return unicode.Is(hfNumeric, r) }
 
 // parsePreTokenizer parses one pre-tokenizer into a flat list of steps. last says whether
 // nothing follows it, so that a final ByteLevel can leave the byte mapping to the model.
@@ -170,7 +166,7 @@ func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) (
 		if head.Individual {
 			b = behaviorIsolated
 		}
-		return []preStep{splitStep{runeMatcher{unicode.IsNumber}, b, false}}, false, nil
+		return []preStep{splitStep{runeMatcher{isHFNumeric}, b, false}}, false, nil
 	case "WhitespaceSplit":
 		return []preStep{splitStep{runeMatcher{unicode.IsSpace}, behaviorRemoved, false}}, false, nil
 	case "Punctuation":
@@ -178,7 +174,7 @@ func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) (
 		if err != nil {
 			return nil, false, err
 		}
-		return []preStep{splitStep{runeMatcher{isRustPunctuation}, b, false}}, false, nil
+		return []preStep{splitStep{runeMatcher{isHFPunctuation}, b, false}}, false, nil
 	case "CharDelimiterSplit":
 		d := []rune(head.Delimiter)
 		if len(d) != 1 {

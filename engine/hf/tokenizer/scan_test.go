@@ -169,6 +169,10 @@ func TestRegexUsesHFClasses(t *testing.T) {
 		{`\p{Lu}+`, "abCDe", []span{{2, 4}}},
 		{`[]\p{N}]+`, "a]1]b", []span{{1, 4}}},
 		{`\p{N}`, "x٣", []span{{1, 3}}},
+		{`\d+`, "x1\U000116E0y", []span{{1, 6}}},
+		{`\D+`, "x1\U000116E0y", []span{{0, 1}, {6, 7}}},
+		{`[\w-]+`, "a_b-c d", []span{{0, 5}, {6, 7}}},
+		{`\W`, "a b", []span{{1, 2}}},
 	} {
 		m, err := compileRegex(c.pattern)
 		if err != nil {
