@@ -66,20 +66,22 @@ func (c Config) withDefaults() Config {
 }
 
 type slot struct {
-	p       Param
-	master  tensor.Tensor // F32 master copy (MasterF32 with a BF16 Value), else zero
-	m, v    tensor.Tensor
-	ownsMst bool
+	p      Param
+	master tensor.Tensor // F32 master view (MasterF32 with a BF16 Value), else zero
+	m, v   tensor.Tensor // views into the moment arenas
 }
 
-// AdamW is the optimizer: state for each parameter plus the step count. Use it from the
-// goroutine that owns the backend.
+// AdamW is the optimizer: state for each parameter plus the step count. Moments (and fp32
+// masters) live in one allocation each, with a view per parameter. Use it from the goroutine
+// that owns the backend.
 type AdamW struct {
-	b     backend.Backend
-	cfg   Config
-	slots []slot
-	step  int
-	host  *cpu.Backend // fallback when b has no AdamWStepper
+	b            backend.Backend
+	cfg          Config
+	slots        []slot
+	step         int
+	mFlat, vFlat tensor.Tensor
+	masterFlat   tensor.Tensor
+	host         *cpu.Backend // fallback when b has no AdamWStepper
 }
 
 // NewAdamW allocates optimizer state on b for params. Parameter names must be unique; in BF16
@@ -95,18 +97,56 @@ func NewAdamW(b backend.Backend, params []Param, cfg Config) (*AdamW, error) {
 	if cfg.Mode != MasterF32 && cfg.Mode != BF16 {
 		return nil, fmt.Errorf("optim: unknown mode %v", cfg.Mode)
 	}
-	o := &AdamW{b: b, cfg: cfg}
 	seen := map[string]bool{}
+	total, masterTotal := 0, 0
 	for _, p := range params {
 		if seen[p.Name] {
-			o.Free()
 			return nil, fmt.Errorf("optim: parameter name %q appears twice", p.Name)
 		}
 		seen[p.Name] = true
-		if err := o.add(p); err != nil {
-			o.Free()
+		if err := checkParam(p, cfg.Mode); err != nil {
 			return nil, err
 		}
+		total += p.Value.Numel()
+		if cfg.Mode == MasterF32 && p.Value.DType() == tensor.BF16 {
+			masterTotal += p.Value.Numel()
+		}
+	}
+	o := &AdamW{b: b, cfg: cfg}
+	mdt := tensor.F32
+	if cfg.Mode == BF16 {
+		mdt = tensor.BF16
+	}
+	var err error
+	if o.mFlat, err = b.Alloc(mdt, total); err != nil {
+		return nil, fmt.Errorf("optim: exp_avg for %d parameters: %w", total, err)
+	}
+	if o.vFlat, err = b.Alloc(mdt, total); err != nil {
+		o.Free()
+		return nil, fmt.Errorf("optim: exp_avg_sq for %d parameters: %w", total, err)
+	}
+	if masterTotal > 0 {
+		if o.masterFlat, err = b.Alloc(tensor.F32, masterTotal); err != nil {
+			o.Free()
+			return nil, fmt.Errorf("optim: fp32 master weights for %d parameters: %w", masterTotal, err)
+		}
+	}
+	off, moff := 0, 0
+	for _, p := range params {
+		n := p.Value.Numel()
+		s := slot{p: p}
+		s.m, _ = o.mFlat.View(off, n)
+		s.v, _ = o.vFlat.View(off, n)
+		off += n
+		if cfg.Mode == MasterF32 && p.Value.DType() == tensor.BF16 {
+			s.master, _ = o.masterFlat.View(moff, n)
+			moff += n
+			if err := b.Copy(s.master, p.Value); err != nil {
+				o.Free()
+				return nil, fmt.Errorf("optim: parameter %q: master weights: %w", p.Name, err)
+			}
+		}
+		o.slots = append(o.slots, s)
 	}
 	if _, ok := b.(backend.AdamWStepper); !ok {
 		o.host = cpu.New(cpu.Options{})
@@ -114,61 +154,35 @@ func NewAdamW(b backend.Backend, params []Param, cfg Config) (*AdamW, error) {
 	return o, nil
 }
 
-func (o *AdamW) add(p Param) error {
-	n := p.Value.Numel()
+func checkParam(p Param, mode Mode) error {
 	if p.Value.IsNil() || p.Grad.IsNil() {
 		return fmt.Errorf("optim: parameter %q: value and gradient tensors are required", p.Name)
 	}
-	if p.Grad.Numel() != n {
+	if p.Grad.Numel() != p.Value.Numel() {
 		return fmt.Errorf("optim: parameter %q: gradient %v does not match value %v", p.Name, p.Grad, p.Value)
 	}
 	vdt := p.Value.DType()
 	if vdt != tensor.F32 && vdt != tensor.BF16 {
 		return fmt.Errorf("optim: parameter %q: value dtype %s (want f32 or bf16)", p.Name, vdt)
 	}
-	s := slot{p: p}
-	mdt := tensor.F32
-	if o.cfg.Mode == BF16 {
-		if vdt != tensor.BF16 {
-			return fmt.Errorf("optim: parameter %q is %s; adamw-bf16 needs bf16 weights (load the model in bf16 or use adamw)", p.Name, vdt)
-		}
-		mdt = tensor.BF16
+	if mode == BF16 && vdt != tensor.BF16 {
+		return fmt.Errorf("optim: parameter %q is %s; adamw-bf16 needs bf16 weights (load the model in bf16 or use adamw)", p.Name, vdt)
 	}
-	var err error
-	if s.m, err = o.b.Alloc(mdt, n); err != nil {
-		return fmt.Errorf("optim: parameter %q: exp_avg: %w", p.Name, err)
-	}
-	if s.v, err = o.b.Alloc(mdt, n); err != nil {
-		_ = o.b.Free(s.m)
-		return fmt.Errorf("optim: parameter %q: exp_avg_sq: %w", p.Name, err)
-	}
-	if o.cfg.Mode == MasterF32 && vdt == tensor.BF16 {
-		if s.master, err = o.b.Alloc(tensor.F32, n); err != nil {
-			_ = o.b.Free(s.m)
-			_ = o.b.Free(s.v)
-			return fmt.Errorf("optim: parameter %q: master weights: %w", p.Name, err)
-		}
-		if err := o.b.Copy(s.master, p.Value); err != nil {
-			return fmt.Errorf("optim: parameter %q: master weights: %w", p.Name, err)
-		}
-		s.ownsMst = true
-	}
-	o.slots = append(o.slots, s)
 	return nil
 }
 
 // Free releases the optimizer state.
 func (o *AdamW) Free() {
-	for _, s := range o.slots {
-		_ = o.b.Free(s.m)
-		_ = o.b.Free(s.v)
-		if s.ownsMst {
-			_ = o.b.Free(s.master)
+	for _, t := range []*tensor.Tensor{&o.mFlat, &o.vFlat, &o.masterFlat} {
+		if !t.IsNil() {
+			_ = o.b.Free(*t)
+			*t = tensor.Tensor{}
 		}
 	}
 	o.slots = nil
 	if o.host != nil {
 		o.host.Close()
+		o.host = nil
 	}
 }
 
@@ -201,12 +215,8 @@ func (o *AdamW) Step(lr, gradScale float64) error {
 			LR: float32(lr), Beta1: float32(o.cfg.Beta1), Beta2: float32(o.cfg.Beta2), Eps: float32(o.cfg.Eps),
 			WeightDecay: float32(wd), GradScale: float32(gradScale), Step: step,
 			Stochastic: o.cfg.Mode == BF16, Seed: o.cfg.Seed, ParamIndex: uint32(i),
-			Weight1:  float32(1 - o.cfg.Beta1),
-			Weight2:  float32(1 - o.cfg.Beta2),
-			Decay:    float32(1 - lr*wd),
-			StepSize: float32(lr / (1 - math.Pow(o.cfg.Beta1, float64(step)))),
-			BC2Sqrt:  float32(math.Sqrt(1 - math.Pow(o.cfg.Beta2, float64(step)))),
 		}
+		FillPrecise(&a, lr, o.cfg.Beta1, o.cfg.Beta2, wd)
 		if !s.master.IsNil() {
 			a.Param, a.Shadow = s.master, s.p.Value
 		}
@@ -272,3 +282,18 @@ func (o *AdamW) apply(a backend.AdamWArgs) error {
 	}
 	return nil
 }
+
+// FillPrecise sets the optional float64-derived scalars of a (Weight1, Weight2, Decay, StepSize,
+// BC2Sqrt) from the exact hyperparameters, as torch computes them from Python floats, so any
+// backend's fused AdamW matches torch.optim.AdamW to fp32 rounding. a.Step must be set.
+func FillPrecise(a *backend.AdamWArgs, lr, beta1, beta2, weightDecay float64) {
+	a.Weight1 = float32(1 - beta1)
+	a.Weight2 = float32(1 - beta2)
+	a.Decay = float32(1 - lr*weightDecay)
+	a.StepSize = float32(lr / (1 - math.Pow(beta1, float64(a.Step))))
+	a.BC2Sqrt = float32(math.Sqrt(1 - math.Pow(beta2, float64(a.Step))))
+}
+
+// NoDecayByShape is the usual rule for excluding parameters from weight decay: 1-D (and
+// scalar) parameters, i.e. norm gains and biases.
+func NoDecayByShape(shape tensor.Shape) bool { return len(shape) <= 1 }

@@ -417,3 +417,39 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+func TestStateIsOneAllocationPerKind(t *testing.T) {
+	b := newCPU(t)
+	w := upload(t, b, make([]float32, 12), tensor.BF16)
+	bias := upload(t, b, make([]float32, 4), tensor.F32)
+	before := b.MemStats().Allocated
+	o, err := NewAdamW(b, []Param{
+		{Name: "w", Value: w, Grad: upload(t, b, make([]float32, 12), tensor.BF16)},
+		{Name: "b", Value: bias, Grad: upload(t, b, make([]float32, 4), tensor.F32), NoDecay: NoDecayByShape(bias.Shape())},
+	}, Config{WeightDecay: 0.1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grads := int64(12*2 + 4*4)
+	// exp_avg + exp_avg_sq for 16 parameters in fp32, plus an fp32 master for the 12 bf16 ones.
+	if got, want := b.MemStats().Allocated-before-grads, int64(2*16*4+12*4); got != want {
+		t.Fatalf("optimizer state uses %d bytes, want %d", got, want)
+	}
+	must(t, o.Step(1e-2, 1))
+	_, st, err := o.Export()
+	must(t, err)
+	var names []string
+	for _, s := range st {
+		names = append(names, s.Name)
+	}
+	if strings.Join(names, ",") != "w.exp_avg,w.exp_avg_sq,w.master,b.exp_avg,b.exp_avg_sq" {
+		t.Fatalf("state names %v", names)
+	}
+	o.Free()
+	if got := b.MemStats().Allocated - before - grads; got != 0 {
+		t.Fatalf("%d bytes still allocated after Free", got)
+	}
+	if !NoDecayByShape(tensor.Shape{8}) || NoDecayByShape(tensor.Shape{8, 8}) {
+		t.Fatal("NoDecayByShape: 1-D parameters are excluded, matrices are not")
+	}
+}
