@@ -148,9 +148,13 @@ type Config struct {
 	// layerTypesDerived: LayerTypes was computed, not read; it follows NumHiddenLayers,
 	// SlidingWindow and MaxWindowLayers when they change.
 	layerTypesDerived bool
-	derivedLayerTypes []string
+	// layerTypesFromFile: LayerTypes was read from the file and not yet compared with the rule.
+	layerTypesFromFile bool
+	derivedLayerTypes  []string
 	// extra holds top-level keys not mapped onto fields, in source order, written back as read.
 	extra []rawKey
+	// dropped are generation parameters found in the source, which are not written back.
+	dropped []string
 }
 
 // rawKey is a config.json entry kept as read.
@@ -311,10 +315,15 @@ func (c *Config) OProjBias() bool {
 }
 
 // QKNorm reports whether the family applies RMSNorm to queries and keys (qwen3, qwen3_moe per
-// head; olmoe over the whole projection).
-func (c *Config) QKNorm() bool {
-	f := c.Family()
-	return f != nil && f.QKNorm
+// head; olmoe over the whole projection); QKNormKind says which.
+func (c *Config) QKNorm() bool { return c.QKNormKind() != NoQKNorm }
+
+// QKNormKind returns how the family normalises queries and keys.
+func (c *Config) QKNormKind() QKNorm {
+	if f := c.Family(); f != nil {
+		return f.QKNorm
+	}
+	return NoQKNorm
 }
 
 // Unknown lists the top-level keys of the source file that this package does not understand
@@ -331,6 +340,11 @@ func (c *Config) Unknown() []string {
 	}
 	return out
 }
+
+// Dropped lists the generation parameters (max_length, temperature, ...) found in the source
+// file: transformers moves them out of the model config on load, and they are not written back.
+// They belong in generation_config.json.
+func (c *Config) Dropped() []string { return slices.Clone(c.dropped) }
 
 // Clone returns a deep copy of c.
 func (c *Config) Clone() *Config {
@@ -351,6 +365,7 @@ func (c *Config) Clone() *Config {
 	n.src = cloneSet(c.src)
 	n.intLit = cloneSet(c.intLit)
 	n.extra = cloneRaw(c.extra)
+	n.dropped = slices.Clone(c.dropped)
 	n.Rope = c.Rope.clone()
 	return &n
 }

@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -366,9 +368,22 @@ func TestSlidingLayers(t *testing.T) {
 	if len(c.LayerTypes) != 22 || c.LayerTypes[21] != SlidingAttention {
 		t.Errorf("derived layer_types not re-derived: %v", c.LayerTypes)
 	}
-	e := mustParse(t, "testdata/transformers/saved/qwen3-0.6b.json") // explicit layer_types
+	// A 5.x file's layer_types that is what the rule gives follows edits too.
+	d := mustParse(t, "testdata/transformers/saved/qwen3-0.6b-sliding.json")
+	d.MaxWindowLayers = 10
+	if err := d.Validate(); err != nil || !d.IsSlidingLayer(10) || d.IsSlidingLayer(9) {
+		t.Errorf("layer_types written by transformers not re-derived: %v %v", err, d.LayerTypes)
+	}
+	e, err := Parse([]byte(`{"model_type":"qwen3","num_hidden_layers":3,"use_sliding_window":true,
+		"layer_types":["sliding_attention","full_attention","sliding_attention"]}`), "inline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.IsSlidingLayer(0) || e.IsSlidingLayer(1) {
+		t.Errorf("explicit layer_types not honoured: %v", e.LayerTypes)
+	}
 	e.NumHiddenLayers = 2
-	if err := e.Validate(); err == nil || !strings.Contains(err.Error(), "layer_types has 28 entries but num_hidden_layers is 2") {
+	if err := e.Validate(); err == nil || !strings.Contains(err.Error(), "layer_types has 3 entries but num_hidden_layers is 2") {
 		t.Errorf("explicit layer_types must not be rewritten: %v", err)
 	}
 }
@@ -639,5 +654,75 @@ func TestPythonStrings(t *testing.T) {
 		if b.String() != tc.want {
 			t.Errorf("%q -> %s, want %s", tc.in, b.String(), tc.want)
 		}
+	}
+}
+
+// testdata/transformers/check.json records transformers 5.17 loading every golden (our written
+// presets), building the model on the meta device and saving the config again byte for byte.
+// The recorded hashes must be those of the current goldens: rerun make_reference.py check
+// after changing them.
+func TestTransformersLoadsOurGoldens(t *testing.T) {
+	var report struct {
+		Version string `json:"transformers_version"`
+		Files   map[string]struct {
+			SHA256    string `json:"sha256"`
+			Identical bool   `json:"resaved_identical"`
+			Class     string `json:"class"`
+			Params    int64  `json:"parameters"`
+			Error     string `json:"error"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(readFile(t, "testdata/transformers/check.json"), &report); err != nil {
+		t.Fatal(err)
+	}
+	if report.Version != WriterVersion {
+		t.Errorf("check made with transformers %s, writer targets %s", report.Version, WriterVersion)
+	}
+	goldens, _ := filepath.Glob("testdata/golden/*.json")
+	if len(goldens) != len(report.Files) {
+		t.Errorf("%d goldens, %d checked by transformers", len(goldens), len(report.Files))
+	}
+	for _, g := range goldens {
+		name := filepath.Base(g)
+		r, ok := report.Files[name]
+		sum := sha256.Sum256(readFile(t, g))
+		switch {
+		case !ok:
+			t.Errorf("%s: not checked by transformers", name)
+		case r.SHA256 != hex.EncodeToString(sum[:]):
+			t.Errorf("%s: changed since transformers checked it", name)
+		case r.Error != "" || !r.Identical || r.Params <= 0:
+			t.Errorf("%s: transformers: error %q, re-saved identical %v, %d parameters", name, r.Error, r.Identical, r.Params)
+		}
+		c := mustParse(t, g)
+		if r.Class != c.Architectures[0] {
+			t.Errorf("%s: transformers built %s, config names %s", name, r.Class, c.Architectures[0])
+		}
+	}
+}
+
+// NumParameters equals the count of transformers' model on the meta device (check.json).
+func TestNumParametersMatchesTransformers(t *testing.T) {
+	var report struct {
+		Files map[string]struct {
+			Params int64 `json:"parameters"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(readFile(t, "testdata/transformers/check.json"), &report); err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range report.Files {
+		c := mustParse(t, filepath.Join("testdata", "golden", name))
+		if got := c.NumParameters(); got != r.Params {
+			t.Errorf("%s: %d parameters, transformers %d", name, got, r.Params)
+		}
+		if c.IsMoE() == (c.ActiveParameters() == c.NumParameters()) {
+			t.Errorf("%s: active %d of %d parameters", name, c.ActiveParameters(), c.NumParameters())
+		}
+	}
+	// Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token.
+	c, _ := Preset("qwen3_moe", "qwen3-moe-30b-a3b")
+	if a := c.ActiveParameters(); a < 3.2e9 || a > 3.4e9 {
+		t.Errorf("qwen3-30b-a3b active parameters %d", a)
 	}
 }

@@ -29,7 +29,7 @@ func init() {
 			c.RouterAuxLossCoef = 0.01
 		},
 		MoELayer: func(c *Config, i int) bool { return c.NumExperts > 0 },
-		QKNorm:   true,
+		QKNorm:   QKNormProjection,
 		Presets: map[string]func(*Config){
 			"tiny": tiny,
 			// allenai/OLMoE-1B-7B-0924

@@ -35,6 +35,22 @@ var baseDefaults = map[string]string{
 // droppedKeys are keys transformers consumes on load and never writes back.
 var droppedKeys = map[string]bool{"_name_or_path": true, "name_or_path": true, "_commit_hash": true}
 
+// generationParams are GenerationConfig's parameters (transformers 5.17): transformers drops
+// them from a model config on load (they belong in generation_config.json) unless the family
+// has a field of that name (use_cache).
+var generationParams = map[string]bool{
+	"assistant_confidence_threshold": true, "assistant_lookbehind": true, "bad_words_ids": true,
+	"begin_suppress_tokens": true, "diversity_penalty": true, "do_sample": true, "early_stopping": true,
+	"encoder_no_repeat_ngram_size": true, "encoder_repetition_penalty": true, "epsilon_cutoff": true,
+	"eta_cutoff": true, "exponential_decay_length_penalty": true, "forced_bos_token_id": true,
+	"forced_eos_token_id": true, "length_penalty": true, "max_length": true, "min_length": true,
+	"no_repeat_ngram_size": true, "num_assistant_tokens": true, "num_assistant_tokens_schedule": true,
+	"num_beam_groups": true, "num_beams": true, "num_return_sequences": true, "output_scores": true,
+	"remove_invalid_values": true, "repetition_penalty": true, "return_dict_in_generate": true,
+	"suppress_tokens": true, "target_lookbehind": true, "temperature": true, "top_k": true, "top_p": true,
+	"typical_p": true, "use_cache": true,
+}
+
 // Load reads config.json from a file, or from a directory containing one.
 func Load(pathOrDir string) (*Config, error) {
 	path := pathOrDir
@@ -165,6 +181,10 @@ func parse(data []byte) (*Config, error) {
 		}
 		canon, ok := f.knows(key)
 		if !ok {
+			if generationParams[key] {
+				c.dropped = append(c.dropped, key)
+				continue
+			}
 			c.extra = append(c.extra, rawKey{Key: key, Value: raw})
 			continue
 		}
@@ -183,8 +203,11 @@ func parse(data []byte) (*Config, error) {
 			c.src["null:"+canon] = true
 		}
 	}
-	if c.LayerTypes == nil {
-		c.layerTypesDerived = true
+	c.layerTypesFromFile = c.LayerTypes != nil
+	for _, kv := range c.extra {
+		if _, err := decodePy(kv.Value); err != nil {
+			return nil, fmt.Errorf("key %q: %v", kv.Key, err)
+		}
 	}
 	if err := c.readRope(ropeScaling, ropeParams, ropeTheta, topPartial); err != nil {
 		return nil, err
@@ -386,6 +409,9 @@ func (c *Config) setRopeKey(dict, key string, raw []byte) error {
 		name = dict + "." + key
 	}
 	if !ok {
+		if _, err := decodePy(raw); err != nil {
+			return fmt.Errorf("key %q: %v", name, err)
+		}
 		r.extra = append(r.extra, rawKey{Key: key, Value: raw})
 		return nil
 	}
@@ -508,15 +534,11 @@ func (c *Config) resolve() error {
 }
 
 // deriveLayerTypes is qwen2/qwen3's rule: sliding attention for layers at or past
-// max_window_layers when a sliding window is in use.
-// A list read from the file, or set by the caller, is kept; a list this function derived
-// earlier follows later changes of the fields it depends on.
+// max_window_layers when a sliding window is in use. A list this function derived earlier
+// follows later changes of the fields it depends on, and so does a list read from the file
+// that is exactly what the rule gives (transformers 5 writes the derived list); any other list
+// read from the file or set by the caller is kept as it is.
 func deriveLayerTypes(c *Config) {
-	if c.LayerTypes != nil && !(c.layerTypesDerived && slices.Equal(c.LayerTypes, c.derivedLayerTypes)) {
-		c.layerTypesDerived = false
-		return
-	}
-	c.layerTypesDerived = true
 	lt := make([]string, c.NumHiddenLayers)
 	for i := range lt {
 		lt[i] = FullAttention
@@ -524,6 +546,14 @@ func deriveLayerTypes(c *Config) {
 			lt[i] = SlidingAttention
 		}
 	}
+	fromFile := c.layerTypesFromFile
+	c.layerTypesFromFile = false
+	if c.LayerTypes != nil && !(c.layerTypesDerived && slices.Equal(c.LayerTypes, c.derivedLayerTypes)) &&
+		!(fromFile && slices.Equal(c.LayerTypes, lt)) {
+		c.layerTypesDerived = false
+		return
+	}
+	c.layerTypesDerived = true
 	c.LayerTypes = lt
 	c.derivedLayerTypes = slices.Clone(lt)
 }

@@ -25,7 +25,7 @@ func init() {
 			c.MaxWindowLayers = 28
 		},
 		Resolve: resolveQwenWindow(true),
-		QKNorm:  true,
+		QKNorm:  QKNormPerHead,
 		Presets: map[string]func(*Config){
 			"tiny": tiny,
 			// Qwen/Qwen3-0.6B

@@ -48,7 +48,7 @@ func init() {
 			}
 			return c.NumExperts > 0 && c.DecoderSparseStep > 0 && (i+1)%c.DecoderSparseStep == 0
 		},
-		QKNorm: true,
+		QKNorm: QKNormPerHead,
 		Presets: map[string]func(*Config){
 			"tiny": tiny,
 			// Qwen/Qwen3-30B-A3B

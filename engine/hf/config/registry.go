@@ -47,11 +47,24 @@ type Family struct {
 	// QKVBias and OProjBias say which attention projections carry biases; nil means
 	// AttentionBias.
 	QKVBias, OProjBias func(*Config) bool
-	// QKNorm: queries and keys are RMS-normalised before RoPE.
-	QKNorm bool
+	// QKNorm says whether and how queries and keys are RMS-normalised before RoPE.
+	QKNorm QKNorm
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }
+
+// QKNorm is a family's RMSNorm on queries and keys.
+type QKNorm int
+
+const (
+	// NoQKNorm: queries and keys are not normalised.
+	NoQKNorm QKNorm = iota
+	// QKNormPerHead: one RMSNorm of width head_dim shared by all heads (qwen3, qwen3_moe).
+	QKNormPerHead
+	// QKNormProjection: one RMSNorm over the whole q projection (heads*head_dim) and one over
+	// the whole k projection (kv_heads*head_dim) (olmoe).
+	QKNormProjection
+)
 
 var (
 	registryMu sync.RWMutex

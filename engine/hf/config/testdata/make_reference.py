@@ -4,7 +4,8 @@
 Run with transformers 5.17 installed:
 
     python3 make_reference.py            # write transformers/ next to this file
-    python3 make_reference.py check DIR  # load every DIR/*.json written by halo-shell
+    python3 make_reference.py check DIR > transformers/check.json
+                                         # load every DIR/*.json written by halo-shell
 
 The first form reads every hub/*.json (config.json files as published on the Hub, written by
 transformers 4.x) and writes, for each:
@@ -18,6 +19,7 @@ save_pretrained and reports whether the bytes are identical, then builds the mod
 device to prove transformers accepts the shapes. It prints one JSON report on stdout.
 """
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -52,7 +54,13 @@ def load_saved(path, workdir):
 
 
 def reference(out):
-    report = {"transformers_version": transformers.__version__, "errors": {}}
+    from transformers import GenerationConfig
+
+    report = {
+        "transformers_version": transformers.__version__,
+        "errors": {},
+        "generation_params": sorted(GenerationConfig._get_default_generation_params().keys()),
+    }
     for path in sorted(glob.glob(os.path.join(HERE, "hub", "*.json"))):
         name = os.path.basename(path)[: -len(".json")]
         with tempfile.TemporaryDirectory() as d:
@@ -87,6 +95,7 @@ def check(directory):
         entry = {}
         with open(path, encoding="utf-8") as f:
             ours = f.read()
+        entry["sha256"] = hashlib.sha256(ours.encode("utf-8")).hexdigest()
         with tempfile.TemporaryDirectory() as d:
             try:
                 cfg, text = load_saved(path, d)
@@ -97,6 +106,18 @@ def check(directory):
                     model = AutoModelForCausalLM.from_config(cfg)
                 entry["parameters"] = sum(p.numel() for p in model.parameters())
                 entry["class"] = type(model).__name__
+                if entry["parameters"] < 5_000_000:
+                    # A real model saved by transformers writes the same config.json.
+                    model = AutoModelForCausalLM.from_config(cfg)
+                    model_dir = os.path.join(d, "model")
+                    model.save_pretrained(model_dir)
+                    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+                        model_text = f.read()
+                    entry["model_saved_identical"] = model_text == ours
+                    if model_text != ours:
+                        entry["model_saved"] = model_text
+                    AutoModelForCausalLM.from_pretrained(model_dir)
+                    entry["model_reloaded"] = True
             except Exception as e:
                 entry["error"] = repr(e)
         report["files"][name] = entry
