@@ -363,7 +363,7 @@ function optionTokenizers() {
 const optionTexts = [
   "", " ", "Hello world", "  leading and trailing  ", "a  b\t\tc\n\nd", "1 12 123 1234", "it's 3.14, ok? (yes!) -- no...",
   "café cafe\u0301 ÅNGSTRÖM ﬁ ① İı", "中文 Привет 🎉👍🏽", "ab abc xab abx a b ab.ab", "the<gap>the <gap> the  <gap>  x",
-  "aébé aaa bbb", "abcab abc", "x\u00a0y\u3000z\r\n",
+  "aébé aaa bbb", "abcab abc", "x\u00a0y\u3000z\r\n", "ab\u200c ab\u200dx Ⅻab ab_ab ab\u0301 -ab- ⓐab",
 ];
 
 // ---------------------------------------------------------------------------------------

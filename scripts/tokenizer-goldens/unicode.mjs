@@ -157,6 +157,26 @@ function marks() {
   return all.map((ch) => ch.codePointAt(0)).filter((cp) => !kept.has(cp));
 }
 
+// The word characters a single_word added token must not touch (the Rust regex crate's \w,
+// which differs from Oniguruma's): a character is one when "<c>ab" does not yield the
+// single_word token "ab".
+async function singleWord() {
+  const tok = Tokenizer.fromString(JSON.stringify({
+    version: "1.0", normalizer: null, pre_tokenizer: null, post_processor: null, decoder: null,
+    added_tokens: [{ id: 0, content: "ab", single_word: true, lstrip: false, rstrip: false, normalized: false, special: false }],
+    model: { type: "BPE", vocab: {}, merges: [] },
+  }));
+  const members = [];
+  const batch = 65536;
+  for (let i = 0; i < all.length; i += batch) {
+    const chars = all.slice(i, i + batch);
+    const encs = await tok.encodeBatch(chars.map((ch) => ch + "ab"), { addSpecialTokens: false });
+    encs.forEach((e, k) => { if (!e.getIds().includes(0)) members.push(chars[k].codePointAt(0)); });
+  }
+  return members;
+}
+
+src += table("hfSingleWord", "hfSingleWord holds the word characters next to which a single_word added token of Hugging Face tokenizers does not match.", await singleWord());
 src += table("hfMark", "hfMark holds the characters the StripAccents normalizer of Hugging Face tokenizers removes.", marks());
 src += table("hfNumeric", "hfNumeric is Rust's char::is_numeric as the Digits pre-tokenizer of Hugging Face tokenizers uses it.", numeric());
 src += table("hfPunct", "hfPunct is the class the Punctuation pre-tokenizer of Hugging Face tokenizers splits on.", punctuation());

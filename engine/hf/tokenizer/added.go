@@ -95,12 +95,9 @@ type addedVocab struct {
 	norm      *trie
 }
 
-// wordChar is Rust regex's \w: alphabetic, marks, decimal digits, connector punctuation
-// and join controls.
-func wordChar(r rune) bool {
-	return unicode.IsLetter(r) || unicode.Is(unicode.Other_Alphabetic, r) || unicode.Is(unicode.Nl, r) ||
-		unicode.IsMark(r) || unicode.Is(unicode.Nd, r) || unicode.Is(unicode.Pc, r) || r == 0x200C || r == 0x200D
-}
+// wordChar is the \w that single_word tokens check their neighbours against (Unicode's
+// word characters: alphabetic, marks, decimal digits, connector punctuation, join controls).
+func wordChar(r rune) bool { return unicode.Is(hfSingleWord, r) }
 
 // findMatches splits s on the tokens of t, with single_word, lstrip and rstrip applied as
 // in AddedVocabulary::find_matches, and appends the resulting segments to dst.
