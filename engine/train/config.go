@@ -62,14 +62,30 @@ type InitConfig struct {
 
 // DatasetConfig names the data.
 type DatasetConfig struct {
-	// Path is one JSONL file or a list of them.
-	Path StringList `yaml:"path" json:"path"`
+	// Path is one JSONL file or a list of them. Exactly one of path and synthetic is set.
+	Path StringList `yaml:"path" json:"path,omitempty"`
+	// Synthetic generates the data in memory instead of reading files.
+	Synthetic *SyntheticConfig `yaml:"synthetic" json:"synthetic,omitempty"`
 	// Format is auto (default), text, messages or prompt_completion.
 	Format string `yaml:"format" json:"format"`
 	// EvalSplit is the fraction of records held out for evaluation, in [0, 1). Default 0.
 	EvalSplit float64 `yaml:"eval_split" json:"eval_split,omitempty"`
 	// EvalPath is a separate held-out JSONL file (or list); excludes eval_split.
 	EvalPath StringList `yaml:"eval_path" json:"eval_path,omitempty"`
+}
+
+// SyntheticConfig describes a generated dataset: chats "What is 37+48?" -> "85" with a
+// disjoint held-out set (see data.Arithmetic). The held-out set serves as eval data.
+type SyntheticConfig struct {
+	// Kind is the generator; only "arithmetic".
+	Kind string `yaml:"kind" json:"kind"`
+	// Seed chooses the problems. Default 1.
+	Seed int64 `yaml:"seed" json:"seed"`
+	// MaxOperand is the largest operand. Default 99.
+	MaxOperand int `yaml:"max_operand" json:"max_operand"`
+	// Train and Eval are the numbers of training and held-out chats. Defaults 8000 and 200.
+	Train int `yaml:"train" json:"train"`
+	Eval  int `yaml:"eval" json:"eval"`
 }
 
 // BatchConfig sets the shape of micro-batches and optimizer steps.
@@ -265,6 +281,23 @@ func (c *Config) Defaults() {
 	if r.Device == "" {
 		r.Device = "auto"
 	}
+	if sy := c.Dataset.Synthetic; sy != nil {
+		if sy.Kind == "" {
+			sy.Kind = "arithmetic"
+		}
+		if sy.Seed == 0 {
+			sy.Seed = 1
+		}
+		if sy.MaxOperand == 0 {
+			sy.MaxOperand = 99
+		}
+		if sy.Train == 0 {
+			sy.Train = 8000
+		}
+		if sy.Eval == 0 {
+			sy.Eval = 200
+		}
+	}
 	if c.GenerationEval.MaxNewTokens == 0 {
 		c.GenerationEval.MaxNewTokens = 16
 	}
@@ -309,6 +342,10 @@ func oneOf(key, v string, choices []string) *FieldError {
 	return &FieldError{Key: key, Msg: msg}
 }
 
+func (c *Config) hasEvalData() bool {
+	return c.Dataset.EvalSplit > 0 || len(c.Dataset.EvalPath) > 0 || (c.Dataset.Synthetic != nil && c.Dataset.Synthetic.Eval > 0)
+}
+
 // Validate refuses impossible or contradictory values. It expects Defaults to have run.
 func (c *Config) Validate() error {
 	var errs []*FieldError
@@ -332,8 +369,24 @@ func (c *Config) Validate() error {
 	case m.Init != nil && m.TokenizerNameOrPath == "":
 		bad("tokenizer_name_or_path", "training from init needs a tokenizer directory")
 	}
-	if len(c.Dataset.Path) == 0 {
-		bad("dataset.path", "name at least one JSONL file")
+	switch sy := c.Dataset.Synthetic; {
+	case len(c.Dataset.Path) == 0 && sy == nil:
+		bad("dataset.path", "name at least one JSONL file (or use dataset.synthetic)")
+	case len(c.Dataset.Path) > 0 && sy != nil:
+		bad("dataset.synthetic", "dataset.path and dataset.synthetic exclude each other: keep one")
+	case sy != nil:
+		check(oneOf("dataset.synthetic.kind", sy.Kind, []string{"arithmetic"}))
+		if sy.MaxOperand < 1 || sy.MaxOperand > 1_000_000 {
+			bad("dataset.synthetic.max_operand", "%d must be in [1, 1000000]", sy.MaxOperand)
+		}
+		if sy.Train < 1 || sy.Eval < 0 {
+			bad("dataset.synthetic.train", "need train >= 1 and eval >= 0, got %d and %d", sy.Train, sy.Eval)
+		} else if n := (sy.MaxOperand + 1) * (sy.MaxOperand + 1); sy.MaxOperand >= 1 && sy.MaxOperand <= 1_000_000 && sy.Train+sy.Eval > n {
+			bad("dataset.synthetic.train", "%d train + %d eval chats: only %d distinct problems have operands up to %d", sy.Train, sy.Eval, n, sy.MaxOperand)
+		}
+		if c.Dataset.EvalSplit > 0 || len(c.Dataset.EvalPath) > 0 {
+			bad("dataset.synthetic", "synthetic data brings its own held-out set: remove eval_split and eval_path")
+		}
 	}
 	if _, err := data.ParseFormat(c.Dataset.Format); err != nil {
 		check(oneOf("dataset.format", c.Dataset.Format, []string{"auto", "text", "messages", "prompt_completion"}))
@@ -413,7 +466,7 @@ func (c *Config) Validate() error {
 	if r.EvalSteps < 0 {
 		bad("eval_steps", "%d must be >= 0 (0 evaluates only at the end)", r.EvalSteps)
 	}
-	if r.EvalSteps > 0 && c.Dataset.EvalSplit == 0 && len(c.Dataset.EvalPath) == 0 {
+	if r.EvalSteps > 0 && !c.hasEvalData() {
 		bad("eval_steps", "evaluation needs held-out data: set dataset.eval_split or dataset.eval_path")
 	}
 	check(oneOf("device", r.Device, devices))
@@ -427,7 +480,7 @@ func (c *Config) Validate() error {
 	if g.MaxNewTokens < 1 || g.MaxNewTokens > 1<<16 {
 		bad("generation_eval.max_new_tokens", "%d must be in [1, 65536]", g.MaxNewTokens)
 	}
-	if g.MaxSamples > 0 && c.Dataset.EvalSplit == 0 && len(c.Dataset.EvalPath) == 0 {
+	if g.MaxSamples > 0 && !c.hasEvalData() {
 		bad("generation_eval.max_samples", "generation eval needs held-out data: set dataset.eval_split or dataset.eval_path")
 	}
 	if len(errs) == 0 {

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runRoot runs the halo-shell command with args and returns its stdout.
+func runLaunch(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	rootCmd.SetOut(&out)
+	rootCmd.SetArgs(args)
+	defer rootCmd.SetArgs(nil)
+	err := rootCmd.Execute()
+	return out.String(), err
+}
+
+// quickstartArgs shrinks the quickstart to a few steps of a tiny model.
+func quickstartArgs(out string, extra ...string) []string {
+	return append([]string{"launch", "sft", "../../examples/quickstart.yaml",
+		"--tokenizer_name_or_path=../../examples/quickstart/tokenizer",
+		"--init.overrides={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, tie_word_embeddings: true}",
+		"--dataset.synthetic.train=200", "--dataset.synthetic.eval=10",
+		"--max_steps=3", "--warmup_steps=1", "--eval_steps=0", "--device=cpu",
+		"--generation_eval.max_samples=3", "--output_dir=" + out}, extra...)
+}
+
+func TestLaunchQuickstartEndToEnd(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	if _, err := runLaunch(t, quickstartArgs(out)...); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("metrics.jsonl has %d lines, want 3", len(lines))
+	}
+	var last struct {
+		Step     int      `json:"step"`
+		Loss     float64  `json:"loss"`
+		EvalLoss *float64 `json:"eval_loss"`
+	}
+	if err := json.Unmarshal([]byte(lines[2]), &last); err != nil || last.Step != 3 || last.EvalLoss == nil {
+		t.Fatalf("last metrics line %s (%v)", lines[2], err)
+	}
+	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_eval.json", "checkpoint-3/trainer_state.json"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Errorf("missing %s", f)
+		}
+	}
+}
+
+func TestLaunchDryRunAndRefusals(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	stdout, err := runLaunch(t, append(quickstartArgs(out), "--dry-run")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"# resolved config", "learning_rate:", "max_steps: 3", "memory estimate per device", "optimizer state", "activations", "total"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("dry run created output_dir")
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"launch", "dpo", "x.yaml"}, `unknown method "dpo"`},
+		{[]string{"launch", "sft"}, "want a method and a config file"},
+		{append(quickstartArgs(out), "--learning_rat=1"), `did you mean "learning_rate"?`},
+		{append(quickstartArgs(out), "--max_steps=-3"), "max_steps: -3 must be positive"},
+	} {
+		if _, err := runLaunch(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,306 @@
+package train
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/optim"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// Checkpoint files written next to the Hugging Face model files.
+const (
+	// StateFile holds the trainer state as JSON.
+	StateFile = "trainer_state.json"
+	// OptimizerFile holds the optimizer moments (and fp32 master weights) as flat tensors.
+	OptimizerFile = "optimizer.safetensors"
+	stateFormat   = 1
+)
+
+// tokenizerFiles are copied from the tokenizer directory into every checkpoint.
+var tokenizerFiles = []string{"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"}
+
+// trainerState is what a checkpoint adds to the model to resume exactly.
+type trainerState struct {
+	Format int `json:"format"`
+	// Step is the number of optimizer steps done.
+	Step int `json:"step"`
+	// OptimizerSteps is AdamW's update count (bias correction).
+	OptimizerSteps int `json:"optimizer_steps"`
+	// Cursor is the data position of the next micro-batch.
+	Cursor data.Cursor `json:"cursor"`
+	// Seed drives shuffling and stochastic rounding; every random choice derives from it and
+	// the step, so it is the whole RNG state.
+	Seed int64 `json:"seed"`
+	// TotalSteps and Warmup fix the schedule.
+	TotalSteps int `json:"total_steps"`
+	Warmup     int `json:"warmup_steps"`
+	// Hyper are the hyperparameters in force (they may differ from Config after SetHyper).
+	Hyper Hyper `json:"hyper"`
+	// Data fixes the micro-batch plan; resuming with other values would not be exact.
+	Data stateData `json:"data"`
+	// Params lists the parameter names and sizes, to refuse another model.
+	Params []stateParam `json:"params"`
+	// Config is the run's configuration, for reference.
+	Config *Config `json:"config"`
+}
+
+type stateData struct {
+	MaxLength       int  `json:"max_length"`
+	Packing         bool `json:"packing"`
+	BatchSize       int  `json:"per_device_train_batch_size"`
+	BatchesPerEpoch int  `json:"batches_per_epoch"`
+	Documents       int  `json:"documents"`
+	Tokens          int  `json:"tokens"`
+}
+
+type stateParam struct {
+	Name  string `json:"name"`
+	Numel int    `json:"numel"`
+}
+
+func (t *Trainer) state() trainerState {
+	st := trainerState{
+		Format: stateFormat, Step: t.step, OptimizerSteps: t.opt.Steps(), Cursor: t.loader.Cursor(),
+		Seed: *t.Cfg.Run.Seed, TotalSteps: t.totalSteps, Warmup: t.warmup, Hyper: t.hyper, Config: t.Cfg,
+		Data: stateData{MaxLength: t.Cfg.Batch.MaxLength, Packing: *t.Cfg.Batch.Packing,
+			BatchSize: t.Cfg.Batch.PerDeviceTrainBatchSize, BatchesPerEpoch: t.loader.BatchesPerEpoch(),
+			Documents: t.Stats.Documents, Tokens: t.Stats.Tokens},
+	}
+	for _, s := range t.Model.Specs {
+		st.Params = append(st.Params, stateParam{s.Name, s.Numel()})
+	}
+	return st
+}
+
+// Save writes a checkpoint to dir: the Hugging Face model (config.json, model.safetensors), the
+// tokenizer files, and the trainer state (optimizer moments, data cursor, step, schedule,
+// configuration). Everything is written into a temporary directory beside dir that is renamed
+// into place, so dir holds either the previous checkpoint or the complete new one.
+func (t *Trainer) Save(dir string) (err error) {
+	dir = filepath.Clean(dir)
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return fmt.Errorf("train: save: %w", err)
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("train: save: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return fmt.Errorf("train: save: %w", err)
+	}
+	if err := saveModel(t.Model, tmp); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
+	for _, name := range tokenizerFiles {
+		if err := copyFile(filepath.Join(t.tok.dir, name), filepath.Join(tmp, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("train: save %s: %w", dir, err)
+		}
+	}
+	_, sts, err := t.opt.Export()
+	if err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
+	opt := make([]safetensors.Tensor, len(sts))
+	for i, st := range sts {
+		sdt, err := stDType(st.DType)
+		if err != nil {
+			return err
+		}
+		opt[i] = safetensors.Tensor{Name: st.Name, DType: sdt, Shape: st.Shape, Data: st.Data}
+	}
+	if err := safetensors.Save(filepath.Join(tmp, OptimizerFile), opt, map[string]string{"format": "halo-shell"}); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
+	js, err := json.MarshalIndent(t.state(), "", "  ")
+	if err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, StateFile), append(js, '\n'), 0o644); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
+	// Swap: move an old checkpoint aside, move the new one in, then delete the old one.
+	old := ""
+	if _, err := os.Stat(dir); err == nil {
+		old = tmp + ".old"
+		if err := os.Rename(dir, old); err != nil {
+			return fmt.Errorf("train: save %s: %w", dir, err)
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if old != "" {
+			_ = os.Rename(old, dir)
+		}
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
+	if old != "" {
+		_ = os.RemoveAll(old)
+	}
+	return nil
+}
+
+func stDType(dt tensor.DType) (safetensors.DType, error) {
+	switch dt {
+	case tensor.F32:
+		return safetensors.F32, nil
+	case tensor.BF16:
+		return safetensors.BF16, nil
+	}
+	return 0, fmt.Errorf("train: optimizer state of dtype %s cannot be saved", dt)
+}
+
+func tensorDType(dt safetensors.DType) (tensor.DType, error) {
+	switch dt {
+	case safetensors.F32:
+		return tensor.F32, nil
+	case safetensors.BF16:
+		return tensor.BF16, nil
+	}
+	return 0, fmt.Errorf("dtype %s is not an optimizer state dtype", dt)
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Resume loads a checkpoint written by Save into this trainer: weights, optimizer state, step,
+// hyperparameters and data cursor. The trainer must have been built for the same model shape
+// and the same data plan (max_length, packing, batch size, dataset); anything else is refused
+// with the value that differs. On the CPU, steps after Resume reproduce the uninterrupted run's
+// losses bit for bit.
+func (t *Trainer) Resume(dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if err != nil {
+		return fmt.Errorf("train: resume: %w (is %s a checkpoint written by halo-shell?)", err, dir)
+	}
+	var st trainerState
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return fmt.Errorf("train: resume: %s: %v", filepath.Join(dir, StateFile), err)
+	}
+	if st.Format != stateFormat {
+		return fmt.Errorf("train: resume: %s: format %d, this build reads %d", dir, st.Format, stateFormat)
+	}
+	cur := t.state()
+	if !slices.Equal(st.Params, cur.Params) {
+		return fmt.Errorf("train: resume: %s holds a model with other parameters than the configured one", dir)
+	}
+	if st.Data != cur.Data {
+		return fmt.Errorf("train: resume: %s was made with another data plan (checkpoint %+v, now %+v): resume with the same dataset, max_length, packing and per_device_train_batch_size", dir, st.Data, cur.Data)
+	}
+	if st.Seed != cur.Seed {
+		return fmt.Errorf("train: resume: %s was made with seed %d, the config says %d", dir, st.Seed, cur.Seed)
+	}
+	if err := st.Hyper.validate(); err != nil {
+		return fmt.Errorf("train: resume: %s: %w", dir, err)
+	}
+	if err := loadModelWeights(t.Model, dir); err != nil {
+		return fmt.Errorf("train: resume: %w", err)
+	}
+	f, err := safetensors.Open(filepath.Join(dir, OptimizerFile))
+	if err != nil {
+		return fmt.Errorf("train: resume: %w", err)
+	}
+	defer f.Close()
+	var sts []optim.StateTensor
+	for _, name := range f.Names() {
+		info, _ := f.Tensor(name)
+		dt, err := tensorDType(info.DType)
+		if err != nil {
+			return fmt.Errorf("train: resume: %s: tensor %q: %w", f.Path(), name, err)
+		}
+		sts = append(sts, optim.StateTensor{Name: name, DType: dt, Shape: info.Shape, Data: info.Data})
+	}
+	if err := t.opt.Import(st.OptimizerSteps, sts); err != nil {
+		return fmt.Errorf("train: resume: %s: %w", f.Path(), err)
+	}
+	if err := t.loader.Seek(st.Cursor); err != nil {
+		return fmt.Errorf("train: resume: %w", err)
+	}
+	t.step, t.hyper = st.Step, st.Hyper
+	t.totalSteps, t.warmup = st.TotalSteps, st.Warmup
+	if t.Cfg.Sched.MaxSteps > 0 && t.Cfg.Sched.MaxSteps != st.TotalSteps {
+		// A longer or shorter run was asked for: keep the warmup, stretch the schedule.
+		t.totalSteps = t.Cfg.Sched.MaxSteps
+	}
+	return nil
+}
+
+// stepDirs lists output_dir/checkpoint-N directories, oldest first.
+func stepDirs(out string) ([]string, error) {
+	ents, err := os.ReadDir(out)
+	if err != nil {
+		return nil, err
+	}
+	type cd struct {
+		n    int
+		path string
+	}
+	var ds []cd
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "checkpoint-") {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "checkpoint-"))
+		if err != nil {
+			continue
+		}
+		ds = append(ds, cd{n, filepath.Join(out, e.Name())})
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].n < ds[j].n })
+	paths := make([]string, len(ds))
+	for i, d := range ds {
+		paths[i] = d.path
+	}
+	return paths, nil
+}
+
+// SaveStep writes output_dir/checkpoint-<step> and removes the oldest step checkpoints beyond
+// save_total_limit. It returns the checkpoint's path.
+func (t *Trainer) SaveStep() (string, error) {
+	dir := filepath.Join(t.Cfg.Run.OutputDir, fmt.Sprintf("checkpoint-%d", t.step))
+	if err := t.Save(dir); err != nil {
+		return "", err
+	}
+	if lim := t.Cfg.Run.SaveTotalLimit; lim > 0 {
+		ds, err := stepDirs(t.Cfg.Run.OutputDir)
+		if err != nil {
+			return dir, err
+		}
+		for len(ds) > lim {
+			if err := os.RemoveAll(ds[0]); err != nil {
+				return dir, fmt.Errorf("train: save_total_limit: %w", err)
+			}
+			ds = ds[1:]
+		}
+	}
+	return dir, nil
+}

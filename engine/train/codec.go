@@ -1,0 +1,158 @@
+package train
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/hf/tokenizer"
+)
+
+// textCodec turns records into token ids with train masks, and chats into generation prompts:
+// the tokenizer plus tokenizer_config.json (eos token, chat template).
+type textCodec struct {
+	dir  string
+	tok  *tokenizer.Tokenizer
+	eos  int32 // -1 when the tokenizer config names none
+	stop []int32
+	chat *chatCodec // nil when tokenizer_config.json has no chat template
+}
+
+// tokenizerConfig is the part of tokenizer_config.json the trainer reads.
+type tokenizerConfig struct {
+	EOSToken     json.RawMessage `json:"eos_token"`
+	ChatTemplate json.RawMessage `json:"chat_template"`
+}
+
+// tokenString reads a special-token entry: a string or {"content": "..."}.
+func tokenString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var o struct {
+		Content string `json:"content"`
+	}
+	if json.Unmarshal(raw, &o) == nil {
+		return o.Content
+	}
+	return ""
+}
+
+func loadCodec(dir string) (*textCodec, error) {
+	tok, err := tokenizer.FromDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	c := &textCodec{dir: dir, tok: tok, eos: -1}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	if err == nil {
+		var tc tokenizerConfig
+		if err := json.Unmarshal(raw, &tc); err != nil {
+			return nil, fmt.Errorf("train: %s: %v", cfgPath, err)
+		}
+		if s := tokenString(tc.EOSToken); s != "" {
+			id, ok := tok.TokenToID(s)
+			if !ok {
+				return nil, fmt.Errorf("train: %s: eos_token %q is not in tokenizer.json", cfgPath, s)
+			}
+			c.eos = int32(id)
+		}
+		if c.chat, err = loadChat(dir, tok); err != nil {
+			return nil, fmt.Errorf("train: %s: %w", cfgPath, err)
+		}
+	}
+	if c.eos >= 0 {
+		c.stop = append(c.stop, c.eos)
+	}
+	for _, s := range []string{"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"} {
+		if id, ok := tok.TokenToID(s); ok && int32(id) != c.eos {
+			c.stop = append(c.stop, int32(id))
+		}
+	}
+	return c, nil
+}
+
+func (c *textCodec) vocabSize() int { return c.tok.VocabSize() }
+
+func (c *textCodec) ids(s string) []int32 {
+	ids := c.tok.Encode(s)
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out
+}
+
+func (c *textCodec) decode(ids []int32) string {
+	v := make([]int, len(ids))
+	for i, id := range ids {
+		v[i] = int(id)
+	}
+	return c.tok.Decode(v, true)
+}
+
+// encoder maps records to documents for a method: pretrain trains on every token; sft on the
+// assistant replies of chats (the chat template's mask), the completion of prompt/completion
+// records, and every token of plain text. Text and completions end with the eos token.
+func (c *textCodec) encoder(method string) data.Encoder {
+	return func(r data.Record) (data.Document, error) {
+		var d data.Document
+		add := func(ids []int32, train bool) {
+			d.Tokens = append(d.Tokens, ids...)
+			for range ids {
+				d.Train = append(d.Train, train)
+			}
+		}
+		eos := func(train bool) {
+			if c.eos >= 0 {
+				add([]int32{c.eos}, train)
+			}
+		}
+		switch r.Kind {
+		case data.FormatText:
+			add(c.ids(r.Text), true)
+			eos(true)
+		case data.FormatPromptCompletion:
+			add(c.ids(r.Prompt), method == MethodPretrain)
+			add(c.ids(r.Completion), true)
+			eos(true)
+		case data.FormatMessages:
+			if c.chat == nil {
+				return d, fmt.Errorf("chat record but %s/tokenizer_config.json has no chat_template", c.dir)
+			}
+			ids, mask, err := c.chat.encode(r.Messages)
+			if err != nil {
+				return d, err
+			}
+			d.Tokens, d.Train = ids, mask
+			if method == MethodPretrain {
+				for i := range d.Train {
+					d.Train[i] = true
+				}
+			}
+		default:
+			return d, fmt.Errorf("record of unknown kind %q", r.Kind)
+		}
+		if len(d.Tokens) == 0 {
+			return d, errors.New("record has no tokens")
+		}
+		return d, nil
+	}
+}
+
+// generationPrompt renders a chat with the generation prompt appended (the assistant turn
+// opened), as token ids.
+func (c *textCodec) generationPrompt(msgs []data.Message) ([]int32, error) {
+	if c.chat == nil {
+		return nil, fmt.Errorf("%s/tokenizer_config.json has no chat_template", c.dir)
+	}
+	return c.chat.prompt(msgs)
+}

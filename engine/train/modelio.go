@@ -1,0 +1,106 @@
+package train
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// InitModelConfig resolves init: {arch, preset, overrides} into a config.json: the preset (or
+// the family's defaults), vocab_size set to the tokenizer's size unless overridden, then the
+// overrides as config.json keys, checked by the config.json parser.
+func InitModelConfig(in *InitConfig, tokenizerVocab int) (*config.Config, error) {
+	var base *config.Config
+	var err error
+	if in.Preset != "" {
+		base, err = config.Preset(in.Arch, in.Preset)
+	} else {
+		base, err = config.New(in.Arch)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("train: init: %w", err)
+	}
+	raw, err := base.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("train: init: %w", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("train: init: %w", err)
+	}
+	if tokenizerVocab > 0 {
+		m["vocab_size"] = tokenizerVocab
+	}
+	for k, v := range in.Overrides {
+		m[k] = v
+	}
+	// layer_types lists one entry per layer; when only the depth is overridden, let the
+	// config derive it again for the new depth.
+	_, depth := in.Overrides["num_hidden_layers"]
+	_, types := in.Overrides["layer_types"]
+	if depth && !types {
+		delete(m, "layer_types")
+	}
+	if _, ok := m["architectures"]; !ok {
+		if f, err := models.Lookup(in.Arch); err == nil {
+			m["architectures"] = []string{f.Architectures[0]}
+		}
+	}
+	merged, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("train: init.overrides: %w", err)
+	}
+	c, err := config.Parse(merged, "init.overrides")
+	if err != nil {
+		return nil, fmt.Errorf("train: init.overrides: %w", err)
+	}
+	return c, nil
+}
+
+// buildModel loads model_name_or_path, or builds and randomly initialises init with seed.
+func buildModel(cfg *Config, b backend.Backend, dt tensor.DType, tokenizerVocab int) (*models.Model, error) {
+	opts := models.Options{DType: dt, Recompute: cfg.Run.GradientCheckpointing}
+	if cfg.Model.Init == nil {
+		m, err := models.Load(cfg.Model.ModelNameOrPath, b, opts)
+		if err != nil {
+			return nil, fmt.Errorf("train: model_name_or_path: %w", err)
+		}
+		return m, nil
+	}
+	c, err := InitModelConfig(cfg.Model.Init, tokenizerVocab)
+	if err != nil {
+		return nil, err
+	}
+	m, err := models.New(c, b, opts)
+	if err != nil {
+		return nil, fmt.Errorf("train: init: %w", err)
+	}
+	if err := m.InitRandom(uint64(*cfg.Run.Seed)); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("train: init: %w", err)
+	}
+	return m, nil
+}
+
+// saveModel writes the Hugging Face model files into dir (weights in the model's dtype).
+func saveModel(m *models.Model, dir string) error {
+	return m.Save(dir, models.SaveOptions{})
+}
+
+// loadModelWeights replaces the model's parameters with a checkpoint's.
+func loadModelWeights(m *models.Model, dir string) error {
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		return err
+	}
+	defer ck.Close()
+	if _, err := m.LoadWeights(ck); err != nil {
+		return err
+	}
+	return nil
+}

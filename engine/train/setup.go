@@ -1,0 +1,234 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// New builds a trainer from a validated config: it opens the device, loads or initialises the
+// model, reads and tokenizes the data on all cores, packs it and plans the run. When
+// resume_from_checkpoint is set it continues from that checkpoint (see Resume).
+func New(cfg *Config) (*Trainer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	b, note, err := backend.Resolve(cfg.Run.Device)
+	if err != nil {
+		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
+	}
+	_ = note
+	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg)}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = t.Close()
+		}
+	}()
+	if t.tok, err = loadCodec(cfg.Model.TokenizerNameOrPath); err != nil {
+		return nil, err
+	}
+	dt := tensor.F32
+	if cfg.Run.BF16 {
+		dt = tensor.BF16
+	}
+	if t.Model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {
+		return nil, err
+	}
+	if t.Model.Arch.Vocab < t.tok.vocabSize() {
+		return nil, fmt.Errorf("train: the model's vocab_size %d is smaller than the tokenizer's %d tokens", t.Model.Arch.Vocab, t.tok.vocabSize())
+	}
+	if err := t.setupData(); err != nil {
+		return nil, err
+	}
+	if t.opt, err = newOptimizer(t.Model, cfg); err != nil {
+		return nil, err
+	}
+	if r := cfg.Run.ResumeFromCheckpoint; r != "" {
+		if err := t.Resume(r); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return t, nil
+}
+
+// readRecords returns the train and held-out records the config names.
+func readRecords(cfg *Config) (train, eval []data.Record, err error) {
+	d := cfg.Dataset
+	if sy := d.Synthetic; sy != nil {
+		return data.Arithmetic(data.ArithmeticOptions{Seed: uint64(sy.Seed), MaxOperand: sy.MaxOperand, Train: sy.Train, Eval: sy.Eval})
+	}
+	f := data.Format(d.Format)
+	if train, err = data.ReadFiles(d.Path, f); err != nil {
+		return nil, nil, err
+	}
+	if len(d.EvalPath) > 0 {
+		if eval, err = data.ReadFiles(d.EvalPath, f); err != nil {
+			return nil, nil, err
+		}
+		return train, eval, nil
+	}
+	return data.Split(train, d.EvalSplit, uint64(*cfg.Run.Seed))
+}
+
+func (t *Trainer) setupData() error {
+	cfg := t.Cfg
+	trainRecs, evalRecs, err := readRecords(cfg)
+	if err != nil {
+		return err
+	}
+	enc := t.tok.encoder(cfg.Method)
+	maxLen := cfg.Batch.MaxLength
+	docs, st, err := data.Tokenize(trainRecs, enc, maxLen, runtime.GOMAXPROCS(0))
+	if err != nil {
+		return err
+	}
+	t.Stats = st
+	opts := data.LoaderOptions{Packing: *cfg.Batch.Packing, BatchSize: cfg.Batch.PerDeviceTrainBatchSize,
+		MaxLength: maxLen, Shuffle: true, Seed: uint64(*cfg.Run.Seed)}
+	if t.loader, err = data.NewLoader(docs, opts); err != nil {
+		return err
+	}
+	if len(evalRecs) > 0 {
+		edocs, est, err := data.Tokenize(evalRecs, enc, maxLen, runtime.GOMAXPROCS(0))
+		if err != nil {
+			return fmt.Errorf("train: held-out data: %w", err)
+		}
+		t.EvalStats = est
+		eopts := opts
+		eopts.Shuffle, eopts.BatchSize = false, cfg.Batch.PerDeviceEvalBatchSize
+		el, err := data.NewLoader(edocs, eopts)
+		if err != nil {
+			return err
+		}
+		if t.evalBatches, err = el.All(0); err != nil {
+			return err
+		}
+		t.evalRecords = evalRecs
+	}
+	t.trainAnswer = mostFrequentAnswer(trainRecs)
+	perEpoch := t.loader.BatchesPerEpoch()
+	accum := cfg.Batch.GradientAccumulationSteps
+	if s := cfg.Sched.MaxSteps; s > 0 {
+		t.totalSteps = s
+	} else {
+		t.totalSteps = max(1, int(math.Ceil(cfg.Sched.NumTrainEpochs*float64(perEpoch)/float64(accum))))
+	}
+	t.warmup = warmupSteps(cfg.Sched, t.totalSteps)
+	return nil
+}
+
+// mostFrequentAnswer is the most common final assistant reply of chat records (ties broken by
+// the smaller string); "" when there are none.
+func mostFrequentAnswer(recs []data.Record) string {
+	count := map[string]int{}
+	for _, r := range recs {
+		if r.Kind == data.FormatMessages && len(r.Messages) > 0 {
+			if last := r.Messages[len(r.Messages)-1]; last.Role == "assistant" {
+				count[strings.TrimSpace(last.Content)]++
+			}
+		}
+	}
+	keys := make([]string, 0, len(count))
+	for k := range count {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if count[keys[i]] != count[keys[j]] {
+			return count[keys[i]] > count[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
+
+// GenerationResult is the outcome of EvalGeneration.
+type GenerationResult struct {
+	// Samples is the number of held-out chats generated for.
+	Samples int `json:"samples"`
+	// Correct counts replies equal to the reference (after trimming spaces).
+	Correct int `json:"correct"`
+	// Accuracy is Correct / Samples.
+	Accuracy float64 `json:"accuracy"`
+	// Chance is the accuracy of always answering the most frequent training reply.
+	Chance float64 `json:"chance"`
+	// Examples holds a few (prompt, reference, generated) triples.
+	Examples [][3]string `json:"examples"`
+}
+
+// EvalGeneration greedily generates the final assistant reply of up to maxSamples held-out
+// chats and compares it with the reference: exact-match accuracy against the chance level of
+// always giving the most frequent training answer.
+func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens int) (GenerationResult, error) {
+	var res GenerationResult
+	if len(t.evalRecords) == 0 {
+		return res, errors.New("train: generation eval: no held-out data")
+	}
+	chance := 0
+	for _, r := range t.evalRecords {
+		if res.Samples >= maxSamples {
+			break
+		}
+		if r.Kind != data.FormatMessages || len(r.Messages) < 2 || r.Messages[len(r.Messages)-1].Role != "assistant" {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		want := strings.TrimSpace(r.Messages[len(r.Messages)-1].Content)
+		prompt, err := t.tok.generationPrompt(r.Messages[:len(r.Messages)-1])
+		if err != nil {
+			return res, fmt.Errorf("train: generation eval: %s: %w", r.Where(), err)
+		}
+		got, err := t.generate(prompt, maxNewTokens)
+		if err != nil {
+			return res, fmt.Errorf("train: generation eval: %s: %w", r.Where(), err)
+		}
+		got = strings.TrimSpace(got)
+		res.Samples++
+		if got == want {
+			res.Correct++
+		}
+		if want == t.trainAnswer {
+			chance++
+		}
+		if len(res.Examples) < 5 {
+			res.Examples = append(res.Examples, [3]string{r.Messages[len(r.Messages)-2].Content, want, got})
+		}
+	}
+	if res.Samples == 0 {
+		return res, errors.New("train: generation eval: no held-out chat ends with an assistant reply")
+	}
+	res.Accuracy = float64(res.Correct) / float64(res.Samples)
+	res.Chance = float64(chance) / float64(res.Samples)
+	return res, nil
+}
+
+// generate greedily continues prompt and decodes the reply up to the first stop token.
+func (t *Trainer) generate(prompt []int32, maxNewTokens int) (string, error) {
+	out, err := t.Model.Generate(prompt, models.GenerateOptions{MaxNewTokens: maxNewTokens, StopIDs: t.tok.stop})
+	if err != nil {
+		return "", err
+	}
+	for i, id := range out {
+		if slices.Contains(t.tok.stop, id) {
+			out = out[:i]
+			break
+		}
+	}
+	return t.tok.decode(out), nil
+}

@@ -1,0 +1,271 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/optim"
+)
+
+// Hyper are the hyperparameters that may change between steps (SetHyper). The learning rate is
+// the schedule's peak; the schedule's shape (warmup, total) stays.
+type Hyper struct {
+	LearningRate              float64 `json:"learning_rate"`
+	LRSchedulerType           string  `json:"lr_scheduler_type"`
+	WeightDecay               float64 `json:"weight_decay"`
+	AdamBeta1                 float64 `json:"adam_beta1"`
+	AdamBeta2                 float64 `json:"adam_beta2"`
+	AdamEpsilon               float64 `json:"adam_epsilon"`
+	MaxGradNorm               float64 `json:"max_grad_norm"`
+	GradientAccumulationSteps int     `json:"gradient_accumulation_steps"`
+}
+
+func hyperFrom(c *Config) Hyper {
+	return Hyper{
+		LearningRate: c.Optim.LearningRate, LRSchedulerType: c.Sched.LRSchedulerType,
+		WeightDecay: c.Optim.WeightDecay, AdamBeta1: c.Optim.AdamBeta1, AdamBeta2: c.Optim.AdamBeta2,
+		AdamEpsilon: c.Optim.AdamEpsilon, MaxGradNorm: *c.Optim.MaxGradNorm,
+		GradientAccumulationSteps: c.Batch.GradientAccumulationSteps,
+	}
+}
+
+// validate checks hyperparameters set between steps, with the config's rules.
+func (h Hyper) validate() error {
+	c := Config{Method: MethodSFT, Model: ModelConfig{ModelNameOrPath: "x"},
+		Dataset: DatasetConfig{Path: StringList{"x"}}, Run: RunConfig{OutputDir: "x"}}
+	c.Optim = OptimConfig{LearningRate: h.LearningRate, WeightDecay: h.WeightDecay, AdamBeta1: h.AdamBeta1,
+		AdamBeta2: h.AdamBeta2, AdamEpsilon: h.AdamEpsilon, MaxGradNorm: &h.MaxGradNorm}
+	c.Sched.LRSchedulerType = h.LRSchedulerType
+	c.Batch.GradientAccumulationSteps = h.GradientAccumulationSteps
+	c.Defaults()
+	c.Optim.LearningRate = h.LearningRate
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	return nil
+}
+
+// StepMetrics are the measurements of one optimizer step.
+type StepMetrics struct {
+	// Step is the number of optimizer steps done, this one included (1 after the first).
+	Step int `json:"step"`
+	// Loss is the mean cross-entropy over every target token of the step (nats).
+	Loss float64 `json:"loss"`
+	// GradNorm is the global L2 norm of the gradient before clipping.
+	GradNorm float64 `json:"grad_norm"`
+	// LR is the learning rate the update used.
+	LR float64 `json:"lr"`
+	// Tokens is the number of tokens processed (inputs, all micro-batches).
+	Tokens int `json:"tokens"`
+	// TokensPerS is Tokens over the step's wall time.
+	TokensPerS float64 `json:"tokens_per_s"`
+	// Targets is the number of tokens trained on (the loss's denominator).
+	Targets int `json:"targets"`
+	// Epoch is the fractional epoch reached (micro-batches consumed / micro-batches per epoch).
+	Epoch float64 `json:"epoch"`
+	// StepTimeS is the step's wall time in seconds.
+	StepTimeS float64 `json:"step_time_s"`
+	// TimeByOpS splits the step's time by op class (seconds) when the backend reports it.
+	TimeByOpS map[string]float64 `json:"time_by_op_s,omitempty"`
+	// EvalLoss is the held-out loss, when it was computed after this step.
+	EvalLoss *float64 `json:"eval_loss,omitempty"`
+}
+
+// OpTimer is an optional backend capability: time spent per op class since the last reset.
+type OpTimer interface {
+	OpTimes() map[string]time.Duration
+	ResetOpTimes()
+}
+
+// Trainer owns a model, its optimizer and its data, and runs optimizer steps. It is driven by
+// one goroutine at a time.
+type Trainer struct {
+	Cfg   *Config
+	Model *models.Model
+	// Stats describe the training data after tokenization and truncation.
+	Stats data.Stats
+	// EvalStats describe the held-out data (zero when there is none).
+	EvalStats data.Stats
+
+	b           backend.Backend
+	tok         *textCodec
+	loader      *data.Loader
+	evalBatches []data.Batch
+	evalRecords []data.Record
+	trainAnswer string // most frequent training answer (generation eval's chance baseline)
+	opt         *optim.AdamW
+	hyper       Hyper
+	step        int
+	totalSteps  int
+	warmup      int
+}
+
+// Steps returns the number of optimizer steps done.
+func (t *Trainer) Steps() int { return t.step }
+
+// TotalSteps is the planned number of optimizer steps (max_steps or num_train_epochs).
+func (t *Trainer) TotalSteps() int { return t.totalSteps }
+
+// Done reports whether the planned steps are done.
+func (t *Trainer) Done() bool { return t.step >= t.totalSteps }
+
+// Hyper returns the hyperparameters the next step will use.
+func (t *Trainer) Hyper() Hyper { return t.hyper }
+
+// SetHyper replaces the hyperparameters from the next step on. Invalid values are refused and
+// nothing changes; Adam's betas and epsilon are fixed for a run.
+func (t *Trainer) SetHyper(h Hyper) error {
+	if err := h.validate(); err != nil {
+		return err
+	}
+	if h.AdamBeta1 != t.hyper.AdamBeta1 || h.AdamBeta2 != t.hyper.AdamBeta2 || h.AdamEpsilon != t.hyper.AdamEpsilon {
+		return fmt.Errorf("train: adam_beta1, adam_beta2 and adam_epsilon cannot change during a run (restart from a checkpoint with new values)")
+	}
+	t.hyper = h
+	return nil
+}
+
+// SetLR sets the peak learning rate from the next step on (the schedule keeps its shape).
+func (t *Trainer) SetLR(lr float64) error {
+	h := t.hyper
+	h.LearningRate = lr
+	return t.SetHyper(h)
+}
+
+// LR is the learning rate the next step will use.
+func (t *Trainer) LR() float64 {
+	return t.schedule(t.hyper).At(t.step)
+}
+
+// Cursor is the data position of the next micro-batch.
+func (t *Trainer) Cursor() data.Cursor { return t.loader.Cursor() }
+
+func toModelBatch(b data.Batch) models.Batch {
+	return models.Batch{Tokens: b.Tokens, Positions: b.Positions, DocStarts: b.DocStarts, Targets: b.Targets}
+}
+
+// Step runs one optimizer step: gradient_accumulation_steps micro-batches whose summed
+// token losses are divided by the step's total number of targets (counted first), the global
+// gradient norm and clipping, then AdamW at the scheduled learning rate. Steps past the planned
+// total are allowed (the schedule stays at its final value). ctx is checked between
+// micro-batches.
+func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
+	start := time.Now()
+	if ot, ok := t.b.(OpTimer); ok {
+		ot.ResetOpTimes()
+	}
+	h := t.hyper
+	cur := t.loader.Cursor()
+	batches := make([]data.Batch, h.GradientAccumulationSteps)
+	total, tokens := 0, 0
+	for i := range batches {
+		b, err := t.loader.Next()
+		if err != nil {
+			_ = t.loader.Seek(cur)
+			return StepMetrics{}, err
+		}
+		batches[i] = b
+		total += b.NumTargets()
+		tokens += b.Len()
+	}
+	fail := func(err error) (StepMetrics, error) {
+		// Leave the step undone and the data where it was, so the step can be retried.
+		_ = t.loader.Seek(cur)
+		return StepMetrics{}, err
+	}
+	if total == 0 {
+		return fail(errors.New("train: the step's micro-batches have no target tokens"))
+	}
+	if err := t.Model.ZeroGrads(); err != nil {
+		return fail(err)
+	}
+	scale := float32(1 / float64(total))
+	lossSum := 0.0
+	for i, b := range batches {
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
+		s, _, err := t.Model.ForwardBackward(toModelBatch(b), scale)
+		if err != nil {
+			return fail(fmt.Errorf("train: step %d micro-batch %d: %w", t.step+1, i, err))
+		}
+		lossSum += s
+	}
+	loss := lossSum / float64(total)
+	norm, err := optim.GradNorm(t.b, []backend.T{t.Model.Grads.Flat})
+	if err != nil {
+		return fail(err)
+	}
+	if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return fail(fmt.Errorf("train: step %d: loss %v, gradient norm %v are not finite; the update was skipped: lower learning_rate (now %g) or set max_grad_norm", t.step+1, loss, norm, h.LearningRate))
+	}
+	clip := optim.ClipCoef(norm, h.MaxGradNorm)
+	lr := t.schedule(h).At(t.step)
+	t.opt.SetWeightDecay(h.WeightDecay)
+	if err := t.opt.Step(lr, clip); err != nil {
+		// Parameters may be partly updated: the trainer cannot retry this step.
+		return StepMetrics{}, err
+	}
+	if err := t.b.Sync(); err != nil {
+		return StepMetrics{}, err
+	}
+	t.step++
+	el := time.Since(start)
+	c := t.loader.Cursor()
+	m := StepMetrics{
+		Step: t.step, Loss: loss, GradNorm: norm, LR: lr, Tokens: tokens, Targets: total,
+		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
+		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
+	}
+	if ot, ok := t.b.(OpTimer); ok {
+		m.TimeByOpS = map[string]float64{}
+		for k, d := range ot.OpTimes() {
+			m.TimeByOpS[k] = d.Seconds()
+		}
+	}
+	return m, nil
+}
+
+// HasEval reports whether there is held-out data.
+func (t *Trainer) HasEval() bool { return len(t.evalBatches) > 0 }
+
+// Eval returns the mean cross-entropy over every target token of the held-out data.
+func (t *Trainer) Eval(ctx context.Context) (float64, error) {
+	if len(t.evalBatches) == 0 {
+		return 0, errors.New("train: no held-out data: set dataset.eval_split or dataset.eval_path")
+	}
+	sum, n := 0.0, 0
+	for _, b := range t.evalBatches {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		s, k, err := t.Model.Forward(toModelBatch(b))
+		if err != nil {
+			return 0, fmt.Errorf("train: eval: %w", err)
+		}
+		sum += s
+		n += k
+	}
+	return sum / float64(max(1, n)), nil
+}
+
+// Close frees the model, the optimizer state and the backend.
+func (t *Trainer) Close() error {
+	if t.opt != nil {
+		t.opt.Free()
+	}
+	var errs []error
+	if t.Model != nil {
+		errs = append(errs, t.Model.Close())
+	}
+	if t.b != nil {
+		errs = append(errs, t.b.Close())
+	}
+	return errors.Join(errs...)
+}

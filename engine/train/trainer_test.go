@@ -1,0 +1,252 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	_ "github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/data"
+)
+
+// quickTok is the quickstart tokenizer (byte-level BPE with ChatML special tokens).
+const quickTok = "../../examples/quickstart/tokenizer"
+
+// writeJSONL writes records to dir/name and returns the path.
+func writeJSONL(t *testing.T, dir, name string, recs []data.Record) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := data.WriteJSONL(f, recs); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return p
+}
+
+// pcRecords makes prompt/completion additions, n of them.
+func pcRecords(n int) []data.Record {
+	recs := make([]data.Record, n)
+	for i := range recs {
+		a, b := (i*7)%23, (i*11)%19
+		recs[i] = data.Record{Kind: data.FormatPromptCompletion, Prompt: fmt.Sprintf("%d+%d=", a, b), Completion: fmt.Sprint(a + b)}
+	}
+	return recs
+}
+
+// tinyConfig is a from-scratch tiny qwen3 on the CPU over a prompt/completion file.
+func tinyConfig(t *testing.T, dataPath string, extra ...string) *Config {
+	t.Helper()
+	y := fmt.Sprintf(`init:
+  arch: qwen3
+  preset: tiny
+  overrides: {hidden_size: 32, intermediate_size: 64, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, num_hidden_layers: 2}
+tokenizer_name_or_path: %s
+dataset: {path: %s}
+max_length: 32
+per_device_train_batch_size: 2
+learning_rate: 3e-3
+max_steps: 20
+warmup_steps: 2
+seed: 7
+device: cpu
+output_dir: %s
+`, quickTok, dataPath, filepath.Join(t.TempDir(), "out"))
+	cfg, err := ParseConfig([]byte(y), "test.yaml", MethodSFT, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func newTrainer(t *testing.T, cfg *Config) *Trainer {
+	t.Helper()
+	tr, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+func steps(t *testing.T, tr *Trainer, n int) []float64 {
+	t.Helper()
+	var losses []float64
+	for range n {
+		m, err := tr.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		losses = append(losses, m.Loss)
+	}
+	return losses
+}
+
+func TestResumeReproducesLossesExactly(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
+	cfg := tinyConfig(t, path, "--gradient_accumulation_steps=2", "--weight_decay=0.1")
+	full := steps(t, newTrainer(t, cfg), 6)
+	t.Logf("losses %v", full)
+
+	first := newTrainer(t, cfg)
+	got := steps(t, first, 3)
+	ck := filepath.Join(dir, "ck")
+	if err := first.Save(ck); err != nil {
+		t.Fatal(err)
+	}
+	second := newTrainer(t, cfg)
+	if err := second.Resume(ck); err != nil {
+		t.Fatal(err)
+	}
+	if second.Steps() != 3 {
+		t.Fatalf("resumed at step %d, want 3", second.Steps())
+	}
+	got = append(got, steps(t, second, 3)...)
+	for i := range full {
+		if math.Float64bits(full[i]) != math.Float64bits(got[i]) {
+			t.Fatalf("step %d: uninterrupted loss %v, resumed %v (all: %v vs %v)", i+1, full[i], got[i], full, got)
+		}
+	}
+	if !(full[5] < full[0]) {
+		t.Fatalf("loss did not fall over 6 steps: %v", full)
+	}
+	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", StateFile, OptimizerFile} {
+		if _, err := os.Stat(filepath.Join(ck, f)); err != nil {
+			t.Errorf("checkpoint lacks %s", f)
+		}
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(dir, ".ck.tmp-*"))
+	if len(leftovers) > 0 {
+		t.Fatalf("temporary directories left: %v", leftovers)
+	}
+	// Saving again over an existing checkpoint replaces it.
+	if err := second.Save(ck); err != nil {
+		t.Fatal(err)
+	}
+	other := tinyConfig(t, path, "--per_device_train_batch_size=3")
+	if err := newTrainer(t, other).Resume(ck); err == nil || !strings.Contains(err.Error(), "data plan") {
+		t.Fatalf("resume with another batch size: %v", err)
+	}
+}
+
+func TestGradientAccumulationMatchesOneBigMicroBatch(t *testing.T) {
+	dir := t.TempDir()
+	// Two documents with different numbers of targets, so a mean of per-micro-batch means
+	// would differ from the mean over the step's tokens.
+	recs := []data.Record{
+		{Kind: data.FormatPromptCompletion, Prompt: "12+30=", Completion: "42"},
+		{Kind: data.FormatPromptCompletion, Prompt: "1+1=", Completion: "2 is the answer to 1+1"},
+	}
+	path := writeJSONL(t, dir, "two.jsonl", recs)
+	one := newTrainer(t, tinyConfig(t, path, "--packing=false", "--per_device_train_batch_size=2", "--gradient_accumulation_steps=1"))
+	two := newTrainer(t, tinyConfig(t, path, "--packing=false", "--per_device_train_batch_size=1", "--gradient_accumulation_steps=2"))
+	m1, err := one.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := two.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m1.Targets != m2.Targets || m1.Tokens != m2.Tokens {
+		t.Fatalf("steps saw different data: %+v vs %+v", m1, m2)
+	}
+	close := func(a, b, tol float64) bool { return math.Abs(a-b) <= tol*(1+math.Abs(a)) }
+	if !close(m1.Loss, m2.Loss, 1e-6) || !close(m1.GradNorm, m2.GradNorm, 1e-5) {
+		t.Fatalf("loss %v vs %v, grad norm %v vs %v", m1.Loss, m2.Loss, m1.GradNorm, m2.GradNorm)
+	}
+	maxDiff := 0.0
+	for _, s := range one.Model.Specs {
+		a, err := one.Model.ParamFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := two.Model.ParamFloat32(s.Name)
+		for i := range a {
+			maxDiff = max(maxDiff, math.Abs(float64(a[i]-b[i])))
+		}
+	}
+	// One AdamW step moves each weight by about lr = 3e-3 * warmup factor; the two runs must
+	// agree far below that.
+	if maxDiff > 1e-5 {
+		t.Fatalf("parameters after one step differ by up to %g", maxDiff)
+	}
+}
+
+func TestSFTTrainsOnlyOnCompletions(t *testing.T) {
+	c, err := loadCodec(quickTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := data.Record{Kind: data.FormatPromptCompletion, Prompt: "What is 2+2?", Completion: "4"}
+	for _, tc := range []struct {
+		method    string
+		wantTrain int
+	}{{MethodSFT, 2}, {MethodPretrain, -1}} {
+		d, err := c.encoder(tc.method)(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompt := len(c.ids(rec.Prompt))
+		n := 0
+		for i, tr := range d.Train {
+			if tr {
+				n++
+			}
+			if tc.method == MethodSFT && tr != (i >= prompt) {
+				t.Fatalf("sft: token %d train=%v; prompt has %d tokens", i, tr, prompt)
+			}
+		}
+		want := tc.wantTrain
+		if want < 0 {
+			want = len(d.Tokens)
+		}
+		if n != want {
+			t.Fatalf("%s: %d trained tokens, want %d (ids %v)", tc.method, n, want, d.Tokens)
+		}
+		if d.Tokens[len(d.Tokens)-1] != c.eos {
+			t.Fatalf("%s: document does not end with eos", tc.method)
+		}
+	}
+}
+
+func TestSFTChatMasksOnlyAssistantTokens(t *testing.T) {
+	c, err := loadCodec(quickTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := data.Record{Kind: data.FormatMessages, Messages: []data.Message{
+		{Role: "system", Content: "Be brief."}, {Role: "user", Content: "What is 37+48?"}, {Role: "assistant", Content: "85"},
+		{Role: "user", Content: "And 1+1?"}, {Role: "assistant", Content: "2"},
+	}}
+	d, err := c.encoder(MethodSFT)(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trained []int32
+	for i, tr := range d.Train {
+		if tr {
+			trained = append(trained, d.Tokens[i])
+		}
+	}
+	// The assistant replies and their end-of-turn tokens: "85<|im_end|>\n" and "2<|im_end|>\n".
+	want := append(c.ids("85<|im_end|>\n"), c.ids("2<|im_end|>\n")...)
+	if fmt.Sprint(trained) != fmt.Sprint(want) {
+		t.Fatalf("trained tokens %v (%q), want %v", trained, c.decode(trained), want)
+	}
+	p, err := c.generationPrompt(rec.Messages[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(p) != fmt.Sprint(c.ids("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 37+48?<|im_end|>\n<|im_start|>assistant\n")) {
+		t.Fatalf("generation prompt %v", p)
+	}
+}
