@@ -1,0 +1,479 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect/v2"
+	"connectrpc.com/connect/v2/connecthttp"
+
+	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/train"
+	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
+	"github.com/halo-shell/halo-shell/session/proto/halo/v1/halov1connect"
+)
+
+// ServerOptions configure a session server.
+type ServerOptions struct {
+	// Name of the session (default DefaultName); it names the socket in RuntimeDir.
+	Name string
+	// Socket overrides the socket path (tests); empty means Paths.Socket.
+	Socket string
+	// Listen is an extra "tcp://HOST:PORT" address; calls on it need the bearer token.
+	// HOST empty means 127.0.0.1.
+	Listen string
+	// SaveOnStop is a directory where stopping (SIGTERM, Stop) saves a checkpoint first.
+	SaveOnStop string
+	// ConfigPath, when set, is loaded at start with Method (default sft) and Overrides.
+	ConfigPath string
+	Method     string
+	Overrides  []string
+	// Logger receives the session's log (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server is a running session: the engine goroutine, the RPC handlers and the listeners.
+type Server struct {
+	o      ServerOptions
+	log    *slog.Logger
+	hub    *hub
+	eng    *engine
+	paths  Paths
+	token  string
+	unixLn net.Listener
+	tcpLn  net.Listener
+	https  []*http.Server
+
+	mu         sync.Mutex
+	controller string
+	clients    map[string]*clientRec
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+type clientRec struct {
+	name      string
+	connected time.Time
+	lastSeen  time.Time
+	streams   int
+}
+
+type ctxKey int
+
+const keyTCP ctxKey = 1
+
+// NewServer creates the session's socket (and TCP listener) and starts the engine goroutine.
+// Serve then answers calls until Shutdown.
+func NewServer(o ServerOptions) (*Server, error) {
+	if o.Name == "" {
+		o.Name = DefaultName
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	p, err := PathsFor(o.Name)
+	if err != nil {
+		return nil, err
+	}
+	if o.Socket != "" {
+		p.Socket = o.Socket
+	} else if _, err := ensureRuntimeDir(); err != nil {
+		return nil, err
+	}
+	s := &Server{o: o, log: o.Logger.With("session", o.Name), hub: newHub(), paths: p, clients: map[string]*clientRec{}, closed: make(chan struct{})}
+	if s.unixLn, err = listenUnix(p.Socket); err != nil {
+		return nil, err
+	}
+	if o.Listen != "" {
+		if err := s.listenTCP(o.Listen); err != nil {
+			s.unixLn.Close()
+			os.Remove(p.Socket)
+			return nil, err
+		}
+	}
+	if o.Socket == "" {
+		_ = os.WriteFile(p.Pid, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+	}
+	s.eng = newEngine(o.Name, s.log, s.hub, o.SaveOnStop)
+	return s, nil
+}
+
+// listenUnix listens on path with mode 0600, replacing a stale socket that nobody answers on
+// and refusing when a live session holds it.
+func listenUnix(path string) (net.Listener, error) {
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("session: %s: a session is already listening there; attach to it or stop it first", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("session: removing stale socket %s: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("session: listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("session: socket %s: %w", path, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	return ln, nil
+}
+
+// ParseListen turns "tcp://HOST:PORT" into a host:port to bind, defaulting HOST to 127.0.0.1.
+func ParseListen(listen string) (string, error) {
+	u, err := url.Parse(listen)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
+		return "", fmt.Errorf("session: --listen %q: want tcp://HOST:PORT (e.g. tcp://127.0.0.1:7070)", listen)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return "", fmt.Errorf("session: --listen %q: %v", listen, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", fmt.Errorf("session: --listen %q: port %q is not a number from 0 to 65535", listen, port)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func (s *Server) listenTCP(listen string) error {
+	addr, err := ParseListen(listen)
+	if err != nil {
+		return err
+	}
+	var tok [32]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return fmt.Errorf("session: generating a token: %w", err)
+	}
+	s.token = hex.EncodeToString(tok[:])
+	f, err := os.OpenFile(s.paths.Token, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("session: token file: %w", err)
+	}
+	_, werr := f.WriteString(s.token + "\n")
+	cerr := f.Close()
+	if err := errors.Join(werr, cerr, os.Chmod(s.paths.Token, 0o600)); err != nil {
+		return fmt.Errorf("session: token file %s: %w", s.paths.Token, err)
+	}
+	if s.tcpLn, err = net.Listen("tcp", addr); err != nil {
+		return fmt.Errorf("session: listen on %s: %w", addr, err)
+	}
+	_ = os.WriteFile(s.paths.TCP, []byte("tcp://"+s.tcpLn.Addr().String()+"\n"), 0o600)
+	return nil
+}
+
+// Socket is the unix socket path.
+func (s *Server) Socket() string { return s.paths.Socket }
+
+// TCPAddr is "tcp://HOST:PORT" of the TCP listener, or "" without one.
+func (s *Server) TCPAddr() string {
+	if s.tcpLn == nil {
+		return ""
+	}
+	return "tcp://" + s.tcpLn.Addr().String()
+}
+
+// Token is the bearer token TCP clients must send ("" without TCP).
+func (s *Server) Token() string { return s.token }
+
+// Serve answers calls and runs the engine until ctx ends or Shutdown is called; then it stops
+// at the next step boundary (saving when SaveOnStop is set), closes the listeners, removes the
+// socket and returns nil.
+func (s *Server) Serve(ctx context.Context) error {
+	go s.eng.loop()
+	if s.o.ConfigPath != "" {
+		go func() {
+			_, err := s.eng.submit(ctx, func(*command) (any, error) {
+				return s.eng.cmdLoad(&halov1.LoadRequest{ConfigPath: s.o.ConfigPath, Method: s.o.Method, Overrides: s.o.Overrides})
+			})
+			if err != nil {
+				s.eng.logEvent(slog.LevelError, fmt.Sprintf("loading %s: %v", s.o.ConfigPath, err))
+			}
+		}()
+	}
+	s.startHTTP()
+	select {
+	case <-ctx.Done():
+	case <-s.closed:
+	}
+	s.finish()
+	return nil
+}
+
+// Shutdown asks Serve to stop (at the next step boundary).
+func (s *Server) Shutdown() { s.closeOnce.Do(func() { close(s.closed) }) }
+
+func (s *Server) startHTTP() {
+	cs := connect.NewServer(s.recoverInterceptor, s.authInterceptor)
+	halov1connect.RegisterSessionServiceHandler(cs, &handler{s: s})
+	mux := http.NewServeMux()
+	connecthttp.Mount(mux, cs)
+	protos := new(http.Protocols)
+	protos.SetUnencryptedHTTP2(true)
+	protos.SetHTTP1(true)
+	serve := func(ln net.Listener, tcp bool) {
+		hs := &http.Server{Handler: mux, Protocols: protos, ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+		if tcp {
+			hs.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, keyTCP, true) }
+		}
+		s.https = append(s.https, hs)
+		go func() {
+			if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("serving", "addr", ln.Addr().String(), "err", err)
+			}
+		}()
+	}
+	serve(s.unixLn, false)
+	if s.tcpLn != nil {
+		serve(s.tcpLn, true)
+	}
+	s.log.Info("session serving", "socket", s.paths.Socket, "tcp", s.TCPAddr(), "pid", os.Getpid())
+}
+
+// finish stops the engine (saving when configured), then the listeners.
+func (s *Server) finish() {
+	s.eng.stop()
+	if !s.eng.launch {
+		<-s.eng.done
+	}
+	s.hub.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, hs := range s.https {
+		if err := hs.Shutdown(ctx); err != nil {
+			hs.Close()
+		}
+	}
+	s.unixLn.Close()
+	if s.tcpLn != nil {
+		s.tcpLn.Close()
+		os.Remove(s.paths.Token)
+		os.Remove(s.paths.TCP)
+	}
+	os.Remove(s.paths.Socket)
+	if s.o.Socket == "" {
+		os.Remove(s.paths.Pid)
+	}
+	s.log.Info("session stopped")
+}
+
+// Serve runs a session until ctx ends (see Server.Serve).
+func Serve(ctx context.Context, o ServerOptions) error {
+	s, err := NewServer(o)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// ---- interceptors ----
+
+func (s *Server) recoverInterceptor(next connect.ServerFunc) connect.ServerFunc {
+	return func(ctx context.Context, spec connect.Spec, st connect.ServerStream) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("handler panicked", "procedure", spec.Procedure, "panic", r)
+				err = connect.Errorf(connect.CodeInternal, "session: internal error in %s", spec.Procedure)
+			}
+		}()
+		return next(ctx, spec, st)
+	}
+}
+
+// authInterceptor checks the bearer token of calls that came over TCP, before any payload is
+// read, and records which clients call.
+func (s *Server) authInterceptor(next connect.ServerFunc) connect.ServerFunc {
+	return func(ctx context.Context, spec connect.Spec, st connect.ServerStream) error {
+		info, _ := connect.CallInfoForServerContext(ctx)
+		if tcp, _ := ctx.Value(keyTCP).(bool); tcp {
+			got := ""
+			if info != nil {
+				got = info.RequestHeader().Get("Authorization")
+			}
+			peer := ""
+			if info != nil {
+				peer = info.PeerAddr
+			}
+			tok, ok := strings.CutPrefix(got, "Bearer ")
+			switch {
+			case got == "":
+				s.log.Warn("refused unauthenticated call", "procedure", spec.Procedure, "peer", peer, "reason", "no token")
+				return connect.NewError(connect.CodeUnauthenticated, "session: this TCP endpoint needs a bearer token (Authorization: Bearer TOKEN); the token is in the session's .token file beside its socket")
+			case !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1:
+				s.log.Warn("refused unauthenticated call", "procedure", spec.Procedure, "peer", peer, "reason", "wrong token")
+				return connect.NewError(connect.CodeUnauthenticated, "session: wrong bearer token; use the token from the session's .token file beside its socket")
+			}
+		}
+		if info != nil {
+			if id := info.RequestHeader().Get(HeaderClientID); id != "" {
+				s.seen(id, info.RequestHeader().Get(HeaderClientName))
+			}
+		}
+		return next(ctx, spec, st)
+	}
+}
+
+func (s *Server) seen(id, name string) {
+	if len(id) > 128 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	c := s.clients[id]
+	if c == nil {
+		if len(s.clients) >= 1024 {
+			s.pruneLocked(now)
+		}
+		c = &clientRec{connected: now}
+		s.clients[id] = c
+	}
+	c.lastSeen = now
+	if name != "" && len(name) <= 128 {
+		c.name = name
+	}
+}
+
+// pruneLocked forgets clients idle for ten minutes without an open stream.
+func (s *Server) pruneLocked(now time.Time) {
+	for id, c := range s.clients {
+		if c.streams == 0 && now.Sub(c.lastSeen) > 10*time.Minute && id != s.controller {
+			delete(s.clients, id)
+		}
+	}
+}
+
+func clientID(ctx context.Context) string {
+	if info, ok := connect.CallInfoForServerContext(ctx); ok {
+		return info.RequestHeader().Get(HeaderClientID)
+	}
+	return ""
+}
+
+// requireControl lets a control call through when its client is the controller, making it the
+// controller when nobody is.
+func (s *Server) requireControl(ctx context.Context) error {
+	id := clientID(ctx)
+	if id == "" {
+		return connect.NewError(connect.CodeInvalidArgument, "session: control calls need a client id (header "+HeaderClientID+")")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.controller {
+	case "":
+		s.controller = id
+		s.log.Info("client took control", "client", id)
+		return nil
+	case id:
+		return nil
+	}
+	return connect.Errorf(connect.CodeFailedPrecondition, "session %q is controlled by client %s; observe, or take over with --take-over", s.o.Name, s.describeLocked(s.controller))
+}
+
+func (s *Server) describeLocked(id string) string {
+	if c := s.clients[id]; c != nil && c.name != "" {
+		return fmt.Sprintf("%s (%s)", id, c.name)
+	}
+	return id
+}
+
+func (s *Server) status() *halov1.StatusResponse {
+	snap := s.eng.snapshot()
+	r := &halov1.StatusResponse{Name: s.o.Name, State: snap.state, Step: snap.step, TotalSteps: snap.total,
+		ConfigSummary: snap.summary, Device: snap.device, Hyper: snap.hyper, LastError: snap.lastErr, LastMetrics: snap.last,
+		Pid: int64(os.Getpid())}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(time.Now())
+	r.Controller = s.controller
+	for id, c := range s.clients {
+		r.Clients = append(r.Clients, &halov1.ClientInfo{Id: id, Name: c.name, Controller: id == s.controller, ConnectedUnixMs: c.connected.UnixMilli()})
+	}
+	sort.Slice(r.Clients, func(i, j int) bool { return r.Clients[i].ConnectedUnixMs < r.Clients[j].ConnectedUnixMs })
+	return r
+}
+
+// ---- ServeRun: batch runs as sessions ----
+
+// ServeRun runs train.Run on t while serving it as the session o.Name: observers attach by
+// name, and the controller may pause, resume, profile the next steps, inspect, evaluate,
+// generate, change hyperparameters and save between steps (Step, Run and Load are refused:
+// the batch loop steps by itself). It returns train.Run's result when the run ends or ctx is
+// cancelled (then train.Run saves a checkpoint). For Profile to work, call EnableProfiling
+// before train.New.
+func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.RunOptions) (train.RunResult, error) {
+	s, err := NewServer(o)
+	if err != nil {
+		return train.RunResult{}, err
+	}
+	e := s.eng
+	e.launch = true
+	e.install(t)
+	s.startHTTP()
+	done := make(chan struct{})
+	defer func() {
+		close(done)
+		s.finish()
+	}()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closed:
+			cancel()
+		case <-done:
+		}
+	}()
+	e.publishState("launch run")
+	userOnStep := ro.OnStep
+	ro.OnStep = func(m train.StepMetrics) {
+		// A step boundary: publish, then serve commands; block here while paused.
+		var ps *profile.Step
+		if e.prof != nil && e.rec != nil {
+			if st, ok := e.rec.EndStep(); ok {
+				ps = &st
+			}
+			e.rec.Enable(false, false)
+			e.rec.Steps()
+		}
+		e.afterStep(metricsPB(m), ps)
+		if userOnStep != nil {
+			userOnStep(m)
+		}
+		e.serveBoundary(runCtx)
+		if e.prof != nil && e.rec != nil && !t.Done() {
+			e.rec.Enable(true, e.prof.trace)
+			e.rec.BeginStep(t.Steps() + 1)
+		}
+	}
+	res, err := train.Run(runCtx, t, ro)
+	if e.prof != nil {
+		e.prof.waiter.reply(profileResponse(e.prof), nil)
+		e.prof = nil
+	}
+	e.stopping = true
+	e.publishState("run finished")
+	close(e.done)
+	return res, err
+}
