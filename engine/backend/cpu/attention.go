@@ -330,30 +330,34 @@ func (g *attnGeom) forward(b *Backend, qs, ks, vs, os, lse []float32) {
 		t := ts[ti]
 		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
 		m, l := t.hi-t.lo, jhi-jlo
-		sc := make([]float32, m*l)
+		scBuf := getScratch(m * l)
+		defer putScratch(scBuf)
+		sc := *scBuf
 		var ws gemmScratch
+		defer ws.release()
 		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
 			gemmSerial(false, true, m, l, hd, g.scale, qs[t.lo*g.qw+h*hd:], g.qw, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, sc, l, &ws)
 			for r := 0; r < m; r++ {
 				a, z := g.visible(t.doc, t.lo+r)
 				row := sc[r*l : (r+1)*l]
+				vis := row[a-jlo : z-jlo]
 				mx := float32(math.Inf(-1))
-				for _, v := range row[a-jlo : z-jlo] {
+				for _, v := range vis {
 					mx = max(mx, v)
 				}
+				for j := range vis {
+					vis[j] -= mx
+				}
+				expVec(vis, vis)
 				var sum float64
-				for j := range row {
-					if j < a-jlo || j >= z-jlo {
-						row[j] = 0
-						continue
-					}
-					e := float32(math.Exp(float64(row[j] - mx)))
-					row[j] = e
+				for _, e := range vis {
 					sum += float64(e)
 				}
+				clear(row[:a-jlo])
+				clear(row[z-jlo:])
 				inv := float32(1 / sum)
-				for j := a - jlo; j < z-jlo; j++ {
-					row[j] *= inv
+				for j := range vis {
+					vis[j] *= inv
 				}
 				if lse != nil {
 					lse[(t.lo+r)*g.nh+h] = mx + float32(math.Log(sum))
@@ -384,9 +388,12 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 		t := qt[ti]
 		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
 		m, l := t.hi-t.lo, jhi-jlo
-		p := make([]float32, m*l)
-		dp := make([]float32, m*l)
+		pBuf, dpBuf := getScratch(m*l), getScratch(m*l)
+		defer putScratch(pBuf)
+		defer putScratch(dpBuf)
+		p, dp := *pBuf, *dpBuf
 		var ws gemmScratch
+		defer ws.release()
 		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
 			gemmSerial(false, true, m, l, hd, g.scale, qs[t.lo*g.qw+h*hd:], g.qw, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, p, l, &ws)
 			gemmSerial(false, true, m, l, hd, 1, dos[t.lo*g.qw+h*hd:], g.qw, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, dp, l, &ws)
@@ -395,14 +402,16 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 				a, z := g.visible(t.doc, i)
 				li, di := lse[i*g.nh+h], dd[i*g.nh+h]
 				row, drow := p[r*l:(r+1)*l], dp[r*l:(r+1)*l]
-				for j := range row {
-					if j < a-jlo || j >= z-jlo {
-						row[j] = 0
-						continue
-					}
-					pr := float32(math.Exp(float64(row[j] - li)))
-					row[j] = pr * (drow[j] - di) // dS
+				vis, dvis := row[a-jlo:z-jlo], drow[a-jlo:z-jlo]
+				for j := range vis {
+					vis[j] -= li
 				}
+				expVec(vis, vis)
+				for j, pr := range vis {
+					vis[j] = pr * (dvis[j] - di) // dS
+				}
+				clear(row[:a-jlo])
+				clear(row[z-jlo:])
 			}
 			gemmSerial(false, false, m, hd, l, g.scale, p, l, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, dq[t.lo*g.qw+h*hd:], g.qw, &ws)
 		}
@@ -424,9 +433,12 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 		for r := 0; r < m; r++ {
 			qa[r], qz[r] = g.queries(t.doc, t.lo+r)
 		}
-		pt := make([]float32, m*l)
-		dpt := make([]float32, m*l)
+		ptBuf, dptBuf := getScratch(m*l), getScratch(m*l)
+		defer putScratch(ptBuf)
+		defer putScratch(dptBuf)
+		pt, dpt := *ptBuf, *dptBuf
 		var ws gemmScratch
+		defer ws.release()
 		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
 			beta := float32(1)
 			if h == t.kvh*g.group {
@@ -436,16 +448,22 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 			gemmSerial(false, true, m, l, hd, 1, vs[t.lo*g.kw+t.kvh*hd:], g.kw, dos[ilo*g.qw+h*hd:], g.qw, 0, dpt, l, &ws)
 			for r := 0; r < m; r++ {
 				row, drow := pt[r*l:(r+1)*l], dpt[r*l:(r+1)*l]
-				for c := range row {
-					i := ilo + c
-					if i < qa[r] || i >= qz[r] {
-						row[c], drow[c] = 0, 0
-						continue
-					}
-					pr := float32(math.Exp(float64(row[c] - lse[i*g.nh+h])))
-					row[c] = pr
-					drow[c] = pr * (drow[c] - dd[i*g.nh+h]) // dS^T
+				ca, cz := qa[r]-ilo, qz[r]-ilo
+				if cz < ca {
+					cz = ca
 				}
+				vis, dvis := row[ca:cz], drow[ca:cz]
+				for c := range vis {
+					vis[c] -= lse[(ilo+ca+c)*g.nh+h]
+				}
+				expVec(vis, vis)
+				for c, pr := range vis {
+					dvis[c] = pr * (dvis[c] - dd[(ilo+ca+c)*g.nh+h]) // dS^T
+				}
+				clear(row[:ca])
+				clear(row[cz:])
+				clear(drow[:ca])
+				clear(drow[cz:])
 			}
 			gemmSerial(false, false, m, hd, l, 1, pt, l, dos[ilo*g.qw+h*hd:], g.qw, beta, dv[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
 			gemmSerial(false, false, m, hd, l, g.scale, dpt, l, qs[ilo*g.qw+h*hd:], g.qw, beta, dk[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)

@@ -111,12 +111,17 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 				for _, x := range row {
 					mx = max(mx, x)
 				}
+				xt := row[t]
+				for j := range row {
+					row[j] -= mx
+				}
+				expVec(row, row)
 				var s float64
-				for _, x := range row {
-					s += math.Exp(float64(x - mx))
+				for _, e := range row {
+					s += float64(e)
 				}
 				lse := float64(mx) + math.Log(s)
-				lp := float32(float64(row[t]) - lse)
+				lp := float32(float64(xt) - lse)
 				if loss != nil {
 					loss[lo+r] = -lp
 				}
@@ -124,8 +129,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 					logp[lo+r] = lp
 				}
 				if dh != nil || dw != nil {
-					for j, x := range row {
-						row[j] = a.GradScale * float32(math.Exp(float64(x)-lse))
+					k := a.GradScale / float32(s)
+					for j := range row {
+						row[j] *= k
 					}
 					row[t] -= a.GradScale
 				}

@@ -70,8 +70,10 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 	mr, nr := kern.mr, kern.nr
 	mp := (m + mr - 1) / mr
 	np := (n + nr - 1) / nr
-	pa := make([]float32, mp*mr*k)
-	pb := make([]float32, np*nr*k)
+	paBuf, pbBuf := getScratch(mp*mr*k), getScratch(np*nr*k)
+	defer putScratch(paBuf)
+	defer putScratch(pbBuf)
+	pa, pb := *paBuf, *pbBuf
 	be.pool.rows(mp, 8, func(lo, hi int) {
 		for q := lo; q < hi; q++ {
 			packA(pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
@@ -87,19 +89,36 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 	be.pool.run(tm*tn, func(t int) {
 		ti, tj := t/tn, t%tn
 		i0, j0 := ti*tileM, tj*tileN
-		acc := make([]float32, mr*nr)
-		gemmTile(kern, pa, pb, k, i0, min(i0+tileM, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc)
+		var acc [96]float32
+		gemmTile(kern, pa, pb, k, i0, min(i0+tileM, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc[:mr*nr])
 	})
 }
 
-// gemmScratch holds reusable packing buffers for gemmSerial.
-type gemmScratch struct{ pa, pb, acc []float32 }
+// gemmScratch holds reusable packing buffers for gemmSerial; release returns them to the pool.
+type gemmScratch struct {
+	pa, pb *[]float32
+	acc    [96]float32
+}
 
-func grow(s []float32, n int) []float32 {
-	if cap(s) < n {
-		return make([]float32, n)
+func grow(p **[]float32, n int) []float32 {
+	if *p != nil && cap(**p) >= n {
+		**p = (**p)[:n]
+		return **p
 	}
-	return s[:n]
+	if *p != nil {
+		putScratch(*p)
+	}
+	*p = getScratch(n)
+	return **p
+}
+
+func (ws *gemmScratch) release() {
+	for _, p := range []**[]float32{&ws.pa, &ws.pb} {
+		if *p != nil {
+			putScratch(*p)
+			*p = nil
+		}
+	}
 }
 
 // gemmSerial is sgemm on the calling goroutine only, for use inside parallel tasks.
@@ -116,16 +135,15 @@ func gemmSerial(transA, transB bool, m, n, k int, alpha float32, a []float32, ld
 	mr, nr := kern.mr, kern.nr
 	mp := (m + mr - 1) / mr
 	np := (n + nr - 1) / nr
-	ws.pa = grow(ws.pa, mp*mr*k)
-	ws.pb = grow(ws.pb, np*nr*k)
-	ws.acc = grow(ws.acc, mr*nr)
+	pa := grow(&ws.pa, mp*mr*k)
+	pb := grow(&ws.pb, np*nr*k)
 	for q := 0; q < mp; q++ {
-		packA(ws.pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
+		packA(pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
 	}
 	for q := 0; q < np; q++ {
-		packB(ws.pb[q*nr*k:(q+1)*nr*k], b, ldb, transB, n, k, q*nr, nr)
+		packB(pb[q*nr*k:(q+1)*nr*k], b, ldb, transB, n, k, q*nr, nr)
 	}
-	gemmTile(kern, ws.pa, ws.pb, k, 0, m, 0, n, m, n, alpha, beta, c, ldc, ws.acc)
+	gemmTile(kern, pa, pb, k, 0, m, 0, n, m, n, alpha, beta, c, ldc, ws.acc[:mr*nr])
 }
 
 func scaleRows(c []float32, ldc, lo, hi, n int, beta float32) {
@@ -143,21 +161,26 @@ func scaleRows(c []float32, ldc, lo, hi, n int, beta float32) {
 
 // packA writes rows i0..i0+mr of op(A) (zero beyond m) as dst[p*mr + r].
 func packA(dst, a []float32, lda int, transA bool, m, k, i0, mr int) {
+	rows := min(mr, m-i0)
+	if transA {
+		// op(A) rows are columns of a: read the mr adjacent elements of each row of a.
+		for p := 0; p < k; p++ {
+			d := dst[p*mr : (p+1)*mr]
+			copy(d, a[p*lda+i0:p*lda+i0+rows])
+			clear(d[rows:])
+		}
+		return
+	}
 	for r := 0; r < mr; r++ {
-		i := i0 + r
-		switch {
-		case i >= m:
+		if r >= rows {
 			for p := 0; p < k; p++ {
 				dst[p*mr+r] = 0
 			}
-		case transA:
-			for p := 0; p < k; p++ {
-				dst[p*mr+r] = a[p*lda+i]
-			}
-		default:
-			for p, v := range a[i*lda : i*lda+k] {
-				dst[p*mr+r] = v
-			}
+			continue
+		}
+		i := i0 + r
+		for p, v := range a[i*lda : i*lda+k] {
+			dst[p*mr+r] = v
 		}
 	}
 }

@@ -2,6 +2,8 @@
 
 package cpu
 
+import "math"
+
 // cpuid executes the CPUID instruction for leaf eaxArg, subleaf ecxArg.
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 
@@ -47,4 +49,39 @@ func kernel6x16(k int, a, b, acc []float32) {
 		return
 	}
 	kernel6x16Go(k, a, b, acc)
+}
+
+// expAVX2 writes exp of n/8*8 clamped inputs (see expVec); c is &expConsts[0].
+//
+//go:noescape
+func expAVX2(dst, src *float32, n int, c *float32)
+
+// expConsts holds the constants of expAVX2, each repeated 8 times (one YMM register).
+var expConsts = func() (t [14 * 8]float32) {
+	vals := [14]float32{
+		expHi, expLo, 1.44269504088896341, 0.5, 0.693359375, -2.12194440e-4,
+		1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1,
+		1, math.Float32frombits(127),
+	}
+	for i, v := range vals {
+		for j := 0; j < 8; j++ {
+			t[i*8+j] = v
+		}
+	}
+	return t
+}()
+
+// expVec sets dst[i] = exp(clamp(src[i], expLo, expHi)), relative error below 3e-7 in the
+// normal range. dst may alias src.
+func expVec(dst, src []float32) {
+	n := len(src)
+	dst = dst[:n]
+	v := 0
+	if useAVX2 && n >= 8 {
+		v = n &^ 7
+		expAVX2(&dst[0], &src[0], v, &expConsts[0])
+	}
+	for i := v; i < n; i++ {
+		dst[i] = expScalar(src[i])
+	}
 }

@@ -84,3 +84,46 @@ store:
 	VMOVUPS Y11, 352(DX)
 	VZEROUPPER
 	RET
+
+// func expAVX2(dst, src *float32, n int, c *float32)
+// dst[i] = exp(clamp(src[i], -88.37, 88)) for n/8 groups of 8 (Cephes expf polynomial).
+// c points at the constant table expConsts (14 rows of 8 floats).
+TEXT ·expAVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ c+24(FP), R8
+	SHRQ $3, CX
+	JEQ expdone
+
+exploop:
+	VMOVUPS (SI), Y0
+	VMINPS 0(R8), Y0, Y0
+	VMAXPS 32(R8), Y0, Y0
+	VMOVUPS 64(R8), Y1
+	VFMADD213PS 96(R8), Y0, Y1
+	VROUNDPS $1, Y1, Y1
+	VFNMADD231PS 128(R8), Y1, Y0
+	VFNMADD231PS 160(R8), Y1, Y0
+	VMULPS Y0, Y0, Y2
+	VMOVUPS 192(R8), Y3
+	VFMADD213PS 224(R8), Y0, Y3
+	VFMADD213PS 256(R8), Y0, Y3
+	VFMADD213PS 288(R8), Y0, Y3
+	VFMADD213PS 320(R8), Y0, Y3
+	VFMADD213PS 352(R8), Y0, Y3
+	VFMADD213PS Y0, Y2, Y3
+	VADDPS 384(R8), Y3, Y3
+	VCVTTPS2DQ Y1, Y4
+	VPADDD 416(R8), Y4, Y4
+	VPSLLD $23, Y4, Y4
+	VMULPS Y4, Y3, Y3
+	VMOVUPS Y3, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNE exploop
+
+expdone:
+	VZEROUPPER
+	RET

@@ -5,3 +5,11 @@ package cpu
 var useAVX2 = false
 
 func kernel6x16(k int, a, b, acc []float32) { kernel6x16Go(k, a, b, acc) }
+
+// expVec sets dst[i] = exp(clamp(src[i], expLo, expHi)); see the amd64 version.
+func expVec(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = expScalar(v)
+	}
+}

@@ -1,8 +1,16 @@
 package cpu
 
-import "math"
-
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+// sigmoidInto sets s[i] = 1/(1+exp(-g[i])) using the vector exp.
+func sigmoidInto(s, g []float32) {
+	s = s[:len(g)]
+	for i, v := range g {
+		s[i] = -v
+	}
+	expVec(s, s)
+	for i, e := range s {
+		s[i] = 1 / (1 + e)
+	}
+}
 
 // SwiGLU computes out = silu(gate) * up.
 func (b *Backend) SwiGLU(out, gate, up T) error {
@@ -27,9 +35,13 @@ func (b *Backend) SwiGLU(out, gate, up T) error {
 		return err
 	}
 	b.pool.rows(n, convChunk, func(lo, hi int) {
+		sb := getScratch(hi - lo)
+		defer putScratch(sb)
+		sg := *sb
+		sigmoidInto(sg, gs[lo:hi])
 		for i := lo; i < hi; i++ {
 			g := gs[i]
-			os[i] = g * sigmoid(g) * us[i]
+			os[i] = g * sg[i-lo] * us[i]
 		}
 	})
 	flush()
@@ -70,9 +82,13 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 		return err
 	}
 	b.pool.rows(n, convChunk, func(lo, hi int) {
+		sb := getScratch(hi - lo)
+		defer putScratch(sb)
+		sg := *sb
+		sigmoidInto(sg, gs[lo:hi])
 		for i := lo; i < hi; i++ {
 			g, u, d := gs[i], us[i], ds[i]
-			s := sigmoid(g)
+			s := sg[i-lo]
 			dg[i] = d * u * s * (1 + g*(1-s))
 			du[i] = d * g * s
 		}
