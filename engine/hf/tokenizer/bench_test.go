@@ -1,7 +1,11 @@
 package tokenizer
 
 import (
+	"compress/gzip"
+	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -84,4 +88,32 @@ func BenchmarkEncodeQwen3Warm(b *testing.B) {
 	for b.Loop() {
 		tok.EncodeBatch(docs)
 	}
+}
+
+// BenchmarkLoadQwen3 measures parsing the 11 MB Qwen3 tokenizer.json.
+func BenchmarkLoadQwen3(b *testing.B) {
+	data := gunzipFile(b, filepath.Join("testdata", "qwen3", "tokenizer.json.gz"))
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := FromBytes(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func gunzipFile(b *testing.B, path string) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return data
 }

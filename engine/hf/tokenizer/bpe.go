@@ -201,7 +201,7 @@ func (m *bpe) tokenizeRaw(word string, sc *bpeScratch, dst []int32) []int32 {
 			sc.add(id)
 			continue
 		}
-		m.missing(byteToStr[word[i]], 1, &unk, sc)
+		m.missing(byteToStr[word[i]], &unk, sc)
 	}
 	unk.flush(sc)
 	if len(sc.syms) == 0 {
@@ -242,7 +242,7 @@ func (m *bpe) tokenize(word string, sc *bpeScratch, dst []int32) []int32 {
 			unk.flush(sc)
 			sc.add(id)
 		} else {
-			m.missing(s, size, &unk, sc)
+			m.missing(s, &unk, sc)
 		}
 		i += size
 	}
@@ -266,7 +266,7 @@ func (u *unkRun) flush(sc *bpeScratch) {
 // missing handles a character that is not in the vocabulary: byte fallback tokens
 // "<0xXX>" when enabled and all present, else the unknown token, else nothing (Hugging Face
 // drops such characters silently when the model has no unk_token).
-func (m *bpe) missing(s string, _ int, unk *unkRun, sc *bpeScratch) {
+func (m *bpe) missing(s string, unk *unkRun, sc *bpeScratch) {
 	if m.byteFallback {
 		ids := make([]int32, 0, len(s))
 		for i := 0; i < len(s); i++ {

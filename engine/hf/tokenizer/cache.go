@@ -14,7 +14,7 @@ type wordCache struct {
 
 const (
 	cacheShards        = 64
-	cacheEntriesPerShd = 4096
+	cacheEntriesPerShd = 1024
 )
 
 type cacheShard struct {

@@ -19,7 +19,6 @@ type preStep interface {
 type scratch struct {
 	spans []span
 	bpe   bpeScratch
-	buf   []byte
 }
 
 type splitStep struct {

@@ -88,7 +88,7 @@ type modelJSON struct {
 	FuseUnk                 bool              `json:"fuse_unk"`
 	ByteFallback            bool              `json:"byte_fallback"`
 	IgnoreMerges            bool              `json:"ignore_merges"`
-	Vocab                   map[string]int64  `json:"vocab"`
+	Vocab                   map[string]int32  `json:"vocab"`
 	Merges                  []json.RawMessage `json:"merges"`
 }
 
@@ -130,7 +130,7 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 	if mj.Dropout != nil && *mj.Dropout != 0 {
 		return nil, fail("model.dropout %v makes encoding random; only dropout null or 0 is supported", *mj.Dropout)
 	}
-	t := &Tokenizer{name: name, postProcess: f.PostProcessor, idToToken: map[int32]string{}, maxID: -1}
+	t := &Tokenizer{name: name, postProcess: f.PostProcessor, maxID: -1}
 	m, err := buildBPE(&mj, t)
 	if err != nil {
 		return nil, fail("%v", err)
@@ -179,20 +179,22 @@ func jsonError(data []byte, err error) error {
 }
 
 func buildBPE(mj *modelJSON, t *Tokenizer) (*bpe, error) {
-	m := &bpe{vocab: make(map[string]int32, len(mj.Vocab)), unkID: -1, fuseUnk: mj.FuseUnk,
-		byteFallback: mj.ByteFallback, ignoreMerges: mj.IgnoreMerges}
+	m := &bpe{vocab: mj.Vocab, unkID: -1, fuseUnk: mj.FuseUnk, byteFallback: mj.ByteFallback, ignoreMerges: mj.IgnoreMerges}
+	if m.vocab == nil {
+		m.vocab = map[string]int32{}
+	}
+	t.idToToken = make(map[int32]string, len(m.vocab)+64)
 	if mj.ContinuingSubwordPrefix != nil {
 		m.continuingPrefix = *mj.ContinuingSubwordPrefix
 	}
 	if mj.EndOfWordSuffix != nil {
 		m.endSuffix = *mj.EndOfWordSuffix
 	}
-	for tok, id := range mj.Vocab {
-		if id < 0 || id > math.MaxInt32-1 {
+	for tok, id := range m.vocab {
+		if id < 0 || id == math.MaxInt32 {
 			return nil, fmt.Errorf("model.vocab[%q] = %d is not a token id (0 to %d)", tok, id, math.MaxInt32-1)
 		}
-		m.vocab[tok] = int32(id)
-		t.setToken(int32(id), tok)
+		t.setToken(id, tok)
 	}
 	if mj.UnkToken != nil {
 		id, ok := m.vocab[*mj.UnkToken]
@@ -204,19 +206,9 @@ func buildBPE(mj *modelJSON, t *Tokenizer) (*bpe, error) {
 	m.merges = make(map[uint64]mergeRule, len(mj.Merges))
 	prefixLen := len(m.continuingPrefix)
 	for i, raw := range mj.Merges {
-		var a, b string
-		var s string
-		var pair []string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			var ok bool
-			a, b, ok = strings.Cut(s, " ")
-			if !ok {
-				return nil, fmt.Errorf("model.merges[%d] = %q: want two tokens separated by a space", i, s)
-			}
-		} else if err := json.Unmarshal(raw, &pair); err == nil && len(pair) == 2 {
-			a, b = pair[0], pair[1]
-		} else {
-			return nil, fmt.Errorf("model.merges[%d] = %.80s: want \"a b\" or [\"a\", \"b\"]", i, raw)
+		a, b, err := parseMerge(raw)
+		if err != nil {
+			return nil, fmt.Errorf("model.merges[%d] = %.80s: %v", i, raw, err)
 		}
 		ia, ok := m.vocab[a]
 		if !ok {
@@ -496,3 +488,81 @@ func (t *Tokenizer) AddedTokens() []AddedToken { return t.added.sortedTokens() }
 // PostProcessor returns the raw "post_processor" JSON of the file (null when absent). Encode
 // never applies it; callers that want BOS/EOS add them themselves.
 func (t *Tokenizer) PostProcessor() json.RawMessage { return t.postProcess }
+
+// parseMerge reads one merge: "a b" or ["a", "b"]. Plain JSON strings (no escapes) are
+// sliced directly; anything else goes through encoding/json.
+func parseMerge(raw json.RawMessage) (string, string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "", "", fmt.Errorf(`want "a b" or ["a", "b"]`)
+	}
+	if raw[0] == '"' {
+		s, err := jsonString(raw)
+		if err != nil {
+			return "", "", fmt.Errorf(`want "a b" or ["a", "b"]`)
+		}
+		a, b, ok := strings.Cut(s, " ")
+		if !ok {
+			return "", "", fmt.Errorf("want two tokens separated by a space")
+		}
+		return a, b, nil
+	}
+	var pair []string
+	if raw[0] == '[' {
+		// Fast path: ["a","b"] with plain strings.
+		if a, b, ok := plainPair(raw); ok {
+			return a, b, nil
+		}
+		if err := json.Unmarshal(raw, &pair); err == nil && len(pair) == 2 {
+			return pair[0], pair[1], nil
+		}
+	}
+	return "", "", fmt.Errorf(`want "a b" or ["a", "b"]`)
+}
+
+// jsonString decodes a JSON string literal, without encoding/json when it has no escapes.
+func jsonString(raw []byte) (string, error) {
+	if len(raw) >= 2 && raw[len(raw)-1] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 &&
+		bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 && utf8.Valid(raw) {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
+}
+
+// plainPair parses ["a","b"] (optional spaces) where both strings are free of escapes.
+func plainPair(raw []byte) (string, string, bool) {
+	i := 1
+	str := func() (string, bool) {
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
+			i++
+		}
+		if i >= len(raw) || raw[i] != '"' {
+			return "", false
+		}
+		end := bytes.IndexByte(raw[i+1:], '"')
+		if end < 0 {
+			return "", false
+		}
+		s := raw[i+1 : i+1+end]
+		if bytes.IndexByte(s, '\\') >= 0 || !utf8.Valid(s) {
+			return "", false
+		}
+		i += end + 2
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
+			i++
+		}
+		return string(s), true
+	}
+	a, ok := str()
+	if !ok || i >= len(raw) || raw[i] != ',' {
+		return "", "", false
+	}
+	i++
+	b, ok := str()
+	if !ok || i != len(raw)-1 || raw[i] != ']' {
+		return "", "", false
+	}
+	return a, b, true
+}
