@@ -670,6 +670,9 @@ func TestTransformersLoadsOurGoldens(t *testing.T) {
 			Class     string `json:"class"`
 			Params    int64  `json:"parameters"`
 			Error     string `json:"error"`
+			// Small models are also built for real, saved with save_pretrained and reloaded.
+			ModelSaved *bool `json:"model_saved_identical"`
+			Reloaded   bool  `json:"model_reloaded"`
 		} `json:"files"`
 	}
 	if err := json.Unmarshal(readFile(t, "testdata/transformers/check.json"), &report); err != nil {
@@ -693,6 +696,8 @@ func TestTransformersLoadsOurGoldens(t *testing.T) {
 			t.Errorf("%s: changed since transformers checked it", name)
 		case r.Error != "" || !r.Identical || r.Params <= 0:
 			t.Errorf("%s: transformers: error %q, re-saved identical %v, %d parameters", name, r.Error, r.Identical, r.Params)
+		case r.Params < 5_000_000 && (r.ModelSaved == nil || !*r.ModelSaved || !r.Reloaded):
+			t.Errorf("%s: transformers' model.save_pretrained wrote another config.json, or the model did not reload", name)
 		}
 		c := mustParse(t, g)
 		if r.Class != c.Architectures[0] {
