@@ -44,6 +44,19 @@ type Backend struct {
 	mu        sync.Mutex
 	allocated int64
 	peak      int64
+	cache     map[int]([][]uint64) // freed storage by word count, reused by Alloc
+	cached    int64                // bytes held in cache
+}
+
+// maxCached bounds the bytes of freed storage kept for reuse (a step's activations are
+// typically freed and allocated again with the same sizes).
+func (b *Backend) maxCached() int64 { return min(b.limit/2, 8<<30) }
+
+// EmptyCache returns every cached block to the Go runtime.
+func (b *Backend) EmptyCache() {
+	b.mu.Lock()
+	b.cache, b.cached = nil, 0
+	b.mu.Unlock()
 }
 
 var (
@@ -100,6 +113,8 @@ func (b *Backend) Close() error {
 }
 
 // buffer is host memory, 64-byte aligned, zeroed at allocation.
+// A buffer is one allocation handed out by Alloc. Its storage may be recycled after Free, but
+// the buffer value itself never is, so stale tensors still see that they were freed.
 type buffer struct {
 	words []uint64
 	data  []byte
@@ -120,7 +135,11 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 		return T{}, fmt.Errorf("cpu: alloc: %w", err)
 	}
 	n := int64(tensor.Shape(shape).Numel()) * int64(dt.Size())
+	nw := int((n+7)/8 + 1)
 	b.mu.Lock()
+	if b.allocated+b.cached+n > b.limit && b.cached > 0 {
+		b.cache, b.cached = nil, 0 // give cached storage back before exceeding the limit
+	}
 	if b.allocated+n > b.limit {
 		used := b.allocated
 		b.mu.Unlock()
@@ -131,8 +150,18 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 	if b.allocated > b.peak {
 		b.peak = b.allocated
 	}
+	var words []uint64
+	if list := b.cache[nw]; len(list) > 0 {
+		words = list[len(list)-1]
+		b.cache[nw] = list[:len(list)-1]
+		b.cached -= int64(nw) * 8
+	}
 	b.mu.Unlock()
-	words := make([]uint64, (n+7)/8+1)
+	if words == nil {
+		words = make([]uint64, nw)
+	} else {
+		clear(words)
+	}
 	data := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)[:n]
 	buf := &buffer{words: words, data: data, size: n}
 	return tensor.New(buf, 0, dt, shape...)
@@ -158,16 +187,23 @@ func (b *Backend) Free(t T) error {
 	}
 	b.mu.Lock()
 	b.allocated -= buf.Len()
+	if sz := int64(len(buf.words)) * 8; b.cached+sz <= b.maxCached() {
+		if b.cache == nil {
+			b.cache = map[int][][]uint64{}
+		}
+		b.cache[len(buf.words)] = append(b.cache[len(buf.words)], buf.words)
+		b.cached += sz
+	}
 	b.mu.Unlock()
 	buf.words, buf.data = nil, nil
 	return nil
 }
 
-// MemStats reports bytes in live tensors (Reserved equals Allocated: there is no cache).
+// MemStats reports bytes in live tensors; Reserved adds the freed storage kept for reuse.
 func (b *Backend) MemStats() backend.MemStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return backend.MemStats{Allocated: b.allocated, Reserved: b.allocated, Peak: b.peak, Total: b.limit}
+	return backend.MemStats{Allocated: b.allocated, Reserved: b.allocated + b.cached, Peak: b.peak, Total: b.limit}
 }
 
 // ResetPeak sets the peak to the current allocation.

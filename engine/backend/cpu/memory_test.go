@@ -206,3 +206,39 @@ func TestAttentionRejectsBadBoundaries(t *testing.T) {
 		t.Errorf("NH=3 NKV=2: %v", err)
 	}
 }
+
+func TestFreedStorageIsReusedZeroedAndStaleTensorsStayFreed(t *testing.T) {
+	b := New(Options{Workers: 2, MemoryLimit: 1 << 20})
+	defer b.Close()
+	x := up(t, b, []float64{1, 2, 3, 4}, tensor.F32, 4)
+	must(t, b.Free(x))
+	if s := b.MemStats(); s.Allocated != 0 || s.Reserved < 16 {
+		t.Fatalf("after free: %+v (want the storage kept as reserved)", s)
+	}
+	y := zeros(t, b, tensor.F32, 2, 2)
+	if s := b.MemStats(); s.Allocated != 16 || s.Reserved != 16 {
+		t.Fatalf("after reuse: %+v", s)
+	}
+	for i, v := range down(t, b, y) {
+		if v != 0 {
+			t.Fatalf("reused storage element %d = %v, want 0", i, v)
+		}
+	}
+	if err := b.Fill(x, 1); err == nil || !strings.Contains(err.Error(), "freed") {
+		t.Fatalf("write through a stale tensor: %v", err)
+	}
+	must(t, b.Free(y))
+	b.EmptyCache()
+	if s := b.MemStats(); s.Reserved != 0 {
+		t.Fatalf("after EmptyCache: %+v", s)
+	}
+	// A cache never pushes the total over the limit: freeing 600 KiB and asking for 700 KiB works.
+	big := zeros(t, b, tensor.U8, 600<<10)
+	must(t, b.Free(big))
+	if _, err := b.Alloc(tensor.U8, 700<<10); err != nil {
+		t.Fatalf("allocation after a large free: %v", err)
+	}
+	if s := b.MemStats(); s.Reserved > 1<<20 {
+		t.Fatalf("reserved %d exceeds the limit", s.Reserved)
+	}
+}
