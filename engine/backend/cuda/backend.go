@@ -648,6 +648,23 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 	if err != nil {
 		return err
 	}
+	if g.Beta != 0 && g.C.DType() == tensor.BF16 {
+		// cuBLASLt may round the product to bf16 before adding Beta*C; the contract rounds once.
+		// Compute the product in fp32 and fold it in with one rounding.
+		tmp, err := b.Alloc(tensor.F32, g.M, g.N)
+		if err != nil {
+			return err
+		}
+		defer b.Free(tmp)
+		h := g
+		h.C, h.Beta = tmp, 0
+		if err := b.gemm(op, h); err != nil {
+			return err
+		}
+		n := int64(g.M) * int64(g.N)
+		ptmp, _ := b.ptr(op, "tmp", tmp)
+		return b.launch1D("elementwise.cu", "ew_axpby", n, pc, int32(tensor.BF16), g.Beta, float32(1), ptmp, int32(tensor.F32), n)
+	}
 	if g.K == 0 {
 		// An empty sum: C = Beta*C.
 		if g.Beta == 0 {

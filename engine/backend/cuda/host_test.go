@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // These tests need no GPU: they cover library discovery, the caching allocator's bookkeeping,
@@ -339,4 +342,71 @@ func TestPackArgs(t *testing.T) {
 		}
 	}()
 	packArgs(int(3))
+}
+
+// TestBF16ProbabilityRoundingNeedsMMATolerance simulates, on the host, what the tensor-core
+// attention kernels do differently from the SIMT ones: they round the probabilities P to bf16
+// before P·V. For one causal document it measures the largest change of the (bf16) output
+// against the tolerance form the GPU tests use, and checks that the SIMT tolerance would not
+// cover it while the tensor-core tolerance does, so neither tolerance is looser than needed.
+func TestBF16ProbabilityRoundingNeedsMMATolerance(t *testing.T) {
+	const T, HD = 300, 128
+	rng := rand.New(rand.NewPCG(3, 3))
+	bf := func(x float32) float32 { return tensor.BF16ToF32(tensor.F32ToBF16(x)) }
+	mat := func() [][]float32 {
+		m := make([][]float32, T)
+		for i := range m {
+			m[i] = make([]float32, HD)
+			for d := range m[i] {
+				m[i][d] = bf(float32(rng.NormFloat64()))
+			}
+		}
+		return m
+	}
+	q, k, v := mat(), mat(), mat()
+	scale := float32(1 / math.Sqrt(HD))
+	var refs, errs []float64
+	for i := 0; i < T; i++ {
+		p := make([]float32, i+1)
+		m := float32(math.Inf(-1))
+		for j := range p {
+			var dot float32
+			for d := 0; d < HD; d++ {
+				dot += q[i][d] * k[j][d]
+			}
+			p[j] = dot * scale
+			m = max(m, p[j])
+		}
+		var l float32
+		for j := range p {
+			p[j] = float32(math.Exp(float64(p[j] - m)))
+			l += p[j]
+		}
+		for d := 0; d < HD; d++ {
+			var exact, rounded float32
+			for j := range p {
+				exact += p[j] * v[j][d]
+				rounded += bf(p[j]) * v[j][d]
+			}
+			ref, got := bf(exact/l), bf(rounded/l)
+			refs = append(refs, float64(ref))
+			errs = append(errs, math.Abs(float64(got-ref)))
+		}
+	}
+	var ss float64
+	for _, r := range refs {
+		ss += r * r
+	}
+	rms := math.Sqrt(ss / float64(len(refs)))
+	worst := 0.0
+	for i, e := range errs {
+		worst = math.Max(worst, e/(attnAbsFrac*rms+2*bf16Eps*math.Abs(refs[i])))
+	}
+	t.Logf("P rounded to bf16: worst error / SIMT tolerance = %.2f", worst)
+	if worst <= 1 {
+		t.Errorf("bf16 rounding of P stays within the SIMT tolerance (ratio %.2f): the tensor-core tolerance factor %d is looser than needed", worst, mmaTolFactor)
+	}
+	if worst > mmaTolFactor {
+		t.Errorf("bf16 rounding of P alone exceeds the tensor-core tolerance (ratio %.2f > %d)", worst, mmaTolFactor)
+	}
 }

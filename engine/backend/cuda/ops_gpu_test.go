@@ -28,6 +28,14 @@ import (
 // bf16Eps is the bfloat16 machine epsilon (2^-7).
 const bf16Eps = 1.0 / 128
 
+// Attention tolerances, as fractions: the SIMT kernels keep P in fp32 and are compared with
+// attnAbsFrac*rms + 2*bf16Eps*|ref|; the tensor-core kernels get mmaTolFactor times that
+// (TestBF16ProbabilityRoundingNeedsMMATolerance shows why).
+const (
+	attnAbsFrac  = 4e-3
+	mmaTolFactor = 4
+)
+
 var (
 	gpuOnce    sync.Once
 	gpuBackend *Backend
@@ -667,9 +675,17 @@ func TestGPUAttention(t *testing.T) {
 				continue
 			}
 			N := sum(s.lens...)
-			rel, abs := 2*bf16Eps, 4e-3
+			rel, abs := 2*bf16Eps, attnAbsFrac
 			if s.dt == tensor.F32 {
 				rel, abs = 1e-4, 1e-5
+			}
+			if kernel == "mma" {
+				// The tensor-core kernels round P (and dS) to bf16 before their products, as
+				// flash attention does. Simulated for one causal document of 300 tokens with
+				// HD=128, that rounding alone moves outputs by up to 3.9% of their RMS (the
+				// largest errors sit on early rows, whose outputs are large), about 4x what the
+				// SIMT tolerance allows: the tolerance is 4x the SIMT one.
+				rel, abs = mmaTolFactor*rel, mmaTolFactor*abs
 			}
 			base := func() []tspec {
 				return []tspec{

@@ -16,6 +16,11 @@ extern "C" __global__ void ew_axpy(void* y, int dty, float alpha, const void* x,
     GRID_STRIDE(i, n) stf(y, dty, i, ldf(y, dty, i) + alpha * ldf(x, dtx, i));
 }
 
+// y = beta * y + alpha * x, rounded once
+extern "C" __global__ void ew_axpby(void* y, int dty, float beta, float alpha, const void* x, int dtx, long long n) {
+    GRID_STRIDE(i, n) stf(y, dty, i, beta * ldf(y, dty, i) + alpha * ldf(x, dtx, i));
+}
+
 extern "C" __global__ void ew_scale(void* t, int dt, float alpha, long long n) {
     GRID_STRIDE(i, n) stf(t, dt, i, alpha * ldf(t, dt, i));
 }
