@@ -16,17 +16,20 @@ const (
 )
 
 // microKernel computes an mr x nr tile acc[r*nr+j] = sum_p a[p*mr+r]*b[p*nr+j], p < k.
+// direct, when set, computes the same tile from unpacked rows of A (row r at a[r*lda:]), so
+// untransposed A needs no packing.
 type microKernel struct {
 	mr, nr int
 	run    func(k int, a, b, acc []float32)
+	direct func(k int, a []float32, lda int, b, acc []float32)
 }
 
 // pickKernel returns the AVX2/FMA 6x16 kernel where the CPU has it, else a portable 4x4 one.
 func pickKernel() microKernel {
 	if useAVX2 {
-		return microKernel{6, 16, kernel6x16}
+		return microKernel{6, 16, kernel6x16, kernel6x16Strided}
 	}
-	return microKernel{4, 4, kernel4x4}
+	return microKernel{4, 4, kernel4x4, nil}
 }
 
 var gemmKernel = pickKernel()
@@ -70,12 +73,13 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 	mr, nr := kern.mr, kern.nr
 	mp := (m + mr - 1) / mr
 	np := (n + nr - 1) / nr
+	ad := aDirect(kern, transA, m, mr)
 	paBuf, pbBuf := getScratch(mp*mr*k), getScratch(np*nr*k)
 	defer putScratch(paBuf)
 	defer putScratch(pbBuf)
 	pa, pb := *paBuf, *pbBuf
 	be.pool.rows(mp, 8, func(lo, hi int) {
-		for q := lo; q < hi; q++ {
+		for q := max(lo, ad); q < hi; q++ {
 			packA(pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
 		}
 	})
@@ -90,7 +94,7 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 		ti, tj := t/tn, t%tn
 		i0, j0 := ti*tileM, tj*tileN
 		var acc [96]float32
-		gemmTile(kern, pa, pb, k, i0, min(i0+tileM, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc[:mr*nr])
+		gemmTile(kern, a, lda, ad, pa, pb, k, i0, min(i0+tileM, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc[:mr*nr])
 	})
 }
 
@@ -135,15 +139,16 @@ func gemmSerial(transA, transB bool, m, n, k int, alpha float32, a []float32, ld
 	mr, nr := kern.mr, kern.nr
 	mp := (m + mr - 1) / mr
 	np := (n + nr - 1) / nr
+	ad := aDirect(kern, transA, m, mr)
 	pa := grow(&ws.pa, mp*mr*k)
 	pb := grow(&ws.pb, np*nr*k)
-	for q := 0; q < mp; q++ {
+	for q := ad; q < mp; q++ {
 		packA(pa[q*mr*k:(q+1)*mr*k], a, lda, transA, m, k, q*mr, mr)
 	}
 	for q := 0; q < np; q++ {
 		packB(pb[q*nr*k:(q+1)*nr*k], b, ldb, transB, n, k, q*nr, nr)
 	}
-	gemmTile(kern, pa, pb, k, 0, m, 0, n, m, n, alpha, beta, c, ldc, ws.acc[:mr*nr])
+	gemmTile(kern, a, lda, ad, pa, pb, k, 0, m, 0, n, m, n, alpha, beta, c, ldc, ws.acc[:mr*nr])
 }
 
 func scaleRows(c []float32, ldc, lo, hi, n int, beta float32) {
@@ -212,8 +217,18 @@ func packB(dst, b []float32, ldb int, transB bool, n, k, j0, nr int) {
 	}
 }
 
-// gemmTile computes C[i0:i1, j0:j1] from packed panels, in reduction blocks of kc.
-func gemmTile(kern microKernel, pa, pb []float32, k, i0, i1, j0, j1, m, n int, alpha, beta float32, c []float32, ldc int, acc []float32) {
+// aDirect returns how many leading A panels the kernel reads in place (full panels of an
+// untransposed A when the kernel can); only the panels from there on are packed.
+func aDirect(kern microKernel, transA bool, m, mr int) int {
+	if kern.direct == nil || transA {
+		return 0
+	}
+	return m / mr
+}
+
+// gemmTile computes C[i0:i1, j0:j1] in reduction blocks of kc, from packed B panels and either
+// unpacked A rows (panels below ad) or packed A panels.
+func gemmTile(kern microKernel, a []float32, lda, ad int, pa, pb []float32, k, i0, i1, j0, j1, m, n int, alpha, beta float32, c []float32, ldc int, acc []float32) {
 	mr, nr := kern.mr, kern.nr
 	for p0 := 0; p0 < k; p0 += kc {
 		kk := min(kc, k-p0)
@@ -226,9 +241,11 @@ func gemmTile(kern microKernel, pa, pb []float32, k, i0, i1, j0, j1, m, n int, a
 			bp := pb[q*nr*k+p0*nr : q*nr*k+(p0+kk)*nr]
 			cols := min(nr, n-j)
 			for i := i0; i < i1; i += mr {
-				qa := i / mr
-				ap := pa[qa*mr*k+p0*mr : qa*mr*k+(p0+kk)*mr]
-				kern.run(kk, ap, bp, acc)
+				if qa := i / mr; qa < ad {
+					kern.direct(kk, a[i*lda+p0:], lda, bp, acc)
+				} else {
+					kern.run(kk, pa[qa*mr*k+p0*mr:qa*mr*k+(p0+kk)*mr], bp, acc)
+				}
 				rows := min(mr, m-i)
 				for r := 0; r < rows; r++ {
 					row := c[(i+r)*ldc+j : (i+r)*ldc+j+cols]
@@ -474,4 +491,20 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 		flush()
 	}
 	return nil
+}
+
+// kernel6x16StridedGo is the portable equivalent of the strided AVX2 kernel (A read in place).
+func kernel6x16StridedGo(k int, a []float32, lda int, b, acc []float32) {
+	acc = acc[:96]
+	clear(acc)
+	for p := 0; p < k; p++ {
+		br := b[p*16 : p*16+16]
+		for r := 0; r < 6; r++ {
+			av := a[r*lda+p]
+			row := acc[r*16 : r*16+16]
+			for j, bv := range br {
+				row[j] += av * bv
+			}
+		}
+	}
 }

@@ -85,3 +85,21 @@ func expVec(dst, src []float32) {
 		dst[i] = expScalar(src[i])
 	}
 }
+
+// kernel6x16StridedAVX2 is kernel6x16AVX2 reading the 6 rows of A in place (row r at a+r*lda).
+//
+//go:noescape
+func kernel6x16StridedAVX2(k int, a *float32, lda int, b, acc *float32)
+
+// kernel6x16Strided computes the 6x16 tile with A unpacked: acc[r*16+j] = sum_p
+// a[r*lda+p]*b[p*16+j].
+func kernel6x16Strided(k int, a []float32, lda int, b, acc []float32) {
+	if k <= 0 {
+		clear(acc[:96])
+		return
+	}
+	_ = a[5*lda+k-1]
+	_ = b[16*k-1]
+	_ = acc[95]
+	kernel6x16StridedAVX2(k, &a[0], lda, &b[0], &acc[0])
+}

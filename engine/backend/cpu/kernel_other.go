@@ -13,3 +13,7 @@ func expVec(dst, src []float32) {
 		dst[i] = expScalar(v)
 	}
 }
+
+func kernel6x16Strided(k int, a []float32, lda int, b, acc []float32) {
+	kernel6x16StridedGo(k, a, lda, b, acc)
+}

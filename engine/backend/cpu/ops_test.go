@@ -35,9 +35,14 @@ func refGEMM(ta, tb bool, m, n, k int, alpha float64, a, b []float64, beta float
 
 // kernels lists the micro-kernels the GEMM can run with on this machine.
 func kernels() map[string]microKernel {
-	ks := map[string]microKernel{"portable4x4": {4, 4, kernel4x4}, "portable6x16": {6, 16, kernel6x16Go}}
+	ks := map[string]microKernel{
+		"portable4x4":         {4, 4, kernel4x4, nil},
+		"portable6x16":        {6, 16, kernel6x16Go, nil},
+		"portable6x16_direct": {6, 16, kernel6x16Go, kernel6x16StridedGo},
+	}
 	if useAVX2 {
-		ks["avx2_6x16"] = microKernel{6, 16, kernel6x16}
+		ks["avx2_6x16"] = microKernel{6, 16, kernel6x16, nil}
+		ks["avx2_6x16_direct"] = microKernel{6, 16, kernel6x16, kernel6x16Strided}
 	}
 	return ks
 }
@@ -58,6 +63,21 @@ func TestKernel6x16MatchesPortable(t *testing.T) {
 		for i := range got {
 			if d := math.Abs(float64(got[i] - want[i])); d > 1e-4*(1+math.Abs(float64(want[i]))) {
 				t.Fatalf("k=%d acc[%d] = %v, portable %v", k, i, got[i], want[i])
+			}
+		}
+		// The strided kernel reads the same A from 6 rows of stride lda.
+		lda := k + 3
+		as := f32s(randn(r, 6*lda+1, 1))
+		for p := 0; p < k; p++ {
+			for row := 0; row < 6; row++ {
+				a[p*6+row] = as[row*lda+p]
+			}
+		}
+		kernel6x16Go(k, a, b, want)
+		kernel6x16Strided(k, as, lda, b, got)
+		for i := range got {
+			if d := math.Abs(float64(got[i] - want[i])); d > 1e-4*(1+math.Abs(float64(want[i]))) {
+				t.Fatalf("strided k=%d acc[%d] = %v, packed %v", k, i, got[i], want[i])
 			}
 		}
 	}
