@@ -1,24 +1,36 @@
-// Package cuda runs halo-shell's tensor operations on NVIDIA GPUs from a pure-Go binary
-// (CGO_ENABLED=0).
+// Package cuda runs halo-shell's backend contract (engine/backend) on NVIDIA GPUs from a pure-Go
+// binary (CGO_ENABLED=0).
 //
 // The CUDA driver (libcuda.so.1), NVRTC (libnvrtc.so.13) and cuBLASLt (libcublasLt.so.13) are
 // loaded at run time with purego; nothing about CUDA is needed at build time, and the same binary
-// runs, and says why it cannot use a GPU, on machines without one. Kernels are CUDA C under
-// kernels/*.cu, embedded in the binary, compiled by NVRTC for the detected architecture on first
-// use and cached on disk (see KernelCacheDir). GEMMs go through cuBLASLt with bf16 inputs and fp32
-// accumulation; the algorithm is chosen once per shape and cached.
+// runs, and says why it cannot use a GPU, on machines without one (Available, Diagnose). Importing
+// the package registers the "cuda" device with engine/backend, so backend.Open("cuda:1") and
+// device: auto find it.
 //
-// Each Device is driven by one goroutine locked to its OS thread, on which the device's context is
-// current; every driver call for that device runs there (Device.Do). Memory comes from a caching
-// allocator with size classes whose statistics (allocated, reserved, peak) are exposed by
-// Device.MemStats.
+// Kernels are CUDA C under kernels/*.cu, one op family per file with its gradient contract in the
+// header, embedded in the binary, compiled by NVRTC for the detected architecture (sm_80 and newer)
+// on first use and cached on disk (KernelCacheDir) under a key of source hash, architecture and
+// NVRTC version. They store bf16 or fp32 and compute in fp32; bf16 values are handled as raw bits,
+// so NVRTC needs no CUDA headers. GEMMs go through cuBLASLt (bf16 or fp32 operands, fp32
+// accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment.
+// Attention has two implementations of one contract: tensor-core kernels (attention_tc.cu:
+// mma.sync m16n8k16, bf16 tensors with head dim 64 or 128) and SIMT kernels (attention.cu: any
+// head dim up to 256, fp32 or bf16); HALO_CUDA_ATTENTION=simt forces the latter.
 //
-// What it is not: it does not decide whether to use the GPU (callers ask Available and fall back
-// to the CPU backend, which is the numerical oracle these kernels are tested against), and it does
-// not hold collectives (NCCL lives in engine/comm).
+// Each Device is driven by one goroutine locked to its OS thread, on which the device's primary
+// context is current; every driver call for that device runs there (Device.Do). Work is enqueued on
+// one stream per device and runs asynchronously; Download, Sync and ops that must report a bad
+// index (Embedding, CrossEntropy) wait for it. Memory comes from a caching allocator with size
+// classes whose statistics (allocated, reserved, peak) Backend.MemStats reports.
+//
+// What it is not: it does not decide whether to use the GPU (callers ask Available or use device:
+// auto, which falls back to the CPU backend, the numerical oracle these kernels are tested
+// against), and it holds no collectives (NCCL lives in engine/comm).
 //
 // Library discovery, per library: the environment variable (HALO_LIBCUDA, HALO_LIBNVRTC,
 // HALO_LIBCUBLASLT) naming a file, else the directories of LD_LIBRARY_PATH, else the standard
-// places (/usr/local/cuda/lib64, /usr/lib/x86_64-linux-gnu, the nvidia/*/lib folders of a Python
-// site-packages holding PyTorch), else the dynamic loader's own search by soname.
+// places (/usr/local/cuda/lib64, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu, the
+// nvidia/*/lib folders of a Python site-packages holding PyTorch), else the dynamic loader's own
+// search by soname. HALO_CUDA_CACHE moves the kernel cache; HALO_CUDA_NVRTC_LOG=1 prints NVRTC's
+// log and HALO_CUDA_PTXAS_VERBOSE=1 adds ptxas' register and spill report to it.
 package cuda
