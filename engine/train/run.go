@@ -174,6 +174,9 @@ func (t *Trainer) Summary() string {
 	a := t.Model.Arch
 	fmt.Fprintf(&b, "model: %s, %d layers, hidden %d, %d heads (%d kv), vocab %d: %.2fM parameters (%s) on %s\n",
 		a.ModelType, a.Layers, a.Hidden, a.Heads, a.KVHeads, a.Vocab, float64(t.Model.NumParams())/1e6, t.Model.DType(), t.b.Name())
+	if t.deviceNote != "" {
+		fmt.Fprintf(&b, "device: %s\n", strings.TrimPrefix(t.deviceNote, "; "))
+	}
 	st := t.Stats
 	fmt.Fprintf(&b, "data: %d documents, %d tokens (%d trained on)", st.Documents, st.Tokens, st.Targets)
 	if st.Truncated > 0 {

@@ -27,8 +27,7 @@ func New(cfg *Config) (*Trainer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
 	}
-	_ = note
-	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg)}
+	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg), deviceNote: note}
 	ok := false
 	defer func() {
 		if !ok {

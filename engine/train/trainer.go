@@ -39,12 +39,11 @@ func hyperFrom(c *Config) Hyper {
 func (h Hyper) validate() error {
 	c := Config{Method: MethodSFT, Model: ModelConfig{ModelNameOrPath: "x"},
 		Dataset: DatasetConfig{Path: StringList{"x"}}, Run: RunConfig{OutputDir: "x"}}
-	c.Optim = OptimConfig{LearningRate: h.LearningRate, WeightDecay: h.WeightDecay, AdamBeta1: h.AdamBeta1,
-		AdamBeta2: h.AdamBeta2, AdamEpsilon: h.AdamEpsilon, MaxGradNorm: &h.MaxGradNorm}
+	c.Defaults()
+	c.Optim.LearningRate, c.Optim.WeightDecay, c.Optim.MaxGradNorm = h.LearningRate, h.WeightDecay, &h.MaxGradNorm
+	c.Optim.AdamBeta1, c.Optim.AdamBeta2, c.Optim.AdamEpsilon = h.AdamBeta1, h.AdamBeta2, h.AdamEpsilon
 	c.Sched.LRSchedulerType = h.LRSchedulerType
 	c.Batch.GradientAccumulationSteps = h.GradientAccumulationSteps
-	c.Defaults()
-	c.Optim.LearningRate = h.LearningRate
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("train: %w", err)
 	}
@@ -94,6 +93,7 @@ type Trainer struct {
 	EvalStats data.Stats
 
 	b           backend.Backend
+	deviceNote  string // why device auto chose the device it did ("" when nothing to say)
 	tok         *textCodec
 	loader      *data.Loader
 	evalBatches []data.Batch

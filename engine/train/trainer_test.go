@@ -90,50 +90,78 @@ func steps(t *testing.T, tr *Trainer, n int) []float64 {
 }
 
 func TestResumeReproducesLossesExactly(t *testing.T) {
-	dir := t.TempDir()
-	path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
-	cfg := tinyConfig(t, path, "--gradient_accumulation_steps=2", "--weight_decay=0.1")
-	full := steps(t, newTrainer(t, cfg), 6)
-	t.Logf("losses %v", full)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"fp32 adamw_torch", nil},
+		{"bf16 weights with fp32 masters", []string{"--bf16=true"}},
+		{"adamw_bf16 stochastic rounding", []string{"--bf16=true", "--optim=adamw_bf16"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
+			cfg := tinyConfig(t, path, append([]string{"--gradient_accumulation_steps=2", "--weight_decay=0.1"}, tc.extra...)...)
+			full := steps(t, newTrainer(t, cfg), 6)
 
-	first := newTrainer(t, cfg)
-	got := steps(t, first, 3)
+			first := newTrainer(t, cfg)
+			got := steps(t, first, 3)
+			ck := filepath.Join(dir, "ck")
+			if err := first.Save(ck); err != nil {
+				t.Fatal(err)
+			}
+			second := newTrainer(t, cfg)
+			if err := second.Resume(ck); err != nil {
+				t.Fatal(err)
+			}
+			if second.Steps() != 3 {
+				t.Fatalf("resumed at step %d, want 3", second.Steps())
+			}
+			got = append(got, steps(t, second, 3)...)
+			for i := range full {
+				if math.Float64bits(full[i]) != math.Float64bits(got[i]) {
+					t.Fatalf("step %d: uninterrupted loss %v, resumed %v (all: %v vs %v)", i+1, full[i], got[i], full, got)
+				}
+			}
+			if !(full[5] < full[0]) {
+				t.Fatalf("loss did not fall over 6 steps: %v", full)
+			}
+			for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", StateFile, OptimizerFile} {
+				if _, err := os.Stat(filepath.Join(ck, f)); err != nil {
+					t.Errorf("checkpoint lacks %s", f)
+				}
+			}
+			leftovers, _ := filepath.Glob(filepath.Join(dir, ".ck.tmp-*"))
+			if len(leftovers) > 0 {
+				t.Fatalf("temporary directories left: %v", leftovers)
+			}
+			// Saving again over an existing checkpoint replaces it.
+			if err := second.Save(ck); err != nil {
+				t.Fatal(err)
+			}
+			other := tinyConfig(t, path, append([]string{"--per_device_train_batch_size=3"}, tc.extra...)...)
+			if err := newTrainer(t, other).Resume(ck); err == nil || !strings.Contains(err.Error(), "data plan") {
+				t.Fatalf("resume with another batch size: %v", err)
+			}
+		})
+	}
+}
+
+func TestResumeRefusesAnotherOptimizer(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(20))
+	tr := newTrainer(t, tinyConfig(t, path, "--bf16=true"))
+	steps(t, tr, 1)
 	ck := filepath.Join(dir, "ck")
-	if err := first.Save(ck); err != nil {
+	if err := tr.Save(ck); err != nil {
 		t.Fatal(err)
 	}
-	second := newTrainer(t, cfg)
-	if err := second.Resume(ck); err != nil {
-		t.Fatal(err)
+	other := newTrainer(t, tinyConfig(t, path, "--bf16=true", "--optim=adamw_bf16"))
+	if err := other.Resume(ck); err == nil || !strings.Contains(err.Error(), "optim") {
+		t.Fatalf("resuming an adamw_torch checkpoint with adamw_bf16: %v", err)
 	}
-	if second.Steps() != 3 {
-		t.Fatalf("resumed at step %d, want 3", second.Steps())
-	}
-	got = append(got, steps(t, second, 3)...)
-	for i := range full {
-		if math.Float64bits(full[i]) != math.Float64bits(got[i]) {
-			t.Fatalf("step %d: uninterrupted loss %v, resumed %v (all: %v vs %v)", i+1, full[i], got[i], full, got)
-		}
-	}
-	if !(full[5] < full[0]) {
-		t.Fatalf("loss did not fall over 6 steps: %v", full)
-	}
-	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", StateFile, OptimizerFile} {
-		if _, err := os.Stat(filepath.Join(ck, f)); err != nil {
-			t.Errorf("checkpoint lacks %s", f)
-		}
-	}
-	leftovers, _ := filepath.Glob(filepath.Join(dir, ".ck.tmp-*"))
-	if len(leftovers) > 0 {
-		t.Fatalf("temporary directories left: %v", leftovers)
-	}
-	// Saving again over an existing checkpoint replaces it.
-	if err := second.Save(ck); err != nil {
-		t.Fatal(err)
-	}
-	other := tinyConfig(t, path, "--per_device_train_batch_size=3")
-	if err := newTrainer(t, other).Resume(ck); err == nil || !strings.Contains(err.Error(), "data plan") {
-		t.Fatalf("resume with another batch size: %v", err)
+	if err := other.Resume(filepath.Join(dir, "nothing")); err == nil || !strings.Contains(err.Error(), "checkpoint") {
+		t.Fatalf("resuming from a missing directory: %v", err)
 	}
 }
 
@@ -248,5 +276,53 @@ func TestSFTChatMasksOnlyAssistantTokens(t *testing.T) {
 	}
 	if fmt.Sprint(p) != fmt.Sprint(c.ids("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 37+48?<|im_end|>\n<|im_start|>assistant\n")) {
 		t.Fatalf("generation prompt %v", p)
+	}
+}
+
+func TestSetHyperTakesEffectNextStep(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(20))
+	tr := newTrainer(t, tinyConfig(t, path, "--lr_scheduler_type=constant", "--warmup_steps=0"))
+	m, err := tr.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.LR != 3e-3 {
+		t.Fatalf("lr %v, want the configured 3e-3", m.LR)
+	}
+	if err := tr.SetLR(1e-4); err != nil {
+		t.Fatal(err)
+	}
+	if tr.LR() != 1e-4 {
+		t.Fatalf("next lr %v", tr.LR())
+	}
+	m, _ = tr.Step(context.Background())
+	if m.LR != 1e-4 {
+		t.Fatalf("lr after SetLR %v, want 1e-4", m.LR)
+	}
+	for _, bad := range []func(h *Hyper){
+		func(h *Hyper) { h.LearningRate = -1 },
+		func(h *Hyper) { h.MaxGradNorm = -1 },
+		func(h *Hyper) { h.LRSchedulerType = "cosin" },
+		func(h *Hyper) { h.GradientAccumulationSteps = 0 },
+		func(h *Hyper) { h.AdamBeta1 = 0.5 },
+	} {
+		h := tr.Hyper()
+		bad(&h)
+		if err := tr.SetHyper(h); err == nil {
+			t.Errorf("SetHyper(%+v) accepted", h)
+		}
+	}
+	if tr.Hyper().LearningRate != 1e-4 {
+		t.Fatal("a refused SetHyper changed the hyperparameters")
+	}
+	h := tr.Hyper()
+	h.GradientAccumulationSteps = 3
+	if err := tr.SetHyper(h); err != nil {
+		t.Fatal(err)
+	}
+	one, _ := tr.Step(context.Background())
+	if one.Tokens <= m.Tokens {
+		t.Fatalf("3 micro-batches processed %d tokens, 1 processed %d", one.Tokens, m.Tokens)
 	}
 }
