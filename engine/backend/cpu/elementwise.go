@@ -166,6 +166,9 @@ func (b *Backend) Copy(dst, src T) error {
 		copy(d, s)
 		return nil
 	}
+	if tensor.SameBuffer(dst, src) {
+		return fmt.Errorf("cpu: copy %v to %v: a converting copy may not overlap its source", src, dst)
+	}
 	switch {
 	case dst.DType().IsFloat() && src.DType().IsFloat():
 		xs, err := b.in(op, "src", src)
