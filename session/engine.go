@@ -193,8 +193,8 @@ func (e *engine) exec(c *command) {
 		e.publishState("")
 		return
 	}
-	c.reply(v, err)
 	e.updateSnap()
+	c.reply(v, err)
 }
 
 // stepOnce runs one step of the foreground job, else of the background run.
@@ -298,6 +298,10 @@ func (e *engine) endJob(j *job, err error, reason string) {
 		e.bg = nil
 		e.paused = false
 	}
+	if reason == "" && err != nil {
+		reason = err.Error()
+	}
+	e.publishState(reason) // before replying, so the caller's next Status sees the new state
 	if e.prof != nil && e.fg == nil && e.bg == nil {
 		// Nothing will run the profiled steps: answer with what was measured.
 		p := e.prof
@@ -311,10 +315,6 @@ func (e *engine) endJob(j *job, err error, reason string) {
 			j.waiter.reply(&halov1.StepResponse{Metrics: j.metrics}, nil)
 		}
 	}
-	if reason == "" && err != nil {
-		reason = err.Error()
-	}
-	e.publishState(reason)
 }
 
 // shutdown ends the engine: stop stepping, save when configured, free the trainer.
