@@ -11,11 +11,14 @@ import (
 // these except the sandbox's range limit; real chat templates stay far below them.
 const (
 	maxOutput     = 64 << 20 // bytes of rendered text
-	maxSteps      = 50_000_000
 	maxCallDepth  = 500
 	maxRange      = 100_000 // the sandbox's MAX_RANGE
 	maxCollection = 1 << 24 // items or bytes built by one operation (string repeat, list concat)
 )
+
+// maxSteps bounds the statements, expressions and loop iterations of one render (a variable
+// so that tests can lower it).
+var maxSteps = 5_000_000
 
 // scope is one frame of variables; lookups walk up to the globals.
 type scope struct {
@@ -278,6 +281,9 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 	if n.cond != nil {
 		var kept []Value
 		for _, item := range items {
+			if err := r.step(); err != nil {
+				return err
+			}
 			inner := newScope(sc)
 			if err := r.assign(n.target, item, inner); err != nil {
 				return err
@@ -299,6 +305,9 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 	// depth only grows in recursive loops, which are not supported.
 	loop := &loopObj{items: items, depth: 1}
 	for i, item := range items {
+		if err := r.step(); err != nil {
+			return err
+		}
 		loop.i = i
 		inner := newScope(sc)
 		inner.vars["loop"] = loop

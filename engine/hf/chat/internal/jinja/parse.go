@@ -182,6 +182,10 @@ func (p *parser) statement() node {
 		p.fail(fmt.Sprintf("'%s' is not supported in chat templates (a chat template is a single file)", kw.val))
 	}
 	p.pos--
+	switch kw.val {
+	case "endif", "endfor", "endset", "endmacro", "endcall", "endfilter", "endwith", "endgeneration", "endraw", "else", "elif":
+		p.fail(fmt.Sprintf("unexpected '%s': no open block to end", kw.val))
+	}
 	p.fail(fmt.Sprintf("unknown statement '%s'", kw.val))
 	return nil
 }
