@@ -126,9 +126,9 @@ type Ops interface {
 	Axpy(y T, alpha float32, x T) error
 	// Scale computes t *= alpha elementwise in place.
 	Scale(t T, alpha float32) error
-	// SumSquares returns, for each tensor, the sum of the squares of its elements accumulated in
-	// at least fp64 precision on the host side of the reduction (the global gradient norm is
-	// sqrt of the total). It synchronises.
+	// SumSquares returns, for each tensor, the sum of the squares of its elements: partial sums
+	// in at least fp32 over blocks, combined in fp64 (the CPU backend accumulates in fp64
+	// throughout). The global gradient norm is the sqrt of the total. It synchronises.
 	SumSquares(ts []T) ([]float64, error)
 
 	// ---- embedding ----
@@ -190,7 +190,8 @@ type Ops interface {
 	// No [N, N] score matrix is stored: backward recomputes scores from Q, K and LSE.
 	Attention(a AttentionArgs) error
 	// AttentionBackward: dQ =, dK =, dV = (all three overwritten). Needs Q, K, V, Out, LSE of the
-	// forward and dOut. Only CuSeqlensK == CuSeqlens (or unset) is supported.
+	// forward and dOut. Backends need only support CuSeqlensK unset (training); the CPU backend
+	// also accepts a separate CuSeqlensK. None of dQ, dK, dV may overlap an input.
 	AttentionBackward(a AttentionBackwardArgs) error
 
 	// ---- MLP ----
@@ -210,6 +211,7 @@ type Ops interface {
 	// dL/dloss[n] = GradScale: dHidden[n] = GradScale * (softmax - onehot(t)) @ Weight (=), and
 	// dWeight += GradScale * sum_n (softmax - onehot)^T Hidden[n] (+=).
 	// Tokens are processed ChunkRows at a time so full [N, V] fp32 logits never exist at once.
+	// DHidden may not overlap Hidden.
 	CrossEntropy(a CrossEntropyArgs) error
 }
 
