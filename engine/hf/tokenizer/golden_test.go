@@ -10,17 +10,19 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"unicode/utf8"
 )
 
 // goldenCase is one line of testdata/*/goldens.json, written by
 // scripts/tokenizer-goldens/gen.mjs with Hugging Face tokenizers.
 type goldenCase struct {
-	Name               string  `json:"name"`
-	Text               string  `json:"text"`
-	IDs                []int   `json:"ids"`
-	Decoded            *string `json:"decoded"`
-	DecodedSkipSpecial *string `json:"decoded_skip_special"`
-	Roundtrip          *bool   `json:"roundtrip"`
+	Name               string   `json:"name"`
+	Text               string   `json:"text"`
+	IDs                []int    `json:"ids"`
+	Decoded            *string  `json:"decoded"`
+	DecodedSkipSpecial *string  `json:"decoded_skip_special"`
+	Roundtrip          *bool    `json:"roundtrip"`
+	Offsets            [][2]int `json:"offsets"`
 }
 
 func loadGoldens(t testing.TB, name string) []goldenCase {
@@ -201,4 +203,62 @@ func TestDecodeRandomIDsMatchesHuggingFace(t *testing.T) {
 			t.Errorf("%s: Decode skipping special(%v) = %q, want %q", c.Name, c.IDs, got, *c.DecodedSkipSpecial)
 		}
 	}
+}
+
+// TestEncodeOffsetsMatchHuggingFace checks EncodeOffsets against Hugging Face's offsets
+// (character offsets, converted to bytes) where the normalizer leaves the text unchanged:
+// ids equal Encode's, and each byte range widened to whole characters equals Hugging Face's.
+func TestEncodeOffsetsMatchHuggingFace(t *testing.T) {
+	for _, name := range []string{"qwen3", "tiny-gpt2", "tiny-norm", "tiny-misc"} {
+		t.Run(name, func(t *testing.T) {
+			tok := testTokenizer(t, name)
+			bad, compared := 0, 0
+			for _, c := range loadGoldens(t, name) {
+				ids, offs := tok.EncodeOffsets(c.Text)
+				if !slices.Equal(ids, c.IDs) {
+					t.Fatalf("%s: EncodeOffsets ids %v, want %v", c.Name, truncIDs(ids), truncIDs(c.IDs))
+				}
+				if len(offs) != len(ids) {
+					t.Fatalf("%s: %d offsets for %d ids", c.Name, len(offs), len(ids))
+				}
+				for i := range offs {
+					if offs[i][0] > offs[i][1] || offs[i][1] > len(c.Text) || (i > 0 && offs[i][0] < offs[i-1][0]) {
+						t.Fatalf("%s: offsets not monotone within the text: %v", c.Name, offs)
+					}
+				}
+				if tok.normalizer != nil && tok.normalizer.normalize(c.Text) != c.Text {
+					continue
+				}
+				compared++
+				for i, o := range offs {
+					got := widenToChars(c.Text, o)
+					if got != c.Offsets[i] {
+						bad++
+						if bad <= 5 {
+							t.Errorf("%s: token %d (id %d): offsets %v (widened %v), Hugging Face %v", c.Name, i, ids[i], o, got, c.Offsets[i])
+						}
+						break
+					}
+				}
+			}
+			if compared < 150 {
+				t.Errorf("only %d cases compared", compared)
+			}
+		})
+	}
+}
+
+// widenToChars widens a byte range to whole UTF-8 characters (empty ranges stay empty).
+func widenToChars(s string, o [2]int) [2]int {
+	a, b := o[0], o[1]
+	if a == b {
+		return o
+	}
+	for a > 0 && !utf8.RuneStart(s[a]) {
+		a--
+	}
+	for b < len(s) && !utf8.RuneStart(s[b]) {
+		b++
+	}
+	return [2]int{a, b}
 }

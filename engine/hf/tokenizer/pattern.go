@@ -133,9 +133,10 @@ type piece struct {
 }
 
 // splitBy splits s by the matches of m with the given behaviour (NormalizedString::split)
-// and calls emit for every non-empty resulting piece. invert swaps matches and the text
+// and calls emit for every non-empty resulting piece with its byte offset in s. invert swaps
+// matches and the text
 // between them (Split's `invert`).
-func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *[]span, emit func(string)) {
+func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *[]span, emit func(string, int)) {
 	if s == "" {
 		return
 	}
@@ -146,15 +147,15 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 		prev := 0
 		for _, mt := range matches {
 			if prev < mt.start {
-				emit(s[prev:mt.start])
+				emit(s[prev:mt.start], prev)
 			}
 			if mt.start < mt.end {
-				emit(s[mt.start:mt.end])
+				emit(s[mt.start:mt.end], mt.start)
 			}
 			prev = mt.end
 		}
 		if prev < len(s) {
-			emit(s[prev:])
+			emit(s[prev:], prev)
 		}
 		return
 	}
@@ -224,7 +225,7 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 	}
 	for _, o := range outs {
 		if !o.remove && o.end > o.start {
-			emit(s[o.start:o.end])
+			emit(s[o.start:o.end], o.start)
 		}
 	}
 }

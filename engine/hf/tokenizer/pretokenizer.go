@@ -12,7 +12,18 @@ const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 // preStep is one pre-tokenization step: it splits s into pieces and calls emit for each
 // non-empty one.
 type preStep interface {
-	split(s string, sc *scratch, emit func(string))
+	split(s string, sc *scratch, emit emitFunc)
+}
+
+// emitFunc receives a word and where it comes from in the step's input.
+type emitFunc func(w string, p wordPos)
+
+// wordPos says where a word comes from: w[syn:] is the input's bytes [off, off+n), after
+// syn synthetic bytes (a space ByteLevel prepended). A coarse word was transformed (mapped to
+// the byte-level alphabet) and only its whole range [off, off+n) is known.
+type wordPos struct {
+	off, n, syn int
+	coarse      bool
 }
 
 // scratch is per-call reusable memory for the pre-tokenizer and the BPE merge loop.
@@ -27,8 +38,10 @@ type splitStep struct {
 	invert   bool
 }
 
-func (p splitStep) split(s string, sc *scratch, emit func(string)) {
-	splitBy(s, p.m, p.behavior, p.invert, &sc.spans, emit)
+func (p splitStep) split(s string, sc *scratch, emit emitFunc) {
+	splitBy(s, p.m, p.behavior, p.invert, &sc.spans, func(w string, off int) {
+		emit(w, wordPos{off: off, n: len(w)})
+	})
 }
 
 // byteLevelStep is the ByteLevel pre-tokenizer. The mapping of bytes to the byte-level
@@ -40,34 +53,37 @@ type byteLevelStep struct {
 	mapBytes       bool
 }
 
-func (p byteLevelStep) split(s string, sc *scratch, emit func(string)) {
+func (p byteLevelStep) split(s string, sc *scratch, emit emitFunc) {
+	syn := 0
 	if p.addPrefixSpace && len(s) > 0 && s[0] != ' ' {
 		s = " " + s
+		syn = 1
 	}
-	out := emit
-	if p.mapBytes {
-		out = func(x string) { emit(byteLevelEncode(x)) }
+	out := func(x string, off int) {
+		// x is s[off:off+len(x)]; the first syn bytes of s are synthetic.
+		pos := wordPos{off: max(off-syn, 0), syn: max(syn-off, 0)}
+		pos.n = len(x) - pos.syn
+		if p.mapBytes {
+			pos.coarse = true
+			x = byteLevelEncode(x)
+		}
+		emit(x, pos)
 	}
 	if p.useRegex != nil {
 		splitBy(s, p.useRegex, behaviorIsolated, false, &sc.spans, out)
 		return
 	}
 	if s != "" {
-		out(s)
+		out(s, 0)
 	}
 }
 
-type sequenceStep []preStep
-
-func (seq sequenceStep) split(s string, sc *scratch, emit func(string)) {
-	runSteps(seq, s, sc, emit)
-}
-
 // runSteps applies steps in order: every piece produced by one step is split by the next.
-func runSteps(steps []preStep, s string, sc *scratch, emit func(string)) {
+// Positions are composed so that they refer to s.
+func runSteps(steps []preStep, s string, sc *scratch, emit emitFunc) {
 	if len(steps) == 0 {
 		if s != "" {
-			emit(s)
+			emit(s, wordPos{n: len(s)})
 		}
 		return
 	}
@@ -76,11 +92,32 @@ func runSteps(steps []preStep, s string, sc *scratch, emit func(string)) {
 		return
 	}
 	// Collect the first step's pieces before running the rest: the steps share scratch.
-	var pieces []string
-	steps[0].split(s, sc, func(x string) { pieces = append(pieces, x) })
-	for _, x := range pieces {
-		runSteps(steps[1:], x, sc, emit)
+	type pieceAt struct {
+		w   string
+		pos wordPos
 	}
+	var pieces []pieceAt
+	steps[0].split(s, sc, func(w string, p wordPos) { pieces = append(pieces, pieceAt{w, p}) })
+	for _, pc := range pieces {
+		parent := pc.pos
+		runSteps(steps[1:], pc.w, sc, func(w string, p wordPos) {
+			emit(w, composePos(parent, p))
+		})
+	}
+}
+
+// composePos turns the position of a word within a parent piece into its position within
+// the parent's input.
+func composePos(parent, child wordPos) wordPos {
+	if parent.coarse {
+		return wordPos{off: parent.off, n: parent.n, coarse: true}
+	}
+	// Parent bytes [0, parent.syn) are synthetic; byte j >= syn is input byte off+j-syn.
+	synFromParent := max(min(parent.syn, child.off+child.n)-child.off, 0)
+	start := max(child.off-parent.syn, 0)
+	out := wordPos{off: parent.off + start, syn: child.syn + synFromParent, coarse: child.coarse}
+	out.n = child.n - synFromParent
+	return out
 }
 
 func isHFPunctuation(r rune) bool { return unicode.Is(hfPunct, r) }

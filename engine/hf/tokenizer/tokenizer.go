@@ -367,7 +367,7 @@ func (t *Tokenizer) encode(text string, sc *scratch, dst []int32) []int32 {
 	}
 	var segs []segment
 	if t.added.raw.empty() {
-		segs = []segment{{text, -1}}
+		segs = []segment{{text, -1, 0, len(text)}}
 	} else {
 		segs = t.added.findMatches(text, t.added.raw, nil)
 	}
@@ -397,7 +397,7 @@ func (t *Tokenizer) encode(text string, sc *scratch, dst []int32) []int32 {
 
 // encodeText pre-tokenizes normalized text and encodes every word.
 func (t *Tokenizer) encodeText(s string, sc *scratch, dst []int32) []int32 {
-	runSteps(t.steps, s, sc, func(word string) {
+	runSteps(t.steps, s, sc, func(word string, _ wordPos) {
 		dst = t.encodeWord(word, sc, dst)
 	})
 	return dst

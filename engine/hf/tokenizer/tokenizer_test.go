@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -374,3 +375,61 @@ func FuzzRoundTrip(f *testing.F) {
 }
 
 func nfc(s string) string { return unicodeNormalizer{norm.NFC}.normalize(s) }
+
+// TestEncodeOffsetsThroughNormalization checks the ranges of tokens of text the normalizer
+// changes: NFC composes "e\u0301" into one character whose token covers both source
+// characters, and the ranges stay within the text and in order.
+func TestEncodeOffsetsThroughNormalization(t *testing.T) {
+	tok := testTokenizer(t, "qwen3")
+	text := "cafe\u0301 x<|im_end|>"
+	ids, offs := tok.EncodeOffsets(text)
+	if !slices.Equal(ids, tok.Encode(text)) {
+		t.Fatalf("ids %v, Encode gives %v", ids, tok.Encode(text))
+	}
+	var pieces []string
+	for _, o := range offs {
+		pieces = append(pieces, text[o[0]:o[1]])
+	}
+	want := []string{"ca", "fe\u0301", " x", "<|im_end|>"}
+	if !slices.Equal(pieces, want) {
+		t.Errorf("token texts %q, want %q (offsets %v)", pieces, want, offs)
+	}
+}
+
+// TestEncodeOffsetsCoarse checks the fallback for a normalizer that is not character by
+// character (Prepend): every token of the segment gets the segment's range.
+func TestEncodeOffsetsCoarse(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "tiny-gpt2", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(data, &spec); err != nil {
+		t.Fatal(err)
+	}
+	spec["normalizer"] = map[string]any{"type": "Prepend", "prepend": "_"}
+	data, _ = json.Marshal(spec)
+	tok, err := FromBytes(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := "hello there<|endoftext|>again"
+	ids, offs := tok.EncodeOffsets(text)
+	if !slices.Equal(ids, tok.Encode(text)) || len(ids) < 4 {
+		t.Fatalf("ids %v, Encode gives %v", ids, tok.Encode(text))
+	}
+	eot, _ := tok.TokenToID("<|endoftext|>")
+	k := slices.Index(ids, eot)
+	for i, o := range offs {
+		want := [2]int{0, 11}
+		switch {
+		case i == k:
+			want = [2]int{11, 24}
+		case i > k:
+			want = [2]int{24, 29}
+		}
+		if o != want {
+			t.Errorf("token %d (id %d): offsets %v, want %v", i, ids[i], o, want)
+		}
+	}
+}
