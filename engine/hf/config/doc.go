@@ -17,7 +17,9 @@
 //
 // Each family is one small file that registers a Family (names, keys, defaults, validation,
 // MoE layer rule and presets). Preset returns a tiny debug configuration per family and the
-// real shapes used in benchmarks.
+// real shapes used in benchmarks; Override changes keys of a Config as a file edit would.
+// Dims, KVHeads, IsMoELayer, IsSlidingLayer, QKVBias, QKNormKind, NumParameters and
+// ActiveParameters give model code the resolved structure.
 //
 // The package knows nothing about tensors, weights or devices: it describes a model's shape;
 // engine/models builds the model from it.

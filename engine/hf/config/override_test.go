@@ -1,6 +1,8 @@
 package config
 
 import (
+	"bytes"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -84,5 +86,32 @@ func TestOverride(t *testing.T) {
 	}
 	if base.NumHiddenLayers != 28 || base.VocabSize != 151936 {
 		t.Error("Override changed its receiver")
+	}
+}
+
+// A Config inside another JSON document goes out and comes back through encoding/json.
+func TestEncodingJSON(t *testing.T) {
+	type doc struct {
+		Name   string  `json:"name"`
+		Config *Config `json:"config"`
+	}
+	c, err := Preset("llama", "llama-3.2-1b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(doc{Name: "x", Config: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back doc
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Config == nil || !bytes.Equal(mustMarshal(t, back.Config), mustMarshal(t, c)) {
+		t.Error("config changed through encoding/json")
+	}
+	err = json.Unmarshal([]byte(`{"config": {"model_type": "gpt2"}}`), &back)
+	if err == nil || !strings.Contains(err.Error(), `config: json: unsupported model_type "gpt2"`) {
+		t.Errorf("bad embedded config: %v", err)
 	}
 }

@@ -132,3 +132,14 @@ func (r *Rope) toPy(intLit map[string]bool) (pyObject, error) {
 	}
 	return out, nil
 }
+
+// UnmarshalJSON parses config.json into c (see Parse), so a Config can sit inside other JSON
+// documents; errors name the source as "json".
+func (c *Config) UnmarshalJSON(data []byte) error {
+	n, err := Parse(data, "json")
+	if err != nil {
+		return err
+	}
+	*c = *n
+	return nil
+}
