@@ -410,3 +410,25 @@ func TestBF16ProbabilityRoundingNeedsMMATolerance(t *testing.T) {
 		t.Errorf("bf16 rounding of P alone exceeds the tensor-core tolerance (ratio %.2f > %d)", worst, mmaTolFactor)
 	}
 }
+
+// FuzzLibCandidates feeds arbitrary search paths to library discovery: it must never panic, must
+// honour an override alone, and must otherwise end with the loader's own search by soname.
+func FuzzLibCandidates(f *testing.F) {
+	f.Add("/usr/lib:/opt/cuda/lib64", "")
+	f.Add("::::", "/x/libcuda.so.1")
+	f.Add("\x00:/a/../b", "")
+	f.Fuzz(func(t *testing.T, ldPath, override string) {
+		env := fakeEnv(map[string]string{"LD_LIBRARY_PATH": ldPath, "HALO_LIBCUDA": override}, "/usr/lib/libcuda.so.1")
+		got, isOverride := libCandidates(specDriver, env)
+		if override != "" {
+			if !isOverride || len(got) != 1 || got[0] != override {
+				t.Fatalf("override %q: candidates %v", override, got)
+			}
+			return
+		}
+		n := len(specDriver.Sonames)
+		if len(got) < n || strings.Join(got[len(got)-n:], ",") != strings.Join(specDriver.Sonames, ",") {
+			t.Fatalf("candidates %v do not end with the bare sonames", got)
+		}
+	})
+}
