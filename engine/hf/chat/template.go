@@ -14,6 +14,10 @@ import (
 	"github.com/halo-shell/halo-shell/engine/hf/chat/internal/jinja"
 )
 
+// ErrNoTemplate is returned (wrapped) when a tokenizer has no chat template: base models often
+// have none.
+var ErrNoTemplate = errors.New("no chat_template")
+
 // maxConfigBytes bounds what Load reads from tokenizer_config.json or chat_template.jinja.
 const maxConfigBytes = 64 << 20
 
@@ -50,7 +54,7 @@ func Load(dir string) (*Template, error) {
 		return nil, jinjaErr
 	}
 	if cfgErr != nil && jinjaErr != nil {
-		return nil, fmt.Errorf("chat: %s: no tokenizer_config.json or chat_template.jinja: this directory does not hold a tokenizer with a chat template", dir)
+		return nil, fmt.Errorf("chat: %s: %w: neither tokenizer_config.json nor chat_template.jinja is there (%w)", dir, ErrNoTemplate, cfgErr)
 	}
 	var cfg *config
 	if cfgErr == nil {
@@ -165,7 +169,7 @@ func parseConfig(data []byte, templateOptional bool) (*config, error) {
 		if templateOptional {
 			return cfg, nil
 		}
-		return nil, fmt.Errorf("no \"chat_template\": this tokenizer has no chat template (base models often have none); pass a template of your own or use a chat_template.jinja file")
+		return nil, fmt.Errorf("%w: this tokenizer has no chat template (base models often have none); pass a template of your own or add a chat_template.jinja file", ErrNoTemplate)
 	}
 	var src string
 	if err := json.Unmarshal(raw, &src); err == nil {
