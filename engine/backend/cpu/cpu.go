@@ -46,6 +46,8 @@ type Backend struct {
 	peak      int64
 	cache     map[int]([][]uint64) // freed storage by word count, reused by Alloc
 	cached    int64                // bytes held in cache
+
+	ropeTab ropeCache
 }
 
 // maxCached bounds the bytes of freed storage kept for reuse (a step's activations are

@@ -637,3 +637,33 @@ func TestCrossEntropyRejectsBadTarget(t *testing.T) {
 		t.Fatalf("error = %v, want one naming Targets[1] = 4", err)
 	}
 }
+
+func TestRoPETableCacheFollowsPositionsAndFrequencies(t *testing.T) {
+	b := newTestBackend(t)
+	r := rand.New(rand.NewPCG(60, 61))
+	hd := 8
+	for _, tc := range []struct {
+		pos   []int32
+		theta float64
+		scale float32
+	}{
+		{[]int32{0, 1, 2, 3, 0}, 1e4, 1},
+		{[]int32{0, 1, 2, 3, 4, 5, 6, 0}, 1e4, 1}, // longer document: the table must grow
+		{[]int32{0, 1, 0}, 1e4, 1},                // shorter: the cached table is reused
+		{[]int32{0, 1, 2, 3, 0}, 500, 1},          // other frequencies
+		{[]int32{0, 1, 2, 3, 0}, 500, 1.5},        // other scaling
+	} {
+		inv32, _, err := backend.RoPEConfig{Theta: tc.theta, HeadDim: hd}.Compute(0)
+		must(t, err)
+		inv := make([]float64, len(inv32))
+		for i, v := range inv32 {
+			inv[i] = float64(v)
+		}
+		n := len(tc.pos)
+		x := randn(r, n*hd, 1)
+		out := zeros(t, b, tensor.F32, n, hd)
+		must(t, b.RoPE(out, up(t, b, x, tensor.F32, n, hd), backend.RoPEArgs{Positions: upInts(t, b, tc.pos, n),
+			InvFreq: up(t, b, inv, tensor.F32, len(inv)), Heads: 1, HeadDim: hd, AttentionScaling: tc.scale}))
+		approx(t, fmt.Sprint("rope ", tc.pos, tc.theta, tc.scale), down(t, b, out), refRoPE(x, tc.pos, inv, float64(tc.scale), n, 1, hd, hd, 1), 1e-5, 1e-5)
+	}
+}

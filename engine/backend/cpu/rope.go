@@ -3,14 +3,27 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
-// ropeTable returns cos and sin of float32(pos)*invFreq[i] times the scaling as [rows][R/2]
-// tables and the table row of each token. Positions restart per packed document, so the table
-// is indexed by position (0..max) when that is smaller than the token count, else by token.
-func ropeTable(pos []int32, inv []float32, scale float32) (cos, sin []float32, row []int32, err error) {
+// ropeCache keeps the last by-position table: the same frequencies and scaling are used by
+// every layer's q and k, forward and backward, so the table is computed once per step.
+type ropeCache struct {
+	mu       sync.Mutex
+	inv      []float32
+	scale    float32
+	cos, sin []float32 // [rows][R/2], rows = positions 0..rows-1
+	rows     int
+}
+
+// table returns cos and sin of float32(pos)*invFreq[i] times the scaling as [rows][R/2] tables
+// and the table row of each token. Positions restart per packed document, so the table is
+// indexed by position (0..max, cached across calls) when that is smaller than the token count,
+// else by token.
+func (rc *ropeCache) table(pos []int32, inv []float32, scale float32) (cos, sin []float32, row []int32, err error) {
 	maxPos := int32(0)
 	for i, p := range pos {
 		if p < 0 {
@@ -18,20 +31,29 @@ func ropeTable(pos []int32, inv []float32, scale float32) (cos, sin []float32, r
 		}
 		maxPos = max(maxPos, p)
 	}
-	var vals []int32
-	if int(maxPos) < len(pos) {
-		vals = make([]int32, maxPos+1)
-		for p := range vals {
-			vals[p] = int32(p)
-		}
-		row = pos
-	} else {
-		vals = pos
+	if int(maxPos) >= len(pos) {
 		row = make([]int32, len(pos))
 		for t := range row {
 			row[t] = int32(t)
 		}
+		cos, sin = ropeRows(pos, inv, scale)
+		return cos, sin, row, nil
 	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.scale != scale || !slices.Equal(rc.inv, inv) || rc.rows <= int(maxPos) {
+		vals := make([]int32, max(int(maxPos)+1, rc.rows))
+		for p := range vals {
+			vals[p] = int32(p)
+		}
+		rc.cos, rc.sin = ropeRows(vals, inv, scale)
+		rc.inv, rc.scale, rc.rows = slices.Clone(inv), scale, len(vals)
+	}
+	return rc.cos, rc.sin, pos, nil
+}
+
+// ropeRows computes the cos and sin rows for the given positions.
+func ropeRows(vals []int32, inv []float32, scale float32) (cos, sin []float32) {
 	h := len(inv)
 	cos = make([]float32, len(vals)*h)
 	sin = make([]float32, len(cos))
@@ -42,7 +64,7 @@ func ropeTable(pos []int32, inv []float32, scale float32) (cos, sin []float32, r
 			sin[k*h+i] = float32(math.Sin(ang)) * scale
 		}
 	}
-	return cos, sin, row, nil
+	return cos, sin
 }
 
 func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) error {
@@ -77,7 +99,7 @@ func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) er
 	if scale == 0 {
 		scale = 1
 	}
-	cos, sin, row, err := ropeTable(pos, inv, scale)
+	cos, sin, row, err := b.ropeTab.table(pos, inv, scale)
 	if err != nil {
 		return err
 	}
