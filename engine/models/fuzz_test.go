@@ -1,6 +1,10 @@
 package models
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+)
 
 // FuzzBatch feeds arbitrary token/position/boundary/target arrays to the model: every batch
 // is either refused with an error or runs; nothing panics and nothing leaks.
@@ -38,6 +42,33 @@ func FuzzBatch(f *testing.F) {
 		_, _ = m.TokenLogprobs(batch)
 		if got := b.MemStats().Allocated; got != base+m.Grads.Flat.Bytes() && got != base {
 			t.Fatalf("allocated %d bytes, started with %d", got, base)
+		}
+	})
+}
+
+// FuzzApplyOverrides feeds arbitrary --set arguments: each is applied or refused with an
+// error; nothing panics, and an accepted config builds a model or is refused by New.
+func FuzzApplyOverrides(f *testing.F) {
+	for _, s := range []string{"num_hidden_layers=3", "hidden_size=wide", "=1", "rope_parameters={\"rope_type\":\"yarn\",\"factor\":4}",
+		"num_key_value_heads=3", "sliding_window=-1", "vocab_size=0", "layer_types=[\"sliding_attention\"]", "x"} {
+		f.Add(s)
+	}
+	base, err := config.Preset("qwen3", "tiny")
+	if err != nil {
+		f.Fatal(err)
+	}
+	b := newCPU()
+	f.Fuzz(func(t *testing.T, kv string) {
+		cfg, err := ApplyOverrides(base, []string{kv})
+		if err != nil {
+			return
+		}
+		if cfg.VocabSize*cfg.HiddenSize > 1<<20 || cfg.NumHiddenLayers > 8 || cfg.IntermediateSize > 1<<12 ||
+			cfg.NumAttentionHeads*cfg.HeadDim > 1<<12 {
+			return // valid but too big to build in a fuzz loop
+		}
+		if m, err := New(cfg, b, Options{}); err == nil {
+			m.Close()
 		}
 	})
 }
