@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"hash/maphash"
+	"strings"
 	"sync"
 )
 
@@ -50,6 +51,7 @@ func (c *wordCache) put(word string, ids []int32) {
 	if len(s.m) >= cacheEntriesPerShd {
 		clear(s.m)
 	}
-	s.m[word] = cp
+	// Clone the key: word is a substring of the caller's text, which must not stay pinned.
+	s.m[strings.Clone(word)] = cp
 	s.mu.Unlock()
 }

@@ -433,3 +433,30 @@ func TestEncodeOffsetsCoarse(t *testing.T) {
 		}
 	}
 }
+
+// FuzzEncodeOffsets checks on arbitrary text that EncodeOffsets gives Encode's ids and
+// ranges that stay inside the text and never decrease, for a tokenizer with a normalizer and
+// added tokens (Qwen3) and one with Lowercase/NFKC, prefix spaces and rstrip (tiny-norm).
+func FuzzEncodeOffsets(f *testing.F) {
+	toks := []*Tokenizer{testTokenizer(f, "qwen3"), testTokenizer(f, "tiny-norm")}
+	for _, s := range []string{"", "Hello world", "cafe\u0301 <|im_end|>  x", "ﬁ İ HeLLo 123", "<|im_start|>\n\n a"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for _, tok := range toks {
+			ids, offs := tok.EncodeOffsets(s)
+			if want := tok.Encode(s); !slices.Equal(ids, want) {
+				t.Fatalf("EncodeOffsets(%q) ids %v, Encode %v", s, ids, want)
+			}
+			if len(offs) != len(ids) {
+				t.Fatalf("%d offsets for %d ids", len(offs), len(ids))
+			}
+			n := len(strings.ToValidUTF8(s, "\uFFFD"))
+			for i, o := range offs {
+				if o[0] < 0 || o[0] > o[1] || o[1] > n || (i > 0 && o[0] < offs[i-1][0]) {
+					t.Fatalf("EncodeOffsets(%q): bad ranges %v", s, offs)
+				}
+			}
+		}
+	})
+}
