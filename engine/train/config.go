@@ -40,12 +40,12 @@ type Config struct {
 type ModelConfig struct {
 	// ModelNameOrPath is a Hugging Face checkpoint directory (config.json, *.safetensors,
 	// tokenizer files). Exactly one of model_name_or_path and init is set.
-	ModelNameOrPath string `yaml:"model_name_or_path" json:"model_name_or_path,omitempty"`
+	ModelNameOrPath string `yaml:"model_name_or_path,omitempty" json:"model_name_or_path,omitempty"`
 	// Init trains from scratch: a random model of a registered architecture.
-	Init *InitConfig `yaml:"init" json:"init,omitempty"`
+	Init *InitConfig `yaml:"init,omitempty" json:"init,omitempty"`
 	// TokenizerNameOrPath is a directory with tokenizer.json (and tokenizer_config.json for
 	// chat templates). Default: model_name_or_path. Required with init.
-	TokenizerNameOrPath string `yaml:"tokenizer_name_or_path" json:"tokenizer_name_or_path,omitempty"`
+	TokenizerNameOrPath string `yaml:"tokenizer_name_or_path,omitempty" json:"tokenizer_name_or_path,omitempty"`
 }
 
 // InitConfig describes a randomly initialised model.
@@ -54,24 +54,24 @@ type InitConfig struct {
 	Arch string `yaml:"arch" json:"arch"`
 	// Preset names a size preset of the architecture (e.g. "tiny"); empty for the family's
 	// default shape.
-	Preset string `yaml:"preset" json:"preset,omitempty"`
+	Preset string `yaml:"preset,omitempty" json:"preset,omitempty"`
 	// Overrides are config.json fields that replace the preset's (hidden_size, num_hidden_layers,
 	// ...). vocab_size defaults to the tokenizer's.
-	Overrides map[string]any `yaml:"overrides" json:"overrides,omitempty"`
+	Overrides map[string]any `yaml:"overrides,omitempty" json:"overrides,omitempty"`
 }
 
 // DatasetConfig names the data.
 type DatasetConfig struct {
 	// Path is one JSONL file or a list of them. Exactly one of path and synthetic is set.
-	Path StringList `yaml:"path" json:"path,omitempty"`
+	Path StringList `yaml:"path,omitempty" json:"path,omitempty"`
 	// Synthetic generates the data in memory instead of reading files.
-	Synthetic *SyntheticConfig `yaml:"synthetic" json:"synthetic,omitempty"`
+	Synthetic *SyntheticConfig `yaml:"synthetic,omitempty" json:"synthetic,omitempty"`
 	// Format is auto (default), text, messages or prompt_completion.
 	Format string `yaml:"format" json:"format"`
 	// EvalSplit is the fraction of records held out for evaluation, in [0, 1). Default 0.
 	EvalSplit float64 `yaml:"eval_split" json:"eval_split,omitempty"`
 	// EvalPath is a separate held-out JSONL file (or list); excludes eval_split.
-	EvalPath StringList `yaml:"eval_path" json:"eval_path,omitempty"`
+	EvalPath StringList `yaml:"eval_path,omitempty" json:"eval_path,omitempty"`
 }
 
 // SyntheticConfig describes a generated dataset: chats "What is 37+48?" -> "85" with a
@@ -159,7 +159,7 @@ type RunConfig struct {
 	// Device is auto (default: CUDA when available, else CPU), cpu or cuda.
 	Device string `yaml:"device" json:"device"`
 	// ResumeFromCheckpoint is a checkpoint directory to resume from.
-	ResumeFromCheckpoint string `yaml:"resume_from_checkpoint" json:"resume_from_checkpoint,omitempty"`
+	ResumeFromCheckpoint string `yaml:"resume_from_checkpoint,omitempty" json:"resume_from_checkpoint,omitempty"`
 }
 
 // GenerationEvalConfig measures held-out exact-match accuracy by greedy generation.

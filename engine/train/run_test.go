@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/data"
 )
 
 func TestRunWritesMetricsCheckpointsAndModel(t *testing.T) {
@@ -125,4 +127,43 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+func TestEvalGenerationExactMatchAndChance(t *testing.T) {
+	dir := t.TempDir()
+	// Training data: one prompt whose completion the model memorises, and a second answer
+	// that is rarer, so the most frequent training answer is "2".
+	var train []data.Record
+	for range 12 {
+		train = append(train, data.Record{Kind: data.FormatPromptCompletion, Prompt: "1+1=", Completion: "2"})
+	}
+	train = append(train, data.Record{Kind: data.FormatPromptCompletion, Prompt: "2+2=", Completion: "4"})
+	trainPath := writeJSONL(t, dir, "train.jsonl", train)
+	eval := []data.Record{
+		{Kind: data.FormatPromptCompletion, Prompt: "1+1=", Completion: "2"},
+		{Kind: data.FormatPromptCompletion, Prompt: "1+1=", Completion: "2"},
+		{Kind: data.FormatPromptCompletion, Prompt: "3+3=", Completion: "6"},
+		{Kind: data.FormatPromptCompletion, Prompt: "4+4=", Completion: "8"},
+	}
+	evalPath := writeJSONL(t, dir, "eval.jsonl", eval)
+	cfg := tinyConfig(t, trainPath, "--dataset.eval_path="+evalPath, "--max_steps=60", "--lr_scheduler_type=constant", "--learning_rate=1e-2")
+	tr := newTrainer(t, cfg)
+	steps(t, tr, 60)
+	res, err := tr.EvalGeneration(context.Background(), 3, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Samples != 3 {
+		t.Fatalf("%d samples, want max_samples 3", res.Samples)
+	}
+	// The first two are the memorised prompt; "3+3=" was never seen.
+	if res.Correct < 2 || res.Examples[0][2] != "2" {
+		t.Fatalf("result %+v: the memorised answer was not reproduced", res)
+	}
+	if res.Chance != 2.0/3 {
+		t.Fatalf("chance %v, want 2/3 (two of three references equal the most frequent training answer)", res.Chance)
+	}
+	if res.Accuracy != float64(res.Correct)/3 {
+		t.Fatalf("accuracy %v for %d correct", res.Accuracy, res.Correct)
+	}
 }

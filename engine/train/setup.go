@@ -27,6 +27,21 @@ func New(cfg *Config) (*Trainer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
 	}
+	return newOn(cfg, b, note)
+}
+
+// NewOn is New on a backend the caller opened (for instance one wrapped by engine/profile,
+// whose per-op-class times then appear in StepMetrics.TimeByOpS); cfg's device is ignored.
+// The trainer owns b from then on and closes it in Close.
+func NewOn(cfg *Config, b backend.Backend) (*Trainer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return newOn(cfg, b, "")
+}
+
+func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
+	var err error
 	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg), deviceNote: note}
 	ok := false
 	defer func() {
@@ -128,8 +143,8 @@ func (t *Trainer) setupData() error {
 	return nil
 }
 
-// mostFrequentAnswer is the most common final assistant reply of chat records (ties broken by
-// the smaller string); "" when there are none.
+// mostFrequentAnswer is the most common final assistant reply of chat records, or completion
+// of prompt/completion records (ties broken by the smaller string); "" when there are none.
 func mostFrequentAnswer(recs []data.Record) string {
 	count := map[string]int{}
 	for _, r := range recs {
@@ -137,6 +152,9 @@ func mostFrequentAnswer(recs []data.Record) string {
 			if last := r.Messages[len(r.Messages)-1]; last.Role == "assistant" {
 				count[strings.TrimSpace(last.Content)]++
 			}
+		}
+		if r.Kind == data.FormatPromptCompletion {
+			count[strings.TrimSpace(r.Completion)]++
 		}
 	}
 	keys := make([]string, 0, len(count))
@@ -170,7 +188,7 @@ type GenerationResult struct {
 }
 
 // EvalGeneration greedily generates the final assistant reply of up to maxSamples held-out
-// chats and compares it with the reference: exact-match accuracy against the chance level of
+// chats (or the completion of prompt/completion records) and compares it with the reference: exact-match accuracy against the chance level of
 // always giving the most frequent training answer.
 func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens int) (GenerationResult, error) {
 	var res GenerationResult
@@ -182,16 +200,22 @@ func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens i
 		if res.Samples >= maxSamples {
 			break
 		}
-		if r.Kind != data.FormatMessages || len(r.Messages) < 2 || r.Messages[len(r.Messages)-1].Role != "assistant" {
+		var want, question string
+		var prompt []int32
+		switch {
+		case r.Kind == data.FormatPromptCompletion:
+			want, question, prompt = strings.TrimSpace(r.Completion), r.Prompt, t.tok.ids(r.Prompt)
+		case r.Kind == data.FormatMessages && len(r.Messages) >= 2 && r.Messages[len(r.Messages)-1].Role == "assistant":
+			want, question = strings.TrimSpace(r.Messages[len(r.Messages)-1].Content), r.Messages[len(r.Messages)-2].Content
+			var err error
+			if prompt, err = t.tok.generationPrompt(r.Messages[:len(r.Messages)-1]); err != nil {
+				return res, fmt.Errorf("train: generation eval: %s: %w", r.Where(), err)
+			}
+		default:
 			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return res, err
-		}
-		want := strings.TrimSpace(r.Messages[len(r.Messages)-1].Content)
-		prompt, err := t.tok.generationPrompt(r.Messages[:len(r.Messages)-1])
-		if err != nil {
-			return res, fmt.Errorf("train: generation eval: %s: %w", r.Where(), err)
 		}
 		got, err := t.generate(prompt, maxNewTokens)
 		if err != nil {
@@ -206,11 +230,11 @@ func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens i
 			chance++
 		}
 		if len(res.Examples) < 5 {
-			res.Examples = append(res.Examples, [3]string{r.Messages[len(r.Messages)-2].Content, want, got})
+			res.Examples = append(res.Examples, [3]string{question, want, got})
 		}
 	}
 	if res.Samples == 0 {
-		return res, errors.New("train: generation eval: no held-out chat ends with an assistant reply")
+		return res, errors.New("train: generation eval: no held-out chat ends with an assistant reply, and no record is a prompt/completion")
 	}
 	res.Accuracy = float64(res.Correct) / float64(res.Samples)
 	res.Chance = float64(chance) / float64(res.Samples)

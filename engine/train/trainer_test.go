@@ -9,8 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/halo-shell/halo-shell/engine/backend"
 	_ "github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/profile"
 )
 
 // quickTok is the quickstart tokenizer (byte-level BPE with ChatML special tokens).
@@ -324,5 +326,32 @@ func TestSetHyperTakesEffectNextStep(t *testing.T) {
 	one, _ := tr.Step(context.Background())
 	if one.Tokens <= m.Tokens {
 		t.Fatalf("3 micro-batches processed %d tokens, 1 processed %d", one.Tokens, m.Tokens)
+	}
+}
+
+func TestStepReportsTimeByOpClassWhenTheBackendDoes(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(20))
+	b, err := backend.Open("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := profile.NewRecorder()
+	tr, err := NewOn(tinyConfig(t, path), profile.Wrap(b, rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	rec.Enable(true, false)
+	m, err := tr.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, s := range m.TimeByOpS {
+		total += s
+	}
+	if len(m.TimeByOpS) < 2 || total <= 0 || total > m.StepTimeS*1.01 {
+		t.Fatalf("time by op %v (sum %v) for a step of %v s", m.TimeByOpS, total, m.StepTimeS)
 	}
 }
