@@ -213,9 +213,76 @@ def render_masks(env, cases):
         print(f"masks {name}: {len(out)} conversations -> {os.path.relpath(dest, ROOT)}")
 
 
+def random_whitespace_templates(n, seed=1234):
+    """Random nestings of tags, whitespace control and text: the lexer's hardest cases."""
+    import random
+
+    rng = random.Random(seed)
+    texts = ["", " ", "  ", "\t", "\n", "\n\n", " \n ", "\t\n  ", "a", "b c", " d\n", "\ne ", "x\n  y\n"]
+    opens = ["{%", "{%-", "{%+"]
+    closes = ["%}", "-%}", "+%}"]
+
+    def tag(body):
+        return rng.choice(opens) + " " + body + " " + rng.choice(closes)
+
+    def var():
+        o = rng.choice(["{{", "{{-"])
+        c = rng.choice(["}}", "-}}"])
+        return o + " " + rng.choice(["'v'", "1", "'\\n'", "' '", "i"]) + " " + c
+
+    def comment():
+        return rng.choice(["{#", "{#-"]) + " c " + rng.choice(["#}", "-#}"])
+
+    def block(depth):
+        parts = []
+        for _ in range(rng.randint(1, 4)):
+            parts.append(rng.choice(texts))
+            r = rng.random()
+            if r < 0.25 and depth < 3:
+                parts.append(tag("if true"))
+                parts.append(block(depth + 1))
+                if rng.random() < 0.3:
+                    parts.append(tag("else"))
+                    parts.append(block(depth + 1))
+                parts.append(tag("endif"))
+            elif r < 0.45 and depth < 3:
+                parts.append(tag("for i in range(2)"))
+                parts.append(block(depth + 1))
+                parts.append(tag("endfor"))
+            elif r < 0.65:
+                parts.append(var())
+            elif r < 0.75:
+                parts.append(comment())
+            elif r < 0.85:
+                parts.append(tag("set z = 1"))
+            elif r < 0.9:
+                parts.append(rng.choice(["{% raw %}", "{%- raw -%}"]) + rng.choice(texts) + "{{ r }}" + rng.choice(texts) + rng.choice(["{% endraw %}", "{%- endraw -%}"]))
+        parts.append(rng.choice(texts))
+        return "".join(parts)
+
+    return [block(0) for _ in range(n)]
+
+
+def render_whitespace(env):
+    out = []
+    for i, src in enumerate(random_whitespace_templates(400)):
+        entry = {"name": f"random_{i}", "template": src, "vars": {}}
+        try:
+            entry["output"] = env.from_string(src).render()
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    dest = os.path.join(TESTDATA, "golden", "whitespace.json")
+    with open(dest, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"whitespace: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
+
+
 def main():
     build_stress()
     render_snippets(make_env())
+    render_whitespace(make_env())
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
         render_masks(make_env(), json.load(f))
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:

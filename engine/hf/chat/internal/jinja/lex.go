@@ -253,13 +253,12 @@ func isNameByte(b byte) bool {
 // past the closing {% endraw %} tag, with its whitespace control applied.
 func (lx *lexer) raw(i int) (string, int, error) {
 	src := lx.src
-	// whitespace control of the opening tag's end: "-%}" strips following whitespace.
+	// whitespace control of the opening tag's end: "-%}" strips following whitespace;
+	// trim_blocks does not apply after {% raw %}.
 	if i >= 3 && src[i-3] == '-' {
 		for i < len(src) && isPySpaceByte(src[i]) {
 			i++
 		}
-	} else if i >= 3 && src[i-3] != '+' && i < len(src) && src[i] == '\n' {
-		i++ // trim_blocks
 	}
 	for j := i; ; {
 		k := strings.Index(src[j:], "{%")

@@ -18,7 +18,17 @@ type snippet struct {
 // TestSnippetsMatchPythonJinja2 renders each snippet of scripts/chat-goldens/snippets.py
 // and compares with Python jinja2's output or error.
 func TestSnippetsMatchPythonJinja2(t *testing.T) {
-	data, err := os.ReadFile("../../testdata/golden/snippets.json")
+	testGoldenSnippets(t, "snippets.json")
+}
+
+// TestWhitespaceMatchesPythonJinja2 renders random nestings of blocks, expressions, comments
+// and raw blocks with every whitespace-control marker (gen.py makes them with a fixed seed).
+func TestWhitespaceMatchesPythonJinja2(t *testing.T) {
+	testGoldenSnippets(t, "whitespace.json")
+}
+
+func testGoldenSnippets(t *testing.T, file string) {
+	data, err := os.ReadFile("../../testdata/golden/" + file)
 	if err != nil {
 		t.Fatal(err)
 	}
