@@ -18,18 +18,23 @@ const (
 // microKernel computes an mr x nr tile acc[r*nr+j] = sum_p a[p*mr+r]*b[p*nr+j], p < k.
 // direct, when set, computes the same tile from unpacked rows of A (row r at a[r*lda:]), so
 // untransposed A needs no packing.
+//
+// runC and directC, when set, are the same kernels storing a full mr x nr tile straight into C
+// (C = alpha*acc + beta*C) instead of through acc.
 type microKernel struct {
-	mr, nr int
-	run    func(k int, a, b, acc []float32)
-	direct func(k int, a []float32, lda int, b, acc []float32)
+	mr, nr  int
+	run     func(k int, a, b, acc []float32)
+	direct  func(k int, a []float32, lda int, b, acc []float32)
+	runC    func(k int, a, b, c []float32, ldc int, alpha, beta float32)
+	directC func(k int, a []float32, lda int, b, c []float32, ldc int, alpha, beta float32)
 }
 
 // pickKernel returns the AVX2/FMA 6x16 kernel where the CPU has it, else a portable 4x4 one.
 func pickKernel() microKernel {
 	if useAVX2 {
-		return microKernel{6, 16, kernel6x16, kernel6x16Strided}
+		return microKernel{6, 16, kernel6x16, kernel6x16Strided, kernel6x16C, kernel6x16StridedC}
 	}
-	return microKernel{4, 4, kernel4x4, nil}
+	return microKernel{mr: 4, nr: 4, run: kernel4x4}
 }
 
 var gemmKernel = pickKernel()
@@ -241,12 +246,22 @@ func gemmTile(kern microKernel, a []float32, lda, ad int, pa, pb []float32, k, i
 			bp := pb[q*nr*k+p0*nr : q*nr*k+(p0+kk)*nr]
 			cols := min(nr, n-j)
 			for i := i0; i < i1; i += mr {
-				if qa := i / mr; qa < ad {
+				qa := i / mr
+				rows := min(mr, m-i)
+				if rows == mr && cols == nr && kern.runC != nil {
+					cc := c[i*ldc+j:]
+					if qa < ad {
+						kern.directC(kk, a[i*lda+p0:], lda, bp, cc, ldc, alpha, bt)
+					} else {
+						kern.runC(kk, pa[qa*mr*k+p0*mr:qa*mr*k+(p0+kk)*mr], bp, cc, ldc, alpha, bt)
+					}
+					continue
+				}
+				if qa < ad {
 					kern.direct(kk, a[i*lda+p0:], lda, bp, acc)
 				} else {
 					kern.run(kk, pa[qa*mr*k+p0*mr:qa*mr*k+(p0+kk)*mr], bp, acc)
 				}
-				rows := min(mr, m-i)
 				for r := 0; r < rows; r++ {
 					row := c[(i+r)*ldc+j : (i+r)*ldc+j+cols]
 					ar := acc[r*nr : r*nr+cols]
@@ -504,6 +519,24 @@ func kernel6x16StridedGo(k int, a []float32, lda int, b, acc []float32) {
 			row := acc[r*16 : r*16+16]
 			for j, bv := range br {
 				row[j] += av * bv
+			}
+		}
+	}
+}
+
+// epilogueGo stores a full 6x16 accumulator tile: C = alpha*acc + beta*C (C not read when
+// beta == 0).
+func epilogueGo(acc, c []float32, ldc int, alpha, beta float32) {
+	for r := 0; r < 6; r++ {
+		row := c[r*ldc : r*ldc+16]
+		ar := acc[r*16 : r*16+16]
+		if beta == 0 {
+			for x := range row {
+				row[x] = alpha * ar[x]
+			}
+		} else {
+			for x := range row {
+				row[x] = alpha*ar[x] + beta*row[x]
 			}
 		}
 	}

@@ -103,3 +103,36 @@ func kernel6x16Strided(k int, a []float32, lda int, b, acc []float32) {
 	_ = acc[95]
 	kernel6x16StridedAVX2(k, &a[0], lda, &b[0], &acc[0])
 }
+
+// kernel6x16CAVX2 and kernel6x16StridedCAVX2 are the packed and strided kernels with the
+// epilogue C = alpha*acc + beta*C done in registers, for full tiles.
+//
+//go:noescape
+func kernel6x16CAVX2(k int, a, b, c *float32, ldc int, alpha, beta float32)
+
+//go:noescape
+func kernel6x16StridedCAVX2(k int, a *float32, lda int, b, c *float32, ldc int, alpha, beta float32)
+
+// kernel6x16C computes a full 6x16 tile of C = alpha*op(A)op(B) + beta*C from packed panels.
+func kernel6x16C(k int, a, b, c []float32, ldc int, alpha, beta float32) {
+	_ = c[5*ldc+15]
+	if k <= 0 {
+		epilogueGo(make([]float32, 96), c, ldc, alpha, beta)
+		return
+	}
+	_ = a[6*k-1]
+	_ = b[16*k-1]
+	kernel6x16CAVX2(k, &a[0], &b[0], &c[0], ldc, alpha, beta)
+}
+
+// kernel6x16StridedC is kernel6x16C with A read in place (row r at a[r*lda:]).
+func kernel6x16StridedC(k int, a []float32, lda int, b, c []float32, ldc int, alpha, beta float32) {
+	_ = c[5*ldc+15]
+	if k <= 0 {
+		epilogueGo(make([]float32, 96), c, ldc, alpha, beta)
+		return
+	}
+	_ = a[5*lda+k-1]
+	_ = b[16*k-1]
+	kernel6x16StridedCAVX2(k, &a[0], lda, &b[0], &c[0], ldc, alpha, beta)
+}

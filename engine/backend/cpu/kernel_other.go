@@ -17,3 +17,15 @@ func expVec(dst, src []float32) {
 func kernel6x16Strided(k int, a []float32, lda int, b, acc []float32) {
 	kernel6x16StridedGo(k, a, lda, b, acc)
 }
+
+func kernel6x16C(k int, a, b, c []float32, ldc int, alpha, beta float32) {
+	var acc [96]float32
+	kernel6x16Go(k, a, b, acc[:])
+	epilogueGo(acc[:], c, ldc, alpha, beta)
+}
+
+func kernel6x16StridedC(k int, a []float32, lda int, b, c []float32, ldc int, alpha, beta float32) {
+	var acc [96]float32
+	kernel6x16StridedGo(k, a, lda, b, acc[:])
+	epilogueGo(acc[:], c, ldc, alpha, beta)
+}

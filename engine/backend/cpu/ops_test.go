@@ -36,13 +36,14 @@ func refGEMM(ta, tb bool, m, n, k int, alpha float64, a, b []float64, beta float
 // kernels lists the micro-kernels the GEMM can run with on this machine.
 func kernels() map[string]microKernel {
 	ks := map[string]microKernel{
-		"portable4x4":         {4, 4, kernel4x4, nil},
-		"portable6x16":        {6, 16, kernel6x16Go, nil},
-		"portable6x16_direct": {6, 16, kernel6x16Go, kernel6x16StridedGo},
+		"portable4x4":         {mr: 4, nr: 4, run: kernel4x4},
+		"portable6x16":        {mr: 6, nr: 16, run: kernel6x16Go},
+		"portable6x16_direct": {mr: 6, nr: 16, run: kernel6x16Go, direct: kernel6x16StridedGo},
+		"6x16_direct_storeC":  {6, 16, kernel6x16, kernel6x16Strided, kernel6x16C, kernel6x16StridedC},
 	}
 	if useAVX2 {
-		ks["avx2_6x16"] = microKernel{6, 16, kernel6x16, nil}
-		ks["avx2_6x16_direct"] = microKernel{6, 16, kernel6x16, kernel6x16Strided}
+		ks["avx2_6x16"] = microKernel{mr: 6, nr: 16, run: kernel6x16}
+		ks["avx2_6x16_direct"] = microKernel{mr: 6, nr: 16, run: kernel6x16, direct: kernel6x16Strided}
 	}
 	return ks
 }
@@ -146,6 +147,17 @@ func TestGEMMBetaZeroIgnoresNaN(t *testing.T) {
 	A := up(t, b, []float64{1, 2, 3, 4}, tensor.F32, 2, 2)
 	must(t, b.GEMM(backend.GEMMArgs{A: A, B: A, C: C, Alpha: 1}))
 	approx(t, "C", down(t, b, C), []float64{7, 10, 15, 22}, 0, 0)
+	// Full register tiles (stored straight into C) must not read C either.
+	r := rand.New(rand.NewPCG(70, 71))
+	m, n, k := 12, 32, 5
+	nan := make([]float64, m*n)
+	for i := range nan {
+		nan[i] = math.NaN()
+	}
+	a, bb := randn(r, m*k, 1), randn(r, k*n, 1)
+	C = up(t, b, nan, tensor.F32, m, n)
+	must(t, b.GEMM(backend.GEMMArgs{A: up(t, b, a, tensor.F32, m, k), B: up(t, b, bb, tensor.F32, k, n), C: C, Alpha: 2}))
+	approx(t, "C full tiles", down(t, b, C), refGEMM(false, false, m, n, k, 2, rounded(a, tensor.F32), rounded(bb, tensor.F32), 0, make([]float64, m*n)), 1e-5, 1e-5)
 }
 
 func TestGEMMDeterministicAcrossWorkerCounts(t *testing.T) {
