@@ -93,13 +93,19 @@ func (be *Backend) sgemm(transA, transB bool, m, n, k int, alpha float32, a []fl
 			packB(pb[q*nr*k:(q+1)*nr*k], b, ldb, transB, n, k, q*nr, nr)
 		}
 	})
-	tm := (m + tileM - 1) / tileM
+	// Tiles of tileM rows, made shorter (a multiple of mr) when that is needed to give every
+	// worker at least two tasks.
+	th := tileM
 	tn := (n + tileN - 1) / tileN
+	for th > mr && ((m+th-1)/th)*tn < 2*be.pool.n {
+		th = max(mr, (th/2+mr-1)/mr*mr)
+	}
+	tm := (m + th - 1) / th
 	be.pool.run(tm*tn, func(t int) {
 		ti, tj := t/tn, t%tn
-		i0, j0 := ti*tileM, tj*tileN
+		i0, j0 := ti*th, tj*tileN
 		var acc [96]float32
-		gemmTile(kern, a, lda, ad, pa, pb, k, i0, min(i0+tileM, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc[:mr*nr])
+		gemmTile(kern, a, lda, ad, pa, pb, k, i0, min(i0+th, m), j0, min(j0+tileN, n), m, n, alpha, beta, c, ldc, acc[:mr*nr])
 	})
 }
 
