@@ -355,3 +355,65 @@ func TestStepReportsTimeByOpClassWhenTheBackendDoes(t *testing.T) {
 		t.Fatalf("time by op %v (sum %v) for a step of %v s", m.TimeByOpS, total, m.StepTimeS)
 	}
 }
+
+func TestContinueFromSavedModelAndMemoryEstimate(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(20))
+	cfg := tinyConfig(t, path)
+	tr := newTrainer(t, cfg)
+	steps(t, tr, 2)
+	modelDir := filepath.Join(dir, "model")
+	if err := tr.SaveModel(modelDir); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := tr.Model.ParamFloat32("model.norm.weight")
+
+	mc, err := ModelConfigFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	est, err := EstimateMemory(cfg, mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if est.Params != int64(tr.Model.NumParams()) || est.ParamBytes != 4*est.Params || est.OptimBytes != 8*est.Params {
+		t.Fatalf("estimate %+v for a model of %d parameters", est, tr.Model.NumParams())
+	}
+	if est.Total() <= est.ParamBytes+est.GradBytes+est.OptimBytes || !strings.Contains(est.String(), "total") {
+		t.Fatalf("estimate without activations: %s", est)
+	}
+
+	y := fmt.Sprintf("model_name_or_path: %s\ndataset: {path: %s}\nmax_length: 32\nmax_steps: 1\ndevice: cpu\noutput_dir: %s\n", modelDir, path, filepath.Join(dir, "out2"))
+	cfg2, err := ParseConfig([]byte(y), "c.yaml", MethodSFT, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr2 := newTrainer(t, cfg2)
+	got, _ := tr2.Model.ParamFloat32("model.norm.weight")
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatal("model_name_or_path did not load the saved weights")
+	}
+	if tr2.tok.dir != modelDir {
+		t.Fatalf("tokenizer from %s, want the model directory", tr2.tok.dir)
+	}
+	if _, err := tr2.Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEpochsPlanTheNumberOfSteps(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(50))
+	for _, tc := range []struct {
+		epochs string
+		accum  int
+	}{{"1", 1}, {"2.5", 1}, {"1", 3}} {
+		cfg := tinyConfig(t, path, "--max_steps=-1", "--warmup_steps=0", "--num_train_epochs="+tc.epochs, fmt.Sprintf("--gradient_accumulation_steps=%d", tc.accum))
+		tr := newTrainer(t, cfg)
+		per := tr.loader.BatchesPerEpoch()
+		want := int(math.Ceil(cfg.Sched.NumTrainEpochs * float64(per) / float64(tc.accum)))
+		if tr.TotalSteps() != want || want < 1 {
+			t.Errorf("epochs %s accum %d: %d steps for %d micro-batches per epoch, want %d", tc.epochs, tc.accum, tr.TotalSteps(), per, want)
+		}
+	}
+}
