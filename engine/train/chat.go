@@ -2,10 +2,6 @@ package train
 
 import (
 	"errors"
-	"fmt"
-	"os"
-	"slices"
-	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/hf/chat"
@@ -23,7 +19,7 @@ type chatCodec struct {
 func loadChat(dir string, tok *tokenizer.Tokenizer) (*chatCodec, error) {
 	t, err := chat.Load(dir)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "no chat_template") {
+		if errors.Is(err, chat.ErrNoTemplate) {
 			return nil, nil
 		}
 		return nil, err
@@ -55,58 +51,18 @@ func (c *chatCodec) ids(s string) []int32 {
 	return out
 }
 
-// encode renders the whole conversation and marks as trained the tokens each assistant turn
-// adds: the text between the conversation before it rendered with the generation prompt and
-// the conversation up to and including it (the reply and the template's end-of-turn tokens).
-// The template must render prefixes of the conversation as prefixes of the text, and
-// tokenizing the pieces separately must give the tokens of the whole; otherwise the record is
-// refused.
+// encode renders the conversation and marks the tokens of assistant output (each reply up to
+// and including its end-of-turn marker) as trained, with the chat package's mask.
 func (c *chatCodec) encode(msgs []data.Message) ([]int32, []bool, error) {
-	full, err := c.render(msgs, false)
+	ids, mask, err := c.tmpl.Encode(c.tok, toChat(msgs), chat.Options{})
 	if err != nil {
 		return nil, nil, err
 	}
-	// cuts are character offsets where the train flag changes; train[k] is the flag of piece k.
-	var cuts []int
-	var train []bool
-	pos := 0
-	for i, m := range msgs {
-		if m.Role != "assistant" {
-			continue
-		}
-		before, err := c.render(msgs[:i], true)
-		if err != nil {
-			return nil, nil, err
-		}
-		upto, err := c.render(msgs[:i+1], false)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !strings.HasPrefix(upto, before) || !strings.HasPrefix(full, upto) || len(before) < pos {
-			return nil, nil, fmt.Errorf("message %d: the chat template does not render the conversation's prefixes as prefixes of its text, so assistant tokens cannot be located", i)
-		}
-		cuts = append(cuts, len(before), len(upto))
-		train = append(train, false, true)
-		pos = len(upto)
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
 	}
-	var ids []int32
-	var mask []bool
-	start := 0
-	for k, end := range cuts {
-		piece := c.ids(full[start:end])
-		ids = append(ids, piece...)
-		for range piece {
-			mask = append(mask, train[k])
-		}
-		start = end
-	}
-	rest := c.ids(full[start:])
-	ids = append(ids, rest...)
-	mask = append(mask, make([]bool, len(rest))...)
-	if whole := c.ids(full); !slices.Equal(whole, ids) {
-		return nil, nil, errors.New("tokenizing the assistant turns apart from the rest changes the tokens; the chat template's turn boundaries split a token")
-	}
-	return ids, mask, nil
+	return out, mask, nil
 }
 
 // prompt renders msgs with the generation prompt and tokenizes it.

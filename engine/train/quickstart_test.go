@@ -50,10 +50,9 @@ func TestQuickstartTokenizerMatchesHuggingFace(t *testing.T) {
 			trained = append(trained, ids[i])
 		}
 	}
-	// The reply and the turn's end as the template writes it: "85<|im_end|>\n" (decode drops
-	// the special token).
-	if got := c.decode(trained); got != "85\n" || len(trained) != 4 {
-		t.Fatalf("trained tokens %v decode to %q, want the reply, <|im_end|> and the newline", trained, got)
+	// The reply and its end-of-turn marker: "85<|im_end|>" (decode drops the special token).
+	if got := c.decode(trained); got != "85" || len(trained) != 3 || trained[2] != c.eos {
+		t.Fatalf("trained tokens %v decode to %q, want the reply and <|im_end|>", trained, got)
 	}
 }
 

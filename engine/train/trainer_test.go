@@ -267,8 +267,8 @@ func TestSFTChatMasksOnlyAssistantTokens(t *testing.T) {
 			trained = append(trained, d.Tokens[i])
 		}
 	}
-	// The assistant replies and their end-of-turn tokens: "85<|im_end|>\n" and "2<|im_end|>\n".
-	want := append(c.ids("85<|im_end|>\n"), c.ids("2<|im_end|>\n")...)
+	// The assistant replies and their end-of-turn markers: "85<|im_end|>" and "2<|im_end|>".
+	want := append(c.ids("85<|im_end|>"), c.ids("2<|im_end|>")...)
 	if fmt.Sprint(trained) != fmt.Sprint(want) {
 		t.Fatalf("trained tokens %v (%q), want %v", trained, c.decode(trained), want)
 	}
@@ -415,5 +415,29 @@ func TestEpochsPlanTheNumberOfSteps(t *testing.T) {
 		if tr.TotalSteps() != want || want < 1 {
 			t.Errorf("epochs %s accum %d: %d steps for %d micro-batches per epoch, want %d", tc.epochs, tc.accum, tr.TotalSteps(), per, want)
 		}
+	}
+}
+
+func TestChatRecordsNeedAChatTemplate(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"tokenizer.json"} {
+		raw, err := os.ReadFile(filepath.Join(quickTok, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), raw, 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"eos_token": "<|endoftext|>"}`), 0o644)
+	c, err := loadCodec(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.encoder(MethodSFT)(data.Record{Kind: data.FormatMessages, Messages: []data.Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "a"}}})
+	if err == nil || !strings.Contains(err.Error(), "no chat_template") {
+		t.Fatalf("chat record without a template: %v", err)
+	}
+	d, err := c.encoder(MethodPretrain)(data.Record{Kind: data.FormatText, Text: "hello"})
+	if err != nil || d.Tokens[len(d.Tokens)-1] != c.eos || d.Targets() != len(d.Tokens)-1 {
+		t.Fatalf("pretraining text: %+v, %v", d, err)
 	}
 }
