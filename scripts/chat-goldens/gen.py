@@ -263,6 +263,63 @@ def random_whitespace_templates(n, seed=1234):
     return [block(0) for _ in range(n)]
 
 
+EXPR_VARS = {"d": {"b": 2, "a": [1, "x"]}, "l": [3, 1, 2], "s": "Hello World", "f": 2.5, "n": None, "e": ""}
+
+
+def random_expressions(n, seed=4321):
+    """Random expressions over the values, operators, filters, tests and methods templates use."""
+    import random
+
+    rng = random.Random(seed)
+    atoms = ["0", "1", "-2", "3.5", "0.1", "1e20", "'a'", "''", "'Ab c'", "\"x'y\"", "[1, 2]", "[]", "['b', 'a']",
+             "{'k': 1}", "none", "true", "false", "missing", "d", "l", "s", "f", "n", "e", "(1, 'a')"]
+    binops = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", "<=", ">", ">=", "in", "not in", "and", "or"]
+    filters = ["length", "string", "upper", "lower", "trim", "first", "last", "reverse | list", "list", "sort", "unique | list",
+               "join(',')", "tojson", "int", "float", "abs", "default('z')", "default('z', true)", "items | list", "capitalize",
+               "title", "wordcount", "round", "sum", "max", "min", "count", "select | list", "reject | list", "map('string') | list",
+               "tojson(indent=1)", "replace('a', 'b')", "dictsort"]
+    tests = ["defined", "undefined", "none", "string", "number", "mapping", "iterable", "sequence", "odd", "even",
+             "integer", "float", "boolean", "true", "false", "lower", "upper", "in [1, 'a']", "eq 1", "divisibleby 2"]
+    methods = [".upper()", ".strip()", ".split()", ".startswith('a')", ".replace('a', 'b')", ".find('b')", ".items()",
+               ".get('b')", ".keys()", ".count('l')", ".title()", ".lstrip('H')", ".endswith(('d', 'x'))", ".split('o', 1)"]
+
+    def expr(depth):
+        r = rng.random()
+        if depth <= 0 or r < 0.3:
+            return rng.choice(atoms)
+        if r < 0.5:
+            return "(" + expr(depth - 1) + " " + rng.choice(binops) + " " + expr(depth - 1) + ")"
+        if r < 0.62:
+            return "(" + expr(depth - 1) + " | " + rng.choice(filters) + ")"
+        if r < 0.7:
+            return "(" + expr(depth - 1) + " is " + rng.choice(["", "not "]) + rng.choice(tests) + ")"
+        if r < 0.78:
+            return "(" + expr(depth - 1) + ")" + rng.choice(methods)
+        if r < 0.86:
+            return "(" + expr(depth - 1) + ")" + rng.choice(["[0]", "[-1]", "[1:]", "[::-1]", "['b']", "[:2]"])
+        if r < 0.93:
+            return "(" + rng.choice(["not ", "-"]) + expr(depth - 1) + ")"
+        return "(" + expr(depth - 1) + " if " + expr(depth - 1) + " else " + expr(depth - 1) + ")"
+
+    return ["{{ " + expr(3) + " }}" for _ in range(n)]
+
+
+def render_expressions(env):
+    out = []
+    for i, src in enumerate(random_expressions(1500)):
+        entry = {"name": f"expr_{i}", "template": src, "vars": EXPR_VARS}
+        try:
+            entry["output"] = env.from_string(src).render(**EXPR_VARS)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    dest = os.path.join(TESTDATA, "golden", "expressions.json")
+    with open(dest, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print(f"expressions: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
+
+
 def render_whitespace(env):
     out = []
     for i, src in enumerate(random_whitespace_templates(400)):
@@ -283,6 +340,7 @@ def main():
     build_stress()
     render_snippets(make_env())
     render_whitespace(make_env())
+    render_expressions(make_env())
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
         render_masks(make_env(), json.load(f))
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:

@@ -6,8 +6,9 @@ type (
 
 	textNode   struct{ text string }
 	outputNode struct {
-		expr expr
-		line int
+		expr   expr
+		line   int
+		folded bool // the whole expression is constant: jinja2 evaluates it at compile time
 	}
 	ifNode struct {
 		conds  []expr

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"math"
+	"math/big"
 	"regexp"
 	"strconv"
 	"strings"
@@ -304,35 +305,32 @@ func (r *renderer) runTest(name string, v Value, args []Value) (bool, error) {
 		return false, nil
 	case "escaped":
 		return false, nil
-	case "lower":
-		s, ok := v.(string)
-		return ok && strings.ToLower(s) == s && hasCased(s), nil
-	case "upper":
-		s, ok := v.(string)
-		return ok && strings.ToUpper(s) == s && hasCased(s), nil
+	case "lower": // str(value).islower()
+		s := toStr(v)
+		return hasCased(s) && strings.IndexFunc(s, func(r rune) bool { return unicode.IsUpper(r) || unicode.IsTitle(r) }) < 0, nil
+	case "upper": // str(value).isupper()
+		s := toStr(v)
+		return hasCased(s) && strings.IndexFunc(s, func(r rune) bool { return unicode.IsLower(r) || unicode.IsTitle(r) }) < 0, nil
 	case "odd", "even":
-		i, err := wantInt(name, v)
+		// Jinja: value % 2 == 1 (odd), value % 2 == 0 (even); floats work too.
+		m, err := binaryOp("%", v, int64(2))
 		if err != nil {
 			return false, err
 		}
-		return (i%2 != 0) == (name == "odd"), nil
+		if name == "odd" {
+			return valuesEqual(m, int64(1)), nil
+		}
+		return valuesEqual(m, int64(0)), nil
 	case "divisibleby":
 		a, err := arg()
 		if err != nil {
 			return false, err
 		}
-		x, err := wantInt(name, v)
+		m, err := binaryOp("%", v, a)
 		if err != nil {
 			return false, err
 		}
-		y, err := wantInt(name, a)
-		if err != nil {
-			return false, err
-		}
-		if y == 0 {
-			return false, errorf("ZeroDivisionError", "integer division or modulo by zero")
-		}
-		return x%y == 0, nil
+		return valuesEqual(m, int64(0)), nil
 	case "sameas":
 		a, err := arg()
 		if err != nil {
@@ -592,6 +590,8 @@ func fFloat(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	a := newArgs("float", args, kwargs)
 	def := a.get(0, "default", 0.0)
 	switch x := v.(type) {
+	case *Undefined:
+		return nil, undefinedErr(x)
 	case float64:
 		return x, nil
 	case bool, int64:
@@ -615,6 +615,8 @@ func fInt(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 		return nil, err
 	}
 	switch x := v.(type) {
+	case *Undefined:
+		return nil, undefinedErr(x)
 	case bool, int64:
 		i, _ := asInt(x)
 		return i, nil
@@ -622,14 +624,14 @@ func fInt(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 		if math.IsNaN(x) || math.IsInf(x, 0) {
 			return def, nil
 		}
-		return int64(x), nil
+		return floatToInt(x), nil
 	case string:
 		s := strings.ReplaceAll(strings.TrimFunc(x, isPySpace), "_", "")
 		if i, err := strconv.ParseInt(s, int(base), 64); err == nil {
 			return i, nil
 		}
 		if f, err := strconv.ParseFloat(s, 64); err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
-			return int64(f), nil
+			return floatToInt(f), nil
 		}
 	}
 	return def, nil
@@ -753,6 +755,9 @@ func fUpper(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) { return py
 func pyUpper(s string) string { return strings.ReplaceAll(strings.ToUpper(s), "ß", "SS") }
 
 func fMap(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
+	if !truthy(v) {
+		return &List{}, nil // Jinja iterates only a truthy value
+	}
 	items, err := seqItems(r, v)
 	if err != nil {
 		return nil, err
@@ -845,6 +850,9 @@ func fMin(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 }
 
 func selectOrReject(r *renderer, v Value, args []Value, byAttr, keep bool) (Value, error) {
+	if !truthy(v) {
+		return &List{}, nil // Jinja iterates only a truthy value
+	}
 	items, err := seqItems(r, v)
 	if err != nil {
 		return nil, err
@@ -960,7 +968,13 @@ func fRound(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	method := toStr(a.get(1, "method", "common"))
 	f, ok := asNumber(v)
 	if !ok {
-		return nil, errorf("TypeError", "round: expected a number, got %s", typeName(v))
+		if u, isU := v.(*Undefined); isU {
+			return nil, undefinedErr(u)
+		}
+		return nil, errorf("TypeError", "type %s doesn't define __round__ method", typeName(v))
+	}
+	if i, isInt := asInt(v); isInt && method == "common" && prec >= 0 {
+		return i, nil // Python's round(int, n) is the int itself
 	}
 	if prec > 300 {
 		prec = 300
@@ -1204,4 +1218,15 @@ func fTojson(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 		return nil, err
 	}
 	return b.String(), nil
+}
+
+// floatToInt is Python's int(float): truncation, exact even beyond the int64 range (a
+// *big.Int then, which prints and serializes but takes no further arithmetic).
+func floatToInt(f float64) Value {
+	t := math.Trunc(f)
+	if t >= -(1<<63) && t < 1<<63 {
+		return int64(t)
+	}
+	b, _ := new(big.Float).SetFloat64(t).Int(nil)
+	return b
 }

@@ -48,6 +48,7 @@ type renderer struct {
 	callDepth  int
 	genSpans   []Span
 	inGenerate bool
+	folding    bool // evaluating an expression jinja2 folds at compile time
 }
 
 // control-flow signals for loops
@@ -109,7 +110,9 @@ func (r *renderer) exec(n node, sc *scope) error {
 	case *textNode:
 		return r.write(n.text)
 	case *outputNode:
+		r.folding = n.folded
 		v, err := r.eval(n.expr, sc)
+		r.folding = false
 		if err != nil {
 			return withLine(err, n.line)
 		}
@@ -837,7 +840,10 @@ func percentFormat(format string, arg Value) (Value, error) {
 			return nil, errorf("ValueError", "unsupported format character '%c'", verb)
 		}
 	}
-	if ai < len(args) {
+	_, isDict := arg.(*Dict)
+	l, isList := arg.(*List)
+	mapping := isDict || (isList && !l.Tuple) // Python skips the check for mapping-like args
+	if ai < len(args) && !mapping {
 		return nil, errorf("TypeError", "not all arguments converted during string formatting")
 	}
 	return b.String(), nil
@@ -901,7 +907,14 @@ func (r *renderer) evalSlice(obj Value, s *sliceExpr, sc *scope) (Value, error) 
 	case *Undefined:
 		return nil, undefinedErr(x)
 	}
-	return &Undefined{hint: fmt.Sprintf("'%s' object is not subscriptable", typeName(obj))}, nil
+	if r.folding {
+		return &Undefined{hint: fmt.Sprintf("'%s' object is not subscriptable", typeName(obj))}, nil
+	}
+	if _, ok := obj.(*Dict); ok {
+		return nil, errorf("TypeError", "unhashable type: 'slice'")
+	}
+	// Jinja compiles slices to a plain Python subscript, which fails on other types.
+	return nil, errorf("TypeError", "'%s' object is not subscriptable", typeName(obj))
 }
 
 // sliceBounds is Python's slice.indices.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/big"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,9 +44,14 @@ func writeJSON(b *strings.Builder, v Value, o *jsonOptions, level int) error {
 		b.WriteString(strconv.FormatInt(x, 10))
 	case float64:
 		b.WriteString(jsonFloat(x))
+	case *big.Int:
+		b.WriteString(x.String())
 	case string:
 		writeJSONString(b, x, o.ensureASCII)
 	case *List:
+		if x.View != "" {
+			return errorf("TypeError", "Object of type %s is not JSON serializable", x.View)
+		}
 		if len(x.Items) == 0 {
 			b.WriteString("[]")
 			return nil

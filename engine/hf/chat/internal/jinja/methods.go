@@ -48,11 +48,11 @@ func callMethod(r *renderer, m *boundMethod, args []Value, kwargs *Dict) (Value,
 	case *Dict:
 		switch m.name {
 		case "items":
-			return &List{Items: pairs(recv)}, nil
+			return &List{Items: pairs(recv), View: "dict_items"}, nil
 		case "keys":
-			return &List{Items: append([]Value(nil), recv.keys...)}, nil
+			return &List{Items: append([]Value(nil), recv.keys...), View: "dict_keys"}, nil
 		case "values":
-			return &List{Items: append([]Value(nil), recv.vals...)}, nil
+			return &List{Items: append([]Value(nil), recv.vals...), View: "dict_values"}, nil
 		case "copy":
 			d := NewDict()
 			for i, k := range recv.keys {

@@ -3,6 +3,7 @@ package jinja
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // parser builds the AST from tokens, following the grammar and precedence of Jinja2's parser.
@@ -28,6 +29,9 @@ func parse(src string) ([]node, error) {
 			p.fail(fmt.Sprintf("unexpected '%s'", end))
 		}
 	})
+	if err == nil {
+		foldNodes(body)
+	}
 	return body, err
 }
 
@@ -779,4 +783,80 @@ func (p *parser) parseTest(e expr) expr {
 		t.args = []expr{p.parsePostfix(arg)}
 	}
 	return t
+}
+
+// contextFilters are the filters jinja2 does not fold at compile time (they take the context).
+var contextFilters = map[string]bool{"map": true, "select": true, "reject": true, "selectattr": true, "rejectattr": true}
+
+// isConst reports whether jinja2's compiler would fold e to a constant. It matters for one
+// observable difference: a constant-folded subscript goes through the sandbox's lenient
+// getitem (a failed slice is undefined), while a run-time slice is a plain Python subscript
+// (a failed slice raises).
+func isConst(e expr) bool {
+	switch x := e.(type) {
+	case nil:
+		return true
+	case *constExpr:
+		return true
+	case *listExpr:
+		return allConst(x.items)
+	case *tupleExpr:
+		return allConst(x.items)
+	case *dictExpr:
+		return allConst(x.keys) && allConst(x.values)
+	case *binExpr:
+		if (x.op == "and" || x.op == "or") && isConst(x.l) {
+			// folding short-circuits like Python's and/or
+			r := &renderer{out: &strings.Builder{}, folding: true}
+			l, err := r.eval(x.l, newScope(nil))
+			if err != nil {
+				return false
+			}
+			if truthy(l) == (x.op == "or") {
+				return true
+			}
+		}
+		return isConst(x.l) && isConst(x.r)
+	case *unaryExpr:
+		return isConst(x.x)
+	case *compareExpr:
+		return isConst(x.first) && allConst(x.rest)
+	case *condExpr:
+		// jinja2 folds the test and then only the branch it picks
+		if !isConst(x.cond) {
+			return false
+		}
+		r := &renderer{out: &strings.Builder{}, folding: true}
+		c, err := r.eval(x.cond, newScope(nil))
+		if err != nil {
+			return false
+		}
+		if truthy(c) {
+			return isConst(x.then)
+		}
+		return x.orelse != nil && isConst(x.orelse)
+	case *attrExpr:
+		return isConst(x.obj)
+	case *itemExpr:
+		return isConst(x.obj) && isConst(x.key)
+	case *sliceExpr:
+		return isConst(x.start) && isConst(x.stop) && isConst(x.step)
+	case *filterExpr:
+		if contextFilters[x.name] || len(x.kwargs) > 0 {
+			return false
+		}
+		return isConst(x.obj) && allConst(x.args)
+	case *testExpr:
+		return isConst(x.obj) && allConst(x.args)
+	}
+	return false
+}
+
+func allConst(es []expr) bool {
+	for _, e := range es {
+		if !isConst(e) {
+			return false
+		}
+	}
+	return true
 }

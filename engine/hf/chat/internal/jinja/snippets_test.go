@@ -70,3 +70,10 @@ func testGoldenSnippets(t *testing.T, file string) {
 		})
 	}
 }
+
+// TestExpressionsMatchPythonJinja2 renders random expressions over the values, operators,
+// filters, tests and methods chat templates use (gen.py makes them with a fixed seed); where
+// jinja2 raised, the engine must fail too.
+func TestExpressionsMatchPythonJinja2(t *testing.T) {
+	testGoldenSnippets(t, "expressions.json")
+}

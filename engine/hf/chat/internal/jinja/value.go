@@ -3,6 +3,7 @@ package jinja
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ type Value = any
 type List struct {
 	Items []Value
 	Tuple bool
+	View  string // "dict_keys", "dict_values" or "dict_items" for dict views
 }
 
 // Dict is a Python dict: keys keep their insertion order. Keys are nil, bool, int64,
@@ -158,9 +160,14 @@ func typeName(v Value) string {
 		return "int"
 	case float64:
 		return "float"
+	case *big.Int:
+		return "int"
 	case string:
 		return "str"
 	case *List:
+		if x.View != "" {
+			return x.View
+		}
 		if x.Tuple {
 			return "tuple"
 		}
@@ -192,6 +199,8 @@ func truthy(v Value) bool {
 		return x != 0
 	case float64:
 		return x != 0
+	case *big.Int:
+		return x.Sign() != 0
 	case string:
 		return x != ""
 	case *List:
@@ -240,12 +249,17 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 		b.WriteString(strconv.FormatInt(x, 10))
 	case float64:
 		b.WriteString(pyFloatRepr(x))
+	case *big.Int:
+		b.WriteString(x.String())
 	case string:
 		b.WriteString(pyStrRepr(x))
 	case *List:
 		open, close := "[", "]"
 		if x.Tuple {
 			open, close = "(", ")"
+		}
+		if x.View != "" {
+			open, close = x.View+"([", "])"
 		}
 		b.WriteString(open)
 		for i, it := range x.Items {
