@@ -320,60 +320,101 @@ func (g *attnGeom) querySpan(d, lo, hi int) (int, int) {
 	return a, z
 }
 
-// forward computes, for each task, S = scale*Q_h K^T over the block's key span with the GEMM
-// kernel, a masked softmax per row (recording LSE), and Out_h = P V. Score blocks are
-// [64 x span] per task: the [N, N] matrix never exists.
+// gather copies the rows [lo, lo+rows) of heads h0..h0+g-1 (width hd, row stride w) into dst
+// stacked head-major: dst[(hh*rows+r)*hd:] = src[(lo+r)*w+(h0+hh)*hd:].
+func gather(dst, src []float32, lo, rows, w, h0, g, hd int) {
+	for hh := 0; hh < g; hh++ {
+		for r := 0; r < rows; r++ {
+			o := (lo+r)*w + (h0+hh)*hd
+			copy(dst[(hh*rows+r)*hd:(hh*rows+r+1)*hd], src[o:o+hd])
+		}
+	}
+}
+
+// scatter is the inverse of gather.
+func scatter(dst, src []float32, lo, rows, w, h0, g, hd int) {
+	for hh := 0; hh < g; hh++ {
+		for r := 0; r < rows; r++ {
+			o := (lo+r)*w + (h0+hh)*hd
+			copy(dst[o:o+hd], src[(hh*rows+r)*hd:(hh*rows+r+1)*hd])
+		}
+	}
+}
+
+// scratch is a set of pooled buffers released together.
+type scratch []*[]float32
+
+func (s *scratch) get(n int) []float32 {
+	p := getScratch(n)
+	*s = append(*s, p)
+	return *p
+}
+
+func (s *scratch) release() {
+	for _, p := range *s {
+		putScratch(p)
+	}
+	*s = nil
+}
+
+// forward computes, for each task (query block x kv head), S = scale*Q K^T for the queries of
+// all heads of the kv group stacked as rows (so K is packed once), a masked softmax per row
+// (recording LSE), and Out = P V. Score blocks are [group*64 x span] per task: the [N, N]
+// matrix never exists.
 func (g *attnGeom) forward(b *Backend, qs, ks, vs, os, lse []float32) {
-	hd := g.hd
+	hd, gr := g.hd, g.group
 	ts := g.tasks(false)
 	b.pool.run(len(ts), func(ti int) {
 		t := ts[ti]
-		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
-		m, l := t.hi-t.lo, jhi-jlo
-		scBuf := getScratch(m * l)
-		defer putScratch(scBuf)
-		sc := *scBuf
+		var sc scratch
+		defer sc.release()
 		var ws gemmScratch
 		defer ws.release()
-		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
-			gemmSerial(false, true, m, l, hd, g.scale, qs[t.lo*g.qw+h*hd:], g.qw, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, sc, l, &ws)
-			for r := 0; r < m; r++ {
-				a, z := g.visible(t.doc, t.lo+r)
-				row := sc[r*l : (r+1)*l]
-				vis := row[a-jlo : z-jlo]
-				mx := float32(math.Inf(-1))
-				for _, v := range vis {
-					mx = max(mx, v)
-				}
-				for j := range vis {
-					vis[j] -= mx
-				}
-				expVec(vis, vis)
-				var sum float64
-				for _, e := range vis {
-					sum += float64(e)
-				}
-				clear(row[:a-jlo])
-				clear(row[z-jlo:])
-				inv := float32(1 / sum)
-				for j := range vis {
-					vis[j] *= inv
-				}
-				if lse != nil {
-					lse[(t.lo+r)*g.nh+h] = mx + float32(math.Log(sum))
-				}
+		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
+		m, l := t.hi-t.lo, jhi-jlo
+		rows := gr * m
+		h0 := t.kvh * gr
+		qst, s, ost := sc.get(rows*hd), sc.get(rows*l), sc.get(rows*hd)
+		gather(qst, qs, t.lo, m, g.qw, h0, gr, hd)
+		gemmSerial(false, true, rows, l, hd, g.scale, qst, hd, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, s, l, &ws)
+		for x := 0; x < rows; x++ {
+			hh, r := x/m, x%m
+			a, z := g.visible(t.doc, t.lo+r)
+			row := s[x*l : (x+1)*l]
+			vis := row[a-jlo : z-jlo]
+			mx := float32(math.Inf(-1))
+			for _, v := range vis {
+				mx = max(mx, v)
 			}
-			gemmSerial(false, false, m, hd, l, 1, sc, l, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, os[t.lo*g.qw+h*hd:], g.qw, &ws)
+			for j := range vis {
+				vis[j] -= mx
+			}
+			expVec(vis, vis)
+			var sum float64
+			for _, e := range vis {
+				sum += float64(e)
+			}
+			clear(row[:a-jlo])
+			clear(row[z-jlo:])
+			inv := float32(1 / sum)
+			for j := range vis {
+				vis[j] *= inv
+			}
+			if lse != nil {
+				lse[(t.lo+r)*g.nh+h0+hh] = mx + float32(math.Log(sum))
+			}
 		}
+		gemmSerial(false, false, rows, hd, l, 1, s, l, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, ost, hd, &ws)
+		scatter(os, ost, t.lo, m, g.qw, h0, gr, hd)
 	})
 }
 
 // backward recomputes probabilities blockwise from Q, K and LSE. Pass 1 (query blocks) writes
-// dQ; pass 2 (key blocks) writes dK and dV, summing the heads of each kv group. Every output
-// row has one writer, so no locks or atomics are needed and results do not depend on the
-// number of workers.
+// dQ; pass 2 (key blocks) writes dK and dV, with the queries of all heads of a kv group stacked
+// so one product sums over them. Every output row has one writer, so no locks or atomics are
+// needed and results do not depend on the number of workers.
 func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []float32) {
-	hd := g.hd
+	hd, gr := g.hd, g.group
 	dd := make([]float32, g.nq*g.nh) // D[i,h] = dOut[i,h] . Out[i,h]
 	b.pool.rows(g.nq, 64, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -386,35 +427,39 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 	qt := g.tasks(false)
 	b.pool.run(len(qt), func(ti int) {
 		t := qt[ti]
-		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
-		m, l := t.hi-t.lo, jhi-jlo
-		pBuf, dpBuf := getScratch(m*l), getScratch(m*l)
-		defer putScratch(pBuf)
-		defer putScratch(dpBuf)
-		p, dp := *pBuf, *dpBuf
+		var sc scratch
+		defer sc.release()
 		var ws gemmScratch
 		defer ws.release()
-		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
-			gemmSerial(false, true, m, l, hd, g.scale, qs[t.lo*g.qw+h*hd:], g.qw, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, p, l, &ws)
-			gemmSerial(false, true, m, l, hd, 1, dos[t.lo*g.qw+h*hd:], g.qw, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, dp, l, &ws)
-			for r := 0; r < m; r++ {
-				i := t.lo + r
-				a, z := g.visible(t.doc, i)
-				li, di := lse[i*g.nh+h], dd[i*g.nh+h]
-				row, drow := p[r*l:(r+1)*l], dp[r*l:(r+1)*l]
-				vis, dvis := row[a-jlo:z-jlo], drow[a-jlo:z-jlo]
-				for j := range vis {
-					vis[j] -= li
-				}
-				expVec(vis, vis)
-				for j, pr := range vis {
-					vis[j] = pr * (dvis[j] - di) // dS
-				}
-				clear(row[:a-jlo])
-				clear(row[z-jlo:])
+		jlo, jhi := g.keySpan(t.doc, t.lo, t.hi)
+		m, l := t.hi-t.lo, jhi-jlo
+		rows := gr * m
+		h0 := t.kvh * gr
+		qst, dost, dqst := sc.get(rows*hd), sc.get(rows*hd), sc.get(rows*hd)
+		p, dp := sc.get(rows*l), sc.get(rows*l)
+		gather(qst, qs, t.lo, m, g.qw, h0, gr, hd)
+		gather(dost, dos, t.lo, m, g.qw, h0, gr, hd)
+		gemmSerial(false, true, rows, l, hd, g.scale, qst, hd, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, p, l, &ws)
+		gemmSerial(false, true, rows, l, hd, 1, dost, hd, vs[jlo*g.kw+t.kvh*hd:], g.kw, 0, dp, l, &ws)
+		for x := 0; x < rows; x++ {
+			hh, r := x/m, x%m
+			i := t.lo + r
+			a, z := g.visible(t.doc, i)
+			li, di := lse[i*g.nh+h0+hh], dd[i*g.nh+h0+hh]
+			row, drow := p[x*l:(x+1)*l], dp[x*l:(x+1)*l]
+			vis, dvis := row[a-jlo:z-jlo], drow[a-jlo:z-jlo]
+			for j := range vis {
+				vis[j] -= li
 			}
-			gemmSerial(false, false, m, hd, l, g.scale, p, l, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, dq[t.lo*g.qw+h*hd:], g.qw, &ws)
+			expVec(vis, vis)
+			for j, pr := range vis {
+				vis[j] = pr * (dvis[j] - di) // dS
+			}
+			clear(row[:a-jlo])
+			clear(row[z-jlo:])
 		}
+		gemmSerial(false, false, rows, hd, l, g.scale, p, l, ks[jlo*g.kw+t.kvh*hd:], g.kw, 0, dqst, hd, &ws)
+		scatter(dq, dqst, t.lo, m, g.qw, h0, gr, hd)
 	})
 	kt := g.tasks(true)
 	b.pool.run(len(kt), func(ti int) {
@@ -428,30 +473,25 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 			}
 			return
 		}
-		// Visible query range of each key row of the block.
-		qa, qz := make([]int, m), make([]int, m)
-		for r := 0; r < m; r++ {
-			qa[r], qz[r] = g.queries(t.doc, t.lo+r)
-		}
-		ptBuf, dptBuf := getScratch(m*l), getScratch(m*l)
-		defer putScratch(ptBuf)
-		defer putScratch(dptBuf)
-		pt, dpt := *ptBuf, *dptBuf
+		var sc scratch
+		defer sc.release()
 		var ws gemmScratch
 		defer ws.release()
-		for h := t.kvh * g.group; h < (t.kvh+1)*g.group; h++ {
-			beta := float32(1)
-			if h == t.kvh*g.group {
-				beta = 0
-			}
-			gemmSerial(false, true, m, l, hd, g.scale, ks[t.lo*g.kw+t.kvh*hd:], g.kw, qs[ilo*g.qw+h*hd:], g.qw, 0, pt, l, &ws)
-			gemmSerial(false, true, m, l, hd, 1, vs[t.lo*g.kw+t.kvh*hd:], g.kw, dos[ilo*g.qw+h*hd:], g.qw, 0, dpt, l, &ws)
-			for r := 0; r < m; r++ {
-				row, drow := pt[r*l:(r+1)*l], dpt[r*l:(r+1)*l]
-				ca, cz := qa[r]-ilo, qz[r]-ilo
-				if cz < ca {
-					cz = ca
-				}
+		cols := gr * l // queries of every head of the group, head-major
+		h0 := t.kvh * gr
+		qst, dost := sc.get(cols*hd), sc.get(cols*hd)
+		pt, dpt := sc.get(m*cols), sc.get(m*cols)
+		gather(qst, qs, ilo, l, g.qw, h0, gr, hd)
+		gather(dost, dos, ilo, l, g.qw, h0, gr, hd)
+		gemmSerial(false, true, m, cols, hd, g.scale, ks[t.lo*g.kw+t.kvh*hd:], g.kw, qst, hd, 0, pt, cols, &ws)
+		gemmSerial(false, true, m, cols, hd, 1, vs[t.lo*g.kw+t.kvh*hd:], g.kw, dost, hd, 0, dpt, cols, &ws)
+		for r := 0; r < m; r++ {
+			qa, qz := g.queries(t.doc, t.lo+r)
+			ca, cz := qa-ilo, max(qz-ilo, qa-ilo)
+			for hh := 0; hh < gr; hh++ {
+				h := h0 + hh
+				row := pt[r*cols+hh*l : r*cols+(hh+1)*l]
+				drow := dpt[r*cols+hh*l : r*cols+(hh+1)*l]
 				vis, dvis := row[ca:cz], drow[ca:cz]
 				for c := range vis {
 					vis[c] -= lse[(ilo+ca+c)*g.nh+h]
@@ -465,8 +505,8 @@ func (g *attnGeom) backward(b *Backend, qs, ks, vs, os, dos, lse, dq, dk, dv []f
 				clear(drow[:ca])
 				clear(drow[cz:])
 			}
-			gemmSerial(false, false, m, hd, l, 1, pt, l, dos[ilo*g.qw+h*hd:], g.qw, beta, dv[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
-			gemmSerial(false, false, m, hd, l, g.scale, dpt, l, qs[ilo*g.qw+h*hd:], g.qw, beta, dk[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
 		}
+		gemmSerial(false, false, m, hd, cols, 1, pt, cols, dost, hd, 0, dv[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
+		gemmSerial(false, false, m, hd, cols, g.scale, dpt, cols, qst, hd, 0, dk[t.lo*g.kw+t.kvh*hd:], g.kw, &ws)
 	})
 }
