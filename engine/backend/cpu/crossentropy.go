@@ -85,7 +85,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		chunk = max(1, ceLogitBudget/max(v, 1))
 	}
 	chunk = min(chunk, max(n, 1))
-	logits := make([]float32, chunk*v)
+	lb := getScratch(chunk * v)
+	defer putScratch(lb)
+	logits := *lb
 	for lo := 0; lo < n; lo += chunk {
 		hi := min(lo+chunk, n)
 		m := hi - lo
