@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -68,6 +69,9 @@ type Options struct {
 	// DialTimeout bounds connecting (default 5 s).
 	DialTimeout time.Duration
 }
+
+// maxResponseBytes bounds a reply (Inspect values and profile traces are the largest).
+const maxResponseBytes = 256 << 20
 
 // Client is a connection to one session. Its methods may be called from any goroutine.
 type Client struct {
@@ -163,7 +167,7 @@ func Dial(target string, o Options) (*Client, error) {
 			return next(ctx, spec)
 		}
 	}
-	c.rpc = halov1connect.NewSessionServiceClient(connect.NewClient(connecthttp.NewTransport(hc, baseURL), auth))
+	c.rpc = halov1connect.NewSessionServiceClient(connect.NewClient(connecthttp.NewTransport(hc, baseURL, connecthttp.WithReadMaxBytes(maxResponseBytes)), auth))
 	return c, nil
 }
 
@@ -186,8 +190,16 @@ func (c *Client) Ping(ctx context.Context) error {
 }
 
 // Load builds a trainer from a config file on the session's machine (method "sft" or
-// "pretrain"; overrides are --key=value strings) and replaces any loaded model.
+// "pretrain"; overrides are --key=value strings) and replaces any loaded model. Over a unix
+// socket a relative configPath is made absolute against this process's directory; paths inside
+// the config are resolved by the session against its own working directory.
 func (c *Client) Load(ctx context.Context, configPath, method string, overrides ...string) (*halov1.LoadResponse, error) {
+	if !strings.HasPrefix(c.target, "tcp://") && configPath != "" {
+		// Same machine: a relative path means the caller's directory, not the session's.
+		if abs, err := filepath.Abs(configPath); err == nil {
+			configPath = abs
+		}
+	}
 	return c.rpc.Load(ctx, &halov1.LoadRequest{ConfigPath: configPath, Method: method, Overrides: overrides})
 }
 

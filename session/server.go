@@ -223,11 +223,20 @@ func (s *Server) Serve(ctx context.Context) error {
 // Shutdown asks Serve to stop (at the next step boundary).
 func (s *Server) Shutdown() { s.closeOnce.Do(func() { close(s.closed) }) }
 
-func (s *Server) startHTTP() {
+// httpHandler is the RPC service as an http.Handler.
+func (s *Server) httpHandler() http.Handler {
 	cs := connect.NewServer(s.recoverInterceptor, s.authInterceptor)
 	halov1connect.RegisterSessionServiceHandler(cs, &handler{s: s})
 	mux := http.NewServeMux()
-	connecthttp.Mount(mux, cs)
+	connecthttp.Mount(mux, cs, connecthttp.WithReadMaxBytes(maxRequestBytes))
+	return mux
+}
+
+// maxRequestBytes bounds a request message (inline configs are the largest).
+const maxRequestBytes = 16 << 20
+
+func (s *Server) startHTTP() {
+	mux := s.httpHandler()
 	protos := new(http.Protocols)
 	protos.SetUnencryptedHTTP2(true)
 	protos.SetHTTP1(true)
