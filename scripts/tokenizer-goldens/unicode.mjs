@@ -78,6 +78,17 @@ import "unicode"
 `;
 src += table("hfLetter", "hfLetter is \\p{L} of Hugging Face tokenizers' regular expressions.", classOf("\\P{L}"));
 src += table("hfNumber", "hfNumber is \\p{N} of Hugging Face tokenizers' regular expressions.", classOf("\\P{N}"));
+// General categories other patterns use (\p{Lu}, \p{P}, \p{S}, ... in GPT-4o and DeepSeek).
+const categories = ["Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "Nd", "Nl", "No", "P", "Pc", "Pd", "Ps", "Pe",
+  "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So", "Z", "Zs", "Zl", "Zp"];
+for (const c of categories) {
+  src += table(`hfCat${c}`, `hfCat${c} is \\p{${c}} of Hugging Face tokenizers' regular expressions.`, classOf(`\\P{${c}}`));
+}
+src += "// hfCategories maps general category names to their tables.\nvar hfCategories = map[string]*unicode.RangeTable{\n";
+const entry = (name, table) => `\t${`"${name}":`.padEnd(6)}${table},\n`; // gofmt's alignment
+src += entry("L", "hfLetter") + entry("N", "hfNumber");
+for (const c of categories) src += entry(c, `hfCat${c}`);
+src += "}\n\n";
 src += table("hfDigit", "hfDigit is \\d of Hugging Face tokenizers' regular expressions.", classOf("\\D"));
 src += table("hfWord", "hfWord is \\w of Hugging Face tokenizers' regular expressions.", classOf("\\W"));
 src += table("hfSpace", "hfSpace is \\s of Hugging Face tokenizers' regular expressions.", classOf("\\S"));

@@ -230,9 +230,10 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 	}
 }
 
-// withHFClasses rewrites \p{L}, \p{N}, \pL, \pN, \d and \w (and their negations outside
-// brackets) as explicit character ranges from Hugging Face's tables, so that the regexp2
-// engine (which uses Go's older Unicode tables) classifies characters as Hugging Face does.
+// withHFClasses rewrites \p{X} and \pX for the general categories of hfCategories, \d and \w
+// (and their negations outside brackets) as explicit character ranges from Hugging Face's
+// tables, so that the regexp2 engine (which uses Go's older Unicode tables) classifies
+// characters as Hugging Face does.
 func withHFClasses(src string) string {
 	var b strings.Builder
 	inClass := false
@@ -309,16 +310,12 @@ func unicodeClassAt(src string, i int) (string, int) {
 
 func hfClassTable(name string) *unicode.RangeTable {
 	switch name {
-	case "L":
-		return hfLetter
-	case "N":
-		return hfNumber
 	case "d":
 		return hfDigit
 	case "w":
 		return hfWord
 	}
-	return nil
+	return hfCategories[name]
 }
 
 func writeRanges(b *strings.Builder, t *unicode.RangeTable) {
