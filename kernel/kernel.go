@@ -1,0 +1,387 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/halo-shell/halo-shell/kernel/internal/wire"
+)
+
+// Config configures a Kernel.
+type Config struct {
+	// Conn says where to listen and how to sign (from the connection file).
+	Conn *ConnectionInfo
+	// Interp runs the cells.
+	Interp Interpreter
+	// Logger receives the kernel's log (default: slog.Default()).
+	Logger *slog.Logger
+	// Banner is shown by front-ends in kernel_info (default: a line naming halo-shell).
+	Banner string
+	// Version is the implementation version in kernel_info (default "dev").
+	Version string
+}
+
+// Kernel serves one Jupyter connection. Create it with New and call Run.
+type Kernel struct {
+	cfg     Config
+	conn    wire.ConnectionInfo
+	signer  *wire.Signer
+	log     *slog.Logger
+	session string // this kernel's session id, in every header it sends
+
+	shell, control, stdin, iopub, hb zmq4.Socket
+
+	iopubMu sync.Mutex // iopub is shared by the shell and control goroutines and by cell output
+
+	handlers map[string]handler
+
+	// Shell state, owned by the shell goroutine.
+	execCount int
+	history   []historyEntry
+
+	runMu     sync.Mutex
+	cancelRun context.CancelFunc // cancels the running cell; nil when none
+
+	stop     context.CancelFunc
+	shutdown chan struct{}
+	once     sync.Once
+}
+
+// New binds the kernel's sockets. Ports given as 0 in cfg.Conn are chosen by the system; Conn
+// returns the connection info with the ports actually bound.
+func New(ctx context.Context, cfg Config) (*Kernel, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("kernel: no connection info")
+	}
+	if cfg.Interp == nil {
+		return nil, errors.New("kernel: no interpreter")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Banner == "" {
+		cfg.Banner = "halo-shell (Go " + runtime.Version() + "): Go cells and % magics against a live engine session"
+	}
+	k := &Kernel{
+		cfg:      cfg,
+		conn:     *cfg.Conn,
+		signer:   wire.NewSigner(cfg.Conn.Key),
+		log:      cfg.Logger,
+		session:  wire.NewID(),
+		shutdown: make(chan struct{}),
+	}
+	k.handlers = k.handlerTable()
+	sctx, stop := context.WithCancel(ctx)
+	k.stop = stop
+	type sock struct {
+		name string
+		s    *zmq4.Socket
+		mk   func(context.Context, ...zmq4.Option) zmq4.Socket
+		port *int
+	}
+	socks := []sock{
+		{"shell", &k.shell, zmq4.NewRouter, &k.conn.ShellPort},
+		{"control", &k.control, zmq4.NewRouter, &k.conn.ControlPort},
+		{"stdin", &k.stdin, zmq4.NewRouter, &k.conn.StdinPort},
+		{"iopub", &k.iopub, zmq4.NewPub, &k.conn.IOPubPort},
+		{"heartbeat", &k.hb, zmq4.NewRep, &k.conn.HBPort},
+	}
+	for _, s := range socks {
+		*s.s = s.mk(sctx, zmq4.WithTimeout(30*time.Second))
+		ep := k.conn.Endpoint(*s.port)
+		if err := (*s.s).Listen(ep); err != nil {
+			k.closeSockets()
+			stop()
+			return nil, fmt.Errorf("kernel: %s socket: listen on %s: %w", s.name, ep, err)
+		}
+		if a, ok := (*s.s).Addr().(*net.TCPAddr); ok && *s.port == 0 {
+			*s.port = a.Port
+		}
+	}
+	return k, nil
+}
+
+// Conn is the connection info with the bound ports.
+func (k *Kernel) Conn() ConnectionInfo { return k.conn }
+
+func (k *Kernel) closeSockets() {
+	for _, s := range []zmq4.Socket{k.shell, k.control, k.stdin, k.iopub, k.hb} {
+		if s != nil {
+			_ = s.Close()
+		}
+	}
+}
+
+// Run serves requests until a shutdown_request arrives or ctx ends, then closes the sockets.
+func (k *Kernel) Run(ctx context.Context) error {
+	defer k.closeSockets()
+	defer k.stop()
+	k.publish(nil, "status", map[string]any{"execution_state": "starting"})
+	shellQ := make(chan *wire.Message, 64)
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { defer wg.Done(); k.heartbeat() }()
+	go func() { defer wg.Done(); k.drain("stdin", k.stdin) }()
+	go func() { defer wg.Done(); k.receive("shell", k.shell, shellQ) }()
+	go func() { defer wg.Done(); k.serveControl() }()
+	done := make(chan struct{})
+	go func() { defer close(done); k.serveShell(shellQ) }()
+	var err error
+	select {
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-k.shutdown:
+		time.Sleep(100 * time.Millisecond) // let iopub deliver the last idle status
+	}
+	k.interruptRun()
+	k.stop()
+	k.closeSockets()
+	<-done
+	wg.Wait()
+	if c, ok := k.cfg.Interp.(interface{ Close() error }); ok {
+		if cerr := c.Close(); cerr != nil {
+			k.log.Warn("kernel: closing the interpreter", "err", cerr)
+		}
+	}
+	return err
+}
+
+// requestShutdown ends Run.
+func (k *Kernel) requestShutdown() {
+	k.once.Do(func() { close(k.shutdown) })
+}
+
+func (k *Kernel) stopping() bool {
+	select {
+	case <-k.shutdown:
+		return true
+	default:
+		return false
+	}
+}
+
+// receive reads one router socket, parses and verifies each message and queues the good ones.
+func (k *Kernel) receive(name string, s zmq4.Socket, q chan<- *wire.Message) {
+	defer close(q)
+	for {
+		raw, err := s.Recv()
+		if err != nil {
+			if !k.stopping() {
+				k.log.Debug("kernel: socket closed", "socket", name, "err", err)
+			}
+			return
+		}
+		m, err := wire.Parse(raw.Frames, k.signer)
+		if err != nil {
+			if errors.Is(err, wire.ErrBadSignature) {
+				k.log.Warn("kernel: dropped a message with a bad signature", "socket", name, "err", err)
+			} else {
+				k.log.Warn("kernel: dropped a malformed message", "socket", name, "frames", len(raw.Frames), "err", err)
+			}
+			continue
+		}
+		q <- m
+	}
+}
+
+func (k *Kernel) drain(name string, s zmq4.Socket) {
+	for {
+		raw, err := s.Recv()
+		if err != nil {
+			return
+		}
+		if m, err := wire.Parse(raw.Frames, k.signer); err == nil {
+			k.log.Debug("kernel: ignored message", "socket", name, "msg_type", m.Header.MsgType)
+		}
+	}
+}
+
+func (k *Kernel) heartbeat() {
+	for {
+		m, err := k.hb.Recv()
+		if err != nil {
+			return
+		}
+		if err := k.hb.Send(m); err != nil {
+			if !k.stopping() {
+				k.log.Warn("kernel: heartbeat reply", "err", err)
+			}
+			return
+		}
+	}
+}
+
+func (k *Kernel) serveShell(q <-chan *wire.Message) {
+	for m := range q {
+		if k.stopping() {
+			return
+		}
+		abort := k.dispatch(k.shell, m)
+		if abort {
+			k.abortQueued(q)
+		}
+	}
+}
+
+// abortQueued answers the execute requests already waiting with status "aborted" (after a cell
+// failed with stop_on_error); other requests are served as usual.
+func (k *Kernel) abortQueued(q <-chan *wire.Message) {
+	for {
+		select {
+		case m, ok := <-q:
+			if !ok {
+				return
+			}
+			if m.Header.MsgType != "execute_request" {
+				k.dispatch(k.shell, m)
+				continue
+			}
+			k.publish(m, "status", map[string]any{"execution_state": "busy"})
+			k.reply(k.shell, m, "execute_reply", map[string]any{"status": "aborted", "execution_count": k.execCount})
+			k.publish(m, "status", map[string]any{"execution_state": "idle"})
+		default:
+			return
+		}
+	}
+}
+
+func (k *Kernel) serveControl() {
+	q := make(chan *wire.Message, 16)
+	go k.receive("control", k.control, q)
+	for m := range q {
+		k.dispatch(k.control, m)
+	}
+}
+
+// dispatch runs the handler of m between busy and idle and sends its reply. It reports whether
+// queued executions must be aborted.
+func (k *Kernel) dispatch(sock zmq4.Socket, m *wire.Message) (abort bool) {
+	t := m.Header.MsgType
+	h, ok := k.handlers[t]
+	k.publish(m, "status", map[string]any{"execution_state": "busy"})
+	var after func()
+	defer func() {
+		k.publish(m, "status", map[string]any{"execution_state": "idle"})
+		if after != nil {
+			after()
+		}
+	}()
+	if !ok {
+		k.log.Warn("kernel: unsupported message type", "msg_type", t)
+		return false
+	}
+	var r result
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				k.log.Error("kernel: handler panicked", "msg_type", t, "panic", p)
+				r = result{content: errorReply(fmt.Errorf("internal error handling %s: %v", t, p))}
+			}
+		}()
+		r = h.fn(m)
+	}()
+	if r.content == nil {
+		return false
+	}
+	k.reply(sock, m, h.reply, r.content)
+	after = r.after
+	return r.abort
+}
+
+// errorReply is the content of a reply for a handler that failed.
+func errorReply(err error) map[string]any {
+	ename, evalue, tb := errorContent(err)
+	return map[string]any{"status": "error", "ename": ename, "evalue": evalue, "traceback": tb}
+}
+
+func (k *Kernel) newMessage(parent *wire.Message, msgType string, content any) (*wire.Message, error) {
+	c, err := json.Marshal(content)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: encoding %s content: %w", msgType, err)
+	}
+	m := &wire.Message{Header: wire.NewHeader(msgType, k.session, "halo-shell"), Content: c}
+	if parent != nil {
+		hb, err := json.Marshal(parent.Header)
+		if err != nil {
+			return nil, err
+		}
+		m.Parent = hb
+	}
+	return m, nil
+}
+
+// reply sends a reply to request m on sock (shell or control).
+func (k *Kernel) reply(sock zmq4.Socket, m *wire.Message, msgType string, content any) {
+	r, err := k.newMessage(m, msgType, content)
+	if err != nil {
+		k.log.Error("kernel: reply", "msg_type", msgType, "err", err)
+		return
+	}
+	r.Identities = m.Identities
+	frames, err := r.Frames(k.signer)
+	if err == nil {
+		err = sock.Send(zmq4.NewMsgFrom(frames...))
+	}
+	if err != nil && !k.stopping() {
+		k.log.Warn("kernel: sending reply", "msg_type", msgType, "err", err)
+	}
+}
+
+// publish sends a message on iopub (parent may be nil). It may be called from any goroutine.
+func (k *Kernel) publish(parent *wire.Message, msgType string, content any) {
+	m, err := k.newMessage(parent, msgType, content)
+	if err != nil {
+		k.log.Error("kernel: publish", "msg_type", msgType, "err", err)
+		return
+	}
+	m.Identities = [][]byte{[]byte("kernel." + k.session + "." + msgType)}
+	frames, err := m.Frames(k.signer)
+	if err != nil {
+		k.log.Error("kernel: publish", "msg_type", msgType, "err", err)
+		return
+	}
+	k.iopubMu.Lock()
+	defer k.iopubMu.Unlock()
+	if err := k.iopub.Send(zmq4.NewMsgFrom(frames...)); err != nil && !k.stopping() {
+		k.log.Warn("kernel: publishing", "msg_type", msgType, "err", err)
+	}
+}
+
+func (k *Kernel) interruptRun() bool {
+	k.runMu.Lock()
+	defer k.runMu.Unlock()
+	if k.cancelRun != nil {
+		k.cancelRun()
+		return true
+	}
+	return false
+}
+
+// WriteConnectionFile writes ci as a connection file (0600), for tests and tools that start a
+// kernel themselves.
+func WriteConnectionFile(path string, ci ConnectionInfo) error {
+	b, err := json.MarshalIndent(ci, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// ConnectionInfo is the content of a Jupyter connection file.
+type ConnectionInfo = wire.ConnectionInfo
+
+// ReadConnectionFile reads and validates a Jupyter connection file.
+func ReadConnectionFile(path string) (*ConnectionInfo, error) { return wire.ReadConnectionFile(path) }
