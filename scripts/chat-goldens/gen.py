@@ -320,6 +320,66 @@ def render_expressions(env):
     print(f"expressions: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
 
 
+def random_programs(n, seed=99):
+    """Random statements that stress scoping: set in loops, ifs and macros, namespaces, loop
+    variables, break and continue."""
+    import random
+
+    rng = random.Random(seed)
+    names = ["a", "b", "c"]
+    vals = ["1", "'x'", "a ~ 'y'", "(b | default(0) | string) ~ '!'", "ns.v ~ 1", "[1, 2]", "loop.index if loop is defined else 0",
+            "i if i is defined else 'noi'", "c | default('dc')"]
+
+    def stmts(depth, in_loop, in_macro):
+        out = []
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            if r < 0.25:
+                out.append("{% set " + rng.choice(names) + " = " + rng.choice(vals) + " %}")
+            elif r < 0.4:
+                out.append("[{{ a | default('-') }},{{ b | default('-') }},{{ c | default('-') }},{{ ns.v }}]")
+            elif r < 0.5:
+                out.append("{% set ns.v = " + rng.choice(vals) + " %}")
+            elif r < 0.65 and depth < 3:
+                it = rng.choice(["[1, 2, 3]", "range(2)", "'ab'", "[]"])
+                cond = rng.choice(["", " if i != 2"])
+                body = stmts(depth + 1, True, in_macro)
+                els = ("{% else %}" + stmts(depth + 1, in_loop, in_macro)) if rng.random() < 0.2 else ""
+                out.append("{% for i in " + it + cond + " %}" + body + els + "{% endfor %}")
+            elif r < 0.78 and depth < 3:
+                cond = rng.choice(["a is defined", "b == 1", "true", "false", "ns.v", "i is defined and i > 1"])
+                out.append("{% if " + cond + " %}" + stmts(depth + 1, in_loop, in_macro) + "{% else %}" + stmts(depth + 1, in_loop, in_macro) + "{% endif %}")
+            elif r < 0.85 and in_loop:
+                out.append(rng.choice(["{% if i == 1 %}{% break %}{% endif %}", "{% if i == 0 %}{% continue %}{% endif %}", "({{ loop.index }}/{{ loop.length }})"]))
+            elif r < 0.92:
+                out.append("{{ m(" + rng.choice(["", "1", "a | default(5)"]) + ") }}")
+            else:
+                out.append("{{ " + rng.choice(vals) + " }}")
+        return "".join(out)
+
+    progs = []
+    for _ in range(n):
+        head = "{% set ns = namespace(v=0) %}{% macro m(p=0) %}<m{{ p }}{{ a | default('') }}{% set a = 'macro' %}{{ a }}>{% endmacro %}"
+        progs.append(head + stmts(0, False, False) + "|{{ a | default('-') }},{{ b | default('-') }},{{ c | default('-') }},{{ ns.v }}")
+    return progs
+
+
+def render_programs(env):
+    out = []
+    for i, src in enumerate(random_programs(500)):
+        entry = {"name": f"program_{i}", "template": src, "vars": {}}
+        try:
+            entry["output"] = env.from_string(src).render()
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    dest = os.path.join(TESTDATA, "golden", "programs.json")
+    with open(dest, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print(f"programs: {len(out)} renders -> {os.path.relpath(dest, ROOT)}")
+
+
 def render_whitespace(env):
     out = []
     for i, src in enumerate(random_whitespace_templates(400)):
@@ -341,6 +401,7 @@ def main():
     render_snippets(make_env())
     render_whitespace(make_env())
     render_expressions(make_env())
+    render_programs(make_env())
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
         render_masks(make_env(), json.load(f))
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:

@@ -301,12 +301,12 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 		}
 		items = kept
 	}
-	if len(items) == 0 {
-		return r.execBody(n.orelse, sc)
-	}
 	items = append([]Value(nil), items...) // the body may not change what is iterated
 	// depth only grows in recursive loops, which are not supported.
 	loop := &loopObj{items: items, depth: 1}
+	// jinja2 runs the else block unless some iteration reached the end of its body (a break
+	// or continue in every iteration leaves it to run), in a scope of its own.
+	completed := false
 	for i, item := range items {
 		if err := r.step(); err != nil {
 			return err
@@ -324,6 +324,12 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 		if err != nil && err != errContinue {
 			return err
 		}
+		if err == nil {
+			completed = true
+		}
+	}
+	if !completed && len(n.orelse) > 0 {
+		return r.execBody(n.orelse, newScope(sc))
 	}
 	return nil
 }
@@ -595,6 +601,9 @@ func contains(container, item Value) (bool, error) {
 		}
 		return false, nil
 	case *Dict:
+		if _, u := item.(*Undefined); u {
+			return false, nil // Undefined is hashable and never a key
+		}
 		if !hashable(item) {
 			return false, errorf("TypeError", "unhashable type: '%s'", typeName(item))
 		}
@@ -958,7 +967,7 @@ func getItem(obj, key Value) (Value, error) {
 	case *Undefined:
 		return nil, undefinedErr(x)
 	case *Dict:
-		if !hashable(key) {
+		if _, u := key.(*Undefined); !u && !hashable(key) {
 			return nil, errorf("TypeError", "unhashable type: '%s'", typeName(key))
 		}
 		if v, ok := x.Get(key); ok {

@@ -77,3 +77,9 @@ func testGoldenSnippets(t *testing.T, file string) {
 func TestExpressionsMatchPythonJinja2(t *testing.T) {
 	testGoldenSnippets(t, "expressions.json")
 }
+
+// TestProgramsMatchPythonJinja2 renders random statement sequences that stress scoping (set
+// in loops, conditionals and macros, namespaces, loop variables, break and continue).
+func TestProgramsMatchPythonJinja2(t *testing.T) {
+	testGoldenSnippets(t, "programs.json")
+}
