@@ -499,4 +499,3 @@ func TestIsCompleteGo(t *testing.T) {
 		}
 	}
 }
-
