@@ -140,7 +140,7 @@ func (t *Trainer) SetLR(lr float64) error {
 
 // LR is the learning rate the next step will use.
 func (t *Trainer) LR() float64 {
-	return t.schedule(t.hyper).At(t.step)
+	return t.schedule(t.hyper).At(min(t.step, t.totalSteps))
 }
 
 // Cursor is the data position of the next micro-batch.
@@ -206,7 +206,7 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 		return fail(fmt.Errorf("train: step %d: loss %v, gradient norm %v are not finite; the update was skipped: lower learning_rate (now %g) or set max_grad_norm", t.step+1, loss, norm, h.LearningRate))
 	}
 	clip := optim.ClipCoef(norm, h.MaxGradNorm)
-	lr := t.schedule(h).At(t.step)
+	lr := t.schedule(h).At(min(t.step, t.totalSteps))
 	t.opt.SetWeightDecay(h.WeightDecay)
 	if err := t.opt.Step(lr, clip); err != nil {
 		// Parameters may be partly updated: the trainer cannot retry this step.

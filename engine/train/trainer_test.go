@@ -441,3 +441,27 @@ func TestChatRecordsNeedAChatTemplate(t *testing.T) {
 		t.Fatalf("pretraining text: %+v, %v", d, err)
 	}
 }
+
+func TestScheduleHoldsItsFinalValuePastTheEnd(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(20))
+	tr := newTrainer(t, tinyConfig(t, path, "--max_steps=4", "--warmup_steps=1", "--lr_scheduler_type=cosine"))
+	var lrs []float64
+	for range 6 {
+		m, err := tr.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		lrs = append(lrs, m.LR)
+	}
+	// HF cosine with 1 warmup step over 4 steps: 0, peak, peak*0.75, peak*0.25, then 0 onwards.
+	want := []float64{0, 3e-3, 3e-3 * 0.75, 3e-3 * 0.25, 0, 0}
+	for i := range want {
+		if math.Abs(lrs[i]-want[i]) > 1e-12 {
+			t.Fatalf("learning rates %v, want %v", lrs, want)
+		}
+	}
+	if !tr.Done() {
+		t.Fatal("not done after the planned steps")
+	}
+}
