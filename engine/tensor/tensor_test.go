@@ -42,7 +42,7 @@ func TestF32ToBF16RoundsToNearestEven(t *testing.T) {
 		{math.Float32frombits(0x3f808001), 0x3f81}, // above tie
 		{float32(math.Inf(-1)), 0xff80},
 		{math.MaxFloat32, 0x7f80}, // rounds up to Inf
-		{-0.0, 0x0000},
+		{float32(math.Copysign(0, -1)), 0x8000},
 	} {
 		if got := F32ToBF16(tc.in); got != tc.want {
 			t.Errorf("F32ToBF16(%v) = %#04x, want %#04x", tc.in, got, tc.want)

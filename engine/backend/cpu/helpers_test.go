@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -153,4 +152,3 @@ func fdGrad(f func(in [][]float64) []float64, inputs [][]float64, g []float64, k
 	return grad
 }
 
-func name(parts ...any) string { return fmt.Sprint(parts...) }

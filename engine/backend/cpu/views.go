@@ -141,9 +141,6 @@ func numel(op, name string, t T, n int, desc string) error {
 	return nil
 }
 
-// matrix returns t seen as [rows, last].
-func matrix(t T) (rows, cols int) { return t.Shape().Rows(), t.Shape().Last() }
-
 // overlapErr reports aliasing the op does not allow.
 func overlapErr(op string, an string, a T, bn string, bt T) error {
 	if !a.IsNil() && !bt.IsNil() && tensor.SameBuffer(a, bt) {
