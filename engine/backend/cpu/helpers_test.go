@@ -151,4 +151,3 @@ func fdGrad(f func(in [][]float64) []float64, inputs [][]float64, g []float64, k
 	}
 	return grad
 }
-
