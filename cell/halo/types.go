@@ -1,0 +1,408 @@
+package halo
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/halo-shell/halo-shell/session"
+)
+
+// Error is the panic value of a failed API call.
+type Error struct {
+	Op  string // the API function, e.g. "halo.Step"
+	Err error
+}
+
+func (e *Error) Error() string { return e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+func fail(op string, err error) {
+	panic(&Error{Op: op, Err: err})
+}
+
+// Bundle is a MIME bundle: representations of one value keyed by MIME type ("text/plain",
+// "image/png", "image/svg+xml", "text/html"). It always holds text/plain.
+type Bundle map[string][]byte
+
+// Displayer is a value with rich representations.
+type Displayer interface {
+	Bundle() Bundle
+}
+
+// StepMetrics are the metrics of one optimizer step.
+type StepMetrics struct {
+	Step       int64
+	Loss       float64
+	GradNorm   float64
+	LR         float64
+	Tokens     int64
+	TokensPerS float64
+	StepTime   float64 // seconds
+	EvalLoss   float64 // NaN when the step did not evaluate
+}
+
+func (m StepMetrics) String() string {
+	s := fmt.Sprintf("step %d  loss %.4f  grad_norm %.3f  lr %.3g  tok/s %.0f  %.3fs", m.Step, m.Loss, m.GradNorm, m.LR, m.TokensPerS, m.StepTime)
+	if !math.IsNaN(m.EvalLoss) {
+		s += fmt.Sprintf("  eval_loss %.4f", m.EvalLoss)
+	}
+	return s
+}
+
+func metricsOf(m *session.StepMetrics) StepMetrics {
+	out := StepMetrics{Step: m.Step, Loss: m.Loss, GradNorm: m.GradNorm, LR: m.Lr, Tokens: m.Tokens,
+		TokensPerS: m.TokensPerS, StepTime: m.StepTimeS, EvalLoss: math.NaN()}
+	if m.EvalLoss != nil {
+		out.EvalLoss = *m.EvalLoss
+	}
+	return out
+}
+
+func metricsList(ms []*session.StepMetrics) []StepMetrics {
+	out := make([]StepMetrics, 0, len(ms))
+	for _, m := range ms {
+		if m != nil {
+			out = append(out, metricsOf(m))
+		}
+	}
+	return out
+}
+
+// Hyperparams are the hyperparameters the next step uses.
+type Hyperparams struct {
+	LearningRate  float64
+	Scheduler     string
+	WeightDecay   float64
+	Beta1, Beta2  float64
+	Epsilon       float64
+	MaxGradNorm   float64
+	GradientAccum int
+}
+
+func (h Hyperparams) String() string {
+	return fmt.Sprintf("lr=%g lr_scheduler_type=%s weight_decay=%g adam_beta1=%g adam_beta2=%g adam_epsilon=%g max_grad_norm=%g gradient_accumulation_steps=%d",
+		h.LearningRate, h.Scheduler, h.WeightDecay, h.Beta1, h.Beta2, h.Epsilon, h.MaxGradNorm, h.GradientAccum)
+}
+
+func hyperOf(h *session.Hyper) Hyperparams {
+	if h == nil {
+		return Hyperparams{}
+	}
+	return Hyperparams{LearningRate: h.LearningRate, Scheduler: h.LrSchedulerType, WeightDecay: h.WeightDecay,
+		Beta1: h.AdamBeta1, Beta2: h.AdamBeta2, Epsilon: h.AdamEpsilon, MaxGradNorm: h.MaxGradNorm,
+		GradientAccum: int(h.GradientAccumulationSteps)}
+}
+
+// SessionStatus describes the attached session.
+type SessionStatus struct {
+	Name       string
+	State      string // empty, idle, running, paused, stopping
+	Step       int64
+	TotalSteps int64
+	Config     string
+	Controller string // client id of the controller; empty when none
+	Clients    int
+	Pid        int64
+	Device     string
+	LastError  string
+	Hyper      Hyperparams
+	Last       *StepMetrics // metrics of the last step, nil before the first
+}
+
+func stateName(s session.State) string {
+	n := strings.ToLower(strings.TrimPrefix(s.String(), "STATE_"))
+	if n == "unspecified" {
+		return "unknown"
+	}
+	return n
+}
+
+func statusOf(st *session.StatusResponse) SessionStatus {
+	out := SessionStatus{Name: st.Name, State: stateName(st.State), Step: st.Step, TotalSteps: st.TotalSteps,
+		Config: st.ConfigSummary, Controller: st.Controller, Clients: len(st.Clients), Pid: st.Pid,
+		Device: st.Device, LastError: st.LastError, Hyper: hyperOf(st.Hyper)}
+	if st.LastMetrics != nil {
+		m := metricsOf(st.LastMetrics)
+		out.Last = &m
+	}
+	return out
+}
+
+func (s SessionStatus) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "session %s (pid %d, %s): %s, step %d/%d, %d client(s)", s.Name, s.Pid, s.Device, s.State, s.Step, s.TotalSteps, s.Clients)
+	if s.Config != "" {
+		fmt.Fprintf(&b, "\n  model: %s", s.Config)
+	}
+	if s.Last != nil {
+		fmt.Fprintf(&b, "\n  last: %s", s.Last)
+	}
+	if s.State != "empty" {
+		fmt.Fprintf(&b, "\n  hyper: %s", s.Hyper)
+	}
+	if s.LastError != "" {
+		fmt.Fprintf(&b, "\n  last error: %s", s.LastError)
+	}
+	return b.String()
+}
+
+// TensorStats are statistics of one parameter, gradient or activation.
+type TensorStats struct {
+	Name   string
+	Kind   string // param, grad or activation
+	Shape  []int
+	Layer  int // -1 when not in a layer
+	Mean   float64
+	Std    float64
+	RMS    float64
+	MaxAbs float64
+	NaN    int64
+	Inf    int64
+}
+
+func statsOf(s *session.TensorStats) TensorStats {
+	shape := make([]int, len(s.Shape))
+	for i, d := range s.Shape {
+		shape[i] = int(d)
+	}
+	return TensorStats{Name: s.Name, Kind: s.Kind, Shape: shape, Layer: int(s.Layer), Mean: s.Mean, Std: s.Std,
+		RMS: s.Rms, MaxAbs: s.MaxAbs, NaN: s.Nan, Inf: s.Inf}
+}
+
+func (s TensorStats) String() string {
+	return fmt.Sprintf("%s %s %v mean %.4g std %.4g rms %.4g max|x| %.4g nan %d inf %d", s.Kind, s.Name, s.Shape, s.Mean, s.Std, s.RMS, s.MaxAbs, s.NaN, s.Inf)
+}
+
+// Tensor is a host copy of one tensor's values (float32, row-major) with its statistics.
+type Tensor struct {
+	TensorStats
+	Step int64 // the step after which it was read
+	Data []float32
+}
+
+// At returns the element at the given indices (one per dimension).
+func (t Tensor) At(idx ...int) float32 {
+	if len(idx) != len(t.Shape) {
+		fail("Tensor.At", fmt.Errorf("tensor %q has %d dimensions, got %d indices", t.Name, len(t.Shape), len(idx)))
+	}
+	off := 0
+	for i, x := range idx {
+		if x < 0 || x >= t.Shape[i] {
+			fail("Tensor.At", fmt.Errorf("tensor %q: index %d of dimension %d is out of range [0,%d)", t.Name, x, i, t.Shape[i]))
+		}
+		off = off*t.Shape[i] + x
+	}
+	return t.Data[off]
+}
+
+func (t Tensor) String() string {
+	const show = 8
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (step %d)\n  [", t.TensorStats, t.Step)
+	for i, v := range t.Data {
+		if i == show {
+			fmt.Fprintf(&b, " ... (%d values)", len(t.Data))
+			break
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatFloat(float64(v), 'g', 5, 32))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
+// StepProfile is where the time of one profiled step went, in seconds. Compute (by op class),
+// Comm (by collective kind) and Host add up to StepTime.
+type StepProfile struct {
+	Step     int64
+	StepTime float64
+	Compute  map[string]float64
+	Comm     map[string]float64
+	Host     float64
+	Ops      int64
+	FLOPs    float64
+	Bytes    float64
+}
+
+// ProfileReport is the result of profiling some steps.
+type ProfileReport struct {
+	Steps []StepProfile
+	Trace []byte // Chrome/Perfetto trace JSON when asked for
+}
+
+// Table is the breakdown as a table: one row per category (compute/op class, comm/kind, host)
+// with mean seconds per step and share of the step time, plus a total row.
+func (p ProfileReport) Table() Table {
+	t := Table{Title: fmt.Sprintf("profile of %d step(s)", len(p.Steps)), Header: []string{"category", "mean s/step", "share"}}
+	if len(p.Steps) == 0 {
+		return t
+	}
+	n := float64(len(p.Steps))
+	sum := map[string]float64{}
+	var step, host float64
+	for _, s := range p.Steps {
+		step += s.StepTime
+		host += s.Host
+		for k, v := range s.Compute {
+			sum["compute/"+k] += v
+		}
+		for k, v := range s.Comm {
+			sum["comm/"+k] += v
+		}
+	}
+	keys := make([]string, 0, len(sum))
+	for k := range sum {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if sum[keys[i]] != sum[keys[j]] {
+			return sum[keys[i]] > sum[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	share := func(v float64) string {
+		if step <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100*v/step)
+	}
+	var parts float64
+	for _, k := range keys {
+		parts += sum[k]
+		t.Rows = append(t.Rows, []string{k, fmt.Sprintf("%.6f", sum[k]/n), share(sum[k])})
+	}
+	parts += host
+	t.Rows = append(t.Rows, []string{"host/idle", fmt.Sprintf("%.6f", host/n), share(host)})
+	t.Rows = append(t.Rows, []string{"sum of parts", fmt.Sprintf("%.6f", parts/n), share(parts)})
+	t.Rows = append(t.Rows, []string{"step time", fmt.Sprintf("%.6f", step/n), share(step)})
+	return t
+}
+
+func (p ProfileReport) String() string { return p.Table().String() }
+
+// Bundle renders the breakdown table as text and HTML.
+func (p ProfileReport) Bundle() Bundle { return p.Table().Bundle() }
+
+func profileOf(r *session.ProfileResponse) ProfileReport {
+	out := ProfileReport{Trace: r.TraceJson}
+	for _, s := range r.Steps {
+		out.Steps = append(out.Steps, StepProfile{Step: s.Step, StepTime: s.StepS, Compute: s.ComputeS, Comm: s.CommS,
+			Host: s.HostS, Ops: s.Ops, FLOPs: s.Flops, Bytes: s.Bytes})
+	}
+	return out
+}
+
+// Table is a small table that displays as aligned text and as HTML.
+type Table struct {
+	Title  string
+	Header []string
+	Rows   [][]string
+}
+
+func (t Table) String() string {
+	widths := make([]int, len(t.Header))
+	grow := func(row []string) {
+		for i, c := range row {
+			if i >= len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], len([]rune(c)))
+		}
+	}
+	grow(t.Header)
+	for _, r := range t.Rows {
+		grow(r)
+	}
+	var b strings.Builder
+	if t.Title != "" {
+		b.WriteString(t.Title + "\n")
+	}
+	line := func(row []string) {
+		for i, c := range row {
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			pad := widths[i] - len([]rune(c))
+			if i > 0 { // numbers align right
+				b.WriteString(strings.Repeat(" ", pad) + c)
+			} else {
+				b.WriteString(c + strings.Repeat(" ", pad))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	if len(t.Header) > 0 {
+		line(t.Header)
+		total := 0
+		for _, w := range widths {
+			total += w
+		}
+		b.WriteString(strings.Repeat("-", total+2*(len(widths)-1)) + "\n")
+	}
+	for _, r := range t.Rows {
+		line(r)
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
+
+// HTML renders the table as an HTML <table>.
+func (t Table) HTML() string {
+	var b strings.Builder
+	b.WriteString("<table>")
+	if t.Title != "" {
+		b.WriteString("<caption>" + html.EscapeString(t.Title) + "</caption>")
+	}
+	if len(t.Header) > 0 {
+		b.WriteString("<thead><tr>")
+		for _, h := range t.Header {
+			b.WriteString("<th>" + html.EscapeString(h) + "</th>")
+		}
+		b.WriteString("</tr></thead>")
+	}
+	b.WriteString("<tbody>")
+	for _, r := range t.Rows {
+		b.WriteString("<tr>")
+		for _, c := range r {
+			b.WriteString("<td>" + html.EscapeString(c) + "</td>")
+		}
+		b.WriteString("</tr>")
+	}
+	b.WriteString("</tbody></table>")
+	return b.String()
+}
+
+// Bundle renders the table as text/plain and text/html.
+func (t Table) Bundle() Bundle {
+	return Bundle{"text/plain": []byte(t.String()), "text/html": []byte(t.HTML())}
+}
+
+// Image is a rendered plot.
+type Image struct {
+	Title string
+	PNG   []byte
+	SVG   []byte
+}
+
+func (im Image) String() string {
+	return fmt.Sprintf("<image %q: %d bytes png, %d bytes svg>", im.Title, len(im.PNG), len(im.SVG))
+}
+
+// Bundle renders the image as image/png and image/svg+xml with a text/plain description.
+func (im Image) Bundle() Bundle {
+	b := Bundle{"text/plain": []byte(im.String())}
+	if len(im.PNG) > 0 {
+		b["image/png"] = im.PNG
+	}
+	if len(im.SVG) > 0 {
+		b["image/svg+xml"] = im.SVG
+	}
+	return b
+}

@@ -1,0 +1,517 @@
+package cell
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"io"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/traefik/yaegi/interp"
+	"github.com/traefik/yaegi/stdlib"
+
+	"github.com/halo-shell/halo-shell/cell/halo"
+	"github.com/halo-shell/halo-shell/cell/internal/hostenv"
+	"github.com/halo-shell/halo-shell/cell/internal/symbols"
+	"github.com/halo-shell/halo-shell/session"
+)
+
+// Bundle is a MIME bundle (MIME type -> bytes); it always holds "text/plain". Images are raw
+// bytes (a Jupyter front-end base64-encodes image/png).
+type Bundle = halo.Bundle
+
+// Result is what one Eval produced.
+type Result struct {
+	Stdout   string   // everything the cell wrote to standard output
+	Stderr   string   // and to standard error
+	Displays []Bundle // halo.Display calls and the results of commands before the last item
+	Value    Bundle   // the value of a trailing expression or last command; nil when none
+}
+
+// ErrorKind says what failed in a cell.
+type ErrorKind string
+
+// Error kinds.
+const (
+	KindCompile     ErrorKind = "compile"     // the cell does not parse or type-check
+	KindPanic       ErrorKind = "panic"       // interpreted code panicked
+	KindAPI         ErrorKind = "api"         // a halo API call or a command failed
+	KindInterrupted ErrorKind = "interrupted" // the context was cancelled
+)
+
+// Error is a failed cell. Message and Trace use cell positions: cell[N]:LINE:COL, where N
+// counts evaluations from 1.
+type Error struct {
+	Kind    ErrorKind
+	Message string
+	Trace   []string // interpreted call frames, innermost first (panics only)
+}
+
+func (e *Error) Error() string {
+	if len(e.Trace) == 0 {
+		return e.Message
+	}
+	return e.Message + "\n" + strings.Join(e.Trace, "\n")
+}
+
+// Dialer attaches to a session by name or address.
+type Dialer func(ctx context.Context, target string) (*session.Client, error)
+
+// Options configure an Interpreter.
+type Options struct {
+	// Session is the session to attach to on first use (default session.DefaultName).
+	Session string
+	// Client, when set, is attached at once (Session names it).
+	Client *session.Client
+	// Dial attaches to a session (used on first use when Client is nil, and by :attach).
+	// Nil means DialOrStart with the client name ClientName.
+	Dial Dialer
+	// ClientName labels this client in the session's status (default "cell").
+	ClientName string
+	// Stdout and Stderr, when set, receive output as the cell produces it (it is captured in
+	// the Result too). OnDisplay receives display bundles as they are produced.
+	Stdout, Stderr io.Writer
+	OnDisplay      func(Bundle)
+	// Background receives output written after an evaluation ended (by goroutines the cell
+	// started); nil discards it.
+	Background io.Writer
+}
+
+// DialOrStart is the default Dialer: it attaches to the named session, starting it in the
+// background when none answers.
+func DialOrStart(clientName string) Dialer {
+	return func(ctx context.Context, target string) (*session.Client, error) {
+		if target == "" {
+			target = session.DefaultName
+		}
+		if strings.Contains(target, "/") || strings.HasPrefix(target, "tcp://") {
+			c, err := session.Dial(target, session.Options{ClientName: clientName})
+			if err != nil {
+				return nil, err
+			}
+			if err := c.Ping(ctx); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		}
+		return session.DialOrStart(ctx, target, session.Options{ClientName: clientName}, session.StartOptions{})
+	}
+}
+
+// Interpreter evaluates Go cells with state kept between evaluations, against the halo API.
+// Eval may be called from any goroutine; evaluations run one at a time. Only one Interpreter
+// per process drives the halo API at a time: the one evaluating.
+type Interpreter struct {
+	mu      sync.Mutex
+	yi      *interp.Interpreter
+	env     *hostenv.Env
+	opt     Options
+	stdout  *switchWriter
+	stderr  *switchWriter
+	cells   int
+	funcs   map[string]funcLoc // where each top-level function was declared
+	names   map[string]bool    // identifiers declared at the top level (for completion)
+	imports map[string]string  // package name -> import path
+}
+
+type funcLoc struct {
+	cell int
+	c    chunk
+}
+
+// New returns an Interpreter with the halo package and fmt imported.
+func New(o Options) (*Interpreter, error) {
+	if o.Session == "" {
+		o.Session = session.DefaultName
+	}
+	if o.ClientName == "" {
+		o.ClientName = "cell"
+	}
+	if o.Dial == nil {
+		o.Dial = DialOrStart(o.ClientName)
+	}
+	if o.Background == nil {
+		o.Background = io.Discard
+	}
+	it := &Interpreter{opt: o, funcs: map[string]funcLoc{}, names: map[string]bool{}, imports: map[string]string{}}
+	it.stdout = &switchWriter{w: o.Background}
+	it.stderr = &switchWriter{w: o.Background}
+	it.yi = interp.New(interp.Options{Stdout: it.stdout, Stderr: it.stderr, Stdin: strings.NewReader("")})
+	if err := it.yi.Use(stdlib.Symbols); err != nil {
+		return nil, fmt.Errorf("cell: loading the standard library symbols: %w", err)
+	}
+	// os.Stdout and os.Stderr of interpreted code are the cell's streams too.
+	var so, se io.Writer = it.stdout, it.stderr
+	if err := it.yi.Use(interp.Exports{"os/os": {"Stdout": reflect.ValueOf(&so).Elem(), "Stderr": reflect.ValueOf(&se).Elem()}}); err != nil {
+		return nil, fmt.Errorf("cell: redirecting os.Stdout and os.Stderr: %w", err)
+	}
+	if err := it.yi.Use(symbols.Symbols); err != nil {
+		return nil, fmt.Errorf("cell: loading the halo symbols: %w", err)
+	}
+	for _, p := range []string{"fmt", haloPath} {
+		if _, err := it.yi.Eval("import " + strconv.Quote(p)); err != nil {
+			return nil, fmt.Errorf("cell: importing %s: %w", p, err)
+		}
+		it.imports[p[strings.LastIndex(p, "/")+1:]] = p
+	}
+	it.env = hostenv.New(hostenv.Dialer(o.Dial), o.Session)
+	if o.Client != nil {
+		it.env.SetClient(o.Client, o.Session)
+	}
+	return it, nil
+}
+
+const haloPath = "github.com/halo-shell/halo-shell/cell/halo"
+
+// Close detaches from the session (which keeps running).
+func (it *Interpreter) Close() error {
+	it.env.Close()
+	return nil
+}
+
+// Session returns the attached session's client, attaching on first use.
+func (it *Interpreter) Session() (*session.Client, error) { return it.env.Client() }
+
+// Attached reports whether a session client is connected, and the session's name or address.
+func (it *Interpreter) Attached() (bool, string) { return it.env.Attached(), it.env.Target() }
+
+// Attach attaches to another session.
+func (it *Interpreter) Attach(ctx context.Context, target string) error {
+	_, err := it.env.Attach(ctx, target)
+	return err
+}
+
+// item is a command line or a run of code in a cell.
+type item struct {
+	cmd    string // the command line, when this is a command
+	chunks []chunk
+}
+
+// Eval evaluates one cell: Go declarations and statements, and lines starting with ':' or '%'
+// as commands (see Commands). It returns what the cell printed and displayed and the value of
+// a trailing expression; on failure the error is an *Error and the Result holds the output
+// produced before it. Cancelling ctx interrupts the cell (not the session).
+func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	it.cells++
+	n := it.cells
+
+	var (
+		res            Result
+		outBuf, errBuf bytes.Buffer
+		dmu            sync.Mutex
+	)
+	filter := &panicFilter{}
+	it.stdout.set(teeWriter(&outBuf, it.opt.Stdout))
+	it.stderr.set(filter.wrap(teeWriter(&errBuf, it.opt.Stderr)))
+	display := func(b map[string][]byte) {
+		dmu.Lock()
+		res.Displays = append(res.Displays, b)
+		dmu.Unlock()
+		if it.opt.OnDisplay != nil {
+			it.opt.OnDisplay(b)
+		}
+	}
+	hostenv.Activate(it.env)
+	it.env.SetEval(ctx, it.stdout, display)
+	defer func() {
+		it.env.SetEval(context.Background(), it.opt.Background, nil)
+		filter.flush()
+		it.stdout.set(it.opt.Background)
+		it.stderr.set(it.opt.Background)
+	}()
+	finish := func(err error) (Result, error) {
+		filter.flush()
+		dmu.Lock()
+		defer dmu.Unlock()
+		res.Stdout, res.Stderr = outBuf.String(), errBuf.String()
+		return res, err
+	}
+
+	items, err := it.parse(src, n)
+	if err != nil {
+		return finish(err)
+	}
+	// Imports first, all of them: the interpreter does not take them between statements.
+	for _, itm := range items {
+		for _, c := range itm.chunks {
+			if c.kind != importChunk {
+				continue
+			}
+			if _, err := it.yi.EvalWithContext(ctx, c.src); err != nil {
+				return finish(it.evalError(ctx, err, c, n, filter))
+			}
+			it.noteImports(c.src)
+		}
+	}
+	for i, itm := range items {
+		last := i == len(items)-1
+		if itm.cmd != "" {
+			b, err := it.runCommand(ctx, itm.cmd)
+			if err != nil {
+				return finish(err)
+			}
+			if b != nil {
+				if last {
+					res.Value = b
+				} else {
+					display(b)
+				}
+			}
+			continue
+		}
+		for j, c := range itm.chunks {
+			if c.kind == importChunk {
+				continue
+			}
+			v, err := it.yi.EvalWithContext(ctx, c.evalSrc())
+			if err != nil {
+				return finish(it.evalError(ctx, err, c, n, filter))
+			}
+			filter.reset()
+			it.noteNames(c)
+			if c.funcName != "" {
+				it.funcs[c.funcName] = funcLoc{cell: n, c: c}
+			}
+			if last && j == len(itm.chunks)-1 && c.expr && v.IsValid() && !printCall(c.src) {
+				res.Value = valueBundle(v) // nil for a call without results
+			}
+		}
+	}
+	return finish(nil)
+}
+
+// parse splits a cell into command lines and code; a line is a command when it starts with
+// ':' or '%' outside any open bracket, string or comment of the code before it.
+func (it *Interpreter) parse(src string, n int) ([]item, error) {
+	var (
+		items []item
+		code  strings.Builder
+		codeStart int // line where the pending code starts (0-based)
+	)
+	flushCode := func() error {
+		text := code.String()
+		code.Reset()
+		if strings.TrimSpace(text) == "" {
+			return nil
+		}
+		chunks, err := splitCell(text)
+		if err != nil {
+			return &Error{Kind: KindCompile, Message: shiftScanError(err.Error(), n, codeStart)}
+		}
+		for i := range chunks {
+			chunks[i].line += codeStart
+		}
+		items = append(items, item{chunks: chunks})
+		return nil
+	}
+	lines := strings.Split(src, "\n")
+	for i, line := range lines {
+		t := strings.TrimSpace(line)
+		if (strings.HasPrefix(t, ":") || strings.HasPrefix(t, "%")) && IsComplete(code.String()) {
+			if err := flushCode(); err != nil {
+				return nil, err
+			}
+			items = append(items, item{cmd: t})
+			codeStart = i + 1
+			continue
+		}
+		if code.Len() == 0 {
+			codeStart = i
+		}
+		code.WriteString(line)
+		code.WriteByte('\n')
+	}
+	if err := flushCode(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+var scanPos = regexp.MustCompile(`(?m)cell:(\d+):(\d+)`)
+
+func shiftScanError(msg string, n, lineOff int) string {
+	return scanPos.ReplaceAllStringFunc(msg, func(m string) string {
+		p := scanPos.FindStringSubmatch(m)
+		l, _ := strconv.Atoi(p[1])
+		return fmt.Sprintf("cell[%d]:%d:%s", n, l+lineOff, p[2])
+	})
+}
+
+// yaegiPos matches positions in the interpreter's messages: "1:28:" or "_.go:1:28:".
+var yaegiPos = regexp.MustCompile(`(?m)(?:^|\b_\.go:)(\d+):(\d+):`)
+
+// cellPos maps a position in the interpreter's wrapped source of chunk c to the cell.
+func cellPos(n int, c chunk, line, col int) string {
+	if line == 1 {
+		col = col - c.wrapPrefix() + c.col - 1
+	}
+	return fmt.Sprintf("cell[%d]:%d:%d", n, c.line+line-1, max(col, 1))
+}
+
+func (it *Interpreter) evalError(ctx context.Context, err error, c chunk, n int, filter *panicFilter) error {
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctx.Err())) {
+		return &Error{Kind: KindInterrupted, Message: "interrupted (the session is not affected)"}
+	}
+	var p interp.Panic
+	if errors.As(err, &p) {
+		e := &Error{Kind: KindPanic, Message: "panic: " + fmt.Sprint(p.Value)}
+		var he *halo.Error
+		if pe, ok := p.Value.(error); ok && errors.As(pe, &he) {
+			e.Kind, e.Message = KindAPI, he.Error()
+		}
+		for _, f := range filter.take() {
+			e.Trace = append(e.Trace, it.frame(f, c, n))
+		}
+		return e
+	}
+	var he *halo.Error
+	if errors.As(err, &he) {
+		return &Error{Kind: KindAPI, Message: he.Error()}
+	}
+	msg := yaegiPos.ReplaceAllStringFunc(err.Error(), func(m string) string {
+		p := yaegiPos.FindStringSubmatch(m)
+		l, _ := strconv.Atoi(p[1])
+		col, _ := strconv.Atoi(p[2])
+		return cellPos(n, c, l, col) + ":"
+	})
+	return &Error{Kind: KindCompile, Message: msg}
+}
+
+// frame maps one "L:C: panic: main.f(...)" line of the interpreter to "at f (cell[N]:L:C)".
+func (it *Interpreter) frame(f panicFrame, c chunk, n int) string {
+	name := strings.TrimPrefix(f.fn, "main.")
+	if f.fn == "" || f.fn == "main" {
+		return "  at " + cellPos(n, c, f.line, f.col)
+	}
+	if loc, ok := it.funcs[name]; ok {
+		return fmt.Sprintf("  at %s (%s)", name, cellPos(loc.cell, loc.c, f.line, f.col))
+	}
+	return fmt.Sprintf("  at %s (line %d:%d of its declaration)", name, f.line, f.col)
+}
+
+// printCall reports whether a trailing expression is a print or write call, whose
+// (count, error) result is not worth showing.
+func printCall(src string) bool {
+	e, err := parser.ParseExpr(src)
+	if err != nil {
+		return false
+	}
+	call, ok := e.(*ast.CallExpr)
+	if !ok {
+		return false
+	}
+	var name string
+	switch f := call.Fun.(type) {
+	case *ast.Ident:
+		name = f.Name
+	case *ast.SelectorExpr:
+		name = f.Sel.Name
+	}
+	for _, p := range []string{"Print", "Fprint", "Write"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// voidType is what the interpreter returns for a statement or a call without results.
+var voidType = reflect.TypeOf((*interface{})(nil))
+
+func valueBundle(v reflect.Value) (b Bundle) {
+	defer func() {
+		if r := recover(); r != nil {
+			b = Bundle{"text/plain": []byte(fmt.Sprintf("<value of type %s: %v>", v.Type(), r))}
+		}
+	}()
+	if v.Type() == voidType {
+		return nil
+	}
+	if !v.CanInterface() {
+		return Bundle{"text/plain": []byte(v.String())}
+	}
+	return halo.BundleOf(v.Interface())
+}
+
+// noteImports records the package names an import chunk brings in.
+func (it *Interpreter) noteImports(src string) {
+	f, err := parser.ParseFile(tokenFset(), "", "package p;"+src, parser.ImportsOnly)
+	if err != nil {
+		return
+	}
+	for _, im := range f.Imports {
+		p, _ := strconv.Unquote(im.Path.Value)
+		name := p[strings.LastIndex(p, "/")+1:]
+		if im.Name != nil {
+			name = im.Name.Name
+		}
+		it.imports[name] = p
+	}
+}
+
+// noteNames records the identifiers a chunk declares at the top level.
+func (it *Interpreter) noteNames(c chunk) {
+	src := "package p;" + c.src
+	if c.kind == stmtChunk {
+		src = "package p; func _() {" + c.src + "\n}"
+	}
+	f, err := parser.ParseFile(tokenFset(), "", src, 0)
+	if err != nil {
+		return
+	}
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil && d.Name.Name != "_" {
+				it.names[d.Name.Name] = true
+				continue
+			}
+			if d.Name.Name != "_" || d.Body == nil {
+				continue
+			}
+			for _, s := range d.Body.List {
+				switch s := s.(type) {
+				case *ast.AssignStmt:
+					for _, l := range s.Lhs {
+						if id, ok := l.(*ast.Ident); ok && id.Name != "_" {
+							it.names[id.Name] = true
+						}
+					}
+				case *ast.DeclStmt:
+					it.noteGenDecl(s.Decl)
+				}
+			}
+		case *ast.GenDecl:
+			it.noteGenDecl(d)
+		}
+	}
+}
+
+func (it *Interpreter) noteGenDecl(d ast.Decl) {
+	g, ok := d.(*ast.GenDecl)
+	if !ok {
+		return
+	}
+	for _, s := range g.Specs {
+		switch s := s.(type) {
+		case *ast.ValueSpec:
+			for _, id := range s.Names {
+				if id.Name != "_" {
+					it.names[id.Name] = true
+				}
+			}
+		case *ast.TypeSpec:
+			it.names[s.Name.Name] = true
+		}
+	}
+}

@@ -1,0 +1,185 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func newInterp(t *testing.T) *Interpreter {
+	t.Helper()
+	it, err := New(Options{Session: "cell-test-none", Dial: nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { it.Close() })
+	return it
+}
+
+func eval(t *testing.T, it *Interpreter, src string) Result {
+	t.Helper()
+	r, err := it.Eval(context.Background(), src)
+	if err != nil {
+		t.Fatalf("Eval(%q): %v", src, err)
+	}
+	return r
+}
+
+func plain(b Bundle) string {
+	if b == nil {
+		return "<none>"
+	}
+	return string(b["text/plain"])
+}
+
+func TestEvalKeepsStateAcrossCells(t *testing.T) {
+	it := newInterp(t)
+	eval(t, it, "x := 40")
+	eval(t, it, "func add(a int) int { return a + x }")
+	eval(t, it, "type pair struct{ A, B int }")
+	r := eval(t, it, "p := pair{add(1), add(2)}\np.A + p.B")
+	if got := plain(r.Value); got != "83" {
+		t.Fatalf("value = %q, want 83", got)
+	}
+	if got := plain(eval(t, it, "x").Value); got != "40" {
+		t.Fatalf("x = %q, want 40", got)
+	}
+}
+
+func TestEvalTrailingExpression(t *testing.T) {
+	it := newInterp(t)
+	for _, tc := range []struct {
+		name, src, want, stdout string
+	}{
+		{"int", "1 + 2", "3", ""},
+		{"string is quoted", `"a" + "b"`, `"ab"`, ""},
+		{"statement has no value", "y := 5", "<none>", ""},
+		{"print call shows output, not its count", `fmt.Println("hi")`, "<none>", "hi\n"},
+		{"last of several statements", "z := 2\nz * 21", "42", ""},
+		{"void call", "func noop() {}\nnoop()", "<none>", ""},
+		{"slice", "[]int{1, 2}", "[1 2]", ""},
+		{"value after command-free code with comment", "// just a comment\n7", "7", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := eval(t, it, tc.src)
+			if got := plain(r.Value); got != tc.want {
+				t.Errorf("value = %q, want %q", got, tc.want)
+			}
+			if r.Stdout != tc.stdout {
+				t.Errorf("stdout = %q, want %q", r.Stdout, tc.stdout)
+			}
+		})
+	}
+}
+
+func TestEvalImportsMixedWithStatements(t *testing.T) {
+	it := newInterp(t)
+	r := eval(t, it, "s := \"go\"\nimport \"strings\"\nimport (\n\t\"math\"\n)\nstrings.ToUpper(s) + fmt.Sprint(math.Sqrt(16))")
+	if got := plain(r.Value); got != `"GO4"` {
+		t.Fatalf("value = %q, want \"GO4\"", got)
+	}
+	// Imports persist.
+	if got := plain(eval(t, it, `strings.Repeat("a", 3)`).Value); got != `"aaa"` {
+		t.Fatalf("value = %q", got)
+	}
+}
+
+func TestEvalDeclarationsAndMethods(t *testing.T) {
+	it := newInterp(t)
+	r := eval(t, it, `type counter struct{ n int }
+func (c *counter) inc() { c.n++ }
+const start = 3
+var c = &counter{n: start}
+c.inc()
+func() { c.inc() }()
+c.n`)
+	if got := plain(r.Value); got != "5" {
+		t.Fatalf("value = %q, want 5", got)
+	}
+}
+
+func TestEvalPanicIsReportedWithInterpretedStack(t *testing.T) {
+	it := newInterp(t)
+	eval(t, it, "func at(a []int, i int) int {\n\treturn a[i]\n}")
+	_, err := it.Eval(context.Background(), "fmt.Println(\"before\")\nat(nil, 3)")
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("err = %v (%T), want *Error", err, err)
+	}
+	if e.Kind != KindPanic || !strings.HasPrefix(e.Message, "panic:") {
+		t.Fatalf("kind %s message %q, want a panic", e.Kind, e.Message)
+	}
+	trace := strings.Join(e.Trace, "\n")
+	if !strings.Contains(trace, "at at (cell[1]:2:") || !strings.Contains(trace, "cell[2]:2:") {
+		t.Fatalf("trace does not name the frames in their cells:\n%s", trace)
+	}
+	// The interpreter goes on, state intact.
+	if got := plain(eval(t, it, "at([]int{7, 8}, 1)").Value); got != "8" {
+		t.Fatalf("after the panic: %q", got)
+	}
+	// A panic the cell recovers itself is no error.
+	r := eval(t, it, "func safe() (s string) {\n\tdefer func() { s = fmt.Sprint(recover()) }()\n\tpanic(\"x\")\n}\nsafe()")
+	if got := plain(r.Value); got != `"x"` {
+		t.Fatalf("recovered: %q", got)
+	}
+}
+
+func TestEvalCompileErrorNamesCellPosition(t *testing.T) {
+	it := newInterp(t)
+	for _, tc := range []struct{ src, want string }{
+		{"a := 1\nfmt.Println(a, undefinedName)", "cell[1]:2:16: undefined: undefinedName"},
+		{"x := (1 +", "cell[2]:"},
+		{"x := \"unterminated", "string literal not terminated"},
+	} {
+		_, err := it.Eval(context.Background(), tc.src)
+		var e *Error
+		if !errors.As(err, &e) || e.Kind != KindCompile {
+			t.Fatalf("Eval(%q) err = %v, want a compile error", tc.src, err)
+		}
+		if !strings.Contains(e.Message, tc.want) {
+			t.Errorf("Eval(%q) = %q, want it to contain %q", tc.src, e.Message, tc.want)
+		}
+	}
+}
+
+func TestEvalInterrupt(t *testing.T) {
+	it := newInterp(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		cancel()
+	}()
+	start := time.Now()
+	_, err := it.Eval(ctx, "n := 0\nfor {\n\tn++\n}")
+	var e *Error
+	if !errors.As(err, &e) || e.Kind != KindInterrupted {
+		t.Fatalf("err = %v, want an interruption", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("interrupt took %s", d)
+	}
+	// The interpreter is usable afterwards and kept the variable.
+	time.Sleep(50 * time.Millisecond)
+	r := eval(t, it, "n > 0")
+	if got := plain(r.Value); got != "true" {
+		t.Fatalf("after interrupt: n > 0 = %q", got)
+	}
+}
+
+func TestEvalCapturesStderrAndDisplays(t *testing.T) {
+	it := newInterp(t)
+	var live []Bundle
+	it.opt.OnDisplay = func(b Bundle) { live = append(live, b) }
+	r := eval(t, it, "import \"os\"\nfmt.Fprintln(os.Stderr, \"warn\")\nhalo.Display(halo.Table{Header: []string{\"k\", \"v\"}, Rows: [][]string{{\"a\", \"1\"}}})\nhalo.Display(3)")
+	if r.Stderr != "warn\n" {
+		t.Errorf("stderr = %q", r.Stderr)
+	}
+	if len(r.Displays) != 2 || len(live) != 2 {
+		t.Fatalf("displays = %d, live %d, want 2", len(r.Displays), len(live))
+	}
+	if !strings.Contains(string(r.Displays[0]["text/html"]), "<td>a</td>") || plain(r.Displays[1]) != "3" {
+		t.Fatalf("displays = %q / %q", r.Displays[0], r.Displays[1])
+	}
+}
