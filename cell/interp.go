@@ -294,8 +294,8 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 // ':' or '%' outside any open bracket, string or comment of the code before it.
 func (it *Interpreter) parse(src string, n int) ([]item, error) {
 	var (
-		items []item
-		code  strings.Builder
+		items     []item
+		code      strings.Builder
 		codeStart int // line where the pending code starts (0-based)
 	)
 	flushCode := func() error {

@@ -69,7 +69,7 @@ func splitCell(src string) ([]chunk, error) {
 		start := cur[0].off
 		text := strings.TrimRight(src[start:end], " \t\r\n;")
 		p := f.Position(f.Pos(start))
-		c := chunk{src: text, line: p.Line, col: p.Column, }
+		c := chunk{src: text, line: p.Line, col: p.Column}
 		toks := make([]token.Token, len(cur))
 		for i, t := range cur {
 			toks[i] = t.t
