@@ -87,6 +87,10 @@ type engine struct {
 	fg       *job // foreground steps (Step, Profile)
 	prof     *profPlan
 	launch   bool // driven by ServeRun: the batch loop owns stepping
+	// captureNext arms activation capture for the next step; acts holds the last capture.
+	captureNext bool
+	acts        []*halov1.TensorStats
+	actsStep    int
 	stopping bool
 
 	mu   sync.Mutex
@@ -233,7 +237,9 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 		e.rec.Enable(true, p.trace)
 		e.rec.BeginStep(e.t.Steps() + 1)
 	}
+	e.beginCapture()
 	m, err := e.t.Step(ctx)
+	e.endCapture(err == nil)
 	var ps *profile.Step
 	if p != nil && e.rec != nil {
 		if err != nil {
@@ -263,6 +269,65 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 	}
 	e.afterStep(pm, ps)
 	return pm, nil
+}
+
+// beginCapture starts capturing activations when a capture is armed.
+func (e *engine) beginCapture() {
+	if e.captureNext && e.rec != nil {
+		e.rec.StartCapture()
+	}
+}
+
+// endCapture keeps the activations captured during a successful step.
+func (e *engine) endCapture(ok bool) {
+	if !e.captureNext || e.rec == nil {
+		return
+	}
+	acts := e.rec.StopCapture()
+	if !ok || len(acts) == 0 {
+		return
+	}
+	e.captureNext = false
+	e.acts = activationStats(acts, e.t.Model.Arch.Layers)
+	e.actsStep = e.t.Steps()
+	e.logEvent(slog.LevelInfo, fmt.Sprintf("captured %d activation statistics in step %d", len(e.acts), e.actsStep))
+}
+
+// activationStats names captured forward outputs by layer: an op that ran a multiple of
+// layers times is spread evenly over the layers (one more run at the end, like the final
+// norm, belongs to no layer); names read "layers.L.OP.J" (J-th OP of layer L) or "OP.J".
+func activationStats(acts []profile.Activation, layers int) []*halov1.TensorStats {
+	count := map[string]int{}
+	for _, a := range acts {
+		count[a.Op]++
+	}
+	seen := map[string]int{}
+	out := make([]*halov1.TensorStats, 0, len(acts))
+	for _, a := range acts {
+		k := seen[a.Op]
+		seen[a.Op]++
+		c := count[a.Op]
+		layer, j := -1, k
+		switch {
+		case layers > 0 && c%layers == 0:
+			per := c / layers
+			layer, j = k/per, k%per
+		case layers > 0 && c > layers && (c-1)%layers == 0 && k < c-1:
+			per := (c - 1) / layers
+			layer, j = k/per, k%per
+		}
+		name := fmt.Sprintf("%s.%d", a.Op, j)
+		if layer >= 0 {
+			name = fmt.Sprintf("layers.%d.%s", layer, name)
+		}
+		st := &halov1.TensorStats{Name: name, Kind: "activation", Layer: int64(layer), Mean: a.Mean, Std: a.Std, Rms: a.RMS,
+			MaxAbs: a.MaxAbs, Nan: a.NaN, Inf: a.Inf}
+		for _, d := range a.Shape {
+			st.Shape = append(st.Shape, int64(d))
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // afterStep publishes a finished step and advances the profile plan.
@@ -668,15 +733,29 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 		return nil, err
 	}
 	if r.Activations {
-		return nil, connect.NewError(connect.CodeUnimplemented, "session: inspect: activation capture is not available yet; parameter and gradient statistics are")
+		if e.rec == nil {
+			return nil, precondition("inspect: the trainer's backend was opened without profiling support, which activation capture needs")
+		}
+		e.captureNext = true
 	}
 	m := e.t.Model
 	kind := r.Kind
 	if kind == "" {
 		kind = "param"
 	}
-	if kind != "param" && kind != "grad" {
-		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: inspect: kind %q: want param or grad", kind)
+	if kind != "param" && kind != "grad" && kind != "activation" {
+		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: inspect: kind %q: want param, grad or activation", kind)
+	}
+	if kind == "activation" && r.Name != "" {
+		for _, a := range e.acts {
+			if a.Name == r.Name {
+				if r.Count != 0 {
+					return nil, connect.NewError(connect.CodeInvalidArgument, "session: inspect: activations keep statistics only, not values")
+				}
+				return &halov1.InspectResponse{Step: int64(e.actsStep), Stats: []*halov1.TensorStats{a}}, nil
+			}
+		}
+		return nil, connect.Errorf(connect.CodeNotFound, "session: inspect: no captured activation %q (capture with activations=true, take a step, then list them with an empty name)", r.Name)
 	}
 	resp := &halov1.InspectResponse{Step: int64(e.t.Steps())}
 	get := func(name, kind string) ([]float32, error) {
@@ -704,6 +783,7 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 				resp.Stats = append(resp.Stats, tensorStats(sp.Name, k, sp.Shape, v))
 			}
 		}
+		resp.Stats = append(resp.Stats, e.acts...)
 		return resp, nil
 	}
 	i := slices.IndexFunc(m.Specs, func(s models.ParamSpec) bool { return s.Name == r.Name })

@@ -458,6 +458,7 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 	userOnStep := ro.OnStep
 	ro.OnStep = func(m train.StepMetrics) {
 		// A step boundary: publish, then serve commands; block here while paused.
+		e.endCapture(true)
 		var ps *profile.Step
 		if e.prof != nil && e.rec != nil {
 			if st, ok := e.rec.EndStep(); ok {
@@ -475,6 +476,7 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 			e.rec.Enable(true, e.prof.trace)
 			e.rec.BeginStep(t.Steps() + 1)
 		}
+		e.beginCapture()
 	}
 	res, err := train.Run(runCtx, t, ro)
 	if e.prof != nil {

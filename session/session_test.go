@@ -786,3 +786,48 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestInspectActivations(t *testing.T) {
+	_, c := loaded(t)
+	ctx := ctxT(t)
+	if _, err := c.Inspect(ctx, &InspectRequest{Activations: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Step(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Inspect(ctx, &InspectRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*TensorStats{}
+	for _, s := range r.Stats {
+		if s.Kind == "activation" {
+			byName[s.Name] = s
+		}
+	}
+	// The tiny model has 2 layers: one attention per layer, and the embedding outside them.
+	for _, want := range []struct {
+		name  string
+		layer int64
+	}{{"layers.0.Attention.0", 0}, {"layers.1.Attention.0", 1}, {"layers.1.SwiGLU.0", 1}, {"Embedding.0", -1}} {
+		s := byName[want.name]
+		if s == nil {
+			t.Fatalf("no activation %s among %d", want.name, len(byName))
+		}
+		if s.Layer != want.layer || s.Rms <= 0 || s.Nan != 0 || len(s.Shape) != 2 {
+			t.Fatalf("%s: %v", want.name, s)
+		}
+	}
+	one, err := c.Inspect(ctx, &InspectRequest{Name: "layers.1.Attention.0", Kind: "activation"})
+	if err != nil || len(one.Stats) != 1 || one.Stats[0].Rms != byName["layers.1.Attention.0"].Rms || one.Step != 1 {
+		t.Fatalf("named activation: %v, %v", one, err)
+	}
+	// The capture was for one step only.
+	if _, err := c.Step(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := c.Inspect(ctx, &InspectRequest{Name: "layers.1.Attention.0", Kind: "activation"}); again.GetStep() != 1 {
+		t.Fatalf("activations re-captured without being asked: step %d", again.GetStep())
+	}
+}

@@ -83,11 +83,27 @@ func (b *Backend) OpTimes() map[string]time.Duration { return b.rec.OpTimes() }
 // ResetOpTimes implements engine/train's OpTimer.
 func (b *Backend) ResetOpTimes() { b.rec.ResetOpTimes() }
 
-func (b *Backend) end(start time.Time, err error, name, class string, bytes, flops int64) error {
-	if err == nil {
-		err = b.in.Sync()
+// end finishes an op that started at start: while recording, it syncs and records the span;
+// while capturing activations, it summarises out (the output of a forward op; zero for others).
+// CrossEntropy, the end of the forward pass, stops the capture.
+func (b *Backend) end(start time.Time, err error, name, class string, bytes, flops int64, out T) error {
+	mode := b.rec.mode.Load()
+	if mode&modeRecord != 0 {
+		if err == nil {
+			err = b.in.Sync()
+		}
+		b.rec.Record(Span{Name: name, Class: class, Dur: time.Since(start), Bytes: bytes, FLOPs: flops}, start)
 	}
-	b.rec.Record(Span{Name: name, Class: class, Dur: time.Since(start), Bytes: bytes, FLOPs: flops}, start)
+	if mode&modeCapture != 0 && err == nil {
+		switch {
+		case class == ClassLoss:
+			b.rec.stopCapture()
+		case !out.IsNil():
+			if v, derr := backend.ToFloat32(b.in, out); derr == nil {
+				b.rec.addActivation(name, class, out.Shape(), v)
+			}
+		}
+	}
 	return err
 }
 
@@ -123,66 +139,66 @@ func (b *Backend) MemStats() backend.MemStats                     { return b.in.
 func (b *Backend) ResetPeak()                                     { b.in.ResetPeak() }
 
 func (b *Backend) Upload(dst T, src []byte) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Upload(dst, src)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Upload(dst, src), "Upload", ClassOther, int64(len(src)), 0)
+	return b.end(s, b.in.Upload(dst, src), "Upload", ClassOther, int64(len(src)), 0, T{})
 }
 
 func (b *Backend) Download(dst []byte, src T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Download(dst, src)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Download(dst, src), "Download", ClassOther, int64(len(dst)), 0)
+	return b.end(s, b.in.Download(dst, src), "Download", ClassOther, int64(len(dst)), 0, T{})
 }
 
 func (b *Backend) Copy(dst, src T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Copy(dst, src)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Copy(dst, src), "Copy", ClassOther, nbytes(dst, src), 0)
+	return b.end(s, b.in.Copy(dst, src), "Copy", ClassOther, nbytes(dst, src), 0, T{})
 }
 
 // ---- Ops ----
 
 func (b *Backend) Fill(t T, v float32) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Fill(t, v)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Fill(t, v), "Fill", ClassOther, nbytes(t), 0)
+	return b.end(s, b.in.Fill(t, v), "Fill", ClassOther, nbytes(t), 0, T{})
 }
 
 func (b *Backend) Add(out, x, y T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Add(out, x, y)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Add(out, x, y), "Add", ClassOther, nbytes(out, x, y), int64(out.Numel()))
+	return b.end(s, b.in.Add(out, x, y), "Add", ClassOther, nbytes(out, x, y), int64(out.Numel()), out)
 }
 
 func (b *Backend) Axpy(y T, alpha float32, x T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Axpy(y, alpha, x)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Axpy(y, alpha, x), "Axpy", ClassOther, nbytes(y, x), 2*int64(y.Numel()))
+	return b.end(s, b.in.Axpy(y, alpha, x), "Axpy", ClassOther, nbytes(y, x), 2*int64(y.Numel()), T{})
 }
 
 func (b *Backend) Scale(t T, alpha float32) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Scale(t, alpha)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Scale(t, alpha), "Scale", ClassOther, nbytes(t), int64(t.Numel()))
+	return b.end(s, b.in.Scale(t, alpha), "Scale", ClassOther, nbytes(t), int64(t.Numel()), T{})
 }
 
 // SumSquares is the gradient-norm reduction: class optimizer.
 func (b *Backend) SumSquares(ts []T) ([]float64, error) {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.SumSquares(ts)
 	}
 	s := time.Now()
@@ -192,27 +208,27 @@ func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 	for _, t := range ts {
 		fl += 2 * int64(t.Numel())
 	}
-	return r, b.end(s, err, "SumSquares", ClassOptimizer, n, fl)
+	return r, b.end(s, err, "SumSquares", ClassOptimizer, n, fl, T{})
 }
 
 func (b *Backend) Embedding(out, weight, ids T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Embedding(out, weight, ids)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Embedding(out, weight, ids), "Embedding", ClassEmbedding, nbytes(out, ids)+out.Bytes(), 0)
+	return b.end(s, b.in.Embedding(out, weight, ids), "Embedding", ClassEmbedding, nbytes(out, ids)+out.Bytes(), 0, out)
 }
 
 func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.EmbeddingBackward(dWeight, dOut, ids)
 	}
 	s := time.Now()
-	return b.end(s, b.in.EmbeddingBackward(dWeight, dOut, ids), "EmbeddingBackward", ClassEmbedding, 2*dOut.Bytes()+ids.Bytes(), int64(dOut.Numel()))
+	return b.end(s, b.in.EmbeddingBackward(dWeight, dOut, ids), "EmbeddingBackward", ClassEmbedding, 2*dOut.Bytes()+ids.Bytes(), int64(dOut.Numel()), T{})
 }
 
 func (b *Backend) GEMM(a backend.GEMMArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.GEMM(a)
 	}
 	s := time.Now()
@@ -220,19 +236,19 @@ func (b *Backend) GEMM(a backend.GEMMArgs) error {
 	if a.TransA {
 		k = dim(a.A, 0)
 	}
-	return b.end(s, b.in.GEMM(a), "GEMM", ClassMatmul, nbytes(a.A, a.B, a.C), 2*dim(a.C, 0)*dim(a.C, 1)*k)
+	return b.end(s, b.in.GEMM(a), "GEMM", ClassMatmul, nbytes(a.A, a.B, a.C), 2*dim(a.C, 0)*dim(a.C, 1)*k, T{})
 }
 
 func (b *Backend) Linear(out, x, w, bias T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Linear(out, x, w, bias)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Linear(out, x, w, bias), "Linear", ClassMatmul, nbytes(out, x, w, bias), 2*dim(x, 0)*dim(w, 0)*dim(w, 1))
+	return b.end(s, b.in.Linear(out, x, w, bias), "Linear", ClassMatmul, nbytes(out, x, w, bias), 2*dim(x, 0)*dim(w, 0)*dim(w, 1), out)
 }
 
 func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.LinearBackward(a)
 	}
 	s := time.Now()
@@ -244,78 +260,78 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 	if !a.DW.IsNil() {
 		fl += 2 * m * o * dim(a.DW, 1)
 	}
-	return b.end(s, b.in.LinearBackward(a), "LinearBackward", ClassMatmul, nbytes(a.DX, a.DW, a.DB, a.DY, a.X, a.W), fl)
+	return b.end(s, b.in.LinearBackward(a), "LinearBackward", ClassMatmul, nbytes(a.DX, a.DW, a.DB, a.DY, a.X, a.W), fl, T{})
 }
 
 func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.RMSNorm(out, rstd, x, w, eps)
 	}
 	s := time.Now()
-	return b.end(s, b.in.RMSNorm(out, rstd, x, w, eps), "RMSNorm", ClassNorm, nbytes(out, rstd, x, w), 4*int64(x.Numel()))
+	return b.end(s, b.in.RMSNorm(out, rstd, x, w, eps), "RMSNorm", ClassNorm, nbytes(out, rstd, x, w), 4*int64(x.Numel()), out)
 }
 
 func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.RMSNormBackward(a)
 	}
 	s := time.Now()
-	return b.end(s, b.in.RMSNormBackward(a), "RMSNormBackward", ClassNorm, nbytes(a.DX, a.DW, a.DY, a.X, a.W, a.RStd), 8*int64(a.X.Numel()))
+	return b.end(s, b.in.RMSNormBackward(a), "RMSNormBackward", ClassNorm, nbytes(a.DX, a.DW, a.DY, a.X, a.W, a.RStd), 8*int64(a.X.Numel()), T{})
 }
 
 func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.RoPE(out, x, a)
 	}
 	s := time.Now()
-	return b.end(s, b.in.RoPE(out, x, a), "RoPE", ClassRoPE, nbytes(out, x, a.Positions), 3*int64(x.Numel()))
+	return b.end(s, b.in.RoPE(out, x, a), "RoPE", ClassRoPE, nbytes(out, x, a.Positions), 3*int64(x.Numel()), out)
 }
 
 func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.RoPEBackward(dX, dY, a)
 	}
 	s := time.Now()
-	return b.end(s, b.in.RoPEBackward(dX, dY, a), "RoPEBackward", ClassRoPE, nbytes(dX, dY, a.Positions), 3*int64(dY.Numel()))
+	return b.end(s, b.in.RoPEBackward(dX, dY, a), "RoPEBackward", ClassRoPE, nbytes(dX, dY, a.Positions), 3*int64(dY.Numel()), T{})
 }
 
 // Attention FLOPs are not counted: they depend on the document lengths, which live on the
 // device.
 func (b *Backend) Attention(a backend.AttentionArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.Attention(a)
 	}
 	s := time.Now()
-	return b.end(s, b.in.Attention(a), "Attention", ClassAttention, nbytes(a.Out, a.LSE, a.Q, a.K, a.V), 0)
+	return b.end(s, b.in.Attention(a), "Attention", ClassAttention, nbytes(a.Out, a.LSE, a.Q, a.K, a.V), 0, a.Out)
 }
 
 func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.AttentionBackward(a)
 	}
 	s := time.Now()
-	return b.end(s, b.in.AttentionBackward(a), "AttentionBackward", ClassAttention, nbytes(a.DQ, a.DK, a.DV, a.DOut, a.Q, a.K, a.V, a.Out, a.LSE), 0)
+	return b.end(s, b.in.AttentionBackward(a), "AttentionBackward", ClassAttention, nbytes(a.DQ, a.DK, a.DV, a.DOut, a.Q, a.K, a.V, a.Out, a.LSE), 0, T{})
 }
 
 func (b *Backend) SwiGLU(out, gate, up T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.SwiGLU(out, gate, up)
 	}
 	s := time.Now()
-	return b.end(s, b.in.SwiGLU(out, gate, up), "SwiGLU", ClassMLPActivation, nbytes(out, gate, up), 5*int64(out.Numel()))
+	return b.end(s, b.in.SwiGLU(out, gate, up), "SwiGLU", ClassMLPActivation, nbytes(out, gate, up), 5*int64(out.Numel()), out)
 }
 
 func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up)
 	}
 	s := time.Now()
-	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", ClassMLPActivation, nbytes(dGate, dUp, dOut, gate, up), 10*int64(dOut.Numel()))
+	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", ClassMLPActivation, nbytes(dGate, dUp, dOut, gate, up), 10*int64(dOut.Numel()), T{})
 }
 
 // CrossEntropy is the fused LM head and loss: class loss (its GEMMs included).
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return b.in.CrossEntropy(a)
 	}
 	s := time.Now()
@@ -327,27 +343,27 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	if !a.DWeight.IsNil() {
 		fl += 2 * n * v * c
 	}
-	return b.end(s, b.in.CrossEntropy(a), "CrossEntropy", ClassLoss, nbytes(a.Hidden, a.Weight, a.Targets, a.Loss, a.LogProb, a.DHidden, a.DWeight), fl)
+	return b.end(s, b.in.CrossEntropy(a), "CrossEntropy", ClassLoss, nbytes(a.Hidden, a.Weight, a.Targets, a.Loss, a.LogProb, a.DHidden, a.DWeight), fl, T{})
 }
 
 // ---- optional capabilities ----
 
 func (b *Backend) adamW(a backend.AdamWArgs) error {
 	st := b.in.(backend.AdamWStepper)
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return st.AdamW(a)
 	}
 	s := time.Now()
-	return b.end(s, st.AdamW(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()))
+	return b.end(s, st.AdamW(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()), T{})
 }
 
 func (b *Backend) addRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
 	f := b.in.(backend.AddRMSNormer)
-	if !b.rec.on.Load() {
+	if b.rec.mode.Load() == 0 {
 		return f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps)
 	}
 	s := time.Now()
-	return b.end(s, f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()))
+	return b.end(s, f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()), out)
 }
 
 // AdamW forwards to the inner backend's fused AdamW.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -88,8 +89,9 @@ const MaxSpans = 1 << 18
 // that runs the step (the device's goroutine); Enable, Enabled and Steps may be called from any
 // goroutine.
 type Recorder struct {
-	on        atomic.Bool
+	mode      atomic.Uint32 // modeRecord | modeCapture; 0 is the fast path
 	keepSpans atomic.Bool
+	acts      []Activation // guarded by mu
 
 	mu      sync.Mutex
 	cur     *Step
@@ -98,21 +100,35 @@ type Recorder struct {
 	opTimes map[string]time.Duration // since ResetOpTimes, for the trainer's per-step split
 }
 
+const (
+	modeRecord  = 1 << iota // record spans
+	modeCapture             // summarise forward outputs
+)
+
 // NewRecorder returns a recorder that is off.
 func NewRecorder() *Recorder { return &Recorder{opTimes: map[string]time.Duration{}} }
 
 // Enable turns recording on or off; keepSpans keeps every span of each step (for Trace).
 func (r *Recorder) Enable(on, keepSpans bool) {
 	r.keepSpans.Store(keepSpans)
-	r.on.Store(on)
+	for {
+		old := r.mode.Load()
+		m := old &^ modeRecord
+		if on {
+			m |= modeRecord
+		}
+		if r.mode.CompareAndSwap(old, m) {
+			return
+		}
+	}
 }
 
 // Enabled reports whether recording is on.
-func (r *Recorder) Enabled() bool { return r.on.Load() }
+func (r *Recorder) Enabled() bool { return r.mode.Load()&modeRecord != 0 }
 
 // BeginStep starts accounting step n (a no-op while off).
 func (r *Recorder) BeginStep(n int) {
-	if !r.on.Load() {
+	if !r.Enabled() {
 		return
 	}
 	r.mu.Lock()
@@ -197,7 +213,7 @@ func (r *Recorder) Record(sp Span, start time.Time) {
 // Collective times fn as a communication span of the given kind while recording is on, and
 // just runs it otherwise. Communicators call it around each collective.
 func (r *Recorder) Collective(kind, group string, bytes int64, fn func() error) error {
-	if !r.on.Load() {
+	if !r.Enabled() {
 		return fn()
 	}
 	start := time.Now()
@@ -304,4 +320,86 @@ func sortedKeys(m map[string]time.Duration) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// Activation summarises the output of one forward op.
+type Activation struct {
+	Seq    int    // order among the captured ops, from 0
+	Op     string // op name, e.g. "Linear", "Attention", "Add"
+	Class  string
+	Shape  []int
+	Mean   float64
+	Std    float64
+	RMS    float64
+	MaxAbs float64
+	NaN    int64
+	Inf    int64
+}
+
+// StartCapture summarises the output of every forward op from now until the loss op (the end
+// of the forward pass) or StopCapture, dropping what an earlier capture kept.
+func (r *Recorder) StartCapture() {
+	r.mu.Lock()
+	r.acts = nil
+	r.mu.Unlock()
+	for {
+		old := r.mode.Load()
+		if r.mode.CompareAndSwap(old, old|modeCapture) {
+			return
+		}
+	}
+}
+
+func (r *Recorder) stopCapture() {
+	for {
+		old := r.mode.Load()
+		if r.mode.CompareAndSwap(old, old&^modeCapture) {
+			return
+		}
+	}
+}
+
+// StopCapture ends a capture and returns the activations it summarised.
+func (r *Recorder) StopCapture() []Activation {
+	r.stopCapture()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.acts
+	r.acts = nil
+	return a
+}
+
+// maxActivations bounds one capture.
+const maxActivations = 1 << 16
+
+func (r *Recorder) addActivation(op, class string, shape []int, v []float32) {
+	a := Activation{Op: op, Class: class, Shape: append([]int(nil), shape...)}
+	var sum, sq float64
+	n := 0
+	for _, x := range v {
+		f := float64(x)
+		switch {
+		case math.IsNaN(f):
+			a.NaN++
+			continue
+		case math.IsInf(f, 0):
+			a.Inf++
+			continue
+		}
+		n++
+		sum += f
+		sq += f * f
+		a.MaxAbs = max(a.MaxAbs, math.Abs(f))
+	}
+	if n > 0 {
+		a.Mean = sum / float64(n)
+		a.RMS = math.Sqrt(sq / float64(n))
+		a.Std = math.Sqrt(max(0, sq/float64(n)-a.Mean*a.Mean))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.acts) < maxActivations {
+		a.Seq = len(r.acts)
+		r.acts = append(r.acts, a)
+	}
 }

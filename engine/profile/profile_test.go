@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -259,5 +261,52 @@ func BenchmarkLinear(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestCaptureActivations(t *testing.T) {
+	rec := NewRecorder()
+	b := Wrap(cpu.New(cpu.Options{Workers: 1}), rec)
+	rec.StartCapture()
+	want := ops(t, b) // Linear, RMSNorm, SwiGLU forward; LinearBackward; SumSquares
+	const v, c = 5, 12
+	h, w := mustF32(t, b, 8, c), mustF32(t, b, v, c)
+	tg, err := backend.FromInt32(b, []int32{0, 1, 2, 3, 4, 0, 1, 2}, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loss, _ := b.Alloc(tensor.F32, 8)
+	if err := b.CrossEntropy(backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss}); err != nil {
+		t.Fatal(err)
+	}
+	// After the loss (the end of the forward pass) nothing more is captured.
+	out, _ := b.Alloc(tensor.F32, 8, v)
+	if err := b.Linear(out, h, w, T{}); err != nil {
+		t.Fatal(err)
+	}
+	acts := rec.StopCapture()
+	var ops []string
+	for i, a := range acts {
+		ops = append(ops, a.Op)
+		if a.Seq != i {
+			t.Fatalf("activation %d has seq %d", i, a.Seq)
+		}
+	}
+	if got := strings.Join(ops, ","); got != "Linear,RMSNorm,SwiGLU" {
+		t.Fatalf("captured %s, want the three forward ops before the loss", got)
+	}
+	sw := acts[2]
+	var sum, sq, mx float64
+	for _, x := range want {
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+		mx = max(mx, math.Abs(float64(x)))
+	}
+	n := float64(len(want))
+	if math.Abs(sw.Mean-sum/n) > 1e-9 || math.Abs(sw.RMS-math.Sqrt(sq/n)) > 1e-9 || sw.MaxAbs != mx || sw.Shape[0] != 8 || sw.Shape[1] != 12 {
+		t.Fatalf("SwiGLU stats %+v, want mean %g rms %g max %g", sw, sum/n, math.Sqrt(sq/n), mx)
+	}
+	if rec.Enabled() || len(rec.StopCapture()) != 0 {
+		t.Fatal("capture left recording on or activations behind")
 	}
 }

@@ -1413,13 +1413,16 @@ func (x *TensorStats) GetInf() int64 {
 type InspectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name selects one tensor (a parameter name, or an activation name from a previous Inspect);
-	// empty lists statistics for every parameter and gradient (and activations when captured).
+	// empty lists statistics for every parameter and gradient, and the last captured activations.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // param (default), grad or activation
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // param (default), grad or activation (statistics only, no values)
 	// offset and count select a slice of the flattened tensor's values; count 0 returns none.
 	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
 	Count  int64 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
-	// activations captures activation statistics during the next step (controller only).
+	// activations arms a capture (controller only): during the next step the output of every
+	// forward op of its first micro-batch is summarised, named "layers.L.OP.J" (the J-th OP of
+	// layer L, e.g. layers.1.Attention.0) or "OP.J" outside the layers; later Inspect calls
+	// return them with kind activation.
 	Activations   bool `protobuf:"varint,5,opt,name=activations,proto3" json:"activations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
