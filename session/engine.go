@@ -78,20 +78,20 @@ type engine struct {
 	done       chan struct{}
 	saveOnStop string
 
-	t        *train.Trainer
-	rec      *profile.Recorder
-	tok      *tokenizer.Tokenizer
-	tokDir   string
-	bg       *job // background run (Run); paused keeps it
-	paused   bool
-	fg       *job // foreground steps (Step, Profile)
-	prof     *profPlan
-	launch   bool // driven by ServeRun: the batch loop owns stepping
+	t      *train.Trainer
+	rec    *profile.Recorder
+	tok    *tokenizer.Tokenizer
+	tokDir string
+	bg     *job // background run (Run); paused keeps it
+	paused bool
+	fg     *job // foreground steps (Step, Profile)
+	prof   *profPlan
+	launch bool // driven by ServeRun: the batch loop owns stepping
 	// captureNext arms activation capture for the next step; acts holds the last capture.
 	captureNext bool
 	acts        []*halov1.TensorStats
 	actsStep    int
-	stopping bool
+	stopping    bool
 
 	mu   sync.Mutex
 	snap snapshot
