@@ -196,7 +196,8 @@ func copyFile(src, dst string) error {
 // hyperparameters and data cursor. The trainer must have been built for the same model shape
 // and the same data plan (max_length, packing, batch size, dataset); anything else is refused
 // with the value that differs. On the CPU, steps after Resume reproduce the uninterrupted run's
-// losses bit for bit.
+// losses bit for bit. When Resume fails after the checks, the trainer may hold part of the
+// checkpoint's state: close it and build a new one.
 func (t *Trainer) Resume(dir string) error {
 	raw, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if err != nil {
@@ -222,8 +223,9 @@ func (t *Trainer) Resume(dir string) error {
 	if err := st.Hyper.validate(); err != nil {
 		return fmt.Errorf("train: resume: %s: %w", dir, err)
 	}
-	if err := loadModelWeights(t.Model, dir); err != nil {
-		return fmt.Errorf("train: resume: %w", err)
+	if oc := t.opt.Config(); st.Hyper.AdamBeta1 != oc.Beta1 || st.Hyper.AdamBeta2 != oc.Beta2 || st.Hyper.AdamEpsilon != oc.Eps {
+		return fmt.Errorf("train: resume: %s was trained with adam_beta1 %v, adam_beta2 %v, adam_epsilon %v; the config says %v, %v, %v: use the checkpoint's values",
+			dir, st.Hyper.AdamBeta1, st.Hyper.AdamBeta2, st.Hyper.AdamEpsilon, oc.Beta1, oc.Beta2, oc.Eps)
 	}
 	f, err := safetensors.Open(filepath.Join(dir, OptimizerFile))
 	if err != nil {
@@ -241,6 +243,9 @@ func (t *Trainer) Resume(dir string) error {
 	}
 	if err := t.opt.Import(st.OptimizerSteps, sts); err != nil {
 		return fmt.Errorf("train: resume: %s: %w", f.Path(), err)
+	}
+	if err := loadModelWeights(t.Model, dir); err != nil {
+		return fmt.Errorf("train: resume: %w", err)
 	}
 	if err := t.loader.Seek(st.Cursor); err != nil {
 		return fmt.Errorf("train: resume: %w", err)

@@ -13,8 +13,9 @@ import (
 	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
-// Hyper are the hyperparameters that may change between steps (SetHyper). The learning rate is
-// the schedule's peak; the schedule's shape (warmup, total) stays.
+// Hyper are the hyperparameters that may change between steps (SetHyper). Each field means what
+// the config key of its JSON name means. The learning rate is the schedule's peak; the
+// schedule's shape (warmup, total) stays. Adam's betas and epsilon are fixed for a run.
 type Hyper struct {
 	LearningRate              float64 `json:"learning_rate"`
 	LRSchedulerType           string  `json:"lr_scheduler_type"`
