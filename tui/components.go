@@ -1,0 +1,214 @@
+package tui
+
+import (
+	"fmt"
+	"image/color"
+	"strings"
+	"time"
+
+	"charm.land/lipgloss/v2"
+	"github.com/guptarohit/asciigraph"
+)
+
+// header is the top line: program, session, state, step, device and this client's role.
+type header struct {
+	Common
+	d *runData
+}
+
+func (h *header) View() string {
+	s, d := h.Styles, h.d
+	word, st := stateWord(d.state), s.StateOther
+	switch {
+	case !d.connected:
+		word = "disconnected"
+	case d.state == stateRunning:
+		st = s.StateRunning
+	case d.state == statePaused:
+		st = s.StatePaused
+	case d.state == stateIdle:
+		st = s.StateIdle
+	}
+	step := fmt.Sprintf("step %d", d.step)
+	if d.total > 0 {
+		step += fmt.Sprintf("/%d", d.total)
+	}
+	role, short := s.Observer.Render("observer, no controller"), s.Observer.Render("observer")
+	switch {
+	case d.isController():
+		role = s.Controller.Render("controller (you)")
+		short = role
+	case d.controller != "":
+		role = s.Observer.Render("observer, controller " + d.controllerName())
+	}
+	app := s.App.Render("halo-shell")
+	name, shortName := "", ""
+	if d.name != "" {
+		name, shortName = s.Label.Render("session ")+s.Value.Render(d.name), s.Value.Render(d.name)
+	}
+	dev := ""
+	if d.device != "" {
+		dev = s.Label.Render(d.device)
+	}
+	state, stepV := st.Render(word), s.Value.Render(step)
+	// The widest variant that fits; later ones drop the least useful parts first.
+	variants := [][]string{
+		{app, name, state, stepV, dev, role},
+		{name, state, stepV, dev, role},
+		{shortName, state, stepV, dev, role},
+		{shortName, state, stepV, role},
+		{shortName, state, stepV, short},
+		{state, stepV, short},
+	}
+	sep := s.Muted.Render(" │ ")
+	var line string
+	for _, v := range variants {
+		var parts []string
+		for _, p := range v {
+			if p != "" {
+				parts = append(parts, p)
+			}
+		}
+		line = strings.Join(parts, sep)
+		if lipgloss.Width(line) <= h.Width {
+			break
+		}
+	}
+	return fitLines(line, h.Width, 1)
+}
+
+// chart is a line chart of one series with a title line.
+type chart struct {
+	Common
+	title  func() string    // the title line (already styled)
+	series func() []float64 // the values to plot, oldest first
+	yfmt   func(float64) string
+	color  color.Color
+}
+
+func (c *chart) View() string {
+	if c.Height <= 0 || c.Width <= 0 {
+		return ""
+	}
+	lines := []string{c.title()}
+	if rows := c.Height - 1; rows > 0 {
+		ys := finite(c.series())
+		if len(ys) == 0 {
+			lines = append(lines, c.Styles.Muted.Render("waiting for the first step"))
+		} else {
+			lines = append(lines, c.plot(ys, rows)...)
+		}
+	}
+	for len(lines) < c.Height {
+		lines = append(lines, "")
+	}
+	return fitLines(strings.Join(lines, "\n"), c.Width, c.Height)
+}
+
+// plot draws ys in rows lines of at most c.Width cells.
+func (c *chart) plot(ys []float64, rows int) []string {
+	if len(ys) == 1 {
+		ys = []float64{ys[0], ys[0]}
+	}
+	// asciigraph draws height+1 rows; the y labels take some of the width, so fit in two passes.
+	w := c.Width - 10
+	var out []string
+	for range 3 {
+		if w < 2 {
+			w = 2
+		}
+		g := asciigraph.Plot(ys, asciigraph.Height(max(rows-1, 0)), asciigraph.Width(w),
+			asciigraph.YAxisValueFormatter(c.yfmt))
+		out = strings.Split(g, "\n")
+		over := 0
+		for _, l := range out {
+			over = max(over, lipgloss.Width(l)-c.Width)
+		}
+		if over <= 0 {
+			break
+		}
+		w -= over
+	}
+	st := lipgloss.NewStyle().Foreground(c.color)
+	for i, l := range out {
+		out[i] = st.Render(l)
+	}
+	if len(out) > rows {
+		out = out[:rows]
+	}
+	return out
+}
+
+// stats are the run's figures: loss, throughput, MFU, step time, gradient norm, lr, tokens.
+type stats struct {
+	Common
+	d         *runData
+	peakFLOPS func() float64 // the device's peak FLOP/s, 0 when unknown
+}
+
+func (s *stats) View() string {
+	st, d := s.Styles, s.d
+	item := func(label, value string) string { return st.Label.Render(label+" ") + st.Value.Render(value) }
+	var items []string
+	if m := d.last; m != nil {
+		items = append(items,
+			item("loss", fmtLoss(m.Loss)),
+			item("tok/s", fmtSI(m.TokensPerS)),
+			item("MFU", s.mfu()),
+			item("step", fmtSeconds(m.StepTimeS)),
+			item("grad norm", trimFloat(m.GradNorm)),
+			item("lr", fmt.Sprintf("%.2e", m.Lr)),
+			item("tokens", fmtSI(float64(m.Tokens))))
+		if m.EvalLoss != nil {
+			items = append(items, item("eval loss", fmtLoss(*m.EvalLoss)))
+		}
+	} else {
+		items = append(items, st.Muted.Render("no step metrics yet"))
+	}
+	if p := d.profile; p != nil && p.stepS > 0 && p.flops > 0 {
+		items = append(items, item("FLOP/s", fmtSI(p.flops/p.stepS)))
+	}
+	return flow(items, st.Muted.Render("  "), s.Width, s.Height)
+}
+
+// mfu is model FLOPs utilisation from the newest profile: the profiled step's FLOPs per second
+// over the device's peak.
+func (s *stats) mfu() string {
+	p := s.d.profile
+	peak := s.peakFLOPS()
+	switch {
+	case p == nil || p.stepS <= 0 || p.flops <= 0:
+		return "– (f to profile)"
+	case peak <= 0:
+		return "– (peak unknown)"
+	}
+	return fmt.Sprintf("%.1f%%", 100*p.flops/p.stepS/peak)
+}
+
+// logs is the tail of the session's log.
+type logs struct {
+	Common
+	d   *runData
+	loc *time.Location
+}
+
+func (l *logs) View() string {
+	if l.Height <= 0 {
+		return ""
+	}
+	st := l.Styles
+	lines := []string{st.Title.Render("log")}
+	n := l.Height - 1
+	from := max(len(l.d.logs)-n, 0)
+	for _, e := range l.d.logs[from:] {
+		ls := st.LogInfo
+		switch e.level {
+		case "warn", "warning":
+			ls = st.LogWarn
+		case "error":
+			ls = st.LogError
+		}
+		lines = append(lines, st.LogTime.Render(e.at.In(l.loc).Format("15:04:05"))+" "+ls.Render(e.text))
+	}
+	return fitLines(strings.Join(lines, "\n"), l.Width, l.Height)
+}

@@ -1,0 +1,277 @@
+package tui
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+	"github.com/charmbracelet/x/exp/golden"
+	"github.com/charmbracelet/x/exp/teatest/v2"
+
+	"github.com/halo-shell/halo-shell/session"
+	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
+)
+
+// probeMsg asks the program for its current screen (plain text); probed answers it inside the
+// program's goroutine, so tests read the model without racing it.
+type probeMsg struct{ reply chan string }
+
+type probed struct{ *Model }
+
+func (p probed) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	if pm, ok := msg.(probeMsg); ok {
+		pm.reply <- ansi.Strip(p.render())
+		return p, nil
+	}
+	_, cmd := p.Model.Update(msg)
+	return p, cmd
+}
+
+// harness runs a Model over a fakeSession in a teatest program.
+type harness struct {
+	t  *testing.T
+	f  *fakeSession
+	tm *teatest.TestModel
+	m  *Model
+}
+
+func newHarness(t *testing.T, f *fakeSession, w, h int) *harness {
+	t.Helper()
+	m := New(f, Options{Location: time.UTC})
+	tm := teatest.NewTestModel(t, probed{m}, teatest.WithInitialTermSize(w, h))
+	t.Cleanup(func() { _ = tm.Quit() })
+	return &harness{t: t, f: f, tm: tm, m: m}
+}
+
+// feed delivers events through the session channel and returns once the model has applied
+// them all: the pump asks for event i+1 only after Update has applied event i, so a taken
+// no-op event after the script proves the script is in.
+func (h *harness) feed(evs ...*session.Event) {
+	h.t.Helper()
+	for _, ev := range append(evs, &session.Event{}) {
+		select {
+		case h.f.events <- ev:
+		case <-time.After(5 * time.Second):
+			h.t.Fatalf("the model stopped reading events (at seq %d)", ev.Seq)
+		}
+	}
+}
+
+// screen is the model's current screen as plain text.
+func (h *harness) screen() string {
+	h.t.Helper()
+	reply := make(chan string, 1)
+	h.tm.Send(probeMsg{reply})
+	select {
+	case s := <-reply:
+		return s
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("the program does not answer")
+		return ""
+	}
+}
+
+// waitScreen waits until the screen satisfies ok and returns it.
+func (h *harness) waitScreen(what string, ok func(string) bool) string {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := h.screen()
+		if ok(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("screen never showed %s; last screen:\n%s", what, s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func contains(subs ...string) func(string) bool {
+	return func(s string) bool {
+		for _, x := range subs {
+			if !strings.Contains(s, x) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// checkFits fails when the screen is larger than w x h.
+func checkFits(t *testing.T, s string, w, h int) {
+	t.Helper()
+	lines := strings.Split(s, "\n")
+	if len(lines) > h {
+		t.Errorf("%d lines on a %dx%d screen", len(lines), w, h)
+	}
+	for i, l := range lines {
+		if n := ansi.StringWidth(l); n > w {
+			t.Errorf("line %d is %d cells wide on a %dx%d screen: %q", i, n, w, h, l)
+		}
+	}
+}
+
+func TestGoldenScreens(t *testing.T) {
+	for _, size := range []struct{ w, h int }{{80, 24}, {120, 40}, {50, 20}} {
+		t.Run(fmt.Sprintf("%dx%d", size.w, size.h), func(t *testing.T) {
+			h := newHarness(t, newFake(statusAfterScript()), size.w, size.h)
+			h.feed(script()...)
+			s := h.waitScreen("step 20 and its status", contains("step 20/1000", "observer"))
+			checkFits(t, s, size.w, size.h)
+			golden.RequireEqual(t, s)
+		})
+	}
+}
+
+func TestScreenShowsTheRun(t *testing.T) {
+	h := newHarness(t, newFake(statusAfterScript()), 120, 40)
+	h.feed(script()...)
+	s := h.waitScreen("the run", contains("step 20/1000"))
+	last := metricsAt(20)
+	for _, want := range []string{
+		"session default", "running", "cpu", // header
+		"loss " + fmtLoss(last.Loss) + " at step 20",    // loss chart title
+		"learning rate " + fmt.Sprintf("%.3e", last.Lr), // lr chart title
+		"tok/s " + fmtSI(last.TokensPerS),               // stats
+		"MFU – (peak unknown)",                          // a profile on a device of unknown peak
+		"FLOP/s " + fmtSI(1.2e9/0.060),
+		"step time 60.0 ms step 20: compute 75%  comm 15%  idle 10%", // breakdown title
+		"matmul 45%", "a2a dispatch 7%", "a2a combine 5%", "all-reduce 3%", "idle/host 10%", // legend
+		"gradient norm 9.1 clipped to 1.0", // log tail
+		"12:00:02 running to step 1000",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("screen lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+// TestKeys checks that each key makes the right call for the session's state and shows its
+// outcome.
+func TestKeys(t *testing.T) {
+	stateEv := func(s session.State) *session.Event {
+		return &session.Event{UnixMs: at(30), Kind: &halov1.Event_State{State: &halov1.StateEvent{State: s, Step: 20, Reason: "scripted"}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		state  session.State
+		key    string
+		refuse error
+		calls  []string
+		screen []string
+	}{
+		{name: "p pauses a run", state: session.StateRunning, key: "p", calls: []string{"pause"},
+			screen: []string{"paused after step 20", "│ paused │", "controller (you)"}},
+		{name: "p resumes a paused run", state: session.StatePaused, key: "p", calls: []string{"resume"},
+			screen: []string{"resumed", "│ running │"}},
+		{name: "p starts a run when idle", state: session.StateIdle, key: "p", calls: []string{"run"},
+			screen: []string{"running to step 1000"}},
+		{name: "p with no model says so", state: session.StateEmpty, key: "p", calls: nil,
+			screen: []string{"no model is loaded"}},
+		{name: "s steps once", state: session.StateIdle, key: "s", calls: []string{"step"},
+			screen: []string{"stepped to 21: loss " + fmtLoss(metricsAt(21).Loss), "loss " + fmtLoss(metricsAt(21).Loss) + " at step 21"}},
+		{name: "t takes control", state: session.StateRunning, key: "t", calls: []string{"take-over"},
+			screen: []string{"this client now controls the session", "controller (you)"}},
+		{name: "a refused call names the controller", state: session.StateRunning, key: "p",
+			refuse: errors.New(`failed_precondition: session "default" is controlled by client repl-client (repl); observe, or take over with --take-over`),
+			calls:  []string{"pause"}, screen: []string{`pause failed: session "default" is controlled by client repl-client`, "observer, controller repl"}},
+		{name: "? shows the full help", state: session.StateRunning, key: "?", calls: nil,
+			screen: []string{"pause/resume", "take control", "detach"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := statusAfterScript()
+			st.State = tc.state
+			f := newFake(st)
+			f.refuse = tc.refuse
+			h := newHarness(t, f, 120, 40)
+			h.feed(append(script(), stateEv(tc.state))...)
+			h.waitScreen("the state", contains("│ "+stateWord(tc.state)+" │"))
+			h.tm.Type(tc.key)
+			s := h.waitScreen(strings.Join(tc.screen, ", "), contains(tc.screen...))
+			if got := f.Calls(); !slices.Equal(got, tc.calls) {
+				t.Errorf("calls %q, want %q; screen:\n%s", got, tc.calls, s)
+			}
+		})
+	}
+}
+
+func TestProfileKeyShowsTheBreakdown(t *testing.T) {
+	f := newFake(statusAfterScript())
+	f.profile = &session.ProfileResponse{Steps: []*session.StepProfile{stepProfile(21), stepProfile(22), stepProfile(23)}}
+	f.profile.Steps[2].CommS = map[string]float64{"all_gather": 0.009} // a different collective in one step
+	h := newHarness(t, f, 120, 40)
+	h.feed(script()...)
+	h.waitScreen("step 20", contains("step 20/1000"))
+	h.tm.Type("f")
+	s := h.waitScreen("the profile's result", contains("profiled steps 21-23 (mean): 60.0 ms per step; the parts add up to 100.0% of it"))
+	for _, want := range []string{"step time 60.0 ms steps 21-23 (mean)", "all-gather 5%", "a2a dispatch 4%"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("screen lacks %q:\n%s", want, s)
+		}
+	}
+	if got := f.Calls(); !slices.Equal(got, []string{"profile"}) {
+		t.Errorf("calls %q, want [profile]", got)
+	}
+}
+
+// TestDetach checks that q ends the program, gives control back when it held it, and never
+// pauses or stops the session.
+func TestDetach(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		controller bool
+		calls      []string
+	}{
+		{"observer", false, nil},
+		{"controller", true, []string{"take-over", "release"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(statusAfterScript())
+			h := newHarness(t, f, 80, 24)
+			h.feed(script()...)
+			h.waitScreen("step 20", contains("step 20/1000"))
+			if tc.controller {
+				h.tm.Type("t")
+				h.waitScreen("control", contains("controller (you)"))
+			}
+			h.tm.Type("q")
+			h.tm.WaitFinished(t, teatest.WithFinalTimeout(5*time.Second))
+			if got := f.Calls(); !slices.Equal(got, tc.calls) {
+				t.Errorf("calls %q, want %q", got, tc.calls)
+			}
+		})
+	}
+}
+
+// TestResize checks that the layout follows the terminal's size, down to tiny ones.
+func TestResize(t *testing.T) {
+	h := newHarness(t, newFake(statusAfterScript()), 80, 24)
+	h.feed(script()...)
+	h.waitScreen("step 20", contains("step 20/1000"))
+	for _, sz := range []struct {
+		w, h int
+		want []string // what must still show
+	}{
+		{120, 40, []string{"learning rate", "log", "idle/host"}},
+		{80, 24, []string{"learning rate", "log"}},
+		{59, 30, []string{"loss", "learning rate"}}, // charts stacked
+		{40, 12, []string{"step 20/1000"}},
+		{20, 5, []string{"running"}},
+		{100, 30, []string{"learning rate", "log"}},
+	} {
+		h.tm.Send(tea.WindowSizeMsg{Width: sz.w, Height: sz.h})
+		s := h.screen()
+		checkFits(t, s, sz.w, sz.h)
+		for _, w := range sz.want {
+			if !strings.Contains(s, w) {
+				t.Errorf("%dx%d: screen lacks %q:\n%s", sz.w, sz.h, w, s)
+			}
+		}
+	}
+}
