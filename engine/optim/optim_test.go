@@ -453,3 +453,27 @@ func TestStateIsOneAllocationPerKind(t *testing.T) {
 		t.Fatal("NoDecayByShape: 1-D parameters are excluded, matrices are not")
 	}
 }
+
+func TestAdamWBF16StateIsFourBytesPerParameter(t *testing.T) {
+	// bf16 weights (2 bytes, the model's own) + bf16 exp_avg and exp_avg_sq (4 bytes): 6 bytes
+	// per parameter, no fp32 master.
+	b := newCPU(t)
+	w := upload(t, b, make([]float32, 1000), tensor.BF16)
+	g := upload(t, b, make([]float32, 1000), tensor.BF16)
+	before := b.MemStats().Allocated
+	o, err := NewAdamW(b, []Param{{Name: "w", Value: w, Grad: g}}, Config{Mode: BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Free()
+	if got := b.MemStats().Allocated - before; got != 4*1000 {
+		t.Fatalf("adamw-bf16 state: %d bytes for 1000 parameters, want 4000", got)
+	}
+	_, st, err := o.Export()
+	must(t, err)
+	for _, s := range st {
+		if s.DType != tensor.BF16 || strings.HasSuffix(s.Name, ".master") {
+			t.Fatalf("state tensor %s is %s", s.Name, s.DType)
+		}
+	}
+}
