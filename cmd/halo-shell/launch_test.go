@@ -9,13 +9,13 @@ import (
 	"testing"
 )
 
-// runRoot runs the halo-shell command with args and returns its stdout.
+// runLaunch runs the halo-shell command with args and returns its stdout.
 func runLaunch(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	rootCmd.SetOut(&out)
 	rootCmd.SetArgs(args)
-	defer rootCmd.SetArgs(nil)
+	defer func() { rootCmd.SetArgs(nil); rootCmd.SetOut(nil) }()
 	err := rootCmd.Execute()
 	return out.String(), err
 }
