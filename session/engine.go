@@ -395,7 +395,9 @@ func (e *engine) shutdown() {
 	if e.prof != nil {
 		e.prof.waiter.reply(nil, errStopped)
 	}
-	if e.t != nil && e.saveOnStop != "" {
+	if e.t != nil && e.saveOnStop != "" && e.t.Steps() == 0 {
+		e.logEvent(slog.LevelInfo, "no step taken: nothing saved on stop")
+	} else if e.t != nil && e.saveOnStop != "" {
 		if err := e.t.Save(e.saveOnStop); err != nil {
 			e.logEvent(slog.LevelError, fmt.Sprintf("saving on stop to %s failed: %v", e.saveOnStop, err))
 		} else {

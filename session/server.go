@@ -364,10 +364,10 @@ func (s *Server) seen(id, name string) {
 	}
 }
 
-// pruneLocked forgets clients idle for ten minutes without an open stream.
+// pruneLocked forgets clients idle for two minutes without an open stream.
 func (s *Server) pruneLocked(now time.Time) {
 	for id, c := range s.clients {
-		if c.streams == 0 && now.Sub(c.lastSeen) > 10*time.Minute && id != s.controller {
+		if c.streams == 0 && now.Sub(c.lastSeen) > 2*time.Minute && id != s.controller {
 			delete(s.clients, id)
 		}
 	}

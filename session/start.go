@@ -19,6 +19,8 @@ type StartOptions struct {
 	// ConfigPath, if set, is loaded at start (method Method, default sft).
 	ConfigPath string
 	Method     string
+	// Overrides are --key=value changes to the config.
+	Overrides []string
 	// Listen is an extra "tcp://HOST:PORT" address to serve (bearer token required).
 	Listen string
 	// SaveOnStop is a directory where SIGTERM saves a checkpoint before exiting.
@@ -47,6 +49,9 @@ func (o *StartOptions) args() []string {
 	}
 	if o.Method != "" {
 		a = append(a, "--method", o.Method)
+	}
+	for _, ov := range o.Overrides {
+		a = append(a, "--set", ov)
 	}
 	if o.Listen != "" {
 		a = append(a, "--listen", o.Listen)
@@ -85,10 +90,16 @@ func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 	if err != nil {
 		return StartResult{}, err
 	}
+	if o.ConfigPath != "" {
+		// The session keeps this process's working directory, but make the config path plain.
+		if abs, err := filepath.Abs(o.ConfigPath); err == nil {
+			o.ConfigPath = abs
+		}
+	}
 	if _, err := ensureRuntimeDir(); err != nil {
 		return StartResult{}, err
 	}
-	if c, err := Dial(p.Socket, Options{}); err == nil {
+	if c, err := Dial(p.Socket, Options{ClientName: "session-start"}); err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		perr := c.Ping(pctx)
 		cancel()
@@ -130,7 +141,7 @@ func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 			return res, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		if c, err := Dial(p.Socket, Options{}); err == nil {
+		if c, err := Dial(p.Socket, Options{ClientName: "session-start"}); err == nil {
 			pctx, cancel := context.WithTimeout(ctx, time.Second)
 			perr := c.Ping(pctx)
 			cancel()

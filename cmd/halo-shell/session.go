@@ -48,8 +48,12 @@ saving a checkpoint first when --save-on-stop is set.`,
 					return err
 				}
 			}
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("session start: cannot find this program to re-execute: %w", err)
+			}
 			res, err := session.Start(cmd.Context(), session.StartOptions{Name: name, ConfigPath: config, Method: method,
-				Listen: listen, SaveOnStop: saveOnStop})
+				Listen: listen, SaveOnStop: saveOnStop, Overrides: overrides, Command: []string{exe}})
 			if err != nil {
 				return err
 			}
