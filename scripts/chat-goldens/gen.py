@@ -406,7 +406,10 @@ def main():
         render_masks(make_env(), json.load(f))
     with open(os.path.join(TESTDATA, "cases.json"), encoding="utf-8") as f:
         cases = json.load(f)
-    dirs = {name: os.path.join(TESTDATA, "templates", name) for name in ["qwen3", "deepseek_v3", "chatml_tools", "stress"]}
+    dirs = {
+        name: os.path.join(TESTDATA, "templates", name)
+        for name in ["qwen3", "deepseek_v3", "chatml_tools", "stress", "gpt_oss", "qwen3_5", "ministral3", "deepseek_v4", "glm5"]
+    }
     dirs["llama3"] = os.path.join(ROOT, ".cache", "testdata", "llama3")
     env = make_env()
     for name, path in sorted(dirs.items()):

@@ -78,7 +78,7 @@ func caseOptions(c goldenCase, agp bool) Options {
 // compares with the text Python jinja2 produced (or the error it raised).
 func TestRenderMatchesPythonJinja2(t *testing.T) {
 	cases := loadCases(t)
-	for _, name := range []string{"qwen3", "llama3", "deepseek_v3", "chatml_tools", "stress"} {
+	for _, name := range []string{"qwen3", "llama3", "deepseek_v3", "chatml_tools", "stress", "gpt_oss", "qwen3_5", "ministral3", "deepseek_v4", "glm5"} {
 		t.Run(name, func(t *testing.T) {
 			dir := templateDir(t, name)
 			tmpl, err := Load(dir)

@@ -32,7 +32,7 @@ type Span struct {
 // eos_token is added to them. A span includes its marker: the model must learn to stop.
 var StopStrings = []string{
 	"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-	"<|end_of_text|>", "</s>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>",
+	"<|end_of_text|>", "</s>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>", "<|user|>", "<|observation|>",
 }
 
 // MaskError is a conversation whose assistant output cannot be located with confidence.
@@ -226,21 +226,41 @@ func (t *Template) locate(msgs []Message, k int, opts Options, full string, pos 
 	case strings.HasPrefix(rest, body):
 		end = start + len(body)
 	case stopAt >= 0:
-		marker := completion[stopAt : stopAt+stopLen]
-		i := strings.Index(rest, marker)
-		if i < 0 || !strings.HasSuffix(body, rest[:i+len(marker)]) {
-			return fail("the turn in the full conversation (%q) is neither the turn rendered last (%q) nor a suffix of it", clip(rest, i+len(marker)), body)
+		// the turn in R ends at its first end-of-turn marker, which may differ from the last
+		// turn's (gpt-oss ends past turns with <|end|>, the last with <|return|>)
+		i, n := firstStop(rest, stops)
+		if i < 0 || !strings.HasSuffix(body[:stopAt], rest[:i]) {
+			shown := rest
+			if i >= 0 {
+				shown = rest[:i+n]
+			}
+			return fail("the turn in the full conversation (%q) is neither the turn rendered last (%q) nor a suffix of it", clip(shown, 200), body)
 		}
-		end = start + i + len(marker)
+		end = start + i + n
 	default:
+		// no marker: the longest suffix of the completion that R continues with (the
+		// template dropped a leading part such as reasoning), else their common prefix
 		n := 0
-		for n < len(rest) && n < len(body) && rest[n] == body[n] {
-			n++
+		for i := 1; i < len(body); i++ {
+			if body[i] == rest[0] && strings.HasPrefix(rest, body[i:]) {
+				n = len(body) - i
+				break
+			}
+		}
+		if p := commonPrefix(body, rest); p > n {
+			n = p
 		}
 		if n == 0 {
 			return fail("the turn has no end-of-turn marker and the full conversation does not continue with it (%q)", clip(body, 60))
 		}
 		end = start + n
+	}
+	if stopAt < 0 {
+		// a turn without a marker of its own ends where the model emits the next stop string
+		// (GLM ends a turn by producing <|user|> or <|observation|>)
+		if i, m := firstStop(full[end:], stops); i == 0 {
+			end += m
+		}
 	}
 
 	// 4. evidence

@@ -169,3 +169,53 @@ func TestAssistantSpansRefuse(t *testing.T) {
 		})
 	}
 }
+
+// TestAssistantSpansOtherTemplates pins the spans found in templates with other turn
+// structures: gpt-oss (past turns end with <|end|>, the last with <|return|>), GLM-5 (no
+// end-of-turn marker: a turn ends with the next <|user|>; past turns lose their reasoning),
+// Qwen3.5 (the generation prompt opens the think block), Ministral 3 (tool calls) and
+// DeepSeek-V4.
+func TestAssistantSpansOtherTemplates(t *testing.T) {
+	cases := loadCases(t)
+	tests := []struct {
+		tmpl, conv string
+		want       []string
+	}{
+		{"gpt_oss", "multi_turn", []string{
+			"<|channel|>final<|message|>Why did the cat sit on the computer? To keep an eye on the mouse.<|end|>",
+			"<|channel|>final<|message|>What do you call a pile of kittens? A meowntain.\n<|end|>"}},
+		{"gpt_oss", "system_user_assistant", []string{"<|channel|>final<|message|>2 + 2 = 4.<|return|>"}},
+		{"glm5", "thinking_inline", []string{"</think>x = 2.<|user|>", "\nSubtract 4.\n</think>x = 1."}},
+		{"glm5", "multi_turn", []string{
+			"</think>Why did the cat sit on the computer? To keep an eye on the mouse.<|user|>",
+			"</think>What do you call a pile of kittens? A meowntain.<|user|>"}},
+		{"qwen3_5", "system_user_assistant", []string{"\n</think>\n\n2 + 2 = 4.<|im_end|>"}},
+		{"qwen3_5", "thinking_inline", []string{"x = 2.<|im_end|>", "Subtract 4.\n</think>\n\nx = 1.<|im_end|>"}},
+		{"ministral3", "tool_call_object_args", []string{
+			`[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "unit": "c"}[TOOL_CALLS]add[ARGS]{"a": 2.5, "b": 1, "flags": [true, false, null], "nested": {"z": 1, "a": "é"}}</s>`,
+			"It is 21°C and clear in Zürich; 2.5 + 1 = 3.5.</s>"}},
+		{"deepseek_v4", "thinking_inline", []string{
+			"<think>\nSubtract 3 from both sides.\n</think>\n\nx = 2.<｜end▁of▁sentence｜>",
+			"<think>\nSubtract 4.\n</think>\n\nx = 1.<｜end▁of▁sentence｜>"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.tmpl+"/"+tt.conv, func(t *testing.T) {
+			tmpl, err := Load(filepath.Join("testdata/templates", tt.tmpl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cases[tt.conv]
+			text, spans, err := tmpl.AssistantSpans(c.Messages, caseOptions(c, false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range spans {
+				got = append(got, text[s.Start:s.End])
+			}
+			if strings.Join(got, "\x00") != strings.Join(tt.want, "\x00") {
+				t.Fatalf("spans %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
