@@ -97,6 +97,7 @@ const fixed = [
 const fixedMore = [
   ["marks unknown to older unicode", "a\u1ac7\u0711 e\u0301\u030a\u1ac4 \u0915\u093c\u1df6"],
   ["letters of newer unicode", "\u{2ED59}'s \u{13C9E}'ll \u{14377}'d"],
+  ["long s contractions", "a'ſt 'ſ 'ſ's I'ſ X'ſ'S 'K 'ſtop"],
   ["long space run before word", "x" + " ".repeat(40) + "y\t\t\t\nz"],
 ];
 

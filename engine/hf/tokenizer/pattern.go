@@ -237,8 +237,59 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 func withHFClasses(src string) string {
 	var b strings.Builder
 	inClass := false
+	// fold[k] says whether the k-th open group is case-insensitive.
+	fold := []bool{false}
 	for i := 0; i < len(src); {
 		c := src[i]
+		if !inClass {
+			top := len(fold) - 1
+			switch {
+			case strings.HasPrefix(src[i:], "(?i)"):
+				fold[top] = true
+				b.WriteString("(?i)")
+				i += 4
+				continue
+			case c == '(':
+				f := fold[top]
+				n := 1
+				if strings.HasPrefix(src[i+1:], "?") {
+					// Copy the group header ("(?:", "(?i:", "(?=", "(?<name>", ...) verbatim.
+					n = 2
+					for i+n < len(src) && !strings.ContainsRune(":=!>)", rune(src[i+n])) {
+						n++
+					}
+					if i+n < len(src) && src[i+n] != ')' {
+						n++
+					}
+					switch {
+					case strings.HasPrefix(src[i:], "(?i:"):
+						f = true
+					case strings.HasPrefix(src[i:], "(?-i:"):
+						f = false
+					}
+				}
+				fold = append(fold, f)
+				b.WriteString(src[i : i+n])
+				i += n
+				continue
+			case c == ')' && len(fold) > 1:
+				fold = fold[:top]
+			}
+			// Oniguruma's case folding also matches U+017F (long s) for s and U+212A (Kelvin
+			// sign) for k; regexp2's does not.
+			if fold[len(fold)-1] {
+				switch c {
+				case 's', 'S':
+					b.WriteString("[sSſ]")
+					i++
+					continue
+				case 'k', 'K':
+					b.WriteString("[kK\u212A]")
+					i++
+					continue
+				}
+			}
+		}
 		if c == '\\' && i+1 < len(src) {
 			name, n := unicodeClassAt(src, i)
 			negated := src[i+1] == 'P'

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -138,6 +139,10 @@ func contraction(s string, i int, foldCase bool) int {
 			return lower(s[i+k])
 		}
 		return s[i+k]
+	}
+	if foldCase && strings.HasPrefix(s[i+1:], "ſ") {
+		// Oniguruma folds U+017F LATIN SMALL LETTER LONG S to s.
+		return i + 1 + len("ſ")
 	}
 	switch at(1) {
 	case 's', 't', 'm', 'd':

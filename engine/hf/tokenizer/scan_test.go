@@ -54,7 +54,7 @@ func scannerInputs(t *testing.T) []string {
 	for _, c := range g.Cases {
 		inputs = append(inputs, c.Text)
 	}
-	alphabet := []string{"\U0002ED59", "\U00013C9E", "a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
+	alphabet := []string{"\U0002ED59", "\U00013C9E", "ſ", "'ſ", "\u212A", "a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
 		"\u2028", "\u0085", "'", "'s", "'S", "'ll", "'LL", "'re", "'Ve", "'d", "'m", "'t", "'x", "!", ".", "?", "-", "_",
 		"🎉", "\u0301", "\u200d", "\ufe0f", "$", "<", ">"}
 	r := rand.New(rand.NewPCG(3, 4))
@@ -170,6 +170,9 @@ func TestRegexUsesHFClasses(t *testing.T) {
 		{`[\p{Lo}\p{M}]+`, "a\U00013688b", []span{{1, 5}}},
 		{`[\p{P}\p{S}]+`, "a\u2428'b", []span{{1, 5}}},
 		{`\p{Greek}+`, "aαβ", []span{{1, 5}}},
+		{`(?i:'s|'k)`, "'ſ'S'\u212A's", []span{{0, 3}, {3, 5}, {5, 9}, {9, 11}}},
+		{`(?i)s(?-i:s)`, "Ssſs SS", []span{{0, 2}, {2, 5}}},
+		{`(?<s>s)(?=s)`, "ssS", []span{{0, 1}}},
 		{`[]\p{N}]+`, "a]1]b", []span{{1, 4}}},
 		{`\p{N}`, "x٣", []span{{1, 3}}},
 		{`\d+`, "x1\U000116E0y", []span{{1, 6}}},
