@@ -310,3 +310,23 @@ func TestCaptureActivations(t *testing.T) {
 		t.Fatal("capture left recording on or activations behind")
 	}
 }
+
+// nop is a backend whose Fill does nothing, to measure the wrapper's own cost.
+type nop struct{ backend.Backend }
+
+func (nop) Fill(T, float32) error { return nil }
+
+// BenchmarkOverheadOff is the cost the wrapper adds to every op while profiling is off.
+func BenchmarkOverheadOff(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		be   backend.Backend
+	}{{"direct", nop{}}, {"wrapped-off", Wrap(nop{}, nil)}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var t T
+			for b.Loop() {
+				_ = bc.be.Fill(t, 0)
+			}
+		})
+	}
+}
