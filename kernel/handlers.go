@@ -271,6 +271,9 @@ func (k *Kernel) shutdownRequest(m *wire.Message) result {
 	k.log.Info("kernel: shutdown requested", "restart", req.Restart)
 	return result{content: map[string]any{"status": "ok", "restart": req.Restart}, after: func() {
 		k.interruptRun()
+		if s, ok := k.cfg.Interp.(ShutdownHook); ok {
+			s.Shutdown(req.Restart)
+		}
 		k.requestShutdown()
 	}}
 }

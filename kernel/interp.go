@@ -41,6 +41,12 @@ type CompletenessChecker interface {
 	IsComplete(code string) (status, indent string)
 }
 
+// ShutdownHook is an optional Interpreter capability, called when a shutdown_request arrives
+// (restart tells whether Jupyter will start a new kernel in its place), before Close.
+type ShutdownHook interface {
+	Shutdown(restart bool)
+}
+
 // Error is a cell failure with a chosen name, value and traceback (the lines Jupyter shows).
 type Error struct {
 	Name      string

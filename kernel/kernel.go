@@ -360,6 +360,10 @@ func (k *Kernel) publish(parent *wire.Message, msgType string, content any) {
 	}
 }
 
+// Interrupt cancels the running cell, as interrupt_request does (for a SIGINT handler). It
+// reports whether a cell was running.
+func (k *Kernel) Interrupt() bool { return k.interruptRun() }
+
 func (k *Kernel) interruptRun() bool {
 	k.runMu.Lock()
 	defer k.runMu.Unlock()
