@@ -133,22 +133,7 @@ func maskedText(text string, offs [][2]int, mask []bool) []string {
 // rendered text, and the masked tokens decode to the assistant output of each turn (plus, at
 // most, whitespace of the header merged into the first token).
 func TestEncodeQwen3Tokenizer(t *testing.T) {
-	gz, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "qwen3", "tokenizer.json.gz"))
-	if err != nil {
-		t.Fatalf("Qwen3 tokenizer of the tokenizer package's tests: %v", err)
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(gz))
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.FromBytes(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := qwen3Tokenizer(t)
 	tmpl, err := Load("testdata/templates/qwen3")
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +184,45 @@ func TestEncodeQwen3Tokenizer(t *testing.T) {
 			if !ok || strings.TrimSpace(extra) != "" {
 				t.Errorf("%s: masked run %d is %q, want %q", g.Case, i, runs[i], want)
 			}
+		}
+	}
+}
+
+// qwen3Tokenizer loads the Qwen3 tokenizer the tokenizer package's tests ship.
+func qwen3Tokenizer(t testing.TB) *tokenizer.Tokenizer {
+	t.Helper()
+	gz, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "qwen3", "tokenizer.json.gz"))
+	if err != nil {
+		t.Fatalf("Qwen3 tokenizer of the tokenizer package's tests: %v", err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.FromBytes(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// BenchmarkEncodeQwen3 renders, masks and tokenizes a 20-exchange conversation with the Qwen3
+// template and tokenizer (no offsets: pieces are encoded at span boundaries).
+func BenchmarkEncodeQwen3(b *testing.B) {
+	tok := qwen3Tokenizer(b)
+	tmpl, err := Load("testdata/templates/qwen3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := longConversation(20)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := tmpl.Encode(tok, msgs, Options{}); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/halo-shell/halo-shell/engine/hf/chat/internal/jinja"
 )
 
 // Encoder turns text into token ids; special tokens written in the text (<|im_start|>, ...)
@@ -66,10 +68,12 @@ func (e *MaskError) Error() string {
 //     H's first line: a past turn's header may lack what only the generation prompt adds, like
 //     Qwen3's empty think block), at the end of G when the full render R starts with G, else at
 //     the earliest occurrence after the previous span.
-//  3. The span is C when R continues with C there. Templates that render past turns
-//     differently (Qwen3 drops the reasoning of turns before the last user message) are
-//     handled when the turn in R is a suffix of C ending with the same marker. Without any
-//     marker the span is the longest common prefix of C and R there.
+//  3. The span is C when R continues with C there. Otherwise, when C has an end-of-turn
+//     marker, the turn in R ends at R's first marker (which may differ: gpt-oss ends past
+//     turns with <|end|> and the last with <|return|>), and its text must be C's or a suffix
+//     of it (Qwen3 drops the reasoning of turns before the last user message). Without a
+//     marker the span is the longest suffix of C that R continues with, or their common
+//     prefix, and takes in a stop string that follows it (GLM ends a turn with <|user|>).
 //  4. The span must contain the message's visible text (the content after any </think>, its
 //     longest line) or, without text, its tool call names when R shows them at all, so that a
 //     header found in the wrong place cannot pass silently.
@@ -78,10 +82,14 @@ func (e *MaskError) Error() string {
 // the conversation or changes earlier turns when one is added, whose past turns are neither
 // the completion nor a suffix of it, or whose header cannot be found. Known limits: a user
 // message that contains an assistant header verbatim can mislead step 2 (step 4 usually
-// catches it); templates that end turns with no marker and render past turns differently
-// are refused.
+// catches it); the last turn of a template without end-of-turn markers (GLM) has no stop
+// string to learn; the cost is three renders of a prefix per assistant turn.
 func (t *Template) AssistantSpans(msgs []Message, opts Options) (string, []Span, error) {
-	full, gen, err := t.render(msgs, &opts)
+	vals, err := messageValues(msgs)
+	if err != nil {
+		return "", nil, err
+	}
+	full, gen, err := t.render(vals, &opts)
 	if err != nil {
 		return "", nil, err
 	}
@@ -112,7 +120,7 @@ func (t *Template) AssistantSpans(msgs []Message, opts Options) (string, []Span,
 	pos := 0
 	var spans []Span
 	for _, k := range assistants {
-		sp, err := t.locate(msgs, k, opts, full, pos, stops)
+		sp, err := t.locate(msgs, vals, k, opts, full, pos, stops)
 		if err != nil {
 			return "", nil, err
 		}
@@ -141,14 +149,14 @@ func firstStop(s string, stops []string) (int, int) {
 	return best, n
 }
 
-func (t *Template) locate(msgs []Message, k int, opts Options, full string, pos int, stops []string) (Span, error) {
+func (t *Template) locate(msgs []Message, vals []jinja.Value, k int, opts Options, full string, pos int, stops []string) (Span, error) {
 	fail := func(format string, args ...any) (Span, error) {
 		return Span{}, &MaskError{Message: k, Msg: fmt.Sprintf(format, args...)}
 	}
 	renderPrefix := func(n int, agp bool) (string, error) {
 		o := opts
 		o.AddGenerationPrompt = agp
-		s, _, err := t.render(msgs[:n], &o)
+		s, _, err := t.render(vals[:n], &o)
 		return s, err
 	}
 	g, err := renderPrefix(k, false)

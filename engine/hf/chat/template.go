@@ -288,8 +288,22 @@ func (t *Template) pick(opts *Options) (string, error) {
 	return "", fmt.Errorf("chat: this tokenizer has several chat templates %v and none is named \"default\": set Options.TemplateName", t.Names())
 }
 
-// context builds the variables of a render.
-func (t *Template) context(msgs []Message, opts *Options) (map[string]jinja.Value, error) {
+// messageValues converts messages to the dicts templates see.
+func messageValues(msgs []Message) ([]jinja.Value, error) {
+	vals := make([]jinja.Value, len(msgs))
+	for i := range msgs {
+		v, err := msgs[i].value(i)
+		if err != nil {
+			return nil, fmt.Errorf("chat: %w", err)
+		}
+		vals[i] = v
+	}
+	return vals, nil
+}
+
+// context builds the variables of a render of the converted messages msgs. Template values
+// are immutable (the sandbox forbids mutation), so renders may share them.
+func (t *Template) context(msgs []jinja.Value, opts *Options) (map[string]jinja.Value, error) {
 	vars := map[string]jinja.Value{}
 	for k, v := range t.specials {
 		vars[k] = v
@@ -305,15 +319,7 @@ func (t *Template) context(msgs []Message, opts *Options) (map[string]jinja.Valu
 		}
 		vars[k] = jinja.FromGo(v)
 	}
-	list := &jinja.List{Items: make([]jinja.Value, 0, len(msgs))}
-	for i := range msgs {
-		v, err := msgs[i].value(i)
-		if err != nil {
-			return nil, fmt.Errorf("chat: %w", err)
-		}
-		list.Items = append(list.Items, v)
-	}
-	vars["messages"] = list
+	vars["messages"] = &jinja.List{Items: msgs[:len(msgs):len(msgs)]}
 	raws := func(rs []json.RawMessage, what string) (jinja.Value, error) {
 		if rs == nil {
 			return nil, nil
@@ -359,11 +365,15 @@ func (e *RenderError) Error() string {
 // Render renders the conversation as text, exactly as transformers' apply_chat_template
 // (tokenize=False) does.
 func (t *Template) Render(msgs []Message, opts Options) (string, error) {
-	out, _, err := t.render(msgs, &opts)
+	vals, err := messageValues(msgs)
+	if err != nil {
+		return "", err
+	}
+	out, _, err := t.render(vals, &opts)
 	return out, err
 }
 
-func (t *Template) render(msgs []Message, opts *Options) (string, []jinja.Span, error) {
+func (t *Template) render(msgs []jinja.Value, opts *Options) (string, []jinja.Span, error) {
 	name, err := t.pick(opts)
 	if err != nil {
 		return "", nil, err

@@ -81,15 +81,14 @@ func wantInt(fn string, v Value) (int64, error) {
 
 // ---- globals ----
 
-func builtinGlobals() map[string]Value {
-	return map[string]Value{
-		"range":           &Func{Name: "range", Fn: fnRange},
-		"dict":            &Func{Name: "dict", Fn: fnDict},
-		"namespace":       &Func{Name: "namespace", Fn: fnNamespace},
-		"raise_exception": &Func{Name: "raise_exception", Fn: fnRaise},
-		"cycler":          &Func{Name: "cycler", Fn: fnCycler},
-		"joiner":          &Func{Name: "joiner", Fn: fnJoiner},
-	}
+// globals are the built-in global functions (stateless, shared by all renders).
+var globals = map[string]Value{
+	"range":           &Func{Name: "range", Fn: fnRange},
+	"dict":            &Func{Name: "dict", Fn: fnDict},
+	"namespace":       &Func{Name: "namespace", Fn: fnNamespace},
+	"raise_exception": &Func{Name: "raise_exception", Fn: fnRaise},
+	"cycler":          &Func{Name: "cycler", Fn: fnCycler},
+	"joiner":          &Func{Name: "joiner", Fn: fnJoiner},
 }
 
 func fnRange(_ *renderer, args []Value, kwargs *Dict) (Value, error) {

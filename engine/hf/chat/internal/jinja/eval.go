@@ -26,7 +26,14 @@ type scope struct {
 	parent *scope
 }
 
-func newScope(parent *scope) *scope { return &scope{vars: map[string]Value{}, parent: parent} }
+func newScope(parent *scope) *scope { return &scope{parent: parent} }
+
+func (s *scope) set(name string, v Value) {
+	if s.vars == nil {
+		s.vars = make(map[string]Value, 4)
+	}
+	s.vars[name] = v
+}
 
 func (s *scope) lookup(name string) (Value, bool) {
 	for ; s != nil; s = s.parent {
@@ -149,7 +156,7 @@ func (r *renderer) exec(n node, sc *scope) error {
 		}
 		return withLine(r.assign(n.target, v, sc), n.line)
 	case *macroNode:
-		sc.vars[n.name] = &Macro{node: n, params: n.params, defs: n.defaults, body: n.body, scope: sc, name: n.name}
+		sc.set(n.name, &Macro{node: n, params: n.params, defs: n.defaults, body: n.body, scope: sc, name: n.name})
 		return nil
 	case *callBlockNode:
 		caller := &Macro{params: n.params, defs: n.defaults, body: n.body, scope: sc, name: "caller"}
@@ -206,7 +213,7 @@ func (r *renderer) exec(n node, sc *scope) error {
 func (r *renderer) assign(target expr, v Value, sc *scope) error {
 	switch t := target.(type) {
 	case *nameExpr:
-		sc.vars[t.name] = v
+		sc.set(t.name, v)
 		return nil
 	case *nsAttrExpr:
 		obj, _ := sc.lookup(t.name)
@@ -313,7 +320,7 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 		}
 		loop.i = i
 		inner := newScope(sc)
-		inner.vars["loop"] = loop
+		inner.set("loop", loop)
 		if err := r.assign(n.target, item, inner); err != nil {
 			return err
 		}
@@ -1163,18 +1170,18 @@ func (r *renderer) callMacro(m *Macro, args []Value, kwargs *Dict) (Value, error
 			if _, dup := kwargs.Get(p); dup {
 				return nil, errorf("TypeError", "macro '%s' got multiple values for argument '%s'", m.name, p)
 			}
-			sc.vars[p] = args[i]
+			sc.set(p, args[i])
 		default:
 			if v, ok := kwargs.Get(p); ok {
-				sc.vars[p] = v
+				sc.set(p, v)
 			} else if i >= firstDefault {
 				dv, err := r.eval(m.defs[i-firstDefault], sc)
 				if err != nil {
 					return nil, err
 				}
-				sc.vars[p] = dv
+				sc.set(p, dv)
 			} else {
-				sc.vars[p] = &Undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)}
+				sc.set(p, &Undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)})
 			}
 		}
 	}
@@ -1182,7 +1189,7 @@ func (r *renderer) callMacro(m *Macro, args []Value, kwargs *Dict) (Value, error
 	for i, k := range kwargs.keys {
 		ks := k.(string)
 		if ks == "caller" {
-			sc.vars["caller"] = kwargs.vals[i]
+			sc.set("caller", kwargs.vals[i])
 			continue
 		}
 		found := false
@@ -1203,10 +1210,10 @@ func (r *renderer) callMacro(m *Macro, args []Value, kwargs *Dict) (Value, error
 		if len(args) > np {
 			rest = args[np:]
 		}
-		sc.vars["varargs"] = &List{Items: rest, Tuple: true}
+		sc.set("varargs", &List{Items: rest, Tuple: true})
 	}
 	if usesKwargs {
-		sc.vars["kwargs"] = extraKw
+		sc.set("kwargs", extraKw)
 	}
 	return r.capture(m.body, sc)
 }

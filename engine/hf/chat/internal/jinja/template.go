@@ -83,14 +83,14 @@ func (t *Template) Render(vars map[string]Value) (out string, spans []Span, err 
 			out, spans, err = "", nil, fmt.Errorf("template: internal error while rendering: %v", p)
 		}
 	}()
-	globals := newScope(nil)
-	for k, v := range builtinGlobals() {
-		globals.vars[k] = v
+	global := newScope(nil)
+	for k, v := range globals {
+		global.set(k, v)
 	}
 	for k, v := range vars {
-		globals.vars[k] = v
+		global.set(k, v)
 	}
-	top := newScope(globals)
+	top := newScope(global)
 	if err := r.execBody(t.body, top); err != nil {
 		if err == errBreak || err == errContinue {
 			return "", nil, &Error{Kind: "TemplateSyntaxError", Msg: "break or continue outside of a loop"}
