@@ -167,3 +167,27 @@ func TestEvalGenerationExactMatchAndChance(t *testing.T) {
 		t.Fatalf("accuracy %v for %d correct", res.Accuracy, res.Correct)
 	}
 }
+
+func TestCompleteAfterTraining(t *testing.T) {
+	dir := t.TempDir()
+	var train []data.Record
+	for range 8 {
+		train = append(train, data.Record{Kind: data.FormatMessages, Messages: []data.Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "42"}}})
+	}
+	path := writeJSONL(t, dir, "chat.jsonl", train)
+	tr := newTrainer(t, tinyConfig(t, path, "--max_steps=60", "--lr_scheduler_type=constant", "--learning_rate=1e-2"))
+	steps(t, tr, 60)
+	got, err := tr.Complete("hi", true, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "42" {
+		t.Fatalf("chat completion %q, want the memorised reply 42", got)
+	}
+	if _, err := tr.Complete("", false, 4); err == nil {
+		t.Fatal("an empty raw prompt was accepted")
+	}
+	if _, err := tr.Complete("hi", true, 0); err == nil {
+		t.Fatal("max new tokens 0 accepted")
+	}
+}

@@ -255,3 +255,28 @@ func (t *Trainer) generate(prompt []int32, maxNewTokens int) (string, error) {
 	}
 	return t.tok.decode(out), nil
 }
+
+// Complete continues a prompt greedily with up to maxNewTokens tokens and returns the decoded
+// text up to the first stop token. With chat, prompt is a user message rendered by the chat
+// template with the generation prompt; otherwise it is raw text.
+func (t *Trainer) Complete(prompt string, chat bool, maxNewTokens int) (string, error) {
+	if maxNewTokens < 1 {
+		return "", fmt.Errorf("train: complete: max new tokens %d must be >= 1", maxNewTokens)
+	}
+	var ids []int32
+	if chat {
+		var err error
+		if ids, err = t.tok.generationPrompt([]data.Message{{Role: "user", Content: prompt}}); err != nil {
+			return "", fmt.Errorf("train: complete: %w", err)
+		}
+	} else {
+		ids = t.tok.ids(prompt)
+	}
+	if len(ids) == 0 {
+		return "", errors.New("train: complete: the prompt has no tokens")
+	}
+	return t.generate(ids, maxNewTokens)
+}
+
+// Backend is the device the trainer runs on (memory statistics, synchronisation).
+func (t *Trainer) Backend() backend.Backend { return t.b }
