@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"math"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect/v2"
 
@@ -115,16 +117,23 @@ func newEngine(name string, log *slog.Logger, h *hub, saveOnStop string) *engine
 	return e
 }
 
+// queueTimeout bounds how long a command waits for the engine to take it (a step boundary).
+var queueTimeout = 10 * time.Minute
+
 // submit queues fn for the engine goroutine and waits for its result, the caller's context or
 // the engine's end.
 func (e *engine) submit(ctx context.Context, fn func(c *command) (any, error)) (any, error) {
 	c := &command{ctx: ctx, fn: fn, done: make(chan cmdResult, 1)}
+	timer := time.NewTimer(queueTimeout)
+	defer timer.Stop()
 	select {
 	case e.cmds <- c:
 	case <-ctx.Done():
 		return nil, ctxErr(ctx)
 	case <-e.done:
 		return nil, errStopped
+	case <-timer.C:
+		return nil, connect.Errorf(connect.CodeDeadlineExceeded, "session: the engine did not reach a step boundary within %s (a step or a command is taking that long); try again", queueTimeout)
 	}
 	select {
 	case r := <-c.done:
@@ -238,7 +247,7 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 		e.rec.BeginStep(e.t.Steps() + 1)
 	}
 	e.beginCapture()
-	m, err := e.t.Step(ctx)
+	m, err := e.safeStep(ctx)
 	e.endCapture(err == nil)
 	var ps *profile.Step
 	if p != nil && e.rec != nil {
@@ -328,6 +337,18 @@ func activationStats(acts []profile.Activation, layers int) []*halov1.TensorStat
 		out = append(out, st)
 	}
 	return out
+}
+
+// safeStep is Trainer.Step with a panic turned into an error, so a bug in a step never takes
+// the session down.
+func (e *engine) safeStep(ctx context.Context) (m train.StepMetrics, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e.log.Error("step panicked", "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("step %d: internal error: %v", e.t.Steps()+1, r)
+		}
+	}()
+	return e.t.Step(ctx)
 }
 
 // afterStep publishes a finished step and advances the profile plan.
