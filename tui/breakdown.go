@@ -159,9 +159,12 @@ func (b *breakdown) View() string {
 		lines = append(lines, bar.String())
 	}
 	if b.Height >= 3 {
-		items := make([]string, len(segs))
-		for i, s := range segs {
-			items[i] = lipgloss.NewStyle().Foreground(s.color).Render(groupGlyph[s.group]) + " " + st.Label.Render(s.name) + " " + st.Value.Render(pct(s.secs))
+		var items []string
+		for _, s := range segs {
+			if sum > 0 && s.secs/sum < 0.005 {
+				continue // it would read 0%; the bar has no cell for it either
+			}
+			items = append(items, lipgloss.NewStyle().Foreground(s.color).Render(groupGlyph[s.group])+" "+st.Label.Render(s.name)+" "+st.Value.Render(pct(s.secs)))
 		}
 		lines = append(lines, flow(items, "  ", b.Width, b.Height-2))
 	}

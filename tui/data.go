@@ -41,6 +41,9 @@ type runData struct {
 	loss    []float64
 	lr      []float64
 	profile *profileView // the newest time breakdown, nil until one is taken
+	// profiledTo is the last step of the newest Profile reply: per-step profile events up
+	// to it are older news than the reply's mean.
+	profiledTo int64
 
 	logs    []logLine
 	dropped int64 // events the session dropped for this observer
@@ -133,7 +136,9 @@ func (d *runData) applyEvent(ev *session.Event) {
 		d.dropped += n
 		d.addLog(at, "warn", fmt.Sprintf("%d events dropped (this view fell behind the session)", n))
 	case ev.GetProfile() != nil:
-		d.profile = profileFromStep(ev.GetProfile())
+		if p := ev.GetProfile(); p.Step > d.profiledTo {
+			d.profile = profileFromStep(p)
+		}
 	}
 }
 

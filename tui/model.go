@@ -371,7 +371,7 @@ func (m *Model) profileDone(p profileMsg) {
 		return
 	}
 	v := meanProfile(p.resp.Steps)
-	m.d.profile = v
+	m.d.profile, m.d.profiledTo = v, p.resp.Steps[len(p.resp.Steps)-1].Step
 	for _, s := range p.resp.Steps {
 		m.d.applyMetrics(s.Metrics)
 	}

@@ -42,10 +42,18 @@ type harness struct {
 
 func newHarness(t *testing.T, f *fakeSession, w, h int) *harness {
 	t.Helper()
-	m := New(f, Options{Location: time.UTC})
+	hs := attach(t, f, Options{Location: time.UTC}, w, h)
+	hs.f = f
+	return hs
+}
+
+// attach runs a Model over c at a w x h terminal.
+func attach(t *testing.T, c Controller, o Options, w, h int) *harness {
+	t.Helper()
+	m := New(c, o)
 	tm := teatest.NewTestModel(t, probed{m}, teatest.WithInitialTermSize(w, h))
 	t.Cleanup(func() { _ = tm.Quit() })
-	return &harness{t: t, f: f, tm: tm, m: m}
+	return &harness{t: t, tm: tm, m: m}
 }
 
 // feed delivers events through the session channel and returns once the model has applied
