@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"go/ast"
 	"go/parser"
+	"go/token"
 	"io"
 	"reflect"
 	"regexp"
@@ -110,7 +111,8 @@ func DialOrStart(clientName string) Dialer {
 // Eval may be called from any goroutine; evaluations run one at a time. Only one Interpreter
 // per process drives the halo API at a time: the one evaluating.
 type Interpreter struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // held by Eval
+	nmu     sync.Mutex // guards names and imports (read by Complete during an Eval)
 	yi      *interp.Interpreter
 	env     *hostenv.Env
 	opt     Options
@@ -250,7 +252,9 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 			if _, err := it.yi.EvalWithContext(ctx, c.src); err != nil {
 				return finish(it.evalError(ctx, err, c, n, filter))
 			}
+			it.nmu.Lock()
 			it.noteImports(c.src)
+			it.nmu.Unlock()
 		}
 	}
 	for i, itm := range items {
@@ -274,11 +278,18 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 				continue
 			}
 			v, err := it.yi.EvalWithContext(ctx, c.evalSrc())
+			if err != nil && c.kind == stmtChunk && ctx.Err() == nil && compileFailure(err, filter) {
+				if werr, ok := it.defineViaInterface(ctx, c); ok {
+					err = werr
+				}
+			}
 			if err != nil {
 				return finish(it.evalError(ctx, err, c, n, filter))
 			}
 			filter.reset()
+			it.nmu.Lock()
 			it.noteNames(c)
+			it.nmu.Unlock()
 			if c.funcName != "" {
 				it.funcs[c.funcName] = funcLoc{cell: n, c: c}
 			}
@@ -514,4 +525,71 @@ func (it *Interpreter) noteGenDecl(d ast.Decl) {
 			it.names[s.Name.Name] = true
 		}
 	}
+}
+
+// defineViaInterface evaluates "a, b := x, y" one name at a time through an interface
+// variable and a type assertion. The interpreter cannot type an index into a slice, array or
+// map of a compiled type ("first := parts[0]" after parts := strings.Split(...)) in a
+// top-level define, and reports a "definition loop"; a variable of type interface{} is
+// assigned the value (assignments are typed where defines are not), and the assertion to its dynamic type gives the name its proper type. It
+// returns ok false when the chunk is not such a define (the original error stands).
+func (it *Interpreter) defineViaInterface(ctx context.Context, c chunk) (error, bool) {
+	f, err := parser.ParseFile(tokenFset(), "", "package p; func _() {"+c.src+"\n}", 0)
+	if err != nil {
+		return nil, false
+	}
+	body := f.Decls[0].(*ast.FuncDecl).Body.List
+	if len(body) != 1 {
+		return nil, false
+	}
+	as, ok := body[0].(*ast.AssignStmt)
+	if !ok || as.Tok != token.DEFINE || len(as.Lhs) != len(as.Rhs) {
+		return nil, false
+	}
+	off := len("package p; func _() {")
+	for i, l := range as.Lhs {
+		id, ok := l.(*ast.Ident)
+		if !ok {
+			return nil, false
+		}
+		rhs := c.src[int(as.Rhs[i].Pos())-1-off : int(as.Rhs[i].End())-1-off]
+		tmp := fmt.Sprintf("__halo_define_%d", it.cells)
+		if _, err := it.yi.EvalWithContext(ctx, fmt.Sprintf("var %s interface{}", tmp)); err != nil {
+			return err, true
+		}
+		if _, err := it.yi.EvalWithContext(ctx, fmt.Sprintf("%s = %s", tmp, rhs)); err != nil {
+			return err, true
+		}
+		v, err := it.yi.EvalWithContext(ctx, tmp)
+		if err != nil {
+			return err, true
+		}
+		if id.Name == "_" {
+			continue
+		}
+		src := fmt.Sprintf("%s := %s", id.Name, tmp)
+		if v.IsValid() && v.Kind() == reflect.Interface && !v.IsNil() {
+			src = fmt.Sprintf("%s := %s.(%s)", id.Name, tmp, v.Elem().Type().String())
+		}
+		if _, err := it.yi.EvalWithContext(ctx, src); err != nil {
+			return err, true
+		}
+	}
+	return nil, true
+}
+
+// compileFailure reports whether err is the interpreter failing to type a statement: a
+// "definition loop" error, or a panic raised before any interpreted code ran (no frames).
+func compileFailure(err error, filter *panicFilter) bool {
+	if strings.Contains(err.Error(), "definition loop") {
+		return true
+	}
+	var p interp.Panic
+	if errors.As(err, &p) {
+		filter.mu.Lock()
+		n := len(filter.frames)
+		filter.mu.Unlock()
+		return n == 0
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package cell
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,5 +182,28 @@ func TestEvalCapturesStderrAndDisplays(t *testing.T) {
 	}
 	if !strings.Contains(string(r.Displays[0]["text/html"]), "<td>a</td>") || plain(r.Displays[1]) != "3" {
 		t.Fatalf("displays = %q / %q", r.Displays[0], r.Displays[1])
+	}
+}
+
+func parseFloat(s string) (float64, error) { return strconv.ParseFloat(s, 64) }
+
+// The interpreter alone rejects a top-level define that indexes a slice of a compiled type
+// held in a variable; the cell defines it through an interface and keeps the static type.
+func TestEvalDefineIndexingCompiledSlice(t *testing.T) {
+	it := newInterp(t)
+	eval(t, it, "import \"strings\"\nparts := strings.Split(\"a,b\", \",\")")
+	eval(t, it, "first, n := parts[1], 2")
+	if got := plain(eval(t, it, "strings.Repeat(first, n)").Value); got != `"bb"` {
+		t.Fatalf("value = %q", got)
+	}
+	eval(t, it, "steps := halo.ProfileReport{Steps: []halo.StepProfile{{Host: 0.5}}}.Steps\ns0 := steps[0]")
+	eval(t, it, "host := steps[0].Host")
+	if got := plain(eval(t, it, "s0.Host * 2 + host").Value); got != "1.5" {
+		t.Fatalf("s0.Host * 2 = %q", got)
+	}
+	// An index out of range is still a panic, not a silent nil.
+	_, err := it.Eval(context.Background(), "bad := parts[5]")
+	if err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -1,0 +1,138 @@
+package cell
+
+import (
+	"go/token"
+	"sort"
+	"strings"
+	"unicode"
+
+	"github.com/traefik/yaegi/stdlib"
+
+	"github.com/halo-shell/halo-shell/cell/halo"
+	"github.com/halo-shell/halo-shell/cell/internal/symbols"
+)
+
+var builtins = []string{"append", "cap", "clear", "close", "complex", "copy", "delete", "false", "imag", "iota", "len", "make", "max", "min", "new", "nil", "panic", "print", "println", "real", "recover", "true",
+	"bool", "byte", "complex128", "complex64", "error", "float32", "float64", "int", "int16", "int32", "int64", "int8", "rune", "string", "uint", "uint16", "uint32", "uint64", "uint8", "uintptr", "any"}
+
+// Complete returns completions for the text before cursor (a byte offset into src): command
+// names after ':' or '%', hyperparameter keys after set, package members after "pkg.", and
+// declared names, imported packages, keywords and builtins otherwise. start is the offset
+// where the completed word begins; each candidate replaces src[start:cursor].
+func (it *Interpreter) Complete(src string, cursor int) (start int, candidates []string) {
+	if cursor < 0 || cursor > len(src) {
+		cursor = len(src)
+	}
+	before := src[:cursor]
+	lineStart := strings.LastIndexByte(before, '\n') + 1
+	line := before[lineStart:]
+	trimmed := strings.TrimLeft(line, " \t")
+	if trimmed != "" && (trimmed[0] == ':' || trimmed[0] == '%') {
+		return completeCommand(trimmed, cursor)
+	}
+	i := len(before)
+	for i > 0 {
+		r := rune(before[i-1])
+		if r == '_' || r == '.' || r < unicode.MaxASCII && (unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			i--
+			continue
+		}
+		break
+	}
+	word := before[i:]
+	if dot := strings.LastIndexByte(word, '.'); dot >= 0 {
+		pkg, prefix := word[:dot], word[dot+1:]
+		it.nmu.Lock()
+		path, ok := it.imports[pkg]
+		it.nmu.Unlock()
+		if !ok {
+			return cursor, nil
+		}
+		return cursor - len(prefix), filter(packageNames(path), prefix)
+	}
+	if word == "" {
+		return cursor, nil
+	}
+	var names []string
+	it.nmu.Lock()
+	for n := range it.names {
+		names = append(names, n)
+	}
+	for n := range it.imports {
+		names = append(names, n)
+	}
+	it.nmu.Unlock()
+	for k := token.BREAK; k <= token.VAR; k++ {
+		if k.IsKeyword() {
+			names = append(names, k.String())
+		}
+	}
+	names = append(names, builtins...)
+	return i, filter(names, word)
+}
+
+func completeCommand(line string, cursor int) (int, []string) {
+	prefix := line[:1]
+	body := line[1:]
+	name, rest, hasArgs := strings.Cut(body, " ")
+	if !hasArgs {
+		var out []string
+		for _, c := range commands {
+			out = append(out, prefix+c.Name)
+		}
+		return cursor - len(line), filter(out, line)
+	}
+	words := strings.Fields(rest)
+	cur := ""
+	if len(words) > 0 && !strings.HasSuffix(rest, " ") {
+		cur = words[len(words)-1]
+	}
+	switch strings.ToLower(name) {
+	case "help":
+		var out []string
+		for _, c := range commands {
+			out = append(out, c.Name)
+		}
+		return cursor - len(cur), filter(out, cur)
+	case "set":
+		var out []string
+		for _, k := range halo.HyperKeys() {
+			out = append(out, k+"=")
+		}
+		out = append(out, "lr=")
+		return cursor - len(cur), filter(out, cur)
+	case "plot":
+		return cursor - len(cur), filter([]string{"loss", "lr"}, cur)
+	}
+	return cursor, nil
+}
+
+// packageNames lists the exported names of a package the interpreter knows.
+func packageNames(path string) []string {
+	name := path[strings.LastIndexByte(path, '/')+1:]
+	key := path + "/" + name
+	syms, ok := symbols.Symbols[key]
+	if !ok {
+		syms = stdlib.Symbols[key]
+	}
+	out := make([]string, 0, len(syms))
+	for n := range syms {
+		if n != "" && unicode.IsUpper(rune(n[0])) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func filter(names []string, prefix string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) && n != prefix && !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
