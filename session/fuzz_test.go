@@ -40,6 +40,11 @@ func FuzzValidateName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
+		if n := NameFor(s); ValidateName(n) != nil {
+			t.Fatalf("NameFor(%q) = %q is not a valid name: %v", s, n, ValidateName(n))
+		} else if ValidateName(s) == nil && n != s {
+			t.Fatalf("NameFor changed the valid name %q to %q", s, n)
+		}
 		err := ValidateName(s)
 		if err != nil {
 			return

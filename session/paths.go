@@ -64,6 +64,30 @@ func ValidateName(name string) error {
 	return nil
 }
 
+// NameFor turns any string (an output directory's base name, a run name) into a valid session
+// name: characters other than letters, digits, '-', '_' and '.' become '-', a leading '.'
+// becomes '_', and the result is cut to 64 bytes; an empty result is DefaultName.
+func NameFor(s string) string {
+	b := []byte{}
+	for _, r := range s {
+		ok := r == '-' || r == '_' || r == '.' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+		if !ok {
+			r = '-'
+		}
+		b = append(b, byte(r))
+		if len(b) == 64 {
+			break
+		}
+	}
+	if len(b) == 0 {
+		return DefaultName
+	}
+	if b[0] == '.' {
+		b[0] = '_'
+	}
+	return string(b)
+}
+
 // Paths are the files of one session in RuntimeDir.
 type Paths struct {
 	Socket string // unix socket, 0600
