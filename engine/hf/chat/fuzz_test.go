@@ -63,17 +63,39 @@ func FuzzMessageJSON(f *testing.F) {
 	for _, c := range cases {
 		f.Add([]byte(c.Messages))
 	}
-	tmpl, err := Load("testdata/templates/qwen3")
-	if err != nil {
-		f.Fatal(err)
+	var tmpls []*Template
+	for _, name := range []string{"qwen3", "glm5", "gpt_oss", "chatml_tools"} {
+		tmpl, err := Load("testdata/templates/" + name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		tmpls = append(tmpls, tmpl)
 	}
+	enc := &wordEncoder{}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msgs []Message
 		if err := json.Unmarshal(data, &msgs); err != nil {
 			return
 		}
-		if _, err := tmpl.Render(msgs, Options{}); err != nil && strings.Contains(err.Error(), "internal error") {
-			t.Fatal(err)
+		for _, tmpl := range tmpls {
+			if _, err := tmpl.Render(msgs, Options{}); err != nil && strings.Contains(err.Error(), "internal error") {
+				t.Fatal(err)
+			}
+			// the mask is found or refused, never a panic; found spans lie in the text, in order
+			text, spans, err := tmpl.AssistantSpans(msgs, Options{})
+			if err != nil {
+				continue
+			}
+			last := 0
+			for _, s := range spans {
+				if s.Start < last || s.End < s.Start || s.End > len(text) {
+					t.Fatalf("bad span %+v in text of %d bytes (previous end %d)", s, len(text), last)
+				}
+				last = s.End
+			}
+			if _, _, err := tmpl.Encode(plainEncoder{enc}, msgs, Options{}); err != nil {
+				t.Fatalf("Encode failed where AssistantSpans succeeded: %v", err)
+			}
 		}
 		// a message that decodes re-encodes to JSON that decodes to the same message
 		out, err := json.Marshal(msgs)

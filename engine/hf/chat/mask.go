@@ -250,7 +250,7 @@ func (t *Template) locate(msgs []Message, vals []jinja.Value, k int, opts Option
 		// template dropped a leading part such as reasoning), else their common prefix
 		n := 0
 		for i := 1; i < len(body); i++ {
-			if body[i] == rest[0] && strings.HasPrefix(rest, body[i:]) {
+			if len(rest) > 0 && body[i] == rest[0] && strings.HasPrefix(rest, body[i:]) {
 				n = len(body) - i
 				break
 			}

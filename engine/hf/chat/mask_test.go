@@ -219,3 +219,19 @@ func TestAssistantSpansOtherTemplates(t *testing.T) {
 		})
 	}
 }
+
+// TestAssistantSpansTurnMissingFromFullRender checks a template that renders a turn when it is
+// the last one but drops it from the full conversation: the mask is refused, not guessed.
+func TestAssistantSpansTurnMissingFromFullRender(t *testing.T) {
+	src := `{% for m in messages %}{% if m.role != 'assistant' or loop.last %}<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`
+	tmpl, err := FromSource(src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: Text("q")}, {Role: "assistant", Content: Text("first answer")}, {Role: "user", Content: Text("q2")}, {Role: "assistant", Content: Text("second")}}
+	_, _, err = tmpl.AssistantSpans(msgs, Options{})
+	var me *MaskError
+	if !errors.As(err, &me) || me.Message != 1 {
+		t.Fatalf("got %v, want a MaskError for message 1", err)
+	}
+}
