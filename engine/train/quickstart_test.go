@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/halo-shell/halo-shell/engine/data"
 )
@@ -59,13 +60,23 @@ func TestQuickstartTokenizerMatchesHuggingFace(t *testing.T) {
 func TestProgressRedrawsOnATerminal(t *testing.T) {
 	var b strings.Builder
 	p := newProgress(&b, true, 10, 5)
-	for s := 1; s <= 3; s++ {
+	for s := 1; s <= 10; s++ {
 		p.update(StepMetrics{Step: s, Loss: 1, TokensPerS: 100})
+		p.last = time.Time{} // as if 100 ms had passed
 	}
 	p.finish()
 	out := b.String()
-	if strings.Count(out, "\r\x1b[K") != 3 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "step 3/10 ") {
+	if strings.Count(out, "\r\x1b[K") != 10 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "step 10/10 ") {
 		t.Fatalf("terminal progress %q", out)
+	}
+	// Fast steps redraw at most ten times a second, and always the last step.
+	b.Reset()
+	p = newProgress(&b, true, 10, 5)
+	for s := 1; s <= 10; s++ {
+		p.update(StepMetrics{Step: s})
+	}
+	if n := strings.Count(b.String(), "\r\x1b[K"); n != 2 || !strings.Contains(b.String(), "step 10/10 ") {
+		t.Fatalf("%d redraws for 10 fast steps: %q", n, b.String())
 	}
 	b.Reset()
 	p = newProgress(&b, false, 10, 5)

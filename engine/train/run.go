@@ -207,6 +207,7 @@ type progress struct {
 	start time.Time
 	drawn bool
 	first int
+	last  time.Time // when the terminal line was last drawn
 }
 
 func newProgress(w io.Writer, tty bool, total, every int) *progress {
@@ -232,8 +233,11 @@ func (p *progress) update(m StepMetrics) {
 		line += fmt.Sprintf(" eval %.4f", *m.EvalLoss)
 	}
 	if p.tty {
-		fmt.Fprintf(p.w, "\r\x1b[K%s", line)
-		p.drawn = true
+		// Redraw at most ten times a second, but always the last step and eval results.
+		if time.Since(p.last) >= 100*time.Millisecond || m.Step >= p.total || m.EvalLoss != nil {
+			fmt.Fprintf(p.w, "\r\x1b[K%s", line)
+			p.drawn, p.last = true, time.Now()
+		}
 		return
 	}
 	if m.Step%p.every == 0 || m.Step == p.total || m.EvalLoss != nil {
