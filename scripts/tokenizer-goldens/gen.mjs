@@ -304,6 +304,45 @@ function tinyTokenizers() {
   };
 }
 
+// spModel is a small SentencePiece-style BPE model (Llama-2 / Mistral lineage): "<unk>",
+// byte fallback tokens "<0x00>".."<0xFF>", the ASCII letters and "▁", and merges learned over
+// words that start with "▁".
+function spModel(numMerges) {
+  const vocab = { "<unk>": 0 };
+  for (let b = 0; b < 256; b++) vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = 1 + b;
+  for (const ch of "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,'") vocab[ch] = Object.keys(vocab).length;
+  const counts = new Map();
+  for (const w of trainingText.replace(/[^A-Za-z0-9.,' ]/g, " ").replace(/ /g, "▁").match(/▁*[^▁]+/g) ?? []) {
+    counts.set(w, (counts.get(w) ?? 0) + 1);
+  }
+  const words = [...counts].map(([w, c]) => ({ syms: Array.from(w), c }));
+  const merges = [];
+  for (let m = 0; m < numMerges; m++) {
+    const pairs = new Map();
+    for (const { syms, c } of words) {
+      for (let i = 0; i + 1 < syms.length; i++) {
+        const k = syms[i] + "\u0000" + syms[i + 1];
+        pairs.set(k, (pairs.get(k) ?? 0) + c);
+      }
+    }
+    let best = null;
+    for (const [k, c] of pairs) if (best === null || c > best[1] || (c === best[1] && k < best[0])) best = [k, c];
+    if (best === null) break;
+    const [a, b] = best[0].split("\u0000");
+    merges.push(`${a} ${b}`);
+    if (!(a + b in vocab)) vocab[a + b] = Object.keys(vocab).length;
+    for (const w of words) {
+      const out = [];
+      for (let i = 0; i < w.syms.length; i++) {
+        if (i + 1 < w.syms.length && w.syms[i] === a && w.syms[i + 1] === b) { out.push(a + b); i++; } else out.push(w.syms[i]);
+      }
+      w.syms = out;
+    }
+  }
+  return { type: "BPE", dropout: null, unk_token: "<unk>", continuing_subword_prefix: null, end_of_word_suffix: null,
+    fuse_unk: true, byte_fallback: true, ignore_merges: false, vocab, merges };
+}
+
 // ---------------------------------------------------------------------------------------
 // Option tokenizers: one component each, on top of the tiny-gpt2 model unless they bring
 // their own. Stored without the shared model in options/goldens.json.
@@ -343,6 +382,31 @@ function optionTokenizers() {
     "model-prefix-suffix": { model: { type: "BPE", continuing_subword_prefix: "##", end_of_word_suffix: "</w>",
       vocab: { a: 0, "##b": 1, "##c</w>": 2, "a##b": 3, ab: 4, "ab##c</w>": 5, "abc</w>": 6, "a</w>": 7, b: 8, "##a": 9, "##a</w>": 10 },
       merges: ["a ##b", "ab ##c</w>"] }, pre_tokenizer: { type: "WhitespaceSplit" } },
+    "metaspace-always-split": {
+      model: spModel(300),
+      pre_tokenizer: { type: "Metaspace", replacement: "▁", prepend_scheme: "always", split: true },
+      decoder: { type: "Sequence", decoders: [{ type: "Metaspace", replacement: "▁", prepend_scheme: "always", split: true },
+        { type: "ByteFallback" }, { type: "Fuse" }] },
+    },
+    "metaspace-first": {
+      model: spModel(300),
+      added_tokens: [{ id: 1000, content: "<s>", single_word: false, lstrip: false, rstrip: false, normalized: false, special: true },
+        { id: 1001, content: "[INST]", single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }],
+      pre_tokenizer: { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false },
+      decoder: { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false },
+    },
+    "metaspace-never-legacy": {
+      model: spModel(300),
+      pre_tokenizer: { type: "Sequence", pretokenizers: [{ type: "Digits", individual_digits: true },
+        { type: "Metaspace", replacement: "▁", add_prefix_space: false, prepend_scheme: "never" }] },
+      decoder: { type: "Metaspace", replacement: "▁", add_prefix_space: false, prepend_scheme: "never" },
+    },
+    "sentencepiece-legacy": {
+      model: spModel(300),
+      normalizer: { type: "Sequence", normalizers: [{ type: "Prepend", prepend: "▁" }, { type: "Replace", pattern: { String: " " }, content: "▁" }] },
+      decoder: { type: "Sequence", decoders: [{ type: "Replace", pattern: { String: "▁" }, content: " " }, { type: "ByteFallback" },
+        { type: "Fuse" }, { type: "Strip", content: " ", start: 1, stop: 0 }] },
+    },
     "added-ids": { added_tokens: [
       { id: 9999, content: "<gap>", single_word: false, lstrip: false, rstrip: false, normalized: false, special: true },
       { id: 10000, content: "Ġthe", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
@@ -365,6 +429,7 @@ const optionTexts = [
   "", " ", "Hello world", "  leading and trailing  ", "a  b\t\tc\n\nd", "1 12 123 1234", "it's 3.14, ok? (yes!) -- no...",
   "café cafe\u0301 ÅNGSTRÖM ﬁ ① İı", "中文 Привет 🎉👍🏽", "ab abc xab abx a b ab.ab", "the<gap>the <gap> the  <gap>  x",
   "aébé aaa bbb", "abcab abc", "x\u00a0y\u3000z\r\n", "ab\u200c ab\u200dx Ⅻab ab_ab ab\u0301 -ab- ⓐab",
+  "<s>[INST] hello there [INST]again<s> x", " the  quick ▁brown fox 42 ", "▁▁x",
 ];
 
 // ---------------------------------------------------------------------------------------

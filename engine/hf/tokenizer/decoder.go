@@ -97,6 +97,22 @@ func (d replaceDecoder) decodeChain(tokens []string) []string {
 	return out
 }
 
+// metaspaceDecoder turns the replacement character back into spaces; in the first token
+// it drops them (all of them, as Hugging Face does) unless the scheme is never.
+type metaspaceDecoder struct{ st metaspaceStep }
+
+func (d metaspaceDecoder) decodeChain(tokens []string) []string {
+	out := make([]string, len(tokens))
+	for i, t := range tokens {
+		if i == 0 && d.st.scheme != prependNever {
+			out[i] = strings.ReplaceAll(t, d.st.repl, "")
+		} else {
+			out[i] = strings.ReplaceAll(t, d.st.repl, " ")
+		}
+	}
+	return out
+}
+
 type sequenceDecoder []decoder
 
 func (seq sequenceDecoder) decodeChain(tokens []string) []string {
@@ -131,6 +147,12 @@ func parseDecoder(raw json.RawMessage, path string, depth int) (decoder, error) 
 		return byteFallbackDecoder{}, nil
 	case "Fuse":
 		return fuseDecoder{}, nil
+	case "Metaspace":
+		st, err := parseMetaspace(raw, path)
+		if err != nil {
+			return nil, err
+		}
+		return metaspaceDecoder{st}, nil
 	case "Strip":
 		if head.Content == nil || len([]rune(*head.Content)) != 1 {
 			return nil, fmt.Errorf("%s: Strip needs a one-character \"content\"", path)
@@ -163,5 +185,5 @@ func parseDecoder(raw json.RawMessage, path string, depth int) (decoder, error) 
 	case "":
 		return nil, fmt.Errorf("%s: no \"type\"", path)
 	}
-	return nil, fmt.Errorf("%s: decoder type %q is not supported; supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Sequence", path, head.Type)
+	return nil, fmt.Errorf("%s: decoder type %q is not supported; supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence", path, head.Type)
 }

@@ -1,14 +1,16 @@
 // Package tokenizer reads Hugging Face tokenizer.json files and encodes and decodes text
 // token for token as the Hugging Face tokenizers library (0.23) does.
 //
-// It covers the byte-level BPE lineage (GPT-2, Llama-3, Qwen2/Qwen3): the normalizers NFC,
+// It covers BPE tokenizers of the byte-level lineage (GPT-2, Llama-3, Qwen2/Qwen3, DeepSeek,
+// GPT-4o) and of the SentencePiece lineage (Llama-2, Mistral, Gemma): the normalizers NFC,
 // NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, ByteLevel and Sequence;
 // the pre-tokenizers Split (regular expressions with lookahead, every split behaviour,
-// invert), ByteLevel, Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit and Sequence;
+// invert), ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit and
+// Sequence;
 // both merges formats; ignore_merges; byte_fallback; unk_token and fuse_unk;
 // continuing_subword_prefix and end_of_word_suffix; added and special tokens with
 // single_word, lstrip, rstrip and normalized; and the decoders ByteLevel, ByteFallback,
-// Fuse, Strip, Replace and Sequence.
+// Fuse, Strip, Replace, Metaspace and Sequence.
 //
 // Encode equals Hugging Face's Tokenizer.encode(text, add_special_tokens=False).ids:
 // post-processors, truncation and padding are not applied (the post-processor is exposed
@@ -26,8 +28,8 @@
 // Hugging Face tokenizers (scripts/tokenizer-goldens/gen.mjs).
 //
 // It is not a trainer, and it does not implement the Unigram, WordPiece or WordLevel models
-// or the Metaspace pre-tokenizer: loading such a tokenizer.json returns an error that names
-// what is not supported.
+// or BERT-style components: loading such a tokenizer.json returns an error that names what
+// is not supported.
 //
 // A Tokenizer is immutable after loading and safe for concurrent use.
 package tokenizer

@@ -56,7 +56,7 @@ func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 				offs = append(offs, al.span(sub.start, sub.end))
 				continue
 			}
-			runSteps(t.steps, sub.text, sc, func(word string, p wordPos) {
+			runSteps(t.steps, sub.text, seg.start == 0 && sub.start == 0, sc, func(word string, p wordPos) {
 				n := len(ids)
 				ids = t.encodeWord(word, sc, ids)
 				offs = t.wordOffsets(word, p, ids[n:], sub.start, al, offs)

@@ -3,7 +3,9 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // gpt2Pattern is the regular expression of the ByteLevel pre-tokenizer with use_regex.
@@ -12,7 +14,8 @@ const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 // preStep is one pre-tokenization step: it splits s into pieces and calls emit for each
 // non-empty one.
 type preStep interface {
-	split(s string, sc *scratch, emit emitFunc)
+	// split splits s; origin says whether s starts at the beginning of the input text.
+	split(s string, origin bool, sc *scratch, emit emitFunc)
 }
 
 // emitFunc receives a word and where it comes from in the step's input.
@@ -38,7 +41,7 @@ type splitStep struct {
 	invert   bool
 }
 
-func (p splitStep) split(s string, sc *scratch, emit emitFunc) {
+func (p splitStep) split(s string, _ bool, sc *scratch, emit emitFunc) {
 	splitBy(s, p.m, p.behavior, p.invert, &sc.spans, func(w string, off int) {
 		emit(w, wordPos{off: off, n: len(w)})
 	})
@@ -53,7 +56,7 @@ type byteLevelStep struct {
 	mapBytes       bool
 }
 
-func (p byteLevelStep) split(s string, sc *scratch, emit emitFunc) {
+func (p byteLevelStep) split(s string, _ bool, sc *scratch, emit emitFunc) {
 	syn := 0
 	if p.addPrefixSpace && len(s) > 0 && s[0] != ' ' {
 		s = " " + s
@@ -79,8 +82,8 @@ func (p byteLevelStep) split(s string, sc *scratch, emit emitFunc) {
 }
 
 // runSteps applies steps in order: every piece produced by one step is split by the next.
-// Positions are composed so that they refer to s.
-func runSteps(steps []preStep, s string, sc *scratch, emit emitFunc) {
+// Positions are composed so that they refer to s; origin says whether s starts the input.
+func runSteps(steps []preStep, s string, origin bool, sc *scratch, emit emitFunc) {
 	if len(steps) == 0 {
 		if s != "" {
 			emit(s, wordPos{n: len(s)})
@@ -88,7 +91,7 @@ func runSteps(steps []preStep, s string, sc *scratch, emit emitFunc) {
 		return
 	}
 	if len(steps) == 1 {
-		steps[0].split(s, sc, emit)
+		steps[0].split(s, origin, sc, emit)
 		return
 	}
 	// Collect the first step's pieces before running the rest: the steps share scratch.
@@ -97,10 +100,10 @@ func runSteps(steps []preStep, s string, sc *scratch, emit emitFunc) {
 		pos wordPos
 	}
 	var pieces []pieceAt
-	steps[0].split(s, sc, func(w string, p wordPos) { pieces = append(pieces, pieceAt{w, p}) })
+	steps[0].split(s, origin, sc, func(w string, p wordPos) { pieces = append(pieces, pieceAt{w, p}) })
 	for _, pc := range pieces {
 		parent := pc.pos
-		runSteps(steps[1:], pc.w, sc, func(w string, p wordPos) {
+		runSteps(steps[1:], pc.w, origin && parent.off == 0, sc, func(w string, p wordPos) {
 			emit(w, composePos(parent, p))
 		})
 	}
@@ -118,6 +121,41 @@ func composePos(parent, child wordPos) wordPos {
 	out := wordPos{off: parent.off + start, syn: child.syn + synFromParent, coarse: child.coarse}
 	out.n = child.n - synFromParent
 	return out
+}
+
+// Metaspace prepend schemes.
+const (
+	prependAlways = iota
+	prependFirst
+	prependNever
+)
+
+// metaspaceStep is the Metaspace pre-tokenizer (SentencePiece style): spaces become the
+// replacement character, which is also put in front of the text, and the text is split
+// before each replacement character when split is set. Its words are transformed copies, so
+// EncodeOffsets gives their tokens the whole piece's range.
+type metaspaceStep struct {
+	repl        string
+	scheme      int
+	splitAtRepl bool
+}
+
+func (p metaspaceStep) split(s string, origin bool, sc *scratch, emit emitFunc) {
+	if s == "" {
+		return
+	}
+	whole := wordPos{off: 0, n: len(s), coarse: true}
+	w := strings.ReplaceAll(s, " ", p.repl)
+	if !strings.HasPrefix(w, p.repl) && (p.scheme == prependAlways || p.scheme == prependFirst && origin) {
+		w = p.repl + w
+	}
+	if !p.splitAtRepl {
+		emit(w, whole)
+		return
+	}
+	splitBy(w, literalMatcher{p.repl}, behaviorMergedWithNext, false, &sc.spans, func(x string, _ int) {
+		emit(x, whole)
+	})
 }
 
 func isHFPunctuation(r rune) bool { return unicode.Is(hfPunct, r) }
@@ -197,6 +235,12 @@ func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) (
 			step.useRegex = m
 		}
 		return []preStep{step}, last, nil
+	case "Metaspace":
+		st, err := parseMetaspace(raw, path)
+		if err != nil {
+			return nil, false, err
+		}
+		return []preStep{st}, false, nil
 	case "Digits":
 		b := behaviorContiguous
 		if head.Individual {
@@ -220,5 +264,45 @@ func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) (
 	case "":
 		return nil, false, fmt.Errorf("%s: no \"type\"", path)
 	}
-	return nil, false, fmt.Errorf("%s: pre-tokenizer type %q is not supported; supported: Sequence, Split, ByteLevel, Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit", path, head.Type)
+	return nil, false, fmt.Errorf("%s: pre-tokenizer type %q is not supported; supported: Sequence, Split, ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit", path, head.Type)
+}
+
+// parseMetaspace reads a Metaspace pre-tokenizer or decoder: replacement, prepend_scheme
+// (always, first, never; older files say add_prefix_space instead) and split.
+func parseMetaspace(raw json.RawMessage, path string) (metaspaceStep, error) {
+	var m struct {
+		Replacement    *string `json:"replacement"`
+		PrependScheme  *string `json:"prepend_scheme"`
+		AddPrefixSpace *bool   `json:"add_prefix_space"`
+		Split          *bool   `json:"split"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return metaspaceStep{}, fmt.Errorf("%s: %v", path, err)
+	}
+	st := metaspaceStep{repl: "\u2581", scheme: prependAlways, splitAtRepl: true}
+	if m.Replacement != nil {
+		if utf8.RuneCountInString(*m.Replacement) != 1 {
+			return st, fmt.Errorf("%s: Metaspace replacement %q is not one character", path, *m.Replacement)
+		}
+		st.repl = *m.Replacement
+	}
+	switch {
+	case m.PrependScheme != nil:
+		switch *m.PrependScheme {
+		case "always":
+			st.scheme = prependAlways
+		case "first":
+			st.scheme = prependFirst
+		case "never":
+			st.scheme = prependNever
+		default:
+			return st, fmt.Errorf("%s: Metaspace prepend_scheme %q is not one of always, first, never", path, *m.PrependScheme)
+		}
+	case m.AddPrefixSpace != nil && !*m.AddPrefixSpace:
+		st.scheme = prependNever
+	}
+	if m.Split != nil {
+		st.splitAtRepl = *m.Split
+	}
+	return st, nil
 }

@@ -381,23 +381,24 @@ func (t *Tokenizer) encode(text string, sc *scratch, dst []int32) []int32 {
 			s = t.normalizer.normalize(s)
 		}
 		if t.added.norm.empty() {
-			dst = t.encodeText(s, sc, dst)
+			dst = t.encodeText(s, seg.start == 0, sc, dst)
 			continue
 		}
 		for _, nseg := range t.added.findMatches(s, t.added.norm, nil) {
 			if nseg.id >= 0 {
 				dst = append(dst, nseg.id)
 			} else {
-				dst = t.encodeText(nseg.text, sc, dst)
+				dst = t.encodeText(nseg.text, seg.start == 0 && nseg.start == 0, sc, dst)
 			}
 		}
 	}
 	return dst
 }
 
-// encodeText pre-tokenizes normalized text and encodes every word.
-func (t *Tokenizer) encodeText(s string, sc *scratch, dst []int32) []int32 {
-	runSteps(t.steps, s, sc, func(word string, _ wordPos) {
+// encodeText pre-tokenizes normalized text and encodes every word; origin says whether s
+// starts the input text.
+func (t *Tokenizer) encodeText(s string, origin bool, sc *scratch, dst []int32) []int32 {
+	runSteps(t.steps, s, origin, sc, func(word string, _ wordPos) {
 		dst = t.encodeWord(word, sc, dst)
 	})
 	return dst

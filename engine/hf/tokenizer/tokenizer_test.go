@@ -249,7 +249,7 @@ func TestLoadErrors(t *testing.T) {
 		{"unk not in vocab", bpe(`,"unk_token":"<unk>"`), `model.unk_token "<unk>" is not in model.vocab`},
 		{"unknown normalizer", `{"normalizer":{"type":"Precompiled"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `normalizer: normalizer type "Precompiled" is not supported`},
 		{"nested bad normalizer", `{"normalizer":{"type":"Sequence","normalizers":[{"type":"NFC"},{"type":"Nope"}]},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `normalizer.normalizers[1]: normalizer type "Nope"`},
-		{"unknown pre-tokenizer", `{"pre_tokenizer":{"type":"Metaspace"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `pre_tokenizer: pre-tokenizer type "Metaspace" is not supported`},
+		{"unknown pre-tokenizer", `{"pre_tokenizer":{"type":"BertPreTokenizer"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `pre_tokenizer: pre-tokenizer type "BertPreTokenizer" is not supported`},
 		{"bad regex", `{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(a"},"behavior":"Isolated"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `pre_tokenizer: Split: regular expression "(a" does not compile`},
 		{"bad behavior", `{"pre_tokenizer":{"type":"Split","pattern":{"String":"a"},"behavior":"Sideways"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `behavior "Sideways" is not one of`},
 		{"split without pattern", `{"pre_tokenizer":{"type":"Split","behavior":"Isolated"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, `Split: pattern is missing`},
