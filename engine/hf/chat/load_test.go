@@ -159,3 +159,24 @@ func TestRenderErrorKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestKwargsGoValues checks template variables given as Go values and as raw JSON.
+func TestKwargsGoValues(t *testing.T) {
+	tmpl, err := FromSource(`{{ flag }}|{{ n + 1 }}|{{ f }}|{{ names | join(',') }}|{{ m.b }}{{ m | tojson }}|{{ raw.x[1] }}|{{ nothing is none }}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tmpl.Render(nil, Options{Kwargs: map[string]any{
+		"flag": false, "n": 41, "f": 2.0, "names": []string{"a", "b"}, "m": map[string]int{"b": 2, "a": 1},
+		"raw": json.RawMessage(`{"x": [1, 2.5]}`), "nothing": nil,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `False|42|2.0|a,b|2{"a": 1, "b": 2}|2.5|True`; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if _, err := tmpl.Render(nil, Options{Kwargs: map[string]any{"raw": json.RawMessage(`{bad`)}}); err == nil || !strings.Contains(err.Error(), `template argument "raw"`) {
+		t.Fatalf("bad raw kwarg: %v", err)
+	}
+}
