@@ -6,11 +6,10 @@
 // NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, ByteLevel and Sequence;
 // the pre-tokenizers Split (regular expressions with lookahead, every split behaviour,
 // invert), ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit and
-// Sequence;
-// both merges formats; ignore_merges; byte_fallback; unk_token and fuse_unk;
+// Sequence; both merges formats; ignore_merges; byte_fallback; unk_token and fuse_unk;
 // continuing_subword_prefix and end_of_word_suffix; added and special tokens with
-// single_word, lstrip, rstrip and normalized; and the decoders ByteLevel, ByteFallback,
-// Fuse, Strip, Replace, Metaspace and Sequence.
+// single_word, lstrip, rstrip and normalized; and the decoders ByteLevel, ByteFallback, Fuse,
+// Strip, Replace, Metaspace and Sequence.
 //
 // Encode equals Hugging Face's Tokenizer.encode(text, add_special_tokens=False).ids:
 // post-processors, truncation and padding are not applied (the post-processor is exposed
