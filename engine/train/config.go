@@ -379,8 +379,8 @@ func (c *Config) Validate() error {
 		if sy.MaxOperand < 1 || sy.MaxOperand > 1_000_000 {
 			bad("dataset.synthetic.max_operand", "%d must be in [1, 1000000]", sy.MaxOperand)
 		}
-		if sy.Train < 1 || sy.Eval < 0 {
-			bad("dataset.synthetic.train", "need train >= 1 and eval >= 0, got %d and %d", sy.Train, sy.Eval)
+		if sy.Train < 1 || sy.Eval < 0 || sy.Train > 10_000_000 || sy.Eval > 10_000_000 {
+			bad("dataset.synthetic.train", "need train in [1, 10000000] and eval in [0, 10000000], got %d and %d", sy.Train, sy.Eval)
 		} else if n := (sy.MaxOperand + 1) * (sy.MaxOperand + 1); sy.MaxOperand >= 1 && sy.MaxOperand <= 1_000_000 && sy.Train+sy.Eval > n {
 			bad("dataset.synthetic.train", "%d train + %d eval chats: only %d distinct problems have operands up to %d", sy.Train, sy.Eval, n, sy.MaxOperand)
 		}
