@@ -26,6 +26,7 @@ import (
 type (
 	StepMetrics     = halov1.StepMetrics
 	StepProfile     = halov1.StepProfile
+	DeviceMemory    = halov1.DeviceMemory
 	StatusResponse  = halov1.StatusResponse
 	Hyper           = halov1.Hyper
 	SetHyperRequest = halov1.SetHyperRequest

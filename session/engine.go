@@ -269,6 +269,7 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 		return nil, err
 	}
 	pm := metricsPB(m)
+	e.addDeviceMetrics(pm)
 	if cfg := e.t.Cfg; e.t.HasEval() && cfg.Run.EvalSteps > 0 && m.Step%cfg.Run.EvalSteps == 0 {
 		if el, err := e.t.Eval(ctx); err == nil {
 			pm.EvalLoss = &el
@@ -278,6 +279,22 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 	}
 	e.afterStep(pm, ps)
 	return pm, nil
+}
+
+// addDeviceMetrics adds model FLOPs, throughput and memory to a step's metrics, and resets
+// the memory peak for the next step.
+func (e *engine) addDeviceMetrics(pm *halov1.StepMetrics) {
+	m := e.t.Model
+	a := m.Arch
+	tokens := float64(pm.Tokens)
+	pm.ModelFlops = 6*float64(m.NumParams())*tokens + 6*float64(a.Layers)*float64(a.Hidden)*float64(e.t.Cfg.Batch.MaxLength)*tokens
+	if pm.StepTimeS > 0 {
+		pm.Tflops = pm.ModelFlops / pm.StepTimeS / 1e12
+	}
+	b := m.Backend()
+	ms := b.MemStats()
+	pm.Memory = []*halov1.DeviceMemory{{Device: b.Name(), AllocatedBytes: ms.Allocated, ReservedBytes: ms.Reserved, PeakBytes: ms.Peak, TotalBytes: ms.Total}}
+	b.ResetPeak()
 }
 
 // beginCapture starts capturing activations when a capture is armed.

@@ -167,9 +167,6 @@ func (h *handler) Events(ctx context.Context, r *halov1.EventsRequest, st halov1
 	if err := st.Send(first); err != nil {
 		return err
 	}
-	if err := st.SendHeaders(); err != nil {
-		return err
-	}
 	for {
 		select {
 		case <-ctx.Done():

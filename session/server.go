@@ -467,7 +467,9 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 			e.rec.Enable(false, false)
 			e.rec.Steps()
 		}
-		e.afterStep(metricsPB(m), ps)
+		pm := metricsPB(m)
+		e.addDeviceMetrics(pm)
+		e.afterStep(pm, ps)
 		if userOnStep != nil {
 			userOnStep(m)
 		}

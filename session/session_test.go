@@ -40,6 +40,12 @@ func TestLoadStepPauseResume(t *testing.T) {
 		if m.Step != int64(i+1) || !(m.Loss > 0) || m.Tokens == 0 || m.StepTimeS <= 0 {
 			t.Fatalf("metrics %d: %v", i, m)
 		}
+		if len(m.Memory) != 1 || m.Memory[0].Device != "cpu" || m.Memory[0].AllocatedBytes <= 0 || m.Memory[0].PeakBytes < m.Memory[0].AllocatedBytes {
+			t.Fatalf("metrics %d memory: %v", i, m.Memory)
+		}
+		if m.ModelFlops < 6*float64(m.Tokens) || m.Tflops <= 0 {
+			t.Fatalf("metrics %d: model flops %g, %g TFLOP/s", i, m.ModelFlops, m.Tflops)
+		}
 	}
 	if st := status(t, c); st.Step != 3 || st.State != StateIdle || st.LastMetrics.GetStep() != 3 {
 		t.Fatalf("after Step(3): %v step %d", st.State, st.Step)

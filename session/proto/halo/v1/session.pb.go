@@ -261,18 +261,26 @@ func (x *LoadResponse) GetStatus() *StatusResponse {
 }
 
 type StepMetrics struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Step          int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
-	Loss          float64                `protobuf:"fixed64,2,opt,name=loss,proto3" json:"loss,omitempty"`
-	GradNorm      float64                `protobuf:"fixed64,3,opt,name=grad_norm,json=gradNorm,proto3" json:"grad_norm,omitempty"`
-	Lr            float64                `protobuf:"fixed64,4,opt,name=lr,proto3" json:"lr,omitempty"`
-	Tokens        int64                  `protobuf:"varint,5,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	TokensPerS    float64                `protobuf:"fixed64,6,opt,name=tokens_per_s,json=tokensPerS,proto3" json:"tokens_per_s,omitempty"`
-	Targets       int64                  `protobuf:"varint,7,opt,name=targets,proto3" json:"targets,omitempty"`
-	Epoch         float64                `protobuf:"fixed64,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	StepTimeS     float64                `protobuf:"fixed64,9,opt,name=step_time_s,json=stepTimeS,proto3" json:"step_time_s,omitempty"`
-	TimeByOpS     map[string]float64     `protobuf:"bytes,10,rep,name=time_by_op_s,json=timeByOpS,proto3" json:"time_by_op_s,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	EvalLoss      *float64               `protobuf:"fixed64,11,opt,name=eval_loss,json=evalLoss,proto3,oneof" json:"eval_loss,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Step       int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Loss       float64                `protobuf:"fixed64,2,opt,name=loss,proto3" json:"loss,omitempty"`
+	GradNorm   float64                `protobuf:"fixed64,3,opt,name=grad_norm,json=gradNorm,proto3" json:"grad_norm,omitempty"`
+	Lr         float64                `protobuf:"fixed64,4,opt,name=lr,proto3" json:"lr,omitempty"`
+	Tokens     int64                  `protobuf:"varint,5,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	TokensPerS float64                `protobuf:"fixed64,6,opt,name=tokens_per_s,json=tokensPerS,proto3" json:"tokens_per_s,omitempty"`
+	Targets    int64                  `protobuf:"varint,7,opt,name=targets,proto3" json:"targets,omitempty"`
+	Epoch      float64                `protobuf:"fixed64,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	StepTimeS  float64                `protobuf:"fixed64,9,opt,name=step_time_s,json=stepTimeS,proto3" json:"step_time_s,omitempty"`
+	// time_by_op_s splits the step by op class while it was profiled (else empty).
+	TimeByOpS map[string]float64 `protobuf:"bytes,10,rep,name=time_by_op_s,json=timeByOpS,proto3" json:"time_by_op_s,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	EvalLoss  *float64           `protobuf:"fixed64,11,opt,name=eval_loss,json=evalLoss,proto3,oneof" json:"eval_loss,omitempty"`
+	// model_flops counts the step's model FLOPs: 6 * parameters * tokens plus causal attention
+	// 6 * layers * hidden * max_length * tokens (an upper bound with packing).
+	ModelFlops float64 `protobuf:"fixed64,12,opt,name=model_flops,json=modelFlops,proto3" json:"model_flops,omitempty"`
+	// tflops is model_flops over the step time, in TFLOP/s.
+	Tflops float64 `protobuf:"fixed64,13,opt,name=tflops,proto3" json:"tflops,omitempty"`
+	// memory is each device's memory after the step.
+	Memory        []*DeviceMemory `protobuf:"bytes,14,rep,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,6 +392,103 @@ func (x *StepMetrics) GetEvalLoss() float64 {
 	return 0
 }
 
+func (x *StepMetrics) GetModelFlops() float64 {
+	if x != nil {
+		return x.ModelFlops
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetTflops() float64 {
+	if x != nil {
+		return x.Tflops
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetMemory() []*DeviceMemory {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+type DeviceMemory struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Device         string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	AllocatedBytes int64                  `protobuf:"varint,2,opt,name=allocated_bytes,json=allocatedBytes,proto3" json:"allocated_bytes,omitempty"` // in live tensors
+	ReservedBytes  int64                  `protobuf:"varint,3,opt,name=reserved_bytes,json=reservedBytes,proto3" json:"reserved_bytes,omitempty"`    // held from the device by the allocator
+	PeakBytes      int64                  `protobuf:"varint,4,opt,name=peak_bytes,json=peakBytes,proto3" json:"peak_bytes,omitempty"`                // high-water mark of allocated since the previous step
+	TotalBytes     int64                  `protobuf:"varint,5,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`             // device capacity, 0 when unknown
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DeviceMemory) Reset() {
+	*x = DeviceMemory{}
+	mi := &file_halo_v1_session_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceMemory) ProtoMessage() {}
+
+func (x *DeviceMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceMemory.ProtoReflect.Descriptor instead.
+func (*DeviceMemory) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeviceMemory) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *DeviceMemory) GetAllocatedBytes() int64 {
+	if x != nil {
+		return x.AllocatedBytes
+	}
+	return 0
+}
+
+func (x *DeviceMemory) GetReservedBytes() int64 {
+	if x != nil {
+		return x.ReservedBytes
+	}
+	return 0
+}
+
+func (x *DeviceMemory) GetPeakBytes() int64 {
+	if x != nil {
+		return x.PeakBytes
+	}
+	return 0
+}
+
+func (x *DeviceMemory) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
 type StepRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	N             int32                  `protobuf:"varint,1,opt,name=n,proto3" json:"n,omitempty"`
@@ -393,7 +498,7 @@ type StepRequest struct {
 
 func (x *StepRequest) Reset() {
 	*x = StepRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[3]
+	mi := &file_halo_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +510,7 @@ func (x *StepRequest) String() string {
 func (*StepRequest) ProtoMessage() {}
 
 func (x *StepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[3]
+	mi := &file_halo_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +523,7 @@ func (x *StepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRequest.ProtoReflect.Descriptor instead.
 func (*StepRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StepRequest) GetN() int32 {
@@ -437,7 +542,7 @@ type StepResponse struct {
 
 func (x *StepResponse) Reset() {
 	*x = StepResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[4]
+	mi := &file_halo_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +554,7 @@ func (x *StepResponse) String() string {
 func (*StepResponse) ProtoMessage() {}
 
 func (x *StepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[4]
+	mi := &file_halo_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +567,7 @@ func (x *StepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepResponse.ProtoReflect.Descriptor instead.
 func (*StepResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StepResponse) GetMetrics() []*StepMetrics {
@@ -482,7 +587,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[5]
+	mi := &file_halo_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +599,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[5]
+	mi := &file_halo_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +612,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RunRequest) GetMaxSteps() int64 {
@@ -526,7 +631,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[6]
+	mi := &file_halo_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +643,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[6]
+	mi := &file_halo_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +656,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunResponse) GetStatus() *StatusResponse {
@@ -569,7 +674,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[7]
+	mi := &file_halo_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +686,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[7]
+	mi := &file_halo_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +699,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 type PauseResponse struct {
@@ -606,7 +711,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[8]
+	mi := &file_halo_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +723,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[8]
+	mi := &file_halo_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +736,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PauseResponse) GetStatus() *StatusResponse {
@@ -649,7 +754,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[9]
+	mi := &file_halo_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +766,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[9]
+	mi := &file_halo_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +779,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 type ResumeResponse struct {
@@ -686,7 +791,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[10]
+	mi := &file_halo_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +803,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[10]
+	mi := &file_halo_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +816,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResumeResponse) GetStatus() *StatusResponse {
@@ -729,7 +834,7 @@ type EvalRequest struct {
 
 func (x *EvalRequest) Reset() {
 	*x = EvalRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[11]
+	mi := &file_halo_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +846,7 @@ func (x *EvalRequest) String() string {
 func (*EvalRequest) ProtoMessage() {}
 
 func (x *EvalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[11]
+	mi := &file_halo_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +859,7 @@ func (x *EvalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalRequest.ProtoReflect.Descriptor instead.
 func (*EvalRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 type EvalResponse struct {
@@ -767,7 +872,7 @@ type EvalResponse struct {
 
 func (x *EvalResponse) Reset() {
 	*x = EvalResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[12]
+	mi := &file_halo_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +884,7 @@ func (x *EvalResponse) String() string {
 func (*EvalResponse) ProtoMessage() {}
 
 func (x *EvalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[12]
+	mi := &file_halo_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +897,7 @@ func (x *EvalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalResponse.ProtoReflect.Descriptor instead.
 func (*EvalResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EvalResponse) GetLoss() float64 {
@@ -825,7 +930,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[13]
+	mi := &file_halo_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +942,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[13]
+	mi := &file_halo_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +955,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GenerateRequest) GetPrompt() string {
@@ -913,7 +1018,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[14]
+	mi := &file_halo_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1030,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[14]
+	mi := &file_halo_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1043,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GenerateResponse) GetText() string {
@@ -971,7 +1076,7 @@ type SaveRequest struct {
 
 func (x *SaveRequest) Reset() {
 	*x = SaveRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[15]
+	mi := &file_halo_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1088,7 @@ func (x *SaveRequest) String() string {
 func (*SaveRequest) ProtoMessage() {}
 
 func (x *SaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[15]
+	mi := &file_halo_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1101,7 @@ func (x *SaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveRequest.ProtoReflect.Descriptor instead.
 func (*SaveRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SaveRequest) GetDir() string {
@@ -1016,7 +1121,7 @@ type SaveResponse struct {
 
 func (x *SaveResponse) Reset() {
 	*x = SaveResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[16]
+	mi := &file_halo_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1133,7 @@ func (x *SaveResponse) String() string {
 func (*SaveResponse) ProtoMessage() {}
 
 func (x *SaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[16]
+	mi := &file_halo_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1146,7 @@ func (x *SaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveResponse.ProtoReflect.Descriptor instead.
 func (*SaveResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SaveResponse) GetDir() string {
@@ -1074,7 +1179,7 @@ type Hyper struct {
 
 func (x *Hyper) Reset() {
 	*x = Hyper{}
-	mi := &file_halo_v1_session_proto_msgTypes[17]
+	mi := &file_halo_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1191,7 @@ func (x *Hyper) String() string {
 func (*Hyper) ProtoMessage() {}
 
 func (x *Hyper) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[17]
+	mi := &file_halo_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1204,7 @@ func (x *Hyper) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hyper.ProtoReflect.Descriptor instead.
 func (*Hyper) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Hyper) GetLearningRate() float64 {
@@ -1166,7 +1271,7 @@ type GetHyperRequest struct {
 
 func (x *GetHyperRequest) Reset() {
 	*x = GetHyperRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[18]
+	mi := &file_halo_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1283,7 @@ func (x *GetHyperRequest) String() string {
 func (*GetHyperRequest) ProtoMessage() {}
 
 func (x *GetHyperRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[18]
+	mi := &file_halo_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1296,7 @@ func (x *GetHyperRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHyperRequest.ProtoReflect.Descriptor instead.
 func (*GetHyperRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 type SetHyperRequest struct {
@@ -1210,7 +1315,7 @@ type SetHyperRequest struct {
 
 func (x *SetHyperRequest) Reset() {
 	*x = SetHyperRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[19]
+	mi := &file_halo_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1327,7 @@ func (x *SetHyperRequest) String() string {
 func (*SetHyperRequest) ProtoMessage() {}
 
 func (x *SetHyperRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[19]
+	mi := &file_halo_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1340,7 @@ func (x *SetHyperRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHyperRequest.ProtoReflect.Descriptor instead.
 func (*SetHyperRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetHyperRequest) GetLearningRate() float64 {
@@ -1312,7 +1417,7 @@ type TensorStats struct {
 
 func (x *TensorStats) Reset() {
 	*x = TensorStats{}
-	mi := &file_halo_v1_session_proto_msgTypes[20]
+	mi := &file_halo_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1429,7 @@ func (x *TensorStats) String() string {
 func (*TensorStats) ProtoMessage() {}
 
 func (x *TensorStats) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[20]
+	mi := &file_halo_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1442,7 @@ func (x *TensorStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorStats.ProtoReflect.Descriptor instead.
 func (*TensorStats) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TensorStats) GetName() string {
@@ -1430,7 +1535,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[21]
+	mi := &file_halo_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1547,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[21]
+	mi := &file_halo_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1560,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *InspectRequest) GetName() string {
@@ -1504,7 +1609,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[22]
+	mi := &file_halo_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1621,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[22]
+	mi := &file_halo_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1634,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InspectResponse) GetStats() []*TensorStats {
@@ -1573,7 +1678,7 @@ type StepProfile struct {
 
 func (x *StepProfile) Reset() {
 	*x = StepProfile{}
-	mi := &file_halo_v1_session_proto_msgTypes[23]
+	mi := &file_halo_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1690,7 @@ func (x *StepProfile) String() string {
 func (*StepProfile) ProtoMessage() {}
 
 func (x *StepProfile) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[23]
+	mi := &file_halo_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1703,7 @@ func (x *StepProfile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepProfile.ProtoReflect.Descriptor instead.
 func (*StepProfile) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StepProfile) GetStep() int64 {
@@ -1675,7 +1780,7 @@ type ProfileRequest struct {
 
 func (x *ProfileRequest) Reset() {
 	*x = ProfileRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[24]
+	mi := &file_halo_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1792,7 @@ func (x *ProfileRequest) String() string {
 func (*ProfileRequest) ProtoMessage() {}
 
 func (x *ProfileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[24]
+	mi := &file_halo_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1805,7 @@ func (x *ProfileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProfileRequest.ProtoReflect.Descriptor instead.
 func (*ProfileRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProfileRequest) GetSteps() int32 {
@@ -1727,7 +1832,7 @@ type ProfileResponse struct {
 
 func (x *ProfileResponse) Reset() {
 	*x = ProfileResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[25]
+	mi := &file_halo_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1844,7 @@ func (x *ProfileResponse) String() string {
 func (*ProfileResponse) ProtoMessage() {}
 
 func (x *ProfileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[25]
+	mi := &file_halo_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1857,7 @@ func (x *ProfileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProfileResponse.ProtoReflect.Descriptor instead.
 func (*ProfileResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProfileResponse) GetSteps() []*StepProfile {
@@ -1781,7 +1886,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_halo_v1_session_proto_msgTypes[26]
+	mi := &file_halo_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1898,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[26]
+	mi := &file_halo_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +1911,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -1845,7 +1950,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[27]
+	mi := &file_halo_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1962,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[27]
+	mi := &file_halo_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1975,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 type StatusResponse struct {
@@ -1893,7 +1998,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[28]
+	mi := &file_halo_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2010,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[28]
+	mi := &file_halo_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2023,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatusResponse) GetName() string {
@@ -2016,7 +2121,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[29]
+	mi := &file_halo_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +2133,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[29]
+	mi := &file_halo_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +2146,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *EventsRequest) GetBuffer() int32 {
@@ -2069,7 +2174,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_halo_v1_session_proto_msgTypes[30]
+	mi := &file_halo_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2186,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[30]
+	mi := &file_halo_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2199,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -2207,7 +2312,7 @@ type LogEvent struct {
 
 func (x *LogEvent) Reset() {
 	*x = LogEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[31]
+	mi := &file_halo_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2324,7 @@ func (x *LogEvent) String() string {
 func (*LogEvent) ProtoMessage() {}
 
 func (x *LogEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[31]
+	mi := &file_halo_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2337,7 @@ func (x *LogEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEvent.ProtoReflect.Descriptor instead.
 func (*LogEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *LogEvent) GetLevel() string {
@@ -2261,7 +2366,7 @@ type StateEvent struct {
 
 func (x *StateEvent) Reset() {
 	*x = StateEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[32]
+	mi := &file_halo_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2378,7 @@ func (x *StateEvent) String() string {
 func (*StateEvent) ProtoMessage() {}
 
 func (x *StateEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[32]
+	mi := &file_halo_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2391,7 @@ func (x *StateEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateEvent.ProtoReflect.Descriptor instead.
 func (*StateEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StateEvent) GetState() State {
@@ -2327,7 +2432,7 @@ type DroppedEvent struct {
 
 func (x *DroppedEvent) Reset() {
 	*x = DroppedEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[33]
+	mi := &file_halo_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2444,7 @@ func (x *DroppedEvent) String() string {
 func (*DroppedEvent) ProtoMessage() {}
 
 func (x *DroppedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[33]
+	mi := &file_halo_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2457,7 @@ func (x *DroppedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DroppedEvent.ProtoReflect.Descriptor instead.
 func (*DroppedEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DroppedEvent) GetCount() int64 {
@@ -2372,7 +2477,7 @@ type ControlRequest struct {
 
 func (x *ControlRequest) Reset() {
 	*x = ControlRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[34]
+	mi := &file_halo_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2489,7 @@ func (x *ControlRequest) String() string {
 func (*ControlRequest) ProtoMessage() {}
 
 func (x *ControlRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[34]
+	mi := &file_halo_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2502,7 @@ func (x *ControlRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRequest.ProtoReflect.Descriptor instead.
 func (*ControlRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ControlRequest) GetAction() ControlAction {
@@ -2424,7 +2529,7 @@ type ControlResponse struct {
 
 func (x *ControlResponse) Reset() {
 	*x = ControlResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2541,7 @@ func (x *ControlResponse) String() string {
 func (*ControlResponse) ProtoMessage() {}
 
 func (x *ControlResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2554,7 @@ func (x *ControlResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlResponse.ProtoReflect.Descriptor instead.
 func (*ControlResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ControlResponse) GetController() string {
@@ -2480,7 +2585,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\toverrides\x18\x04 \x03(\tR\toverrides\"Y\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\asummary\x18\x01 \x01(\tR\asummary\x12/\n" +
-	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\xa0\x03\n" +
+	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\x88\x04\n" +
 	"\vStepMetrics\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x1b\n" +
@@ -2494,12 +2599,24 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\vstep_time_s\x18\t \x01(\x01R\tstepTimeS\x12D\n" +
 	"\ftime_by_op_s\x18\n" +
 	" \x03(\v2#.halo.v1.StepMetrics.TimeByOpSEntryR\ttimeByOpS\x12 \n" +
-	"\teval_loss\x18\v \x01(\x01H\x00R\bevalLoss\x88\x01\x01\x1a<\n" +
+	"\teval_loss\x18\v \x01(\x01H\x00R\bevalLoss\x88\x01\x01\x12\x1f\n" +
+	"\vmodel_flops\x18\f \x01(\x01R\n" +
+	"modelFlops\x12\x16\n" +
+	"\x06tflops\x18\r \x01(\x01R\x06tflops\x12-\n" +
+	"\x06memory\x18\x0e \x03(\v2\x15.halo.v1.DeviceMemoryR\x06memory\x1a<\n" +
 	"\x0eTimeByOpSEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_eval_loss\"\x1b\n" +
+	"_eval_loss\"\xb6\x01\n" +
+	"\fDeviceMemory\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12'\n" +
+	"\x0fallocated_bytes\x18\x02 \x01(\x03R\x0eallocatedBytes\x12%\n" +
+	"\x0ereserved_bytes\x18\x03 \x01(\x03R\rreservedBytes\x12\x1d\n" +
+	"\n" +
+	"peak_bytes\x18\x04 \x01(\x03R\tpeakBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x05 \x01(\x03R\n" +
+	"totalBytes\"\x1b\n" +
 	"\vStepRequest\x12\f\n" +
 	"\x01n\x18\x01 \x01(\x05R\x01n\">\n" +
 	"\fStepResponse\x12.\n" +
@@ -2717,108 +2834,110 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),               // 0: halo.v1.State
 	(ControlAction)(0),       // 1: halo.v1.ControlAction
 	(*LoadRequest)(nil),      // 2: halo.v1.LoadRequest
 	(*LoadResponse)(nil),     // 3: halo.v1.LoadResponse
 	(*StepMetrics)(nil),      // 4: halo.v1.StepMetrics
-	(*StepRequest)(nil),      // 5: halo.v1.StepRequest
-	(*StepResponse)(nil),     // 6: halo.v1.StepResponse
-	(*RunRequest)(nil),       // 7: halo.v1.RunRequest
-	(*RunResponse)(nil),      // 8: halo.v1.RunResponse
-	(*PauseRequest)(nil),     // 9: halo.v1.PauseRequest
-	(*PauseResponse)(nil),    // 10: halo.v1.PauseResponse
-	(*ResumeRequest)(nil),    // 11: halo.v1.ResumeRequest
-	(*ResumeResponse)(nil),   // 12: halo.v1.ResumeResponse
-	(*EvalRequest)(nil),      // 13: halo.v1.EvalRequest
-	(*EvalResponse)(nil),     // 14: halo.v1.EvalResponse
-	(*GenerateRequest)(nil),  // 15: halo.v1.GenerateRequest
-	(*GenerateResponse)(nil), // 16: halo.v1.GenerateResponse
-	(*SaveRequest)(nil),      // 17: halo.v1.SaveRequest
-	(*SaveResponse)(nil),     // 18: halo.v1.SaveResponse
-	(*Hyper)(nil),            // 19: halo.v1.Hyper
-	(*GetHyperRequest)(nil),  // 20: halo.v1.GetHyperRequest
-	(*SetHyperRequest)(nil),  // 21: halo.v1.SetHyperRequest
-	(*TensorStats)(nil),      // 22: halo.v1.TensorStats
-	(*InspectRequest)(nil),   // 23: halo.v1.InspectRequest
-	(*InspectResponse)(nil),  // 24: halo.v1.InspectResponse
-	(*StepProfile)(nil),      // 25: halo.v1.StepProfile
-	(*ProfileRequest)(nil),   // 26: halo.v1.ProfileRequest
-	(*ProfileResponse)(nil),  // 27: halo.v1.ProfileResponse
-	(*ClientInfo)(nil),       // 28: halo.v1.ClientInfo
-	(*StatusRequest)(nil),    // 29: halo.v1.StatusRequest
-	(*StatusResponse)(nil),   // 30: halo.v1.StatusResponse
-	(*EventsRequest)(nil),    // 31: halo.v1.EventsRequest
-	(*Event)(nil),            // 32: halo.v1.Event
-	(*LogEvent)(nil),         // 33: halo.v1.LogEvent
-	(*StateEvent)(nil),       // 34: halo.v1.StateEvent
-	(*DroppedEvent)(nil),     // 35: halo.v1.DroppedEvent
-	(*ControlRequest)(nil),   // 36: halo.v1.ControlRequest
-	(*ControlResponse)(nil),  // 37: halo.v1.ControlResponse
-	nil,                      // 38: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                      // 39: halo.v1.StepProfile.ComputeSEntry
-	nil,                      // 40: halo.v1.StepProfile.CommSEntry
+	(*DeviceMemory)(nil),     // 5: halo.v1.DeviceMemory
+	(*StepRequest)(nil),      // 6: halo.v1.StepRequest
+	(*StepResponse)(nil),     // 7: halo.v1.StepResponse
+	(*RunRequest)(nil),       // 8: halo.v1.RunRequest
+	(*RunResponse)(nil),      // 9: halo.v1.RunResponse
+	(*PauseRequest)(nil),     // 10: halo.v1.PauseRequest
+	(*PauseResponse)(nil),    // 11: halo.v1.PauseResponse
+	(*ResumeRequest)(nil),    // 12: halo.v1.ResumeRequest
+	(*ResumeResponse)(nil),   // 13: halo.v1.ResumeResponse
+	(*EvalRequest)(nil),      // 14: halo.v1.EvalRequest
+	(*EvalResponse)(nil),     // 15: halo.v1.EvalResponse
+	(*GenerateRequest)(nil),  // 16: halo.v1.GenerateRequest
+	(*GenerateResponse)(nil), // 17: halo.v1.GenerateResponse
+	(*SaveRequest)(nil),      // 18: halo.v1.SaveRequest
+	(*SaveResponse)(nil),     // 19: halo.v1.SaveResponse
+	(*Hyper)(nil),            // 20: halo.v1.Hyper
+	(*GetHyperRequest)(nil),  // 21: halo.v1.GetHyperRequest
+	(*SetHyperRequest)(nil),  // 22: halo.v1.SetHyperRequest
+	(*TensorStats)(nil),      // 23: halo.v1.TensorStats
+	(*InspectRequest)(nil),   // 24: halo.v1.InspectRequest
+	(*InspectResponse)(nil),  // 25: halo.v1.InspectResponse
+	(*StepProfile)(nil),      // 26: halo.v1.StepProfile
+	(*ProfileRequest)(nil),   // 27: halo.v1.ProfileRequest
+	(*ProfileResponse)(nil),  // 28: halo.v1.ProfileResponse
+	(*ClientInfo)(nil),       // 29: halo.v1.ClientInfo
+	(*StatusRequest)(nil),    // 30: halo.v1.StatusRequest
+	(*StatusResponse)(nil),   // 31: halo.v1.StatusResponse
+	(*EventsRequest)(nil),    // 32: halo.v1.EventsRequest
+	(*Event)(nil),            // 33: halo.v1.Event
+	(*LogEvent)(nil),         // 34: halo.v1.LogEvent
+	(*StateEvent)(nil),       // 35: halo.v1.StateEvent
+	(*DroppedEvent)(nil),     // 36: halo.v1.DroppedEvent
+	(*ControlRequest)(nil),   // 37: halo.v1.ControlRequest
+	(*ControlResponse)(nil),  // 38: halo.v1.ControlResponse
+	nil,                      // 39: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                      // 40: halo.v1.StepProfile.ComputeSEntry
+	nil,                      // 41: halo.v1.StepProfile.CommSEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
-	30, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	38, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
-	4,  // 2: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
-	30, // 3: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
-	30, // 4: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
-	30, // 5: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
-	22, // 6: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	39, // 7: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	40, // 8: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
-	4,  // 9: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
-	25, // 10: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
-	0,  // 11: halo.v1.StatusResponse.state:type_name -> halo.v1.State
-	28, // 12: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
-	19, // 13: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
-	4,  // 14: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
-	4,  // 15: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
-	33, // 16: halo.v1.Event.log:type_name -> halo.v1.LogEvent
-	34, // 17: halo.v1.Event.state:type_name -> halo.v1.StateEvent
-	35, // 18: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
-	25, // 19: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
-	0,  // 20: halo.v1.StateEvent.state:type_name -> halo.v1.State
-	1,  // 21: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	2,  // 22: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	5,  // 23: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	7,  // 24: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	9,  // 25: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	11, // 26: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	13, // 27: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	15, // 28: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	17, // 29: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	20, // 30: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	21, // 31: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	23, // 32: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	26, // 33: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	29, // 34: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	31, // 35: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	36, // 36: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	3,  // 37: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	6,  // 38: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	8,  // 39: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	10, // 40: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	12, // 41: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	14, // 42: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	16, // 43: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	18, // 44: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	19, // 45: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	19, // 46: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	24, // 47: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	27, // 48: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	30, // 49: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	32, // 50: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	37, // 51: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	37, // [37:52] is the sub-list for method output_type
-	22, // [22:37] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	31, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
+	39, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	5,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
+	4,  // 3: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
+	31, // 4: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
+	31, // 5: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
+	31, // 6: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
+	23, // 7: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
+	40, // 8: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	41, // 9: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	4,  // 10: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
+	26, // 11: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
+	0,  // 12: halo.v1.StatusResponse.state:type_name -> halo.v1.State
+	29, // 13: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
+	20, // 14: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
+	4,  // 15: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
+	4,  // 16: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
+	34, // 17: halo.v1.Event.log:type_name -> halo.v1.LogEvent
+	35, // 18: halo.v1.Event.state:type_name -> halo.v1.StateEvent
+	36, // 19: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
+	26, // 20: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
+	0,  // 21: halo.v1.StateEvent.state:type_name -> halo.v1.State
+	1,  // 22: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
+	2,  // 23: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	6,  // 24: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	8,  // 25: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	10, // 26: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	12, // 27: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	14, // 28: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	16, // 29: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	18, // 30: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	21, // 31: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	22, // 32: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	24, // 33: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	27, // 34: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	30, // 35: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	32, // 36: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	37, // 37: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	3,  // 38: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	7,  // 39: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	9,  // 40: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	11, // 41: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	13, // 42: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	15, // 43: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	17, // 44: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	19, // 45: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	20, // 46: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	20, // 47: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	25, // 48: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	28, // 49: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	31, // 50: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	33, // 51: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	38, // 52: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	38, // [38:53] is the sub-list for method output_type
+	23, // [23:38] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -2827,9 +2946,9 @@ func file_halo_v1_session_proto_init() {
 		return
 	}
 	file_halo_v1_session_proto_msgTypes[2].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[19].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[28].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[30].OneofWrappers = []any{
+	file_halo_v1_session_proto_msgTypes[20].OneofWrappers = []any{}
+	file_halo_v1_session_proto_msgTypes[29].OneofWrappers = []any{}
+	file_halo_v1_session_proto_msgTypes[31].OneofWrappers = []any{
 		(*Event_Metrics)(nil),
 		(*Event_Log)(nil),
 		(*Event_State)(nil),
@@ -2842,7 +2961,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
