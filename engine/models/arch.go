@@ -25,8 +25,9 @@ type Arch struct {
 	Tied bool
 	// QKVBias: q/k/v projections carry a bias; OBias: o_proj does; MLPBias: the MLP does.
 	QKVBias, OBias, MLPBias bool
-	// QKNorm: per-head RMSNorm of queries and keys before RoPE (Qwen3).
-	QKNorm bool
+	// QKNorm: RMSNorm of queries and keys before RoPE, per head (Qwen3) or, with QKNormFull,
+	// over the whole q and k projections (OLMoE: q_norm [NH*HD], k_norm [NKV*HD]).
+	QKNorm, QKNormFull bool
 	// Windows[i] is layer i's sliding attention window in tokens; 0 = full causal.
 	Windows []int
 	// PadID is pad_token_id (its embedding row starts at zero), or -1.

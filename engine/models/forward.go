@@ -10,7 +10,7 @@ import (
 
 // ForwardBackward runs the model on a packed micro-batch with targets and accumulates into the
 // gradient arena (+=) the gradient of lossScale * (sum of per-token cross-entropy over the
-// non-ignored targets). It returns that sum (unscaled, in float64) and the number of
+// non-ignored targets), plus AuxLossScale() * AuxLoss() for mixture-of-experts models. It returns that sum (unscaled, in float64) and the number of
 // non-ignored targets. For the mean loss of an optimizer step over several micro-batches, count
 // the step's targets first and pass lossScale = 1/total to every micro-batch.
 func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nTargets int, err error) {
@@ -60,6 +60,9 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 			return 0, 0, err
 		}
 		xs = append(xs, y)
+	}
+	if err = m.moeAfterForward(true); err != nil {
+		return 0, 0, err
 	}
 	if loss, err = m.b.Alloc(tensor.F32, p.N); err != nil {
 		return 0, 0, err
@@ -204,6 +207,10 @@ func (m *Model) hidden(p *nnPass, ids tensor.Tensor) (tensor.Tensor, error) {
 			return tensor.Tensor{}, err
 		}
 		x = y
+	}
+	if err := m.moeAfterForward(false); err != nil {
+		_ = m.b.Free(x)
+		return tensor.Tensor{}, err
 	}
 	return x, nil
 }

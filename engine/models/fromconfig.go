@@ -32,7 +32,8 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		KVHeads: c.KVHeads(), HeadDim: c.HeadDim, NormEps: float32(c.RMSNormEps),
 		InitStd: c.InitializerRange, Tied: c.TieWordEmbeddings,
 		QKVBias: c.QKVBias(), OBias: c.OProjBias(), MLPBias: c.MLPBias, QKNorm: c.QKNorm(),
-		PadID: -1, Config: c,
+		QKNormFull: c.QKNormKind() == config.QKNormProjection,
+		PadID:      -1, Config: c,
 	}
 	if a.HeadDim == 0 && a.Heads > 0 {
 		a.HeadDim = a.Hidden / a.Heads

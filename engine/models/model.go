@@ -50,6 +50,8 @@ type Model struct {
 	attnScale  float32
 	ropeCached int // dynamic rope: longest length the current table was built for
 	ropeLen    int // dynamic rope: length invFreq was computed for
+
+	moe moeState // mixture-of-experts layers, aux loss and balancing (empty when dense)
 }
 
 // newModel builds a model of family f with architecture a on b. Parameters are zero: load them
@@ -90,6 +92,9 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 		return nil, err
 	}
 	m.build()
+	if cfg != nil && cfg.OutputRouterLogits {
+		m.moe.auxScale = cfg.RouterAuxLossCoef
+	}
 	m.ropeCached = a.Rope.MaxPositionEmbeddings
 	if err := m.ropeFor(1); err != nil {
 		m.Close()
@@ -148,6 +153,7 @@ func (m *Model) build() {
 			Recompute: m.opts.Recompute,
 		}
 	}
+	m.bindMoE()
 	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows}
 	if a.Tied {
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)

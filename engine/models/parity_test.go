@@ -2,9 +2,13 @@ package models
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -18,7 +22,11 @@ type parityReference struct {
 	InputIDs [][]int32   `json:"input_ids"`
 	Logprobs [][]float64 `json:"logprobs"`
 	Loss     float64     `json:"loss"`
-	Packed   *struct {
+	// MoE cases: the load-balancing loss, its weight and loss + coef*aux.
+	AuxLoss           *float64 `json:"aux_loss"`
+	RouterAuxLossCoef float64  `json:"router_aux_loss_coef"`
+	LossTotal         float64  `json:"loss_total"`
+	Packed            *struct {
 		DocLengths []int       `json:"doc_lengths"`
 		InputIDs   []int32     `json:"input_ids"`
 		Logprobs   [][]float64 `json:"logprobs"`
@@ -35,7 +43,7 @@ type parityReference struct {
 
 // parityCases are the fixture directories under testdata/parity.
 var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_yarn", "qwen3", "qwen3_dynamic",
-	"qwen3_moe", "mixtral", "olmoe"}
+	"qwen3_moe", "qwen3_moe_sparse", "mixtral", "olmoe"}
 
 // rowsBatch packs B rows of input_ids as B documents with next-token targets.
 func rowsBatch(rows [][]int32) Batch {
@@ -102,6 +110,19 @@ func TestParityWithTransformers(t *testing.T) {
 					n++
 				}
 			}
+			moe := ref.AuxLoss != nil
+			if moe != m.IsMoE() {
+				t.Fatalf("fixture has aux loss %v, model IsMoE %v", moe, m.IsMoE())
+			}
+			if moe {
+				if got := m.AuxLossScale(); got != ref.RouterAuxLossCoef {
+					t.Errorf("aux loss scale from config.json %v, transformers coef %v", got, ref.RouterAuxLossCoef)
+				}
+				// transformers 5.17's causal-LM output loss already includes coef*aux, so the
+				// fixture's "loss" and grads.safetensors are of CE + coef*aux, and its
+				// "loss_total", grads_total.safetensors and AdamW objective of CE + 2*coef*aux.
+				m.SetAuxLossScale(ref.RouterAuxLossCoef)
+			}
 			if err := m.ZeroGrads(); err != nil {
 				t.Fatal(err)
 			}
@@ -112,35 +133,33 @@ func TestParityWithTransformers(t *testing.T) {
 			if got != n {
 				t.Fatalf("%d targets counted, want %d", got, n)
 			}
-			if loss := sum / float64(n); math.Abs(loss-ref.Loss) > 1e-5*math.Abs(ref.Loss) {
+			loss := sum / float64(n)
+			if moe {
+				loss += ref.RouterAuxLossCoef * m.AuxLoss()
+			}
+			if math.Abs(loss-ref.Loss) > 1e-5*math.Abs(ref.Loss) {
 				t.Errorf("loss %.7f, transformers %.7f", loss, ref.Loss)
 			}
-			gf, err := safetensors.Open(filepath.Join(dir, "grads.safetensors"))
-			if err != nil {
-				t.Fatal(err)
+			if moe {
+				if math.Abs(m.AuxLoss()-*ref.AuxLoss) > 1e-5*math.Abs(*ref.AuxLoss) {
+					t.Errorf("aux loss %.7f, transformers %.7f", m.AuxLoss(), *ref.AuxLoss)
+				}
 			}
-			defer gf.Close()
-			worstGrad := 0.0
-			defer func() { t.Logf("worst gradient relative difference %.2g", worstGrad) }()
-			for _, s := range m.Specs {
-				info, ok := gf.Tensor(s.Name)
-				if !ok {
-					t.Errorf("grads.safetensors has no %s", s.Name)
-					continue
+			compareGrads(t, m, filepath.Join(dir, "grads.safetensors"))
+			if moe {
+				m.SetAuxLossScale(2 * ref.RouterAuxLossCoef)
+				if err := m.ZeroGrads(); err != nil {
+					t.Fatal(err)
 				}
-				want, err := safetensors.ToFloat32(info)
+				sum, _, err := m.ForwardBackward(batch, 1/float32(n))
 				if err != nil {
 					t.Fatal(err)
 				}
-				g, err := m.GradFloat32(s.Name)
-				if err != nil {
-					t.Fatal(err)
+				total := sum/float64(n) + 2*ref.RouterAuxLossCoef*m.AuxLoss()
+				if math.Abs(total-ref.LossTotal) > 1e-5*math.Abs(ref.LossTotal) {
+					t.Errorf("loss + coef*aux %.7f, transformers %.7f", total, ref.LossTotal)
 				}
-				r := relDiff(g, want)
-				worstGrad = math.Max(worstGrad, r)
-				if r > 1e-3 {
-					t.Errorf("%s: gradient differs from transformers: relative %.3g (tolerance 1e-3)", s.Name, r)
-				}
+				compareGrads(t, m, filepath.Join(dir, "grads_total.safetensors"))
 			}
 
 			// Packed documents equal each document run alone in transformers.
@@ -170,8 +189,14 @@ func TestParityWithTransformers(t *testing.T) {
 
 			// Three AdamW steps (torch.optim.AdamW, decay on ndim >= 2 only, no clipping).
 			a := ref.AdamW
-			if a.Objective != "" && a.Objective != "ce" {
-				t.Skipf("AdamW objective %q is not the plain cross-entropy", a.Objective)
+			switch a.Objective {
+			case "", "ce":
+			case "ce+aux":
+				if !moe {
+					t.Fatalf("AdamW objective %q on a model without experts", a.Objective)
+				}
+			default:
+				t.Fatalf("AdamW objective %q is not known", a.Objective)
 			}
 			adam := newHostAdamW(m, a.LR, a.Betas[0], a.Betas[1], a.Eps, a.WeightDecay)
 			for step := 0; step < len(a.Losses); step++ {
@@ -188,6 +213,9 @@ func TestParityWithTransformers(t *testing.T) {
 					t.Fatal(err)
 				}
 				loss := sum / float64(n)
+				if a.Objective == "ce+aux" {
+					loss += 2 * ref.RouterAuxLossCoef * m.AuxLoss()
+				}
 				if want := a.Losses[step]; math.Abs(loss-want) > 1e-4*math.Abs(want) {
 					t.Errorf("AdamW: loss before step %d is %.7f, transformers %.7f", step+1, loss, want)
 				}
@@ -199,6 +227,71 @@ func TestParityWithTransformers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// compareGrads compares every gradient of m with a gradient file of transformers (1e-3 relative).
+func compareGrads(t *testing.T, m *Model, path string) {
+	t.Helper()
+	gf, err := safetensors.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gf.Close()
+	worst := 0.0
+	for _, s := range m.Specs {
+		want, err := transformersGrad(gf, s)
+		if err != nil {
+			t.Errorf("%s: %v", filepath.Base(path), err)
+			continue
+		}
+		g, err := m.GradFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := relDiff(g, want)
+		worst = math.Max(worst, r)
+		if r > 1e-3 {
+			t.Errorf("%s: %s: gradient differs from transformers: relative %.3g (tolerance 1e-3)", filepath.Base(path), s.Name, r)
+		}
+	}
+	t.Logf("%s: worst gradient relative difference %.2g", filepath.Base(path), worst)
+}
+
+// expertName matches a per-expert weight in the Hub layout.
+var expertName = regexp.MustCompile(`^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$`)
+
+// transformersGrad returns the gradient of parameter s from a file written with transformers 5's
+// in-memory names: experts fused as mlp.experts.gate_up_proj [E, 2I, C] (gate rows, then up
+// rows) and mlp.experts.down_proj [E, C, I]; Mixtral's router as mlp.gate.weight.
+func transformersGrad(gf *safetensors.File, s ParamSpec) ([]float32, error) {
+	get := func(name string) ([]float32, error) {
+		info, ok := gf.Tensor(name)
+		if !ok {
+			return nil, fmt.Errorf("no tensor %s", name)
+		}
+		return safetensors.ToFloat32(info)
+	}
+	sm := expertName.FindStringSubmatch(s.Name)
+	if sm == nil {
+		return get(strings.Replace(s.Name, ".block_sparse_moe.gate.", ".mlp.gate.", 1))
+	}
+	x, _ := strconv.Atoi(sm[2])
+	n := s.Numel()
+	fused, off := "gate_up_proj", 2*x*n
+	switch sm[3] {
+	case "up_proj", "w3":
+		off += n
+	case "down_proj", "w2":
+		fused, off = "down_proj", x*n
+	}
+	all, err := get("model.layers." + sm[1] + ".mlp.experts." + fused)
+	if err != nil {
+		return nil, err
+	}
+	if off+n > len(all) {
+		return nil, fmt.Errorf("%s: fused tensor too small for expert %d", s.Name, x)
+	}
+	return all[off : off+n], nil
 }
 
 // hostAdamW is torch.optim.AdamW computed on host copies, the reference the fixtures used.

@@ -105,7 +105,11 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 	if a.OBias {
 		s = append(s, bias(layerName(i, "self_attn.o_proj.bias"), a.Hidden))
 	}
-	if a.QKNorm {
+	switch {
+	case a.QKNorm && a.QKNormFull:
+		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), q),
+			normWeight(layerName(i, "self_attn.k_norm.weight"), kv))
+	case a.QKNorm:
 		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), a.HeadDim),
 			normWeight(layerName(i, "self_attn.k_norm.weight"), a.HeadDim))
 	}

@@ -1,0 +1,265 @@
+package models
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/halo-shell/halo-shell/engine/nn"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// moeFFN are the feed-forward hooks shared by the mixture-of-experts families: the sparse
+// layers are those config.IsMoELayer names (the others keep the dense MLP of
+// intermediate_size), and the weights use the Hub checkpoint layout, one tensor per expert:
+//
+//	model.layers.L.<block>.gate.weight                 [E, C]  router
+//	model.layers.L.<block>.experts.X.<gate>.weight     [I, C]
+//	model.layers.L.<block>.experts.X.<up>.weight       [I, C]
+//	model.layers.L.<block>.experts.X.<down>.weight     [C, I]
+type moeFFN struct {
+	block          string // "mlp" (qwen3_moe, olmoe) or "block_sparse_moe" (mixtral)
+	gate, up, down string // per-expert projection names
+}
+
+// validateMoE checks the router settings of a's config.
+func validateMoE(a *Arch) error {
+	c := a.Config
+	if c == nil || !c.IsMoE() {
+		return nil
+	}
+	if c.NumExpertsPerTok < 1 || c.NumExpertsPerTok > c.NumExperts {
+		return fmt.Errorf("num_experts_per_tok %d must be between 1 and the number of experts %d", c.NumExpertsPerTok, c.NumExperts)
+	}
+	if c.ExpertIntermediateSize() <= 0 {
+		return fmt.Errorf("the expert width must be > 0, got %d (moe_intermediate_size or intermediate_size)", c.ExpertIntermediateSize())
+	}
+	return nil
+}
+
+func (f *moeFFN) prefix(i int) string { return layerName(i, f.block) }
+
+// Specs implements FFNHooks.
+func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
+	c := a.Config
+	if c == nil || !c.IsMoELayer(i) {
+		return nil
+	}
+	e, in := c.NumExperts, c.ExpertIntermediateSize()
+	pre := f.prefix(i)
+	s := []ParamSpec{matrix(pre+".gate.weight", e, a.Hidden)}
+	for x := 0; x < e; x++ {
+		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
+		s = append(s, matrix(ep+f.gate+".weight", in, a.Hidden), matrix(ep+f.up+".weight", in, a.Hidden),
+			matrix(ep+f.down+".weight", a.Hidden, in))
+	}
+	return s
+}
+
+// Build implements FFNHooks.
+func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) nn.FFN {
+	c := a.Config
+	if c == nil || !c.IsMoELayer(i) {
+		return nil
+	}
+	pre := f.prefix(i)
+	lin := func(name string) nn.Linear {
+		return nn.Linear{Name: name, W: param(name + ".weight"), GW: grad(name + ".weight")}
+	}
+	m := &nn.MoE{Name: pre, Router: lin(pre + ".gate"), TopK: c.NumExpertsPerTok,
+		NormTopK: c.NormTopKProb, Experts: make([]nn.Expert, c.NumExperts)}
+	for x := range m.Experts {
+		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
+		m.Experts[x] = nn.Expert{Gate: lin(ep + f.gate), Up: lin(ep + f.up), Down: lin(ep + f.down)}
+	}
+	return m
+}
+
+// moeState is the model-level state of the mixture-of-experts layers.
+type moeState struct {
+	layers   []*nn.MoE // the sparse blocks, in layer order
+	index    []int     // index[j] is the decoder layer of layers[j]
+	auxScale float64   // weight of the aux loss in ForwardBackward's gradient
+	auxLoss  float64   // aux loss of the latest forward
+	rate     float64   // aux-loss-free balancing rate; 0 = off
+	bias     [][]float32
+	pending  [][]int // loads accumulated by training forwards since the last BalanceExperts
+}
+
+// IsMoE reports whether any layer routes tokens to experts.
+func (m *Model) IsMoE() bool { return len(m.moe.layers) > 0 }
+
+// AuxLoss is the load-balancing loss of the latest forward, unweighted, as transformers'
+// load_balancing_loss_func computes it over every MoE layer (0 for dense models).
+func (m *Model) AuxLoss() float64 { return m.moe.auxLoss }
+
+// AuxLossScale is the weight of the aux loss in the gradient ForwardBackward accumulates. It
+// starts at router_aux_loss_coef when config.json sets output_router_logits (as transformers
+// adds the aux loss to the loss only then), else 0.
+func (m *Model) AuxLossScale() float64 { return m.moe.auxScale }
+
+// SetAuxLossScale sets the weight of the aux loss in ForwardBackward's gradient: with k
+// micro-batches per optimizer step, router_aux_loss_coef/k gives the mean objective.
+func (m *Model) SetAuxLossScale(s float64) { m.moe.auxScale = s }
+
+// SetExpertBalancing turns on aux-loss-free load balancing (rate > 0) or off (rate 0): each
+// MoE layer adds a per-expert bias to the router probabilities when choosing the top-k experts
+// (the routing weights are unchanged), and BalanceExperts moves each bias by rate towards an
+// even load. Turning it off drops the biases.
+func (m *Model) SetExpertBalancing(rate float64) error {
+	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
+		return fmt.Errorf("models: expert balancing rate must be a finite number >= 0, got %v", rate)
+	}
+	m.moe.rate = rate
+	if rate == 0 {
+		m.moe.bias, m.moe.pending = nil, nil
+	} else if m.moe.bias == nil {
+		m.moe.bias = make([][]float32, len(m.moe.layers))
+		m.moe.pending = make([][]int, len(m.moe.layers))
+		for j, l := range m.moe.layers {
+			m.moe.bias[j] = make([]float32, len(l.Experts))
+			m.moe.pending[j] = make([]int, len(l.Experts))
+		}
+	}
+	for j, l := range m.moe.layers {
+		l.Bias = nil
+		if m.moe.bias != nil {
+			l.Bias = m.moe.bias[j]
+		}
+	}
+	return nil
+}
+
+// ExpertBias returns a copy of the balancing bias of each MoE layer (nil when balancing is off).
+func (m *Model) ExpertBias() [][]float32 {
+	if m.moe.bias == nil {
+		return nil
+	}
+	out := make([][]float32, len(m.moe.bias))
+	for j, b := range m.moe.bias {
+		out[j] = append([]float32(nil), b...)
+	}
+	return out
+}
+
+// BalanceExperts applies one aux-loss-free balancing update from the loads of the training
+// forwards since the previous call: bias[e] += rate * sign(mean load - load[e]). Call it after
+// each optimizer step; it does nothing when balancing is off.
+func (m *Model) BalanceExperts() {
+	if m.moe.rate == 0 {
+		return
+	}
+	for j, load := range m.moe.pending {
+		mean := 0.0
+		for _, v := range load {
+			mean += float64(v)
+		}
+		mean /= float64(len(load))
+		for e, v := range load {
+			switch d := mean - float64(v); {
+			case d > 0:
+				m.moe.bias[j][e] += float32(m.moe.rate)
+			case d < 0:
+				m.moe.bias[j][e] -= float32(m.moe.rate)
+			}
+		}
+		clear(load)
+	}
+}
+
+// ExpertLoad is the routing load of one MoE layer in the latest forward.
+type ExpertLoad struct {
+	// Layer is the decoder layer index.
+	Layer int
+	// Tokens[e] is the number of tokens routed to expert e (each token counts once per expert
+	// among its top-k).
+	Tokens []int
+	// Max and Min are the largest and smallest entries of Tokens.
+	Max, Min int
+	// CV is the coefficient of variation of Tokens (population std / mean; 0 when no tokens).
+	CV float64
+	// Dead is the number of experts that received no token.
+	Dead int
+}
+
+// ExpertLoad returns the per-layer expert load of the latest forward (nil for dense models).
+func (m *Model) ExpertLoad() []ExpertLoad {
+	out := make([]ExpertLoad, 0, len(m.moe.layers))
+	for j, l := range m.moe.layers {
+		out = append(out, loadStats(m.moe.index[j], l.Routing().Load()))
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func loadStats(layer int, tokens []int) ExpertLoad {
+	s := ExpertLoad{Layer: layer, Tokens: tokens}
+	if len(tokens) == 0 {
+		return s
+	}
+	s.Min = tokens[0]
+	sum := 0.0
+	for _, v := range tokens {
+		s.Max, s.Min = max(s.Max, v), min(s.Min, v)
+		if v == 0 {
+			s.Dead++
+		}
+		sum += float64(v)
+	}
+	mean := sum / float64(len(tokens))
+	if mean > 0 {
+		ss := 0.0
+		for _, v := range tokens {
+			ss += (float64(v) - mean) * (float64(v) - mean)
+		}
+		s.CV = math.Sqrt(ss/float64(len(tokens))) / mean
+	}
+	return s
+}
+
+// moeAfterForward runs after every block's forward: it computes the aux loss over all MoE
+// layers and, for a training forward, hands each layer the aux gradient and records its load
+// for balancing.
+func (m *Model) moeAfterForward(train bool) error {
+	if len(m.moe.layers) == 0 {
+		return nil
+	}
+	rs := make([]*nn.Routing, len(m.moe.layers))
+	for j, l := range m.moe.layers {
+		rs[j] = l.Routing()
+	}
+	aux, c, err := nn.LoadBalancingLoss(rs, m.moe.auxScale)
+	if err != nil {
+		return fmt.Errorf("models: %s: %w", m.Arch.ModelType, err)
+	}
+	m.moe.auxLoss = aux
+	for j, l := range m.moe.layers {
+		l.AuxGrad = nil
+		if train && m.moe.auxScale != 0 {
+			l.AuxGrad = c
+		}
+		if train && m.moe.pending != nil {
+			for e, v := range rs[j].Load() {
+				m.moe.pending[j][e] += v
+			}
+		}
+	}
+	return nil
+}
+
+// bindMoE collects the MoE blocks after (re)building the layers and restores their biases.
+func (m *Model) bindMoE() {
+	m.moe.layers, m.moe.index = m.moe.layers[:0], m.moe.index[:0]
+	for i, b := range m.blocks {
+		if l, ok := b.FFN.(*nn.MoE); ok {
+			m.moe.layers = append(m.moe.layers, l)
+			m.moe.index = append(m.moe.index, i)
+		}
+	}
+	for j, l := range m.moe.layers {
+		if m.moe.bias != nil {
+			l.Bias = m.moe.bias[j]
+		}
+	}
+}
