@@ -29,6 +29,21 @@
 // observer has a bounded buffer; when it falls behind, the oldest events are dropped and a
 // DroppedEvent tells it how many, so a slow observer never blocks the engine.
 //
+// # Processes and files
+//
+// Start runs `halo-shell session start --foreground` detached (its own process session) and
+// waits for the socket; Stop sends SIGTERM, on which a session stops at the next step boundary,
+// saves a checkpoint when ServerOptions.SaveOnStop is set, removes its socket and exits 0. List
+// finds live sessions and removes stale sockets. Each session NAME owns NAME.sock, NAME.pid,
+// NAME.log, and with TCP NAME.token (0600) and NAME.tcp, in RuntimeDir. Calls over TCP need
+// "Authorization: Bearer TOKEN"; others are refused with code unauthenticated and logged.
+//
+// # Batch runs and profiling
+//
+// ServeRun serves a train.Run batch loop (`halo-shell launch`) as a session, so observers
+// attach to it by name. Profile and activation capture need the trainer's backend to be a
+// profile.Wrap'ed one: EnableProfiling arranges that for every trainer built afterwards.
+//
 // The package is not the engine (engine/train) and not a front-end (repl, tui, kernel): it knows
 // nothing about terminals or notebooks, and it executes no user code.
 package session

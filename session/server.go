@@ -113,9 +113,15 @@ func NewServer(o ServerOptions) (*Server, error) {
 	return s, nil
 }
 
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path less its NUL).
+const maxSocketPath = 107
+
 // listenUnix listens on path with mode 0600, replacing a stale socket that nobody answers on
 // and refusing when a live session holds it.
 func listenUnix(path string) (net.Listener, error) {
+	if len(path) > maxSocketPath {
+		return nil, fmt.Errorf("session: socket path %s is %d bytes, more than the %d a unix socket allows; set HALO_SESSION_DIR to a shorter directory", path, len(path), maxSocketPath)
+	}
 	if _, err := os.Stat(path); err == nil {
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
