@@ -94,6 +94,9 @@ saving a checkpoint first when --save-on-stop is set.`,
 		Short: "Show a session's state, step, configuration and clients",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := session.ValidateName(statusName); err != nil {
+				return err
+			}
 			c, err := session.Dial(statusName, session.Options{ClientName: "session-status"})
 			if err != nil {
 				return err
