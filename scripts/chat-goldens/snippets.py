@@ -99,5 +99,12 @@ SNIPPETS = [
     ("string_multiply_list", "{{ [0] * 3 }} {{ 2 * 'ab' }}", {}),
     ("int_float_keys", "{% set d = {1: 'a', 2.0: 'b'} %}{{ d[1] }}{{ d[2] }}{{ d }}", {}),
     ("inline_if_chain", "{{ 'a' if x == 1 else 'b' if x == 2 else 'c' }}", {"x": 2}),
+    ("unknown_filter_compile", "{% for x in [] %}{{ x | nosuch }}{% endfor %}ok", {}),
+    ("unknown_filter_in_if", "{% if false %}{{ x | nosuch }}{% endif %}ok", {}),
+    ("unknown_filter_in_condexpr", "{{ (x | nosuch) if false else 'ok' }}", {}),
+    ("unknown_filter_runs_in_if", "{% if true %}{{ 'x' | nosuch }}{% endif %}", {}),
+    ("unknown_filter_loop_in_if", "{% if false %}{% for x in [] %}{{ x | nosuch }}{% endfor %}{% endif %}ok", {}),
+    ("unknown_test_compile", "{% for x in [] %}{{ x is nosuch }}{% endfor %}", {}),
+    ("format_filter", "{{ '%s-%d' | format('a', 3) }} {{ '%%' | format }}", {}),
     ("messages_style", "{%- for m in messages %}{{ '<|' + m['role'] + '|>' + m.content | trim + '\\n' }}{%- endfor %}", {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo\n"}]}),
 ]

@@ -356,13 +356,7 @@ func (r *renderer) runTest(name string, v Value, args []Value) (bool, error) {
 		return ok, nil
 	case "test":
 		s, _ := v.(string)
-		switch s {
-		case "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number", "string", "mapping",
-			"iterable", "sequence", "callable", "escaped", "lower", "upper", "odd", "even", "divisibleby", "sameas", "eq",
-			"equalto", "ne", "lt", "le", "gt", "ge", "in", "filter", "test":
-			return true, nil
-		}
-		return false, nil
+		return knownTest(s), nil
 	}
 	return false, errorf("TemplateRuntimeError", "no test named '%s'", name)
 }
@@ -426,12 +420,16 @@ func init() {
 		"wordcount":   fWordcount,
 		"center":      fCenter,
 		"batch":       fBatch,
+		"format":      fFormat,
 	}
 }
 
 func (r *renderer) applyFilter(f *filterExpr, v Value, sc *scope) (Value, error) {
 	fn, ok := filters[f.name]
 	if !ok {
+		if unsupportedFilters[f.name] {
+			return nil, &Error{Kind: "TemplateRuntimeError", Msg: fmt.Sprintf("the filter '%s' is not supported in chat templates", f.name), Line: f.line}
+		}
 		return nil, &Error{Kind: "TemplateAssertionError", Msg: fmt.Sprintf("no filter named '%s'", f.name), Line: f.line}
 	}
 	args, err := r.evalList(f.args, sc)
@@ -1228,4 +1226,16 @@ func floatToInt(f float64) Value {
 	}
 	b, _ := new(big.Float).SetFloat64(t).Int(nil)
 	return b
+}
+
+// fFormat is jinja2's format filter: printf-style formatting, value % args.
+func fFormat(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
+	if kwargs.Len() > 0 {
+		return nil, errorf("FilterArgumentError", "format: keyword arguments are not supported")
+	}
+	s, err := wantString("format", v)
+	if err != nil {
+		return nil, err
+	}
+	return percentFormat(s, &List{Items: args, Tuple: true})
 }

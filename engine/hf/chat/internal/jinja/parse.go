@@ -30,6 +30,9 @@ func parse(src string) ([]node, error) {
 		}
 	})
 	if err == nil {
+		err = checkNames(body)
+	}
+	if err == nil {
 		foldNodes(body)
 	}
 	return body, err
