@@ -207,3 +207,11 @@ func TestEvalDefineIndexingCompiledSlice(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestEvalStatementsWithHeaders(t *testing.T) {
+	it := newInterp(t)
+	r := eval(t, it, "sum := 0\nfor i := 0; i < 4; i++ {\n\tsum += i\n}\nif s := sum * 2; s > 10 {\n\tsum = s\n}\nswitch x := sum; {\ncase x > 0:\n\tsum++\n}\nsum")
+	if got := plain(r.Value); got != "13" {
+		t.Fatalf("sum = %q, want 13", got)
+	}
+}

@@ -61,6 +61,7 @@ func splitCell(src string) ([]chunk, error) {
 		chunks []chunk
 		cur    []tok
 		depth  int
+		header bool // inside the header of a for, if or switch at the top level
 	)
 	flush := func(end int) {
 		if len(cur) == 0 {
@@ -94,12 +95,21 @@ func splitCell(src string) ([]chunk, error) {
 			break
 		}
 		switch t {
-		case token.LPAREN, token.LBRACE, token.LBRACK:
+		case token.FOR, token.IF, token.SWITCH:
+			if depth == 0 {
+				header = true // "for i := 0; i < n; i++ {": these semicolons do not end it
+			}
+		case token.LBRACE:
+			if depth == 0 {
+				header = false
+			}
+			depth++
+		case token.LPAREN, token.LBRACK:
 			depth++
 		case token.RPAREN, token.RBRACE, token.RBRACK:
 			depth--
 		case token.SEMICOLON:
-			if depth <= 0 {
+			if depth <= 0 && !header {
 				flush(off)
 				continue
 			}

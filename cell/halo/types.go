@@ -138,7 +138,7 @@ func (s SessionStatus) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "session %s (pid %d, %s): %s, step %d/%d, %d client(s)", s.Name, s.Pid, s.Device, s.State, s.Step, s.TotalSteps, s.Clients)
 	if s.Config != "" {
-		fmt.Fprintf(&b, "\n  model: %s", s.Config)
+		fmt.Fprintf(&b, "\n  %s", strings.ReplaceAll(strings.TrimSpace(s.Config), "\n", "\n  "))
 	}
 	if s.Last != nil {
 		fmt.Fprintf(&b, "\n  last: %s", s.Last)
