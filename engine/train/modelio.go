@@ -1,7 +1,6 @@
 package train
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -25,39 +24,23 @@ func InitModelConfig(in *InitConfig, tokenizerVocab int) (*config.Config, error)
 	if err != nil {
 		return nil, fmt.Errorf("train: init: %w", err)
 	}
-	raw, err := base.MarshalJSON()
-	if err != nil {
-		return nil, fmt.Errorf("train: init: %w", err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("train: init: %w", err)
+	// Override re-validates, applies rope_theta inside rope_parameters and derives
+	// layer_types again for a new depth, exactly as the config package reads config.json.
+	set := make(map[string]any, len(in.Overrides)+1)
+	for k, v := range in.Overrides {
+		set[k] = v
 	}
 	if tokenizerVocab > 0 {
-		m["vocab_size"] = tokenizerVocab
+		set["vocab_size"] = tokenizerVocab
 	}
-	for k, v := range in.Overrides {
-		m[k] = v
+	c, err := base.Override(set, "init.overrides")
+	if err != nil {
+		return nil, fmt.Errorf("train: init.overrides: %w", err)
 	}
-	// layer_types lists one entry per layer; when only the depth is overridden, let the
-	// config derive it again for the new depth.
-	_, depth := in.Overrides["num_hidden_layers"]
-	_, types := in.Overrides["layer_types"]
-	if depth && !types {
-		delete(m, "layer_types")
-	}
-	if _, ok := m["architectures"]; !ok {
+	if len(c.Architectures) == 0 {
 		if f, err := models.Lookup(in.Arch); err == nil {
-			m["architectures"] = []string{f.Architectures[0]}
+			c.Architectures = []string{f.Architectures[0]}
 		}
-	}
-	merged, err := json.Marshal(m)
-	if err != nil {
-		return nil, fmt.Errorf("train: init.overrides: %w", err)
-	}
-	c, err := config.Parse(merged, "init.overrides")
-	if err != nil {
-		return nil, fmt.Errorf("train: init.overrides: %w", err)
 	}
 	return c, nil
 }
