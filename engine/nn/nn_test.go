@@ -114,6 +114,13 @@ type layer struct {
 // differences along random unit directions.
 func checkGradients(t *testing.T, e *env, p *Pass, x T, l layer) {
 	t.Helper()
+	checkGradientsWith(t, e, p, x, l, nil)
+}
+
+// checkGradientsWith is checkGradients with extra() (optional) added to the objective after
+// each forward.
+func checkGradientsWith(t *testing.T, e *env, p *Pass, x T, l layer, extra func() float64) {
+	t.Helper()
 	y, err := l.fwd(p, x, true)
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +144,9 @@ func checkGradients(t *testing.T, e *env, p *Pass, x T, l layer) {
 		s := 0.0
 		for i, v := range e.get(y) {
 			s += float64(v) * float64(rv[i])
+		}
+		if extra != nil {
+			s += extra()
 		}
 		return s
 	}
