@@ -2,7 +2,6 @@ package jinja
 
 import (
 	"fmt"
-	"html"
 	"math"
 	"math/big"
 	"regexp"
@@ -550,11 +549,12 @@ func pairs(d *Dict) []Value {
 	return out
 }
 
+// htmlEscaper escapes as markupsafe does.
+var htmlEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", "\"", "&#34;", "'", "&#39;")
+
 func fEscape(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
 	s := toStr(v)
-	s = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", "\"", "&#34;", "'", "&#39;").Replace(s)
-	_ = html.EscapeString
-	return s, nil
+	return htmlEscaper.Replace(s), nil
 }
 
 func seqItems(r *renderer, v Value) ([]Value, error) {
@@ -1112,8 +1112,6 @@ func fUnique(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	return &List{Items: out}, nil
 }
 
-var wordRe = regexp.MustCompile(`\w+`)
-
 func fWordcount(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
 	n := 0
 	for _, f := range strings.FieldsFunc(toStr(v), func(r rune) bool {
@@ -1123,7 +1121,6 @@ func fWordcount(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
 			n++
 		}
 	}
-	_ = wordRe
 	return int64(n), nil
 }
 

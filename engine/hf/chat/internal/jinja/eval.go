@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"strings"
 )
 
@@ -768,17 +769,7 @@ func binaryOp(op string, l, rv Value) (Value, error) {
 		}
 	case "**":
 		if bothInt && ri >= 0 {
-			out := int64(1)
-			for i := int64(0); i < ri; i++ {
-				out *= li
-				if i > 64 && (li == 0 || li == 1 || li == -1) {
-					break
-				}
-				if i > 64 {
-					return math.Pow(float64(li), float64(ri)), nil
-				}
-			}
-			return out, nil
+			return intPow(li, ri)
 		}
 		if bothNum {
 			return math.Pow(lf, rf), nil
@@ -1351,4 +1342,16 @@ func macroUses(body []node, name string) bool {
 		walkN(n)
 	}
 	return found
+}
+
+// intPow is Python's int ** non-negative int; results beyond int64 become a *big.Int.
+func intPow(base, exp int64) (Value, error) {
+	if exp > 1<<16 && base != 0 && base != 1 && base != -1 {
+		return nil, errorf("RuntimeError", "integer power too large")
+	}
+	b := new(big.Int).Exp(big.NewInt(base), big.NewInt(exp), nil)
+	if b.IsInt64() {
+		return b.Int64(), nil
+	}
+	return b, nil
 }

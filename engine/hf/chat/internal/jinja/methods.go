@@ -14,7 +14,7 @@ var strMethods = map[string]bool{
 	"count": true, "join": true, "isdigit": true, "isalpha": true, "isalnum": true, "isspace": true,
 	"isupper": true, "islower": true, "isnumeric": true, "isdecimal": true, "istitle": true, "zfill": true,
 	"removeprefix": true, "removesuffix": true, "center": true, "ljust": true, "rjust": true, "partition": true,
-	"rpartition": true, "casefold": true, "expandtabs": false,
+	"rpartition": true, "casefold": true,
 }
 
 func callMethod(r *renderer, m *boundMethod, args []Value, kwargs *Dict) (Value, error) {

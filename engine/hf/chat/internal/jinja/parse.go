@@ -390,10 +390,8 @@ func (p *parser) parseTuple(explicitParens, withCond bool, extraEnd ...string) e
 			break
 		}
 	}
-	if !isTuple && len(items) == 1 && !(explicitParens && false) {
-		if !p.isOp(",") {
-			return items[0]
-		}
+	if !isTuple && len(items) == 1 && !p.isOp(",") {
+		return items[0]
 	}
 	if len(items) == 0 && !explicitParens {
 		p.fail(fmt.Sprintf("expected an expression, got %s", p.cur()))
