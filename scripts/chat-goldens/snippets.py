@@ -106,5 +106,6 @@ SNIPPETS = [
     ("unknown_filter_loop_in_if", "{% if false %}{% for x in [] %}{{ x | nosuch }}{% endfor %}{% endif %}ok", {}),
     ("unknown_test_compile", "{% for x in [] %}{{ x is nosuch }}{% endfor %}", {}),
     ("format_filter", "{{ '%s-%d' | format('a', 3) }} {{ '%%' | format }}", {}),
+    ("big_ints", "{{ 2 ** 100 }} {{ 1e20 | int }} {{ (2 ** 70) | tojson }} {{ 3 ** 2 }}", {}),
     ("messages_style", "{%- for m in messages %}{{ '<|' + m['role'] + '|>' + m.content | trim + '\\n' }}{%- endfor %}", {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo\n"}]}),
 ]
