@@ -1,0 +1,117 @@
+package repl
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestScriptModeAgainstLiveSession(t *testing.T) {
+	sock := startSession(t)
+	script := `:load testdata/tiny.yaml
+:step 2
+st := halo.Status()
+st.Step * 100
+for i := 0; i < 2; i++ {
+	fmt.Println("line", i)
+}
+panic("boom")
+:stpe
+func twice(x int) int {
+	return 2 * x
+}
+twice(int(st.Step))
+:set lr=1e-4
+:profile 2
+halo.Metrics()[3].Step
+`
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	err := Run(ctx, Options{Session: sock, In: strings.NewReader(script), Out: &out, Err: &errb})
+	if err == nil || !strings.Contains(err.Error(), "2 cell(s) failed") {
+		t.Fatalf("Run err = %v, want 2 failed cells", err)
+	}
+	o := out.String()
+	for _, want := range []string{
+		"idle, step 0/1000",
+		"step 1  loss ",
+		"step 2  loss ",
+		"\n200\n",
+		"line 0\nline 1\n",
+		"\n4\n",
+		"lr=0.0001",
+		"compute/matmul",
+		"sum of parts",
+		"\n4\n",
+	} {
+		if !strings.Contains(o, want) {
+			t.Errorf("output lacks %q:\n%s", want, o)
+		}
+	}
+	e := errb.String()
+	for _, want := range []string{"error: panic: boom", "at cell[", "error: unknown command :stpe"} {
+		if !strings.Contains(e, want) {
+			t.Errorf("errors lack %q:\n%s", want, e)
+		}
+	}
+	// The REPL detached; the session goes on serving at step 4 (2 steps + 2 profiled).
+	st, err := dialT(t, sock).Status(ctx)
+	if err != nil || st.Step != 4 {
+		t.Fatalf("after the script: step %d, %v", st.GetStep(), err)
+	}
+	if st.Controller != "" {
+		t.Fatalf("the REPL still controls the session after detaching: %q", st.Controller)
+	}
+}
+
+func TestScriptIncompleteCellIsReported(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := Run(context.Background(), Options{Session: filepath.Join(t.TempDir(), "none.sock"),
+		In: strings.NewReader("x := 1\nfunc f() {\n"), Out: &out, Err: &errb})
+	if err == nil || !strings.Contains(errb.String(), "error: cell[2]") {
+		t.Fatalf("err = %v, stderr %q", err, errb.String())
+	}
+}
+
+func TestHistoryPersists(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "hist")
+	h, err := LoadHistory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []string{":step 2", "", "   ", ":step 2", "x := 1", "multi\nline", `"quoted"`, "x := 1"} {
+		h.Add(e)
+	}
+	want := []string{":step 2", "x := 1", "multi\nline", `"quoted"`, "x := 1"}
+	if got := h.Entries(); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("entries = %q, want %q", got, want)
+	}
+	if h.At(0) != "x := 1" || h.At(h.Len()-1) != ":step 2" {
+		t.Fatalf("At: %q %q", h.At(0), h.At(h.Len()-1))
+	}
+	h2, err := LoadHistory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h2.Entries(); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("reloaded = %q, want %q", got, want)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("history file mode %v, %v", st.Mode(), err)
+	}
+	// Garbage lines are skipped, the bound holds.
+	os.WriteFile(path, []byte("\"unterminated\nok\n"+strings.Repeat("l\nm\n", MaxHistory)), 0o600)
+	h3, err := LoadHistory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h3.Len() != MaxHistory || h3.At(0) != "m" {
+		t.Fatalf("len %d, newest %q", h3.Len(), h3.At(0))
+	}
+}
