@@ -6,7 +6,12 @@
 // Each HF family is one self-registering file (llama.go, mistral.go, qwen2.go, qwen3.go) that
 // declares data — model_type, HF architecture class names, capabilities — and overrides only
 // what differs from the dense Llama-style decoder (a QKV bias, q/k norm, a sliding window).
-// Mixture-of-experts families add one file each with their own feed-forward block.
+// Mixture-of-experts families (qwen3_moe.go, mixtral.go, olmoe.go) add one file each that
+// names their sparse layers and Hub weight layout (one tensor per expert) for the shared
+// nn.MoE block (moe.go). Such models also carry transformers' load-balancing loss
+// (m.AuxLoss, weighted into ForwardBackward's gradient by m.AuxLossScale), per-layer expert
+// load metrics (m.ExpertLoad) and optional aux-loss-free bias balancing
+// (m.SetExpertBalancing, m.BalanceExperts after each optimizer step).
 //
 // Parameters live in one arena per model (gradients in a second) with a named view per
 // parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and

@@ -1,0 +1,356 @@
+package models
+
+import (
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+)
+
+// tinyMoE is a small mixture-of-experts model of family fam, randomly initialised with a
+// large enough initializer_range that routing is far from uniform; mod adjusts the config.
+func tinyMoE(t testing.TB, fam string, mod func(*config.Config)) *Model {
+	t.Helper()
+	c, err := config.Preset(fam, "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.VocabSize, c.HiddenSize, c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim = 41, 16, 4, 2, 4
+	c.IntermediateSize, c.InitializerRange = 24, 0.3
+	if c.MoEIntermediateSize > 0 {
+		c.MoEIntermediateSize = 12
+	} else {
+		c.IntermediateSize = 12
+	}
+	c.NumExperts, c.NumExpertsPerTok = 6, 2
+	if mod != nil {
+		mod(c)
+	}
+	m, err := New(c, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.InitRandom(5); err != nil {
+		t.Fatal(err)
+	}
+	perturb(t, m, 5)
+	return m
+}
+
+var moeCases = []struct {
+	name string
+	fam  string
+	mod  func(*config.Config)
+}{
+	{"qwen3_moe_renorm", "qwen3_moe", func(c *config.Config) { c.NormTopKProb = true }},
+	{"qwen3_moe_sparse_step", "qwen3_moe", func(c *config.Config) { c.DecoderSparseStep, c.NumHiddenLayers = 2, 3 }},
+	{"qwen3_moe_mlp_only", "qwen3_moe", func(c *config.Config) { c.MLPOnlyLayers = []int{0} }},
+	{"mixtral", "mixtral", nil},
+	{"olmoe", "olmoe", nil},
+}
+
+// selections snapshots every MoE layer's top-k choice of the latest forward.
+func selections(m *Model) [][]int32 {
+	var s [][]int32
+	for _, l := range m.moe.layers {
+		s = append(s, slices.Clone(l.Routing().Sel))
+	}
+	return s
+}
+
+// TestMoEGradientMatchesFiniteDifferences checks every parameter's gradient of CE mean +
+// scale*aux of whole MoE models (through the router) against central differences along random
+// directions; a direction whose perturbation changes any top-k choice crosses a tie and is
+// redrawn, so the check never straddles a routing discontinuity.
+func TestMoEGradientMatchesFiniteDifferences(t *testing.T) {
+	const auxScale = 0.1
+	for _, tc := range moeCases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tinyMoE(t, tc.fam, tc.mod)
+			m.SetAuxLossScale(auxScale)
+			batch := packedBatch(m.Arch.Vocab, []int{6, 7}, 2)
+			if err := m.ZeroGrads(); err != nil {
+				t.Fatal(err)
+			}
+			_, n, err := m.ForwardBackward(batch, 1/float32(11))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != 11 {
+				t.Fatalf("targets = %d, want 11", n)
+			}
+			grads := allGrads(t, m)
+			base := selections(m)
+			loss := func() (float64, bool) {
+				l, _, err := m.Forward(batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				same := true
+				for j, s := range selections(m) {
+					same = same && slices.Equal(s, base[j])
+				}
+				return l/11 + auxScale*m.AuxLoss(), same
+			}
+			rng := rand.New(rand.NewPCG(3, 3))
+			redrawn := 0
+			for _, s := range m.Specs {
+				p0, _ := m.ParamFloat32(s.Name)
+				checked := false
+				for attempt := 0; attempt < 4 && !checked; attempt++ {
+					dir := make([]float32, len(p0))
+					norm := 0.0
+					for i := range dir {
+						dir[i] = float32(rng.NormFloat64())
+						norm += float64(dir[i]) * float64(dir[i])
+					}
+					analytic := 0.0
+					for i := range dir {
+						dir[i] /= float32(math.Sqrt(norm))
+						analytic += float64(dir[i]) * float64(grads[s.Name][i])
+					}
+					const eps = 1e-2
+					shifted := func(sign float64) (float64, bool) {
+						p := make([]float32, len(p0))
+						for i := range p {
+							p[i] = p0[i] + float32(sign*eps)*dir[i]
+						}
+						if err := m.SetParam(s.Name, p); err != nil {
+							t.Fatal(err)
+						}
+						return loss()
+					}
+					lp, okp := shifted(1)
+					lm, okm := shifted(-1)
+					if err := m.SetParam(s.Name, p0); err != nil {
+						t.Fatal(err)
+					}
+					if !okp || !okm {
+						redrawn++
+						continue
+					}
+					checked = true
+					numeric := (lp - lm) / (2 * eps)
+					if d := math.Abs(numeric - analytic); d > 1e-3+1e-2*math.Abs(numeric) {
+						t.Errorf("%s: directional derivative %.6g, gradient gives %.6g", s.Name, numeric, analytic)
+					}
+				}
+				if !checked {
+					t.Errorf("%s: every direction tried crosses a top-k tie", s.Name)
+				}
+			}
+			t.Logf("%d parameters, %d directions redrawn at a top-k tie", len(m.Specs), redrawn)
+		})
+	}
+}
+
+// TestMoERecomputeGivesIdenticalGradients: recomputation re-runs the routing in backward and
+// must not change the loss, the aux loss or any gradient.
+func TestMoERecomputeGivesIdenticalGradients(t *testing.T) {
+	m := tinyMoE(t, "qwen3_moe", nil)
+	m.SetAuxLossScale(0.05)
+	batch := packedBatch(m.Arch.Vocab, []int{7, 5}, 7)
+	run := func(recompute bool) (float64, float64, map[string][]float32) {
+		m.SetRecompute(recompute)
+		if err := m.ZeroGrads(); err != nil {
+			t.Fatal(err)
+		}
+		l, _, err := m.ForwardBackward(batch, 0.25)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, m.AuxLoss(), allGrads(t, m)
+	}
+	l0, a0, g0 := run(false)
+	l1, a1, g1 := run(true)
+	if l0 != l1 || a0 != a1 {
+		t.Errorf("loss, aux %v, %v without recompute; %v, %v with", l0, a0, l1, a1)
+	}
+	for name, g := range g0 {
+		if !slices.Equal(g, g1[name]) {
+			t.Errorf("%s: gradient differs with recompute (max abs %g)", name, maxAbsDiff(g, g1[name]))
+		}
+	}
+}
+
+// TestExpertLoad checks the per-layer load metrics against the routing they summarise.
+func TestExpertLoad(t *testing.T) {
+	m := tinyMoE(t, "qwen3_moe", func(c *config.Config) { c.DecoderSparseStep, c.NumHiddenLayers = 2, 4 })
+	batch := packedBatch(m.Arch.Vocab, []int{9, 8}, 3)
+	if _, _, err := m.Forward(batch); err != nil {
+		t.Fatal(err)
+	}
+	loads := m.ExpertLoad()
+	if len(loads) != 2 || loads[0].Layer != 1 || loads[1].Layer != 3 {
+		t.Fatalf("loads for layers %+v, want layers 1 and 3 (decoder_sparse_step 2)", loads)
+	}
+	for _, l := range loads {
+		sum, dead := 0, 0
+		sorted := slices.Clone(l.Tokens)
+		sort.Ints(sorted)
+		for _, v := range l.Tokens {
+			sum += v
+			if v == 0 {
+				dead++
+			}
+		}
+		if sum != 17*2 {
+			t.Errorf("layer %d: %d assignments for 17 tokens top-2", l.Layer, sum)
+		}
+		if l.Max != sorted[len(sorted)-1] || l.Min != sorted[0] || l.Dead != dead {
+			t.Errorf("layer %d: max %d min %d dead %d for loads %v", l.Layer, l.Max, l.Min, l.Dead, l.Tokens)
+		}
+		mean := float64(sum) / float64(len(l.Tokens))
+		ss := 0.0
+		for _, v := range l.Tokens {
+			ss += (float64(v) - mean) * (float64(v) - mean)
+		}
+		if cv := math.Sqrt(ss/float64(len(l.Tokens))) / mean; math.Abs(cv-l.CV) > 1e-12 {
+			t.Errorf("layer %d: CV %v, want %v", l.Layer, l.CV, cv)
+		}
+	}
+	if s := loadStats(0, []int{0, 0, 4, 0}); s.Dead != 3 || s.Max != 4 || s.Min != 0 || math.Abs(s.CV-math.Sqrt(3)) > 1e-12 {
+		t.Errorf("loadStats of one busy expert: %+v", s)
+	}
+	dense := newTiny(t, newCPU(), tinyArch("llama", nil), Options{}, 1)
+	if dense.ExpertLoad() != nil || dense.IsMoE() || dense.AuxLoss() != 0 {
+		t.Error("a dense model reports expert loads or an aux loss")
+	}
+}
+
+// TestExpertBalancingEvensLoad runs aux-loss-free balancing on a model whose router favours
+// a few experts and checks that the bias evens the load without training any weight.
+func TestExpertBalancingEvensLoad(t *testing.T) {
+	m := tinyMoE(t, "mixtral", func(c *config.Config) { c.NumHiddenLayers = 1 })
+	// Skew the router: expert rows 0 and 1 get a large copy of a common direction.
+	name := "model.layers.0.block_sparse_moe.gate.weight"
+	w, _ := m.ParamFloat32(name)
+	h := m.Arch.Hidden
+	for i := 0; i < h; i++ {
+		w[i] += 3 * w[2*h+i]
+		w[h+i] += 3 * w[2*h+i]
+	}
+	if err := m.SetParam(name, w); err != nil {
+		t.Fatal(err)
+	}
+	batch := packedBatch(m.Arch.Vocab, []int{20, 20, 24}, 9)
+	step := func() ExpertLoad {
+		if err := m.ZeroGrads(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := m.ForwardBackward(batch, 1); err != nil {
+			t.Fatal(err)
+		}
+		return m.ExpertLoad()[0]
+	}
+	before := step()
+	if err := m.SetExpertBalancing(0.01); err != nil {
+		t.Fatal(err)
+	}
+	var after ExpertLoad
+	for i := 0; i < 60; i++ {
+		after = step()
+		m.BalanceExperts()
+	}
+	after = step()
+	t.Logf("load before %v (CV %.3f), after balancing %v (CV %.3f), bias %v", before.Tokens, before.CV, after.Tokens, after.CV, m.ExpertBias()[0])
+	if !(after.CV < before.CV/2) || after.Dead > 0 {
+		t.Errorf("balancing did not even the load: CV %.3f -> %.3f, dead experts %d", before.CV, after.CV, after.Dead)
+	}
+	if err := m.SetExpertBalancing(-1); err == nil {
+		t.Error("negative balancing rate accepted")
+	}
+	if err := m.SetExpertBalancing(0); err != nil || m.ExpertBias() != nil {
+		t.Errorf("turning balancing off: %v, bias %v", err, m.ExpertBias())
+	}
+	if off := step(); !slices.Equal(off.Tokens, before.Tokens) {
+		t.Errorf("load with balancing off %v, want the unbiased %v", off.Tokens, before.Tokens)
+	}
+}
+
+// TestMoEHubLayoutRoundTrip loads each transformers fixture, saves it and checks that the
+// saved checkpoint has exactly the fixture's tensor names (one tensor per expert, the Hub
+// layout) with identical values.
+func TestMoEHubLayoutRoundTrip(t *testing.T) {
+	for _, name := range []string{"qwen3_moe", "qwen3_moe_sparse", "mixtral", "olmoe"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", "parity", name)
+			b := newCPU()
+			m, err := Load(dir, b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if len(m.Unused) != 0 {
+				t.Errorf("fixture tensors not used: %v", m.Unused)
+			}
+			out := t.TempDir()
+			if err := m.Save(out, SaveOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			src, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			got, err := safetensors.OpenCheckpoint(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer got.Close()
+			a, c := slices.Sorted(slices.Values(src.Names())), slices.Sorted(slices.Values(got.Names()))
+			if !slices.Equal(a, c) {
+				t.Fatalf("saved tensor names differ from transformers'\nfixture %v\nsaved   %v", a, c)
+			}
+			for _, n := range a {
+				i1, _ := src.Tensor(n)
+				i2, _ := got.Tensor(n)
+				v1, _ := safetensors.ToFloat32(i1)
+				v2, _ := safetensors.ToFloat32(i2)
+				if !slices.Equal(v1, v2) {
+					t.Errorf("%s changed in the round trip", n)
+				}
+			}
+			if !slices.ContainsFunc(a, func(s string) bool { return strings.Contains(s, ".experts.1.") }) {
+				t.Error("no per-expert tensors in the fixture")
+			}
+		})
+	}
+}
+
+// TestMoEConfigErrors checks that impossible router settings are refused naming the key.
+func TestMoEConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*config.Config)
+		want string
+	}{
+		{"top-k above experts", func(c *config.Config) { c.NumExpertsPerTok = 9 }, "num_experts_per_tok"},
+		{"top-k zero", func(c *config.Config) { c.NumExpertsPerTok = 0 }, "num_experts_per_tok"},
+		{"no expert width", func(c *config.Config) { c.MoEIntermediateSize = 0; c.IntermediateSize = 0 }, "expert width"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := config.Preset("qwen3_moe", "tiny")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.mod(c)
+			m, err := New(c, newCPU(), Options{})
+			if err == nil {
+				m.Close()
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name %q", err, tc.want)
+			}
+			t.Log(err)
+		})
+	}
+}
