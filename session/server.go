@@ -42,6 +42,10 @@ type ServerOptions struct {
 	ConfigPath string
 	Method     string
 	Overrides  []string
+	// TraceFile, for ServeRun, records every step of the run and writes them as a
+	// Chrome/Perfetto trace (JSON) to this file at the end (each op is then followed by a
+	// device sync, which slows GPU steps).
+	TraceFile string
 	// Logger receives the session's log (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -462,26 +466,41 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 	}()
 	e.publishState("launch run")
 	userOnStep := ro.OnStep
+	tracing := o.TraceFile != "" && e.rec != nil
+	var traced []profile.Step
+	if o.TraceFile != "" && e.rec == nil {
+		e.logEvent(slog.LevelWarn, "no trace: the trainer's backend was opened without profiling support (call session.EnableProfiling before train.New)")
+	}
+	if tracing {
+		e.rec.Enable(true, true)
+		e.rec.BeginStep(t.Steps() + 1)
+	}
 	ro.OnStep = func(m train.StepMetrics) {
 		// A step boundary: publish, then serve commands; block here while paused.
 		e.endCapture(true)
 		var ps *profile.Step
-		if e.prof != nil && e.rec != nil {
+		if (e.prof != nil || tracing) && e.rec != nil {
 			if st, ok := e.rec.EndStep(); ok {
 				ps = &st
+				if tracing {
+					traced = append(traced, st)
+				}
 			}
-			e.rec.Enable(false, false)
+			e.rec.Enable(tracing, tracing)
 			e.rec.Steps()
 		}
 		pm := metricsPB(m)
 		e.addDeviceMetrics(pm)
+		if e.prof == nil {
+			ps = nil // a traced step is published as a profile only when one was asked for
+		}
 		e.afterStep(pm, ps)
 		if userOnStep != nil {
 			userOnStep(m)
 		}
 		e.serveBoundary(runCtx)
-		if e.prof != nil && e.rec != nil && !t.Done() {
-			e.rec.Enable(true, e.prof.trace)
+		if (e.prof != nil || tracing) && e.rec != nil && !t.Done() {
+			e.rec.Enable(true, tracing || e.prof.trace)
 			e.rec.BeginStep(t.Steps() + 1)
 		}
 		e.beginCapture()
@@ -491,8 +510,35 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 		e.prof.waiter.reply(profileResponse(e.prof), nil)
 		e.prof = nil
 	}
+	if tracing {
+		e.rec.Enable(false, false)
+		if terr := writeTraceFile(o.TraceFile, traced); terr != nil {
+			e.logEvent(slog.LevelError, terr.Error())
+			err = errors.Join(err, terr)
+		} else {
+			e.logEvent(slog.LevelInfo, fmt.Sprintf("wrote a trace of %d steps to %s", len(traced), o.TraceFile))
+		}
+	}
 	e.stopping = true
 	e.publishState("run finished")
 	close(e.done)
 	return res, err
+}
+
+// writeTraceFile writes steps as a Chrome/Perfetto trace, atomically.
+func writeTraceFile(path string, steps []profile.Step) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("session: trace: %w", err)
+	}
+	werr := profile.WriteTrace(f, steps)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("session: trace %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("session: trace: %w", err)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +25,7 @@ func TestServeRunIsAttachable(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("HALO_SESSION_DIR", dir)
 	out := filepath.Join(dir, "out")
+	trace := filepath.Join(dir, "trace.json")
 	cfg, err := train.LoadConfig(tinyConfig, "sft", []string{"--max_steps=60", "--output_dir=" + out})
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +41,7 @@ func TestServeRunIsAttachable(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := ServeRun(context.Background(), ServerOptions{Name: "launch", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, tr, train.RunOptions{})
+		r, err := ServeRun(context.Background(), ServerOptions{Name: "launch", TraceFile: trace, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, tr, train.RunOptions{})
 		done <- result{r, err}
 	}()
 	var c *Client
@@ -97,6 +99,30 @@ func TestServeRunIsAttachable(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "launch.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left after the run: %v", err)
+	}
+	raw, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tf struct {
+		TraceEvents []struct {
+			Cat string `json:"cat"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(raw, &tf); err != nil {
+		t.Fatalf("trace file: %v", err)
+	}
+	steps, matmuls := 0, 0
+	for _, ev := range tf.TraceEvents {
+		switch ev.Cat {
+		case "step":
+			steps++
+		case "matmul":
+			matmuls++
+		}
+	}
+	if steps != 60 || matmuls < 60 {
+		t.Fatalf("trace has %d steps and %d matmuls, want every one of the 60 steps", steps, matmuls)
 	}
 }
 
