@@ -59,8 +59,13 @@ func benchDocuments(totalBytes int) []string {
 
 // BenchmarkEncodeQwen3 measures EncodeBatch throughput (all cores) on 4 MB of mixed text
 // with the Qwen3 tokenizer. Each iteration starts from an empty word cache.
-func BenchmarkEncodeQwen3(b *testing.B) {
-	tok := testTokenizer(b, "qwen3")
+func BenchmarkEncodeQwen3(b *testing.B) { benchmarkEncode(b, "qwen3") }
+
+// BenchmarkEncodeLlama3 is BenchmarkEncodeQwen3 for the Llama-3 tokenizer.
+func BenchmarkEncodeLlama3(b *testing.B) { benchmarkEncode(b, "llama3") }
+
+func benchmarkEncode(b *testing.B, name string) {
+	tok := testTokenizer(b, name)
 	docs := benchDocuments(4 << 20)
 	total := 0
 	for _, d := range docs {
