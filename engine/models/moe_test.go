@@ -11,11 +11,16 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // tinyMoE is a small mixture-of-experts model of family fam, randomly initialised with a
 // large enough initializer_range that routing is far from uniform; mod adjusts the config.
 func tinyMoE(t testing.TB, fam string, mod func(*config.Config)) *Model {
+	return tinyMoEWith(t, fam, mod, Options{})
+}
+
+func tinyMoEWith(t testing.TB, fam string, mod func(*config.Config), o Options) *Model {
 	t.Helper()
 	c, err := config.Preset(fam, "tiny")
 	if err != nil {
@@ -32,7 +37,7 @@ func tinyMoE(t testing.TB, fam string, mod func(*config.Config)) *Model {
 	if mod != nil {
 		mod(c)
 	}
-	m, err := New(c, newCPU(), Options{})
+	m, err := New(c, newCPU(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,5 +357,61 @@ func TestMoEConfigErrors(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// TestMoEGenerateCacheMatchesNoCache checks KV-cache greedy decoding of MoE models (routing
+// one new token at a time) against re-running the whole sequence for every token.
+func TestMoEGenerateCacheMatchesNoCache(t *testing.T) {
+	for _, tc := range moeCases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tinyMoE(t, tc.fam, tc.mod)
+			prompt := []int32{3, 9, 1, 22, 5}
+			got, err := m.Generate(prompt, GenerateOptions{MaxNewTokens: 6})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq := slices.Clone(prompt)
+			for i := 0; i < 6; i++ {
+				lg, err := m.NextLogits(seq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				seq = append(seq, Argmax(lg))
+			}
+			if want := seq[len(prompt):]; !slices.Equal(got, want) {
+				t.Errorf("cached greedy %v, uncached %v", got, want)
+			}
+		})
+	}
+}
+
+// TestMoEBF16TracksF32 checks the bf16 path of an MoE model: loss and aux loss follow the f32
+// model within bf16 precision.
+func TestMoEBF16TracksF32(t *testing.T) {
+	m32 := tinyMoE(t, "qwen3_moe", nil)
+	m16 := tinyMoEWith(t, "qwen3_moe", nil, Options{DType: tensor.BF16})
+	batch := packedBatch(m32.Arch.Vocab, []int{9, 7}, 6)
+	var loss, aux [2]float64
+	for i, m := range []*Model{m32, m16} {
+		if err := m.ZeroGrads(); err != nil {
+			t.Fatal(err)
+		}
+		l, _, err := m.ForwardBackward(batch, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loss[i], aux[i] = l, m.AuxLoss()
+	}
+	if rel := math.Abs(loss[1]-loss[0]) / loss[0]; rel > 2e-2 {
+		t.Errorf("bf16 loss %.5f vs f32 %.5f (relative %.3g)", loss[1], loss[0], rel)
+	}
+	if rel := math.Abs(aux[1]-aux[0]) / aux[0]; rel > 5e-2 {
+		t.Errorf("bf16 aux loss %.5f vs f32 %.5f (relative %.3g)", aux[1], aux[0], rel)
+	}
+	g32, _ := m32.GradFloat32("model.layers.1.mlp.gate.weight")
+	g16, _ := m16.GradFloat32("model.layers.1.mlp.gate.weight")
+	if r := relDiff(g16, g32); r > 0.2 {
+		t.Errorf("bf16 router gradient relative difference %.3g", r)
 	}
 }

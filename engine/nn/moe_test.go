@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sort"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 func newMoE(e *env, c, f, experts, k int, norm bool) *MoE {
@@ -217,4 +219,74 @@ func TestLoadBalancingLoss(t *testing.T) {
 	if _, _, err := LoadBalancingLoss(bad, 1); err == nil {
 		t.Error("layers with different expert counts accepted")
 	}
+}
+
+// FuzzRoute feeds arbitrary router logits (NaN, infinities, huge values) to the host router:
+// it returns an error or a valid routing, never panics.
+func FuzzRoute(f *testing.F) {
+	f.Add([]byte{0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64}, uint8(2), uint8(2), false)
+	f.Add([]byte{0, 0, 192, 127, 0, 0, 128, 127, 0, 0, 128, 255, 0, 0, 0, 0}, uint8(4), uint8(1), true)
+	f.Fuzz(func(t *testing.T, raw []byte, experts, k uint8, norm bool) {
+		e := int(experts%16) + 1
+		n := len(raw) / 4 / e
+		if n == 0 {
+			return
+		}
+		logits := make([]float32, n*e)
+		for i := range logits {
+			logits[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		m := &MoE{Name: "moe", Experts: make([]Expert, e), TopK: int(k % 18), NormTopK: norm}
+		if err := m.route(logits, n); err != nil {
+			return
+		}
+		r := m.Routing()
+		for t0 := 0; t0 < n; t0++ {
+			seen := map[int32]bool{}
+			for _, s := range r.Sel[t0*r.K : (t0+1)*r.K] {
+				if s < 0 || int(s) >= e || seen[s] {
+					t.Fatalf("token %d: selection %v of %d experts", t0, r.Sel[t0*r.K:(t0+1)*r.K], e)
+				}
+				seen[s] = true
+			}
+		}
+		for i, w := range r.Weights {
+			if math.IsNaN(float64(w)) || w < 0 {
+				t.Fatalf("weight %d = %v", i, w)
+			}
+		}
+	})
+}
+
+// BenchmarkMoEForwardBackward times one forward and backward of a mixture-of-experts block
+// (N=512 tokens, C=256, 8 experts of I=256, top-2) and, for scale, of a dense SwiGLU MLP with
+// the same active width (F = 2*256).
+func BenchmarkMoEForwardBackward(b *testing.B) {
+	const N, C, I, E, K = 512, 256, 256, 8, 2
+	e := newEnv(b)
+	p := &Pass{B: e.b, DType: tensor.F32, N: N}
+	x := e.randn(1, N, C)
+	dy := e.randn(1, N, C)
+	run := func(b *testing.B, f FFN) {
+		for i := 0; i < b.N; i++ {
+			y, err := f.Forward(p, x, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dx, err := f.Backward(p, dy)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = e.b.Free(y)
+			_ = e.b.Free(dx)
+		}
+		b.ReportMetric(float64(N*b.N)/b.Elapsed().Seconds(), "tok/s")
+	}
+	b.Run("moe", func(b *testing.B) { run(b, newMoE(e, C, I, E, K, true)) })
+	b.Run("dense", func(b *testing.B) {
+		run(b, &MLP{Name: "mlp",
+			Gate: Linear{W: e.randn(0.1, K*I, C), GW: e.zeros(K*I, C)},
+			Up:   Linear{W: e.randn(0.1, K*I, C), GW: e.zeros(K*I, C)},
+			Down: Linear{W: e.randn(0.1, C, K*I), GW: e.zeros(C, K*I)}})
+	})
 }

@@ -13,12 +13,12 @@ import (
 
 // env is a CPU backend with helpers to make random tensors.
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	b   backend.Backend
 	rng *rand.Rand
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	return &env{t: t, b: cpu.New(cpu.Options{}), rng: rand.New(rand.NewPCG(1, 2))}
 }
 
