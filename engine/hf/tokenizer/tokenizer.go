@@ -151,6 +151,11 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 	}
 	if t.byteLevelTail {
 		m.buildByteLevelTables()
+		// A final ByteLevel without prefix space or regex only maps bytes, which the model
+		// does itself: drop the step.
+		if last := t.steps[len(t.steps)-1].(byteLevelStep); !last.addPrefixSpace && last.useRegex == nil {
+			t.steps = t.steps[:len(t.steps)-1]
+		}
 	}
 	if t.decoder, err = parseDecoder(f.Decoder, "decoder", 0); err != nil {
 		return nil, fail("%v", err)
