@@ -209,7 +209,9 @@ func (c *Client) LoadYAML(ctx context.Context, yaml, method string, overrides ..
 	return c.rpc.Load(ctx, &halov1.LoadRequest{ConfigYaml: yaml, Method: method, Overrides: overrides})
 }
 
-// Step runs n optimizer steps and returns their metrics.
+// Step runs n optimizer steps and returns their metrics. When ctx ends (or this process dies)
+// the steps stop at the next step boundary; Pause from the controller also ends them early,
+// and then fewer than n metrics come back.
 func (c *Client) Step(ctx context.Context, n int) ([]*StepMetrics, error) {
 	r, err := c.rpc.Step(ctx, &halov1.StepRequest{N: int32(n)})
 	if err != nil {
@@ -306,7 +308,13 @@ func (c *Client) Inspect(ctx context.Context, req *InspectRequest) (*InspectResp
 }
 
 // Profile runs the next k steps with profiling on and returns their breakdowns (and a
-// Chrome/Perfetto trace when trace is set).
+// Chrome/Perfetto trace when trace is set). While a run is going, it observes the run's next k
+// steps instead of running its own.
+//
+// Each breakdown splits the step's wall time into compute by op class (ComputeS: matmul,
+// attention, norm, rope, embedding, mlp_activation, loss, optimizer, other), communication
+// by collective kind (CommS, empty on one device) and HostS (host work and idle); they add up
+// to StepS.
 func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileResponse, error) {
 	return c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
 }
