@@ -364,9 +364,51 @@ def random_programs(n, seed=99):
     return progs
 
 
+def random_block_programs(n, seed=2024):
+    """Random nestings of macros, call blocks, filter blocks, set blocks, with blocks and loops
+    using loop variables, cyclers, joiners and namespaces."""
+    import random
+
+    rng = random.Random(seed)
+    leaves = ["{{ x }}", "{{ y | default('Y') }}", "{{ loop.index ~ '/' ~ loop.revindex if loop is defined else 'nl' }}",
+              "{{ loop.previtem | default('p-') }}{{ loop.nextitem | default('n-') }}", "{% set x = x ~ 'a' %}", "{{ j() }}",
+              "{{ c.next() }}", "{{ caller() if caller is defined else 'nc' }}", "{{ f(1) }}", "{{ f(2, y='q') }}",
+              "{% set ns.t = ns.t ~ x %}", "{{ ns.t }}", "{{ varargs if varargs is defined else '' }}",
+              "{{ loop.first }}{{ loop.last }}", "{{ loop.cycle('A','B') }}"]
+
+    def block(d):
+        out = []
+        for _ in range(rng.randint(1, 3)):
+            r = rng.random()
+            if r < 0.4 or d >= 3:
+                out.append(rng.choice(leaves))
+            elif r < 0.55:
+                it = rng.choice(["['u','v']", "'ab'", "{'k1':1,'k2':2}", "range(3)"])
+                out.append("{% for x in " + it + " %}" + block(d + 1) + "{% endfor %}")
+            elif r < 0.65:
+                out.append("{% filter upper %}" + block(d + 1) + "{% endfilter %}")
+            elif r < 0.75:
+                out.append("{% set y %}" + block(d + 1) + "{% endset %}")
+            elif r < 0.85:
+                out.append("{% call f(3) %}" + block(d + 1) + "{% endcall %}")
+            elif r < 0.92:
+                out.append("{% with x = 'w' %}" + block(d + 1) + "{% endwith %}")
+            else:
+                out.append("{% if x == 'a' %}" + block(d + 1) + "{% else %}" + block(d + 1) + "{% endif %}")
+        return "".join(out)
+
+    progs = []
+    for _ in range(n):
+        body = rng.choice(["", "{{ caller() if caller is defined else '' }}", "{% set x = 'mx' %}{{ x }}"])
+        head = ("{% set ns = namespace(t='') %}{% set j = joiner('|') %}{% set c = cycler('c1','c2') %}{% set x = 'top' %}"
+                "{% macro f(a, y='fy') %}[{{ a }}{{ y }}{{ x }}" + body + "]{% endmacro %}")
+        progs.append(head + block(0) + "|{{ x }}{{ y | default('-') }}{{ ns.t }}")
+    return progs
+
+
 def render_programs(env):
     out = []
-    for i, src in enumerate(random_programs(500)):
+    for i, src in enumerate(random_programs(500) + random_block_programs(500)):
         entry = {"name": f"program_{i}", "template": src, "vars": {}}
         try:
             entry["output"] = env.from_string(src).render()

@@ -145,7 +145,7 @@ func (r *renderer) exec(n node, sc *scope) error {
 		}
 		return withLine(r.assign(n.target, v, sc), n.line)
 	case *setBlockNode:
-		text, err := r.capture(n.body, sc)
+		text, err := r.capture(n.body, newScope(sc)) // the body's assignments stay inside
 		if err != nil {
 			return err
 		}
@@ -167,7 +167,7 @@ func (r *renderer) exec(n node, sc *scope) error {
 		}
 		return r.write(toStr(v))
 	case *filterBlockNode:
-		text, err := r.capture(n.body, sc)
+		text, err := r.capture(n.body, newScope(sc))
 		if err != nil {
 			return err
 		}
@@ -1180,6 +1180,9 @@ func (r *renderer) callMacro(m *Macro, args []Value, kwargs *Dict) (Value, error
 	for i, k := range kwargs.keys {
 		ks := k.(string)
 		if ks == "caller" {
+			if !macroUses(m.body, "caller") {
+				return nil, errorf("TypeError", "macro '%s' was invoked with two values for the special caller argument. This is most likely a bug.", m.name)
+			}
 			sc.set("caller", kwargs.vals[i])
 			continue
 		}

@@ -79,7 +79,8 @@ func TestExpressionsMatchPythonJinja2(t *testing.T) {
 }
 
 // TestProgramsMatchPythonJinja2 renders random statement sequences that stress scoping (set
-// in loops, conditionals and macros, namespaces, loop variables, break and continue).
+// in loops, conditionals and macros, namespaces, loop variables, break and continue) and
+// random nestings of macros, call, filter, set and with blocks.
 func TestProgramsMatchPythonJinja2(t *testing.T) {
 	testGoldenSnippets(t, "programs.json")
 }
