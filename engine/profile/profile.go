@@ -36,10 +36,11 @@ const (
 	CommAllReduce        = "all_reduce"
 	CommBroadcast        = "broadcast"
 	CommP2P              = "p2p"
+	CommBarrier          = "barrier"
 )
 
 // CommKinds lists the collective kinds in display order.
-var CommKinds = []string{CommAllToAllDispatch, CommAllToAllCombine, CommAllGather, CommReduceScatter, CommAllReduce, CommBroadcast, CommP2P}
+var CommKinds = []string{CommAllToAllDispatch, CommAllToAllCombine, CommAllGather, CommReduceScatter, CommAllReduce, CommBroadcast, CommP2P, CommBarrier}
 
 // Span is one timed piece of work inside a step.
 type Span struct {
