@@ -11,6 +11,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/comm"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -330,3 +331,6 @@ func BenchmarkOverheadOff(b *testing.B) {
 		})
 	}
 }
+
+// The communicators record collectives into a Recorder.
+var _ comm.Recorder = (*Recorder)(nil)
