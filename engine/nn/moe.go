@@ -154,23 +154,20 @@ func softmax32(p, z []float32) {
 }
 
 // topK writes the indices of the len(sel) largest scores into sel, largest first; ties go to
-// the lower index.
+// the lower index; scores must not be NaN. It keeps sel sorted while scanning, O(E*K) at worst.
 func topK(sel []int32, score []float64) {
-	for j := range sel {
-		best := -1
-		for i, s := range score {
-			taken := false
-			for _, q := range sel[:j] {
-				if int(q) == i {
-					taken = true
-					break
-				}
-			}
-			if !taken && (best < 0 || s > score[best]) {
-				best = i
-			}
+	k, n := len(sel), 0
+	for i, s := range score {
+		if n == k && !(s > score[sel[k-1]]) {
+			continue
 		}
-		sel[j] = int32(best)
+		j := min(n, k-1)
+		for j > 0 && s > score[sel[j-1]] {
+			sel[j] = sel[j-1]
+			j--
+		}
+		sel[j] = int32(i)
+		n = min(n+1, k)
 	}
 }
 

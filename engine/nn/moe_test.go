@@ -290,3 +290,24 @@ func BenchmarkMoEForwardBackward(b *testing.B) {
 			Down: Linear{W: e.randn(0.1, C, K*I), GW: e.zeros(C, K*I)}})
 	})
 }
+
+// TestTopK checks the selection against sorting, ties going to the lower index.
+func TestTopK(t *testing.T) {
+	for _, tc := range []struct {
+		score []float64
+		k     int
+		want  []int32
+	}{
+		{[]float64{1, 5, 3, 4}, 2, []int32{1, 3}},
+		{[]float64{1, 5, 3, 4}, 4, []int32{1, 3, 2, 0}},
+		{[]float64{2, 2, 2}, 2, []int32{0, 1}},
+		{[]float64{0, 1, 1, 0}, 3, []int32{1, 2, 0}},
+		{[]float64{-1, -3, -2}, 1, []int32{0}},
+	} {
+		sel := make([]int32, tc.k)
+		topK(sel, tc.score)
+		if !slices.Equal(sel, tc.want) {
+			t.Errorf("topK(%v, %d) = %v, want %v", tc.score, tc.k, sel, tc.want)
+		}
+	}
+}
