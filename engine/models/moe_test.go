@@ -340,9 +340,14 @@ func TestMoEConfigErrors(t *testing.T) {
 		{"top-k above experts", func(c *config.Config) { c.NumExpertsPerTok = 9 }, "num_experts_per_tok"},
 		{"top-k zero", func(c *config.Config) { c.NumExpertsPerTok = 0 }, "num_experts_per_tok"},
 		{"no expert width", func(c *config.Config) { c.MoEIntermediateSize = 0; c.IntermediateSize = 0 }, "expert width"},
+		{"mixtral router jitter", func(c *config.Config) { c.RouterJitterNoise = 0.01 }, "router_jitter_noise"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := config.Preset("qwen3_moe", "tiny")
+			fam := "qwen3_moe"
+			if strings.HasPrefix(tc.name, "mixtral") {
+				fam = "mixtral"
+			}
+			c, err := config.Preset(fam, "tiny")
 			if err != nil {
 				t.Fatal(err)
 			}
