@@ -44,6 +44,7 @@ type Kernel struct {
 	iopubMu sync.Mutex // iopub is shared by the shell and control goroutines and by cell output
 
 	handlers map[string]handler
+	shellQ   chan *wire.Message // shell requests waiting for the shell goroutine
 
 	// Shell state, owned by the shell goroutine.
 	execCount int
@@ -82,6 +83,7 @@ func New(ctx context.Context, cfg Config) (*Kernel, error) {
 		log:      cfg.Logger,
 		session:  wire.NewID(),
 		shutdown: make(chan struct{}),
+		shellQ:   make(chan *wire.Message, 64),
 	}
 	k.handlers = k.handlerTable()
 	sctx, stop := context.WithCancel(ctx)
@@ -130,7 +132,7 @@ func (k *Kernel) Run(ctx context.Context) error {
 	defer k.closeSockets()
 	defer k.stop()
 	k.publish(nil, "status", map[string]any{"execution_state": "starting"})
-	shellQ := make(chan *wire.Message, 64)
+	shellQ := k.shellQ
 	var wg sync.WaitGroup
 	wg.Add(4)
 	go func() { defer wg.Done(); k.heartbeat() }()

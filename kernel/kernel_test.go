@@ -17,7 +17,10 @@ import (
 )
 
 // lineInterp is a small interpreter for tests: each cell is one command.
-type lineInterp struct{ started chan struct{} }
+type lineInterp struct {
+	started chan struct{}
+	before  func() // runs at the start of "failslow"
+}
 
 func (li *lineInterp) Execute(ctx context.Context, code string, out *Output) (Bundle, error) {
 	cmd, arg, _ := strings.Cut(strings.TrimSpace(code), " ")
@@ -32,6 +35,11 @@ func (li *lineInterp) Execute(ctx context.Context, code string, out *Output) (Bu
 		out.Display(Bundle{"image/png": []byte{0x89, 'P', 'N', 'G'}}, "d1")
 		out.UpdateDisplay(Bundle{"text/plain": []byte("updated")}, "d1")
 	case "fail":
+		return nil, errors.New(arg)
+	case "failslow":
+		if li.before != nil {
+			li.before()
+		}
 		return nil, errors.New(arg)
 	case "wait":
 		if li.started != nil {
@@ -321,7 +329,15 @@ func TestExecuteOutputsAndCounts(t *testing.T) {
 }
 
 func TestStopOnErrorAbortsQueuedCells(t *testing.T) {
-	c, _, _ := startKernel(t, &lineInterp{})
+	li := &lineInterp{}
+	c, k, _ := startKernel(t, li)
+	// The failing cell ends once the two cells after it are queued in the kernel.
+	li.before = func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for len(k.shellQ) < 2 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	base := map[string]any{"silent": false, "store_history": true, "user_expressions": map[string]any{}, "allow_stdin": false}
 	with := func(code string, stop bool) map[string]any {
 		m := map[string]any{"code": code, "stop_on_error": stop}
@@ -331,7 +347,7 @@ func TestStopOnErrorAbortsQueuedCells(t *testing.T) {
 		return m
 	}
 	// Queue three cells at once; the first fails.
-	c.send(c.shell, "execute_request", with("fail first", true))
+	c.send(c.shell, "execute_request", with("failslow first", true))
 	c.send(c.shell, "execute_request", with("print second", true))
 	c.send(c.shell, "execute_request", with("print third", true))
 	got := []string{c.recv(c.shellR, "execute_reply")["status"].(string),
