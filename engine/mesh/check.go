@@ -1,0 +1,176 @@
+package mesh
+
+import (
+	"fmt"
+	"math"
+)
+
+// ModelShape is what the layout rules need to know about a model.
+type ModelShape struct {
+	Hidden       int // C
+	Intermediate int // dense MLP width F (0 when every layer is a mixture of experts)
+	Heads        int // NH
+	KVHeads      int // NKV
+	HeadDim      int // HD
+	Layers       int // L
+	Vocab        int // V
+	Tied         bool
+	// QKNormFull: q/k RMSNorm over the whole projection rather than per head (cannot be split
+	// by heads).
+	QKNormFull bool
+	// Experts is the number of routed experts per MoE layer (0 for dense models);
+	// ExpertIntermediate their FFN width and TopK the experts each token uses.
+	Experts, ExpertIntermediate, TopK int
+	// MoELayers is the number of mixture-of-experts layers.
+	MoELayers int
+	// Params is the number of parameters (tied embeddings once).
+	Params int64
+}
+
+// MoE reports whether the model has mixture-of-experts layers.
+func (m ModelShape) MoE() bool { return m.Experts > 0 && m.MoELayers > 0 }
+
+// Rule names, as they appear in LayoutError.Rule.
+const (
+	RuleDegrees   = "degrees"    // every degree >= 1, TP·CP divides the devices, DP·TP·CP = devices
+	RuleTPHeads   = "tp-heads"   // TP divides heads and KV heads
+	RuleTPWidth   = "tp-width"   // TP divides the MLP width
+	RuleTPQKNorm  = "tp-qknorm"  // q/k norms over the whole projection are not split
+	RuleCPSeq     = "cp-seqlen"  // 2·CP divides the sequence length
+	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
+	RuleETP       = "etp"        // ETP is 1 or TP
+	RuleSupport   = "support"    // the combination is outside the support matrix
+)
+
+// LayoutError is a refused layout: the rule it breaks, what is wrong, and a layout that passes
+// every rule on the same devices (Suggest).
+type LayoutError struct {
+	Rule    string
+	Layout  Layout
+	Devices int
+	Detail  string
+	Suggest Layout
+}
+
+func (e *LayoutError) Error() string {
+	return fmt.Sprintf("mesh: layout %q on %d devices breaks rule %s: %s; a layout that works: %q",
+		e.Layout.String(), e.Devices, e.Rule, e.Detail, e.Suggest.String())
+}
+
+// Check applies every rule to layout l on n devices for model m trained on sequences of seqLen
+// tokens (0: unknown, the CP length rule is then left to CheckSeqLen). It returns nil or a
+// *LayoutError whose Suggest passes every rule.
+func Check(l Layout, n int, m ModelShape, seqLen int) error {
+	l = l.Norm(n)
+	rule, detail := firstBroken(l, n, m, seqLen)
+	if rule == "" {
+		return nil
+	}
+	return &LayoutError{Rule: rule, Layout: l, Devices: n, Detail: detail, Suggest: Suggest(l, n, m, seqLen)}
+}
+
+// CheckSeqLen applies the context-parallel length rule to one sequence (or packed row) length.
+func CheckSeqLen(l Layout, seqLen int) error {
+	cp := one(l.CP)
+	if cp > 1 && seqLen%(2*cp) != 0 {
+		return fmt.Errorf("mesh: rule %s: context_parallel_size %d splits each sequence into %d equal chunks, so the length must be a multiple of %d; got %d tokens (pad or pack to a multiple of %d)",
+			RuleCPSeq, cp, 2*cp, 2*cp, seqLen, 2*cp)
+	}
+	return nil
+}
+
+func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string) {
+	if n < 1 {
+		return RuleDegrees, fmt.Sprintf("there are %d devices", n)
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"tensor_parallel_size", l.TP}, {"context_parallel_size", l.CP},
+		{"expert_parallel_size", l.EP}, {"expert_tensor_parallel_size", l.ETP}} {
+		if d.v < 1 {
+			return RuleDegrees, fmt.Sprintf("%s is %d; every degree must be at least 1", d.name, d.v)
+		}
+	}
+	if n%(l.TP*l.CP) != 0 {
+		return RuleDegrees, fmt.Sprintf("tensor_parallel_size %d × context_parallel_size %d = %d does not divide the %d devices", l.TP, l.CP, l.TP*l.CP, n)
+	}
+	if l.DP*l.TP*l.CP != n {
+		return RuleDegrees, fmt.Sprintf("dp %d × tp %d × cp %d = %d, but there are %d devices (leave dp out to fill the devices)", l.DP, l.TP, l.CP, l.DP*l.TP*l.CP, n)
+	}
+	if l.TP > 1 {
+		if m.Heads%l.TP != 0 || m.KVHeads%l.TP != 0 {
+			return RuleTPHeads, fmt.Sprintf("tensor_parallel_size %d must divide the %d attention heads and the %d key/value heads", l.TP, m.Heads, m.KVHeads)
+		}
+		if m.Intermediate > 0 && m.Intermediate%l.TP != 0 {
+			return RuleTPWidth, fmt.Sprintf("tensor_parallel_size %d must divide the MLP width (intermediate_size %d)", l.TP, m.Intermediate)
+		}
+		if m.QKNormFull {
+			return RuleTPQKNorm, fmt.Sprintf("this model normalises q and k over the whole projection (not per head), which tensor_parallel_size %d would split; use tensor_parallel_size 1", l.TP)
+		}
+	}
+	if l.CP > 1 && seqLen > 0 && seqLen%(2*l.CP) != 0 {
+		return RuleCPSeq, fmt.Sprintf("context_parallel_size %d splits each sequence into %d equal chunks, so the sequence length %d must be a multiple of %d", l.CP, 2*l.CP, seqLen, 2*l.CP)
+	}
+	if l.EP > 1 {
+		if !m.MoE() {
+			return RuleEPExperts, fmt.Sprintf("expert_parallel_size %d needs a mixture-of-experts model; this one has no experts", l.EP)
+		}
+		if m.Experts%l.EP != 0 {
+			return RuleEPExperts, fmt.Sprintf("expert_parallel_size %d must divide the %d experts", l.EP, m.Experts)
+		}
+		if (l.DP*l.CP)%l.EP != 0 {
+			return RuleEPExperts, fmt.Sprintf("expert_parallel_size %d must divide dp × cp = %d (experts are spread over the data ranks)", l.EP, l.DP*l.CP)
+		}
+	}
+	if l.ETP > 1 {
+		if !m.MoE() {
+			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d needs a mixture-of-experts model", l.ETP)
+		}
+		if l.ETP != l.TP {
+			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d must be 1 or equal tensor_parallel_size %d", l.ETP, l.TP)
+		}
+	}
+	return supported(l, m)
+}
+
+// supported is the support matrix (see the package doc).
+func supported(l Layout, m ModelShape) (rule, detail string) {
+	if l.EP > 1 || l.ETP > 1 {
+		return RuleSupport, "expert and expert-tensor parallelism (ep, etp) are not available yet; experts are replicated on every rank"
+	}
+	if m.MoE() && l.CP > 1 {
+		return RuleSupport, "context parallelism of mixture-of-experts models is not supported: the router's load-balancing loss is defined over whole sequences"
+	}
+	return "", ""
+}
+
+// Suggest returns the valid layout on n devices closest to l: same FSDP choice, degrees as near
+// as possible to the requested ones (in factors of two). Pure data parallelism (dp=n) always
+// qualifies, so a suggestion always exists.
+func Suggest(l Layout, n int, m ModelShape, seqLen int) Layout {
+	l = l.Norm(n)
+	best := Layout{DP: max(n, 1), FSDP: l.FSDP, TP: 1, CP: 1, EP: 1, ETP: 1}
+	bestD := math.Inf(1)
+	dist := func(a, b int) float64 { return math.Abs(math.Log2(float64(one(a))) - math.Log2(float64(one(b)))) }
+	for tp := 1; tp <= n; tp++ {
+		for cp := 1; tp*cp <= n; cp++ {
+			if n%(tp*cp) != 0 {
+				continue
+			}
+			for _, etp := range []int{1, tp} {
+				for ep := 1; ep <= n; ep++ {
+					c := Layout{DP: n / (tp * cp), FSDP: l.FSDP, TP: tp, CP: cp, EP: ep, ETP: etp}
+					if r, _ := firstBroken(c, n, m, seqLen); r != "" {
+						continue
+					}
+					d := 2*dist(c.TP, l.TP) + 2*dist(c.CP, l.CP) + dist(c.EP, l.EP) + dist(c.ETP, l.ETP)
+					if d < bestD {
+						best, bestD = c, d
+					}
+				}
+			}
+		}
+	}
+	return best
+}

@@ -1,0 +1,41 @@
+// Package mesh describes how a run is spread over devices: the device list (`cpu:4`,
+// `cuda:0-7`), the parallel Layout (data parallel with optional FSDP sharding, tensor, context,
+// expert and expert-tensor parallelism), the Mesh that maps each rank to its coordinates and its
+// groups, the validation rules a layout must pass before any weight is loaded, and the
+// per-device memory estimate of a layout.
+//
+// It is not the code that moves data (engine/comm) nor the plan that applies a layout to a model
+// (engine/parallel); it knows a model only through the few sizes in ModelShape.
+//
+// # Mesh order
+//
+// World ranks are laid out as DP × CP × TP with TP innermost: rank = (dp·CP + cp)·TP + tp, so the
+// ranks of one tensor-parallel group are neighbours (on GPUs: the same NVLink island). The
+// "data" group of a rank is every rank with the same tp coordinate (DP·CP ranks); gradients are
+// summed over it, and FSDP shards parameters, gradients and optimizer state over it. Expert
+// parallelism borrows its ranks from the data group (EP divides DP·CP), expert-tensor parallelism
+// from the tensor group (ETP is 1 or TP).
+//
+// # Support matrix
+//
+// Which combinations are accepted (Check enforces it; each accepted row has an equivalence test
+// in engine/parallel, each refused one a refusal test here):
+//
+//	layout                    dense models          MoE models
+//	dp (replicated)           yes                   yes
+//	dp + fsdp                 yes                   yes
+//	tp                        yes                   yes (experts replicated across tp)
+//	cp                        yes                   no: the router's load-balancing loss is per sequence
+//	dp/fsdp + tp + cp         yes                   no (cp)
+//	ep, etp                   no (no experts)       not yet: refused with the layout to use instead
+//
+// Rules every accepted layout passes (each refusal names the rule and a layout that passes all
+// of them on the same devices):
+//
+//   - every degree is >= 1 and TP·CP divides the device count (DP = devices / (TP·CP));
+//   - TP divides the attention heads, the key/value heads and the MLP width, and q/k norms
+//     over the whole projection (not per head) are not split (TP = 1 then);
+//   - CP splits every sequence into 2·CP equal chunks (load balancing of causal attention), so
+//     2·CP divides the sequence length;
+//   - EP divides the number of experts and DP·CP; ETP is 1 or TP.
+package mesh
