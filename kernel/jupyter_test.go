@@ -200,6 +200,7 @@ func TestRestartKeepsSessionStepCount(t *testing.T) {
 		AfterTampered    int     `json:"after_tampered"`
 		AfterRestart     int     `json:"after_restart"`
 		AfterRestartStep int     `json:"after_restart_step"`
+		Heartbeat        string  `json:"heartbeat"`
 	}
 	if err := json.Unmarshal(lastJSONLine(out), &r); err != nil {
 		t.Fatalf("report %q: %v", out, err)
@@ -207,8 +208,11 @@ func TestRestartKeepsSessionStepCount(t *testing.T) {
 	if r.Before != 3 || r.AfterRestart != 3 || r.AfterRestartStep != 5 {
 		t.Errorf("steps before restart %d, after %d, after 2 more %d; want 3, 3, 5", r.Before, r.AfterRestart, r.AfterRestartStep)
 	}
+	if r.Heartbeat != "ping-halo" {
+		t.Errorf("heartbeat echoed %q, want ping-halo", r.Heartbeat)
+	}
 	if r.TamperedReply != nil || r.AfterTampered != 3 {
-		t.Errorf("a message with a bad signature got reply %v and the step count became %d; want no reply and 3", *r.TamperedReply, r.AfterTampered)
+		t.Errorf("a message with a bad signature got reply %v and the step count became %d; want no reply and 3", r.TamperedReply, r.AfterTampered)
 	}
 }
 

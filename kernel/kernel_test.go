@@ -54,6 +54,9 @@ func (li *lineInterp) Execute(ctx context.Context, code string, out *Output) (Bu
 }
 
 func (li *lineInterp) Complete(code string, cursor int) ([]string, int, int) {
+	if code == "explode" {
+		panic("completion exploded")
+	}
 	start := strings.LastIndexAny(code[:cursor], " \n") + 1
 	var out []string
 	for _, w := range []string{"print", "panic", "result"} {
@@ -487,6 +490,11 @@ func TestCompleteInspectIsCompleteHistoryCommInfo(t *testing.T) {
 	c.send(c.shell, "history_request", map[string]any{"hist_access_type": "sideways"})
 	if r = c.recv(c.shellR, "history_reply"); r["status"] != "error" || !strings.Contains(fmt.Sprint(r["evalue"]), "sideways") {
 		t.Errorf("bad history_request = %v", r)
+	}
+	// A handler that panics gives an error reply, and the kernel goes on.
+	c.send(c.shell, "complete_request", map[string]any{"code": "explode", "cursor_pos": 7})
+	if r = c.recv(c.shellR, "complete_reply"); r["status"] != "error" || !strings.Contains(fmt.Sprint(r["evalue"]), "completion exploded") {
+		t.Errorf("complete_reply of a panicking completer = %v", r)
 	}
 	// A request whose content does not decode gets an error reply naming the request.
 	c.send(c.shell, "complete_request", map[string]any{"code": 12})

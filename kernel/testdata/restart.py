@@ -7,6 +7,7 @@ import json
 import sys
 from queue import Empty
 
+import zmq
 from jupyter_client.manager import start_new_kernel
 from jupyter_client.session import Session
 
@@ -29,6 +30,16 @@ config = sys.argv[1]
 report = {}
 km, kc = start_new_kernel(kernel_name="halo")
 try:
+    # The heartbeat echoes (a libzmq REQ socket, as Jupyter's heartbeat channel uses).
+    ci = km.get_connection_info()
+    hb = zmq.Context.instance().socket(zmq.REQ)
+    hb.setsockopt(zmq.RCVTIMEO, 5000)
+    hb.setsockopt(zmq.LINGER, 0)
+    hb.connect("tcp://%s:%d" % (ci["ip"], ci["hb_port"]))
+    hb.send(b"ping-halo")
+    report["heartbeat"] = hb.recv().decode()
+    hb.close()
+
     run(kc, "%load " + config)
     run(kc, "%step 3")
     report["before"] = int(run(kc, "halo.Status().Step"))

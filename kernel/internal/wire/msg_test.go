@@ -197,3 +197,22 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseConnectionInfo(f *testing.F) {
+	f.Add([]byte(`{"transport":"tcp","ip":"127.0.0.1","shell_port":1,"control_port":2,"stdin_port":3,"iopub_port":4,"hb_port":5,"key":"k","signature_scheme":"hmac-sha256"}`))
+	f.Add([]byte(`{"transport":"ipc","ip":"/tmp/k"}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ci, err := ParseConnectionInfo(b)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error")
+			}
+			return
+		}
+		if err := ci.Validate(); err != nil {
+			t.Fatalf("a parsed connection info does not validate: %v", err)
+		}
+		_ = ci.Endpoint(ci.ShellPort)
+	})
+}
