@@ -107,5 +107,6 @@ SNIPPETS = [
     ("unknown_test_compile", "{% for x in [] %}{{ x is nosuch }}{% endfor %}", {}),
     ("format_filter", "{{ '%s-%d' | format('a', 3) }} {{ '%%' | format }}", {}),
     ("big_ints", "{{ 2 ** 100 }} {{ 1e20 | int }} {{ (2 ** 70) | tojson }} {{ 3 ** 2 }}", {}),
+    ("percent_undefined", "{{ 'abc' % missing }}|{{ '%s!' % missing }}|{{ '' % [1, 2] }}", {}),
     ("messages_style", "{%- for m in messages %}{{ '<|' + m['role'] + '|>' + m.content | trim + '\\n' }}{%- endfor %}", {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo\n"}]}),
 ]

@@ -660,6 +660,9 @@ func binaryOp(op string, l, rv Value) (Value, error) {
 		return nil, undefinedErr(u)
 	}
 	if u, ok := rv.(*Undefined); ok {
+		if ls, isStr := l.(string); isStr && op == "%" {
+			return percentFormat(ls, u) // Undefined passes for a mapping there
+		}
 		return nil, undefinedErr(u)
 	}
 	li, lInt := asInt(l)
@@ -839,6 +842,9 @@ func percentFormat(format string, arg Value) (Value, error) {
 			b.WriteString(repr(a))
 		case 'd', 'i':
 			f, ok := asNumber(a)
+			if u, isU := a.(*Undefined); isU {
+				return nil, undefinedErr(u)
+			}
 			if !ok {
 				return nil, errorf("TypeError", "%%d format: a real number is required, not %s", typeName(a))
 			}
@@ -848,8 +854,9 @@ func percentFormat(format string, arg Value) (Value, error) {
 		}
 	}
 	_, isDict := arg.(*Dict)
+	_, isUndef := arg.(*Undefined)
 	l, isList := arg.(*List)
-	mapping := isDict || (isList && !l.Tuple) // Python skips the check for mapping-like args
+	mapping := isDict || isUndef || (isList && !l.Tuple) // Python skips the check for mapping-like args
 	if ai < len(args) && !mapping {
 		return nil, errorf("TypeError", "not all arguments converted during string formatting")
 	}
