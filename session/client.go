@@ -17,6 +17,7 @@ import (
 
 	"connectrpc.com/connect/v2"
 	"connectrpc.com/connect/v2/connecthttp"
+	"connectrpc.com/connect/v2/connectproto"
 
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 	"github.com/halo-shell/halo-shell/session/proto/halo/v1/halov1connect"
@@ -411,9 +412,30 @@ func (c *Client) Events(ctx context.Context, buffer int) (<-chan *Event, func() 
 }
 
 // IsNotController reports whether err is the refusal of a control call from a client that does
-// not control the session.
+// not control the session (code failed_precondition with a NotController detail; other
+// failed_precondition errors, such as "a run is in progress", are not).
 func IsNotController(err error) bool {
-	return connect.CodeOf(err) == connect.CodeFailedPrecondition
+	_, ok := NotControllerOf(err)
+	return ok
+}
+
+// NotControllerOf returns who controls the session when err is the refusal of a control call.
+func NotControllerOf(err error) (*halov1.NotController, bool) {
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition {
+		return nil, false
+	}
+	for _, d := range ce.Details() {
+		if d.Type != "halo.v1.NotController" {
+			continue
+		}
+		if m, err := connectproto.UnmarshalErrorDetail(d); err == nil {
+			if nc, ok := m.(*halov1.NotController); ok {
+				return nc, true
+			}
+		}
+	}
+	return nil, false
 }
 
 // IsUnavailable reports whether err means the session could not be reached.

@@ -199,7 +199,7 @@ func (h *handler) Control(ctx context.Context, r *halov1.ControlRequest) (*halov
 	switch r.Action {
 	case halov1.ControlAction_CONTROL_ACTION_CLAIM:
 		if prev != "" && prev != id {
-			err := connect.Errorf(connect.CodeFailedPrecondition, "session %q is controlled by client %s; observe, or take over with --take-over", s.o.Name, s.describeLocked(prev))
+			err := s.notControllerLocked()
 			s.mu.Unlock()
 			return nil, err
 		}

@@ -20,6 +20,7 @@ import (
 
 	"connectrpc.com/connect/v2"
 	"connectrpc.com/connect/v2/connecthttp"
+	"connectrpc.com/connect/v2/connectproto"
 
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/train"
@@ -407,7 +408,20 @@ func (s *Server) requireControl(ctx context.Context) error {
 	case id:
 		return nil
 	}
-	return connect.Errorf(connect.CodeFailedPrecondition, "session %q is controlled by client %s; observe, or take over with --take-over", s.o.Name, s.describeLocked(s.controller))
+	return s.notControllerLocked()
+}
+
+// notControllerLocked is the refusal of a control call, naming the controller.
+func (s *Server) notControllerLocked() error {
+	err := connect.Errorf(connect.CodeFailedPrecondition, "session %q is controlled by client %s; observe, or take over with --take-over", s.o.Name, s.describeLocked(s.controller))
+	nc := &halov1.NotController{Controller: s.controller}
+	if c := s.clients[s.controller]; c != nil {
+		nc.ControllerName = c.name
+	}
+	if d, derr := connectproto.NewErrorDetail(nc); derr == nil {
+		err = err.WithDetail(d)
+	}
+	return err
 }
 
 func (s *Server) describeLocked(id string) string {

@@ -86,8 +86,8 @@ func TestLoadStepPauseResume(t *testing.T) {
 	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("Resume while running: %v", err)
 	}
-	if _, err := c.Step(ctx, 1); connect.CodeOf(err) != connect.CodeFailedPrecondition {
-		t.Fatalf("Step while running: %v, want failed_precondition", err)
+	if _, err := c.Step(ctx, 1); connect.CodeOf(err) != connect.CodeFailedPrecondition || IsNotController(err) {
+		t.Fatalf("Step while running: %v, want failed_precondition about the run", err)
 	}
 	if _, err := c.Pause(ctx); err != nil {
 		t.Fatal(err)
@@ -178,6 +178,8 @@ func TestControllerAndTakeOver(t *testing.T) {
 	}
 	if err := b.Claim(ctx); !IsNotController(err) {
 		t.Fatalf("second client's Claim: %v", err)
+	} else if nc, _ := NotControllerOf(err); nc.Controller != a.ID() || nc.ControllerName != "controller" {
+		t.Fatalf("NotController detail %v, want %s (controller)", nc, a.ID())
 	}
 	// Observers may read.
 	if _, err := b.Status(ctx); err != nil {

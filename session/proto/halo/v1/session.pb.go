@@ -2571,6 +2571,60 @@ func (x *ControlResponse) GetPrevious() string {
 	return ""
 }
 
+// NotController is the detail of the failed_precondition error a control call gets from a
+// client that does not control the session.
+type NotController struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Controller     string                 `protobuf:"bytes,1,opt,name=controller,proto3" json:"controller,omitempty"`                               // client id of the controller
+	ControllerName string                 `protobuf:"bytes,2,opt,name=controller_name,json=controllerName,proto3" json:"controller_name,omitempty"` // its name, when it gave one
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NotController) Reset() {
+	*x = NotController{}
+	mi := &file_halo_v1_session_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotController) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotController) ProtoMessage() {}
+
+func (x *NotController) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotController.ProtoReflect.Descriptor instead.
+func (*NotController) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *NotController) GetController() string {
+	if x != nil {
+		return x.Controller
+	}
+	return ""
+}
+
+func (x *NotController) GetControllerName() string {
+	if x != nil {
+		return x.ControllerName
+	}
+	return ""
+}
+
 var File_halo_v1_session_proto protoreflect.FileDescriptor
 
 const file_halo_v1_session_proto_rawDesc = "" +
@@ -2790,7 +2844,12 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"controller\x18\x01 \x01(\tR\n" +
 	"controller\x12\x1a\n" +
-	"\bprevious\x18\x02 \x01(\tR\bprevious*x\n" +
+	"\bprevious\x18\x02 \x01(\tR\bprevious\"X\n" +
+	"\rNotController\x12\x1e\n" +
+	"\n" +
+	"controller\x18\x01 \x01(\tR\n" +
+	"controller\x12'\n" +
+	"\x0fcontroller_name\x18\x02 \x01(\tR\x0econtrollerName*x\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATE_EMPTY\x10\x01\x12\x0e\n" +
@@ -2834,7 +2893,7 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),               // 0: halo.v1.State
 	(ControlAction)(0),       // 1: halo.v1.ControlAction
@@ -2875,21 +2934,22 @@ var file_halo_v1_session_proto_goTypes = []any{
 	(*DroppedEvent)(nil),     // 36: halo.v1.DroppedEvent
 	(*ControlRequest)(nil),   // 37: halo.v1.ControlRequest
 	(*ControlResponse)(nil),  // 38: halo.v1.ControlResponse
-	nil,                      // 39: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                      // 40: halo.v1.StepProfile.ComputeSEntry
-	nil,                      // 41: halo.v1.StepProfile.CommSEntry
+	(*NotController)(nil),    // 39: halo.v1.NotController
+	nil,                      // 40: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                      // 41: halo.v1.StepProfile.ComputeSEntry
+	nil,                      // 42: halo.v1.StepProfile.CommSEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	31, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	39, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	40, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
 	5,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
 	4,  // 3: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
 	31, // 4: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
 	31, // 5: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
 	31, // 6: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
 	23, // 7: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	40, // 8: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	41, // 9: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	41, // 8: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	42, // 9: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
 	4,  // 10: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
 	26, // 11: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
 	0,  // 12: halo.v1.StatusResponse.state:type_name -> halo.v1.State
@@ -2961,7 +3021,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
