@@ -357,9 +357,12 @@ func TestQuickstartNotebook(t *testing.T) {
 		t.Errorf("model summary html = %.200q, want a table of parameters", s)
 	}
 	text(summary, "text/plain")
-	// 20 steps, then 3 profiled.
-	if s := text(find("%status", "execute_result"), "text/plain"); !strings.Contains(s, "step 23/3000") {
-		t.Errorf("final %%status = %q, want step 23/3000", s)
+	// %run 10 follows the background run to its end: steps 24..33 after 20 stepped and 3 profiled.
+	if s := text(find("%run 10", "display_data"), "text/plain"); !strings.HasPrefix(s, "step 33 ") {
+		t.Errorf("progress display after %%run 10 = %q, want step 33", s)
+	}
+	if s := text(find("%status", "execute_result"), "text/plain"); !strings.Contains(s, "step 33/3000") {
+		t.Errorf("final %%status = %q, want step 33/3000", s)
 	}
 }
 
