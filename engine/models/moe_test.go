@@ -3,9 +3,11 @@ package models
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -418,5 +420,123 @@ func TestMoEBF16TracksF32(t *testing.T) {
 	g16, _ := m16.GradFloat32("model.layers.1.mlp.gate.weight")
 	if r := relDiff(g16, g32); r > 0.2 {
 		t.Errorf("bf16 router gradient relative difference %.3g", r)
+	}
+}
+
+// TestMoELoadsFusedExperts writes each fixture in transformers 5's fused in-memory layout
+// (experts.gate_up_proj [E,2I,C] with gate rows first, experts.down_proj [E,C,I], the router as
+// mlp.gate.weight) and checks that it loads into the same parameters as the Hub layout.
+func TestMoELoadsFusedExperts(t *testing.T) {
+	for _, name := range []string{"qwen3_moe_sparse", "mixtral", "olmoe"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", "parity", name)
+			b := newCPU()
+			ref, err := Load(dir, b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			src, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			fused := map[string][][]byte{} // fused name -> per-expert chunks in order
+			var shapes = map[string][]int{}
+			var out []safetensors.Tensor
+			for _, n := range src.Names() {
+				info, _ := src.Tensor(n)
+				sm := expertName.FindStringSubmatch(n)
+				if sm == nil {
+					out = append(out, safetensors.Tensor{Name: strings.Replace(n, ".block_sparse_moe.gate.", ".mlp.gate.", 1),
+						DType: info.DType, Shape: info.Shape, Data: info.Data})
+					continue
+				}
+				x, _ := strconv.Atoi(sm[2])
+				kind := "gate_up_proj"
+				if sm[3] == "down_proj" || sm[3] == "w2" {
+					kind = "down_proj"
+				}
+				key := "model.layers." + sm[1] + ".mlp.experts." + kind
+				slot := x
+				if kind == "gate_up_proj" {
+					slot = 2 * x
+					if sm[3] == "up_proj" || sm[3] == "w3" {
+						slot++
+					}
+				}
+				for len(fused[key]) <= slot {
+					fused[key] = append(fused[key], nil)
+				}
+				fused[key][slot] = info.Data
+				shapes[key] = info.Shape
+			}
+			for key, chunks := range fused {
+				var data []byte
+				for _, c := range chunks {
+					data = append(data, c...)
+				}
+				s := shapes[key]
+				e := len(chunks)
+				rows := s[0]
+				if strings.HasSuffix(key, "gate_up_proj") {
+					e, rows = len(chunks)/2, 2*s[0]
+				}
+				out = append(out, safetensors.Tensor{Name: key, DType: safetensors.F32, Shape: []int{e, rows, s[1]}, Data: data})
+			}
+			fdir := t.TempDir()
+			if err := safetensors.Save(filepath.Join(fdir, "model.safetensors"), out, nil); err != nil {
+				t.Fatal(err)
+			}
+			cfg, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+			if err := os.WriteFile(filepath.Join(fdir, "config.json"), cfg, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			m, err := Load(fdir, b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if len(m.Unused) != 0 {
+				t.Errorf("unused tensors %v", m.Unused)
+			}
+			for _, s := range ref.Specs {
+				a, _ := ref.ParamFloat32(s.Name)
+				c, _ := m.ParamFloat32(s.Name)
+				if !slices.Equal(a, c) {
+					t.Errorf("%s differs between the fused and the Hub layout", s.Name)
+				}
+			}
+		})
+	}
+}
+
+// TestMoEFusedExpertsBadShape: a fused tensor that cannot be split is not guessed at; the load
+// fails naming the per-expert tensor it needed.
+func TestMoEFusedExpertsBadShape(t *testing.T) {
+	m := tinyMoE(t, "olmoe", func(c *config.Config) { c.NumHiddenLayers = 1 })
+	var out []safetensors.Tensor
+	ts, err := m.WeightTensors(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range ts {
+		if strings.Contains(tn.Name, ".experts.") {
+			continue
+		}
+		out = append(out, tn)
+	}
+	out = append(out, safetensors.Tensor{Name: "model.layers.0.mlp.experts.gate_up_proj", DType: safetensors.F32,
+		Shape: []int{6, 3, 16}, Data: make([]byte, 6*3*16*4)})
+	dir := t.TempDir()
+	if err := m.Save(dir, SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := safetensors.Save(filepath.Join(dir, "model.safetensors"), out, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(dir, newCPU(), Options{})
+	if err == nil || !strings.Contains(err.Error(), "model.layers.0.mlp.experts.0.gate_proj.weight") {
+		t.Errorf("load error %v, want one naming the missing expert tensor", err)
 	}
 }

@@ -13,7 +13,13 @@ import (
 // name, converting any stored float dtype to the model's dtype. A missing tensor or a shape
 // mismatch is an error naming the tensor; tensors the model does not use (lm_head.weight of a
 // tied model, rotary inv_freq buffers of old checkpoints) are returned as unused.
+//
+// Mixture-of-experts weights load from the Hub layout (one tensor per expert) or from
+// transformers 5's fused in-memory layout (mlp.experts.gate_up_proj, mlp.experts.down_proj).
 func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error) {
+	if f, ok := m.Family.FFN.(*moeFFN); ok {
+		src = withFusedExperts(src, f)
+	}
 	want := make(map[string]bool, len(m.Specs))
 	for i, s := range m.Specs {
 		want[s.Name] = true
