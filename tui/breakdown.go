@@ -58,7 +58,7 @@ func (b *breakdown) segments(p *profileView) []segment {
 		sort.Strings(extra)
 		for i, k := range append(keys, extra...) {
 			if v := m[k]; v > 0 && !math.IsNaN(v) && !math.IsInf(v, 0) {
-				out = append(out, segment{name: display(k), group: group, secs: v, color: palette[i%len(palette)]})
+				out = append(out, segment{name: clean(display(k)), group: group, secs: v, color: palette[i%len(palette)]})
 			}
 		}
 	}

@@ -31,6 +31,21 @@ type Component interface {
 	View() string
 }
 
+// clean makes text from the session safe to draw: escape sequences and control characters
+// (which could move the cursor or retitle the terminal) are removed, tabs become spaces.
+func clean(s string) string {
+	s = ansi.Strip(s)
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '\t':
+			return ' '
+		case r < 0x20, r >= 0x7f && r < 0xa0:
+			return -1
+		}
+		return r
+	}, s)
+}
+
 // fitLines cuts s to at most h lines of at most w cells each.
 func fitLines(s string, w, h int) string {
 	if h <= 0 || w <= 0 {

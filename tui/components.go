@@ -3,6 +3,7 @@ package tui
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"strings"
 	"time"
 
@@ -107,18 +108,19 @@ func (c *chart) View() string {
 
 // plot draws ys in rows lines of at most c.Width cells.
 func (c *chart) plot(ys []float64, rows int) []string {
-	if len(ys) == 1 {
-		ys = []float64{ys[0], ys[0]}
+	if rows < 2 {
+		return nil // too short for a chart; the title still gives the value
 	}
-	// asciigraph draws height+1 rows; the y labels take some of the width, so fit in two passes.
+	ys, lo, hi := plotRange(ys)
+	// asciigraph draws height+1 rows; the y labels take some of the width, so fit in passes.
 	w := c.Width - 10
 	var out []string
 	for range 3 {
 		if w < 2 {
 			w = 2
 		}
-		g := asciigraph.Plot(ys, asciigraph.Height(max(rows-1, 0)), asciigraph.Width(w),
-			asciigraph.YAxisValueFormatter(c.yfmt))
+		g := asciigraph.Plot(ys, asciigraph.Height(rows-1), asciigraph.Width(w), asciigraph.LowerBound(lo),
+			asciigraph.UpperBound(hi), asciigraph.YAxisValueFormatter(c.yfmt))
 		out = strings.Split(g, "\n")
 		over := 0
 		for _, l := range out {
@@ -137,6 +139,32 @@ func (c *chart) plot(ys []float64, rows int) []string {
 		out = out[:rows]
 	}
 	return out
+}
+
+// plotLimit bounds the magnitude of plotted values: beyond it a chart says nothing useful, and
+// asciigraph's row arithmetic overflows.
+const plotLimit = 1e12
+
+// plotRange prepares ys for asciigraph: values are clamped to ±plotLimit, and a range too
+// narrow for its magnitude (a flat series) is widened, so that the scale stays finite and
+// value/range fits an int.
+func plotRange(ys []float64) (out []float64, lo, hi float64) {
+	out = make([]float64, len(ys))
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for i, y := range ys {
+		y = min(max(y, -plotLimit), plotLimit)
+		out[i] = y
+		lo, hi = min(lo, y), max(hi, y)
+	}
+	if len(out) == 1 {
+		out = append(out, out[0])
+	}
+	mag := max(math.Abs(lo), math.Abs(hi))
+	if pad := max(mag*1e-6, 1e-9); hi-lo < 2*pad {
+		mid := lo + (hi-lo)/2
+		lo, hi = mid-pad, mid+pad
+	}
+	return out, lo, hi
 }
 
 // stats are the run's figures: loss, throughput, MFU, step time, gradient norm, lr, tokens.

@@ -166,11 +166,11 @@ func (d *runData) applyStatus(st *session.StatusResponse) {
 	if st == nil {
 		return
 	}
-	d.name, d.state, d.step, d.total, d.device = st.Name, st.State, st.Step, st.TotalSteps, st.Device
+	d.name, d.state, d.step, d.total, d.device = clean(st.Name), st.State, st.Step, st.TotalSteps, clean(st.Device)
 	d.controller, d.lastErr = st.Controller, st.LastError
 	d.clientNames = map[string]string{}
 	for _, c := range st.Clients {
-		d.clientNames[c.Id] = c.Name
+		d.clientNames[c.Id] = clean(c.Name)
 	}
 	// The last step's metrics start the charts when nothing was charted yet; otherwise the
 	// event stream is the source (a status may be older than the newest event).
@@ -181,7 +181,7 @@ func (d *runData) applyStatus(st *session.StatusResponse) {
 
 func (d *runData) addLog(at time.Time, level, text string) {
 	for _, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
-		d.logs = append(d.logs, logLine{at: at, level: strings.ToLower(level), text: line})
+		d.logs = append(d.logs, logLine{at: at, level: strings.ToLower(clean(level)), text: clean(line)})
 	}
 	if over := len(d.logs) - maxLogs; over > 0 {
 		d.logs = append(d.logs[:0], d.logs[over:]...)
@@ -199,7 +199,7 @@ func (d *runData) controllerName() string {
 	if n := d.clientNames[d.controller]; n != "" {
 		return n
 	}
-	return d.controller
+	return clean(d.controller)
 }
 
 func appendCapped[T any](s []T, v T) []T {

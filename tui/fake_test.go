@@ -27,6 +27,9 @@ type fakeSession struct {
 	refuse error
 	// profile is what Profile returns.
 	profile *session.ProfileResponse
+	// endErr is why the current event stream ended; streamErr, when set, fails Events.
+	endErr, streamErr error
+	subscriptions     int
 }
 
 func newFake(status *session.StatusResponse) *fakeSession {
@@ -56,7 +59,43 @@ func (f *fakeSession) Status(context.Context) (*session.StatusResponse, error) {
 }
 
 func (f *fakeSession) Events(context.Context, int) (<-chan *session.Event, func() error, error) {
-	return f.events, func() error { return nil }, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subscriptions++
+	if f.streamErr != nil {
+		return nil, nil, f.streamErr
+	}
+	return f.events, func() error { return f.endErr }, nil
+}
+
+// endStream closes the event stream with err and offers a new one, failing subscription with
+// subErr until reopen.
+func (f *fakeSession) endStream(err, subErr error) {
+	f.mu.Lock()
+	f.endErr, f.streamErr = err, subErr
+	old := f.events
+	f.events = make(chan *session.Event)
+	f.mu.Unlock()
+	close(old)
+}
+
+// reopen lets subscriptions succeed again.
+func (f *fakeSession) reopen() {
+	f.mu.Lock()
+	f.streamErr = nil
+	f.mu.Unlock()
+}
+
+func (f *fakeSession) stream() chan *session.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.events
+}
+
+func (f *fakeSession) Subscriptions() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.subscriptions
 }
 
 func (f *fakeSession) withState(s session.State) *session.StatusResponse {

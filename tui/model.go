@@ -344,7 +344,7 @@ func (m *Model) actionDone(a actionMsg) {
 	case "resume":
 		m.setNotice("resumed", false)
 	case "run":
-		m.setNotice(fmt.Sprintf("running to step %d", m.d.total), false)
+		m.setNotice(fmt.Sprintf("started a run to step %d", m.d.total), false)
 	case "take-over":
 		m.setNotice("this client now controls the session", false)
 	case "step":

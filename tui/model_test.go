@@ -42,7 +42,7 @@ type harness struct {
 
 func newHarness(t *testing.T, f *fakeSession, w, h int) *harness {
 	t.Helper()
-	hs := attach(t, f, Options{Location: time.UTC}, w, h)
+	hs := attach(t, f, Options{Location: time.UTC, ReconnectEvery: 20 * time.Millisecond}, w, h)
 	hs.f = f
 	return hs
 }
@@ -63,7 +63,7 @@ func (h *harness) feed(evs ...*session.Event) {
 	h.t.Helper()
 	for _, ev := range append(evs, &session.Event{}) {
 		select {
-		case h.f.events <- ev:
+		case h.f.stream() <- ev:
 		case <-time.After(5 * time.Second):
 			h.t.Fatalf("the model stopped reading events (at seq %d)", ev.Seq)
 		}
@@ -179,7 +179,7 @@ func TestKeys(t *testing.T) {
 		{name: "p resumes a paused run", state: session.StatePaused, key: "p", calls: []string{"resume"},
 			screen: []string{"resumed", "│ running │"}},
 		{name: "p starts a run when idle", state: session.StateIdle, key: "p", calls: []string{"run"},
-			screen: []string{"running to step 1000"}},
+			screen: []string{"started a run to step 1000"}},
 		{name: "p with no model says so", state: session.StateEmpty, key: "p", calls: nil,
 			screen: []string{"no model is loaded"}},
 		{name: "s steps once", state: session.StateIdle, key: "s", calls: []string{"step"},
@@ -282,4 +282,25 @@ func TestResize(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReconnect checks that the dashboard says when the event stream ends, keeps trying, and
+// follows the session again once it answers.
+func TestReconnect(t *testing.T) {
+	f := newFake(statusAfterScript())
+	h := newHarness(t, f, 80, 24)
+	h.feed(script()...)
+	h.waitScreen("step 20", contains("step 20/1000", "running"))
+	f.endStream(errors.New("unavailable: connection reset"), errors.New("unavailable: dial unix: connection refused"))
+	h.waitScreen("the lost stream and the refused retry", contains("disconnected", "event stream ended: connection reset; reconnecting",
+		"event stream ended: dial unix: connection refused; reconnecting"))
+	retries := f.Subscriptions()
+	s := h.waitScreen("more retries", func(string) bool { return f.Subscriptions() >= retries+3 })
+	if n := strings.Count(s, "reconnecting"); n != 2 {
+		// One line for the reset, one for the first refused retry; later retries say nothing new.
+		t.Errorf("%d reconnecting lines, want one per distinct cause (2):\n%s", n, s)
+	}
+	f.reopen()
+	h.feed(&session.Event{UnixMs: at(40), Kind: &halov1.Event_State{State: &halov1.StateEvent{State: session.StatePaused, Step: 20, Reason: "attached"}}})
+	h.waitScreen("the session again", contains("│ paused │", "state paused: attached"))
 }
