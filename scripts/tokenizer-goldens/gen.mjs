@@ -435,19 +435,20 @@ const optionTexts = [
 // ---------------------------------------------------------------------------------------
 // Goldens
 
+// byteOffsets converts Hugging Face's character offsets to byte offsets.
+function byteOffsets(text, offsets) {
+  const at = [0];
+  for (const ch of Array.from(text)) at.push(at[at.length - 1] + Buffer.byteLength(ch, "utf8"));
+  return offsets.map(([a, b]) => [at[a], at[b]]);
+}
+
 async function goldens(tok, cases, { decodes, offsets = false }) {
   const rows = [];
   for (const { name, text } of cases) {
     const enc = await tok.encode(text, null, { addSpecialTokens: false });
     const ids = enc.getIds();
     const row = { name, text, ids };
-    if (offsets) {
-      // Hugging Face reports character offsets; convert them to byte offsets.
-      const chars = Array.from(text);
-      const at = [0];
-      for (const ch of chars) at.push(at[at.length - 1] + Buffer.byteLength(ch, "utf8"));
-      row.offsets = enc.getOffsets().map(([a, b]) => [at[a], at[b]]);
-    }
+    if (offsets) row.offsets = byteOffsets(text, enc.getOffsets());
     const decoded = await tok.decode(ids, false);
     if (decodes) {
       row.decoded = decoded;
@@ -476,9 +477,11 @@ async function writeOptions(tinyModel) {
       decoder: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false }, model: tinyModel, ...spec };
     const tok = Tokenizer.fromString(JSON.stringify(full));
     for (const text of optionTexts) {
-      const ids = (await tok.encode(text, null, { addSpecialTokens: false })).getIds();
+      const enc = await tok.encode(text, null, { addSpecialTokens: false });
+      const ids = enc.getIds();
       rows.push({ tokenizer: name, name: `${name}: ${JSON.stringify(text)}`, text, ids,
-        decoded: await tok.decode(ids, false), decoded_skip_special: await tok.decode(ids, true) });
+        decoded: await tok.decode(ids, false), decoded_skip_special: await tok.decode(ids, true),
+        offsets: byteOffsets(text, enc.getOffsets()) });
     }
   }
   writeJSON(path.join(out, "options/goldens.json"), {

@@ -22,6 +22,9 @@ type bpe struct {
 	// byte's byte-level character (-1 when absent), and the vocabulary keyed by raw bytes.
 	byteID   [256]int32
 	rawVocab map[string]int32
+
+	// fallbackID holds the ids of the byte fallback tokens "<0x00>".."<0xFF>" (-1 if absent).
+	fallbackID [256]int32
 }
 
 type mergeRule struct{ rank, id int32 }
@@ -62,6 +65,7 @@ func (m *bpe) buildByteLevelTables() {
 type symbol struct {
 	id         int32
 	prev, next int32
+	start, end int32 // bytes of the word the symbol covers
 	alive      bool
 }
 
@@ -70,6 +74,10 @@ type mergeCand struct{ rank, pos, id int32 }
 type bpeScratch struct {
 	syms []symbol
 	heap []mergeCand
+	// With wantSpans set, tokenize and tokenizeRaw append each token's byte range of the
+	// word to spans.
+	wantSpans bool
+	spans     [][2]int32
 }
 
 // less orders candidates by rank, then by position (Hugging Face's Merge ordering).
@@ -124,6 +132,7 @@ func (s *bpeScratch) pop() mergeCand {
 func (m *bpe) mergeAll(sc *bpeScratch, dst []int32) []int32 {
 	syms := sc.syms
 	if len(syms) == 1 {
+		sc.span(syms[0].start, syms[0].end)
 		return append(dst, syms[0].id)
 	}
 	sc.heap = sc.heap[:0]
@@ -145,6 +154,7 @@ func (m *bpe) mergeAll(sc *bpeScratch, dst []int32) []int32 {
 			continue
 		}
 		cur.id = top.id
+		cur.end = right.end
 		cur.next = right.next
 		syms[nextPos].alive = false
 		if right.next >= 0 {
@@ -164,20 +174,27 @@ func (m *bpe) mergeAll(sc *bpeScratch, dst []int32) []int32 {
 	for i := range syms {
 		if syms[i].alive {
 			dst = append(dst, syms[i].id)
+			sc.span(syms[i].start, syms[i].end)
 		}
 	}
 	return dst
 }
 
+func (sc *bpeScratch) span(start, end int32) {
+	if sc.wantSpans {
+		sc.spans = append(sc.spans, [2]int32{start, end})
+	}
+}
+
 func (sc *bpeScratch) reset() { sc.syms = sc.syms[:0] }
 
-func (sc *bpeScratch) add(id int32) {
+func (sc *bpeScratch) add(id int32, start, end int) {
 	n := int32(len(sc.syms))
 	prev := n - 1
 	if n > 0 {
 		sc.syms[n-1].next = n
 	}
-	sc.syms = append(sc.syms, symbol{id: id, prev: prev, next: -1, alive: true})
+	sc.syms = append(sc.syms, symbol{id: id, prev: prev, next: -1, start: int32(start), end: int32(end), alive: true})
 }
 
 // tokenizeRaw encodes a word given as raw bytes that a final ByteLevel pre-tokenizer would
@@ -189,6 +206,7 @@ func (m *bpe) tokenizeRaw(word string, sc *bpeScratch, dst []int32) []int32 {
 	}
 	if m.ignoreMerges {
 		if id, ok := m.rawVocab[word]; ok {
+			sc.span(0, int32(len(word)))
 			return append(dst, id)
 		}
 	}
@@ -198,10 +216,10 @@ func (m *bpe) tokenizeRaw(word string, sc *bpeScratch, dst []int32) []int32 {
 		id := m.byteID[word[i]]
 		if id >= 0 {
 			unk.flush(sc)
-			sc.add(id)
+			sc.add(id, i, i+1)
 			continue
 		}
-		m.missing(byteToStr[word[i]], &unk, sc)
+		m.missing(byteToStr[word[i]], i, i+1, &unk, sc)
 	}
 	unk.flush(sc)
 	if len(sc.syms) == 0 {
@@ -217,6 +235,7 @@ func (m *bpe) tokenize(word string, sc *bpeScratch, dst []int32) []int32 {
 	}
 	if m.ignoreMerges {
 		if id, ok := m.vocab[word]; ok {
+			sc.span(0, int32(len(word)))
 			return append(dst, id)
 		}
 	}
@@ -240,9 +259,9 @@ func (m *bpe) tokenize(word string, sc *bpeScratch, dst []int32) []int32 {
 		}
 		if id, ok := m.vocab[s]; ok {
 			unk.flush(sc)
-			sc.add(id)
+			sc.add(id, i, i+size)
 		} else {
-			m.missing(s, &unk, sc)
+			m.missing(s, i, i+size, &unk, sc)
 		}
 		i += size
 	}
@@ -253,34 +272,40 @@ func (m *bpe) tokenize(word string, sc *bpeScratch, dst []int32) []int32 {
 	return m.mergeAll(sc, dst)
 }
 
-// unkRun is a pending unknown-token symbol (fused runs of unknown characters).
-type unkRun struct{ id int32 }
+// unkRun is a pending unknown-token symbol (fused runs of unknown characters) and the bytes
+// it covers.
+type unkRun struct {
+	id         int32
+	start, end int
+}
 
 func (u *unkRun) flush(sc *bpeScratch) {
 	if u.id >= 0 {
-		sc.add(u.id)
+		sc.add(u.id, u.start, u.end)
 		u.id = -1
 	}
 }
 
-// missing handles a character that is not in the vocabulary: byte fallback tokens
-// "<0xXX>" when enabled and all present, else the unknown token, else nothing (Hugging Face
-// drops such characters silently when the model has no unk_token).
-func (m *bpe) missing(s string, unk *unkRun, sc *bpeScratch) {
+// missing handles the character s (bytes [start, end) of the word) that is not in the
+// vocabulary: byte fallback tokens "<0xXX>" when enabled and all present, else the unknown
+// token, else nothing (Hugging Face drops such characters silently when the model has no
+// unk_token).
+func (m *bpe) missing(s string, start, end int, unk *unkRun, sc *bpeScratch) {
 	if m.byteFallback {
-		ids := make([]int32, 0, len(s))
-		for i := 0; i < len(s); i++ {
-			id, ok := m.vocab[fmt.Sprintf("<0x%02X>", s[i])]
-			if !ok {
-				ids = nil
-				break
-			}
-			ids = append(ids, id)
+		ok := true
+		for i := 0; i < len(s) && ok; i++ {
+			ok = m.fallbackID[s[i]] >= 0
 		}
-		if ids != nil {
-			// As in Hugging Face, a pending unknown token is not flushed first.
-			for _, id := range ids {
-				sc.add(id)
+		if ok {
+			// As in Hugging Face, a pending unknown token is not flushed first. Each byte
+			// token covers its byte of the character (all of it when the model's string for
+			// the character is longer, with a prefix or suffix).
+			for i := 0; i < len(s); i++ {
+				a, b := min(start+i, end-1), min(start+i+1, end)
+				if i == len(s)-1 {
+					b = end
+				}
+				sc.add(m.fallbackID[s[i]], a, b)
 			}
 			return
 		}
@@ -289,8 +314,19 @@ func (m *bpe) missing(s string, unk *unkRun, sc *bpeScratch) {
 		return
 	}
 	if unk.id >= 0 && m.fuseUnk {
+		unk.end = end
 		return
 	}
 	unk.flush(sc)
-	unk.id = m.unkID
+	*unk = unkRun{id: m.unkID, start: start, end: end}
+}
+
+// buildFallbackTable fills fallbackID.
+func (m *bpe) buildFallbackTable() {
+	for b := 0; b < 256; b++ {
+		m.fallbackID[b] = -1
+		if id, ok := m.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+			m.fallbackID[b] = id
+		}
+	}
 }

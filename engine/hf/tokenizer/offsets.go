@@ -24,7 +24,11 @@ func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
 	sc := t.getScratch()
-	defer t.putScratch(sc)
+	sc.bpe.wantSpans = true
+	defer func() {
+		sc.bpe.wantSpans = false
+		t.putScratch(sc)
+	}()
 	var ids []int32
 	var offs [][2]int
 	segs := []segment{{text, -1, 0, len(text)}}
@@ -57,9 +61,13 @@ func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 				continue
 			}
 			runSteps(t.steps, sub.text, seg.start == 0 && sub.start == 0, sc, func(word string, p wordPos) {
-				n := len(ids)
-				ids = t.encodeWord(word, sc, ids)
-				offs = t.wordOffsets(word, p, ids[n:], sub.start, al, offs)
+				sc.bpe.spans = sc.bpe.spans[:0]
+				if t.byteLevelTail {
+					ids = t.model.tokenizeRaw(word, &sc.bpe, ids)
+				} else {
+					ids = t.model.tokenize(word, &sc.bpe, ids)
+				}
+				offs = t.wordOffsets(word, p, sc.bpe.spans, sub.start, al, offs)
 			})
 		}
 	}
@@ -79,66 +87,36 @@ func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 	return out, offs
 }
 
-// wordOffsets appends the original ranges of the tokens ids of word, which sits at p within
-// the piece that starts at byte base of the normalized segment.
-func (t *Tokenizer) wordOffsets(word string, p wordPos, ids []int32, base int, al alignment, offs [][2]int) [][2]int {
-	start, end := base+p.off, base+p.off+p.n
-	lens := t.tokenLengths(word, p, ids)
-	if lens == nil {
-		whole := al.span(start, end)
-		for range ids {
+// wordOffsets appends the original ranges of the tokens of word, whose byte ranges within
+// word are spans; word sits at p within the piece that starts at byte base of the normalized
+// segment.
+func (t *Tokenizer) wordOffsets(word string, p wordPos, spans [][2]int32, base int, al alignment, offs [][2]int) [][2]int {
+	start := base + p.off
+	if p.coarse {
+		whole := al.span(start, start+p.n)
+		for range spans {
 			offs = append(offs, whole)
 		}
 		return offs
 	}
-	pos := start - p.syn // token bytes before start are synthetic
-	for _, l := range lens {
-		a, b := max(pos, start), max(pos+l, start)
-		if b == start && l > 0 && p.n > 0 {
-			// Only synthetic bytes: Hugging Face aligns a prepended space with the first
-			// character it was put in front of.
-			_, size := utf8.DecodeRuneInString(word[p.syn:])
-			b = start + size
+	// toInput maps a byte offset of word (past its synthetic bytes) to the input.
+	toInput := func(x int) int { return start + x - p.syn }
+	if p.repl != "" {
+		toInput = func(x int) int { return start + replToInput(word[p.syn:], x-p.syn, p.repl) }
+	}
+	for _, sp := range spans {
+		x, y := int(sp[0]), int(sp[1])
+		var a, b int
+		if y > p.syn || p.n == 0 {
+			a, b = toInput(max(x, p.syn)), toInput(max(y, p.syn))
+		} else {
+			// Only synthetic bytes: Hugging Face aligns a prepended space (or replacement
+			// character) with the first character it was put in front of.
+			a, b = start, toInput(p.syn+firstCharLen(word[p.syn:]))
 		}
 		offs = append(offs, al.span(a, b))
-		pos += l
 	}
 	return offs
-}
-
-// tokenLengths returns how many bytes of word each token covers, or nil when that is not
-// known exactly (the lengths must add up to the word).
-func (t *Tokenizer) tokenLengths(word string, p wordPos, ids []int32) []int {
-	if p.coarse || p.n != len(word)-p.syn {
-		return nil
-	}
-	lens := make([]int, len(ids))
-	total := 0
-	for i, id := range ids {
-		tok, ok := t.idToToken[id]
-		if !ok {
-			return nil
-		}
-		var l int
-		if t.byteLevelTail {
-			// Each rune of a byte-level token is one byte of the word.
-			l = utf8.RuneCountInString(tok)
-		} else {
-			if i > 0 {
-				tok = strings.TrimPrefix(tok, t.model.continuingPrefix)
-			}
-			if i == len(ids)-1 {
-				tok = strings.TrimSuffix(tok, t.model.endSuffix)
-			}
-			l = len(tok)
-		}
-		lens[i] = l
-		total += l
-	}
-	if total != len(word) {
-		return nil
-	}
-	return lens
 }
 
 // alignment maps byte ranges of a normalized segment to the original text: chunk k covers
@@ -207,4 +185,9 @@ func (al alignment) chunk(x int, end bool) int {
 		}
 	}
 	return lo
+}
+
+func firstCharLen(s string) int {
+	_, size := utf8.DecodeRuneInString(s)
+	return size
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -74,5 +75,27 @@ func TestOptionsMatchHuggingFace(t *testing.T) {
 		if got := tok.Decode(c.IDs, true); got != *c.DecodedSkipSpecial {
 			t.Errorf("%s: Decode skipping special(%v)\n got %q\nwant %q", c.Name, c.IDs, got, *c.DecodedSkipSpecial)
 		}
+		// Offsets, where they are exact: the normalizer leaves the text alone and no
+		// pre-tokenizer step transforms words before another splits them.
+		if (tok.normalizer != nil && tok.normalizer.normalize(c.Text) != c.Text) || differentOffsets[c.Tokenizer] ||
+			strings.HasPrefix(c.Tokenizer, "metaspace") && strings.Contains(c.Text, "▁") {
+			continue
+		}
+		_, offs := tok.EncodeOffsets(c.Text)
+		for i, o := range offs {
+			if got := widenToChars(c.Text, o); got != c.Offsets[i] {
+				t.Errorf("%s: token %d (id %d): offsets %v (widened %v), Hugging Face %v", c.Name, i, c.IDs[i], o, got, c.Offsets[i])
+				break
+			}
+		}
 	}
+}
+
+// differentOffsets are the option tokenizers whose EncodeOffsets ranges differ from Hugging
+// Face's on purpose: a ByteLevel step before a Split (ranges of whole pieces, documented as
+// coarse), and models that drop characters missing from the vocabulary, where Hugging Face
+// adds up token lengths and shifts every later range while EncodeOffsets keeps true positions.
+var differentOffsets = map[string]bool{
+	"bytelevel-middle": true, "no-pretokenizer-no-decoder": true, "decoder-bytefallback": true,
+	"model-no-unk": true, "model-byte-fallback": true, "model-prefix-suffix": true,
 }

@@ -27,6 +27,9 @@ type emitFunc func(w string, p wordPos)
 type wordPos struct {
 	off, n, syn int
 	coarse      bool
+	// repl, when set, says that w[syn:] is the input with every space replaced by repl
+	// (Metaspace), rather than a copy of it.
+	repl string
 }
 
 // scratch is per-call reusable memory for the pre-tokenizer and the BPE merge loop.
@@ -112,13 +115,13 @@ func runSteps(steps []preStep, s string, origin bool, sc *scratch, emit emitFunc
 // composePos turns the position of a word within a parent piece into its position within
 // the parent's input.
 func composePos(parent, child wordPos) wordPos {
-	if parent.coarse {
+	if parent.coarse || parent.repl != "" {
 		return wordPos{off: parent.off, n: parent.n, coarse: true}
 	}
 	// Parent bytes [0, parent.syn) are synthetic; byte j >= syn is input byte off+j-syn.
 	synFromParent := max(min(parent.syn, child.off+child.n)-child.off, 0)
 	start := max(child.off-parent.syn, 0)
-	out := wordPos{off: parent.off + start, syn: child.syn + synFromParent, coarse: child.coarse}
+	out := wordPos{off: parent.off + start, syn: child.syn + synFromParent, coarse: child.coarse, repl: child.repl}
 	out.n = child.n - synFromParent
 	return out
 }
@@ -144,18 +147,49 @@ func (p metaspaceStep) split(s string, origin bool, sc *scratch, emit emitFunc) 
 	if s == "" {
 		return
 	}
-	whole := wordPos{off: 0, n: len(s), coarse: true}
 	w := strings.ReplaceAll(s, " ", p.repl)
+	syn := 0
 	if !strings.HasPrefix(w, p.repl) && (p.scheme == prependAlways || p.scheme == prependFirst && origin) {
 		w = p.repl + w
+		syn = len(p.repl)
+	}
+	// Positions are exact unless s already holds the replacement character (then a
+	// replacement in w may stand for a space or for itself).
+	exact := !strings.Contains(s, p.repl)
+	pos := func(o, n int) wordPos {
+		if !exact {
+			return wordPos{off: 0, n: len(s), coarse: true}
+		}
+		a, b := max(o-syn, 0), max(o+n-syn, 0)
+		return wordPos{off: replToInput(w[syn:], a, p.repl), syn: max(syn-o, 0),
+			n: replToInput(w[syn:], b, p.repl) - replToInput(w[syn:], a, p.repl), repl: p.repl}
 	}
 	if !p.splitAtRepl {
-		emit(w, whole)
+		emit(w, pos(0, len(w)))
 		return
 	}
-	splitBy(w, literalMatcher{p.repl}, behaviorMergedWithNext, false, &sc.spans, func(x string, _ int) {
-		emit(x, whole)
+	splitBy(w, literalMatcher{p.repl}, behaviorMergedWithNext, false, &sc.spans, func(x string, o int) {
+		emit(x, pos(o, len(x)))
 	})
+}
+
+// replToInput maps byte offset k of m (a text whose spaces were replaced by repl) to the
+// offset in the text: every whole repl before k stood for one byte. An offset inside a repl
+// maps to that space.
+func replToInput(m string, k int, repl string) int {
+	out, i := 0, 0
+	for i < k {
+		if strings.HasPrefix(m[i:], repl) {
+			if i+len(repl) > k {
+				return out
+			}
+			i += len(repl)
+		} else {
+			i++
+		}
+		out++
+	}
+	return out
 }
 
 func isHFPunctuation(r rune) bool { return unicode.Is(hfPunct, r) }

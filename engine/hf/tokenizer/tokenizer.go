@@ -208,6 +208,7 @@ func buildBPE(mj *modelJSON, t *Tokenizer) (*bpe, error) {
 		}
 		m.unkID = id
 	}
+	m.buildFallbackTable()
 	m.merges = make(map[uint64]mergeRule, len(mj.Merges))
 	prefixLen := len(m.continuingPrefix)
 	for i, raw := range mj.Merges {

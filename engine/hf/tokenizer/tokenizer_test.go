@@ -428,3 +428,19 @@ func FuzzEncodeOffsets(f *testing.F) {
 		}
 	})
 }
+
+// TestEncodeOffsetsDroppedCharacters checks that characters a model drops (not in the
+// vocabulary, no unk_token) do not shift later ranges: each token covers its true bytes.
+func TestEncodeOffsetsDroppedCharacters(t *testing.T) {
+	tok, err := FromBytes([]byte(`{"model":{"type":"BPE","vocab":{"a":1,"b":2,"ab":3,"c":4},"merges":["a b"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, offs := tok.EncodeOffsets("xa bxc")
+	if want := []int{3, 4}; !slices.Equal(ids, want) {
+		t.Fatalf("ids %v, want %v", ids, want)
+	}
+	if want := [][2]int{{1, 4}, {5, 6}}; !slices.Equal(offs, want) {
+		t.Errorf("offsets %v, want %v", offs, want)
+	}
+}
