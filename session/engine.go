@@ -79,6 +79,8 @@ type engine struct {
 	quitOnce   sync.Once
 	done       chan struct{}
 	saveOnStop string
+	// controller returns the controlling client's id, for state events (nil: none known).
+	controller func() string
 
 	t      *train.Trainer
 	rec    *profile.Recorder
@@ -502,7 +504,11 @@ func (e *engine) setErr(err error) {
 func (e *engine) publishState(reason string) {
 	e.updateSnap()
 	s := e.snapshot()
-	e.hub.publish(&halov1.Event{Kind: &halov1.Event_State{State: &halov1.StateEvent{State: s.state, Step: s.step, Reason: reason}}})
+	ctl := ""
+	if e.controller != nil {
+		ctl = e.controller()
+	}
+	e.hub.publish(&halov1.Event{Kind: &halov1.Event_State{State: &halov1.StateEvent{State: s.state, Step: s.step, Controller: ctl, Reason: reason}}})
 }
 
 func (e *engine) logEvent(level slog.Level, msg string) {

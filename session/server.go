@@ -115,6 +115,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 		_ = os.WriteFile(p.Pid, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
 	}
 	s.eng = newEngine(o.Name, s.log, s.hub, o.SaveOnStop)
+	s.eng.controller = s.currentController
 	return s, nil
 }
 

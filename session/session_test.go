@@ -773,8 +773,23 @@ func TestStateEventsOnControlChange(t *testing.T) {
 			break
 		}
 	}
+	// Later state events name the controller too.
+	if _, err := o.Step(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := ev.GetState(); s != nil && s.State == StateIdle && s.Step == 1 {
+			if s.Controller != o.ID() {
+				t.Fatalf("state event after the step names controller %q, want %q", s.Controller, o.ID())
+			}
+			break
+		}
+	}
 	_ = c
-	_ = halov1.State_STATE_IDLE
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers.
