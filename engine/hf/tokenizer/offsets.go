@@ -12,13 +12,18 @@ import (
 //
 // Ranges are exact where the normalizer leaves the text as it is or changes it character by
 // character (NFC, Lowercase, ...): a token that holds part of a character's bytes gets those
-// bytes. An added token's range includes the whitespace its lstrip/rstrip removed. A space
-// that ByteLevel prepended shares the range of the character it was put in front of. Where
-// exact ranges are not known (a normalizer that works across characters, such as Prepend or
-// a Replace spanning characters; a ByteLevel step in the middle of the pre-tokenizer) every
-// token of the affected piece gets the piece's whole range. Ranges never decrease. For text
-// with invalid UTF-8 they refer to the text after each invalid byte run was replaced by
-// U+FFFD.
+// bytes; a token for characters the model drops or replaces (unknown token, byte fallback)
+// covers exactly those characters. An added token's range includes the whitespace its
+// lstrip/rstrip removed. A space or replacement character that ByteLevel or Metaspace
+// prepended shares the range of the character it was put in front of. Where exact ranges are
+// not known (a normalizer that works across characters, such as Prepend or a Replace spanning
+// characters; a ByteLevel step before another pre-tokenizer step; Metaspace on text that
+// already holds its replacement character) every token of the affected piece gets the piece's
+// whole range. Ranges never decrease. For text with invalid UTF-8 they refer to the text after
+// each invalid byte run was replaced by U+FFFD.
+//
+// Hugging Face reports offsets in characters; these are bytes. Where Hugging Face's own
+// offsets are known to drift (after characters a model drops) these keep true positions.
 func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
