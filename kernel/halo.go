@@ -149,14 +149,19 @@ func (h *Halo) Execute(ctx context.Context, code string, out *Output) (Bundle, e
 		}
 	}
 	res, err := h.it.Eval(ctx, code)
+	var final *session.StatusResponse
 	if f != nil {
 		if err == nil && kind == runProgress {
-			f.untilStopped(ctx, c)
+			final = f.untilStopped(ctx, c)
 		}
 		f.stop()
 	}
 	if err != nil {
 		return nil, cellError(err)
+	}
+	if final != nil && endsWithRun(code) {
+		// The command's own result is the status when the run started; show how it ended.
+		return runEnded(final), nil
 	}
 	if res.Value == nil {
 		return nil, nil
@@ -353,20 +358,44 @@ func (f *follower) loop(ch <-chan *session.Event) {
 	}
 }
 
-// untilStopped waits until the session is no longer running (or the cell is interrupted).
-func (f *follower) untilStopped(ctx context.Context, c *session.Client) {
+// untilStopped waits until the session is no longer running and returns its status; nil when
+// the cell was interrupted or the session did not answer.
+func (f *follower) untilStopped(ctx context.Context, c *session.Client) *session.StatusResponse {
 	for {
 		st, err := c.Status(ctx)
-		if err != nil || st.State != session.StateRunning {
-			return
+		if err != nil {
+			return nil
+		}
+		if st.State != session.StateRunning {
+			return st
 		}
 		select {
 		case <-f.state:
 		case <-time.After(time.Second):
 		case <-ctx.Done():
-			return
+			return nil
 		}
 	}
+}
+
+// endsWithRun reports whether the last line of a cell is a %run or %resume command.
+func endsWithRun(code string) bool {
+	lines := strings.Split(strings.TrimSpace(code), "\n")
+	c, err := cell.ParseCommand(strings.TrimSpace(lines[len(lines)-1]))
+	return err == nil && (c.Name == "run" || c.Name == "resume")
+}
+
+// runEnded describes the session after a followed run.
+func runEnded(st *session.StatusResponse) Bundle {
+	state := strings.ToLower(strings.TrimPrefix(st.State.String(), "STATE_"))
+	s := fmt.Sprintf("run ended: session %s %s at step %d/%d", st.Name, state, st.Step, st.TotalSteps)
+	if m := st.LastMetrics; m != nil {
+		s += fmt.Sprintf(", loss %.4f", m.Loss)
+	}
+	if st.LastError != "" {
+		s += "\nlast error: " + st.LastError
+	}
+	return Bundle{"text/plain": []byte(s)}
 }
 
 // stop ends the subscription after showing the last metrics.

@@ -35,6 +35,11 @@ func TestProgressKind(t *testing.T) {
 		{"%stepx 5", noProgress}, // not a command
 		{"x := 1 // %step 5", noProgress},
 	}
+	for code, want := range map[string]bool{"%run": true, "%step 2\n%run 5\n": true, "%run 5\nx": false, "%resume": true, "%status": false} {
+		if got := endsWithRun(code); got != want {
+			t.Errorf("endsWithRun(%q) = %v", code, got)
+		}
+	}
 	for _, c := range cases {
 		if got := progressKind(c.code); got != c.want {
 			t.Errorf("progressKind(%q) = %d, want %d", c.code, got, c.want)
@@ -158,6 +163,19 @@ func lastProgress(t *testing.T, msgs []*wire.Message) (text string, updates int,
 	return text, updates, id
 }
 
+func resultText(msgs []*wire.Message) string {
+	for _, m := range msgs {
+		if m.Header.MsgType == "execute_result" {
+			var c struct {
+				Data map[string]string `json:"data"`
+			}
+			json.Unmarshal(m.Content, &c)
+			return c.Data["text/plain"]
+		}
+	}
+	return ""
+}
+
 func TestRunFollowsProgressAndInterruptLeavesTheSessionRunning(t *testing.T) {
 	c, srv := haloKernel(t)
 	if r, _ := c.execute("%load examples/quickstart.yaml", nil); r["status"] != "ok" {
@@ -171,6 +189,9 @@ func TestRunFollowsProgressAndInterruptLeavesTheSessionRunning(t *testing.T) {
 	text, _, id := lastProgress(t, msgs)
 	if id == "" || !strings.HasPrefix(text, "step 8 ") {
 		t.Fatalf("%%run 8 progress ended on %q (display %q), want step 8", text, id)
+	}
+	if res := resultText(msgs); !strings.HasPrefix(res, "run ended: session kt idle at step 8/3000, loss ") {
+		t.Errorf("%%run 8 result = %q, want how the run ended", res)
 	}
 	if st := statusOf(t, srv.Socket()); st.Step != 8 || st.State == session.StateRunning {
 		t.Fatalf("after %%run 8 the session is %v at step %d; want stopped at 8", st.State, st.Step)

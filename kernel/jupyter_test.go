@@ -339,7 +339,7 @@ func TestQuickstartNotebook(t *testing.T) {
 	if s := text(prof, "text/plain"); !strings.Contains(s, "profile of 3 step(s)") {
 		t.Errorf("profile text = %q", s)
 	}
-	for _, c := range []struct{ cell, kind string }{{"%plot loss", "execute_result"}, {"halo.Display(halo.PlotLR())", "display_data"}} {
+	for _, c := range []struct{ cell, kind string }{{"%plot loss", "execute_result"}, {"%plot lr", "execute_result"}} {
 		o := find(c.cell, c.kind)
 		png, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(text(o, "image/png"), "\n", ""))
 		if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
@@ -352,7 +352,7 @@ func TestQuickstartNotebook(t *testing.T) {
 			t.Errorf("%s: empty text/plain", c.cell)
 		}
 	}
-	summary := find(`t := halo.Table{Title: "parameters", Header: []string{"name", "shape", "rms", "max |x|"}}`, "display_data")
+	summary := find(`t := halo.Table{Title: "parameters", Header: []string{"name", "shape", "rms", "max |x|"}}`, "execute_result")
 	if s := text(summary, "text/html"); !strings.Contains(s, "<table") || !strings.Contains(s, "embed") {
 		t.Errorf("model summary html = %.200q, want a table of parameters", s)
 	}
@@ -360,6 +360,9 @@ func TestQuickstartNotebook(t *testing.T) {
 	// %run 10 follows the background run to its end: steps 24..33 after 20 stepped and 3 profiled.
 	if s := text(find("%run 10", "display_data"), "text/plain"); !strings.HasPrefix(s, "step 33 ") {
 		t.Errorf("progress display after %%run 10 = %q, want step 33", s)
+	}
+	if s := text(find("%run 10", "execute_result"), "text/plain"); !strings.HasPrefix(s, "run ended: session default idle at step 33/3000") {
+		t.Errorf("%%run 10 result = %q, want the run's end at step 33", s)
 	}
 	if s := text(find("%status", "execute_result"), "text/plain"); !strings.Contains(s, "step 33/3000") {
 		t.Errorf("final %%status = %q, want step 33/3000", s)
