@@ -108,5 +108,9 @@ SNIPPETS = [
     ("format_filter", "{{ '%s-%d' | format('a', 3) }} {{ '%%' | format }}", {}),
     ("big_ints", "{{ 2 ** 100 }} {{ 1e20 | int }} {{ (2 ** 70) | tojson }} {{ 3 ** 2 }}", {}),
     ("percent_undefined", "{{ 'abc' % missing }}|{{ '%s!' % missing }}|{{ '' % [1, 2] }}", {}),
+    ("unicode_case", "{{ 'ß'.upper() }} {{ 'ß' | title }} {{ 'ß'.capitalize() }} {{ 'ß'.swapcase() }} {{ 'İ'.lower() | length }} {{ 'ﬁne' | upper }} {{ 'x\u2028y' | title }} {{ 'ǆ'.title() }}", {}),
+    ("indent_lines", "[{{ 'a\n  \n\nb\u2028c' | indent(2) }}][{{ 'a\n\nb' | indent(2, true, true) }}][{{ '' | indent }}]", {}),
+    ("indent_non_string_error", "{{ 5 | indent }}", {}),
+    ("unique_unhashable_error", "{{ [[1], [1]] | unique | list }}", {}),
     ("messages_style", "{%- for m in messages %}{{ '<|' + m['role'] + '|>' + m.content | trim + '\\n' }}{%- endfor %}", {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo\n"}]}),
 ]

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/big"
-	"regexp"
 	"strconv"
 	"strings"
 	"unicode"
@@ -492,14 +491,6 @@ func fCapitalize(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
 	return pyCapitalize(toStr(v)), nil
 }
 
-func pyCapitalize(s string) string {
-	if s == "" {
-		return s
-	}
-	r, n := utf8.DecodeRuneInString(s)
-	return string(unicode.ToTitle(r)) + strings.ToLower(s[n:])
-}
-
 func fDefault(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	a := newArgs("default", args, kwargs)
 	def := a.get(0, "default_value", "")
@@ -652,25 +643,33 @@ func fIndent(_ *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 		}
 		ind = strings.Repeat(" ", int(max(n, 0)))
 	}
-	s := toStr(v)
-	newline := "\n"
-	s += newline
-	lines := strings.Split(s, "\n")
-	lines = lines[:len(lines)-1]
-	var b strings.Builder
-	for i, ln := range lines {
-		if i > 0 {
-			b.WriteString(newline)
-			if blank || strings.TrimFunc(ln, isPySpace) != "" {
-				b.WriteString(ind)
-			}
-		} else if first {
-			b.WriteString(ind)
-		}
-		b.WriteString(ln)
+	s, isStr := v.(string)
+	if !isStr {
+		return nil, errorf("TypeError", "unsupported operand type(s) for +=: '%s' and 'str'", typeName(v))
 	}
-	out := b.String()
-	return out, nil
+	// jinja2's do_indent, quirks included
+	s += "\n"
+	lines := pySplitlines(s)
+	var rv string
+	if blank {
+		rv = strings.Join(lines, "\n"+ind)
+	} else {
+		rv = lines[0]
+		if len(lines) > 1 {
+			parts := make([]string, 0, len(lines)-1)
+			for _, ln := range lines[1:] {
+				if ln != "" {
+					ln = ind + ln
+				}
+				parts = append(parts, ln)
+			}
+			rv += "\n" + strings.Join(parts, "\n")
+		}
+	}
+	if first {
+		rv = ind + rv
+	}
+	return rv, nil
 }
 
 func fItems(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
@@ -748,8 +747,6 @@ func fLower(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
 	return strings.ToLower(toStr(v)), nil
 }
 func fUpper(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) { return pyUpper(toStr(v)), nil }
-
-func pyUpper(s string) string { return strings.ReplaceAll(strings.ToUpper(s), "ß", "SS") }
 
 func fMap(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	if !truthy(v) {
@@ -1045,26 +1042,30 @@ func fSum(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	return total, nil
 }
 
-var wordBeginning = regexp.MustCompile(`([-\s({\[<]+)`)
+// isWordBeginning reports the delimiters of jinja2's title filter: [-\s({\[<] with Python's \s.
+func isWordBeginning(r rune) bool {
+	return isPySpace(r) || strings.ContainsRune("-({[<", r)
+}
 
 func fTitle(_ *renderer, v Value, _ []Value, _ *Dict) (Value, error) {
+	// jinja2: item[0].upper() + item[1:].lower() for the delimiter runs and words alike
 	s := toStr(v)
 	var b strings.Builder
-	last := 0
-	emit := func(item string) {
-		if item == "" {
-			return
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		delim := isWordBeginning(r)
+		end := n
+		for end < len(s) {
+			r2, n2 := utf8.DecodeRuneInString(s[end:])
+			if isWordBeginning(r2) != delim {
+				break
+			}
+			end += n2
 		}
-		r, n := utf8.DecodeRuneInString(item)
-		b.WriteString(string(unicode.ToUpper(r)))
-		b.WriteString(strings.ToLower(item[n:]))
+		b.WriteString(pyUpperRune(r))
+		b.WriteString(pyLower(s[n:end]))
+		s = s[end:]
 	}
-	for _, m := range wordBeginning.FindAllStringIndex(s, -1) {
-		emit(s[last:m[0]])
-		b.WriteString(s[m[0]:m[1]]) // delimiters: upper of the first char then lower of the rest
-		last = m[1]
-	}
-	emit(s[last:])
 	return b.String(), nil
 }
 
@@ -1096,6 +1097,12 @@ func fUnique(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 		}
 		if s, ok := k.(string); ok && !caseSensitive {
 			k = strings.ToLower(s)
+		}
+		switch k.(type) {
+		case *List, *Dict, *Namespace:
+			if l, ok := k.(*List); !ok || !l.Tuple {
+				return nil, errorf("TypeError", "unhashable type: '%s'", typeName(k))
+			}
 		}
 		dup := false
 		for _, s := range seen {

@@ -144,22 +144,8 @@ func strMethod(r *renderer, s, name string, args []Value, kwargs *Dict) (Value, 
 	case "splitlines":
 		keep := truthy(a.get(0, "keepends", false))
 		var out []Value
-		for len(s) > 0 {
-			i := strings.IndexAny(s, "\n\r\v\f\x1c\x1d\x1e\u0085\u2028\u2029")
-			if i < 0 {
-				out = append(out, s)
-				break
-			}
-			_, n := utf8.DecodeRuneInString(s[i:])
-			if s[i] == '\r' && i+1 < len(s) && s[i+1] == '\n' {
-				n = 2
-			}
-			if keep {
-				out = append(out, s[:i+n])
-			} else {
-				out = append(out, s[:i])
-			}
-			s = s[i+n:]
+		for _, ln := range splitLines(s, keep) {
+			out = append(out, ln)
 		}
 		return &List{Items: out}, nil
 	case "startswith", "endswith":
@@ -228,20 +214,15 @@ func strMethod(r *renderer, s, name string, args []Value, kwargs *Dict) (Value, 
 	case "upper":
 		return pyUpper(s), nil
 	case "lower":
-		return strings.ToLower(s), nil
+		return pyLower(s), nil
 	case "casefold":
-		return strings.ToLower(strings.ReplaceAll(s, "ß", "ss")), nil
+		return pyLower(strings.ReplaceAll(s, "ß", "ss")), nil
 	case "title":
 		return pyTitle(s), nil
 	case "capitalize":
 		return pyCapitalize(s), nil
 	case "swapcase":
-		return strings.Map(func(r rune) rune {
-			if unicode.IsUpper(r) {
-				return unicode.ToLower(r)
-			}
-			return unicode.ToUpper(r)
-		}, s), nil
+		return pySwapcase(s), nil
 	case "find", "rfind", "index", "rindex", "count":
 		if len(args) < 1 {
 			return nil, errorf("TypeError", "%s() takes at least 1 argument (0 given)", name)
@@ -439,17 +420,28 @@ func rsplitN(s, sep string, maxsplit int) []string {
 // isCased reports whether r is a cased letter (Lu, Ll, Lt), as Python's str.title uses.
 func isCased(r rune) bool { return unicode.IsUpper(r) || unicode.IsLower(r) || unicode.IsTitle(r) }
 
-// pyTitle is Python's str.title.
-func pyTitle(s string) string {
-	var b strings.Builder
-	prevCased := false
-	for _, r := range s {
-		if prevCased {
-			b.WriteRune(unicode.ToLower(r))
-		} else {
-			b.WriteRune(unicode.ToTitle(r))
+// splitLines is Python's str.splitlines.
+func splitLines(s string, keep bool) []string {
+	var out []string
+	for len(s) > 0 {
+		i := strings.IndexAny(s, "\n\r\v\f\x1c\x1d\x1e\u0085\u2028\u2029")
+		if i < 0 {
+			out = append(out, s)
+			break
 		}
-		prevCased = isCased(r)
+		_, n := utf8.DecodeRuneInString(s[i:])
+		if s[i] == '\r' && i+1 < len(s) && s[i+1] == '\n' {
+			n = 2
+		}
+		if keep {
+			out = append(out, s[:i+n])
+		} else {
+			out = append(out, s[:i])
+		}
+		s = s[i+n:]
 	}
-	return b.String()
+	return out
 }
+
+// pySplitlines is str.splitlines() without the line ends.
+func pySplitlines(s string) []string { return splitLines(s, false) }
