@@ -69,7 +69,7 @@ func (li *lineInterp) Complete(code string, cursor int) ([]string, int, int) {
 
 // client is a minimal Jupyter client over zmq4, for driving the kernel from Go.
 type client struct {
-	t                *testing.T
+	t                testing.TB
 	signer           *wire.Signer
 	shell, control   zmq4.Socket
 	iopub, hb        zmq4.Socket
@@ -77,7 +77,7 @@ type client struct {
 	shellR, controlR chan *wire.Message
 }
 
-func startKernel(t *testing.T, interp Interpreter) (*client, *Kernel, chan error) {
+func startKernel(t testing.TB, interp Interpreter) (*client, *Kernel, chan error) {
 	t.Helper()
 	ci := &ConnectionInfo{Transport: "tcp", IP: "127.0.0.1", Key: "test-key", SignatureScheme: "hmac-sha256"}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -141,7 +141,7 @@ func startKernel(t *testing.T, interp Interpreter) (*client, *Kernel, chan error
 	return nil, nil, nil
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
@@ -521,5 +521,14 @@ func TestIsCompleteGo(t *testing.T) {
 		if s != c.status || ind != c.indent {
 			t.Errorf("IsCompleteGo(%q) = %q, %q; want %q, %q", c.code, s, ind, c.status, c.indent)
 		}
+	}
+}
+
+// BenchmarkExecuteRoundTrip measures one execute_request of a trivial cell through the
+// kernel: request, busy, execute_input, stream, idle and reply over loopback TCP.
+func BenchmarkExecuteRoundTrip(b *testing.B) {
+	c, _, _ := startKernel(b, &lineInterp{})
+	for b.Loop() {
+		c.execute("print x", nil)
 	}
 }
