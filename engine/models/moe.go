@@ -169,16 +169,17 @@ func (m *Model) BalanceExperts() {
 // ExpertLoad is the routing load of one MoE layer in the latest forward.
 type ExpertLoad struct {
 	// Layer is the decoder layer index.
-	Layer int
+	Layer int `json:"layer"`
 	// Tokens[e] is the number of tokens routed to expert e (each token counts once per expert
 	// among its top-k).
-	Tokens []int
+	Tokens []int `json:"tokens"`
 	// Max and Min are the largest and smallest entries of Tokens.
-	Max, Min int
+	Max int `json:"max"`
+	Min int `json:"min"`
 	// CV is the coefficient of variation of Tokens (population std / mean; 0 when no tokens).
-	CV float64
+	CV float64 `json:"cv"`
 	// Dead is the number of experts that received no token.
-	Dead int
+	Dead int `json:"dead"`
 }
 
 // ExpertLoad returns the per-layer expert load of the latest forward (nil for dense models).

@@ -75,6 +75,11 @@ type StepMetrics struct {
 	TimeByOpS map[string]float64 `json:"time_by_op_s,omitempty"`
 	// EvalLoss is the held-out loss, when it was computed after this step.
 	EvalLoss *float64 `json:"eval_loss,omitempty"`
+	// AuxLoss is the MoE load-balancing loss (unweighted, mean over the step's micro-batches);
+	// nil for dense models. Loss stays the cross-entropy alone.
+	AuxLoss *float64 `json:"aux_loss,omitempty"`
+	// ExpertLoad is the per-layer expert load of the step's last micro-batch (MoE models).
+	ExpertLoad []models.ExpertLoad `json:"expert_load,omitempty"`
 }
 
 // OpTimer is an optional backend capability: time spent per op class since the last reset.
@@ -105,6 +110,8 @@ type Trainer struct {
 	step        int
 	totalSteps  int
 	warmup      int
+	auxCoef     float64 // the model's own aux-loss weight (router_aux_loss_coef or 0), read once
+	auxCoefSet  bool
 }
 
 // Steps returns the number of optimizer steps done.
@@ -187,7 +194,16 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 		return fail(err)
 	}
 	scale := float32(1 / float64(total))
-	lossSum := 0.0
+	moe := t.Model.IsMoE()
+	if moe {
+		// The objective is the mean over micro-batches of CE + coef * aux, so each
+		// micro-batch's aux gradient carries coef / micro-batches.
+		if !t.auxCoefSet {
+			t.auxCoef, t.auxCoefSet = t.Model.AuxLossScale(), true
+		}
+		t.Model.SetAuxLossScale(t.auxCoef / float64(len(batches)))
+	}
+	lossSum, auxSum := 0.0, 0.0
 	for i, b := range batches {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
@@ -197,6 +213,7 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 			return fail(fmt.Errorf("train: step %d micro-batch %d: %w", t.step+1, i, err))
 		}
 		lossSum += s
+		auxSum += t.Model.AuxLoss()
 	}
 	loss := lossSum / float64(total)
 	norm, err := optim.GradNorm(t.b, []backend.T{t.Model.Grads.Flat})
@@ -213,6 +230,9 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 		// Parameters may be partly updated: the trainer cannot retry this step.
 		return StepMetrics{}, err
 	}
+	if moe {
+		t.Model.BalanceExperts() // no-op unless aux-loss-free balancing is on
+	}
 	if err := t.b.Sync(); err != nil {
 		return StepMetrics{}, err
 	}
@@ -223,6 +243,11 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 		Step: t.step, Loss: loss, GradNorm: norm, LR: lr, Tokens: tokens, Targets: total,
 		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
 		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
+	}
+	if moe {
+		aux := auxSum / float64(len(batches))
+		m.AuxLoss = &aux
+		m.ExpertLoad = t.Model.ExpertLoad()
 	}
 	if ot, ok := t.b.(OpTimer); ok {
 		m.TimeByOpS = map[string]float64{}

@@ -9,12 +9,14 @@ checkpoint (config.json + model.safetensors, float32) and records transformers' 
                      separately, concatenated), and the losses of 3 AdamW steps on the same batch.
   grads.safetensors  d(loss)/d(param) for every parameter by its transformers parameter name
                      (float32; tied embeddings appear once, as model.embed_tokens.weight).
-                     For MoE cases "loss" is the cross-entropy alone; grads_total.safetensors holds
-                     the gradients of cross-entropy + router_aux_loss_coef * aux_loss.
+                     MoE cases: transformers 5.17's output loss already includes
+                     router_aux_loss_coef * aux_loss when output_router_logits is set, so "loss"
+                     and grads.safetensors are of CE + coef * aux, and "loss_total",
+                     grads_total.safetensors and the AdamW objective are of CE + 2 * coef * aux.
 
 AdamW: torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8), weight decay 0.1 on parameters
 with ndim >= 2 and 0 on the rest, no clipping; "losses" holds the objective before step 1 and after
-steps 1, 2 and 3 (for MoE cases the objective is cross-entropy + coef * aux_loss).
+steps 1, 2 and 3 (for MoE cases the objective is CE + 2 * coef * aux_loss, see above).
 
 Everything runs on the CPU in float32 with deterministic algorithms, so no TF32 enters.
 

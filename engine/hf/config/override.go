@@ -34,6 +34,24 @@ func (c *Config) Override(overrides map[string]any, source string) (*Config, err
 		}
 		set[k] = pv
 	}
+	// An override written under one of a field's names replaces the value the base config
+	// holds under another (qwen3_moe's num_experts vs num_local_experts, for example).
+	if f := c.Family(); f != nil {
+		for k := range set {
+			canon, ok := f.knows(k)
+			if !ok {
+				continue
+			}
+			for other := range obj {
+				if other == k {
+					continue
+				}
+				if c2, ok := f.knows(other); ok && c2 == canon {
+					delete(obj, other)
+				}
+			}
+		}
+	}
 	for k, v := range set {
 		switch k {
 		case "rope_theta", "partial_rotary_factor":

@@ -115,3 +115,29 @@ func TestEncodingJSON(t *testing.T) {
 		t.Errorf("bad embedded config: %v", err)
 	}
 }
+
+// TestOverrideUnderAnAlias checks that an override written under another name of a field
+// (qwen3_moe reads both num_experts and num_local_experts) replaces the base value instead of
+// being refused as a duplicate.
+func TestOverrideUnderAnAlias(t *testing.T) {
+	for _, tc := range []struct {
+		family, key string
+	}{
+		{"qwen3_moe", "num_experts"},
+		{"qwen3_moe", "num_local_experts"},
+		{"mixtral", "num_local_experts"},
+	} {
+		base, err := Preset(tc.family, "tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := base.Override(map[string]any{tc.key: 6}, "test")
+		if err != nil {
+			t.Errorf("%s %s: %v", tc.family, tc.key, err)
+			continue
+		}
+		if n.NumExperts != 6 {
+			t.Errorf("%s %s=6: NumExperts = %d", tc.family, tc.key, n.NumExperts)
+		}
+	}
+}
