@@ -112,5 +112,7 @@ SNIPPETS = [
     ("indent_lines", "[{{ 'a\n  \n\nb\u2028c' | indent(2) }}][{{ 'a\n\nb' | indent(2, true, true) }}][{{ '' | indent }}]", {}),
     ("indent_non_string_error", "{{ 5 | indent }}", {}),
     ("unique_unhashable_error", "{{ [[1], [1]] | unique | list }}", {}),
+    ("str_format", "{{ '{} and {}'.format(1, 'a') }}|{{ '{0}{1}{0}'.format('x', 2.5) }}|{{ '{name}!'.format(name='n') }}|{{ '{{}} {!r}'.format('q') }}|{{ '{:>5}|{:03d}|{:.2f}'.format('ab', 7, 3.14159) }}|{{ '{0[k]} {1[1]}'.format({'k': 'v'}, [0, 9]) }}|{{ '{:^7}|{:*<4}|{:+d}|{:,}|{:.1%}|{:e}|{:g}|{:x}'.format('mid', 'a', 5, 1234567, 0.25, 12345.678, 0.0001, 255) }}", {}),
+    ("str_format_errors", "{{ '{} {}'.format(1) }}", {}),
     ("messages_style", "{%- for m in messages %}{{ '<|' + m['role'] + '|>' + m.content | trim + '\\n' }}{%- endfor %}", {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo\n"}]}),
 ]

@@ -14,7 +14,7 @@ var strMethods = map[string]bool{
 	"count": true, "join": true, "isdigit": true, "isalpha": true, "isalnum": true, "isspace": true,
 	"isupper": true, "islower": true, "isnumeric": true, "isdecimal": true, "istitle": true, "zfill": true,
 	"removeprefix": true, "removesuffix": true, "center": true, "ljust": true, "rjust": true, "partition": true,
-	"rpartition": true, "casefold": true,
+	"rpartition": true, "casefold": true, "format": true,
 }
 
 func callMethod(r *renderer, m *boundMethod, args []Value, kwargs *Dict) (Value, error) {
@@ -315,6 +315,8 @@ func strMethod(r *renderer, s, name string, args []Value, kwargs *Dict) (Value, 
 			left++
 		}
 		return strings.Repeat(fill, left) + s + strings.Repeat(fill, pad-left), nil
+	case "format":
+		return strFormat(s, args, kwargs)
 	case "removeprefix", "removesuffix":
 		if len(args) != 1 {
 			return nil, errorf("TypeError", "%s() takes exactly one argument", name)
