@@ -19,6 +19,8 @@ import (
 const (
 	llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	qwen2Pattern  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// o200kPattern is GPT-4o's and gpt-oss's.
+	o200kPattern = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
 
 // fastScanner returns a hand-written matcher for a known pre-tokenizer pattern, or nil.
@@ -30,6 +32,8 @@ func fastScanner(pattern string) matcher {
 		return scanMatcher{func(s string, i int) int { return cl100kNext(s, i, 3) }}
 	case qwen2Pattern:
 		return scanMatcher{func(s string, i int) int { return cl100kNext(s, i, 1) }}
+	case o200kPattern:
+		return scanMatcher{o200kNext}
 	}
 	return nil
 }
@@ -250,4 +254,150 @@ func gpt2Next(s string, i int) int {
 	}
 	// s[i] is whitespace: \s+(?!\S)|\s+
 	return whitespaceTail(s, i, runOf(s, i, clsS))
+}
+
+// Classes of the o200k pattern: U is [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], W is
+// [\p{Ll}\p{Lm}\p{Lo}\p{M}], P is [^\r\n\p{L}\p{N}].
+const (
+	o2U = 1 << iota
+	o2W
+	o2P
+)
+
+// o200kClass returns the o200k class bits (plus the clsL/N/S/CRLF bits shifted by 3) and
+// the size of the rune at s[i].
+func o200kClass(s string, i int) (uint8, int) {
+	var r rune
+	size := 1
+	if b := s[i]; b < utf8.RuneSelf {
+		r = rune(b)
+	} else {
+		r, size = utf8.DecodeRuneInString(s[i:])
+	}
+	var c uint8
+	switch {
+	case r < utf8.RuneSelf:
+		switch {
+		case 'a' <= r && r <= 'z':
+			c = o2W
+		case 'A' <= r && r <= 'Z':
+			c = o2U
+		case r >= '0' && r <= '9', r == '\r', r == '\n':
+		default:
+			c = o2P
+		}
+		return c, size
+	case unicode.Is(hfCatLl, r):
+		c = o2W
+	case unicode.Is(hfCatLu, r), unicode.Is(hfCatLt, r):
+		c = o2U
+	case unicode.Is(hfCatLm, r), unicode.Is(hfCatLo, r), unicode.Is(hfCatM, r):
+		c = o2U | o2W
+		if !unicode.Is(hfLetter, r) && !unicode.Is(hfNumber, r) {
+			c |= o2P // marks are not letters
+		}
+	case !unicode.Is(hfLetter, r) && !unicode.Is(hfNumber, r):
+		c = o2P
+	}
+	return c, size
+}
+
+// o200kRun returns the end of the run of runes from i whose o200k class has a bit of want.
+func o200kRun(s string, i int, want uint8) int {
+	for i < len(s) {
+		c, size := o200kClass(s, i)
+		if c&want == 0 {
+			break
+		}
+		i += size
+	}
+	return i
+}
+
+// o200kContraction extends a letter match ending at e by (?i:'s|'t|'re|'ve|'m|'ll|'d)?.
+func o200kContraction(s string, e int) int {
+	if e < len(s) && s[e] == '\'' {
+		if c := contraction(s, e, true); c >= 0 {
+			return c
+		}
+	}
+	return e
+}
+
+// o200kNext is the match end at i of the o200k pattern.
+func o200kNext(s string, i int) int {
+	c0, size0 := o200kClass(s, i)
+	// [^\r\n\p{L}\p{N}]?U*W+(contraction)?: with the optional character first, then without.
+	for _, prefix := range []bool{true, false} {
+		q := i
+		if prefix {
+			if c0&o2P == 0 {
+				continue
+			}
+			q += size0
+		}
+		runEnd := o200kRun(s, q, o2U)
+		if runEnd < len(s) {
+			if c, _ := o200kClass(s, runEnd); c&o2W != 0 {
+				return o200kContraction(s, o200kRun(s, runEnd, o2W))
+			}
+		}
+		// Give back U characters until one of them is also a W character.
+		for pos := runEnd; pos > q; {
+			r, size := utf8.DecodeLastRuneInString(s[q:pos])
+			if c, _ := o200kClass(string(r), 0); c&o2W != 0 {
+				return o200kContraction(s, pos)
+			}
+			pos -= size
+		}
+	}
+	// [^\r\n\p{L}\p{N}]?U+W*(contraction)?
+	for _, prefix := range []bool{true, false} {
+		q := i
+		if prefix {
+			if c0&o2P == 0 {
+				continue
+			}
+			q += size0
+		}
+		runEnd := o200kRun(s, q, o2U)
+		if runEnd == q {
+			continue
+		}
+		return o200kContraction(s, o200kRun(s, runEnd, o2W))
+	}
+	c, size := classAt(s, i)
+	// \p{N}{1,3}
+	if c&clsN != 0 {
+		e := i + size
+		for n := 1; n < 3 && e < len(s); n++ {
+			c2, size2 := classAt(s, e)
+			if c2&clsN == 0 {
+				break
+			}
+			e += size2
+		}
+		return e
+	}
+	//  ?[^\s\p{L}\p{N}]+[\r\n/]*
+	p := i
+	if s[i] == ' ' {
+		p++
+	}
+	if p < len(s) {
+		if c2, _ := classAt(s, p); c2&(clsS|clsL|clsN) == 0 {
+			e := runOfNot(s, p, clsS|clsL|clsN)
+			for e < len(s) && (s[e] == '\r' || s[e] == '\n' || s[e] == '/') {
+				e++
+			}
+			return e
+		}
+	}
+	j := runOf(s, i, clsS)
+	for k := j - 1; k >= i; k-- {
+		if s[k] == '\r' || s[k] == '\n' {
+			return k + 1
+		}
+	}
+	return whitespaceTail(s, i, j)
 }
