@@ -7,7 +7,7 @@ import (
 )
 
 // Hand-written scanners for the pre-tokenizer regular expressions of the GPT-2, Llama-3
-// (cl100k) and Qwen2/Qwen3 families. Each one returns, at every position, the end of the
+// (cl100k), Qwen2/Qwen3 and GPT-4o/gpt-oss (o200k) families. Each one returns, at every position, the end of the
 // match the backtracking engine would find, by trying the alternatives in order with the
 // same greedy-then-backtrack choices. They give exactly the spans of the regular expression
 // (scan_test.go checks them against regexp2 on the golden corpus and by fuzzing) at a
