@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -14,6 +16,7 @@ import (
 
 	_ "github.com/halo-shell/halo-shell/engine/backend/cpu" // registers the cpu device
 	"github.com/halo-shell/halo-shell/engine/train"
+	"github.com/halo-shell/halo-shell/session"
 )
 
 const launchHelp = `Trains with a YAML config whose keys follow Hugging Face TrainingArguments
@@ -30,9 +33,15 @@ Writes output_dir/metrics.jsonl (one JSON object per optimizer step), checkpoint
 output_dir/checkpoint-N every save_steps and at the end, and the final Hugging Face model into
 output_dir. Ctrl-C stops at the next step boundary and saves a checkpoint.
 
+The run is also an engine session: while it trains, "halo-shell tui --session NAME" or
+"halo-shell repl --session NAME" attach to it (watch, pause, profile); "halo-shell session list"
+shows it. NAME is "launch-" + the base name of output_dir unless --name says otherwise.
+
 Flags:
-  --dry-run   print the resolved config and a memory estimate, then exit
-  -h, --help  this help`
+  --dry-run      print the resolved config and a memory estimate, then exit
+  --name=NAME    the session name of this run
+  --trace=FILE   record every step's ops and write a Chrome/Perfetto trace (JSON) at the end
+  -h, --help     this help`
 
 func init() {
 	cmd := &cobra.Command{
@@ -42,6 +51,7 @@ func init() {
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var pos, overrides []string
+			var lo launchOptions
 			dry := false
 			for _, a := range args {
 				switch {
@@ -50,6 +60,12 @@ func init() {
 				case a == "--dry-run" || a == "--dry-run=true":
 					dry = true
 				case a == "--dry-run=false":
+				case strings.HasPrefix(a, "--name="):
+					lo.name = strings.TrimPrefix(a, "--name=")
+				case strings.HasPrefix(a, "--trace="):
+					lo.trace = strings.TrimPrefix(a, "--trace=")
+				case a == "--name" || a == "--trace":
+					return fmt.Errorf("launch: write %s=VALUE", a)
 				case strings.HasPrefix(a, "-"):
 					overrides = append(overrides, a)
 				default:
@@ -70,7 +86,7 @@ func init() {
 			if dry {
 				return dryRun(cmd, cfg)
 			}
-			return launch(cfg)
+			return launch(cfg, lo)
 		},
 	}
 	rootCmd.AddCommand(cmd)
@@ -95,9 +111,17 @@ func dryRun(cmd *cobra.Command, cfg *train.Config) error {
 	return nil
 }
 
-func launch(cfg *train.Config) error {
+// launchOptions are the launch flags that are not config keys.
+type launchOptions struct {
+	name  string // session name ("" = launch-<output_dir base name>)
+	trace string // Chrome/Perfetto trace file ("" = none)
+}
+
+func launch(cfg *train.Config, lo launchOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Op timing by class for the session's profile RPC; it costs nothing until profiling is on.
+	session.EnableProfiling()
 	t, err := train.New(cfg)
 	if err != nil {
 		return err
@@ -107,7 +131,22 @@ func launch(cfg *train.Config) error {
 	if st, err := os.Stderr.Stat(); err == nil {
 		tty = st.Mode()&os.ModeCharDevice != 0
 	}
-	_, err = train.Run(ctx, t, train.RunOptions{Progress: os.Stderr, TTY: tty, Log: os.Stderr})
+	name := lo.name
+	if name == "" {
+		name = session.NameFor("launch-" + filepath.Base(filepath.Clean(cfg.Run.OutputDir)))
+	}
+	// The session's own log goes to a file so it never tears the progress line.
+	if err := os.MkdirAll(cfg.Run.OutputDir, 0o755); err != nil {
+		return fmt.Errorf("launch: output_dir: %w", err)
+	}
+	logFile, err := os.OpenFile(filepath.Join(cfg.Run.OutputDir, "session.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("launch: session log: %w", err)
+	}
+	defer logFile.Close()
+	so := session.ServerOptions{Name: name, TraceFile: lo.trace, Logger: slog.New(slog.NewTextHandler(logFile, nil))}
+	fmt.Fprintf(os.Stderr, "session %q: attach with halo-shell tui --session %s\n", name, name)
+	_, err = session.ServeRun(ctx, so, t, train.RunOptions{Progress: os.Stderr, TTY: tty, Log: os.Stderr})
 	if errors.Is(err, context.Canceled) {
 		return errors.New("launch: interrupted")
 	}
