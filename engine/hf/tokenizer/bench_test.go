@@ -122,3 +122,27 @@ func gunzipFile(b *testing.B, path string) []byte {
 	}
 	return data
 }
+
+// BenchmarkSplitPattern compares the hand-written scanners with regexp2 on 1 MB of mixed text.
+func BenchmarkSplitPattern(b *testing.B) {
+	text := strings.Join(benchDocuments(1<<20), "")
+	for _, name := range []string{"qwen2", "o200k"} {
+		pat := knownPatterns[name]
+		slow, err := compileRegex(pat)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range []struct {
+			engine string
+			m      matcher
+		}{{"scanner", fastScanner(pat)}, {"regexp2", slow}} {
+			b.Run(name+"/"+m.engine, func(b *testing.B) {
+				b.SetBytes(int64(len(text)))
+				var spans []span
+				for b.Loop() {
+					spans = m.m.findAll(text, spans[:0])
+				}
+			})
+		}
+	}
+}
