@@ -1,0 +1,38 @@
+// Package parallel applies a parallel layout (engine/mesh) to a model from outside, the way
+// torchtitan parallelises an unmodified model: the model code (engine/models, engine/nn) never
+// mentions ranks. Each rank gets an ordinary model built by its family code from a config with
+// fewer heads and a narrower MLP (tensor parallel) and is fed fewer rows (data parallel) or
+// fewer tokens (context parallel); a thin wrapper around the rank's backend inserts the
+// collectives that complete the math, and the Plan synchronises gradients and runs the
+// optimizer.
+//
+// What each degree does:
+//
+//   - DP: rows are dealt to the data ranks; gradients are all-reduced (summed, the loss being
+//     the mean over every target of the step) over the data group, which is DP × CP ranks.
+//   - FSDP (ZeRO-style): the flat parameter arena is cut into one shard per data rank. The
+//     optimizer state and the fp32 master of each element live only on its shard's rank;
+//     gradients are reduce-scattered into the shards and, after the update, the parameters are
+//     all-gathered into each rank's compute arena. The compute arena is whole during the step
+//     (parameters are gathered per step, not per layer), so FSDP divides gradient-reduction
+//     traffic and optimizer memory, not the memory of the forward pass.
+//   - TP: q/k/v and gate/up are column-parallel (their output features are split by heads and
+//     MLP width); o_proj and down_proj are row-parallel, their partial products all-reduced in
+//     the forward; the input gradient of the column-parallel group is all-reduced in the
+//     backward. Per-head q/k norms stay whole and their gradients are summed over the tensor
+//     group. Embedding, norms and LM head are replicated.
+//   - CP: each packed row is cut into 2·CP chunks and rank r gets chunks r and 2·CP-1-r (the
+//     load-balanced order for causal attention). Attention all-gathers keys and values; each
+//     query chunk attends over the keys of its own documents up to its end, so packing with
+//     several documents per row is exact; key and value gradients are reduce-scattered back.
+//   - EP, ETP: the layout rules exist (engine/mesh) but the expert dispatch is not built; such
+//     layouts are refused before any weight is touched.
+//
+// Results equal the single-device run within fp32 rounding (reductions add in a different
+// order); every collective runs through engine/comm, so it is counted and can be recorded as a
+// profile span. Checkpoints are written from Gather into a single-device model: ordinary HF
+// checkpoints whatever the layout.
+//
+// The package is not a trainer (engine/train owns schedules, data and checkpoints) and does not
+// choose layouts (engine/mesh checks and suggests them).
+package parallel

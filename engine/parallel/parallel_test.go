@@ -1,0 +1,271 @@
+package parallel
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/optim"
+)
+
+// tinyConfigs are small models of the dense families: 8 heads and 4 KV heads of width 4, an
+// MLP of 24, biases on q/k/v/o (llama) and per-head q/k norms (qwen3).
+var tinyConfigs = map[string]string{
+	"llama": `{"model_type": "llama", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "attention_bias": true, "initializer_range": 0.2}`,
+	"qwen3": `{"model_type": "qwen3", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "initializer_range": 0.2}`,
+}
+
+func tinyModel(t testing.TB, family string, seed uint64) *models.Model {
+	t.Helper()
+	cfg, err := config.Parse([]byte(tinyConfigs[family]), family+".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := models.New(cfg, cpu.New(cpu.Options{Workers: 1}), models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.InitRandom(seed); err != nil {
+		t.Fatal(err)
+	}
+	// Make norm gains non-trivial so their gradients are exercised.
+	rng := rand.New(rand.NewPCG(seed, 5))
+	for _, s := range m.Specs {
+		if s.Init != models.InitNormal {
+			v := make([]float32, s.Numel())
+			for i := range v {
+				v[i] = 1 + 0.3*float32(rng.NormFloat64())
+			}
+			if err := m.SetParam(s.Name, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return m
+}
+
+// tinyRows makes n packed rows of seqLen tokens, each holding documents of uneven lengths,
+// with next-token targets inside each document.
+func tinyRows(n, seqLen, vocab int, seed uint64) []models.Batch {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	rows := make([]models.Batch, n)
+	for r := range rows {
+		b := models.Batch{Tokens: make([]int32, seqLen), Targets: make([]int32, seqLen), DocStarts: []int32{0}}
+		for i := range b.Tokens {
+			b.Tokens[i] = int32(rng.IntN(vocab))
+		}
+		for pos := 0; pos < seqLen; {
+			l := 1 + rng.IntN(seqLen*3/4)
+			pos = min(pos+l, seqLen)
+			b.DocStarts = append(b.DocStarts, int32(pos))
+		}
+		for d := 0; d+1 < len(b.DocStarts); d++ {
+			for i := b.DocStarts[d]; i < b.DocStarts[d+1]; i++ {
+				if i+1 < b.DocStarts[d+1] {
+					b.Targets[i] = b.Tokens[i+1]
+				} else {
+					b.Targets[i] = backend.IgnoreIndex
+				}
+			}
+		}
+		rows[r] = b
+	}
+	return rows
+}
+
+// reference runs rows on the single-device model and returns the mean loss and every gradient.
+func reference(t testing.TB, m *models.Model, rows []models.Batch) (float64, map[string][]float32) {
+	t.Helper()
+	n := 0
+	for _, b := range rows {
+		for _, x := range b.Targets {
+			if x != backend.IgnoreIndex {
+				n++
+			}
+		}
+	}
+	if err := m.ZeroGrads(); err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, b := range rows {
+		s, _, err := m.ForwardBackward(b, float32(1/float64(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum += s
+	}
+	g := map[string][]float32{}
+	for _, s := range m.Specs {
+		v, err := m.GradFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g[s.Name] = v
+	}
+	return sum / float64(n), g
+}
+
+// close reports whether got matches want within fp32 tolerance: |got-want| <= atol + rtol*|want|
+// with atol relative to the tensor's scale.
+func closeTo(got, want []float32, rtol float64) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("%d values, want %d", len(got), len(want))
+	}
+	scale := 0.0
+	for _, w := range want {
+		scale = math.Max(scale, math.Abs(float64(w)))
+	}
+	for i := range got {
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if d > rtol*scale+rtol*math.Abs(float64(want[i])) || math.IsNaN(float64(got[i])) {
+			return fmt.Errorf("element %d = %.8g, want %.8g (scale %.3g)", i, got[i], want[i], scale)
+		}
+	}
+	return nil
+}
+
+// supported is every layout of the support matrix exercised on 1, 2, 4 and 8 devices.
+var supported = []struct {
+	n      int
+	layout string
+}{
+	{1, ""},
+	{2, ""}, {2, "fsdp"}, {2, "tp=2"}, {2, "cp=2"},
+	{4, ""}, {4, "fsdp"}, {4, "tp=4"}, {4, "cp=4"}, {4, "tp=2 fsdp"}, {4, "tp=2 cp=2"}, {4, "cp=2 fsdp"},
+	{8, "fsdp"}, {8, "tp=2 cp=2"}, {8, "tp=2 cp=2 fsdp"}, {8, "tp=4 fsdp"}, {8, "cp=4 tp=2"},
+}
+
+func cpuDevices(n int) mesh.Devices {
+	d, _ := mesh.ParseDevices(fmt.Sprintf("cpu:%d", n))
+	return d
+}
+
+func newPlan(t testing.TB, src *models.Model, n int, layout string, oc optim.Config) *Plan {
+	t.Helper()
+	l, err := mesh.ParseLayout(layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(src, cpuDevices(n), l, Options{Optimizer: oc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func TestLayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
+	for _, family := range []string{"llama", "qwen3"} {
+		src := tinyModel(t, family, 3)
+		rows := tinyRows(8, 16, 41, 4)
+		wantLoss, wantGrads := reference(t, src, rows)
+		for _, tc := range supported {
+			t.Run(fmt.Sprintf("%s/%d/%s", family, tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
+				p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
+				loss, _, err := p.ForwardBackward(rows)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if math.Abs(loss-wantLoss) > 1e-6*math.Abs(wantLoss) {
+					t.Errorf("loss %.9g, single device %.9g", loss, wantLoss)
+				}
+				grads, err := p.Grads()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range src.Specs {
+					if err := closeTo(grads[s.Name], wantGrads[s.Name], 1e-5); err != nil {
+						t.Errorf("gradient %s (%s): %v", s.Name, p.Placement(s.Name), err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
+	const steps, lr, maxNorm = 5, 1e-2, 0.5
+	oc := optim.Config{WeightDecay: 0.1}
+	src := tinyModel(t, "qwen3", 8)
+	batches := make([][]models.Batch, steps)
+	for i := range batches {
+		batches[i] = tinyRows(8, 16, 41, uint64(100+i))
+	}
+	// Single device: the same steps with AdamW and global-norm clipping.
+	ref := tinyModel(t, "qwen3", 8)
+	var params []optim.Param
+	var grads []backend.T
+	if err := ref.EnableGrads(); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range ref.Specs {
+		params = append(params, optim.Param{Name: s.Name, Value: ref.Params.Views[i], Grad: ref.Grads.Views[i], NoDecay: !s.Decay})
+		grads = append(grads, ref.Grads.Views[i])
+	}
+	opt, err := optim.NewAdamW(ref.Backend(), params, oc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opt.Free()
+	var want, wantNorm []float64
+	for _, rows := range batches {
+		loss, _ := reference(t, ref, rows)
+		norm, err := optim.GradNorm(ref.Backend(), grads)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := opt.Step(lr, optim.ClipCoef(norm, maxNorm)); err != nil {
+			t.Fatal(err)
+		}
+		want, wantNorm = append(want, loss), append(wantNorm, norm)
+	}
+	if !(want[steps-1] < want[0]) {
+		t.Fatalf("reference losses %v do not fall; the test would not show training", want)
+	}
+	for _, tc := range supported {
+		t.Run(fmt.Sprintf("%d/%s", tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
+			p := newPlan(t, src, tc.n, tc.layout, oc)
+			for i, rows := range batches {
+				loss, _, err := p.ForwardBackward(rows)
+				if err != nil {
+					t.Fatal(err)
+				}
+				norm, err := p.Step(lr, maxNorm)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if math.Abs(norm-wantNorm[i]) > 1e-5*wantNorm[i] {
+					t.Errorf("step %d: gradient norm %.9g, single device %.9g", i+1, norm, wantNorm[i])
+				}
+				if math.Abs(loss-want[i]) > 1e-4*math.Abs(want[i]) {
+					t.Errorf("step %d: loss %.9g, single device %.9g", i+1, loss, want[i])
+				}
+			}
+			// The trained weights gather into an ordinary single-device model.
+			final := tinyModel(t, "qwen3", 99)
+			if err := p.Gather(final); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range ref.Specs {
+				got, _ := final.ParamFloat32(s.Name)
+				w, _ := ref.ParamFloat32(s.Name)
+				if err := closeTo(got, w, 1e-4); err != nil {
+					t.Errorf("parameter %s after %d steps: %v", s.Name, steps, err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,703 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/optim"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// Options are the choices of New beyond the layout.
+type Options struct {
+	// Optimizer configures AdamW on every rank (Mode MasterF32 or BF16).
+	Optimizer optim.Config
+	// NewBackend opens the device of world rank r; nil opens a CPU backend with Workers
+	// workers (simulated devices).
+	NewBackend func(r int) (backend.Backend, error)
+	// Workers per simulated CPU device (0 = 1).
+	Workers int
+}
+
+// placement is how one parameter is laid out over the tensor-parallel group.
+type placement uint8
+
+const (
+	replicated placement = iota // every tensor rank holds all of it; its gradient is identical on each
+	colShard                    // rows (output features) split over the tensor group
+	rowShard                    // columns (input features) split over the tensor group
+	partialGrad                 // replicated value whose gradient is a partial sum over the tensor group (per-head q/k norm)
+)
+
+func (p placement) String() string {
+	return [...]string{"replicated", "column", "row", "partial"}[p]
+}
+
+// Plan is a model laid out over a mesh of devices: one model per rank (built from the same
+// family code with fewer heads, a narrower MLP or fewer tokens), the communicators of the mesh,
+// and the optimizer state (sharded under FSDP). It drives every rank itself, one goroutine per
+// rank; its methods are called from one goroutine at a time.
+type Plan struct {
+	Mesh  *mesh.Mesh
+	cfg   *config.Config
+	specs []models.ParamSpec // the full (unsplit) parameter table
+	place map[string]placement
+	world *comm.World
+	ranks []*rank
+	dtype tensor.DType
+}
+
+type rank struct {
+	id              int
+	c               mesh.Coord
+	dev             backend.Backend
+	rb              *rankBackend
+	m               *models.Model
+	tp, cp, data    *comm.Comm
+	world           *comm.Comm
+	opt             *optim.AdamW
+	lossSum         float64
+	optParams       []optim.Param
+	countNorm       []bool // per optParams entry: counted once in the global gradient norm
+	shard           fsdpShard
+	dataRank, dataN int
+}
+
+// fsdpShard is rank d's part [lo, hi) of the flat parameter arena (P elements, shards of S).
+type fsdpShard struct {
+	on             bool
+	lo, hi, s, p   int
+	param, grad    T // [S] the master parameter shard and the reduced gradient shard
+	padP, padG     T // [G·S] gather/scatter buffers when P is not a multiple of G
+	specOf         []int
+}
+
+// ShapeOf returns the sizes of m that the layout rules need.
+func ShapeOf(m *models.Model) mesh.ModelShape {
+	a := m.Arch
+	s := mesh.ModelShape{Hidden: a.Hidden, Intermediate: a.Intermediate, Heads: a.Heads, KVHeads: a.KVHeads,
+		HeadDim: a.HeadDim, Layers: a.Layers, Vocab: a.Vocab, Tied: a.Tied, QKNormFull: a.QKNorm && a.QKNormFull,
+		Params: int64(m.NumParams())}
+	if c := a.Config; c != nil && c.IsMoE() {
+		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
+		for i := 0; i < a.Layers; i++ {
+			if c.IsMoELayer(i) {
+				s.MoELayers++
+			}
+		}
+		// The plan does not split the MLPs of mixture-of-experts models (their dense layers
+		// included), so their widths put no constraint on TP.
+		s.Intermediate = 0
+	}
+	return s
+}
+
+// New lays src (a single-device model with its weights) out over devices with layout l. The
+// layout is checked first (mesh.Check); then each rank gets its own model and its slice of the
+// weights. src is only read.
+func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Plan, error) {
+	cfg := src.Config()
+	if cfg == nil {
+		return nil, errors.New("parallel: the source model has no config.json (build it with models.New or models.Load)")
+	}
+	shape := ShapeOf(src)
+	ms, err := mesh.New(devices, l, shape, 0)
+	if err != nil {
+		return nil, err
+	}
+	l = ms.Layout
+	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placement{}, dtype: src.DType()}
+	local := cfg.Clone()
+	if l.TP > 1 {
+		local.HeadDim = src.Arch.HeadDim
+		local.NumAttentionHeads = src.Arch.Heads / l.TP
+		local.NumKeyValueHeads = src.Arch.KVHeads / l.TP
+		if !shape.MoE() {
+			local.IntermediateSize = src.Arch.Intermediate / l.TP
+		}
+	}
+	p.cfg = cfg
+	n := ms.Size()
+	devs := make([]backend.Backend, n)
+	for r := range devs {
+		if o.NewBackend != nil {
+			devs[r], err = o.NewBackend(r)
+		} else {
+			devs[r] = cpu.New(cpu.Options{Workers: max(o.Workers, 1)})
+		}
+		if err != nil {
+			for _, d := range devs[:r] {
+				_ = d.Close()
+			}
+			return nil, fmt.Errorf("parallel: device of rank %d: %w", r, err)
+		}
+	}
+	if p.world, err = comm.NewWorld(devs); err != nil {
+		return nil, err
+	}
+	split := func(d mesh.Dim) ([]*comm.Comm, error) {
+		g, err := ms.Groups(d)
+		if err != nil {
+			return nil, err
+		}
+		return p.world.Split(string(d), g)
+	}
+	tps, err := split(mesh.DimTP)
+	if err != nil {
+		return nil, err
+	}
+	cps, err := split(mesh.DimCP)
+	if err != nil {
+		return nil, err
+	}
+	datas, err := split(mesh.DimData)
+	if err != nil {
+		return nil, err
+	}
+	full := map[string]models.ParamSpec{}
+	for _, s := range src.Specs {
+		full[s.Name] = s
+	}
+	for r := 0; r < n; r++ {
+		rk := &rank{id: r, c: ms.Coord(r), dev: devs[r], tp: tps[r], cp: cps[r], data: datas[r], world: p.world.Comm(r)}
+		rk.dataRank, rk.dataN = rk.data.Rank(), rk.data.Size()
+		rk.rb = newRankBackend(devs[r], rk.tp, rk.cp)
+		p.ranks = append(p.ranks, rk)
+		if rk.m, err = models.New(local, rk.rb, models.Options{DType: src.DType()}); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("parallel: rank %d: %w", r, err)
+		}
+		if err := p.bind(rk, full, src); err != nil {
+			p.Close()
+			return nil, err
+		}
+		if err := rk.m.EnableGrads(); err != nil {
+			p.Close()
+			return nil, err
+		}
+		if err := p.setupOptimizer(rk, o.Optimizer); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// bind classifies every parameter of rank rk's model against the full table, registers the
+// tensor-parallel weights with the rank's backend, and copies the rank's slice of src's weights.
+func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Model) error {
+	tp, ntp := rk.c.TP, p.Mesh.Layout.TP
+	colSize := map[string]int{}
+	var cols []struct {
+		w     T
+		group string
+	}
+	for i, s := range rk.m.Specs {
+		f, ok := full[s.Name]
+		if !ok || len(f.Shape) != len(s.Shape) {
+			return fmt.Errorf("parallel: rank %d: parameter %q has no counterpart in the full model", rk.id, s.Name)
+		}
+		pl := replicated
+		switch {
+		case f.Shape[0] != s.Shape[0] && f.Shape[0] == s.Shape[0]*ntp && (len(s.Shape) == 1 || f.Shape[1] == s.Shape[1]):
+			pl = colShard
+		case len(s.Shape) == 2 && f.Shape[1] != s.Shape[1] && f.Shape[1] == s.Shape[1]*ntp && f.Shape[0] == s.Shape[0]:
+			pl = rowShard
+		case fmt.Sprint(f.Shape) != fmt.Sprint(s.Shape):
+			return fmt.Errorf("parallel: rank %d: parameter %q is %v here and %v in the full model: not a split over %d tensor ranks", rk.id, s.Name, s.Shape, f.Shape, ntp)
+		case ntp > 1 && (strings.HasSuffix(s.Name, "self_attn.q_norm.weight") || strings.HasSuffix(s.Name, "self_attn.k_norm.weight")):
+			pl = partialGrad
+		}
+		p.place[s.Name] = pl
+		w := rk.m.Params.Views[i]
+		if strings.HasSuffix(s.Name, ".weight") && len(s.Shape) == 2 {
+			switch pl {
+			case colShard:
+				// Weights of one parent module (q/k/v of self_attn, gate/up of mlp) share
+				// their input.
+				parent := strings.TrimSuffix(s.Name, ".weight")
+				if i := strings.LastIndex(parent, "."); i >= 0 {
+					parent = parent[:i]
+				}
+				colSize[parent]++
+				cols = append(cols, struct {
+					w     T
+					group string
+				}{w, parent})
+			case rowShard:
+				rk.rb.row[keyOf(w)] = true
+			}
+		}
+		vals, err := src.ParamFloat32(s.Name)
+		if err != nil {
+			return err
+		}
+		if err := rk.m.SetParam(s.Name, slice(vals, f.Shape, pl, tp, ntp)); err != nil {
+			return fmt.Errorf("parallel: rank %d: %w", rk.id, err)
+		}
+	}
+	for _, c := range cols {
+		rk.rb.col[keyOf(c.w)] = colInfo{group: c.group, size: colSize[c.group]}
+	}
+	return nil
+}
+
+// slice returns tensor rank tp's part of a full parameter (row-major, shape full).
+func slice(v []float32, full []int, pl placement, tp, ntp int) []float32 {
+	switch pl {
+	case colShard:
+		n := len(v) / ntp
+		return v[tp*n : (tp+1)*n]
+	case rowShard:
+		rows, cols := full[0], full[1]
+		w := cols / ntp
+		out := make([]float32, 0, rows*w)
+		for r := 0; r < rows; r++ {
+			out = append(out, v[r*cols+tp*w:r*cols+(tp+1)*w]...)
+		}
+		return out
+	}
+	return v
+}
+
+// unslice assembles a full parameter from its tensor-rank parts.
+func unslice(parts [][]float32, full []int, pl placement) []float32 {
+	switch pl {
+	case colShard:
+		var out []float32
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	case rowShard:
+		rows, cols := full[0], full[1]
+		w := cols / len(parts)
+		out := make([]float32, 0, rows*cols)
+		for r := 0; r < rows; r++ {
+			for _, p := range parts {
+				out = append(out, p[r*w:(r+1)*w]...)
+			}
+		}
+		return out
+	}
+	return parts[0]
+}
+
+// setupOptimizer builds rank rk's AdamW: over its whole model (replicated over the data group),
+// or under FSDP over its shard of the flat arena only.
+func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
+	m := rk.m
+	counted := func(name string) bool {
+		pl := p.place[name]
+		return pl == colShard || pl == rowShard || rk.c.TP == 0
+	}
+	if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
+		for i, s := range m.Specs {
+			rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: m.Params.Views[i], Grad: m.Grads.Views[i], NoDecay: !s.Decay})
+			rk.countNorm = append(rk.countNorm, counted(s.Name) && rk.dataRank == 0)
+		}
+	} else {
+		sh := &rk.shard
+		sh.on = true
+		sh.p = m.Params.Flat.Numel()
+		sh.s = (sh.p + rk.dataN - 1) / rk.dataN
+		sh.lo, sh.hi = min(rk.dataRank*sh.s, sh.p), min((rk.dataRank+1)*sh.s, sh.p)
+		var err error
+		if sh.param, err = rk.dev.Alloc(p.dtype, sh.s); err != nil {
+			return err
+		}
+		if sh.grad, err = rk.dev.Alloc(p.dtype, sh.s); err != nil {
+			return err
+		}
+		if sh.p != sh.s*rk.dataN {
+			if sh.padP, err = rk.dev.Alloc(p.dtype, sh.s*rk.dataN); err != nil {
+				return err
+			}
+			if sh.padG, err = rk.dev.Alloc(p.dtype, sh.s*rk.dataN); err != nil {
+				return err
+			}
+		}
+		if sh.hi > sh.lo {
+			src, _ := m.Params.Flat.View(sh.lo, sh.hi-sh.lo)
+			dst, _ := sh.param.View(0, sh.hi-sh.lo)
+			if err := rk.dev.Copy(dst, src); err != nil {
+				return err
+			}
+		}
+		off := 0
+		for _, s := range m.Specs {
+			lo, hi := max(off, sh.lo), min(off+s.Numel(), sh.hi)
+			if lo < hi {
+				v, _ := sh.param.View(lo-sh.lo, hi-lo)
+				g, _ := sh.grad.View(lo-sh.lo, hi-lo)
+				rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: v, Grad: g, NoDecay: !s.Decay})
+				rk.countNorm = append(rk.countNorm, counted(s.Name))
+			}
+			off += s.Numel()
+		}
+	}
+	var err error
+	rk.opt, err = optim.NewAdamW(rk.dev, rk.optParams, oc)
+	return err
+}
+
+// Close frees every rank's model, optimizer and device.
+func (p *Plan) Close() error {
+	var errs []error
+	for _, rk := range p.ranks {
+		if rk.opt != nil {
+			rk.opt.Free()
+		}
+		if rk.m != nil {
+			errs = append(errs, rk.m.Close())
+		}
+		for _, t := range []T{rk.shard.param, rk.shard.grad, rk.shard.padP, rk.shard.padG} {
+			if !t.IsNil() {
+				errs = append(errs, rk.dev.Free(t))
+			}
+		}
+		errs = append(errs, rk.dev.Close())
+	}
+	p.ranks = nil
+	return errors.Join(errs...)
+}
+
+// spmd runs fn on every rank, one goroutine each (locked to its OS thread, as device contexts
+// require), and joins their errors.
+func (p *Plan) spmd(fn func(rk *rank) error) error {
+	errs := make([]error, len(p.ranks))
+	var wg sync.WaitGroup
+	for i, rk := range p.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			defer func() {
+				if v := recover(); v != nil {
+					errs[i] = fmt.Errorf("parallel: rank %d: panic: %v", rk.id, v)
+				}
+			}()
+			if err := fn(rk); err != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", rk.id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// docStarts returns b's document boundaries (as models.Batch documents them).
+func docStarts(b models.Batch) []int32 {
+	n := len(b.Tokens)
+	if b.DocStarts != nil {
+		return b.DocStarts
+	}
+	cu := []int32{0}
+	for i := 1; i < len(b.Positions) && len(b.Positions) == n; i++ {
+		if b.Positions[i] == 0 {
+			cu = append(cu, int32(i))
+		}
+	}
+	return append(cu, int32(n))
+}
+
+func positions(cu []int32, n int) []int32 {
+	pos := make([]int32, n)
+	for d := 0; d+1 < len(cu); d++ {
+		for i := cu[d]; i < cu[d+1] && int(i) < n; i++ {
+			pos[i] = i - cu[d]
+		}
+	}
+	return pos
+}
+
+// ForwardBackward runs one optimizer step's forward and backward over rows (packed sequences
+// with targets): the rows are dealt to the data-parallel ranks in equal consecutive groups,
+// context parallelism splits each row over its context ranks, and the gradients of the mean
+// loss over every non-ignored target of every row are left reduced (replicated on each data
+// rank, or reduce-scattered into each rank's shard under FSDP). It returns the mean loss and
+// the number of targets.
+func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int, err error) {
+	l := p.Mesh.Layout
+	if len(rows) == 0 || len(rows)%l.DP != 0 {
+		return 0, 0, fmt.Errorf("parallel: %d rows do not split over data_parallel_size %d; give a multiple of %d rows", len(rows), l.DP, l.DP)
+	}
+	for i, b := range rows {
+		if b.Targets == nil {
+			return 0, 0, fmt.Errorf("parallel: row %d has no targets", i)
+		}
+		if err := mesh.CheckSeqLen(l, len(b.Tokens)); err != nil {
+			return 0, 0, fmt.Errorf("parallel: row %d: %w", i, err)
+		}
+		for _, t := range b.Targets {
+			if t != backend.IgnoreIndex {
+				nTargets++
+			}
+		}
+	}
+	if nTargets == 0 {
+		return 0, 0, errors.New("parallel: the rows have no targets to predict (every target is ignored)")
+	}
+	scale := float32(1 / float64(nTargets))
+	per := len(rows) / l.DP
+	err = p.spmd(func(rk *rank) error {
+		rk.lossSum = 0
+		if err := rk.m.ZeroGrads(); err != nil {
+			return err
+		}
+		for _, b := range rows[rk.c.DP*per : (rk.c.DP+1)*per] {
+			lb := b
+			rk.rb.geom = nil
+			if l.CP > 1 {
+				cu := docStarts(b)
+				g := &cpGeom{cu: cu, chunk: len(b.Tokens) / (2 * l.CP), cp: l.CP}
+				pos := b.Positions
+				if pos == nil {
+					pos = positions(cu, len(b.Tokens))
+				}
+				lb = models.Batch{}
+				for _, c := range g.chunksOf(rk.c.CP) {
+					lo, hi := c*g.chunk, (c+1)*g.chunk
+					lb.Tokens = append(lb.Tokens, b.Tokens[lo:hi]...)
+					lb.Positions = append(lb.Positions, pos[lo:hi]...)
+					lb.Targets = append(lb.Targets, b.Targets[lo:hi]...)
+				}
+				rk.rb.geom = g
+			}
+			s, _, err := rk.m.ForwardBackward(lb, scale)
+			rk.rb.geom = nil
+			if err != nil {
+				return err
+			}
+			rk.lossSum += s
+		}
+		return p.reduceGrads(rk)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	sum := 0.0
+	for _, rk := range p.ranks {
+		if rk.c.TP == 0 {
+			sum += rk.lossSum
+		}
+	}
+	return sum / float64(nTargets), nTargets, nil
+}
+
+// reduceGrads completes the gradients after the last micro-batch: partial tensor-parallel
+// gradients are summed over the tensor group, then every gradient over the data group
+// (all-reduce, or reduce-scatter into the shard under FSDP).
+func (p *Plan) reduceGrads(rk *rank) error {
+	m := rk.m
+	if rk.tp.Size() > 1 {
+		for i, s := range m.Specs {
+			if p.place[s.Name] == partialGrad {
+				if err := rk.tp.AllReduce(m.Grads.Views[i], comm.Sum); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if rk.dataN == 1 {
+		return nil
+	}
+	if !rk.shard.on {
+		return rk.data.AllReduce(m.Grads.Flat, comm.Sum)
+	}
+	src := m.Grads.Flat
+	if !rk.shard.padG.IsNil() {
+		dst, _ := rk.shard.padG.View(0, rk.shard.p)
+		if err := rk.dev.Copy(dst, src); err != nil {
+			return err
+		}
+		src = rk.shard.padG
+	}
+	return rk.data.ReduceScatter(rk.shard.grad, src, comm.Sum)
+}
+
+// Step applies AdamW with learning rate lr on every rank, after clipping the global gradient
+// norm to maxNorm (0: no clipping). It returns the global gradient norm (before clipping).
+// Under FSDP each rank updates its shard and the parameters are all-gathered for the next step.
+func (p *Plan) Step(lr, maxNorm float64) (gradNorm float64, err error) {
+	norms := make([]float64, len(p.ranks))
+	err = p.spmd(func(rk *rank) error {
+		var ts []T
+		for i, op := range rk.optParams {
+			if rk.countNorm[i] {
+				ts = append(ts, op.Grad)
+			}
+		}
+		local := 0.0
+		if len(ts) > 0 {
+			ss, err := rk.dev.SumSquares(ts)
+			if err != nil {
+				return err
+			}
+			for _, v := range ss {
+				local += v
+			}
+		}
+		total, err := allReduceF64(rk.world, local)
+		if err != nil {
+			return err
+		}
+		norm := math.Sqrt(total)
+		norms[rk.id] = norm
+		if math.IsNaN(norm) || math.IsInf(norm, 0) {
+			return fmt.Errorf("parallel: gradient norm is %v; the step is skipped", norm)
+		}
+		if err := rk.opt.Step(lr, optim.ClipCoef(norm, maxNorm)); err != nil {
+			return err
+		}
+		if !rk.shard.on {
+			return nil
+		}
+		return p.gatherParams(rk)
+	})
+	return norms[0], err
+}
+
+// gatherParams all-gathers the FSDP parameter shards into the rank's compute arena.
+func (p *Plan) gatherParams(rk *rank) error {
+	sh := &rk.shard
+	flat := rk.m.Params.Flat
+	if sh.padP.IsNil() {
+		return rk.data.AllGather(flat, sh.param)
+	}
+	if err := rk.data.AllGather(sh.padP, sh.param); err != nil {
+		return err
+	}
+	src, _ := sh.padP.View(0, sh.p)
+	return rk.dev.Copy(flat, src)
+}
+
+// allReduceF64 sums one float64 over c's group without losing it to float32: each value
+// travels as a float32 pair (high part, remainder).
+func allReduceF64(c comm.Communicator, v float64) (float64, error) {
+	hi := float32(v)
+	lo := float32(v - float64(hi))
+	t, err := backend.FromFloat32(c.Backend(), []float32{hi, lo}, tensor.F32, 2)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Backend().Free(t)
+	if err := c.AllReduce(t, comm.Sum); err != nil {
+		return 0, err
+	}
+	out, err := backend.ToFloat32(c.Backend(), t)
+	if err != nil {
+		return 0, err
+	}
+	return float64(out[0]) + float64(out[1]), nil
+}
+
+// Params returns every parameter of the full model by HF name, assembled from the ranks.
+func (p *Plan) Params() (map[string][]float32, error) {
+	return p.collect(func(m *models.Model, name string) ([]float32, error) { return m.ParamFloat32(name) })
+}
+
+// Grads returns every reduced gradient of the full model by HF name (after ForwardBackward).
+func (p *Plan) Grads() (map[string][]float32, error) {
+	if p.Mesh.Layout.FSDP {
+		// Bring the reduced shards back into each rank's full gradient arena.
+		if err := p.spmd(func(rk *rank) error {
+			sh := &rk.shard
+			if !sh.on {
+				return nil
+			}
+			if sh.padG.IsNil() {
+				return rk.data.AllGather(rk.m.Grads.Flat, sh.grad)
+			}
+			if err := rk.data.AllGather(sh.padG, sh.grad); err != nil {
+				return err
+			}
+			src, _ := sh.padG.View(0, sh.p)
+			return rk.dev.Copy(rk.m.Grads.Flat, src)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return p.collect(func(m *models.Model, name string) ([]float32, error) { return m.GradFloat32(name) })
+}
+
+func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[string][]float32, error) {
+	var tpRanks []*rank
+	for _, rk := range p.ranks {
+		if rk.c.DP == 0 && rk.c.CP == 0 {
+			tpRanks = append(tpRanks, rk)
+		}
+	}
+	out := make(map[string][]float32, len(p.specs))
+	for _, s := range p.specs {
+		parts := make([][]float32, len(tpRanks))
+		for i, rk := range tpRanks {
+			v, err := get(rk.m, s.Name)
+			if err != nil {
+				return nil, err
+			}
+			parts[i] = v
+		}
+		out[s.Name] = unslice(parts, s.Shape, p.place[s.Name])
+	}
+	return out, nil
+}
+
+// Gather writes the full parameters into dst, a single-device model of the same config (for
+// an ordinary HF checkpoint: dst.Save).
+func (p *Plan) Gather(dst *models.Model) error {
+	ps, err := p.Params()
+	if err != nil {
+		return err
+	}
+	for _, s := range p.specs {
+		if err := dst.SetParam(s.Name, ps[s.Name]); err != nil {
+			return fmt.Errorf("parallel: gather: %w", err)
+		}
+	}
+	return nil
+}
+
+// CommStats returns each world rank's collective totals over every group it belongs to.
+func (p *Plan) CommStats() []comm.Stats {
+	out := make([]comm.Stats, len(p.ranks))
+	for i, rk := range p.ranks {
+		s := comm.Stats{}
+		for _, c := range []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data} {
+			for k, v := range c.Stats() {
+				t := s[k]
+				t.Calls += v.Calls
+				t.Bytes += v.Bytes
+				t.Time += v.Time
+				s[k] = t
+			}
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// SetRecorder records every collective of every rank into r (engine/profile's *Recorder, for
+// collective spans); nil stops recording.
+func (p *Plan) SetRecorder(r comm.Recorder) {
+	for _, rk := range p.ranks {
+		for _, c := range []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data} {
+			c.SetRecorder(r)
+		}
+	}
+}
+
+// Placement reports how parameter name is split over the tensor group: "replicated",
+// "column", "row" or "partial" (replicated value, gradient summed over the tensor group).
+func (p *Plan) Placement(name string) string { return p.place[name].String() }
