@@ -265,3 +265,25 @@ func TestInterruptStepCellKeepsTheSessionUsable(t *testing.T) {
 		t.Fatalf("step count %d -> %d after %%step 1", before, after)
 	}
 }
+
+func TestAttachPicksAnotherSession(t *testing.T) {
+	c, srv := haloKernel(t)
+	missing := filepath.Join(t.TempDir(), "nobody.sock")
+	r, _ := c.execute("%attach "+missing, nil)
+	if r["status"] != "error" || r["ename"] != "SessionError" || !strings.Contains(r["evalue"].(string), missing) {
+		t.Fatalf("%%attach to a missing socket: %v", r)
+	}
+	r, msgs := c.execute("%attach "+srv.Socket(), nil)
+	if r["status"] != "ok" || !strings.HasPrefix(resultText(msgs), "session kt ") {
+		t.Fatalf("%%attach %s: %v %q", srv.Socket(), r, resultText(msgs))
+	}
+	// The kernel is a client of the session under its own id.
+	st := statusOf(t, srv.Socket())
+	found := false
+	for _, cl := range st.Clients {
+		found = found || (cl.Id == "kernel-test" && cl.Name == "kernel")
+	}
+	if !found {
+		t.Fatalf("session clients %v lack the kernel", st.Clients)
+	}
+}
