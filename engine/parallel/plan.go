@@ -33,10 +33,10 @@ type Options struct {
 type placement uint8
 
 const (
-	replicated placement = iota // every tensor rank holds all of it; its gradient is identical on each
-	colShard                    // rows (output features) split over the tensor group
-	rowShard                    // columns (input features) split over the tensor group
-	partialGrad                 // replicated value whose gradient is a partial sum over the tensor group (per-head q/k norm)
+	replicated  placement = iota // every tensor rank holds all of it; its gradient is identical on each
+	colShard                     // rows (output features) split over the tensor group
+	rowShard                     // columns (input features) split over the tensor group
+	partialGrad                  // replicated value whose gradient is a partial sum over the tensor group (per-head q/k norm)
 )
 
 func (p placement) String() string {
@@ -75,11 +75,11 @@ type rank struct {
 
 // fsdpShard is rank d's part [lo, hi) of the flat parameter arena (P elements, shards of S).
 type fsdpShard struct {
-	on             bool
-	lo, hi, s, p   int
-	param, grad    T // [S] the master parameter shard and the reduced gradient shard
-	padP, padG     T // [G·S] gather/scatter buffers when P is not a multiple of G
-	specOf         []int
+	on           bool
+	lo, hi, s, p int
+	param, grad  T // [S] the master parameter shard and the reduced gradient shard
+	padP, padG   T // [G·S] gather/scatter buffers when P is not a multiple of G
+	specOf       []int
 }
 
 // ShapeOf returns the sizes of m that the layout rules need.
