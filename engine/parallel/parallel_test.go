@@ -1,7 +1,10 @@
 package parallel
 
 import (
+	"errors"
 	"fmt"
+	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/profile"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -24,6 +27,17 @@ var tinyConfigs = map[string]string{
 	"qwen3": `{"model_type": "qwen3", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "initializer_range": 0.2}`,
+	// Mixture of experts: layer 0 dense, layer 1 four experts (top 2) with the auxiliary
+	// load-balancing loss on.
+	"qwen3_moe": `{"model_type": "qwen3_moe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"moe_intermediate_size": 8, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true,
+		"mlp_only_layers": [0], "output_router_logits": true, "router_aux_loss_coef": 0.05,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`,
+	"mixtral": `{"model_type": "mixtral", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-5, "initializer_range": 0.2}`,
 }
 
 func tinyModel(t testing.TB, family string, seed uint64) *models.Model {
@@ -167,12 +181,31 @@ func newPlan(t testing.TB, src *models.Model, n int, layout string, oc optim.Con
 	return p
 }
 
+// supportedMoE is every layout the support matrix accepts for mixture-of-experts models.
+var supportedMoE = []struct {
+	n      int
+	layout string
+}{
+	{1, ""}, {2, ""}, {2, "fsdp"}, {2, "tp=2"}, {4, "fsdp"}, {4, "tp=2 fsdp"}, {8, "tp=4"}, {8, "fsdp"},
+}
+
 func TestLayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
-	for _, family := range []string{"llama", "qwen3"} {
+	checkLayouts(t, []string{"llama", "qwen3"}, supported)
+}
+
+func TestMoELayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
+	checkLayouts(t, []string{"qwen3_moe", "mixtral"}, supportedMoE)
+}
+
+func checkLayouts(t *testing.T, families []string, layouts []struct {
+	n      int
+	layout string
+}) {
+	for _, family := range families {
 		src := tinyModel(t, family, 3)
 		rows := tinyRows(8, 16, 41, 4)
 		wantLoss, wantGrads := reference(t, src, rows)
-		for _, tc := range supported {
+		for _, tc := range layouts {
 			t.Run(fmt.Sprintf("%s/%d/%s", family, tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
 				p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
 				loss, _, err := p.ForwardBackward(rows)
@@ -267,5 +300,145 @@ func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestUnsupportedLayoutsAreRefusedBeforeLoading(t *testing.T) {
+	dense, moe := tinyModel(t, "llama", 1), tinyModel(t, "qwen3_moe", 1)
+	for _, tc := range []struct {
+		src    *models.Model
+		n      int
+		layout string
+		rule   string
+	}{
+		{dense, 8, "tp=8", mesh.RuleTPHeads},
+		{dense, 6, "tp=4", mesh.RuleDegrees},
+		{dense, 2, "ep=2", mesh.RuleEPExperts},
+		{moe, 2, "ep=2", mesh.RuleSupport},
+		{moe, 4, "ep=2 fsdp", mesh.RuleSupport},
+		{moe, 2, "tp=2 etp=2", mesh.RuleSupport},
+		{moe, 2, "cp=2", mesh.RuleSupport},
+		{moe, 4, "cp=2 tp=2", mesh.RuleSupport},
+	} {
+		l, err := mesh.ParseLayout(tc.layout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opened := 0
+		_, err = New(tc.src, cpuDevices(tc.n), l, Options{NewBackend: func(int) (backend.Backend, error) {
+			opened++
+			return cpu.New(cpu.Options{Workers: 1}), nil
+		}})
+		var le *mesh.LayoutError
+		if !errors.As(err, &le) || le.Rule != tc.rule {
+			t.Errorf("%s on %d (%s): got %v, want refusal by rule %s", tc.layout, tc.n, tc.src.Arch.ModelType, err, tc.rule)
+			continue
+		}
+		if opened != 0 {
+			t.Errorf("%s: %d devices were opened before the refusal", tc.layout, opened)
+		}
+	}
+}
+
+func TestForwardBackwardRejectsRowsThatDoNotSplit(t *testing.T) {
+	src := tinyModel(t, "llama", 1)
+	p := newPlan(t, src, 4, "cp=2", optim.Config{})
+	for _, tc := range []struct {
+		rows []models.Batch
+		want string
+	}{
+		{tinyRows(3, 16, 41, 1), "3 rows do not split over data_parallel_size 2"},
+		{tinyRows(2, 10, 41, 1), "multiple of 4"},
+		{[]models.Batch{{Tokens: make([]int32, 8)}, {Tokens: make([]int32, 8)}}, "no targets"},
+	} {
+		if _, _, err := p.ForwardBackward(tc.rows); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+}
+
+func TestCheckpointFromAnyLayoutIsAnOrdinaryCheckpoint(t *testing.T) {
+	src := tinyModel(t, "llama", 2)
+	p := newPlan(t, src, 8, "tp=2 cp=2 fsdp", optim.Config{})
+	if _, _, err := p.ForwardBackward(tinyRows(2, 16, 41, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Step(1e-2, 1); err != nil {
+		t.Fatal(err)
+	}
+	full := tinyModel(t, "llama", 77)
+	if err := p.Gather(full); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := full.Save(dir, models.SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	back, err := models.Load(dir, cpu.New(cpu.Options{Workers: 1}), models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	ps, err := p.Params()
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := false
+	for _, s := range src.Specs {
+		got, _ := back.ParamFloat32(s.Name)
+		if err := closeTo(got, ps[s.Name], 0); err != nil {
+			t.Errorf("%s: %v", s.Name, err)
+		}
+		before, _ := src.ParamFloat32(s.Name)
+		changed = changed || closeTo(got, before, 0) != nil
+	}
+	if !changed {
+		t.Error("the saved weights equal the initial ones: the step did not reach the checkpoint")
+	}
+}
+
+func TestCollectivesAreCountedAndRecorded(t *testing.T) {
+	src := tinyModel(t, "llama", 1)
+	p := newPlan(t, src, 4, "tp=2 fsdp", optim.Config{})
+	rec := profile.NewRecorder()
+	rec.Enable(true, true)
+	p.SetRecorder(rec)
+	rec.BeginStep(1)
+	if _, _, err := p.ForwardBackward(tinyRows(2, 16, 41, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Step(1e-2, 0); err != nil {
+		t.Fatal(err)
+	}
+	step, ok := rec.EndStep()
+	if !ok {
+		t.Fatal("no step recorded")
+	}
+	kinds := map[string]int{}
+	for _, sp := range step.Spans {
+		if sp.Comm {
+			kinds[sp.Class]++
+			if sp.Group == "" || sp.Bytes < 0 {
+				t.Errorf("span %+v has no group", sp)
+			}
+		}
+	}
+	// TP all-reduces activations; FSDP reduce-scatters gradients and all-gathers parameters.
+	for _, k := range []string{profile.CommAllReduce, profile.CommReduceScatter, profile.CommAllGather} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s span recorded (got %v)", k, kinds)
+		}
+	}
+	st := p.CommStats()
+	// Per rank: one reduce-scatter of the gradient arena and one all-gather of parameters.
+	for r, s := range st {
+		if s[comm.KindReduceScatter].Calls != 1 || s[comm.KindAllGather].Calls != 1 {
+			t.Errorf("rank %d: %d reduce-scatters and %d all-gathers, want 1 and 1", r, s[comm.KindReduceScatter].Calls, s[comm.KindAllGather].Calls)
+		}
+		// 2 layers x (o_proj + down_proj forward, q/k/v + gate/up input gradients) = 8 tensor
+		// all-reduces per row, 1 row per data rank, plus 1 for the gradient norm.
+		if got := s[comm.KindAllReduce].Calls; got != 9 {
+			t.Errorf("rank %d: %d all-reduces, want 9", r, got)
+		}
 	}
 }
