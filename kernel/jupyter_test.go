@@ -367,6 +367,26 @@ func TestQuickstartNotebook(t *testing.T) {
 	if s := text(find("%status", "execute_result"), "text/plain"); !strings.Contains(s, "step 33/3000") {
 		t.Errorf("final %%status = %q, want step 33/3000", s)
 	}
+	// The kernel shut down for good (not a restart): the session outlives it, with nobody in
+	// control.
+	if c := controllerOf(t); c != "" {
+		t.Errorf("after the kernel shut down the session is still controlled by %s", c)
+	}
+}
+
+// controllerOf returns the controller of the default session in the test's session directory.
+func controllerOf(t *testing.T) string {
+	t.Helper()
+	c, err := session.Dial(session.DefaultName, session.Options{ClientName: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatalf("the notebook's session does not answer after the kernel stopped: %v", err)
+	}
+	return st.Controller
 }
 
 func keys(m map[string]any) []string {

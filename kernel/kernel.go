@@ -86,6 +86,9 @@ func New(ctx context.Context, cfg Config) (*Kernel, error) {
 		shellQ:   make(chan *wire.Message, 64),
 	}
 	k.handlers = k.handlerTable()
+	if !k.signer.Enabled() {
+		k.log.Warn("kernel: the connection file has no key: messages are neither signed nor checked")
+	}
 	sctx, stop := context.WithCancel(ctx)
 	k.stop = stop
 	type sock struct {
