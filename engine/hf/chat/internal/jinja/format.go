@@ -89,6 +89,9 @@ func strFormat(format string, args []Value, kwargs *Dict) (Value, error) {
 				}
 				continue
 			}
+			if rest[0] != '[' {
+				return nil, errorf("ValueError", "Only '.' or '[' may follow ']' in format field specifier")
+			}
 			k := strings.IndexByte(rest, ']')
 			if k < 0 {
 				return nil, errorf("ValueError", "Missing ']' in format string")

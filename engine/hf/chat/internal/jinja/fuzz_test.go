@@ -83,3 +83,20 @@ func FuzzFromJSON(f *testing.F) {
 		_ = writeJSON(&b, v, &jsonOptions{itemSep: ", ", keySep: ": "}, 0)
 	})
 }
+
+// FuzzStrFormat runs str.format with arbitrary format strings over values of each type.
+func FuzzStrFormat(f *testing.F) {
+	for _, s := range []string{"{} {}", "{0:>10}", "{:,.2f}", "{name!r:^9}", "{0[a]}{1.x}", "{:0=+8d}", "{{}}", "{:%}", "{:x}"} {
+		f.Add(s)
+	}
+	d := NewDict()
+	d.Set("a", int64(1))
+	kw := NewDict()
+	kw.Set("name", "n")
+	args := []Value{int64(-42), 3.25, "str", d, nil, true, &List{Items: []Value{int64(1)}}}
+	f.Fuzz(func(t *testing.T, format string) {
+		for i := range args {
+			_, _ = strFormat(format, args[i:], kw)
+		}
+	})
+}
