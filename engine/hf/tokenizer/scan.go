@@ -19,6 +19,10 @@ import (
 const (
 	llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	qwen2Pattern  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// The three split patterns of DeepSeek-V3 (applied one after the other).
+	deepseekDigitsPattern = `\p{N}{1,3}`
+	deepseekCJKPattern    = `[一-龥぀-ゟ゠-ヿ]+`
+	deepseekMainPattern   = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
 	// o200kPattern is GPT-4o's and gpt-oss's.
 	o200kPattern = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
@@ -34,6 +38,12 @@ func fastScanner(pattern string) matcher {
 		return scanMatcher{func(s string, i int) int { return cl100kNext(s, i, 1) }}
 	case o200kPattern:
 		return scanMatcher{o200kNext}
+	case deepseekDigitsPattern:
+		return gapScanner{digitsNext}
+	case deepseekCJKPattern:
+		return gapScanner{cjkNext}
+	case deepseekMainPattern:
+		return gapScanner{deepseekNext}
 	}
 	return nil
 }
@@ -394,6 +404,158 @@ func o200kNext(s string, i int) int {
 		}
 	}
 	j := runOf(s, i, clsS)
+	for k := j - 1; k >= i; k-- {
+		if s[k] == '\r' || s[k] == '\n' {
+			return k + 1
+		}
+	}
+	return whitespaceTail(s, i, j)
+}
+
+// gapScanner adapts a "match end at i, or -1" function to the matcher interface, for
+// patterns that do not match at every position.
+type gapScanner struct {
+	next func(s string, i int) int
+}
+
+func (m gapScanner) findAll(s string, dst []span) []span {
+	for i := 0; i < len(s); {
+		if e := m.next(s, i); e > i {
+			dst = append(dst, span{i, e})
+			i = e
+			continue
+		}
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+	}
+	return dst
+}
+
+// digitsNext matches \p{N}{1,3}.
+func digitsNext(s string, i int) int {
+	e := i
+	for n := 0; n < 3 && e < len(s); n++ {
+		c, size := classAt(s, e)
+		if c&clsN == 0 {
+			break
+		}
+		e += size
+	}
+	if e == i {
+		return -1
+	}
+	return e
+}
+
+func isDeepseekCJK(r rune) bool {
+	return (r >= 0x4E00 && r <= 0x9FA5) || (r >= 0x3040 && r <= 0x309F) || (r >= 0x30A0 && r <= 0x30FF)
+}
+
+// cjkNext matches [一-龥぀-ゟ゠-ヿ]+.
+func cjkNext(s string, i int) int {
+	e := i
+	for e < len(s) {
+		r, size := utf8.DecodeRuneInString(s[e:])
+		if !isDeepseekCJK(r) {
+			break
+		}
+		e += size
+	}
+	if e == i {
+		return -1
+	}
+	return e
+}
+
+// Classes of DeepSeek-V3's main pattern.
+const (
+	dsL     = 1 << iota // \p{L}
+	dsM                 // \p{M}
+	dsP                 // \p{P}
+	dsS                 // \p{S}
+	dsSpace             // \s
+	dsCRLF              // [\r\n]
+)
+
+func deepseekClass(s string, i int) (uint8, int) {
+	r, size := rune(s[i]), 1
+	if r >= utf8.RuneSelf {
+		r, size = utf8.DecodeRuneInString(s[i:])
+	}
+	var c uint8
+	switch {
+	case unicode.Is(hfLetter, r):
+		c = dsL
+	case unicode.Is(hfCatM, r):
+		c = dsM
+	case unicode.Is(hfCatP, r):
+		c = dsP
+	case unicode.Is(hfCatS, r):
+		c = dsS
+	case unicode.Is(hfSpace, r):
+		c = dsSpace
+		if r == '\r' || r == '\n' {
+			c |= dsCRLF
+		}
+	}
+	return c, size
+}
+
+func deepseekRun(s string, i int, want uint8) int {
+	for i < len(s) {
+		c, size := deepseekClass(s, i)
+		if c&want == 0 {
+			break
+		}
+		i += size
+	}
+	return i
+}
+
+func isASCIIPunct(b byte) bool {
+	return (b >= '!' && b <= '/') || (b >= ':' && b <= '@') || (b >= '[' && b <= '`') || (b >= '{' && b <= '~')
+}
+
+func isASCIILetter(b byte) bool { return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') }
+
+// deepseekNext is the match end at i of DeepSeek-V3's main pattern, or -1.
+func deepseekNext(s string, i int) int {
+	// [ASCII punctuation][A-Za-z]+
+	if isASCIIPunct(s[i]) && i+1 < len(s) && isASCIILetter(s[i+1]) {
+		e := i + 1
+		for e < len(s) && isASCIILetter(s[e]) {
+			e++
+		}
+		return e
+	}
+	c, size := deepseekClass(s, i)
+	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+	if c&(dsCRLF|dsL|dsP|dsS) == 0 && i+size < len(s) {
+		if c2, _ := deepseekClass(s, i+size); c2&(dsL|dsM) != 0 {
+			return deepseekRun(s, i+size, dsL|dsM)
+		}
+	}
+	if c&(dsL|dsM) != 0 {
+		return deepseekRun(s, i, dsL|dsM)
+	}
+	//  ?[\p{P}\p{S}]+[\r\n]*
+	p := i
+	if s[i] == ' ' && i+1 < len(s) {
+		if c2, _ := deepseekClass(s, i+1); c2&(dsP|dsS) != 0 {
+			p = i + 1
+		}
+	}
+	if c2, _ := deepseekClass(s, p); c2&(dsP|dsS) != 0 {
+		e := deepseekRun(s, p, dsP|dsS)
+		for e < len(s) && (s[e] == '\r' || s[e] == '\n') {
+			e++
+		}
+		return e
+	}
+	if c&dsSpace == 0 {
+		return -1
+	}
+	j := deepseekRun(s, i, dsSpace)
 	for k := j - 1; k >= i; k-- {
 		if s[k] == '\r' || s[k] == '\n' {
 			return k + 1

@@ -11,7 +11,18 @@ import (
 	"unicode"
 )
 
-var knownPatterns = map[string]string{"gpt2": gpt2Pattern, "llama3": llama3Pattern, "qwen2": qwen2Pattern, "o200k": o200kPattern}
+var knownPatterns = map[string]string{"gpt2": gpt2Pattern, "llama3": llama3Pattern, "qwen2": qwen2Pattern, "o200k": o200kPattern,
+	"deepseek-digits": deepseekDigitsPattern, "deepseek-cjk": deepseekCJKPattern, "deepseek-main": deepseekMainPattern}
+
+// TestKnownPatternsHaveScanners checks that every known pattern constant gets a hand-written
+// scanner.
+func TestKnownPatternsHaveScanners(t *testing.T) {
+	for name, pat := range knownPatterns {
+		if fastScanner(pat) == nil {
+			t.Errorf("%s: no scanner for its pattern", name)
+		}
+	}
+}
 
 // TestRealTokenizersUseFastScanner checks that the patterns in the Qwen3 and Llama-3 files
 // are the ones the hand-written scanners replace (a changed constant would silently fall
@@ -54,7 +65,7 @@ func scannerInputs(t *testing.T) []string {
 	for _, c := range g.Cases {
 		inputs = append(inputs, c.Text)
 	}
-	alphabet := []string{"\U0002ED59", "\U00013C9E", "ſ", "'ſ", "\u212A", "ʰ", "ǅ", "Ab", "AB", "\u0301", "\u0903", "/", "\u2160", "a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
+	alphabet := []string{"\U0002ED59", "\U00013C9E", "ſ", "'ſ", "\u212A", "ʰ", "ǅ", "Ab", "AB", "\u0301", "\u0903", "/", "\u2160", "中", "ぁ", "ア", "龦", "`x", "!a", "é", "$", "^", "a", "Z", "é", "中", "ß", "1", "٣", "½", "Ⅻ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000",
 		"\u2028", "\u0085", "'", "'s", "'S", "'ll", "'LL", "'re", "'Ve", "'d", "'m", "'t", "'x", "!", ".", "?", "-", "_",
 		"🎉", "\u0301", "\u200d", "\ufe0f", "$", "<", ">"}
 	r := rand.New(rand.NewPCG(3, 4))
