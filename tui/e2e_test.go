@@ -50,7 +50,7 @@ func (x *tmux) waitPane(what string, ok func(string) bool) string {
 
 // TestEndToEndTmux runs `halo-shell tui` in tmux at 80x24 against a session process on the tiny
 // CPU config: another client steps the session and the pane shows the step and its loss; p
-// pauses the run; q detaches and the session still answers.
+// pauses the run, resumes it and pauses it again; q detaches and the session still answers.
 func TestEndToEndTmux(t *testing.T) {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		if os.Getenv("HALO_CI") == "1" {
@@ -116,11 +116,20 @@ func TestEndToEndTmux(t *testing.T) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	x.waitPane("the run", contains("running"))
+	x.waitPane("the run", contains("│ running │"))
 	if out, err := x.run("send-keys", "-t", "tui", "p"); err != nil {
 		t.Fatalf("send-keys p: %v\n%s", err, out)
 	}
 	x.waitPane("the pause", contains("paused after step", "│ paused │"))
+	// p again resumes the run, and once more pauses it.
+	if out, err := x.run("send-keys", "-t", "tui", "p"); err != nil {
+		t.Fatalf("send-keys p: %v\n%s", err, out)
+	}
+	x.waitPane("the run resumed", contains("resumed", "│ running │"))
+	if out, err := x.run("send-keys", "-t", "tui", "p"); err != nil {
+		t.Fatalf("send-keys p: %v\n%s", err, out)
+	}
+	x.waitPane("the second pause", contains("paused after step", "│ paused │"))
 
 	if out, err := x.run("send-keys", "-t", "tui", "q"); err != nil {
 		t.Fatalf("send-keys q: %v\n%s", err, out)

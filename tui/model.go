@@ -79,14 +79,27 @@ type Model struct {
 	logs      logs
 	help      help.Model
 
-	showHelp bool
-	busy     string // the control call in flight ("pausing"), "" when none
-	notice   string // the outcome of the last action
-	failed   bool   // notice is an error
-	quitting bool
+	showHelp   bool
+	autoStyles bool   // the styles follow the terminal's background
+	busy       string // the control call in flight ("pausing"), "" when none
+	notice     string // the outcome of the last action
+	failed     bool   // notice is an error
+	quitting   bool
 	// streamErr is why the event stream last ended, so that retries log it once.
 	streamErr string
+
+	// The last frame, redrawn at most every frameInterval while events stream in (a frame
+	// costs milliseconds and a small model steps faster than that) and at once after
+	// anything else.
+	frame        string
+	framedAt     time.Time
+	stale        bool // events arrived since the frame was drawn
+	redraw       bool // draw the next frame now
+	framePending bool // a frameMsg is on its way
 }
+
+// frameInterval is the shortest time between two frames drawn for events.
+const frameInterval = 50 * time.Millisecond
 
 // New returns a dashboard for the session behind c.
 func New(c Controller, o Options) *Model {
@@ -99,7 +112,8 @@ func New(c Controller, o Options) *Model {
 	if o.Location == nil {
 		o.Location = time.Local
 	}
-	if o.Styles == nil {
+	autoStyles := o.Styles == nil
+	if autoStyles {
 		s := styles.Default(true)
 		o.Styles = &s
 	}
@@ -115,7 +129,7 @@ func New(c Controller, o Options) *Model {
 		common: Common{Width: 80, Height: 24, Styles: o.Styles, Keys: o.Keys, Logger: o.Logger},
 		opts:   o, c: c, ctx: ctx, cancel: cancel,
 		d:    &runData{self: c.ID(), clientNames: map[string]string{}},
-		help: help.New(),
+		help: help.New(), autoStyles: autoStyles,
 	}
 	m.help.Styles = o.Styles.Help
 	d, st := m.d, o.Styles
@@ -187,7 +201,7 @@ func PeakFLOPSOf(dev string) float64 {
 
 // Init fetches the status, subscribes to events and starts the status poll.
 func (m *Model) Init() tea.Cmd {
-	cmds := []tea.Cmd{m.fetchStatus(), m.subscribe()}
+	cmds := []tea.Cmd{m.fetchStatus(), m.subscribe(), tea.RequestBackgroundColor}
 	if m.opts.StatusEvery > 0 {
 		cmds = append(cmds, m.statusTick())
 	}
@@ -196,15 +210,37 @@ func (m *Model) Init() tea.Cmd {
 
 // Update handles one message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	if ev, ok := msg.(eventMsg); ok {
+		// Events come in bursts; they are drawn with the next frame.
+		m.d.applyEvent(ev.ev)
+		m.stale = true
+		cmd := waitEvent(ev.s)
+		if !m.framePending {
+			m.framePending = true
+			cmd = tea.Batch(cmd, tea.Tick(frameInterval, func(time.Time) tea.Msg { return frameMsg{} }))
+		}
+		return m, cmd
+	}
+	m.redraw = true
+	return m.update(msg)
+}
+
+func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	switch msg := msg.(type) {
+	case frameMsg:
+		m.framePending = false
+		return m, nil
+	case tea.BackgroundColorMsg:
+		if m.autoStyles {
+			*m.common.Styles = styles.Default(msg.IsDark())
+			m.help.Styles = m.common.Styles.Help
+		}
+		return m, nil
 	case tea.WindowSizeMsg:
 		m.common.SetSize(msg.Width, msg.Height)
 		return m, nil
 	case tea.KeyPressMsg:
 		return m, m.handleKey(msg)
-	case eventMsg:
-		m.d.applyEvent(msg.ev)
-		return m, waitEvent(msg.s)
 	case subscribedMsg:
 		return m, m.subscribed(msg)
 	case eventsEndedMsg:
@@ -238,9 +274,12 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	return m, nil
 }
 
-// View lays the components out for the current size.
+// View lays the components out for the current size (see frameInterval).
 func (m *Model) View() tea.View {
-	v := tea.NewView(m.render())
+	if m.redraw || m.frame == "" || (m.stale && time.Since(m.framedAt) >= frameInterval) {
+		m.frame, m.framedAt, m.stale, m.redraw = m.render(), time.Now(), false, false
+	}
+	v := tea.NewView(m.frame)
 	v.AltScreen = true
 	return v
 }

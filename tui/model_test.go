@@ -3,6 +3,7 @@ package tui
 import (
 	"errors"
 	"fmt"
+	"image/color"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/session"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
+	"github.com/halo-shell/halo-shell/tui/styles"
 )
 
 // probeMsg asks the program for its current screen (plain text); probed answers it inside the
@@ -303,4 +305,52 @@ func TestReconnect(t *testing.T) {
 	f.reopen()
 	h.feed(&session.Event{UnixMs: at(40), Kind: &halov1.Event_State{State: &halov1.StateEvent{State: session.StatePaused, Step: 20, Reason: "attached"}}})
 	h.waitScreen("the session again", contains("│ paused │", "state paused: attached"))
+}
+
+// TestEventsAreDrawnAtMostOncePerFrame checks that a burst of events waits for the next frame
+// while anything else is drawn at once.
+func TestEventsAreDrawnAtMostOncePerFrame(t *testing.T) {
+	m := New(newFake(statusAfterScript()), Options{Location: time.UTC})
+	m.common.SetSize(80, 24)
+	plain := func() string { return ansi.Strip(m.View().Content) }
+	if s := plain(); !strings.Contains(s, "step 0") {
+		t.Fatalf("first frame:\n%s", s)
+	}
+	m.framedAt = time.Now().Add(time.Hour) // as if just drawn, however slow this machine is
+	m.Update(eventMsg{ev: metricsEv(1)})
+	if !m.framePending {
+		t.Fatal("an event scheduled no frame")
+	}
+	m.Update(eventMsg{ev: metricsEv(2)})
+	if s := plain(); strings.Contains(s, "step 2") {
+		t.Fatalf("an event was drawn before its frame:\n%s", s)
+	}
+	m.Update(frameMsg{})
+	if s := plain(); !strings.Contains(s, "step 2") || m.framePending {
+		t.Fatalf("the frame does not show the events (pending %v):\n%s", m.framePending, s)
+	}
+	before := plain()
+	m.framedAt = time.Now().Add(time.Hour)
+	m.Update(tea.WindowSizeMsg{Width: 60, Height: 20})
+	s := plain()
+	if s == before {
+		t.Fatalf("a resize was not drawn at once:\n%s", s)
+	}
+	checkFits(t, s, 60, 20)
+}
+
+func TestStylesFollowTheTerminalBackground(t *testing.T) {
+	m := New(newFake(statusAfterScript()), Options{})
+	dark := styles.Default(true)
+	light := styles.Default(false)
+	m.Update(tea.BackgroundColorMsg{Color: color.White})
+	if got := m.common.Styles.Value.GetForeground(); got != light.Value.GetForeground() || got == dark.Value.GetForeground() {
+		t.Fatalf("on a white background the value colour is %v, want the light style's %v", got, light.Value.GetForeground())
+	}
+	custom := styles.Default(true)
+	m = New(newFake(statusAfterScript()), Options{Styles: &custom})
+	m.Update(tea.BackgroundColorMsg{Color: color.White})
+	if got := m.common.Styles.Value.GetForeground(); got != dark.Value.GetForeground() {
+		t.Fatalf("styles given in Options changed with the background: %v", got)
+	}
 }

@@ -66,6 +66,9 @@ type profileMsg struct {
 	err  error
 }
 
+// frameMsg asks for a frame with the events that arrived since the last one.
+type frameMsg struct{}
+
 // detachMsg says control was given up and the program may quit.
 type detachMsg struct{}
 
