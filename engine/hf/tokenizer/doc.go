@@ -18,9 +18,9 @@
 //
 // Exactness rests on three things. Regular expressions run on regexp2 (a backtracking
 // engine with lookaround, like the Oniguruma engine Hugging Face uses), except the split
-// patterns of the GPT-2, Llama-3, Qwen2 and GPT-4o (o200k) families, which hand-written
-// scanners replace (scan.go; ten times faster or more, checked against regexp2). Character
-// classes (\p{L}, \p{Lu}, \p{N}, \d, \w, \s, digits, punctuation, word characters,
+// patterns of the GPT-2, Llama-3, Qwen2, GPT-4o (o200k) and DeepSeek-V3 families, which
+// hand-written scanners replace (scan.go; ten times faster or more, checked against regexp2).
+// Character classes (\p{L}, \p{Lu}, \p{N}, \d, \w, \s, digits, punctuation, word characters,
 // lowercase, accents) come from tables read back from Hugging Face tokenizers itself
 // (unicode_tables.go, written by scripts/tokenizer-goldens/unicode.mjs), because its Unicode
 // data is newer than Go's for some classes and older for normalization. And the goldens under
