@@ -53,6 +53,7 @@ type Kernel struct {
 	runMu     sync.Mutex
 	cancelRun context.CancelFunc // cancels the running cell; nil when none
 
+	ctx      context.Context // ends when the kernel stops
 	stop     context.CancelFunc
 	shutdown chan struct{}
 	once     sync.Once
@@ -90,7 +91,7 @@ func New(ctx context.Context, cfg Config) (*Kernel, error) {
 		k.log.Warn("kernel: the connection file has no key: messages are neither signed nor checked")
 	}
 	sctx, stop := context.WithCancel(ctx)
-	k.stop = stop
+	k.ctx, k.stop = sctx, stop
 	type sock struct {
 		name string
 		s    *zmq4.Socket
@@ -198,7 +199,11 @@ func (k *Kernel) receive(name string, s zmq4.Socket, q chan<- *wire.Message) {
 			}
 			continue
 		}
-		q <- m
+		select {
+		case q <- m:
+		case <-k.ctx.Done():
+			return
+		}
 	}
 }
 
