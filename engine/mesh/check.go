@@ -8,16 +8,18 @@ import (
 // ModelShape is what the layout rules need to know about a model.
 type ModelShape struct {
 	Hidden       int // C
-	Intermediate int // dense MLP width F (0 when every layer is a mixture of experts)
+	Intermediate int // dense MLP width F (of the dense layers of MoE models, which TP leaves whole)
 	Heads        int // NH
 	KVHeads      int // NKV
 	HeadDim      int // HD
 	Layers       int // L
 	Vocab        int // V
 	Tied         bool
-	// QKNormFull: q/k RMSNorm over the whole projection rather than per head (cannot be split
-	// by heads).
-	QKNormFull bool
+	// QKNorm: RMSNorm of queries and keys; QKNormFull: over the whole projection rather than
+	// per head (cannot be split by heads).
+	QKNorm, QKNormFull bool
+	// Biases on the q/k/v projections, on o_proj and on the MLP.
+	QKVBias, OBias, MLPBias bool
 	// Experts is the number of routed experts per MoE layer (0 for dense models);
 	// ExpertIntermediate their FFN width and TopK the experts each token uses.
 	Experts, ExpertIntermediate, TopK int
@@ -102,7 +104,7 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		if m.Heads%l.TP != 0 || m.KVHeads%l.TP != 0 {
 			return RuleTPHeads, fmt.Sprintf("tensor_parallel_size %d must divide the %d attention heads and the %d key/value heads", l.TP, m.Heads, m.KVHeads)
 		}
-		if m.Intermediate > 0 && m.Intermediate%l.TP != 0 {
+		if !m.MoE() && m.Intermediate > 0 && m.Intermediate%l.TP != 0 {
 			return RuleTPWidth, fmt.Sprintf("tensor_parallel_size %d must divide the MLP width (intermediate_size %d)", l.TP, m.Intermediate)
 		}
 		if m.QKNormFull {

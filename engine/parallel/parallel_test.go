@@ -442,3 +442,28 @@ func TestCollectivesAreCountedAndRecorded(t *testing.T) {
 		}
 	}
 }
+
+func TestMemoryEstimateMatchesAllocatedState(t *testing.T) {
+	for _, family := range []string{"llama", "qwen3", "qwen3_moe"} {
+		src := tinyModel(t, family, 1)
+		for _, tc := range []struct {
+			n      int
+			layout string
+		}{{1, ""}, {2, "fsdp"}, {4, "tp=2"}, {4, "tp=2 fsdp"}, {8, "fsdp"}, {8, "tp=4 fsdp"}} {
+			p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
+			est := mesh.Estimate(p.Mesh.Layout, ShapeOf(src), mesh.Workload{SeqLen: 16})
+			want := est.Params + est.Grads + est.Optimizer
+			for _, rk := range p.ranks {
+				pads := rk.shard.padP.Bytes() + rk.shard.padG.Bytes()
+				got := rk.dev.MemStats().Allocated - pads
+				// The rank also holds its RoPE table (a few bytes).
+				if d := got - want; d < 0 || d > 256 {
+					t.Errorf("%s %d %q rank %d: allocated %d bytes, estimate of params+grads+optimizer %d (%s)", family, tc.n, tc.layout, rk.id, got, want, est)
+				}
+				if pads > est.Comm {
+					t.Errorf("%s %d %q rank %d: FSDP buffers of %d bytes exceed the comm estimate %d", family, tc.n, tc.layout, rk.id, pads, est.Comm)
+				}
+			}
+		}
+	}
+}

@@ -86,7 +86,8 @@ type fsdpShard struct {
 func ShapeOf(m *models.Model) mesh.ModelShape {
 	a := m.Arch
 	s := mesh.ModelShape{Hidden: a.Hidden, Intermediate: a.Intermediate, Heads: a.Heads, KVHeads: a.KVHeads,
-		HeadDim: a.HeadDim, Layers: a.Layers, Vocab: a.Vocab, Tied: a.Tied, QKNormFull: a.QKNorm && a.QKNormFull,
+		HeadDim: a.HeadDim, Layers: a.Layers, Vocab: a.Vocab, Tied: a.Tied, QKNorm: a.QKNorm, QKNormFull: a.QKNorm && a.QKNormFull,
+		QKVBias: a.QKVBias, OBias: a.OBias, MLPBias: a.MLPBias,
 		Params: int64(m.NumParams())}
 	if c := a.Config; c != nil && c.IsMoE() {
 		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
@@ -95,9 +96,6 @@ func ShapeOf(m *models.Model) mesh.ModelShape {
 				s.MoELayers++
 			}
 		}
-		// The plan does not split the MLPs of mixture-of-experts models (their dense layers
-		// included), so their widths put no constraint on TP.
-		s.Intermediate = 0
 	}
 	return s
 }

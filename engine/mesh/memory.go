@@ -1,0 +1,168 @@
+package mesh
+
+import "fmt"
+
+// Workload is what the memory estimate needs beyond the layout and the model.
+type Workload struct {
+	// SeqLen is the tokens of one packed row; Rows the rows one data rank runs per
+	// micro-batch (default 1).
+	SeqLen, Rows int
+	// ParamBytes is the bytes of one parameter, gradient or activation element (4 for f32,
+	// 2 for bf16; default 4).
+	ParamBytes int
+	// OptimizerBytes is the optimizer state per parameter: 8 for AdamW with fp32 moments, 12
+	// when bf16 weights also keep an fp32 master, 4 for AdamW with bf16 moments (default 8).
+	OptimizerBytes int
+	// Recompute: each layer keeps only its input during forward (activation recomputation).
+	Recompute bool
+}
+
+// Memory is a per-device estimate in bytes.
+type Memory struct {
+	Params      int64 // weights the device holds (compute copy, plus the FSDP master shard)
+	Grads       int64 // gradients (full local arena, plus the reduced FSDP shard)
+	Optimizer   int64 // optimizer state (sharded under FSDP)
+	Activations int64 // activations kept for backward at the peak (end of forward)
+	Comm        int64 // staging buffers of the largest collective, plus persistent FSDP buffers
+}
+
+// Total is the sum of the parts.
+func (m Memory) Total() int64 { return m.Params + m.Grads + m.Optimizer + m.Activations + m.Comm }
+
+// String formats the estimate for --dry-run.
+func (m Memory) String() string {
+	return fmt.Sprintf("params %s, grads %s, optimizer %s, activations %s, comm buffers %s, total %s",
+		human(m.Params), human(m.Grads), human(m.Optimizer), human(m.Activations), human(m.Comm), human(m.Total()))
+}
+
+func human(b int64) string {
+	const u = 1024
+	switch {
+	case b >= u*u*u:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(u*u*u))
+	case b >= u*u:
+		return fmt.Sprintf("%.2f MiB", float64(b)/(u*u))
+	case b >= u:
+		return fmt.Sprintf("%.1f KiB", float64(b)/u)
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+// LocalParams returns the parameter elements one tensor rank holds under layout l: attention
+// projections (and, for dense MLPs, the MLP) split over TP, everything else whole.
+func LocalParams(l Layout, m ModelShape) int64 {
+	tp := int64(one(l.TP))
+	c, hd := int64(m.Hidden), int64(m.HeadDim)
+	q, kv := int64(m.Heads)*hd, int64(m.KVHeads)*hd
+	var split, whole int64
+	whole += int64(m.Vocab) * c // embedding
+	if !m.Tied {
+		whole += int64(m.Vocab) * c
+	}
+	whole += c // final norm
+	for i := 0; i < m.Layers; i++ {
+		split += q*c + 2*kv*c + c*q
+		if m.QKVBias {
+			split += q + 2*kv
+		}
+		if m.OBias {
+			whole += c
+		}
+		switch {
+		case m.QKNorm && !m.QKNormFull:
+			whole += 2 * hd
+		case m.QKNorm:
+			whole += q + kv
+		}
+		whole += 2 * c // input and post-attention norms
+	}
+	dense := int64(m.Layers - m.MoELayers)
+	f := int64(m.Intermediate)
+	mlp := 3 * c * f
+	if m.MLPBias {
+		mlp += 2*f + c
+	}
+	if m.MoE() {
+		whole += dense * mlp // the plan does not split the MLPs of MoE models
+		e, fe := int64(m.Experts), int64(m.ExpertIntermediate)
+		whole += int64(m.MoELayers) * (e*c + e*3*c*fe)
+	} else {
+		split += dense * mlp
+	}
+	return split/tp + whole
+}
+
+// Estimate returns the per-device memory of layout l (normalised for its device count) for
+// model m under workload w. Parameters, gradients and optimizer state are exact for the
+// engine's own arenas; activations count the tensors each layer keeps for backward (an upper
+// bound of the cached set, not of transient workspace); comm buffers count the host staging of
+// the largest collective and the FSDP padding buffers.
+func Estimate(l Layout, m ModelShape, w Workload) Memory {
+	if w.Rows <= 0 {
+		w.Rows = 1
+	}
+	if w.ParamBytes <= 0 {
+		w.ParamBytes = 4
+	}
+	if w.OptimizerBytes <= 0 {
+		w.OptimizerBytes = 8
+	}
+	tp, cp, g := int64(one(l.TP)), int64(one(l.CP)), int64(one(l.DP)*one(l.CP))
+	pb := int64(w.ParamBytes)
+	local := LocalParams(l, m)
+	var mem Memory
+	mem.Params, mem.Grads = local*pb, local*pb
+	opt := local
+	if l.FSDP && g > 1 {
+		shard := (local + g - 1) / g
+		mem.Params += shard * pb
+		mem.Grads += shard * pb
+		opt = shard
+		if shard*g != local {
+			mem.Comm += 2 * shard * g * pb // padded gather and scatter buffers
+		}
+	}
+	mem.Optimizer = opt * int64(w.OptimizerBytes)
+
+	// Activations per token and layer.
+	n := int64(w.Rows) * int64(w.SeqLen) / cp
+	c, hd := int64(m.Hidden), int64(m.HeadDim)
+	qh, kvh := int64(m.Heads)/tp, int64(m.KVHeads)/tp
+	attn := 2*qh*hd + 2*kvh*hd // q, out, k, v
+	if m.QKNorm {
+		attn += qh*hd + kvh*hd // pre-norm q and k
+	}
+	block := 4*c + attn // x, h1, mid, h2
+	var ffn int64
+	if m.MoE() {
+		k := int64(max(m.TopK, 1))
+		ffn = k*3*int64(m.ExpertIntermediate) + 2*c + int64(m.Experts) // routed copies, gate/up/act per choice, router logits
+	} else {
+		ffn = 3 * int64(m.Intermediate) / tp
+	}
+	perLayer := n * (block + ffn) * pb
+	stats := n * (2 + qh) * 4 // rstd x2 and lse, f32
+	layers := int64(m.Layers)
+	if w.Recompute {
+		mem.Activations = layers*n*c*pb + perLayer + stats
+	} else {
+		mem.Activations = layers * (perLayer + stats)
+	}
+	mem.Activations += n * c * pb // head input
+
+	// Largest collective staging (the in-process communicator stages operand and result on the
+	// host; NCCL needs comparable scratch).
+	var coll int64
+	if g > 1 && !l.FSDP {
+		coll = max(coll, 2*local*pb)
+	}
+	if tp > 1 {
+		coll = max(coll, 2*n*c*pb)
+	}
+	if cp > 1 {
+		s := int64(w.Rows) * int64(w.SeqLen)
+		coll = max(coll, 4*s*kvh*hd*pb) // gathered keys and values, rank-major and global order
+	}
+	mem.Comm += coll
+	return mem
+}
