@@ -69,7 +69,19 @@ type symbol struct {
 	alive      bool
 }
 
-type mergeCand struct{ rank, pos, id int32 }
+// mergeCand is a candidate merge of the symbol at pos with its right neighbour into id.
+// key packs (rank, pos) so that candidates order by rank, then position (Hugging Face's Merge
+// ordering) with one comparison.
+type mergeCand struct {
+	key uint64
+	id  int32
+}
+
+func newCand(rank, pos, id int32) mergeCand {
+	return mergeCand{uint64(uint32(rank))<<32 | uint64(uint32(pos)), id}
+}
+
+func (c mergeCand) pos() int32 { return int32(uint32(c.key)) }
 
 type bpeScratch struct {
 	syms []symbol
@@ -80,13 +92,7 @@ type bpeScratch struct {
 	spans     [][2]int32
 }
 
-// less orders candidates by rank, then by position (Hugging Face's Merge ordering).
-func (c mergeCand) less(o mergeCand) bool {
-	if c.rank != o.rank {
-		return c.rank < o.rank
-	}
-	return c.pos < o.pos
-}
+func (c mergeCand) less(o mergeCand) bool { return c.key < o.key }
 
 func (s *bpeScratch) push(c mergeCand) {
 	h := append(s.heap, c)
@@ -138,12 +144,13 @@ func (m *bpe) mergeAll(sc *bpeScratch, dst []int32) []int32 {
 	sc.heap = sc.heap[:0]
 	for i := 0; i+1 < len(syms); i++ {
 		if r, ok := m.merges[pairKey(syms[i].id, syms[i+1].id)]; ok {
-			sc.push(mergeCand{r.rank, int32(i), r.id})
+			sc.push(newCand(r.rank, int32(i), r.id))
 		}
 	}
 	for len(sc.heap) > 0 {
 		top := sc.pop()
-		cur := &syms[top.pos]
+		pos := top.pos()
+		cur := &syms[pos]
 		if !cur.alive || cur.next < 0 {
 			continue
 		}
@@ -158,16 +165,16 @@ func (m *bpe) mergeAll(sc *bpeScratch, dst []int32) []int32 {
 		cur.next = right.next
 		syms[nextPos].alive = false
 		if right.next >= 0 {
-			syms[right.next].prev = top.pos
+			syms[right.next].prev = pos
 		}
 		if cur.prev >= 0 {
 			if r, ok := m.merges[pairKey(syms[cur.prev].id, cur.id)]; ok {
-				sc.push(mergeCand{r.rank, cur.prev, r.id})
+				sc.push(newCand(r.rank, cur.prev, r.id))
 			}
 		}
 		if cur.next >= 0 {
 			if r, ok := m.merges[pairKey(cur.id, syms[cur.next].id)]; ok {
-				sc.push(mergeCand{r.rank, top.pos, r.id})
+				sc.push(newCand(r.rank, top.pos(), r.id))
 			}
 		}
 	}
