@@ -16,13 +16,12 @@ import (
 
 // Tokenizer is a loaded tokenizer.json. It is immutable and safe for concurrent use.
 type Tokenizer struct {
-	name string // file name or "tokenizer.json", for messages
-
 	model      *bpe
 	normalizer normalizer
 	steps      []preStep
-	// byteLevelTail: the last pre-tokenizer step is ByteLevel, so words reach the model as raw
-	// bytes and the model maps them itself.
+	// byteLevelTail: the pre-tokenizer ends with ByteLevel, so words reach the model as raw
+	// bytes and the model maps them to the byte-level alphabet itself (the final ByteLevel step
+	// is dropped when that mapping is all it does).
 	byteLevelTail bool
 	decoder       decoder
 	added         addedVocab
@@ -121,7 +120,7 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 		if t == "" {
 			t = "(no type)"
 		}
-		return nil, fail("tokenizer model %s is not supported yet; supported: BPE (byte-level)", t)
+		return nil, fail("tokenizer model %s is not supported yet; supported: BPE (byte-level or SentencePiece-style)", t)
 	}
 	var mj modelJSON
 	if err := json.Unmarshal(f.Model, &mj); err != nil {
@@ -130,7 +129,7 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 	if mj.Dropout != nil && *mj.Dropout != 0 {
 		return nil, fail("model.dropout %v makes encoding random; only dropout null or 0 is supported", *mj.Dropout)
 	}
-	t := &Tokenizer{name: name, postProcess: f.PostProcessor, maxID: -1}
+	t := &Tokenizer{postProcess: f.PostProcessor, maxID: -1}
 	m, err := buildBPE(&mj, t)
 	if err != nil {
 		return nil, fail("%v", err)

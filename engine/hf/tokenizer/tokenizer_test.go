@@ -237,7 +237,7 @@ func TestLoadErrors(t *testing.T) {
 		{"not json", `{"model":`, "not a tokenizer.json: line 1 column"},
 		{"no model", `{"version":"1.0"}`, `no "model"`},
 		{"bad version", `{"version":"2.0","model":{}}`, `version "2.0" is unknown`},
-		{"unigram", `{"model":{"type":"Unigram","vocab":[["a",0.0]]}}`, "tokenizer model Unigram is not supported yet; supported: BPE (byte-level)"},
+		{"unigram", `{"model":{"type":"Unigram","vocab":[["a",0.0]]}}`, "tokenizer model Unigram is not supported yet; supported: BPE (byte-level or SentencePiece-style)"},
 		{"wordpiece", `{"model":{"type":"WordPiece","vocab":{"a":0}}}`, "tokenizer model WordPiece is not supported yet"},
 		{"untyped non-bpe", `{"model":{"vocab":{"a":0}}}`, "tokenizer model (no type) is not supported yet"},
 		{"dropout", bpe(`,"dropout":0.1`), "model.dropout 0.1"},
