@@ -47,6 +47,10 @@ type runData struct {
 
 	logs    []logLine
 	dropped int64 // events the session dropped for this observer
+
+	// eventAt is when the newest event was applied: a status asked for before it may be
+	// older news about the state and step than the event.
+	eventAt time.Time
 }
 
 // profileView is a time breakdown the dashboard shows: one step's, or the mean of a profile's
@@ -112,6 +116,10 @@ func copyMap(m map[string]float64) map[string]float64 {
 
 // applyEvent folds one session event into the data.
 func (d *runData) applyEvent(ev *session.Event) {
+	if ev.Kind == nil {
+		return
+	}
+	d.eventAt = time.Now()
 	at := time.UnixMilli(ev.UnixMs)
 	switch {
 	case ev.GetMetrics() != nil:
@@ -161,12 +169,16 @@ func (d *runData) applyMetrics(m *session.StepMetrics) {
 	d.lr = appendCapped(d.lr, m.Lr)
 }
 
-// applyStatus takes what a Status call says.
-func (d *runData) applyStatus(st *session.StatusResponse) {
+// applyStatus takes what a Status (or a control call's) reply says; asked is when the request
+// was sent. The state and step are kept from events that arrived after it.
+func (d *runData) applyStatus(st *session.StatusResponse, asked time.Time) {
 	if st == nil {
 		return
 	}
-	d.name, d.state, d.step, d.total, d.device = clean(st.Name), st.State, st.Step, st.TotalSteps, clean(st.Device)
+	if !asked.Before(d.eventAt) {
+		d.state, d.step = st.State, st.Step
+	}
+	d.name, d.total, d.device = clean(st.Name), st.TotalSteps, clean(st.Device)
 	d.controller, d.lastErr = st.Controller, st.LastError
 	d.clientNames = map[string]string{}
 	for _, c := range st.Clients {

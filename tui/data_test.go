@@ -66,7 +66,7 @@ func TestStatusStartsTheChartOnlyWhenEmpty(t *testing.T) {
 	st := statusAfterScript()
 	st.LastMetrics = metricsAt(20)
 	d := &runData{}
-	d.applyStatus(st)
+	d.applyStatus(st, time.Now())
 	if !slices.Equal(d.steps, []int64{20}) {
 		t.Fatalf("a status on an empty chart: history %v, want [20]", d.steps)
 	}
@@ -74,7 +74,7 @@ func TestStatusStartsTheChartOnlyWhenEmpty(t *testing.T) {
 	d.applyMetrics(metricsAt(21))
 	d.applyMetrics(metricsAt(22))
 	st.LastMetrics = metricsAt(21)
-	d.applyStatus(st)
+	d.applyStatus(st, time.Now())
 	if !slices.Equal(d.steps, []int64{21, 22}) || d.last.Step != 22 {
 		t.Fatalf("an older status: history %v, last %d; want [21 22], 22", d.steps, d.last.Step)
 	}
@@ -230,5 +230,23 @@ func TestChartsDrawExtremeSeries(t *testing.T) {
 				t.Errorf("chart of %v has a line wider than 40 cells: %q", ys, l)
 			}
 		}
+	}
+}
+
+func TestAStatusOlderThanAnEventKeepsTheEventsState(t *testing.T) {
+	d := &runData{}
+	asked := time.Now()
+	d.applyEvent(&session.Event{Kind: &halov1.Event_State{State: &halov1.StateEvent{State: session.StatePaused, Step: 21}}})
+	st := statusAfterScript() // running at step 20, asked before the pause arrived
+	d.applyStatus(st, asked)
+	if d.state != session.StatePaused || d.step != 21 {
+		t.Fatalf("an older status overrode the newer event: %v at step %d", d.state, d.step)
+	}
+	if d.total != 1000 || d.controller != "repl-client" || d.clientNames["repl-client"] != "repl" {
+		t.Fatalf("the status's other fields were not taken: total %d, controller %q, names %v", d.total, d.controller, d.clientNames)
+	}
+	d.applyStatus(st, time.Now())
+	if d.state != session.StateRunning || d.step != 20 {
+		t.Fatalf("a newer status was not taken: %v at step %d", d.state, d.step)
 	}
 }

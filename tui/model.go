@@ -255,7 +255,7 @@ func (m *Model) update(msg tea.Msg) (tea.Model, tea.Cmd) {
 			m.opts.Logger.Debug("status", "err", msg.err)
 			return m, nil
 		}
-		m.d.applyStatus(msg.st)
+		m.d.applyStatus(msg.st, msg.asked)
 		return m, nil
 	case statusTickMsg:
 		if m.quitting {
@@ -355,7 +355,12 @@ func (m *Model) control(busy string, call func(ctx context.Context) actionMsg) t
 	}
 	m.busy = busy
 	ctx := m.ctx
-	return func() tea.Msg { return call(ctx) }
+	return func() tea.Msg {
+		asked := time.Now()
+		a := call(ctx)
+		a.asked = asked
+		return a
+	}
 }
 
 func (m *Model) refuseBusy() tea.Cmd {
@@ -375,7 +380,7 @@ func (m *Model) actionDone(a actionMsg) {
 	// A successful control call makes this client the controller.
 	m.d.controller = m.d.self
 	if a.st != nil {
-		m.d.applyStatus(a.st)
+		m.d.applyStatus(a.st, a.asked)
 	}
 	switch a.action {
 	case "pause":

@@ -45,8 +45,9 @@ type resubscribeMsg struct{}
 
 // statusMsg is the outcome of a Status call.
 type statusMsg struct {
-	st  *session.StatusResponse
-	err error
+	st    *session.StatusResponse
+	asked time.Time
+	err   error
 }
 
 // statusTickMsg asks for the next status poll.
@@ -55,6 +56,7 @@ type statusTickMsg struct{}
 // actionMsg is the outcome of a control call (pause, resume, run, step, take-over).
 type actionMsg struct {
 	action  string
+	asked   time.Time
 	st      *session.StatusResponse
 	metrics []*session.StepMetrics
 	err     error
@@ -128,8 +130,9 @@ func (m *Model) fetchStatus() tea.Cmd {
 	return func() tea.Msg {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
+		asked := time.Now()
 		st, err := c.Status(ctx)
-		return statusMsg{st: st, err: err}
+		return statusMsg{st: st, asked: asked, err: err}
 	}
 }
 
