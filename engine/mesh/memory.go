@@ -32,10 +32,11 @@ func (m Memory) Total() int64 { return m.Params + m.Grads + m.Optimizer + m.Acti
 // String formats the estimate for --dry-run.
 func (m Memory) String() string {
 	return fmt.Sprintf("params %s, grads %s, optimizer %s, activations %s, comm buffers %s, total %s",
-		human(m.Params), human(m.Grads), human(m.Optimizer), human(m.Activations), human(m.Comm), human(m.Total()))
+		HumanBytes(m.Params), HumanBytes(m.Grads), HumanBytes(m.Optimizer), HumanBytes(m.Activations), HumanBytes(m.Comm), HumanBytes(m.Total()))
 }
 
-func human(b int64) string {
+// HumanBytes formats a byte count with a binary unit ("1.50 GiB").
+func HumanBytes(b int64) string {
 	const u = 1024
 	switch {
 	case b >= u*u*u:

@@ -467,3 +467,30 @@ func TestMemoryEstimateMatchesAllocatedState(t *testing.T) {
 		}
 	}
 }
+
+func TestDryRunPrintsMeshAndMemoryOrRefuses(t *testing.T) {
+	cfg, err := config.Parse([]byte(tinyConfigs["qwen3"]), "qwen3.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	l, _ := mesh.ParseLayout("tp=2 fsdp")
+	if err := DryRun(&out, cfg, cpuDevices(8), l, mesh.Workload{SeqLen: 64}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"layout:  dp=4 fsdp tp=2", "groups tp:   [[0 1] [2 3] [4 5] [6 7]]", "groups data: [[0 2 4 6] [1 3 5 7]]", "optimizer", "comm buffers", "total"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.HasSuffix(out.String(), "\n") {
+		t.Errorf("output does not end with a newline: %q", out.String())
+	}
+	out.Reset()
+	l, _ = mesh.ParseLayout("tp=8")
+	err = DryRun(&out, cfg, cpuDevices(8), l, mesh.Workload{SeqLen: 64})
+	var le *mesh.LayoutError
+	if !errors.As(err, &le) || le.Suggest.TP != 4 || out.Len() != 0 {
+		t.Errorf("tp=8 on 4 kv heads: got %v (suggest %+v), output %q", err, le, out.String())
+	}
+}

@@ -83,12 +83,13 @@ type fsdpShard struct {
 }
 
 // ShapeOf returns the sizes of m that the layout rules need.
-func ShapeOf(m *models.Model) mesh.ModelShape {
-	a := m.Arch
+func ShapeOf(m *models.Model) mesh.ModelShape { return shapeOfArch(m.Arch, int64(m.NumParams())) }
+
+func shapeOfArch(a models.Arch, params int64) mesh.ModelShape {
 	s := mesh.ModelShape{Hidden: a.Hidden, Intermediate: a.Intermediate, Heads: a.Heads, KVHeads: a.KVHeads,
-		HeadDim: a.HeadDim, Layers: a.Layers, Vocab: a.Vocab, Tied: a.Tied, QKNorm: a.QKNorm, QKNormFull: a.QKNorm && a.QKNormFull,
-		QKVBias: a.QKVBias, OBias: a.OBias, MLPBias: a.MLPBias,
-		Params: int64(m.NumParams())}
+		HeadDim: a.HeadDim, Layers: a.Layers, Vocab: a.Vocab, Tied: a.Tied,
+		QKNorm: a.QKNorm, QKNormFull: a.QKNorm && a.QKNormFull,
+		QKVBias: a.QKVBias, OBias: a.OBias, MLPBias: a.MLPBias, Params: params}
 	if c := a.Config; c != nil && c.IsMoE() {
 		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
 		for i := 0; i < a.Layers; i++ {

@@ -1,0 +1,67 @@
+package parallel
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
+)
+
+// ShapeFromConfig returns the layout-relevant sizes of the model config.json describes, without
+// building the model or reading any weight.
+func ShapeFromConfig(cfg *config.Config) (mesh.ModelShape, error) {
+	f, err := models.Lookup(cfg.ModelType)
+	if err != nil {
+		return mesh.ModelShape{}, err
+	}
+	a, err := models.ArchFromConfig(cfg.Clone())
+	if err != nil {
+		return mesh.ModelShape{}, err
+	}
+	if f.Tune != nil {
+		if err := f.Tune(&a); err != nil {
+			return mesh.ModelShape{}, fmt.Errorf("parallel: %s: %w", cfg.ModelType, err)
+		}
+	}
+	return shapeOfArch(a, cfg.NumParameters()), nil
+}
+
+// DryRun checks layout l on devices d for the model of cfg and workload w, and writes the mesh
+// (degrees and groups) and the per-device memory estimate to out. A refused layout is returned
+// as the *mesh.LayoutError (with its suggestion) and nothing is written.
+func DryRun(out io.Writer, cfg *config.Config, d mesh.Devices, l mesh.Layout, w mesh.Workload) error {
+	shape, err := ShapeFromConfig(cfg)
+	if err != nil {
+		return err
+	}
+	m, err := mesh.New(d, l, shape, w.SeqLen)
+	if err != nil {
+		return err
+	}
+	l = m.Layout
+	fmt.Fprintf(out, "model:   %s, %d parameters, %d layers, %d heads / %d kv heads", cfg.ModelType, shape.Params, shape.Layers, shape.Heads, shape.KVHeads)
+	if shape.MoE() {
+		fmt.Fprintf(out, ", %d experts (top %d) in %d layers", shape.Experts, shape.TopK, shape.MoELayers)
+	}
+	fmt.Fprintf(out, "\ndevices: %s\nlayout:  %s\n", d, l)
+	for _, dim := range []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData} {
+		g, err := m.Groups(dim)
+		if err != nil {
+			return err
+		}
+		if len(g[0]) > 1 {
+			fmt.Fprintf(out, "groups %-5s %v\n", dim+":", g)
+		}
+	}
+	e := mesh.Estimate(l, shape, w)
+	fmt.Fprintf(out, "per device (%d tokens x %d rows per data rank, %d-byte elements):\n", w.SeqLen, max(w.Rows, 1), max(w.ParamBytes, 4))
+	for _, row := range []struct {
+		name string
+		v    int64
+	}{{"parameters", e.Params}, {"gradients", e.Grads}, {"optimizer", e.Optimizer}, {"activations", e.Activations}, {"comm buffers", e.Comm}, {"total", e.Total()}} {
+		fmt.Fprintf(out, "  %-13s %s\n", row.name, mesh.HumanBytes(row.v))
+	}
+	return nil
+}
