@@ -235,63 +235,84 @@ func (k *Kernel) heartbeat() {
 }
 
 func (k *Kernel) serveShell(q <-chan *wire.Message) {
-	for m := range q {
+	var backlog []*wire.Message // requests taken from q while aborting
+	for {
+		var m *wire.Message
+		if len(backlog) > 0 {
+			m, backlog = backlog[0], backlog[1:]
+		} else {
+			var ok bool
+			if m, ok = <-q; !ok {
+				return
+			}
+		}
 		if k.stopping() {
 			return
 		}
-		abort := k.dispatch(k.shell, m)
-		if abort {
-			k.abortQueued(q)
-		}
+		taken := k.dispatch(k.shell, m, q)
+		backlog = append(backlog, taken...)
 	}
 }
 
-// abortQueued answers the execute requests already waiting with status "aborted" (after a cell
-// failed with stop_on_error); other requests are served as usual.
-func (k *Kernel) abortQueued(q <-chan *wire.Message) {
+// takeQueued empties q without waiting: after a cell failed with stop_on_error, the execute
+// requests already waiting are answered "aborted" (before the failed cell's reply is sent, so
+// that a request the client sends after seeing that reply is never aborted). It returns the
+// other requests, to be served as usual.
+func (k *Kernel) takeQueued(q <-chan *wire.Message) (aborted, others []*wire.Message) {
 	for {
 		select {
 		case m, ok := <-q:
 			if !ok {
-				return
+				return aborted, others
 			}
-			if m.Header.MsgType != "execute_request" {
-				k.dispatch(k.shell, m)
-				continue
+			if m.Header.MsgType == "execute_request" {
+				aborted = append(aborted, m)
+			} else {
+				others = append(others, m)
 			}
-			k.publish(m, "status", map[string]any{"execution_state": "busy"})
-			k.reply(k.shell, m, "execute_reply", map[string]any{"status": "aborted", "execution_count": k.execCount})
-			k.publish(m, "status", map[string]any{"execution_state": "idle"})
 		default:
-			return
+			return aborted, others
 		}
 	}
+}
+
+func (k *Kernel) abort(m *wire.Message) {
+	k.publish(m, "status", map[string]any{"execution_state": "busy"})
+	k.reply(k.shell, m, "execute_reply", map[string]any{"status": "aborted", "execution_count": k.execCount})
+	k.publish(m, "status", map[string]any{"execution_state": "idle"})
 }
 
 func (k *Kernel) serveControl() {
 	q := make(chan *wire.Message, 16)
 	go k.receive("control", k.control, q)
 	for m := range q {
-		k.dispatch(k.control, m)
+		k.dispatch(k.control, m, nil)
 	}
 }
 
-// dispatch runs the handler of m between busy and idle and sends its reply. It reports whether
-// queued executions must be aborted.
-func (k *Kernel) dispatch(sock zmq4.Socket, m *wire.Message) (abort bool) {
+// dispatch runs the handler of m between busy and idle and sends its reply. When the request
+// is an execution that failed with stop_on_error, the execute requests waiting in q are
+// aborted and the other requests taken from q are returned for the caller to serve.
+func (k *Kernel) dispatch(sock zmq4.Socket, m *wire.Message, q <-chan *wire.Message) (taken []*wire.Message) {
 	t := m.Header.MsgType
 	h, ok := k.handlers[t]
 	k.publish(m, "status", map[string]any{"execution_state": "busy"})
-	var after func()
+	var (
+		after   func()
+		aborted []*wire.Message
+	)
 	defer func() {
 		k.publish(m, "status", map[string]any{"execution_state": "idle"})
+		for _, a := range aborted {
+			k.abort(a)
+		}
 		if after != nil {
 			after()
 		}
 	}()
 	if !ok {
 		k.log.Warn("kernel: unsupported message type", "msg_type", t)
-		return false
+		return nil
 	}
 	var r result
 	func() {
@@ -304,11 +325,14 @@ func (k *Kernel) dispatch(sock zmq4.Socket, m *wire.Message) (abort bool) {
 		r = h.fn(m)
 	}()
 	if r.content == nil {
-		return false
+		return nil
+	}
+	if r.abort && q != nil {
+		aborted, taken = k.takeQueued(q)
 	}
 	k.reply(sock, m, h.reply, r.content)
 	after = r.after
-	return r.abort
+	return taken
 }
 
 // errorReply is the content of a reply for a handler that failed.
