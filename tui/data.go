@@ -120,7 +120,10 @@ func (d *runData) applyEvent(ev *session.Event) {
 		return
 	}
 	d.eventAt = time.Now()
-	at := time.UnixMilli(ev.UnixMs)
+	at := d.eventAt
+	if ev.UnixMs > 0 {
+		at = time.UnixMilli(ev.UnixMs)
+	}
 	switch {
 	case ev.GetMetrics() != nil:
 		d.applyMetrics(ev.GetMetrics())

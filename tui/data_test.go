@@ -250,3 +250,12 @@ func TestAStatusOlderThanAnEventKeepsTheEventsState(t *testing.T) {
 		t.Fatalf("a newer status was not taken: %v at step %d", d.state, d.step)
 	}
 }
+
+func TestAnEventWithoutATimeIsStampedOnArrival(t *testing.T) {
+	d := &runData{}
+	before := time.Now()
+	d.applyEvent(&session.Event{Kind: &halov1.Event_Log{Log: &halov1.LogEvent{Level: "info", Message: "attached"}}})
+	if at := d.logs[0].at; at.Before(before) || at.After(time.Now()) {
+		t.Fatalf("an event without a time is logged at %v, want its arrival", at)
+	}
+}

@@ -116,7 +116,7 @@ func TestLiveSession(t *testing.T) {
 
 	h.tm.Type("f")
 	s = h.waitScreen("the profile", contains("profiled steps"))
-	if !strings.Contains(s, "the parts add up to") || strings.Contains(s, "parts sum to") {
+	if !strings.Contains(s, "parts add up to 100.0%") || strings.Contains(s, "parts sum to") {
 		t.Fatalf("the profile's parts do not add up to the step time:\n%s", s)
 	}
 	for _, want := range []string{"matmul", "idle/host", "MFU – (peak unknown)", "FLOP/s"} {

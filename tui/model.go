@@ -423,7 +423,7 @@ func (m *Model) profileDone(p profileMsg) {
 	if v.stepS > 0 {
 		share = 100 * v.spanSum() / v.stepS
 	}
-	m.setNotice(fmt.Sprintf("profiled %s: %s per step; the parts add up to %.1f%% of it", v.label, fmtSeconds(v.stepS), share), false)
+	m.setNotice(fmt.Sprintf("profiled %s: %s per step, parts add up to %.1f%%", v.label, fmtSeconds(v.stepS), share), false)
 }
 
 // detach ends the TUI, giving up control if it held it; the session keeps running.

@@ -219,7 +219,7 @@ func TestProfileKeyShowsTheBreakdown(t *testing.T) {
 	h.feed(script()...)
 	h.waitScreen("step 20", contains("step 20/1000"))
 	h.tm.Type("f")
-	s := h.waitScreen("the profile's result", contains("profiled steps 21-23 (mean): 60.0 ms per step; the parts add up to 100.0% of it"))
+	s := h.waitScreen("the profile's result", contains("profiled steps 21-23 (mean): 60.0 ms per step, parts add up to 100.0%"))
 	for _, want := range []string{"step time 60.0 ms steps 21-23 (mean)", "all-gather 5%", "a2a dispatch 4%"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("screen lacks %q:\n%s", want, s)
