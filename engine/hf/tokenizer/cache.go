@@ -7,7 +7,8 @@ import (
 )
 
 // wordCache maps a pre-tokenized word to its ids. It is sharded to keep lock contention low
-// when many goroutines encode at once, and bounded: a full shard is emptied and refilled.
+// when many goroutines encode at once, and bounded (64 × 2048 words of at most 128 bytes, a
+// few MB at most): a full shard is emptied and refilled.
 type wordCache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
@@ -15,7 +16,7 @@ type wordCache struct {
 
 const (
 	cacheShards        = 64
-	cacheEntriesPerShd = 1024
+	cacheEntriesPerShd = 2048
 )
 
 type cacheShard struct {
