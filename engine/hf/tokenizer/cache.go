@@ -7,8 +7,8 @@ import (
 )
 
 // wordCache maps a pre-tokenized word to its ids. It is sharded to keep lock contention low
-// when many goroutines encode at once, and bounded (64 × 2048 words of at most 128 bytes, a
-// few MB at most): a full shard is emptied and refilled.
+// when many goroutines encode at once, and bounded (64 shards × 2048 words of at most 128
+// bytes; typical text fills it with a few MB): a full shard is emptied and refilled.
 type wordCache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
