@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/halo-shell/halo-shell/engine/comm"
 	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -229,16 +230,23 @@ func checkLayouts(t *testing.T, families []string, layouts []struct {
 	}
 }
 
-func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
-	const steps, lr, maxNorm = 5, 1e-2, 0.5
-	oc := optim.Config{WeightDecay: 0.1}
-	src := tinyModel(t, "qwen3", 8)
+const trainLR, trainMaxNorm = 1e-2, 0.5
+
+var trainOpt = optim.Config{WeightDecay: 0.1}
+
+func trainBatches(steps int) [][]models.Batch {
 	batches := make([][]models.Batch, steps)
 	for i := range batches {
 		batches[i] = tinyRows(8, 16, 41, uint64(100+i))
 	}
-	// Single device: the same steps with AdamW and global-norm clipping.
-	ref := tinyModel(t, "qwen3", 8)
+	return batches
+}
+
+// refTraining runs steps of AdamW with global-norm clipping on a single device and returns the
+// losses, gradient norms, the trained model and its optimizer.
+func refTraining(t *testing.T, steps int) (want, wantNorm []float64, ref *models.Model, opt *optim.AdamW) {
+	t.Helper()
+	ref = tinyModel(t, "qwen3", 8)
 	var params []optim.Param
 	var grads []backend.T
 	if err := ref.EnableGrads(); err != nil {
@@ -248,45 +256,59 @@ func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
 		params = append(params, optim.Param{Name: s.Name, Value: ref.Params.Views[i], Grad: ref.Grads.Views[i], NoDecay: !s.Decay})
 		grads = append(grads, ref.Grads.Views[i])
 	}
-	opt, err := optim.NewAdamW(ref.Backend(), params, oc)
+	opt, err := optim.NewAdamW(ref.Backend(), params, trainOpt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer opt.Free()
-	var want, wantNorm []float64
-	for _, rows := range batches {
+	t.Cleanup(opt.Free)
+	for _, rows := range trainBatches(steps) {
 		loss, _ := reference(t, ref, rows)
 		norm, err := optim.GradNorm(ref.Backend(), grads)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := opt.Step(lr, optim.ClipCoef(norm, maxNorm)); err != nil {
+		if err := opt.Step(trainLR, optim.ClipCoef(norm, trainMaxNorm)); err != nil {
 			t.Fatal(err)
 		}
 		want, wantNorm = append(want, loss), append(wantNorm, norm)
 	}
+	return want, wantNorm, ref, opt
+}
+
+// trainSteps runs batches on p and checks losses and gradient norms against the reference from
+// step index first on.
+func trainSteps(t *testing.T, p *Plan, batches [][]models.Batch, first int, want, wantNorm []float64) {
+	t.Helper()
+	for i := first; i < len(batches); i++ {
+		loss, _, err := p.ForwardBackward(batches[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		norm, err := p.Step(trainLR, trainMaxNorm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(loss-want[i]) > 1e-4*math.Abs(want[i]) {
+			t.Errorf("step %d: loss %.9g, single device %.9g", i+1, loss, want[i])
+		}
+		if math.Abs(norm-wantNorm[i]) > 1e-5*wantNorm[i] {
+			t.Errorf("step %d: gradient norm %.9g, single device %.9g", i+1, norm, wantNorm[i])
+		}
+	}
+}
+
+func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
+	const steps = 5
+	src := tinyModel(t, "qwen3", 8)
+	batches := trainBatches(steps)
+	want, wantNorm, ref, _ := refTraining(t, steps)
 	if !(want[steps-1] < want[0]) {
 		t.Fatalf("reference losses %v do not fall; the test would not show training", want)
 	}
 	for _, tc := range supported {
 		t.Run(fmt.Sprintf("%d/%s", tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
-			p := newPlan(t, src, tc.n, tc.layout, oc)
-			for i, rows := range batches {
-				loss, _, err := p.ForwardBackward(rows)
-				if err != nil {
-					t.Fatal(err)
-				}
-				norm, err := p.Step(lr, maxNorm)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if math.Abs(norm-wantNorm[i]) > 1e-5*wantNorm[i] {
-					t.Errorf("step %d: gradient norm %.9g, single device %.9g", i+1, norm, wantNorm[i])
-				}
-				if math.Abs(loss-want[i]) > 1e-4*math.Abs(want[i]) {
-					t.Errorf("step %d: loss %.9g, single device %.9g", i+1, loss, want[i])
-				}
-			}
+			p := newPlan(t, src, tc.n, tc.layout, trainOpt)
+			trainSteps(t, p, batches, 0, want, wantNorm)
 			// The trained weights gather into an ordinary single-device model.
 			final := tinyModel(t, "qwen3", 99)
 			if err := p.Gather(final); err != nil {
@@ -492,5 +514,86 @@ func TestDryRunPrintsMeshAndMemoryOrRefuses(t *testing.T) {
 	var le *mesh.LayoutError
 	if !errors.As(err, &le) || le.Suggest.TP != 4 || out.Len() != 0 {
 		t.Errorf("tp=8 on 4 kv heads: got %v (suggest %+v), output %q", err, le, out.String())
+	}
+}
+
+func TestOptimizerStateIsLayoutFree(t *testing.T) {
+	const steps = 2
+	src := tinyModel(t, "qwen3", 8)
+	_, _, _, refOpt := refTraining(t, steps)
+	refStep, refState, err := refOpt.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	batches := trainBatches(steps)
+	for _, tc := range []struct {
+		n      int
+		layout string
+	}{{1, ""}, {2, "fsdp"}, {4, "tp=2 fsdp"}, {8, "tp=2 cp=2 fsdp"}, {4, "tp=4"}} {
+		p := newPlan(t, src, tc.n, tc.layout, trainOpt)
+		for _, rows := range batches {
+			if _, _, err := p.ForwardBackward(rows); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Step(trainLR, trainMaxNorm); err != nil {
+				t.Fatal(err)
+			}
+		}
+		step, st, err := p.OptimizerState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if step != refStep || len(st) != len(refState) {
+			t.Fatalf("%q: step %d with %d tensors, single device step %d with %d", tc.layout, step, len(st), refStep, len(refState))
+		}
+		for i, ref := range refState {
+			if st[i].Name != ref.Name || fmt.Sprint(st[i].Shape) != fmt.Sprint(ref.Shape) {
+				t.Fatalf("%q: tensor %d is %s %v, single device %s %v", tc.layout, i, st[i].Name, st[i].Shape, ref.Name, ref.Shape)
+			}
+			got, _ := tensor.DecodeFloat32(st[i].DType, st[i].Data)
+			want, _ := tensor.DecodeFloat32(ref.DType, ref.Data)
+			if err := closeTo(got, want, 1e-4); err != nil {
+				t.Errorf("%d %q: %s: %v", tc.n, tc.layout, ref.Name, err)
+			}
+		}
+	}
+}
+
+func TestRelayoutKeepsTrainingOnTrack(t *testing.T) {
+	const steps = 5
+	src := tinyModel(t, "qwen3", 8)
+	batches := trainBatches(steps)
+	want, wantNorm, _, _ := refTraining(t, steps)
+	for _, tc := range []struct {
+		n1      int
+		layout1 string
+		n2      int
+		layout2 string
+	}{
+		{4, "tp=2 fsdp", 8, "cp=2 tp=2 fsdp"},
+		{8, "fsdp", 2, "tp=2"},
+		{2, "cp=2", 1, ""},
+	} {
+		t.Run(tc.layout1+" to "+tc.layout2, func(t *testing.T) {
+			l1, _ := mesh.ParseLayout(tc.layout1)
+			p, err := New(src, cpuDevices(tc.n1), l1, Options{Optimizer: trainOpt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			trainSteps(t, p, batches[:2], 0, want, wantNorm)
+			// An invalid target is refused and the run continues in the old layout.
+			bad, _ := mesh.ParseLayout("tp=8")
+			if _, err := p.Relayout(cpuDevices(8), bad, Options{Optimizer: trainOpt}); err == nil {
+				t.Fatal("tp=8 accepted for 4 key/value heads")
+			}
+			trainSteps(t, p, batches[:3], 2, want, wantNorm)
+			l2, _ := mesh.ParseLayout(tc.layout2)
+			np, err := p.Relayout(cpuDevices(tc.n2), l2, Options{Optimizer: trainOpt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer np.Close()
+			trainSteps(t, np, batches, 3, want, wantNorm)
+		})
 	}
 }

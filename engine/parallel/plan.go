@@ -55,6 +55,7 @@ type Plan struct {
 	world *comm.World
 	ranks []*rank
 	dtype tensor.DType
+	shape mesh.ModelShape // of the full model
 }
 
 type rank struct {
@@ -68,6 +69,7 @@ type rank struct {
 	opt             *optim.AdamW
 	lossSum         float64
 	optParams       []optim.Param
+	optOff          []int  // per optParams entry: its offset in the rank's flat parameter arena
 	countNorm       []bool // per optParams entry: counted once in the global gradient norm
 	shard           fsdpShard
 	dataRank, dataN int
@@ -115,7 +117,7 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		return nil, err
 	}
 	l = ms.Layout
-	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placement{}, dtype: src.DType()}
+	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placement{}, dtype: src.DType(), shape: shape}
 	local := cfg.Clone()
 	if l.TP > 1 {
 		local.HeadDim = src.Arch.HeadDim
@@ -301,7 +303,10 @@ func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 		return pl == colShard || pl == rowShard || rk.c.TP == 0
 	}
 	if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
+		off := 0
 		for i, s := range m.Specs {
+			rk.optOff = append(rk.optOff, off)
+			off += s.Numel()
 			rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: m.Params.Views[i], Grad: m.Grads.Views[i], NoDecay: !s.Decay})
 			rk.countNorm = append(rk.countNorm, counted(s.Name) && rk.dataRank == 0)
 		}
@@ -340,6 +345,7 @@ func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 				v, _ := sh.param.View(lo-sh.lo, hi-lo)
 				g, _ := sh.grad.View(lo-sh.lo, hi-lo)
 				rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: v, Grad: g, NoDecay: !s.Decay})
+				rk.optOff = append(rk.optOff, lo)
 				rk.countNorm = append(rk.countNorm, counted(s.Name))
 			}
 			off += s.Numel()
