@@ -264,7 +264,10 @@ func reduce(cs []contrib, dt tensor.DType, lo, hi int, op ReduceOp) ([]byte, err
 	return tensor.EncodeFloat32(dt, out)
 }
 
-// AllReduce implements Communicator.
+// AllReduce implements Communicator. It runs as a reduce-scatter followed by an all-gather
+// over the shared buffers: rank r adds up part r of every contribution (in rank order, in
+// float64), then every rank copies every reduced part, so each element is reduced once and the
+// result is the same on every rank.
 func (c *Comm) AllReduce(t T, op ReduceOp) error {
 	const kind = KindAllReduce
 	if err := checkFloat(c, kind, t); err != nil {
@@ -275,20 +278,31 @@ func (c *Comm) AllReduce(t T, op ReduceOp) error {
 		if err != nil {
 			return c.errf(kind, "%v", err)
 		}
-		var res []byte
+		n, numel, es := c.g.n, t.Numel(), t.DType().Size()
+		lo, hi := c.rank*numel/n, (c.rank+1)*numel/n
+		var part []byte
 		err = c.g.exchange(c.rank, contrib{kind: kind, dtype: t.DType(), data: data}, func(cs []contrib) error {
 			for i, o := range cs {
 				if len(o.data) != len(data) {
 					return c.errf(kind, "rank %d has %d bytes, this rank %d; every rank must pass the same shape", i, len(o.data), len(data))
 				}
 			}
-			res, err = reduce(cs, t.DType(), 0, t.Numel(), op)
+			part, err = reduce(cs, t.DType(), lo, hi, op)
 			return err
 		})
 		if err != nil {
 			return err
 		}
-		return c.b.Upload(t, res)
+		err = c.g.exchange(c.rank, contrib{kind: kind, dtype: t.DType(), data: part}, func(cs []contrib) error {
+			for i, o := range cs {
+				copy(data[i*numel/n*es:], o.data)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return c.b.Upload(t, data)
 	})
 }
 
