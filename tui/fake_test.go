@@ -25,6 +25,8 @@ type fakeSession struct {
 	calls []string
 	// refuse, when set, is the error every control call returns.
 	refuse error
+	// hold, when set, holds every control call until it is closed.
+	hold chan struct{}
 	// profile is what Profile returns.
 	profile *session.ProfileResponse
 	// endErr is why the current event stream ended; streamErr, when set, fails Events.
@@ -38,9 +40,13 @@ func newFake(status *session.StatusResponse) *fakeSession {
 
 func (f *fakeSession) record(call string) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.calls = append(f.calls, call)
-	return f.refuse
+	refuse, hold := f.refuse, f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	return refuse
 }
 
 func (f *fakeSession) Calls() []string {

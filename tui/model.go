@@ -82,6 +82,7 @@ type Model struct {
 	showHelp   bool
 	autoStyles bool   // the styles follow the terminal's background
 	busy       string // the control call in flight ("pausing"), "" when none
+	refused    bool   // a key was refused while busy
 	notice     string // the outcome of the last action
 	failed     bool   // notice is an error
 	quitting   bool
@@ -363,12 +364,13 @@ func (m *Model) control(busy string, call func(ctx context.Context) actionMsg) t
 	}
 }
 
+// refuseBusy answers a key pressed while a call is in flight: one call at a time.
 func (m *Model) refuseBusy() tea.Cmd {
-	m.setNotice("wait: still "+m.busy, true)
+	m.refused = true
 	return nil
 }
 
-func (m *Model) setNotice(s string, failed bool) { m.notice, m.failed = s, failed }
+func (m *Model) setNotice(s string, failed bool) { m.notice, m.failed, m.refused = s, failed, false }
 
 // actionDone shows the outcome of a control call.
 func (m *Model) actionDone(a actionMsg) {
@@ -541,6 +543,9 @@ func (m *Model) footer(w int) string {
 	switch {
 	case m.busy != "":
 		status = st.Notice.Render(m.busy + "…")
+		if m.refused {
+			status += st.Error.Render(" one action at a time: wait for it")
+		}
 	case m.notice != "" && m.failed:
 		status = st.Error.Render(m.notice)
 	case m.notice != "":

@@ -175,6 +175,7 @@ func TestKeys(t *testing.T) {
 		refuse error
 		calls  []string
 		screen []string
+		absent []string // not on the screen afterwards
 	}{
 		{name: "p pauses a run", state: session.StateRunning, key: "p", calls: []string{"pause"},
 			screen: []string{"paused after step 20", "│ paused │", "controller (you)"}},
@@ -192,7 +193,7 @@ func TestKeys(t *testing.T) {
 			refuse: errors.New(`failed_precondition: session "default" is controlled by client repl-client (repl); observe, or take over with --take-over`),
 			calls:  []string{"pause"}, screen: []string{`pause failed: session "default" is controlled by client repl-client`, "observer, controller repl"}},
 		{name: "? shows the full help", state: session.StateRunning, key: "?", calls: nil,
-			screen: []string{"pause/resume", "take control", "detach"}},
+			screen: []string{"pause/resume", "take control", "detach"}, absent: []string{"p pause/resume • s step"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := statusAfterScript()
@@ -203,7 +204,9 @@ func TestKeys(t *testing.T) {
 			h.feed(append(script(), stateEv(tc.state))...)
 			h.waitScreen("the state", contains("│ "+stateWord(tc.state)+" │"))
 			h.tm.Type(tc.key)
-			s := h.waitScreen(strings.Join(tc.screen, ", "), contains(tc.screen...))
+			s := h.waitScreen(strings.Join(tc.screen, ", "), func(s string) bool {
+				return contains(tc.screen...)(s) && !slices.ContainsFunc(tc.absent, func(a string) bool { return strings.Contains(s, a) })
+			})
 			if got := f.Calls(); !slices.Equal(got, tc.calls) {
 				t.Errorf("calls %q, want %q; screen:\n%s", got, tc.calls, s)
 			}
@@ -352,5 +355,25 @@ func TestStylesFollowTheTerminalBackground(t *testing.T) {
 	m.Update(tea.BackgroundColorMsg{Color: color.White})
 	if got := m.common.Styles.Value.GetForeground(); got != dark.Value.GetForeground() {
 		t.Fatalf("styles given in Options changed with the background: %v", got)
+	}
+}
+
+// TestOneControlCallAtATime checks that keys pressed while a call is in flight are refused
+// with a word, not queued behind it.
+func TestOneControlCallAtATime(t *testing.T) {
+	f := newFake(statusAfterScript())
+	f.hold = make(chan struct{})
+	h := newHarness(t, f, 120, 40)
+	h.feed(script()...)
+	h.waitScreen("the run", contains("│ running │", "step 20/1000"))
+	h.tm.Type("p")
+	h.waitScreen("the pause in flight", contains("pausing…"))
+	h.tm.Type("s")
+	h.waitScreen("the refusal", contains("pausing… one action at a time: wait for it"))
+	h.tm.Type("f")
+	close(f.hold)
+	h.waitScreen("the pause", contains("paused after step 20"))
+	if got := f.Calls(); !slices.Equal(got, []string{"pause"}) {
+		t.Fatalf("calls %q, want only the pause", got)
 	}
 }
