@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
+	"unsafe"
 
 	"github.com/traefik/yaegi/interp"
 	"github.com/traefik/yaegi/stdlib"
@@ -122,6 +124,9 @@ type Interpreter struct {
 	funcs   map[string]funcLoc // where each top-level function was declared
 	names   map[string]bool    // identifiers declared at the top level (for completion)
 	imports map[string]string  // package name -> import path
+	// busy is closed when an interrupted run that did not stop in time has ended; nil when
+	// no such run is left.
+	busy chan struct{}
 }
 
 type funcLoc struct {
@@ -163,6 +168,11 @@ func New(o Options) (*Interpreter, error) {
 			return nil, fmt.Errorf("cell: importing %s: %w", p, err)
 		}
 		it.imports[p[strings.LastIndex(p, "/")+1:]] = p
+	}
+	// Make channel operations of interpreted code interruptible (set by a first evaluation
+	// with a context).
+	if _, err := it.yi.EvalWithContext(context.Background(), ""); err != nil {
+		return nil, fmt.Errorf("cell: starting the interpreter: %w", err)
 	}
 	it.env = hostenv.New(hostenv.Dialer(o.Dial), o.Session)
 	if o.Client != nil {
@@ -249,7 +259,7 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 			if c.kind != importChunk {
 				continue
 			}
-			if _, err := it.yi.EvalWithContext(ctx, c.src); err != nil {
+			if _, err := it.exec(ctx, c.src); err != nil {
 				return finish(it.evalError(ctx, err, c, n, filter))
 			}
 			it.nmu.Lock()
@@ -277,7 +287,7 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 			if c.kind == importChunk {
 				continue
 			}
-			v, err := it.yi.EvalWithContext(ctx, c.evalSrc())
+			v, err := it.exec(ctx, c.evalSrc())
 			if err != nil && c.kind == stmtChunk && ctx.Err() == nil && compileFailure(err, filter) {
 				if werr, ok := it.defineViaInterface(ctx, c); ok {
 					err = werr
@@ -554,13 +564,13 @@ func (it *Interpreter) defineViaInterface(ctx context.Context, c chunk) (error, 
 		}
 		rhs := c.src[int(as.Rhs[i].Pos())-1-off : int(as.Rhs[i].End())-1-off]
 		tmp := fmt.Sprintf("__halo_define_%d", it.cells)
-		if _, err := it.yi.EvalWithContext(ctx, fmt.Sprintf("var %s interface{}", tmp)); err != nil {
+		if _, err := it.exec(ctx, fmt.Sprintf("var %s interface{}", tmp)); err != nil {
 			return err, true
 		}
-		if _, err := it.yi.EvalWithContext(ctx, fmt.Sprintf("%s = %s", tmp, rhs)); err != nil {
+		if _, err := it.exec(ctx, fmt.Sprintf("%s = %s", tmp, rhs)); err != nil {
 			return err, true
 		}
-		v, err := it.yi.EvalWithContext(ctx, tmp)
+		v, err := it.exec(ctx, tmp)
 		if err != nil {
 			return err, true
 		}
@@ -571,7 +581,7 @@ func (it *Interpreter) defineViaInterface(ctx context.Context, c chunk) (error, 
 		if v.IsValid() && v.Kind() == reflect.Interface && !v.IsNil() {
 			src = fmt.Sprintf("%s := %s.(%s)", id.Name, tmp, v.Elem().Type().String())
 		}
-		if _, err := it.yi.EvalWithContext(ctx, src); err != nil {
+		if _, err := it.exec(ctx, src); err != nil {
 			return err, true
 		}
 	}
@@ -592,4 +602,106 @@ func compileFailure(err error, filter *panicFilter) bool {
 		return n == 0
 	}
 	return false
+}
+
+// stopWait is how long an interrupted run may take to stop before Eval returns anyway.
+const stopWait = 3 * time.Second
+
+// exec compiles and runs src on a goroutine it owns, so that an interrupted run is known to
+// have ended before the next one starts (the interpreter's own EvalWithContext returns at
+// once and leaves it running, racing with what comes next).
+func (it *Interpreter) exec(ctx context.Context, src string) (reflect.Value, error) {
+	if err := it.waitIdle(ctx); err != nil {
+		return reflect.Value{}, err
+	}
+	prog, err := it.compile(src)
+	if err != nil {
+		return reflect.Value{}, err
+	}
+	var (
+		v    reflect.Value
+		rerr error
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		v, rerr = it.yi.Execute(prog)
+	}()
+	select {
+	case <-done:
+		return v, rerr
+	case <-ctx.Done():
+	}
+	it.stop()
+	select {
+	case <-done:
+		it.rearm()
+	case <-time.After(stopWait):
+		it.busy = done // inside a compiled call; the next run waits for it
+	}
+	return reflect.Value{}, ctx.Err()
+}
+
+func (it *Interpreter) compile(src string) (p *interp.Program, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = interp.Panic{Value: fmt.Errorf("the interpreter failed on this code: %v", r)}
+		}
+	}()
+	return it.yi.Compile(src)
+}
+
+// waitIdle waits for an interrupted run that is still inside a compiled call.
+func (it *Interpreter) waitIdle(ctx context.Context) error {
+	if it.busy == nil {
+		return nil
+	}
+	select {
+	case <-it.busy:
+		it.busy = nil
+		it.rearm()
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stop makes running interpreted code return at its next step. The interpreter stops code
+// only through EvalWithContext with a context that ends first; a source that does not parse
+// runs nothing, and the call is repeated until the context, not the parse error, won.
+//
+// That call also replaces the interpreter's cancellation channel before closing the new one,
+// while code blocked in a channel operation waits on the old one; so the old one is closed
+// too. It is read from the interpreter's unexported field "done" (yaegi v0.16.1; the
+// interrupt tests fail if that changes).
+func (it *Interpreter) stop() {
+	old := doneChan(it.yi)
+	cctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 1000 {
+		if _, err := it.yi.EvalWithContext(cctx, "}"); errors.Is(err, context.Canceled) {
+			break
+		}
+	}
+	if old != nil {
+		func() {
+			defer func() { recover() }() // already closed
+			close(old)
+		}()
+	}
+}
+
+// doneChan returns the interpreter's current cancellation channel (nil if not found).
+func doneChan(yi *interp.Interpreter) chan struct{} {
+	f := reflect.ValueOf(yi).Elem().FieldByName("done")
+	if !f.IsValid() || f.Type() != reflect.TypeOf((chan struct{})(nil)) {
+		return nil
+	}
+	return *(*chan struct{})(unsafe.Pointer(f.UnsafeAddr()))
+}
+
+// rearm gives the interpreter a fresh cancellation channel after a stop (channel operations
+// of later runs would otherwise see it closed).
+func (it *Interpreter) rearm() {
+	it.yi.EvalWithContext(context.Background(), "")
 }

@@ -215,3 +215,39 @@ func TestEvalStatementsWithHeaders(t *testing.T) {
 		t.Fatalf("sum = %q, want 13", got)
 	}
 }
+
+func TestEvalInterruptBlockedCells(t *testing.T) {
+	it := newInterp(t)
+	interrupt := func(src string, after time.Duration) time.Duration {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			time.Sleep(after)
+			cancel()
+		}()
+		start := time.Now()
+		_, err := it.Eval(ctx, src)
+		var e *Error
+		if !errors.As(err, &e) || e.Kind != KindInterrupted {
+			t.Fatalf("Eval(%q) err = %v, want an interruption", src, err)
+		}
+		return time.Since(start)
+	}
+	// A receive on a channel nobody sends on.
+	interrupt("ch := make(chan int)\n<-ch", 100*time.Millisecond)
+	// Channels work again afterwards.
+	if got := plain(eval(t, it, "c2 := make(chan int, 1)\nc2 <- 7\n<-c2").Value); got != "7" {
+		t.Fatalf("after interrupting a receive: %q", got)
+	}
+	// A compiled call that ignores the interruption: Eval returns after stopWait, and the
+	// next cell waits until the call has returned instead of running beside it.
+	eval(t, it, "import \"time\"\nslept := false")
+	d := interrupt("time.Sleep(4 * time.Second)\nslept = true", 100*time.Millisecond)
+	if d < stopWait || d > stopWait+2*time.Second {
+		t.Fatalf("interrupting a blocked call took %s, want about %s", d, stopWait)
+	}
+	if got := plain(eval(t, it, "slept").Value); got != "false" {
+		t.Fatalf("the statement after the interrupted call ran: slept = %s", got)
+	}
+}
