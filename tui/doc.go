@@ -1,7 +1,11 @@
 // Package tui is the halo-shell dashboard: a bubbletea program attached to a live engine
-// session that shows the run (loss and learning-rate charts, tokens/s, MFU, memory per device,
-// a step-time breakdown by op class and collective kind, the session's log) and drives it with
-// single keys (pause/resume, step, profile, take control, detach).
+// session that shows the run (header with session, state, step and this client's role; loss and
+// learning-rate charts; tokens/s, step time, gradient norm; MFU and FLOP/s from the newest
+// profile; a step-time breakdown bar by op class, by collective kind and idle, with a legend;
+// the session's log) and drives it with single keys: p pause/resume (run when idle), s step,
+// f profile 3 steps, t take control, ? help, q detach.
+//
+// Memory per device is not shown: the session's step metrics do not carry it.
 //
 // The program follows the Elm architecture. Model is the root; it owns the run's data (runData)
 // and a handful of components (header, charts, stats, breakdown, logs, footer) that share one
@@ -9,7 +13,12 @@
 // program one message at a time from a channel (waitEvent); control calls run as commands in
 // their own goroutines and come back as messages. Everything the model needs from a session
 // is the Controller interface, which *session.Client satisfies, so the model is tested with
-// scripted events and without a live session.
+// scripted events and without a live session. A burst of events is drawn at most every 50 ms;
+// keys, resizes and replies are drawn at once.
+//
+// Golden screens (plain text) live in testdata/TestGoldenScreens; after a deliberate change of
+// the layout, regenerate them with `go test ./tui -run TestGoldenScreens -update` and review
+// the diff.
 //
 // The package is not the session (package session) and it never stops one: detaching (q)
 // ends only the TUI, giving up control if it held it.
