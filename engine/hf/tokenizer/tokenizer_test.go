@@ -444,3 +444,40 @@ func TestEncodeOffsetsDroppedCharacters(t *testing.T) {
 		t.Errorf("offsets %v, want %v", offs, want)
 	}
 }
+
+// FuzzStreamDecode feeds arbitrary id sequences (byte tokens that split characters, special
+// tokens, ids past the vocabulary) to a StreamDecoder: it never fails for the byte-level
+// Qwen3 tokenizer, and what it yields is Decode of all ids whenever that does not end inside
+// a character.
+func FuzzStreamDecode(f *testing.F) {
+	tok := testTokenizer(f, "qwen3")
+	f.Add([]byte{0, 1, 2, 3}, false)
+	f.Add([]byte("\xff\x10\x20\x30\x40"), true)
+	f.Fuzz(func(t *testing.T, data []byte, skip bool) {
+		var ids []int
+		for i := 0; i+1 < len(data); i += 2 {
+			x := int(data[i])<<8 | int(data[i+1])
+			switch x % 4 {
+			case 0: // a byte token
+				id, _ := tok.TokenToID(byteToStr[byte(x>>2)])
+				ids = append(ids, id)
+			case 1: // an added token or an id past the vocabulary
+				ids = append(ids, 151643+(x>>2)%40)
+			default:
+				ids = append(ids, (x*7919)%151643)
+			}
+		}
+		d := tok.NewStreamDecoder(skip)
+		var b strings.Builder
+		for _, id := range ids {
+			s, err := d.Step(id)
+			if err != nil {
+				t.Fatalf("Step(%d): %v (ids %v)", id, err, ids)
+			}
+			b.WriteString(s)
+		}
+		if want := tok.Decode(ids, skip); !strings.HasSuffix(want, "\uFFFD") && b.String() != want {
+			t.Fatalf("stream %q, Decode %q (ids %v)", b.String(), want, ids)
+		}
+	})
+}
