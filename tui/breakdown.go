@@ -117,7 +117,7 @@ func (b *breakdown) View() string {
 	st := b.Styles
 	p := b.d.profile
 	if p == nil {
-		return fitLines(st.Title.Render("step time")+" "+st.Muted.Render("no profile yet: press f to profile 3 steps"), b.Width, b.Height)
+		return fitLines(st.Title.Render("step time")+" "+st.Muted.Render("no profile yet: press "+b.Keys.Profile.Help().Key+" to "+b.Keys.Profile.Help().Desc), b.Width, b.Height)
 	}
 	segs := b.segments(p)
 	var comp, comm, idle float64

@@ -120,6 +120,7 @@ func New(c Controller, o Options) *Model {
 	}
 	if o.Keys == nil {
 		k := keymap.Default()
+		k.Profile.SetHelp("f", fmt.Sprintf("profile %d steps", o.ProfileSteps))
 		o.Keys = &k
 	}
 	if o.Logger == nil {
