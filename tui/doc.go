@@ -8,7 +8,7 @@
 // Memory per device is not shown: the session's step metrics do not carry it.
 //
 // The program follows the Elm architecture. Model is the root; it owns the run's data (runData)
-// and a handful of components (header, charts, stats, breakdown, logs, footer) that share one
+// and a handful of components (header, charts, stats, breakdown, logs) that share one
 // Common (size, styles, keymap, logger) and render from that data. Session events reach the
 // program one message at a time from a channel (waitEvent); control calls run as commands in
 // their own goroutines and come back as messages. Everything the model needs from a session

@@ -127,16 +127,18 @@ func New(c Controller, o Options) *Model {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	common := Common{Width: 80, Height: 24, Styles: o.Styles, Keys: o.Keys, Logger: o.Logger}
 	m := &Model{
-		common: Common{Width: 80, Height: 24, Styles: o.Styles, Keys: o.Keys, Logger: o.Logger},
+		common: common,
 		opts:   o, c: c, ctx: ctx, cancel: cancel,
 		d:    &runData{self: c.ID(), clientNames: map[string]string{}},
 		help: help.New(), autoStyles: autoStyles,
 	}
 	m.help.Styles = o.Styles.Help
 	d, st := m.d, o.Styles
-	m.header = header{d: d}
+	m.header = header{Common: common, d: d}
 	m.loss = chart{
+		Common: common,
 		title: func() string {
 			t := st.Title.Render("loss")
 			if d.last != nil {
@@ -149,6 +151,7 @@ func New(c Controller, o Options) *Model {
 		color:  st.LossSeries,
 	}
 	m.lr = chart{
+		Common: common,
 		title: func() string {
 			t := st.Title.Render("learning rate")
 			if d.last != nil {
@@ -160,25 +163,20 @@ func New(c Controller, o Options) *Model {
 		yfmt:   func(v float64) string { return fmt.Sprintf("%8.2e", v) },
 		color:  st.LRSeries,
 	}
-	m.stats = stats{d: d, peakFLOPS: m.peakFLOPS}
-	m.breakdown = breakdown{d: d}
-	m.logs = logs{d: d, loc: o.Location}
-	for _, c := range m.components() {
-		c.common(&m.common)
-	}
+	m.stats = stats{Common: common, d: d, peakFLOPS: m.peakFLOPS}
+	m.breakdown = breakdown{Common: common, d: d}
+	m.logs = logs{Common: common, d: d, loc: o.Location}
 	return m
 }
 
-// components lists the parts that share Common.
-func (m *Model) components() []interface{ common(*Common) } {
-	return []interface{ common(*Common) }{&m.header, &m.loss, &m.lr, &m.stats, &m.breakdown, &m.logs}
-}
-
-func (h *header) common(c *Common)    { h.Common = *c }
-func (h *chart) common(c *Common)     { h.Common = *c }
-func (h *stats) common(c *Common)     { h.Common = *c }
-func (h *breakdown) common(c *Common) { h.Common = *c }
-func (h *logs) common(c *Common)      { h.Common = *c }
+// The components, as the root lays them out.
+var (
+	_ Component = (*header)(nil)
+	_ Component = (*chart)(nil)
+	_ Component = (*stats)(nil)
+	_ Component = (*breakdown)(nil)
+	_ Component = (*logs)(nil)
+)
 
 // peakFLOPS is the configured peak, else the peak of a known device, else 0.
 func (m *Model) peakFLOPS() float64 {
