@@ -501,3 +501,31 @@ func TestRepeatedCollectivesAreBitReproducible(t *testing.T) {
 		}
 	}
 }
+
+func TestAbortReleasesWaitingRanks(t *testing.T) {
+	w := newWorld(t, 3)
+	sub, err := w.Split("pair", [][]int{{0, 1}, {2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := spmd(worldComms(w), func(c *Comm) error {
+		x, _ := c.Backend().Alloc(tensor.F32, 4)
+		switch c.Rank() {
+		case 0:
+			return c.AllReduce(x, Sum) // waits for ranks 1 and 2
+		case 1:
+			return sub[1].Recv(x, 0) // waits for a message rank 0 never sends
+		default:
+			w.Abort(fmt.Errorf("rank 2 failed"))
+			return nil
+		}
+	})
+	for r, err := range errs[:2] {
+		if err == nil || !strings.Contains(err.Error(), "aborted") || !strings.Contains(err.Error(), "rank 2 failed") {
+			t.Errorf("rank %d: got %v, want the abort error", r, err)
+		}
+	}
+	if err := w.Comm(0).Barrier(); err == nil {
+		t.Error("a collective after Abort succeeded")
+	}
+}

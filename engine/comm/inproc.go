@@ -18,6 +18,46 @@ const maxInFlight = 64
 type World struct {
 	backends []backend.Backend
 	world    []*Comm
+	abort    *abortState
+}
+
+// abortState is shared by every group of a world: once set, every collective in flight or
+// started later returns the abort error instead of waiting for ranks that will never come.
+type abortState struct {
+	mu     sync.Mutex
+	err    error
+	done   chan struct{}
+	groups []*group
+}
+
+// Abort makes every pending and future collective of every group of the world fail with err
+// (wrapped). Call it when a rank fails between collectives, so that the others do not wait for
+// it forever. The world cannot be used for collectives afterwards.
+func (w *World) Abort(err error) {
+	if err == nil {
+		err = errors.New("aborted")
+	}
+	a := w.abort
+	a.mu.Lock()
+	if a.err != nil {
+		a.mu.Unlock()
+		return
+	}
+	a.err = err
+	close(a.done)
+	groups := a.groups
+	a.mu.Unlock()
+	for _, g := range groups {
+		g.mu.Lock()
+		g.cond.Broadcast()
+		g.mu.Unlock()
+	}
+}
+
+func (a *abortState) get() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
 }
 
 // NewWorld makes a world of len(backends) ranks; rank i drives backends[i]. The backends may be
@@ -31,7 +71,7 @@ func NewWorld(backends []backend.Backend) (*World, error) {
 			return nil, fmt.Errorf("comm: NewWorld: backend of rank %d is nil", i)
 		}
 	}
-	w := &World{backends: backends}
+	w := &World{backends: backends, abort: &abortState{done: make(chan struct{})}}
 	all := make([]int, len(backends))
 	for i := range all {
 		all[i] = i
@@ -81,8 +121,11 @@ func (w *World) Split(name string, groups [][]int) ([]*Comm, error) {
 }
 
 func (w *World) newGroup(name string, ranks []int) []*Comm {
-	g := &group{name: name, n: len(ranks), slots: make([]contrib, len(ranks))}
+	g := &group{name: name, n: len(ranks), slots: make([]contrib, len(ranks)), abort: w.abort}
 	g.cond = sync.NewCond(&g.mu)
+	w.abort.mu.Lock()
+	w.abort.groups = append(w.abort.groups, g)
+	w.abort.mu.Unlock()
 	g.p2p = make([][]chan []byte, len(ranks))
 	for i := range g.p2p {
 		g.p2p[i] = make([]chan []byte, len(ranks))
@@ -107,6 +150,7 @@ type group struct {
 	arrived int
 	slots   []contrib
 	p2p     [][]chan []byte // p2p[from][to]
+	abort   *abortState
 }
 
 // contrib is what one rank brings to a rendezvous.
@@ -117,21 +161,29 @@ type contrib struct {
 	meta  []int // collective-specific: all-to-all send counts and row bytes, broadcast root
 }
 
-// barrier blocks until all n ranks have arrived (a reusable generation barrier).
-func (g *group) barrier() {
+// barrier blocks until all n ranks have arrived (a reusable generation barrier), or fails once
+// the world is aborted.
+func (g *group) barrier() error {
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.abort.get(); err != nil {
+		return fmt.Errorf("comm: group %s: aborted: %w", g.name, err)
+	}
 	gen := g.gen
 	g.arrived++
 	if g.arrived == g.n {
 		g.arrived = 0
 		g.gen++
 		g.cond.Broadcast()
-	} else {
-		for gen == g.gen {
-			g.cond.Wait()
-		}
+		return nil
 	}
-	g.mu.Unlock()
+	for gen == g.gen {
+		if err := g.abort.get(); err != nil {
+			return fmt.Errorf("comm: group %s: aborted: %w", g.name, err)
+		}
+		g.cond.Wait()
+	}
+	return nil
 }
 
 // exchange deposits c, waits for every rank and calls read with every contribution; after read
@@ -141,7 +193,9 @@ func (g *group) exchange(rank int, c contrib, read func([]contrib) error) error 
 	g.mu.Lock()
 	g.slots[rank] = c
 	g.mu.Unlock()
-	g.barrier()
+	if err := g.barrier(); err != nil {
+		return err
+	}
 	var err error
 	for i, o := range g.slots {
 		if o.kind != c.kind {
@@ -156,7 +210,9 @@ func (g *group) exchange(rank int, c contrib, read func([]contrib) error) error 
 	if err == nil {
 		err = read(g.slots)
 	}
-	g.barrier()
+	if berr := g.barrier(); berr != nil {
+		return berr
+	}
 	return err
 }
 
@@ -509,8 +565,12 @@ func (c *Comm) Send(t T, peer int) error {
 		if err != nil {
 			return c.errf(KindP2P, "send: %v", err)
 		}
-		c.g.p2p[c.rank][peer] <- data
-		return nil
+		select {
+		case c.g.p2p[c.rank][peer] <- data:
+			return nil
+		case <-c.g.abort.done:
+			return c.errf(KindP2P, "send to rank %d: aborted: %v", peer, c.g.abort.get())
+		}
 	})
 }
 
@@ -523,7 +583,12 @@ func (c *Comm) Recv(t T, peer int) error {
 		return c.errf(KindP2P, "recv from rank %d: the peer must be another rank of the group of %d", peer, c.g.n)
 	}
 	return c.run(KindP2P, 0, func() error {
-		data := <-c.g.p2p[peer][c.rank]
+		var data []byte
+		select {
+		case data = <-c.g.p2p[peer][c.rank]:
+		case <-c.g.abort.done:
+			return c.errf(KindP2P, "recv from rank %d: aborted: %v", peer, c.g.abort.get())
+		}
 		if int64(len(data)) != t.Bytes() {
 			return c.errf(KindP2P, "recv from rank %d: message has %d bytes, tensor %v has %d", peer, len(data), t, t.Bytes())
 		}

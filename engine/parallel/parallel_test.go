@@ -28,6 +28,10 @@ var tinyConfigs = map[string]string{
 	"qwen3": `{"model_type": "qwen3", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "initializer_range": 0.2}`,
+	// Sliding-window attention (window 5 inside 16-token rows split into chunks of 2 to 8).
+	"mistral": `{"model_type": "mistral", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4, "sliding_window": 5,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`,
 	// Mixture of experts: layer 0 dense, layer 1 four experts (top 2) with the auxiliary
 	// load-balancing loss on.
 	"qwen3_moe": `{"model_type": "qwen3_moe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
@@ -191,7 +195,7 @@ var supportedMoE = []struct {
 }
 
 func TestLayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
-	checkLayouts(t, []string{"llama", "qwen3"}, supported)
+	checkLayouts(t, []string{"llama", "qwen3", "mistral"}, supported)
 }
 
 func TestMoELayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
@@ -595,5 +599,66 @@ func TestRelayoutKeepsTrainingOnTrack(t *testing.T) {
 			defer np.Close()
 			trainSteps(t, np, batches, 3, want, wantNorm)
 		})
+	}
+}
+
+func TestFailingRankDoesNotHangTheOthers(t *testing.T) {
+	src := tinyModel(t, "llama", 1)
+	probe := newPlan(t, src, 4, "tp=2", optim.Config{})
+	state := probe.ranks[3].dev.MemStats().Allocated
+	// Rank 3 can hold its weights and optimizer but not the activations of a step.
+	l, _ := mesh.ParseLayout("tp=2")
+	p, err := New(src, cpuDevices(4), l, Options{NewBackend: func(r int) (backend.Backend, error) {
+		o := cpu.Options{Workers: 1}
+		if r == 3 {
+			o.MemoryLimit = state + 512
+		}
+		return cpu.New(o), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rows := tinyRows(2, 16, 41, 1)
+	if _, _, err := p.ForwardBackward(rows); err == nil || !strings.Contains(err.Error(), "rank 3") {
+		t.Fatalf("got %v, want rank 3's allocation failure", err)
+	}
+	if _, _, err := p.ForwardBackward(rows); err == nil || !strings.Contains(err.Error(), "earlier step failed") {
+		t.Fatalf("second step: got %v", err)
+	}
+	// The weights are still readable and the run continues in a new plan.
+	np, err := p.Relayout(cpuDevices(2), mesh.Layout{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer np.Close()
+	if _, _, err := np.ForwardBackward(rows); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestForwardBackwardRejectsBadRows(t *testing.T) {
+	src := tinyModel(t, "llama", 1)
+	p := newPlan(t, src, 2, "", optim.Config{})
+	good := tinyRows(2, 8, 41, 1)
+	for _, tc := range []struct {
+		edit func(b *models.Batch)
+		want string
+	}{
+		{func(b *models.Batch) { b.Tokens[3] = 41 }, "token 41 at position 3 is outside the vocabulary [0,41)"},
+		{func(b *models.Batch) { b.Targets[2] = -5 }, "target -5 at position 2"},
+		{func(b *models.Batch) { b.Targets = b.Targets[:4] }, "8 tokens and 4 targets"},
+		{func(b *models.Batch) { b.DocStarts = []int32{0, 5, 5, 8} }, "strictly increasing"},
+		{func(b *models.Batch) { b.DocStarts = []int32{0, 7} }, "end at 8"},
+	} {
+		rows := tinyRows(2, 8, 41, 1)
+		tc.edit(&rows[1])
+		if _, _, err := p.ForwardBackward(rows); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+	// Refused input leaves the plan usable.
+	if _, _, err := p.ForwardBackward(good); err != nil {
+		t.Fatal(err)
 	}
 }

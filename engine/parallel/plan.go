@@ -56,6 +56,10 @@ type Plan struct {
 	ranks []*rank
 	dtype tensor.DType
 	shape mesh.ModelShape // of the full model
+	// failed is set when a rank failed inside a step: the communicators were aborted so that
+	// no rank waits forever, and only host-side reads (Gather, Params, OptimizerState,
+	// Relayout) remain possible.
+	failed error
 }
 
 type rank struct {
@@ -380,6 +384,9 @@ func (p *Plan) Close() error {
 // spmd runs fn on every rank, one goroutine each (locked to its OS thread, as device contexts
 // require), and joins their errors.
 func (p *Plan) spmd(fn func(rk *rank) error) error {
+	if p.failed != nil {
+		return fmt.Errorf("parallel: an earlier step failed (%v); the plan's communicators are closed: build a new plan with Relayout or New", p.failed)
+	}
 	errs := make([]error, len(p.ranks))
 	var wg sync.WaitGroup
 	for i, rk := range p.ranks {
@@ -391,15 +398,22 @@ func (p *Plan) spmd(fn func(rk *rank) error) error {
 			defer func() {
 				if v := recover(); v != nil {
 					errs[i] = fmt.Errorf("parallel: rank %d: panic: %v", rk.id, v)
+					p.world.Abort(errs[i])
 				}
 			}()
 			if err := fn(rk); err != nil {
 				errs[i] = fmt.Errorf("rank %d: %w", rk.id, err)
+				// Release the ranks waiting for this one in a collective.
+				p.world.Abort(errs[i])
 			}
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		p.failed = err
+		return err
+	}
+	return nil
 }
 
 // docStarts returns b's document boundaries (as models.Batch documents them).
@@ -443,6 +457,9 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 			return 0, 0, fmt.Errorf("parallel: row %d has no targets", i)
 		}
 		if err := mesh.CheckSeqLen(l, len(b.Tokens)); err != nil {
+			return 0, 0, fmt.Errorf("parallel: row %d: %w", i, err)
+		}
+		if err := p.checkRow(b); err != nil {
 			return 0, 0, fmt.Errorf("parallel: row %d: %w", i, err)
 		}
 		for _, t := range b.Targets {
@@ -499,6 +516,37 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		}
 	}
 	return sum / float64(nTargets), nTargets, nil
+}
+
+// checkRow validates a row on the host before any rank runs it, so that bad input is an error
+// of the call rather than of one rank in the middle of a step.
+func (p *Plan) checkRow(b models.Batch) error {
+	v := int32(p.shape.Vocab)
+	if len(b.Targets) != len(b.Tokens) || len(b.Tokens) == 0 {
+		return fmt.Errorf("%d tokens and %d targets; give one target per token", len(b.Tokens), len(b.Targets))
+	}
+	if b.Positions != nil && len(b.Positions) != len(b.Tokens) {
+		return fmt.Errorf("%d positions for %d tokens", len(b.Positions), len(b.Tokens))
+	}
+	for i, t := range b.Tokens {
+		if t < 0 || t >= v {
+			return fmt.Errorf("token %d at position %d is outside the vocabulary [0,%d)", t, i, v)
+		}
+		if g := b.Targets[i]; g != backend.IgnoreIndex && (g < 0 || g >= v) {
+			return fmt.Errorf("target %d at position %d is outside the vocabulary [0,%d) (use %d to ignore a position)", g, i, v, backend.IgnoreIndex)
+		}
+	}
+	if cu := b.DocStarts; cu != nil {
+		if len(cu) < 2 || cu[0] != 0 || int(cu[len(cu)-1]) != len(b.Tokens) {
+			return fmt.Errorf("DocStarts must start at 0 and end at %d (the token count), got %v", len(b.Tokens), cu[:min(len(cu), 8)])
+		}
+		for d := 1; d < len(cu); d++ {
+			if cu[d] <= cu[d-1] {
+				return fmt.Errorf("DocStarts must be strictly increasing, got %v at document %d", cu[d-1:d+1], d-1)
+			}
+		}
+	}
+	return nil
 }
 
 // reduceGrads completes the gradients after the last micro-batch: partial tensor-parallel
