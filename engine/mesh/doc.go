@@ -22,10 +22,11 @@
 // in engine/parallel, each refused one a refusal test here):
 //
 //	layout                    dense models          MoE models
-//	dp (replicated)           yes                   yes
+//	dp (replicated)           yes                   yes (aux loss per micro-batch row, as on one device)
 //	dp + fsdp                 yes                   yes
-//	tp                        yes                   yes (experts replicated across tp)
-//	cp                        yes                   no: the router's load-balancing loss is per sequence
+//	tp                        yes                   yes (attention split, experts and MLPs replicated)
+//	cp                        yes (packing and      no: the router's load-balancing loss is per sequence
+//	                          sliding windows)
 //	dp/fsdp + tp + cp         yes                   no (cp)
 //	ep, etp                   no (no experts)       not yet: refused with the layout to use instead
 //

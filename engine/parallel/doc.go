@@ -28,6 +28,16 @@
 //   - EP, ETP: the layout rules exist (engine/mesh) but the expert dispatch is not built; such
 //     layouts are refused before any weight is touched.
 //
+// State moves between layouts without touching disk: OptimizerState exports the optimizer in
+// the layout-free form of a single-device optim.AdamW (one tensor per parameter and kind),
+// LoadOptimizerState reslices and reshards it into any plan, and Relayout does both with the
+// gathered weights, refusing an invalid target before anything changes.
+//
+// A rank that fails inside a step (out of memory, a backend error) aborts the communicators so
+// that the other ranks return instead of waiting for it; the plan then only allows host-side
+// reads (Gather, Params, OptimizerState, Relayout). Rows are validated on the host before a
+// step starts, so bad input never reaches that path.
+//
 // Results equal the single-device run within fp32 rounding (reductions add in a different
 // order); every collective runs through engine/comm, so it is counted and can be recorded as a
 // profile span. Checkpoints are written from Gather into a single-device model: ordinary HF
