@@ -56,7 +56,11 @@ func DryRun(out io.Writer, cfg *config.Config, d mesh.Devices, l mesh.Layout, w 
 		}
 	}
 	e := mesh.Estimate(l, shape, w)
-	fmt.Fprintf(out, "per device (%d tokens x %d rows per data rank, %d-byte elements):\n", w.SeqLen, max(w.Rows, 1), max(w.ParamBytes, 4))
+	pb := w.ParamBytes
+	if pb <= 0 {
+		pb = 4
+	}
+	fmt.Fprintf(out, "per device (%d tokens x %d rows per data rank, %d-byte elements):\n", w.SeqLen, max(w.Rows, 1), pb)
 	for _, row := range []struct {
 		name string
 		v    int64

@@ -662,3 +662,33 @@ func TestForwardBackwardRejectsBadRows(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestPerRankProfilesSplitComputeAndCollectives(t *testing.T) {
+	src := tinyModel(t, "llama", 1)
+	recs := []*profile.Recorder{profile.NewRecorder(), profile.NewRecorder()}
+	l, _ := mesh.ParseLayout("cp=2")
+	p, err := New(src, cpuDevices(2), l, Options{NewBackend: func(r int) (backend.Backend, error) {
+		return profile.Wrap(cpu.New(cpu.Options{Workers: 1}), recs[r]), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for r, rec := range recs {
+		p.SetRankRecorder(r, rec)
+		rec.Enable(true, false)
+		rec.BeginStep(1)
+	}
+	if _, _, err := p.ForwardBackward(tinyRows(1, 16, 41, 2)); err != nil {
+		t.Fatal(err)
+	}
+	for r, rec := range recs {
+		st, ok := rec.EndStep()
+		if !ok {
+			t.Fatalf("rank %d: no step", r)
+		}
+		if st.Compute[profile.ClassAttention] <= 0 || st.Comm[profile.CommAllGather] <= 0 || st.Comm[profile.CommReduceScatter] <= 0 || st.Comm[profile.CommAllReduce] <= 0 {
+			t.Errorf("rank %d: compute %v, comm %v: want attention compute, all-gather (keys, values), reduce-scatter (their gradients) and all-reduce (weight gradients)", r, st.Compute, st.Comm)
+		}
+	}
+}

@@ -741,15 +741,27 @@ func (p *Plan) CommStats() []comm.Stats {
 	return out
 }
 
-// SetRecorder records every collective of every rank into r (engine/profile's *Recorder, for
-// collective spans); nil stops recording.
+// SetRecorder records every collective of every rank into r (nil stops recording). One
+// recorder shared by all ranks sees their spans interleaved; for per-device step breakdowns
+// give each rank its own with SetRankRecorder.
 func (p *Plan) SetRecorder(r comm.Recorder) {
-	for _, rk := range p.ranks {
-		for _, c := range []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data} {
-			c.SetRecorder(r)
-		}
+	for i := range p.ranks {
+		p.SetRankRecorder(i, r)
 	}
 }
+
+// SetRankRecorder records the collectives of world rank r into rec (engine/profile's *Recorder,
+// for collective spans beside the compute spans of a profile.Wrap'ed device from
+// Options.NewBackend); nil stops recording.
+func (p *Plan) SetRankRecorder(r int, rec comm.Recorder) {
+	rk := p.ranks[r]
+	for _, c := range []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data} {
+		c.SetRecorder(rec)
+	}
+}
+
+// Size is the number of ranks.
+func (p *Plan) Size() int { return len(p.ranks) }
 
 // Placement reports how parameter name is split over the tensor group: "replicated",
 // "column", "row" or "partial" (replicated value, gradient summed over the tensor group).
