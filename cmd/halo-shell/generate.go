@@ -40,7 +40,8 @@ func init() {
 		Long: `Loads a Hugging Face checkpoint and its tokenizer, encodes --prompt (with --chat: as a user
 message rendered by the chat template with add_generation_prompt) and streams the decoded
 continuation. Temperature 0 (the default) is greedy decoding; generation stops at an
-end-of-sequence token of config.json or generation_config.json, or after --max-new-tokens.`,
+end-of-sequence token of config.json or generation_config.json, at the tokenizer's
+eos_token (tokenizer_config.json), or after --max-new-tokens.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if tokDir == "" {
@@ -80,6 +81,7 @@ end-of-sequence token of config.json or generation_config.json, or after --max-n
 				o.StopIDs = append(o.StopIDs, int32(id))
 			}
 			o.StopIDs = append(o.StopIDs, generationEOS(modelDir)...)
+			o.StopIDs = append(o.StopIDs, tokenizerEOS(tokDir, tok)...)
 			dec := tok.NewStreamDecoder(true)
 			out := cmd.OutOrStdout()
 			o.OnToken = func(id int32) error {
@@ -114,6 +116,19 @@ end-of-sequence token of config.json or generation_config.json, or after --max-n
 	_ = cmd.MarkFlagRequired("model")
 	_ = cmd.MarkFlagRequired("prompt")
 	runCmd.AddCommand(cmd)
+}
+
+// tokenizerEOS returns the id of tokenizer_config.json's eos_token (ChatML's <|im_end|>,
+// Llama-3's <|eot_id|>), which ends a turn even when config.json names no eos_token_id.
+func tokenizerEOS(dir string, tok *tokenizer.Tokenizer) []int32 {
+	t, err := chat.Load(dir)
+	if err != nil || t.EOS == "" {
+		return nil
+	}
+	if id, ok := tok.TokenToID(t.EOS); ok {
+		return []int32{int32(id)}
+	}
+	return nil
 }
 
 // generationEOS reads eos_token_id (an int or a list) from generation_config.json, if any.
