@@ -3,10 +3,15 @@ package tui
 import (
 	"context"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,52 +53,110 @@ func (x *tmux) waitPane(what string, ok func(string) bool) string {
 	}
 }
 
-// TestEndToEndTmux runs `halo-shell tui` in tmux at 80x24 against a session process on the tiny
-// CPU config: another client steps the session and the pane shows the step and its loss; p
-// pauses the run, resumes it and pauses it again; q detaches and the session still answers.
-func TestEndToEndTmux(t *testing.T) {
+// binary builds halo-shell once per test binary, into binDir (removed by TestMain).
+var (
+	buildOnce sync.Once
+	binDir    string
+	binPath   string
+	buildErr  error
+)
+
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "halo-e2e-bin")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "halo-shell")
+		build := exec.Command("go", "build", "-o", binPath, "../cmd/halo-shell")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("building halo-shell: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// e2e is a session process on the tiny config and `halo-shell tui` attached to it in tmux at
+// 80x24.
+type e2e struct {
+	*tmux
+	bin, name string
+}
+
+func startE2E(t *testing.T, name string) *e2e {
+	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		if os.Getenv("HALO_CI") == "1" {
 			t.Fatal("tmux is not installed; CI needs it (apt-get install -y tmux)")
 		}
 		t.Skip("tmux is not installed (apt-get install -y tmux); the end-to-end test needs it")
 	}
+	bin := binary(t)
 	dir, err := os.MkdirTemp("", "halo-e2e")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "halo-shell")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/halo-shell")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building halo-shell: %v\n%s", err, out)
-	}
 	sessions := filepath.Join(dir, "sessions")
 	t.Setenv("HALO_SESSION_DIR", sessions)
 	config, err := filepath.Abs(tinyConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if out, err := exec.Command(bin, "session", "start", "--name", "e2e", "--config", config).CombinedOutput(); err != nil {
+	if out, err := exec.Command(bin, "session", "start", "--name", name, "--config", config).CombinedOutput(); err != nil {
 		t.Fatalf("starting the session: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		if _, err := session.Stop(context.Background(), "e2e", 30*time.Second); err != nil {
+		if _, err := session.Stop(context.Background(), name, 30*time.Second); err != nil {
 			t.Errorf("stopping the session: %v", err)
 		}
 	})
-
 	x := &tmux{t: t, sock: filepath.Join(dir, "tmux.sock")}
-	cmd := fmt.Sprintf("env HALO_SESSION_DIR=%s TERM=xterm-256color %s tui --session e2e --no-start --status-every 200ms", sessions, bin)
+	cmd := fmt.Sprintf("env HALO_SESSION_DIR=%s TERM=xterm-256color %s tui --session %s --no-start --status-every 200ms", sessions, bin, name)
 	if out, err := x.run("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", cmd); err != nil {
 		t.Fatalf("tmux new-session: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { x.run("kill-server") })
 	x.waitPane("the idle session", contains("idle", "step 0/1000"))
+	return &e2e{tmux: x, bin: bin, name: name}
+}
 
-	other, err := session.Dial("e2e", session.Options{ClientName: "repl"})
+// key presses one key in the dashboard.
+func (x *tmux) key(k string) {
+	x.t.Helper()
+	if out, err := x.run("send-keys", "-t", "tui", k); err != nil {
+		x.t.Fatalf("send-keys %s: %v\n%s", k, err, out)
+	}
+}
+
+// detach presses q and waits for the dashboard to end (its tmux session closes with it).
+func (x *tmux) detach() {
+	x.t.Helper()
+	x.key("q")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := x.run("has-session", "-t", "tui"); err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			x.t.Fatalf("q did not end the dashboard; the pane shows:\n%s", x.pane())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestEndToEndTmux runs `halo-shell tui` in tmux at 80x24 against a session process on the tiny
+// CPU config: another client steps the session and the pane shows the step and its loss; p
+// pauses the run, resumes it and pauses it again; q detaches and the session still answers.
+func TestEndToEndTmux(t *testing.T) {
+	x := startE2E(t, "e2e")
+	ctx := context.Background()
+	other, err := session.Dial(x.name, session.Options{ClientName: "repl"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,38 +180,88 @@ func TestEndToEndTmux(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.waitPane("the run", contains("│ running │"))
-	if out, err := x.run("send-keys", "-t", "tui", "p"); err != nil {
-		t.Fatalf("send-keys p: %v\n%s", err, out)
-	}
+	x.key("p")
 	x.waitPane("the pause", contains("paused after step", "│ paused │"))
-	// p again resumes the run, and once more pauses it.
-	if out, err := x.run("send-keys", "-t", "tui", "p"); err != nil {
-		t.Fatalf("send-keys p: %v\n%s", err, out)
-	}
+	x.key("p")
 	x.waitPane("the run resumed", contains("resumed", "│ running │"))
-	if out, err := x.run("send-keys", "-t", "tui", "p"); err != nil {
-		t.Fatalf("send-keys p: %v\n%s", err, out)
-	}
+	x.key("p")
 	x.waitPane("the second pause", contains("paused after step", "│ paused │"))
 
-	if out, err := x.run("send-keys", "-t", "tui", "q"); err != nil {
-		t.Fatalf("send-keys q: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := x.run("has-session", "-t", "tui"); err != nil {
-			break // the dashboard exited and its tmux session closed
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("q did not end the dashboard; the pane shows:\n%s", x.pane())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	x.detach()
 	st, err := other.Status(ctx)
 	if err != nil {
 		t.Fatalf("the session stopped answering after the dashboard detached: %v", err)
 	}
 	if st.State != session.StatePaused || st.Controller != "" {
 		t.Fatalf("after q the session is %v controlled by %q; want it paused, control given back", st.State, st.Controller)
+	}
+}
+
+// TestEndToEndWithTheREPL is the interactive workflow: the REPL runs 5 steps while the
+// dashboard shows step 5 and its loss; the REPL is killed and the session goes on serving the
+// dashboard, which is refused control (naming the controller) until it takes over, then runs,
+// pauses and resumes the session, and profiles 3 steps whose parts add up to the step time.
+func TestEndToEndWithTheREPL(t *testing.T) {
+	x := startE2E(t, "e2e-repl")
+	ctx := context.Background()
+	repl := exec.Command(x.bin, "repl", "--session", x.name, "--history", "-")
+	stdin, err := repl.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	repl.Stdout, repl.Stderr = &out, &out
+	if err := repl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { repl.Process.Kill(); repl.Wait() })
+	if _, err := io.WriteString(stdin, ":step 5\n"); err != nil {
+		t.Fatal(err)
+	}
+	watcher, err := session.Dial(x.name, session.Options{ClientName: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	var st *session.StatusResponse
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if st, err = watcher.Status(ctx); err == nil && st.Step == 5 && st.LastMetrics != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the REPL did not run 5 steps (status %v, %v); it wrote:\n%s", st, err, out.String())
+		}
+	}
+	x.waitPane("step 5 and its loss", contains("step 5/1000", "loss "+fmtLoss(st.LastMetrics.Loss)+" at step 5", "controller repl"))
+
+	if err := repl.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	repl.Wait()
+	x.key("p")
+	x.waitPane("the refusal naming the controller", contains("run failed", "controlled by"))
+	x.key("t")
+	x.waitPane("control", contains("controller (you)"))
+	x.key("p")
+	x.waitPane("the run", contains("started a run", "│ running │"))
+	x.key("p")
+	x.waitPane("the pause", contains("paused after step", "│ paused │"))
+	x.key("p")
+	x.waitPane("the run resumed", contains("resumed", "│ running │"))
+	x.key("p")
+	x.waitPane("the second pause", contains("paused after step", "│ paused │"))
+	// A profile of 3 steps: its parts add up to the measured step time (within 5%).
+	x.key("f")
+	pane := x.waitPane("the profile", contains("profiled steps"))
+	m := regexp.MustCompile(`parts add up to ([0-9.]+)%`).FindStringSubmatch(pane)
+	if m == nil {
+		t.Fatalf("the profile's notice has no share:\n%s", pane)
+	}
+	if share, err := strconv.ParseFloat(m[1], 64); err != nil || math.Abs(share-100) > 5 {
+		t.Fatalf("the profile's parts add up to %s%% of the step time, want 100%% within 5%%:\n%s", m[1], pane)
+	}
+	x.detach()
+	if st, err = watcher.Status(ctx); err != nil || st.State != session.StatePaused || st.Step <= 5 {
+		t.Fatalf("after the dashboard detached: %v, %v; want the session paused past step 5", st, err)
 	}
 }

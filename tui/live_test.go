@@ -20,7 +20,11 @@ const tinyConfig = "testdata/tiny.yaml"
 
 func TestMain(m *testing.M) {
 	session.EnableProfiling()
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // startSession serves a session on the tiny config in this process, on a socket in a
