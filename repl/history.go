@@ -98,12 +98,20 @@ func (h *History) Add(entry string) {
 		h.rewrite()
 		return
 	}
-	f, err := os.OpenFile(h.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(h.path, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
 		return
 	}
 	defer f.Close()
-	f.WriteString(encodeEntry(entry) + "\n")
+	line := encodeEntry(entry) + "\n"
+	if st, err := f.Stat(); err == nil && st.Size() > 0 {
+		// A file that does not end in a newline would glue the entry to its last line.
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, st.Size()-1); err == nil && last[0] != '\n' {
+			line = "\n" + line
+		}
+	}
+	f.WriteString(line)
 }
 
 func (h *History) rewrite() {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"os/signal"
 	"syscall"
 
@@ -23,7 +22,7 @@ func init() {
 			ctx = context.Background()
 		}
 		return repl.Run(ctx, repl.Options{Session: sessionName, HistoryFile: history,
-			In: os.Stdin, Out: cmd.OutOrStdout(), Err: cmd.ErrOrStderr()})
+			In: cmd.InOrStdin(), Out: cmd.OutOrStdout(), Err: cmd.ErrOrStderr()})
 	}
 	var sessionName, history string
 	replCmd := &cobra.Command{
