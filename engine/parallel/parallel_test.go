@@ -106,6 +106,12 @@ func tinyRows(n, seqLen, vocab int, seed uint64) []models.Batch {
 
 // reference runs rows on the single-device model and returns the mean loss and every gradient.
 func reference(t testing.TB, m *models.Model, rows []models.Batch) (float64, map[string][]float32) {
+	loss, g, _ := referenceAux(t, m, rows)
+	return loss, g
+}
+
+// referenceAux is reference that also returns the mean router aux loss over the rows.
+func referenceAux(t testing.TB, m *models.Model, rows []models.Batch) (float64, map[string][]float32, float64) {
 	t.Helper()
 	n := 0
 	for _, b := range rows {
@@ -118,13 +124,20 @@ func reference(t testing.TB, m *models.Model, rows []models.Batch) (float64, map
 	if err := m.ZeroGrads(); err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
+	if m.IsMoE() {
+		// The trainer's objective: mean over micro-batches of CE + coef * aux.
+		coef := m.AuxLossScale()
+		m.SetAuxLossScale(coef / float64(len(rows)))
+		defer m.SetAuxLossScale(coef)
+	}
+	sum, aux := 0.0, 0.0
 	for _, b := range rows {
 		s, _, err := m.ForwardBackward(b, float32(1/float64(n)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		sum += s
+		aux += m.AuxLoss()
 	}
 	g := map[string][]float32{}
 	for _, s := range m.Specs {
@@ -134,7 +147,7 @@ func reference(t testing.TB, m *models.Model, rows []models.Batch) (float64, map
 		}
 		g[s.Name] = v
 	}
-	return sum / float64(n), g
+	return sum / float64(n), g, aux / float64(len(rows))
 }
 
 // close reports whether got matches want within fp32 tolerance: |got-want| <= atol + rtol*|want|
@@ -209,7 +222,10 @@ func checkLayouts(t *testing.T, families []string, layouts []struct {
 	for _, family := range families {
 		src := tinyModel(t, family, 3)
 		rows := tinyRows(8, 16, 41, 4)
-		wantLoss, wantGrads := reference(t, src, rows)
+		wantLoss, wantGrads, wantAux := referenceAux(t, src, rows)
+		if src.IsMoE() && !(wantAux > 0) {
+			t.Fatalf("%s: aux loss %v: the test would not exercise it", family, wantAux)
+		}
 		for _, tc := range layouts {
 			t.Run(fmt.Sprintf("%s/%d/%s", family, tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
 				p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
@@ -219,6 +235,9 @@ func checkLayouts(t *testing.T, families []string, layouts []struct {
 				}
 				if math.Abs(loss-wantLoss) > 1e-6*math.Abs(wantLoss) {
 					t.Errorf("loss %.9g, single device %.9g", loss, wantLoss)
+				}
+				if aux := p.AuxLoss(); math.Abs(aux-wantAux) > 1e-6*math.Abs(wantAux) {
+					t.Errorf("aux loss %.9g, single device %.9g", aux, wantAux)
 				}
 				grads, err := p.Grads()
 				if err != nil {

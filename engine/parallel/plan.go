@@ -60,6 +60,9 @@ type Plan struct {
 	// no rank waits forever, and only host-side reads (Gather, Params, OptimizerState,
 	// Relayout) remain possible.
 	failed error
+	// auxCoef is the model's router aux-loss weight (0 for dense models); aux the mean aux
+	// loss of the last ForwardBackward.
+	auxCoef, aux float64
 }
 
 type rank struct {
@@ -71,7 +74,7 @@ type rank struct {
 	tp, cp, data    *comm.Comm
 	world           *comm.Comm
 	opt             *optim.AdamW
-	lossSum         float64
+	lossSum, auxSum float64
 	optParams       []optim.Param
 	optOff          []int  // per optParams entry: its offset in the rank's flat parameter arena
 	countNorm       []bool // per optParams entry: counted once in the global gradient norm
@@ -122,6 +125,9 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	}
 	l = ms.Layout
 	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placement{}, dtype: src.DType(), shape: shape}
+	if src.IsMoE() {
+		p.auxCoef = src.AuxLossScale()
+	}
 	local := cfg.Clone()
 	if l.TP > 1 {
 		local.HeadDim = src.Arch.HeadDim
@@ -473,10 +479,16 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 	}
 	scale := float32(1 / float64(nTargets))
 	per := len(rows) / l.DP
+	moe := p.shape.MoE()
 	err = p.spmd(func(rk *rank) error {
-		rk.lossSum = 0
+		rk.lossSum, rk.auxSum = 0, 0
 		if err := rk.m.ZeroGrads(); err != nil {
 			return err
+		}
+		if moe {
+			// As engine/train does: the objective is the mean over the step's rows (its
+			// micro-batches) of CE + coef * aux.
+			rk.m.SetAuxLossScale(p.auxCoef / float64(len(rows)))
 		}
 		for _, b := range rows[rk.c.DP*per : (rk.c.DP+1)*per] {
 			lb := b
@@ -503,18 +515,23 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 				return err
 			}
 			rk.lossSum += s
+			if moe {
+				rk.auxSum += rk.m.AuxLoss()
+			}
 		}
 		return p.reduceGrads(rk)
 	})
 	if err != nil {
 		return 0, 0, err
 	}
-	sum := 0.0
+	sum, aux := 0.0, 0.0
 	for _, rk := range p.ranks {
 		if rk.c.TP == 0 {
 			sum += rk.lossSum
+			aux += rk.auxSum
 		}
 	}
+	p.aux = aux / float64(len(rows))
 	return sum / float64(nTargets), nTargets, nil
 }
 
@@ -548,6 +565,10 @@ func (p *Plan) checkRow(b models.Batch) error {
 	}
 	return nil
 }
+
+// AuxLoss is the mean router load-balancing loss over the rows of the last ForwardBackward
+// (0 for dense models).
+func (p *Plan) AuxLoss() float64 { return p.aux }
 
 // reduceGrads completes the gradients after the last micro-batch: partial tensor-parallel
 // gradients are summed over the tensor group, then every gradient over the data group
