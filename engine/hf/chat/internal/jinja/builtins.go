@@ -1162,6 +1162,9 @@ func fBatch(r *renderer, v Value, args []Value, kwargs *Dict) (Value, error) {
 	if n <= 0 {
 		return nil, errorf("ValueError", "batch size must be positive")
 	}
+	if n > maxCollection {
+		return nil, errorf("RuntimeError", "batch size %d too large", n)
+	}
 	fill, hasFill := a.get(1, "fill_with", nil), a.get(1, "fill_with", nil) != nil
 	items, err := seqItems(r, v)
 	if err != nil {

@@ -788,12 +788,18 @@ func repeatSeq(v Value, n int64) (Value, bool, error) {
 	}
 	switch x := v.(type) {
 	case string:
-		if int64(len(x))*n > maxOutput {
+		if x == "" {
+			return "", true, nil
+		}
+		if int64(len(x))*n > maxOutput || n > maxOutput {
 			return nil, true, errorf("RuntimeError", "string too large")
 		}
 		return strings.Repeat(x, int(n)), true, nil
 	case *List:
-		if int64(len(x.Items))*n > maxCollection {
+		if len(x.Items) == 0 {
+			return &List{Tuple: x.Tuple}, true, nil
+		}
+		if int64(len(x.Items))*n > maxCollection || n > maxCollection {
 			return nil, true, errorf("RuntimeError", "list too large")
 		}
 		out := make([]Value, 0, int64(len(x.Items))*n)

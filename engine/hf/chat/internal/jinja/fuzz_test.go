@@ -3,6 +3,7 @@ package jinja
 import (
 	"encoding/json"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,74 @@ func FuzzStrFormat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, format string) {
 		for i := range args {
 			_, _ = strFormat(format, args[i:], kw)
+		}
+	})
+}
+
+// FuzzBuiltins calls filters, tests and methods with arguments drawn from a pool of values of
+// every type, steered by the fuzzer's bytes: errors are fine, panics are not.
+func FuzzBuiltins(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7})
+	f.Add([]byte{200, 13, 7, 1, 99, 250, 3})
+	d := NewDict()
+	d.Set("a", int64(1))
+	d.Set("b", &List{Items: []Value{"x", 2.5}})
+	pool := []Value{nil, true, false, int64(0), int64(-3), int64(7), int64(1 << 40), 2.5, -0.0, "", "a", "Hello World ß İ",
+		"  x\ny  ", "%s %d", "{} {0} {x}", "{:>5}", "a,b", &List{}, &List{Items: []Value{int64(3), int64(1)}},
+		&List{Items: []Value{"b", "A"}, Tuple: true}, d, &Undefined{hint: "u"}, &List{Items: []Value{d, d}}}
+	var filterNames, methodNames []string
+	for name := range filters {
+		filterNames = append(filterNames, name)
+	}
+	for name := range strMethods {
+		methodNames = append(methodNames, name)
+	}
+	sort.Strings(filterNames)
+	sort.Strings(methodNames)
+	tests := []string{"defined", "none", "odd", "divisibleby", "sameas", "lower", "in", "eq", "lt", "iterable", "string"}
+	kwNames := []string{"attribute", "default", "reverse", "case_sensitive", "indent", "separators", "sort_keys", "width", "first", "blank", "boolean", "count"}
+	r := &renderer{out: &strings.Builder{}}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := func() int {
+			if len(data) == 0 {
+				return 0
+			}
+			b := int(data[0])
+			data = data[1:]
+			return b
+		}
+		for len(data) > 0 {
+			kind := next() % 4
+			v := pool[next()%len(pool)]
+			var args []Value
+			for n := next() % 4; n > 0; n-- {
+				args = append(args, pool[next()%len(pool)])
+			}
+			kw := NewDict()
+			if next()%3 == 0 {
+				kw.Set(kwNames[next()%len(kwNames)], pool[next()%len(pool)])
+			}
+			switch kind {
+			case 0:
+				_, _ = filters[filterNames[next()%len(filterNames)]](r, v, args, kw)
+			case 1:
+				_, _ = r.runTest(tests[next()%len(tests)], v, args)
+			case 2:
+				if s, ok := v.(string); ok {
+					_, _ = strMethod(r, s, methodNames[next()%len(methodNames)], args, kw)
+				}
+			case 3:
+				for _, m := range []string{"items", "keys", "values", "get", "copy", "index", "count"} {
+					if bm, err := getAttrOnly(v, m); err == nil && bm != nil {
+						_, _ = r.call(bm, args, kw)
+					}
+				}
+				for _, op := range []string{"+", "-", "*", "/", "//", "%", "**", "~"} {
+					if len(args) > 0 {
+						_, _ = binaryOp(op, v, args[0])
+					}
+				}
+			}
 		}
 	})
 }
