@@ -132,6 +132,10 @@ func (d *runData) applyEvent(ev *session.Event) {
 		d.addLog(at, l.Level, l.Message)
 	case ev.GetState() != nil:
 		s := ev.GetState()
+		if n := len(d.steps); s.Reason == "loaded" || (n > 0 && s.Step < d.steps[n-1]) {
+			// A new model, or a new session under the same name: a new run.
+			d.newRun()
+		}
 		d.state, d.step = s.State, s.Step
 		// Engine state changes carry no controller; attaching and control changes do.
 		if s.Reason == "attached" || strings.HasPrefix(s.Reason, "control ") {
@@ -151,6 +155,11 @@ func (d *runData) applyEvent(ev *session.Event) {
 			d.profile = profileFromStep(p)
 		}
 	}
+}
+
+// newRun forgets the charts, the last metrics and the profile of the previous run.
+func (d *runData) newRun() {
+	d.last, d.steps, d.loss, d.lr, d.profile, d.profiledTo = nil, nil, nil, nil, nil, 0
 }
 
 // applyMetrics records one step's metrics: the newest become last, and steps after the last

@@ -259,3 +259,32 @@ func TestAnEventWithoutATimeIsStampedOnArrival(t *testing.T) {
 		t.Fatalf("an event without a time is logged at %v, want its arrival", at)
 	}
 }
+
+func TestANewRunClearsTheCharts(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		state *halov1.StateEvent
+		clear bool
+	}{
+		{"a model loaded", &halov1.StateEvent{State: session.StateIdle, Step: 0, Reason: "loaded"}, true},
+		{"a new session under the same name", &halov1.StateEvent{State: session.StateIdle, Step: 2, Reason: "attached"}, true},
+		{"a pause", &halov1.StateEvent{State: session.StatePaused, Step: 5, Reason: "paused"}, false},
+		{"reattached to the same run", &halov1.StateEvent{State: session.StatePaused, Step: 5, Reason: "attached"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &runData{}
+			for s := int64(1); s <= 5; s++ {
+				d.applyMetrics(metricsAt(s))
+			}
+			d.applyEvent(&session.Event{Kind: &halov1.Event_Profile{Profile: stepProfile(5)}})
+			d.applyEvent(&session.Event{Kind: &halov1.Event_State{State: tc.state}})
+			if cleared := len(d.steps) == 0 && d.last == nil && d.profile == nil; cleared != tc.clear {
+				t.Fatalf("charts cleared %v, want %v (history %v)", cleared, tc.clear, d.steps)
+			}
+			d.applyMetrics(metricsAt(tc.state.Step + 1))
+			if d.steps[len(d.steps)-1] != tc.state.Step+1 {
+				t.Fatalf("the next step %d is not charted: %v", tc.state.Step+1, d.steps)
+			}
+		})
+	}
+}
