@@ -223,3 +223,18 @@ func TestSessionUnreachableIsAClearError(t *testing.T) {
 		t.Fatal(plain(r.Value))
 	}
 }
+
+// The session client itself is reachable from cells, for what the halo API does not wrap.
+func TestSessionClientFromCell(t *testing.T) {
+	it, _ := attached(t)
+	evalT(t, it, ":step 1")
+	r := evalT(t, it, "resp, err := halo.Session().Status(halo.Context())\nerr == nil && resp.Step == 1 && resp.Name == \"celltest\"")
+	if plain(r.Value) != "true" {
+		t.Fatalf("status through the client: %q", plain(r.Value))
+	}
+	// Displaying an interpreted value gives its text form.
+	r = evalT(t, it, "type row struct{ Step int64; Loss float64 }\nhalo.Display(row{Step: 1, Loss: 0.5})")
+	if len(r.Displays) != 1 || plain(r.Displays[0]) != "{Step:1 Loss:0.5}" {
+		t.Fatalf("displays = %q", r.Displays)
+	}
+}
