@@ -529,3 +529,17 @@ func TestAbortReleasesWaitingRanks(t *testing.T) {
 		t.Error("a collective after Abort succeeded")
 	}
 }
+
+func TestNewWorldRejectsSharedOrMissingBackends(t *testing.T) {
+	b := cpu.New(cpu.Options{Workers: 1})
+	defer b.Close()
+	if _, err := NewWorld([]backend.Backend{b, b}); err == nil || !strings.Contains(err.Error(), "ranks 0 and 1 share one backend") {
+		t.Errorf("shared backend: got %v", err)
+	}
+	if _, err := NewWorld([]backend.Backend{b, nil}); err == nil || !strings.Contains(err.Error(), "rank 1 is nil") {
+		t.Errorf("nil backend: got %v", err)
+	}
+	if _, err := NewWorld(nil); err == nil {
+		t.Error("empty world accepted")
+	}
+}

@@ -3,6 +3,7 @@ package comm
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -60,16 +61,25 @@ func (a *abortState) get() error {
 	return a.err
 }
 
-// NewWorld makes a world of len(backends) ranks; rank i drives backends[i]. The backends may be
-// distinct CPU backends (simulated devices) or the same one shared by every rank.
+// NewWorld makes a world of len(backends) ranks; rank i drives backends[i]. Each rank's
+// goroutine calls its own backend, so the backends must be distinct values (one CPU backend per
+// simulated device).
 func NewWorld(backends []backend.Backend) (*World, error) {
 	if len(backends) == 0 {
 		return nil, errors.New("comm: NewWorld needs at least one backend")
 	}
+	seen := map[backend.Backend]int{}
 	for i, b := range backends {
 		if b == nil {
 			return nil, fmt.Errorf("comm: NewWorld: backend of rank %d is nil", i)
 		}
+		if !reflect.TypeOf(b).Comparable() {
+			continue
+		}
+		if j, dup := seen[b]; dup {
+			return nil, fmt.Errorf("comm: NewWorld: ranks %d and %d share one backend; give each rank its own device", j, i)
+		}
+		seen[b] = i
 	}
 	w := &World{backends: backends, abort: &abortState{done: make(chan struct{})}}
 	all := make([]int, len(backends))

@@ -509,6 +509,7 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 				}
 				rk.rb.geom = g
 			}
+			clear(rk.rb.pending)
 			s, _, err := rk.m.ForwardBackward(lb, scale)
 			rk.rb.geom = nil
 			if err != nil {
