@@ -267,9 +267,9 @@ func trainBatches(steps int) [][]models.Batch {
 
 // refTraining runs steps of AdamW with global-norm clipping on a single device and returns the
 // losses, gradient norms, the trained model and its optimizer.
-func refTraining(t *testing.T, steps int) (want, wantNorm []float64, ref *models.Model, opt *optim.AdamW) {
+func refTraining(t *testing.T, family string, steps int) (want, wantNorm []float64, ref *models.Model, opt *optim.AdamW) {
 	t.Helper()
-	ref = tinyModel(t, "qwen3", 8)
+	ref = tinyModel(t, family, 8)
 	var params []optim.Param
 	var grads []backend.T
 	if err := ref.EnableGrads(); err != nil {
@@ -322,29 +322,40 @@ func trainSteps(t *testing.T, p *Plan, batches [][]models.Batch, first int, want
 
 func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
 	const steps = 5
-	src := tinyModel(t, "qwen3", 8)
-	batches := trainBatches(steps)
-	want, wantNorm, ref, _ := refTraining(t, steps)
-	if !(want[steps-1] < want[0]) {
-		t.Fatalf("reference losses %v do not fall; the test would not show training", want)
-	}
-	for _, tc := range supported {
-		t.Run(fmt.Sprintf("%d/%s", tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
-			p := newPlan(t, src, tc.n, tc.layout, trainOpt)
-			trainSteps(t, p, batches, 0, want, wantNorm)
-			// The trained weights gather into an ordinary single-device model.
-			final := tinyModel(t, "qwen3", 99)
-			if err := p.Gather(final); err != nil {
-				t.Fatal(err)
-			}
-			for _, s := range ref.Specs {
-				got, _ := final.ParamFloat32(s.Name)
-				w, _ := ref.ParamFloat32(s.Name)
-				if err := closeTo(got, w, 1e-4); err != nil {
-					t.Errorf("parameter %s after %d steps: %v", s.Name, steps, err)
+	for _, fam := range []struct {
+		name    string
+		layouts []struct {
+			n      int
+			layout string
+		}
+	}{{"qwen3", supported}, {"qwen3_moe", supportedMoE}} {
+		src := tinyModel(t, fam.name, 8)
+		batches := trainBatches(steps)
+		want, wantNorm, ref, _ := refTraining(t, fam.name, steps)
+		// The steps must move the weights, or matching them would show nothing.
+		w0, _ := src.ParamFloat32("model.layers.1.self_attn.q_proj.weight")
+		w5, _ := ref.ParamFloat32("model.layers.1.self_attn.q_proj.weight")
+		if closeTo(w5, w0, 1e-2) == nil {
+			t.Fatalf("%s: %d reference steps leave the weights within 1%% of their start", fam.name, steps)
+		}
+		for _, tc := range fam.layouts {
+			t.Run(fmt.Sprintf("%s/%d/%s", fam.name, tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
+				p := newPlan(t, src, tc.n, tc.layout, trainOpt)
+				trainSteps(t, p, batches, 0, want, wantNorm)
+				// The trained weights gather into an ordinary single-device model.
+				final := tinyModel(t, fam.name, 99)
+				if err := p.Gather(final); err != nil {
+					t.Fatal(err)
 				}
-			}
-		})
+				for _, s := range ref.Specs {
+					got, _ := final.ParamFloat32(s.Name)
+					w, _ := ref.ParamFloat32(s.Name)
+					if err := closeTo(got, w, 1e-4); err != nil {
+						t.Errorf("parameter %s after %d steps: %v", s.Name, steps, err)
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -543,7 +554,7 @@ func TestDryRunPrintsMeshAndMemoryOrRefuses(t *testing.T) {
 func TestOptimizerStateIsLayoutFree(t *testing.T) {
 	const steps = 2
 	src := tinyModel(t, "qwen3", 8)
-	_, _, _, refOpt := refTraining(t, steps)
+	_, _, _, refOpt := refTraining(t, "qwen3", steps)
 	refStep, refState, err := refOpt.Export()
 	if err != nil {
 		t.Fatal(err)
@@ -586,7 +597,7 @@ func TestRelayoutKeepsTrainingOnTrack(t *testing.T) {
 	const steps = 5
 	src := tinyModel(t, "qwen3", 8)
 	batches := trainBatches(steps)
-	want, wantNorm, _, _ := refTraining(t, steps)
+	want, wantNorm, _, _ := refTraining(t, "qwen3", steps)
 	for _, tc := range []struct {
 		n1      int
 		layout1 string
