@@ -153,50 +153,51 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 			return nil, fmt.Errorf("parallel: device of rank %d: %w", r, err)
 		}
 	}
+	closeDevs := func() {
+		for _, d := range devs {
+			_ = d.Close()
+		}
+	}
 	if p.world, err = comm.NewWorld(devs); err != nil {
+		closeDevs()
 		return nil, err
 	}
-	split := func(d mesh.Dim) ([]*comm.Comm, error) {
+	groups := map[mesh.Dim][]*comm.Comm{}
+	for _, d := range []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData} {
 		g, err := ms.Groups(d)
+		if err == nil {
+			groups[d], err = p.world.Split(string(d), g)
+		}
 		if err != nil {
+			closeDevs()
 			return nil, err
 		}
-		return p.world.Split(string(d), g)
-	}
-	tps, err := split(mesh.DimTP)
-	if err != nil {
-		return nil, err
-	}
-	cps, err := split(mesh.DimCP)
-	if err != nil {
-		return nil, err
-	}
-	datas, err := split(mesh.DimData)
-	if err != nil {
-		return nil, err
 	}
 	full := map[string]models.ParamSpec{}
 	for _, s := range src.Specs {
 		full[s.Name] = s
 	}
 	for r := 0; r < n; r++ {
-		rk := &rank{id: r, c: ms.Coord(r), dev: devs[r], tp: tps[r], cp: cps[r], data: datas[r], world: p.world.Comm(r)}
+		rk := &rank{id: r, c: ms.Coord(r), dev: devs[r], tp: groups[mesh.DimTP][r], cp: groups[mesh.DimCP][r],
+			data: groups[mesh.DimData][r], world: p.world.Comm(r)}
 		rk.dataRank, rk.dataN = rk.data.Rank(), rk.data.Size()
 		rk.rb = newRankBackend(devs[r], rk.tp, rk.cp)
 		p.ranks = append(p.ranks, rk)
+	}
+	// From here on Close releases everything, devices included.
+	for _, rk := range p.ranks {
 		if rk.m, err = models.New(local, rk.rb, models.Options{DType: src.DType()}); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("parallel: rank %d: %w", r, err)
+			return nil, fmt.Errorf("parallel: rank %d: %w", rk.id, err)
 		}
-		if err := p.bind(rk, full, src); err != nil {
-			p.Close()
-			return nil, err
+		err = p.bind(rk, full, src)
+		if err == nil {
+			err = rk.m.EnableGrads()
 		}
-		if err := rk.m.EnableGrads(); err != nil {
-			p.Close()
-			return nil, err
+		if err == nil {
+			err = p.setupOptimizer(rk, o.Optimizer)
 		}
-		if err := p.setupOptimizer(rk, o.Optimizer); err != nil {
+		if err != nil {
 			p.Close()
 			return nil, err
 		}
