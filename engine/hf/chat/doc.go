@@ -9,10 +9,10 @@
 // configures it (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loop controls,
 // raise_exception, strftime_now, tojson as json.dumps with ensure_ascii=False, Python values
 // and string methods, compile-time constant folding). Goldens rendered by Python jinja2 with
-// scripts/chat-goldens hold it to that: ten templates (eight from models: Qwen3, Qwen3.5, Llama-3, gpt-oss,
-// Ministral 3, DeepSeek-V3 and V4, GLM-5; two written for the tests) over sixteen
-// conversations, and some 2,500 snippets, random expressions, whitespace-control nestings and
-// scoping programs.
+// scripts/chat-goldens hold it to that: ten templates (eight from models: Qwen3, Qwen3.5,
+// Llama-3, gpt-oss, Ministral 3, DeepSeek-V3 and V4, GLM-5; two written for the tests) over
+// sixteen conversations, and some 3,000 snippets, random expressions, whitespace-control
+// nestings and scoping programs.
 //
 // AssistantSpans locates the text of each assistant turn in a rendered conversation (from
 // {% generation %} blocks when the template has them, else by rendering prefixes of the
