@@ -139,3 +139,11 @@ func TestLiveSession(t *testing.T) {
 		t.Fatalf("after q the session is %v controlled by %q, want paused with control given back", st.State, st.Controller)
 	}
 }
+
+func TestRunSaysHowToStartAMissingSession(t *testing.T) {
+	t.Setenv("HALO_SESSION_DIR", t.TempDir())
+	err := Run(context.Background(), RunOptions{Session: "nope", NoStart: true})
+	if err == nil || !strings.Contains(err.Error(), "session nope does not answer") || !strings.Contains(err.Error(), "halo-shell session start --name nope") {
+		t.Fatalf("attaching to a missing session: %v", err)
+	}
+}

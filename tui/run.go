@@ -53,6 +53,9 @@ func Run(ctx context.Context, o RunOptions) error {
 		if name == "" {
 			name = session.DefaultName
 		}
+		if o.NoStart && session.IsUnavailable(err) {
+			return fmt.Errorf("tui: session %s does not answer (%w): start it with `halo-shell session start --name %s`, or attach without --no-start", name, err, name)
+		}
 		return fmt.Errorf("tui: attaching to session %s: %w", name, err)
 	}
 	defer c.Close()
