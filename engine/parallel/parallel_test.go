@@ -177,7 +177,8 @@ var supported = []struct {
 	{1, ""},
 	{2, ""}, {2, "fsdp"}, {2, "tp=2"}, {2, "cp=2"},
 	{4, ""}, {4, "fsdp"}, {4, "tp=4"}, {4, "cp=4"}, {4, "tp=2 fsdp"}, {4, "tp=2 cp=2"}, {4, "cp=2 fsdp"},
-	{8, "fsdp"}, {8, "tp=2 cp=2"}, {8, "tp=2 cp=2 fsdp"}, {8, "tp=4 fsdp"}, {8, "cp=4 tp=2"},
+	{8, ""}, {8, "fsdp"}, {8, "cp=8"}, {8, "tp=2 cp=2"}, {8, "tp=2 cp=2 fsdp"}, {8, "tp=4 fsdp"}, {8, "cp=4 tp=2"},
+	{8, "tp=4 cp=2 fsdp"},
 }
 
 func cpuDevices(n int) mesh.Devices {
@@ -204,7 +205,7 @@ var supportedMoE = []struct {
 	n      int
 	layout string
 }{
-	{1, ""}, {2, ""}, {2, "fsdp"}, {2, "tp=2"}, {4, "fsdp"}, {4, "tp=2 fsdp"}, {8, "tp=4"}, {8, "fsdp"},
+	{1, ""}, {2, ""}, {2, "fsdp"}, {2, "tp=2"}, {4, ""}, {4, "fsdp"}, {4, "tp=2 fsdp"}, {8, "tp=4"}, {8, "fsdp"},
 }
 
 func TestLayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
