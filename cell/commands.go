@@ -122,6 +122,10 @@ func init() {
 				}
 				return im.Bundle(), nil
 			}},
+		{Name: "doc", Usage: "NAME", Summary: "show the documentation of a halo API name (a function, type or method)", Example: "doc halo.Step",
+			check: checkDoc, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
+				return text(halo.Doc(c.Args[0])), nil
+			}},
 		{Name: "help", Usage: "[COMMAND]", Summary: "list the commands, or describe one", Example: "help set",
 			check: checkHelp, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				return text(Help(c.Prefix, c.Args...)), nil
@@ -351,4 +355,14 @@ func (it *Interpreter) runCommand(ctx context.Context, line string) (Bundle, err
 		return nil, &Error{Kind: KindInterrupted, Message: "interrupted (the session is not affected)"}
 	}
 	return b, err
+}
+
+func checkDoc(c *Command) error {
+	if err := oneArg("NAME", "a halo API name such as halo.Step")(c); err != nil {
+		return err
+	}
+	if halo.Doc(c.Args[0]) == "" {
+		return fmt.Errorf("no halo API name %q (names: %s)", c.Args[0], strings.Join(halo.Names(), ", "))
+	}
+	return nil
 }

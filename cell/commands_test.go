@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/cell/halo"
 )
 
 func TestParseCommand(t *testing.T) {
@@ -201,6 +203,49 @@ func TestIsComplete(t *testing.T) {
 	} {
 		if got := IsComplete(tc.src); got != tc.want {
 			t.Errorf("IsComplete(%q) = %v, want %v", tc.src, got, tc.want)
+		}
+	}
+}
+
+func TestDocAndInspect(t *testing.T) {
+	it := newInterp(t)
+	for _, tc := range []struct {
+		src    string
+		cursor int
+		want   []string // empty: nothing to document
+	}{
+		{src: "halo.Step(2)", cursor: 7, want: []string{"func Step(n int) []StepMetrics", "runs n optimizer steps"}},
+		{src: "x := halo.Tensor.At", cursor: 19, want: []string{"func (t Tensor) At(idx ...int) float32", "element at the given indices"}},
+		{src: "t := halo.Inspect", cursor: 17, want: []string{"host copy of the named parameter"}},
+		{src: "%profile 3", cursor: 3, want: []string{"%profile [N]", "profile the next N steps"}},
+		{src: "fmt.Println(1)", cursor: 5},
+		{src: ":nosuch", cursor: 3},
+		{src: "halo.NoSuchThing", cursor: 10},
+	} {
+		doc, ok := it.Inspect(tc.src, tc.cursor)
+		if len(tc.want) == 0 {
+			if ok {
+				t.Errorf("Inspect(%q) = %q, want nothing", tc.src, doc)
+			}
+			continue
+		}
+		for _, w := range tc.want {
+			if !ok || !strings.Contains(doc, w) {
+				t.Errorf("Inspect(%q) = %q, %v; want it to contain %q", tc.src, doc, ok, w)
+			}
+		}
+	}
+	r := eval(t, it, ":doc halo.PlotLoss")
+	if !strings.Contains(plain(r.Value), "func PlotLoss() Image") {
+		t.Fatalf(":doc = %q", plain(r.Value))
+	}
+	if _, err := ParseCommand(":doc halo.Nope"); err == nil || !strings.Contains(err.Error(), "PlotLoss") {
+		t.Fatalf(":doc of an unknown name: %v", err)
+	}
+	// Every exported function of the API has a doc comment.
+	for _, n := range []string{"Session", "Context", "Attach", "Status", "Load", "Step", "Run", "RunSteps", "Pause", "Resume", "Eval", "Generate", "GenerateN", "Save", "Hyper", "Set", "SetAll", "Metrics", "Losses", "Profile", "Stats", "Inspect", "InspectGrad", "Display", "BundleOf", "Text", "PlotLoss", "PlotLR", "PlotLines", "Plot", "Doc", "Names"} {
+		if d := halo.Doc(n); !strings.Contains(d, "\n\n") {
+			t.Errorf("halo.%s has no doc comment: %q", n, d)
 		}
 	}
 }

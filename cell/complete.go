@@ -136,3 +136,47 @@ func filter(names []string, prefix string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// Inspect documents the name at cursor in src: a command (":step", "%set") or a halo API
+// name ("halo.Step", "halo.Tensor.At"). ok is false when there is nothing to document.
+func (it *Interpreter) Inspect(src string, cursor int) (doc string, ok bool) {
+	if cursor < 0 || cursor > len(src) {
+		cursor = len(src)
+	}
+	lineStart := strings.LastIndexByte(src[:cursor], '\n') + 1
+	lineEnd := len(src)
+	if i := strings.IndexByte(src[cursor:], '\n'); i >= 0 {
+		lineEnd = cursor + i
+	}
+	line := strings.TrimSpace(src[lineStart:lineEnd])
+	if line != "" && (line[0] == ':' || line[0] == '%') {
+		name, _, _ := strings.Cut(line[1:], " ")
+		if lookup(strings.ToLower(name)) == nil {
+			return "", false
+		}
+		return Help(line[:1], name), true
+	}
+	isWord := func(b byte) bool {
+		return b == '_' || b == '.' || b >= '0' && b <= '9' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z'
+	}
+	i, j := cursor, cursor
+	for i > lineStart && isWord(src[i-1]) {
+		i--
+	}
+	for j < lineEnd && isWord(src[j]) {
+		j++
+	}
+	word := strings.Trim(src[i:j], ".")
+	rest, found := strings.CutPrefix(word, "halo.")
+	if !found {
+		return "", false
+	}
+	// halo.Step(...).Loss: document the longest prefix that names something.
+	parts := strings.Split(rest, ".")
+	for k := len(parts); k > 0; k-- {
+		if d := halo.Doc(strings.Join(parts[:k], ".")); d != "" {
+			return d, true
+		}
+	}
+	return "", false
+}
