@@ -7,11 +7,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/halo-shell/halo-shell/engine/hf/chat"
+	"github.com/halo-shell/halo-shell/engine/hf/tokenizer"
 )
 
 func init() {
 	var dir, name, kwargs string
-	var genPrompt, spans bool
+	var genPrompt, spans, mask bool
 	cmd := &cobra.Command{
 		Use:   "chat-template --tokenizer DIR",
 		Short: "Render conversations read from stdin with a chat template (and show the assistant spans SFT trains on)",
@@ -20,9 +21,10 @@ func init() {
 transformers' apply_chat_template(tokenize=False) does.
 
 Each stdin line is a JSON list of messages, or an object {"messages": [...], "tools": [...]}.
-Each stdout line is the rendered text as a JSON string or, with --spans, an object
+Each stdout line is the rendered text as a JSON string; with --spans, an object
 {"text": ..., "spans": [{"message", "start", "end", "text"}]} giving the byte ranges of
-assistant output: the tokens supervised fine-tuning trains on. A bad line stops the command
+assistant output; with --mask (DIR must hold tokenizer.json), {"ids": [...], "mask": [...]}:
+the token ids and which of them supervised fine-tuning trains on. A bad line stops the command
 with a non-zero exit status and "line N: ..." on stderr.`,
 		Example: `  echo '[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"}]' | halo-shell run chat-template --tokenizer ./Qwen3-0.6B --spans
   echo '[{"role":"user","content":"Hi"}]' | halo-shell run chat-template --tokenizer ./Qwen3-0.6B --add-generation-prompt --kwargs '{"enable_thinking": false}'`,
@@ -46,12 +48,23 @@ with a non-zero exit status and "line N: ..." on stderr.`,
 					opts.Kwargs[k] = v
 				}
 			}
+			if mask {
+				if spans {
+					return fmt.Errorf("chat-template: choose --spans or --mask, not both")
+				}
+				tok, err := tokenizer.FromDir(dir)
+				if err != nil {
+					return err
+				}
+				return tmpl.EncodeLines(tok, cmd.InOrStdin(), cmd.OutOrStdout(), opts)
+			}
 			return tmpl.RenderLines(cmd.InOrStdin(), cmd.OutOrStdout(), opts, spans)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "tokenizer", "", "directory with tokenizer_config.json or chat_template.jinja")
 	cmd.Flags().BoolVar(&genPrompt, "add-generation-prompt", false, "end with the header that opens an assistant turn")
 	cmd.Flags().BoolVar(&spans, "spans", false, "write the text with the byte spans of assistant output")
+	cmd.Flags().BoolVar(&mask, "mask", false, "write token ids and the assistant mask (needs DIR/tokenizer.json)")
 	cmd.Flags().StringVar(&name, "template", "", "name of the template to use when the tokenizer has several (default: tool_use with tools, else default)")
 	cmd.Flags().StringVar(&kwargs, "kwargs", "", "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'")
 	runCmd.AddCommand(cmd)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 )
 
 // Conversation is one input line of RenderLines: a JSON list of messages, or an object with
@@ -53,6 +54,40 @@ const maxLineBytes = 256 << 20
 // offsets of the assistant output in the text. Tools on a line replace opts.Tools. Empty lines
 // are skipped. The first bad line stops it with an error naming the line.
 func (t *Template) RenderLines(r io.Reader, w io.Writer, opts Options, spans bool) error {
+	return t.eachLine(r, w, opts, func(conv *Conversation, o Options) (any, error) {
+		if spans {
+			text, sp, err := t.AssistantSpans(conv.Messages, o)
+			if err != nil {
+				return nil, err
+			}
+			res := struct {
+				Text  string     `json:"text"`
+				Spans []SpanJSON `json:"spans"`
+			}{Text: text, Spans: []SpanJSON{}}
+			for _, s := range sp {
+				res.Spans = append(res.Spans, SpanJSON{Message: s.Message, Start: s.Start, End: s.End, Text: text[s.Start:s.End]})
+			}
+			return res, nil
+		}
+		return t.Render(conv.Messages, o)
+	})
+}
+
+// EncodeLines reads conversations like RenderLines and writes, per line, the token ids of the
+// rendered conversation and the assistant mask supervised fine-tuning trains on:
+// {"ids": [...], "mask": [0, 1, ...]}.
+func (t *Template) EncodeLines(tok Encoder, r io.Reader, w io.Writer, opts Options) error {
+	return t.eachLine(r, w, opts, func(conv *Conversation, o Options) (any, error) {
+		ids, mask, err := t.Encode(tok, conv.Messages, o)
+		if err != nil {
+			return nil, err
+		}
+		return idsMask{ids, mask}, nil
+	})
+}
+
+// eachLine runs fn on each conversation line and writes its result as a JSON line.
+func (t *Template) eachLine(r io.Reader, w io.Writer, opts Options, fn func(*Conversation, Options) (any, error)) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxLineBytes)
 	bw := bufio.NewWriter(w)
@@ -74,28 +109,10 @@ func (t *Template) RenderLines(r io.Reader, w io.Writer, opts Options, spans boo
 		if conv.Tools != nil {
 			o.Tools = conv.Tools
 		}
-		var out any
-		if spans {
-			text, sp, err := t.AssistantSpans(conv.Messages, o)
-			if err != nil {
-				bw.Flush()
-				return fmt.Errorf("line %d: %w", line, err)
-			}
-			res := struct {
-				Text  string     `json:"text"`
-				Spans []SpanJSON `json:"spans"`
-			}{Text: text, Spans: []SpanJSON{}}
-			for _, s := range sp {
-				res.Spans = append(res.Spans, SpanJSON{Message: s.Message, Start: s.Start, End: s.End, Text: text[s.Start:s.End]})
-			}
-			out = res
-		} else {
-			text, err := t.Render(conv.Messages, o)
-			if err != nil {
-				bw.Flush()
-				return fmt.Errorf("line %d: %w", line, err)
-			}
-			out = text
+		out, err := fn(&conv, o)
+		if err != nil {
+			bw.Flush()
+			return fmt.Errorf("line %d: %w", line, err)
 		}
 		if err := enc.Encode(out); err != nil {
 			return err
@@ -106,4 +123,35 @@ func (t *Template) RenderLines(r io.Reader, w io.Writer, opts Options, spans boo
 		return fmt.Errorf("line %d: %w", line+1, err)
 	}
 	return bw.Flush()
+}
+
+// idsMask is an EncodeLines result; the mask is written as 0s and 1s.
+type idsMask struct {
+	ids  []int
+	mask []bool
+}
+
+// MarshalJSON writes {"ids": [...], "mask": [...]}.
+func (m idsMask) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"ids":[`)
+	for i, id := range m.ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(id))
+	}
+	b.WriteString(`],"mask":[`)
+	for i, on := range m.mask {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if on {
+			b.WriteByte('1')
+		} else {
+			b.WriteByte('0')
+		}
+	}
+	b.WriteString("]}")
+	return b.Bytes(), nil
 }

@@ -60,3 +60,41 @@ func TestRenderLines(t *testing.T) {
 		t.Errorf("bad line: got %v, want an error for line 4", err)
 	}
 }
+
+// TestEncodeLines checks the ids and mask lines of `halo-shell run chat-template --mask`.
+func TestEncodeLines(t *testing.T) {
+	tmpl, err := Load("testdata/templates/chatml_tools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := &wordEncoder{}
+	in := `[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]` + "\n"
+	var out bytes.Buffer
+	if err := tmpl.EncodeLines(enc, strings.NewReader(in), &out, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		IDs  []int `json:"ids"`
+		Mask []int `json:"mask"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	wantIDs, wantMask, err := tmpl.Encode(enc, []Message{{Role: "user", Content: Text("Hi")}, {Role: "assistant", Content: Text("Hello there")}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.IDs) != len(wantIDs) || len(res.Mask) != len(wantMask) {
+		t.Fatalf("got %d ids and %d mask values, want %d", len(res.IDs), len(res.Mask), len(wantIDs))
+	}
+	ones := 0
+	for i := range wantIDs {
+		if res.IDs[i] != wantIDs[i] || (res.Mask[i] == 1) != wantMask[i] {
+			t.Fatalf("token %d: got id %d mask %d, want %d %v", i, res.IDs[i], res.Mask[i], wantIDs[i], wantMask[i])
+		}
+		ones += res.Mask[i]
+	}
+	if ones == 0 {
+		t.Fatal("no assistant tokens in the mask")
+	}
+}
