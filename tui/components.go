@@ -190,6 +190,13 @@ func (s *stats) View() string {
 		if m.EvalLoss != nil {
 			items = append(items, item("eval loss", fmtLoss(*m.EvalLoss)))
 		}
+		for _, dm := range m.GetMemory() {
+			v := fmtBytes(float64(dm.GetAllocatedBytes())) + " (peak " + fmtBytes(float64(dm.GetPeakBytes()))
+			if t := dm.GetTotalBytes(); t > 0 {
+				v += " of " + fmtBytes(float64(t))
+			}
+			items = append(items, item("mem "+dm.GetDevice(), v+")"))
+		}
 	} else {
 		items = append(items, st.Muted.Render("no step metrics yet"))
 	}
@@ -199,11 +206,18 @@ func (s *stats) View() string {
 	return flow(items, st.Muted.Render("  "), s.Width, s.Height)
 }
 
-// mfu is model FLOPs utilisation from the newest profile: the profiled step's FLOPs per second
-// over the device's peak.
+// mfu is model FLOPs utilisation: the last step's model FLOPs per second (6·N·tokens plus
+// attention, as the session counts them) over the device's peak, or the newest profile's when
+// the step carries no FLOP count.
 func (s *stats) mfu() string {
 	p := s.d.profile
 	peak := s.peakFLOPS()
+	if m := s.d.last; m != nil && m.GetTflops() > 0 {
+		if peak <= 0 {
+			return "– (peak unknown)"
+		}
+		return fmt.Sprintf("%.1f%%", 100*m.GetTflops()*1e12/peak)
+	}
 	switch {
 	case p == nil || p.stepS <= 0 || p.flops <= 0:
 		return "– (f to profile)"

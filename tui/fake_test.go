@@ -170,7 +170,12 @@ func metricsAt(s int64) *session.StepMetrics {
 		lr = 3e-3 * 0.5 * (1 + math.Cos(math.Pi*float64(s-5)/100))
 	}
 	return &session.StepMetrics{Step: s, Loss: 2.5*math.Exp(-float64(s)/8) + 0.7 + 0.05*math.Sin(float64(s)), GradNorm: 1.5 / math.Sqrt(float64(s)),
-		Lr: lr, Tokens: 128 * s, TokensPerS: 2150 + 10*float64(s%3), Targets: 100 * s, StepTimeS: 0.0595}
+		Lr: lr, Tokens: 128 * s, TokensPerS: 2150 + 10*float64(s%3), Targets: 100 * s, StepTimeS: 0.0595,
+		ModelFlops: 2.4e13, Tflops: 403.4,
+		Memory: []*halov1.DeviceMemory{
+			{Device: "cuda:0", AllocatedBytes: 21 << 30, ReservedBytes: 24 << 30, PeakBytes: 23 << 30, TotalBytes: 140 << 30},
+			{Device: "cuda:1", AllocatedBytes: 20 << 30, ReservedBytes: 24 << 30, PeakBytes: 22 << 30, TotalBytes: 140 << 30},
+		}}
 }
 
 // stepProfile is a scripted breakdown of step s on two devices: compute by class, three

@@ -155,6 +155,7 @@ func TestScreenShowsTheRun(t *testing.T) {
 		"matmul 45%", "a2a dispatch 7%", "a2a combine 5%", "all-reduce 3%", "idle/host 10%", // legend
 		"gradient norm 9.1 clipped to 1.0", // log tail
 		"12:00:02 running to step 1000",
+		"mem cuda:0 21.0 GiB (peak 23.0 GiB of 140.0 GiB)", "mem cuda:1 20.0 GiB", // memory per device
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("screen lacks %q:\n%s", want, s)
@@ -375,5 +376,19 @@ func TestOneControlCallAtATime(t *testing.T) {
 	h.waitScreen("the pause", contains("paused after step 20"))
 	if got := f.Calls(); !slices.Equal(got, []string{"pause"}) {
 		t.Fatalf("calls %q, want only the pause", got)
+	}
+}
+
+// TestMFUFromStepFLOPs checks that MFU comes from the step's own model FLOPs over a known
+// device peak, without a profile.
+func TestMFUFromStepFLOPs(t *testing.T) {
+	d := &runData{last: metricsAt(20)}
+	s := &stats{d: d, peakFLOPS: func() float64 { return 989e12 }}
+	if got, want := s.mfu(), fmt.Sprintf("%.1f%%", 100*403.4e12/989e12); got != want {
+		t.Fatalf("MFU %q, want %q", got, want)
+	}
+	s.peakFLOPS = func() float64 { return 0 }
+	if got := s.mfu(); got != "– (peak unknown)" {
+		t.Fatalf("MFU with an unknown peak: %q", got)
 	}
 }
