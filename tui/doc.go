@@ -5,7 +5,8 @@
 // the session's log) and drives it with single keys: p pause/resume (run when idle), s step,
 // f profile 3 steps, t take control, ? help, q detach.
 //
-// Memory per device is not shown: the session's step metrics do not carry it.
+// Memory per device (allocated, peak, capacity) comes from each step's metrics; MFU from the step's model
+// FLOPs over the device's peak (or from the newest profile).
 //
 // The program follows the Elm architecture. Model is the root; it owns the run's data (runData)
 // and a handful of components (header, charts, stats, breakdown, logs) that share one
