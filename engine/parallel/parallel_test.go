@@ -578,6 +578,9 @@ func TestOptimizerStateIsLayoutFree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if p.Steps() != steps {
+			t.Errorf("%q: Steps() = %d after %d steps", tc.layout, p.Steps(), steps)
+		}
 		if step != refStep || len(st) != len(refState) {
 			t.Fatalf("%q: step %d with %d tensors, single device step %d with %d", tc.layout, step, len(st), refStep, len(refState))
 		}

@@ -20,7 +20,9 @@ import (
 
 // Options are the choices of New beyond the layout.
 type Options struct {
-	// Optimizer configures AdamW on every rank (Mode MasterF32 or BF16).
+	// Optimizer configures AdamW on every rank (Mode MasterF32 or BF16). In BF16 mode the
+	// stochastic-rounding stream is keyed by each rank's own parameter numbering, so updates
+	// are equally valid but not bit-identical to a single device's.
 	Optimizer optim.Config
 	// NewBackend opens the device of world rank r; nil opens a CPU backend with Workers
 	// workers (simulated devices).
@@ -567,6 +569,16 @@ func (p *Plan) checkRow(b models.Batch) error {
 	}
 	return nil
 }
+
+// SetWeightDecay changes AdamW's decoupled weight decay on every rank for following steps.
+func (p *Plan) SetWeightDecay(wd float64) {
+	for _, rk := range p.ranks {
+		rk.opt.SetWeightDecay(wd)
+	}
+}
+
+// Steps is the number of optimizer steps taken (the same on every rank).
+func (p *Plan) Steps() int { return p.ranks[0].opt.Steps() }
 
 // AuxLoss is the mean router load-balancing loss over the rows of the last ForwardBackward
 // (0 for dense models).
