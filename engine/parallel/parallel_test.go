@@ -771,3 +771,38 @@ func TestBF16LayoutsStayCloseToSingleDevice(t *testing.T) {
 		}
 	}
 }
+
+func TestSetWeightDecayReachesEveryShard(t *testing.T) {
+	src := tinyModel(t, "llama", 1)
+	rows := tinyRows(2, 16, 41, 1)
+	run := func(wd float64) map[string][]float32 {
+		p := newPlan(t, src, 4, "tp=2 fsdp", optim.Config{})
+		p.SetWeightDecay(wd)
+		if _, _, err := p.ForwardBackward(rows); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Step(1e-2, 0); err != nil {
+			t.Fatal(err)
+		}
+		ps, err := p.Params()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ps
+	}
+	plain, decayed := run(0), run(0.5)
+	for _, s := range src.Specs {
+		before, _ := src.ParamFloat32(s.Name)
+		for i := range before {
+			// AdamW decays w by lr·wd·w before the update: the difference is exactly that.
+			want := float64(before[i]) * 1e-2 * 0.5
+			got := float64(plain[s.Name][i] - decayed[s.Name][i])
+			if s.Decay && math.Abs(got-want) > 1e-6+1e-3*math.Abs(want) {
+				t.Fatalf("%s[%d]: decay moved it by %.6g, want %.6g", s.Name, i, got, want)
+			}
+			if !s.Decay && got != 0 {
+				t.Fatalf("%s[%d]: a no-decay parameter moved by %.6g", s.Name, i, got)
+			}
+		}
+	}
+}
