@@ -880,31 +880,11 @@ func layerOf(name string) int64 {
 }
 
 func tensorStats(name, kind string, shape []int, v []float32) *halov1.TensorStats {
-	s := &halov1.TensorStats{Name: name, Kind: kind, Layer: layerOf(name)}
+	st := profile.Summarize(v)
+	s := &halov1.TensorStats{Name: name, Kind: kind, Layer: layerOf(name),
+		Mean: st.Mean, Std: st.Std, Rms: st.RMS, MaxAbs: st.MaxAbs, Nan: st.NaN, Inf: st.Inf}
 	for _, d := range shape {
 		s.Shape = append(s.Shape, int64(d))
-	}
-	var sum, sq float64
-	n := 0
-	for _, x := range v {
-		f := float64(x)
-		switch {
-		case math.IsNaN(f):
-			s.Nan++
-			continue
-		case math.IsInf(f, 0):
-			s.Inf++
-			continue
-		}
-		n++
-		sum += f
-		sq += f * f
-		s.MaxAbs = max(s.MaxAbs, math.Abs(f))
-	}
-	if n > 0 {
-		s.Mean = sum / float64(n)
-		s.Rms = math.Sqrt(sq / float64(n))
-		s.Std = math.Sqrt(max(0, sq/float64(n)-s.Mean*s.Mean))
 	}
 	return s
 }

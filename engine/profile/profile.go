@@ -370,33 +370,48 @@ func (r *Recorder) StopCapture() []Activation {
 	return a
 }
 
-// maxActivations bounds one capture.
-const maxActivations = 1 << 16
+// Summary holds the statistics of a tensor's finite values; NaN and Inf values are counted
+// apart and left out of the others.
+type Summary struct {
+	Mean, Std, RMS, MaxAbs float64
+	NaN, Inf               int64
+}
 
-func (r *Recorder) addActivation(op, class string, shape []int, v []float32) {
-	a := Activation{Op: op, Class: class, Shape: append([]int(nil), shape...)}
+// Summarize computes the Summary of v in float64.
+func Summarize(v []float32) Summary {
+	var s Summary
 	var sum, sq float64
 	n := 0
 	for _, x := range v {
 		f := float64(x)
 		switch {
 		case math.IsNaN(f):
-			a.NaN++
+			s.NaN++
 			continue
 		case math.IsInf(f, 0):
-			a.Inf++
+			s.Inf++
 			continue
 		}
 		n++
 		sum += f
 		sq += f * f
-		a.MaxAbs = max(a.MaxAbs, math.Abs(f))
+		s.MaxAbs = max(s.MaxAbs, math.Abs(f))
 	}
 	if n > 0 {
-		a.Mean = sum / float64(n)
-		a.RMS = math.Sqrt(sq / float64(n))
-		a.Std = math.Sqrt(max(0, sq/float64(n)-a.Mean*a.Mean))
+		s.Mean = sum / float64(n)
+		s.RMS = math.Sqrt(sq / float64(n))
+		s.Std = math.Sqrt(max(0, sq/float64(n)-s.Mean*s.Mean))
 	}
+	return s
+}
+
+// maxActivations bounds one capture.
+const maxActivations = 1 << 16
+
+func (r *Recorder) addActivation(op, class string, shape []int, v []float32) {
+	st := Summarize(v)
+	a := Activation{Op: op, Class: class, Shape: append([]int(nil), shape...),
+		Mean: st.Mean, Std: st.Std, RMS: st.RMS, MaxAbs: st.MaxAbs, NaN: st.NaN, Inf: st.Inf}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.acts) < maxActivations {

@@ -334,3 +334,18 @@ func BenchmarkOverheadOff(b *testing.B) {
 
 // The communicators record collectives into a Recorder.
 var _ comm.Recorder = (*Recorder)(nil)
+
+// TestSummarizeCountsNonFiniteApart checks the tensor statistics: NaN and Inf are counted and
+// left out of the mean, std, rms and max-abs of the finite values.
+func TestSummarizeCountsNonFiniteApart(t *testing.T) {
+	s := Summarize([]float32{1, -3, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))})
+	if s.NaN != 1 || s.Inf != 2 {
+		t.Fatalf("NaN %d Inf %d, want 1 and 2", s.NaN, s.Inf)
+	}
+	if s.Mean != -1 || s.MaxAbs != 3 || math.Abs(s.RMS-math.Sqrt(5)) > 1e-12 || math.Abs(s.Std-2) > 1e-12 {
+		t.Fatalf("summary %+v, want mean -1, max abs 3, rms sqrt(5), std 2", s)
+	}
+	if z := Summarize(nil); z != (Summary{}) {
+		t.Fatalf("empty summary %+v", z)
+	}
+}
