@@ -66,7 +66,7 @@ func (h *harness) feed(evs ...*session.Event) {
 	for _, ev := range append(evs, &session.Event{}) {
 		select {
 		case h.f.stream() <- ev:
-		case <-time.After(5 * time.Second):
+		case <-time.After(waitFor):
 			h.t.Fatalf("the model stopped reading events (at seq %d)", ev.Seq)
 		}
 	}
@@ -80,7 +80,7 @@ func (h *harness) screen() string {
 	select {
 	case s := <-reply:
 		return s
-	case <-time.After(5 * time.Second):
+	case <-time.After(waitFor):
 		h.t.Fatal("the program does not answer")
 		return ""
 	}
@@ -89,7 +89,7 @@ func (h *harness) screen() string {
 // waitScreen waits until the screen satisfies ok and returns it.
 func (h *harness) waitScreen(what string, ok func(string) bool) string {
 	h.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(waitFor)
 	for {
 		s := h.screen()
 		if ok(s) {
@@ -255,7 +255,7 @@ func TestDetach(t *testing.T) {
 				h.waitScreen("control", contains("controller (you)"))
 			}
 			h.tm.Type("q")
-			h.tm.WaitFinished(t, teatest.WithFinalTimeout(5*time.Second))
+			h.tm.WaitFinished(t, teatest.WithFinalTimeout(waitFor))
 			if got := f.Calls(); !slices.Equal(got, tc.calls) {
 				t.Errorf("calls %q, want %q", got, tc.calls)
 			}
@@ -392,3 +392,7 @@ func TestMFUFromStepFLOPs(t *testing.T) {
 		t.Fatalf("MFU with an unknown peak: %q", got)
 	}
 }
+
+// waitFor bounds every wait on the program in these tests; generous because CI runs the
+// packages' tests side by side on two cores.
+const waitFor = 20 * time.Second
