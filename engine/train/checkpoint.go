@@ -88,6 +88,13 @@ func (t *Trainer) state() trainerState {
 // configuration). Everything is written into a temporary directory beside dir that is renamed
 // into place, so dir holds either the previous checkpoint or the complete new one.
 func (t *Trainer) Save(dir string) (err error) {
+	if t.plan != nil {
+		// The single model already holds the gathered parameters; bring the plan's
+		// optimizer state into the layout-free form the checkpoint stores.
+		if err := t.syncFromPlan(true); err != nil {
+			return fmt.Errorf("train: save %s: %w", dir, err)
+		}
+	}
 	dir = filepath.Clean(dir)
 	parent := filepath.Dir(dir)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
@@ -255,6 +262,19 @@ func (t *Trainer) Resume(dir string) error {
 	if t.Cfg.Sched.MaxSteps > 0 && t.Cfg.Sched.MaxSteps != st.TotalSteps {
 		// A longer or shorter run was asked for: keep the warmup, stretch the schedule.
 		t.totalSteps = t.Cfg.Sched.MaxSteps
+	}
+	if t.plan != nil {
+		// Lay the resumed state out again over the run's devices.
+		l, d := t.plan.Mesh.Layout, t.devices
+		if err := t.plan.Close(); err != nil {
+			return fmt.Errorf("train: resume: releasing the old plan: %w", err)
+		}
+		t.plan = nil
+		p, err := t.startPlan(d, l)
+		if err != nil {
+			return fmt.Errorf("train: resume: %w", err)
+		}
+		t.plan = p
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/goccy/go-yaml/token"
 
 	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/mesh"
 )
 
 // Config is a whole training run, read from strict YAML. Key names follow Hugging Face
@@ -31,6 +32,11 @@ type Config struct {
 	Optim   OptimConfig    `yaml:",inline" json:"optim"`
 	Sched   ScheduleConfig `yaml:",inline" json:"schedule"`
 	Run     RunConfig      `yaml:",inline" json:"run"`
+	// Parallel is the device list and parallel layout: devices (cpu, cpu:4, cuda:0-7),
+	// tensor_parallel_size, context_parallel_size, expert_parallel_size,
+	// expert_tensor_parallel_size and fsdp; the data-parallel size follows from the devices.
+	// Empty means one device (run.device).
+	Parallel mesh.Config `yaml:",inline" json:"parallel"`
 	// GenerationEval measures exact-match accuracy of greedy generation on held-out chats at
 	// the end of a run (sft with a messages dataset only).
 	GenerationEval GenerationEvalConfig `yaml:"generation_eval" json:"generation_eval"`
@@ -470,6 +476,12 @@ func (c *Config) Validate() error {
 		bad("eval_steps", "evaluation needs held-out data: set dataset.eval_split or dataset.eval_path")
 	}
 	check(oneOf("device", r.Device, devices))
+	if d, l, err := c.Parallel.Resolve(); err != nil {
+		bad("devices", "%v", err)
+	} else if l.DP > 0 && b.GradientAccumulationSteps%l.DP != 0 {
+		bad("gradient_accumulation_steps", "%d micro-batches per step cannot be dealt over %d data-parallel ranks (devices %s / tensor %d / context %d): use a multiple of %d",
+			b.GradientAccumulationSteps, l.DP, d, l.TP, l.CP, l.DP)
+	}
 	if o.Optim == "adamw_bf16" && !r.BF16 {
 		bad("optim", "adamw_bf16 keeps bf16 weights: set bf16: true, or use adamw_torch")
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -56,6 +57,25 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 	if cfg.Run.BF16 {
 		dt = tensor.BF16
 	}
+	devs, layout, err := cfg.Parallel.Resolve()
+	if err != nil {
+		return nil, fmt.Errorf("train: devices: %w", err)
+	}
+	usePlan := wantsPlan(devs, layout)
+	if usePlan {
+		// The layout is checked against config.json before any weight is read.
+		mc, err := modelConfig(cfg, t.tok.vocabSize())
+		if err != nil {
+			return nil, err
+		}
+		shape, err := parallel.ShapeFromConfig(mc)
+		if err != nil {
+			return nil, fmt.Errorf("train: layout: %w", err)
+		}
+		if err := checkLayout(devs, layout, shape, cfg.Batch.GradientAccumulationSteps); err != nil {
+			return nil, err
+		}
+	}
 	if t.Model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {
 		return nil, err
 	}
@@ -72,6 +92,12 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 		if err := t.Resume(r); err != nil {
 			return nil, err
 		}
+	}
+	if usePlan {
+		if t.plan, err = t.startPlan(devs, layout); err != nil {
+			return nil, err
+		}
+		t.devices = devs
 	}
 	ok = true
 	return t, nil

@@ -9,8 +9,10 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
+	"github.com/halo-shell/halo-shell/engine/parallel"
 )
 
 // Hyper are the hyperparameters that may change between steps (SetHyper). Each field means what
@@ -107,6 +109,8 @@ type Trainer struct {
 	trainAnswer string // most frequent training answer (generation eval's chance baseline)
 	opt         *optim.AdamW
 	hyper       Hyper
+	plan        *parallel.Plan // drives the steps on more than one device; nil on one
+	devices     mesh.Devices   // the plan's devices
 	step        int
 	totalSteps  int
 	warmup      int
@@ -189,6 +193,9 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 	}
 	if total == 0 {
 		return fail(errors.New("train: the step's micro-batches have no target tokens"))
+	}
+	if t.plan != nil {
+		return t.stepOnPlan(start, cur, batches, total, tokens)
 	}
 	if err := t.Model.ZeroGrads(); err != nil {
 		return fail(err)
@@ -283,10 +290,14 @@ func (t *Trainer) Eval(ctx context.Context) (float64, error) {
 
 // Close frees the model, the optimizer state and the backend.
 func (t *Trainer) Close() error {
+	var errs []error
+	if t.plan != nil {
+		errs = append(errs, t.plan.Close())
+		t.plan = nil
+	}
 	if t.opt != nil {
 		t.opt.Free()
 	}
-	var errs []error
 	if t.Model != nil {
 		errs = append(errs, t.Model.Close())
 	}

@@ -1,0 +1,328 @@
+package train
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/optim"
+	"github.com/halo-shell/halo-shell/engine/parallel"
+)
+
+// A run on more than one device drives a parallel.Plan instead of the single model. The
+// single model (Trainer.Model, on the trainer's own backend) stays the host view of the run:
+// after every step the plan's parameters are gathered into it, so evaluation, generation,
+// inspection and checkpoints read it whatever the layout. Its optimizer is idle while a plan
+// runs and receives the plan's layout-free state when the run goes back to one device.
+
+// LayoutInfo describes where a run's parameters live.
+type LayoutInfo struct {
+	// Devices is the device list ("cpu:4", "cuda:0-7"); for a single-device run, the
+	// trainer's backend name.
+	Devices string `json:"devices"`
+	// Layout is the normalised layout ("dp=2 fsdp tp=2 cp=1 ep=1 etp=1").
+	Layout string `json:"layout"`
+	// Parallel reports whether a parallel plan drives the steps.
+	Parallel bool `json:"parallel"`
+}
+
+// Layout returns the devices and layout the next step runs on.
+func (t *Trainer) Layout() LayoutInfo {
+	if t.plan == nil {
+		return LayoutInfo{Devices: t.b.Name(), Layout: mesh.Layout{}.Norm(1).String()}
+	}
+	return LayoutInfo{Devices: t.devices.String(), Layout: t.plan.Mesh.Layout.String(), Parallel: true}
+}
+
+// Plan is the parallel plan that drives the steps, or nil on one device. It is owned by the
+// trainer: use it for reads (CommStats, Placement) and recorders only.
+func (t *Trainer) Plan() *parallel.Plan { return t.plan }
+
+// modelConfig returns the config.json of the configured model without reading weights.
+func modelConfig(cfg *Config, tokenizerVocab int) (*config.Config, error) {
+	if cfg.Model.Init != nil {
+		return InitModelConfig(cfg.Model.Init, tokenizerVocab)
+	}
+	c, err := config.Load(cfg.Model.ModelNameOrPath)
+	if err != nil {
+		return nil, fmt.Errorf("train: model_name_or_path: %w", err)
+	}
+	return c, nil
+}
+
+// wantsPlan reports whether devices d with layout l need a parallel plan.
+func wantsPlan(d mesh.Devices, l mesh.Layout) bool {
+	l = l.Norm(d.Len())
+	return d.Len() > 1 || l.Size() > 1 || l.EP > 1 || l.ETP > 1
+}
+
+// checkLayout applies the layout rules (mesh.Check) and the trainer's own: the step's
+// micro-batches are dealt over the data ranks, so their number must divide evenly.
+func checkLayout(d mesh.Devices, l mesh.Layout, shape mesh.ModelShape, accum int) error {
+	n := d.Len()
+	if err := mesh.Check(l, n, shape, 0); err != nil {
+		return fmt.Errorf("train: layout: %w", err)
+	}
+	l = l.Norm(n)
+	if accum%l.DP != 0 {
+		return fmt.Errorf("train: layout %s on %s: gradient_accumulation_steps %d micro-batches cannot be dealt over %d data-parallel ranks; use a multiple of %d or a layout with fewer data ranks",
+			l, d, accum, l.DP, l.DP)
+	}
+	return nil
+}
+
+func optimConfig(c *Config) optim.Config {
+	mode := optim.MasterF32
+	if c.Optim.Optim == "adamw_bf16" {
+		mode = optim.BF16
+	}
+	return optim.Config{Mode: mode, Beta1: c.Optim.AdamBeta1, Beta2: c.Optim.AdamBeta2, Eps: c.Optim.AdamEpsilon,
+		WeightDecay: c.Optim.WeightDecay, Seed: uint64(*c.Run.Seed)}
+}
+
+// planOptions opens one backend per device: simulated CPU devices, or the named GPUs.
+func (t *Trainer) planOptions(d mesh.Devices) parallel.Options {
+	o := parallel.Options{Optimizer: optimConfig(t.Cfg)}
+	o.Optimizer.WeightDecay = t.hyper.WeightDecay
+	if d.Kind != "cpu" {
+		ids := append([]int(nil), d.IDs...)
+		kind := d.Kind
+		o.NewBackend = func(r int) (backend.Backend, error) {
+			return backend.Open(fmt.Sprintf("%s:%d", kind, ids[r]))
+		}
+	}
+	return o
+}
+
+// startPlan lays the single model and its optimizer state out over d with layout l.
+func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+	p, err := parallel.New(t.Model, d, l, t.planOptions(d))
+	if err != nil {
+		return nil, fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
+	}
+	steps, st, err := t.opt.Export()
+	if err == nil {
+		err = p.LoadOptimizerState(steps, st)
+	}
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("train: layout %s on %s: optimizer state: %w", l.Norm(d.Len()), d, err)
+	}
+	return p, nil
+}
+
+// syncFromPlan brings the plan's parameters and optimizer state into the single model and its
+// optimizer (the host view, and the state a single-device step continues from).
+func (t *Trainer) syncFromPlan(withOptimizer bool) error {
+	if err := t.plan.Gather(t.Model); err != nil {
+		return fmt.Errorf("train: gather parameters: %w", err)
+	}
+	if !withOptimizer {
+		return nil
+	}
+	steps, st, err := t.plan.OptimizerState()
+	if err != nil {
+		return fmt.Errorf("train: gather optimizer state: %w", err)
+	}
+	if err := t.opt.Import(steps, st); err != nil {
+		return fmt.Errorf("train: gather optimizer state: %w", err)
+	}
+	return nil
+}
+
+// ParseLayoutSpec reads a target layout: the layout words of mesh.ParseLayout (dp=N fsdp
+// tp=N cp=N ep=N etp=N) and optionally devices=LIST (cpu:4, cuda:0-3). Without devices=, the
+// current devices (cur) are kept when tp·cp divides their number and dp is not given;
+// otherwise the layout takes dp·tp·cp devices of the current kind. "dp=1" goes back to one
+// device.
+func ParseLayoutSpec(spec string, cur mesh.Devices) (mesh.Devices, mesh.Layout, error) {
+	var words []string
+	var devs string
+	for _, w := range strings.FieldsFunc(spec, func(r rune) bool { return r == ' ' || r == ',' || r == '\t' }) {
+		if k, v, ok := strings.Cut(w, "="); ok && strings.EqualFold(k, "devices") {
+			if devs != "" {
+				return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: layout %q: devices is given twice", spec)
+			}
+			devs = v
+			continue
+		}
+		words = append(words, w)
+	}
+	l, err := mesh.ParseLayout(strings.Join(words, " "))
+	if err != nil {
+		return mesh.Devices{}, mesh.Layout{}, err
+	}
+	if devs != "" {
+		d, err := mesh.ParseDevices(devs)
+		if err != nil {
+			return mesh.Devices{}, mesh.Layout{}, err
+		}
+		return d, l, nil
+	}
+	kind := cur.Kind
+	if kind == "" {
+		kind = "cpu"
+	}
+	inner := max(l.TP, 1) * max(l.CP, 1)
+	if l.DP == 0 && cur.Len() > 0 && cur.Len()%inner == 0 {
+		return cur, l, nil
+	}
+	n := max(l.DP, 1) * inner
+	if kind == "cpu" {
+		d, err := mesh.ParseDevices(fmt.Sprintf("cpu:%d", n))
+		return d, l, err
+	}
+	if n > cur.Len() {
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: layout %q needs %d devices, the run has %s: name them with devices=%s:0-%d", spec, n, cur, kind, n-1)
+	}
+	return mesh.Devices{Kind: kind, IDs: append([]int(nil), cur.IDs[:n]...)}, l, nil
+}
+
+// currentDevices is the device list of the run now (one device of the trainer's kind when no
+// plan runs).
+func (t *Trainer) currentDevices() mesh.Devices {
+	if t.plan != nil {
+		return t.devices
+	}
+	kind := "cpu"
+	if n := t.b.Name(); strings.HasPrefix(n, "cuda") {
+		kind = "cuda"
+	}
+	return mesh.Devices{Kind: kind, IDs: []int{0}}
+}
+
+// SetLayout moves the run to another layout between steps: parameters and optimizer state are
+// redistributed in memory (gathered from the old layout, resliced and resharded into the new
+// one; gradients are recomputed by the next step), not reloaded from disk. The next step
+// computes what a fresh run in the new layout computes from the same state. spec is read by
+// ParseLayoutSpec. An invalid target is refused with the rule it breaks and a layout that
+// works, and the run continues in the old layout. It returns how long the move took.
+func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
+	start := time.Now()
+	d, l, err := ParseLayoutSpec(spec, t.currentDevices())
+	if err != nil {
+		return 0, err
+	}
+	if err := checkLayout(d, l, parallel.ShapeOf(t.Model), t.hyper.GradientAccumulationSteps); err != nil {
+		return 0, err
+	}
+	switch {
+	case !wantsPlan(d, l) && t.plan == nil:
+		// One device to one device: nothing moves.
+	case !wantsPlan(d, l):
+		if err := t.syncFromPlan(true); err != nil {
+			return 0, err
+		}
+		err := t.plan.Close()
+		t.plan, t.devices = nil, mesh.Devices{}
+		if err != nil {
+			return 0, fmt.Errorf("train: layout: releasing the old devices: %w", err)
+		}
+	case t.plan == nil:
+		p, err := t.startPlan(d, l)
+		if err != nil {
+			return 0, err
+		}
+		t.plan, t.devices = p, d
+	default:
+		p, err := t.plan.Relayout(d, l, t.planOptions(d))
+		if err != nil {
+			return 0, fmt.Errorf("train: layout: %w", err)
+		}
+		t.plan, t.devices = p, d
+	}
+	return time.Since(start), nil
+}
+
+// padRow makes a micro-batch's length a multiple of mult (the context-parallel chunking) by
+// appending a filler document whose targets are all ignored: it attends only to itself and
+// adds nothing to the loss or the gradients.
+func padRow(b data.Batch, mult int) models.Batch {
+	mb := toModelBatch(b)
+	n := len(b.Tokens)
+	pad := (mult - n%mult) % mult
+	if pad == 0 {
+		return mb
+	}
+	mb.Tokens = append(append([]int32(nil), b.Tokens...), make([]int32, pad)...)
+	tg := append([]int32(nil), b.Targets...)
+	pos := append([]int32(nil), b.Positions...)
+	for i := range pad {
+		tg = append(tg, backend.IgnoreIndex)
+		if b.Positions != nil {
+			pos = append(pos, int32(i))
+		}
+	}
+	mb.Targets = tg
+	if b.Positions != nil {
+		mb.Positions = pos
+	}
+	if b.DocStarts != nil {
+		mb.DocStarts = append(append([]int32(nil), b.DocStarts...), int32(n+pad))
+	} else if b.Positions == nil {
+		mb.DocStarts = []int32{0, int32(n), int32(n + pad)}
+	}
+	return mb
+}
+
+// planRows turns the step's micro-batches into the plan's rows (padded for context
+// parallelism; the plan deals them over the data ranks).
+func (t *Trainer) planRows(batches []data.Batch) []models.Batch {
+	mult := 1
+	if cp := t.plan.Mesh.Layout.CP; cp > 1 {
+		mult = 2 * cp
+	}
+	rows := make([]models.Batch, len(batches))
+	for i, b := range batches {
+		rows[i] = padRow(b, mult)
+	}
+	return rows
+}
+
+// stepOnPlan is Step on a parallel plan: the same micro-batches, the same mean over the step's
+// targets, the same clipping and schedule, then the updated parameters gathered into the
+// single model.
+func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Batch, total, tokens int) (StepMetrics, error) {
+	h := t.hyper
+	fail := func(err error) (StepMetrics, error) {
+		_ = t.loader.Seek(cur)
+		return StepMetrics{}, err
+	}
+	loss, _, err := t.plan.ForwardBackward(t.planRows(batches))
+	if err != nil {
+		return fail(fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err))
+	}
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return fail(fmt.Errorf("train: step %d: loss %v is not finite; the update was skipped: lower learning_rate (now %g) or set max_grad_norm", t.step+1, loss, h.LearningRate))
+	}
+	lr := t.schedule(h).At(min(t.step, t.totalSteps))
+	t.plan.SetWeightDecay(h.WeightDecay)
+	norm, err := t.plan.Step(lr, h.MaxGradNorm)
+	if err != nil {
+		// The plan refuses a non-finite gradient norm before any update; other failures may
+		// leave parameters partly updated, so the step is not retried.
+		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err)
+	}
+	if err := t.syncFromPlan(false); err != nil {
+		return StepMetrics{}, err
+	}
+	t.step++
+	el := time.Since(start)
+	c := t.loader.Cursor()
+	m := StepMetrics{
+		Step: t.step, Loss: loss, GradNorm: norm, LR: lr, Tokens: tokens, Targets: total,
+		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
+		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
+	}
+	if t.Model.IsMoE() {
+		aux := t.plan.AuxLoss()
+		m.AuxLoss = &aux
+	}
+	return m, nil
+}

@@ -1,0 +1,262 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/parallel"
+)
+
+// tinyParallelConfig is tinyConfig with two key/value heads (so tp=2 divides them), two
+// micro-batches per step (so dp=2 deals one to each data rank) and the extra overrides.
+func tinyParallelConfig(t *testing.T, dataPath string, extra ...string) *Config {
+	t.Helper()
+	y := fmt.Sprintf(`init:
+  arch: qwen3
+  preset: tiny
+  overrides: {hidden_size: 32, intermediate_size: 64, num_attention_heads: 2, num_key_value_heads: 2, head_dim: 16, num_hidden_layers: 2}
+tokenizer_name_or_path: %s
+dataset: {path: %s}
+max_length: 32
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 2
+learning_rate: 3e-3
+weight_decay: 0.1
+max_steps: 20
+warmup_steps: 2
+seed: 7
+device: cpu
+output_dir: %s
+`, quickTok, dataPath, filepath.Join(t.TempDir(), "out"))
+	cfg, err := ParseConfig([]byte(y), "test.yaml", MethodSFT, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func relClose(a, b, tol float64) bool {
+	return math.Abs(a-b) <= tol*math.Max(math.Abs(a), math.Abs(b))
+}
+
+func TestLayoutsTrackSingleDeviceLosses(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	want := steps(t, newTrainer(t, tinyParallelConfig(t, path)), 5)
+	for _, tc := range []struct {
+		name   string
+		extra  []string
+		layout string
+	}{
+		{"dp=2", []string{"--devices=cpu:2"}, "dp=2 tp=1 cp=1 ep=1 etp=1"},
+		{"tp=2 on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2"}, "dp=2 tp=2 cp=1 ep=1 etp=1"},
+		{"cp=2 on cpu:4", []string{"--devices=cpu:4", "--context_parallel_size=2"}, "dp=2 tp=1 cp=2 ep=1 etp=1"},
+		{"tp=2 fsdp on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"}, "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTrainer(t, tinyParallelConfig(t, path, tc.extra...))
+			if got := tr.Layout(); !got.Parallel || got.Layout != tc.layout {
+				t.Fatalf("layout %+v, want %q on a plan", got, tc.layout)
+			}
+			got := steps(t, tr, 5)
+			for i := range want {
+				if !relClose(got[i], want[i], 1e-4) {
+					t.Fatalf("step %d: loss %v, single device %v (all %v vs %v)", i+1, got[i], want[i], got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestInvalidLayoutIsRefusedBeforeWeightsLoad(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"tp does not divide kv heads", []string{"--devices=cpu:4", "--tensor_parallel_size=4"}, "tp="},
+		{"tp does not divide devices", []string{"--devices=cpu:3", "--tensor_parallel_size=2"}, "devices"},
+		{"micro-batches do not split over dp", []string{"--devices=cpu:4"}, "gradient_accumulation_steps"},
+		{"bad device list", []string{"--devices=gpu:2"}, "devices"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			cfg, perr := ParseConfig([]byte(fmt.Sprintf(`init:
+  arch: qwen3
+  preset: tiny
+  overrides: {hidden_size: 32, intermediate_size: 64, num_attention_heads: 2, num_key_value_heads: 2, head_dim: 16, num_hidden_layers: 2}
+tokenizer_name_or_path: %s
+dataset: {path: %s}
+max_length: 32
+gradient_accumulation_steps: 2
+max_steps: 2
+output_dir: %s
+`, quickTok, path, t.TempDir())), "x.yaml", MethodSFT, tc.extra)
+			if perr != nil {
+				err = perr
+			} else {
+				var tr *Trainer
+				tr, err = New(cfg)
+				if err == nil {
+					tr.Close()
+				}
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+	// A layout rule refusal carries the rule and a layout that works.
+	cfg := tinyParallelConfig(t, path, "--devices=cpu:4", "--tensor_parallel_size=4")
+	_, err := New(cfg)
+	var le *mesh.LayoutError
+	if !errors.As(err, &le) || le.Rule == "" || le.Suggest.Size() == 0 {
+		t.Fatalf("error %v is not a *mesh.LayoutError with a rule and a suggestion", err)
+	}
+	if err := mesh.Check(le.Suggest, 4, mustShape(t, cfg), 0); err != nil {
+		t.Fatalf("suggested layout %s is refused too: %v", le.Suggest, err)
+	}
+}
+
+func mustShape(t *testing.T, cfg *Config) mesh.ModelShape {
+	t.Helper()
+	tr := newTrainer(t, tinyParallelConfig(t, cfg.Dataset.Path[0]))
+	return parallel.ShapeOf(tr.Model)
+}
+
+func TestResumeIntoAnotherLayoutKeepsOptimizerState(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
+	want := steps(t, newTrainer(t, tinyParallelConfig(t, path)), 6)
+
+	first := newTrainer(t, tinyParallelConfig(t, path, "--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"))
+	got := steps(t, first, 3)
+	ck := filepath.Join(dir, "ck")
+	if err := first.Save(ck); err != nil {
+		t.Fatal(err)
+	}
+	// The checkpoint is an ordinary single-device one: it resumes on one device too.
+	for _, extra := range [][]string{{"--devices=cpu:2", "--context_parallel_size=2"}, nil} {
+		second := newTrainer(t, tinyParallelConfig(t, path, append(extra, "--resume_from_checkpoint="+ck)...))
+		rest := steps(t, second, 3)
+		all := append(append([]float64(nil), got...), rest...)
+		for i := range want {
+			// A reset optimizer would take a full-size first Adam step and miss by far more.
+			if !relClose(all[i], want[i], 1e-4) {
+				t.Fatalf("resumed with %v: step %d loss %v, uninterrupted single device %v (all %v vs %v)", extra, i+1, all[i], want[i], all, want)
+			}
+		}
+	}
+}
+
+func TestSetLayoutBetweenStepsMatchesAFreshRun(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
+	ref := steps(t, newTrainer(t, tinyParallelConfig(t, path)), 8)
+
+	tr := newTrainer(t, tinyParallelConfig(t, path))
+	got := steps(t, tr, 2)
+	for _, tc := range []struct{ spec, layout string }{
+		{"tp=2", "dp=1 tp=2 cp=1 ep=1 etp=1"},                         // one device to a plan
+		{"devices=cpu:4 tp=2 fsdp", "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"}, // plan to plan
+		{"cp=2", "dp=2 tp=1 cp=2 ep=1 etp=1"},                         // keeps the 4 devices
+		{"dp=1", "dp=1 tp=1 cp=1 ep=1 etp=1"},                         // back to one device
+	} {
+		d, err := tr.SetLayout(tc.spec)
+		if err != nil {
+			t.Fatalf("SetLayout(%q): %v", tc.spec, err)
+		}
+		if d <= 0 {
+			t.Fatalf("SetLayout(%q) took %v", tc.spec, d)
+		}
+		if l := tr.Layout(); l.Layout != tc.layout {
+			t.Fatalf("after SetLayout(%q): layout %+v, want %q", tc.spec, l, tc.layout)
+		}
+		// A fresh run in the new layout from the same state: save, resume there, step.
+		ck := filepath.Join(dir, "ck-"+strings.ReplaceAll(tc.spec, " ", "_"))
+		if err := tr.Save(ck); err != nil {
+			t.Fatal(err)
+		}
+		fresh := newTrainer(t, tinyParallelConfig(t, path, append(layoutFlags(t, tr), "--resume_from_checkpoint="+ck)...))
+		wantNext := steps(t, fresh, 1)[0]
+		next := steps(t, tr, 1)[0]
+		if !relClose(next, wantNext, 1e-5) {
+			t.Fatalf("after SetLayout(%q): next loss %v, a fresh run in that layout %v", tc.spec, next, wantNext)
+		}
+		got = append(got, next)
+	}
+	for i := range got {
+		if !relClose(got[i], ref[i], 1e-4) {
+			t.Fatalf("step %d: loss %v across layouts, single device %v (all %v vs %v)", i+1, got[i], ref[i], got, ref)
+		}
+	}
+}
+
+// layoutFlags are the config overrides of the trainer's current layout.
+func layoutFlags(t *testing.T, tr *Trainer) []string {
+	t.Helper()
+	info := tr.Layout()
+	if !info.Parallel {
+		return nil
+	}
+	l, err := mesh.ParseLayout(info.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--devices=" + info.Devices, fmt.Sprintf("--tensor_parallel_size=%d", l.TP),
+		fmt.Sprintf("--context_parallel_size=%d", l.CP), fmt.Sprintf("--fsdp=%v", l.FSDP)}
+}
+
+func TestSetLayoutRefusesAnInvalidTargetAndKeepsRunning(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	ref := steps(t, newTrainer(t, tinyParallelConfig(t, path, "--devices=cpu:2")), 3)
+	tr := newTrainer(t, tinyParallelConfig(t, path, "--devices=cpu:2"))
+	got := steps(t, tr, 1)
+	before := tr.Layout()
+	for _, tc := range []struct{ spec, want string }{
+		{"tp=4", "rule"}, // tp does not divide the heads
+		{"dp=4", "gradient_accumulation_steps"},
+		{"tp=x", "tp needs a degree"},
+		{"devices=cpu:2 devices=cpu:4", "twice"},
+		{"ep=2", "rule"}, // a dense model has no experts
+	} {
+		if _, err := tr.SetLayout(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("SetLayout(%q): %v, want an error naming %q", tc.spec, err, tc.want)
+		}
+		if tr.Layout() != before {
+			t.Fatalf("SetLayout(%q) was refused but the layout changed to %+v", tc.spec, tr.Layout())
+		}
+	}
+	got = append(got, steps(t, tr, 2)...)
+	for i := range ref {
+		if !relClose(got[i], ref[i], 1e-6) {
+			t.Fatalf("step %d after refusals: loss %v, want %v", i+1, got[i], ref[i])
+		}
+	}
+}
+
+func TestRunOnAPlanWritesGatheredCheckpoints(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(16))
+	cfg := tinyParallelConfig(t, path, "--devices=cpu:2", "--max_steps=3", "--save_steps=1")
+	tr := newTrainer(t, cfg)
+	if _, err := tr.Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := tr.SaveStep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	single := newTrainer(t, tinyParallelConfig(t, path, "--max_steps=3"))
+	if err := single.Resume(dir); err != nil {
+		t.Fatalf("a checkpoint of a dp=2 run does not resume on one device: %v", err)
+	}
+	if single.Steps() != 1 {
+		t.Fatalf("resumed at step %d, want 1", single.Steps())
+	}
+}
