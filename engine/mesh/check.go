@@ -40,7 +40,7 @@ const (
 	RuleTPQKNorm  = "tp-qknorm"  // q/k norms over the whole projection are not split
 	RuleCPSeq     = "cp-seqlen"  // 2·CP divides the sequence length
 	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
-	RuleETP       = "etp"        // ETP is 1 or TP
+	RuleETP       = "etp"        // ETP is 1 or TP and divides the expert width
 	RuleSupport   = "support"    // the combination is outside the support matrix
 )
 
@@ -132,15 +132,15 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		if l.ETP != l.TP {
 			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d must be 1 or equal tensor_parallel_size %d", l.ETP, l.TP)
 		}
+		if m.ExpertIntermediate%l.ETP != 0 {
+			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d must divide the expert width %d (moe_intermediate_size)", l.ETP, m.ExpertIntermediate)
+		}
 	}
 	return supported(l, m)
 }
 
 // supported is the support matrix (see the package doc).
 func supported(l Layout, m ModelShape) (rule, detail string) {
-	if l.EP > 1 || l.ETP > 1 {
-		return RuleSupport, "expert and expert-tensor parallelism (ep, etp) are not available yet; experts are replicated on every rank"
-	}
 	if m.MoE() && l.CP > 1 {
 		return RuleSupport, "context parallelism of mixture-of-experts models is not supported: the router's load-balancing loss is defined over whole sequences"
 	}

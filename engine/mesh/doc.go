@@ -28,7 +28,12 @@
 //	cp                        yes (packing and      no: the router's load-balancing loss is per sequence
 //	                          sliding windows)
 //	dp/fsdp + tp + cp         yes                   no (cp)
-//	ep, etp                   no (no experts)       not yet: refused with the layout to use instead
+//	ep (+ dp)                 no (no experts)       yes (experts sharded over the expert group)
+//	ep + fsdp                 no                    yes
+//	ep + tp, etp=1            no                    yes (experts replicated over the tensor group)
+//	etp=tp (with or without   no                    yes (each expert's FFN split over the tensor
+//	ep, fsdp)                                       group: gate/up by columns, down by rows)
+//	ep or etp + cp            no                    no (cp)
 //
 // Rules every accepted layout passes (each refusal names the rule and a layout that passes all
 // of them on the same devices):
@@ -38,5 +43,12 @@
 //     over the whole projection (not per head) are not split (TP = 1 then);
 //   - CP splits every sequence into 2·CP equal chunks (load balancing of causal attention), so
 //     2·CP divides the sequence length;
-//   - EP divides the number of experts and DP·CP; ETP is 1 or TP.
+//   - EP divides the number of experts and DP·CP; ETP is 1 or TP and divides the expert width.
+//
+// # Expert groups
+//
+// Expert parallelism cuts each data group (data index d = dp·CP + cp) into blocks of EP
+// consecutive ranks (DimEP): rank d mod EP of a block owns experts [j·E/EP, (j+1)·E/EP) with
+// j = d mod EP, and tokens travel within the block. The ranks of a data group with the same
+// d mod EP (DimEData, DP·CP/EP of them) hold the same experts and sum their gradients.
 package mesh

@@ -86,7 +86,12 @@ func LocalParams(l Layout, m ModelShape) int64 {
 	if m.MoE() {
 		whole += dense * mlp // the plan does not split the MLPs of MoE models
 		e, fe := int64(m.Experts), int64(m.ExpertIntermediate)
-		whole += int64(m.MoELayers) * (e*c + e*3*c*fe)
+		whole += int64(m.MoELayers) * e * c // routers
+		if one(l.ETP) > 1 {
+			split += int64(m.MoELayers) * e * 3 * c * fe // expert FFNs split by ETP = TP
+		} else {
+			whole += int64(m.MoELayers) * e * 3 * c * fe
+		}
 	} else {
 		split += dense * mlp
 	}
@@ -122,6 +127,11 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 		if shard*g != local {
 			mem.Comm += 2 * shard * g * pb // padded gather and scatter buffers
 		}
+	}
+	if ep := int64(one(l.EP)); ep > 1 && !(l.FSDP && g > 1) && m.MoE() {
+		// Without FSDP a rank keeps optimizer state for the experts it owns only.
+		experts := int64(m.MoELayers) * int64(m.Experts) * 3 * int64(m.Hidden) * int64(m.ExpertIntermediate) / int64(one(l.ETP))
+		opt -= experts - experts/ep
 	}
 	mem.Optimizer = opt * int64(w.OptimizerBytes)
 

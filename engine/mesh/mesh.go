@@ -44,6 +44,14 @@ const (
 	DimCP   Dim = "cp"   // ranks differing only in cp
 	DimTP   Dim = "tp"   // ranks differing only in tp
 	DimData Dim = "data" // ranks with the same tp coordinate (dp × cp): gradient reduction, FSDP shards
+	// DimEP is an expert-parallel group: EP consecutive ranks of one data group (data index
+	// d = dp·CP + cp; the group of d is d / EP and d's rank in it d mod EP). Expert e lives on
+	// the rank e / (E/EP) of each expert group.
+	DimEP Dim = "ep"
+	// DimEData is the expert-data group: the ranks of one data group with the same rank in their
+	// expert groups (d mod EP), which hold replicas of the same experts and sum their
+	// gradients.
+	DimEData Dim = "edata"
 )
 
 // Groups partitions the world ranks along dim; within each group ranks are ordered by the
@@ -59,8 +67,12 @@ func (m *Mesh) Groups(dim Dim) ([][]int, error) {
 			return c.DP*m.Layout.CP + c.CP, nil
 		case DimData:
 			return c.TP, nil
+		case DimEP:
+			return (c.DP*m.Layout.CP+c.CP)/one(m.Layout.EP)*m.Layout.TP + c.TP, nil
+		case DimEData:
+			return (c.DP*m.Layout.CP+c.CP)%one(m.Layout.EP)*m.Layout.TP + c.TP, nil
 		}
-		return 0, fmt.Errorf("mesh: unknown dimension %q (dp, cp, tp, data)", dim)
+		return 0, fmt.Errorf("mesh: unknown dimension %q (dp, cp, tp, data, ep, edata)", dim)
 	}
 	idx := map[int]int{}
 	var groups [][]int

@@ -144,11 +144,11 @@ func TestCheckRefusesWithRuleAndWorkingSuggestion(t *testing.T) {
 		{"ep beyond data ranks", "ep=4 tp=2", 4, moe, 0, RuleEPExperts, "dp × cp = 2"},
 		{"etp differs from tp", "etp=2", 2, moe, 0, RuleETP, "equal tensor_parallel_size 1"},
 		{"etp on dense", "etp=2 tp=2", 2, dense, 0, RuleETP, "needs a mixture-of-experts"},
+		{"etp does not divide expert width", "tp=4 etp=4", 4, ModelShape{Heads: 8, KVHeads: 8, Experts: 8, ExpertIntermediate: 6, TopK: 2, MoELayers: 1}, 0, RuleETP, "expert width 6"},
+		{"ep beyond dp with etp", "ep=4 tp=2 etp=2", 4, moe, 0, RuleEPExperts, "dp × cp = 2"},
 		// The support matrix: valid degrees, combinations not offered.
-		{"ep not built", "ep=2", 2, moe, 0, RuleSupport, "not available yet"},
-		{"ep with fsdp not built", "ep=2 fsdp", 4, moe, 0, RuleSupport, "not available yet"},
-		{"etp not built", "tp=2 etp=2", 2, moe, 0, RuleSupport, "not available yet"},
-		{"ep+tp+etp not built", "ep=2 tp=2 etp=2", 4, moe, 0, RuleSupport, "not available yet"},
+		{"ep with cp", "ep=2 cp=2", 4, moe, 16, RuleSupport, "load-balancing loss"},
+		{"etp with cp", "tp=2 etp=2 cp=2", 4, moe, 16, RuleSupport, "load-balancing loss"},
 		{"cp on moe", "cp=2", 2, moe, 16, RuleSupport, "load-balancing loss"},
 		{"cp+tp on moe", "cp=2 tp=2", 4, moe, 16, RuleSupport, "load-balancing loss"},
 	} {
@@ -203,6 +203,13 @@ func TestCheckAcceptsSupportedLayouts(t *testing.T) {
 		{"", 4, moe, 16},
 		{"fsdp", 2, moe, 16},
 		{"tp=2", 2, moe, 16},
+		{"ep=2", 2, moe, 16},
+		{"ep=8", 8, moe, 16},
+		{"ep=2 fsdp", 4, moe, 16},
+		{"ep=2 tp=2", 4, moe, 16},
+		{"tp=2 etp=2", 2, moe, 16},
+		{"ep=2 tp=2 etp=2", 4, moe, 16},
+		{"ep=2 tp=2 etp=2 fsdp", 8, moe, 16},
 	} {
 		l, _ := ParseLayout(tc.l)
 		if err := Check(l, tc.n, tc.m, tc.seq); err != nil {
@@ -234,6 +241,24 @@ func TestMeshCoordsAndGroups(t *testing.T) {
 		{DimData, "[[0 2 4 6] [1 3 5 7]]"},
 	} {
 		g, err := m.Groups(tc.dim)
+		if err != nil || fmt.Sprint(g) != tc.want {
+			t.Errorf("%s groups = %v (%v), want %s", tc.dim, g, err, tc.want)
+		}
+	}
+	// Expert groups: 8 ranks, tp=2, dp=4, ep=2. Data groups [0 2 4 6] and [1 3 5 7] are cut
+	// into expert blocks of two consecutive data ranks; replicas share d mod 2.
+	em, err := New(Devices{Kind: "cpu", IDs: []int{0, 1, 2, 3, 4, 5, 6, 7}}, Layout{TP: 2, EP: 2}, moe, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dim  Dim
+		want string
+	}{
+		{DimEP, "[[0 2] [1 3] [4 6] [5 7]]"},
+		{DimEData, "[[0 4] [1 5] [2 6] [3 7]]"},
+	} {
+		g, err := em.Groups(tc.dim)
 		if err != nil || fmt.Sprint(g) != tc.want {
 			t.Errorf("%s groups = %v (%v), want %s", tc.dim, g, err, tc.want)
 		}

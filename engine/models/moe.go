@@ -264,3 +264,13 @@ func (m *Model) bindMoE() {
 		}
 	}
 }
+
+// MoELayers returns the mixture-of-experts blocks in layer order (nil for dense models). A
+// parallel plan sets their Runner to compute the experts where they live; the blocks are
+// rebuilt (and the runners dropped) when the model's layers are rebuilt.
+func (m *Model) MoELayers() []*nn.MoE {
+	if len(m.moe.layers) == 0 {
+		return nil
+	}
+	return append([]*nn.MoE(nil), m.moe.layers...)
+}

@@ -54,10 +54,14 @@ type MoE struct {
 	// n (see LoadBalancingLoss).
 	AuxGrad []float64
 
+	// Runner, when set, computes the experts (an expert-parallel plan); nil computes them
+	// here, on the rows of this block.
+	Runner ExpertRunner
+
 	r   Routing
-	c   []expertCache
+	g   ExpertGroup
 	x   T
-	dev bool // device caches live
+	dev bool // a forward is cached
 }
 
 // Routing is the host-side result of one forward's router, kept after the forward (also
@@ -79,8 +83,8 @@ func (r *Routing) Load() []int {
 }
 
 type expertCache struct {
-	tokens []int32 // token rows routed to this expert, increasing
-	slots  []int32 // slot k of each row in Sel/Weights
+	tokens []int32 // source rows of this expert's assignments
+	slots  []int32 // assignment index of each row (into the weights)
 	ids    T       // [M] I32 tokens
 	xe     T       // [M,C]
 	g, u   T       // [M,I]
@@ -185,6 +189,85 @@ func resizeI(v []int32, n int) []int32 {
 	return v[:n]
 }
 
+// ExpertRunner computes the experts of one MoE block in place of the local computation: an
+// expert-parallel plan sends the rows to the ranks that own their experts and brings the
+// results back. The block computes the routing and the router gradient itself; the runner sees
+// the routing (MoE.Routing) and the input rows. Its methods are called from the goroutine that
+// runs the block's Forward and Backward, in that order; Release may follow a Forward without
+// Backward (inference, or an error).
+type ExpertRunner interface {
+	// Forward returns a new out [N,C] (allocated on p.B; the caller owns it) with
+	// out[n] = sum_k Weights[n,k] * Expert_{Sel[n,k]}(x[n]) for x [N,C] and the block's
+	// routing. With keep it caches what Backward needs.
+	Forward(p *Pass, m *MoE, x T, keep bool) (T, error)
+	// Backward takes dy [N,C], adds the experts' parameter gradients to their GW, and returns
+	// a new dx [N,C] (the gradient through the experts only; the caller owns it) and dw [N*K],
+	// d objective / d Weights[n,k]. It releases the runner's caches.
+	Backward(p *Pass, m *MoE, dy T) (dx T, dw []float64, err error)
+	// Release drops the caches of a Forward.
+	Release(p *Pass)
+}
+
+// ExpertGroup computes a set of experts over rows grouped by expert, the compute shared by
+// the local MoE block and expert-parallel runners. Assignment i reads row Src[i] of x, runs
+// expert Expert[i] and adds W[i] times the result (1 when W is nil) to row Src[i] of the
+// output:
+//
+//	out[Src[i]] += W[i] * Experts[Expert[i]](x[Src[i]])        x, out [R,C]
+//
+// Experts run in increasing index, each over its assignments in increasing order, so results
+// are deterministic. Cached for backward (keep): per expert its rows, gathered input [M_e,C],
+// gate, up and SwiGLU product [M_e,I], and (when W is set) a host copy of its unweighted
+// output [M_e,C].
+type ExpertGroup struct {
+	Name    string
+	Experts []Expert
+
+	w   []float32
+	n   int // assignments
+	c   []expertCache
+	dev bool
+}
+
+// Forward computes the group (see ExpertGroup) and returns out [R,C], a new tensor.
+func (g *ExpertGroup) Forward(p *Pass, x T, src, expert []int32, w []float32, keep bool) (out T, err error) {
+	if g.dev {
+		return T{}, fmt.Errorf("nn: %s: expert Forward called twice without Backward or Release", g.Name)
+	}
+	if len(expert) != len(src) || (w != nil && len(w) != len(src)) {
+		return T{}, fmt.Errorf("nn: %s: %d source rows, %d experts and %d weights for the assignments", g.Name, len(src), len(expert), len(w))
+	}
+	g.dev, g.w, g.n = true, w, len(src)
+	defer func() {
+		if err != nil || !keep {
+			g.Release(p)
+		}
+	}()
+	g.c = make([]expertCache, len(g.Experts))
+	rows := x.Dim(0)
+	for i, e := range expert {
+		if e < 0 || int(e) >= len(g.Experts) {
+			return T{}, fmt.Errorf("nn: %s: assignment %d names expert %d of %d", g.Name, i, e, len(g.Experts))
+		}
+		if src[i] < 0 || int(src[i]) >= rows {
+			return T{}, fmt.Errorf("nn: %s: assignment %d reads row %d of %d", g.Name, i, src[i], rows)
+		}
+		ec := &g.c[e]
+		ec.tokens = append(ec.tokens, src[i])
+		ec.slots = append(ec.slots, int32(i))
+	}
+	if out, err = p.alloc(max(rows, 1), x.Dim(1)); err != nil {
+		return T{}, wrap(g.Name, err)
+	}
+	for e := range g.Experts {
+		if err = g.expertForward(p, e, x, out, keep); err != nil {
+			_ = free(p.B, &out)
+			return T{}, err
+		}
+	}
+	return out, nil
+}
+
 // Forward implements FFN.
 func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 	if m.dev {
@@ -196,7 +279,7 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 			m.Release(p)
 		}
 	}()
-	n, c := x.Dim(0), x.Dim(1)
+	n := x.Dim(0)
 	logits, err := m.Router.Forward(p, x)
 	if err != nil {
 		return T{}, err
@@ -209,35 +292,26 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 	if err = m.route(lv, n); err != nil {
 		return T{}, err
 	}
-	m.c = make([]expertCache, len(m.Experts))
+	if m.Runner != nil {
+		return m.Runner.Forward(p, m, x, keep)
+	}
 	k := m.TopK
-	for t := 0; t < n; t++ {
-		for j, e := range m.r.Sel[t*k : (t+1)*k] {
-			ec := &m.c[e]
-			ec.tokens = append(ec.tokens, int32(t))
-			ec.slots = append(ec.slots, int32(j))
-		}
+	src := make([]int32, n*k)
+	for i := range src {
+		src[i] = int32(i / k)
 	}
-	if out, err = p.alloc(n, c); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	for e := range m.Experts {
-		if err = m.expertForward(p, e, x, out, keep); err != nil {
-			_ = free(p.B, &out)
-			return T{}, err
-		}
-	}
-	return out, nil
+	m.g = ExpertGroup{Name: m.Name, Experts: m.Experts}
+	return m.g.Forward(p, x, src, m.r.Sel, m.r.Weights, keep)
 }
 
-func (m *MoE) expertForward(p *Pass, e int, x, out T, keep bool) (err error) {
-	ec := &m.c[e]
+func (g *ExpertGroup) expertForward(p *Pass, e int, x, out T, keep bool) (err error) {
+	ec := &g.c[e]
 	mrows := len(ec.tokens)
 	if mrows == 0 {
 		return nil
 	}
-	ex := &m.Experts[e]
-	name := fmt.Sprintf("%s expert %d", m.Name, e)
+	ex := &g.Experts[e]
+	name := fmt.Sprintf("%s expert %d", g.Name, e)
 	var ye T
 	defer func() {
 		_ = free(p.B, &ye)
@@ -269,26 +343,28 @@ func (m *MoE) expertForward(p *Pass, e int, x, out T, keep bool) (err error) {
 	if ye, err = ex.Down.Forward(p, ec.a); err != nil {
 		return err
 	}
-	yv, err := backend.ToFloat32(p.B, ye)
-	if err != nil {
-		return wrap(name, err)
-	}
-	c := x.Dim(1)
-	scaled := make([]float32, len(yv))
-	for r, t := range ec.tokens {
-		w := m.r.Weights[int(t)*m.TopK+int(ec.slots[r])]
-		for i := r * c; i < (r+1)*c; i++ {
-			scaled[i] = yv[i] * w
+	if g.w != nil {
+		yv, err := backend.ToFloat32(p.B, ye)
+		if err != nil {
+			return wrap(name, err)
 		}
-	}
-	if err = upload(p.B, ye, scaled); err != nil {
-		return wrap(name, err)
+		c := x.Dim(1)
+		scaled := make([]float32, len(yv))
+		for r, a := range ec.slots {
+			w := g.w[a]
+			for i := r * c; i < (r+1)*c; i++ {
+				scaled[i] = yv[i] * w
+			}
+		}
+		if err = upload(p.B, ye, scaled); err != nil {
+			return wrap(name, err)
+		}
+		if keep {
+			ec.y = yv
+		}
 	}
 	if err = p.B.EmbeddingBackward(out, ye, ec.ids); err != nil {
 		return wrap(name+" combine", err)
-	}
-	if keep {
-		ec.y = yv
 	}
 	return nil
 }
@@ -301,27 +377,53 @@ func upload(b backend.Backend, dst T, v []float32) error {
 	return b.Upload(dst, raw)
 }
 
+// Backward takes dy [R,C], adds the experts' parameter gradients, and returns a new dx [R,C]
+// and, when the forward had weights, dw [assignments] (d objective / d W[i]). It releases the
+// caches.
+func (g *ExpertGroup) Backward(p *Pass, dy T) (dx T, dw []float64, err error) {
+	if !g.dev || g.c == nil {
+		return T{}, nil, fmt.Errorf("nn: %s: expert Backward without a cached Forward", g.Name)
+	}
+	defer g.Release(p)
+	if dx, err = p.alloc(dy.Shape()...); err != nil {
+		return T{}, nil, wrap(g.Name, err)
+	}
+	if g.w != nil {
+		dw = make([]float64, g.n)
+	}
+	for e := range g.Experts {
+		if err = g.expertBackward(p, e, dy, dx, dw); err != nil {
+			_ = free(p.B, &dx)
+			return T{}, nil, err
+		}
+	}
+	return dx, dw, nil
+}
+
 // Backward implements FFN.
 func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
-	if !m.dev || m.c == nil {
+	if !m.dev {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
 	r := &m.r
-	n, c, k, e := r.N, m.x.Dim(1), r.K, r.E
-	if dx, err = p.alloc(n, c); err != nil {
-		return T{}, wrap(m.Name, err)
+	n, k, e := r.N, r.K, r.E
+	var dw []float64 // d objective / d weight[n,k]
+	if m.Runner != nil {
+		dx, dw, err = m.Runner.Backward(p, m, dy)
+	} else {
+		dx, dw, err = m.g.Backward(p, dy)
+	}
+	if err != nil {
+		return T{}, err
 	}
 	defer func() {
 		if err != nil {
 			_ = free(p.B, &dx)
 		}
 	}()
-	dw := make([]float64, n*k) // d objective / d weight[n,k]
-	for ei := range m.Experts {
-		if err = m.expertBackward(p, ei, dy, dx, dw); err != nil {
-			return T{}, err
-		}
+	if len(dw) != n*k {
+		return T{}, fmt.Errorf("nn: %s: the expert runner returned %d weight gradients for %d tokens x %d slots", m.Name, len(dw), n, k)
 	}
 	// Router: d objective / d p, then through the softmax.
 	dz := make([]float32, n*e)
@@ -371,14 +473,14 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 	return dx, nil
 }
 
-func (m *MoE) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (err error) {
-	ec := &m.c[e]
+func (g *ExpertGroup) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (err error) {
+	ec := &g.c[e]
 	mrows := len(ec.tokens)
 	if mrows == 0 {
 		return nil
 	}
-	ex := &m.Experts[e]
-	name := fmt.Sprintf("%s expert %d", m.Name, e)
+	ex := &g.Experts[e]
+	name := fmt.Sprintf("%s expert %d", g.Name, e)
 	c := dy.Dim(1)
 	var dye, da, dxe T
 	defer func() { _ = free(p.B, &dye, &da, &dxe) }()
@@ -388,22 +490,23 @@ func (m *MoE) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (err error)
 	if err = p.B.Embedding(dye, dy, ec.ids); err != nil {
 		return wrap(name+" gather", err)
 	}
-	dv, err := backend.ToFloat32(p.B, dye)
-	if err != nil {
-		return wrap(name, err)
-	}
-	for r, t := range ec.tokens {
-		slot := int(t)*m.TopK + int(ec.slots[r])
-		w := m.r.Weights[slot]
-		dot := 0.0
-		for i := r * c; i < (r+1)*c; i++ {
-			dot += float64(dv[i]) * float64(ec.y[i])
-			dv[i] *= w
+	if g.w != nil {
+		dv, err := backend.ToFloat32(p.B, dye)
+		if err != nil {
+			return wrap(name, err)
 		}
-		dw[slot] += dot
-	}
-	if err = upload(p.B, dye, dv); err != nil {
-		return wrap(name, err)
+		for r, a := range ec.slots {
+			w := g.w[a]
+			dot := 0.0
+			for i := r * c; i < (r+1)*c; i++ {
+				dot += float64(dv[i]) * float64(ec.y[i])
+				dv[i] *= w
+			}
+			dw[a] += dot
+		}
+		if err = upload(p.B, dye, dv); err != nil {
+			return wrap(name, err)
+		}
 	}
 	if da, err = p.alloc(ec.a.Shape()...); err != nil {
 		return wrap(name, err)
@@ -431,12 +534,21 @@ func (ec *expertCache) release(p *Pass) {
 	ec.y = nil
 }
 
+// Release drops the caches of a Forward.
+func (g *ExpertGroup) Release(p *Pass) {
+	for i := range g.c {
+		g.c[i].release(p)
+	}
+	g.c, g.w = nil, nil
+	g.dev = false
+}
+
 // Release implements FFN. The host-side Routing is kept.
 func (m *MoE) Release(p *Pass) {
-	for i := range m.c {
-		m.c[i].release(p)
+	if m.Runner != nil {
+		m.Runner.Release(p)
 	}
-	m.c = nil
+	m.g.Release(p)
 	m.x, m.dev = T{}, false
 }
 

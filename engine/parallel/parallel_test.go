@@ -206,6 +206,10 @@ var supportedMoE = []struct {
 	layout string
 }{
 	{1, ""}, {2, ""}, {2, "fsdp"}, {2, "tp=2"}, {4, ""}, {4, "fsdp"}, {4, "tp=2 fsdp"}, {8, "tp=4"}, {8, "fsdp"},
+	// Expert parallelism (experts sharded over the expert group), with data parallelism, FSDP,
+	// tensor parallelism and expert-tensor parallelism.
+	{2, "ep=2"}, {4, "ep=4"}, {4, "ep=2"}, {8, "ep=4"}, {4, "ep=2 fsdp"}, {8, "ep=4 fsdp"},
+	{4, "ep=2 tp=2"}, {2, "tp=2 etp=2"}, {4, "ep=2 tp=2 etp=2"}, {8, "ep=2 tp=2 etp=2 fsdp"}, {8, "ep=4 tp=2 etp=2"},
 }
 
 func TestLayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
@@ -371,9 +375,10 @@ func TestUnsupportedLayoutsAreRefusedBeforeLoading(t *testing.T) {
 		{dense, 8, "tp=8", mesh.RuleTPHeads},
 		{dense, 6, "tp=4", mesh.RuleDegrees},
 		{dense, 2, "ep=2", mesh.RuleEPExperts},
-		{moe, 2, "ep=2", mesh.RuleSupport},
-		{moe, 4, "ep=2 fsdp", mesh.RuleSupport},
-		{moe, 2, "tp=2 etp=2", mesh.RuleSupport},
+		{moe, 3, "ep=3", mesh.RuleEPExperts},
+		{moe, 4, "ep=4 tp=2", mesh.RuleEPExperts},
+		{moe, 2, "etp=2", mesh.RuleETP},
+		{moe, 4, "ep=2 cp=2", mesh.RuleSupport},
 		{moe, 2, "cp=2", mesh.RuleSupport},
 		{moe, 4, "cp=2 tp=2", mesh.RuleSupport},
 	} {

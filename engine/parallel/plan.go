@@ -75,6 +75,7 @@ type rank struct {
 	m               *models.Model
 	tp, cp, data    *comm.Comm
 	world           *comm.Comm
+	ep, edata       *comm.Comm // expert group and expert-data group (replicas of the same experts)
 	opt             *optim.AdamW
 	lossSum, auxSum float64
 	optParams       []optim.Param
@@ -139,6 +140,11 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 			local.IntermediateSize = src.Arch.Intermediate / l.TP
 		}
 	}
+	if l.ETP > 1 {
+		// Each expert's FFN is split over the tensor group: gate/up by output features,
+		// down by input features (bind classifies them by shape).
+		local.MoEIntermediateSize = shape.ExpertIntermediate / l.ETP
+	}
 	p.cfg = cfg
 	n := ms.Size()
 	devs := make([]backend.Backend, n)
@@ -165,7 +171,7 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		return nil, err
 	}
 	groups := map[mesh.Dim][]*comm.Comm{}
-	for _, d := range []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData} {
+	for _, d := range []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData, mesh.DimEP, mesh.DimEData} {
 		g, err := ms.Groups(d)
 		if err == nil {
 			groups[d], err = p.world.Split(string(d), g)
@@ -181,7 +187,7 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	}
 	for r := 0; r < n; r++ {
 		rk := &rank{id: r, c: ms.Coord(r), dev: devs[r], tp: groups[mesh.DimTP][r], cp: groups[mesh.DimCP][r],
-			data: groups[mesh.DimData][r], world: p.world.Comm(r)}
+			data: groups[mesh.DimData][r], world: p.world.Comm(r), ep: groups[mesh.DimEP][r], edata: groups[mesh.DimEData][r]}
 		rk.dataRank, rk.dataN = rk.data.Rank(), rk.data.Size()
 		rk.rb = newRankBackend(devs[r], rk.tp, rk.cp)
 		p.ranks = append(p.ranks, rk)
@@ -195,6 +201,10 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		err = p.bind(rk, full, src)
 		if err == nil {
 			err = rk.m.EnableGrads()
+		}
+		if err == nil {
+			// After EnableGrads, which rebuilds the layers.
+			p.setRunners(rk)
 		}
 		if err == nil {
 			err = p.setupOptimizer(rk, o.Optimizer)
@@ -318,10 +328,20 @@ func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 	if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
 		off := 0
 		for i, s := range m.Specs {
-			rk.optOff = append(rk.optOff, off)
+			o := off
 			off += s.Numel()
+			first := rk.dataRank == 0
+			if owner, ok := p.expertHolder(s.Name); ok {
+				// Expert parallelism: a rank updates the experts it owns only; each owned
+				// expert's gradient is counted once, by the first of its replicas.
+				if owner != rk.ep.Rank() {
+					continue
+				}
+				first = rk.edata.Rank() == 0
+			}
+			rk.optOff = append(rk.optOff, o)
 			rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: m.Params.Views[i], Grad: m.Grads.Views[i], NoDecay: !s.Decay})
-			rk.countNorm = append(rk.countNorm, counted(s.Name) && rk.dataRank == 0)
+			rk.countNorm = append(rk.countNorm, counted(s.Name) && first)
 		}
 	} else {
 		sh := &rk.shard
@@ -602,6 +622,9 @@ func (p *Plan) reduceGrads(rk *rank) error {
 		return nil
 	}
 	if !rk.shard.on {
+		if p.Mesh.Layout.EP > 1 {
+			return p.reduceExpertGrads(rk)
+		}
 		return rk.data.AllReduce(m.Grads.Flat, comm.Sum)
 	}
 	src := m.Grads.Flat
@@ -721,14 +744,18 @@ func (p *Plan) Grads() (map[string][]float32, error) {
 }
 
 func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[string][]float32, error) {
-	var tpRanks []*rank
+	// tpRanks[d] are the ranks of data index d, in tensor order.
+	tpRanks := map[int][]*rank{}
 	for _, rk := range p.ranks {
-		if rk.c.DP == 0 && rk.c.CP == 0 {
-			tpRanks = append(tpRanks, rk)
-		}
+		tpRanks[rk.dataRank] = append(tpRanks[rk.dataRank], rk)
 	}
 	out := make(map[string][]float32, len(p.specs))
 	for _, s := range p.specs {
+		holder := 0
+		if d, ok := p.expertHolder(s.Name); ok && !p.Mesh.Layout.FSDP {
+			holder = d // without FSDP only the owners hold an expert's current values
+		}
+		tpRanks := tpRanks[holder]
 		parts := make([][]float32, len(tpRanks))
 		for i, rk := range tpRanks {
 			v, err := get(rk.m, s.Name)
@@ -762,7 +789,7 @@ func (p *Plan) CommStats() []comm.Stats {
 	out := make([]comm.Stats, len(p.ranks))
 	for i, rk := range p.ranks {
 		s := comm.Stats{}
-		for _, c := range []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data} {
+		for _, c := range rk.comms() {
 			for k, v := range c.Stats() {
 				t := s[k]
 				t.Calls += v.Calls
@@ -789,8 +816,7 @@ func (p *Plan) SetRecorder(r comm.Recorder) {
 // for collective spans beside the compute spans of a profile.Wrap'ed device from
 // Options.NewBackend); nil stops recording.
 func (p *Plan) SetRankRecorder(r int, rec comm.Recorder) {
-	rk := p.ranks[r]
-	for _, c := range []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data} {
+	for _, c := range p.ranks[r].comms() {
 		c.SetRecorder(rec)
 	}
 }

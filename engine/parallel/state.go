@@ -29,8 +29,8 @@ func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 		local[i] = map[string]*flat{}
 	}
 	for _, rk := range p.ranks {
-		if !rk.shard.on && (rk.c.DP != 0 || rk.c.CP != 0) {
-			continue // replicated over the data group: one copy is enough
+		if !rk.shard.on && rk.edata.Rank() != 0 {
+			continue // replicated over the (expert-)data group: one copy is enough
 		}
 		st, ts, err := rk.opt.Export()
 		if err != nil {
