@@ -25,20 +25,21 @@ import (
 
 // Message types of the API, re-exported so that clients need not import the generated package.
 type (
-	StepMetrics     = halov1.StepMetrics
-	StepProfile     = halov1.StepProfile
-	DeviceMemory    = halov1.DeviceMemory
-	StatusResponse  = halov1.StatusResponse
-	Hyper           = halov1.Hyper
-	SetHyperRequest = halov1.SetHyperRequest
-	InspectRequest  = halov1.InspectRequest
-	InspectResponse = halov1.InspectResponse
-	TensorStats     = halov1.TensorStats
-	GenerateRequest = halov1.GenerateRequest
-	LoadRequest     = halov1.LoadRequest
-	ProfileResponse = halov1.ProfileResponse
-	Event           = halov1.Event
-	State           = halov1.State
+	StepMetrics       = halov1.StepMetrics
+	StepProfile       = halov1.StepProfile
+	DeviceMemory      = halov1.DeviceMemory
+	StatusResponse    = halov1.StatusResponse
+	Hyper             = halov1.Hyper
+	SetHyperRequest   = halov1.SetHyperRequest
+	SetLayoutResponse = halov1.SetLayoutResponse
+	InspectRequest    = halov1.InspectRequest
+	InspectResponse   = halov1.InspectResponse
+	TensorStats       = halov1.TensorStats
+	GenerateRequest   = halov1.GenerateRequest
+	LoadRequest       = halov1.LoadRequest
+	ProfileResponse   = halov1.ProfileResponse
+	Event             = halov1.Event
+	State             = halov1.State
 )
 
 // Session states (see the package doc).
@@ -318,6 +319,12 @@ func (c *Client) Inspect(ctx context.Context, req *InspectRequest) (*InspectResp
 // to StepS.
 func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileResponse, error) {
 	return c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
+}
+
+// SetLayout moves the run to another parallel layout at the next step boundary (see
+// train.ParseLayoutSpec for the words) and reports the new layout and how long the move took.
+func (c *Client) SetLayout(ctx context.Context, layout string) (*SetLayoutResponse, error) {
+	return c.rpc.SetLayout(ctx, &halov1.SetLayoutRequest{Layout: layout})
 }
 
 // Status describes the session.

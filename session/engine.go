@@ -102,6 +102,7 @@ type engine struct {
 }
 
 type snapshot struct {
+	layout  train.LayoutInfo
 	state   halov1.State
 	step    int64
 	total   int64
@@ -487,6 +488,7 @@ func (e *engine) updateSnap() {
 		e.snap.summary = e.t.Summary()
 	}
 	e.snap.device = e.t.Model.Backend().Name()
+	e.snap.layout = e.t.Layout()
 }
 
 func (e *engine) snapshot() snapshot {
@@ -737,6 +739,29 @@ func (e *engine) cmdSetHyper(r *halov1.SetHyperRequest) (any, error) {
 	return hyperPB(e.t.Hyper()), nil
 }
 
+// cmdSetLayout moves the run to another layout; commands run at step boundaries, so no step
+// is torn. A refused target leaves the run as it was.
+func (e *engine) cmdSetLayout(spec string) (any, error) {
+	if err := e.needTrainer(); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(spec) == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, "session: set layout: give a layout, e.g. \"tp=2\" or \"devices=cpu:4 tp=2 fsdp\" (\"dp=1\" goes back to one device)")
+	}
+	before := e.t.Layout()
+	d, err := e.t.SetLayout(spec)
+	if err != nil {
+		e.logEvent(slog.LevelWarn, fmt.Sprintf("layout %q refused at step %d; the run continues in %s on %s: %v", spec, e.t.Steps(), before.Layout, before.Devices, err))
+		return nil, connect.NewError(connect.CodeInvalidArgument, "session: set layout: "+err.Error())
+	}
+	now := e.t.Layout()
+	e.updateSnap()
+	e.logEvent(slog.LevelInfo, fmt.Sprintf("layout at step %d: %s on %s (was %s on %s), redistributed in %.3f s",
+		e.t.Steps(), now.Layout, now.Devices, before.Layout, before.Devices, d.Seconds()))
+	return &halov1.SetLayoutResponse{Layout: now.Layout, Devices: now.Devices, Previous: before.Layout,
+		DurationS: d.Seconds(), Step: int64(e.t.Steps())}, nil
+}
+
 func describeHyper(h train.Hyper, fields []string) string {
 	var parts []string
 	pb := hyperPB(h)
@@ -971,7 +996,8 @@ func (e *engine) statusPB() *halov1.StatusResponse {
 	e.updateSnap()
 	s := e.snapshot()
 	return &halov1.StatusResponse{Name: e.name, State: s.state, Step: s.step, TotalSteps: s.total,
-		ConfigSummary: s.summary, Device: s.device, Hyper: s.hyper, LastError: s.lastErr, LastMetrics: s.last}
+		ConfigSummary: s.summary, Device: s.device, Hyper: s.hyper, LastError: s.lastErr, LastMetrics: s.last,
+		Layout: s.layout.Layout, Devices: s.layout.Devices}
 }
 
 func firstNonEmpty(a, b string) string {

@@ -135,6 +135,10 @@ func (h *handler) SetHyper(ctx context.Context, r *halov1.SetHyperRequest) (*hal
 	return control[*halov1.Hyper](h, ctx, func(*command) (any, error) { return h.s.eng.cmdSetHyper(r) })
 }
 
+func (h *handler) SetLayout(ctx context.Context, r *halov1.SetLayoutRequest) (*halov1.SetLayoutResponse, error) {
+	return control[*halov1.SetLayoutResponse](h, ctx, func(*command) (any, error) { return h.s.eng.cmdSetLayout(r.Layout) })
+}
+
 func (h *handler) Inspect(ctx context.Context, r *halov1.InspectRequest) (*halov1.InspectResponse, error) {
 	if r.Activations {
 		if err := h.s.requireControl(ctx); err != nil {

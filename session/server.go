@@ -436,7 +436,7 @@ func (s *Server) status() *halov1.StatusResponse {
 	snap := s.eng.snapshot()
 	r := &halov1.StatusResponse{Name: s.o.Name, State: snap.state, Step: snap.step, TotalSteps: snap.total,
 		ConfigSummary: snap.summary, Device: snap.device, Hyper: snap.hyper, LastError: snap.lastErr, LastMetrics: snap.last,
-		Pid: int64(os.Getpid())}
+		Pid: int64(os.Getpid()), Layout: snap.layout.Layout, Devices: snap.layout.Devices}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(time.Now())

@@ -1,6 +1,7 @@
 // The engine session API: one live training engine, one controller, many observers.
 //
-// Control RPCs (Load, Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, Profile) need
+// Control RPCs (Load, Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, SetLayout,
+// Profile) need
 // the caller to be the controller (header "Halo-Client-Id"); read-only RPCs (Status, GetHyper,
 // Inspect, Events) are open to every client. Commands reach the engine only at step boundaries.
 
@@ -1992,6 +1993,10 @@ type StatusResponse struct {
 	Hyper         *Hyper                 `protobuf:"bytes,10,opt,name=hyper,proto3" json:"hyper,omitempty"`
 	LastError     string                 `protobuf:"bytes,11,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	LastMetrics   *StepMetrics           `protobuf:"bytes,12,opt,name=last_metrics,json=lastMetrics,proto3,oneof" json:"last_metrics,omitempty"`
+	// layout is the parallel layout the next step runs in ("dp=2 fsdp tp=2 cp=1 ep=1 etp=1"),
+	// devices its device list ("cpu:4"); empty when no model is loaded.
+	Layout        string `protobuf:"bytes,13,opt,name=layout,proto3" json:"layout,omitempty"`
+	Devices       string `protobuf:"bytes,14,opt,name=devices,proto3" json:"devices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2108,6 +2113,20 @@ func (x *StatusResponse) GetLastMetrics() *StepMetrics {
 		return x.LastMetrics
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetLayout() string {
+	if x != nil {
+		return x.Layout
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetDevices() string {
+	if x != nil {
+		return x.Devices
+	}
+	return ""
 }
 
 type EventsRequest struct {
@@ -2467,6 +2486,129 @@ func (x *DroppedEvent) GetCount() int64 {
 	return 0
 }
 
+type SetLayoutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// layout is the target: dp=N fsdp tp=N cp=N ep=N etp=N, optionally devices=LIST (cpu:4,
+	// cuda:0-3). Without devices the run keeps its devices when tp*cp divides them and dp is not
+	// given, else takes dp*tp*cp devices of its kind; "dp=1" goes back to one device.
+	Layout        string `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetLayoutRequest) Reset() {
+	*x = SetLayoutRequest{}
+	mi := &file_halo_v1_session_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetLayoutRequest) ProtoMessage() {}
+
+func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
+func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SetLayoutRequest) GetLayout() string {
+	if x != nil {
+		return x.Layout
+	}
+	return ""
+}
+
+type SetLayoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layout        string                 `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`                          // the layout now in force, normalised
+	Devices       string                 `protobuf:"bytes,2,opt,name=devices,proto3" json:"devices,omitempty"`                        // its devices
+	Previous      string                 `protobuf:"bytes,3,opt,name=previous,proto3" json:"previous,omitempty"`                      // the layout before
+	DurationS     float64                `protobuf:"fixed64,4,opt,name=duration_s,json=durationS,proto3" json:"duration_s,omitempty"` // how long the redistribution took
+	Step          int64                  `protobuf:"varint,5,opt,name=step,proto3" json:"step,omitempty"`                             // the step boundary it happened at (steps done)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetLayoutResponse) Reset() {
+	*x = SetLayoutResponse{}
+	mi := &file_halo_v1_session_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetLayoutResponse) ProtoMessage() {}
+
+func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetLayoutResponse.ProtoReflect.Descriptor instead.
+func (*SetLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *SetLayoutResponse) GetLayout() string {
+	if x != nil {
+		return x.Layout
+	}
+	return ""
+}
+
+func (x *SetLayoutResponse) GetDevices() string {
+	if x != nil {
+		return x.Devices
+	}
+	return ""
+}
+
+func (x *SetLayoutResponse) GetPrevious() string {
+	if x != nil {
+		return x.Previous
+	}
+	return ""
+}
+
+func (x *SetLayoutResponse) GetDurationS() float64 {
+	if x != nil {
+		return x.DurationS
+	}
+	return 0
+}
+
+func (x *SetLayoutResponse) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
 type ControlRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Action        ControlAction          `protobuf:"varint,1,opt,name=action,proto3,enum=halo.v1.ControlAction" json:"action,omitempty"`
@@ -2477,7 +2619,7 @@ type ControlRequest struct {
 
 func (x *ControlRequest) Reset() {
 	*x = ControlRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2631,7 @@ func (x *ControlRequest) String() string {
 func (*ControlRequest) ProtoMessage() {}
 
 func (x *ControlRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2644,7 @@ func (x *ControlRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRequest.ProtoReflect.Descriptor instead.
 func (*ControlRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ControlRequest) GetAction() ControlAction {
@@ -2529,7 +2671,7 @@ type ControlResponse struct {
 
 func (x *ControlResponse) Reset() {
 	*x = ControlResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[36]
+	mi := &file_halo_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2683,7 @@ func (x *ControlResponse) String() string {
 func (*ControlResponse) ProtoMessage() {}
 
 func (x *ControlResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[36]
+	mi := &file_halo_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2696,7 @@ func (x *ControlResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlResponse.ProtoReflect.Descriptor instead.
 func (*ControlResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ControlResponse) GetController() string {
@@ -2583,7 +2725,7 @@ type NotController struct {
 
 func (x *NotController) Reset() {
 	*x = NotController{}
-	mi := &file_halo_v1_session_proto_msgTypes[37]
+	mi := &file_halo_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2737,7 @@ func (x *NotController) String() string {
 func (*NotController) ProtoMessage() {}
 
 func (x *NotController) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[37]
+	mi := &file_halo_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2750,7 @@ func (x *NotController) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotController.ProtoReflect.Descriptor instead.
 func (*NotController) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NotController) GetController() string {
@@ -2792,7 +2934,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"controller\x18\x03 \x01(\bR\n" +
 	"controller\x12*\n" +
 	"\x11connected_unix_ms\x18\x04 \x01(\x03R\x0fconnectedUnixMs\"\x0f\n" +
-	"\rStatusRequest\"\xb3\x03\n" +
+	"\rStatusRequest\"\xe5\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12$\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x0e.halo.v1.StateR\x05state\x12\x12\n" +
@@ -2810,7 +2952,9 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	" \x01(\v2\x0e.halo.v1.HyperR\x05hyper\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\v \x01(\tR\tlastError\x12<\n" +
-	"\flast_metrics\x18\f \x01(\v2\x14.halo.v1.StepMetricsH\x00R\vlastMetrics\x88\x01\x01B\x0f\n" +
+	"\flast_metrics\x18\f \x01(\v2\x14.halo.v1.StepMetricsH\x00R\vlastMetrics\x88\x01\x01\x12\x16\n" +
+	"\x06layout\x18\r \x01(\tR\x06layout\x12\x18\n" +
+	"\adevices\x18\x0e \x01(\tR\adevicesB\x0f\n" +
 	"\r_last_metrics\"'\n" +
 	"\rEventsRequest\x12\x16\n" +
 	"\x06buffer\x18\x01 \x01(\x05R\x06buffer\"\xa5\x02\n" +
@@ -2835,7 +2979,16 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"controller\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"$\n" +
 	"\fDroppedEvent\x12\x14\n" +
-	"\x05count\x18\x01 \x01(\x03R\x05count\"a\n" +
+	"\x05count\x18\x01 \x01(\x03R\x05count\"*\n" +
+	"\x10SetLayoutRequest\x12\x16\n" +
+	"\x06layout\x18\x01 \x01(\tR\x06layout\"\x94\x01\n" +
+	"\x11SetLayoutResponse\x12\x16\n" +
+	"\x06layout\x18\x01 \x01(\tR\x06layout\x12\x18\n" +
+	"\adevices\x18\x02 \x01(\tR\adevices\x12\x1a\n" +
+	"\bprevious\x18\x03 \x01(\tR\bprevious\x12\x1d\n" +
+	"\n" +
+	"duration_s\x18\x04 \x01(\x01R\tdurationS\x12\x12\n" +
+	"\x04step\x18\x05 \x01(\x03R\x04step\"a\n" +
 	"\x0eControlRequest\x12.\n" +
 	"\x06action\x18\x01 \x01(\x0e2\x16.halo.v1.ControlActionR\x06action\x12\x1f\n" +
 	"\vclient_name\x18\x02 \x01(\tR\n" +
@@ -2862,7 +3015,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x1aCONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CONTROL_ACTION_CLAIM\x10\x01\x12\x1c\n" +
 	"\x18CONTROL_ACTION_TAKE_OVER\x10\x02\x12\x1a\n" +
-	"\x16CONTROL_ACTION_RELEASE\x10\x032\xe1\x06\n" +
+	"\x16CONTROL_ACTION_RELEASE\x10\x032\xa5\a\n" +
 	"\x0eSessionService\x123\n" +
 	"\x04Load\x12\x14.halo.v1.LoadRequest\x1a\x15.halo.v1.LoadResponse\x123\n" +
 	"\x04Step\x12\x14.halo.v1.StepRequest\x1a\x15.halo.v1.StepResponse\x120\n" +
@@ -2878,7 +3031,8 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\aProfile\x12\x17.halo.v1.ProfileRequest\x1a\x18.halo.v1.ProfileResponse\x129\n" +
 	"\x06Status\x12\x16.halo.v1.StatusRequest\x1a\x17.halo.v1.StatusResponse\x122\n" +
 	"\x06Events\x12\x16.halo.v1.EventsRequest\x1a\x0e.halo.v1.Event0\x01\x12<\n" +
-	"\aControl\x12\x17.halo.v1.ControlRequest\x1a\x18.halo.v1.ControlResponseB?Z=github.com/halo-shell/halo-shell/session/proto/halo/v1;halov1b\x06proto3"
+	"\aControl\x12\x17.halo.v1.ControlRequest\x1a\x18.halo.v1.ControlResponse\x12B\n" +
+	"\tSetLayout\x12\x19.halo.v1.SetLayoutRequest\x1a\x1a.halo.v1.SetLayoutResponseB?Z=github.com/halo-shell/halo-shell/session/proto/halo/v1;halov1b\x06proto3"
 
 var (
 	file_halo_v1_session_proto_rawDescOnce sync.Once
@@ -2893,63 +3047,65 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_halo_v1_session_proto_goTypes = []any{
-	(State)(0),               // 0: halo.v1.State
-	(ControlAction)(0),       // 1: halo.v1.ControlAction
-	(*LoadRequest)(nil),      // 2: halo.v1.LoadRequest
-	(*LoadResponse)(nil),     // 3: halo.v1.LoadResponse
-	(*StepMetrics)(nil),      // 4: halo.v1.StepMetrics
-	(*DeviceMemory)(nil),     // 5: halo.v1.DeviceMemory
-	(*StepRequest)(nil),      // 6: halo.v1.StepRequest
-	(*StepResponse)(nil),     // 7: halo.v1.StepResponse
-	(*RunRequest)(nil),       // 8: halo.v1.RunRequest
-	(*RunResponse)(nil),      // 9: halo.v1.RunResponse
-	(*PauseRequest)(nil),     // 10: halo.v1.PauseRequest
-	(*PauseResponse)(nil),    // 11: halo.v1.PauseResponse
-	(*ResumeRequest)(nil),    // 12: halo.v1.ResumeRequest
-	(*ResumeResponse)(nil),   // 13: halo.v1.ResumeResponse
-	(*EvalRequest)(nil),      // 14: halo.v1.EvalRequest
-	(*EvalResponse)(nil),     // 15: halo.v1.EvalResponse
-	(*GenerateRequest)(nil),  // 16: halo.v1.GenerateRequest
-	(*GenerateResponse)(nil), // 17: halo.v1.GenerateResponse
-	(*SaveRequest)(nil),      // 18: halo.v1.SaveRequest
-	(*SaveResponse)(nil),     // 19: halo.v1.SaveResponse
-	(*Hyper)(nil),            // 20: halo.v1.Hyper
-	(*GetHyperRequest)(nil),  // 21: halo.v1.GetHyperRequest
-	(*SetHyperRequest)(nil),  // 22: halo.v1.SetHyperRequest
-	(*TensorStats)(nil),      // 23: halo.v1.TensorStats
-	(*InspectRequest)(nil),   // 24: halo.v1.InspectRequest
-	(*InspectResponse)(nil),  // 25: halo.v1.InspectResponse
-	(*StepProfile)(nil),      // 26: halo.v1.StepProfile
-	(*ProfileRequest)(nil),   // 27: halo.v1.ProfileRequest
-	(*ProfileResponse)(nil),  // 28: halo.v1.ProfileResponse
-	(*ClientInfo)(nil),       // 29: halo.v1.ClientInfo
-	(*StatusRequest)(nil),    // 30: halo.v1.StatusRequest
-	(*StatusResponse)(nil),   // 31: halo.v1.StatusResponse
-	(*EventsRequest)(nil),    // 32: halo.v1.EventsRequest
-	(*Event)(nil),            // 33: halo.v1.Event
-	(*LogEvent)(nil),         // 34: halo.v1.LogEvent
-	(*StateEvent)(nil),       // 35: halo.v1.StateEvent
-	(*DroppedEvent)(nil),     // 36: halo.v1.DroppedEvent
-	(*ControlRequest)(nil),   // 37: halo.v1.ControlRequest
-	(*ControlResponse)(nil),  // 38: halo.v1.ControlResponse
-	(*NotController)(nil),    // 39: halo.v1.NotController
-	nil,                      // 40: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                      // 41: halo.v1.StepProfile.ComputeSEntry
-	nil,                      // 42: halo.v1.StepProfile.CommSEntry
+	(State)(0),                // 0: halo.v1.State
+	(ControlAction)(0),        // 1: halo.v1.ControlAction
+	(*LoadRequest)(nil),       // 2: halo.v1.LoadRequest
+	(*LoadResponse)(nil),      // 3: halo.v1.LoadResponse
+	(*StepMetrics)(nil),       // 4: halo.v1.StepMetrics
+	(*DeviceMemory)(nil),      // 5: halo.v1.DeviceMemory
+	(*StepRequest)(nil),       // 6: halo.v1.StepRequest
+	(*StepResponse)(nil),      // 7: halo.v1.StepResponse
+	(*RunRequest)(nil),        // 8: halo.v1.RunRequest
+	(*RunResponse)(nil),       // 9: halo.v1.RunResponse
+	(*PauseRequest)(nil),      // 10: halo.v1.PauseRequest
+	(*PauseResponse)(nil),     // 11: halo.v1.PauseResponse
+	(*ResumeRequest)(nil),     // 12: halo.v1.ResumeRequest
+	(*ResumeResponse)(nil),    // 13: halo.v1.ResumeResponse
+	(*EvalRequest)(nil),       // 14: halo.v1.EvalRequest
+	(*EvalResponse)(nil),      // 15: halo.v1.EvalResponse
+	(*GenerateRequest)(nil),   // 16: halo.v1.GenerateRequest
+	(*GenerateResponse)(nil),  // 17: halo.v1.GenerateResponse
+	(*SaveRequest)(nil),       // 18: halo.v1.SaveRequest
+	(*SaveResponse)(nil),      // 19: halo.v1.SaveResponse
+	(*Hyper)(nil),             // 20: halo.v1.Hyper
+	(*GetHyperRequest)(nil),   // 21: halo.v1.GetHyperRequest
+	(*SetHyperRequest)(nil),   // 22: halo.v1.SetHyperRequest
+	(*TensorStats)(nil),       // 23: halo.v1.TensorStats
+	(*InspectRequest)(nil),    // 24: halo.v1.InspectRequest
+	(*InspectResponse)(nil),   // 25: halo.v1.InspectResponse
+	(*StepProfile)(nil),       // 26: halo.v1.StepProfile
+	(*ProfileRequest)(nil),    // 27: halo.v1.ProfileRequest
+	(*ProfileResponse)(nil),   // 28: halo.v1.ProfileResponse
+	(*ClientInfo)(nil),        // 29: halo.v1.ClientInfo
+	(*StatusRequest)(nil),     // 30: halo.v1.StatusRequest
+	(*StatusResponse)(nil),    // 31: halo.v1.StatusResponse
+	(*EventsRequest)(nil),     // 32: halo.v1.EventsRequest
+	(*Event)(nil),             // 33: halo.v1.Event
+	(*LogEvent)(nil),          // 34: halo.v1.LogEvent
+	(*StateEvent)(nil),        // 35: halo.v1.StateEvent
+	(*DroppedEvent)(nil),      // 36: halo.v1.DroppedEvent
+	(*SetLayoutRequest)(nil),  // 37: halo.v1.SetLayoutRequest
+	(*SetLayoutResponse)(nil), // 38: halo.v1.SetLayoutResponse
+	(*ControlRequest)(nil),    // 39: halo.v1.ControlRequest
+	(*ControlResponse)(nil),   // 40: halo.v1.ControlResponse
+	(*NotController)(nil),     // 41: halo.v1.NotController
+	nil,                       // 42: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                       // 43: halo.v1.StepProfile.ComputeSEntry
+	nil,                       // 44: halo.v1.StepProfile.CommSEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	31, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	40, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	42, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
 	5,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
 	4,  // 3: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
 	31, // 4: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
 	31, // 5: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
 	31, // 6: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
 	23, // 7: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	41, // 8: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	42, // 9: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	43, // 8: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	44, // 9: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
 	4,  // 10: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
 	26, // 11: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
 	0,  // 12: halo.v1.StatusResponse.state:type_name -> halo.v1.State
@@ -2977,24 +3133,26 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	27, // 34: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
 	30, // 35: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
 	32, // 36: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	37, // 37: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	3,  // 38: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	7,  // 39: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	9,  // 40: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	11, // 41: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	13, // 42: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	15, // 43: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	17, // 44: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	19, // 45: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	20, // 46: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	20, // 47: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	25, // 48: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	28, // 49: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	31, // 50: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	33, // 51: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	38, // 52: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	38, // [38:53] is the sub-list for method output_type
-	23, // [23:38] is the sub-list for method input_type
+	39, // 37: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	37, // 38: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	3,  // 39: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	7,  // 40: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	9,  // 41: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	11, // 42: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	13, // 43: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	15, // 44: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	17, // 45: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	19, // 46: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	20, // 47: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	20, // 48: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	25, // 49: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	28, // 50: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	31, // 51: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	33, // 52: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	40, // 53: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	38, // 54: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	39, // [39:55] is the sub-list for method output_type
+	23, // [23:39] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name
@@ -3021,7 +3179,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

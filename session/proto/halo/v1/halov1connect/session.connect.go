@@ -1,6 +1,7 @@
 // The engine session API: one live training engine, one controller, many observers.
 //
-// Control RPCs (Load, Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, Profile) need
+// Control RPCs (Load, Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, SetLayout,
+// Profile) need
 // the caller to be the controller (header "Halo-Client-Id"); read-only RPCs (Status, GetHyper,
 // Inspect, Events) are open to every client. Commands reach the engine only at step boundaries.
 
@@ -60,6 +61,8 @@ const (
 	SessionServiceEventsProcedure = "/halo.v1.SessionService/Events"
 	// SessionServiceControlProcedure is the procedure name of the SessionService's Control RPC.
 	SessionServiceControlProcedure = "/halo.v1.SessionService/Control"
+	// SessionServiceSetLayoutProcedure is the procedure name of the SessionService's SetLayout RPC.
+	SessionServiceSetLayoutProcedure = "/halo.v1.SessionService/SetLayout"
 )
 
 var (
@@ -168,6 +171,13 @@ var (
 			Procedure:  SessionServiceControlProcedure,
 		}
 	})
+	sessionServiceSetLayoutSpec = sync.OnceValue(func() connect.Spec {
+		return connect.Spec{
+			StreamType: connect.StreamTypeUnary,
+			Schema:     v1.File_halo_v1_session_proto.Services().ByName("SessionService").Methods().ByName("SetLayout"),
+			Procedure:  SessionServiceSetLayoutProcedure,
+		}
+	})
 )
 
 // SessionServiceClient is a client for the halo.v1.SessionService service.
@@ -203,6 +213,11 @@ type SessionServiceClient interface {
 	Events(context.Context, *v1.EventsRequest) (SessionServiceEventsClientStream, error)
 	// Control claims, takes over or releases control of the session.
 	Control(context.Context, *v1.ControlRequest) (*v1.ControlResponse, error)
+	// SetLayout moves the run to another parallel layout at the next step boundary: parameters
+	// and optimizer state are redistributed in memory. An invalid target is refused
+	// (invalid_argument, naming the rule and a layout that works) and the run continues in the
+	// old layout.
+	SetLayout(context.Context, *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error)
 }
 
 // NewSessionServiceClient constructs a client for the halo.v1.SessionService service. Multiple
@@ -284,6 +299,11 @@ type SessionServiceHandler interface {
 	Events(context.Context, *v1.EventsRequest, SessionServiceEventsServerStream) error
 	// Control claims, takes over or releases control of the session.
 	Control(context.Context, *v1.ControlRequest) (*v1.ControlResponse, error)
+	// SetLayout moves the run to another parallel layout at the next step boundary: parameters
+	// and optimizer state are redistributed in memory. An invalid target is refused
+	// (invalid_argument, naming the rule and a layout that works) and the run continues in the
+	// old layout.
+	SetLayout(context.Context, *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error)
 }
 
 // RegisterSessionServiceHandler registers svc as the halo.v1.SessionService implementation on
@@ -306,6 +326,7 @@ func RegisterSessionServiceHandler(server *connect.Server, svc SessionServiceHan
 		connect.Method{Spec: sessionServiceStatusSpec(), Handler: adapter.status},
 		connect.Method{Spec: sessionServiceEventsSpec(), Handler: adapter.events},
 		connect.Method{Spec: sessionServiceControlSpec(), Handler: adapter.control},
+		connect.Method{Spec: sessionServiceSetLayoutSpec(), Handler: adapter.setLayout},
 	)
 }
 
@@ -400,6 +421,10 @@ func (UnimplementedSessionServiceHandler) Events(context.Context, *v1.EventsRequ
 
 func (UnimplementedSessionServiceHandler) Control(context.Context, *v1.ControlRequest) (*v1.ControlResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.Control is not implemented")
+}
+
+func (UnimplementedSessionServiceHandler) SetLayout(context.Context, *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.SetLayout is not implemented")
 }
 
 type sessionServiceClient struct {
@@ -521,6 +546,14 @@ func (c *sessionServiceClient) Events(ctx context.Context, req *v1.EventsRequest
 func (c *sessionServiceClient) Control(ctx context.Context, req *v1.ControlRequest) (*v1.ControlResponse, error) {
 	var res v1.ControlResponse
 	if err := c.client.CallUnary(ctx, sessionServiceControlSpec(), req, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+func (c *sessionServiceClient) SetLayout(ctx context.Context, req *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error) {
+	var res v1.SetLayoutResponse
+	if err := c.client.CallUnary(ctx, sessionServiceSetLayoutSpec(), req, &res); err != nil {
 		return nil, err
 	}
 	return &res, nil
@@ -694,6 +727,18 @@ func (h sessionServiceHandler) control(ctx context.Context, _ connect.Spec, stre
 		return err
 	}
 	res, err := h.svc.Control(ctx, &req)
+	if err != nil {
+		return err
+	}
+	return stream.Send(res)
+}
+
+func (h sessionServiceHandler) setLayout(ctx context.Context, _ connect.Spec, stream connect.ServerStream) error {
+	var req v1.SetLayoutRequest
+	if err := stream.Receive(&req); err != nil {
+		return err
+	}
+	res, err := h.svc.SetLayout(ctx, &req)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,108 @@
+package session
+
+import (
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect/v2"
+)
+
+func TestSetLayoutBetweenStepsMatchesAFreshSession(t *testing.T) {
+	_, c := loaded(t, "--gradient_accumulation_steps=2")
+	ctx := ctxT(t)
+	ev, err := c.Subscribe(ctx, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, c); st.Layout != "dp=1 tp=1 cp=1 ep=1 etp=1" {
+		t.Fatalf("status layout %q before any SetLayout, want one device", st.Layout)
+	}
+	if _, err := c.Step(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for i, tc := range []struct {
+		spec, layout, devices string
+		flags                 []string
+	}{
+		{"cp=2", "dp=1 tp=1 cp=2 ep=1 etp=1", "cpu:2", []string{"--devices=cpu:2", "--context_parallel_size=2"}},
+		{"devices=cpu:4 cp=2 fsdp", "dp=2 fsdp tp=1 cp=2 ep=1 etp=1", "cpu:4", []string{"--devices=cpu:4", "--context_parallel_size=2", "--fsdp=true"}},
+		{"dp=1", "dp=1 tp=1 cp=1 ep=1 etp=1", "", nil},
+	} {
+		r, err := c.SetLayout(ctx, tc.spec)
+		if err != nil {
+			t.Fatalf("SetLayout(%q): %v", tc.spec, err)
+		}
+		if r.Layout != tc.layout || r.DurationS <= 0 || r.Step != int64(2+i) {
+			t.Fatalf("SetLayout(%q) = %v, want layout %q at step %d with its duration", tc.spec, r, tc.layout, 2+i)
+		}
+		if tc.devices != "" && r.Devices != tc.devices {
+			t.Fatalf("SetLayout(%q) devices %q, want %q", tc.spec, r.Devices, tc.devices)
+		}
+		if st := status(t, c); st.Layout != tc.layout {
+			t.Fatalf("status layout %q after SetLayout(%q)", st.Layout, tc.spec)
+		}
+		// The same state in a fresh session started in the new layout computes the same loss.
+		ck := filepath.Join(dir, "ck"+string(rune('0'+i)))
+		if _, err := c.Save(ctx, ck); err != nil {
+			t.Fatal(err)
+		}
+		_, fresh := loaded(t, append([]string{"--gradient_accumulation_steps=2", "--resume_from_checkpoint=" + ck}, tc.flags...)...)
+		want, err := fresh.Step(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Step(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(got[0].Loss-want[0].Loss) > 1e-5*math.Abs(want[0].Loss) {
+			t.Fatalf("after SetLayout(%q): loss %v, a fresh session in that layout %v", tc.spec, got[0].Loss, want[0].Loss)
+		}
+	}
+	// The move is logged with its duration.
+	for {
+		e, err := ev.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := e.GetLog(); l != nil && strings.Contains(l.Message, "layout at step 2: dp=1 tp=1 cp=2") && strings.Contains(l.Message, "redistributed in") {
+			break
+		}
+	}
+}
+
+func TestSetLayoutRefusesAnInvalidTargetAndTheRunContinues(t *testing.T) {
+	_, c := loaded(t, "--devices=cpu:2", "--context_parallel_size=2")
+	ctx := ctxT(t)
+	if _, err := c.Run(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "two steps", func() bool { return status(t, c).Step >= 2 })
+	for _, tc := range []struct{ spec, want string }{
+		{"tp=2", "rule"},                        // one key/value head cannot be split
+		{"dp=2", "gradient_accumulation_steps"}, // one micro-batch per step cannot be dealt to two data ranks
+		{"tp=two", "tp needs a degree"},
+		{"", "give a layout"},
+	} {
+		_, err := c.SetLayout(ctx, tc.spec)
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Fatalf("SetLayout(%q): %v, want invalid_argument", tc.spec, err)
+		}
+		mustContain(t, err, tc.want)
+	}
+	st := status(t, c)
+	if st.Layout != "dp=1 tp=1 cp=2 ep=1 etp=1" || st.Devices != "cpu:2" || st.State != StateRunning {
+		t.Fatalf("after refusals: layout %q on %q, state %v; want the old layout, still running", st.Layout, st.Devices, st.State)
+	}
+	from := st.Step
+	waitFor(t, "the run to go on", func() bool { return status(t, c).Step >= from+2 })
+	if _, err := c.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, c); st.LastError != "" {
+		t.Fatalf("the run recorded an error: %s", st.LastError)
+	}
+}
