@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/halo-shell/halo-shell/cell/halo"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/train"
 )
 
 // Command is a parsed command line: ":step 10" in the REPL, "%step 10" in a notebook.
@@ -70,6 +72,14 @@ func init() {
 					return nil, err
 				}
 				return text(h.String()), nil
+			}},
+		{Name: "layout", Usage: "[dp=N tp=N cp=N ep=N etp=N fsdp devices=LIST]", Summary: "show the parallel layout, or move the run to another one at the next step boundary (dp=1: one device)", Example: "layout tp=2 fsdp",
+			check: checkLayout, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
+				var l halo.LayoutInfo
+				if err := apiCall(func() { l = halo.Layout(c.Rest) }); err != nil {
+					return nil, err
+				}
+				return text(l.String()), nil
 			}},
 		{Name: "save", Usage: "DIR", Summary: "write a checkpoint (Hugging Face model and trainer state) into DIR on the session's machine", Example: "save out/ckpt",
 			check: oneArg("DIR", "the directory to write the checkpoint into"), run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
@@ -133,6 +143,18 @@ func init() {
 	}
 }
 
+// checkLayout reads the layout words as the session will (train.ParseLayoutSpec), so that a
+// misspelt word is caught before anything is sent.
+func checkLayout(c *Command) error {
+	if c.Rest == "" {
+		return nil
+	}
+	if _, _, err := train.ParseLayoutSpec(c.Rest, mesh.Devices{Kind: "cpu", IDs: []int{0}}); err != nil {
+		return fmt.Errorf("%slayout: %w", c.Prefix, err)
+	}
+	return nil
+}
+
 // Commands lists the commands, in help order.
 func Commands() []CommandSpec {
 	out := make([]CommandSpec, len(commands))
@@ -166,7 +188,7 @@ func Help(prefix string, names ...string) string {
 			}
 			fmt.Fprintf(&b, "  %-26s %s\n", use, c.Summary)
 		}
-		fmt.Fprintf(&b, "Type %shelp COMMAND for an example. Go API: halo.Step(n), halo.Run(), halo.Pause(), halo.Status(), halo.Metrics(), halo.Profile(k), halo.Inspect(name), halo.Set(key, value), halo.Save(dir), halo.Generate(prompt), halo.PlotLoss(), halo.Display(v).", prefix)
+		fmt.Fprintf(&b, "Type %shelp COMMAND for an example. Go API: halo.Step(n), halo.Run(), halo.Pause(), halo.Status(), halo.Metrics(), halo.Profile(k), halo.Inspect(name), halo.Set(key, value), halo.Layout(spec), halo.Save(dir), halo.Generate(prompt), halo.PlotLoss(), halo.Display(v).", prefix)
 		return b.String()
 	}
 	for i, n := range names {

@@ -174,6 +174,30 @@ func Save(dir string) string {
 	return r.Dir
 }
 
+// Layout shows the run's parallel layout when spec is empty, and otherwise moves the run to
+// the layout spec names at the next step boundary: words dp=N fsdp tp=N cp=N ep=N etp=N and
+// optionally devices=LIST (cpu:4, cuda:0-3); "dp=1" goes back to one device. Parameters and
+// optimizer state move in memory. A layout that breaks a rule is refused with the rule and a
+// layout that works, and the run continues as it was. Example: halo.Layout("tp=2 fsdp").
+func Layout(spec string) LayoutInfo {
+	c, ctx, _ := client("halo.Layout")
+	if strings.TrimSpace(spec) == "" {
+		st, err := c.Status(ctx)
+		if err != nil {
+			fail("halo.Layout", err)
+		}
+		if st.Layout == "" {
+			fail("halo.Layout", errors.New("no model is loaded: load a config first (:load CONFIG.yaml)"))
+		}
+		return LayoutInfo{Layout: st.Layout, Devices: st.Devices, Step: st.Step}
+	}
+	r, err := c.SetLayout(ctx, spec)
+	if err != nil {
+		fail("halo.Layout", err)
+	}
+	return LayoutInfo{Layout: r.Layout, Devices: r.Devices, Previous: r.Previous, Seconds: r.DurationS, Step: r.Step}
+}
+
 // Hyper returns the hyperparameters the next step will use.
 func Hyper() Hyperparams {
 	c, ctx, _ := client("halo.Hyper")

@@ -113,6 +113,8 @@ type SessionStatus struct {
 	LastError  string
 	Hyper      Hyperparams
 	Last       *StepMetrics // metrics of the last step, nil before the first
+	Layout     string       // parallel layout of the next step, e.g. "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"
+	Devices    string       // its devices, e.g. "cpu:4"
 }
 
 func stateName(s session.State) string {
@@ -126,7 +128,7 @@ func stateName(s session.State) string {
 func statusOf(st *session.StatusResponse) SessionStatus {
 	out := SessionStatus{Name: st.Name, State: stateName(st.State), Step: st.Step, TotalSteps: st.TotalSteps,
 		Config: st.ConfigSummary, Controller: st.Controller, Clients: len(st.Clients), Pid: st.Pid,
-		Device: st.Device, LastError: st.LastError, Hyper: hyperOf(st.Hyper)}
+		Device: st.Device, LastError: st.LastError, Hyper: hyperOf(st.Hyper), Layout: st.Layout, Devices: st.Devices}
 	if st.LastMetrics != nil {
 		m := metricsOf(st.LastMetrics)
 		out.Last = &m
@@ -145,11 +147,30 @@ func (s SessionStatus) String() string {
 	}
 	if s.State != "empty" {
 		fmt.Fprintf(&b, "\n  hyper: %s", s.Hyper)
+		if s.Layout != "" {
+			fmt.Fprintf(&b, "\n  layout: %s on %s", s.Layout, s.Devices)
+		}
 	}
 	if s.LastError != "" {
 		fmt.Fprintf(&b, "\n  last error: %s", s.LastError)
 	}
 	return b.String()
+}
+
+// LayoutInfo is a run's parallel layout: what halo.Layout shows or changed to.
+type LayoutInfo struct {
+	Layout   string  // the layout in force, e.g. "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"
+	Devices  string  // its devices, e.g. "cpu:4"
+	Previous string  // the layout before a change; empty when only shown
+	Seconds  float64 // how long the change took (parameters and optimizer state moved in memory)
+	Step     int64   // the step boundary of the change, or the steps done when shown
+}
+
+func (l LayoutInfo) String() string {
+	if l.Previous == "" {
+		return fmt.Sprintf("layout %s on %s (step %d)", l.Layout, l.Devices, l.Step)
+	}
+	return fmt.Sprintf("layout %s on %s from step %d (was %s; moved in %.3f s)", l.Layout, l.Devices, l.Step+1, l.Previous, l.Seconds)
 }
 
 // TensorStats are statistics of one parameter, gradient or activation.
