@@ -1,6 +1,7 @@
 package models
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -538,5 +539,28 @@ func TestMoEFusedExpertsBadShape(t *testing.T) {
 	_, err = Load(dir, newCPU(), Options{})
 	if err == nil || !strings.Contains(err.Error(), "model.layers.0.mlp.experts.0.gate_proj.weight") {
 		t.Errorf("load error %v, want one naming the missing expert tensor", err)
+	}
+}
+
+// MoELayers lists exactly the sparse blocks, in layer order, and they are the blocks the model
+// runs (a runner set on one is used by the next forward).
+func TestMoELayersAreTheSparseBlocks(t *testing.T) {
+	m := tinyMoE(t, "qwen3_moe", func(c *config.Config) { c.DecoderSparseStep, c.NumHiddenLayers = 2, 4 })
+	ls := m.MoELayers()
+	var want []string
+	for i := 0; i < m.Arch.Layers; i++ {
+		if m.Config().IsMoELayer(i) {
+			want = append(want, layerName(i, "mlp"))
+		}
+	}
+	var got []string
+	for _, l := range ls {
+		got = append(got, l.Name)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) || len(want) == 0 {
+		t.Fatalf("MoELayers = %v, want %v", got, want)
+	}
+	if dense := newTiny(t, newCPU(), tinyArch("llama", nil), Options{}, 1); dense.MoELayers() != nil {
+		t.Errorf("a dense model has MoE layers %v", dense.MoELayers())
 	}
 }

@@ -36,6 +36,10 @@ type Expert struct {
 // gate, up and their SwiGLU product [M_e,I], and a host copy of its unweighted output [M_e,C];
 // on the host, the probabilities [N,E], the selection and the weights [N,K].
 //
+// The experts are computed here unless Runner is set: a parallel plan then receives the
+// routing and the input rows and returns the combined expert output (and its backward), and the
+// block keeps the router and its gradient.
+//
 // The auxiliary load-balancing loss couples every MoE layer of a model (transformers computes it
 // over all layers' router logits concatenated), so it is computed by the model from each
 // layer's Routing; before Backward the model sets AuxGrad, the gradient of the weighted aux loss

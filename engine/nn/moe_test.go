@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -309,5 +310,116 @@ func TestTopK(t *testing.T) {
 		if !slices.Equal(sel, tc.want) {
 			t.Errorf("topK(%v, %d) = %v, want %v", tc.score, tc.k, sel, tc.want)
 		}
+	}
+}
+
+// slotMajorRunner computes the experts through an ExpertGroup with the assignments listed slot
+// by slot (all first choices, then all second choices), a different order from the block's own
+// token-major one, and counts its calls.
+type slotMajorRunner struct {
+	g                      ExpertGroup
+	perm                   []int // group assignment i is routing assignment perm[i]
+	fwd, bwd, rel, dwShort int
+}
+
+func (r *slotMajorRunner) Forward(p *Pass, m *MoE, x T, keep bool) (T, error) {
+	r.fwd++
+	rt := m.Routing()
+	var src, ex []int32
+	var w []float32
+	r.perm = r.perm[:0]
+	for j := 0; j < rt.K; j++ {
+		for t := 0; t < rt.N; t++ {
+			a := t*rt.K + j
+			src, ex, w = append(src, int32(t)), append(ex, rt.Sel[a]), append(w, rt.Weights[a])
+			r.perm = append(r.perm, a)
+		}
+	}
+	r.g = ExpertGroup{Name: m.Name, Experts: m.Experts}
+	return r.g.Forward(p, x, src, ex, w, keep)
+}
+
+func (r *slotMajorRunner) Backward(p *Pass, m *MoE, dy T) (T, []float64, error) {
+	r.bwd++
+	dx, gdw, err := r.g.Backward(p, dy)
+	if err != nil {
+		return T{}, nil, err
+	}
+	dw := make([]float64, len(gdw)-r.dwShort)
+	for i, a := range r.perm {
+		if a < len(dw) {
+			dw[a] = gdw[i]
+		}
+	}
+	return dx, dw, nil
+}
+
+func (r *slotMajorRunner) Release(p *Pass) { r.rel++; r.g.Release(p) }
+
+// An expert runner replaces the block's own expert compute: the block calls it for the
+// experts and still computes the router gradient from the weight gradients it returns.
+func TestExpertRunnerReplacesLocalCompute(t *testing.T) {
+	const C, F, E, K = 8, 6, 4, 2
+	e := newEnv(t)
+	p := e.pass([]int{5, 4}, 4)
+	m := newMoE(e, C, F, E, K, true)
+	x := e.randn(1, p.N, C)
+	dy := e.randn(1, p.N, C)
+	params := []T{m.Router.GW}
+	for _, ex := range m.Experts {
+		params = append(params, ex.Gate.GW, ex.Up.GW, ex.Down.GW)
+	}
+	run := func() (y, dx []float32, grads [][]float32) {
+		for _, g := range params {
+			e.set(g, make([]float32, g.Numel()))
+		}
+		yt, err := m.Forward(p, x, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.b.Free(yt)
+		dxt, err := m.Backward(p, dy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.b.Free(dxt)
+		for _, g := range params {
+			grads = append(grads, e.get(g))
+		}
+		return e.get(yt), e.get(dxt), grads
+	}
+	y0, dx0, g0 := run()
+	r := &slotMajorRunner{}
+	m.Runner = r
+	y1, dx1, g1 := run()
+	if r.fwd != 1 || r.bwd != 1 {
+		t.Fatalf("runner called %d forwards and %d backwards, want 1 and 1", r.fwd, r.bwd)
+	}
+	near := func(what string, got, want []float32) {
+		for i := range want {
+			if math.Abs(float64(got[i]-want[i])) > 1e-5*(1+math.Abs(float64(want[i]))) {
+				t.Errorf("%s[%d] = %g through the runner, %g locally", what, i, got[i], want[i])
+				return
+			}
+		}
+	}
+	near("y", y1, y0)
+	near("dx", dx1, dx0)
+	for i := range g0 {
+		near("gradient", g1[i], g0[i])
+	}
+	// The router gradient comes from the runner's weight gradients: a runner that returns
+	// too few is an error, not a silent wrong gradient.
+	r.dwShort = 1
+	yt, err := m.Forward(p, x, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.b.Free(yt)
+	if _, err := m.Backward(p, dy); err == nil || !strings.Contains(err.Error(), "weight gradients") {
+		t.Errorf("short weight gradients: got %v", err)
+	}
+	if r.rel == 0 {
+		t.Error("the block never released the runner's caches")
 	}
 }

@@ -25,11 +25,26 @@
 //     load-balanced order for causal attention). Attention all-gathers keys and values; each
 //     query chunk attends over the keys of its own documents up to its end, so packing with
 //     several documents per row is exact; key and value gradients are reduce-scattered back.
-//   - EP: ExpertRoute is the token exchange (dispatch of each token's rows to its experts'
-//     owners and combine back, by uneven all-to-all, with both backward passes), deterministic
-//     and tested on 1 to 8 ranks. Running it inside a model needs the MoE block to hand its
-//     routing and expert compute to a plan, which the model does not offer yet, so ep and etp
-//     layouts are refused (engine/mesh) before any weight is touched.
+//   - EP: experts are sharded over the expert group (EP consecutive ranks of a data group;
+//     expert e lives on its rank e / (E/EP)). The router stays replicated; each MoE block hands
+//     its experts to a runner (nn.ExpertRunner) that sends every token's rows to its experts'
+//     owners (ExpertRoute: dispatch by uneven all-to-all), computes them there grouped by
+//     expert (nn.ExpertGroup), and brings the results back (combine), where they are weighted
+//     and summed; the backward runs the same exchanges in reverse. Without FSDP a rank keeps
+//     optimizer state for the experts it owns only and sums their gradients over their
+//     replicas (the expert-data group, DP·CP/EP ranks) rather than over the data group; the
+//     other parameters keep their data-group treatment. With FSDP the gradient arena is
+//     reduce-scattered over the data group as without EP (the experts a rank does not own
+//     contribute zeros), so every shard holds exact gradients. Every rank still allocates
+//     every expert's weights (the arenas keep the single-device table); only compute, updates
+//     and gradient traffic are sharded.
+//   - ETP (= TP): each expert's gate and up are column-parallel and its down row-parallel over
+//     the tensor group (the rank's model is built with moe_intermediate_size / TP), with the
+//     same collectives as the dense MLP under TP; it composes with EP, FSDP and DP.
+//
+// Dispatch and combine are collectives of engine/comm (phases Dispatch and Combine), so they
+// are counted in CommStats and recorded as profile spans of kinds all_to_all_dispatch and
+// all_to_all_combine with their bytes and time.
 //
 // State moves between layouts without touching disk: OptimizerState exports the optimizer in
 // the layout-free form of a single-device optim.AdamW (one tensor per parameter and kind),

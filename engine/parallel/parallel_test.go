@@ -506,12 +506,19 @@ func TestCollectivesAreCountedAndRecorded(t *testing.T) {
 }
 
 func TestMemoryEstimateMatchesAllocatedState(t *testing.T) {
+	type layout = struct {
+		n      int
+		layout string
+	}
+	common := []layout{{1, ""}, {2, "fsdp"}, {4, "tp=2"}, {4, "tp=2 fsdp"}, {8, "fsdp"}, {8, "tp=4 fsdp"}}
 	for _, family := range []string{"llama", "qwen3", "qwen3_moe"} {
 		src := tinyModel(t, family, 1)
-		for _, tc := range []struct {
-			n      int
-			layout string
-		}{{1, ""}, {2, "fsdp"}, {4, "tp=2"}, {4, "tp=2 fsdp"}, {8, "fsdp"}, {8, "tp=4 fsdp"}} {
+		layouts := common
+		if src.IsMoE() {
+			layouts = append(layouts, layout{2, "ep=2"}, layout{4, "ep=4"}, layout{4, "ep=2 fsdp"},
+				layout{2, "tp=2 etp=2"}, layout{8, "ep=2 tp=2 etp=2"}, layout{8, "ep=2 tp=2 etp=2 fsdp"})
+		}
+		for _, tc := range layouts {
 			p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
 			est := mesh.Estimate(p.Mesh.Layout, ShapeOf(src), mesh.Workload{SeqLen: 16})
 			want := est.Params + est.Grads + est.Optimizer

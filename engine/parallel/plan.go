@@ -508,6 +508,9 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		if err := rk.m.ZeroGrads(); err != nil {
 			return err
 		}
+		// Layers rebuilt since the last step (EnableGrads, a recompute switch) have lost
+		// their expert runners; running them locally would be silently wrong.
+		p.setRunners(rk)
 		if moe {
 			// As engine/train does: the objective is the mean over the step's rows (its
 			// micro-batches) of CE + coef * aux.
