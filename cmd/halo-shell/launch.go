@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	_ "github.com/halo-shell/halo-shell/engine/backend/cpu" // registers the cpu device
+	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/train"
 	"github.com/halo-shell/halo-shell/session"
 )
@@ -102,6 +103,19 @@ func dryRun(cmd *cobra.Command, cfg *train.Config) error {
 	mc, err := train.ModelConfigFor(cfg)
 	if err != nil {
 		return err
+	}
+	d, l, isParallel, err := cfg.ParallelLayout()
+	if err != nil {
+		return err
+	}
+	if isParallel {
+		// The mesh and the per-device estimate of the layout, or the rule it breaks.
+		fmt.Fprintln(out, "# parallel layout")
+		w := cfg.Workload()
+		if cp := 2 * max(l.CP, 1); w.SeqLen%cp != 0 {
+			w.SeqLen += cp - w.SeqLen%cp // the trainer pads packed rows to the context-parallel chunking
+		}
+		return parallel.DryRun(out, mc, d, l, w)
 	}
 	est, err := train.EstimateMemory(cfg, mc)
 	if err != nil {

@@ -326,3 +326,28 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	}
 	return m, nil
 }
+
+// ParallelLayout returns the config's devices and layout, and whether they need a parallel
+// plan (more than one device). Syntax and ranges are checked here; the rules that need the
+// model are checked by mesh.Check (New does so before any weight loads).
+func (c *Config) ParallelLayout() (d mesh.Devices, l mesh.Layout, isParallel bool, err error) {
+	d, l, err = c.Parallel.Resolve()
+	if err != nil {
+		return mesh.Devices{}, mesh.Layout{}, false, fmt.Errorf("train: devices: %w", err)
+	}
+	return d, l, wantsPlan(d, l), nil
+}
+
+// Workload is what one data rank runs at a time, for mesh.Estimate: one micro-batch of up to
+// per_device_train_batch_size·max_length tokens (a packed row), in the run's dtype.
+func (c *Config) Workload() mesh.Workload {
+	w := mesh.Workload{SeqLen: c.Batch.PerDeviceTrainBatchSize * c.Batch.MaxLength, Rows: 1, ParamBytes: 4, OptimizerBytes: 8,
+		Recompute: c.Run.GradientCheckpointing}
+	if c.Run.BF16 {
+		w.ParamBytes, w.OptimizerBytes = 2, 12
+		if c.Optim.Optim == "adamw_bf16" {
+			w.OptimizerBytes = 4
+		}
+	}
+	return w
+}
