@@ -39,6 +39,16 @@ var tinyConfigs = map[string]string{
 		"mlp_only_layers": [0], "output_router_logits": true, "router_aux_loss_coef": 0.05,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`,
+	// Eight experts (top 2), for eight-way expert parallelism.
+	"qwen3_moe_e8": `{"model_type": "qwen3_moe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"moe_intermediate_size": 8, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+		"output_router_logits": true, "router_aux_loss_coef": 0.05,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`,
+	"mixtral_e8": `{"model_type": "mixtral", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-5, "initializer_range": 0.2}`,
 	"mixtral": `{"model_type": "mixtral", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
@@ -220,6 +230,16 @@ func TestMoELayoutsMatchSingleDeviceLossAndGradients(t *testing.T) {
 	checkLayouts(t, []string{"qwen3_moe", "mixtral"}, supportedMoE)
 }
 
+// eightExperts are the layouts that need eight experts: one expert per rank on eight devices.
+var eightExperts = []struct {
+	n      int
+	layout string
+}{{8, "ep=8"}, {8, "ep=8 fsdp"}, {8, "ep=4 tp=2 etp=2 fsdp"}}
+
+func TestEightWayExpertLayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"qwen3_moe_e8", "mixtral_e8"}, eightExperts)
+}
+
 func checkLayouts(t *testing.T, families []string, layouts []struct {
 	n      int
 	layout string
@@ -325,6 +345,19 @@ func trainSteps(t *testing.T, p *Plan, batches [][]models.Batch, first int, want
 	}
 }
 
+// expertLayouts are the layouts of supportedMoE with expert or expert-tensor parallelism.
+func expertLayouts() (out []struct {
+	n      int
+	layout string
+}) {
+	for _, l := range supportedMoE {
+		if strings.Contains(l.layout, "ep=") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
 	const steps = 5
 	for _, fam := range []struct {
@@ -333,7 +366,7 @@ func TestLayoutsTrackSingleDeviceTraining(t *testing.T) {
 			n      int
 			layout string
 		}
-	}{{"qwen3", supported}, {"qwen3_moe", supportedMoE}} {
+	}{{"qwen3", supported}, {"qwen3_moe", supportedMoE}, {"mixtral", expertLayouts()}, {"qwen3_moe_e8", eightExperts}} {
 		src := tinyModel(t, fam.name, 8)
 		batches := trainBatches(steps)
 		want, wantNorm, ref, _ := refTraining(t, fam.name, steps)
