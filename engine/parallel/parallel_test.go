@@ -773,46 +773,55 @@ func TestPerRankProfilesSplitComputeAndCollectives(t *testing.T) {
 }
 
 func TestBF16LayoutsStayCloseToSingleDevice(t *testing.T) {
-	cfg, err := config.Parse([]byte(tinyConfigs["qwen3"]), "qwen3.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := models.New(cfg, cpu.New(cpu.Options{Workers: 1}), models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	if err := src.InitRandom(3); err != nil {
-		t.Fatal(err)
-	}
-	rows := tinyRows(4, 16, 41, 4)
-	wantLoss, wantGrads := reference(t, src, rows)
-	for _, tc := range []struct {
+	type layout = struct {
 		n      int
 		layout string
-	}{{2, "fsdp"}, {2, "tp=2"}, {2, "cp=2"}, {8, "tp=2 cp=2 fsdp"}} {
-		p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
-		loss, _, err := p.ForwardBackward(rows)
+	}
+	for _, fam := range []struct {
+		name    string
+		layouts []layout
+	}{
+		{"qwen3", []layout{{2, "fsdp"}, {2, "tp=2"}, {2, "cp=2"}, {8, "tp=2 cp=2 fsdp"}}},
+		{"qwen3_moe", []layout{{4, "ep=2"}, {4, "ep=4 fsdp"}, {4, "ep=2 tp=2 etp=2"}}},
+	} {
+		cfg, err := config.Parse([]byte(tinyConfigs[fam.name]), fam.name+".json")
 		if err != nil {
 			t.Fatal(err)
 		}
-		// bf16 activations round at different points when reductions are split: a few ulps.
-		if math.Abs(loss-wantLoss) > 1e-2*wantLoss {
-			t.Errorf("%q: loss %.6g, single device %.6g", tc.layout, loss, wantLoss)
-		}
-		grads, err := p.Grads()
+		src, err := models.New(cfg, cpu.New(cpu.Options{Workers: 1}), models.Options{DType: tensor.BF16})
 		if err != nil {
 			t.Fatal(err)
 		}
-		// bf16 gradients accumulate over rows and ranks in a different order; measured
-		// differences reach about 2% of a tensor's largest element (a few bf16 ulps).
-		for _, s := range src.Specs {
-			if err := closeTo(grads[s.Name], wantGrads[s.Name], 5e-2); err != nil {
-				t.Errorf("%q: gradient %s: %v", tc.layout, s.Name, err)
+		defer src.Close()
+		if err := src.InitRandom(3); err != nil {
+			t.Fatal(err)
+		}
+		rows := tinyRows(4, 16, 41, 4)
+		wantLoss, wantGrads := reference(t, src, rows)
+		for _, tc := range fam.layouts {
+			p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
+			loss, _, err := p.ForwardBackward(rows)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if _, err := p.Step(1e-3, 1); err != nil {
-			t.Errorf("%q: step: %v", tc.layout, err)
+			// bf16 activations round at different points when reductions are split: a few ulps.
+			if math.Abs(loss-wantLoss) > 1e-2*wantLoss {
+				t.Errorf("%s %q: loss %.6g, single device %.6g", fam.name, tc.layout, loss, wantLoss)
+			}
+			grads, err := p.Grads()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// bf16 gradients accumulate over rows and ranks in a different order; measured
+			// differences reach about 2% of a tensor's largest element (a few bf16 ulps).
+			for _, s := range src.Specs {
+				if err := closeTo(grads[s.Name], wantGrads[s.Name], 5e-2); err != nil {
+					t.Errorf("%s %q: gradient %s: %v", fam.name, tc.layout, s.Name, err)
+				}
+			}
+			if _, err := p.Step(1e-3, 1); err != nil {
+				t.Errorf("%s %q: step: %v", fam.name, tc.layout, err)
+			}
 		}
 	}
 }
