@@ -206,8 +206,10 @@ func (r *repl) terminal(ctx context.Context, f *os.File) error {
 	r.banner(ctx)
 	var buf strings.Builder
 	for {
-		if w, h, err := term.GetSize(fd); err == nil {
+		if w, h, err := term.GetSize(fd); err == nil && w > 0 && h > 0 {
 			t.SetSize(w, h)
+		} else {
+			t.SetSize(80, 24) // a terminal that reports no size
 		}
 		state, err := term.MakeRaw(fd)
 		if err != nil {
