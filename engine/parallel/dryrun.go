@@ -46,7 +46,11 @@ func DryRun(out io.Writer, cfg *config.Config, d mesh.Devices, l mesh.Layout, w 
 		fmt.Fprintf(out, ", %d experts (top %d) in %d layers", shape.Experts, shape.TopK, shape.MoELayers)
 	}
 	fmt.Fprintf(out, "\ndevices: %s\nlayout:  %s\n", d, l)
-	for _, dim := range []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData} {
+	dims := []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData}
+	if l.EP > 1 {
+		dims = append(dims, mesh.DimEP, mesh.DimEData)
+	}
+	for _, dim := range dims {
 		g, err := m.Groups(dim)
 		if err != nil {
 			return err

@@ -2,11 +2,13 @@ package parallel
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
@@ -316,5 +318,54 @@ func TestExpertLayoutOptimizerStateIsLayoutFree(t *testing.T) {
 				t.Errorf("%d %q: %s: %v", tc.n, tc.layout, ref.Name, err)
 			}
 		}
+	}
+}
+
+func TestDryRunShowsExpertGroups(t *testing.T) {
+	cfg, err := config.Parse([]byte(tinyConfigs["qwen3_moe"]), "qwen3_moe.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	l, _ := mesh.ParseLayout("ep=2 tp=2 etp=2")
+	if err := DryRun(&out, cfg, cpuDevices(8), l, mesh.Workload{SeqLen: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"layout:  dp=4 tp=2 cp=1 ep=2 etp=2", "groups ep:   [[0 2] [1 3] [4 6] [5 7]]", "groups edata: [[0 4] [1 5] [2 6] [3 7]]"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// A rank that fails inside an expert-parallel step (out of memory) releases the others from
+// their exchanges, and the run continues in a new layout.
+func TestFailingExpertRankDoesNotHangTheOthers(t *testing.T) {
+	src := tinyModel(t, "qwen3_moe", 1)
+	probe := newPlan(t, src, 4, "ep=4", optim.Config{})
+	state := probe.ranks[2].dev.MemStats().Allocated
+	l, _ := mesh.ParseLayout("ep=4")
+	p, err := New(src, cpuDevices(4), l, Options{NewBackend: func(r int) (backend.Backend, error) {
+		o := cpu.Options{Workers: 1}
+		if r == 2 {
+			o.MemoryLimit = state + 512
+		}
+		return cpu.New(o), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rows := tinyRows(4, 16, 41, 1)
+	if _, _, err := p.ForwardBackward(rows); err == nil || !strings.Contains(err.Error(), "rank 2") {
+		t.Fatalf("got %v, want rank 2's allocation failure", err)
+	}
+	np, err := p.Relayout(cpuDevices(2), mesh.Layout{EP: 2}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer np.Close()
+	if _, _, err := np.ForwardBackward(rows); err != nil {
+		t.Fatal(err)
 	}
 }
