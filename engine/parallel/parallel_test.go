@@ -49,6 +49,11 @@ var tinyConfigs = map[string]string{
 		"num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-5, "initializer_range": 0.2}`,
+	// q/k norms over the whole projection (no tensor parallelism), 4 experts top 2.
+	"olmoe": `{"model_type": "olmoe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-5, "initializer_range": 0.2}`,
 	"mixtral": `{"model_type": "mixtral", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
@@ -235,6 +240,13 @@ var eightExperts = []struct {
 	n      int
 	layout string
 }{{8, "ep=8"}, {8, "ep=8 fsdp"}, {8, "ep=4 tp=2 etp=2 fsdp"}}
+
+func TestOLMoEExpertLayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"olmoe"}, []struct {
+		n      int
+		layout string
+	}{{2, "ep=2"}, {4, "ep=4"}, {4, "ep=2 fsdp"}})
+}
 
 func TestEightWayExpertLayoutsMatchSingleDevice(t *testing.T) {
 	checkLayouts(t, []string{"qwen3_moe_e8", "mixtral_e8"}, eightExperts)
