@@ -83,7 +83,7 @@ type engine struct {
 	controller func() string
 
 	t      *train.Trainer
-	rec    *profile.Recorder
+	rec    *recs
 	tok    *tokenizer.Tokenizer
 	tokDir string
 	bg     *job // background run (Run); paused keeps it
@@ -607,7 +607,7 @@ func (e *engine) install(t *train.Trainer) {
 		}
 	}
 	e.t, e.bg, e.paused, e.fg, e.tok, e.tokDir = t, nil, false, nil, nil, ""
-	e.rec = recorderOf(t.Model.Backend())
+	e.rec = newRecs(t)
 	e.mu.Lock()
 	e.snap.summary, e.snap.last, e.snap.lastErr = t.Summary(), nil, ""
 	e.mu.Unlock()

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"encoding/json"
 	"math"
 	"path/filepath"
 	"strings"
@@ -104,5 +105,63 @@ func TestSetLayoutRefusesAnInvalidTargetAndTheRunContinues(t *testing.T) {
 	}
 	if st := status(t, c); st.LastError != "" {
 		t.Fatalf("the run recorded an error: %s", st.LastError)
+	}
+}
+
+func TestProfileOfAParallelStepSplitsCollectives(t *testing.T) {
+	_, c := loaded(t, "--gradient_accumulation_steps=2", "--devices=cpu:4", "--context_parallel_size=2", "--fsdp=true")
+	ctx := ctxT(t)
+	if _, err := c.Step(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Profile(ctx, 2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Steps) != 2 {
+		t.Fatalf("Profile(2) returned %d steps", len(r.Steps))
+	}
+	for _, p := range r.Steps {
+		sum := p.HostS
+		for _, v := range p.ComputeS {
+			sum += v
+		}
+		for _, v := range p.CommS {
+			sum += v
+		}
+		if math.Abs(sum-p.StepS) > 1e-3*p.StepS {
+			t.Errorf("step %d: parts sum to %gs, the step took %gs", p.Step, sum, p.StepS)
+		}
+		if measured := p.Metrics.StepTimeS; p.StepS < measured || p.StepS > 1.5*measured+0.01 {
+			t.Errorf("step %d: profiled %gs, the trainer measured %gs", p.Step, p.StepS, measured)
+		}
+		// cp=2 all-gathers keys and values and reduce-scatters their gradients; fsdp
+		// reduce-scatters gradients and all-gathers parameters; the gradient norm is all-reduced.
+		for _, kind := range []string{"all_gather", "reduce_scatter", "all_reduce"} {
+			if p.CommS[kind] <= 0 {
+				t.Errorf("step %d: no time in %s: %v", p.Step, kind, p.CommS)
+			}
+		}
+		for _, class := range []string{"matmul", "attention", "optimizer"} {
+			if p.ComputeS[class] <= 0 {
+				t.Errorf("step %d: no time in %s: %v", p.Step, class, p.ComputeS)
+			}
+		}
+	}
+	var tr struct {
+		TraceEvents []struct {
+			Cat string `json:"cat"`
+			Tid int    `json:"tid"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(r.TraceJson, &tr); err != nil {
+		t.Fatal(err)
+	}
+	spans := map[string]int{}
+	for _, e := range tr.TraceEvents {
+		spans[e.Cat]++
+	}
+	if spans["all_gather"] == 0 || spans["reduce_scatter"] == 0 || spans["matmul"] == 0 {
+		t.Fatalf("trace spans by category %v: want collectives beside compute", spans)
 	}
 }

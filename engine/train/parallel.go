@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/parallel"
+	"github.com/halo-shell/halo-shell/engine/profile"
 )
 
 // A run on more than one device drives a parallel.Plan instead of the single model. The
@@ -86,23 +88,58 @@ func optimConfig(c *Config) optim.Config {
 		WeightDecay: c.Optim.WeightDecay, Seed: uint64(*c.Run.Seed)}
 }
 
-// planOptions opens one backend per device: simulated CPU devices, or the named GPUs.
-func (t *Trainer) planOptions(d mesh.Devices) parallel.Options {
+// planOptions opens one backend per device (simulated CPU devices, or the named GPUs), each
+// with its own profile recorder, which also records the rank's collectives once the plan is
+// built (setRecorders).
+func (t *Trainer) planOptions(d mesh.Devices) (parallel.Options, []*profile.Recorder) {
 	o := parallel.Options{Optimizer: optimConfig(t.Cfg)}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
-	if d.Kind != "cpu" {
-		ids := append([]int(nil), d.IDs...)
-		kind := d.Kind
-		o.NewBackend = func(r int) (backend.Backend, error) {
-			return backend.Open(fmt.Sprintf("%s:%d", kind, ids[r]))
+	recs := make([]*profile.Recorder, d.Len())
+	ids := append([]int(nil), d.IDs...)
+	kind := d.Kind
+	o.NewBackend = func(r int) (backend.Backend, error) {
+		var b backend.Backend
+		if kind == "cpu" {
+			b = cpu.New(cpu.Options{Workers: 1})
+		} else {
+			var err error
+			if b, err = backend.Open(fmt.Sprintf("%s:%d", kind, ids[r])); err != nil {
+				return nil, err
+			}
 		}
+		if rec, _, ok := profile.Unwrap(b); ok {
+			recs[r] = rec
+			return b, nil
+		}
+		recs[r] = profile.NewRecorder()
+		return profile.Wrap(b, recs[r]), nil
 	}
-	return o
+	return o, recs
+}
+
+// setRecorders makes each rank's recorder record its collectives too.
+func (t *Trainer) setRecorders(p *parallel.Plan, recs []*profile.Recorder) {
+	for r, rec := range recs {
+		p.SetRankRecorder(r, rec)
+	}
+	t.recs = recs
+}
+
+// RankRecorders returns the profile recorder of each device of the plan (element r records
+// rank r's compute ops and collectives, from rank r's goroutine), or nil on one device. They
+// record only while enabled (profile.Recorder.Enable); BeginStep and EndStep are called around
+// Step, between steps.
+func (t *Trainer) RankRecorders() []*profile.Recorder {
+	if t.plan == nil {
+		return nil
+	}
+	return t.recs
 }
 
 // startPlan lays the single model and its optimizer state out over d with layout l.
 func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
-	p, err := parallel.New(t.Model, d, l, t.planOptions(d))
+	o, recs := t.planOptions(d)
+	p, err := parallel.New(t.Model, d, l, o)
 	if err != nil {
 		return nil, fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
 	}
@@ -114,6 +151,7 @@ func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, erro
 		p.Close()
 		return nil, fmt.Errorf("train: layout %s on %s: optimizer state: %w", l.Norm(d.Len()), d, err)
 	}
+	t.setRecorders(p, recs)
 	return p, nil
 }
 
@@ -231,10 +269,12 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 		}
 		t.plan, t.devices = p, d
 	default:
-		p, err := t.plan.Relayout(d, l, t.planOptions(d))
+		o, recs := t.planOptions(d)
+		p, err := t.plan.Relayout(d, l, o)
 		if err != nil {
 			return 0, fmt.Errorf("train: layout: %w", err)
 		}
+		t.setRecorders(p, recs)
 		t.plan, t.devices = p, d
 	}
 	return time.Since(start), nil

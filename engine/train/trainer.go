@@ -13,6 +13,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/parallel"
+	"github.com/halo-shell/halo-shell/engine/profile"
 )
 
 // Hyper are the hyperparameters that may change between steps (SetHyper). Each field means what
@@ -109,8 +110,9 @@ type Trainer struct {
 	trainAnswer string // most frequent training answer (generation eval's chance baseline)
 	opt         *optim.AdamW
 	hyper       Hyper
-	plan        *parallel.Plan // drives the steps on more than one device; nil on one
-	devices     mesh.Devices   // the plan's devices
+	plan        *parallel.Plan      // drives the steps on more than one device; nil on one
+	devices     mesh.Devices        // the plan's devices
+	recs        []*profile.Recorder // the plan's per-rank recorders
 	step        int
 	totalSteps  int
 	warmup      int
