@@ -102,7 +102,10 @@ func LocalParams(l Layout, m ModelShape) int64 {
 // model m under workload w. Parameters, gradients and optimizer state are exact for the
 // engine's own arenas; activations count the tensors each layer keeps for backward (an upper
 // bound of the cached set, not of transient workspace); comm buffers count the host staging of
-// the largest collective and the FSDP padding buffers.
+// the largest collective and the FSDP padding buffers. Under expert parallelism every rank
+// still allocates the weights and gradients of every expert (the arenas keep the
+// single-device table); without FSDP it keeps optimizer state for the experts it owns only.
+// Under expert-tensor parallelism each expert's FFN is split over the tensor group.
 func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	if w.Rows <= 0 {
 		w.Rows = 1
