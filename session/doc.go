@@ -9,7 +9,7 @@
 // # Control and observation
 //
 // Exactly one client controls a session at a time; any number observe. Control calls (Load,
-// Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, Profile) from a client that is not
+// Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, SetLayout, Profile) from a client that is not
 // the controller fail with code failed_precondition naming the controller ("observe, or take
 // over with --take-over"). The first control call of a client claims control when nobody holds
 // it; TakeOver takes it from another client and Release gives it up. Read-only calls (Status,
@@ -43,6 +43,16 @@
 // ServeRun serves a train.Run batch loop (`halo-shell launch`) as a session, so observers
 // attach to it by name. Profile and activation capture need the trainer's backend to be a
 // profile.Wrap'ed one: EnableProfiling arranges that for every trainer built afterwards.
+// On several devices each device has its own recorder of compute ops and collectives; a
+// step's profile is the mean over the devices of each op class, collective kind and idle
+// time, and its trace holds device 0's spans.
+//
+// # Layouts
+//
+// SetLayout moves the run to another parallel layout at a step boundary (train.SetLayout):
+// parameters and optimizer state are redistributed in memory; the response and a log event
+// carry how long it took. A refused target leaves the run in its layout. Status reports the
+// layout and devices.
 //
 // The package is not the engine (engine/train) and not a front-end (repl, tui, kernel): it knows
 // nothing about terminals or notebooks, and it executes no user code.

@@ -7,6 +7,17 @@
 // targets). The loss of an optimizer step is the mean over all non-ignored target tokens of all
 // its micro-batches, so gradient accumulation does not change the result.
 //
+// Parallel layouts: the config keys devices (cpu:4, cuda:0-7), tensor_parallel_size,
+// context_parallel_size, expert_parallel_size, expert_tensor_parallel_size and fsdp (the
+// data-parallel size follows) are checked with mesh.Check against config.json before any
+// weight loads. On more than one device a parallel.Plan drives the steps: the step's
+// micro-batches are dealt over the data ranks (gradient_accumulation_steps must be a multiple
+// of the data-parallel size) and padded for context parallelism with ignored filler, so a
+// step computes the same mean loss as on one device. The single model stays the host view:
+// the parameters are gathered into it after each step, and checkpoints are ordinary
+// single-device ones whose optimizer state is layout-free, so a run resumes into any layout.
+// SetLayout moves a live run to another layout between steps, in memory.
+//
 // The package is not a model (engine/models), an optimizer (engine/optim) or a data pipeline
 // (engine/data); it wires them together. It knows nothing about RPC, terminals or notebooks: the
 // session, the REPL and `halo-shell launch` drive a Trainer.

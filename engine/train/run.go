@@ -177,6 +177,9 @@ func (t *Trainer) Summary() string {
 	if t.deviceNote != "" {
 		fmt.Fprintf(&b, "device: %s\n", strings.TrimPrefix(t.deviceNote, "; "))
 	}
+	if l := t.Layout(); l.Parallel {
+		fmt.Fprintf(&b, "layout: %s on %s\n", l.Layout, l.Devices)
+	}
 	st := t.Stats
 	fmt.Fprintf(&b, "data: %d documents, %d tokens (%d trained on)", st.Documents, st.Tokens, st.Targets)
 	if st.Truncated > 0 {
