@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,5 +25,38 @@ func TestLaunchDryRunPrintsTheLayoutOrItsRefusal(t *testing.T) {
 	_, err = runLaunch(t, quickstartArgs(out, "--devices=cpu:4", "--tensor_parallel_size=2", "--gradient_accumulation_steps=2", "--dry-run")...)
 	if err == nil || !strings.Contains(err.Error(), "rule") || !strings.Contains(err.Error(), "tp=1") {
 		t.Fatalf("dry run of tp=2 with one kv head: %v, want the rule and a working layout", err)
+	}
+}
+
+func TestLaunchOnTwoDevicesWritesATraceWithCollectives(t *testing.T) {
+	dir := t.TempDir()
+	out, trace := filepath.Join(dir, "run"), filepath.Join(dir, "trace.json")
+	if _, err := runLaunch(t, quickstartArgs(out, "--devices=cpu:2", "--gradient_accumulation_steps=2", "--trace="+trace)...); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		TraceEvents []struct {
+			Name string `json:"name"`
+			Cat  string `json:"cat"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(raw, &tr); err != nil {
+		t.Fatal(err)
+	}
+	cats := map[string]int{}
+	for _, e := range tr.TraceEvents {
+		cats[e.Cat]++
+	}
+	// dp=2: gradients are all-reduced; compute spans sit beside them.
+	if cats["step"] != 3 || cats["all_reduce"] == 0 || cats["matmul"] == 0 {
+		t.Fatalf("trace events by category %v: want 3 steps, all_reduce and matmul spans", cats)
+	}
+	// The checkpoint is an ordinary gathered one.
+	if _, err := os.Stat(filepath.Join(out, "checkpoint-3", "model.safetensors")); err != nil {
+		t.Fatal(err)
 	}
 }
