@@ -2,6 +2,7 @@ package cell
 
 import (
 	"go/token"
+	"reflect"
 	"sort"
 	"strings"
 	"unicode"
@@ -107,14 +108,24 @@ func completeCommand(line string, cursor int) (int, []string) {
 	return cursor, nil
 }
 
-// packageNames lists the exported names of a package the interpreter knows.
-func packageNames(path string) []string {
+func packageSymbols(path string) map[string]reflect.Value {
 	name := path[strings.LastIndexByte(path, '/')+1:]
 	key := path + "/" + name
-	syms, ok := symbols.Symbols[key]
-	if !ok {
-		syms = stdlib.Symbols[key]
+	if syms, ok := symbols.Symbols[key]; ok {
+		return syms
 	}
+	return stdlib.Symbols[key]
+}
+
+// packageSymbol returns a compiled package's symbol.
+func packageSymbol(path, name string) (reflect.Value, bool) {
+	v, ok := packageSymbols(path)[name]
+	return v, ok
+}
+
+// packageNames lists the exported names of a package the interpreter knows.
+func packageNames(path string) []string {
+	syms := packageSymbols(path)
 	out := make([]string, 0, len(syms))
 	for n := range syms {
 		if n != "" && unicode.IsUpper(rune(n[0])) {

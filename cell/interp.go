@@ -127,6 +127,8 @@ type Interpreter struct {
 	// busy is closed when an interrupted run that did not stop in time has ended; nil when
 	// no such run is left.
 	busy chan struct{}
+	// goCount numbers the go statements rewritten by protectGoroutines.
+	goCount int
 }
 
 type funcLoc struct {
@@ -287,6 +289,7 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 			if c.kind == importChunk {
 				continue
 			}
+			c.src = it.protectGoroutines(c)
 			v, err := it.exec(ctx, c.evalSrc())
 			if err != nil && c.kind == stmtChunk && ctx.Err() == nil && compileFailure(err, filter) {
 				if werr, ok := it.defineViaInterface(ctx, c); ok {
@@ -303,7 +306,7 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 			if c.funcName != "" {
 				it.funcs[c.funcName] = funcLoc{cell: n, c: c}
 			}
-			if last && j == len(itm.chunks)-1 && c.expr && v.IsValid() && !printCall(c.src) {
+			if last && j == len(itm.chunks)-1 && c.expr && v.IsValid() && !printCall(c.src) && !it.voidCall(c.src, v) {
 				res.Value = valueBundle(v) // nil for a call without results
 			}
 		}
@@ -444,6 +447,34 @@ func printCall(src string) bool {
 		}
 	}
 	return false
+}
+
+// voidCall reports whether v is what the interpreter returns for a call of a compiled
+// function without results (a function value; calls returning functions are not shown
+// either).
+func (it *Interpreter) voidCall(src string, v reflect.Value) bool {
+	e, err := parser.ParseExpr(src)
+	if err != nil {
+		return false
+	}
+	call, isCall := e.(*ast.CallExpr)
+	if !isCall {
+		return false
+	}
+	// pkg.Func of a compiled package: its signature says.
+	if sel, ok := call.Fun.(*ast.SelectorExpr); ok {
+		if pkg, ok := sel.X.(*ast.Ident); ok {
+			it.nmu.Lock()
+			path, imported := it.imports[pkg.Name]
+			it.nmu.Unlock()
+			if imported {
+				if f, ok := packageSymbol(path, sel.Sel.Name); ok && f.Kind() == reflect.Func {
+					return f.Type().NumOut() == 0
+				}
+			}
+		}
+	}
+	return v.Kind() == reflect.Func
 }
 
 // voidType is what the interpreter returns for a statement or a call without results.

@@ -1,10 +1,12 @@
 package cell
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -60,6 +62,8 @@ func TestEvalTrailingExpression(t *testing.T) {
 		{"print call shows output, not its count", `fmt.Println("hi")`, "<none>", "hi\n"},
 		{"last of several statements", "z := 2\nz * 21", "42", ""},
 		{"void call", "func noop() {}\nnoop()", "<none>", ""},
+		{"void compiled call", "import \"time\"\ntime.Sleep(1)", "<none>", ""},
+		{"void API call", "halo.Display(\"shown\")", "<none>", ""},
 		{"slice", "[]int{1, 2}", "[1 2]", ""},
 		{"value after command-free code with comment", "// just a comment\n7", "7", ""},
 	} {
@@ -249,5 +253,57 @@ func TestEvalInterruptBlockedCells(t *testing.T) {
 	}
 	if got := plain(eval(t, it, "slept").Value); got != "false" {
 		t.Fatalf("the statement after the interrupted call ran: slept = %s", got)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the goroutines of a cell.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A panic in a goroutine a cell started would end the process; it is reported instead.
+func TestEvalGoroutinePanicIsReported(t *testing.T) {
+	var bg syncBuffer
+	it, err := New(Options{Session: "none", Background: &bg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	// What a goroutine prints goes to the cell running at the time, or to Background.
+	var cells strings.Builder
+	cells.WriteString(eval(t, it, "go func() { panic(\"first\") }()").Stdout)
+	cells.WriteString(eval(t, it, "func spawn() {\n\tgo func(n int) {\n\t\tgo panic(n)\n\t}(7)\n}\nspawn()").Stdout)
+	// Arguments are evaluated at the go statement, as in Go.
+	r := eval(t, it, "ch := make(chan int, 1)\nfunc send(c chan int, v int) { c <- v }\nx := 5\ngo send(ch, x)\nx = 6\n<-ch")
+	cells.WriteString(r.Stdout)
+	if got := plain(r.Value); got != "5" {
+		t.Fatalf("go send(ch, x) sent %s, want 5", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for out := ""; ; {
+		out = cells.String() + bg.String()
+		if strings.Contains(out, "cell: first") && strings.Contains(out, "cell: 7") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("output %q lacks the goroutine panics", out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := plain(eval(t, it, "x").Value); got != "6" {
+		t.Fatalf("x = %s", got)
 	}
 }

@@ -444,3 +444,17 @@ func joinLines(n int, f func(int) string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// GoPanic reports a panic recovered in a goroutine that a cell started (cells run their go
+// statements through it, so that such a panic does not end the process). It does nothing for
+// nil.
+func GoPanic(v interface{}) {
+	if v == nil {
+		return
+	}
+	e := hostenv.Current()
+	if e == nil {
+		return
+	}
+	fmt.Fprintf(e.Stdout(), "panic in a goroutine started by a cell: %v\n", v)
+}

@@ -20,6 +20,7 @@ func init() {
 		"Eval":             reflect.ValueOf(halo.Eval),
 		"Generate":         reflect.ValueOf(halo.Generate),
 		"GenerateN":        reflect.ValueOf(halo.GenerateN),
+		"GoPanic":          reflect.ValueOf(halo.GoPanic),
 		"Hyper":            reflect.ValueOf(halo.Hyper),
 		"HyperKeys":        reflect.ValueOf(halo.HyperKeys),
 		"HyperRequest":     reflect.ValueOf(halo.HyperRequest),
