@@ -834,6 +834,9 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 			if m.Grads == nil {
 				return nil, precondition("inspect: no gradients yet: take a step first")
 			}
+			if err := e.t.SyncGrads(); err != nil {
+				return nil, connect.NewError(connect.CodeInternal, "session: inspect: "+err.Error())
+			}
 			return m.GradFloat32(name)
 		}
 		return m.ParamFloat32(name)

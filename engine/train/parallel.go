@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // A run on more than one device drives a parallel.Plan instead of the single model. The
@@ -254,7 +256,7 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	case !wantsPlan(d, l) && t.plan == nil:
 		// One device to one device: nothing moves.
 	case !wantsPlan(d, l):
-		if err := t.syncFromPlan(true); err != nil {
+		if err := errors.Join(t.syncFromPlan(true), t.SyncGrads()); err != nil {
 			return 0, err
 		}
 		err := t.plan.Close()
@@ -352,6 +354,7 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	if err := t.syncFromPlan(false); err != nil {
 		return StepMetrics{}, err
 	}
+	t.gradsStale = true
 	t.step++
 	el := time.Since(start)
 	c := t.loader.Cursor()
@@ -390,4 +393,33 @@ func (c *Config) Workload() mesh.Workload {
 		}
 	}
 	return w
+}
+
+// SyncGrads brings the gradients of the last step into the single model (Trainer.Model) when
+// a plan computed them; on one device they are there already. Inspection calls it before it
+// reads gradients; steps do not need it.
+func (t *Trainer) SyncGrads() error {
+	if t.plan == nil || !t.gradsStale {
+		return nil
+	}
+	gs, err := t.plan.Grads()
+	if err != nil {
+		return fmt.Errorf("train: gather gradients: %w", err)
+	}
+	for i, s := range t.Model.Specs {
+		v, ok := gs[s.Name]
+		if !ok {
+			return fmt.Errorf("train: gather gradients: the plan has no gradient of %q", s.Name)
+		}
+		g := t.Model.Grads.Views[i]
+		raw, err := tensor.EncodeFloat32(g.DType(), v)
+		if err != nil {
+			return fmt.Errorf("train: gather gradients: %q: %w", s.Name, err)
+		}
+		if err := t.b.Upload(g, raw); err != nil {
+			return fmt.Errorf("train: gather gradients: %q: %w", s.Name, err)
+		}
+	}
+	t.gradsStale = false
+	return nil
 }

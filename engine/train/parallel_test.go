@@ -260,3 +260,87 @@ func TestRunOnAPlanWritesGatheredCheckpoints(t *testing.T) {
 		t.Fatalf("resumed at step %d, want 1", single.Steps())
 	}
 }
+
+func TestSyncGradsBringsThePlansGradientsToTheModel(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	single := newTrainer(t, tinyParallelConfig(t, path))
+	steps(t, single, 2)
+	tr := newTrainer(t, tinyParallelConfig(t, path, "--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"))
+	steps(t, tr, 2)
+	if err := tr.SyncGrads(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range single.Model.Specs {
+		want, err := single.Model.GradFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tr.Model.GradFloat32(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		num, den := 0.0, 0.0
+		for i := range want {
+			d := float64(got[i] - want[i])
+			num += d * d
+			den += float64(want[i]) * float64(want[i])
+		}
+		if den == 0 || math.Sqrt(num/den) > 1e-3 {
+			t.Fatalf("gradient %s: relative difference %g from the single device's (|g|^2 %g)", s.Name, math.Sqrt(num/max(den, 1e-30)), den)
+		}
+	}
+}
+
+func TestParseLayoutSpecChoosesDevices(t *testing.T) {
+	cpu4 := mesh.Devices{Kind: "cpu", IDs: []int{0, 1, 2, 3}}
+	cuda8 := mesh.Devices{Kind: "cuda", IDs: []int{0, 1, 2, 3, 4, 5, 6, 7}}
+	for _, tc := range []struct {
+		spec    string
+		cur     mesh.Devices
+		devices string
+		err     string
+	}{
+		{"tp=2", cpu4, "cpu:4", ""},                      // tp divides the devices: kept
+		{"tp=3", cpu4, "cpu:3", ""},                      // it does not: tp·cp devices
+		{"dp=1", cpu4, "cpu:1", ""},                      // dp given: dp·tp·cp devices
+		{"dp=2 cp=2", cuda8, "cuda:0-3", ""},             // the first devices of the run
+		{"devices=cuda:4-7 tp=2", cuda8, "cuda:4-7", ""}, // named
+		{"dp=16", cuda8, "", "needs 16 devices"},
+		{"devices=cpu:2,tp=2 devices=cpu:4", cpu4, "", "twice"},
+		{"devices=tpu:2", cpu4, "", "unknown kind"},
+		{"tp=0", cpu4, "", "degree from 1"},
+	} {
+		d, _, err := ParseLayoutSpec(tc.spec, tc.cur)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseLayoutSpec(%q): %v, want an error naming %q", tc.spec, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || d.String() != tc.devices {
+			t.Errorf("ParseLayoutSpec(%q) on %s = %s, %v; want %s", tc.spec, tc.cur, d, err, tc.devices)
+		}
+	}
+}
+
+func FuzzParseLayoutSpec(f *testing.F) {
+	for _, s := range []string{"tp=2", "devices=cpu:4 tp=2 fsdp", "dp=1", "ep=2,etp=2", "cp=4096", "devices=cuda:0-7 cp=2", "fsdp=maybe", "=", "devices=", "tp=99999999999999999999"} {
+		f.Add(s)
+	}
+	cur := mesh.Devices{Kind: "cpu", IDs: []int{0, 1}}
+	f.Fuzz(func(t *testing.T, spec string) {
+		d, l, err := ParseLayoutSpec(spec, cur)
+		if err != nil {
+			return
+		}
+		if d.Len() < 1 || d.Len() > 4096*4096 {
+			t.Fatalf("ParseLayoutSpec(%q): %d devices", spec, d.Len())
+		}
+		// The layout reads back from its own formatting.
+		want := l.Norm(d.Len()).String()
+		back, err := mesh.ParseLayout(want)
+		if err != nil || back.Norm(d.Len()).String() != want {
+			t.Fatalf("ParseLayoutSpec(%q) = %s, which reads back as %s (%v)", spec, l.Norm(d.Len()), back, err)
+		}
+	})
+}

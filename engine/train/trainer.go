@@ -113,6 +113,7 @@ type Trainer struct {
 	plan        *parallel.Plan      // drives the steps on more than one device; nil on one
 	devices     mesh.Devices        // the plan's devices
 	recs        []*profile.Recorder // the plan's per-rank recorders
+	gradsStale  bool                // the plan's gradients are newer than Model's (SyncGrads)
 	step        int
 	totalSteps  int
 	warmup      int
