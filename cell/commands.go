@@ -259,14 +259,14 @@ func countArg(def int) func(c *Command) error {
 		case 1:
 			n, err := strconv.Atoi(c.Args[0])
 			if err != nil {
-				return fmt.Errorf("N = %q is not a whole number", c.Args[0])
+				return fmt.Errorf("count N = %q is not a whole number", c.Args[0])
 			}
 			lo := 1
 			if def == 0 {
 				lo = 0
 			}
 			if n < lo || n > maxCount {
-				return fmt.Errorf("N = %d is out of range [%d, %d]", n, lo, maxCount)
+				return fmt.Errorf("count N = %d is out of range [%d, %d]", n, lo, maxCount)
 			}
 			c.N = n
 			return nil
