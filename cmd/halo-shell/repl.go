@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"os/signal"
 	"syscall"
 
@@ -18,9 +17,6 @@ func init() {
 	run := func(cmd *cobra.Command, sessionName, history string) error {
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGHUP)
 		defer stop()
-		if ctx == nil {
-			ctx = context.Background()
-		}
 		return repl.Run(ctx, repl.Options{Session: sessionName, HistoryFile: history,
 			In: cmd.InOrStdin(), Out: cmd.OutOrStdout(), Err: cmd.ErrOrStderr()})
 	}
