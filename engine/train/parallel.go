@@ -336,6 +336,9 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 		_ = t.loader.Seek(cur)
 		return StepMetrics{}, err
 	}
+	for _, r := range t.recs {
+		r.ResetOpTimes()
+	}
 	loss, _, err := t.plan.ForwardBackward(t.planRows(batches))
 	if err != nil {
 		return fail(fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err))
@@ -366,6 +369,16 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	if t.Model.IsMoE() {
 		aux := t.plan.AuxLoss()
 		m.AuxLoss = &aux
+	}
+	// Time per op class (and "comm.KIND" per collective kind) while profiling records: the
+	// mean over the devices.
+	for _, r := range t.recs {
+		for k, d := range r.OpTimes() {
+			if m.TimeByOpS == nil {
+				m.TimeByOpS = map[string]float64{}
+			}
+			m.TimeByOpS[k] += d.Seconds() / float64(len(t.recs))
+		}
 	}
 	return m, nil
 }

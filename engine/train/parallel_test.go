@@ -15,7 +15,7 @@ import (
 
 // tinyParallelConfig is tinyConfig with two key/value heads (so tp=2 divides them), two
 // micro-batches per step (so dp=2 deals one to each data rank) and the extra overrides.
-func tinyParallelConfig(t *testing.T, dataPath string, extra ...string) *Config {
+func tinyParallelConfig(t testing.TB, dataPath string, extra ...string) *Config {
 	t.Helper()
 	y := fmt.Sprintf(`init:
   arch: qwen3
@@ -343,4 +343,36 @@ func FuzzParseLayoutSpec(f *testing.F) {
 			t.Fatalf("ParseLayoutSpec(%q) = %s, which reads back as %s (%v)", spec, l.Norm(d.Len()), back, err)
 		}
 	})
+}
+
+func TestPlanStepReportsTimeByOpClassAndCollective(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	tr := newTrainer(t, tinyParallelConfig(t, path, "--devices=cpu:2"))
+	if m := steps1(t, tr); len(m.TimeByOpS) != 0 {
+		t.Fatalf("op times %v while no recorder records", m.TimeByOpS)
+	}
+	recs := tr.RankRecorders()
+	if len(recs) != 2 {
+		t.Fatalf("%d rank recorders on cpu:2", len(recs))
+	}
+	for _, r := range recs {
+		r.Enable(true, false)
+	}
+	m := steps1(t, tr)
+	total := 0.0
+	for _, s := range m.TimeByOpS {
+		total += s
+	}
+	if m.TimeByOpS["matmul"] <= 0 || m.TimeByOpS["comm.all_reduce"] <= 0 || total > m.StepTimeS*1.01 {
+		t.Fatalf("time by op %v (sum %v) for a step of %v s: want matmul and all_reduce within the step", m.TimeByOpS, total, m.StepTimeS)
+	}
+}
+
+func steps1(t *testing.T, tr *Trainer) StepMetrics {
+	t.Helper()
+	m, err := tr.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

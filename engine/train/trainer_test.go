@@ -19,7 +19,7 @@ import (
 const quickTok = "../../examples/quickstart/tokenizer"
 
 // writeJSONL writes records to dir/name and returns the path.
-func writeJSONL(t *testing.T, dir, name string, recs []data.Record) string {
+func writeJSONL(t testing.TB, dir, name string, recs []data.Record) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	f, err := os.Create(p)

@@ -1,0 +1,58 @@
+package train
+
+import (
+	"context"
+	"testing"
+)
+
+// BenchmarkStepByLayout times one optimizer step of the tiny model on one device and on
+// simulated CPU devices (all sharing this machine's cores).
+func BenchmarkStepByLayout(b *testing.B) {
+	path := writeJSONL(b, b.TempDir(), "d.jsonl", pcRecords(200))
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"single", nil},
+		{"dp=2", []string{"--devices=cpu:2"}},
+		{"tp=2", []string{"--devices=cpu:2", "--tensor_parallel_size=2"}},
+		{"cp=2", []string{"--devices=cpu:2", "--context_parallel_size=2"}},
+		{"dp=2_tp=2_fsdp", []string{"--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := tinyParallelConfig(b, path, append(tc.extra, "--max_steps=100000", "--warmup_steps=0")...)
+			tr, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tr.Close()
+			for b.Loop() {
+				if _, err := tr.Step(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSetLayout times moving the tiny model's parameters and optimizer state between one
+// device and a tp=2 fsdp layout on four simulated devices, both ways.
+func BenchmarkSetLayout(b *testing.B) {
+	path := writeJSONL(b, b.TempDir(), "d.jsonl", pcRecords(40))
+	tr, err := New(tinyParallelConfig(b, path))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tr.Close()
+	if _, err := tr.Step(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := tr.SetLayout("devices=cpu:4 tp=2 fsdp"); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tr.SetLayout("dp=1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
