@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,9 @@ type Options struct {
 	Out, Err io.Writer
 	// HistoryFile is where the history is kept; empty means DefaultHistoryFile, "-" none.
 	HistoryFile string
+	// ImageDir receives the PNG of every image a cell shows (plots), since a terminal cannot
+	// show them; empty means a directory under os.TempDir().
+	ImageDir string
 }
 
 // Run runs the REPL until the input ends (Ctrl-D) or ctx is done. It detaches from the session
@@ -68,6 +72,7 @@ func Run(ctx context.Context, o Options) error {
 
 type repl struct {
 	o         Options
+	images    int // images saved so far
 	it        *cell.Interpreter
 	out, errw *lockedWriter
 	failed    int
@@ -106,6 +111,14 @@ func (r *repl) detach() {
 
 func (r *repl) printBundle(b cell.Bundle) {
 	s := string(b["text/plain"])
+	if png := b["image/png"]; len(png) > 0 {
+		// A terminal shows no images: write them to files and say where.
+		if path, err := r.saveImage(png); err == nil {
+			s += " -> " + path
+		} else {
+			s += " (not saved: " + err.Error() + ")"
+		}
+	}
 	if s == "" {
 		return
 	}
@@ -358,3 +371,20 @@ func (ir *interruptReader) Read(p []byte) (int, error) {
 
 // interrupted reports (and clears) whether Ctrl-C was read.
 func (ir *interruptReader) interrupted() bool { return ir.fired.Swap(false) }
+
+// saveImage writes a PNG into ImageDir and returns its path.
+func (r *repl) saveImage(png []byte) (string, error) {
+	dir := r.o.ImageDir
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), fmt.Sprintf("halo-shell-images-%d", os.Getpid()))
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	r.images++
+	path := filepath.Join(dir, fmt.Sprintf("image-%d.png", r.images))
+	if err := os.WriteFile(path, png, 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
+}

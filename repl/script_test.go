@@ -28,11 +28,13 @@ twice(int(st.Step))
 :set lr=1e-4
 :profile 2
 halo.Metrics()[3].Step
+:plot
 `
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	err := Run(ctx, Options{Session: sock, In: strings.NewReader(script), Out: &out, Err: &errb})
+	images := t.TempDir()
+	err := Run(ctx, Options{Session: sock, In: strings.NewReader(script), Out: &out, Err: &errb, ImageDir: images})
 	if err == nil || !strings.Contains(err.Error(), "2 cell(s) failed") {
 		t.Fatalf("Run err = %v, want 2 failed cells", err)
 	}
@@ -52,6 +54,13 @@ halo.Metrics()[3].Step
 		if !strings.Contains(o, want) {
 			t.Errorf("output lacks %q:\n%s", want, o)
 		}
+	}
+	png := filepath.Join(images, "image-1.png")
+	if !strings.Contains(o, `<image "loss"`) || !strings.Contains(o, "-> "+png) {
+		t.Errorf(":plot output does not name the image file %s:\n%s", png, o)
+	}
+	if b, err := os.ReadFile(png); err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Errorf("image file: %v", err)
 	}
 	e := errb.String()
 	for _, want := range []string{"error: panic: boom", "at cell[", "error: unknown command :stpe"} {
