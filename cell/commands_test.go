@@ -157,6 +157,8 @@ func TestComplete(t *testing.T) {
 		{src: "%pro", start: 0, want: []string{"%profile"}},
 		{src: ":set max", start: 5, want: []string{"max_grad_norm="}},
 		{src: ":help ge", start: 6, want: []string{"generate"}},
+		{src: "%layout tp=2 f", start: 13, want: []string{"fsdp"}, notWanted: []string{"tp="}},
+		{src: ":layout ", start: 8, want: []string{"dp=", "tp=", "cp=", "ep=", "etp=", "fsdp", "devices="}},
 		{src: "nopkg.X", start: 7},
 	} {
 		start, got := it.Complete(tc.src, len(tc.src))

@@ -102,6 +102,8 @@ func completeCommand(line string, cursor int) (int, []string) {
 		}
 		out = append(out, "lr=")
 		return cursor - len(cur), filter(out, cur)
+	case "layout":
+		return cursor - len(cur), filter([]string{"dp=", "tp=", "cp=", "ep=", "etp=", "fsdp", "devices="}, cur)
 	case "plot":
 		return cursor - len(cur), filter([]string{"loss", "lr"}, cur)
 	}
