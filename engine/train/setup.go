@@ -24,7 +24,13 @@ func New(cfg *Config) (*Trainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b, note, err := backend.Resolve(cfg.Run.Device)
+	dev := cfg.Run.Device
+	if d, _, isParallel, err := cfg.ParallelLayout(); err == nil && isParallel && d.Kind != "cpu" {
+		// The devices hold the plan; the single model, the host view of the run, stays in
+		// host memory rather than taking a second copy's room on a GPU.
+		dev = "cpu"
+	}
+	b, note, err := backend.Resolve(dev)
 	if err != nil {
 		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
 	}
