@@ -49,8 +49,9 @@ func HumanBytes(b int64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
-// LocalParams returns the parameter elements one tensor rank holds under layout l: attention
-// projections (and, for dense MLPs, the MLP) split over TP, everything else whole.
+// LocalParams returns the parameter elements one rank holds under layout l: attention
+// projections (and, for dense MLPs, the MLP) split over TP, the experts of its expert-parallel
+// block only (E/EP per MoE layer, each split over ETP), everything else whole.
 func LocalParams(l Layout, m ModelShape) int64 {
 	tp := int64(one(l.TP))
 	c, hd := int64(m.Hidden), int64(m.HeadDim)
@@ -84,28 +85,33 @@ func LocalParams(l Layout, m ModelShape) int64 {
 		mlp += 2*f + c
 	}
 	if m.MoE() {
-		whole += dense * mlp // the plan does not split the MLPs of MoE models
-		e, fe := int64(m.Experts), int64(m.ExpertIntermediate)
-		whole += int64(m.MoELayers) * e * c // routers
-		if one(l.ETP) > 1 {
-			split += int64(m.MoELayers) * e * 3 * c * fe // expert FFNs split by ETP = TP
-		} else {
-			whole += int64(m.MoELayers) * e * 3 * c * fe
-		}
+		whole += dense * mlp                               // the plan does not split the MLPs of MoE models
+		whole += int64(m.MoELayers) * int64(m.Experts) * c // routers
 	} else {
 		split += dense * mlp
 	}
-	return split/tp + whole
+	return split/tp + whole + LocalExpertParams(l, m)
+}
+
+// LocalExpertParams returns the routed-expert parameter elements one rank holds under layout
+// l: the E/EP experts of its expert-parallel block in every MoE layer, each split over ETP.
+func LocalExpertParams(l Layout, m ModelShape) int64 {
+	if !m.MoE() {
+		return 0
+	}
+	held := int64(m.Experts / one(l.EP))
+	return int64(m.MoELayers) * held * 3 * int64(m.Hidden) * int64(m.ExpertIntermediate) / int64(one(l.ETP))
 }
 
 // Estimate returns the per-device memory of layout l (normalised for its device count) for
 // model m under workload w. Parameters, gradients and optimizer state are exact for the
 // engine's own arenas; activations count the tensors each layer keeps for backward (an upper
 // bound of the cached set, not of transient workspace); comm buffers count the host staging of
-// the largest collective and the FSDP padding buffers. Under expert parallelism every rank
-// still allocates the weights and gradients of every expert (the arenas keep the
-// single-device table); without FSDP it keeps optimizer state for the experts it owns only.
-// Under expert-tensor parallelism each expert's FFN is split over the tensor group.
+// the largest collective and the FSDP staging buffer. Under expert parallelism a rank holds
+// the weights, gradients and optimizer state of its own experts only (E/EP per MoE layer);
+// with FSDP the dense parameters are sharded over the data group (DP·CP ranks) and the experts
+// over their replicas (the expert-data group, DP·CP/EP ranks). Under expert-tensor parallelism
+// each expert's FFN is split over the tensor group.
 func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	if w.Rows <= 0 {
 		w.Rows = 1
@@ -123,18 +129,30 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	mem.Params, mem.Grads = local*pb, local*pb
 	opt := local
 	if l.FSDP && g > 1 {
-		shard := (local + g - 1) / g
-		mem.Params += shard * pb
-		mem.Grads += shard * pb
-		opt = shard
-		if shard*g != local {
-			mem.Comm += 2 * shard * g * pb // padded gather and scatter buffers
+		// FSDP parts: (group size, elements, whether the elements are one block of the arena).
+		type part struct {
+			g, n   int64
+			single bool
 		}
-	}
-	if ep := int64(one(l.EP)); ep > 1 && !(l.FSDP && g > 1) && m.MoE() {
-		// Without FSDP a rank keeps optimizer state for the experts it owns only.
-		experts := int64(m.MoELayers) * int64(m.Experts) * 3 * int64(m.Hidden) * int64(m.ExpertIntermediate) / int64(one(l.ETP))
-		opt -= experts - experts/ep
+		parts := []part{{g, local, true}}
+		if ep := int64(one(l.EP)); ep > 1 && m.MoE() {
+			experts := LocalExpertParams(l, m)
+			// Experts sit between dense parameters; a rank's experts are one block only
+			// when there is one MoE layer.
+			parts = []part{{g, local - experts, false}, {g / ep, experts, m.MoELayers == 1}}
+		}
+		var pack int64
+		opt = 0
+		for _, pt := range parts {
+			shard := (pt.n + pt.g - 1) / pt.g
+			mem.Params += shard * pb
+			mem.Grads += shard * pb
+			opt += shard
+			if !pt.single || shard*pt.g != pt.n {
+				pack = max(pack, shard*pt.g)
+			}
+		}
+		mem.Comm += pack * pb // staging of parts that are not one block of G·S elements
 	}
 	mem.Optimizer = opt * int64(w.OptimizerBytes)
 

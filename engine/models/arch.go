@@ -34,6 +34,9 @@ type Arch struct {
 	PadID int
 	// Rope is the rotary embedding configuration.
 	Rope backend.RoPEConfig
+	// HeldExperts is the range of routed experts the model holds in each MoE layer ([0, E)
+	// unless Options.Experts names a subset; zero for dense models).
+	HeldExperts ExpertRange
 	// Config is the config.json the architecture came from (nil when built by hand); family
 	// hooks read fields that Arch does not carry (experts, router settings) from it.
 	Config *config.Config
@@ -69,5 +72,30 @@ func (a *Arch) Validate() error {
 	if _, _, err := a.Rope.Compute(1); err != nil {
 		return fmt.Errorf("models: %s: %w", a.ModelType, err)
 	}
+	return nil
+}
+
+// NumExperts is the number of routed experts of the config (0 for dense models).
+func (a *Arch) NumExperts() int {
+	if a.Config == nil || !a.Config.IsMoE() {
+		return 0
+	}
+	return a.Config.NumExperts
+}
+
+// holdExperts resolves and checks the range of experts the model holds.
+func (a *Arch) holdExperts(r ExpertRange) error {
+	e := a.NumExperts()
+	if r.All() {
+		a.HeldExperts = ExpertRange{0, e}
+		return nil
+	}
+	if e == 0 {
+		return fmt.Errorf("models: %s: experts %s requested, but the model has no routed experts; leave Options.Experts empty", a.ModelType, r)
+	}
+	if r.Lo < 0 || r.Hi > e || r.Lo >= r.Hi {
+		return fmt.Errorf("models: %s: expert range %s is not a non-empty part of the %d experts [0,%d)", a.ModelType, r, e, e)
+	}
+	a.HeldExperts = r
 	return nil
 }

@@ -135,6 +135,9 @@ func (m *Model) Save(dir string, o SaveOptions) error {
 	if m.cfg == nil {
 		return fmt.Errorf("models: Save %s: the model was not built from a config.json", dir)
 	}
+	if h := m.Arch.HeldExperts; h.Len() != m.Arch.NumExperts() {
+		return fmt.Errorf("models: Save %s: the model holds experts %s of %d, not a whole checkpoint; gather into a model holding every expert (parallel.Plan.Gather) and save that", dir, h, m.Arch.NumExperts())
+	}
 	dt := o.DType
 	if dt == tensor.Invalid {
 		dt = m.opts.DType

@@ -8,7 +8,9 @@ import (
 // InitRandom fills every parameter as transformers' _init_weights does for these families:
 // linear weights and embeddings from normal(0, initializer_range), the pad_token_id row of the
 // embedding zeroed, RMSNorm weights 1, biases 0. Each parameter draws from its own stream keyed
-// by (seed, parameter index), so the result depends only on the seed and the spec table.
+// by (seed, parameter index in the table of the model holding every expert), so the result
+// depends only on the seed and the spec table, and a model holding a subset of the experts gets
+// the same values as the full model.
 func (m *Model) InitRandom(seed uint64) error {
 	std := m.Arch.InitStd
 	if !(std > 0) {
@@ -18,7 +20,11 @@ func (m *Model) InitRandom(seed uint64) error {
 		vals := make([]float32, s.Numel())
 		switch s.Init {
 		case InitNormal:
-			rng := rand.New(rand.NewPCG(seed, uint64(i)+1))
+			k := i
+			if m.fullIndex != nil {
+				k = m.fullIndex[i]
+			}
+			rng := rand.New(rand.NewPCG(seed, uint64(k)+1))
 			for j := range vals {
 				vals[j] = float32(rng.NormFloat64() * std)
 			}

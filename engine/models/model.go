@@ -19,7 +19,30 @@ type Options struct {
 	Recompute bool
 	// ChunkRows is the number of tokens per cross-entropy chunk (0 = backend default).
 	ChunkRows int
+	// Experts is the range of routed experts the model holds in every mixture-of-experts
+	// layer (the zero value: all of them). A model holding a subset allocates parameters and
+	// gradients for those experts only, under their HF names; its MoE blocks still route over
+	// every expert, so it computes only under an expert-parallel plan that sets their runners.
+	// Dense models accept only the zero value.
+	Experts ExpertRange
 }
+
+// ExpertRange is the half-open range [Lo, Hi) of global expert ids. The zero value means every
+// expert.
+type ExpertRange struct {
+	Lo, Hi int
+}
+
+// All reports whether r is the zero value (every expert).
+func (r ExpertRange) All() bool { return r == ExpertRange{} }
+
+// Len is the number of experts in the range.
+func (r ExpertRange) Len() int { return r.Hi - r.Lo }
+
+// Contains reports whether expert x is in the range.
+func (r ExpertRange) Contains(x int) bool { return x >= r.Lo && x < r.Hi }
+
+func (r ExpertRange) String() string { return fmt.Sprintf("[%d,%d)", r.Lo, r.Hi) }
 
 // Model is a decoder-only language model on one backend. It is driven by one goroutine at a
 // time (the one that owns the backend).
@@ -52,6 +75,9 @@ type Model struct {
 	ropeLen    int // dynamic rope: length invFreq was computed for
 
 	moe moeState // mixture-of-experts layers, aux loss and balancing (empty when dense)
+	// fullIndex[i] is the index of Specs[i] in the table of the model holding every expert
+	// (nil when this model holds every expert).
+	fullIndex []int
 }
 
 // newModel builds a model of family f with architecture a on b. Parameters are zero: load them
@@ -74,6 +100,9 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 	if err := a.Validate(); err != nil {
 		return nil, err
 	}
+	if err := a.holdExperts(o.Experts); err != nil {
+		return nil, err
+	}
 	if !f.Caps.SlidingWindow {
 		for i, w := range a.Windows {
 			if w > 0 {
@@ -87,6 +116,20 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 	}
 	m := &Model{Family: f, Arch: a, cfg: cfg, opts: o, b: b}
 	m.Specs = specsFor(f, &m.Arch)
+	if a.HeldExperts.Len() != a.NumExperts() {
+		// Random init draws each parameter from the stream of its index in the full table,
+		// so a model holding a subset starts from the same values as the full model.
+		full := m.Arch
+		full.HeldExperts = ExpertRange{0, a.NumExperts()}
+		idx := make(map[string]int)
+		for i, s := range specsFor(f, &full) {
+			idx[s.Name] = i
+		}
+		m.fullIndex = make([]int, len(m.Specs))
+		for i, s := range m.Specs {
+			m.fullIndex[i] = idx[s.Name]
+		}
+	}
 	var err error
 	if m.Params, err = newArena(b, o.DType, m.Specs); err != nil {
 		return nil, err
@@ -162,13 +205,18 @@ func (m *Model) build() {
 	}
 }
 
+// HeldExperts is the range of routed experts the model holds in each MoE layer (every
+// expert: [0, E); the zero range for dense models).
+func (m *Model) HeldExperts() ExpertRange { return m.Arch.HeldExperts }
+
 // Backend returns the backend the model lives on.
 func (m *Model) Backend() backend.Backend { return m.b }
 
 // DType returns the parameter and activation dtype.
 func (m *Model) DType() tensor.DType { return m.opts.DType }
 
-// NumParams is the number of trainable parameters (tied embeddings counted once).
+// NumParams is the number of trainable parameters this instance holds (tied embeddings counted
+// once; of a model holding a subset of the experts, only those experts).
 func (m *Model) NumParams() int {
 	n := 0
 	for _, s := range m.Specs {

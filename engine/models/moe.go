@@ -3,6 +3,8 @@ package models
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -47,7 +49,7 @@ func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
 	e, in := c.NumExperts, c.ExpertIntermediateSize()
 	pre := f.prefix(i)
 	s := []ParamSpec{matrix(pre+".gate.weight", e, a.Hidden)}
-	for x := 0; x < e; x++ {
+	for x := a.HeldExperts.Lo; x < a.HeldExperts.Hi; x++ {
 		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
 		s = append(s, matrix(ep+f.gate+".weight", in, a.Hidden), matrix(ep+f.up+".weight", in, a.Hidden),
 			matrix(ep+f.down+".weight", a.Hidden, in))
@@ -65,13 +67,41 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 	lin := func(name string) nn.Linear {
 		return nn.Linear{Name: name, W: param(name + ".weight"), GW: grad(name + ".weight")}
 	}
+	held := a.HeldExperts
 	m := &nn.MoE{Name: pre, Router: lin(pre + ".gate"), TopK: c.NumExpertsPerTok,
-		NormTopK: c.NormTopKProb, Experts: make([]nn.Expert, c.NumExperts)}
-	for x := range m.Experts {
+		NormTopK: c.NormTopKProb, Experts: make([]nn.Expert, held.Len()),
+		NumExperts: c.NumExperts, FirstExpert: held.Lo}
+	for j := range m.Experts {
+		x := held.Lo + j
 		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
-		m.Experts[x] = nn.Expert{Gate: lin(ep + f.gate), Up: lin(ep + f.up), Down: lin(ep + f.down)}
+		m.Experts[j] = nn.Expert{Gate: lin(ep + f.gate), Up: lin(ep + f.up), Down: lin(ep + f.down)}
 	}
 	return m
+}
+
+// expertOf returns the expert id of a routed expert's parameter name under this family's
+// layout ("model.layers.L.<block>.experts.X.<proj>.weight").
+func (f *moeFFN) expertOf(name string) (int, bool) {
+	_, rest, ok := strings.Cut(name, "."+f.block+".experts.")
+	if !ok || !strings.HasPrefix(name, "model.layers.") {
+		return 0, false
+	}
+	num, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, false
+	}
+	x, err := strconv.Atoi(num)
+	return x, err == nil
+}
+
+// ExpertOf returns the global expert id of a routed expert's parameter (by its HF name) and
+// true, or false for every other parameter (routers included) and for dense families.
+func (m *Model) ExpertOf(name string) (int, bool) {
+	f, ok := m.Family.FFN.(*moeFFN)
+	if !ok {
+		return 0, false
+	}
+	return f.expertOf(name)
 }
 
 // moeState is the model-level state of the mixture-of-experts layers.
@@ -116,8 +146,8 @@ func (m *Model) SetExpertBalancing(rate float64) error {
 		m.moe.bias = make([][]float32, len(m.moe.layers))
 		m.moe.pending = make([][]int, len(m.moe.layers))
 		for j, l := range m.moe.layers {
-			m.moe.bias[j] = make([]float32, len(l.Experts))
-			m.moe.pending[j] = make([]int, len(l.Experts))
+			m.moe.bias[j] = make([]float32, l.Routed())
+			m.moe.pending[j] = make([]int, l.Routed())
 		}
 	}
 	for j, l := range m.moe.layers {

@@ -14,6 +14,9 @@ import (
 // mismatch is an error naming the tensor; tensors the model does not use (lm_head.weight of a
 // tied model, rotary inv_freq buffers of old checkpoints) are returned as unused.
 //
+// A model holding a subset of the experts (Options.Experts) loads those experts only; the
+// checkpoint's other experts are not reported unused.
+//
 // Mixture-of-experts weights load from the Hub layout (one tensor per expert) or from
 // transformers 5's fused in-memory layout (mlp.experts.gate_up_proj, mlp.experts.down_proj).
 func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error) {
@@ -34,10 +37,15 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 			return nil, fmt.Errorf("models: tensor %q in %s: %w", s.Name, info.File, err)
 		}
 	}
+	held := m.Arch.HeldExperts
 	for _, n := range src.Names() {
-		if !want[n] {
-			unused = append(unused, n)
+		if want[n] {
+			continue
 		}
+		if x, ok := m.ExpertOf(n); ok && !held.Contains(x) && x < m.Arch.NumExperts() {
+			continue // another instance's expert (a model holding a subset)
+		}
+		unused = append(unused, n)
 	}
 	return unused, nil
 }
@@ -60,7 +68,8 @@ func (m *Model) uploadTensor(dst tensor.Tensor, info safetensors.TensorInfo) err
 }
 
 // WeightTensors returns the parameters as safetensors tensors in state_dict order, converted to
-// dt (F32 or BF16; Invalid means the model's dtype). Their bytes are downloaded lazily, when a
+// dt (F32 or BF16; Invalid means the model's dtype). A model holding a subset of the experts
+// returns those experts only (its part of a checkpoint). Their bytes are downloaded lazily, when a
 // writer asks for them.
 func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
 	if dt == tensor.Invalid {

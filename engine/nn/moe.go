@@ -45,10 +45,18 @@ type Expert struct {
 // layer's Routing; before Backward the model sets AuxGrad, the gradient of the weighted aux loss
 // with respect to this layer's probabilities, which Backward adds to the router gradient.
 type MoE struct {
-	Name    string
-	Router  Linear // W [E,C], no bias
+	Name   string
+	Router Linear // W [E,C], no bias
+	// Experts are the experts this block holds: global experts [FirstExpert,
+	// FirstExpert+len(Experts)) of NumExperts. A block that holds a subset (an expert-parallel
+	// rank's model) routes over all NumExperts and needs a Runner to compute them.
 	Experts []Expert
-	TopK    int
+	// NumExperts is the number of routed experts E (the router's output width); 0 means
+	// len(Experts).
+	NumExperts int
+	// FirstExpert is the global id of Experts[0].
+	FirstExpert int
+	TopK        int
 	// NormTopK renormalises the top-k probabilities of each token to sum to 1.
 	NormTopK bool
 	// Bias, when non-nil ([E]), is added to the probabilities to choose the top-k experts (the
@@ -101,9 +109,21 @@ var _ FFN = (*MoE)(nil)
 // Routing returns the routing of the latest forward (zero before any).
 func (m *MoE) Routing() *Routing { return &m.r }
 
+// Routed returns E, the number of experts the router chooses among (NumExperts, or
+// len(Experts) when it is 0).
+func (m *MoE) Routed() int {
+	if m.NumExperts > 0 {
+		return m.NumExperts
+	}
+	return len(m.Experts)
+}
+
+// holdsAll reports whether the block holds every routed expert.
+func (m *MoE) holdsAll() bool { return m.FirstExpert == 0 && len(m.Experts) == m.Routed() }
+
 // route computes probabilities, top-k selection and weights on the host from logits [N,E].
 func (m *MoE) route(logits []float32, n int) error {
-	e, k := len(m.Experts), m.TopK
+	e, k := m.Routed(), m.TopK
 	if k <= 0 || k > e {
 		return fmt.Errorf("nn: %s: top-k %d must be in [1, %d experts]", m.Name, k, e)
 	}
@@ -223,9 +243,13 @@ type ExpertRunner interface {
 // are deterministic. Cached for backward (keep): per expert its rows, gathered input [M_e,C],
 // gate, up and SwiGLU product [M_e,I], and (when W is set) a host copy of its unweighted
 // output [M_e,C].
+//
+// Expert ids are global: Experts[j] is expert First+j, and an assignment to an expert outside
+// [First, First+len(Experts)) is an error naming it.
 type ExpertGroup struct {
 	Name    string
 	Experts []Expert
+	First   int
 
 	w   []float32
 	n   int // assignments
@@ -249,9 +273,10 @@ func (g *ExpertGroup) Forward(p *Pass, x T, src, expert []int32, w []float32, ke
 	}()
 	g.c = make([]expertCache, len(g.Experts))
 	rows := x.Dim(0)
-	for i, e := range expert {
-		if e < 0 || int(e) >= len(g.Experts) {
-			return T{}, fmt.Errorf("nn: %s: assignment %d names expert %d of %d", g.Name, i, e, len(g.Experts))
+	for i, ge := range expert {
+		e := int(ge) - g.First
+		if e < 0 || e >= len(g.Experts) {
+			return T{}, fmt.Errorf("nn: %s: assignment %d names expert %d; this group holds experts [%d,%d)", g.Name, i, ge, g.First, g.First+len(g.Experts))
 		}
 		if src[i] < 0 || int(src[i]) >= rows {
 			return T{}, fmt.Errorf("nn: %s: assignment %d reads row %d of %d", g.Name, i, src[i], rows)
@@ -299,6 +324,10 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 	if m.Runner != nil {
 		return m.Runner.Forward(p, m, x, keep)
 	}
+	if !m.holdsAll() {
+		return T{}, fmt.Errorf("nn: %s: the block holds experts [%d,%d) of %d and has no expert runner to reach the others; build the model with every expert or run it under an expert-parallel plan",
+			m.Name, m.FirstExpert, m.FirstExpert+len(m.Experts), m.Routed())
+	}
 	k := m.TopK
 	src := make([]int32, n*k)
 	for i := range src {
@@ -315,7 +344,7 @@ func (g *ExpertGroup) expertForward(p *Pass, e int, x, out T, keep bool) (err er
 		return nil
 	}
 	ex := &g.Experts[e]
-	name := fmt.Sprintf("%s expert %d", g.Name, e)
+	name := fmt.Sprintf("%s expert %d", g.Name, g.First+e)
 	var ye T
 	defer func() {
 		_ = free(p.B, &ye)
@@ -484,7 +513,7 @@ func (g *ExpertGroup) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (er
 		return nil
 	}
 	ex := &g.Experts[e]
-	name := fmt.Sprintf("%s expert %d", g.Name, e)
+	name := fmt.Sprintf("%s expert %d", g.Name, g.First+e)
 	c := dy.Dim(1)
 	var dye, da, dxe T
 	defer func() { _ = free(p.B, &dye, &da, &dxe) }()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
@@ -49,7 +50,7 @@ func (r *epRunner) Forward(p *nn.Pass, m *nn.MoE, x T, keep bool) (out T, err er
 	for i := range src {
 		src[i] = int32(i)
 	}
-	r.g = nn.ExpertGroup{Name: m.Name, Experts: m.Experts}
+	r.g = nn.ExpertGroup{Name: m.Name, Experts: m.Experts, First: m.FirstExpert}
 	y, err := r.g.Forward(p, recv, src, route.RecvExperts, nil, keep)
 	if err != nil {
 		return T{}, err
@@ -191,6 +192,18 @@ func (p *Plan) expertHolder(name string) (int, bool) {
 		return 0, false
 	}
 	return ExpertOwner(x, p.shape.Experts, l.EP), true
+}
+
+// heldExperts is the range of experts rank rk's model holds: its expert group's block under
+// expert parallelism, else every expert.
+func (p *Plan) heldExperts(rk *rank) models.ExpertRange {
+	ep := p.Mesh.Layout.EP
+	if ep <= 1 || p.shape.Experts == 0 {
+		return models.ExpertRange{}
+	}
+	per := p.shape.Experts / ep
+	j := rk.ep.Rank()
+	return models.ExpertRange{Lo: j * per, Hi: (j + 1) * per}
 }
 
 // setRunners hands every MoE block of rank rk's model to an expert-parallel runner.

@@ -16,9 +16,9 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// Under expert parallelism each rank computes only the experts it owns: the gradients of the
-// others stay zero on it, and its data-group all-reduce leaves them out (expert gradients are
-// summed over their replicas only).
+// Under expert parallelism each rank holds and computes only the experts it owns: its model
+// has parameters and gradients for those experts alone (all of them trained by the step), and
+// its all-reduces leave the others out (expert gradients are summed over their replicas only).
 func TestExpertParallelComputesExpertsOnTheirOwners(t *testing.T) {
 	src := tinyModel(t, "qwen3_moe", 3)
 	rows := tinyRows(8, 16, 41, 4)
@@ -29,13 +29,24 @@ func TestExpertParallelComputesExpertsOnTheirOwners(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	unowned := int64(0) // bytes of the experts one rank does not own (the same on each)
+	all := int64(0) // bytes of every expert of the full model
+	for _, s := range src.Specs {
+		if _, ok := expertIndex(s.Name); ok {
+			all += int64(s.Numel()) * 4
+		}
+	}
+	unowned := int64(0) // bytes of the experts one rank does not hold (the same on each)
 	for _, rk := range ep.ranks {
-		n := int64(0)
+		held := int64(0)
+		seen := map[int]bool{}
 		for _, s := range rk.m.Specs {
 			x, ok := expertIndex(s.Name)
 			if !ok {
 				continue
+			}
+			seen[x] = true
+			if own := ExpertOwner(x, 4, 2) == rk.ep.Rank(); !own {
+				t.Errorf("rank %d (expert rank %d) holds expert %d, which it does not own", rk.id, rk.ep.Rank(), x)
 			}
 			g, err := rk.m.GradFloat32(s.Name)
 			if err != nil {
@@ -45,21 +56,22 @@ func TestExpertParallelComputesExpertsOnTheirOwners(t *testing.T) {
 			for _, v := range g {
 				nonzero = nonzero || v != 0
 			}
-			own := ExpertOwner(x, 4, 2) == rk.ep.Rank()
-			if own != nonzero {
-				t.Errorf("rank %d (expert rank %d): expert %d owned %v but gradient nonzero %v", rk.id, rk.ep.Rank(), x, own, nonzero)
+			if !nonzero {
+				t.Errorf("rank %d: gradient of its expert parameter %s is zero", rk.id, s.Name)
 			}
-			if !own {
-				n += int64(s.Numel()) * 4
-			}
+			held += int64(s.Numel()) * 4
 		}
+		if len(seen) != 2 {
+			t.Errorf("rank %d holds experts %v, want the 2 of its block", rk.id, seen)
+		}
+		n := all - held
 		if unowned != 0 && n != unowned {
-			t.Fatalf("rank %d does not own %d bytes of experts, rank 0 %d", rk.id, n, unowned)
+			t.Fatalf("rank %d does not hold %d bytes of experts, rank 0 %d", rk.id, n, unowned)
 		}
 		unowned = n
 	}
 	if unowned == 0 {
-		t.Fatal("every rank owns every expert")
+		t.Fatal("every rank holds every expert")
 	}
 	es, ds := ep.CommStats(), dp.CommStats()
 	for r := range es {

@@ -568,7 +568,7 @@ func TestMemoryEstimateMatchesAllocatedState(t *testing.T) {
 			est := mesh.Estimate(p.Mesh.Layout, ShapeOf(src), mesh.Workload{SeqLen: 16})
 			want := est.Params + est.Grads + est.Optimizer
 			for _, rk := range p.ranks {
-				pads := rk.shard.padP.Bytes() + rk.shard.padG.Bytes()
+				pads := rk.shard.pack.Bytes()
 				got := rk.dev.MemStats().Allocated - pads
 				// The rank also holds its RoPE table (a few bytes).
 				if d := got - want; d < 0 || d > 256 {

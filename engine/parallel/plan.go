@@ -79,19 +79,10 @@ type rank struct {
 	opt             *optim.AdamW
 	lossSum, auxSum float64
 	optParams       []optim.Param
-	optOff          []int  // per optParams entry: its offset in the rank's flat parameter arena
+	optElem         []int  // per optParams entry: the offset of its first element in its (local) parameter
 	countNorm       []bool // per optParams entry: counted once in the global gradient norm
 	shard           fsdpShard
 	dataRank, dataN int
-}
-
-// fsdpShard is rank d's part [lo, hi) of the flat parameter arena (P elements, shards of S).
-type fsdpShard struct {
-	on           bool
-	lo, hi, s, p int
-	param, grad  T // [S] the master parameter shard and the reduced gradient shard
-	padP, padG   T // [G·S] gather/scatter buffers when P is not a multiple of G
-	specOf       []int
 }
 
 // ShapeOf returns the sizes of m that the layout rules need.
@@ -194,7 +185,7 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	}
 	// From here on Close releases everything, devices included.
 	for _, rk := range p.ranks {
-		if rk.m, err = models.New(local, rk.rb, models.Options{DType: src.DType()}); err != nil {
+		if rk.m, err = models.New(local, rk.rb, models.Options{DType: src.DType(), Experts: p.heldExperts(rk)}); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("parallel: rank %d: %w", rk.id, err)
 		}
@@ -317,8 +308,8 @@ func unslice(parts [][]float32, full []int, pl placement) []float32 {
 	return parts[0]
 }
 
-// setupOptimizer builds rank rk's AdamW: over its whole model (replicated over the data group),
-// or under FSDP over its shard of the flat arena only.
+// setupOptimizer builds rank rk's AdamW: over its whole model (replicated over the data group,
+// its experts over the expert-data group), or under FSDP over its shards only.
 func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 	m := rk.m
 	counted := func(name string) bool {
@@ -326,63 +317,19 @@ func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 		return pl == colShard || pl == rowShard || rk.c.TP == 0
 	}
 	if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
-		off := 0
 		for i, s := range m.Specs {
-			o := off
-			off += s.Numel()
 			first := rk.dataRank == 0
-			if owner, ok := p.expertHolder(s.Name); ok {
-				// Expert parallelism: a rank updates the experts it owns only; each owned
-				// expert's gradient is counted once, by the first of its replicas.
-				if owner != rk.ep.Rank() {
-					continue
-				}
+			if _, ok := p.expertHolder(s.Name); ok {
+				// Expert parallelism: a rank holds (and updates) the experts it owns only;
+				// each one's gradient is counted once, by the first of its replicas.
 				first = rk.edata.Rank() == 0
 			}
-			rk.optOff = append(rk.optOff, o)
+			rk.optElem = append(rk.optElem, 0)
 			rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: m.Params.Views[i], Grad: m.Grads.Views[i], NoDecay: !s.Decay})
 			rk.countNorm = append(rk.countNorm, counted(s.Name) && first)
 		}
-	} else {
-		sh := &rk.shard
-		sh.on = true
-		sh.p = m.Params.Flat.Numel()
-		sh.s = (sh.p + rk.dataN - 1) / rk.dataN
-		sh.lo, sh.hi = min(rk.dataRank*sh.s, sh.p), min((rk.dataRank+1)*sh.s, sh.p)
-		var err error
-		if sh.param, err = rk.dev.Alloc(p.dtype, sh.s); err != nil {
-			return err
-		}
-		if sh.grad, err = rk.dev.Alloc(p.dtype, sh.s); err != nil {
-			return err
-		}
-		if sh.p != sh.s*rk.dataN {
-			if sh.padP, err = rk.dev.Alloc(p.dtype, sh.s*rk.dataN); err != nil {
-				return err
-			}
-			if sh.padG, err = rk.dev.Alloc(p.dtype, sh.s*rk.dataN); err != nil {
-				return err
-			}
-		}
-		if sh.hi > sh.lo {
-			src, _ := m.Params.Flat.View(sh.lo, sh.hi-sh.lo)
-			dst, _ := sh.param.View(0, sh.hi-sh.lo)
-			if err := rk.dev.Copy(dst, src); err != nil {
-				return err
-			}
-		}
-		off := 0
-		for _, s := range m.Specs {
-			lo, hi := max(off, sh.lo), min(off+s.Numel(), sh.hi)
-			if lo < hi {
-				v, _ := sh.param.View(lo-sh.lo, hi-lo)
-				g, _ := sh.grad.View(lo-sh.lo, hi-lo)
-				rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: v, Grad: g, NoDecay: !s.Decay})
-				rk.optOff = append(rk.optOff, lo)
-				rk.countNorm = append(rk.countNorm, counted(s.Name))
-			}
-			off += s.Numel()
-		}
+	} else if err := p.setupFSDP(rk, counted); err != nil {
+		return err
 	}
 	var err error
 	rk.opt, err = optim.NewAdamW(rk.dev, rk.optParams, oc)
@@ -399,7 +346,7 @@ func (p *Plan) Close() error {
 		if rk.m != nil {
 			errs = append(errs, rk.m.Close())
 		}
-		for _, t := range []T{rk.shard.param, rk.shard.grad, rk.shard.padP, rk.shard.padG} {
+		for _, t := range rk.shard.buffers() {
 			if !t.IsNil() {
 				errs = append(errs, rk.dev.Free(t))
 			}
@@ -630,15 +577,7 @@ func (p *Plan) reduceGrads(rk *rank) error {
 		}
 		return rk.data.AllReduce(m.Grads.Flat, comm.Sum)
 	}
-	src := m.Grads.Flat
-	if !rk.shard.padG.IsNil() {
-		dst, _ := rk.shard.padG.View(0, rk.shard.p)
-		if err := rk.dev.Copy(dst, src); err != nil {
-			return err
-		}
-		src = rk.shard.padG
-	}
-	return rk.data.ReduceScatter(rk.shard.grad, src, comm.Sum)
+	return p.reduceScatterGrads(rk)
 }
 
 // Step applies AdamW with learning rate lr on every rank, after clipping the global gradient
@@ -683,20 +622,6 @@ func (p *Plan) Step(lr, maxNorm float64) (gradNorm float64, err error) {
 	return norms[0], err
 }
 
-// gatherParams all-gathers the FSDP parameter shards into the rank's compute arena.
-func (p *Plan) gatherParams(rk *rank) error {
-	sh := &rk.shard
-	flat := rk.m.Params.Flat
-	if sh.padP.IsNil() {
-		return rk.data.AllGather(flat, sh.param)
-	}
-	if err := rk.data.AllGather(sh.padP, sh.param); err != nil {
-		return err
-	}
-	src, _ := sh.padP.View(0, sh.p)
-	return rk.dev.Copy(flat, src)
-}
-
 // allReduceF64 sums one float64 over c's group without losing it to float32: each value
 // travels as a float32 pair (high part, remainder).
 func allReduceF64(c comm.Communicator, v float64) (float64, error) {
@@ -727,18 +652,10 @@ func (p *Plan) Grads() (map[string][]float32, error) {
 	if p.Mesh.Layout.FSDP {
 		// Bring the reduced shards back into each rank's full gradient arena.
 		if err := p.spmd(func(rk *rank) error {
-			sh := &rk.shard
-			if !sh.on {
+			if !rk.shard.on {
 				return nil
 			}
-			if sh.padG.IsNil() {
-				return rk.data.AllGather(rk.m.Grads.Flat, sh.grad)
-			}
-			if err := rk.data.AllGather(sh.padG, sh.grad); err != nil {
-				return err
-			}
-			src, _ := sh.padG.View(0, sh.p)
-			return rk.dev.Copy(rk.m.Grads.Flat, src)
+			return p.gatherGrads(rk)
 		}); err != nil {
 			return nil, err
 		}
@@ -755,8 +672,8 @@ func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[
 	out := make(map[string][]float32, len(p.specs))
 	for _, s := range p.specs {
 		holder := 0
-		if d, ok := p.expertHolder(s.Name); ok && !p.Mesh.Layout.FSDP {
-			holder = d // without FSDP only the owners hold an expert's current values
+		if d, ok := p.expertHolder(s.Name); ok {
+			holder = d // only the expert's owners hold it
 		}
 		tpRanks := tpRanks[holder]
 		parts := make([][]float32, len(tpRanks))

@@ -18,16 +18,18 @@ var stateSuffixes = []string{".exp_avg", ".exp_avg_sq", ".master"}
 // "<param>.exp_avg", "<param>.exp_avg_sq" (and ".master"), shaped like the full parameter. It
 // is what a checkpoint stores and what LoadOptimizerState reads into any other layout.
 func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
-	// Per tensor rank: the local flat state of each kind, assembled from the data ranks' pieces.
-	type flat struct {
+	type state struct {
 		dt   tensor.DType
 		vals []float32
 	}
 	ntp := p.Mesh.Layout.TP
-	local := make([]map[string]*flat, ntp)
+	// local[tp][param+suffix] is tensor rank tp's slice of one parameter's state, assembled
+	// from the pieces of the ranks that hold it (its shards under FSDP).
+	local := make([]map[string]*state, ntp)
 	for i := range local {
-		local[i] = map[string]*flat{}
+		local[i] = map[string]*state{}
 	}
+	kinds := map[string]bool{}
 	for _, rk := range p.ranks {
 		if !rk.shard.on && rk.edata.Rank() != 0 {
 			continue // replicated over the (expert-)data group: one copy is enough
@@ -37,51 +39,48 @@ func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 			return 0, nil, fmt.Errorf("parallel: rank %d: %w", rk.id, err)
 		}
 		step = st
-		byName := map[string]optim.StateTensor{}
+		byName := make(map[string]optim.StateTensor, len(ts))
 		for _, t := range ts {
 			byName[t.Name] = t
 		}
-		total := rk.m.Params.Flat.Numel()
+		size := make(map[string]int, len(rk.m.Specs))
+		for _, s := range rk.m.Specs {
+			size[s.Name] = s.Numel()
+		}
 		for i, op := range rk.optParams {
 			for _, suf := range stateSuffixes {
 				t, ok := byName[op.Name+suf]
 				if !ok {
 					continue
 				}
-				f := local[rk.c.TP][suf]
+				kinds[suf] = true
+				f := local[rk.c.TP][op.Name+suf]
 				if f == nil {
-					f = &flat{dt: t.DType, vals: make([]float32, total)}
-					local[rk.c.TP][suf] = f
+					f = &state{dt: t.DType, vals: make([]float32, size[op.Name])}
+					local[rk.c.TP][op.Name+suf] = f
 				}
 				v, err := tensor.DecodeFloat32(t.DType, t.Data)
 				if err != nil {
 					return 0, nil, err
 				}
-				copy(f.vals[rk.optOff[i]:], v)
+				copy(f.vals[rk.optElem[i]:], v)
 			}
 		}
 	}
-	specs := p.ranks[0].m.Specs
-	offs := map[string]int{}
-	off := 0
-	for _, s := range specs {
-		offs[s.Name] = off
-		off += s.Numel()
-	}
 	for _, fs := range p.specs {
 		for _, suf := range stateSuffixes {
-			if local[0][suf] == nil {
+			if !kinds[suf] {
 				continue
 			}
 			parts := make([][]float32, ntp)
-			o, n := offs[fs.Name], numel(fs.Shape)
-			if pl := p.place[fs.Name]; pl == colShard || pl == rowShard {
-				n /= ntp
-			}
+			var dt tensor.DType
 			for tp := range parts {
-				parts[tp] = local[tp][suf].vals[o : o+n]
+				f := local[tp][fs.Name+suf]
+				if f == nil {
+					return 0, nil, fmt.Errorf("parallel: no rank holds the optimizer state %s of tensor rank %d", fs.Name+suf, tp)
+				}
+				parts[tp], dt = f.vals, f.dt
 			}
-			dt := local[0][suf].dt
 			raw, err := tensor.EncodeFloat32(dt, unslice(parts, fs.Shape, p.place[fs.Name]))
 			if err != nil {
 				return 0, nil, err
@@ -94,21 +93,24 @@ func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 
 // LoadOptimizerState replaces the optimizer state of every rank with the layout-free state ts
 // (from OptimizerState of any layout, or a single-device optim.AdamW Export): each rank keeps
-// its slice (tensor split) and its shard (FSDP). The step count is restored too.
+// its slice (tensor split), its experts (expert parallel) and its shard (FSDP). The step count
+// is restored too.
 func (p *Plan) LoadOptimizerState(step int, ts []optim.StateTensor) error {
-	full := map[string]optim.StateTensor{}
+	full := make(map[string]optim.StateTensor, len(ts))
 	for _, t := range ts {
 		full[t.Name] = t
 	}
+	specs := make(map[string]models.ParamSpec, len(p.specs))
+	for _, s := range p.specs {
+		specs[s.Name] = s
+	}
 	ntp := p.Mesh.Layout.TP
 	return p.spmd(func(rk *rank) error {
-		// Local flat state of each kind for this tensor rank.
-		flats := map[string][]float32{}
-		dts := map[string]tensor.DType{}
-		off := 0
-		for _, s := range rk.m.Specs {
+		var mine []optim.StateTensor
+		for i, op := range rk.optParams {
+			fs := specs[op.Name]
 			for _, suf := range stateSuffixes {
-				t, ok := full[s.Name+suf]
+				t, ok := full[op.Name+suf]
 				if !ok {
 					continue
 				}
@@ -116,44 +118,20 @@ func (p *Plan) LoadOptimizerState(step int, ts []optim.StateTensor) error {
 				if err != nil {
 					return fmt.Errorf("parallel: optimizer state %s: %w", t.Name, err)
 				}
-				fs := p.fullSpec(s.Name)
 				if len(v) != numel(fs.Shape) {
-					return fmt.Errorf("parallel: optimizer state %s has %d elements, parameter %s has %d (shape %v)", t.Name, len(v), s.Name, numel(fs.Shape), fs.Shape)
+					return fmt.Errorf("parallel: optimizer state %s has %d elements, parameter %s has %d (shape %v)", t.Name, len(v), op.Name, numel(fs.Shape), fs.Shape)
 				}
-				if flats[suf] == nil {
-					flats[suf] = make([]float32, rk.m.Params.Flat.Numel())
-					dts[suf] = t.DType
-				}
-				copy(flats[suf][off:], slice(v, fs.Shape, p.place[s.Name], rk.c.TP, ntp))
-			}
-			off += s.Numel()
-		}
-		var mine []optim.StateTensor
-		for i, op := range rk.optParams {
-			for _, suf := range stateSuffixes {
-				f := flats[suf]
-				if f == nil {
-					continue
-				}
+				sl := slice(v, fs.Shape, p.place[op.Name], rk.c.TP, ntp)
 				n := op.Value.Numel()
-				raw, err := tensor.EncodeFloat32(dts[suf], f[rk.optOff[i]:rk.optOff[i]+n])
+				raw, err := tensor.EncodeFloat32(t.DType, sl[rk.optElem[i]:rk.optElem[i]+n])
 				if err != nil {
 					return err
 				}
-				mine = append(mine, optim.StateTensor{Name: op.Name + suf, DType: dts[suf], Shape: op.Value.Shape().Clone(), Data: raw})
+				mine = append(mine, optim.StateTensor{Name: op.Name + suf, DType: t.DType, Shape: op.Value.Shape().Clone(), Data: raw})
 			}
 		}
 		return rk.opt.Import(step, mine)
 	})
-}
-
-func (p *Plan) fullSpec(name string) models.ParamSpec {
-	for _, s := range p.specs {
-		if s.Name == name {
-			return s
-		}
-	}
-	return models.ParamSpec{}
 }
 
 func numel(shape []int) int {
