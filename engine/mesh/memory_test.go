@@ -42,3 +42,40 @@ func TestEstimateScalesWithLayout(t *testing.T) {
 		t.Errorf("String: %q", s)
 	}
 }
+
+func TestEstimateDividesExpertsOverTheExpertGroup(t *testing.T) {
+	// 4 MoE layers of 16 experts, 2 dense layers.
+	m := ModelShape{Hidden: 64, Intermediate: 256, Heads: 8, KVHeads: 8, HeadDim: 8, Layers: 6, Vocab: 100,
+		Experts: 16, ExpertIntermediate: 32, TopK: 2, MoELayers: 4}
+	w := Workload{SeqLen: 128}
+	experts := int64(4 * 16 * 3 * 64 * 32) // elements of every expert
+	base := Estimate(Layout{DP: 8}, m, w)
+	for _, tc := range []struct {
+		name string
+		l    Layout
+		// held is the part of the experts a rank holds; shard the part of those in its
+		// optimizer (and FSDP shards).
+		held, shard int64
+	}{
+		{"ep=2 holds half the experts", Layout{DP: 8, EP: 2}, 2, 1},
+		{"ep=4 holds a quarter", Layout{DP: 8, EP: 4}, 4, 1},
+		{"ep=8 holds one expert in eight", Layout{DP: 8, EP: 8}, 8, 1},
+		{"ep=4 fsdp shards the quarter over its two replicas", Layout{DP: 8, EP: 4, FSDP: true}, 4, 2},
+	} {
+		e := Estimate(tc.l, m, w)
+		params := e.Params
+		if tc.l.FSDP {
+			params -= (LocalParams(tc.l, m) - LocalExpertParams(tc.l, m) + 7) / 8 * 4 // dense shard
+			params -= LocalExpertParams(tc.l, m) / tc.shard * 4                       // expert shard
+		}
+		if got, want := base.Params-params, (experts-experts/tc.held)*4; got != want {
+			t.Errorf("%s: holds %d fewer parameter bytes than dp=8, want %d", tc.name, got, want)
+		}
+		if got := LocalExpertParams(tc.l, m); got != experts/tc.held {
+			t.Errorf("%s: LocalExpertParams %d, want %d", tc.name, got, experts/tc.held)
+		}
+		if !tc.l.FSDP && e.Optimizer != base.Optimizer-(experts-experts/tc.held)*8 {
+			t.Errorf("%s: optimizer %d bytes, want %d", tc.name, e.Optimizer, base.Optimizer-(experts-experts/tc.held)*8)
+		}
+	}
+}

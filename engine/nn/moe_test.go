@@ -423,3 +423,58 @@ func TestExpertRunnerReplacesLocalCompute(t *testing.T) {
 		t.Error("the block never released the runner's caches")
 	}
 }
+
+// A block holding a subset of the experts routes over all of them: without a runner it
+// refuses to run, and an expert group maps global expert ids to its slots, refusing an
+// assignment to an expert it does not hold.
+func TestMoEHoldingSomeExperts(t *testing.T) {
+	const C, F, E, K = 8, 6, 4, 2
+	e := newEnv(t)
+	p := e.pass([]int{5, 4}, 4)
+	full := newMoE(e, C, F, E, K, true)
+	x := e.randn(1, p.N, C)
+	y0, err := full.Forward(p, x, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.b.Free(y0)
+	sub := *full
+	sub.Experts, sub.FirstExpert, sub.NumExperts = full.Experts[2:], 2, E
+	if sub.Routed() != E {
+		t.Fatalf("Routed() = %d, want %d", sub.Routed(), E)
+	}
+	if _, err := sub.Forward(p, x, false); err == nil || !strings.Contains(err.Error(), "holds experts [2,4) of 4") {
+		t.Errorf("subset block without runner: got %v", err)
+	}
+	// Group over experts 2 and 3: the rows routed to them give the same result as the full
+	// group restricted to those assignments.
+	rt := full.Routing()
+	var src, ex []int32
+	var w []float32
+	for a, s := range rt.Sel {
+		if s >= 2 {
+			src, ex, w = append(src, int32(a/K)), append(ex, s), append(w, rt.Weights[a])
+		}
+	}
+	if len(src) == 0 {
+		t.Fatal("no token chose experts 2 or 3")
+	}
+	g := ExpertGroup{Name: "sub", Experts: full.Experts[2:], First: 2}
+	ys, err := g.Forward(p, x, src, ex, w, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.b.Free(ys)
+	gf := ExpertGroup{Name: "full", Experts: full.Experts}
+	yf, err := gf.Forward(p, x, src, ex, w, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.b.Free(yf)
+	if got, want := e.get(ys), e.get(yf); !slices.Equal(got, want) {
+		t.Errorf("group holding experts [2,4) computes %v, the full group %v", got[:4], want[:4])
+	}
+	if _, err := g.Forward(p, x, []int32{0}, []int32{1}, nil, false); err == nil || !strings.Contains(err.Error(), "names expert 1; this group holds experts [2,4)") {
+		t.Errorf("assignment to an expert the group does not hold: got %v", err)
+	}
+}

@@ -556,11 +556,14 @@ func TestMemoryEstimateMatchesAllocatedState(t *testing.T) {
 		layout string
 	}
 	common := []layout{{1, ""}, {2, "fsdp"}, {4, "tp=2"}, {4, "tp=2 fsdp"}, {8, "fsdp"}, {8, "tp=4 fsdp"}}
-	for _, family := range []string{"llama", "qwen3", "qwen3_moe"} {
+	for _, family := range []string{"llama", "qwen3", "qwen3_moe", "mixtral"} {
 		src := tinyModel(t, family, 1)
 		layouts := common
 		if src.IsMoE() {
+			// mixtral's experts sit in two layers, so a rank's experts are two blocks of its
+			// arena that FSDP stages together; qwen3_moe's are one block.
 			layouts = append(layouts, layout{2, "ep=2"}, layout{4, "ep=4"}, layout{4, "ep=2 fsdp"},
+				layout{2, "ep=2 fsdp"}, layout{8, "ep=4 fsdp"}, layout{8, "ep=2 fsdp"},
 				layout{2, "tp=2 etp=2"}, layout{8, "ep=2 tp=2 etp=2"}, layout{8, "ep=2 tp=2 etp=2 fsdp"})
 		}
 		for _, tc := range layouts {
@@ -577,6 +580,51 @@ func TestMemoryEstimateMatchesAllocatedState(t *testing.T) {
 				if pads > est.Comm {
 					t.Errorf("%s %d %q rank %d: FSDP buffers of %d bytes exceed the comm estimate %d", family, tc.n, tc.layout, rk.id, pads, est.Comm)
 				}
+			}
+		}
+	}
+}
+
+// Expert parallelism divides expert memory: a rank's parameter and gradient arenas hold the
+// dense parameters and E/EP experts per MoE layer, and with FSDP its shards hold a 1/(DP·CP/EP)
+// part of those experts.
+func TestExpertParallelShardsExpertMemory(t *testing.T) {
+	src := tinyModel(t, "qwen3_moe_e8", 1)
+	var dense, experts int64 // bytes in the full model
+	for _, s := range src.Specs {
+		if _, ok := expertIndex(s.Name); ok {
+			experts += int64(s.Numel()) * 4
+		} else {
+			dense += int64(s.Numel()) * 4
+		}
+	}
+	for _, tc := range []struct {
+		n      int
+		layout string
+		ep     int64 // experts held: 1/ep of them
+		eshard int64 // FSDP: the shard of the held experts is 1/eshard of them (0: no FSDP)
+	}{
+		{4, "", 1, 0}, {2, "ep=2", 2, 0}, {4, "ep=4", 4, 0}, {8, "ep=8", 8, 0}, {8, "ep=4", 4, 0},
+		{8, "ep=4 fsdp", 4, 2}, {8, "ep=2 fsdp", 2, 4}, {4, "ep=4 fsdp", 4, 1},
+	} {
+		p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
+		for _, rk := range p.ranks {
+			want := dense + experts/tc.ep
+			if got := rk.m.Params.Flat.Bytes(); got != want {
+				t.Errorf("%d %q rank %d: parameter arena of %d bytes, want %d (dense %d + experts %d/%d)", tc.n, tc.layout, rk.id, got, want, dense, experts, tc.ep)
+			}
+			if got := rk.m.Grads.Flat.Bytes(); got != want {
+				t.Errorf("%d %q rank %d: gradient arena of %d bytes, want %d", tc.n, tc.layout, rk.id, got, want)
+			}
+			if tc.eshard == 0 {
+				continue
+			}
+			if len(rk.shard.parts) != 2 {
+				t.Fatalf("%d %q rank %d: %d FSDP parts, want dense and experts", tc.n, tc.layout, rk.id, len(rk.shard.parts))
+			}
+			ex := rk.shard.parts[1]
+			if got, want := ex.param.Bytes(), experts/tc.ep/tc.eshard; got != want || ex.c.Size() != int(tc.eshard) {
+				t.Errorf("%d %q rank %d: expert shard of %d bytes over %d ranks, want %d over %d", tc.n, tc.layout, rk.id, got, ex.c.Size(), want, tc.eshard)
 			}
 		}
 	}
