@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect/v2"
 
+	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/chat"
 	"github.com/halo-shell/halo-shell/engine/hf/tokenizer"
 	"github.com/halo-shell/halo-shell/engine/models"
@@ -294,10 +295,21 @@ func (e *engine) addDeviceMetrics(pm *halov1.StepMetrics) {
 	if pm.StepTimeS > 0 {
 		pm.Tflops = pm.ModelFlops / pm.StepTimeS / 1e12
 	}
-	b := m.Backend()
-	ms := b.MemStats()
-	pm.Memory = []*halov1.DeviceMemory{{Device: b.Name(), AllocatedBytes: ms.Allocated, ReservedBytes: ms.Reserved, PeakBytes: ms.Peak, TotalBytes: ms.Total}}
-	b.ResetPeak()
+	devs := e.t.RankDevices()
+	names := make([]string, len(devs))
+	if len(devs) == 0 {
+		devs, names = []backend.Backend{m.Backend()}, []string{m.Backend().Name()}
+	} else {
+		// The devices of a parallel plan, each named with its rank.
+		for r, b := range devs {
+			names[r] = fmt.Sprintf("%s rank %d", b.Name(), r)
+		}
+	}
+	for r, b := range devs {
+		ms := b.MemStats()
+		pm.Memory = append(pm.Memory, &halov1.DeviceMemory{Device: names[r], AllocatedBytes: ms.Allocated, ReservedBytes: ms.Reserved, PeakBytes: ms.Peak, TotalBytes: ms.Total})
+		b.ResetPeak()
+	}
 }
 
 // beginCapture starts capturing activations when a capture is armed.

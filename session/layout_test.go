@@ -111,8 +111,13 @@ func TestSetLayoutRefusesAnInvalidTargetAndTheRunContinues(t *testing.T) {
 func TestProfileOfAParallelStepSplitsCollectives(t *testing.T) {
 	_, c := loaded(t, "--gradient_accumulation_steps=2", "--devices=cpu:4", "--context_parallel_size=2", "--fsdp=true")
 	ctx := ctxT(t)
-	if _, err := c.Step(ctx, 1); err != nil {
+	ms, err := c.Step(ctx, 1)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Memory is reported per device of the plan.
+	if mem := ms[0].Memory; len(mem) != 4 || mem[3].Device != "cpu rank 3" || mem[3].PeakBytes <= 0 {
+		t.Fatalf("step memory %v: want the four devices of the plan with their peaks", mem)
 	}
 	r, err := c.Profile(ctx, 2, true)
 	if err != nil {

@@ -92,39 +92,57 @@ func optimConfig(c *Config) optim.Config {
 
 // planOptions opens one backend per device (simulated CPU devices, or the named GPUs), each
 // with its own profile recorder, which also records the rank's collectives once the plan is
-// built (setRecorders).
-func (t *Trainer) planOptions(d mesh.Devices) (parallel.Options, []*profile.Recorder) {
+// built (adopt).
+func (t *Trainer) planOptions(d mesh.Devices) (parallel.Options, []*profile.Recorder, []backend.Backend) {
 	o := parallel.Options{Optimizer: optimConfig(t.Cfg)}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
 	recs := make([]*profile.Recorder, d.Len())
 	ids := append([]int(nil), d.IDs...)
 	kind := d.Kind
+	devs := make([]backend.Backend, d.Len())
 	o.NewBackend = func(r int) (backend.Backend, error) {
-		var b backend.Backend
-		if kind == "cpu" {
-			b = cpu.New(cpu.Options{Workers: 1})
-		} else {
-			var err error
-			if b, err = backend.Open(fmt.Sprintf("%s:%d", kind, ids[r])); err != nil {
-				return nil, err
-			}
-		}
-		if rec, _, ok := profile.Unwrap(b); ok {
-			recs[r] = rec
-			return b, nil
-		}
-		recs[r] = profile.NewRecorder()
-		return profile.Wrap(b, recs[r]), nil
+		b, err := openRank(kind, ids[r], recs, r)
+		devs[r] = b
+		return b, err
 	}
-	return o, recs
+	return o, recs, devs
 }
 
-// setRecorders makes each rank's recorder record its collectives too.
-func (t *Trainer) setRecorders(p *parallel.Plan, recs []*profile.Recorder) {
+// openRank opens the device of rank r, wrapped for profiling with recs[r].
+func openRank(kind string, id int, recs []*profile.Recorder, r int) (backend.Backend, error) {
+	var b backend.Backend
+	if kind == "cpu" {
+		b = cpu.New(cpu.Options{Workers: 1})
+	} else {
+		var err error
+		if b, err = backend.Open(fmt.Sprintf("%s:%d", kind, id)); err != nil {
+			return nil, err
+		}
+	}
+	if rec, _, ok := profile.Unwrap(b); ok {
+		recs[r] = rec
+		return b, nil
+	}
+	recs[r] = profile.NewRecorder()
+	return profile.Wrap(b, recs[r]), nil
+}
+
+// adopt keeps the devices and recorders of a new plan, and makes each rank's recorder record
+// its collectives too.
+func (t *Trainer) adopt(p *parallel.Plan, recs []*profile.Recorder, devs []backend.Backend) {
 	for r, rec := range recs {
 		p.SetRankRecorder(r, rec)
 	}
-	t.recs = recs
+	t.recs, t.rankDevs = recs, devs
+}
+
+// RankDevices returns the device of each rank of the plan (for memory statistics; the plan
+// owns them), or nil on one device.
+func (t *Trainer) RankDevices() []backend.Backend {
+	if t.plan == nil {
+		return nil
+	}
+	return t.rankDevs
 }
 
 // RankRecorders returns the profile recorder of each device of the plan (element r records
@@ -140,7 +158,7 @@ func (t *Trainer) RankRecorders() []*profile.Recorder {
 
 // startPlan lays the single model and its optimizer state out over d with layout l.
 func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
-	o, recs := t.planOptions(d)
+	o, recs, devs := t.planOptions(d)
 	p, err := parallel.New(t.Model, d, l, o)
 	if err != nil {
 		return nil, fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
@@ -153,7 +171,7 @@ func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, erro
 		p.Close()
 		return nil, fmt.Errorf("train: layout %s on %s: optimizer state: %w", l.Norm(d.Len()), d, err)
 	}
-	t.setRecorders(p, recs)
+	t.adopt(p, recs, devs)
 	return p, nil
 }
 
@@ -271,12 +289,12 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 		}
 		t.plan, t.devices = p, d
 	default:
-		o, recs := t.planOptions(d)
+		o, recs, devs := t.planOptions(d)
 		p, err := t.plan.Relayout(d, l, o)
 		if err != nil {
 			return 0, fmt.Errorf("train: layout: %w", err)
 		}
-		t.setRecorders(p, recs)
+		t.adopt(p, recs, devs)
 		t.plan, t.devices = p, d
 	}
 	return time.Since(start), nil

@@ -114,6 +114,7 @@ type Trainer struct {
 	devices     mesh.Devices        // the plan's devices
 	recs        []*profile.Recorder // the plan's per-rank recorders
 	gradsStale  bool                // the plan's gradients are newer than Model's (SyncGrads)
+	rankDevs    []backend.Backend   // the plan's devices, by rank
 	step        int
 	totalSteps  int
 	warmup      int
