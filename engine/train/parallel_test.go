@@ -47,19 +47,29 @@ func relClose(a, b, tol float64) bool {
 
 func TestLayoutsTrackSingleDeviceLosses(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
-	want := steps(t, newTrainer(t, tinyParallelConfig(t, path)), 5)
+	single := map[string][]float64{} // by gradient_accumulation_steps
 	for _, tc := range []struct {
 		name   string
 		extra  []string
+		accum  string
 		layout string
 	}{
-		{"dp=2", []string{"--devices=cpu:2"}, "dp=2 tp=1 cp=1 ep=1 etp=1"},
-		{"tp=2 on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2"}, "dp=2 tp=2 cp=1 ep=1 etp=1"},
-		{"cp=2 on cpu:4", []string{"--devices=cpu:4", "--context_parallel_size=2"}, "dp=2 tp=1 cp=2 ep=1 etp=1"},
-		{"tp=2 fsdp on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"}, "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"},
+		{"dp=2", []string{"--devices=cpu:2"}, "2", "dp=2 tp=1 cp=1 ep=1 etp=1"},
+		{"dp=4 on cpu:4", []string{"--devices=cpu:4"}, "4", "dp=4 tp=1 cp=1 ep=1 etp=1"},
+		{"tp=2 on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2"}, "2", "dp=2 tp=2 cp=1 ep=1 etp=1"},
+		{"cp=2 on cpu:4", []string{"--devices=cpu:4", "--context_parallel_size=2"}, "2", "dp=2 tp=1 cp=2 ep=1 etp=1"},
+		{"tp=2 fsdp on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"}, "2", "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"},
+		{"tp=2 cp=2 on cpu:4", []string{"--devices=cpu:4", "--tensor_parallel_size=2", "--context_parallel_size=2"}, "2", "dp=1 tp=2 cp=2 ep=1 etp=1"},
+		{"dp=4 fsdp on cpu:4", []string{"--devices=cpu:4", "--fsdp=true"}, "4", "dp=4 fsdp tp=1 cp=1 ep=1 etp=1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := newTrainer(t, tinyParallelConfig(t, path, tc.extra...))
+			accum := "--gradient_accumulation_steps=" + tc.accum
+			want, ok := single[tc.accum]
+			if !ok {
+				want = steps(t, newTrainer(t, tinyParallelConfig(t, path, accum)), 5)
+				single[tc.accum] = want
+			}
+			tr := newTrainer(t, tinyParallelConfig(t, path, append(tc.extra, accum)...))
 			if got := tr.Layout(); !got.Parallel || got.Layout != tc.layout {
 				t.Fatalf("layout %+v, want %q on a plan", got, tc.layout)
 			}
