@@ -10,7 +10,8 @@
 //
 //   - DP: rows are dealt to the data ranks; gradients are all-reduced (summed, the loss being
 //     the mean over every target of the step) over the data group, which is DP × CP ranks.
-//   - FSDP (ZeRO-style): the flat parameter arena is cut into one shard per data rank. The
+//   - FSDP (ZeRO-style): the flat parameter arena is cut into one shard per data rank (under
+//     EP, its expert part into one per expert replica; see EP). The
 //     optimizer state and the fp32 master of each element live only on its shard's rank;
 //     gradients are reduce-scattered into the shards and, after the update, the parameters are
 //     all-gathered into each rank's compute arena. The compute arena is whole during the step
@@ -26,18 +27,20 @@
 //     query chunk attends over the keys of its own documents up to its end, so packing with
 //     several documents per row is exact; key and value gradients are reduce-scattered back.
 //   - EP: experts are sharded over the expert group (EP consecutive ranks of a data group;
-//     expert e lives on its rank e / (E/EP)). The router stays replicated; each MoE block hands
-//     its experts to a runner (nn.ExpertRunner) that sends every token's rows to its experts'
-//     owners (ExpertRoute: dispatch by uneven all-to-all), computes them there grouped by
-//     expert (nn.ExpertGroup), and brings the results back (combine), where they are weighted
-//     and summed; the backward runs the same exchanges in reverse. Without FSDP a rank keeps
-//     optimizer state for the experts it owns only and sums their gradients over their
-//     replicas (the expert-data group, DP·CP/EP ranks) rather than over the data group; the
-//     other parameters keep their data-group treatment. With FSDP the gradient arena is
-//     reduce-scattered over the data group as without EP (the experts a rank does not own
-//     contribute zeros), so every shard holds exact gradients. Every rank still allocates
-//     every expert's weights (the arenas keep the single-device table); only compute, updates
-//     and gradient traffic are sharded.
+//     expert e lives on its rank e / (E/EP)). Each rank's model is built holding only its
+//     experts (models.Options.Experts): its parameter and gradient arenas, and so its optimizer
+//     state, have E/EP experts per MoE layer under their HF names. The router stays replicated
+//     and routes over every expert by global id; each MoE block hands its experts to a runner
+//     (nn.ExpertRunner) that sends every token's rows to its experts' owners (ExpertRoute:
+//     dispatch by uneven all-to-all), computes them there grouped by expert (nn.ExpertGroup,
+//     global ids mapped to the rank's slots), and brings the results back (combine), where
+//     they are weighted and summed; the backward runs the same exchanges in reverse. Expert
+//     gradients are summed over the expert's replicas (the expert-data group, DP·CP/EP ranks),
+//     since the expert group's tokens already reached them through the dispatch; the other
+//     parameters keep their data-group treatment. With FSDP the arena is sharded in two parts:
+//     the dense parameters (and routers) over the data group and the rank's experts over the
+//     expert-data group; parts that are not one block of the arena are staged through one
+//     shared buffer for their collectives.
 //   - ETP (= TP): each expert's gate and up are column-parallel and its down row-parallel over
 //     the tensor group (the rank's model is built with moe_intermediate_size / TP), with the
 //     same collectives as the dense MLP under TP; it composes with EP, FSDP and DP.
@@ -47,9 +50,12 @@
 // all_to_all_combine with their bytes and time.
 //
 // State moves between layouts without touching disk: OptimizerState exports the optimizer in
-// the layout-free form of a single-device optim.AdamW (one tensor per parameter and kind),
-// LoadOptimizerState reslices and reshards it into any plan, and Relayout does both with the
-// gathered weights, refusing an invalid target before anything changes.
+// the layout-free form of a single-device optim.AdamW (one tensor per parameter and kind,
+// experts by their HF names), LoadOptimizerState reslices and reshards it into any plan (each
+// rank taking its experts, tensor slice and shard), and Relayout does both with the gathered
+// weights, so expert weights and moments move between ranks in memory when EP changes; an
+// invalid target is refused before anything changes. Gather assembles every expert from its
+// owners into an ordinary full checkpoint.
 //
 // A rank that fails inside a step (out of memory, a backend error) aborts the communicators so
 // that the other ranks return instead of waiting for it; the plan then only allows host-side

@@ -222,29 +222,14 @@ func (rk *rank) comms() []*comm.Comm {
 }
 
 // reduceExpertGrads sums gradients without FSDP under expert parallelism: the parameters that
-// are not experts' over the data group, as without EP; the experts a rank owns over the
-// expert-data group (their replicas), since the expert group's tokens already reached them
-// through the dispatch; the experts it does not own are left alone. Consecutive parameters of
-// one kind are reduced as one view of the flat gradient arena.
+// are not experts' over the data group, as without EP; the rank's experts (the only ones its
+// model holds) over the expert-data group (their replicas), since the expert group's tokens
+// already reached them through the dispatch. Consecutive parameters of one kind are reduced as
+// one view of the flat gradient arena.
 func (p *Plan) reduceExpertGrads(rk *rank) error {
 	m := rk.m
-	const (
-		dense = iota
-		owned
-		other
-	)
-	kind := func(name string) int {
-		owner, ok := p.expertHolder(name)
-		switch {
-		case !ok:
-			return dense
-		case owner == rk.ep.Rank():
-			return owned
-		}
-		return other
-	}
-	flush := func(k, lo, hi int) error {
-		if hi <= lo || k == other {
+	flush := func(expert bool, lo, hi int) error {
+		if hi <= lo {
 			return nil
 		}
 		v, err := m.Grads.Flat.View(lo, hi-lo)
@@ -252,7 +237,7 @@ func (p *Plan) reduceExpertGrads(rk *rank) error {
 			return err
 		}
 		c := rk.data
-		if k == owned {
+		if expert {
 			c = rk.edata
 		}
 		if c.Size() == 1 {
@@ -260,9 +245,9 @@ func (p *Plan) reduceExpertGrads(rk *rank) error {
 		}
 		return c.AllReduce(v, comm.Sum)
 	}
-	cur, lo, off := -1, 0, 0
+	cur, lo, off := false, 0, 0
 	for _, s := range m.Specs {
-		k := kind(s.Name)
+		_, k := p.expertHolder(s.Name)
 		if k != cur {
 			if err := flush(cur, lo, off); err != nil {
 				return err
