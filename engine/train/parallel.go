@@ -368,9 +368,13 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	t.plan.SetWeightDecay(h.WeightDecay)
 	norm, err := t.plan.Step(lr, h.MaxGradNorm)
 	if err != nil {
-		// The plan refuses a non-finite gradient norm before any update; other failures may
-		// leave parameters partly updated, so the step is not retried.
-		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err)
+		// The plan refuses a non-finite gradient norm before any update (other failures may
+		// leave parameters partly updated, so the step is not retried). Either way its
+		// communicators are closed; SetLayout builds a new plan from its host-side state.
+		_ = t.loader.Seek(cur)
+		l := t.plan.Mesh.Layout
+		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w; to go on, lower learning_rate (now %g) or set max_grad_norm, and move the run with SetLayout (e.g. %q) to rebuild the devices from their last state",
+			t.step+1, l, err, h.LearningRate, l.String())
 	}
 	if err := t.syncFromPlan(false); err != nil {
 		return StepMetrics{}, err

@@ -386,3 +386,32 @@ func steps1(t *testing.T, tr *Trainer) StepMetrics {
 	}
 	return m
 }
+
+func TestNonFiniteLossOnAPlanSkipsTheUpdate(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	tr := newTrainer(t, tinyParallelConfig(t, path))
+	steps(t, tr, 1)
+	name := tr.Model.Specs[0].Name
+	v, err := tr.Model.ParamFloat32(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := append([]float32(nil), v...)
+	for i := range bad {
+		bad[i] = float32(math.Inf(1))
+	}
+	if err := tr.Model.SetParam(name, bad); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.SetLayout("devices=cpu:2"); err != nil {
+		t.Fatal(err)
+	}
+	cur := tr.Cursor()
+	_, err = tr.Step(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "not finite") || !strings.Contains(err.Error(), "learning_rate") {
+		t.Fatalf("step with infinite weights: %v, want a non-finite loss error naming learning_rate", err)
+	}
+	if tr.Steps() != 1 || tr.Cursor() != cur {
+		t.Fatalf("after the refused step: %d steps, cursor %+v (was %+v)", tr.Steps(), tr.Cursor(), cur)
+	}
+}
