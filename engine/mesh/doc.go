@@ -50,5 +50,7 @@
 // Expert parallelism cuts each data group (data index d = dp·CP + cp) into blocks of EP
 // consecutive ranks (DimEP): rank d mod EP of a block owns experts [j·E/EP, (j+1)·E/EP) with
 // j = d mod EP, and tokens travel within the block. The ranks of a data group with the same
-// d mod EP (DimEData, DP·CP/EP of them) hold the same experts and sum their gradients.
+// d mod EP (DimEData, DP·CP/EP of them) hold the same experts and sum their gradients. A rank
+// allocates only its experts (weights, gradients, optimizer state); with FSDP its experts are
+// sharded over DimEData and its other parameters over the data group, as Estimate counts.
 package mesh

@@ -11,7 +11,11 @@
 // nn.MoE block (moe.go). Such models also carry transformers' load-balancing loss
 // (m.AuxLoss, weighted into ForwardBackward's gradient by m.AuxLossScale), per-layer expert
 // load metrics (m.ExpertLoad) and optional aux-loss-free bias balancing
-// (m.SetExpertBalancing, m.BalanceExperts after each optimizer step).
+// (m.SetExpertBalancing, m.BalanceExperts after each optimizer step). A model can be built
+// holding a range of the experts only (Options.Experts): its spec table, arenas, loading and
+// WeightTensors cover those experts under their HF names, while its routers still choose
+// among every expert by global id (m.HeldExperts, m.ExpertOf); an expert-parallel plan sets
+// the runners that reach the other experts.
 //
 // Parameters live in one arena per model (gradients in a second) with a named view per
 // parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and
