@@ -100,6 +100,18 @@ func TestSetLayoutRefusesAnInvalidTargetAndTheRunContinues(t *testing.T) {
 	}
 	from := st.Step
 	waitFor(t, "the run to go on", func() bool { return status(t, c).Step >= from+2 })
+	// A valid target is taken at a step boundary of the running run, which goes on in it.
+	r, err := c.SetLayout(ctx, "dp=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Layout != "dp=1 tp=1 cp=1 ep=1 etp=1" || r.Previous != "dp=1 tp=1 cp=2 ep=1 etp=1" {
+		t.Fatalf("SetLayout during a run = %v", r)
+	}
+	waitFor(t, "the run to go on in the new layout", func() bool { return status(t, c).Step >= r.Step+2 })
+	if st := status(t, c); st.State != StateRunning || st.Layout != r.Layout {
+		t.Fatalf("after SetLayout during a run: state %v, layout %q", st.State, st.Layout)
+	}
 	if _, err := c.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
