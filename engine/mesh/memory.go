@@ -110,7 +110,8 @@ func LocalExpertParams(l Layout, m ModelShape) int64 {
 // the largest collective and the FSDP staging buffer. Under expert parallelism a rank holds
 // the weights, gradients and optimizer state of its own experts only (E/EP per MoE layer);
 // with FSDP the dense parameters are sharded over the data group (DP·CP ranks) and the experts
-// over their replicas (the expert-data group, DP·CP/EP ranks). Under expert-tensor parallelism
+// over their replicas (the expert-data group, DP·CP/EP ranks; when that is one rank they are
+// updated in place, without a shard copy). Under expert-tensor parallelism
 // each expert's FFN is split over the tensor group.
 func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	if w.Rows <= 0 {
@@ -144,6 +145,10 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 		var pack int64
 		opt = 0
 		for _, pt := range parts {
+			if pt.g == 1 {
+				opt += pt.n // experts without replicas: not sharded, updated in place
+				continue
+			}
 			shard := (pt.n + pt.g - 1) / pt.g
 			mem.Params += shard * pb
 			mem.Grads += shard * pb

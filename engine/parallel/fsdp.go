@@ -29,8 +29,11 @@ type fsdpPart struct {
 	segs        []seg
 	p, s        int
 	lo, hi      int // this rank's shard [lo, hi) of the packed elements
-	param, grad T   // [S] master parameter shard and reduced gradient shard
+	param, grad T   // [S] master parameter shard and reduced gradient shard (nil when local)
 	direct      bool
+	// local: the group is this rank alone (experts without replicas), so the part is not
+	// sharded: the optimizer works on the arena's views and no collective runs.
+	local bool
 }
 
 // partOf is the FSDP part of a parameter: 1 for a routed expert's under expert parallelism,
@@ -82,6 +85,17 @@ func (p *Plan) setupFSDP(rk *rank, counted func(string) bool) error {
 			pt.p += s.n
 		}
 		g := pt.c.Size()
+		if g == 1 {
+			pt.local, pt.s, pt.hi = true, pt.p, pt.p
+			for j, s := range m.Specs {
+				if p.partOf(s.Name) == i {
+					rk.optParams = append(rk.optParams, optim.Param{Name: s.Name, Value: m.Params.Views[j], Grad: m.Grads.Views[j], NoDecay: !s.Decay})
+					rk.optElem = append(rk.optElem, 0)
+					rk.countNorm = append(rk.countNorm, counted(s.Name))
+				}
+			}
+			continue
+		}
 		pt.s = (pt.p + g - 1) / g
 		r := pt.c.Rank()
 		pt.lo, pt.hi = min(r*pt.s, pt.p), min((r+1)*pt.s, pt.p)
@@ -183,16 +197,12 @@ func (p *Plan) reduceScatterGrads(rk *rank) error {
 	flat := rk.m.Grads.Flat
 	for i := range sh.parts {
 		pt := &sh.parts[i]
+		if pt.local {
+			continue
+		}
 		st := sh.staging(pt, flat)
 		if err := rk.packFrom(pt, st, flat); err != nil {
 			return err
-		}
-		if pt.c.Size() == 1 {
-			src, _ := st.View(0, pt.s)
-			if err := rk.dev.Copy(pt.grad, src); err != nil {
-				return err
-			}
-			continue
 		}
 		if err := pt.c.ReduceScatter(pt.grad, st, comm.Sum); err != nil {
 			return err
@@ -206,13 +216,11 @@ func (p *Plan) allGather(rk *rank, flat T, shard func(*fsdpPart) T) error {
 	sh := &rk.shard
 	for i := range sh.parts {
 		pt := &sh.parts[i]
+		if pt.local {
+			continue
+		}
 		st := sh.staging(pt, flat)
-		if pt.c.Size() == 1 {
-			dst, _ := st.View(0, pt.s)
-			if err := rk.dev.Copy(dst, shard(pt)); err != nil {
-				return err
-			}
-		} else if err := pt.c.AllGather(st, shard(pt)); err != nil {
+		if err := pt.c.AllGather(st, shard(pt)); err != nil {
 			return err
 		}
 		if err := rk.unpackTo(pt, flat, st); err != nil {
