@@ -478,6 +478,8 @@ func (c *Config) Validate() error {
 	check(oneOf("device", r.Device, devices))
 	if d, l, err := c.Parallel.Resolve(); err != nil {
 		bad("devices", "%v", err)
+	} else if c.Parallel.Devices != "" && r.Device != "" && r.Device != "auto" && r.Device != d.Kind {
+		bad("devices", "devices %s and device %s disagree: keep devices (device: auto)", c.Parallel.Devices, r.Device)
 	} else if l.DP > 0 && b.GradientAccumulationSteps%l.DP != 0 {
 		bad("gradient_accumulation_steps", "%d micro-batches per step cannot be dealt over %d data-parallel ranks (devices %s / tensor %d / context %d): use a multiple of %d",
 			b.GradientAccumulationSteps, l.DP, d, l.TP, l.CP, l.DP)

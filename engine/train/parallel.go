@@ -248,11 +248,15 @@ func (t *Trainer) currentDevices() mesh.Devices {
 	if t.plan != nil {
 		return t.devices
 	}
-	kind := "cpu"
-	if n := t.b.Name(); strings.HasPrefix(n, "cuda") {
-		kind = "cuda"
+	return mesh.Devices{Kind: t.hostKind(), IDs: []int{0}}
+}
+
+// hostKind is the device kind of the trainer's own backend (where the single model lives).
+func (t *Trainer) hostKind() string {
+	if strings.HasPrefix(t.b.Name(), "cuda") {
+		return "cuda"
 	}
-	return mesh.Devices{Kind: kind, IDs: []int{0}}
+	return "cpu"
 }
 
 // SetLayout moves the run to another layout between steps: parameters and optimizer state are
@@ -270,10 +274,13 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	if err := checkLayout(d, l, parallel.ShapeOf(t.Model), t.hyper.GradientAccumulationSteps); err != nil {
 		return 0, err
 	}
+	// One device of the trainer's own kind runs the single model; anything else (several
+	// devices, or a GPU while the single model is in host memory) runs a plan.
+	needPlan := wantsPlan(d, l) || d.Kind != t.hostKind()
 	switch {
-	case !wantsPlan(d, l) && t.plan == nil:
+	case !needPlan && t.plan == nil:
 		// One device to one device: nothing moves.
-	case !wantsPlan(d, l):
+	case !needPlan:
 		if err := errors.Join(t.syncFromPlan(true), t.SyncGrads()); err != nil {
 			return 0, err
 		}

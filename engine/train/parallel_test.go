@@ -94,6 +94,7 @@ func TestInvalidLayoutIsRefusedBeforeWeightsLoad(t *testing.T) {
 		{"tp does not divide devices", []string{"--devices=cpu:3", "--tensor_parallel_size=2"}, "devices"},
 		{"micro-batches do not split over dp", []string{"--devices=cpu:4"}, "gradient_accumulation_steps"},
 		{"bad device list", []string{"--devices=gpu:2"}, "devices"},
+		{"device and devices disagree", []string{"--devices=cuda:0-1", "--device=cpu"}, "disagree"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error

@@ -25,10 +25,15 @@ func New(cfg *Config) (*Trainer, error) {
 		return nil, err
 	}
 	dev := cfg.Run.Device
-	if d, _, isParallel, err := cfg.ParallelLayout(); err == nil && isParallel && d.Kind != "cpu" {
-		// The devices hold the plan; the single model, the host view of the run, stays in
-		// host memory rather than taking a second copy's room on a GPU.
-		dev = "cpu"
+	if d, _, isParallel, err := cfg.ParallelLayout(); err == nil {
+		switch {
+		case isParallel && d.Kind != "cpu":
+			// The devices hold the plan; the single model, the host view of the run, stays
+			// in host memory rather than taking a second copy's room on a GPU.
+			dev = "cpu"
+		case !isParallel && cfg.Parallel.Devices != "":
+			dev = fmt.Sprintf("%s:%d", d.Kind, d.IDs[0]) // one named device
+		}
 	}
 	b, note, err := backend.Resolve(dev)
 	if err != nil {
