@@ -237,13 +237,12 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 	}
 	hostenv.Activate(it.env)
 	it.env.SetEval(ctx, it.stdout, display)
-	defer func() {
-		it.env.SetEval(context.Background(), it.opt.Background, nil)
-		filter.flush()
+	defer it.env.SetEval(context.Background(), it.opt.Background, nil)
+	finish := func(err error) (Result, error) {
+		// From here on, goroutines the cell started write to Background; set waits for a
+		// write in progress, so the buffers are no longer written.
 		it.stdout.set(it.opt.Background)
 		it.stderr.set(it.opt.Background)
-	}()
-	finish := func(err error) (Result, error) {
 		filter.flush()
 		dmu.Lock()
 		defer dmu.Unlock()
