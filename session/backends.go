@@ -1,7 +1,10 @@
 package session
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -51,11 +54,14 @@ func recorderOf(b backend.Backend) *profile.Recorder {
 // recs are the profile recorders a step is accounted on: the trainer's backend's, or, while a
 // parallel plan drives the steps, one per device. A step of a plan is reported as the mean
 // over its devices of each compute class, collective kind and host (idle) time, so its parts
-// still add up to its wall time; its trace holds the spans of device 0. Activations are
+// still add up to its wall time; its trace has one process per device. Activations are
 // captured on the trainer's own backend only.
 type recs struct {
 	main *profile.Recorder
 	t    *train.Trainer
+	// byStep holds the per-device accounting of the steps of a plan whose spans were kept,
+	// for traces with one track group per device (writeTrace forgets them).
+	byStep map[int][]profile.Step
 }
 
 // newRecs returns the recorders of t, or nil when its backend was not opened for profiling.
@@ -109,7 +115,71 @@ func (r *recs) EndStep() (profile.Step, bool) {
 	if len(steps) == 0 {
 		return profile.Step{}, false
 	}
+	if len(steps) > 1 && len(steps[0].Spans) > 0 {
+		if r.byStep == nil {
+			r.byStep = map[int][]profile.Step{}
+		}
+		r.byStep[steps[0].Step] = steps
+	}
 	return mergeSteps(steps), true
+}
+
+// writeTrace writes steps as a Chrome/Perfetto trace. Steps of a plan get one process per
+// device (compute and communication tracks each), laid on the same time axis, so waits in
+// collectives show side by side; other steps are written as profile.WriteTrace does. The
+// (nil) receiver of a trainer without profiling writes them the same way. The per-device
+// records of the written steps are forgotten.
+func (r *recs) writeTrace(w io.Writer, steps []profile.Step) error {
+	if r == nil || len(r.byStep) == 0 {
+		return profile.WriteTrace(w, steps)
+	}
+	defer func() {
+		for _, s := range steps {
+			delete(r.byStep, s.Step)
+		}
+	}()
+	ranks := 1
+	for _, s := range steps {
+		ranks = max(ranks, len(r.byStep[s.Step]))
+	}
+	type trace struct {
+		TraceEvents     []map[string]any `json:"traceEvents"`
+		DisplayTimeUnit string           `json:"displayTimeUnit"`
+	}
+	out := trace{TraceEvents: []map[string]any{}, DisplayTimeUnit: "ms"}
+	for d := range ranks {
+		// Device d's view of every step, each as long as the merged step so that the
+		// devices' timelines stay aligned.
+		own := make([]profile.Step, len(steps))
+		for i, s := range steps {
+			// Without its own record, device 0 shows the merged step (its spans are
+			// device 0's) and the others the step's extent only.
+			own[i] = s
+			if d > 0 {
+				own[i].Spans = nil
+			}
+			if per := r.byStep[s.Step]; d < len(per) {
+				own[i] = per[d]
+				own[i].Wall = s.Wall
+			}
+		}
+		var buf bytes.Buffer
+		if err := profile.WriteTrace(&buf, own); err != nil {
+			return err
+		}
+		var tr trace
+		if err := json.Unmarshal(buf.Bytes(), &tr); err != nil {
+			return fmt.Errorf("session: trace of device %d: %w", d, err)
+		}
+		for _, ev := range tr.TraceEvents {
+			ev["pid"] = d + 1
+			if ev["name"] == "process_name" {
+				ev["args"] = map[string]any{"name": fmt.Sprintf("device %d", d)}
+			}
+			out.TraceEvents = append(out.TraceEvents, ev)
+		}
+	}
+	return json.NewEncoder(w).Encode(out)
 }
 
 // Steps forgets the ended steps of every device.

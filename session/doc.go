@@ -45,7 +45,7 @@
 // profile.Wrap'ed one: EnableProfiling arranges that for every trainer built afterwards.
 // On several devices each device has its own recorder of compute ops and collectives; a
 // step's profile is the mean over the devices of each op class, collective kind and idle
-// time, and its trace holds device 0's spans.
+// time, and its trace has one process (compute and collective tracks) per device.
 //
 // # Layouts
 //

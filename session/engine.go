@@ -404,7 +404,7 @@ func (e *engine) afterStep(pm *halov1.StepMetrics, ps *profile.Step) {
 	p.remaining--
 	if p.remaining <= 0 {
 		e.prof = nil
-		p.waiter.reply(profileResponse(p), nil)
+		p.waiter.reply(e.profileResponse(p), nil)
 	}
 }
 
@@ -424,7 +424,7 @@ func (e *engine) endJob(j *job, err error, reason string) {
 		// Nothing will run the profiled steps: answer with what was measured.
 		p := e.prof
 		e.prof = nil
-		p.waiter.reply(profileResponse(p), nil)
+		p.waiter.reply(e.profileResponse(p), nil)
 	}
 	if j.waiter != nil {
 		if err != nil {
@@ -1054,14 +1054,14 @@ func stepProfilePB(s profile.Step, m *halov1.StepMetrics) *halov1.StepProfile {
 	return p
 }
 
-func profileResponse(p *profPlan) *halov1.ProfileResponse {
+func (e *engine) profileResponse(p *profPlan) *halov1.ProfileResponse {
 	r := &halov1.ProfileResponse{}
 	for i, s := range p.steps {
 		r.Steps = append(r.Steps, stepProfilePB(s, p.metrics[i]))
 	}
 	if p.trace && len(p.steps) > 0 {
 		var b strings.Builder
-		if err := profile.WriteTrace(&b, p.steps); err == nil {
+		if err := e.rec.writeTrace(&b, p.steps); err == nil {
 			r.TraceJson = []byte(b.String())
 		}
 	}

@@ -2,6 +2,7 @@ package session
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
@@ -167,18 +168,34 @@ func TestProfileOfAParallelStepSplitsCollectives(t *testing.T) {
 	}
 	var tr struct {
 		TraceEvents []struct {
-			Cat string `json:"cat"`
-			Tid int    `json:"tid"`
+			Name string         `json:"name"`
+			Cat  string         `json:"cat"`
+			Pid  int            `json:"pid"`
+			Args map[string]any `json:"args"`
 		} `json:"traceEvents"`
 	}
 	if err := json.Unmarshal(r.TraceJson, &tr); err != nil {
 		t.Fatal(err)
 	}
-	spans := map[string]int{}
+	// One process per device, each with its compute and collective spans.
+	spans := map[int]map[string]int{}
+	names := map[int]any{}
 	for _, e := range tr.TraceEvents {
-		spans[e.Cat]++
+		if spans[e.Pid] == nil {
+			spans[e.Pid] = map[string]int{}
+		}
+		spans[e.Pid][e.Cat]++
+		if e.Name == "process_name" {
+			names[e.Pid] = e.Args["name"]
+		}
 	}
-	if spans["all_gather"] == 0 || spans["reduce_scatter"] == 0 || spans["matmul"] == 0 {
-		t.Fatalf("trace spans by category %v: want collectives beside compute", spans)
+	for d := range 4 {
+		s := spans[d+1]
+		if s["all_gather"] == 0 || s["reduce_scatter"] == 0 || s["matmul"] == 0 || s["step"] != 2 {
+			t.Fatalf("trace of device %d, spans by category %v: want 2 steps with collectives beside compute", d, s)
+		}
+		if want := fmt.Sprintf("device %d", d); names[d+1] != want {
+			t.Fatalf("process %d is named %v, want %q", d+1, names[d+1], want)
+		}
 	}
 }

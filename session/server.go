@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -522,12 +523,12 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 	}
 	res, err := train.Run(runCtx, t, ro)
 	if e.prof != nil {
-		e.prof.waiter.reply(profileResponse(e.prof), nil)
+		e.prof.waiter.reply(e.profileResponse(e.prof), nil)
 		e.prof = nil
 	}
 	if tracing {
 		e.rec.Enable(false, false)
-		if terr := writeTraceFile(o.TraceFile, traced); terr != nil {
+		if terr := writeTraceFile(o.TraceFile, traced, e.rec.writeTrace); terr != nil {
 			e.logEvent(slog.LevelError, terr.Error())
 			err = errors.Join(err, terr)
 		} else {
@@ -541,13 +542,13 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 }
 
 // writeTraceFile writes steps as a Chrome/Perfetto trace, atomically.
-func writeTraceFile(path string, steps []profile.Step) error {
+func writeTraceFile(path string, steps []profile.Step, write func(io.Writer, []profile.Step) error) error {
 	tmp := path + ".tmp"
 	f, err := os.Create(tmp)
 	if err != nil {
 		return fmt.Errorf("session: trace: %w", err)
 	}
-	werr := profile.WriteTrace(f, steps)
+	werr := write(f, steps)
 	if err := errors.Join(werr, f.Close()); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("session: trace %s: %w", path, err)

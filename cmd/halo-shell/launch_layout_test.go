@@ -40,20 +40,25 @@ func TestLaunchOnTwoDevicesWritesATraceWithCollectives(t *testing.T) {
 	}
 	var tr struct {
 		TraceEvents []struct {
-			Name string `json:"name"`
-			Cat  string `json:"cat"`
+			Cat string `json:"cat"`
+			Pid int    `json:"pid"`
 		} `json:"traceEvents"`
 	}
 	if err := json.Unmarshal(raw, &tr); err != nil {
 		t.Fatal(err)
 	}
-	cats := map[string]int{}
+	cats := map[int]map[string]int{1: {}, 2: {}}
 	for _, e := range tr.TraceEvents {
-		cats[e.Cat]++
+		if cats[e.Pid] == nil {
+			t.Fatalf("trace event of process %d on two devices", e.Pid)
+		}
+		cats[e.Pid][e.Cat]++
 	}
-	// dp=2: gradients are all-reduced; compute spans sit beside them.
-	if cats["step"] != 3 || cats["all_reduce"] == 0 || cats["matmul"] == 0 {
-		t.Fatalf("trace events by category %v: want 3 steps, all_reduce and matmul spans", cats)
+	// dp=2: each device all-reduces its gradients beside its compute spans.
+	for pid, c := range cats {
+		if c["step"] != 3 || c["all_reduce"] == 0 || c["matmul"] == 0 {
+			t.Fatalf("trace events of device %d by category %v: want 3 steps, all_reduce and matmul spans", pid-1, c)
+		}
 	}
 	// The checkpoint is an ordinary gathered one.
 	if _, err := os.Stat(filepath.Join(out, "checkpoint-3", "model.safetensors")); err != nil {
