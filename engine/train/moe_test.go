@@ -77,3 +77,35 @@ func TestMoEAuxLossCountsOncePerStep(t *testing.T) {
 		}
 	}
 }
+
+// TestExpertLayoutsTrackSingleDeviceLosses trains a tiny qwen3_moe (aux loss on) for 5 steps
+// through the trainer under expert-parallel layouts: the losses must follow the single-device
+// run, which also checks that the aux-loss gradient is weighted the same way on a plan.
+func TestExpertLayoutsTrackSingleDeviceLosses(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	want := steps(t, newTrainer(t, tinyMoEConfig(t, path, "--gradient_accumulation_steps=4")), 5)
+	if want[4] >= want[0] {
+		t.Fatalf("single-device losses do not fall: %v", want)
+	}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"ep=2 on cpu:2", []string{"--devices=cpu:2", "--expert_parallel_size=2"}},
+		{"ep=4 on cpu:4", []string{"--devices=cpu:4", "--expert_parallel_size=4"}},
+		{"ep=2 fsdp on cpu:4", []string{"--devices=cpu:4", "--expert_parallel_size=2", "--fsdp=true"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTrainer(t, tinyMoEConfig(t, path, append(tc.extra, "--gradient_accumulation_steps=4")...))
+			if !tr.Layout().Parallel {
+				t.Fatalf("layout %+v is not a plan", tr.Layout())
+			}
+			got := steps(t, tr, 5)
+			for i := range want {
+				if math.Abs(got[i]-want[i]) > 1e-4*math.Abs(want[i]) {
+					t.Fatalf("step %d: loss %v, single device %v (all %v vs %v)", i+1, got[i], want[i], got, want)
+				}
+			}
+		})
+	}
+}
