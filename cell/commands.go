@@ -97,9 +97,13 @@ func init() {
 			check: oneArg("NAME", "the session's name"), run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				return statusCall(func() halo.SessionStatus { return halo.Attach(c.Args[0]) })
 			}},
-		{Name: "load", Usage: "CONFIG.yaml", Summary: "load a model, optimizer and data from a YAML config into the session", Example: "load examples/quickstart.yaml",
-			check: oneArg("CONFIG.yaml", "the path of a YAML config"), run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
-				return statusCall(func() halo.SessionStatus { return halo.Load(c.Args[0]) })
+		{Name: "load", Usage: "CONFIG.yaml [sft|pretrain]", Summary: "load a model, optimizer and data from a YAML config into the session (method sft by default)", Example: "load examples/quickstart.yaml",
+			check: checkLoad, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
+				method := ""
+				if len(c.Args) == 2 {
+					method = c.Args[1]
+				}
+				return statusCall(func() halo.SessionStatus { return halo.LoadMethod(c.Args[0], method) })
 			}},
 		{Name: "eval", Summary: "compute the held-out loss", Example: "eval",
 			check: noArgs, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
@@ -387,4 +391,19 @@ func checkDoc(c *Command) error {
 		return fmt.Errorf("no halo API name %q (names: %s)", c.Args[0], strings.Join(halo.Names(), ", "))
 	}
 	return nil
+}
+
+func checkLoad(c *Command) error {
+	switch len(c.Args) {
+	case 0:
+		return errors.New("missing CONFIG.yaml (the path of a YAML config)")
+	case 1:
+		return nil
+	case 2:
+		if m := c.Args[1]; m != "sft" && m != "pretrain" {
+			return fmt.Errorf("method %q: want sft or pretrain", m)
+		}
+		return nil
+	}
+	return fmt.Errorf("takes a config and an optional method, got %d words %q", len(c.Args), c.Rest)
 }

@@ -57,6 +57,9 @@ func TestParseCommand(t *testing.T) {
 		{line: ":save a b", wantErr: []string{"takes one DIR"}},
 		{line: ":attach", wantErr: []string{"missing NAME"}},
 		{line: ":load", wantErr: []string{"missing CONFIG.yaml"}},
+		{line: ":load c.yaml pretrain", name: "load", args: []string{"c.yaml", "pretrain"}},
+		{line: ":load c.yaml dpo", wantErr: []string{`method "dpo": want sft or pretrain`}},
+		{line: ":load a b c", wantErr: []string{"takes a config and an optional method"}},
 		{line: ":set", wantErr: []string{"nothing to set", "e.g. :set lr=1e-5"}},
 		{line: ":set lr", wantErr: []string{`"lr" is not KEY=VALUE`}},
 		{line: ":set lr=abc", wantErr: []string{`lr="abc": want a finite number`}},
@@ -245,7 +248,7 @@ func TestDocAndInspect(t *testing.T) {
 		t.Fatalf(":doc of an unknown name: %v", err)
 	}
 	// Every exported function of the API has a doc comment.
-	for _, n := range []string{"Session", "Context", "Attach", "Status", "Load", "Step", "Run", "RunSteps", "Pause", "Resume", "Eval", "Generate", "GenerateN", "Save", "Hyper", "Set", "SetAll", "Metrics", "Losses", "Profile", "Stats", "Inspect", "InspectGrad", "Display", "BundleOf", "Text", "PlotLoss", "PlotLR", "PlotLines", "Plot", "Doc", "Names"} {
+	for _, n := range []string{"Session", "Context", "Attach", "Status", "Load", "LoadMethod", "Step", "Run", "RunSteps", "Pause", "Resume", "Eval", "Generate", "GenerateN", "Save", "Hyper", "Set", "SetAll", "Metrics", "Losses", "Profile", "Stats", "Inspect", "InspectGrad", "Display", "BundleOf", "Text", "PlotLoss", "PlotLR", "PlotLines", "Plot", "Doc", "Names"} {
 		if d := halo.Doc(n); !strings.Contains(d, "\n\n") {
 			t.Errorf("halo.%s has no doc comment: %q", n, d)
 		}

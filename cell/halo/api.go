@@ -70,9 +70,17 @@ func Status() SessionStatus {
 
 // Load builds a model, optimizer and data from a YAML config (a path on the session's
 // machine; method sft) in the session, replacing what was loaded, and returns the status.
-func Load(config string) SessionStatus {
+func Load(config string) SessionStatus { return LoadMethod(config, "") }
+
+// LoadMethod is Load with a training method: "sft" (the default when empty) or "pretrain".
+func LoadMethod(config, method string) SessionStatus {
+	switch method {
+	case "", "sft", "pretrain":
+	default:
+		fail("halo.Load", fmt.Errorf("method %q: want sft or pretrain", method))
+	}
 	c, ctx, _ := client("halo.Load")
-	r, err := c.Load(ctx, config, "")
+	r, err := c.Load(ctx, config, method)
 	if err != nil {
 		fail("halo.Load", err)
 	}
