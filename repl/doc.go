@@ -5,8 +5,8 @@
 // names), keeps the history across runs in a file, reads more lines while a cell is
 // incomplete (open brackets, a trailing operator), evaluates each cell with package cell and
 // prints what it wrote, displayed and returned. Ctrl-C at the prompt clears the line; during an
-// evaluation it interrupts the cell (never the session). Ctrl-D detaches: the session keeps
-// running. When standard input is not a terminal, lines are read as a script and results
+// evaluation it interrupts the cell (never the session). Ctrl-D (or :quit) detaches: the
+// session keeps running. When standard input is not a terminal, lines are read as a script and results
 // printed, so `echo ':step 2' | halo-shell repl` works.
 //
 // The package is not the interpreter (package cell) and not the session (package session).

@@ -175,4 +175,21 @@ func TestTerminalSession(t *testing.T) {
 	if strings.Contains(hist, "this is not Go") {
 		t.Errorf("history holds the line cleared with Ctrl-C:\n%s", hist)
 	}
+
+	// A new REPL recalls the previous run's lines with the up arrow, and :quit detaches too.
+	p2 := startPTY(t, sock, history)
+	p2.expect(Prompt)
+	p2.send("\x1b[A")
+	p2.expect("st.Step + 1")
+	p2.send("\x1b[A\x1b[A\x1b[A\x1b[A")
+	p2.expect(`m["a"] = 1`)
+	p2.send("\x03:quit\r")
+	select {
+	case err := <-p2.done:
+		if err != nil {
+			t.Fatalf("the second REPL exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the REPL did not exit on :quit")
+	}
 }

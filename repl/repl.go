@@ -143,6 +143,16 @@ func (r *repl) eval(ctx context.Context, src string) {
 	}
 }
 
+// isQuit reports whether a line asks the REPL to end (:quit, :exit, :q); like Ctrl-D it
+// detaches and leaves the session running.
+func isQuit(line string) bool {
+	switch strings.TrimSpace(line) {
+	case ":quit", ":exit", ":q":
+		return true
+	}
+	return false
+}
+
 func isCommand(line string) bool {
 	t := strings.TrimSpace(line)
 	return strings.HasPrefix(t, ":") || strings.HasPrefix(t, "%")
@@ -161,6 +171,9 @@ func (r *repl) script(ctx context.Context) error {
 		if buf.Len() == 0 {
 			if strings.TrimSpace(line) == "" {
 				continue
+			}
+			if isQuit(line) {
+				break
 			}
 			if isCommand(line) {
 				r.eval(ctx, line)
@@ -254,6 +267,9 @@ func (r *repl) terminal(ctx context.Context, f *os.File) error {
 			if strings.TrimSpace(line) == "" {
 				continue
 			}
+			if isQuit(line) {
+				return nil
+			}
 			if isCommand(line) {
 				r.evalInterruptible(ctx, line, sigs)
 				continue
@@ -304,7 +320,7 @@ func (r *repl) banner(ctx context.Context) {
 		return
 	}
 	state := strings.ToLower(strings.TrimPrefix(st.State.String(), "STATE_"))
-	fmt.Fprintf(r.o.Out, "halo-shell: attached to session %s (%s, step %d). Type :help for commands, Tab to complete, Ctrl-D to detach.\n", st.Name, state, st.Step)
+	fmt.Fprintf(r.o.Out, "halo-shell: attached to session %s (%s, step %d). Type :help for commands, Tab to complete, Ctrl-D or :quit to detach.\n", st.Name, state, st.Step)
 }
 
 // completer completes on Tab: the longest common prefix of the candidates, or their list.

@@ -29,6 +29,8 @@ twice(int(st.Step))
 :profile 2
 halo.Metrics()[3].Step
 :plot
+:quit
+:step 1
 `
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
