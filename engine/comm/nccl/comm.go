@@ -1,0 +1,477 @@
+package nccl
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cuda"
+	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// T is a tensor on the rank's GPU.
+type T = tensor.Tensor
+
+// legacyStream is the CUDA legacy default stream: the backend's compute stream is a blocking
+// stream, so work on it and on this one runs in submission order.
+const legacyStream uintptr = 0
+
+// Available reports whether NCCL and a GPU can be used; the error says what is missing.
+func Available() error {
+	if _, err := load(); err != nil {
+		return err
+	}
+	if err := cuda.Available(); err != nil {
+		return fmt.Errorf("nccl: the library loads but no GPU can be used: %w", err)
+	}
+	return nil
+}
+
+// prepare loads NCCL and sets the environment NCCL reads at its first communicator.
+func prepare() (*api, error) {
+	a, err := load()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := nvlsDefault(os.LookupEnv, os.Setenv); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// NewUniqueID makes the id of a new communicator (ncclGetUniqueId). Make it on one process
+// (node 0) and give it to every rank.
+func NewUniqueID() (UniqueID, error) {
+	var id UniqueID
+	a, err := prepare()
+	if err != nil {
+		return id, err
+	}
+	return id, a.check("ncclGetUniqueId", a.ncclGetUniqueId(&id), 0)
+}
+
+// Comm is one rank's NCCL communicator. It implements comm.Communicator; its methods are called
+// from the goroutine that owns the rank (every NCCL call itself runs on the device goroutine).
+type Comm struct {
+	api   *api
+	h     uintptr // ncclComm_t
+	b     *cuda.Backend
+	rank  int
+	size  int
+	group string
+
+	// Timing events and a scratch buffer for Barrier, made on first use.
+	ev0, ev1 *cuda.Event
+	scratch  T
+
+	mu     sync.Mutex
+	stats  comm.Stats
+	rec    comm.Recorder
+	closed bool
+}
+
+var _ comm.Communicator = (*Comm)(nil)
+
+func (c *Comm) Rank() int                { return c.rank }
+func (c *Comm) Size() int                { return c.size }
+func (c *Comm) Group() string            { return c.group }
+func (c *Comm) Backend() backend.Backend { return c.b }
+
+// SetRecorder implements comm.Communicator.
+func (c *Comm) SetRecorder(r comm.Recorder) {
+	c.mu.Lock()
+	c.rec = r
+	c.mu.Unlock()
+}
+
+// Stats implements comm.Communicator: calls, bytes and GPU time per kind.
+func (c *Comm) Stats() comm.Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := make(comm.Stats, len(c.stats))
+	for k, v := range c.stats {
+		s[k] = v
+	}
+	return s
+}
+
+func (c *Comm) errf(kind, format string, args ...any) error {
+	return fmt.Errorf("nccl: group %s rank %d: %s: %s", c.group, c.rank, kind, fmt.Sprintf(format, args...))
+}
+
+// initRank makes rank's communicator of a world of n ranks on b's device goroutine. It blocks
+// until every rank has called it.
+func initRank(a *api, b *cuda.Backend, id UniqueID, n, rank int, group string) (*Comm, error) {
+	c := &Comm{api: a, b: b, rank: rank, size: n, group: group, stats: comm.Stats{}}
+	err := b.Device().Do(func() error {
+		if a.ncclCommInitRankScalable != nil {
+			ids := id
+			return a.check("ncclCommInitRankScalable", a.ncclCommInitRankScalable(&c.h, int32(n), int32(rank), 1, &ids, nil), 0)
+		}
+		return a.check("ncclCommInitRank", a.ncclCommInitRank(&c.h, int32(n), id, int32(rank)), 0)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nccl: %s rank %d of %d on %s: %w", group, rank, n, b.Name(), err)
+	}
+	return c, nil
+}
+
+// ptr is the device address of t after checking it lives on the rank's GPU.
+func (c *Comm) ptr(kind, arg string, t T) (uintptr, error) {
+	if t.IsNil() {
+		return 0, c.errf(kind, "%s is a nil tensor", arg)
+	}
+	buf, ok := t.Buffer().(*cuda.Buffer)
+	if !ok || buf.Device() != c.b.Name() {
+		return 0, c.errf(kind, "%s %v is not on %s; NCCL moves tensors of the rank's own GPU", arg, t, c.b.Name())
+	}
+	if buf.Ptr() == 0 {
+		return 0, c.errf(kind, "%s %v was freed", arg, t)
+	}
+	return buf.Ptr() + uintptr(t.Offset()), nil
+}
+
+// run enqueues fn (NCCL calls, on the device goroutine) between two events, waits for the second
+// and records the GPU time under kind.
+func (c *Comm) run(kind string, bytes int64, fn func() error) error {
+	c.mu.Lock()
+	rec, closed := c.rec, c.closed
+	c.mu.Unlock()
+	if closed {
+		return c.errf(kind, "the communicator was destroyed")
+	}
+	d := c.b.Device()
+	if c.ev0 == nil {
+		var err error
+		if c.ev0, err = d.NewEvent(); err != nil {
+			return c.errf(kind, "%v", err)
+		}
+		if c.ev1, err = d.NewEvent(); err != nil {
+			return c.errf(kind, "%v", err)
+		}
+	}
+	start := time.Now()
+	if err := c.ev0.Record(); err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	if err := d.Do(fn); err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	if err := c.ev1.Record(); err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	ms, err := c.ev0.ElapsedMs(c.ev1)
+	if err != nil {
+		return c.errf(kind, "%v (waiting for the collective; see AsyncError)", err)
+	}
+	if err := c.AsyncError(); err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	dur := time.Duration(float64(ms) * float64(time.Millisecond))
+	c.mu.Lock()
+	s := c.stats[kind]
+	s.Calls++
+	s.Bytes += bytes
+	s.Time += dur
+	c.stats[kind] = s
+	c.mu.Unlock()
+	switch r := rec.(type) {
+	case nil:
+	case *profile.Recorder:
+		if r.Enabled() {
+			r.Record(profile.Span{Name: kind, Class: kind, Comm: true, Dur: dur, Bytes: bytes, Group: c.group}, start)
+		}
+	default:
+		// A recorder of another kind times the call itself; the collective already ran.
+		_ = r.Collective(kind, c.group, bytes, func() error { return nil })
+	}
+	return nil
+}
+
+// AsyncError reports an error NCCL raised asynchronously (ncclCommGetAsyncError), e.g. a peer
+// that failed; nil when there is none.
+func (c *Comm) AsyncError() error {
+	var r int32
+	err := c.b.Device().Do(func() error {
+		return c.api.check("ncclCommGetAsyncError", c.api.ncclCommGetAsyncError(c.h, &r), c.h)
+	})
+	if err != nil {
+		return err
+	}
+	if r != ncclSuccess && r != ncclInProgress {
+		return c.api.check("asynchronous error", r, c.h)
+	}
+	return nil
+}
+
+// AllReduce implements comm.Communicator (in place).
+func (c *Comm) AllReduce(t T, op comm.ReduceOp) error {
+	const kind = comm.KindAllReduce
+	dt, err := reduceType(t.DType())
+	if err != nil {
+		return c.errf(kind, "%v: %v", t, err)
+	}
+	p, err := c.ptr(kind, "t", t)
+	if err != nil {
+		return err
+	}
+	nop, err := redOp(op)
+	if err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	return c.run(kind, t.Bytes(), func() error {
+		return c.api.check("ncclAllReduce", c.api.ncclAllReduce(p, p, uint64(t.Numel()), dt, nop, c.h, legacyStream), c.h)
+	})
+}
+
+func redOp(op comm.ReduceOp) (int32, error) {
+	switch op {
+	case comm.Sum:
+		return ncclSum, nil
+	case comm.Avg:
+		return ncclAvg, nil
+	}
+	return 0, fmt.Errorf("reduction %v is not supported", op)
+}
+
+// AllGather implements comm.Communicator; any dtype (moved as bytes).
+func (c *Comm) AllGather(dst, src T) error {
+	const kind = comm.KindAllGather
+	ps, err := c.ptr(kind, "src", src)
+	if err != nil {
+		return err
+	}
+	pd, err := c.ptr(kind, "dst", dst)
+	if err != nil {
+		return err
+	}
+	if dst.DType() != src.DType() {
+		return c.errf(kind, "dst %v and src %v differ in dtype", dst, src)
+	}
+	if dst.Bytes() != src.Bytes()*int64(c.size) {
+		return c.errf(kind, "dst %v must hold %d x %d elements (group size x src)", dst, c.size, src.Numel())
+	}
+	return c.run(kind, src.Bytes(), func() error {
+		return c.api.check("ncclAllGather", c.api.ncclAllGather(ps, pd, uint64(src.Bytes()), ncclUint8, c.h, legacyStream), c.h)
+	})
+}
+
+// ReduceScatter implements comm.Communicator.
+func (c *Comm) ReduceScatter(dst, src T, op comm.ReduceOp) error {
+	const kind = comm.KindReduceScatter
+	dt, err := reduceType(src.DType())
+	if err != nil {
+		return c.errf(kind, "%v: %v", src, err)
+	}
+	ps, err := c.ptr(kind, "src", src)
+	if err != nil {
+		return err
+	}
+	pd, err := c.ptr(kind, "dst", dst)
+	if err != nil {
+		return err
+	}
+	if dst.DType() != src.DType() {
+		return c.errf(kind, "dst %v and src %v differ in dtype", dst, src)
+	}
+	if src.Numel()%c.size != 0 || dst.Numel() != src.Numel()/c.size {
+		return c.errf(kind, "src %v must split into %d parts of dst's %d elements", src, c.size, dst.Numel())
+	}
+	nop, err := redOp(op)
+	if err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	return c.run(kind, src.Bytes(), func() error {
+		return c.api.check("ncclReduceScatter", c.api.ncclReduceScatter(ps, pd, uint64(dst.Numel()), dt, nop, c.h, legacyStream), c.h)
+	})
+}
+
+// AllToAll implements comm.Communicator: one ncclSend and one ncclRecv per peer with a non-empty
+// part, inside one group call, so uneven splits and empty parts cost nothing extra.
+func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
+	kind := comm.KindAllToAllDispatch
+	if phase == comm.Combine {
+		kind = comm.KindAllToAllCombine
+	}
+	ps, err := c.ptr(kind, "src", src)
+	if err != nil {
+		return err
+	}
+	pd, err := c.ptr(kind, "dst", dst)
+	if err != nil {
+		return err
+	}
+	srcRow, err := rowBytes(src)
+	if err != nil {
+		return c.errf(kind, "src: %v", err)
+	}
+	dstRow, err := rowBytes(dst)
+	if err != nil {
+		return c.errf(kind, "dst: %v", err)
+	}
+	if dst.DType() != src.DType() || srcRow != dstRow {
+		return c.errf(kind, "src %v and dst %v differ in dtype or row width", src, dst)
+	}
+	if len(send) != c.size || len(recv) != c.size {
+		return c.errf(kind, "send has %d counts and recv %d; want one per rank (%d)", len(send), len(recv), c.size)
+	}
+	sum := func(v []int, what string) (int, error) {
+		s := 0
+		for i, x := range v {
+			if x < 0 {
+				return 0, fmt.Errorf("%s[%d] = %d is negative", what, i, x)
+			}
+			s += x
+		}
+		return s, nil
+	}
+	ns, err := sum(send, "send")
+	if err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	nr, err := sum(recv, "recv")
+	if err != nil {
+		return c.errf(kind, "%v", err)
+	}
+	if ns != rows(src) || nr != rows(dst) {
+		return c.errf(kind, "send counts add up to %d rows and recv to %d; src has %d rows and dst %d", ns, nr, rows(src), rows(dst))
+	}
+	return c.run(kind, int64(ns)*srcRow, func() error {
+		if err := c.api.check("ncclGroupStart", c.api.ncclGroupStart(), c.h); err != nil {
+			return err
+		}
+		var errs []error
+		so, ro := int64(0), int64(0)
+		for j := 0; j < c.size; j++ {
+			if n := int64(send[j]) * srcRow; n > 0 {
+				errs = append(errs, c.api.check("ncclSend", c.api.ncclSend(ps+uintptr(so), uint64(n), ncclUint8, int32(j), c.h, legacyStream), c.h))
+				so += n
+			}
+			if n := int64(recv[j]) * dstRow; n > 0 {
+				errs = append(errs, c.api.check("ncclRecv", c.api.ncclRecv(pd+uintptr(ro), uint64(n), ncclUint8, int32(j), c.h, legacyStream), c.h))
+				ro += n
+			}
+		}
+		errs = append(errs, c.api.check("ncclGroupEnd", c.api.ncclGroupEnd(), c.h))
+		return errors.Join(errs...)
+	})
+}
+
+func rows(t T) int {
+	if len(t.Shape()) == 0 {
+		return 1
+	}
+	return t.Shape()[0]
+}
+
+func rowBytes(t T) (int64, error) {
+	r := rows(t)
+	if r == 0 {
+		return 0, fmt.Errorf("%v has no rows", t)
+	}
+	return t.Bytes() / int64(r), nil
+}
+
+// Broadcast implements comm.Communicator.
+func (c *Comm) Broadcast(t T, root int) error {
+	const kind = comm.KindBroadcast
+	if root < 0 || root >= c.size {
+		return c.errf(kind, "root %d is outside 0..%d", root, c.size-1)
+	}
+	p, err := c.ptr(kind, "t", t)
+	if err != nil {
+		return err
+	}
+	return c.run(kind, t.Bytes(), func() error {
+		return c.api.check("ncclBroadcast", c.api.ncclBroadcast(p, p, uint64(t.Bytes()), ncclUint8, int32(root), c.h, legacyStream), c.h)
+	})
+}
+
+// Send implements comm.Communicator. Unlike the in-process communicator it completes only once
+// peer has posted the matching Recv (see the package doc).
+func (c *Comm) Send(t T, peer int) error {
+	return c.p2p("ncclSend", t, peer, func(p uintptr) int32 {
+		return c.api.ncclSend(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, legacyStream)
+	})
+}
+
+// Recv implements comm.Communicator.
+func (c *Comm) Recv(t T, peer int) error {
+	return c.p2p("ncclRecv", t, peer, func(p uintptr) int32 {
+		return c.api.ncclRecv(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, legacyStream)
+	})
+}
+
+func (c *Comm) p2p(call string, t T, peer int, fn func(uintptr) int32) error {
+	const kind = comm.KindP2P
+	if peer < 0 || peer >= c.size || peer == c.rank {
+		return c.errf(kind, "peer %d: want another rank of 0..%d", peer, c.size-1)
+	}
+	p, err := c.ptr(kind, "t", t)
+	if err != nil {
+		return err
+	}
+	return c.run(kind, t.Bytes(), func() error {
+		if err := c.api.check("ncclGroupStart", c.api.ncclGroupStart(), c.h); err != nil {
+			return err
+		}
+		err := c.api.check(call, fn(p), c.h)
+		return errors.Join(err, c.api.check("ncclGroupEnd", c.api.ncclGroupEnd(), c.h))
+	})
+}
+
+// Barrier implements comm.Communicator: an all-reduce of one float that every rank waits for.
+func (c *Comm) Barrier() error {
+	const kind = comm.KindBarrier
+	if c.scratch.IsNil() {
+		s, err := c.b.Alloc(tensor.F32, 1)
+		if err != nil {
+			return c.errf(kind, "%v", err)
+		}
+		c.scratch = s
+	}
+	p, err := c.ptr(kind, "scratch", c.scratch)
+	if err != nil {
+		return err
+	}
+	return c.run(kind, 0, func() error {
+		return c.api.check("ncclAllReduce", c.api.ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, c.h, legacyStream), c.h)
+	})
+}
+
+// Destroy waits for the communicator's work and frees it (ncclCommDestroy). Every rank of the
+// group should destroy its communicator.
+func (c *Comm) Destroy() error { return c.release("ncclCommDestroy", c.api.ncclCommDestroy) }
+
+// Abort frees the communicator without waiting (ncclCommAbort): use it when a rank failed and
+// the others must not wait for it.
+func (c *Comm) Abort() error { return c.release("ncclCommAbort", c.api.ncclCommAbort) }
+
+func (c *Comm) release(call string, fn func(uintptr) int32) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	var errs []error
+	errs = append(errs, c.b.Device().Do(func() error { return c.api.check(call, fn(c.h), 0) }))
+	for _, e := range []*cuda.Event{c.ev0, c.ev1} {
+		if e != nil {
+			errs = append(errs, e.Destroy())
+		}
+	}
+	if !c.scratch.IsNil() {
+		errs = append(errs, c.b.Free(c.scratch))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("nccl: group %s rank %d: %w", c.group, c.rank, err)
+	}
+	return nil
+}
