@@ -81,14 +81,15 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
-// e2e is a session process on the tiny config and `halo-shell tui` attached to it in tmux at
-// 80x24.
+// e2e is a session process on a config and `halo-shell tui` attached to it in tmux at 80x24.
 type e2e struct {
 	*tmux
 	bin, name string
 }
 
-func startE2E(t *testing.T, name string) *e2e {
+// startE2E starts a session on configPath (relative paths in it resolve against workDir) and the
+// dashboard attached to it; totalSteps is the config's planned number of steps.
+func startE2E(t *testing.T, name, configPath, workDir string, totalSteps int) *e2e {
 	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		if os.Getenv("HALO_CI") == "1" {
@@ -104,11 +105,15 @@ func startE2E(t *testing.T, name string) *e2e {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sessions := filepath.Join(dir, "sessions")
 	t.Setenv("HALO_SESSION_DIR", sessions)
-	config, err := filepath.Abs(tinyConfig)
+	config, err := filepath.Abs(configPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(bin, "session", "start", "--name", name, "--config", config).CombinedOutput(); err != nil {
+	// Outputs go to the test's directory.
+	start := exec.Command(bin, "session", "start", "--name", name, "--config", config,
+		"--set", "output_dir="+filepath.Join(dir, "out"))
+	start.Dir = workDir
+	if out, err := start.CombinedOutput(); err != nil {
 		t.Fatalf("starting the session: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
@@ -122,7 +127,7 @@ func startE2E(t *testing.T, name string) *e2e {
 		t.Fatalf("tmux new-session: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { x.run("kill-server") })
-	x.waitPane("the idle session", contains("idle", "step 0/1000"))
+	x.waitPane("the idle session", contains("idle", fmt.Sprintf("step 0/%d", totalSteps)))
 	return &e2e{tmux: x, bin: bin, name: name}
 }
 
@@ -154,7 +159,7 @@ func (x *tmux) detach() {
 // CPU config: another client steps the session and the pane shows the step and its loss; p
 // pauses the run, resumes it and pauses it again; q detaches and the session still answers.
 func TestEndToEndTmux(t *testing.T) {
-	x := startE2E(t, "e2e")
+	x := startE2E(t, "e2e", tinyConfig, ".", 1000)
 	ctx := context.Background()
 	other, err := session.Dial(x.name, session.Options{ClientName: "repl"})
 	if err != nil {
@@ -197,12 +202,14 @@ func TestEndToEndTmux(t *testing.T) {
 	}
 }
 
-// TestEndToEndWithTheREPL is the interactive workflow: the REPL runs 5 steps while the
+// TestEndToEndWithTheREPL is the interactive workflow on the quickstart config (a session
+// started with examples/quickstart.yaml, as the README shows): the REPL runs 5 steps while the
 // dashboard shows step 5 and its loss; the REPL is killed and the session goes on serving the
 // dashboard, which is refused control (naming the controller) until it takes over, then runs,
 // pauses and resumes the session, and profiles 3 steps whose parts add up to the step time.
 func TestEndToEndWithTheREPL(t *testing.T) {
-	x := startE2E(t, "e2e-repl")
+	// The quickstart's own config, as a newcomer would start it.
+	x := startE2E(t, "e2e-repl", "../examples/quickstart.yaml", "..", 3000)
 	ctx := context.Background()
 	repl := exec.Command(x.bin, "repl", "--session", x.name, "--history", "-")
 	stdin, err := repl.StdinPipe()
@@ -232,7 +239,7 @@ func TestEndToEndWithTheREPL(t *testing.T) {
 			t.Fatalf("the REPL did not run 5 steps (status %v, %v); it wrote:\n%s", st, err, out.String())
 		}
 	}
-	x.waitPane("step 5 and its loss", contains("step 5/1000", "loss "+fmtLoss(st.LastMetrics.Loss)+" at step 5", "controller repl"))
+	x.waitPane("step 5 and its loss", contains("step 5/3000", "loss "+fmtLoss(st.LastMetrics.Loss)+" at step 5", "controller repl"))
 
 	if err := repl.Process.Kill(); err != nil {
 		t.Fatal(err)
