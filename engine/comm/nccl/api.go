@@ -178,9 +178,7 @@ func (a *api) check(call string, r int32, comm uintptr) error {
 		return nil
 	}
 	e := &Error{Call: call, Code: r, Reason: goString(a.ncclGetErrorString(r))}
-	if comm != 0 || r != ncclInvalidArgument {
-		e.Detail = goString(a.ncclGetLastError(comm))
-	}
+	e.Detail = goString(a.ncclGetLastError(comm))
 	return e
 }
 

@@ -369,12 +369,19 @@ func rows(t T) int {
 	return t.Shape()[0]
 }
 
+// rowBytes is the size of one row (the outermost dimension) of t, also when t has no rows.
 func rowBytes(t T) (int64, error) {
-	r := rows(t)
-	if r == 0 {
-		return 0, fmt.Errorf("%v has no rows", t)
+	sh := t.Shape()
+	n := int64(t.DType().Size())
+	if len(sh) > 1 {
+		for _, d := range sh[1:] {
+			n *= int64(d)
+		}
 	}
-	return t.Bytes() / int64(r), nil
+	if n == 0 {
+		return 0, fmt.Errorf("%v has rows of zero bytes", t)
+	}
+	return n, nil
 }
 
 // Broadcast implements comm.Communicator.
