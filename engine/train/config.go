@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -516,11 +517,47 @@ func LoadConfig(path, method string, overrides []string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return ParseConfig(src, path, method, overrides)
+	return parseConfig(src, path, filepath.Dir(path), method, overrides)
 }
 
-// ParseConfig is LoadConfig on YAML bytes; name is used in error messages.
+// ParseConfig is LoadConfig on YAML bytes; name is used in error messages. Relative paths are
+// left as they are (relative to the working directory).
 func ParseConfig(src []byte, name, method string, overrides []string) (*Config, error) {
+	return parseConfig(src, name, "", method, overrides)
+}
+
+// resolveInputs makes the config's input paths (model, tokenizer, data, checkpoint to resume)
+// absolute: a relative path names a file under the working directory when one exists there,
+// else one under baseDir (the config file's directory) when it exists there. So a config works
+// from the repository root, from its own directory, and when a session in another directory
+// loads it. Outputs (output_dir) stay relative to the working directory.
+func (c *Config) resolveInputs(baseDir string) {
+	fix := func(p *string) {
+		if *p == "" || filepath.IsAbs(*p) {
+			return
+		}
+		cand := *p
+		if _, err := os.Stat(cand); err != nil {
+			if _, err := os.Stat(filepath.Join(baseDir, cand)); err == nil {
+				cand = filepath.Join(baseDir, cand)
+			}
+		}
+		if abs, err := filepath.Abs(cand); err == nil {
+			*p = abs
+		}
+	}
+	fix(&c.Model.ModelNameOrPath)
+	fix(&c.Model.TokenizerNameOrPath)
+	for i := range c.Dataset.Path {
+		fix(&c.Dataset.Path[i])
+	}
+	for i := range c.Dataset.EvalPath {
+		fix(&c.Dataset.EvalPath[i])
+	}
+	fix(&c.Run.ResumeFromCheckpoint)
+}
+
+func parseConfig(src []byte, name, baseDir, method string, overrides []string) (*Config, error) {
 	var cfg Config
 	if err := decodeStrict(src, &cfg); err != nil {
 		return nil, yamlError(err, name)
@@ -537,6 +574,9 @@ func ParseConfig(src []byte, name, method string, overrides []string) (*Config, 
 		if err := cfg.Set(o); err != nil {
 			return nil, err
 		}
+	}
+	if baseDir != "" {
+		cfg.resolveInputs(baseDir)
 	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {

@@ -1,6 +1,8 @@
 package train
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -133,4 +135,50 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("error without the package prefix: %v", err)
 		}
 	})
+}
+
+// TestLoadConfigResolvesInputsFromTheConfigDirectory checks that a config's relative input
+// paths work from the working directory and, failing that, from the config file's directory,
+// and come out absolute (a session in another directory can load them); output_dir stays as
+// written.
+func TestLoadConfigResolvesInputsFromTheConfigDirectory(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tok"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "train.jsonl")
+	if err := os.WriteFile(data, []byte(`{"text": "hello"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "run.yaml")
+	yml := `init: {arch: qwen3, preset: tiny}
+tokenizer_name_or_path: tok
+dataset: {path: train.jsonl}
+max_steps: 1
+output_dir: out/run
+`
+	if err := os.WriteFile(cfgPath, []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(cfgPath, MethodPretrain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Model.TokenizerNameOrPath; got != filepath.Join(dir, "tok") {
+		t.Errorf("tokenizer path %q, want %q", got, filepath.Join(dir, "tok"))
+	}
+	if len(cfg.Dataset.Path) != 1 || cfg.Dataset.Path[0] != data {
+		t.Errorf("dataset path %v, want [%s]", cfg.Dataset.Path, data)
+	}
+	if cfg.Run.OutputDir != "out/run" {
+		t.Errorf("output_dir %q changed", cfg.Run.OutputDir)
+	}
+	// ParseConfig (bytes, no file) leaves relative paths alone.
+	raw, err := ParseConfig([]byte(yml), "bytes.yaml", MethodPretrain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw.Model.TokenizerNameOrPath != "tok" {
+		t.Errorf("ParseConfig rewrote the tokenizer path to %q", raw.Model.TokenizerNameOrPath)
+	}
 }
