@@ -194,8 +194,9 @@ func (c *Client) Ping(ctx context.Context) error {
 
 // Load builds a trainer from a config file on the session's machine (method "sft" or
 // "pretrain"; overrides are --key=value strings) and replaces any loaded model. Over a unix
-// socket a relative configPath is made absolute against this process's directory; paths inside
-// the config are resolved by the session against its own working directory.
+// socket a relative configPath is made absolute against this process's directory; relative
+// paths inside the config resolve against the session's working directory, else against the
+// config file's directory.
 func (c *Client) Load(ctx context.Context, configPath, method string, overrides ...string) (*halov1.LoadResponse, error) {
 	if !strings.HasPrefix(c.target, "tcp://") && configPath != "" {
 		// Same machine: a relative path means the caller's directory, not the session's.
