@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+)
+
+func runRendezvousCmd(args ...string) (string, error) {
+	var out bytes.Buffer
+	rootCmd.SetOut(&out)
+	rootCmd.SetArgs(append([]string{"run", "rendezvous"}, args...))
+	defer rootCmd.SetArgs(nil)
+	err := rootCmd.Execute()
+	return out.String(), err
+}
+
+type rdzvOut struct {
+	NodeRank  int               `json:"node_rank"`
+	Nodes     []rendezvous.Node `json:"nodes"`
+	Devices   int               `json:"devices"`
+	FirstRank int               `json:"first_rank"`
+}
+
+// TestRunRendezvous runs node 0 as the command and node 1 through the package, on loopback;
+// both must see the same two-node world, and the flags must win over SLURM's variables.
+func TestRunRendezvous(t *testing.T) {
+	t.Setenv("SLURM_NNODES", "5")
+	t.Setenv("SLURM_NODEID", "3")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	node1 := make(chan error, 1)
+	go func() {
+		w, err := rendezvous.Join(context.Background(), rendezvous.Config{NNodes: 2, NodeRank: 1, Addr: addr, Token: "tok", Timeout: 20 * time.Second}, 4, nil)
+		if err == nil && (w.NNodes() != 2 || w.Nodes[0].Devices != 3) {
+			t.Errorf("node 1 sees %+v", w)
+		}
+		node1 <- err
+	}()
+	out, err := runRendezvousCmd("--nnodes", "2", "--node-rank", "0", "--rendezvous", addr, "--rendezvous-bind", addr,
+		"--rendezvous-token", "tok", "--rendezvous-timeout", "20s", "--devices", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-node1; err != nil {
+		t.Fatal(err)
+	}
+	var got rdzvOut
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if got.NodeRank != 0 || len(got.Nodes) != 2 || got.Devices != 7 || got.Nodes[1].Devices != 4 {
+		t.Fatalf("node 0 printed %+v", got)
+	}
+	if strings.Contains(out, "tok") {
+		t.Fatalf("the output shows the token:\n%s", out)
+	}
+}
+
+func TestRunRendezvousRefusesMissingToken(t *testing.T) {
+	t.Setenv(rendezvous.EnvToken, "")
+	_, err := runRendezvousCmd("--nnodes", "2", "--node-rank", "1", "--rendezvous", "127.0.0.1:1", "--rendezvous-token", "", "--devices", "1")
+	if err == nil || !strings.Contains(err.Error(), "no token") {
+		t.Fatalf("got %v; want the missing token named", err)
+	}
+}
