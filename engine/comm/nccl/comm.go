@@ -137,7 +137,8 @@ func (c *Comm) ptr(kind, arg string, t T) (uintptr, error) {
 }
 
 // run enqueues fn (NCCL calls, on the device goroutine) between two events, waits for the second
-// and records the GPU time under kind.
+// and records the GPU time under kind. An engine/profile recorder gets a span of that GPU time;
+// another recorder times the whole call itself.
 func (c *Comm) run(kind string, bytes int64, fn func() error) error {
 	c.mu.Lock()
 	rec, closed := c.rec, c.closed
@@ -145,34 +146,27 @@ func (c *Comm) run(kind string, bytes int64, fn func() error) error {
 	if closed {
 		return c.errf(kind, "the communicator was destroyed")
 	}
-	d := c.b.Device()
-	if c.ev0 == nil {
-		var err error
-		if c.ev0, err = d.NewEvent(); err != nil {
-			return c.errf(kind, "%v", err)
-		}
-		if c.ev1, err = d.NewEvent(); err != nil {
-			return c.errf(kind, "%v", err)
-		}
-	}
 	start := time.Now()
-	if err := c.ev0.Record(); err != nil {
-		return c.errf(kind, "%v", err)
+	var dur time.Duration
+	timed := func() error {
+		var err error
+		dur, err = c.timed(kind, fn)
+		return err
 	}
-	if err := d.Do(fn); err != nil {
-		return c.errf(kind, "%v", err)
+	var err error
+	switch r := rec.(type) {
+	case nil:
+		err = timed()
+	case *profile.Recorder:
+		if err = timed(); err == nil && r.Enabled() {
+			r.Record(profile.Span{Name: kind, Class: kind, Comm: true, Dur: dur, Bytes: bytes, Group: c.group}, start)
+		}
+	default:
+		err = r.Collective(kind, c.group, bytes, timed)
 	}
-	if err := c.ev1.Record(); err != nil {
-		return c.errf(kind, "%v", err)
-	}
-	ms, err := c.ev0.ElapsedMs(c.ev1)
 	if err != nil {
-		return c.errf(kind, "%v (waiting for the collective; see AsyncError)", err)
+		return err
 	}
-	if err := c.AsyncError(); err != nil {
-		return c.errf(kind, "%v", err)
-	}
-	dur := time.Duration(float64(ms) * float64(time.Millisecond))
 	c.mu.Lock()
 	s := c.stats[kind]
 	s.Calls++
@@ -180,17 +174,39 @@ func (c *Comm) run(kind string, bytes int64, fn func() error) error {
 	s.Time += dur
 	c.stats[kind] = s
 	c.mu.Unlock()
-	switch r := rec.(type) {
-	case nil:
-	case *profile.Recorder:
-		if r.Enabled() {
-			r.Record(profile.Span{Name: kind, Class: kind, Comm: true, Dur: dur, Bytes: bytes, Group: c.group}, start)
-		}
-	default:
-		// A recorder of another kind times the call itself; the collective already ran.
-		_ = r.Collective(kind, c.group, bytes, func() error { return nil })
-	}
 	return nil
+}
+
+// timed runs fn on the device goroutine between the two timing events and returns the GPU time
+// between them once the second has completed.
+func (c *Comm) timed(kind string, fn func() error) (time.Duration, error) {
+	d := c.b.Device()
+	if c.ev0 == nil {
+		var err error
+		if c.ev0, err = d.NewEvent(); err != nil {
+			return 0, c.errf(kind, "%v", err)
+		}
+		if c.ev1, err = d.NewEvent(); err != nil {
+			return 0, c.errf(kind, "%v", err)
+		}
+	}
+	if err := c.ev0.Record(); err != nil {
+		return 0, c.errf(kind, "%v", err)
+	}
+	if err := d.Do(fn); err != nil {
+		return 0, c.errf(kind, "%v", err)
+	}
+	if err := c.ev1.Record(); err != nil {
+		return 0, c.errf(kind, "%v", err)
+	}
+	ms, err := c.ev0.ElapsedMs(c.ev1)
+	if err != nil {
+		return 0, c.errf(kind, "%v (waiting for the collective; see AsyncError)", err)
+	}
+	if err := c.AsyncError(); err != nil {
+		return 0, c.errf(kind, "%v", err)
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
 }
 
 // AsyncError reports an error NCCL raised asynchronously (ncclCommGetAsyncError), e.g. a peer

@@ -172,10 +172,21 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, self Node, payload 
 		err error
 	}
 	arrivals := make(chan arrival)
+	// On return: stop accepting, close every connection still open (a handshake in progress, a
+	// node that arrived after the world was complete) and wait for their goroutines.
+	done := make(chan struct{})
+	var cmu sync.Mutex
+	conns := map[net.Conn]bool{}
 	var wg sync.WaitGroup
 	acceptDone := make(chan struct{})
 	defer func() {
+		close(done)
 		ln.Close()
+		cmu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		cmu.Unlock()
 		<-acceptDone
 		wg.Wait()
 	}()
@@ -186,6 +197,16 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, self Node, payload 
 			if err != nil {
 				return
 			}
+			cmu.Lock()
+			select {
+			case <-done:
+				conn.Close()
+				cmu.Unlock()
+				return
+			default:
+			}
+			conns[conn] = true
+			cmu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -196,10 +217,10 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, self Node, payload 
 				}
 				select {
 				case arrivals <- arrival{p, err}:
+				case <-done:
+					conn.Close()
 				case <-ctx.Done():
-					if p != nil {
-						p.conn.Close()
-					}
+					conn.Close()
 				}
 			}()
 		}

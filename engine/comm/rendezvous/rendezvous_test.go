@@ -313,3 +313,36 @@ func FuzzDecodeMessages(f *testing.F) {
 		}
 	})
 }
+
+// A connection that never says hello (a port scanner, a stuck node) must not keep node 0 from
+// finishing once every real node has arrived.
+func TestServeReturnsDespiteIdleConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	cfg := Config{NNodes: 2, NodeRank: 0, Addr: addr, Token: "t"}
+	served := make(chan error, 1)
+	go func() {
+		_, err := Serve(context.Background(), ln, cfg, Node{Rank: 0, Devices: 1, Host: "n0"}, []byte("id"))
+		served <- err
+	}()
+	idle, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	w, err := Join(context.Background(), Config{NNodes: 2, NodeRank: 1, Addr: addr, Token: "t", Timeout: 10 * time.Second}, 2, nil)
+	if err != nil || string(w.Payload) != "id" {
+		t.Fatalf("node 1: %+v, %v", w, err)
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("node 0 is still waiting on a connection that never said hello")
+	}
+}
