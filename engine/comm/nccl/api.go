@@ -50,9 +50,6 @@ const (
 	ncclAvg = 4
 )
 
-// splitNoColor is NCCL_SPLIT_NOCOLOR: the rank takes part in the split but joins no group.
-const splitNoColor = -1
-
 // minVersion is the oldest NCCL this package accepts (ncclCommSplit arrived in 2.18).
 const minVersion = 21800
 
@@ -69,7 +66,6 @@ type api struct {
 	// when the former is missing).
 	ncclCommInitRankScalable func(comm *uintptr, nranks, rank, nID int32, ids *UniqueID, config unsafe.Pointer) int32
 	ncclCommInitRank         func(comm *uintptr, nranks int32, id UniqueID, rank int32) int32
-	ncclCommInitAll          func(comms *uintptr, ndev int32, devlist *int32) int32
 	ncclCommSplit            func(comm uintptr, color, key int32, newcomm *uintptr, config unsafe.Pointer) int32
 	ncclCommDestroy          func(comm uintptr) int32
 	ncclCommAbort            func(comm uintptr) int32
@@ -110,7 +106,6 @@ func loadAPI(env searchEnv) (*api, error) {
 	bind(&a.ncclGetLastError, "ncclGetLastError", true)
 	bind(&a.ncclCommInitRankScalable, "ncclCommInitRankScalable", false)
 	bind(&a.ncclCommInitRank, "ncclCommInitRank", true)
-	bind(&a.ncclCommInitAll, "ncclCommInitAll", true)
 	bind(&a.ncclCommSplit, "ncclCommSplit", true)
 	bind(&a.ncclCommDestroy, "ncclCommDestroy", true)
 	bind(&a.ncclCommAbort, "ncclCommAbort", true)

@@ -115,10 +115,33 @@ func initRank(a *api, b *cuda.Backend, id UniqueID, n, rank int, group string) (
 		}
 		return a.check("ncclCommInitRank", a.ncclCommInitRank(&c.h, int32(n), id, int32(rank)), 0)
 	})
+	if err == nil {
+		if err = c.checkShape(n, rank); err != nil {
+			c.Abort()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("nccl: %s rank %d of %d on %s: %w", group, rank, n, b.Name(), err)
 	}
 	return c, nil
+}
+
+// checkShape asks NCCL for the communicator's size and this rank and checks they are what was
+// asked for (a mismatch means the ranks were given different ids or sizes).
+func (c *Comm) checkShape(n, rank int) error {
+	var gotN, gotR int32
+	return c.b.Device().Do(func() error {
+		if err := c.api.check("ncclCommCount", c.api.ncclCommCount(c.h, &gotN), c.h); err != nil {
+			return err
+		}
+		if err := c.api.check("ncclCommUserRank", c.api.ncclCommUserRank(c.h, &gotR), c.h); err != nil {
+			return err
+		}
+		if int(gotN) != n || int(gotR) != rank {
+			return fmt.Errorf("NCCL made rank %d of %d, asked for rank %d of %d", gotR, gotN, rank, n)
+		}
+		return nil
+	})
 }
 
 // ptr is the device address of t after checking it lives on the rank's GPU.

@@ -144,6 +144,11 @@ func (w *World) Split(name string, groups [][]int) ([]*Comm, error) {
 		err := parent.b.Device().Do(func() error {
 			return w.api.check("ncclCommSplit", w.api.ncclCommSplit(parent.h, int32(color[r]), int32(key[r]), &c.h, nil), parent.h)
 		})
+		if err == nil {
+			if err = c.checkShape(len(g), key[r]); err != nil {
+				c.Abort()
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("nccl: Split %q: rank %d: %w", name, r, err)
 		}

@@ -395,7 +395,7 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 	if len(w.Nodes) != cfg.NNodes {
 		return World{}, fmt.Errorf("rendezvous: node rank %d: node 0 sent a world of %d nodes, want %d", self.Rank, len(w.Nodes), cfg.NNodes)
 	}
-	return World{Nodes: w.Nodes, Payload: w.Payload}, nil
+	return World(w), nil
 }
 
 func isTimeout(err error) bool {
