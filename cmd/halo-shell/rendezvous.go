@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,6 +39,55 @@ func addRendezvousFlags(fs *pflag.FlagSet) *rendezvousFlags {
 // config resolves the flags and the environment into one rendezvous config.
 func (rf *rendezvousFlags) config() (rendezvous.Config, error) {
 	return rendezvous.ResolveConfig(rf.f, nil)
+}
+
+// rendezvousArg consumes one argument of a command that parses its own flags (launch, whose
+// other "--key=value" arguments are config overrides): it reports whether a was one of the
+// multi-node flags (only the --flag=value form) and stores its value in f.
+func rendezvousArg(a string, f *rendezvous.Flags) (bool, error) {
+	name, val, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+	if !strings.HasPrefix(a, "--") {
+		return false, nil
+	}
+	known := map[string]bool{"nnodes": true, "node-rank": true, "rendezvous": true, "rendezvous-bind": true,
+		"rendezvous-token": true, "rendezvous-token-file": true, "rendezvous-timeout": true}
+	if !known[name] {
+		return false, nil
+	}
+	if !ok {
+		return true, fmt.Errorf("write --%s=VALUE", name)
+	}
+	num := func() (int, error) {
+		n, err := strconv.Atoi(val)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("--%s=%q: want a non-negative integer", name, val)
+		}
+		return n, nil
+	}
+	var err error
+	switch name {
+	case "nnodes":
+		f.NNodes, err = num()
+		if err == nil && f.NNodes == 0 {
+			err = fmt.Errorf("--nnodes=0: want 1 or more")
+		}
+	case "node-rank":
+		f.NodeRank, err = num()
+	case "rendezvous":
+		f.Rendezvous = val
+	case "rendezvous-bind":
+		f.Bind = val
+	case "rendezvous-token":
+		f.Token = val
+	case "rendezvous-token-file":
+		f.TokenFile = val
+	case "rendezvous-timeout":
+		f.Timeout, err = time.ParseDuration(val)
+		if err != nil || f.Timeout <= 0 {
+			err = fmt.Errorf("--rendezvous-timeout=%q: want a positive duration such as 90s or 5m", val)
+		}
+	}
+	return true, err
 }
 
 // joinWorld runs the rendezvous for a run that uses NCCL on its GPUs: node 0 makes the NCCL

@@ -74,3 +74,42 @@ func TestRunRendezvousRefusesMissingToken(t *testing.T) {
 		t.Fatalf("got %v; want the missing token named", err)
 	}
 }
+
+func TestRendezvousArg(t *testing.T) {
+	cases := []struct {
+		arg      string
+		consumed bool
+		err      string
+		check    func(f rendezvous.Flags) bool
+	}{
+		{"--nnodes=4", true, "", func(f rendezvous.Flags) bool { return f.NNodes == 4 }},
+		{"--node-rank=0", true, "", func(f rendezvous.Flags) bool { return f.NodeRank == 0 }},
+		{"--rendezvous=gpu01:29510", true, "", func(f rendezvous.Flags) bool { return f.Rendezvous == "gpu01:29510" }},
+		{"--rendezvous-bind=0.0.0.0:29510", true, "", func(f rendezvous.Flags) bool { return f.Bind == "0.0.0.0:29510" }},
+		{"--rendezvous-token-file=/run/tok", true, "", func(f rendezvous.Flags) bool { return f.TokenFile == "/run/tok" }},
+		{"--rendezvous-token=s", true, "", func(f rendezvous.Flags) bool { return f.Token == "s" }},
+		{"--rendezvous-timeout=90s", true, "", func(f rendezvous.Flags) bool { return f.Timeout == 90*time.Second }},
+		{"--learning_rate=1e-3", false, "", nil},
+		{"config.yaml", false, "", nil},
+		{"--nnodes", true, "write --nnodes=VALUE", nil},
+		{"--nnodes=0", true, "want 1 or more", nil},
+		{"--node-rank=-1", true, "non-negative integer", nil},
+		{"--rendezvous-timeout=soon", true, "positive duration", nil},
+	}
+	for _, tc := range cases {
+		f := rendezvous.UnsetFlags()
+		ok, err := rendezvousArg(tc.arg, &f)
+		if ok != tc.consumed {
+			t.Errorf("%s: consumed %v, want %v", tc.arg, ok, tc.consumed)
+		}
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.arg, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || (tc.check != nil && !tc.check(f)) {
+			t.Errorf("%s: %+v, %v", tc.arg, f, err)
+		}
+	}
+}
