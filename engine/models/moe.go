@@ -1,6 +1,7 @@
 package models
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -112,7 +113,7 @@ type moeState struct {
 	auxLoss  float64   // aux loss of the latest forward
 	rate     float64   // aux-loss-free balancing rate; 0 = off
 	bias     [][]float32
-	pending  [][]int // loads accumulated by training forwards since the last BalanceExperts
+	pending  [][]int // loads accumulated by training forwards since the last TakeExpertLoad or BalanceExperts
 }
 
 // IsMoE reports whether any layer routes tokens to experts.
@@ -141,13 +142,11 @@ func (m *Model) SetExpertBalancing(rate float64) error {
 	}
 	m.moe.rate = rate
 	if rate == 0 {
-		m.moe.bias, m.moe.pending = nil, nil
+		m.moe.bias = nil
 	} else if m.moe.bias == nil {
 		m.moe.bias = make([][]float32, len(m.moe.layers))
-		m.moe.pending = make([][]int, len(m.moe.layers))
 		for j, l := range m.moe.layers {
 			m.moe.bias[j] = make([]float32, l.Routed())
-			m.moe.pending[j] = make([]int, l.Routed())
 		}
 	}
 	for j, l := range m.moe.layers {
@@ -171,14 +170,75 @@ func (m *Model) ExpertBias() [][]float32 {
 	return out
 }
 
-// BalanceExperts applies one aux-loss-free balancing update from the loads of the training
-// forwards since the previous call: bias[e] += rate * sign(mean load - load[e]). Call it after
-// each optimizer step; it does nothing when balancing is off.
-func (m *Model) BalanceExperts() {
+// ExpertBalancing returns the aux-loss-free balancing rate (0 when off).
+func (m *Model) ExpertBalancing() float64 { return m.moe.rate }
+
+// SetExpertBias replaces the balancing bias of every MoE layer (as ExpertBias returns it, e.g.
+// from a checkpoint or another rank). Balancing must be on; the shape must match the model.
+func (m *Model) SetExpertBias(bias [][]float32) error {
 	if m.moe.rate == 0 {
-		return
+		return errors.New("models: expert balancing is off; turn it on (SetExpertBalancing) before setting its bias")
 	}
-	for j, load := range m.moe.pending {
+	if len(bias) != len(m.moe.layers) {
+		return fmt.Errorf("models: expert bias for %d MoE layers, the model has %d", len(bias), len(m.moe.layers))
+	}
+	for j, l := range m.moe.layers {
+		if len(bias[j]) != l.Routed() {
+			return fmt.Errorf("models: expert bias of layer %d has %d entries for %d experts", m.moe.index[j], len(bias[j]), l.Routed())
+		}
+		for e, v := range bias[j] {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return fmt.Errorf("models: expert bias of layer %d expert %d is %v, want a finite number", m.moe.index[j], e, v)
+			}
+		}
+	}
+	for j := range m.moe.layers {
+		copy(m.moe.bias[j], bias[j])
+	}
+	return nil
+}
+
+// TakeExpertLoad returns the tokens routed to each expert of each MoE layer (in layer order,
+// as MoELayers) by the training forwards since the previous call, and starts counting again
+// (nil for dense models). Each token counts once per expert among its top-k.
+func (m *Model) TakeExpertLoad() [][]int {
+	if len(m.moe.layers) == 0 {
+		return nil
+	}
+	out := m.moe.pending
+	if out == nil {
+		out = make([][]int, len(m.moe.layers))
+		for j, l := range m.moe.layers {
+			out[j] = make([]int, l.Routed())
+		}
+	}
+	m.moe.pending = nil
+	return out
+}
+
+// BalanceExperts applies one aux-loss-free balancing update from the loads of the training
+// forwards since the previous call (TakeExpertLoad). Call it after each optimizer step; it
+// only resets the count when balancing is off.
+func (m *Model) BalanceExperts() {
+	_ = m.BalanceExpertsWith(m.TakeExpertLoad())
+}
+
+// BalanceExpertsWith applies one aux-loss-free balancing update from loads (tokens per expert
+// of each MoE layer, as TakeExpertLoad returns them, e.g. summed over micro-batches and
+// ranks): bias[e] += rate * sign(mean load - load[e]). It does nothing when balancing is off.
+func (m *Model) BalanceExpertsWith(loads [][]int) error {
+	if m.moe.rate == 0 {
+		return nil
+	}
+	if len(loads) != len(m.moe.bias) {
+		return fmt.Errorf("models: expert loads for %d MoE layers, the model has %d", len(loads), len(m.moe.bias))
+	}
+	for j, load := range loads {
+		if len(load) != len(m.moe.bias[j]) {
+			return fmt.Errorf("models: expert load of layer %d has %d entries for %d experts", m.moe.index[j], len(load), len(m.moe.bias[j]))
+		}
+	}
+	for j, load := range loads {
 		mean := 0.0
 		for _, v := range load {
 			mean += float64(v)
@@ -192,8 +252,25 @@ func (m *Model) BalanceExperts() {
 				m.moe.bias[j][e] -= float32(m.moe.rate)
 			}
 		}
-		clear(load)
 	}
+	return nil
+}
+
+// ExpertLoadStats summarises per-layer token counts (tokens[j] for MoE layer j, in layer
+// order as TakeExpertLoad returns them) into load metrics.
+func (m *Model) ExpertLoadStats(tokens [][]int) []ExpertLoad {
+	if len(tokens) == 0 {
+		return nil
+	}
+	out := make([]ExpertLoad, 0, len(tokens))
+	for j, t := range tokens {
+		layer := j
+		if j < len(m.moe.index) {
+			layer = m.moe.index[j]
+		}
+		out = append(out, loadStats(layer, t))
+	}
+	return out
 }
 
 // ExpertLoad is the routing load of one MoE layer in the latest forward.
@@ -212,7 +289,8 @@ type ExpertLoad struct {
 	Dead int `json:"dead"`
 }
 
-// ExpertLoad returns the per-layer expert load of the latest forward (nil for dense models).
+// ExpertLoad returns the per-layer expert load of the latest forward (nil for dense models);
+// TakeExpertLoad and ExpertLoadStats give the load summed over several forwards.
 func (m *Model) ExpertLoad() []ExpertLoad {
 	out := make([]ExpertLoad, 0, len(m.moe.layers))
 	for j, l := range m.moe.layers {
@@ -270,7 +348,13 @@ func (m *Model) moeAfterForward(train bool) error {
 		if train && m.moe.auxScale != 0 {
 			l.AuxGrad = c
 		}
-		if train && m.moe.pending != nil {
+		if train {
+			if m.moe.pending == nil {
+				m.moe.pending = make([][]int, len(m.moe.layers))
+			}
+			if m.moe.pending[j] == nil {
+				m.moe.pending[j] = make([]int, l.Routed())
+			}
 			for e, v := range rs[j].Load() {
 				m.moe.pending[j][e] += v
 			}

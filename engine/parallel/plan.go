@@ -65,6 +65,9 @@ type Plan struct {
 	// auxCoef is the model's router aux-loss weight (0 for dense models); aux the mean aux
 	// loss of the last ForwardBackward.
 	auxCoef, aux float64
+	// load is the tokens per expert of each MoE layer in the last ForwardBackward, summed over
+	// its rows and the ranks that route distinct tokens (nil for dense models).
+	load [][]int
 }
 
 type rank struct {
@@ -199,6 +202,10 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		}
 		if err == nil {
 			err = p.setupOptimizer(rk, o.Optimizer)
+		}
+		if err == nil {
+			// The aux-loss-free balancing state goes with the router.
+			err = copyBalancing(rk.m, src)
 		}
 		if err != nil {
 			p.Close()
@@ -462,6 +469,7 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 			// As engine/train does: the objective is the mean over the step's rows (its
 			// micro-batches) of CE + coef * aux.
 			rk.m.SetAuxLossScale(p.auxCoef / float64(len(rows)))
+			rk.m.TakeExpertLoad() // count this step's rows only
 		}
 		for _, b := range rows[rk.c.DP*per : (rk.c.DP+1)*per] {
 			lb := b
@@ -506,6 +514,9 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		}
 	}
 	p.aux = aux / float64(len(rows))
+	if p.load, err = p.takeLoads(); err != nil {
+		return 0, 0, err
+	}
 	return sum / float64(nTargets), nTargets, nil
 }
 
@@ -700,6 +711,9 @@ func (p *Plan) Gather(dst *models.Model) error {
 		if err := dst.SetParam(s.Name, ps[s.Name]); err != nil {
 			return fmt.Errorf("parallel: gather: %w", err)
 		}
+	}
+	if err := copyBalancing(dst, p.ranks[0].m); err != nil {
+		return fmt.Errorf("parallel: gather: expert balancing: %w", err)
 	}
 	return nil
 }

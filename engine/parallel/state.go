@@ -162,6 +162,7 @@ func (p *Plan) Relayout(d mesh.Devices, l mesh.Layout, o Options) (*Plan, error)
 	if err := p.Gather(staging); err != nil {
 		return nil, err
 	}
+	staging.SetAuxLossScale(p.auxCoef) // the run's weight, which may differ from config.json's
 	step, st, err := p.OptimizerState()
 	if err != nil {
 		return nil, err

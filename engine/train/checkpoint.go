@@ -53,6 +53,9 @@ type trainerState struct {
 	Params []stateParam `json:"params"`
 	// Config is the run's configuration, for reference.
 	Config *Config `json:"config"`
+	// ExpertBias is the aux-loss-free balancing bias of each MoE layer, in layer order (absent
+	// when balancing is off). It is restored when the resumed run balances too.
+	ExpertBias [][]float32 `json:"expert_bias,omitempty"`
 }
 
 type stateData struct {
@@ -80,6 +83,7 @@ func (t *Trainer) state() trainerState {
 	for _, s := range t.Model.Specs {
 		st.Params = append(st.Params, stateParam{s.Name, s.Numel()})
 	}
+	st.ExpertBias = t.Model.ExpertBias()
 	return st
 }
 
@@ -253,6 +257,11 @@ func (t *Trainer) Resume(dir string) error {
 	}
 	if err := loadModelWeights(t.Model, dir); err != nil {
 		return fmt.Errorf("train: resume: %w", err)
+	}
+	if st.ExpertBias != nil && t.Model.ExpertBalancing() > 0 {
+		if err := t.Model.SetExpertBias(st.ExpertBias); err != nil {
+			return fmt.Errorf("train: resume: %s: expert_bias: %w", filepath.Join(dir, StateFile), err)
+		}
 	}
 	if err := t.loader.Seek(st.Cursor); err != nil {
 		return fmt.Errorf("train: resume: %w", err)

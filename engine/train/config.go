@@ -125,6 +125,20 @@ type OptimConfig struct {
 	AdamEpsilon float64 `yaml:"adam_epsilon" json:"adam_epsilon"`
 	// MaxGradNorm clips the global gradient norm; 0 disables clipping. Default 1.0.
 	MaxGradNorm *float64 `yaml:"max_grad_norm" json:"max_grad_norm"`
+	// MoEBalancingRate turns on aux-loss-free load balancing of mixture-of-experts routers
+	// (> 0) and is its bias update rate, in units of router probability per optimizer step:
+	// after each step every expert's selection bias moves by this much towards an even load
+	// (up when the expert got fewer tokens than the mean over experts, down when more). The
+	// bias only changes which experts are chosen, not the routing weights. Loads are counted
+	// over the whole step (every micro-batch, every data and context rank). 0 (default) is
+	// off. Only for MoE models; e.g. 1e-3.
+	MoEBalancingRate float64 `yaml:"moe_balancing_rate" json:"moe_balancing_rate,omitempty"`
+	// RouterAuxLossCoef, when set, is the weight of the MoE load-balancing (aux) loss in the
+	// training objective, overriding the model's own: without it the weight is config.json's
+	// (or init.overrides') router_aux_loss_coef when output_router_logits is true, else 0, as
+	// transformers trains. Set 0 to train without the aux loss (e.g. with moe_balancing_rate
+	// instead); both can be on together. Must be >= 0; only for MoE models.
+	RouterAuxLossCoef *float64 `yaml:"router_aux_loss_coef" json:"router_aux_loss_coef,omitempty"`
 }
 
 // ScheduleConfig sets the learning-rate schedule and the run length.
@@ -433,6 +447,12 @@ func (c *Config) Validate() error {
 	}
 	if !(o.AdamEpsilon > 0 && o.AdamEpsilon < 1) {
 		bad("adam_epsilon", "%v must be in (0, 1)", o.AdamEpsilon)
+	}
+	if r := o.MoEBalancingRate; !(r >= 0) || math.IsInf(r, 0) {
+		bad("moe_balancing_rate", "%v must be a finite number >= 0 (0 turns aux-loss-free balancing off; e.g. 1e-3)", r)
+	}
+	if a := o.RouterAuxLossCoef; a != nil && (!(*a >= 0) || math.IsInf(*a, 0)) {
+		bad("router_aux_loss_coef", "%v must be a finite number >= 0 (0 trains without the aux loss)", *a)
 	}
 	if o.MaxGradNorm != nil && !(*o.MaxGradNorm >= 0) {
 		bad("max_grad_norm", "%v must be >= 0 (0 disables clipping)", *o.MaxGradNorm)

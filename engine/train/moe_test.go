@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/data"
@@ -107,5 +110,190 @@ func TestExpertLayoutsTrackSingleDeviceLosses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// isZero reports whether every bias entry is 0 (or there is none).
+func isZero(b [][]float32) bool {
+	for _, l := range b {
+		for _, v := range l {
+			if v != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// TestStepExpertLoadSumsMicroBatches checks that a step's expert load is the sum of the loads
+// of its micro-batches (not the last one's), with max, min and dead experts of that sum: a
+// twin trainer runs the same micro-batches one forward at a time from the same weights.
+func TestStepExpertLoadSumsMicroBatches(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(12))
+	cfg := tinyMoEConfig(t, path, "--gradient_accumulation_steps=3")
+	tr, twin := newTrainer(t, cfg), newTrainer(t, cfg)
+	var want [][]int
+	for i := range 3 {
+		b, err := twin.loader.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := twin.Model.ForwardBackward(toModelBatch(b), 1); err != nil {
+			t.Fatal(err)
+		}
+		for j, l := range twin.Model.ExpertLoad() {
+			if i == 0 {
+				want = append(want, make([]int, len(l.Tokens)))
+			}
+			for e, n := range l.Tokens {
+				want[j][e] += n
+			}
+		}
+	}
+	m, err := tr.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.ExpertLoad) != len(want) {
+		t.Fatalf("expert load for %d layers, want %d", len(m.ExpertLoad), len(want))
+	}
+	for j, l := range m.ExpertLoad {
+		if !slices.Equal(l.Tokens, want[j]) {
+			t.Errorf("layer %d: step load %v, sum of the micro-batches' loads %v", l.Layer, l.Tokens, want[j])
+		}
+		sum := 0
+		for _, n := range l.Tokens {
+			sum += n
+		}
+		if sum != 2*m.Tokens {
+			t.Errorf("layer %d: %d assignments for %d tokens at top-2", l.Layer, sum, m.Tokens)
+		}
+		if l.Max != slices.Max(want[j]) || l.Min != slices.Min(want[j]) {
+			t.Errorf("layer %d: max %d min %d for %v", l.Layer, l.Max, l.Min, want[j])
+		}
+	}
+}
+
+// TestPlanExpertLoadAndBiasMatchSingleDevice runs balancing (aux loss off) on one device and on
+// parallel plans: every step's summed load and the balancing bias after it must equal the
+// single-device run's, and every rank must hold the same bias.
+func TestPlanExpertLoadAndBiasMatchSingleDevice(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	common := []string{"--gradient_accumulation_steps=4", "--moe_balancing_rate=0.02", "--router_aux_loss_coef=0"}
+	run := func(t *testing.T, tr *Trainer) (loads [][][]int, bias [][][]float32) {
+		for range 4 {
+			m, err := tr.Step(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var l [][]int
+			for _, x := range m.ExpertLoad {
+				l = append(l, x.Tokens)
+			}
+			loads = append(loads, l)
+			bias = append(bias, tr.ExpertBias())
+		}
+		return loads, bias
+	}
+	wantLoads, wantBias := run(t, newTrainer(t, tinyMoEConfig(t, path, common...)))
+	if isZero(wantBias[len(wantBias)-1]) {
+		t.Fatal("single-device balancing left the bias at zero")
+	}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"ep=2 on cpu:2", []string{"--devices=cpu:2", "--expert_parallel_size=2"}},
+		{"dp=2 on cpu:2", []string{"--devices=cpu:2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTrainer(t, tinyMoEConfig(t, path, append(tc.extra, common...)...))
+			if !tr.Layout().Parallel {
+				t.Fatalf("layout %+v is not a plan", tr.Layout())
+			}
+			loads, bias := run(t, tr)
+			for s := range loads {
+				if !reflect.DeepEqual(loads[s], wantLoads[s]) {
+					t.Fatalf("step %d: load %v, single device %v", s+1, loads[s], wantLoads[s])
+				}
+				if !reflect.DeepEqual(bias[s], wantBias[s]) {
+					t.Fatalf("step %d: bias %v, single device %v", s+1, bias[s], wantBias[s])
+				}
+			}
+			// The host model (checkpoints, evaluation) holds the plan's bias.
+			if !reflect.DeepEqual(tr.Model.ExpertBias(), wantBias[len(wantBias)-1]) {
+				t.Fatalf("host model bias %v, want %v", tr.Model.ExpertBias(), wantBias[len(wantBias)-1])
+			}
+		})
+	}
+}
+
+// TestBalancingReducesExpertLoadCV trains a tiny qwen3_moe without the aux loss for 30 steps,
+// with and without aux-loss-free balancing: balancing must leave a lower load CV.
+func TestBalancingReducesExpertLoadCV(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	meanCV := func(rate string) (float64, int) {
+		tr := newTrainer(t, tinyMoEConfig(t, path, "--router_aux_loss_coef=0", "--moe_balancing_rate="+rate, "--gradient_accumulation_steps=2", "--learning_rate=1e-2", "--per_device_train_batch_size=4"))
+		if tr.AuxLossCoef() != 0 {
+			t.Fatalf("router_aux_loss_coef=0 left the aux weight at %v", tr.AuxLossCoef())
+		}
+		cv, dead := 0.0, 0
+		for s := range 30 {
+			m, err := tr.Step(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s >= 20 {
+				for _, l := range m.ExpertLoad {
+					cv += l.CV / float64(10*len(m.ExpertLoad))
+					dead += l.Dead
+				}
+			}
+		}
+		return cv, dead
+	}
+	off, offDead := meanCV("0")
+	on, onDead := meanCV("0.01")
+	t.Logf("mean load CV over steps 21-30: %.3f without balancing (%d dead), %.3f with (%d dead)", off, offDead, on, onDead)
+	if !(on < 0.6*off) || onDead >= offDead {
+		t.Fatalf("balancing did not even the load: CV %.3f (dead %d) with, %.3f (dead %d) without", on, onDead, off, offDead)
+	}
+}
+
+// TestMoEConfigRefusals checks that the MoE keys are refused with their name when they are
+// out of range or set on a dense model, and that router_aux_loss_coef overrides config.json.
+func TestMoEConfigRefusals(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(4))
+	for _, tc := range []struct {
+		name, override, key string
+	}{
+		{"negative rate", "--moe_balancing_rate=-0.1", "moe_balancing_rate"},
+		{"infinite rate", "--moe_balancing_rate=.inf", "moe_balancing_rate"},
+		{"negative aux weight", "--router_aux_loss_coef=-1", "router_aux_loss_coef"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			y := fmt.Sprintf("model_name_or_path: x\ndataset: {path: %s}\noutput_dir: o\n", path)
+			_, err := ParseConfig([]byte(y), "c.yaml", MethodSFT, []string{tc.override})
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("%s: error %v, want one naming %s", tc.override, err, tc.key)
+			}
+		})
+	}
+	for _, tc := range []struct{ override, key string }{
+		{"--moe_balancing_rate=0.01", "moe_balancing_rate"},
+		{"--router_aux_loss_coef=0.1", "router_aux_loss_coef"},
+	} {
+		t.Run("dense model "+tc.key, func(t *testing.T) {
+			_, err := New(tinyConfig(t, path, tc.override))
+			if err == nil || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), "mixture-of-experts") {
+				t.Fatalf("%s on a dense model: %v, want an error naming %s", tc.override, err, tc.key)
+			}
+		})
+	}
+	if tr := newTrainer(t, tinyMoEConfig(t, path)); tr.AuxLossCoef() != 0.5 {
+		t.Errorf("aux weight %v, want config.json's router_aux_loss_coef 0.5", tr.AuxLossCoef())
+	}
+	if tr := newTrainer(t, tinyMoEConfig(t, path, "--router_aux_loss_coef=0.25")); tr.AuxLossCoef() != 0.25 {
+		t.Errorf("aux weight %v, want the config key's 0.25", tr.AuxLossCoef())
 	}
 }

@@ -159,6 +159,11 @@ func (t *Trainer) RankRecorders() []*profile.Recorder {
 // startPlan lays the single model and its optimizer state out over d with layout l.
 func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
 	o, recs, devs := t.planOptions(d)
+	if t.auxCoefSet {
+		// The plan reads the objective's aux-loss weight from the model (a single-device
+		// step leaves it divided by the micro-batches).
+		t.Model.SetAuxLossScale(t.auxCoef)
+	}
 	p, err := parallel.New(t.Model, d, l, o)
 	if err != nil {
 		return nil, fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
@@ -383,6 +388,9 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w; to go on, lower learning_rate (now %g) or set max_grad_norm, and move the run with SetLayout (e.g. %q) to rebuild the devices from their last state",
 			t.step+1, l, err, h.LearningRate, l.String())
 	}
+	if err := t.plan.BalanceExperts(); err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err)
+	}
 	if err := t.syncFromPlan(false); err != nil {
 		return StepMetrics{}, err
 	}
@@ -398,6 +406,7 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	if t.Model.IsMoE() {
 		aux := t.plan.AuxLoss()
 		m.AuxLoss = &aux
+		m.ExpertLoad = t.Model.ExpertLoadStats(t.plan.ExpertLoad())
 	}
 	// Time per op class (and "comm.KIND" per collective kind) while profiling records: the
 	// mean over the devices.

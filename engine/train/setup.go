@@ -93,6 +93,9 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 	if t.Model.Arch.Vocab < t.tok.vocabSize() {
 		return nil, fmt.Errorf("train: the model's vocab_size %d is smaller than the tokenizer's %d tokens", t.Model.Arch.Vocab, t.tok.vocabSize())
 	}
+	if err := t.setupMoE(); err != nil {
+		return nil, err
+	}
 	if err := t.setupData(); err != nil {
 		return nil, err
 	}

@@ -81,7 +81,9 @@ type StepMetrics struct {
 	// AuxLoss is the MoE load-balancing loss (unweighted, mean over the step's micro-batches);
 	// nil for dense models. Loss stays the cross-entropy alone.
 	AuxLoss *float64 `json:"aux_loss,omitempty"`
-	// ExpertLoad is the per-layer expert load of the step's last micro-batch (MoE models).
+	// ExpertLoad is the per-layer expert load of the whole step (MoE models): tokens routed to
+	// each expert summed over every micro-batch (and, on a parallel plan, every data and
+	// context rank), then max, min, coefficient of variation and dead experts of those sums.
 	ExpertLoad []models.ExpertLoad `json:"expert_load,omitempty"`
 }
 
@@ -213,6 +215,7 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 			t.auxCoef, t.auxCoefSet = t.Model.AuxLossScale(), true
 		}
 		t.Model.SetAuxLossScale(t.auxCoef / float64(len(batches)))
+		t.Model.TakeExpertLoad() // count this step's micro-batches only
 	}
 	lossSum, auxSum := 0.0, 0.0
 	for i, b := range batches {
@@ -241,8 +244,13 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 		// Parameters may be partly updated: the trainer cannot retry this step.
 		return StepMetrics{}, err
 	}
+	var load [][]int
 	if moe {
-		t.Model.BalanceExperts() // no-op unless aux-loss-free balancing is on
+		load = t.Model.TakeExpertLoad()
+		// A no-op unless aux-loss-free balancing is on; the shapes are the model's own.
+		if err := t.Model.BalanceExpertsWith(load); err != nil {
+			return StepMetrics{}, fmt.Errorf("train: step %d: %w", t.step+1, err)
+		}
 	}
 	if err := t.b.Sync(); err != nil {
 		return StepMetrics{}, err
@@ -258,7 +266,7 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 	if moe {
 		aux := auxSum / float64(len(batches))
 		m.AuxLoss = &aux
-		m.ExpertLoad = t.Model.ExpertLoad()
+		m.ExpertLoad = t.Model.ExpertLoadStats(load)
 	}
 	if ot, ok := t.b.(OpTimer); ok {
 		m.TimeByOpS = map[string]float64{}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -94,17 +95,20 @@ func steps(t *testing.T, tr *Trainer, n int) []float64 {
 func TestResumeReproducesLossesExactly(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
+		make  func(*testing.T, string, ...string) *Config
 		extra []string
 	}{
-		{"fp32 adamw_torch", nil},
-		{"bf16 weights with fp32 masters", []string{"--bf16=true"}},
-		{"adamw_bf16 stochastic rounding", []string{"--bf16=true", "--optim=adamw_bf16"}},
+		{"fp32 adamw_torch", tinyConfig, nil},
+		{"bf16 weights with fp32 masters", tinyConfig, []string{"--bf16=true"}},
+		{"adamw_bf16 stochastic rounding", tinyConfig, []string{"--bf16=true", "--optim=adamw_bf16"}},
+		{"qwen3_moe with expert balancing", tinyMoEConfig, []string{"--moe_balancing_rate=0.01", "--router_aux_loss_coef=0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
-			cfg := tinyConfig(t, path, append([]string{"--gradient_accumulation_steps=2", "--weight_decay=0.1"}, tc.extra...)...)
-			full := steps(t, newTrainer(t, cfg), 6)
+			cfg := tc.make(t, path, append([]string{"--gradient_accumulation_steps=2", "--weight_decay=0.1"}, tc.extra...)...)
+			fullRun := newTrainer(t, cfg)
+			full := steps(t, fullRun, 6)
 
 			first := newTrainer(t, cfg)
 			got := steps(t, first, 3)
@@ -119,7 +123,16 @@ func TestResumeReproducesLossesExactly(t *testing.T) {
 			if second.Steps() != 3 {
 				t.Fatalf("resumed at step %d, want 3", second.Steps())
 			}
+			if b := first.ExpertBias(); b != nil && !reflect.DeepEqual(second.ExpertBias(), b) {
+				t.Fatalf("resumed expert bias %v, saved %v", second.ExpertBias(), b)
+			}
 			got = append(got, steps(t, second, 3)...)
+			if cfg.Optim.MoEBalancingRate > 0 {
+				b := fullRun.ExpertBias()
+				if !reflect.DeepEqual(second.ExpertBias(), b) || isZero(b) {
+					t.Fatalf("expert bias after the resumed run %v, uninterrupted %v", second.ExpertBias(), b)
+				}
+			}
 			for i := range full {
 				if math.Float64bits(full[i]) != math.Float64bits(got[i]) {
 					t.Fatalf("step %d: uninterrupted loss %v, resumed %v (all: %v vs %v)", i+1, full[i], got[i], full, got)
@@ -141,7 +154,7 @@ func TestResumeReproducesLossesExactly(t *testing.T) {
 			if err := second.Save(ck); err != nil {
 				t.Fatal(err)
 			}
-			other := tinyConfig(t, path, append([]string{"--per_device_train_batch_size=3"}, tc.extra...)...)
+			other := tc.make(t, path, append([]string{"--per_device_train_batch_size=3"}, tc.extra...)...)
 			if err := newTrainer(t, other).Resume(ck); err == nil || !strings.Contains(err.Error(), "data plan") {
 				t.Fatalf("resume with another batch size: %v", err)
 			}
