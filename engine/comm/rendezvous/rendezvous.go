@@ -353,6 +353,8 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 	var d net.Dialer
 	var conn net.Conn
 	var lastErr error
+	// Retry quickly at first (node 0 usually starts at the same moment), then every half second.
+	retry := 10 * time.Millisecond
 	for {
 		c, err := d.DialContext(ctx, "tcp", cfg.Addr)
 		if err == nil {
@@ -363,8 +365,9 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 		select {
 		case <-ctx.Done():
 			return World{}, fmt.Errorf("rendezvous: node rank %d: cannot reach node 0 at %s within %v (last error: %v); is node 0 running and is the address right?", self.Rank, cfg.Addr, cfg.timeout(), lastErr)
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(retry):
 		}
+		retry = min(2*retry, 500*time.Millisecond)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
