@@ -380,25 +380,49 @@ func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
 	if ns != rows(src) || nr != rows(dst) {
 		return c.errf(kind, "send counts add up to %d rows and recv to %d; src has %d rows and dst %d", ns, nr, rows(src), rows(dst))
 	}
+	plan := allToAllPlan(send, recv, srcRow, dstRow)
 	return c.run(kind, int64(ns)*srcRow, func() error {
 		if err := c.api.check("ncclGroupStart", c.api.ncclGroupStart(), c.h); err != nil {
 			return err
 		}
 		var errs []error
-		so, ro := int64(0), int64(0)
-		for j := 0; j < c.size; j++ {
-			if n := int64(send[j]) * srcRow; n > 0 {
-				errs = append(errs, c.api.check("ncclSend", c.api.ncclSend(ps+uintptr(so), uint64(n), ncclUint8, int32(j), c.h, legacyStream), c.h))
-				so += n
-			}
-			if n := int64(recv[j]) * dstRow; n > 0 {
-				errs = append(errs, c.api.check("ncclRecv", c.api.ncclRecv(pd+uintptr(ro), uint64(n), ncclUint8, int32(j), c.h, legacyStream), c.h))
-				ro += n
+		for _, op := range plan {
+			if op.send {
+				errs = append(errs, c.api.check("ncclSend", c.api.ncclSend(ps+uintptr(op.offset), uint64(op.bytes), ncclUint8, int32(op.peer), c.h, legacyStream), c.h))
+			} else {
+				errs = append(errs, c.api.check("ncclRecv", c.api.ncclRecv(pd+uintptr(op.offset), uint64(op.bytes), ncclUint8, int32(op.peer), c.h, legacyStream), c.h))
 			}
 		}
 		errs = append(errs, c.api.check("ncclGroupEnd", c.api.ncclGroupEnd(), c.h))
 		return errors.Join(errs...)
 	})
+}
+
+// p2pOp is one ncclSend or ncclRecv of an all-to-all: bytes at offset of the source (send) or
+// destination (receive) buffer, to or from peer.
+type p2pOp struct {
+	send   bool
+	peer   int
+	offset int64
+	bytes  int64
+}
+
+// allToAllPlan lists the sends and receives of an all-to-all in peer order: the part for peer j
+// starts after the rows of the peers before it; empty parts are left out.
+func allToAllPlan(send, recv []int, srcRow, dstRow int64) []p2pOp {
+	var plan []p2pOp
+	so, ro := int64(0), int64(0)
+	for j := range send {
+		if n := int64(send[j]) * srcRow; n > 0 {
+			plan = append(plan, p2pOp{send: true, peer: j, offset: so, bytes: n})
+			so += n
+		}
+		if n := int64(recv[j]) * dstRow; n > 0 {
+			plan = append(plan, p2pOp{send: false, peer: j, offset: ro, bytes: n})
+			ro += n
+		}
+	}
+	return plan
 }
 
 func rows(t T) int {

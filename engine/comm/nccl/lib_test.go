@@ -197,3 +197,20 @@ func TestErrorMessagesSayWhatToCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestAllToAllPlanUnevenSplits(t *testing.T) {
+	// Rank 1 of 3, rows of 10 bytes: sends 2, 0, 3 rows and receives 1, 4, 0.
+	got := allToAllPlan([]int{2, 0, 3}, []int{1, 4, 0}, 10, 10)
+	want := []p2pOp{
+		{send: true, peer: 0, offset: 0, bytes: 20},
+		{send: false, peer: 0, offset: 0, bytes: 10},
+		{send: false, peer: 1, offset: 10, bytes: 40},
+		{send: true, peer: 2, offset: 20, bytes: 30},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("plan\n%+v\nwant\n%+v", got, want)
+	}
+	if p := allToAllPlan([]int{0, 0}, []int{0, 0}, 4, 4); len(p) != 0 {
+		t.Fatalf("an exchange of nothing plans %+v", p)
+	}
+}
