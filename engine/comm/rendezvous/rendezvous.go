@@ -364,7 +364,7 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 		lastErr = err
 		select {
 		case <-ctx.Done():
-			return World{}, fmt.Errorf("rendezvous: node rank %d: cannot reach node 0 at %s within %v (last error: %v); is node 0 running and is the address right?", self.Rank, cfg.Addr, cfg.timeout(), lastErr)
+			return World{}, fmt.Errorf("rendezvous: node rank %d: cannot reach node 0 at %s within %v (last error: %v); is node 0 running and is the address right?", self.Rank, cfg.Addr, cfg.timeout()+verdictGrace, lastErr)
 		case <-time.After(retry):
 		}
 		retry = min(2*retry, 500*time.Millisecond)
@@ -379,7 +379,7 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 			return fmt.Errorf("rendezvous: node rank %d: %w", self.Rank, err)
 		}
 		if ctx.Err() != nil || isTimeout(err) {
-			return fmt.Errorf("rendezvous: node rank %d: timed out after %v %s from node 0 at %s", self.Rank, cfg.timeout(), stage, cfg.Addr)
+			return fmt.Errorf("rendezvous: node rank %d: timed out after %v %s from node 0 at %s", self.Rank, cfg.timeout()+verdictGrace, stage, cfg.Addr)
 		}
 		return fmt.Errorf("rendezvous: node rank %d: %s from node 0 at %s: %v", self.Rank, stage, cfg.Addr, err)
 	}
