@@ -28,6 +28,7 @@ type (
 	StepMetrics       = halov1.StepMetrics
 	StepProfile       = halov1.StepProfile
 	DeviceMemory      = halov1.DeviceMemory
+	ExpertLoad        = halov1.ExpertLoad
 	StatusResponse    = halov1.StatusResponse
 	Hyper             = halov1.Hyper
 	SetHyperRequest   = halov1.SetHyperRequest

@@ -1030,6 +1030,15 @@ func metricsPB(m train.StepMetrics) *halov1.StepMetrics {
 	if len(m.TimeByOpS) > 0 {
 		pm.TimeByOpS = m.TimeByOpS
 	}
+	pm.AuxLoss = m.AuxLoss
+	for _, l := range m.ExpertLoad {
+		el := &halov1.ExpertLoad{Layer: int32(l.Layer), Max: int64(l.Max), Min: int64(l.Min), Cv: l.CV, Dead: int32(l.Dead),
+			Tokens: make([]int64, len(l.Tokens))}
+		for e, n := range l.Tokens {
+			el.Tokens[e] = int64(n)
+		}
+		pm.ExpertLoad = append(pm.ExpertLoad, el)
+	}
 	return pm
 }
 

@@ -324,6 +324,17 @@ func Metrics() []StepMetrics {
 	return metricsList(env("halo.Metrics").History())
 }
 
+// ExpertLoad returns the per-layer expert load of the latest step seen (nil before any step
+// and for dense models): tokens per expert summed over the step's micro-batches and ranks,
+// with max, min, coefficient of variation and dead experts.
+func ExpertLoad() []LayerLoad {
+	ms := Metrics()
+	if len(ms) == 0 {
+		return nil
+	}
+	return ms[len(ms)-1].ExpertLoad
+}
+
 // Losses returns the training loss of each step in Metrics.
 func Losses() []float64 {
 	ms := Metrics()

@@ -45,6 +45,10 @@ type StepMetrics struct {
 	TokensPerS float64
 	StepTime   float64 // seconds
 	EvalLoss   float64 // NaN when the step did not evaluate
+	AuxLoss    float64 // MoE load-balancing loss (unweighted); NaN for dense models
+	// ExpertLoad is the routing load of each MoE layer over the whole step (nil for dense
+	// models).
+	ExpertLoad []LayerLoad
 }
 
 func (m StepMetrics) String() string {
@@ -52,14 +56,65 @@ func (m StepMetrics) String() string {
 	if !math.IsNaN(m.EvalLoss) {
 		s += fmt.Sprintf("  eval_loss %.4f", m.EvalLoss)
 	}
+	if !math.IsNaN(m.AuxLoss) {
+		s += fmt.Sprintf("  aux %.4f", m.AuxLoss)
+	}
+	if w, ok := WorstLayer(m.ExpertLoad); ok {
+		s += fmt.Sprintf("  experts: worst cv %.2f (layer %d)  dead %d", w.CV, w.Layer, DeadExperts(m.ExpertLoad))
+	}
 	return s
+}
+
+// LayerLoad is the routing load of one mixture-of-experts layer over one optimizer step.
+type LayerLoad struct {
+	Layer  int     // decoder layer index
+	Tokens []int64 // tokens routed to each expert (once per expert among a token's top-k)
+	Max    int64   // largest entry of Tokens
+	Min    int64   // smallest entry of Tokens
+	CV     float64 // coefficient of variation of Tokens (population std / mean)
+	Dead   int     // experts that received no token
+}
+
+func (l LayerLoad) String() string {
+	return fmt.Sprintf("layer %d  cv %.3f  max %d  min %d  dead %d  tokens %v", l.Layer, l.CV, l.Max, l.Min, l.Dead, l.Tokens)
+}
+
+// WorstLayer returns the layer with the largest coefficient of variation (the first on ties)
+// and false when there is none (dense models).
+func WorstLayer(ls []LayerLoad) (LayerLoad, bool) {
+	if len(ls) == 0 {
+		return LayerLoad{}, false
+	}
+	w := ls[0]
+	for _, l := range ls[1:] {
+		if l.CV > w.CV {
+			w = l
+		}
+	}
+	return w, true
+}
+
+// DeadExperts is the number of (layer, expert) pairs that received no token.
+func DeadExperts(ls []LayerLoad) int {
+	n := 0
+	for _, l := range ls {
+		n += l.Dead
+	}
+	return n
 }
 
 func metricsOf(m *session.StepMetrics) StepMetrics {
 	out := StepMetrics{Step: m.Step, Loss: m.Loss, GradNorm: m.GradNorm, LR: m.Lr, Tokens: m.Tokens,
-		TokensPerS: m.TokensPerS, StepTime: m.StepTimeS, EvalLoss: math.NaN()}
+		TokensPerS: m.TokensPerS, StepTime: m.StepTimeS, EvalLoss: math.NaN(), AuxLoss: math.NaN()}
 	if m.EvalLoss != nil {
 		out.EvalLoss = *m.EvalLoss
+	}
+	if m.AuxLoss != nil {
+		out.AuxLoss = *m.AuxLoss
+	}
+	for _, l := range m.ExpertLoad {
+		out.ExpertLoad = append(out.ExpertLoad, LayerLoad{Layer: int(l.Layer), Tokens: append([]int64(nil), l.Tokens...),
+			Max: l.Max, Min: l.Min, CV: l.Cv, Dead: int(l.Dead)})
 	}
 	return out
 }

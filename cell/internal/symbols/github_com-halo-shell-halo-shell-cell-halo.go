@@ -15,9 +15,11 @@ func init() {
 		"Attach":           reflect.ValueOf(halo.Attach),
 		"BundleOf":         reflect.ValueOf(halo.BundleOf),
 		"Context":          reflect.ValueOf(halo.Context),
+		"DeadExperts":      reflect.ValueOf(halo.DeadExperts),
 		"Display":          reflect.ValueOf(halo.Display),
 		"Doc":              reflect.ValueOf(halo.Doc),
 		"Eval":             reflect.ValueOf(halo.Eval),
+		"ExpertLoad":       reflect.ValueOf(halo.ExpertLoad),
 		"Generate":         reflect.ValueOf(halo.Generate),
 		"GenerateN":        reflect.ValueOf(halo.GenerateN),
 		"GoPanic":          reflect.ValueOf(halo.GoPanic),
@@ -50,6 +52,7 @@ func init() {
 		"Status":           reflect.ValueOf(halo.Status),
 		"Step":             reflect.ValueOf(halo.Step),
 		"Text":             reflect.ValueOf(halo.Text),
+		"WorstLayer":       reflect.ValueOf(halo.WorstLayer),
 
 		// type definitions
 		"Bundle":        reflect.ValueOf((*halo.Bundle)(nil)),
@@ -57,6 +60,7 @@ func init() {
 		"Error":         reflect.ValueOf((*halo.Error)(nil)),
 		"Hyperparams":   reflect.ValueOf((*halo.Hyperparams)(nil)),
 		"Image":         reflect.ValueOf((*halo.Image)(nil)),
+		"LayerLoad":     reflect.ValueOf((*halo.LayerLoad)(nil)),
 		"LayoutInfo":    reflect.ValueOf((*halo.LayoutInfo)(nil)),
 		"ProfileReport": reflect.ValueOf((*halo.ProfileReport)(nil)),
 		"Series":        reflect.ValueOf((*halo.Series)(nil)),

@@ -281,7 +281,13 @@ type StepMetrics struct {
 	// tflops is model_flops over the step time, in TFLOP/s.
 	Tflops float64 `protobuf:"fixed64,13,opt,name=tflops,proto3" json:"tflops,omitempty"`
 	// memory is each device's memory after the step.
-	Memory        []*DeviceMemory `protobuf:"bytes,14,rep,name=memory,proto3" json:"memory,omitempty"`
+	Memory []*DeviceMemory `protobuf:"bytes,14,rep,name=memory,proto3" json:"memory,omitempty"`
+	// aux_loss is the MoE load-balancing loss (unweighted, mean over the step's micro-batches);
+	// absent for dense models.
+	AuxLoss *float64 `protobuf:"fixed64,15,opt,name=aux_loss,json=auxLoss,proto3,oneof" json:"aux_loss,omitempty"`
+	// expert_load is the routing load of each MoE layer over the whole step (every micro-batch,
+	// every data and context rank); empty for dense models.
+	ExpertLoad    []*ExpertLoad `protobuf:"bytes,16,rep,name=expert_load,json=expertLoad,proto3" json:"expert_load,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -414,6 +420,105 @@ func (x *StepMetrics) GetMemory() []*DeviceMemory {
 	return nil
 }
 
+func (x *StepMetrics) GetAuxLoss() float64 {
+	if x != nil && x.AuxLoss != nil {
+		return *x.AuxLoss
+	}
+	return 0
+}
+
+func (x *StepMetrics) GetExpertLoad() []*ExpertLoad {
+	if x != nil {
+		return x.ExpertLoad
+	}
+	return nil
+}
+
+// ExpertLoad is the routing load of one mixture-of-experts layer over one optimizer step.
+type ExpertLoad struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layer         int32                  `protobuf:"varint,1,opt,name=layer,proto3" json:"layer,omitempty"`          // decoder layer index
+	Tokens        []int64                `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"` // tokens routed to each expert (once per expert among a token's top-k)
+	Max           int64                  `protobuf:"varint,3,opt,name=max,proto3" json:"max,omitempty"`              // largest entry of tokens
+	Min           int64                  `protobuf:"varint,4,opt,name=min,proto3" json:"min,omitempty"`              // smallest entry of tokens
+	Cv            float64                `protobuf:"fixed64,5,opt,name=cv,proto3" json:"cv,omitempty"`               // coefficient of variation of tokens (population std / mean)
+	Dead          int32                  `protobuf:"varint,6,opt,name=dead,proto3" json:"dead,omitempty"`            // experts that received no token
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpertLoad) Reset() {
+	*x = ExpertLoad{}
+	mi := &file_halo_v1_session_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpertLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpertLoad) ProtoMessage() {}
+
+func (x *ExpertLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpertLoad.ProtoReflect.Descriptor instead.
+func (*ExpertLoad) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ExpertLoad) GetLayer() int32 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *ExpertLoad) GetTokens() []int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *ExpertLoad) GetMax() int64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *ExpertLoad) GetMin() int64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *ExpertLoad) GetCv() float64 {
+	if x != nil {
+		return x.Cv
+	}
+	return 0
+}
+
+func (x *ExpertLoad) GetDead() int32 {
+	if x != nil {
+		return x.Dead
+	}
+	return 0
+}
+
 type DeviceMemory struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Device         string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
@@ -427,7 +532,7 @@ type DeviceMemory struct {
 
 func (x *DeviceMemory) Reset() {
 	*x = DeviceMemory{}
-	mi := &file_halo_v1_session_proto_msgTypes[3]
+	mi := &file_halo_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +544,7 @@ func (x *DeviceMemory) String() string {
 func (*DeviceMemory) ProtoMessage() {}
 
 func (x *DeviceMemory) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[3]
+	mi := &file_halo_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +557,7 @@ func (x *DeviceMemory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMemory.ProtoReflect.Descriptor instead.
 func (*DeviceMemory) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DeviceMemory) GetDevice() string {
@@ -499,7 +604,7 @@ type StepRequest struct {
 
 func (x *StepRequest) Reset() {
 	*x = StepRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[4]
+	mi := &file_halo_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +616,7 @@ func (x *StepRequest) String() string {
 func (*StepRequest) ProtoMessage() {}
 
 func (x *StepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[4]
+	mi := &file_halo_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +629,7 @@ func (x *StepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRequest.ProtoReflect.Descriptor instead.
 func (*StepRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StepRequest) GetN() int32 {
@@ -543,7 +648,7 @@ type StepResponse struct {
 
 func (x *StepResponse) Reset() {
 	*x = StepResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[5]
+	mi := &file_halo_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +660,7 @@ func (x *StepResponse) String() string {
 func (*StepResponse) ProtoMessage() {}
 
 func (x *StepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[5]
+	mi := &file_halo_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +673,7 @@ func (x *StepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepResponse.ProtoReflect.Descriptor instead.
 func (*StepResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StepResponse) GetMetrics() []*StepMetrics {
@@ -588,7 +693,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[6]
+	mi := &file_halo_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +705,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[6]
+	mi := &file_halo_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +718,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunRequest) GetMaxSteps() int64 {
@@ -632,7 +737,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[7]
+	mi := &file_halo_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +749,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[7]
+	mi := &file_halo_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +762,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunResponse) GetStatus() *StatusResponse {
@@ -675,7 +780,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[8]
+	mi := &file_halo_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +792,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[8]
+	mi := &file_halo_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +805,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 type PauseResponse struct {
@@ -712,7 +817,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[9]
+	mi := &file_halo_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +829,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[9]
+	mi := &file_halo_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +842,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PauseResponse) GetStatus() *StatusResponse {
@@ -755,7 +860,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[10]
+	mi := &file_halo_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +872,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[10]
+	mi := &file_halo_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +885,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 type ResumeResponse struct {
@@ -792,7 +897,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[11]
+	mi := &file_halo_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +909,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[11]
+	mi := &file_halo_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +922,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResumeResponse) GetStatus() *StatusResponse {
@@ -835,7 +940,7 @@ type EvalRequest struct {
 
 func (x *EvalRequest) Reset() {
 	*x = EvalRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[12]
+	mi := &file_halo_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +952,7 @@ func (x *EvalRequest) String() string {
 func (*EvalRequest) ProtoMessage() {}
 
 func (x *EvalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[12]
+	mi := &file_halo_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +965,7 @@ func (x *EvalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalRequest.ProtoReflect.Descriptor instead.
 func (*EvalRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 type EvalResponse struct {
@@ -873,7 +978,7 @@ type EvalResponse struct {
 
 func (x *EvalResponse) Reset() {
 	*x = EvalResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[13]
+	mi := &file_halo_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +990,7 @@ func (x *EvalResponse) String() string {
 func (*EvalResponse) ProtoMessage() {}
 
 func (x *EvalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[13]
+	mi := &file_halo_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +1003,7 @@ func (x *EvalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalResponse.ProtoReflect.Descriptor instead.
 func (*EvalResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EvalResponse) GetLoss() float64 {
@@ -931,7 +1036,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[14]
+	mi := &file_halo_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1048,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[14]
+	mi := &file_halo_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1061,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GenerateRequest) GetPrompt() string {
@@ -1019,7 +1124,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[15]
+	mi := &file_halo_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1136,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[15]
+	mi := &file_halo_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1149,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GenerateResponse) GetText() string {
@@ -1077,7 +1182,7 @@ type SaveRequest struct {
 
 func (x *SaveRequest) Reset() {
 	*x = SaveRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[16]
+	mi := &file_halo_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1194,7 @@ func (x *SaveRequest) String() string {
 func (*SaveRequest) ProtoMessage() {}
 
 func (x *SaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[16]
+	mi := &file_halo_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1207,7 @@ func (x *SaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveRequest.ProtoReflect.Descriptor instead.
 func (*SaveRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SaveRequest) GetDir() string {
@@ -1122,7 +1227,7 @@ type SaveResponse struct {
 
 func (x *SaveResponse) Reset() {
 	*x = SaveResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[17]
+	mi := &file_halo_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1239,7 @@ func (x *SaveResponse) String() string {
 func (*SaveResponse) ProtoMessage() {}
 
 func (x *SaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[17]
+	mi := &file_halo_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1252,7 @@ func (x *SaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveResponse.ProtoReflect.Descriptor instead.
 func (*SaveResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SaveResponse) GetDir() string {
@@ -1180,7 +1285,7 @@ type Hyper struct {
 
 func (x *Hyper) Reset() {
 	*x = Hyper{}
-	mi := &file_halo_v1_session_proto_msgTypes[18]
+	mi := &file_halo_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1297,7 @@ func (x *Hyper) String() string {
 func (*Hyper) ProtoMessage() {}
 
 func (x *Hyper) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[18]
+	mi := &file_halo_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1310,7 @@ func (x *Hyper) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hyper.ProtoReflect.Descriptor instead.
 func (*Hyper) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Hyper) GetLearningRate() float64 {
@@ -1272,7 +1377,7 @@ type GetHyperRequest struct {
 
 func (x *GetHyperRequest) Reset() {
 	*x = GetHyperRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[19]
+	mi := &file_halo_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1389,7 @@ func (x *GetHyperRequest) String() string {
 func (*GetHyperRequest) ProtoMessage() {}
 
 func (x *GetHyperRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[19]
+	mi := &file_halo_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1402,7 @@ func (x *GetHyperRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHyperRequest.ProtoReflect.Descriptor instead.
 func (*GetHyperRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 type SetHyperRequest struct {
@@ -1316,7 +1421,7 @@ type SetHyperRequest struct {
 
 func (x *SetHyperRequest) Reset() {
 	*x = SetHyperRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[20]
+	mi := &file_halo_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1433,7 @@ func (x *SetHyperRequest) String() string {
 func (*SetHyperRequest) ProtoMessage() {}
 
 func (x *SetHyperRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[20]
+	mi := &file_halo_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1446,7 @@ func (x *SetHyperRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHyperRequest.ProtoReflect.Descriptor instead.
 func (*SetHyperRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetHyperRequest) GetLearningRate() float64 {
@@ -1418,7 +1523,7 @@ type TensorStats struct {
 
 func (x *TensorStats) Reset() {
 	*x = TensorStats{}
-	mi := &file_halo_v1_session_proto_msgTypes[21]
+	mi := &file_halo_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1535,7 @@ func (x *TensorStats) String() string {
 func (*TensorStats) ProtoMessage() {}
 
 func (x *TensorStats) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[21]
+	mi := &file_halo_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1548,7 @@ func (x *TensorStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorStats.ProtoReflect.Descriptor instead.
 func (*TensorStats) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TensorStats) GetName() string {
@@ -1536,7 +1641,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[22]
+	mi := &file_halo_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1653,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[22]
+	mi := &file_halo_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1666,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InspectRequest) GetName() string {
@@ -1610,7 +1715,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[23]
+	mi := &file_halo_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1727,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[23]
+	mi := &file_halo_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1740,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *InspectResponse) GetStats() []*TensorStats {
@@ -1679,7 +1784,7 @@ type StepProfile struct {
 
 func (x *StepProfile) Reset() {
 	*x = StepProfile{}
-	mi := &file_halo_v1_session_proto_msgTypes[24]
+	mi := &file_halo_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1796,7 @@ func (x *StepProfile) String() string {
 func (*StepProfile) ProtoMessage() {}
 
 func (x *StepProfile) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[24]
+	mi := &file_halo_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1809,7 @@ func (x *StepProfile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepProfile.ProtoReflect.Descriptor instead.
 func (*StepProfile) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StepProfile) GetStep() int64 {
@@ -1781,7 +1886,7 @@ type ProfileRequest struct {
 
 func (x *ProfileRequest) Reset() {
 	*x = ProfileRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[25]
+	mi := &file_halo_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1898,7 @@ func (x *ProfileRequest) String() string {
 func (*ProfileRequest) ProtoMessage() {}
 
 func (x *ProfileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[25]
+	mi := &file_halo_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +1911,7 @@ func (x *ProfileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProfileRequest.ProtoReflect.Descriptor instead.
 func (*ProfileRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProfileRequest) GetSteps() int32 {
@@ -1833,7 +1938,7 @@ type ProfileResponse struct {
 
 func (x *ProfileResponse) Reset() {
 	*x = ProfileResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[26]
+	mi := &file_halo_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1950,7 @@ func (x *ProfileResponse) String() string {
 func (*ProfileResponse) ProtoMessage() {}
 
 func (x *ProfileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[26]
+	mi := &file_halo_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1963,7 @@ func (x *ProfileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProfileResponse.ProtoReflect.Descriptor instead.
 func (*ProfileResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProfileResponse) GetSteps() []*StepProfile {
@@ -1887,7 +1992,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_halo_v1_session_proto_msgTypes[27]
+	mi := &file_halo_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2004,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[27]
+	mi := &file_halo_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2017,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -1951,7 +2056,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[28]
+	mi := &file_halo_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2068,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[28]
+	mi := &file_halo_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2081,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 type StatusResponse struct {
@@ -2003,7 +2108,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[29]
+	mi := &file_halo_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2120,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[29]
+	mi := &file_halo_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2133,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatusResponse) GetName() string {
@@ -2140,7 +2245,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[30]
+	mi := &file_halo_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2257,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[30]
+	mi := &file_halo_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2270,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EventsRequest) GetBuffer() int32 {
@@ -2193,7 +2298,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_halo_v1_session_proto_msgTypes[31]
+	mi := &file_halo_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2310,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[31]
+	mi := &file_halo_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2323,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -2331,7 +2436,7 @@ type LogEvent struct {
 
 func (x *LogEvent) Reset() {
 	*x = LogEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[32]
+	mi := &file_halo_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2448,7 @@ func (x *LogEvent) String() string {
 func (*LogEvent) ProtoMessage() {}
 
 func (x *LogEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[32]
+	mi := &file_halo_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2461,7 @@ func (x *LogEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEvent.ProtoReflect.Descriptor instead.
 func (*LogEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LogEvent) GetLevel() string {
@@ -2385,7 +2490,7 @@ type StateEvent struct {
 
 func (x *StateEvent) Reset() {
 	*x = StateEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[33]
+	mi := &file_halo_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2502,7 @@ func (x *StateEvent) String() string {
 func (*StateEvent) ProtoMessage() {}
 
 func (x *StateEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[33]
+	mi := &file_halo_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2515,7 @@ func (x *StateEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateEvent.ProtoReflect.Descriptor instead.
 func (*StateEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StateEvent) GetState() State {
@@ -2451,7 +2556,7 @@ type DroppedEvent struct {
 
 func (x *DroppedEvent) Reset() {
 	*x = DroppedEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[34]
+	mi := &file_halo_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2568,7 @@ func (x *DroppedEvent) String() string {
 func (*DroppedEvent) ProtoMessage() {}
 
 func (x *DroppedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[34]
+	mi := &file_halo_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2581,7 @@ func (x *DroppedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DroppedEvent.ProtoReflect.Descriptor instead.
 func (*DroppedEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DroppedEvent) GetCount() int64 {
@@ -2498,7 +2603,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2615,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2628,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SetLayoutRequest) GetLayout() string {
@@ -2546,7 +2651,7 @@ type SetLayoutResponse struct {
 
 func (x *SetLayoutResponse) Reset() {
 	*x = SetLayoutResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[36]
+	mi := &file_halo_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2663,7 @@ func (x *SetLayoutResponse) String() string {
 func (*SetLayoutResponse) ProtoMessage() {}
 
 func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[36]
+	mi := &file_halo_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2676,7 @@ func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutResponse.ProtoReflect.Descriptor instead.
 func (*SetLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetLayoutResponse) GetLayout() string {
@@ -2619,7 +2724,7 @@ type ControlRequest struct {
 
 func (x *ControlRequest) Reset() {
 	*x = ControlRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[37]
+	mi := &file_halo_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2631,7 +2736,7 @@ func (x *ControlRequest) String() string {
 func (*ControlRequest) ProtoMessage() {}
 
 func (x *ControlRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[37]
+	mi := &file_halo_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2644,7 +2749,7 @@ func (x *ControlRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRequest.ProtoReflect.Descriptor instead.
 func (*ControlRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ControlRequest) GetAction() ControlAction {
@@ -2671,7 +2776,7 @@ type ControlResponse struct {
 
 func (x *ControlResponse) Reset() {
 	*x = ControlResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[38]
+	mi := &file_halo_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2683,7 +2788,7 @@ func (x *ControlResponse) String() string {
 func (*ControlResponse) ProtoMessage() {}
 
 func (x *ControlResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[38]
+	mi := &file_halo_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2696,7 +2801,7 @@ func (x *ControlResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlResponse.ProtoReflect.Descriptor instead.
 func (*ControlResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ControlResponse) GetController() string {
@@ -2725,7 +2830,7 @@ type NotController struct {
 
 func (x *NotController) Reset() {
 	*x = NotController{}
-	mi := &file_halo_v1_session_proto_msgTypes[39]
+	mi := &file_halo_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2737,7 +2842,7 @@ func (x *NotController) String() string {
 func (*NotController) ProtoMessage() {}
 
 func (x *NotController) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[39]
+	mi := &file_halo_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2750,7 +2855,7 @@ func (x *NotController) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotController.ProtoReflect.Descriptor instead.
 func (*NotController) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NotController) GetController() string {
@@ -2781,7 +2886,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\toverrides\x18\x04 \x03(\tR\toverrides\"Y\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\asummary\x18\x01 \x01(\tR\asummary\x12/\n" +
-	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\x88\x04\n" +
+	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\xeb\x04\n" +
 	"\vStepMetrics\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x1b\n" +
@@ -2799,12 +2904,24 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\vmodel_flops\x18\f \x01(\x01R\n" +
 	"modelFlops\x12\x16\n" +
 	"\x06tflops\x18\r \x01(\x01R\x06tflops\x12-\n" +
-	"\x06memory\x18\x0e \x03(\v2\x15.halo.v1.DeviceMemoryR\x06memory\x1a<\n" +
+	"\x06memory\x18\x0e \x03(\v2\x15.halo.v1.DeviceMemoryR\x06memory\x12\x1e\n" +
+	"\baux_loss\x18\x0f \x01(\x01H\x01R\aauxLoss\x88\x01\x01\x124\n" +
+	"\vexpert_load\x18\x10 \x03(\v2\x13.halo.v1.ExpertLoadR\n" +
+	"expertLoad\x1a<\n" +
 	"\x0eTimeByOpSEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_eval_loss\"\xb6\x01\n" +
+	"_eval_lossB\v\n" +
+	"\t_aux_loss\"\x82\x01\n" +
+	"\n" +
+	"ExpertLoad\x12\x14\n" +
+	"\x05layer\x18\x01 \x01(\x05R\x05layer\x12\x16\n" +
+	"\x06tokens\x18\x02 \x03(\x03R\x06tokens\x12\x10\n" +
+	"\x03max\x18\x03 \x01(\x03R\x03max\x12\x10\n" +
+	"\x03min\x18\x04 \x01(\x03R\x03min\x12\x0e\n" +
+	"\x02cv\x18\x05 \x01(\x01R\x02cv\x12\x12\n" +
+	"\x04dead\x18\x06 \x01(\x05R\x04dead\"\xb6\x01\n" +
 	"\fDeviceMemory\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12'\n" +
 	"\x0fallocated_bytes\x18\x02 \x01(\x03R\x0eallocatedBytes\x12%\n" +
@@ -3047,115 +3164,117 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),                // 0: halo.v1.State
 	(ControlAction)(0),        // 1: halo.v1.ControlAction
 	(*LoadRequest)(nil),       // 2: halo.v1.LoadRequest
 	(*LoadResponse)(nil),      // 3: halo.v1.LoadResponse
 	(*StepMetrics)(nil),       // 4: halo.v1.StepMetrics
-	(*DeviceMemory)(nil),      // 5: halo.v1.DeviceMemory
-	(*StepRequest)(nil),       // 6: halo.v1.StepRequest
-	(*StepResponse)(nil),      // 7: halo.v1.StepResponse
-	(*RunRequest)(nil),        // 8: halo.v1.RunRequest
-	(*RunResponse)(nil),       // 9: halo.v1.RunResponse
-	(*PauseRequest)(nil),      // 10: halo.v1.PauseRequest
-	(*PauseResponse)(nil),     // 11: halo.v1.PauseResponse
-	(*ResumeRequest)(nil),     // 12: halo.v1.ResumeRequest
-	(*ResumeResponse)(nil),    // 13: halo.v1.ResumeResponse
-	(*EvalRequest)(nil),       // 14: halo.v1.EvalRequest
-	(*EvalResponse)(nil),      // 15: halo.v1.EvalResponse
-	(*GenerateRequest)(nil),   // 16: halo.v1.GenerateRequest
-	(*GenerateResponse)(nil),  // 17: halo.v1.GenerateResponse
-	(*SaveRequest)(nil),       // 18: halo.v1.SaveRequest
-	(*SaveResponse)(nil),      // 19: halo.v1.SaveResponse
-	(*Hyper)(nil),             // 20: halo.v1.Hyper
-	(*GetHyperRequest)(nil),   // 21: halo.v1.GetHyperRequest
-	(*SetHyperRequest)(nil),   // 22: halo.v1.SetHyperRequest
-	(*TensorStats)(nil),       // 23: halo.v1.TensorStats
-	(*InspectRequest)(nil),    // 24: halo.v1.InspectRequest
-	(*InspectResponse)(nil),   // 25: halo.v1.InspectResponse
-	(*StepProfile)(nil),       // 26: halo.v1.StepProfile
-	(*ProfileRequest)(nil),    // 27: halo.v1.ProfileRequest
-	(*ProfileResponse)(nil),   // 28: halo.v1.ProfileResponse
-	(*ClientInfo)(nil),        // 29: halo.v1.ClientInfo
-	(*StatusRequest)(nil),     // 30: halo.v1.StatusRequest
-	(*StatusResponse)(nil),    // 31: halo.v1.StatusResponse
-	(*EventsRequest)(nil),     // 32: halo.v1.EventsRequest
-	(*Event)(nil),             // 33: halo.v1.Event
-	(*LogEvent)(nil),          // 34: halo.v1.LogEvent
-	(*StateEvent)(nil),        // 35: halo.v1.StateEvent
-	(*DroppedEvent)(nil),      // 36: halo.v1.DroppedEvent
-	(*SetLayoutRequest)(nil),  // 37: halo.v1.SetLayoutRequest
-	(*SetLayoutResponse)(nil), // 38: halo.v1.SetLayoutResponse
-	(*ControlRequest)(nil),    // 39: halo.v1.ControlRequest
-	(*ControlResponse)(nil),   // 40: halo.v1.ControlResponse
-	(*NotController)(nil),     // 41: halo.v1.NotController
-	nil,                       // 42: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                       // 43: halo.v1.StepProfile.ComputeSEntry
-	nil,                       // 44: halo.v1.StepProfile.CommSEntry
+	(*ExpertLoad)(nil),        // 5: halo.v1.ExpertLoad
+	(*DeviceMemory)(nil),      // 6: halo.v1.DeviceMemory
+	(*StepRequest)(nil),       // 7: halo.v1.StepRequest
+	(*StepResponse)(nil),      // 8: halo.v1.StepResponse
+	(*RunRequest)(nil),        // 9: halo.v1.RunRequest
+	(*RunResponse)(nil),       // 10: halo.v1.RunResponse
+	(*PauseRequest)(nil),      // 11: halo.v1.PauseRequest
+	(*PauseResponse)(nil),     // 12: halo.v1.PauseResponse
+	(*ResumeRequest)(nil),     // 13: halo.v1.ResumeRequest
+	(*ResumeResponse)(nil),    // 14: halo.v1.ResumeResponse
+	(*EvalRequest)(nil),       // 15: halo.v1.EvalRequest
+	(*EvalResponse)(nil),      // 16: halo.v1.EvalResponse
+	(*GenerateRequest)(nil),   // 17: halo.v1.GenerateRequest
+	(*GenerateResponse)(nil),  // 18: halo.v1.GenerateResponse
+	(*SaveRequest)(nil),       // 19: halo.v1.SaveRequest
+	(*SaveResponse)(nil),      // 20: halo.v1.SaveResponse
+	(*Hyper)(nil),             // 21: halo.v1.Hyper
+	(*GetHyperRequest)(nil),   // 22: halo.v1.GetHyperRequest
+	(*SetHyperRequest)(nil),   // 23: halo.v1.SetHyperRequest
+	(*TensorStats)(nil),       // 24: halo.v1.TensorStats
+	(*InspectRequest)(nil),    // 25: halo.v1.InspectRequest
+	(*InspectResponse)(nil),   // 26: halo.v1.InspectResponse
+	(*StepProfile)(nil),       // 27: halo.v1.StepProfile
+	(*ProfileRequest)(nil),    // 28: halo.v1.ProfileRequest
+	(*ProfileResponse)(nil),   // 29: halo.v1.ProfileResponse
+	(*ClientInfo)(nil),        // 30: halo.v1.ClientInfo
+	(*StatusRequest)(nil),     // 31: halo.v1.StatusRequest
+	(*StatusResponse)(nil),    // 32: halo.v1.StatusResponse
+	(*EventsRequest)(nil),     // 33: halo.v1.EventsRequest
+	(*Event)(nil),             // 34: halo.v1.Event
+	(*LogEvent)(nil),          // 35: halo.v1.LogEvent
+	(*StateEvent)(nil),        // 36: halo.v1.StateEvent
+	(*DroppedEvent)(nil),      // 37: halo.v1.DroppedEvent
+	(*SetLayoutRequest)(nil),  // 38: halo.v1.SetLayoutRequest
+	(*SetLayoutResponse)(nil), // 39: halo.v1.SetLayoutResponse
+	(*ControlRequest)(nil),    // 40: halo.v1.ControlRequest
+	(*ControlResponse)(nil),   // 41: halo.v1.ControlResponse
+	(*NotController)(nil),     // 42: halo.v1.NotController
+	nil,                       // 43: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                       // 44: halo.v1.StepProfile.ComputeSEntry
+	nil,                       // 45: halo.v1.StepProfile.CommSEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
-	31, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	42, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
-	5,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
-	4,  // 3: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
-	31, // 4: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
-	31, // 5: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
-	31, // 6: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
-	23, // 7: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	43, // 8: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	44, // 9: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
-	4,  // 10: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
-	26, // 11: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
-	0,  // 12: halo.v1.StatusResponse.state:type_name -> halo.v1.State
-	29, // 13: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
-	20, // 14: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
-	4,  // 15: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
-	4,  // 16: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
-	34, // 17: halo.v1.Event.log:type_name -> halo.v1.LogEvent
-	35, // 18: halo.v1.Event.state:type_name -> halo.v1.StateEvent
-	36, // 19: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
-	26, // 20: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
-	0,  // 21: halo.v1.StateEvent.state:type_name -> halo.v1.State
-	1,  // 22: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	2,  // 23: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	6,  // 24: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	8,  // 25: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	10, // 26: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	12, // 27: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	14, // 28: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	16, // 29: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	18, // 30: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	21, // 31: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	22, // 32: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	24, // 33: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	27, // 34: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	30, // 35: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	32, // 36: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	39, // 37: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	37, // 38: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	3,  // 39: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	7,  // 40: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	9,  // 41: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	11, // 42: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	13, // 43: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	15, // 44: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	17, // 45: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	19, // 46: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	20, // 47: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	20, // 48: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	25, // 49: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	28, // 50: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	31, // 51: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	33, // 52: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	40, // 53: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	38, // 54: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	39, // [39:55] is the sub-list for method output_type
-	23, // [23:39] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	32, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
+	43, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	6,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
+	5,  // 3: halo.v1.StepMetrics.expert_load:type_name -> halo.v1.ExpertLoad
+	4,  // 4: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
+	32, // 5: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
+	32, // 6: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
+	32, // 7: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
+	24, // 8: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
+	44, // 9: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	45, // 10: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	4,  // 11: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
+	27, // 12: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
+	0,  // 13: halo.v1.StatusResponse.state:type_name -> halo.v1.State
+	30, // 14: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
+	21, // 15: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
+	4,  // 16: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
+	4,  // 17: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
+	35, // 18: halo.v1.Event.log:type_name -> halo.v1.LogEvent
+	36, // 19: halo.v1.Event.state:type_name -> halo.v1.StateEvent
+	37, // 20: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
+	27, // 21: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
+	0,  // 22: halo.v1.StateEvent.state:type_name -> halo.v1.State
+	1,  // 23: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
+	2,  // 24: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	7,  // 25: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	9,  // 26: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	11, // 27: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	13, // 28: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	15, // 29: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	17, // 30: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	19, // 31: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	22, // 32: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	23, // 33: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	25, // 34: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	28, // 35: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	31, // 36: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	33, // 37: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	40, // 38: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	38, // 39: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	3,  // 40: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 41: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 42: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 43: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 44: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 45: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 46: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 47: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 48: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 49: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 50: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	29, // 51: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	32, // 52: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	34, // 53: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	41, // 54: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	39, // 55: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	40, // [40:56] is the sub-list for method output_type
+	24, // [24:40] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -3164,9 +3283,9 @@ func file_halo_v1_session_proto_init() {
 		return
 	}
 	file_halo_v1_session_proto_msgTypes[2].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[20].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[29].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[31].OneofWrappers = []any{
+	file_halo_v1_session_proto_msgTypes[21].OneofWrappers = []any{}
+	file_halo_v1_session_proto_msgTypes[30].OneofWrappers = []any{}
+	file_halo_v1_session_proto_msgTypes[32].OneofWrappers = []any{
 		(*Event_Metrics)(nil),
 		(*Event_Log)(nil),
 		(*Event_State)(nil),
@@ -3179,7 +3298,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

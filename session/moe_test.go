@@ -1,0 +1,57 @@
+package session
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestStepMetricsCarryExpertLoad checks that a MoE run's step metrics carry the aux loss and
+// the per-layer expert load over the whole step (every micro-batch and rank), and that a dense
+// run's carry neither.
+func TestStepMetricsCarryExpertLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"one device", nil},
+		{"ep=2 on cpu:2", []string{"--devices=cpu:2", "--expert_parallel_size=2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, ServerOptions{})
+			c := dial(t, s.Socket(), "controller")
+			if _, err := c.Load(ctxT(t), "testdata/tiny_moe.yaml", "sft", tc.flags...); err != nil {
+				t.Fatal(err)
+			}
+			ms, err := c.Step(ctxT(t), 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				if m.AuxLoss == nil || len(m.ExpertLoad) != 2 {
+					t.Fatalf("step %d: aux loss %v, expert load of %d layers, want 2", m.Step, m.AuxLoss, len(m.ExpertLoad))
+				}
+				for i, l := range m.ExpertLoad {
+					sum := int64(0)
+					for _, n := range l.Tokens {
+						sum += n
+					}
+					if int(l.Layer) != i || len(l.Tokens) != 4 || sum != 2*m.Tokens {
+						t.Errorf("step %d layer %d: %v over %d experts, want 4 experts and %d assignments (top-2 of the step's %d tokens)",
+							m.Step, l.Layer, l.Tokens, len(l.Tokens), 2*m.Tokens, m.Tokens)
+					}
+					if l.Max != slices.Max(l.Tokens) || l.Min != slices.Min(l.Tokens) || l.Cv < 0 || l.Dead < 0 || int(l.Dead) > len(l.Tokens) {
+						t.Errorf("step %d layer %d: max %d min %d cv %v dead %d for %v", m.Step, l.Layer, l.Max, l.Min, l.Cv, l.Dead, l.Tokens)
+					}
+				}
+			}
+		})
+	}
+	_, dense := loaded(t)
+	ms, err := dense.Step(ctxT(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].AuxLoss != nil || ms[0].ExpertLoad != nil {
+		t.Fatalf("dense model reports aux loss %v and expert load %v", ms[0].AuxLoss, ms[0].ExpertLoad)
+	}
+}
