@@ -9,6 +9,8 @@ import (
 
 	"charm.land/lipgloss/v2"
 	"github.com/guptarohit/asciigraph"
+
+	"github.com/halo-shell/halo-shell/session"
 )
 
 // header is the top line: program, session, state, step, device and this client's role.
@@ -184,11 +186,23 @@ func (s *stats) View() string {
 			item("tok/s", fmtSI(m.TokensPerS)),
 			item("MFU", s.mfu()),
 			item("step", fmtSeconds(m.StepTimeS)),
-			item("grad norm", trimFloat(m.GradNorm)),
+			item("grad norm", trimFloat(m.GradNorm)))
+		if v, warn, ok := expertSummary(m.GetExpertLoad()); ok {
+			// Before the less telling figures, so that narrow screens keep it.
+			vs := st.Value
+			if warn {
+				vs = st.LogWarn
+			}
+			items = append(items, st.Label.Render("experts ")+vs.Render(v))
+		}
+		items = append(items,
 			item("lr", fmt.Sprintf("%.2e", m.Lr)),
 			item("tokens", fmtSI(float64(m.Tokens))))
 		if m.EvalLoss != nil {
 			items = append(items, item("eval loss", fmtLoss(*m.EvalLoss)))
+		}
+		if m.AuxLoss != nil {
+			items = append(items, item("aux loss", fmtLoss(*m.AuxLoss)))
 		}
 		for _, dm := range m.GetMemory() {
 			v := fmtBytes(float64(dm.GetAllocatedBytes())) + " (peak " + fmtBytes(float64(dm.GetPeakBytes()))
@@ -204,6 +218,23 @@ func (s *stats) View() string {
 		items = append(items, item("FLOP/s", fmtSI(p.flops/p.stepS)))
 	}
 	return flow(items, st.Muted.Render("  "), s.Width, s.Height)
+}
+
+// expertSummary is the compact expert-load figure of a MoE step: the worst layer's
+// coefficient of variation (the first on ties) and the dead experts over all layers. warn is
+// set when some expert got no token; ok is false for dense models.
+func expertSummary(ls []*session.ExpertLoad) (v string, warn, ok bool) {
+	if len(ls) == 0 {
+		return "", false, false
+	}
+	w, dead := ls[0], int64(0)
+	for _, l := range ls {
+		if l.GetCv() > w.GetCv() || math.IsNaN(w.GetCv()) {
+			w = l
+		}
+		dead += int64(l.GetDead())
+	}
+	return fmt.Sprintf("worst cv %.2f (layer %d), %d dead", w.GetCv(), w.GetLayer(), dead), dead > 0, true
 }
 
 // mfu is model FLOPs utilisation: the last step's model FLOPs per second (6·N·tokens plus

@@ -288,3 +288,39 @@ func TestANewRunClearsTheCharts(t *testing.T) {
 		})
 	}
 }
+
+// TestExpertSummary checks the compact expert-load figure: the worst layer by coefficient of
+// variation, the dead experts over every layer, the warning when one is dead, and nothing for
+// a dense model.
+func TestExpertSummary(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		in       []*session.ExpertLoad
+		want     string
+		warn, ok bool
+	}{
+		{"dense", nil, "", false, false},
+		{"even", []*session.ExpertLoad{{Layer: 0, Cv: 0.1}, {Layer: 1, Cv: 0.05}}, "worst cv 0.10 (layer 0), 0 dead", false, true},
+		{"dead experts", []*session.ExpertLoad{{Layer: 0, Cv: 0.2, Dead: 1}, {Layer: 2, Cv: 1.5, Dead: 2}, {Layer: 3, Cv: 1.5}}, "worst cv 1.50 (layer 2), 3 dead", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, warn, ok := expertSummary(tc.in)
+			if v != tc.want || warn != tc.warn || ok != tc.ok {
+				t.Fatalf("expertSummary = %q, %v, %v; want %q, %v, %v", v, warn, ok, tc.want, tc.warn, tc.ok)
+			}
+		})
+	}
+	d := &runData{}
+	s := &stats{d: d, peakFLOPS: func() float64 { return 0 }}
+	st := styles.Default(true)
+	s.Common.Styles = &st
+	s.SetSize(200, 3)
+	d.applyMetrics(&session.StepMetrics{Step: 1, Loss: 2})
+	if v := ansi.Strip(s.View()); strings.Contains(v, "experts") || strings.Contains(v, "aux loss") {
+		t.Fatalf("dense step shows MoE figures: %q", v)
+	}
+	d.applyMetrics(metricsAt(2))
+	if v := ansi.Strip(s.View()); !strings.Contains(v, "experts worst cv 1.05 (layer 1), 1 dead") || !strings.Contains(v, "aux loss") {
+		t.Fatalf("MoE step lacks its expert load: %q", v)
+	}
+}

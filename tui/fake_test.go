@@ -175,8 +175,16 @@ func metricsAt(s int64) *session.StepMetrics {
 		Memory: []*halov1.DeviceMemory{
 			{Device: "cuda:0", AllocatedBytes: 21 << 30, ReservedBytes: 24 << 30, PeakBytes: 23 << 30, TotalBytes: 140 << 30},
 			{Device: "cuda:1", AllocatedBytes: 20 << 30, ReservedBytes: 24 << 30, PeakBytes: 22 << 30, TotalBytes: 140 << 30},
+		},
+		AuxLoss: &aux,
+		ExpertLoad: []*halov1.ExpertLoad{
+			{Layer: 0, Tokens: []int64{70, 60, 66, 60}, Max: 70, Min: 60, Cv: 0.061, Dead: 0},
+			{Layer: 1, Tokens: []int64{150, 90, 16, 0}, Max: 150, Min: 0, Cv: 1.05, Dead: 1},
 		}}
 }
+
+// aux is the scripted MoE load-balancing loss.
+var aux = 1.0312
 
 // stepProfile is a scripted breakdown of step s on two devices: compute by class, three
 // collective kinds and host time, adding up to the step time.

@@ -468,7 +468,11 @@ func (m *Model) render() string {
 	m.resize()
 	header := m.header.View()
 	footer := m.footer(w)
-	m.stats.SetSize(w, 2)
+	statsH := 2
+	if m.d.last != nil && len(m.d.last.GetExpertLoad()) > 0 {
+		statsH = 3 // room for the expert load of a MoE run
+	}
+	m.stats.SetSize(w, statsH)
 	m.breakdown.SetSize(w, 4)
 	stats, brk := m.stats.View(), m.breakdown.View()
 	fixed := lineCount(header) + lineCount(footer)
