@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -562,5 +563,65 @@ func TestMoELayersAreTheSparseBlocks(t *testing.T) {
 	}
 	if dense := newTiny(t, newCPU(), tinyArch("llama", nil), Options{}, 1); dense.MoELayers() != nil {
 		t.Errorf("a dense model has MoE layers %v", dense.MoELayers())
+	}
+}
+
+// TestTakeExpertLoadCountsTrainingForwards checks the load counter that steps and plans read:
+// it sums the training forwards since the last take (not evaluation forwards), restarts after
+// a take, and BalanceExpertsWith and SetExpertBias refuse loads and biases of the wrong shape.
+func TestTakeExpertLoadCountsTrainingForwards(t *testing.T) {
+	m := tinyMoE(t, "qwen3_moe", func(c *config.Config) { c.DecoderSparseStep, c.NumHiddenLayers, c.NumExperts = 2, 4, 4 })
+	if err := m.EnableGrads(); err != nil {
+		t.Fatal(err)
+	}
+	batches := []Batch{packedBatch(m.Arch.Vocab, []int{9, 8}, 3), packedBatch(m.Arch.Vocab, []int{12}, 5)}
+	want := [][]int{make([]int, 4), make([]int, 4)}
+	for _, b := range batches {
+		if _, _, err := m.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		for j, l := range m.ExpertLoad() {
+			for e, n := range l.Tokens {
+				want[j][e] += n
+			}
+		}
+	}
+	if _, _, err := m.Forward(batches[0]); err != nil {
+		t.Fatal(err)
+	}
+	got := m.TakeExpertLoad()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("taken load %v, want the training forwards' sum %v", got, want)
+	}
+	if again := m.TakeExpertLoad(); !reflect.DeepEqual(again, [][]int{make([]int, 4), make([]int, 4)}) {
+		t.Fatalf("load after a take %v, want zeros", again)
+	}
+	if st := m.ExpertLoadStats(got); len(st) != 2 || st[0].Layer != 1 || st[1].Layer != 3 || !slices.Equal(st[1].Tokens, want[1]) {
+		t.Fatalf("stats %+v", st)
+	}
+	if err := m.SetExpertBias([][]float32{{1, 2, 3, 4}, {0, 0, 0, 0}}); err == nil {
+		t.Error("bias accepted while balancing is off")
+	}
+	if err := m.SetExpertBalancing(0.5); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][][]float32{{{1, 2, 3, 4}}, {{1, 2, 3}, {0, 0, 0, 0}}, {{1, 2, 3, float32(math.NaN())}, {0, 0, 0, 0}}} {
+		if err := m.SetExpertBias(bad); err == nil {
+			t.Errorf("bias %v accepted for 2 layers of 4 experts", bad)
+		}
+	}
+	for _, bad := range [][][]int{{{1, 2, 3, 4}}, {{1, 2, 3}, {0, 0, 0, 0}}} {
+		if err := m.BalanceExpertsWith(bad); err == nil {
+			t.Errorf("loads %v accepted for 2 layers of 4 experts", bad)
+		}
+	}
+	if err := m.SetExpertBias([][]float32{{1, 2, 3, 4}, {0, 0, 0, 0}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.BalanceExpertsWith([][]int{{4, 0, 2, 2}, {1, 1, 1, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if b := m.ExpertBias(); !reflect.DeepEqual(b, [][]float32{{0.5, 2.5, 3, 4}, {0, 0, 0, 0}}) {
+		t.Fatalf("bias after one update %v", b)
 	}
 }

@@ -16,10 +16,16 @@ import (
 // tinyMoEConfig is a from-scratch tiny qwen3_moe whose aux loss weighs enough to matter.
 func tinyMoEConfig(t *testing.T, dataPath string, extra ...string) *Config {
 	t.Helper()
+	return tinyMoEConfigKV(t, dataPath, 1, extra...)
+}
+
+// tinyMoEConfigKV is tinyMoEConfig with kv key/value heads (2 allows tensor parallelism).
+func tinyMoEConfigKV(t *testing.T, dataPath string, kv int, extra ...string) *Config {
+	t.Helper()
 	y := fmt.Sprintf(`init:
   arch: qwen3_moe
   preset: tiny
-  overrides: {hidden_size: 32, moe_intermediate_size: 16, num_experts: 4, num_experts_per_tok: 2, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, num_hidden_layers: 2, output_router_logits: true, router_aux_loss_coef: 0.5}
+  overrides: {hidden_size: 32, moe_intermediate_size: 16, num_experts: 4, num_experts_per_tok: 2, num_attention_heads: 2, num_key_value_heads: %d, head_dim: 16, num_hidden_layers: 2, output_router_logits: true, router_aux_loss_coef: 0.5}
 tokenizer_name_or_path: %s
 dataset: {path: %s}
 max_length: 32
@@ -31,7 +37,7 @@ warmup_steps: 0
 seed: 7
 device: cpu
 output_dir: %s
-`, quickTok, dataPath, filepath.Join(t.TempDir(), "out"))
+`, kv, quickTok, dataPath, filepath.Join(t.TempDir(), "out"))
 	cfg, err := ParseConfig([]byte(y), "moe.yaml", MethodSFT, extra)
 	if err != nil {
 		t.Fatal(err)
@@ -195,19 +201,32 @@ func TestPlanExpertLoadAndBiasMatchSingleDevice(t *testing.T) {
 		}
 		return loads, bias
 	}
-	wantLoads, wantBias := run(t, newTrainer(t, tinyMoEConfig(t, path, common...)))
-	if isZero(wantBias[len(wantBias)-1]) {
-		t.Fatal("single-device balancing left the bias at zero")
+	type want struct {
+		loads [][][]int
+		bias  [][][]float32
+	}
+	single := map[int]want{} // by key/value heads
+	for _, kv := range []int{1, 2} {
+		l, b := run(t, newTrainer(t, tinyMoEConfigKV(t, path, kv, common...)))
+		if isZero(b[len(b)-1]) {
+			t.Fatal("single-device balancing left the bias at zero")
+		}
+		single[kv] = want{l, b}
 	}
 	for _, tc := range []struct {
 		name  string
+		kv    int
 		extra []string
 	}{
-		{"ep=2 on cpu:2", []string{"--devices=cpu:2", "--expert_parallel_size=2"}},
-		{"dp=2 on cpu:2", []string{"--devices=cpu:2"}},
+		{"ep=2 on cpu:2", 1, []string{"--devices=cpu:2", "--expert_parallel_size=2"}},
+		{"dp=2 on cpu:2", 1, []string{"--devices=cpu:2"}},
+		{"ep=2 fsdp on cpu:4", 1, []string{"--devices=cpu:4", "--expert_parallel_size=2", "--fsdp=true"}},
+		{"tp=2 on cpu:2", 2, []string{"--devices=cpu:2", "--tensor_parallel_size=2"}},
+		{"tp=2 ep=2 etp=2 on cpu:4", 2, []string{"--devices=cpu:4", "--expert_parallel_size=2", "--expert_tensor_parallel_size=2", "--tensor_parallel_size=2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := newTrainer(t, tinyMoEConfig(t, path, append(tc.extra, common...)...))
+			wantLoads, wantBias := single[tc.kv].loads, single[tc.kv].bias
+			tr := newTrainer(t, tinyMoEConfigKV(t, path, tc.kv, append(tc.extra, common...)...))
 			if !tr.Layout().Parallel {
 				t.Fatalf("layout %+v is not a plan", tr.Layout())
 			}
@@ -295,5 +314,26 @@ func TestMoEConfigRefusals(t *testing.T) {
 	}
 	if tr := newTrainer(t, tinyMoEConfig(t, path, "--router_aux_loss_coef=0.25")); tr.AuxLossCoef() != 0.25 {
 		t.Errorf("aux weight %v, want the config key's 0.25", tr.AuxLossCoef())
+	}
+}
+
+// TestSetLayoutCarriesExpertBias moves a balancing run between layouts (one device, ep=2,
+// ep=2 with fsdp, back to one device): the balancing bias travels with the router, so after
+// each step it equals the bias of a run that stayed on one device.
+func TestSetLayoutCarriesExpertBias(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	common := []string{"--gradient_accumulation_steps=4", "--moe_balancing_rate=0.02", "--router_aux_loss_coef=0"}
+	ref, moved := newTrainer(t, tinyMoEConfig(t, path, common...)), newTrainer(t, tinyMoEConfig(t, path, common...))
+	for i, spec := range []string{"", "devices=cpu:2 ep=2", "devices=cpu:4 ep=2 fsdp", "dp=1"} {
+		if spec != "" {
+			if _, err := moved.SetLayout(spec); err != nil {
+				t.Fatalf("SetLayout(%q): %v", spec, err)
+			}
+		}
+		steps1(t, ref)
+		steps1(t, moved)
+		if want, got := ref.ExpertBias(), moved.ExpertBias(); !reflect.DeepEqual(got, want) || isZero(want) {
+			t.Fatalf("step %d after SetLayout(%q): bias %v, one device %v", i+1, spec, got, want)
+		}
 	}
 }
