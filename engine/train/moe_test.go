@@ -315,6 +315,10 @@ func TestMoEConfigRefusals(t *testing.T) {
 	if tr := newTrainer(t, tinyMoEConfig(t, path, "--router_aux_loss_coef=0.25")); tr.AuxLossCoef() != 0.25 {
 		t.Errorf("aux weight %v, want the config key's 0.25", tr.AuxLossCoef())
 	}
+	tr := newTrainer(t, tinyMoEConfig(t, path, "--router_aux_loss_coef=0", "--moe_balancing_rate=0.001"))
+	if s := tr.Summary(); !strings.Contains(s, "experts: 2 MoE layers, aux-loss weight 0, aux-loss-free balancing rate 0.001") {
+		t.Errorf("summary does not state the MoE settings:\n%s", s)
+	}
 }
 
 // TestSetLayoutCarriesExpertBias moves a balancing run between layouts (one device, ep=2,

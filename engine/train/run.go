@@ -197,6 +197,13 @@ func (t *Trainer) Summary() string {
 	if t.step > 0 {
 		fmt.Fprintf(&b, "; resuming after step %d", t.step)
 	}
+	if t.Model.IsMoE() {
+		bal := "off"
+		if r := t.Model.ExpertBalancing(); r > 0 {
+			bal = fmt.Sprintf("rate %g", r)
+		}
+		fmt.Fprintf(&b, "\nexperts: %d MoE layers, aux-loss weight %g, aux-loss-free balancing %s", len(t.Model.MoELayers()), t.auxCoef, bal)
+	}
 	return b.String()
 }
 
