@@ -46,12 +46,12 @@ func (p *Plan) takeLoads() ([][]int, error) {
 // the last ForwardBackward, summed over its rows and every data and context rank (nil for
 // dense models). models.(*Model).ExpertLoadStats summarises it.
 func (p *Plan) ExpertLoad() [][]int {
+	if p.load == nil {
+		return nil
+	}
 	out := make([][]int, len(p.load))
 	for j, l := range p.load {
 		out[j] = append([]int(nil), l...)
-	}
-	if p.load == nil {
-		return nil
 	}
 	return out
 }
