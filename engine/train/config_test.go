@@ -123,6 +123,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("dataset: {path: 1}\n"))
 	f.Add([]byte("init:\n  arch: qwen3\n  overrides: {hidden_size: 64}\n"))
 	f.Add([]byte("max_length: [1, 2]\n"))
+	f.Add([]byte("moe_balancing_rate: -1e-3\nrouter_aux_loss_coef: .nan\n"))
+	f.Add([]byte(goodYAML + "moe_balancing_rate: 0.001\nrouter_aux_loss_coef: 0\n"))
 	f.Fuzz(func(t *testing.T, src []byte) {
 		cfg, err := ParseConfig(src, "f.yaml", "sft", nil)
 		if err == nil {
