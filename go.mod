@@ -52,6 +52,6 @@ require (
 	github.com/ebitengine/purego v0.11.3
 	github.com/goccy/go-yaml v1.19.2
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/spf13/pflag v1.0.9 // indirect
+	github.com/spf13/pflag v1.0.9
 	golang.org/x/text v0.44.0
 )
