@@ -2,12 +2,13 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/halo-shell/halo-shell/internal/libsearch"
 )
 
 // libSpec describes one shared library this package loads at run time.
@@ -79,50 +80,16 @@ type searchEnv struct {
 }
 
 func osSearchEnv() searchEnv {
-	return searchEnv{
-		getenv: os.Getenv,
-		glob:   filepath.Glob,
-		exists: func(p string) bool {
-			st, err := os.Stat(p)
-			return err == nil && !st.IsDir()
-		},
-	}
+	e := libsearch.OS()
+	return searchEnv{getenv: e.Getenv, glob: e.Glob, exists: e.Exists}
 }
 
 // libCandidates lists, best first, the paths to try for spec. The second result is true when the
 // list comes from the override variable alone (a set variable is never second-guessed).
 func libCandidates(spec libSpec, env searchEnv) ([]string, bool) {
-	if p := env.getenv(spec.Env); p != "" {
-		return []string{p}, true
-	}
-	var dirs []string
-	for _, d := range strings.Split(env.getenv("LD_LIBRARY_PATH"), ":") {
-		if d != "" {
-			dirs = append(dirs, d)
-		}
-	}
-	dirs = append(dirs, standardLibDirs...)
-	for _, g := range sitePackagesGlobs {
-		m, _ := env.glob(g)
-		sort.Strings(m)
-		dirs = append(dirs, m...)
-	}
-	seen := map[string]bool{}
-	var out []string
-	for _, so := range spec.Sonames {
-		for _, d := range dirs {
-			p := filepath.Join(d, so)
-			if !seen[p] && env.exists(p) {
-				seen[p] = true
-				out = append(out, p)
-			}
-		}
-	}
-	// Last, the dynamic loader's own search (ld.so.cache) by bare soname.
-	for _, so := range spec.Sonames {
-		out = append(out, so)
-	}
-	return out, false
+	return libsearch.Candidates(
+		libsearch.Spec{Override: spec.Env, Sonames: spec.Sonames, Dirs: standardLibDirs, Globs: sitePackagesGlobs},
+		libsearch.Env{Getenv: env.getenv, Glob: env.glob, Exists: env.exists})
 }
 
 // openLibrary dlopens the first candidate that loads and reports what it tried.

@@ -2,13 +2,13 @@ package nccl
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/halo-shell/halo-shell/internal/libsearch"
 )
 
 // EnvLibrary overrides library discovery with the path of libnccl.so.2.
@@ -50,47 +50,16 @@ type searchEnv struct {
 }
 
 func osSearchEnv() searchEnv {
-	return searchEnv{
-		getenv: os.Getenv,
-		glob:   filepath.Glob,
-		exists: func(p string) bool {
-			st, err := os.Stat(p)
-			return err == nil && !st.IsDir()
-		},
-	}
+	e := libsearch.OS()
+	return searchEnv{getenv: e.Getenv, glob: e.Glob, exists: e.Exists}
 }
 
 // candidates lists, best first, the paths to try; override is true when they come from
 // HALO_LIBNCCL alone (a set variable is never second-guessed).
 func candidates(env searchEnv) (paths []string, override bool) {
-	if p := env.getenv(EnvLibrary); p != "" {
-		return []string{p}, true
-	}
-	var dirs []string
-	for _, d := range strings.Split(env.getenv("LD_LIBRARY_PATH"), ":") {
-		if d != "" {
-			dirs = append(dirs, d)
-		}
-	}
-	dirs = append(dirs, standardDirs...)
-	for _, g := range sitePackagesGlobs {
-		m, _ := env.glob(g)
-		sort.Strings(m)
-		dirs = append(dirs, m...)
-	}
-	seen := map[string]bool{}
-	for _, so := range sonames {
-		for _, d := range dirs {
-			p := filepath.Join(d, so)
-			if !seen[p] && env.exists(p) {
-				seen[p] = true
-				paths = append(paths, p)
-			}
-		}
-	}
-	// Last, the dynamic loader's own search (ld.so.cache) by bare soname.
-	paths = append(paths, sonames...)
-	return paths, false
+	return libsearch.Candidates(
+		libsearch.Spec{Override: EnvLibrary, Sonames: sonames, Dirs: standardDirs, Globs: sitePackagesGlobs},
+		libsearch.Env{Getenv: env.getenv, Glob: env.glob, Exists: env.exists})
 }
 
 // open dlopens the first candidate that loads.
