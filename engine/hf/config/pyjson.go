@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/halo-shell/halo-shell/internal/pyfmt"
 )
 
 // This file holds a small JSON value model that writes exactly what Python's
@@ -176,23 +178,7 @@ func pyFloatRepr(f float64) (string, error) {
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		return "", fmt.Errorf("config: cannot write %v: config.json holds finite numbers only", f)
 	}
-	if f == 0 {
-		if math.Signbit(f) {
-			return "-0.0", nil
-		}
-		return "0.0", nil
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // d.ddde±XX
-	i := strings.LastIndexByte(e, 'e')
-	exp, _ := strconv.Atoi(e[i+1:])
-	if exp >= -4 && exp < 16 {
-		s := strconv.FormatFloat(f, 'f', -1, 64)
-		if !strings.ContainsRune(s, '.') {
-			s += ".0"
-		}
-		return s, nil
-	}
-	return e, nil // Go writes at least two exponent digits with a sign, as Python does
+	return pyfmt.FloatRepr(f), nil
 }
 
 // decodePy turns raw JSON into a pyValue the way Python's json.loads would see it: integer
