@@ -260,6 +260,15 @@ func (it *Interpreter) Eval(ctx context.Context, src string) (Result, error) {
 			if c.kind != importChunk {
 				continue
 			}
+			// Importing a package again (a re-run cell) is a no-op, as in compiled Go
+			// across files; the interpreter itself would report it as redeclared.
+			it.nmu.Lock()
+			fresh, any := it.newImports(c.src)
+			it.nmu.Unlock()
+			if !any {
+				continue
+			}
+			c.src = fresh
 			if _, err := it.exec(ctx, c.src); err != nil {
 				return finish(it.evalError(ctx, err, c, n, filter))
 			}
@@ -492,6 +501,31 @@ func valueBundle(v reflect.Value) (b Bundle) {
 		return Bundle{"text/plain": []byte(v.String())}
 	}
 	return halo.BundleOf(v.Interface())
+}
+
+// newImports returns the import declarations of src that are not already in effect (the same
+// name for the same path), and whether there are any. A name bound to another path is kept, so
+// the interpreter reports the clash.
+func (it *Interpreter) newImports(src string) (string, bool) {
+	f, err := parser.ParseFile(tokenFset(), "", "package p;"+src, parser.ImportsOnly)
+	if err != nil {
+		return src, true // let the interpreter report the syntax error
+	}
+	var b strings.Builder
+	for _, im := range f.Imports {
+		p, _ := strconv.Unquote(im.Path.Value)
+		name := p[strings.LastIndex(p, "/")+1:]
+		spec := im.Path.Value
+		if im.Name != nil {
+			name = im.Name.Name
+			spec = name + " " + spec
+		}
+		if name != "_" && name != "." && it.imports[name] == p {
+			continue
+		}
+		b.WriteString("import " + spec + "\n")
+	}
+	return b.String(), b.Len() > 0
 }
 
 // noteImports records the package names an import chunk brings in.

@@ -91,6 +91,22 @@ func TestEvalImportsMixedWithStatements(t *testing.T) {
 	}
 }
 
+// TestEvalReimportIsANoOp checks that running a cell with imports again (a re-run notebook
+// cell), or importing a package the interpreter already has (fmt), works, while binding a name
+// to another package is still refused.
+func TestEvalReimportIsANoOp(t *testing.T) {
+	it := newInterp(t)
+	cell := "import \"strings\"\nimport (\n\t\"fmt\"\n\tm \"math\"\n)\nstrings.Repeat(fmt.Sprint(m.Sqrt(4)), 2)"
+	for run := 1; run <= 2; run++ {
+		if got := plain(eval(t, it, cell).Value); got != `"22"` {
+			t.Fatalf("run %d: value = %q, want \"22\"", run, got)
+		}
+	}
+	if _, err := it.Eval(context.Background(), "import m \"strings\""); err == nil {
+		t.Fatal("binding m to another package was accepted")
+	}
+}
+
 func TestEvalDeclarationsAndMethods(t *testing.T) {
 	it := newInterp(t)
 	r := eval(t, it, `type counter struct{ n int }
