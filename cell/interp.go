@@ -394,6 +394,18 @@ func (it *Interpreter) evalError(ctx context.Context, err error, c chunk, n int,
 	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctx.Err())) {
 		return &Error{Kind: KindInterrupted, Message: "interrupted (the session is not affected)"}
 	}
+	// The interpreter reports a package used without its import as an internal failure or a
+	// puzzling type error; say what is missing instead.
+	it.nmu.Lock()
+	hint := it.missingImport(c)
+	it.nmu.Unlock()
+	if hint != "" {
+		return &Error{Kind: KindCompile, Message: hint}
+	}
+	// An undeclared name reaches the user as "CFG post-order panic: L:C: incomplete type X".
+	if m := incompleteType.FindStringSubmatch(err.Error()); m != nil {
+		return &Error{Kind: KindCompile, Message: cellPos(n, c, atoi(m[1]), atoi(m[2])) + ": undefined: " + m[3]}
+	}
 	var p interp.Panic
 	if errors.As(err, &p) {
 		e := &Error{Kind: KindPanic, Message: "panic: " + fmt.Sprint(p.Value)}
@@ -417,6 +429,63 @@ func (it *Interpreter) evalError(ctx context.Context, err error, c chunk, n int,
 		return cellPos(n, c, l, col) + ":"
 	})
 	return &Error{Kind: KindCompile, Message: msg}
+}
+
+// incompleteType matches the interpreter's report of an undeclared name.
+var incompleteType = regexp.MustCompile(`(\d+):(\d+): incomplete type ([\pL_][\pL\pN_]*)`)
+
+func atoi(s string) int { v, _ := strconv.Atoi(s); return v }
+
+// missingImport names a standard-library package that chunk c uses (pkg.Name) without an
+// import in effect and without a variable of that name, with the import to add; "" if none.
+func (it *Interpreter) missingImport(c chunk) string {
+	src := "package p;" + c.src
+	if c.kind == stmtChunk {
+		src = "package p; func _() {\n" + c.src + "\n}"
+	}
+	f, err := parser.ParseFile(token.NewFileSet(), "", src, 0)
+	if err != nil {
+		return ""
+	}
+	hint := ""
+	ast.Inspect(f, func(nd ast.Node) bool {
+		sel, ok := nd.(*ast.SelectorExpr)
+		if !ok || hint != "" {
+			return hint == ""
+		}
+		x, ok := sel.X.(*ast.Ident)
+		if !ok || x.Obj != nil || it.names[x.Name] {
+			return true
+		}
+		if _, imported := it.imports[x.Name]; imported {
+			return true
+		}
+		if path := stdlibPath(x.Name); path != "" {
+			hint = fmt.Sprintf("undefined: %s (add import %q)", x.Name, path)
+		}
+		return true
+	})
+	return hint
+}
+
+// stdlibPath is the import path of the standard-library package named name that cells can
+// import, or "" (the shortest path wins: "rand" is math/rand).
+func stdlibPath(name string) string {
+	best := ""
+	for key := range stdlib.Symbols { // "import/path/name"
+		i := strings.LastIndex(key, "/")
+		if i <= 0 {
+			continue
+		}
+		path := key[:i]
+		if path[strings.LastIndex(path, "/")+1:] != name {
+			continue
+		}
+		if best == "" || len(path) < len(best) || (len(path) == len(best) && path < best) {
+			best = path
+		}
+	}
+	return best
 }
 
 // frame maps one "L:C: panic: main.f(...)" line of the interpreter to "at f (cell[N]:L:C)".

@@ -107,6 +107,28 @@ func TestEvalReimportIsANoOp(t *testing.T) {
 	}
 }
 
+// TestEvalNamesWhatIsUndefined checks the messages for a package used without its import and
+// for an undeclared name, which the interpreter itself reports as internal failures.
+func TestEvalNamesWhatIsUndefined(t *testing.T) {
+	it := newInterp(t)
+	for _, tc := range []struct{ src, want string }{
+		{`if _, err := os.Stat("/none"); err != nil { fmt.Println(err) }`, `undefined: os (add import "os")`},
+		{`b, _ := json.Marshal(1)`, `undefined: json (add import "encoding/json")`},
+		{`x := rand.Intn(3)`, `undefined: rand (add import "math/rand")`},
+		{`z := notDeclaredAnywhere + 1`, `undefined: notDeclaredAnywhere`},
+	} {
+		_, err := it.Eval(context.Background(), tc.src)
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Kind != KindCompile || !strings.Contains(ce.Message, tc.want) {
+			t.Errorf("%s: error %v, want a compile error containing %q", tc.src, err, tc.want)
+		}
+	}
+	// A variable that shadows a package name is not an import problem.
+	if got := plain(eval(t, it, "os := 3\nos + 1").Value); got != "4" {
+		t.Fatalf("value = %q, want 4", got)
+	}
+}
+
 func TestEvalDeclarationsAndMethods(t *testing.T) {
 	it := newInterp(t)
 	r := eval(t, it, `type counter struct{ n int }
