@@ -217,8 +217,8 @@ func (p *Plan) setRunners(rk *rank) {
 }
 
 // comms are every communicator of the rank, for statistics and recording.
-func (rk *rank) comms() []*comm.Comm {
-	return []*comm.Comm{rk.world, rk.tp, rk.cp, rk.data, rk.ep, rk.edata}
+func (rk *rank) comms() []comm.Communicator {
+	return []comm.Communicator{rk.world, rk.tp, rk.cp, rk.data, rk.ep, rk.edata}
 }
 
 // reduceExpertGrads sums gradients without FSDP under expert parallelism: the parameters that

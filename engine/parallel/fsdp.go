@@ -25,7 +25,7 @@ type seg struct{ off, n int }
 // that hold the same experts. Packed in order, its segments are P elements, cut into G shards
 // of S (the last padded).
 type fsdpPart struct {
-	c           *comm.Comm
+	c           comm.Communicator
 	segs        []seg
 	p, s        int
 	lo, hi      int // this rank's shard [lo, hi) of the packed elements

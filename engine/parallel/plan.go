@@ -29,6 +29,12 @@ type Options struct {
 	NewBackend func(r int) (backend.Backend, error)
 	// Workers per simulated CPU device (0 = 1).
 	Workers int
+	// World makes the communicators over the ranks' devices (devs[r] is world rank r's, as
+	// NewBackend opened it); the plan builds its groups with Split and closes the world with
+	// Close. nil makes an in-process world (comm.NewWorld), right for CPU devices and for
+	// tests; GPUs use engine/comm/nccl (NewLocalWorld(...).Fabric()). The world must drive
+	// every rank of the plan in this process.
+	World func(devs []backend.Backend) (comm.Fabric, error)
 }
 
 // placement is how one parameter is laid out over the tensor-parallel group.
@@ -54,7 +60,7 @@ type Plan struct {
 	cfg   *config.Config
 	specs []models.ParamSpec // the full (unsplit) parameter table
 	place map[string]placement
-	world *comm.World
+	world comm.Fabric
 	ranks []*rank
 	dtype tensor.DType
 	shape mesh.ModelShape // of the full model
@@ -76,9 +82,9 @@ type rank struct {
 	dev             backend.Backend
 	rb              *rankBackend
 	m               *models.Model
-	tp, cp, data    *comm.Comm
-	world           *comm.Comm
-	ep, edata       *comm.Comm // expert group and expert-data group (replicas of the same experts)
+	tp, cp, data    comm.Communicator
+	world           comm.Communicator
+	ep, edata       comm.Communicator // expert group and expert-data group (replicas of the same experts)
 	opt             *optim.AdamW
 	lossSum, auxSum float64
 	optParams       []optim.Param
@@ -160,18 +166,25 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 			_ = d.Close()
 		}
 	}
-	if p.world, err = comm.NewWorld(devs); err != nil {
+	if p.world, err = newWorld(devs, o.World); err != nil {
 		closeDevs()
 		return nil, err
 	}
-	groups := map[mesh.Dim][]*comm.Comm{}
+	closeAll := func() {
+		_ = p.world.Close()
+		closeDevs()
+	}
+	groups := map[mesh.Dim][]comm.Communicator{}
 	for _, d := range []mesh.Dim{mesh.DimTP, mesh.DimCP, mesh.DimData, mesh.DimEP, mesh.DimEData} {
 		g, err := ms.Groups(d)
 		if err == nil {
 			groups[d], err = p.world.Split(string(d), g)
 		}
+		if err == nil && len(groups[d]) != n {
+			err = fmt.Errorf("parallel: the world's split %q gave %d communicators for %d ranks", d, len(groups[d]), n)
+		}
 		if err != nil {
-			closeDevs()
+			closeAll()
 			return nil, err
 		}
 	}
@@ -343,9 +356,34 @@ func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 	return err
 }
 
-// Close frees every rank's model, optimizer and device.
+// newWorld makes the plan's communicators over devs: through mk, or in process.
+func newWorld(devs []backend.Backend, mk func([]backend.Backend) (comm.Fabric, error)) (comm.Fabric, error) {
+	if mk == nil {
+		w, err := comm.NewWorld(devs)
+		if err != nil {
+			return nil, err
+		}
+		return w.Fabric(), nil
+	}
+	w, err := mk(devs)
+	if err != nil {
+		return nil, fmt.Errorf("parallel: communicators over %d devices: %w", len(devs), err)
+	}
+	if w.Size() != len(devs) {
+		_ = w.Close()
+		return nil, fmt.Errorf("parallel: the communicator world drives %d ranks in this process; the plan has %d (a plan drives every rank of its mesh itself)", w.Size(), len(devs))
+	}
+	return w, nil
+}
+
+// Close frees every rank's model, optimizer and device, and the communicators.
 func (p *Plan) Close() error {
 	var errs []error
+	if p.world != nil {
+		// Communicators first: they may hold device memory and streams.
+		errs = append(errs, p.world.Close())
+		p.world = nil
+	}
 	for _, rk := range p.ranks {
 		if rk.opt != nil {
 			rk.opt.Free()

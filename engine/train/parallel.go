@@ -90,11 +90,11 @@ func optimConfig(c *Config) optim.Config {
 		WeightDecay: c.Optim.WeightDecay, Seed: uint64(*c.Run.Seed)}
 }
 
-// planOptions opens one backend per device (simulated CPU devices, or the named GPUs), each
-// with its own profile recorder, which also records the rank's collectives once the plan is
+// planOptions opens one backend per device (simulated CPU devices, or the named GPUs, whose
+// collectives go through NCCL when there are several), each with its own profile recorder, which also records the rank's collectives once the plan is
 // built (adopt).
 func (t *Trainer) planOptions(d mesh.Devices) (parallel.Options, []*profile.Recorder, []backend.Backend) {
-	o := parallel.Options{Optimizer: optimConfig(t.Cfg)}
+	o := parallel.Options{Optimizer: optimConfig(t.Cfg), World: worldFor(d)}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
 	recs := make([]*profile.Recorder, d.Len())
 	ids := append([]int(nil), d.IDs...)
