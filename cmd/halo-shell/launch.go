@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	_ "github.com/halo-shell/halo-shell/engine/backend/cpu" // registers the cpu device
+	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/train"
 	"github.com/halo-shell/halo-shell/session"
@@ -38,6 +39,11 @@ The run is also an engine session: while it trains, "halo-shell tui --session NA
 "halo-shell repl --session NAME" attach to it (watch, pause, profile); "halo-shell session list"
 shows it. NAME is "launch-" + the base name of output_dir unless --name says otherwise.
 
+Multi-node flags (defaults from SLURM_NNODES, SLURM_NODEID/SLURM_PROCID, SLURM_JOB_NODELIST):
+--nnodes=N, --node-rank=R, --rendezvous=HOST:PORT, --rendezvous-bind=ADDR,
+--rendezvous-token=SECRET, --rendezvous-token-file=FILE, --rendezvous-timeout=DURATION. Several
+nodes need CUDA devices.
+
 Flags:
   --dry-run      print the resolved config and a memory estimate, then exit
   --name=NAME    the session name of this run
@@ -52,9 +58,15 @@ func init() {
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var pos, overrides []string
-			var lo launchOptions
+			lo := launchOptions{nodes: rendezvous.UnsetFlags()}
 			dry := false
 			for _, a := range args {
+				if ok, err := rendezvousArg(a, &lo.nodes); ok {
+					if err != nil {
+						return fmt.Errorf("launch: %w", err)
+					}
+					continue
+				}
 				switch {
 				case a == "-h" || a == "--help":
 					return cmd.Help()
@@ -82,6 +94,9 @@ func init() {
 			}
 			cfg, err := train.LoadConfig(pos[1], method, overrides)
 			if err != nil {
+				return err
+			}
+			if _, err := launchNodes(cfg, lo.nodes, os.Getenv); err != nil {
 				return err
 			}
 			if dry {
@@ -127,8 +142,31 @@ func dryRun(cmd *cobra.Command, cfg *train.Config) error {
 
 // launchOptions are the launch flags that are not config keys.
 type launchOptions struct {
-	name  string // session name ("" = launch-<output_dir base name>)
-	trace string // Chrome/Perfetto trace file ("" = none)
+	name  string           // session name ("" = launch-<output_dir base name>)
+	trace string           // Chrome/Perfetto trace file ("" = none)
+	nodes rendezvous.Flags // --nnodes, --node-rank, --rendezvous...
+}
+
+// launchNodes resolves the multi-node flags with the SLURM variables (flags win) and checks
+// that the run can span them: several nodes need CUDA devices (NCCL between the nodes), and
+// the engine's parallel plan drives every rank of its mesh in one process, so a run over
+// several nodes is refused before any work, naming what to do instead.
+func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) string) (rendezvous.Config, error) {
+	rc, err := rendezvous.ResolveConfig(f, getenv)
+	if err != nil {
+		return rc, fmt.Errorf("launch: %w", err)
+	}
+	if rc.NNodes <= 1 {
+		return rc, nil
+	}
+	d, _, _, err := cfg.ParallelLayout()
+	if err != nil {
+		return rc, err
+	}
+	if d.Kind != "cuda" {
+		return rc, fmt.Errorf("launch: %d nodes with devices %s: multi-node runs need CUDA devices (devices: cuda:0-7 on every node, NCCL between them); for a CPU run drop --nnodes (and unset SLURM_NNODES)", rc.NNodes, d)
+	}
+	return rc, fmt.Errorf("launch: %d nodes: a parallel plan drives all of its ranks from one process, so a run cannot span nodes yet; run on one node (devices: %s) and check the nodes' network with halo-shell run rendezvous --nccl", rc.NNodes, d)
 }
 
 func launch(cfg *train.Config, lo launchOptions) error {
