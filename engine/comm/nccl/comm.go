@@ -17,9 +17,12 @@ import (
 // T is a tensor on the rank's GPU.
 type T = tensor.Tensor
 
-// legacyStream is the CUDA legacy default stream: the backend's compute stream is a blocking
-// stream, so work on it and on this one runs in submission order.
-const legacyStream uintptr = 0
+// streamOnThread is the stream every collective is enqueued on: the device's compute stream,
+// so a collective runs after the kernels that produced its input and before those that read
+// its output, in the order the rank's goroutine issued them, with no host synchronisation in
+// between. It must be called on the device goroutine (inside Device().Do), as every NCCL call
+// of this package is.
+func (c *Comm) streamOnThread() uintptr { return c.b.Device().StreamOnThread() }
 
 // Available reports whether NCCL and a GPU can be used; the error says what is missing.
 func Available() error {
@@ -264,7 +267,7 @@ func (c *Comm) AllReduce(t T, op comm.ReduceOp) error {
 		return c.errf(kind, "%v", err)
 	}
 	return c.run(kind, t.Bytes(), func() error {
-		return c.api.check("ncclAllReduce", c.api.ncclAllReduce(p, p, uint64(t.Numel()), dt, nop, c.h, legacyStream), c.h)
+		return c.api.check("ncclAllReduce", c.api.ncclAllReduce(p, p, uint64(t.Numel()), dt, nop, c.h, c.streamOnThread()), c.h)
 	})
 }
 
@@ -296,7 +299,7 @@ func (c *Comm) AllGather(dst, src T) error {
 		return c.errf(kind, "dst %v must hold %d x %d elements (group size x src)", dst, c.size, src.Numel())
 	}
 	return c.run(kind, src.Bytes(), func() error {
-		return c.api.check("ncclAllGather", c.api.ncclAllGather(ps, pd, uint64(src.Bytes()), ncclUint8, c.h, legacyStream), c.h)
+		return c.api.check("ncclAllGather", c.api.ncclAllGather(ps, pd, uint64(src.Bytes()), ncclUint8, c.h, c.streamOnThread()), c.h)
 	})
 }
 
@@ -326,7 +329,7 @@ func (c *Comm) ReduceScatter(dst, src T, op comm.ReduceOp) error {
 		return c.errf(kind, "%v", err)
 	}
 	return c.run(kind, src.Bytes(), func() error {
-		return c.api.check("ncclReduceScatter", c.api.ncclReduceScatter(ps, pd, uint64(dst.Numel()), dt, nop, c.h, legacyStream), c.h)
+		return c.api.check("ncclReduceScatter", c.api.ncclReduceScatter(ps, pd, uint64(dst.Numel()), dt, nop, c.h, c.streamOnThread()), c.h)
 	})
 }
 
@@ -388,9 +391,9 @@ func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
 		var errs []error
 		for _, op := range plan {
 			if op.send {
-				errs = append(errs, c.api.check("ncclSend", c.api.ncclSend(ps+uintptr(op.offset), uint64(op.bytes), ncclUint8, int32(op.peer), c.h, legacyStream), c.h))
+				errs = append(errs, c.api.check("ncclSend", c.api.ncclSend(ps+uintptr(op.offset), uint64(op.bytes), ncclUint8, int32(op.peer), c.h, c.streamOnThread()), c.h))
 			} else {
-				errs = append(errs, c.api.check("ncclRecv", c.api.ncclRecv(pd+uintptr(op.offset), uint64(op.bytes), ncclUint8, int32(op.peer), c.h, legacyStream), c.h))
+				errs = append(errs, c.api.check("ncclRecv", c.api.ncclRecv(pd+uintptr(op.offset), uint64(op.bytes), ncclUint8, int32(op.peer), c.h, c.streamOnThread()), c.h))
 			}
 		}
 		errs = append(errs, c.api.check("ncclGroupEnd", c.api.ncclGroupEnd(), c.h))
@@ -458,7 +461,7 @@ func (c *Comm) Broadcast(t T, root int) error {
 		return err
 	}
 	return c.run(kind, t.Bytes(), func() error {
-		return c.api.check("ncclBroadcast", c.api.ncclBroadcast(p, p, uint64(t.Bytes()), ncclUint8, int32(root), c.h, legacyStream), c.h)
+		return c.api.check("ncclBroadcast", c.api.ncclBroadcast(p, p, uint64(t.Bytes()), ncclUint8, int32(root), c.h, c.streamOnThread()), c.h)
 	})
 }
 
@@ -466,14 +469,14 @@ func (c *Comm) Broadcast(t T, root int) error {
 // peer has posted the matching Recv (see the package doc).
 func (c *Comm) Send(t T, peer int) error {
 	return c.p2p("ncclSend", t, peer, func(p uintptr) int32 {
-		return c.api.ncclSend(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, legacyStream)
+		return c.api.ncclSend(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, c.streamOnThread())
 	})
 }
 
 // Recv implements comm.Communicator.
 func (c *Comm) Recv(t T, peer int) error {
 	return c.p2p("ncclRecv", t, peer, func(p uintptr) int32 {
-		return c.api.ncclRecv(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, legacyStream)
+		return c.api.ncclRecv(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, c.streamOnThread())
 	})
 }
 
@@ -510,7 +513,7 @@ func (c *Comm) Barrier() error {
 		return err
 	}
 	return c.run(kind, 0, func() error {
-		return c.api.check("ncclAllReduce", c.api.ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, c.h, legacyStream), c.h)
+		return c.api.check("ncclAllReduce", c.api.ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, c.h, c.streamOnThread()), c.h)
 	})
 }
 

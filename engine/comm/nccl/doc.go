@@ -9,9 +9,10 @@
 // engine/comm/rendezvous carried to every node. World.Split makes the communicators of mesh groups
 // (ncclCommSplit), with the same partition rules as the in-process comm.World.Split.
 //
-// Collectives are enqueued on the CUDA legacy default stream, which the backend's blocking
-// compute stream is ordered with, so a collective sees every op enqueued before it and every op
-// enqueued after it sees its result. Each collective is bracketed by two CUDA events on the
+// Collectives are enqueued on the device's own compute stream (cuda.Device.StreamOnThread, from
+// the device goroutine), the stream every kernel and copy of the rank is queued on, so a
+// collective sees every op enqueued before it and every op enqueued after it sees its result,
+// ordered by the stream alone. Each collective is bracketed by two CUDA events on the
 // device's stream and waits for the second: its Stats time and its profile span are the GPU time
 // the events measured, and the host returns only once the data has arrived. (Overlapping
 // communication with compute needs a stream of its own; that is not done yet.) All-to-all with
