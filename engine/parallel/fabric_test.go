@@ -118,6 +118,7 @@ func TestPlanRefusesAFabricThatDoesNotDriveEveryRank(t *testing.T) {
 	src := tinyModel(t, "llama", 1)
 	l, _ := mesh.ParseLayout("tp=2")
 	var closed int
+	var splitFailures []*failingSplit
 	for _, c := range []struct {
 		name  string
 		world func([]backend.Backend) (comm.Fabric, error)
@@ -130,6 +131,15 @@ func TestPlanRefusesAFabricThatDoesNotDriveEveryRank(t *testing.T) {
 			}
 			return &countingFabric{Fabric: w.Fabric()}, nil
 		}, "drives 2 ranks in this process; the plan has 4"},
+		{"split fails", func(devs []backend.Backend) (comm.Fabric, error) {
+			w, err := comm.NewWorld(devs)
+			if err != nil {
+				return nil, err
+			}
+			fab := &failingSplit{countingFabric: countingFabric{Fabric: w.Fabric()}}
+			splitFailures = append(splitFailures, fab)
+			return fab, nil
+		}, "no communicators for group cp"},
 		{"world fails", func([]backend.Backend) (comm.Fabric, error) {
 			return nil, errors.New("nccl: libnccl.so.2 not found")
 		}, "communicators over 4 devices: nccl: libnccl.so.2 not found"},
@@ -143,9 +153,22 @@ func TestPlanRefusesAFabricThatDoesNotDriveEveryRank(t *testing.T) {
 			}
 		})
 	}
-	if closed != 8 {
-		t.Errorf("%d devices closed after the refusals, want all 8", closed)
+	if closed != 12 {
+		t.Errorf("%d devices closed after the refusals, want all 12", closed)
 	}
+	if len(splitFailures) != 1 || splitFailures[0].closed != 1 {
+		t.Errorf("a fabric whose split failed was not closed exactly once: %+v", splitFailures)
+	}
+}
+
+// failingSplit refuses the second split (the context-parallel groups).
+type failingSplit struct{ countingFabric }
+
+func (f *failingSplit) Split(name string, groups [][]int) ([]comm.Communicator, error) {
+	if name == "cp" {
+		return nil, errors.New("no communicators for group cp")
+	}
+	return f.countingFabric.Split(name, groups)
 }
 
 type closeCounter struct {
