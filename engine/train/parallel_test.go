@@ -374,7 +374,10 @@ func TestPlanStepReportsTimeByOpClassAndCollective(t *testing.T) {
 	for _, s := range m.TimeByOpS {
 		total += s
 	}
-	if m.TimeByOpS["matmul"] <= 0 || m.TimeByOpS["comm.all_reduce"] <= 0 || total > m.StepTimeS*1.01 {
+	// The ranks' recorders and the trainer's clock start and stop a little apart, so the
+	// parts may exceed the wall time slightly (by about 1% under the race detector); 5% is the
+	// bound the profile promises.
+	if m.TimeByOpS["matmul"] <= 0 || m.TimeByOpS["comm.all_reduce"] <= 0 || total > m.StepTimeS*1.05 {
 		t.Fatalf("time by op %v (sum %v) for a step of %v s: want matmul and all_reduce within the step", m.TimeByOpS, total, m.StepTimeS)
 	}
 }
