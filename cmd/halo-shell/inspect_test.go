@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -19,14 +18,7 @@ func TestRunInspectCommand(t *testing.T) {
 	if _, err := safetensors.SaveCheckpoint(dir, tensors, safetensors.CheckpointOptions{MaxShardSize: 64}); err != nil {
 		t.Fatal(err)
 	}
-	run := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		rootCmd.SetOut(&out)
-		rootCmd.SetArgs(args)
-		defer rootCmd.SetArgs(nil)
-		err := rootCmd.Execute()
-		return out.String(), err
-	}
+	run := func(args ...string) (string, error) { return runRoot(t, args...) }
 
 	text, err := run("run", "inspect", dir)
 	if err != nil {

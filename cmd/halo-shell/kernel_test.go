@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -12,14 +11,7 @@ import (
 )
 
 func TestKernelCommand(t *testing.T) {
-	run := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		rootCmd.SetOut(&out)
-		rootCmd.SetArgs(args)
-		defer rootCmd.SetArgs(nil)
-		err := rootCmd.Execute()
-		return out.String(), err
-	}
+	run := func(args ...string) (string, error) { return runRoot(t, args...) }
 	if _, err := run("kernel"); err == nil || !strings.Contains(err.Error(), "--connection-file is required") {
 		t.Errorf("kernel without a connection file: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 
 func TestLaunchDryRunPrintsTheLayoutOrItsRefusal(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
-	stdout, err := runLaunch(t, quickstartArgs(out, "--devices=cpu:4", "--context_parallel_size=2", "--fsdp=true", "--gradient_accumulation_steps=2", "--dry-run")...)
+	stdout, err := runRoot(t, quickstartArgs(out, "--devices=cpu:4", "--context_parallel_size=2", "--fsdp=true", "--gradient_accumulation_steps=2", "--dry-run")...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func TestLaunchDryRunPrintsTheLayoutOrItsRefusal(t *testing.T) {
 	}
 	// One key/value head cannot be split over two tensor ranks: refused with the rule and a
 	// layout that works.
-	_, err = runLaunch(t, quickstartArgs(out, "--devices=cpu:4", "--tensor_parallel_size=2", "--gradient_accumulation_steps=2", "--dry-run")...)
+	_, err = runRoot(t, quickstartArgs(out, "--devices=cpu:4", "--tensor_parallel_size=2", "--gradient_accumulation_steps=2", "--dry-run")...)
 	if err == nil || !strings.Contains(err.Error(), "rule") || !strings.Contains(err.Error(), "tp=1") {
 		t.Fatalf("dry run of tp=2 with one kv head: %v, want the rule and a working layout", err)
 	}
@@ -31,7 +31,7 @@ func TestLaunchDryRunPrintsTheLayoutOrItsRefusal(t *testing.T) {
 func TestLaunchOnTwoDevicesWritesATraceWithCollectives(t *testing.T) {
 	dir := t.TempDir()
 	out, trace := filepath.Join(dir, "run"), filepath.Join(dir, "trace.json")
-	if _, err := runLaunch(t, quickstartArgs(out, "--devices=cpu:2", "--gradient_accumulation_steps=2", "--trace="+trace)...); err != nil {
+	if _, err := runRoot(t, quickstartArgs(out, "--devices=cpu:2", "--gradient_accumulation_steps=2", "--trace="+trace)...); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := os.ReadFile(trace)

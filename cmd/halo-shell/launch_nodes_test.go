@@ -25,13 +25,13 @@ func TestLaunchMultiNodeFlags(t *testing.T) {
 		{[]string{"--rendezvous-timeout=soon"}, "want a positive duration"},
 		{[]string{"--nnodes=2", "--node-rank=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret"}, "node rank 2 is outside 0..1"},
 	} {
-		_, err := runLaunch(t, append(quickstartArgs(out, tc.extra...), "--dry-run")...)
+		_, err := runRoot(t, append(quickstartArgs(out, tc.extra...), "--dry-run")...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want %q", tc.extra, err, tc.want)
 		}
 	}
 	// One node is an ordinary run: the flags are accepted and not taken for config keys.
-	if _, err := runLaunch(t, append(quickstartArgs(out, "--nnodes=1", "--node-rank=0"), "--dry-run")...); err != nil {
+	if _, err := runRoot(t, append(quickstartArgs(out, "--nnodes=1", "--node-rank=0"), "--dry-run")...); err != nil {
 		t.Errorf("--nnodes=1: %v", err)
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-// runLaunch runs the halo-shell command with args and returns its stdout.
-func runLaunch(t *testing.T, args ...string) (string, error) {
+// runRoot runs the halo-shell command line with args and returns what it wrote to stdout.
+func runRoot(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	rootCmd.SetOut(&out)
@@ -32,7 +32,7 @@ func quickstartArgs(out string, extra ...string) []string {
 
 func TestLaunchQuickstartEndToEnd(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
-	if _, err := runLaunch(t, quickstartArgs(out)...); err != nil {
+	if _, err := runRoot(t, quickstartArgs(out)...); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
@@ -60,7 +60,7 @@ func TestLaunchQuickstartEndToEnd(t *testing.T) {
 
 func TestLaunchDryRunAndRefusals(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
-	stdout, err := runLaunch(t, append(quickstartArgs(out), "--dry-run")...)
+	stdout, err := runRoot(t, append(quickstartArgs(out), "--dry-run")...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestLaunchDryRunAndRefusals(t *testing.T) {
 		{append(quickstartArgs(out), "--learning_rat=1"), `did you mean "learning_rate"?`},
 		{append(quickstartArgs(out), "--max_steps=-3"), "max_steps: -3 must be positive"},
 	} {
-		if _, err := runLaunch(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := runRoot(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
 		}
 	}
@@ -97,7 +97,7 @@ func TestExamplesWorkAsTheyAre(t *testing.T) {
 	}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			stdout, err := runLaunch(t, "launch", "sft", f, "--dry-run")
+			stdout, err := runRoot(t, "launch", "sft", f, "--dry-run")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,7 +107,7 @@ func TestExamplesWorkAsTheyAre(t *testing.T) {
 		})
 	}
 	out := filepath.Join(t.TempDir(), "moe")
-	if _, err := runLaunch(t, "launch", "sft", "../../examples/moe-expert-parallel.yaml", "--max_steps=4",
+	if _, err := runRoot(t, "launch", "sft", "../../examples/moe-expert-parallel.yaml", "--max_steps=4",
 		"--warmup_steps=1", "--dataset.synthetic.train=200", "--generation_eval.max_samples=2", "--output_dir="+out); err != nil {
 		t.Fatal(err)
 	}

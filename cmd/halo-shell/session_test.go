@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -22,14 +21,7 @@ func TestSessionCommands(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
 	defer func() { cancel(); <-done }()
-	run := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		rootCmd.SetOut(&out)
-		rootCmd.SetArgs(args)
-		defer rootCmd.SetArgs(nil)
-		err := rootCmd.Execute()
-		return out.String(), err
-	}
+	run := func(args ...string) (string, error) { return runRoot(t, args...) }
 	tests := []struct {
 		args []string
 		want []string
