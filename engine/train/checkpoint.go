@@ -116,13 +116,8 @@ func (t *Trainer) Save(dir string) (err error) {
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return fmt.Errorf("train: save: %w", err)
 	}
-	if err := saveModel(t.Model, tmp); err != nil {
+	if err := t.writeModelFiles(tmp); err != nil {
 		return fmt.Errorf("train: save %s: %w", dir, err)
-	}
-	for _, name := range tokenizerFiles {
-		if err := copyFile(filepath.Join(t.tok.dir, name), filepath.Join(tmp, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("train: save %s: %w", dir, err)
-		}
 	}
 	_, sts, err := t.opt.Export()
 	if err != nil {
@@ -337,4 +332,18 @@ func (t *Trainer) SaveStep() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// writeModelFiles writes the Hugging Face model and the tokenizer files the run was given into
+// dir (a tokenizer file the run does not have is skipped).
+func (t *Trainer) writeModelFiles(dir string) error {
+	if err := saveModel(t.Model, dir); err != nil {
+		return err
+	}
+	for _, name := range tokenizerFiles {
+		if err := copyFile(filepath.Join(t.tok.dir, name), filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }

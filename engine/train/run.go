@@ -156,13 +156,8 @@ func (t *Trainer) SaveModel(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("train: %w", err)
 	}
-	if err := saveModel(t.Model, dir); err != nil {
+	if err := t.writeModelFiles(dir); err != nil {
 		return fmt.Errorf("train: save model %s: %w", dir, err)
-	}
-	for _, name := range tokenizerFiles {
-		if err := copyFile(filepath.Join(t.tok.dir, name), filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("train: save model %s: %w", dir, err)
-		}
 	}
 	return nil
 }
