@@ -464,16 +464,21 @@ func TestForwardBackwardRejectsRowsThatDoNotSplit(t *testing.T) {
 	}
 }
 
-func TestCheckpointFromAnyLayoutIsAnOrdinaryCheckpoint(t *testing.T) {
-	src := tinyModel(t, "llama", 2)
-	p := newPlan(t, src, 8, "tp=2 cp=2 fsdp", optim.Config{})
-	if _, _, err := p.ForwardBackward(tinyRows(2, 16, 41, 3)); err != nil {
+// savedFromLayout runs one training step of a tiny family model under layout on n devices,
+// gathers the plan into a fresh single-device model, saves that as a Hugging Face checkpoint
+// and loads it back; every loaded parameter must equal the plan's. It returns the source model
+// (the weights before the step) and the loaded one.
+func savedFromLayout(t *testing.T, family string, n int, layout string, rows []models.Batch) (src, back *models.Model) {
+	t.Helper()
+	src = tinyModel(t, family, 2)
+	p := newPlan(t, src, n, layout, optim.Config{})
+	if _, _, err := p.ForwardBackward(rows); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Step(1e-2, 1); err != nil {
 		t.Fatal(err)
 	}
-	full := tinyModel(t, "llama", 77)
+	full := tinyModel(t, family, 77)
 	if err := p.Gather(full); err != nil {
 		t.Fatal(err)
 	}
@@ -485,17 +490,25 @@ func TestCheckpointFromAnyLayoutIsAnOrdinaryCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer back.Close()
+	t.Cleanup(func() { back.Close() })
 	ps, err := p.Params()
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := false
 	for _, s := range src.Specs {
 		got, _ := back.ParamFloat32(s.Name)
 		if err := closeTo(got, ps[s.Name], 0); err != nil {
 			t.Errorf("%s: %v", s.Name, err)
 		}
+	}
+	return src, back
+}
+
+func TestCheckpointFromAnyLayoutIsAnOrdinaryCheckpoint(t *testing.T) {
+	src, back := savedFromLayout(t, "llama", 8, "tp=2 cp=2 fsdp", tinyRows(2, 16, 41, 3))
+	changed := false
+	for _, s := range src.Specs {
+		got, _ := back.ParamFloat32(s.Name)
 		before, _ := src.ParamFloat32(s.Name)
 		changed = changed || closeTo(got, before, 0) != nil
 	}
