@@ -1,0 +1,275 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"unsafe"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// ---- attention ----
+
+const (
+	attnRows = 8
+	attnTile = 32
+)
+
+type attnGeom struct {
+	N, Nk, D      int
+	NH, NKV, HD   int
+	scale         float32
+	window        int32
+	cuQ, cuK      uintptr
+	dt            int32
+	pq, pk, pv    uintptr
+	sharedFwd     uint32
+	sharedBwdDQ   uint32
+	sharedBwdDKV  uint32
+	hasSeparateCK bool
+}
+
+func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (attnGeom, error) {
+	var g attnGeom
+	g.NH, g.NKV, g.HD = s.NH, s.NKV, s.HD
+	if g.NH <= 0 || g.NKV <= 0 || g.HD <= 0 || g.NH%g.NKV != 0 {
+		return g, fmt.Errorf("cuda: %s: NH=%d, NKV=%d, HD=%d: need positive values with NH a multiple of NKV", op, g.NH, g.NKV, g.HD)
+	}
+	if g.HD > 256 {
+		return g, fmt.Errorf("cuda: %s: head dim %d is above this kernel's 256", op, g.HD)
+	}
+	if q.Numel()%(g.NH*g.HD) != 0 {
+		return g, fmt.Errorf("cuda: %s: Q %v must be [N, %d*%d]", op, q, g.NH, g.HD)
+	}
+	g.N = q.Numel() / (g.NH * g.HD)
+	if k.Numel() != v.Numel() || k.Numel()%(g.NKV*g.HD) != 0 {
+		return g, fmt.Errorf("cuda: %s: K %v and V %v must be [Nk, %d*%d]", op, k, v, g.NKV, g.HD)
+	}
+	g.Nk = k.Numel() / (g.NKV * g.HD)
+	if q.DType() != k.DType() || q.DType() != v.DType() {
+		return g, fmt.Errorf("cuda: %s: Q %v, K %v, V %v must share a dtype", op, q, k, v)
+	}
+	var err error
+	if g.dt, err = fcode(op, "Q", q); err != nil {
+		return g, err
+	}
+	if s.CuSeqlens.DType() != tensor.I32 || s.CuSeqlens.Numel() < 2 {
+		return g, fmt.Errorf("cuda: %s: CuSeqlens %v must be i32 [D+1] with D >= 1", op, s.CuSeqlens)
+	}
+	g.D = s.CuSeqlens.Numel() - 1
+	if g.cuQ, err = b.ptr(op, "CuSeqlens", s.CuSeqlens); err != nil {
+		return g, err
+	}
+	g.cuK = g.cuQ
+	if !s.CuSeqlensK.IsNil() {
+		if s.CuSeqlensK.DType() != tensor.I32 || s.CuSeqlensK.Numel() != g.D+1 {
+			return g, fmt.Errorf("cuda: %s: CuSeqlensK %v must be i32 [%d]", op, s.CuSeqlensK, g.D+1)
+		}
+		if g.cuK, err = b.ptr(op, "CuSeqlensK", s.CuSeqlensK); err != nil {
+			return g, err
+		}
+		g.hasSeparateCK = true
+	} else if g.Nk != g.N {
+		return g, fmt.Errorf("cuda: %s: K has %d rows but Q has %d: set CuSeqlensK for decoding", op, g.Nk, g.N)
+	}
+	// The boundaries must be well formed: the kernels trust them.
+	if err := b.checkCuSeqlens(op, "CuSeqlens", g.cuQ, g.D, g.N); err != nil {
+		return g, err
+	}
+	if g.hasSeparateCK {
+		if err := b.checkCuSeqlens(op, "CuSeqlensK", g.cuK, g.D, g.Nk); err != nil {
+			return g, err
+		}
+	}
+	g.scale = s.Scale
+	if g.scale == 0 {
+		g.scale = float32(1 / math.Sqrt(float64(g.HD)))
+	}
+	if s.Window < 0 {
+		return g, fmt.Errorf("cuda: %s: window %d must be >= 0", op, s.Window)
+	}
+	g.window = int32(min(s.Window, math.MaxInt32))
+	if g.pq, err = b.ptr(op, "Q", q); err != nil {
+		return g, err
+	}
+	if g.pk, err = b.ptr(op, "K", k); err != nil {
+		return g, err
+	}
+	if g.pv, err = b.ptr(op, "V", v); err != nil {
+		return g, err
+	}
+	P := g.HD + 1
+	g.sharedFwd = uint32(4 * (2*attnTile*P + attnRows*g.HD))
+	g.sharedBwdDQ = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
+	g.sharedBwdDKV = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
+	return g, nil
+}
+
+// mmaRows is the rows (queries or keys) one block of the tensor-core kernels covers.
+const mmaRows = 64
+
+// useMMA reports whether the tensor-core kernels apply: bf16 tensors, head dim 64 or 128 and
+// every pointer 16-byte aligned (they load 16 bytes at a time).
+// If attention_tc.cu cannot be built for this device, the kernels of attention.cu are used and
+// the reason is logged once (MMAError returns it).
+func (b *Backend) useMMA(g attnGeom, extra ...uintptr) bool {
+	if !b.attnMMA || g.dt != int32(tensor.BF16) || (g.HD != 64 && g.HD != 128) {
+		return false
+	}
+	for _, p := range append([]uintptr{g.pq, g.pk, g.pv}, extra...) {
+		if p%16 != 0 {
+			return false
+		}
+	}
+	b.mmaOnce.Do(func() {
+		b.mmaErr = b.d.Do(func() error {
+			_, err := b.d.function("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD))
+			return err
+		})
+		if b.mmaErr != nil {
+			slog.Warn("cuda: tensor-core attention unavailable; using the SIMT kernels", "device", b.Name(), "error", b.mmaErr)
+		}
+	})
+	return b.mmaErr == nil
+}
+
+// MMAError is why the tensor-core attention kernels could not be built (nil when they were, or
+// have not been needed yet).
+func (b *Backend) MMAError() error { return b.mmaErr }
+
+// checkCuSeqlens downloads document boundaries and checks 0 = cu[0] <= ... <= cu[D] = n.
+func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) error {
+	cu := make([]int32, D+1)
+	err := b.d.Do(func() error {
+		if err := b.d.syncOnThread(); err != nil {
+			return err
+		}
+		return b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&cu[0]), p, uint64(4*(D+1))))
+	})
+	if err != nil {
+		return err
+	}
+	if cu[0] != 0 || int(cu[D]) != n {
+		return fmt.Errorf("cuda: %s: %s must start at 0 and end at %d, got %d and %d", op, name, n, cu[0], cu[D])
+	}
+	for i := 1; i <= D; i++ {
+		if cu[i] < cu[i-1] {
+			return fmt.Errorf("cuda: %s: %s[%d] = %d is below %s[%d] = %d", op, name, i, cu[i], name, i-1, cu[i-1])
+		}
+	}
+	return nil
+}
+
+// Attention runs causal GQA attention over packed documents.
+func (b *Backend) Attention(a backend.AttentionArgs) error {
+	const op = "Attention"
+	g, err := b.attnGeometry(op, a.AttentionShape, a.Q, a.K, a.V)
+	if err != nil {
+		return err
+	}
+	if a.Out.Numel() != a.Q.Numel() || a.Out.DType() != a.Q.DType() {
+		return fmt.Errorf("cuda: %s: Out %v must match Q %v", op, a.Out, a.Q)
+	}
+	po, err := b.ptr(op, "Out", a.Out)
+	if err != nil {
+		return err
+	}
+	var pl uintptr
+	if !a.LSE.IsNil() {
+		if a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH {
+			return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
+		}
+		if pl, err = b.ptr(op, "LSE", a.LSE); err != nil {
+			return err
+		}
+	}
+	if g.N == 0 {
+		return nil
+	}
+	if b.useMMA(g, po) {
+		args := packArgs(po, pl, g.pq, g.pk, g.pv, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window)
+		grid := [3]uint32{uint32((g.N + mmaRows - 1) / mmaRows), uint32(g.NH), 1}
+		shared := uint32(2 * (2*64*(g.HD+8) + g.HD*(64+8)))
+		return b.d.Do(func() error {
+			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD), grid, [3]uint32{128, 1, 1}, shared, args...)
+		})
+	}
+	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
+	grid := [3]uint32{uint32((g.N + attnRows - 1) / attnRows), uint32(g.NH), 1}
+	return b.d.Do(func() error {
+		return b.d.launchOnThread("attention.cu", "attn_fwd", grid, [3]uint32{32 * attnRows, 1, 1}, g.sharedFwd, args...)
+	})
+}
+
+// AttentionBackward computes dQ, dK and dV.
+func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
+	const op = "AttentionBackward"
+	g, err := b.attnGeometry(op, a.AttentionShape, a.Q, a.K, a.V)
+	if err != nil {
+		return err
+	}
+	if g.hasSeparateCK || g.Nk != g.N {
+		return errors.New("cuda: AttentionBackward: separate key boundaries (CuSeqlensK) are not supported in backward")
+	}
+	for name, t := range map[string]T{"DQ": a.DQ, "DOut": a.DOut, "Out": a.Out} {
+		if t.Numel() != a.Q.Numel() || t.DType() != a.Q.DType() {
+			return fmt.Errorf("cuda: %s: %s %v must match Q %v", op, name, t, a.Q)
+		}
+	}
+	for name, t := range map[string]T{"DK": a.DK, "DV": a.DV} {
+		if t.Numel() != a.K.Numel() || t.DType() != a.K.DType() {
+			return fmt.Errorf("cuda: %s: %s %v must match K %v", op, name, t, a.K)
+		}
+	}
+	if a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH {
+		return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
+	}
+	ptrs := map[string]uintptr{}
+	for name, t := range map[string]T{"DQ": a.DQ, "DK": a.DK, "DV": a.DV, "DOut": a.DOut, "Out": a.Out, "LSE": a.LSE} {
+		p, err := b.ptr(op, name, t)
+		if err != nil {
+			return err
+		}
+		ptrs[name] = p
+	}
+	if g.N == 0 {
+		return nil
+	}
+	mma := b.useMMA(g, ptrs["DQ"], ptrs["DK"], ptrs["DV"], ptrs["DOut"])
+	return b.d.Do(func() error {
+		dvec, err := b.d.allocOnThread(uint64(4 * g.N * g.NH))
+		if err != nil {
+			return err
+		}
+		defer b.d.alloc.Free(dvec.ptr)
+		warps := int64(g.N) * int64(g.NH)
+		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dot", [3]uint32{uint32((warps*32 + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			packArgs(dvec.ptr, ptrs["DOut"], ptrs["Out"], g.dt, int64(g.N), int32(g.NH), int32(g.HD))...); err != nil {
+			return err
+		}
+		if mma {
+			rows := uint32((g.N + mmaRows - 1) / mmaRows)
+			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
+			sharedDQ := uint32(2 * (2*32*(g.HD+8) + g.HD*(32+8)))
+			if err := b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dq_mma_%d", g.HD), [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{128, 1, 1}, sharedDQ,
+				packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+				return err
+			}
+			sharedDKV := uint32(2 * (2*32*(g.HD+8) + 2*g.HD*(32+8)))
+			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dkv_mma_%d", g.HD), [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{128, 1, 1}, sharedDKV,
+				packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
+		}
+		rows := uint32((g.N + attnRows - 1) / attnRows)
+		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dq", [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDQ,
+			packArgs(ptrs["DQ"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
+				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...); err != nil {
+			return err
+		}
+		return b.d.launchOnThread("attention.cu", "attn_bwd_dkv", [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDKV,
+			packArgs(ptrs["DK"], ptrs["DV"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
+				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...)
+	})
+}
