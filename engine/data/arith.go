@@ -62,8 +62,8 @@ func Arithmetic(o ArithmeticOptions) (train, eval []Record, err error) {
 	return train, eval, nil
 }
 
-// WriteJSONL writes records as JSONL in their own format ({"text"}, {"messages"} or
-// {"prompt","completion"}).
+// WriteJSONL writes records as JSONL in their own format ({"text"}, {"messages"},
+// {"prompt","completion"} or {"input_ids"}).
 func WriteJSONL(w io.Writer, recs []Record) error {
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
@@ -84,6 +84,10 @@ func WriteJSONL(w io.Writer, recs []Record) error {
 				Prompt     string `json:"prompt"`
 				Completion string `json:"completion"`
 			}{r.Prompt, r.Completion}
+		case FormatTokens:
+			v = struct {
+				InputIDs []int32 `json:"input_ids"`
+			}{r.IDs}
 		default:
 			return fmt.Errorf("data: %s: record of unknown kind %q", r.Where(), r.Kind)
 		}

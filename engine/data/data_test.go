@@ -30,6 +30,13 @@ func TestReadFormats(t *testing.T) {
 			{Source: "f", Line: 1, Kind: FormatText, Text: "a"},
 			{Source: "f", Line: 2, Kind: FormatText, Text: "b"},
 		}},
+		{"tokens", `{"input_ids":[5,0,2147483647]}` + "\n" + `{"input_ids":[1, 2],"text_note":"x"}`, FormatTokens, []Record{
+			{Source: "f", Line: 1, Kind: FormatTokens, IDs: []int32{5, 0, 2147483647}},
+			{Source: "f", Line: 2, Kind: FormatTokens, IDs: []int32{1, 2}},
+		}},
+		{"auto detects tokens", `{"input_ids":[7,8]}`, FormatAuto, []Record{
+			{Source: "f", Line: 1, Kind: FormatTokens, IDs: []int32{7, 8}},
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,6 +67,12 @@ func TestReadErrorsNameFileAndLine(t *testing.T) {
 		{"non-string content", `{"messages":[{"role":"user","content":[1]}]}`, FormatMessages, `d.jsonl:1: messages[0]: role and content must be strings`},
 		{"empty completion", `{"prompt":"p","completion":""}`, FormatAuto, `d.jsonl:1: "completion" is empty`},
 		{"empty file", "\n\n", FormatAuto, `d.jsonl: no records`},
+		{"tokens without ids", `{"text":"a"}`, FormatTokens, `d.jsonl:1: format is tokens but the record has no "input_ids" key`},
+		{"ids not a list", `{"input_ids":"1 2"}`, FormatTokens, `d.jsonl:1: "input_ids" must be a list of integer token ids`},
+		{"negative id", `{"input_ids":[1,-2]}`, FormatTokens, `d.jsonl:1: "input_ids" item 1 (-2) is not a token id`},
+		{"fractional id", "\n" + `{"input_ids":[1,2.5]}`, FormatTokens, `d.jsonl:2: "input_ids" item 1 (2.5) is not a token id`},
+		{"id beyond int32", `{"input_ids":[2147483648,1]}`, FormatAuto, `d.jsonl:1: "input_ids" item 0 (2147483648) is not a token id`},
+		{"one id", `{"input_ids":[3]}`, FormatTokens, `d.jsonl:1: "input_ids" has 1 ids: need at least 2`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +92,7 @@ func FuzzRead(f *testing.F) {
 	f.Add(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}`)
 	f.Add(`{"prompt":"p","completion":"c"}` + "\n" + `{"text":1}`)
 	f.Add("{\"text\":\"\\u00e9\"}\n\n\r\n")
+	f.Add(`{"input_ids":[1,2,3]}` + "\n" + `{"input_ids":[1e3,-0]}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		recs, err := Read(strings.NewReader(in), "fuzz", FormatAuto)
 		if err != nil {
@@ -90,6 +104,14 @@ func FuzzRead(f *testing.F) {
 		for _, r := range recs {
 			if r.Line < 1 || r.Kind == FormatAuto {
 				t.Fatalf("bad record %+v", r)
+			}
+			if r.Kind == FormatTokens && len(r.IDs) < 2 {
+				t.Fatalf("tokens record with %d ids: %+v", len(r.IDs), r)
+			}
+			for _, id := range r.IDs {
+				if id < 0 {
+					t.Fatalf("negative token id in %+v", r)
+				}
 			}
 		}
 	})
@@ -456,5 +478,26 @@ func TestArithmeticDisjointDeterministicAndRoundTrips(t *testing.T) {
 	}
 	if _, _, err := Arithmetic(ArithmeticOptions{MaxOperand: 3, Train: 10, Eval: 7}); err == nil {
 		t.Fatal("more problems than exist accepted")
+	}
+}
+
+func TestTokensRecordsRoundTripThroughJSONL(t *testing.T) {
+	recs := []Record{
+		{Source: "tok", Line: 1, Kind: FormatTokens, IDs: []int32{0, 151935, 7}},
+		{Source: "tok", Line: 2, Kind: FormatTokens, IDs: []int32{3, 3}},
+	}
+	var sb strings.Builder
+	if err := WriteJSONL(&sb, recs); err != nil {
+		t.Fatal(err)
+	}
+	if want := "{\"input_ids\":[0,151935,7]}\n{\"input_ids\":[3,3]}\n"; sb.String() != want {
+		t.Fatalf("wrote %q, want %q", sb.String(), want)
+	}
+	back, err := Read(strings.NewReader(sb.String()), "tok", FormatAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, recs) {
+		t.Fatalf("round trip gave %+v, want %+v", back, recs)
 	}
 }

@@ -1,10 +1,11 @@
 // Package data turns JSONL datasets into packed, shuffled, resumable micro-batches of token ids.
 //
-// It reads three record shapes, one JSON object per line:
+// It reads four record shapes, one JSON object per line:
 //
 //	{"text": "..."}                                    pretraining: every token is a target
 //	{"messages": [{"role": "...", "content": "..."}]}  chat SFT: only assistant tokens are targets
 //	{"prompt": "...", "completion": "..."}             the completion is the target
+//	{"input_ids": [17, 5, ...]}                        pre-tokenized: every token is a target
 //
 // Records become Documents (token ids plus a per-token train mask) through an Encoder supplied
 // by the caller, run on all cores. Documents are packed into micro-batches of at most a fixed
@@ -14,6 +15,6 @@
 // (epoch, index) is all that is needed to resume exactly.
 //
 // The package is not a tokenizer and knows nothing about chat templates or models: the caller
-// maps records to token ids (see Encoder). It holds whole datasets in memory; streaming
+// maps records to token ids (see Encoder), and checks pre-tokenized ids against its vocabulary. It holds whole datasets in memory; streaming
 // datasets larger than memory is not supported.
 package data

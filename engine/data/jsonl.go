@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -23,10 +24,16 @@ const (
 	FormatMessages Format = "messages"
 	// FormatPromptCompletion is {"prompt","completion"}: the completion's tokens are targets.
 	FormatPromptCompletion Format = "prompt_completion"
+	// FormatTokens is {"input_ids": [...]}: token ids already made by a tokenizer; every token
+	// is a target.
+	FormatTokens Format = "tokens"
 )
 
 // Formats lists the accepted Format values, for error messages and validation.
-var Formats = []Format{FormatAuto, FormatText, FormatMessages, FormatPromptCompletion}
+var Formats = []Format{FormatAuto, FormatText, FormatMessages, FormatPromptCompletion, FormatTokens}
+
+// MaxTokenID bounds a token id of a tokens record (ids are int32 on the device).
+const MaxTokenID = 1<<31 - 1
 
 // ParseFormat checks a format name.
 func ParseFormat(s string) (Format, error) {
@@ -52,12 +59,13 @@ type Message struct {
 type Record struct {
 	Source string // file the record came from
 	Line   int    // 1-based line number in Source
-	Kind   Format // FormatText, FormatMessages or FormatPromptCompletion
+	Kind   Format // FormatText, FormatMessages, FormatPromptCompletion or FormatTokens
 
 	Text       string
 	Messages   []Message
 	Prompt     string
 	Completion string
+	IDs        []int32 // FormatTokens: the token ids
 }
 
 // Where names the record's origin as "file:line", for error messages.
@@ -157,6 +165,7 @@ type rawRecord struct {
 	Messages   *json.RawMessage `json:"messages"`
 	Prompt     *string          `json:"prompt"`
 	Completion *string          `json:"completion"`
+	InputIDs   *json.RawMessage `json:"input_ids"`
 }
 
 func parseLine(b []byte, name string, line int, format Format) (Record, error) {
@@ -178,8 +187,10 @@ func parseLine(b []byte, name string, line int, format Format) (Record, error) {
 			kind = FormatPromptCompletion
 		case raw.Text != nil:
 			kind = FormatText
+		case raw.InputIDs != nil:
+			kind = FormatTokens
 		default:
-			return Record{}, fmt.Errorf("data: %s: record has none of the keys \"text\", \"messages\" or \"prompt\"/\"completion\"", where)
+			return Record{}, fmt.Errorf("data: %s: record has none of the keys \"text\", \"messages\", \"prompt\"/\"completion\" or \"input_ids\"", where)
 		}
 	}
 	rec := Record{Source: name, Line: line, Kind: kind}
@@ -231,8 +242,40 @@ func parseLine(b []byte, name string, line int, format Format) (Record, error) {
 		if !hasAssistant {
 			return Record{}, fmt.Errorf("data: %s: no \"assistant\" message: nothing to train on", where)
 		}
+	case FormatTokens:
+		if raw.InputIDs == nil {
+			return Record{}, fmt.Errorf("data: %s: format is tokens but the record has no \"input_ids\" key", where)
+		}
+		ids, err := parseIDs(*raw.InputIDs)
+		if err != nil {
+			return Record{}, fmt.Errorf("data: %s: \"input_ids\" %s", where, err)
+		}
+		rec.IDs = ids
 	}
 	return rec, nil
+}
+
+// parseIDs reads a JSON list of token ids: integers in [0, MaxTokenID], at least 2 (one
+// token predicts nothing).
+func parseIDs(b json.RawMessage) ([]int32, error) {
+	var vals []json.Number
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(&vals); err != nil {
+		return nil, errors.New("must be a list of integer token ids")
+	}
+	if len(vals) < 2 {
+		return nil, fmt.Errorf("has %d ids: need at least 2 (the first token is never a target)", len(vals))
+	}
+	ids := make([]int32, len(vals))
+	for i, v := range vals {
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || n < 0 || n > MaxTokenID {
+			return nil, fmt.Errorf("item %d (%s) is not a token id: need an integer in [0, %d]", i, v, MaxTokenID)
+		}
+		ids[i] = int32(n)
+	}
+	return ids, nil
 }
 
 func jsonErr(err error) string {

@@ -15,8 +15,8 @@ import (
 // the tokenizer plus tokenizer_config.json (eos token, chat template).
 type textCodec struct {
 	dir  string
-	tok  *tokenizer.Tokenizer
-	eos  int32 // -1 when the tokenizer config names none
+	tok  *tokenizer.Tokenizer // nil when a run on pre-tokenized data has no tokenizer
+	eos  int32                // -1 when the tokenizer config names none
 	stop []int32
 	chat *chatCodec // nil when tokenizer_config.json has no chat template
 }
@@ -42,7 +42,14 @@ func tokenString(raw json.RawMessage) string {
 	return ""
 }
 
-func loadCodec(dir string) (*textCodec, error) {
+// loadCodec reads the tokenizer in dir. With optional (pre-tokenized data), a dir without
+// tokenizer.json gives a codec without a tokenizer, which encodes tokens records only.
+func loadCodec(dir string, optional bool) (*textCodec, error) {
+	if optional {
+		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); errors.Is(err, os.ErrNotExist) {
+			return &textCodec{dir: dir, eos: -1}, nil
+		}
+	}
 	tok, err := tokenizer.FromDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
@@ -80,7 +87,21 @@ func loadCodec(dir string) (*textCodec, error) {
 	return c, nil
 }
 
-func (c *textCodec) vocabSize() int { return c.tok.VocabSize() }
+// vocabSize is the tokenizer's vocabulary size, 0 without a tokenizer.
+func (c *textCodec) vocabSize() int {
+	if c.tok == nil {
+		return 0
+	}
+	return c.tok.VocabSize()
+}
+
+// needTokenizer says why a codec without a tokenizer cannot do what was asked.
+func (c *textCodec) needTokenizer(what string) error {
+	if c.tok != nil {
+		return nil
+	}
+	return fmt.Errorf("%s needs a tokenizer, and %s has no tokenizer.json: set tokenizer_name_or_path", what, c.dir)
+}
 
 func (c *textCodec) ids(s string) []int32 {
 	ids := c.tok.Encode(s)
@@ -102,9 +123,27 @@ func (c *textCodec) decode(ids []int32) string {
 // encoder maps records to documents for a method: pretrain trains on every token; sft on the
 // assistant replies of chats (the chat template's mask), the completion of prompt/completion
 // records, and every token of plain text. Text and completions end with the eos token.
-func (c *textCodec) encoder(method string) data.Encoder {
+// Tokens records are taken as they are, every token a target, whatever the method; their ids
+// must be below vocab (the model's vocab_size).
+func (c *textCodec) encoder(method string, vocab int) data.Encoder {
 	return func(r data.Record) (data.Document, error) {
 		var d data.Document
+		if r.Kind == data.FormatTokens {
+			for i, id := range r.IDs {
+				if int(id) >= vocab {
+					return d, fmt.Errorf("input_ids[%d] = %d is not below the model's vocab_size %d", i, id, vocab)
+				}
+			}
+			d.Tokens = r.IDs
+			d.Train = make([]bool, len(r.IDs))
+			for i := range d.Train {
+				d.Train[i] = true
+			}
+			return d, nil
+		}
+		if err := c.needTokenizer("a " + string(r.Kind) + " record"); err != nil {
+			return d, err
+		}
 		add := func(ids []int32, train bool) {
 			d.Tokens = append(d.Tokens, ids...)
 			for range ids {
@@ -151,6 +190,9 @@ func (c *textCodec) encoder(method string) data.Encoder {
 // generationPrompt renders a chat with the generation prompt appended (the assistant turn
 // opened), as token ids.
 func (c *textCodec) generationPrompt(msgs []data.Message) ([]int32, error) {
+	if err := c.needTokenizer("a chat prompt"); err != nil {
+		return nil, err
+	}
 	if c.chat == nil {
 		return nil, fmt.Errorf("%s/tokenizer_config.json has no chat_template", c.dir)
 	}

@@ -73,8 +73,13 @@ type DatasetConfig struct {
 	Path StringList `yaml:"path,omitempty" json:"path,omitempty"`
 	// Synthetic generates the data in memory instead of reading files.
 	Synthetic *SyntheticConfig `yaml:"synthetic,omitempty" json:"synthetic,omitempty"`
-	// Format is auto (default), text, messages or prompt_completion.
+	// Format is auto (default), text, messages, prompt_completion or tokens (pre-tokenized
+	// {"input_ids": [...]} records, every token a target; the tokenizer is then optional).
 	Format string `yaml:"format" json:"format"`
+	// Shuffle reorders the documents and micro-batches every epoch (from seed). With false
+	// the data is read in file order: without packing, micro-batch i holds documents
+	// i*per_device_train_batch_size onwards. Default true.
+	Shuffle *bool `yaml:"shuffle" json:"shuffle"`
 	// EvalSplit is the fraction of records held out for evaluation, in [0, 1). Default 0.
 	EvalSplit float64 `yaml:"eval_split" json:"eval_split,omitempty"`
 	// EvalPath is a separate held-out JSONL file (or list); excludes eval_split.
@@ -241,6 +246,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Model.TokenizerNameOrPath == "" {
 		c.Model.TokenizerNameOrPath = c.Model.ModelNameOrPath
+	}
+	if c.Dataset.Shuffle == nil {
+		c.Dataset.Shuffle = &t
 	}
 	b := &c.Batch
 	if b.MaxLength == 0 {
@@ -410,7 +418,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	if _, err := data.ParseFormat(c.Dataset.Format); err != nil {
-		check(oneOf("dataset.format", c.Dataset.Format, []string{"auto", "text", "messages", "prompt_completion"}))
+		formats := make([]string, len(data.Formats))
+		for i, f := range data.Formats {
+			formats[i] = string(f)
+		}
+		check(oneOf("dataset.format", c.Dataset.Format, formats))
 	}
 	if c.Dataset.EvalSplit < 0 || c.Dataset.EvalSplit >= 1 || math.IsNaN(c.Dataset.EvalSplit) {
 		bad("dataset.eval_split", "%v must be in [0, 1)", c.Dataset.EvalSplit)

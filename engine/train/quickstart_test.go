@@ -26,7 +26,7 @@ func TestQuickstartTokenizerMatchesHuggingFace(t *testing.T) {
 	if err := json.Unmarshal(raw, &want); err != nil {
 		t.Fatal(err)
 	}
-	c, err := loadCodec(quickTok)
+	c, err := loadCodec(quickTok, false)
 	if err != nil {
 		t.Fatal(err)
 	}

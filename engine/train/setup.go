@@ -61,7 +61,7 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 			_ = t.Close()
 		}
 	}()
-	if t.tok, err = loadCodec(cfg.Model.TokenizerNameOrPath); err != nil {
+	if t.tok, err = loadCodec(cfg.Model.TokenizerNameOrPath, cfg.Dataset.Format == string(data.FormatTokens)); err != nil {
 		return nil, err
 	}
 	dt := tensor.F32
@@ -142,7 +142,7 @@ func (t *Trainer) setupData() error {
 	if err != nil {
 		return err
 	}
-	enc := t.tok.encoder(cfg.Method)
+	enc := t.tok.encoder(cfg.Method, t.Model.Arch.Vocab)
 	maxLen := cfg.Batch.MaxLength
 	docs, st, err := data.Tokenize(trainRecs, enc, maxLen, runtime.GOMAXPROCS(0))
 	if err != nil {
@@ -150,7 +150,7 @@ func (t *Trainer) setupData() error {
 	}
 	t.Stats = st
 	opts := data.LoaderOptions{Packing: *cfg.Batch.Packing, BatchSize: cfg.Batch.PerDeviceTrainBatchSize,
-		MaxLength: maxLen, Shuffle: true, Seed: uint64(*cfg.Run.Seed)}
+		MaxLength: maxLen, Shuffle: *cfg.Dataset.Shuffle, Seed: uint64(*cfg.Run.Seed)}
 	if t.loader, err = data.NewLoader(docs, opts); err != nil {
 		return err
 	}
@@ -235,6 +235,9 @@ func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens i
 	if len(t.evalRecords) == 0 {
 		return res, errors.New("train: generation eval: no held-out data")
 	}
+	if err := t.tok.needTokenizer("generation eval"); err != nil {
+		return res, fmt.Errorf("train: %w", err)
+	}
 	chance := 0
 	for _, r := range t.evalRecords {
 		if res.Samples >= maxSamples {
@@ -302,6 +305,9 @@ func (t *Trainer) generate(prompt []int32, maxNewTokens int) (string, error) {
 func (t *Trainer) Complete(prompt string, chat bool, maxNewTokens int) (string, error) {
 	if maxNewTokens < 1 {
 		return "", fmt.Errorf("train: complete: max new tokens %d must be >= 1", maxNewTokens)
+	}
+	if err := t.tok.needTokenizer("complete"); err != nil {
+		return "", fmt.Errorf("train: %w", err)
 	}
 	var ids []int32
 	if chat {

@@ -225,7 +225,7 @@ func TestGradientAccumulationMatchesOneBigMicroBatch(t *testing.T) {
 }
 
 func TestSFTTrainsOnlyOnCompletions(t *testing.T) {
-	c, err := loadCodec(quickTok)
+	c, err := loadCodec(quickTok, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestSFTTrainsOnlyOnCompletions(t *testing.T) {
 		method    string
 		wantTrain int
 	}{{MethodSFT, 2}, {MethodPretrain, -1}} {
-		d, err := c.encoder(tc.method)(rec)
+		d, err := c.encoder(tc.method, 1<<20)(rec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +262,7 @@ func TestSFTTrainsOnlyOnCompletions(t *testing.T) {
 }
 
 func TestSFTChatMasksOnlyAssistantTokens(t *testing.T) {
-	c, err := loadCodec(quickTok)
+	c, err := loadCodec(quickTok, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestSFTChatMasksOnlyAssistantTokens(t *testing.T) {
 		{Role: "system", Content: "Be brief."}, {Role: "user", Content: "What is 37+48?"}, {Role: "assistant", Content: "85"},
 		{Role: "user", Content: "And 1+1?"}, {Role: "assistant", Content: "2"},
 	}}
-	d, err := c.encoder(MethodSFT)(rec)
+	d, err := c.encoder(MethodSFT, 1<<20)(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,15 +441,15 @@ func TestChatRecordsNeedAChatTemplate(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, f), raw, 0o644)
 	}
 	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"eos_token": "<|endoftext|>"}`), 0o644)
-	c, err := loadCodec(dir)
+	c, err := loadCodec(dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.encoder(MethodSFT)(data.Record{Kind: data.FormatMessages, Messages: []data.Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "a"}}})
+	_, err = c.encoder(MethodSFT, 1<<20)(data.Record{Kind: data.FormatMessages, Messages: []data.Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "a"}}})
 	if err == nil || !strings.Contains(err.Error(), "no chat_template") {
 		t.Fatalf("chat record without a template: %v", err)
 	}
-	d, err := c.encoder(MethodPretrain)(data.Record{Kind: data.FormatText, Text: "hello"})
+	d, err := c.encoder(MethodPretrain, 1<<20)(data.Record{Kind: data.FormatText, Text: "hello"})
 	if err != nil || d.Tokens[len(d.Tokens)-1] != c.eos || d.Targets() != len(d.Tokens)-1 {
 		t.Fatalf("pretraining text: %+v, %v", d, err)
 	}
