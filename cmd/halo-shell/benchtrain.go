@@ -1,0 +1,92 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	_ "github.com/halo-shell/halo-shell/engine/backend/cpu"  // registers the cpu device
+	_ "github.com/halo-shell/halo-shell/engine/backend/cuda" // registers the cuda device
+	"github.com/halo-shell/halo-shell/engine/bench"
+)
+
+func init() {
+	var o bench.Options
+	var out string
+	var gradNorm float64
+	cmd := &cobra.Command{
+		Use:   "bench-train",
+		Short: "Measure training speed, memory and MFU on pre-tokenized rows from a checkpoint",
+		Long: `Loads a Hugging Face checkpoint, reads --data (JSONL, one {"input_ids": [...]} row per line, at
+most --seq-len ids each) and trains --steps optimizer steps of --batch rows in file order (step i
+trains rows i*batch onwards) with the trainer that launch runs: constant learning rate, AdamW,
+gradient clipping, bf16 weights. It then runs one extra step with the profiler on for the time
+split by op class, and prints a JSON report: per-step loss and time, median tokens/s after
+--warmup steps, peak and reserved device memory, MFU (the formula is in the report) and the
+breakdown. Progress goes to stderr.
+
+scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same weights and rows.`,
+		Example: `  halo-shell run bench-train --model /tmp/bench/qwen3/init --data /tmp/bench/qwen3/tokens.jsonl --device cuda --out report.json
+  halo-shell run bench-train --model DIR --data FILE --device cpu --steps 3 --batch 1 --seq-len 64`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			g := gradNorm
+			o.MaxGradNorm = &g
+			if o.Warmup == 0 {
+				o.Warmup = -1 // the library's zero means its default
+			}
+			errw := cmd.ErrOrStderr()
+			o.Progress = func(s bench.StepResult) {
+				tag := ""
+				if s.Profiled {
+					tag = " (profiled: every op synchronised)"
+				}
+				fmt.Fprintf(errw, "step %d loss %.4f grad_norm %.3f %.3f s %.0f tok/s%s\n", s.Step, s.Loss, s.GradNorm, s.StepTimeS, s.TokensPerS, tag)
+			}
+			r, err := bench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(errw, "%s on %s: %.0f tok/s (median after %d warmup steps), peak %.2f GiB, MFU %.1f%%\n",
+				r.Model.ModelType, r.Device, r.TokensPerS, r.Settings.Warmup, r.Memory.PeakAllocatedGiB, 100*r.MFU)
+			raw, err := json.MarshalIndent(r, "", "  ")
+			if err != nil {
+				return err
+			}
+			raw = append(raw, '\n')
+			if out == "" || out == "-" {
+				_, err = cmd.OutOrStdout().Write(raw)
+				return err
+			}
+			if err := os.WriteFile(out, raw, 0o644); err != nil {
+				return fmt.Errorf("--out: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Model, "model", "", "checkpoint directory (config.json + safetensors)")
+	f.StringVar(&o.Data, "data", "", `token rows: JSONL of {"input_ids": [...]}`)
+	f.StringVar(&o.Device, "device", "auto", "device: cpu, cuda, cuda:N or auto")
+	f.IntVar(&o.Steps, "steps", 20, "timed optimizer steps")
+	f.IntVar(&o.Warmup, "warmup", 3, "leading steps left out of the medians")
+	f.IntVar(&o.BatchSize, "batch", 4, "rows per optimizer step")
+	f.IntVar(&o.SeqLen, "seq-len", 4096, "longest row in tokens")
+	f.StringVar(&o.Optim, "optim", "adamw_bf16", "adamw_bf16 (bf16 weights and moments, stochastic rounding) or adamw_torch (fp32 master weights and moments)")
+	f.BoolVar(&o.FP32, "fp32", false, "train fp32 weights (with --optim adamw_torch)")
+	f.Float64Var(&o.LR, "lr", 3e-4, "constant learning rate")
+	f.Float64Var(&o.Beta1, "beta1", 0.9, "AdamW beta1")
+	f.Float64Var(&o.Beta2, "beta2", 0.95, "AdamW beta2")
+	f.Float64Var(&o.Eps, "eps", 1e-8, "AdamW epsilon")
+	f.Float64Var(&o.WeightDecay, "weight-decay", 0, "AdamW decoupled weight decay (matrices only)")
+	f.Float64Var(&gradNorm, "max-grad-norm", 1.0, "clip the global gradient norm to this (0: no clipping)")
+	f.Int64Var(&o.Seed, "seed", 42, "seed of stochastic rounding")
+	f.BoolVar(&o.NoProfile, "no-profile", false, "skip the extra profiled step and the profile wrapper")
+	f.Float64Var(&o.PeakTFLOPS, "peak-tflops", bench.H200PeakTFLOPS, "device peak dense bf16 TFLOP/s for MFU")
+	f.StringVar(&out, "out", "", "write the JSON report here (default stdout)")
+	_ = cmd.MarkFlagRequired("model")
+	_ = cmd.MarkFlagRequired("data")
+	runCmd.AddCommand(cmd)
+}

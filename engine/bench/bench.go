@@ -1,0 +1,448 @@
+// Package bench measures training throughput, memory and model FLOP utilisation of the real
+// trainer (engine/train, the code `halo-shell launch` runs) on one device: it loads a Hugging
+// Face checkpoint, reads pre-tokenized rows ({"input_ids": [...]} JSONL, in file order, one
+// row per sequence, no packing), runs a number of optimizer steps and reports per-step loss
+// and time, the median tokens/s after warmup, peak device memory, MFU and, from one extra
+// profiled step, where the time goes by op class.
+//
+// It is meant to run beside a reference implementation on the same weights and the same
+// rows (scripts/gpu/bench.sh runs stock PyTorch + transformers first), so that speed and
+// memory are compared as ratios measured in one run on one GPU and the loss curves can be
+// laid side by side. Step i trains rows i*batch .. i*batch+batch-1, as a plain PyTorch loop
+// over the same file does.
+//
+// It is not a training driver (no checkpoints, no schedules beyond a constant learning rate,
+// no evaluation) and it does not compare anything itself: it reports figures.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/train"
+)
+
+// H200PeakTFLOPS is the dense bf16 peak of an H100/H200 SXM (TFLOP/s) that MFU is quoted
+// against.
+const H200PeakTFLOPS = 989.0
+
+// FLOPsFormula says how FLOPsPerToken counts; it is written into every report.
+const FLOPsFormula = "flops_per_token = 6*N + 6*L*T*NH*HD: N parameters (a tied embedding counted once, " +
+	"so the LM head matmul is counted and the embedding lookup is not), L layers, T tokens per sequence, " +
+	"NH*HD the query width; 6*L*T*NH*HD is causal attention (QK^T and AV, forward and backward, half " +
+	"of the full T x T); mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12)"
+
+// Options configure a benchmark. Zero values take the defaults in the comments.
+type Options struct {
+	// Model is a Hugging Face checkpoint directory (config.json + safetensors). Required.
+	Model string
+	// Data is a JSONL file of {"input_ids": [...]} rows, each at most SeqLen ids. Required;
+	// it must hold at least Steps*BatchSize rows (no row is trained twice in the timed steps).
+	Data string
+	// Device is cpu, cuda, cuda:N or auto. Default auto.
+	Device string
+	// Steps is the number of timed optimizer steps. Default 20.
+	Steps int
+	// Warmup is the number of leading steps left out of the medians. Default 3, negative for
+	// none; capped at Steps-1.
+	Warmup int
+	// BatchSize is the number of rows per optimizer step (one micro-batch). Default 4.
+	BatchSize int
+	// SeqLen is the longest row in tokens (max_length). Default 4096.
+	SeqLen int
+	// Optim is adamw_bf16 (bf16 weights and moments, stochastic rounding; default) or
+	// adamw_torch (fp32 master weights and moments).
+	Optim string
+	// FP32 trains fp32 weights instead of bf16 (with adamw_torch only).
+	FP32 bool
+	// LR is the constant learning rate. Default 3e-4.
+	LR float64
+	// Beta1, Beta2 and Eps are AdamW's; defaults 0.9, 0.95 and 1e-8. WeightDecay defaults to 0.
+	Beta1, Beta2, Eps, WeightDecay float64
+	// MaxGradNorm clips the global gradient norm; nil means 1.0, 0 disables clipping.
+	MaxGradNorm *float64
+	// Seed fixes stochastic rounding. Default 42.
+	Seed int64
+	// NoProfile skips the extra profiled step (and the profile wrapper around the device).
+	NoProfile bool
+	// PeakTFLOPS is the device's dense bf16 peak for MFU. Default H200PeakTFLOPS.
+	PeakTFLOPS float64
+	// Progress, when set, is called after every step (the profiled one too).
+	Progress func(StepResult)
+}
+
+func (o *Options) defaults() {
+	if o.Device == "" {
+		o.Device = "auto"
+	}
+	if o.Steps == 0 {
+		o.Steps = 20
+	}
+	switch {
+	case o.Warmup == 0:
+		o.Warmup = 3
+	case o.Warmup < 0:
+		o.Warmup = 0
+	}
+	if o.Warmup >= o.Steps {
+		o.Warmup = max(0, o.Steps-1)
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 4
+	}
+	if o.SeqLen == 0 {
+		o.SeqLen = 4096
+	}
+	if o.Optim == "" {
+		o.Optim = "adamw_bf16"
+	}
+	if o.LR == 0 {
+		o.LR = 3e-4
+	}
+	if o.Beta1 == 0 {
+		o.Beta1 = 0.9
+	}
+	if o.Beta2 == 0 {
+		o.Beta2 = 0.95
+	}
+	if o.Eps == 0 {
+		o.Eps = 1e-8
+	}
+	if o.MaxGradNorm == nil {
+		one := 1.0
+		o.MaxGradNorm = &one
+	}
+	if o.Seed == 0 {
+		o.Seed = 42
+	}
+	if o.PeakTFLOPS == 0 {
+		o.PeakTFLOPS = H200PeakTFLOPS
+	}
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.Model == "":
+		return errors.New("bench: name the checkpoint directory (--model)")
+	case o.Data == "":
+		return errors.New("bench: name the token file (--data: JSONL of {\"input_ids\": [...]})")
+	case o.Steps < 1 || o.Steps > 1_000_000:
+		return fmt.Errorf("bench: steps %d must be in [1, 1000000]", o.Steps)
+	case !(o.PeakTFLOPS > 0) || math.IsInf(o.PeakTFLOPS, 0):
+		return fmt.Errorf("bench: peak TFLOP/s %v must be a positive number", o.PeakTFLOPS)
+	case o.FP32 && o.Optim == "adamw_bf16":
+		return errors.New("bench: adamw_bf16 keeps bf16 weights: drop fp32, or use adamw_torch")
+	}
+	return nil
+}
+
+// Config is the training configuration the benchmark runs, as `halo-shell launch pretrain`
+// would read it from YAML: pre-tokenized data in file order, no packing, a constant learning
+// rate, one micro-batch per step.
+func (o Options) Config() (*train.Config, error) {
+	o.defaults()
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	no, zero, seed := false, 0, o.Seed
+	gn := *o.MaxGradNorm
+	cfg := &train.Config{
+		Method: train.MethodPretrain,
+		Model:  train.ModelConfig{ModelNameOrPath: o.Model},
+		Dataset: train.DatasetConfig{Path: train.StringList{o.Data}, Format: string(data.FormatTokens),
+			Shuffle: &no},
+		Batch: train.BatchConfig{MaxLength: o.SeqLen, Packing: &no, PerDeviceTrainBatchSize: o.BatchSize,
+			GradientAccumulationSteps: 1},
+		Optim: train.OptimConfig{Optim: o.Optim, LearningRate: o.LR, WeightDecay: o.WeightDecay,
+			AdamBeta1: o.Beta1, AdamBeta2: o.Beta2, AdamEpsilon: o.Eps, MaxGradNorm: &gn},
+		Sched: train.ScheduleConfig{LRSchedulerType: "constant", MaxSteps: o.Steps},
+		// The trainer writes nothing by itself; output_dir is only required by the config.
+		Run: train.RunConfig{Seed: &seed, OutputDir: filepath.Join(os.TempDir(), "halo-shell-bench"),
+			SaveSteps: &zero, BF16: !o.FP32, Device: o.Device},
+	}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	return cfg, nil
+}
+
+// StepResult is one optimizer step.
+type StepResult struct {
+	Step       int     `json:"step"`
+	Loss       float64 `json:"loss"`
+	GradNorm   float64 `json:"grad_norm"`
+	LR         float64 `json:"lr"`
+	Tokens     int     `json:"tokens"`
+	StepTimeS  float64 `json:"step_time_s"`
+	TokensPerS float64 `json:"tokens_per_s"`
+	// Profiled marks the extra step run with the profiler on (not among the timed steps).
+	Profiled bool `json:"profiled,omitempty"`
+}
+
+// ModelInfo describes the benchmarked model.
+type ModelInfo struct {
+	Dir       string `json:"dir"`
+	ModelType string `json:"model_type"`
+	Params    int64  `json:"params"`
+	Layers    int    `json:"layers"`
+	Hidden    int    `json:"hidden"`
+	Heads     int    `json:"heads"`
+	KVHeads   int    `json:"kv_heads"`
+	HeadDim   int    `json:"head_dim"`
+	MLP       int    `json:"mlp"`
+	Vocab     int    `json:"vocab"`
+	Tied      bool   `json:"tied"`
+	DType     string `json:"dtype"`
+}
+
+// Memory is the device memory of the run, in bytes and GiB.
+type Memory struct {
+	// PeakAllocated is the high-water mark of live tensors over the whole run (load included).
+	PeakAllocated    int64   `json:"peak_allocated_bytes"`
+	PeakAllocatedGiB float64 `json:"peak_allocated_gib"`
+	// Reserved is what the allocator holds from the device at the end of the timed steps.
+	Reserved    int64   `json:"reserved_bytes"`
+	ReservedGiB float64 `json:"reserved_gib"`
+	// Total is the device's capacity when known.
+	Total int64 `json:"total_bytes,omitempty"`
+}
+
+// Breakdown is the time of the profiled step by op class. With the profiler on every op is
+// followed by a device synchronisation, so the step is slower than a timed one; the fractions
+// are what the breakdown is for.
+type Breakdown struct {
+	Step     int                `json:"step"`
+	WallS    float64            `json:"wall_s"`
+	ByClassS map[string]float64 `json:"by_class_s"`
+	Fraction map[string]float64 `json:"fraction"`
+	HostS    float64            `json:"host_s"`
+	Ops      int                `json:"ops"`
+	// CountedGFLOP is the work the profiler counts per op (attention is not counted).
+	CountedGFLOP float64 `json:"counted_gflop"`
+}
+
+// Report is the result of Run. Its JSON form is what `halo-shell run bench-train` prints.
+type Report struct {
+	Engine  string `json:"engine"`
+	Version string `json:"version"`
+	Device  string `json:"device"`
+	// DeviceNote says why device auto chose the device it did ("" when nothing to say).
+	DeviceNote string       `json:"device_note,omitempty"`
+	Model      ModelInfo    `json:"model"`
+	Settings   Settings     `json:"settings"`
+	LoadS      float64      `json:"load_s"`
+	Steps      []StepResult `json:"steps"`
+	Losses     []float64    `json:"losses"`
+	// TokensPerS is the median tokens/s of the steps after warmup; StepTimeS their median
+	// step time.
+	TokensPerS     float64 `json:"tokens_per_s"`
+	TokensPerSMean float64 `json:"tokens_per_s_mean"`
+	StepTimeS      float64 `json:"step_time_s"`
+	Memory         Memory  `json:"memory"`
+	FLOPsPerToken  float64 `json:"flops_per_token"`
+	FLOPsFormula   string  `json:"flops_formula"`
+	PeakTFLOPS     float64 `json:"peak_tflops"`
+	AchievedTFLOPS float64 `json:"achieved_tflops"`
+	MFU            float64 `json:"mfu"`
+	// Breakdown is nil with NoProfile.
+	Breakdown *Breakdown `json:"breakdown,omitempty"`
+}
+
+// Settings are the options the run used, after defaults.
+type Settings struct {
+	Steps       int     `json:"steps"`
+	Warmup      int     `json:"warmup"`
+	BatchSize   int     `json:"batch_size"`
+	SeqLen      int     `json:"seq_len"`
+	DataRows    int     `json:"data_rows"`
+	Data        string  `json:"data"`
+	Optim       string  `json:"optim"`
+	LR          float64 `json:"lr"`
+	Beta1       float64 `json:"beta1"`
+	Beta2       float64 `json:"beta2"`
+	Eps         float64 `json:"eps"`
+	WeightDecay float64 `json:"weight_decay"`
+	MaxGradNorm float64 `json:"max_grad_norm"`
+	Seed        int64   `json:"seed"`
+}
+
+// FLOPsPerToken is 6*N + 6*L*T*NH*HD (see FLOPsFormula).
+func FLOPsPerToken(params int64, layers, seqLen, heads, headDim int) float64 {
+	return 6*float64(params) + 6*float64(layers)*float64(seqLen)*float64(heads)*float64(headDim)
+}
+
+// Run loads the model and data, runs the timed steps and, unless NoProfile, one profiled
+// step, and returns the report. ctx is checked between steps.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	cfg, err := o.Config()
+	if err != nil {
+		return nil, err
+	}
+	o.defaults()
+	start := time.Now()
+	b, note, err := backend.Resolve(o.Device)
+	if err != nil {
+		return nil, fmt.Errorf("bench: device %s: %w", o.Device, err)
+	}
+	var rec *profile.Recorder
+	if !o.NoProfile {
+		// The profile wrapper is what a session puts around every device; while off it costs
+		// one atomic load per op.
+		rec = profile.NewRecorder()
+		b = profile.Wrap(b, rec)
+	}
+	tr, err := train.NewOn(cfg, b)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer tr.Close()
+	if need := o.Steps * o.BatchSize; tr.Stats.Documents < need {
+		return nil, fmt.Errorf("bench: %s has %d rows; %d steps of %d rows need %d (no row is trained twice): write more rows or run fewer steps",
+			o.Data, tr.Stats.Documents, o.Steps, o.BatchSize, need)
+	}
+	if tr.Stats.Truncated > 0 {
+		return nil, fmt.Errorf("bench: %s: %d rows are longer than the sequence length %d: write rows of at most %d ids or raise the sequence length",
+			o.Data, tr.Stats.Truncated, o.SeqLen, o.SeqLen)
+	}
+	if err := b.Sync(); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	m := tr.Model
+	r := &Report{
+		Engine: "halo-shell", Version: version(), Device: b.Name(), DeviceNote: note,
+		Model: ModelInfo{Dir: o.Model, ModelType: m.Arch.ModelType, Params: int64(m.NumParams()),
+			Layers: m.Arch.Layers, Hidden: m.Arch.Hidden, Heads: m.Arch.Heads, KVHeads: m.Arch.KVHeads,
+			HeadDim: m.Arch.HeadDim, MLP: m.Arch.Intermediate, Vocab: m.Arch.Vocab, Tied: m.Arch.Tied,
+			DType: m.DType().String()},
+		Settings: Settings{Steps: o.Steps, Warmup: o.Warmup, BatchSize: o.BatchSize, SeqLen: o.SeqLen,
+			DataRows: tr.Stats.Documents, Data: o.Data, Optim: o.Optim, LR: o.LR, Beta1: o.Beta1,
+			Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay, MaxGradNorm: *o.MaxGradNorm, Seed: o.Seed},
+		LoadS:        time.Since(start).Seconds(),
+		FLOPsFormula: FLOPsFormula, PeakTFLOPS: o.PeakTFLOPS,
+	}
+	r.FLOPsPerToken = FLOPsPerToken(r.Model.Params, m.Arch.Layers, o.SeqLen, m.Arch.Heads, m.Arch.HeadDim)
+	for range o.Steps {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sm, err := tr.Step(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		s := stepResult(sm)
+		r.Steps = append(r.Steps, s)
+		r.Losses = append(r.Losses, s.Loss)
+		if o.Progress != nil {
+			o.Progress(s)
+		}
+	}
+	ms := b.MemStats()
+	r.Memory = Memory{PeakAllocated: ms.Peak, PeakAllocatedGiB: gib(ms.Peak), Reserved: ms.Reserved,
+		ReservedGiB: gib(ms.Reserved), Total: ms.Total}
+	timed := r.Steps[o.Warmup:]
+	tps := make([]float64, len(timed))
+	times := make([]float64, len(timed))
+	for i, s := range timed {
+		tps[i], times[i] = s.TokensPerS, s.StepTimeS
+		r.TokensPerSMean += s.TokensPerS / float64(len(timed))
+	}
+	r.TokensPerS, r.StepTimeS = median(tps), median(times)
+	r.AchievedTFLOPS = r.FLOPsPerToken * r.TokensPerS / 1e12
+	r.MFU = r.AchievedTFLOPS / o.PeakTFLOPS
+	if rec != nil {
+		if r.Breakdown, err = profiledStep(ctx, tr, rec, o.Progress); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// profiledStep runs one more step with every op recorded (and synchronised) and returns its
+// split by op class.
+func profiledStep(ctx context.Context, tr *train.Trainer, rec *profile.Recorder, progress func(StepResult)) (*Breakdown, error) {
+	n := tr.Steps() + 1
+	rec.Enable(true, false)
+	defer rec.Enable(false, false)
+	rec.BeginStep(n)
+	sm, err := tr.Step(ctx)
+	if err != nil {
+		rec.AbortStep()
+		return nil, fmt.Errorf("bench: profiled step: %w", err)
+	}
+	ps, ok := rec.EndStep()
+	if !ok {
+		return nil, errors.New("bench: profiled step: the recorder kept no step")
+	}
+	if progress != nil {
+		s := stepResult(sm)
+		s.Profiled = true
+		progress(s)
+	}
+	bd := &Breakdown{Step: n, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
+		HostS: ps.Host.Seconds(), Ops: ps.Ops, CountedGFLOP: float64(ps.FLOPs) / 1e9}
+	for k, d := range ps.Compute {
+		bd.ByClassS[k] = d.Seconds()
+	}
+	for k, d := range ps.Comm {
+		bd.ByClassS["comm."+k] = d.Seconds()
+	}
+	total := ps.Sum().Seconds()
+	if total > 0 {
+		for k, v := range bd.ByClassS {
+			bd.Fraction[k] = v / total
+		}
+		bd.Fraction["host"] = bd.HostS / total
+	}
+	return bd, nil
+}
+
+func stepResult(m train.StepMetrics) StepResult {
+	return StepResult{Step: m.Step, Loss: m.Loss, GradNorm: m.GradNorm, LR: m.LR, Tokens: m.Tokens,
+		StepTimeS: m.StepTimeS, TokensPerS: m.TokensPerS}
+}
+
+func gib(n int64) float64 { return float64(n) / (1 << 30) }
+
+// median of xs (the mean of the middle two for an even count); 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// version is the binary's VCS revision (with "+dirty" for a modified tree) and Go version.
+func version() string {
+	rev, dirty := "unknown", false
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+	}
+	if dirty {
+		rev += "+dirty"
+	}
+	return rev + " " + runtime.Version()
+}
