@@ -1,10 +1,12 @@
 package cuda
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
-	"sort"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -32,6 +34,10 @@ type Backend struct {
 	mmaErr  error
 	// scratch holds small per-op device buffers that live as long as the backend.
 	flag *Buffer // one int32 for bad-index reports
+	// i32 keeps host summaries of uploaded index tensors (host_int32.go).
+	i32 i32Records
+	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
+	staging hostStaging
 }
 
 var (
@@ -67,7 +73,10 @@ func (b *Backend) Name() string { return fmt.Sprintf("cuda:%d", b.d.info.Ordinal
 func (b *Backend) Sync() error { return b.d.Synchronize() }
 
 // Close releases the device.
-func (b *Backend) Close() error { return b.d.Close() }
+func (b *Backend) Close() error {
+	err := b.d.Do(b.closeStagingOnThread)
+	return errors.Join(err, b.d.Close())
+}
 
 // ---- memory ----
 
@@ -99,6 +108,7 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 	if buf.bytes == 0 {
 		buf.bytes = 1
 	}
+	b.i32.invalidate(buf.ptr, buf.bytes) // recycled memory: whatever was recorded there is gone
 	return tensor.New(buf, 0, dt, shape...)
 }
 
@@ -117,6 +127,7 @@ func (b *Backend) Free(t T) error {
 	if buf.ptr == 0 {
 		return fmt.Errorf("cuda: Free %v: already freed", t)
 	}
+	b.i32.invalidate(buf.ptr, buf.bytes)
 	return buf.Free()
 }
 
@@ -152,7 +163,10 @@ func fcode(op, arg string, t T) (int32, error) {
 	return 0, fmt.Errorf("cuda: %s: %s %v: dtype %s is not supported (use f32 or bf16)", op, arg, t, t.DType())
 }
 
-// Upload copies host bytes into dst.
+// Upload copies host bytes into dst, ordered after the work already queued. Uploads of up to
+// 1 MiB return without waiting for the GPU (src may be reused at once); larger ones wait. The
+// values of an I32 dst are remembered on the host (host_int32.go), so that ops validating or
+// sorting indices need not read them back.
 func (b *Backend) Upload(dst T, src []byte) error {
 	p, err := b.ptr("Upload", "dst", dst)
 	if err != nil {
@@ -164,12 +178,14 @@ func (b *Backend) Upload(dst T, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	return b.d.Do(func() error {
-		if err := b.d.syncOnThread(); err != nil {
-			return err
-		}
-		return b.d.drv.check("cuMemcpyHtoD_v2", b.d.drv.cuMemcpyHtoD(p, unsafe.Pointer(&src[0]), uint64(len(src))))
-	})
+	b.i32.invalidate(p, uint64(len(src)))
+	if err := b.d.Do(func() error { return b.uploadOnThread(p, src) }); err != nil {
+		return err
+	}
+	if dst.DType() == tensor.I32 {
+		b.i32.record(p, decodeInt32(src))
+	}
+	return nil
 }
 
 // Download copies src to host bytes after all preceding work.
@@ -206,6 +222,7 @@ func (b *Backend) Copy(dst, src T) error {
 	if dst.Numel() != src.Numel() {
 		return fmt.Errorf("cuda: Copy: dst %v and src %v differ in element count", dst, src)
 	}
+	b.i32.invalidate(pd, uint64(dst.Bytes()))
 	if dst.DType() == src.DType() {
 		if dst.Bytes() == 0 || pd == ps {
 			return nil
@@ -285,6 +302,14 @@ func grid1D(n int64, sms int) [3]uint32 {
 	return [3]uint32{uint32(blocks), 1, 1}
 }
 
+// flagPtr is the device address of the bad-index flag (0 on a backend without one).
+func (b *Backend) flagPtr() uintptr {
+	if b.flag == nil {
+		return 0
+	}
+	return b.flag.ptr
+}
+
 // checkBad reads the int32 "first bad index" flag written by a kernel; it synchronises.
 func (b *Backend) resetFlagOnThread(n int64) error {
 	return b.d.drv.check("cuMemsetD32Async", b.d.drv.cuMemsetD32Async(b.flag.ptr, uint32(min(n, math.MaxInt32)), 1, b.d.stream))
@@ -311,6 +336,7 @@ func (b *Backend) Fill(t T, v float32) error {
 	if n == 0 {
 		return nil
 	}
+	b.i32.invalidate(p, uint64(t.Bytes()))
 	return b.d.Do(func() error {
 		drv := b.d.drv
 		switch t.DType() {
@@ -492,11 +518,20 @@ func (b *Backend) Embedding(out, weight, ids T) error {
 		return nil
 	}
 	total := int64(N) * int64(C)
+	args := packArgs(po, co, pw, cw, pi, int64(N), int32(C), int32(V), b.flagPtr())
+	// Uploaded ids are checked on the host; only ids made on the device need the flag read back.
+	switch res, at, v := b.i32.checkRange(pi, N, int32(min(V, math.MaxInt32)), false); res {
+	case i32Bad:
+		return fmt.Errorf("cuda: Embedding: ids[%d] = %d is outside the vocabulary [0, %d)", at, v, V)
+	case i32Valid:
+		return b.d.Do(func() error {
+			return b.d.launchOnThread("embedding.cu", "embedding_fwd", grid1D(total, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...)
+		})
+	}
 	return b.d.Do(func() error {
 		if err := b.resetFlagOnThread(int64(N)); err != nil {
 			return err
 		}
-		args := packArgs(po, co, pw, cw, pi, int64(N), int32(C), int32(V), b.flag.ptr)
 		if err := b.d.launchOnThread("embedding.cu", "embedding_fwd", grid1D(total, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...); err != nil {
 			return err
 		}
@@ -539,48 +574,72 @@ func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
 	if N == 0 {
 		return nil
 	}
+	// Uploaded ids are sorted from their host copy; others are downloaded first (a wait).
+	host, known := b.hostInt32(pi, N)
 	return b.d.Do(func() error {
 		drv := b.d.drv
-		if err := b.d.syncOnThread(); err != nil {
-			return err
-		}
-		host := make([]int32, N)
-		if err := drv.check("cuMemcpyDtoH_v2", drv.cuMemcpyDtoH(unsafe.Pointer(&host[0]), pi, uint64(4*N))); err != nil {
-			return err
-		}
-		order := make([]int32, N)
-		for i := range order {
-			order[i] = int32(i)
-			if host[i] < 0 || int(host[i]) >= V {
-				return fmt.Errorf("cuda: %s: ids[%d] = %d is outside the vocabulary [0, %d)", op, i, host[i], V)
+		if !known {
+			if err := b.d.syncOnThread(); err != nil {
+				return err
+			}
+			host = make([]int32, N)
+			if err := drv.check("cuMemcpyDtoH_v2", drv.cuMemcpyDtoH(unsafe.Pointer(&host[0]), pi, uint64(4*N))); err != nil {
+				return err
 			}
 		}
-		sort.SliceStable(order, func(x, y int) bool { return host[order[x]] < host[order[y]] })
-		var uniq, seg []int32
-		for k, n := range order {
-			if k == 0 || host[n] != host[order[k-1]] {
-				uniq = append(uniq, host[n])
-				seg = append(seg, int32(k))
-			}
+		meta, nOrder, nUniq, err := embeddingBackwardMeta(host, V)
+		if err != nil {
+			return fmt.Errorf("cuda: %s: %w", op, err)
 		}
-		seg = append(seg, int32(N))
-		meta := make([]int32, 0, len(order)+len(uniq)+len(seg))
-		meta = append(append(append(meta, order...), uniq...), seg...)
-		buf, err := b.d.allocOnThread(uint64(4 * len(meta)))
+		buf, err := b.d.allocOnThread(uint64(len(meta)))
 		if err != nil {
 			return err
 		}
 		defer b.d.alloc.Free(buf.ptr) // freed after the kernel: later work is on the same stream
-		if err := drv.check("cuMemcpyHtoD_v2", drv.cuMemcpyHtoD(buf.ptr, unsafe.Pointer(&meta[0]), uint64(4*len(meta)))); err != nil {
+		if err := b.uploadOnThread(buf.ptr, meta); err != nil {
 			return err
 		}
 		pOrder := buf.ptr
-		pUniq := pOrder + uintptr(4*len(order))
-		pSeg := pUniq + uintptr(4*len(uniq))
+		pUniq := pOrder + uintptr(4*nOrder)
+		pSeg := pUniq + uintptr(4*nUniq)
 		args := packArgs(pw, cw, pd, cd, pOrder, pUniq, pSeg, int32(C))
-		grid := [3]uint32{uint32(len(uniq)), uint32((C + 127) / 128), 1}
+		grid := [3]uint32{uint32(nUniq), uint32((C + 127) / 128), 1}
 		return b.d.launchOnThread("embedding.cu", "embedding_bwd", grid, [3]uint32{128, 1, 1}, 0, args...)
 	})
+}
+
+// embeddingBackwardMeta returns what embedding_bwd reads, as little-endian int32 bytes: order
+// [N] (token indices sorted by id, stably), uniq [U] (the distinct ids, ascending) and seg [U+1]
+// (uniq[u]'s tokens are order[seg[u]:seg[u+1]]). An id outside [0, V) is an error naming it.
+func embeddingBackwardMeta(ids []int32, V int) (meta []byte, nOrder, nUniq int, err error) {
+	N := len(ids)
+	keys := make([]uint64, N)
+	for i, id := range ids {
+		if id < 0 || int(id) >= V {
+			return nil, 0, 0, fmt.Errorf("ids[%d] = %d is outside the vocabulary [0, %d)", i, id, V)
+		}
+		keys[i] = uint64(id)<<32 | uint64(i) // unique keys: sorting them is a stable sort by id
+	}
+	slices.Sort(keys)
+	nUniq = 0
+	for k, key := range keys {
+		if k == 0 || key>>32 != keys[k-1]>>32 {
+			nUniq++
+		}
+	}
+	meta = make([]byte, 4*(N+2*nUniq+1))
+	order, uniq, seg := meta[:4*N], meta[4*N:4*(N+nUniq)], meta[4*(N+nUniq):]
+	u := 0
+	for k, key := range keys {
+		binary.LittleEndian.PutUint32(order[4*k:], uint32(key))
+		if k == 0 || key>>32 != keys[k-1]>>32 {
+			binary.LittleEndian.PutUint32(uniq[4*u:], uint32(key>>32))
+			binary.LittleEndian.PutUint32(seg[4*u:], uint32(k))
+			u++
+		}
+	}
+	binary.LittleEndian.PutUint32(seg[4*nUniq:], uint32(N))
+	return meta, N, nUniq, nil
 }
 
 // ---- matrix products ----
@@ -1134,24 +1193,80 @@ func (b *Backend) AdamW(a backend.AdamWArgs) error {
 	if err != nil {
 		return err
 	}
-	gs := a.GradScale
-	if gs == 0 {
-		gs = 1
-	}
-	bc1 := float32(1 - math.Pow(float64(a.Beta1), float64(a.Step)))
-	bc2 := float32(math.Sqrt(1 - math.Pow(float64(a.Beta2), float64(a.Step))))
+	k := adamwScalarsFor(a)
 	st := int32(0)
 	if a.Stochastic {
 		st = 1
 	}
 	return b.launch1D("adamw.cu", "adamw_step", n, pp, cp, pg, cg, pm, cm, pv, cv, ps, cs, n,
-		a.LR, a.Beta1, a.Beta2, a.Eps, a.WeightDecay, gs, bc1, bc2, st, a.Seed, uint64(a.Step), a.ParamIndex)
+		k.w1, a.Beta2, k.w2, a.Eps, k.decay, k.stepSize, k.bc2Sqrt, k.gradScale, st, a.Seed, uint64(a.Step), a.ParamIndex)
+}
+
+// adamwScalars are the per-step constants of the AdamW update.
+type adamwScalars struct {
+	w1, w2, decay, stepSize, bc2Sqrt, gradScale float32
+}
+
+// adamwScalarsFor derives the constants exactly as the CPU backend does (same float64 and float32
+// operations; see engine/backend/cpu/adamw.go), and lets AdamWArgs' precise fields override them,
+// so that both backends run the same update from the same numbers.
+func adamwScalarsFor(a backend.AdamWArgs) adamwScalars {
+	k := adamwScalars{gradScale: a.GradScale}
+	if k.gradScale == 0 {
+		k.gradScale = 1
+	}
+	b1, b2 := a.Beta1, a.Beta2
+	bc1 := 1 - math.Pow(float64(b1), float64(a.Step))
+	bc2 := 1 - math.Pow(float64(b2), float64(a.Step))
+	k.stepSize = float32(float64(a.LR) / bc1)
+	k.bc2Sqrt = float32(math.Sqrt(bc2))
+	k.decay = 1 - a.LR*a.WeightDecay
+	k.w1, k.w2 = 1-b1, 1-b2
+	for _, o := range []struct {
+		dst *float32
+		v   float32
+	}{{&k.stepSize, a.StepSize}, {&k.bc2Sqrt, a.BC2Sqrt}, {&k.decay, a.Decay}, {&k.w1, a.Weight1}, {&k.w2, a.Weight2}} {
+		if o.v != 0 {
+			*o.dst = o.v
+		}
+	}
+	return k
 }
 
 // ---- LM head + loss ----
 
-// crossEntropyChunkBytes bounds the fp32 logits of one chunk.
-const crossEntropyChunkBytes = 512 << 20
+// crossEntropyChunkBytes bounds the fp32 logits of one chunk. With backward and a bf16 weight
+// the chunk's dlogits (bf16) add half as much again: at most 3 GiB of scratch in all, which for a
+// 152k vocabulary is 3328 rows.
+const crossEntropyChunkBytes = 2 << 30
+
+// crossEntropyChunkRowAlign is the row multiple of a chunk: the dWeight GEMM has K = rows, and
+// cuBLASLt's tiles want K a multiple of 256.
+const crossEntropyChunkRowAlign = 256
+
+// crossEntropyChunkRows picks the rows per chunk for N tokens and vocabulary V: the chunks are as
+// few as crossEntropyChunkBytes allows and as even as a multiple of 256 rows allows (16384
+// tokens of a 152k vocabulary give 5 chunks of 3328 rows and a last one of 3072). It never
+// exceeds N, and is at least one row.
+func crossEntropyChunkRows(N, V int) int {
+	if N <= 0 || V <= 0 {
+		return 1
+	}
+	maxRows := crossEntropyChunkBytes / (4 * V)
+	if maxRows >= crossEntropyChunkRowAlign {
+		maxRows -= maxRows % crossEntropyChunkRowAlign
+	}
+	maxRows = max(maxRows, 1)
+	if N <= maxRows {
+		return N
+	}
+	chunks := (N + maxRows - 1) / maxRows
+	rows := (N + chunks - 1) / chunks
+	if maxRows >= crossEntropyChunkRowAlign {
+		rows = (rows + crossEntropyChunkRowAlign - 1) / crossEntropyChunkRowAlign * crossEntropyChunkRowAlign
+	}
+	return min(rows, maxRows, N)
+}
 
 // CrossEntropy is the fused LM head and cross-entropy, chunked over tokens.
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
@@ -1201,9 +1316,14 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	if N == 0 {
 		return nil
 	}
+	// Uploaded targets are checked on the host; only targets made on the device need the flag.
+	check, at, v := b.i32.checkRange(pt, N, int32(min(V, math.MaxInt32)), true)
+	if check == i32Bad {
+		return fmt.Errorf("cuda: %s: Targets[%d] = %d is outside the vocabulary [0, %d) and is not the ignore index %d", op, at, v, V, backend.IgnoreIndex)
+	}
 	rows := a.ChunkRows
 	if rows <= 0 {
-		rows = max(1, crossEntropyChunkBytes/(4*V))
+		rows = crossEntropyChunkRows(N, V)
 	}
 	rows = min(rows, N)
 	hidden2D, err := a.Hidden.Reshape(N, C)
@@ -1237,8 +1357,10 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	}
 	pLogits, _ := b.ptr(op, "logits", logits)
 	pDL, cDL, _ := b.fptr(op, "dlogits", dlogits)
-	if err := b.d.Do(func() error { return b.resetFlagOnThread(int64(N)) }); err != nil {
-		return err
+	if check == i32Unknown {
+		if err := b.d.Do(func() error { return b.resetFlagOnThread(int64(N)) }); err != nil {
+			return err
+		}
 	}
 	for r0 := 0; r0 < N; r0 += rows {
 		r := min(rows, N-r0)
@@ -1254,7 +1376,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		if backward {
 			dlp = pDL
 		}
-		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flag.ptr)
+		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr())
 		if err := b.d.Do(func() error {
 			return b.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(r), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
 		}); err != nil {
@@ -1275,6 +1397,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 				return err
 			}
 		}
+	}
+	if check == i32Valid {
+		return nil
 	}
 	var bad int32
 	if err := b.d.Do(func() error {

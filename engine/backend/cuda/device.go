@@ -28,6 +28,9 @@ type Device struct {
 	modules map[string]*module
 	gemm    *gemmState
 	closed  bool
+
+	// syncs counts host waits on the device (sync_count.go); safe from any goroutine.
+	syncs syncCounter
 }
 
 // Open starts the goroutine for GPU ordinal, makes its primary context current there and creates
@@ -160,6 +163,7 @@ func (d *Device) Synchronize() error {
 }
 
 func (d *Device) syncOnThread() error {
+	d.syncs.note()
 	return d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(d.stream))
 }
 
@@ -328,6 +332,7 @@ func (e *Event) ElapsedMs(end *Event) (float32, error) {
 	d := e.dev
 	var ms float32
 	err := d.Do(func() error {
+		d.syncs.note()
 		if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(end.h)); err != nil {
 			return err
 		}

@@ -2,10 +2,13 @@
 //
 // Shapes: param, grad, m, v, shadow [n]; each float tensor F32 or BF16.
 //   g = grad * grad_scale
-//   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
-//   p = p - lr*wd*p;  p = p - lr/bc1 * m / (sqrt(v)/bc2_sqrt + eps)
-// with bc1 = 1 - beta1^step and bc2_sqrt = sqrt(1 - beta2^step) computed on the host.
-// param, m, v are read and written (=); shadow (optional) = param rounded to its dtype.
+//   m = m + w1*(g - m);  v = beta2*v + w2*g*g          (torch: exp_avg.lerp_(g, 1-beta1))
+//   p = p*decay;  p = p - step_size*m / (sqrt(v)/bc2_sqrt + eps)
+// with w1 = 1-beta1, w2 = 1-beta2, decay = 1 - lr*wd, step_size = lr/(1-beta1^step) and
+// bc2_sqrt = sqrt(1-beta2^step) computed on the host exactly as the CPU backend does (or taken
+// from backend.AdamWArgs' precise fields). The operations and their order are the CPU
+// backend's (engine/backend/cpu/adamw.go), each rounded once.
+// param, m, v are read and written (=); shadow (optional) = the new param in shadow's dtype.
 // BF16 stores round to nearest even, or stochastically with the bits of SRBits(seed, step,
 // param_index, role, element) (role 0 param, 1 m, 2 v, 3 shadow), the same stream the CPU backend
 // uses, so bf16 training is reproducible across backends. This is an optimizer update, not an op
@@ -34,29 +37,34 @@ __device__ __forceinline__ bf16 f2bf_sr(float f, unsigned int r) {
     return (bf16)(u >> 16);
 }
 
-__device__ __forceinline__ void st_round(void* p, int dt, long long i, float v, int stochastic,
-                                         unsigned long long seed, unsigned long long step,
-                                         unsigned int param, unsigned int role) {
-    if (dt == DT_F32) ((float*)p)[i] = v;
-    else if (stochastic) ((bf16*)p)[i] = f2bf_sr(v, srbits(seed, step, param, role, (unsigned long long)i));
-    else ((bf16*)p)[i] = f2bf(v);
-}
-
 extern "C" __global__ void adamw_step(void* param, int dtp, const void* grad, int dtg, void* m, int dtm,
                                       void* v, int dtv, void* shadow, int dts, long long n,
-                                      float lr, float beta1, float beta2, float eps, float wd,
-                                      float grad_scale, float bc1, float bc2_sqrt, int stochastic,
+                                      float w1, float beta2, float w2, float eps, float decay,
+                                      float step_size, float bc2_sqrt, float grad_scale, int stochastic,
                                       unsigned long long seed, unsigned long long step, unsigned int param_index) {
     GRID_STRIDE(i, n) {
-        float g = ldf(grad, dtg, i) * grad_scale;
-        float mi = beta1 * ldf(m, dtm, i) + (1.f - beta1) * g;
-        float vi = beta2 * ldf(v, dtv, i) + (1.f - beta2) * g * g;
-        float p = ldf(param, dtp, i);
-        p = p - lr * wd * p;
-        p = p - (lr / bc1) * mi / (sqrtf(vi) / bc2_sqrt + eps);
-        st_round(param, dtp, i, p, stochastic, seed, step, param_index, 0);
-        st_round(m, dtm, i, mi, stochastic, seed, step, param_index, 1);
-        st_round(v, dtv, i, vi, stochastic, seed, step, param_index, 2);
-        if (shadow) st_round(shadow, dts, i, ldf(param, dtp, i), stochastic, seed, step, param_index, 3);
+        // Every operation rounds once, in the CPU backend's order (no fused multiply-add), so
+        // fp32 results match it bit for bit.
+        float g = __fmul_rn(ldf(grad, dtg, i), grad_scale);
+        float m0 = ldf(m, dtm, i);
+        float mi = __fadd_rn(m0, __fmul_rn(w1, __fsub_rn(g, m0)));
+        float vi = __fadd_rn(__fmul_rn(beta2, ldf(v, dtv, i)), __fmul_rn(__fmul_rn(w2, g), g));
+        float p = __fmul_rn(ldf(param, dtp, i), decay);
+        float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+        p = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, mi), den));
+        if (stochastic) {
+            unsigned long long e = (unsigned long long)i;
+            if (dtp == DT_BF16) p = bf2f(f2bf_sr(p, srbits(seed, step, param_index, 0, e)));
+            if (dtm == DT_BF16) mi = bf2f(f2bf_sr(mi, srbits(seed, step, param_index, 1, e)));
+            if (dtv == DT_BF16) vi = bf2f(f2bf_sr(vi, srbits(seed, step, param_index, 2, e)));
+        }
+        // Stochastically rounded values are exact bf16 numbers: the nearest-even store keeps them.
+        stf(param, dtp, i, p);
+        stf(m, dtm, i, mi);
+        stf(v, dtv, i, vi);
+        if (shadow) {
+            if (stochastic && dts == DT_BF16) ((bf16*)shadow)[i] = f2bf_sr(p, srbits(seed, step, param_index, 3, (unsigned long long)i));
+            else stf(shadow, dts, i, p);
+        }
     }
 }

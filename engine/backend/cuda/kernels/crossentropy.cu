@@ -10,11 +10,62 @@
 //   dlogits[r, v] = scale * (softmax[r, v] - [v == t])   (=, written when dlogits is not null)
 // Rows whose target is ignore_index get loss = logprob = 0 and zero gradient. A target outside
 // [0, V) that is not ignore_index records the smallest bad n in *bad (initialised to N).
+// Each logit is read once for lse (a running max and rescaled sum) and once more for dlogits;
+// with V a multiple of 4 the reads are 16-byte and the bf16 dlogits stores 8-byte. dlogits may
+// alias logits when both are fp32 (each thread rewrites only what it read).
+
+struct alignas(16) ce_f4 { float x, y, z, w; };
+struct alignas(8) ce_u2 { unsigned int x, y; };
+struct alignas(16) ce_out4 { float x, y, z, w; };
+
+// ce_add folds x into the running (max m, sum s of exp(v - m)).
+__device__ __forceinline__ void ce_add(float& m, float& s, float x) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.f;
+        m = x;
+    } else {
+        s += expf(x - m);
+    }
+}
+
+// ce_merge folds (m2, s2) into (m, s); an empty side has m = -inf and s = 0.
+__device__ __forceinline__ void ce_merge(float& m, float& s, float m2, float s2) {
+    if (s2 == 0.f) return;
+    if (s == 0.f) { m = m2; s = s2; return; }
+    float M = fmaxf(m, m2);
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
+
+// ce_block_lse returns log(sum exp) over the block's (m, s) pairs to every thread.
+__device__ __forceinline__ float ce_block_lse(float m, float s) {
+    __shared__ float sm[32], ss[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ce_merge(m, s, m2, s2);
+    }
+    if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+    __syncthreads();
+    m = lane < nw ? sm[lane] : __int_as_float(0xff800000);
+    s = lane < nw ? ss[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ce_merge(m, s, m2, s2);
+    }
+    return m + logf(s);
+}
+
+__device__ __forceinline__ float ce_grad(float x, float lse, float scale, int v, int t, bool ignored) {
+    if (ignored) return 0.f;
+    return scale * (expf(x - lse) - (v == t ? 1.f : 0.f));
+}
 
 extern "C" __global__ void ce_rows(const float* logits, const int* targets, float* loss, float* logprob,
                                    void* dlogits, int dtdl, float scale, long long row0, int V,
                                    int ignore_index, int* bad) {
-    __shared__ float scratch[32];
     long long r = blockIdx.x;
     long long n = row0 + r;
     const float* lr = logits + r * (long long)V;
@@ -24,23 +75,50 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
         if (threadIdx.x == 0) atomicMin(bad, (int)n);
         ignored = true;
     }
-    float m = __int_as_float(0xff800000);
-    for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, lr[v]);
-    m = block_max(m, scratch);
-    float s = 0.f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(lr[v] - m);
-    s = block_sum(s, scratch);
-    float lse = m + logf(s);
+    bool vec = (V & 3) == 0;
+    int V4 = V >> 2;
+    float m = __int_as_float(0xff800000), s = 0.f;
+    if (vec) {
+        const ce_f4* l4 = (const ce_f4*)lr;
+        for (int k = threadIdx.x; k < V4; k += blockDim.x) {
+            ce_f4 x = l4[k];
+            ce_add(m, s, x.x);
+            ce_add(m, s, x.y);
+            ce_add(m, s, x.z);
+            ce_add(m, s, x.w);
+        }
+    } else {
+        for (int v = threadIdx.x; v < V; v += blockDim.x) ce_add(m, s, lr[v]);
+    }
+    float lse = ce_block_lse(m, s);
     if (threadIdx.x == 0) {
         float lp = ignored ? 0.f : lr[t] - lse;
         if (loss) loss[n] = -lp;
         if (logprob) logprob[n] = lp;
     }
-    if (dlogits) {
-        for (int v = threadIdx.x; v < V; v += blockDim.x) {
-            float g = 0.f;
-            if (!ignored) g = scale * (expf(lr[v] - lse) - (v == t ? 1.f : 0.f));
-            stf(dlogits, dtdl, r * (long long)V + v, g);
+    if (!dlogits) return;
+    // fp32 dlogits may alias logits: no thread may store before thread 0 has read lr[t].
+    __syncthreads();
+    if (vec) {
+        const ce_f4* l4 = (const ce_f4*)lr;
+        for (int k = threadIdx.x; k < V4; k += blockDim.x) {
+            ce_f4 x = l4[k];
+            int v = 4 * k;
+            float g0 = ce_grad(x.x, lse, scale, v, t, ignored);
+            float g1 = ce_grad(x.y, lse, scale, v + 1, t, ignored);
+            float g2 = ce_grad(x.z, lse, scale, v + 2, t, ignored);
+            float g3 = ce_grad(x.w, lse, scale, v + 3, t, ignored);
+            if (dtdl == DT_F32) {
+                ce_out4 o = {g0, g1, g2, g3};
+                ((ce_out4*)dlogits)[r * V4 + k] = o;
+            } else {
+                ce_u2 o = {(unsigned int)f2bf(g0) | ((unsigned int)f2bf(g1) << 16),
+                           (unsigned int)f2bf(g2) | ((unsigned int)f2bf(g3) << 16)};
+                ((ce_u2*)dlogits)[r * V4 + k] = o;
+            }
         }
+    } else {
+        for (int v = threadIdx.x; v < V; v += blockDim.x)
+            stf(dlogits, dtdl, r * (long long)V + v, ce_grad(lr[v], lse, scale, v, t, ignored));
     }
 }
