@@ -111,6 +111,19 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 // mmaRows is the rows (queries or keys) one block of the tensor-core kernels covers.
 const mmaRows = 64
 
+// Dynamic shared memory of the tensor-core kernels (attention_tc.cu), in bytes, for head dim hd:
+// tiles of bf16 rows with a stride of hd + 8 elements.
+//
+//	forward: K and V tiles of 64 keys, two buffers each;
+//	dQ: K and V tiles of 32 keys, two buffers each;
+//	dK/dV: the block's 64 keys of K and V, two buffers each of 32-query Q and dO tiles, and two
+//	buffers of 32 lse and 32 D values (fp32).
+func mmaSharedFwd(hd int) uint32 { return uint32(2 * 2 * 2 * 64 * (hd + 8)) }
+func mmaSharedDQ(hd int) uint32  { return uint32(2 * 2 * 2 * 32 * (hd + 8)) }
+func mmaSharedDKV(hd int) uint32 {
+	return uint32(2*(2*64*(hd+8)+2*2*32*(hd+8)) + 4*2*2*32)
+}
+
 // useMMA reports whether the tensor-core kernels apply: bf16 tensors, head dim 64 or 128 and
 // every pointer 16-byte aligned (they load 16 bytes at a time).
 // If attention_tc.cu cannot be built for this device, the kernels of attention.cu are used and
@@ -140,17 +153,21 @@ func (b *Backend) useMMA(g attnGeom, extra ...uintptr) bool {
 // have not been needed yet).
 func (b *Backend) MMAError() error { return b.mmaErr }
 
-// checkCuSeqlens downloads document boundaries and checks 0 = cu[0] <= ... <= cu[D] = n.
+// checkCuSeqlens checks 0 = cu[0] <= ... <= cu[D] = n. Boundaries uploaded from the host are
+// checked against the host copy kept at upload (no synchronisation); others are downloaded.
 func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) error {
-	cu := make([]int32, D+1)
-	err := b.d.Do(func() error {
-		if err := b.d.syncOnThread(); err != nil {
+	cu, ok := b.hostInt32(p, D+1)
+	if !ok {
+		cu = make([]int32, D+1)
+		err := b.d.Do(func() error {
+			if err := b.d.syncOnThread(); err != nil {
+				return err
+			}
+			return b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&cu[0]), p, uint64(4*(D+1))))
+		})
+		if err != nil {
 			return err
 		}
-		return b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&cu[0]), p, uint64(4*(D+1))))
-	})
-	if err != nil {
-		return err
 	}
 	if cu[0] != 0 || int(cu[D]) != n {
 		return fmt.Errorf("cuda: %s: %s must start at 0 and end at %d, got %d and %d", op, name, n, cu[0], cu[D])
@@ -192,7 +209,7 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if b.useMMA(g, po) {
 		args := packArgs(po, pl, g.pq, g.pk, g.pv, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window)
 		grid := [3]uint32{uint32((g.N + mmaRows - 1) / mmaRows), uint32(g.NH), 1}
-		shared := uint32(2 * (2*64*(g.HD+8) + g.HD*(64+8)))
+		shared := mmaSharedFwd(g.HD)
 		return b.d.Do(func() error {
 			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD), grid, [3]uint32{128, 1, 1}, shared, args...)
 		})
@@ -253,12 +270,12 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 		if mma {
 			rows := uint32((g.N + mmaRows - 1) / mmaRows)
 			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
-			sharedDQ := uint32(2 * (2*32*(g.HD+8) + g.HD*(32+8)))
+			sharedDQ := mmaSharedDQ(g.HD)
 			if err := b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dq_mma_%d", g.HD), [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{128, 1, 1}, sharedDQ,
 				packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
 				return err
 			}
-			sharedDKV := uint32(2 * (2*32*(g.HD+8) + 2*g.HD*(32+8)))
+			sharedDKV := mmaSharedDKV(g.HD)
 			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dkv_mma_%d", g.HD), [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{128, 1, 1}, sharedDKV,
 				packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 		}

@@ -2,10 +2,16 @@
 // tensors with head dim 64 or 128, with exactly the contract stated in attention.cu:
 //   out = softmax(scale * q k^T) v (=), lse (=), dq = scale * dS k (=),
 //   dk = scale * dS^T q (=), dv = P^T dout (=), causal within packed documents, GQA, window.
-// No [N, N] matrix is stored. Each warp owns 16 rows (queries; keys in attn_bwd_dkv_mma) and
-// computes with mma.sync m16n8k16 (bf16 in, fp32 accumulate); the other operand streams through
-// shared memory in tiles, row-major for score products and transposed for the products that
-// contract over the tile. Probabilities and dS are rounded to bf16 before their product, as flash
+//
+// The kernels follow the flash-attention scheme: no [N, N] matrix is stored; a block of 4 warps
+// owns 64 rows (queries, or keys in attn_bwd_dkv_mma), each warp 16 of them, and streams the other
+// side through shared memory in tiles. Tiles are copied with cp.async into two buffers, so the
+// copy of tile t+1 overlaps the arithmetic on tile t. Products use mma.sync m16n8k16 (bf16 in, fp32
+// accumulate); operands come out of shared memory with ldmatrix (.trans for the products that
+// contract over the tile's rows), out of a row stride of HD + 8 elements so that the eight row
+// addresses of one ldmatrix fall in distinct banks. Softmax runs in the base-2 domain (exp2 of
+// scores pre-multiplied by scale * log2 e). Masks are applied only to tiles that cross a row's
+// visible range. Probabilities and dS are rounded to bf16 before their product, as flash
 // attention does. dK and dV sum the query heads of their group in one warp: no atomics, so results
 // are deterministic.
 
@@ -18,12 +24,11 @@ __device__ __forceinline__ int find_doc(const int* cu, int D, long long i) {
     return lo;
 }
 
-#define MMA_WARPS 4
-
-struct __attribute__((aligned(16))) vec16 {
-    unsigned x, y, z, w;
-};
-#define MMA_ROWS (16 * MMA_WARPS)
+#define FA_WARPS 4
+#define FA_ROWS (16 * FA_WARPS)
+#define NEG_INF __int_as_float(0xff800000)
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
@@ -36,8 +41,50 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
 }
 
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\n" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// ldsm4 loads four 8x8 b16 matrices; lane l gives the address of row l%8 of matrix l/8.
+__device__ __forceinline__ void ldsm4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm4t(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// cp16 copies 16 bytes global -> shared asynchronously; with ok false it writes zeros.
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool ok) {
+    int n = ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+// load_tile starts copying rows [row0, row0 + ROWS) of a global bf16 matrix (row stride ld,
+// column offset col0, HD columns) into shared memory with row stride HD + 8. Rows past last are
+// zero.
+template <int HD, int ROWS>
+__device__ __forceinline__ void load_tile(bf16* sm, const bf16* g, long long row0, long long last, long long ld, long long col0) {
+    const int CH = HD / 8;
+#pragma unroll
+    for (int it = 0; it < ROWS * CH / (32 * FA_WARPS); it++) {
+        int e = threadIdx.x + it * 32 * FA_WARPS;
+        int r = e / CH, c = (e % CH) * 8;
+        long long row = row0 + r;
+        bool ok = row <= last;
+        cp16(smem_addr(sm + r * (HD + 8) + c), g + (ok ? row : 0) * ld + col0 + c, ok);
+    }
+}
+
 // load_afrag loads the A fragments (16 rows x HD) of rows r0 = row0 + lane/4 and r0 + 8 from a
-// row-major bf16 matrix with row stride ld (elements); rows beyond nrows read as zero.
+// row-major bf16 matrix in global memory with row stride ld; rows beyond nrows read as zero.
 template <int HD>
 __device__ __forceinline__ void load_afrag(unsigned (*a)[4], const bf16* base, long long row0, long long nrows, long long ld, int lane) {
     long long r0 = row0 + (lane >> 2), r1 = r0 + 8;
@@ -54,63 +101,81 @@ __device__ __forceinline__ void load_afrag(unsigned (*a)[4], const bf16* base, l
     }
 }
 
-// stage copies rows [row0, row0 + TILE_) of a global bf16 matrix (row stride ld, column offset
-// col0, HD columns) into shared memory, row-major (stride HD + 8) and, when tr is not null,
-// transposed (tr[d * (TILE_ + 8) + r]). Rows past last are zero.
-template <int HD, int TILE_>
-__device__ __forceinline__ void stage(bf16* rowm, bf16* tr, const bf16* g, long long row0, long long last, long long ld, long long col0) {
-    const int VEC = 8;  // 16-byte loads
-    for (int e = threadIdx.x; e < TILE_ * HD / VEC; e += blockDim.x) {
-        int r = e / (HD / VEC), c = (e % (HD / VEC)) * VEC;
-        long long row = row0 + r;
-        vec16 v = {0u, 0u, 0u, 0u};
-        if (row <= last) v = *(const vec16*)(g + row * ld + col0 + c);
-        *(vec16*)(rowm + r * (HD + 8) + c) = v;
-        if (tr) {
-            const bf16* s = (const bf16*)&v;
-#pragma unroll
-            for (int k = 0; k < VEC; k++) tr[(c + k) * (TILE_ + 8) + r] = s[k];
-        }
-    }
-}
+// Lane offsets for ldmatrix.x4 over a 16 x 16 block of a row-major tile (stride HD + 8):
+//   row-operand form (B of a product contracting over columns, e.g. S = Q K^T with K rows):
+//     matrices (rows 0-7, cols 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) -> b0,b1 of n-tile 0, b0,b1 of n-tile 1
+//   trans form (B of a product contracting over rows, e.g. O = P V):
+//     matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) -> b0,b1 of n-tile 0, b0,b1 of n-tile 1
+//   A form (A operand straight from a row-major tile):
+//     matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) -> a0, a1, a2, a3
+__device__ __forceinline__ int brow_r(int lane) { return ((lane >> 4) << 3) + (lane & 7); }
+__device__ __forceinline__ int brow_c(int lane) { return ((lane >> 3) & 1) << 3; }
+__device__ __forceinline__ int btr_r(int lane) { return (((lane >> 3) & 1) << 3) + (lane & 7); }
+__device__ __forceinline__ int btr_c(int lane) { return (lane >> 4) << 3; }
 
-// scores: S (16 x TILE_) = A (16 x HD, fragments) . B^T with B row-major in shared (stride HD + 8).
-template <int HD, int TILE_>
+// scores: S (16 x TILE) = A (16 x HD, register fragments) . B^T, B row-major in shared memory.
+template <int HD, int TILE>
 __device__ __forceinline__ void scores(float (*s)[4], unsigned (*a)[4], const bf16* b, int lane) {
 #pragma unroll
-    for (int nt = 0; nt < TILE_ / 8; nt++) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-        const bf16* row = b + (nt * 8 + (lane >> 2)) * (HD + 8) + (lane & 3) * 2;
+    for (int nt = 0; nt < TILE / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    unsigned base = smem_addr(b + brow_r(lane) * (HD + 8) + brow_c(lane));
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            unsigned b0 = *(const unsigned*)(row + kk * 16);
-            unsigned b1 = *(const unsigned*)(row + kk * 16 + 8);
-            mma_bf16(s[nt], a[kk], b0, b1);
+    for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+        for (int np = 0; np < TILE / 16; np++) {
+            unsigned r[4];
+            ldsm4(r, base + 2 * (np * 16 * (HD + 8) + kk * 16));
+            mma_bf16(s[2 * np], a[kk], r[0], r[1]);
+            mma_bf16(s[2 * np + 1], a[kk], r[2], r[3]);
         }
     }
 }
 
-// accumulate: O (16 x HD) += P (16 x TILE_, accumulator layout, rounded to bf16) . B with B given
-// transposed in shared (bt[d * (TILE_ + 8) + k]).
-template <int HD, int TILE_>
-__device__ __forceinline__ void accumulate(float (*o)[4], float (*p)[4], const bf16* bt, int lane) {
+// scores_sa is scores with A (16 rows x HD) read from a row-major shared tile too.
+template <int HD, int TILE>
+__device__ __forceinline__ void scores_sa(float (*s)[4], const bf16* a, const bf16* b, int lane) {
 #pragma unroll
-    for (int j = 0; j < TILE_ / 16; j++) {
+    for (int nt = 0; nt < TILE / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    unsigned abase = smem_addr(a + btr_r(lane) * (HD + 8) + btr_c(lane));
+    unsigned base = smem_addr(b + brow_r(lane) * (HD + 8) + brow_c(lane));
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        unsigned af[4];
+        ldsm4(af, abase + 2 * kk * 16);
+#pragma unroll
+        for (int np = 0; np < TILE / 16; np++) {
+            unsigned r[4];
+            ldsm4(r, base + 2 * (np * 16 * (HD + 8) + kk * 16));
+            mma_bf16(s[2 * np], af, r[0], r[1]);
+            mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+        }
+    }
+}
+
+// accumulate: O (16 x HD) += P (16 x TILE, accumulator layout, rounded to bf16) . B with B
+// (TILE x HD) row-major in shared memory.
+template <int HD, int TILE>
+__device__ __forceinline__ void accumulate(float (*o)[4], float (*p)[4], const bf16* b, int lane) {
+    unsigned base = smem_addr(b + btr_r(lane) * (HD + 8) + btr_c(lane));
+#pragma unroll
+    for (int j = 0; j < TILE / 16; j++) {
         unsigned a[4];
         a[0] = pack_bf16(p[2 * j][0], p[2 * j][1]);
         a[1] = pack_bf16(p[2 * j][2], p[2 * j][3]);
         a[2] = pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]);
         a[3] = pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3]);
 #pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++) {
-            const bf16* col = bt + (nt * 8 + (lane >> 2)) * (TILE_ + 8) + j * 16 + (lane & 3) * 2;
-            mma_bf16(o[nt], a, *(const unsigned*)col, *(const unsigned*)(col + 8));
+        for (int dp = 0; dp < HD / 16; dp++) {
+            unsigned r[4];
+            ldsm4t(r, base + 2 * (j * 16 * (HD + 8) + dp * 16));
+            mma_bf16(o[2 * dp], a, r[0], r[1]);
+            mma_bf16(o[2 * dp + 1], a, r[2], r[3]);
         }
     }
 }
 
-// row_range gives the visible key range [lo, hi] (absolute rows) of query row i, or an empty
-// range for rows past n.
+// query_range gives the visible key range [lo, hi] (absolute rows) of query row i, or an empty
+// range (lo = INT_MAX, hi = -1) for rows past n or rows that see no key.
 __device__ __forceinline__ void query_range(const int* cu_q, const int* cu_k, int D, long long n, long long i, int window, int* lo, int* hi) {
     *lo = 0x7fffffff;
     *hi = -1;
@@ -138,101 +203,132 @@ __device__ __forceinline__ void key_range(const int* cu, int D, long long n, lon
     *hi = cu[d] + last;
 }
 
-__device__ __forceinline__ void block_span(int lo, int hi, int* blo, int* bhi) {
+// spans reduces the ranges of a warp's two rows per lane: the block-wide union [blo, bhi], the
+// warp-wide union [wlo, whi], and the warp-wide intersection [ilo, ihi] (tiles inside it need no
+// mask; empty rows make it empty).
+struct spans {
+    int blo, bhi, wlo, whi, ilo, ihi;
+};
+
+__device__ __forceinline__ spans row_spans(int lo0, int hi0, int lo1, int hi1) {
     __shared__ int s_lo, s_hi;
+    spans r;
     if (threadIdx.x == 0) { s_lo = 0x7fffffff; s_hi = -1; }
     __syncthreads();
-    atomicMin(&s_lo, lo);
-    atomicMax(&s_hi, hi);
+    atomicMin(&s_lo, min(lo0, lo1));
+    atomicMax(&s_hi, max(hi0, hi1));
     __syncthreads();
-    *blo = s_lo;
-    *bhi = s_hi;
+    r.blo = s_lo;
+    r.bhi = s_hi;
+    r.wlo = min(lo0, lo1);
+    r.whi = max(hi0, hi1);
+    r.ilo = max(lo0, lo1);
+    r.ihi = min(hi0, hi1);
+    for (int o = 1; o < 32; o <<= 1) {
+        r.wlo = min(r.wlo, __shfl_xor_sync(0xffffffffu, r.wlo, o));
+        r.whi = max(r.whi, __shfl_xor_sync(0xffffffffu, r.whi, o));
+        r.ilo = max(r.ilo, __shfl_xor_sync(0xffffffffu, r.ilo, o));
+        r.ihi = min(r.ihi, __shfl_xor_sync(0xffffffffu, r.ihi, o));
+    }
+    return r;
 }
-
-#define NEG_INF __int_as_float(0xff800000)
 
 template <int HD>
 __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                   const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
                                   float scale, int window) {
-    const int TILE_ = 64;
+    const int BK = 64, LDS = HD + 8;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
-    bf16* Ks = (bf16*)smem;                   // [TILE_][HD + 8]
-    bf16* Vt = Ks + TILE_ * (HD + 8);         // [HD][TILE_ + 8]
-    bf16* Vs = Vt + HD * (TILE_ + 8);         // [TILE_][HD + 8] (staging for the transpose)
+    bf16* Ks = (bf16*)smem;        // [2][BK][LDS]
+    bf16* Vs = Ks + 2 * BK * LDS;  // [2][BK][LDS]
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
-    long long row0 = (long long)blockIdx.x * MMA_ROWS + warp * 16;
+    long long qblk = (long long)gridDim.x - 1 - blockIdx.x;  // the longest rows first
+    long long row0 = qblk * FA_ROWS + warp * 16;
     long long i0 = row0 + (lane >> 2), i1 = i0 + 8;
     int lo0, hi0, lo1, hi1;
     query_range(cu_q, cu_k, D, N, i0, window, &lo0, &hi0);
     query_range(cu_q, cu_k, D, N, i1, window, &lo1, &hi1);
-    int blo, bhi;
-    block_span(min(lo0, lo1), max(hi0, hi1), &blo, &bhi);
-    int wlo = min(lo0, lo1), whi = max(hi0, hi1);
-    for (int o = 1; o < 32; o <<= 1) {
-        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
-        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-    }
+    spans sp = row_spans(lo0, hi0, lo1, hi1);
     unsigned qa[HD / 16][4];
     load_afrag<HD>(qa, q + (long long)h * HD, row0, N, (long long)NH * HD, lane);
     float o[HD / 8][4];
 #pragma unroll
     for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
-    long long kld = (long long)NKV * HD;
-    for (int j0 = blo; j0 <= bhi; j0 += TILE_) {
-        __syncthreads();
-        stage<HD, TILE_>(Ks, nullptr, k, j0, bhi, kld, (long long)g * HD);
-        stage<HD, TILE_>(Vs, Vt, v, j0, bhi, kld, (long long)g * HD);
-        __syncthreads();
-        if (whi < j0 || wlo > j0 + TILE_ - 1) continue;  // warp-uniform
-        float s[TILE_ / 8][4];
-        scores<HD, TILE_>(s, qa, Ks, lane);
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < TILE_ / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                s[nt][e] = (j >= lo0 && j <= hi0) ? s[nt][e] * scale : NEG_INF;
-                s[nt][2 + e] = (j >= lo1 && j <= hi1) ? s[nt][2 + e] * scale : NEG_INF;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
-            }
-        }
-        for (int off = 1; off < 4; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        float c0 = (n0 == NEG_INF) ? 1.f : expf(m0 - n0);
-        float c1 = (n1 == NEG_INF) ? 1.f : expf(m1 - n1);
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int nt = 0; nt < TILE_ / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                s[nt][e] = (n0 == NEG_INF) ? 0.f : expf(s[nt][e] - n0);
-                s[nt][2 + e] = (n1 == NEG_INF) ? 0.f : expf(s[nt][2 + e] - n1);
-                l0 += s[nt][e];
-                l1 += s[nt][2 + e];
-            }
-        }
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++) {
-            o[nt][0] *= c0; o[nt][1] *= c0;
-            o[nt][2] *= c1; o[nt][3] *= c1;
-        }
-        accumulate<HD, TILE_>(o, s, Vt, lane);
+    const float sl2 = scale * LOG2E;
+    long long kld = (long long)NKV * HD, col = (long long)g * HD;
+    int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
+    if (ntiles > 0) {
+        load_tile<HD, BK>(Ks, k, sp.blo, sp.bhi, kld, col);
+        load_tile<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
     }
-    for (int off = 1; off < 4; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    cp_commit();
+    for (int t = 0; t < ntiles; t++) {
+        int j0 = sp.blo + t * BK, buf = t & 1;
+        if (t + 1 < ntiles) {
+            load_tile<HD, BK>(Ks + (buf ^ 1) * BK * LDS, k, j0 + BK, sp.bhi, kld, col);
+            load_tile<HD, BK>(Vs + (buf ^ 1) * BK * LDS, v, j0 + BK, sp.bhi, kld, col);
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        if (sp.whi >= j0 && sp.wlo <= j0 + BK - 1) {  // warp-uniform
+            float s[BK / 8][4];
+            scores<HD, BK>(s, qa, Ks + buf * BK * LDS, lane);
+            bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                    float a = s[nt][e] * sl2, b = s[nt][2 + e] * sl2;
+                    if (!full) {
+                        a = (j >= lo0 && j <= hi0) ? a : NEG_INF;
+                        b = (j >= lo1 && j <= hi1) ? b : NEG_INF;
+                    }
+                    s[nt][e] = a;
+                    s[nt][2 + e] = b;
+                    mx0 = fmaxf(mx0, a);
+                    mx1 = fmaxf(mx1, b);
+                }
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+            // Rows that have seen nothing yet keep n = -inf: use 0 as the exponent base so that
+            // exp2(-inf - 0) = 0 and no NaN appears.
+            float b0 = n0 == NEG_INF ? 0.f : n0, b1 = n1 == NEG_INF ? 0.f : n1;
+            float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+            l0 *= c0;
+            l1 *= c1;
+#pragma unroll
+            for (int nt = 0; nt < BK / 8; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - b0);
+                s[nt][1] = exp2f(s[nt][1] - b0);
+                s[nt][2] = exp2f(s[nt][2] - b1);
+                s[nt][3] = exp2f(s[nt][3] - b1);
+                l0 += s[nt][0] + s[nt][1];
+                l1 += s[nt][2] + s[nt][3];
+            }
+            m0 = n0;
+            m1 = n1;
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) {
+                o[nt][0] *= c0; o[nt][1] *= c0;
+                o[nt][2] *= c1; o[nt][3] *= c1;
+            }
+            accumulate<HD, BK>(o, s, Vs + buf * BK * LDS, lane);
+        }
+        __syncthreads();
     }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
     long long ld = (long long)NH * HD;
 #pragma unroll
@@ -242,13 +338,13 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
         if (i1 < N) *(unsigned*)(out + i1 * ld + c) = pack_bf16(o[nt][2] * inv1, o[nt][3] * inv1);
     }
     if (lse && (lane & 3) == 0) {
-        if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? m0 + logf(l0) : NEG_INF;
-        if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? m1 + logf(l1) : NEG_INF;
+        if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? (m0 + log2f(l0)) * LN2 : NEG_INF;
+        if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? (m1 + log2f(l1)) * LN2 : NEG_INF;
     }
 }
 
 #define FWD_MMA(HD)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma_##HD(                                          \
+    extern "C" __global__ void __launch_bounds__(128, 2) attn_fwd_mma_##HD(                                       \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,    \
         int D, long long N, int NH, int NKV, float scale, int window) {                                          \
         attn_fwd_mma_impl<HD>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                      \
@@ -260,56 +356,68 @@ template <int HD>
 __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                      const float* lse, const float* dvec, const int* cu, int D, long long N,
                                      int NH, int NKV, float scale, int window) {
-    const int TILE_ = 32;
+    const int BK = 32, LDS = HD + 8;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
-    bf16* Ks = (bf16*)smem;                   // [TILE_][HD + 8]
-    bf16* Vs = Ks + TILE_ * (HD + 8);         // [TILE_][HD + 8]
-    bf16* Kt = Vs + TILE_ * (HD + 8);         // [HD][TILE_ + 8]
+    bf16* Ks = (bf16*)smem;        // [2][BK][LDS]
+    bf16* Vs = Ks + 2 * BK * LDS;  // [2][BK][LDS]
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
-    long long row0 = (long long)blockIdx.x * MMA_ROWS + warp * 16;
+    long long qblk = (long long)gridDim.x - 1 - blockIdx.x;
+    long long row0 = qblk * FA_ROWS + warp * 16;
     long long i0 = row0 + (lane >> 2), i1 = i0 + 8;
     int lo0, hi0, lo1, hi1;
     query_range(cu, cu, D, N, i0, window, &lo0, &hi0);
     query_range(cu, cu, D, N, i1, window, &lo1, &hi1);
-    int blo, bhi;
-    block_span(min(lo0, lo1), max(hi0, hi1), &blo, &bhi);
-    int wlo = min(lo0, lo1), whi = max(hi0, hi1);
-    for (int o = 1; o < 32; o <<= 1) {
-        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
-        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-    }
+    spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long qld = (long long)NH * HD;
     unsigned qa[HD / 16][4], da[HD / 16][4];
     load_afrag<HD>(qa, q + (long long)h * HD, row0, N, qld, lane);
     load_afrag<HD>(da, dout + (long long)h * HD, row0, N, qld, lane);
-    float L0 = i0 < N ? lse[i0 * NH + h] : 0.f, L1 = i1 < N ? lse[i1 * NH + h] : 0.f;
+    const float sl2 = scale * LOG2E;
+    float L0 = i0 < N ? lse[i0 * NH + h] * LOG2E : 0.f, L1 = i1 < N ? lse[i1 * NH + h] * LOG2E : 0.f;
     float D0 = i0 < N ? dvec[i0 * NH + h] : 0.f, D1 = i1 < N ? dvec[i1 * NH + h] : 0.f;
     float acc[HD / 8][4];
 #pragma unroll
     for (int nt = 0; nt < HD / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    long long kld = (long long)NKV * HD;
-    for (int j0 = blo; j0 <= bhi; j0 += TILE_) {
-        __syncthreads();
-        stage<HD, TILE_>(Ks, Kt, k, j0, bhi, kld, (long long)g * HD);
-        stage<HD, TILE_>(Vs, nullptr, v, j0, bhi, kld, (long long)g * HD);
-        __syncthreads();
-        if (whi < j0 || wlo > j0 + TILE_ - 1) continue;
-        float s[TILE_ / 8][4], dp[TILE_ / 8][4];
-        scores<HD, TILE_>(s, qa, Ks, lane);
-        scores<HD, TILE_>(dp, da, Vs, lane);
-#pragma unroll
-        for (int nt = 0; nt < TILE_ / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                float p0 = (j >= lo0 && j <= hi0) ? expf(s[nt][e] * scale - L0) : 0.f;
-                float p1 = (j >= lo1 && j <= hi1) ? expf(s[nt][2 + e] * scale - L1) : 0.f;
-                s[nt][e] = p0 * (dp[nt][e] - D0);
-                s[nt][2 + e] = p1 * (dp[nt][2 + e] - D1);
-            }
+    long long kld = (long long)NKV * HD, col = (long long)g * HD;
+    int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
+    if (ntiles > 0) {
+        load_tile<HD, BK>(Ks, k, sp.blo, sp.bhi, kld, col);
+        load_tile<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
+    }
+    cp_commit();
+    for (int t = 0; t < ntiles; t++) {
+        int j0 = sp.blo + t * BK, buf = t & 1;
+        if (t + 1 < ntiles) {
+            load_tile<HD, BK>(Ks + (buf ^ 1) * BK * LDS, k, j0 + BK, sp.bhi, kld, col);
+            load_tile<HD, BK>(Vs + (buf ^ 1) * BK * LDS, v, j0 + BK, sp.bhi, kld, col);
         }
-        accumulate<HD, TILE_>(acc, s, Kt, lane);
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        if (sp.whi >= j0 && sp.wlo <= j0 + BK - 1) {
+            float s[BK / 8][4], dp[BK / 8][4];
+            scores<HD, BK>(s, qa, Ks + buf * BK * LDS, lane);
+            scores<HD, BK>(dp, da, Vs + buf * BK * LDS, lane);
+            bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
+#pragma unroll
+            for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                    float p0 = exp2f(s[nt][e] * sl2 - L0);
+                    float p1 = exp2f(s[nt][2 + e] * sl2 - L1);
+                    if (!full) {
+                        p0 = (j >= lo0 && j <= hi0) ? p0 : 0.f;
+                        p1 = (j >= lo1 && j <= hi1) ? p1 : 0.f;
+                    }
+                    s[nt][e] = p0 * (dp[nt][e] - D0);
+                    s[nt][2 + e] = p1 * (dp[nt][2 + e] - D1);
+                }
+            }
+            accumulate<HD, BK>(acc, s, Ks + buf * BK * LDS, lane);
+        }
+        __syncthreads();
     }
 #pragma unroll
     for (int nt = 0; nt < HD / 8; nt++) {
@@ -323,70 +431,99 @@ template <int HD>
 __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                       const float* lse, const float* dvec, const int* cu, int D, long long N,
                                       int NH, int NKV, float scale, int window) {
-    const int TILE_ = 32;
+    const int BQ = 32, LDS = HD + 8;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
-    bf16* Qs = (bf16*)smem;                   // [TILE_][HD + 8]
-    bf16* dOs = Qs + TILE_ * (HD + 8);        // [TILE_][HD + 8]
-    bf16* Qt = dOs + TILE_ * (HD + 8);        // [HD][TILE_ + 8]
-    bf16* dOt = Qt + HD * (TILE_ + 8);        // [HD][TILE_ + 8]
-    __shared__ float s_lse[TILE_], s_d[TILE_];
+    bf16* Ks = (bf16*)smem;              // [FA_ROWS][LDS]
+    bf16* Vs = Ks + FA_ROWS * LDS;       // [FA_ROWS][LDS]
+    bf16* Qs = Vs + FA_ROWS * LDS;       // [2][BQ][LDS]
+    bf16* dOs = Qs + 2 * BQ * LDS;       // [2][BQ][LDS]
+    float* Ls = (float*)(dOs + 2 * BQ * LDS);  // [2][BQ] lse * log2 e
+    float* Ds = Ls + 2 * BQ;             // [2][BQ]
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = blockIdx.y, G = NH / NKV;
-    long long row0 = (long long)blockIdx.x * MMA_ROWS + warp * 16;
+    long long kblk = blockIdx.x;
+    long long krow0 = kblk * FA_ROWS;
+    long long row0 = krow0 + warp * 16;
     long long j0k = row0 + (lane >> 2), j1k = j0k + 8;
     int lo0, hi0, lo1, hi1;
     key_range(cu, D, N, j0k, window, &lo0, &hi0);
     key_range(cu, D, N, j1k, window, &lo1, &hi1);
-    int blo, bhi;
-    block_span(min(lo0, lo1), max(hi0, hi1), &blo, &bhi);
-    int wlo = min(lo0, lo1), whi = max(hi0, hi1);
-    for (int o = 1; o < 32; o <<= 1) {
-        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
-        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-    }
+    spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long kld = (long long)NKV * HD, qld = (long long)NH * HD;
-    unsigned ka[HD / 16][4], va[HD / 16][4];
-    load_afrag<HD>(ka, k + (long long)g * HD, row0, N, kld, lane);
-    load_afrag<HD>(va, v + (long long)g * HD, row0, N, kld, lane);
+    load_tile<HD, FA_ROWS>(Ks, k, krow0, N - 1, kld, (long long)g * HD);
+    load_tile<HD, FA_ROWS>(Vs, v, krow0, N - 1, kld, (long long)g * HD);
     float dka[HD / 8][4], dva[HD / 8][4];
 #pragma unroll
     for (int nt = 0; nt < HD / 8; nt++) {
         dka[nt][0] = dka[nt][1] = dka[nt][2] = dka[nt][3] = 0.f;
         dva[nt][0] = dva[nt][1] = dva[nt][2] = dva[nt][3] = 0.f;
     }
-    for (int h = g * G; h < (g + 1) * G; h++) {
-        for (int i0 = blo; i0 <= bhi; i0 += TILE_) {
-            __syncthreads();
-            stage<HD, TILE_>(Qs, Qt, q, i0, bhi, qld, (long long)h * HD);
-            stage<HD, TILE_>(dOs, dOt, dout, i0, bhi, qld, (long long)h * HD);
-            if (threadIdx.x < TILE_) {
-                long long i = i0 + threadIdx.x;
-                s_lse[threadIdx.x] = i <= bhi ? lse[i * NH + h] : 0.f;
-                s_d[threadIdx.x] = i <= bhi ? dvec[i * NH + h] : 0.f;
+    const float sl2 = scale * LOG2E;
+    int ntq = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BQ + 1;
+    int ntiles = ntq * G;
+    // Tile t covers query head g*G + t/ntq, queries blo + (t%ntq)*BQ ...
+    if (ntiles > 0) {
+        long long hc = (long long)(g * G) * HD;
+        load_tile<HD, BQ>(Qs, q, sp.blo, sp.bhi, qld, hc);
+        load_tile<HD, BQ>(dOs, dout, sp.blo, sp.bhi, qld, hc);
+        if (threadIdx.x < BQ) {
+            long long i = sp.blo + threadIdx.x;
+            Ls[threadIdx.x] = i <= sp.bhi ? lse[i * NH + g * G] * LOG2E : 0.f;
+            Ds[threadIdx.x] = i <= sp.bhi ? dvec[i * NH + g * G] : 0.f;
+        }
+    }
+    cp_commit();
+    for (int t = 0; t < ntiles; t++) {
+        int buf = t & 1;
+        int i0 = sp.blo + (t % ntq) * BQ;
+        if (t + 1 < ntiles) {
+            int hn = g * G + (t + 1) / ntq;
+            long long in0 = sp.blo + ((t + 1) % ntq) * BQ;
+            load_tile<HD, BQ>(Qs + (buf ^ 1) * BQ * LDS, q, in0, sp.bhi, qld, (long long)hn * HD);
+            load_tile<HD, BQ>(dOs + (buf ^ 1) * BQ * LDS, dout, in0, sp.bhi, qld, (long long)hn * HD);
+            if (threadIdx.x < BQ) {
+                long long i = in0 + threadIdx.x;
+                Ls[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? lse[i * NH + hn] * LOG2E : 0.f;
+                Ds[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? dvec[i * NH + hn] : 0.f;
             }
-            __syncthreads();
-            if (whi < i0 || wlo > i0 + TILE_ - 1) continue;
-            float s[TILE_ / 8][4], dp[TILE_ / 8][4];
-            scores<HD, TILE_>(s, ka, Qs, lane);
-            scores<HD, TILE_>(dp, va, dOs, lane);
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        if (sp.whi >= i0 && sp.wlo <= i0 + BQ - 1) {
+            const bf16* Qb = Qs + buf * BQ * LDS;
+            const bf16* dOb = dOs + buf * BQ * LDS;
+            const float* Lb = Ls + buf * BQ;
+            const float* Db = Ds + buf * BQ;
+            float s[BQ / 8][4], dp[BQ / 8][4];
+            scores_sa<HD, BQ>(s, Ks + warp * 16 * LDS, Qb, lane);
+            scores_sa<HD, BQ>(dp, Vs + warp * 16 * LDS, dOb, lane);
+            bool full = i0 >= sp.ilo && i0 + BQ - 1 <= sp.ihi;
 #pragma unroll
-            for (int nt = 0; nt < TILE_ / 8; nt++) {
+            for (int nt = 0; nt < BQ / 8; nt++) {
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     int c = nt * 8 + (lane & 3) * 2 + e;
                     int i = i0 + c;
-                    float p0 = (i >= lo0 && i <= hi0) ? expf(s[nt][e] * scale - s_lse[c]) : 0.f;
-                    float p1 = (i >= lo1 && i <= hi1) ? expf(s[nt][2 + e] * scale - s_lse[c]) : 0.f;
-                    dp[nt][e] = p0 * (dp[nt][e] - s_d[c]);
-                    dp[nt][2 + e] = p1 * (dp[nt][2 + e] - s_d[c]);
+                    float L = Lb[c], Dv = Db[c];
+                    float p0 = exp2f(s[nt][e] * sl2 - L);
+                    float p1 = exp2f(s[nt][2 + e] * sl2 - L);
+                    if (!full) {
+                        p0 = (i >= lo0 && i <= hi0) ? p0 : 0.f;
+                        p1 = (i >= lo1 && i <= hi1) ? p1 : 0.f;
+                    }
+                    dp[nt][e] = p0 * (dp[nt][e] - Dv);
+                    dp[nt][2 + e] = p1 * (dp[nt][2 + e] - Dv);
                     s[nt][e] = p0;
                     s[nt][2 + e] = p1;
                 }
             }
-            accumulate<HD, TILE_>(dva, s, dOt, lane);
-            accumulate<HD, TILE_>(dka, dp, Qt, lane);
+            accumulate<HD, BQ>(dva, s, dOb, lane);
+            accumulate<HD, BQ>(dka, dp, Qb, lane);
         }
+        __syncthreads();
     }
+    cp_wait_all();
 #pragma unroll
     for (int nt = 0; nt < HD / 8; nt++) {
         int c = g * HD + nt * 8 + (lane & 3) * 2;
@@ -402,7 +539,7 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
 }
 
 #define BWD_MMA(HD)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_mma_##HD(                                        \
+    extern "C" __global__ void __launch_bounds__(128, 2) attn_bwd_dq_mma_##HD(                                     \
         bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,               \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {         \
         attn_bwd_dq_mma_impl<HD>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                \
