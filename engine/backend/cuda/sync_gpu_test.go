@@ -1,0 +1,538 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// GPU tests of the host-side work: no host waits inside a training step, asynchronous and
+// ordered uploads, AdamW bit-for-bit against the CPU backend, cross-entropy's chunking and
+// device-side fallbacks, and benchmarks of the GEMMs and memory-bound kernels at the Qwen3-0.6B
+// shape.
+
+// tinyQwen3Config is a two-layer Qwen3 small enough to run in milliseconds.
+const tinyQwen3Config = `{
+  "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+  "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+  "vocab_size": 1000, "max_position_embeddings": 4096, "rope_theta": 1000000,
+  "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "hidden_act": "silu",
+  "attention_bias": false, "torch_dtype": "bfloat16"
+}`
+
+// syncDelta returns the synchronisations made between two snapshots, by op.
+func syncDelta(before, after SyncStats) map[string]int64 {
+	d := map[string]int64{}
+	for op, n := range after.ByOp {
+		if k := n - before.ByOp[op]; k != 0 {
+			d[op] = k
+		}
+	}
+	return d
+}
+
+// TestGPUTrainStepDoesNotSynchronise runs forward+backward of a tiny model on a packed batch
+// twice (the first compiles kernels and plans GEMMs) and checks that the second makes the host
+// wait exactly once: for the download of the per-token losses at its end. Any other wait names
+// the op that made it.
+func TestGPUTrainStepDoesNotSynchronise(t *testing.T) {
+	g := gpu(t)
+	cfg, err := config.Parse([]byte(tinyQwen3Config), "tiny-qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := models.New(cfg, g, models.Options{DType: tensor.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.InitRandom(3); err != nil {
+		t.Fatal(err)
+	}
+	var batch models.Batch
+	batch.DocStarts = []int32{0}
+	for _, l := range []int{100, 37, 119} {
+		lo := len(batch.Tokens)
+		for i := 0; i < l; i++ {
+			batch.Tokens = append(batch.Tokens, int32((lo+i)*7919%1000))
+		}
+		batch.Targets = append(batch.Targets, batch.Tokens[lo+1:]...)
+		batch.Targets = append(batch.Targets, backend.IgnoreIndex)
+		batch.DocStarts = append(batch.DocStarts, int32(len(batch.Tokens)))
+	}
+	if err := m.ZeroGrads(); err != nil {
+		t.Fatal(err)
+	}
+	var deltas []map[string]int64
+	var losses []float64
+	for step := 0; step < 2; step++ {
+		before := g.Syncs()
+		sum, n, err := m.ForwardBackward(batch, 1/float32(len(batch.Tokens)))
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		deltas = append(deltas, syncDelta(before, g.Syncs()))
+		losses = append(losses, sum/float64(n))
+	}
+	want := map[string]int64{"Download": 1}
+	got := deltas[1]
+	ok := len(got) == len(want) && got["Download"] == 1
+	report.addCheck("train step: one host wait (the loss download) between the first op and the end", ok,
+		fmt.Sprintf("waits by op: first step %v, second step %v; losses %v", deltas[0], got, losses))
+	if !ok {
+		var extra []string
+		for op, n := range got {
+			if op != "Download" {
+				extra = append(extra, fmt.Sprintf("%s x%d", op, n))
+			}
+		}
+		sort.Strings(extra)
+		t.Fatalf("forward+backward made the host wait %v (want only one Download); ops that synchronised: %s", got, strings.Join(extra, ", "))
+	}
+	if math.IsNaN(losses[1]) || losses[1] <= 0 {
+		t.Fatalf("loss %v is not a positive number", losses[1])
+	}
+}
+
+// TestGPUUploadIsOrderedAndAsynchronous checks that an Upload is ordered after the work queued
+// before it (a Copy reading the old contents sees them) and before the work after it, that the
+// host buffer may be reused as soon as Upload returns, and that it does not wait for the GPU:
+// while a queue of large GEMMs is still running, the upload returns at once and counts no
+// synchronisation.
+func TestGPUUploadIsOrderedAndAsynchronous(t *testing.T) {
+	g := gpu(t)
+	const n = 4096
+	x, _ := g.Alloc(tensor.F32, n)
+	old, _ := g.Alloc(tensor.F32, n)
+	after, _ := g.Alloc(tensor.F32, n)
+	a := randomTensor(t, g, 1, tensor.BF16, 1, 4096, 4096)
+	c, _ := g.Alloc(tensor.BF16, 4096, 4096)
+	defer func() { g.Free(x); g.Free(old); g.Free(after); g.Free(a); g.Free(c) }()
+	enc := func(v float32) []byte {
+		b := make([]byte, 4*n)
+		for i := 0; i < n; i++ {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v+float32(i)))
+		}
+		return b
+	}
+	if err := g.Upload(x, enc(1)); err != nil {
+		t.Fatal(err)
+	}
+	// Keep the GPU busy so that a waiting upload would be seen.
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 40; i++ {
+		if err := g.GEMM(backend.GEMMArgs{A: a, B: a, C: c, TransB: true, Alpha: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.Copy(old, x); err != nil {
+		t.Fatal(err)
+	}
+	before := g.Syncs()
+	src := enc(1000)
+	start := time.Now()
+	err := g.Upload(x, src)
+	hostUs := float64(time.Since(start).Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range src {
+		src[i] = 0xff // the upload must already hold its own copy
+	}
+	if err := g.Copy(after, x); err != nil {
+		t.Fatal(err)
+	}
+	waits := syncDelta(before, g.Syncs())
+	queued := time.Now()
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	gpuUs := float64(time.Since(queued).Microseconds())
+	oldV, _ := backend.ToFloat32(g, old)
+	afterV, _ := backend.ToFloat32(g, after)
+	xV, _ := backend.ToFloat32(g, x)
+	bad := ""
+	for i := 0; i < n && bad == ""; i++ {
+		switch {
+		case oldV[i] != 1+float32(i):
+			bad = fmt.Sprintf("the copy queued before the upload saw %g at %d, want %g", oldV[i], i, 1+float32(i))
+		case afterV[i] != 1000+float32(i) || xV[i] != 1000+float32(i):
+			bad = fmt.Sprintf("after the upload element %d is %g (copy) / %g (tensor), want %g", i, afterV[i], xV[i], 1000+float32(i))
+		}
+	}
+	ok := bad == "" && len(waits) == 0
+	report.addCheck("upload: ordered on the stream, host buffer reusable at once, no host wait", ok,
+		fmt.Sprintf("%s waits %v; upload returned in %.0f us while the GPU still had %.0f us of queued GEMMs", bad, waits, hostUs, gpuUs))
+	report.addBench(benchmark{Name: "upload_16KiB_behind_busy_gpu", Values: map[string]float64{"host_us": hostUs, "gpu_busy_after_us": gpuUs}})
+	if bad != "" {
+		t.Fatal(bad)
+	}
+	if len(waits) != 0 {
+		t.Fatalf("Upload made the host wait: %v", waits)
+	}
+}
+
+// TestGPUIndexChecksWithoutHostCopy runs Embedding, EmbeddingBackward and CrossEntropy on index
+// tensors written on the device (Copy), for which the host knows nothing: the ops must fall
+// back to checking on the device, with the same messages, and still compute the same results.
+func TestGPUIndexChecksWithoutHostCopy(t *testing.T) {
+	g := gpu(t)
+	deviceCopy := func(v []int32) tensor.Tensor {
+		src, err := backend.FromInt32(g, v, len(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Free(src)
+		dst, _ := g.Alloc(tensor.I32, len(v))
+		if err := g.Copy(dst, src); err != nil {
+			t.Fatal(err)
+		}
+		p, _ := g.ptr("test", "dst", dst)
+		if _, known := g.hostInt32(p, len(v)); known {
+			t.Fatal("a tensor written by Copy still has a host copy")
+		}
+		return dst
+	}
+	w := randomTensor(t, g, 5, tensor.BF16, 1, 10, 4)
+	out, _ := g.Alloc(tensor.BF16, 3, 4)
+	h, _ := g.Alloc(tensor.BF16, 3, 4)
+	loss, _ := g.Alloc(tensor.F32, 3)
+	defer func() { g.Free(w); g.Free(out); g.Free(h); g.Free(loss) }()
+	ids := deviceCopy([]int32{1, 12, -1})
+	defer g.Free(ids)
+	err := g.Embedding(out, w, ids)
+	okE := err != nil && strings.Contains(err.Error(), "ids[1] = 12 is outside the vocabulary [0, 10)")
+	tg := deviceCopy([]int32{0, backend.IgnoreIndex, 11})
+	defer g.Free(tg)
+	err2 := g.CrossEntropy(backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss})
+	okC := err2 != nil && strings.Contains(err2.Error(), "Targets[2] = 11 is outside the vocabulary [0, 10) and is not the ignore index -100")
+	// Valid device-made ids give the same gathered rows as uploaded ones.
+	good := []int32{3, 0, 9}
+	idsDev := deviceCopy(good)
+	idsUp, _ := backend.FromInt32(g, good, 3)
+	out2, _ := g.Alloc(tensor.BF16, 3, 4)
+	defer func() { g.Free(idsDev); g.Free(idsUp); g.Free(out2) }()
+	err3 := g.Embedding(out, w, idsDev)
+	if err3 == nil {
+		err3 = g.Embedding(out2, w, idsUp)
+	}
+	a, _ := backend.ToFloat32(g, out)
+	b, _ := backend.ToFloat32(g, out2)
+	okV := err3 == nil && slices.Equal(a, b)
+	report.addCheck("device-made indices: flag fallback keeps the messages and results", okE && okC && okV,
+		fmt.Sprintf("embedding: %v; cross-entropy: %v; valid ids: %v equal=%v", err, err2, err3, slices.Equal(a, b)))
+	if !okE {
+		t.Errorf("Embedding with device-made id 12 of V=10: %v", err)
+	}
+	if !okC {
+		t.Errorf("CrossEntropy with device-made target 11 of V=10: %v", err2)
+	}
+	if !okV {
+		t.Errorf("Embedding of valid device-made ids: err %v, rows %v vs uploaded %v", err3, a, b)
+	}
+}
+
+// TestGPUAdamWMatchesCPUBitForBit runs three AdamW steps on both backends, with the scalars
+// derived from the hyperparameters and with AdamWArgs' precise scalars, and requires identical
+// fp32 parameters and moments (the kernel performs the CPU backend's operations in its order,
+// each rounded once). The stochastic-rounding bf16 case must match exactly as well.
+func TestGPUAdamWMatchesCPUBitForBit(t *testing.T) {
+	g := gpu(t)
+	for _, s := range []struct {
+		name       string
+		p, m       tensor.DType
+		stochastic bool
+		precise    bool
+	}{
+		{"f32_derived_scalars", tensor.F32, tensor.F32, false, false},
+		{"f32_precise_scalars", tensor.F32, tensor.F32, false, true},
+		{"bf16_stochastic_precise", tensor.BF16, tensor.BF16, true, true},
+	} {
+		const n = 40013
+		ts := []tspec{
+			{Name: "p", DType: s.p, Shape: []int{n}, Gen: gen{Scale: 1}, Out: true},
+			{Name: "g", DType: tensor.F32, Shape: []int{n}, Gen: gen{Scale: 0.1}},
+			{Name: "m", DType: s.m, Shape: []int{n}, Gen: gen{Scale: 0.01}, Out: true},
+			{Name: "v", DType: s.m, Shape: []int{n}, Out: true},
+			{Name: "shadow", DType: tensor.BF16, Shape: []int{n}, Out: true},
+		}
+		c := opCase{
+			Name:    "adamw_3_steps_exact/" + s.name,
+			Tensors: ts,
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				for step := 1; step <= 3; step++ {
+					lr := float32(1e-3) * float32(step)
+					a := backend.AdamWArgs{Param: ts["p"], Grad: ts["g"], M: ts["m"], V: ts["v"], Shadow: ts["shadow"],
+						LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, GradScale: 0.5 + 0.25*float32(step), Step: step,
+						Stochastic: s.stochastic, Seed: 42, ParamIndex: 7}
+					if s.precise {
+						// As engine/optim computes them: float64 from the hyperparameters, rounded once.
+						b1, b2, lr64 := 0.9, 0.95, 1e-3*float64(step)
+						a.Weight1, a.Weight2 = float32(1-b1), float32(1-b2)
+						a.Decay = float32(1 - lr64*0.1)
+						a.StepSize = float32(lr64 / (1 - math.Pow(b1, float64(step))))
+						a.BC2Sqrt = float32(math.Sqrt(1 - math.Pow(b2, float64(step))))
+					}
+					if err := be.(backend.AdamWStepper).AdamW(a); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+		}
+		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+	}
+}
+
+// TestGPUCrossEntropyPaths covers the kernel's vectorised (V a multiple of 4) and scalar paths,
+// fp32 weights (dlogits written over the logits) and bf16, several chunks with a short last one,
+// and rows whose targets are all ignored.
+func TestGPUCrossEntropyPaths(t *testing.T) {
+	g := gpu(t)
+	for _, s := range []struct {
+		N, C, V, chunk int
+		dt             tensor.DType
+	}{
+		{70, 64, 1000, 32, tensor.F32},
+		{70, 64, 1003, 32, tensor.F32},
+		{70, 64, 1003, 0, tensor.BF16},
+		{600, 64, 4096, 256, tensor.BF16},
+	} {
+		targets := ints(s.N, func(i int) int32 {
+			if i%5 == 1 || i >= s.N-3 {
+				return backend.IgnoreIndex
+			}
+			return int32((i * 7919) % s.V)
+		})
+		rel, abs := 2*bf16Eps, 1e-2
+		if s.dt == tensor.F32 {
+			rel, abs = 1e-4, 1e-4
+		}
+		c := opCase{
+			Name: fmt.Sprintf("cross_entropy_paths/%s/N%d_C%d_V%d_chunk%d", s.dt, s.N, s.C, s.V, s.chunk),
+			Tensors: []tspec{
+				{Name: "h", DType: s.dt, Shape: []int{s.N, s.C}, Gen: gen{Scale: 1}},
+				{Name: "w", DType: s.dt, Shape: []int{s.V, s.C}, Gen: gen{Scale: 0.2}},
+				{Name: "targets", DType: tensor.I32, Shape: []int{s.N}, Gen: gen{Ints: targets}},
+				{Name: "loss", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: 1e-3, Rel: 1e-3},
+				{Name: "logprob", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: 1e-3, Rel: 1e-3},
+				{Name: "dh", DType: s.dt, Shape: []int{s.N, s.C}, Out: true, AbsFrac: abs, Rel: rel},
+				{Name: "dw", DType: s.dt, Shape: []int{s.V, s.C}, Gen: gen{Scale: 0.01}, Out: true, AbsFrac: abs, Rel: rel},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				return be.CrossEntropy(backend.CrossEntropyArgs{Hidden: ts["h"], Weight: ts["w"], Targets: ts["targets"], Loss: ts["loss"], LogProb: ts["logprob"],
+					DHidden: ts["dh"], DWeight: ts["dw"], GradScale: 1.0 / float32(s.N), ChunkRows: s.chunk})
+			},
+		}
+		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+	}
+}
+
+// ---- benchmarks ----
+
+// TestGPULayerGEMMThroughput times the GEMMs of one Qwen3-0.6B layer at 16384 tokens (hidden
+// 1024, q 2048, kv 1024 each for k and v, MLP 3072) and the LM head, each forward (x·Wᵀ) and
+// its two backward products (dX = dY·W; dW += dYᵀ·X into a bf16 gradient), in TFLOP/s.
+func TestGPULayerGEMMThroughput(t *testing.T) {
+	g := gpu(t)
+	const M = 16384
+	type lin struct {
+		name string
+		O, I int
+		M    int
+	}
+	lins := []lin{
+		{"q_proj", 2048, 1024, M}, {"k_proj", 1024, 1024, M}, {"v_proj", 1024, 1024, M}, {"o_proj", 1024, 2048, M},
+		{"gate_proj", 3072, 1024, M}, {"up_proj", 3072, 1024, M}, {"down_proj", 1024, 3072, M},
+		{"lm_head_chunk", 151936, 1024, crossEntropyChunkRows(M, 151936)},
+	}
+	values := map[string]float64{}
+	var layerMs, layerFlops float64
+	for _, l := range lins {
+		x := randomTensor(t, g, 1, tensor.BF16, 1, l.M, l.I)
+		w := randomTensor(t, g, 2, tensor.BF16, 0.02, l.O, l.I)
+		y, _ := g.Alloc(tensor.BF16, l.M, l.O)
+		if l.O > 100000 {
+			g.Free(y)
+			y, _ = g.Alloc(tensor.F32, l.M, l.O) // the LM head's logits are fp32
+		}
+		dy := randomTensor(t, g, 3, tensor.BF16, 1, l.M, l.O)
+		dx, _ := g.Alloc(tensor.BF16, l.M, l.I)
+		dw, _ := g.Alloc(tensor.BF16, l.O, l.I)
+		flops := 2 * float64(l.M) * float64(l.O) * float64(l.I)
+		for _, p := range []struct {
+			name string
+			f    func() error
+		}{
+			{"fwd", func() error { return g.Linear(y, x, w, tensor.Tensor{}) }},
+			{"dx", func() error { return g.LinearBackward(backend.LinearBackwardArgs{DX: dx, DY: dy, W: w}) }},
+			{"dw", func() error { return g.LinearBackward(backend.LinearBackwardArgs{DW: dw, DY: dy, X: x}) }},
+		} {
+			ms := timeIt(t, g, 5, p.f)
+			values[l.name+"_"+p.name+"_ms"] = ms
+			values[l.name+"_"+p.name+"_tflops"] = flops / (ms * 1e-3) / 1e12
+			if l.O < 100000 {
+				layerMs += ms
+				layerFlops += flops
+			}
+			t.Logf("%s %s M=%d N=%d K=%d: %.3f ms, %.1f TFLOP/s", l.name, p.name, l.M, l.O, l.I, ms, flops/(ms*1e-3)/1e12)
+		}
+		for _, tt := range []tensor.Tensor{x, w, y, dy, dx, dw} {
+			g.Free(tt)
+		}
+	}
+	values["layer_all_gemms_ms"] = layerMs
+	values["layer_all_gemms_tflops"] = layerFlops / (layerMs * 1e-3) / 1e12
+	values["gemm_workspace_mib"] = gemmWorkspaceBytes >> 20
+	report.addBench(benchmark{Name: "gemm_qwen3_0.6b_layer_16384_tokens", Values: values,
+		Note: "Linear forward (NT), LinearBackward dX (NN) and dW (TN, += into bf16 via an fp32 product) per projection; lm_head_chunk is one cross-entropy chunk (fp32 logits); median of 5 x 5 calls with CUDA events"})
+}
+
+// TestGPUCrossEntropyThroughput times the fused LM head + loss forward and backward at 16384
+// tokens of a 151936 vocabulary (hidden 1024, bf16, bf16 weight gradient), and the ce_rows kernel
+// alone on one chunk.
+func TestGPUCrossEntropyThroughput(t *testing.T) {
+	g := gpu(t)
+	const N, C, V = 16384, 1024, 151936
+	h := randomTensor(t, g, 1, tensor.BF16, 1, N, C)
+	w := randomTensor(t, g, 2, tensor.BF16, 0.02, V, C)
+	rng := rand.New(rand.NewPCG(3, 4))
+	tg, _ := backend.FromInt32(g, ints(N, func(int) int32 { return int32(rng.IntN(V)) }), N)
+	loss, _ := g.Alloc(tensor.F32, N)
+	dh, _ := g.Alloc(tensor.BF16, N, C)
+	dw, _ := g.Alloc(tensor.BF16, V, C)
+	defer func() {
+		for _, x := range []tensor.Tensor{h, w, tg, loss, dh, dw} {
+			g.Free(x)
+		}
+	}()
+	g.ResetPeak()
+	base := g.MemStats().Allocated
+	fwdBwd := timeIt(t, g, 1, func() error {
+		return g.CrossEntropy(backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss, DHidden: dh, DWeight: dw, GradScale: 1.0 / N})
+	})
+	scratch := float64(g.MemStats().Peak-base) / (1 << 30)
+	fwd := timeIt(t, g, 1, func() error {
+		return g.CrossEntropy(backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss})
+	})
+	rows := crossEntropyChunkRows(N, V)
+	logits := randomTensor(t, g, 5, tensor.F32, 3, rows, V)
+	dl, _ := g.Alloc(tensor.BF16, rows, V)
+	defer g.Free(logits)
+	defer g.Free(dl)
+	pl, _ := g.ptr("bench", "logits", logits)
+	pt, _ := g.ptr("bench", "targets", tg)
+	pd, _ := g.ptr("bench", "dlogits", dl)
+	pLoss, _ := g.ptr("bench", "loss", loss)
+	kernel := func(dlp uintptr) func() error {
+		return func() error {
+			args := packArgs(pl, pt, pLoss, uintptr(0), dlp, int32(tensor.BF16), float32(1.0/N), int64(0), int32(V), int32(backend.IgnoreIndex), g.flagPtr())
+			return g.d.Do(func() error {
+				return g.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(rows), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
+			})
+		}
+	}
+	rowsFwd := timeIt(t, g, 5, kernel(0))
+	rowsBwd := timeIt(t, g, 5, kernel(pd))
+	logitBytes := float64(rows) * V * 4
+	gemmFlops := 2 * float64(N) * V * C
+	values := map[string]float64{
+		"fwd_bwd_ms":                 fwdBwd,
+		"fwd_ms":                     fwd,
+		"fwd_bwd_gemm_tflops":        3 * gemmFlops / (fwdBwd * 1e-3) / 1e12,
+		"fwd_gemm_tflops":            gemmFlops / (fwd * 1e-3) / 1e12,
+		"chunk_rows":                 float64(rows),
+		"scratch_peak_gib":           scratch,
+		"ce_rows_fwd_ms_per_chunk":   rowsFwd,
+		"ce_rows_fwd_gbps":           logitBytes / (rowsFwd * 1e-3) / 1e9,
+		"ce_rows_fwd_bwd_ms_per_chk": rowsBwd,
+		// forward+backward reads the logits twice and writes bf16 dlogits once
+		"ce_rows_fwd_bwd_gbps": (2*logitBytes + logitBytes/2) / (rowsBwd * 1e-3) / 1e9,
+	}
+	for k, v := range values {
+		t.Logf("%s = %.3f", k, v)
+	}
+	report.addBench(benchmark{Name: "cross_entropy_16384x151936_bf16", Values: values,
+		Note: "fused LM head + loss (chunked GEMMs + ce_rows); TFLOP/s count the 3 GEMMs (logits, dHidden, dWeight) of 2*N*V*C each; ce_rows bandwidth counts the fp32 logits read once (fwd) or twice plus bf16 dlogits written (fwd+bwd); median of 5 with CUDA events"})
+}
+
+// TestGPUMemoryBoundKernels reports the bandwidth of the normalisation, rotary and MLP kernels
+// at the Qwen3-0.6B shape (16384 tokens, C=1024, 16 q heads of 128, F=3072), counting each input
+// read once and each output written once.
+func TestGPUMemoryBoundKernels(t *testing.T) {
+	g := gpu(t)
+	const (
+		N, C, F = 16384, 1024, 3072
+		H, HD   = 16, 128
+	)
+	x := randomTensor(t, g, 1, tensor.BF16, 1, N, C)
+	res := randomTensor(t, g, 2, tensor.BF16, 1, N, C)
+	w := randomTensor(t, g, 3, tensor.BF16, 1, C)
+	out, _ := g.Alloc(tensor.BF16, N, C)
+	ro, _ := g.Alloc(tensor.BF16, N, C)
+	dx, _ := g.Alloc(tensor.BF16, N, C)
+	dw, _ := g.Alloc(tensor.BF16, C)
+	rstd, _ := g.Alloc(tensor.F32, N)
+	q := randomTensor(t, g, 4, tensor.BF16, 1, N, H*HD)
+	qo, _ := g.Alloc(tensor.BF16, N, H*HD)
+	gate := randomTensor(t, g, 5, tensor.BF16, 1, N, F)
+	up := randomTensor(t, g, 6, tensor.BF16, 1, N, F)
+	mo := randomTensor(t, g, 7, tensor.BF16, 1, N, F)
+	dg, _ := g.Alloc(tensor.BF16, N, F)
+	du, _ := g.Alloc(tensor.BF16, N, F)
+	pos, _ := backend.FromInt32(g, ints(N, func(i int) int32 { return int32(i % 4096) }), N)
+	invFreq := make([]float32, HD/2)
+	for i := range invFreq {
+		invFreq[i] = float32(math.Pow(1e6, -2*float64(i)/HD))
+	}
+	inv, _ := backend.FromFloat32(g, invFreq, tensor.F32, HD/2)
+	defer func() {
+		for _, tt := range []tensor.Tensor{x, res, w, out, ro, dx, dw, rstd, q, qo, gate, up, mo, dg, du, pos, inv} {
+			g.Free(tt)
+		}
+	}()
+	if err := g.RMSNorm(out, rstd, x, w, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	rope := backend.RoPEArgs{Positions: pos, InvFreq: inv, Heads: H, HeadDim: HD}
+	const e = 2 // bytes per bf16
+	kernels := []struct {
+		name  string
+		bytes float64
+		f     func() error
+	}{
+		{"rmsnorm_fwd", e * 2 * N * C, func() error { return g.RMSNorm(out, rstd, x, w, 1e-6) }},
+		{"add_rmsnorm_fwd", e * 4 * N * C, func() error { return g.AddRMSNorm(ro, out, rstd, x, res, w, 1e-6) }},
+		{"rmsnorm_bwd", e * 3 * N * C, func() error {
+			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx, DW: dw, DY: out, X: x, W: w, RStd: rstd})
+		}},
+		{"rope_fwd_q", e * 2 * N * H * HD, func() error { return g.RoPE(qo, q, rope) }},
+		{"rope_bwd_q", e * 2 * N * H * HD, func() error { return g.RoPEBackward(qo, q, rope) }},
+		{"swiglu_fwd", e * 3 * N * F, func() error { return g.SwiGLU(mo, gate, up) }},
+		{"swiglu_bwd", e * 5 * N * F, func() error { return g.SwiGLUBackward(dg, du, mo, gate, up) }},
+	}
+	values := map[string]float64{}
+	for _, k := range kernels {
+		ms := timeIt(t, g, 10, k.f)
+		values[k.name+"_ms"] = ms
+		values[k.name+"_gbps"] = k.bytes / (ms * 1e-3) / 1e9
+		t.Logf("%s: %.3f ms, %.0f GB/s", k.name, ms, k.bytes/(ms*1e-3)/1e9)
+	}
+	values["h200_hbm_gbps_datasheet"] = 4800
+	report.addBench(benchmark{Name: "memory_bound_kernels_qwen3_0.6b_16384_tokens", Values: values,
+		Note: "bf16; bandwidth counts each [N,*] input read once and each output written once (weights, rstd and positions not counted); median of 5 x 10 calls with CUDA events"})
+}
