@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -108,20 +109,78 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 	return g, nil
 }
 
-// mmaRows is the rows (queries or keys) one block of the tensor-core kernels covers.
-const mmaRows = 64
-
-// Dynamic shared memory of the tensor-core kernels (attention_tc.cu), in bytes, for head dim hd:
-// tiles of bf16 rows with a stride of hd + 8 elements.
+// attnTiles chooses among the tensor-core kernels' compiled tile shapes (attention_tc.cu):
 //
-//	forward: K and V tiles of 64 keys, two buffers each;
-//	dQ: K and V tiles of 32 keys, two buffers each;
-//	dK/dV: the block's 64 keys of K and V, two buffers each of 32-query Q and dO tiles, and two
-//	buffers of 32 lse and 32 D values (fp32).
-func mmaSharedFwd(hd int) uint32 { return uint32(2 * 2 * 2 * 64 * (hd + 8)) }
-func mmaSharedDQ(hd int) uint32  { return uint32(2 * 2 * 2 * 32 * (hd + 8)) }
-func mmaSharedDKV(hd int) uint32 {
-	return uint32(2*(2*64*(hd+8)+2*2*32*(hd+8)) + 4*2*2*32)
+//	FwdMT: 16-row m-tiles per warp in the forward (a block covers 64 * FwdMT queries);
+//	FwdBK: keys per forward tile; DQBK: keys per dQ tile; DKVBQ: queries per dK/dV tile.
+//
+// The dQ and dK/dV kernels cover 64 rows per block.
+type attnTiles struct{ FwdMT, FwdBK, DQBK, DKVBQ int }
+
+// attnVariants lists the compiled shapes per head dim (see the FWD_MMA, BWD_DQ and BWD_DKV
+// instantiations); attnDefaultTiles holds the choice measured fastest on an H200 (see
+// attention_gpu_test.go's TestGPUAttentionTileSweep).
+var (
+	attnVariants = map[int]struct {
+		fwd     [][2]int
+		dq, dkv []int
+	}{
+		64:  {fwd: [][2]int{{1, 64}, {2, 64}}, dq: []int{32, 64}, dkv: []int{16, 32, 64}},
+		128: {fwd: [][2]int{{1, 64}, {2, 32}, {2, 64}}, dq: []int{32, 64}, dkv: []int{16, 32}},
+	}
+	attnDefaultTiles = map[int]attnTiles{
+		64:  {FwdMT: 2, FwdBK: 64, DQBK: 32, DKVBQ: 64},
+		128: {FwdMT: 1, FwdBK: 64, DQBK: 32, DKVBQ: 32},
+	}
+)
+
+const mmaBlockRows = 64 // rows of one dQ or dK/dV block, and of a forward block per m-tile
+
+// Test knobs (the GPU tests run one backend at a time): attnTileOverride replaces
+// attnDefaultTiles per head dim; attnBwdOnly ("dq" or "dkv") runs one of the two backward
+// kernels alone, for timing.
+var (
+	attnTileOverride map[int]attnTiles
+	attnBwdOnly      string
+)
+
+// tiles returns the tile shapes for head dim hd: the backend's override when set, else the default.
+func (b *Backend) tiles(hd int) attnTiles {
+	if t, ok := attnTileOverride[hd]; ok {
+		return t
+	}
+	return attnDefaultTiles[hd]
+}
+
+// checkTiles reports whether t names compiled kernels for head dim hd.
+func checkTiles(hd int, t attnTiles) error {
+	v, ok := attnVariants[hd]
+	if !ok {
+		return fmt.Errorf("cuda: no tensor-core attention kernels for head dim %d", hd)
+	}
+	if !slices.Contains(v.fwd, [2]int{t.FwdMT, t.FwdBK}) || !slices.Contains(v.dq, t.DQBK) || !slices.Contains(v.dkv, t.DKVBQ) {
+		return fmt.Errorf("cuda: attention tiles %+v are not compiled for head dim %d", t, hd)
+	}
+	return nil
+}
+
+// Dynamic shared memory of the tensor-core kernels, in bytes: bf16 tiles with a row stride of
+// hd + 8 elements.
+//
+//	forward: K and V tiles of bk keys, two buffers each, and with mt > 1 the block's Q rows;
+//	dQ: K and V tiles of bk keys, two buffers each;
+//	dK/dV: the block's 64 keys of K and V, two buffers each of bq-query Q and dO tiles, and two
+//	buffers of bq lse and bq D values (fp32).
+func mmaSharedFwd(hd, mt, bk int) uint32 {
+	n := 2 * 2 * 2 * bk * (hd + 8)
+	if mt > 1 {
+		n += 2 * mmaBlockRows * mt * (hd + 8)
+	}
+	return uint32(n)
+}
+func mmaSharedDQ(hd, bk int) uint32 { return uint32(2 * 2 * 2 * bk * (hd + 8)) }
+func mmaSharedDKV(hd, bq int) uint32 {
+	return uint32(2*(2*mmaBlockRows*(hd+8)+2*2*bq*(hd+8)) + 4*2*2*bq)
 }
 
 // useMMA reports whether the tensor-core kernels apply: bf16 tensors, head dim 64 or 128 and
@@ -139,7 +198,8 @@ func (b *Backend) useMMA(g attnGeom, extra ...uintptr) bool {
 	}
 	b.mmaOnce.Do(func() {
 		b.mmaErr = b.d.Do(func() error {
-			_, err := b.d.function("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD))
+			t := b.tiles(g.HD)
+			_, err := b.d.function("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d_m%d_k%d", g.HD, t.FwdMT, t.FwdBK))
 			return err
 		})
 		if b.mmaErr != nil {
@@ -208,10 +268,16 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	}
 	if b.useMMA(g, po) {
 		args := packArgs(po, pl, g.pq, g.pk, g.pv, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window)
-		grid := [3]uint32{uint32((g.N + mmaRows - 1) / mmaRows), uint32(g.NH), 1}
-		shared := mmaSharedFwd(g.HD)
+		t := b.tiles(g.HD)
+		if err := checkTiles(g.HD, t); err != nil {
+			return err
+		}
+		rows := mmaBlockRows * t.FwdMT
+		grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NH), 1}
+		shared := mmaSharedFwd(g.HD, t.FwdMT, t.FwdBK)
+		name := fmt.Sprintf("attn_fwd_mma_%d_m%d_k%d", g.HD, t.FwdMT, t.FwdBK)
 		return b.d.Do(func() error {
-			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d", g.HD), grid, [3]uint32{128, 1, 1}, shared, args...)
+			return b.d.launchOnThread("attention_tc.cu", name, grid, [3]uint32{128, 1, 1}, shared, args...)
 		})
 	}
 	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
@@ -268,16 +334,23 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			return err
 		}
 		if mma {
-			rows := uint32((g.N + mmaRows - 1) / mmaRows)
-			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
-			sharedDQ := mmaSharedDQ(g.HD)
-			if err := b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dq_mma_%d", g.HD), [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{128, 1, 1}, sharedDQ,
-				packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+			t := b.tiles(g.HD)
+			if err := checkTiles(g.HD, t); err != nil {
 				return err
 			}
-			sharedDKV := mmaSharedDKV(g.HD)
-			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dkv_mma_%d", g.HD), [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{128, 1, 1}, sharedDKV,
-				packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
+			rows := uint32((g.N + mmaBlockRows - 1) / mmaBlockRows)
+			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
+			if attnBwdOnly != "dkv" {
+				if err := b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dq_mma_%d_k%d", g.HD, t.DQBK), [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{128, 1, 1},
+					mmaSharedDQ(g.HD, t.DQBK), packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+					return err
+				}
+			}
+			if attnBwdOnly == "dq" {
+				return nil
+			}
+			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dkv_mma_%d_q%d", g.HD, t.DKVBQ), [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{128, 1, 1},
+				mmaSharedDKV(g.HD, t.DKVBQ), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 		}
 		rows := uint32((g.N + attnRows - 1) / attnRows)
 		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dq", [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDQ,

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -16,8 +17,25 @@ import (
 // and 128.
 func TestGPUAttentionTiles(t *testing.T) {
 	g := gpu(t)
-	defer func() { g.attnMMA = true }()
+	defer func() { g.attnMMA = true; attnTileOverride = nil }()
 	g.attnMMA = true
+	// Every compiled tile shape runs every case: configuration i takes the i-th forward, dQ and
+	// dK/dV variant of each head dim (cycling through the shorter lists).
+	configs := 0
+	for _, v := range attnVariants {
+		configs = max(configs, len(v.fwd), len(v.dq), len(v.dkv))
+	}
+	for ci := 0; ci < configs; ci++ {
+		attnTileOverride = map[int]attnTiles{}
+		for hd, v := range attnVariants {
+			f := v.fwd[ci%len(v.fwd)]
+			attnTileOverride[hd] = attnTiles{FwdMT: f[0], FwdBK: f[1], DQBK: v.dq[ci%len(v.dq)], DKVBQ: v.dkv[ci%len(v.dkv)]}
+		}
+		t.Run(fmt.Sprintf("tiles%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
+	}
+}
+
+func attentionTileCases(t *testing.T, g *Backend) {
 	for _, s := range []struct {
 		lens        []int
 		NH, NKV, HD int
@@ -43,7 +61,8 @@ func TestGPUAttentionTiles(t *testing.T) {
 		shape := func(ts map[string]tensor.Tensor) backend.AttentionShape {
 			return backend.AttentionShape{CuSeqlens: ts["cu"], NH: s.NH, NKV: s.NKV, HD: s.HD, Window: s.window}
 		}
-		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d", s.lens, s.NH, s.NKV, s.HD, s.window)
+		tl := g.tiles(s.HD)
+		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_fwd%dx%d_dq%d_dkv%d", s.lens, s.NH, s.NKV, s.HD, s.window, tl.FwdMT, tl.FwdBK, tl.DQBK, tl.DKVBQ)
 		t.Run("forward/"+name, func(t *testing.T) {
 			runCase(t, g, opCase{
 				Name: "attention_tiles/" + name,
@@ -211,4 +230,87 @@ func cpuAttentionForward(be backend.Backend, ts map[string]tensor.Tensor, sh bac
 		}
 	}
 	return nil
+}
+
+// TestGPUAttentionTileSweep times every compiled tile shape of the tensor-core kernels at the
+// two benchmark shapes (4 documents of 4096 tokens) and reports each, so the defaults in
+// attnDefaultTiles can be chosen from measurements: the forward per (m-tiles, key tile), the dQ
+// kernel per key tile and the dK/dV kernel per query tile, each alone.
+func TestGPUAttentionTileSweep(t *testing.T) {
+	g := gpu(t)
+	g.attnMMA = true
+	defer func() { attnTileOverride = nil; attnBwdOnly = "" }()
+	const B, T = 4, 4096
+	const N = B * T
+	for _, s := range []struct {
+		name        string
+		NH, NKV, HD int
+	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
+		q := randomTensor(t, g, 3, tensor.BF16, 1, N, s.NH*s.HD)
+		k := randomTensor(t, g, 4, tensor.BF16, 1, N, s.NKV*s.HD)
+		v := randomTensor(t, g, 5, tensor.BF16, 1, N, s.NKV*s.HD)
+		ao, _ := g.Alloc(tensor.BF16, N, s.NH*s.HD)
+		lse, _ := g.Alloc(tensor.F32, N, s.NH)
+		dq, _ := g.Alloc(tensor.BF16, N, s.NH*s.HD)
+		dk, _ := g.Alloc(tensor.BF16, N, s.NKV*s.HD)
+		dv, _ := g.Alloc(tensor.BF16, N, s.NKV*s.HD)
+		cu, _ := backend.FromInt32(g, cuSeqlens(T, T, T, T), B+1)
+		sh := backend.AttentionShape{CuSeqlens: cu, NH: s.NH, NKV: s.NKV, HD: s.HD}
+		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
+		flops := pairs * 4 * float64(s.HD)
+		vals := map[string]float64{}
+		def := attnDefaultTiles[s.HD]
+		variants := attnVariants[s.HD]
+		fwd := func() error {
+			return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
+		}
+		bwd := func() error {
+			return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
+		}
+		for _, f := range variants.fwd {
+			tl := def
+			tl.FwdMT, tl.FwdBK = f[0], f[1]
+			attnTileOverride = map[int]attnTiles{s.HD: tl}
+			ms := timeIt(t, g, 3, fwd)
+			key := fmt.Sprintf("fwd_m%d_k%d", f[0], f[1])
+			vals[key+"_ms"], vals[key+"_tflops"] = ms, flops/(ms*1e-3)/1e12
+		}
+		attnTileOverride = nil
+		if err := fwd(); err != nil {
+			t.Fatal(err)
+		}
+		// Each backward kernel alone; the D = rowsum(dO * O) kernel runs in both timings.
+		attnBwdOnly = "dq"
+		for _, bk := range variants.dq {
+			tl := def
+			tl.DQBK = bk
+			attnTileOverride = map[int]attnTiles{s.HD: tl}
+			ms := timeIt(t, g, 3, bwd)
+			key := fmt.Sprintf("dq_k%d", bk)
+			vals[key+"_ms"], vals[key+"_tflops_3_products"] = ms, 1.5*flops/(ms*1e-3)/1e12
+		}
+		attnBwdOnly = "dkv"
+		for _, bq := range variants.dkv {
+			tl := def
+			tl.DKVBQ = bq
+			attnTileOverride = map[int]attnTiles{s.HD: tl}
+			ms := timeIt(t, g, 3, bwd)
+			key := fmt.Sprintf("dkv_q%d", bq)
+			vals[key+"_ms"], vals[key+"_tflops_4_products"] = ms, 2*flops/(ms*1e-3)/1e12
+		}
+		attnBwdOnly, attnTileOverride = "", nil
+		keys := make([]string, 0, len(vals))
+		for k := range vals {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			t.Logf("%s %s = %.3f", s.name, k, vals[k])
+		}
+		report.addBench(benchmark{Name: "attention_tile_sweep_" + s.name + "_b4x4096", Values: vals,
+			Note: "each compiled tile shape alone; median of 5 timed repetitions of 3 calls; TFLOP/s count 2*HD FLOPs per causal (query, key) pair per product"})
+		for _, x := range []tensor.Tensor{q, k, v, ao, lse, dq, dk, dv, cu} {
+			g.Free(x)
+		}
+	}
 }

@@ -233,29 +233,50 @@ __device__ __forceinline__ spans row_spans(int lo0, int hi0, int lo1, int hi1) {
     return r;
 }
 
-template <int HD>
+// attn_fwd_mma_impl: each warp owns MT m-tiles of 16 query rows (a block 64 * MT rows) and
+// walks key tiles of BK rows. With MT = 1 the warp's Q fragments stay in registers; with MT = 2
+// Q is staged in shared memory and each K/V fragment read from shared memory feeds two products.
+template <int HD, int MT, int BK>
 __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                   const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
                                   float scale, int window) {
-    const int BK = 64, LDS = HD + 8;
+    const int LDS = HD + 8, WR = 16 * MT, BR = FA_WARPS * WR;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     bf16* Ks = (bf16*)smem;        // [2][BK][LDS]
     bf16* Vs = Ks + 2 * BK * LDS;  // [2][BK][LDS]
+    bf16* Qs = Vs + 2 * BK * LDS;  // [BR][LDS] when MT > 1
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
     long long qblk = (long long)gridDim.x - 1 - blockIdx.x;  // the longest rows first
-    long long row0 = qblk * FA_ROWS + warp * 16;
-    long long i0 = row0 + (lane >> 2), i1 = i0 + 8;
-    int lo0, hi0, lo1, hi1;
-    query_range(cu_q, cu_k, D, N, i0, window, &lo0, &hi0);
-    query_range(cu_q, cu_k, D, N, i1, window, &lo1, &hi1);
-    spans sp = row_spans(lo0, hi0, lo1, hi1);
-    unsigned qa[HD / 16][4];
-    load_afrag<HD>(qa, q + (long long)h * HD, row0, N, (long long)NH * HD, lane);
-    float o[HD / 8][4];
+    long long wrow0 = qblk * BR + warp * WR;
+    long long qld = (long long)NH * HD;
+    int lo[MT][2], hi[MT][2];
+    int mlo = 0x7fffffff, mhi = -1, xlo = -1, xhi = 0x7fffffff;
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            query_range(cu_q, cu_k, D, N, wrow0 + mt * 16 + (lane >> 2) + 8 * r, window, &lo[mt][r], &hi[mt][r]);
+            mlo = min(mlo, lo[mt][r]);
+            mhi = max(mhi, hi[mt][r]);
+            xlo = max(xlo, lo[mt][r]);
+            xhi = min(xhi, hi[mt][r]);
+        }
+    spans sp = row_spans(mlo, mhi, xlo, xhi);
+    unsigned qa[MT == 1 ? HD / 16 : 1][4];
+    if (MT == 1) {
+        load_afrag<HD>((unsigned(*)[4])qa, q + (long long)h * HD, wrow0, N, qld, lane);
+    } else {
+        load_tile<HD, BR>(Qs, q, qblk * BR, N - 1, qld, (long long)h * HD);
+    }
+    float o[MT][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
     const float sl2 = scale * LOG2E;
     long long kld = (long long)NKV * HD, col = (long long)g * HD;
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
@@ -264,6 +285,9 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
         load_tile<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
     }
     cp_commit();
+    unsigned kbase = smem_addr(Ks + brow_r(lane) * LDS + brow_c(lane));
+    unsigned vbase = smem_addr(Vs + btr_r(lane) * LDS + btr_c(lane));
+    unsigned qbase = smem_addr(Qs + (warp * WR + btr_r(lane)) * LDS + btr_c(lane));
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         if (t + 1 < ntiles) {
@@ -274,89 +298,148 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
         cp_wait1();
         __syncthreads();
         if (sp.whi >= j0 && sp.wlo <= j0 + BK - 1) {  // warp-uniform
-            float s[BK / 8][4];
-            scores<HD, BK>(s, qa, Ks + buf * BK * LDS, lane);
-            bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
-            float mx0 = NEG_INF, mx1 = NEG_INF;
+            float s[MT][BK / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < BK / 8; nt++) {
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                    float a = s[nt][e] * sl2, b = s[nt][2 + e] * sl2;
-                    if (!full) {
-                        a = (j >= lo0 && j <= hi0) ? a : NEG_INF;
-                        b = (j >= lo1 && j <= hi1) ? b : NEG_INF;
+                for (int nt = 0; nt < BK / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+            unsigned kb = kbase + 2 * buf * BK * LDS;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                unsigned af[MT][4];
+                if (MT == 1) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) af[0][i] = qa[MT == 1 ? kk : 0][i];
+                } else {
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) ldsm4(af[mt], qbase + 2 * (mt * 16 * LDS + kk * 16));
+                }
+#pragma unroll
+                for (int np = 0; np < BK / 16; np++) {
+                    unsigned r[4];
+                    ldsm4(r, kb + 2 * (np * 16 * LDS + kk * 16));
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_bf16(s[mt][2 * np], af[mt], r[0], r[1]);
+                        mma_bf16(s[mt][2 * np + 1], af[mt], r[2], r[3]);
                     }
-                    s[nt][e] = a;
-                    s[nt][2 + e] = b;
-                    mx0 = fmaxf(mx0, a);
-                    mx1 = fmaxf(mx1, b);
                 }
             }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-            // Rows that have seen nothing yet keep n = -inf: use 0 as the exponent base so that
-            // exp2(-inf - 0) = 0 and no NaN appears.
-            float b0 = n0 == NEG_INF ? 0.f : n0, b1 = n1 == NEG_INF ? 0.f : n1;
-            float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-            l0 *= c0;
-            l1 *= c1;
+            bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
 #pragma unroll
-            for (int nt = 0; nt < BK / 8; nt++) {
-                s[nt][0] = exp2f(s[nt][0] - b0);
-                s[nt][1] = exp2f(s[nt][1] - b0);
-                s[nt][2] = exp2f(s[nt][2] - b1);
-                s[nt][3] = exp2f(s[nt][3] - b1);
-                l0 += s[nt][0] + s[nt][1];
-                l1 += s[nt][2] + s[nt][3];
-            }
-            m0 = n0;
-            m1 = n1;
+            for (int mt = 0; mt < MT; mt++) {
+                float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-            for (int nt = 0; nt < HD / 8; nt++) {
-                o[nt][0] *= c0; o[nt][1] *= c0;
-                o[nt][2] *= c1; o[nt][3] *= c1;
+                for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                        float a = s[mt][nt][e] * sl2, b = s[mt][nt][2 + e] * sl2;
+                        if (!full) {
+                            a = (j >= lo[mt][0] && j <= hi[mt][0]) ? a : NEG_INF;
+                            b = (j >= lo[mt][1] && j <= hi[mt][1]) ? b : NEG_INF;
+                        }
+                        s[mt][nt][e] = a;
+                        s[mt][nt][2 + e] = b;
+                        mx0 = fmaxf(mx0, a);
+                        mx1 = fmaxf(mx1, b);
+                    }
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                float n0 = fmaxf(m[mt][0], mx0), n1 = fmaxf(m[mt][1], mx1);
+                // Rows that have seen nothing yet keep n = -inf: use 0 as the exponent base so
+                // that exp2(-inf - 0) = 0 and no NaN appears.
+                float b0 = n0 == NEG_INF ? 0.f : n0, b1 = n1 == NEG_INF ? 0.f : n1;
+                float c0 = exp2f(m[mt][0] - b0), c1 = exp2f(m[mt][1] - b1);
+                l[mt][0] *= c0;
+                l[mt][1] *= c1;
+#pragma unroll
+                for (int nt = 0; nt < BK / 8; nt++) {
+                    s[mt][nt][0] = exp2f(s[mt][nt][0] - b0);
+                    s[mt][nt][1] = exp2f(s[mt][nt][1] - b0);
+                    s[mt][nt][2] = exp2f(s[mt][nt][2] - b1);
+                    s[mt][nt][3] = exp2f(s[mt][nt][3] - b1);
+                    l[mt][0] += s[mt][nt][0] + s[mt][nt][1];
+                    l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
+                }
+                m[mt][0] = n0;
+                m[mt][1] = n1;
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; nt++) {
+                    o[mt][nt][0] *= c0; o[mt][nt][1] *= c0;
+                    o[mt][nt][2] *= c1; o[mt][nt][3] *= c1;
+                }
             }
-            accumulate<HD, BK>(o, s, Vs + buf * BK * LDS, lane);
+            unsigned vb = vbase + 2 * buf * BK * LDS;
+#pragma unroll
+            for (int j = 0; j < BK / 16; j++) {
+                unsigned a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    a[mt][0] = pack_bf16(s[mt][2 * j][0], s[mt][2 * j][1]);
+                    a[mt][1] = pack_bf16(s[mt][2 * j][2], s[mt][2 * j][3]);
+                    a[mt][2] = pack_bf16(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+                    a[mt][3] = pack_bf16(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    unsigned r[4];
+                    ldsm4t(r, vb + 2 * (j * 16 * LDS + dp * 16));
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_bf16(o[mt][2 * dp], a[mt], r[0], r[1]);
+                        mma_bf16(o[mt][2 * dp + 1], a[mt], r[2], r[3]);
+                    }
+                }
+            }
         }
         __syncthreads();
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    long long ld = (long long)NH * HD;
+    cp_wait_all();
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++) {
-        int c = h * HD + nt * 8 + (lane & 3) * 2;
-        if (i0 < N) *(unsigned*)(out + i0 * ld + c) = pack_bf16(o[nt][0] * inv0, o[nt][1] * inv0);
-        if (i1 < N) *(unsigned*)(out + i1 * ld + c) = pack_bf16(o[nt][2] * inv1, o[nt][3] * inv1);
-    }
-    if (lse && (lane & 3) == 0) {
-        if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? (m0 + log2f(l0)) * LN2 : NEG_INF;
-        if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? (m1 + log2f(l1)) * LN2 : NEG_INF;
+    for (int mt = 0; mt < MT; mt++) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+        long long i0 = wrow0 + mt * 16 + (lane >> 2), i1 = i0 + 8;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+            int c = h * HD + nt * 8 + (lane & 3) * 2;
+            if (i0 < N) *(unsigned*)(out + i0 * qld + c) = pack_bf16(o[mt][nt][0] * inv0, o[mt][nt][1] * inv0);
+            if (i1 < N) *(unsigned*)(out + i1 * qld + c) = pack_bf16(o[mt][nt][2] * inv1, o[mt][nt][3] * inv1);
+        }
+        if (lse && (lane & 3) == 0) {
+            if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? (m[mt][0] + log2f(l0)) * LN2 : NEG_INF;
+            if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? (m[mt][1] + log2f(l1)) * LN2 : NEG_INF;
+        }
     }
 }
 
-#define FWD_MMA(HD)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, 2) attn_fwd_mma_##HD(                                       \
+// Forward entry points: attn_fwd_mma_<HD>_m<MT>_k<BK>, 128 threads, dynamic shared memory
+// 2 * 2 * BK * (HD + 8) * 2 bytes, plus 64 * MT * (HD + 8) * 2 when MT > 1.
+#define FWD_MMA(HD, MT, BK, MINB)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128, MINB) attn_fwd_mma_##HD##_m##MT##_k##BK(                  \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,    \
         int D, long long N, int NH, int NKV, float scale, int window) {                                          \
-        attn_fwd_mma_impl<HD>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                      \
+        attn_fwd_mma_impl<HD, MT, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);              \
     }
-FWD_MMA(64)
-FWD_MMA(128)
+FWD_MMA(64, 1, 64, 2)
+FWD_MMA(128, 1, 64, 2)
+FWD_MMA(64, 2, 64, 1)
+FWD_MMA(128, 2, 32, 1)
+FWD_MMA(128, 2, 64, 1)
 
-template <int HD>
+template <int HD, int BK>
 __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                      const float* lse, const float* dvec, const int* cu, int D, long long N,
                                      int NH, int NKV, float scale, int window) {
-    const int BK = 32, LDS = HD + 8;
+    const int LDS = HD + 8;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     bf16* Ks = (bf16*)smem;        // [2][BK][LDS]
     bf16* Vs = Ks + 2 * BK * LDS;  // [2][BK][LDS]
@@ -427,11 +510,11 @@ __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, con
     }
 }
 
-template <int HD>
+template <int HD, int BQ>
 __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                       const float* lse, const float* dvec, const int* cu, int D, long long N,
                                       int NH, int NKV, float scale, int window) {
-    const int BQ = 32, LDS = HD + 8;
+    const int LDS = HD + 8;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     bf16* Ks = (bf16*)smem;              // [FA_ROWS][LDS]
     bf16* Vs = Ks + FA_ROWS * LDS;       // [FA_ROWS][LDS]
@@ -538,16 +621,27 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
     }
 }
 
-#define BWD_MMA(HD)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128, 2) attn_bwd_dq_mma_##HD(                                     \
+// Backward entry points: attn_bwd_dq_mma_<HD>_k<BK> (K and V tiles of BK keys, dynamic shared
+// memory 2 * 2 * BK * (HD + 8) * 2 bytes) and attn_bwd_dkv_mma_<HD>_q<BQ> (Q and dO tiles of BQ
+// queries, 2 * 64 * (HD + 8) * 2 + 2 * 2 * BQ * (HD + 8) * 2 + 4 * BQ * 4 bytes); 128 threads.
+#define BWD_DQ(HD, BK, MINB)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_mma_##HD##_k##BK(                        \
         bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,               \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {         \
-        attn_bwd_dq_mma_impl<HD>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma_##HD(                                       \
+        attn_bwd_dq_mma_impl<HD, BK>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);            \
+    }
+#define BWD_DKV(HD, BQ)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma_##HD##_q##BQ(                               \
         bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,      \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {         \
-        attn_bwd_dkv_mma_impl<HD>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);           \
+        attn_bwd_dkv_mma_impl<HD, BQ>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);       \
     }
-BWD_MMA(64)
-BWD_MMA(128)
+BWD_DQ(64, 32, 2)
+BWD_DQ(64, 64, 2)
+BWD_DQ(128, 32, 2)
+BWD_DQ(128, 64, 1)
+BWD_DKV(64, 16)
+BWD_DKV(64, 32)
+BWD_DKV(64, 64)
+BWD_DKV(128, 16)
+BWD_DKV(128, 32)
