@@ -109,32 +109,32 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 	return g, nil
 }
 
-// attnTiles chooses among the tensor-core kernels' compiled tile shapes (attention_tc.cu):
+// attnTiles chooses among the tensor-core kernels' compiled shapes (attention_tc.cu):
 //
-//	FwdMT: 16-row m-tiles per warp in the forward (a block covers 64 * FwdMT queries);
-//	FwdBK: keys per forward tile; DQBK: keys per dQ tile; DKVBQ: queries per dK/dV tile.
-//
-// The dQ and dK/dV kernels cover 64 rows per block.
-type attnTiles struct{ FwdMT, FwdBK, DQBK, DKVBQ int }
+//	FwdW, FwdMT, FwdBK: warps per forward block, 16-row m-tiles per warp (a block covers
+//	16 * FwdW * FwdMT queries) and keys per tile;
+//	DQW, DQBK: warps per dQ block (16 queries each) and keys per tile;
+//	DKVW, DKVBQ: warps per dK/dV block (16 keys each) and queries per tile.
+type attnTiles struct{ FwdW, FwdMT, FwdBK, DQW, DQBK, DKVW, DKVBQ int }
 
-// attnVariants lists the compiled shapes per head dim (see the FWD_MMA, BWD_DQ and BWD_DKV
-// instantiations); attnDefaultTiles holds the choice measured fastest on an H200 (see
-// attention_gpu_test.go's TestGPUAttentionTileSweep).
+// attnVariants lists the compiled shapes per head dim (the FWD_MMA, BWD_DQ and BWD_DKV
+// instantiations): forward {W, MT, BK}, dQ {W, BK}, dK/dV {W, BQ}. attnDefaultTiles holds the
+// choice measured fastest on an H200 (TestGPUAttentionTileSweep, testdata/gpu-run*). Blocks of
+// 8 warps were measured too (testdata/gpu-run5) and were slower for every kernel but the head
+// dim 64 dQ with 64-key tiles, which is kept for comparison.
 var (
 	attnVariants = map[int]struct {
-		fwd     [][2]int
-		dq, dkv []int
+		fwd     [][3]int
+		dq, dkv [][2]int
 	}{
-		64:  {fwd: [][2]int{{1, 64}, {2, 64}}, dq: []int{32, 64}, dkv: []int{16, 32, 64}},
-		128: {fwd: [][2]int{{1, 64}, {2, 32}, {2, 64}}, dq: []int{32, 64}, dkv: []int{16, 32}},
+		64:  {fwd: [][3]int{{4, 1, 64}, {4, 2, 64}}, dq: [][2]int{{4, 32}, {8, 64}}, dkv: [][2]int{{4, 64}, {8, 64}}},
+		128: {fwd: [][3]int{{4, 1, 64}, {4, 2, 32}}, dq: [][2]int{{4, 32}}, dkv: [][2]int{{4, 32}}},
 	}
 	attnDefaultTiles = map[int]attnTiles{
-		64:  {FwdMT: 2, FwdBK: 64, DQBK: 32, DKVBQ: 64},
-		128: {FwdMT: 1, FwdBK: 64, DQBK: 32, DKVBQ: 32},
+		64:  {FwdW: 4, FwdMT: 2, FwdBK: 64, DQW: 4, DQBK: 32, DKVW: 4, DKVBQ: 64},
+		128: {FwdW: 4, FwdMT: 1, FwdBK: 64, DQW: 4, DQBK: 32, DKVW: 4, DKVBQ: 32},
 	}
 )
-
-const mmaBlockRows = 64 // rows of one dQ or dK/dV block, and of a forward block per m-tile
 
 // Test knobs (the GPU tests run one backend at a time): attnTileOverride replaces
 // attnDefaultTiles per head dim; attnBwdOnly ("dq" or "dkv") runs one of the two backward
@@ -158,10 +158,21 @@ func checkTiles(hd int, t attnTiles) error {
 	if !ok {
 		return fmt.Errorf("cuda: no tensor-core attention kernels for head dim %d", hd)
 	}
-	if !slices.Contains(v.fwd, [2]int{t.FwdMT, t.FwdBK}) || !slices.Contains(v.dq, t.DQBK) || !slices.Contains(v.dkv, t.DKVBQ) {
+	if !slices.Contains(v.fwd, [3]int{t.FwdW, t.FwdMT, t.FwdBK}) || !slices.Contains(v.dq, [2]int{t.DQW, t.DQBK}) ||
+		!slices.Contains(v.dkv, [2]int{t.DKVW, t.DKVBQ}) {
 		return fmt.Errorf("cuda: attention tiles %+v are not compiled for head dim %d", t, hd)
 	}
 	return nil
+}
+
+func (t attnTiles) fwdName(hd int) string {
+	return fmt.Sprintf("attn_fwd_mma_%d_w%d_m%d_k%d", hd, t.FwdW, t.FwdMT, t.FwdBK)
+}
+func (t attnTiles) dqName(hd int) string {
+	return fmt.Sprintf("attn_bwd_dq_mma_%d_w%d_k%d", hd, t.DQW, t.DQBK)
+}
+func (t attnTiles) dkvName(hd int) string {
+	return fmt.Sprintf("attn_bwd_dkv_mma_%d_w%d_q%d", hd, t.DKVW, t.DKVBQ)
 }
 
 // Dynamic shared memory of the tensor-core kernels, in bytes: bf16 tiles with a row stride of
@@ -169,18 +180,18 @@ func checkTiles(hd int, t attnTiles) error {
 //
 //	forward: K and V tiles of bk keys, two buffers each, and with mt > 1 the block's Q rows;
 //	dQ: K and V tiles of bk keys, two buffers each;
-//	dK/dV: the block's 64 keys of K and V, two buffers each of bq-query Q and dO tiles, and two
-//	buffers of bq lse and bq D values (fp32).
-func mmaSharedFwd(hd, mt, bk int) uint32 {
+//	dK/dV: the block's 16 * w keys of K and V, two buffers each of bq-query Q and dO tiles, and
+//	two buffers of bq lse and bq D values (fp32).
+func mmaSharedFwd(hd, w, mt, bk int) uint32 {
 	n := 2 * 2 * 2 * bk * (hd + 8)
 	if mt > 1 {
-		n += 2 * mmaBlockRows * mt * (hd + 8)
+		n += 2 * 16 * w * mt * (hd + 8)
 	}
 	return uint32(n)
 }
 func mmaSharedDQ(hd, bk int) uint32 { return uint32(2 * 2 * 2 * bk * (hd + 8)) }
-func mmaSharedDKV(hd, bq int) uint32 {
-	return uint32(2*(2*mmaBlockRows*(hd+8)+2*2*bq*(hd+8)) + 4*2*2*bq)
+func mmaSharedDKV(hd, w, bq int) uint32 {
+	return uint32(2*(2*16*w*(hd+8)+2*2*bq*(hd+8)) + 4*2*2*bq)
 }
 
 // useMMA reports whether the tensor-core kernels apply: bf16 tensors, head dim 64 or 128 and
@@ -198,8 +209,7 @@ func (b *Backend) useMMA(g attnGeom, extra ...uintptr) bool {
 	}
 	b.mmaOnce.Do(func() {
 		b.mmaErr = b.d.Do(func() error {
-			t := b.tiles(g.HD)
-			_, err := b.d.function("attention_tc.cu", fmt.Sprintf("attn_fwd_mma_%d_m%d_k%d", g.HD, t.FwdMT, t.FwdBK))
+			_, err := b.d.function("attention_tc.cu", b.tiles(g.HD).fwdName(g.HD))
 			return err
 		})
 		if b.mmaErr != nil {
@@ -272,12 +282,11 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 		if err := checkTiles(g.HD, t); err != nil {
 			return err
 		}
-		rows := mmaBlockRows * t.FwdMT
+		rows := 16 * t.FwdW * t.FwdMT
 		grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NH), 1}
-		shared := mmaSharedFwd(g.HD, t.FwdMT, t.FwdBK)
-		name := fmt.Sprintf("attn_fwd_mma_%d_m%d_k%d", g.HD, t.FwdMT, t.FwdBK)
+		shared := mmaSharedFwd(g.HD, t.FwdW, t.FwdMT, t.FwdBK)
 		return b.d.Do(func() error {
-			return b.d.launchOnThread("attention_tc.cu", name, grid, [3]uint32{128, 1, 1}, shared, args...)
+			return b.d.launchOnThread("attention_tc.cu", t.fwdName(g.HD), grid, [3]uint32{uint32(32 * t.FwdW), 1, 1}, shared, args...)
 		})
 	}
 	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
@@ -338,10 +347,11 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			if err := checkTiles(g.HD, t); err != nil {
 				return err
 			}
-			rows := uint32((g.N + mmaBlockRows - 1) / mmaBlockRows)
 			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
 			if attnBwdOnly != "dkv" {
-				if err := b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dq_mma_%d_k%d", g.HD, t.DQBK), [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{128, 1, 1},
+				rows := 16 * t.DQW
+				grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NH), 1}
+				if err := b.d.launchOnThread("attention_tc.cu", t.dqName(g.HD), grid, [3]uint32{uint32(32 * t.DQW), 1, 1},
 					mmaSharedDQ(g.HD, t.DQBK), packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
 					return err
 				}
@@ -349,8 +359,10 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			if attnBwdOnly == "dq" {
 				return nil
 			}
-			return b.d.launchOnThread("attention_tc.cu", fmt.Sprintf("attn_bwd_dkv_mma_%d_q%d", g.HD, t.DKVBQ), [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{128, 1, 1},
-				mmaSharedDKV(g.HD, t.DKVBQ), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
+			rows := 16 * t.DKVW
+			grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NKV), 1}
+			return b.d.launchOnThread("attention_tc.cu", t.dkvName(g.HD), grid, [3]uint32{uint32(32 * t.DKVW), 1, 1},
+				mmaSharedDKV(g.HD, t.DKVW, t.DKVBQ), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 		}
 		rows := uint32((g.N + attnRows - 1) / attnRows)
 		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dq", [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDQ,

@@ -28,8 +28,8 @@ func TestGPUAttentionTiles(t *testing.T) {
 	for ci := 0; ci < configs; ci++ {
 		attnTileOverride = map[int]attnTiles{}
 		for hd, v := range attnVariants {
-			f := v.fwd[ci%len(v.fwd)]
-			attnTileOverride[hd] = attnTiles{FwdMT: f[0], FwdBK: f[1], DQBK: v.dq[ci%len(v.dq)], DKVBQ: v.dkv[ci%len(v.dkv)]}
+			f, dq, dkv := v.fwd[ci%len(v.fwd)], v.dq[ci%len(v.dq)], v.dkv[ci%len(v.dkv)]
+			attnTileOverride[hd] = attnTiles{FwdW: f[0], FwdMT: f[1], FwdBK: f[2], DQW: dq[0], DQBK: dq[1], DKVW: dkv[0], DKVBQ: dkv[1]}
 		}
 		t.Run(fmt.Sprintf("tiles%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
 	}
@@ -62,7 +62,7 @@ func attentionTileCases(t *testing.T, g *Backend) {
 			return backend.AttentionShape{CuSeqlens: ts["cu"], NH: s.NH, NKV: s.NKV, HD: s.HD, Window: s.window}
 		}
 		tl := g.tiles(s.HD)
-		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_fwd%dx%d_dq%d_dkv%d", s.lens, s.NH, s.NKV, s.HD, s.window, tl.FwdMT, tl.FwdBK, tl.DQBK, tl.DKVBQ)
+		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, tl.fwdName(s.HD), tl.dqName(s.HD), tl.dkvName(s.HD))
 		t.Run("forward/"+name, func(t *testing.T) {
 			runCase(t, g, opCase{
 				Name: "attention_tiles/" + name,
@@ -269,10 +269,10 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 		}
 		for _, f := range variants.fwd {
 			tl := def
-			tl.FwdMT, tl.FwdBK = f[0], f[1]
+			tl.FwdW, tl.FwdMT, tl.FwdBK = f[0], f[1], f[2]
 			attnTileOverride = map[int]attnTiles{s.HD: tl}
 			ms := timeIt(t, g, 3, fwd)
-			key := fmt.Sprintf("fwd_m%d_k%d", f[0], f[1])
+			key := fmt.Sprintf("fwd_w%d_m%d_k%d", f[0], f[1], f[2])
 			vals[key+"_ms"], vals[key+"_tflops"] = ms, flops/(ms*1e-3)/1e12
 		}
 		attnTileOverride = nil
@@ -281,21 +281,21 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 		}
 		// Each backward kernel alone; the D = rowsum(dO * O) kernel runs in both timings.
 		attnBwdOnly = "dq"
-		for _, bk := range variants.dq {
+		for _, v := range variants.dq {
 			tl := def
-			tl.DQBK = bk
+			tl.DQW, tl.DQBK = v[0], v[1]
 			attnTileOverride = map[int]attnTiles{s.HD: tl}
 			ms := timeIt(t, g, 3, bwd)
-			key := fmt.Sprintf("dq_k%d", bk)
+			key := fmt.Sprintf("dq_w%d_k%d", v[0], v[1])
 			vals[key+"_ms"], vals[key+"_tflops_3_products"] = ms, 1.5*flops/(ms*1e-3)/1e12
 		}
 		attnBwdOnly = "dkv"
-		for _, bq := range variants.dkv {
+		for _, v := range variants.dkv {
 			tl := def
-			tl.DKVBQ = bq
+			tl.DKVW, tl.DKVBQ = v[0], v[1]
 			attnTileOverride = map[int]attnTiles{s.HD: tl}
 			ms := timeIt(t, g, 3, bwd)
-			key := fmt.Sprintf("dkv_q%d", bq)
+			key := fmt.Sprintf("dkv_w%d_q%d", v[0], v[1])
 			vals[key+"_ms"], vals[key+"_tflops_4_products"] = ms, 2*flops/(ms*1e-3)/1e12
 		}
 		attnBwdOnly, attnTileOverride = "", nil

@@ -3,9 +3,10 @@
 //   out = softmax(scale * q k^T) v (=), lse (=), dq = scale * dS k (=),
 //   dk = scale * dS^T q (=), dv = P^T dout (=), causal within packed documents, GQA, window.
 //
-// The kernels follow the flash-attention scheme: no [N, N] matrix is stored; a block of 4 warps
-// owns 64 rows (queries, or keys in attn_bwd_dkv_mma), each warp 16 of them, and streams the other
-// side through shared memory in tiles. Tiles are copied with cp.async into two buffers, so the
+// The kernels follow the flash-attention scheme: no [N, N] matrix is stored; a block of W warps
+// owns 16 * W rows (queries, or keys in attn_bwd_dkv_mma; twice that in a forward with two m-tiles
+// per warp), each warp 16 of them, and streams the other side through shared memory in tiles:
+// more rows per block means each tile crosses L2 for more queries. Tiles are copied with cp.async into two buffers, so the
 // copy of tile t+1 overlaps the arithmetic on tile t. Products use mma.sync m16n8k16 (bf16 in, fp32
 // accumulate); operands come out of shared memory with ldmatrix (.trans for the products that
 // contract over the tile's rows), out of a row stride of HD + 8 elements so that the eight row
@@ -24,8 +25,6 @@ __device__ __forceinline__ int find_doc(const int* cu, int D, long long i) {
     return lo;
 }
 
-#define FA_WARPS 4
-#define FA_ROWS (16 * FA_WARPS)
 #define NEG_INF __int_as_float(0xff800000)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -70,12 +69,13 @@ __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;
 // load_tile starts copying rows [row0, row0 + ROWS) of a global bf16 matrix (row stride ld,
 // column offset col0, HD columns) into shared memory with row stride HD + 8. Rows past last are
 // zero.
-template <int HD, int ROWS>
+template <int HD, int ROWS, int W>
 __device__ __forceinline__ void load_tile(bf16* sm, const bf16* g, long long row0, long long last, long long ld, long long col0) {
-    const int CH = HD / 8;
+    const int CH = HD / 8, TH = 32 * W;
 #pragma unroll
-    for (int it = 0; it < ROWS * CH / (32 * FA_WARPS); it++) {
-        int e = threadIdx.x + it * 32 * FA_WARPS;
+    for (int it = 0; it < (ROWS * CH + TH - 1) / TH; it++) {
+        int e = threadIdx.x + it * TH;
+        if ((ROWS * CH) % TH != 0 && e >= ROWS * CH) break;
         int r = e / CH, c = (e % CH) * 8;
         long long row = row0 + r;
         bool ok = row <= last;
@@ -236,11 +236,11 @@ __device__ __forceinline__ spans row_spans(int lo0, int hi0, int lo1, int hi1) {
 // attn_fwd_mma_impl: each warp owns MT m-tiles of 16 query rows (a block 64 * MT rows) and
 // walks key tiles of BK rows. With MT = 1 the warp's Q fragments stay in registers; with MT = 2
 // Q is staged in shared memory and each K/V fragment read from shared memory feeds two products.
-template <int HD, int MT, int BK>
+template <int HD, int W, int MT, int BK>
 __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                   const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
                                   float scale, int window) {
-    const int LDS = HD + 8, WR = 16 * MT, BR = FA_WARPS * WR;
+    const int LDS = HD + 8, WR = 16 * MT, BR = W * WR;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     bf16* Ks = (bf16*)smem;        // [2][BK][LDS]
     bf16* Vs = Ks + 2 * BK * LDS;  // [2][BK][LDS]
@@ -267,7 +267,7 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
     if (MT == 1) {
         load_afrag<HD>((unsigned(*)[4])qa, q + (long long)h * HD, wrow0, N, qld, lane);
     } else {
-        load_tile<HD, BR>(Qs, q, qblk * BR, N - 1, qld, (long long)h * HD);
+        load_tile<HD, BR, W>(Qs, q, qblk * BR, N - 1, qld, (long long)h * HD);
     }
     float o[MT][HD / 8][4];
 #pragma unroll
@@ -281,8 +281,8 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
     long long kld = (long long)NKV * HD, col = (long long)g * HD;
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
     if (ntiles > 0) {
-        load_tile<HD, BK>(Ks, k, sp.blo, sp.bhi, kld, col);
-        load_tile<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
+        load_tile<HD, BK, W>(Ks, k, sp.blo, sp.bhi, kld, col);
+        load_tile<HD, BK, W>(Vs, v, sp.blo, sp.bhi, kld, col);
     }
     cp_commit();
     unsigned kbase = smem_addr(Ks + brow_r(lane) * LDS + brow_c(lane));
@@ -291,8 +291,8 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         if (t + 1 < ntiles) {
-            load_tile<HD, BK>(Ks + (buf ^ 1) * BK * LDS, k, j0 + BK, sp.bhi, kld, col);
-            load_tile<HD, BK>(Vs + (buf ^ 1) * BK * LDS, v, j0 + BK, sp.bhi, kld, col);
+            load_tile<HD, BK, W>(Ks + (buf ^ 1) * BK * LDS, k, j0 + BK, sp.bhi, kld, col);
+            load_tile<HD, BK, W>(Vs + (buf ^ 1) * BK * LDS, v, j0 + BK, sp.bhi, kld, col);
         }
         cp_commit();
         cp_wait1();
@@ -421,21 +421,22 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
     }
 }
 
-// Forward entry points: attn_fwd_mma_<HD>_m<MT>_k<BK>, 128 threads, dynamic shared memory
-// 2 * 2 * BK * (HD + 8) * 2 bytes, plus 64 * MT * (HD + 8) * 2 when MT > 1.
-#define FWD_MMA(HD, MT, BK, MINB)                                                                                \
-    extern "C" __global__ void __launch_bounds__(128, MINB) attn_fwd_mma_##HD##_m##MT##_k##BK(                  \
+// Forward entry points: attn_fwd_mma_<HD>_w<W>_m<MT>_k<BK>: W warps (32 * W threads), each with
+// MT m-tiles of 16 queries, key tiles of BK; dynamic shared memory 2 * 2 * BK * (HD + 8) * 2
+// bytes, plus 16 * W * MT * (HD + 8) * 2 when MT > 1. MINB is the blocks per SM the register
+// budget must allow.
+#define FWD_MMA(HD, W, MT, BK, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * W, MINB) attn_fwd_mma_##HD##_w##W##_m##MT##_k##BK(         \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,    \
         int D, long long N, int NH, int NKV, float scale, int window) {                                          \
-        attn_fwd_mma_impl<HD, MT, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);              \
+        attn_fwd_mma_impl<HD, W, MT, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);           \
     }
-FWD_MMA(64, 1, 64, 2)
-FWD_MMA(128, 1, 64, 2)
-FWD_MMA(64, 2, 64, 1)
-FWD_MMA(128, 2, 32, 1)
-FWD_MMA(128, 2, 64, 1)
+FWD_MMA(64, 4, 1, 64, 2)
+FWD_MMA(64, 4, 2, 64, 1)
+FWD_MMA(128, 4, 1, 64, 2)
+FWD_MMA(128, 4, 2, 32, 1)
 
-template <int HD, int BK>
+template <int HD, int W, int BK>
 __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                      const float* lse, const float* dvec, const int* cu, int D, long long N,
                                      int NH, int NKV, float scale, int window) {
@@ -446,7 +447,7 @@ __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, con
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
     long long qblk = (long long)gridDim.x - 1 - blockIdx.x;
-    long long row0 = qblk * FA_ROWS + warp * 16;
+    long long row0 = qblk * (16 * W) + warp * 16;
     long long i0 = row0 + (lane >> 2), i1 = i0 + 8;
     int lo0, hi0, lo1, hi1;
     query_range(cu, cu, D, N, i0, window, &lo0, &hi0);
@@ -465,15 +466,15 @@ __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, con
     long long kld = (long long)NKV * HD, col = (long long)g * HD;
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
     if (ntiles > 0) {
-        load_tile<HD, BK>(Ks, k, sp.blo, sp.bhi, kld, col);
-        load_tile<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
+        load_tile<HD, BK, W>(Ks, k, sp.blo, sp.bhi, kld, col);
+        load_tile<HD, BK, W>(Vs, v, sp.blo, sp.bhi, kld, col);
     }
     cp_commit();
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         if (t + 1 < ntiles) {
-            load_tile<HD, BK>(Ks + (buf ^ 1) * BK * LDS, k, j0 + BK, sp.bhi, kld, col);
-            load_tile<HD, BK>(Vs + (buf ^ 1) * BK * LDS, v, j0 + BK, sp.bhi, kld, col);
+            load_tile<HD, BK, W>(Ks + (buf ^ 1) * BK * LDS, k, j0 + BK, sp.bhi, kld, col);
+            load_tile<HD, BK, W>(Vs + (buf ^ 1) * BK * LDS, v, j0 + BK, sp.bhi, kld, col);
         }
         cp_commit();
         cp_wait1();
@@ -510,22 +511,23 @@ __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, con
     }
 }
 
-template <int HD, int BQ>
+template <int HD, int W, int BQ>
 __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                       const float* lse, const float* dvec, const int* cu, int D, long long N,
                                       int NH, int NKV, float scale, int window) {
     const int LDS = HD + 8;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
-    bf16* Ks = (bf16*)smem;              // [FA_ROWS][LDS]
-    bf16* Vs = Ks + FA_ROWS * LDS;       // [FA_ROWS][LDS]
-    bf16* Qs = Vs + FA_ROWS * LDS;       // [2][BQ][LDS]
+    const int BR = 16 * W;
+    bf16* Ks = (bf16*)smem;              // [BR][LDS]
+    bf16* Vs = Ks + BR * LDS;            // [BR][LDS]
+    bf16* Qs = Vs + BR * LDS;            // [2][BQ][LDS]
     bf16* dOs = Qs + 2 * BQ * LDS;       // [2][BQ][LDS]
     float* Ls = (float*)(dOs + 2 * BQ * LDS);  // [2][BQ] lse * log2 e
     float* Ds = Ls + 2 * BQ;             // [2][BQ]
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = blockIdx.y, G = NH / NKV;
     long long kblk = blockIdx.x;
-    long long krow0 = kblk * FA_ROWS;
+    long long krow0 = kblk * BR;
     long long row0 = krow0 + warp * 16;
     long long j0k = row0 + (lane >> 2), j1k = j0k + 8;
     int lo0, hi0, lo1, hi1;
@@ -533,8 +535,8 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
     key_range(cu, D, N, j1k, window, &lo1, &hi1);
     spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long kld = (long long)NKV * HD, qld = (long long)NH * HD;
-    load_tile<HD, FA_ROWS>(Ks, k, krow0, N - 1, kld, (long long)g * HD);
-    load_tile<HD, FA_ROWS>(Vs, v, krow0, N - 1, kld, (long long)g * HD);
+    load_tile<HD, BR, W>(Ks, k, krow0, N - 1, kld, (long long)g * HD);
+    load_tile<HD, BR, W>(Vs, v, krow0, N - 1, kld, (long long)g * HD);
     float dka[HD / 8][4], dva[HD / 8][4];
 #pragma unroll
     for (int nt = 0; nt < HD / 8; nt++) {
@@ -547,8 +549,8 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
     // Tile t covers query head g*G + t/ntq, queries blo + (t%ntq)*BQ ...
     if (ntiles > 0) {
         long long hc = (long long)(g * G) * HD;
-        load_tile<HD, BQ>(Qs, q, sp.blo, sp.bhi, qld, hc);
-        load_tile<HD, BQ>(dOs, dout, sp.blo, sp.bhi, qld, hc);
+        load_tile<HD, BQ, W>(Qs, q, sp.blo, sp.bhi, qld, hc);
+        load_tile<HD, BQ, W>(dOs, dout, sp.blo, sp.bhi, qld, hc);
         if (threadIdx.x < BQ) {
             long long i = sp.blo + threadIdx.x;
             Ls[threadIdx.x] = i <= sp.bhi ? lse[i * NH + g * G] * LOG2E : 0.f;
@@ -562,8 +564,8 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
         if (t + 1 < ntiles) {
             int hn = g * G + (t + 1) / ntq;
             long long in0 = sp.blo + ((t + 1) % ntq) * BQ;
-            load_tile<HD, BQ>(Qs + (buf ^ 1) * BQ * LDS, q, in0, sp.bhi, qld, (long long)hn * HD);
-            load_tile<HD, BQ>(dOs + (buf ^ 1) * BQ * LDS, dout, in0, sp.bhi, qld, (long long)hn * HD);
+            load_tile<HD, BQ, W>(Qs + (buf ^ 1) * BQ * LDS, q, in0, sp.bhi, qld, (long long)hn * HD);
+            load_tile<HD, BQ, W>(dOs + (buf ^ 1) * BQ * LDS, dout, in0, sp.bhi, qld, (long long)hn * HD);
             if (threadIdx.x < BQ) {
                 long long i = in0 + threadIdx.x;
                 Ls[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? lse[i * NH + hn] * LOG2E : 0.f;
@@ -621,27 +623,25 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
     }
 }
 
-// Backward entry points: attn_bwd_dq_mma_<HD>_k<BK> (K and V tiles of BK keys, dynamic shared
-// memory 2 * 2 * BK * (HD + 8) * 2 bytes) and attn_bwd_dkv_mma_<HD>_q<BQ> (Q and dO tiles of BQ
-// queries, 2 * 64 * (HD + 8) * 2 + 2 * 2 * BQ * (HD + 8) * 2 + 4 * BQ * 4 bytes); 128 threads.
-#define BWD_DQ(HD, BK, MINB)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_mma_##HD##_k##BK(                        \
+// Backward entry points, W warps (32 * W threads) covering 16 * W rows per block:
+// attn_bwd_dq_mma_<HD>_w<W>_k<BK> (K and V tiles of BK keys, dynamic shared memory
+// 2 * 2 * BK * (HD + 8) * 2 bytes) and attn_bwd_dkv_mma_<HD>_w<W>_q<BQ> (Q and dO tiles of BQ
+// queries, 2 * 16 * W * (HD + 8) * 2 + 2 * 2 * BQ * (HD + 8) * 2 + 4 * BQ * 4 bytes).
+#define BWD_DQ(HD, W, BK, MINB)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * W, MINB) attn_bwd_dq_mma_##HD##_w##W##_k##BK(              \
         bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,               \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {         \
-        attn_bwd_dq_mma_impl<HD, BK>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);            \
+        attn_bwd_dq_mma_impl<HD, W, BK>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);         \
     }
-#define BWD_DKV(HD, BQ)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma_##HD##_q##BQ(                               \
+#define BWD_DKV(HD, W, BQ)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * W, 1) attn_bwd_dkv_mma_##HD##_w##W##_q##BQ(                 \
         bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,      \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {         \
-        attn_bwd_dkv_mma_impl<HD, BQ>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);       \
+        attn_bwd_dkv_mma_impl<HD, W, BQ>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);    \
     }
-BWD_DQ(64, 32, 2)
-BWD_DQ(64, 64, 2)
-BWD_DQ(128, 32, 2)
-BWD_DQ(128, 64, 1)
-BWD_DKV(64, 16)
-BWD_DKV(64, 32)
-BWD_DKV(64, 64)
-BWD_DKV(128, 16)
-BWD_DKV(128, 32)
+BWD_DQ(64, 4, 32, 2)
+BWD_DQ(64, 8, 64, 1)
+BWD_DQ(128, 4, 32, 2)
+BWD_DKV(64, 4, 64)
+BWD_DKV(64, 8, 64)
+BWD_DKV(128, 4, 32)
