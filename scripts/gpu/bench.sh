@@ -98,4 +98,5 @@ for shape in ${shapes//,/ }; do
 	[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$d/init"
 	echo "== $shape: done at $((SECONDS - start)) s"
 done
-"$py" "$here/bench_compare.py" "$out" --command "$command_line"
+rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+"$py" "$here/bench_compare.py" "$out" --command "$command_line" --revision "$rev"

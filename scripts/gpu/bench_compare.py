@@ -30,7 +30,7 @@ and pass/fail against the targets:
 
 Pure standard library; runs anywhere the JSON files are.
 
-Usage: python3 bench_compare.py OUTDIR [--command "the command line"]
+Usage: python3 bench_compare.py OUTDIR [--command "the command line"] [--revision REV]
 """
 import argparse
 import json
@@ -189,6 +189,7 @@ def main(argv):
     p = argparse.ArgumentParser(description="compare halo-shell with the PyTorch baseline")
     p.add_argument("outdir")
     p.add_argument("--command", default="", help="the command line that produced OUTDIR (recorded)")
+    p.add_argument("--revision", default="", help="the source revision the binary was built from (recorded)")
     a = p.parse_args(argv)
     shapes = sorted(
         n for n in os.listdir(a.outdir)
@@ -198,6 +199,7 @@ def main(argv):
     reports = [shape_report(os.path.join(a.outdir, n), n) for n in shapes]
     report = {
         "command": a.command,
+        "revision": a.revision,
         "gpu": gpu_info(),
         "targets": {
             "tokens_per_s_ratio_min": TARGET_SPEEDUP,
