@@ -10,8 +10,8 @@
 // copy of tile t+1 overlaps the arithmetic on tile t. Products use mma.sync m16n8k16 (bf16 in, fp32
 // accumulate); operands come out of shared memory with ldmatrix (.trans for the products that
 // contract over the tile's rows), out of a row stride of HD + 8 elements so that the eight row
-// addresses of one ldmatrix fall in distinct banks. Softmax runs in the base-2 domain (exp2 of
-// scores pre-multiplied by scale * log2 e). Masks are applied only to tiles that cross a row's
+// addresses of one ldmatrix fall in distinct banks. Softmax runs in the base-2 domain (ex2 of
+// scores times scale * log2 e, one FFMA and one special-function op per probability). Masks are applied only to tiles that cross a row's
 // visible range. Probabilities and dS are rounded to bf16 before their product, as flash
 // attention does. dK and dV sum the query heads of their group in one warp: no atomics, so results
 // are deterministic.
@@ -36,8 +36,20 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// pack_bf16 rounds two floats to bf16 (nearest even, as f2bf) in one instruction: lo in the low
+// half.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ex2 is 2^x on the special-function unit (ex2(-inf) = 0); its error (2 ulp) is far below the
+// bf16 rounding the probabilities get before their products.
+__device__ __forceinline__ float ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -334,7 +346,7 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                        float a = s[mt][nt][e] * sl2, b = s[mt][nt][2 + e] * sl2;
+                        float a = s[mt][nt][e], b = s[mt][nt][2 + e];
                         if (!full) {
                             a = (j >= lo[mt][0] && j <= hi[mt][0]) ? a : NEG_INF;
                             b = (j >= lo[mt][1] && j <= hi[mt][1]) ? b : NEG_INF;
@@ -349,28 +361,31 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
                 mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
                 mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
                 mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                // m holds raw (unscaled) row maxima; p = 2^(s * sl2 - m * sl2) is one FFMA and
+                // one ex2. Rows that have seen nothing yet keep m = -inf: their base is 0, so
+                // ex2(-inf) = 0 and no NaN appears.
                 float n0 = fmaxf(m[mt][0], mx0), n1 = fmaxf(m[mt][1], mx1);
-                // Rows that have seen nothing yet keep n = -inf: use 0 as the exponent base so
-                // that exp2(-inf - 0) = 0 and no NaN appears.
-                float b0 = n0 == NEG_INF ? 0.f : n0, b1 = n1 == NEG_INF ? 0.f : n1;
-                float c0 = exp2f(m[mt][0] - b0), c1 = exp2f(m[mt][1] - b1);
+                float b0 = n0 == NEG_INF ? 0.f : n0 * sl2, b1 = n1 == NEG_INF ? 0.f : n1 * sl2;
+                float c0 = ex2(m[mt][0] * sl2 - b0), c1 = ex2(m[mt][1] * sl2 - b1);
                 l[mt][0] *= c0;
                 l[mt][1] *= c1;
 #pragma unroll
                 for (int nt = 0; nt < BK / 8; nt++) {
-                    s[mt][nt][0] = exp2f(s[mt][nt][0] - b0);
-                    s[mt][nt][1] = exp2f(s[mt][nt][1] - b0);
-                    s[mt][nt][2] = exp2f(s[mt][nt][2] - b1);
-                    s[mt][nt][3] = exp2f(s[mt][nt][3] - b1);
+                    s[mt][nt][0] = ex2(fmaf(s[mt][nt][0], sl2, -b0));
+                    s[mt][nt][1] = ex2(fmaf(s[mt][nt][1], sl2, -b0));
+                    s[mt][nt][2] = ex2(fmaf(s[mt][nt][2], sl2, -b1));
+                    s[mt][nt][3] = ex2(fmaf(s[mt][nt][3], sl2, -b1));
                     l[mt][0] += s[mt][nt][0] + s[mt][nt][1];
                     l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
                 }
                 m[mt][0] = n0;
                 m[mt][1] = n1;
+                if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {  // no row's max moved: skip
 #pragma unroll
-                for (int nt = 0; nt < HD / 8; nt++) {
-                    o[mt][nt][0] *= c0; o[mt][nt][1] *= c0;
-                    o[mt][nt][2] *= c1; o[mt][nt][3] *= c1;
+                    for (int nt = 0; nt < HD / 8; nt++) {
+                        o[mt][nt][0] *= c0; o[mt][nt][1] *= c0;
+                        o[mt][nt][2] *= c1; o[mt][nt][3] *= c1;
+                    }
                 }
             }
             unsigned vb = vbase + 2 * buf * BK * LDS;
@@ -415,8 +430,8 @@ __device__ void attn_fwd_mma_impl(bf16* out, float* lse, const bf16* q, const bf
             if (i1 < N) *(unsigned*)(out + i1 * qld + c) = pack_bf16(o[mt][nt][2] * inv1, o[mt][nt][3] * inv1);
         }
         if (lse && (lane & 3) == 0) {
-            if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? (m[mt][0] + log2f(l0)) * LN2 : NEG_INF;
-            if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? (m[mt][1] + log2f(l1)) * LN2 : NEG_INF;
+            if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? (m[mt][0] * sl2 + log2f(l0)) * LN2 : NEG_INF;
+            if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? (m[mt][1] * sl2 + log2f(l1)) * LN2 : NEG_INF;
         }
     }
 }
@@ -489,8 +504,8 @@ __device__ void attn_bwd_dq_mma_impl(bf16* dq, const bf16* q, const bf16* k, con
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                    float p0 = exp2f(s[nt][e] * sl2 - L0);
-                    float p1 = exp2f(s[nt][2 + e] * sl2 - L1);
+                    float p0 = ex2(fmaf(s[nt][e], sl2, -L0));
+                    float p1 = ex2(fmaf(s[nt][2 + e], sl2, -L1));
                     if (!full) {
                         p0 = (j >= lo0 && j <= hi0) ? p0 : 0.f;
                         p1 = (j >= lo1 && j <= hi1) ? p1 : 0.f;
@@ -591,8 +606,8 @@ __device__ void attn_bwd_dkv_mma_impl(bf16* dk, bf16* dv, const bf16* q, const b
                     int c = nt * 8 + (lane & 3) * 2 + e;
                     int i = i0 + c;
                     float L = Lb[c], Dv = Db[c];
-                    float p0 = exp2f(s[nt][e] * sl2 - L);
-                    float p1 = exp2f(s[nt][2 + e] * sl2 - L);
+                    float p0 = ex2(fmaf(s[nt][e], sl2, -L));
+                    float p1 = ex2(fmaf(s[nt][2 + e], sl2, -L));
                     if (!full) {
                         p0 = (i >= lo0 && i <= hi0) ? p0 : 0.f;
                         p1 = (i >= lo1 && i <= hi1) ? p1 : 0.f;
