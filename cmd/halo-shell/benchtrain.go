@@ -74,7 +74,7 @@ scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same wei
 	f.IntVar(&o.Warmup, "warmup", 3, "leading steps left out of the medians")
 	f.IntVar(&o.BatchSize, "batch", 4, "rows per optimizer step")
 	f.IntVar(&o.SeqLen, "seq-len", 4096, "longest row in tokens")
-	f.StringVar(&o.Optim, "optim", "adamw_bf16", "adamw_bf16 (bf16 weights and moments, stochastic rounding) or adamw_torch (fp32 master weights and moments)")
+	f.StringVar(&o.Optim, "optim", "adamw_bf16_nearest", "adamw_bf16_nearest (bf16 weights and moments rounded to nearest, as torch.optim.AdamW on bf16 parameters), adamw_bf16 (stochastic rounding) or adamw_torch (fp32 master weights and moments)")
 	f.BoolVar(&o.FP32, "fp32", false, "train fp32 weights (with --optim adamw_torch)")
 	f.Float64Var(&o.LR, "lr", 1e-4, "constant learning rate")
 	f.Float64Var(&o.Beta1, "beta1", 0.9, "AdamW beta1")

@@ -101,7 +101,7 @@ func TestBenchTrainOnCPU(t *testing.T) {
 		t.Fatalf("losses %v do not fall", r.Losses)
 	}
 	s := r.Settings
-	if s.Steps != 3 || s.Warmup != 1 || s.Optim != "adamw_bf16" || s.Beta2 != 0.95 || s.MaxGradNorm != 1 {
+	if s.Steps != 3 || s.Warmup != 1 || s.Optim != "adamw_bf16_nearest" || s.Beta2 != 0.95 || s.MaxGradNorm != 1 {
 		t.Fatalf("settings %+v", s)
 	}
 	if !(r.TokensPerS > 0 && r.MFU > 0 && r.Memory.Peak > 0) || !strings.Contains(r.FLOPsFormula, "6*N") || r.Breakdown.ByClassS["matmul"] <= 0 {

@@ -61,8 +61,9 @@ type Options struct {
 	BatchSize int
 	// SeqLen is the longest row in tokens (max_length). Default 4096.
 	SeqLen int
-	// Optim is adamw_bf16 (bf16 weights and moments, stochastic rounding; default) or
-	// adamw_torch (fp32 master weights and moments).
+	// Optim is adamw_bf16_nearest (bf16 weights and moments rounded to nearest, the rule of
+	// torch.optim.AdamW on bf16 parameters; default), adamw_bf16 (the same with stochastic
+	// rounding) or adamw_torch (fp32 master weights and moments).
 	Optim string
 	// FP32 trains fp32 weights instead of bf16 (with adamw_torch only).
 	FP32 bool
@@ -106,7 +107,7 @@ func (o *Options) defaults() {
 		o.SeqLen = 4096
 	}
 	if o.Optim == "" {
-		o.Optim = "adamw_bf16"
+		o.Optim = "adamw_bf16_nearest"
 	}
 	if o.LR == 0 {
 		o.LR = 1e-4
@@ -142,8 +143,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("bench: steps %d must be in [1, 1000000]", o.Steps)
 	case !(o.PeakTFLOPS > 0) || math.IsInf(o.PeakTFLOPS, 0):
 		return fmt.Errorf("bench: peak TFLOP/s %v must be a positive number", o.PeakTFLOPS)
-	case o.FP32 && o.Optim == "adamw_bf16":
-		return errors.New("bench: adamw_bf16 keeps bf16 weights: drop fp32, or use adamw_torch")
+	case o.FP32 && o.Optim != "adamw_torch":
+		return fmt.Errorf("bench: %s keeps bf16 weights: drop fp32, or use adamw_torch", o.Optim)
 	}
 	return nil
 }

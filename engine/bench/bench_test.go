@@ -158,7 +158,7 @@ func TestRunRefusesWhatItCannotMeasure(t *testing.T) {
 		{"no model", func(o *Options) { o.Model = "" }, "--model"},
 		{"missing model", func(o *Options) { o.Model = filepath.Join(t.TempDir(), "none") }, "model_name_or_path"},
 		{"no data", func(o *Options) { o.Data = "" }, "--data"},
-		{"bf16 optimizer on fp32", func(o *Options) { o.FP32 = true }, "adamw_bf16 keeps bf16 weights"},
+		{"bf16 optimizer on fp32", func(o *Options) { o.FP32 = true }, "keeps bf16 weights: drop fp32"},
 		{"unknown optimizer", func(o *Options) { o.Optim = "sgd" }, `"sgd" is not one of`},
 		{"bad peak", func(o *Options) { o.PeakTFLOPS = -1 }, "peak TFLOP/s"},
 	} {

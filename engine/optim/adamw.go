@@ -50,6 +50,10 @@ type Config struct {
 	Eps         float64
 	WeightDecay float64
 	Seed        uint64 // stochastic rounding stream (BF16 mode)
+	// Nearest makes BF16 mode round weights and moments to nearest even instead of
+	// stochastically: what torch.optim.AdamW does with bf16 parameters (updates smaller than
+	// half a bf16 unit are lost).
+	Nearest bool
 }
 
 func (c Config) withDefaults() Config {
@@ -214,7 +218,7 @@ func (o *AdamW) Step(lr, gradScale float64) error {
 			Param: s.p.Value, Grad: s.p.Grad, M: s.m, V: s.v,
 			LR: float32(lr), Beta1: float32(o.cfg.Beta1), Beta2: float32(o.cfg.Beta2), Eps: float32(o.cfg.Eps),
 			WeightDecay: float32(wd), GradScale: float32(gradScale), Step: step,
-			Stochastic: o.cfg.Mode == BF16, Seed: o.cfg.Seed, ParamIndex: uint32(i),
+			Stochastic: o.cfg.Mode == BF16 && !o.cfg.Nearest, Seed: o.cfg.Seed, ParamIndex: uint32(i),
 		}
 		FillPrecise(&a, lr, o.cfg.Beta1, o.cfg.Beta2, wd)
 		if !s.master.IsNil() {

@@ -245,16 +245,21 @@ func TestAdamWMasterWeightsForBF16Model(t *testing.T) {
 // returns the final weights.
 func runBF16(t *testing.T, b backend.Backend, mode Mode, seed uint64, n, steps int, lr float64) []float32 {
 	t.Helper()
+	return runBF16Config(t, b, Config{Mode: mode, Seed: seed}, n, steps, lr)
+}
+
+func runBF16Config(t *testing.T, b backend.Backend, cfg Config, n, steps int, lr float64) []float32 {
+	t.Helper()
 	p0, g := make([]float32, n), make([]float32, n)
 	for i := range p0 {
 		p0[i], g[i] = 1, 0.25
 	}
 	dt := tensor.BF16
-	if mode == MasterF32 {
+	if cfg.Mode == MasterF32 {
 		dt = tensor.F32
 	}
 	p := upload(t, b, p0, dt)
-	o, err := NewAdamW(b, []Param{{Name: "w", Value: p, Grad: upload(t, b, g, dt)}}, Config{Mode: mode, Seed: seed})
+	o, err := NewAdamW(b, []Param{{Name: "w", Value: p, Grad: upload(t, b, g, dt)}}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +308,32 @@ func TestAdamWBF16IsDeterministicAndTracksFP32InMean(t *testing.T) {
 	for i, v := range a1 {
 		if tensor.BF16ToF32(tensor.F32ToBF16(v)) != v {
 			t.Fatalf("weight %d = %v is not a bf16 value", i, v)
+		}
+	}
+}
+
+// TestAdamWBF16NearestLosesSmallUpdates checks the round-to-nearest variant (torch.optim.AdamW's
+// rule for bf16 parameters): an update far below half a bf16 unit of the weight is lost at every
+// step, so the weights stay exactly where they started, and the result does not depend on the
+// seed; a large enough update moves every weight by whole bf16 units.
+func TestAdamWBF16NearestLosesSmallUpdates(t *testing.T) {
+	b := newCPU(t)
+	const n, steps = 256, 20
+	small := runBF16Config(t, b, Config{Mode: BF16, Seed: 1, Nearest: true}, n, steps, 1e-3)
+	other := runBF16Config(t, b, Config{Mode: BF16, Seed: 2, Nearest: true}, n, steps, 1e-3)
+	for i := range small {
+		if small[i] != 1 || other[i] != 1 {
+			t.Fatalf("weight %d moved to %v (seed 1) / %v (seed 2): updates of 1e-3 are under half of bf16's 2^-7 at 1.0 and must be lost", i, small[i], other[i])
+		}
+	}
+	stochastic := runBF16Config(t, b, Config{Mode: BF16, Seed: 1}, n, steps, 1e-3)
+	if mean(stochastic) >= 1 {
+		t.Fatalf("stochastic rounding kept no update (mean %v): the two modes are not distinguished", mean(stochastic))
+	}
+	big := runBF16Config(t, b, Config{Mode: BF16, Nearest: true}, n, 1, 1e-2)
+	for i, v := range big {
+		if v != big[0] || v >= 1 || tensor.BF16ToF32(tensor.F32ToBF16(v)) != v {
+			t.Fatalf("weight %d = %v after an update of 1e-2: want one common bf16 value below 1", i, v)
 		}
 	}
 }

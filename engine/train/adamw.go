@@ -10,26 +10,20 @@ import (
 
 // newOptimizer builds AdamW over the model's parameters: weight decay only where the parameter
 // spec says Decay; adamw_torch keeps fp32 moments (and fp32 masters for bf16 weights),
-// adamw_bf16 keeps bf16 weights and moments with stochastic rounding seeded by seed.
+// adamw_bf16 keeps bf16 weights and moments with stochastic rounding seeded by seed, and
+// adamw_bf16_nearest the same rounded to nearest (torch.optim.AdamW on bf16 parameters).
 func newOptimizer(m *models.Model, c *Config) (*optim.AdamW, error) {
 	if err := m.EnableGrads(); err != nil {
 		return nil, err
 	}
-	mode := optim.MasterF32
-	if c.Optim.Optim == "adamw_bf16" {
-		if m.DType() != tensor.BF16 {
-			return nil, fmt.Errorf("train: optim adamw_bf16 needs bf16 parameters (bf16: true)")
-		}
-		mode = optim.BF16
+	if bf16Optim(c.Optim.Optim) && m.DType() != tensor.BF16 {
+		return nil, fmt.Errorf("train: optim %s needs bf16 parameters (bf16: true)", c.Optim.Optim)
 	}
 	params := make([]optim.Param, len(m.Specs))
 	for i, s := range m.Specs {
 		params[i] = optim.Param{Name: s.Name, Value: m.Params.Views[i], Grad: m.Grads.Views[i], NoDecay: !s.Decay}
 	}
-	o, err := optim.NewAdamW(m.Backend(), params, optim.Config{
-		Mode: mode, Beta1: c.Optim.AdamBeta1, Beta2: c.Optim.AdamBeta2, Eps: c.Optim.AdamEpsilon,
-		WeightDecay: c.Optim.WeightDecay, Seed: uint64(*c.Run.Seed),
-	})
+	o, err := optim.NewAdamW(m.Backend(), params, optimConfig(c))
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}

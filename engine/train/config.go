@@ -117,8 +117,9 @@ type BatchConfig struct {
 
 // OptimConfig sets the optimizer.
 type OptimConfig struct {
-	// Optim is adamw_torch (fp32 master weights and moments, default) or adamw_bf16 (bf16
-	// weights and moments with stochastic rounding).
+	// Optim is adamw_torch (fp32 master weights and moments, default), adamw_bf16 (bf16
+	// weights and moments with stochastic rounding) or adamw_bf16_nearest (bf16 weights and
+	// moments rounded to nearest, as torch.optim.AdamW does with bf16 parameters).
 	Optim string `yaml:"optim" json:"optim"`
 	// LearningRate is the peak learning rate. Default 5e-5.
 	LearningRate float64 `yaml:"learning_rate" json:"learning_rate"`
@@ -233,7 +234,7 @@ const (
 // Choices of the enumerated keys.
 var (
 	methods    = []string{MethodPretrain, MethodSFT}
-	optims     = []string{"adamw_torch", "adamw_bf16"}
+	optims     = []string{"adamw_torch", "adamw_bf16", "adamw_bf16_nearest"}
 	schedulers = []string{"linear", "cosine", "constant", "constant_with_warmup"}
 	devices    = []string{"auto", "cpu", "cuda"}
 )
@@ -517,8 +518,8 @@ func (c *Config) Validate() error {
 		bad("gradient_accumulation_steps", "%d micro-batches per step cannot be dealt over %d data-parallel ranks (devices %s / tensor %d / context %d): use a multiple of %d",
 			b.GradientAccumulationSteps, l.DP, d, l.TP, l.CP, l.DP)
 	}
-	if o.Optim == "adamw_bf16" && !r.BF16 {
-		bad("optim", "adamw_bf16 keeps bf16 weights: set bf16: true, or use adamw_torch")
+	if bf16Optim(o.Optim) && !r.BF16 {
+		bad("optim", "%s keeps bf16 weights: set bf16: true, or use adamw_torch", o.Optim)
 	}
 	g := c.GenerationEval
 	if g.MaxSamples < 0 {

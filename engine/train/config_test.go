@@ -84,6 +84,7 @@ func TestParseConfigRefusals(t *testing.T) {
 		{"missing output", strings.Replace(goodYAML, "output_dir: out\n", "", 1), nil, []string{"output_dir: name a directory"}},
 		{"method mismatch", goodYAML + "method: pretrain\n", nil, []string{"c.yaml:12:", `the file says "pretrain" but the command is`}},
 		{"bf16 optimizer needs bf16", goodYAML + "optim: adamw_bf16\n", nil, []string{"optim: adamw_bf16 keeps bf16 weights"}},
+		{"nearest bf16 optimizer needs bf16", goodYAML + "optim: adamw_bf16_nearest\n", nil, []string{"optim: adamw_bf16_nearest keeps bf16 weights"}},
 		{"eval without data", strings.Replace(goodYAML, "  eval_split: 0.1\n", "", 1) + "eval_steps: 10\n", nil,
 			[]string{"eval_steps: evaluation needs held-out data"}},
 		{"override unknown", goodYAML, []string{"--learning_rat=1"}, []string{"command line", `did you mean "learning_rate"?`}},

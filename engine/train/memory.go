@@ -101,7 +101,7 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	}
 	e.ParamBytes, e.GradBytes = e.Params*el, e.Params*el
 	switch {
-	case cfg.Optim.Optim == "adamw_bf16":
+	case bf16Optim(cfg.Optim.Optim):
 		e.OptimBytes = e.Params * 4
 	case cfg.Run.BF16:
 		e.OptimBytes = e.Params * 12

@@ -83,11 +83,16 @@ func checkLayout(d mesh.Devices, l mesh.Layout, shape mesh.ModelShape, accum int
 
 func optimConfig(c *Config) optim.Config {
 	mode := optim.MasterF32
-	if c.Optim.Optim == "adamw_bf16" {
+	if bf16Optim(c.Optim.Optim) {
 		mode = optim.BF16
 	}
 	return optim.Config{Mode: mode, Beta1: c.Optim.AdamBeta1, Beta2: c.Optim.AdamBeta2, Eps: c.Optim.AdamEpsilon,
-		WeightDecay: c.Optim.WeightDecay, Seed: uint64(*c.Run.Seed)}
+		WeightDecay: c.Optim.WeightDecay, Seed: uint64(*c.Run.Seed), Nearest: c.Optim.Optim == "adamw_bf16_nearest"}
+}
+
+// bf16Optim reports whether the optimizer keeps bf16 weights and moments.
+func bf16Optim(name string) bool {
+	return name == "adamw_bf16" || name == "adamw_bf16_nearest"
 }
 
 // planOptions opens one backend per device (simulated CPU devices, or the named GPUs, whose
@@ -439,7 +444,7 @@ func (c *Config) Workload() mesh.Workload {
 		Recompute: c.Run.GradientCheckpointing}
 	if c.Run.BF16 {
 		w.ParamBytes, w.OptimizerBytes = 2, 12
-		if c.Optim.Optim == "adamw_bf16" {
+		if bf16Optim(c.Optim.Optim) {
 			w.OptimizerBytes = 4
 		}
 	}

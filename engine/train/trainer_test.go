@@ -101,6 +101,7 @@ func TestResumeReproducesLossesExactly(t *testing.T) {
 		{"fp32 adamw_torch", tinyConfig, nil},
 		{"bf16 weights with fp32 masters", tinyConfig, []string{"--bf16=true"}},
 		{"adamw_bf16 stochastic rounding", tinyConfig, []string{"--bf16=true", "--optim=adamw_bf16"}},
+		{"adamw_bf16_nearest", tinyConfig, []string{"--bf16=true", "--optim=adamw_bf16_nearest"}},
 		{"qwen3_moe with expert balancing", tinyMoEConfig, []string{"--moe_balancing_rate=0.01", "--router_aux_loss_coef=0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

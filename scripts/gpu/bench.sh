@@ -29,7 +29,8 @@
 #   --beta1 X --beta2 X --eps X --weight-decay X   AdamW [0.9, 0.95, 1e-8, 0]
 #   --max-grad-norm X  gradient clipping, 0 for none [1.0]
 # and to halo-shell only:
-#   --optim NAME     adamw_bf16 or adamw_torch [adamw_bf16]
+#   --optim NAME     adamw_bf16_nearest (torch's update rule for bf16 weights), adamw_bf16 or
+#                    adamw_torch [adamw_bf16_nearest]
 #
 # Smoke run (about a minute): scripts/gpu/bench.sh /tmp/b --shapes qwen3-0.6b --steps 4 --seq-len 512 --layers 2
 # HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3).
@@ -38,7 +39,7 @@ out=${1:?usage: bench.sh OUTDIR [--shapes LIST] [--steps N] [--warmup N] [--batc
 shift
 command_line="scripts/gpu/bench.sh $out $*"
 shapes=qwen3-0.6b,llama-3.2-1b
-steps=20 warmup=3 batch=4 seqlen=4096 layers=0 lr=1e-4 gradnorm=1.0 optim=adamw_bf16
+steps=20 warmup=3 batch=4 seqlen=4096 layers=0 lr=1e-4 gradnorm=1.0 optim=adamw_bf16_nearest
 beta1=0.9 beta2=0.95 eps=1e-8 wd=0
 while [ $# -gt 0 ]; do
 	case $1 in

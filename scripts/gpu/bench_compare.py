@@ -19,8 +19,11 @@ and pass/fail against the targets:
            - early steps: |ours - torch| <= 1% of torch's loss over steps 1-5, where the updates
              of both are the same AdamW on the same gradients (a wrong gradient, learning rate
              or clipping shows here);
-           - the whole curve: ours <= torch * 1.02 at every step, and both fall (by >= 1 nat or
-             more than 5% of the first loss). The bound is one-sided on purpose: torch's fused
+           - the whole curve, with halo-shell's adamw_bf16_nearest (the default here: bf16
+             weights and moments rounded to nearest, torch.optim.AdamW's rule for bf16
+             parameters): |ours - torch| <= 2% of torch at every step, and both fall (by >= 1
+             nat or more than 5% of the first loss). With adamw_bf16 the bound is one-sided
+             (ours <= torch * 1.02): torch's fused
              AdamW on bf16 parameters rounds every update to the nearest bf16, so updates
              smaller than half a unit in the last place of a weight (~6e-5 for |w| ~ 0.016) are
              lost, while halo-shell's adamw_bf16 rounds stochastically (unbiased) and keeps
@@ -47,11 +50,11 @@ LOSS_EARLY_REL = 0.01
 LOSS_ABOVE_REL = 0.02
 TOLERANCE_NOTE = (
     "forward parity |ours - torch| <= %.2f nats at step 1; |ours - torch| <= %.0f%% of torch over steps 1-%d; "
-    "ours <= torch * %.2f at every step and both curves fall (>= 1 nat or > 5%% of the first loss). "
-    "One-sided after the early steps because torch's fused AdamW rounds bf16 parameter updates to nearest "
-    "(updates under half an ulp are lost) while halo-shell's adamw_bf16 rounds stochastically, so halo-shell "
-    "may learn faster but must not learn slower"
-    % (LOSS_STEP1_ABS, 100 * LOSS_EARLY_REL, LOSS_EARLY_STEPS, 1 + LOSS_ABOVE_REL)
+    "|ours - torch| <= %.0f%% of torch at every step when halo-shell uses adamw_bf16_nearest (torch's update rule "
+    "for bf16 parameters), else ours <= torch * %.2f at every step (halo-shell's adamw_bf16 rounds stochastically "
+    "and keeps updates under half an ulp that torch's fused AdamW loses, so it may learn faster but must not learn "
+    "slower); both curves fall (>= 1 nat or > 5%% of the first loss)"
+    % (LOSS_STEP1_ABS, 100 * LOSS_EARLY_REL, LOSS_EARLY_STEPS, 100 * LOSS_ABOVE_REL, 1 + LOSS_ABOVE_REL)
 )
 
 
@@ -91,7 +94,7 @@ def falls(losses):
     return drop >= 1.0 or drop > 0.05 * abs(losses[0])
 
 
-def compare_losses(ours, torch):
+def compare_losses(ours, torch, same_rule):
     n = min(len(ours), len(torch))
     diff = [ours[i] - torch[i] for i in range(n)]
     abs_d = [abs(d) for d in diff]
@@ -103,7 +106,10 @@ def compare_losses(ours, torch):
         "finite": finite,
         "step1_forward": n > 0 and abs_d[0] <= LOSS_STEP1_ABS,
         "early_steps": bool(early) and max(early) <= LOSS_EARLY_REL,
-        "never_above": n > 0 and all(ours[i] <= torch[i] * (1 + LOSS_ABOVE_REL) for i in range(n)),
+        # Same update rule as torch (adamw_bf16_nearest): the curves must agree both ways.
+        # Stochastic rounding (adamw_bf16): ours may fall faster but never sit above.
+        "whole_curve": n > 0 and (max(rel_d) <= LOSS_ABOVE_REL if same_rule
+                                  else all(ours[i] <= torch[i] * (1 + LOSS_ABOVE_REL) for i in range(n))),
         "ours_falls": falls(ours),
         "torch_falls": falls(torch),
     }
@@ -166,7 +172,9 @@ def shape_report(d, name):
             r["warning"] = "parameter counts differ: torch %d, halo-shell %d" % (t["model"]["params"], h["model"]["params"])
         speed = h["tokens_per_s"] / t["tokens_per_s"]
         mem = h["memory"]["peak_allocated_gib"] / t["memory"]["peak_allocated_gib"]
-        loss = compare_losses(h["losses"], t["losses"])
+        same_rule = (h.get("settings") or {}).get("optim") == "adamw_bf16_nearest"
+        loss = compare_losses(h["losses"], t["losses"], same_rule)
+        loss["same_update_rule_as_torch"] = same_rule
         r["tokens_per_s_ratio"] = speed
         r["peak_memory_ratio"] = mem
         r["loss"] = loss
