@@ -112,6 +112,21 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 	return tensor.New(buf, 0, dt, shape...)
 }
 
+// allocScratch is Alloc without the zero fill, for buffers the next operation overwrites.
+func (b *Backend) allocScratch(dt tensor.DType, shape ...int) (T, error) {
+	s := tensor.Shape(shape)
+	if err := s.Check(); err != nil {
+		return T{}, fmt.Errorf("cuda: scratch %s%v: %w", dt, shape, err)
+	}
+	n := max(uint64(s.Numel())*uint64(dt.Size()), 1)
+	buf, err := b.d.Alloc(n)
+	if err != nil {
+		return T{}, fmt.Errorf("cuda: scratch %s%v: %w", dt, shape, err)
+	}
+	b.i32.invalidate(buf.ptr, buf.bytes)
+	return tensor.New(buf, 0, dt, shape...)
+}
+
 // Free releases a tensor returned by Alloc.
 func (b *Backend) Free(t T) error {
 	if t.IsNil() {
@@ -324,6 +339,25 @@ func (b *Backend) readFlagOnThread() (int32, error) {
 	return v, err
 }
 
+// vec8 says whether a kernel may move n bf16 elements 8 at a time: every tensor is bf16, n is a
+// multiple of 8 and every address is 16-byte aligned.
+func vec8(n int64, codes []int32, ptrs ...uintptr) bool {
+	if n%8 != 0 {
+		return false
+	}
+	for _, c := range codes {
+		if c != int32(tensor.BF16) {
+			return false
+		}
+	}
+	for _, p := range ptrs {
+		if p%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // ---- elementwise ----
 
 // Fill sets every element of t to v.
@@ -374,6 +408,9 @@ func (b *Backend) Add(out, x, y T) error {
 		return err
 	}
 	n := int64(out.Numel())
+	if vec8(n, []int32{co, ca, cb}, po, pa, pb) {
+		return b.launch1D("elementwise.cu", "ew_add_bf16x8", n/8, po, pa, pb, n/8)
+	}
 	return b.launch1D("elementwise.cu", "ew_add", n, po, co, pa, ca, pb, cb, n)
 }
 
@@ -708,7 +745,7 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 	if g.Beta != 0 && g.C.DType() == tensor.BF16 {
 		// cuBLASLt may round the product to bf16 before adding Beta*C; the contract rounds once.
 		// Compute the product in fp32 and fold it in with one rounding.
-		tmp, err := b.Alloc(tensor.F32, g.M, g.N)
+		tmp, err := b.allocScratch(tensor.F32, g.M, g.N) // the product overwrites it
 		if err != nil {
 			return err
 		}
@@ -774,7 +811,7 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	// The bias is added to the fp32 product before the single rounding to out's dtype.
 	acc := out
 	if out.DType() != tensor.F32 {
-		if acc, err = b.Alloc(tensor.F32, M, O); err != nil {
+		if acc, err = b.allocScratch(tensor.F32, M, O); err != nil { // the product overwrites it
 			return err
 		}
 		defer b.Free(acc)
@@ -861,6 +898,39 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 
 // ---- normalisation ----
 
+// normVecRowsPerBlock is how many rows a 256-thread block of the vectorised bf16 RMSNorm
+// kernels covers for rows of C elements (rmsnorm.cu: L = min(32, C/8) lanes per row), or 0 when
+// they do not apply (C not a multiple of 8, or C/8 below 32 and not dividing it).
+func normVecRowsPerBlock(C int) int {
+	if C <= 0 || C%8 != 0 {
+		return 0
+	}
+	c8 := C / 8
+	if c8 >= 32 {
+		return 8
+	}
+	if 32%c8 != 0 {
+		return 0
+	}
+	return 8 * (32 / c8)
+}
+
+// normBwdBlocksPerSM bounds the vectorised backward's grid (blocks per SM); more blocks mean
+// fewer rows per warp but more dW partial rows to add up.
+var normBwdBlocksPerSM = 2
+
+// normBwdVecKernel names the vectorised backward for rows of C elements: its registers hold at
+// most 4 (or 8) vectors of 8 per lane.
+func normBwdVecKernel(C int) string {
+	switch {
+	case C <= 1024:
+		return "rmsnorm_bwd_bf16x8_c1024"
+	case C <= 2048:
+		return "rmsnorm_bwd_bf16x8_c2048"
+	}
+	return ""
+}
+
 func normBlock(C int) uint32 {
 	switch {
 	case C >= 1024:
@@ -897,6 +967,12 @@ func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
 	}
 	if N == 0 {
 		return nil
+	}
+	if rpb := normVecRowsPerBlock(C); rpb > 0 && vec8(int64(C), []int32{co, cx, cw}, po, px, pw) {
+		args := packArgs(po, pr, px, pw, int64(N), int32(C), eps)
+		return b.d.Do(func() error {
+			return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_fwd_bf16x8", [3]uint32{uint32((N + rpb - 1) / rpb), 1, 1}, [3]uint32{256, 1, 1}, 0, args...)
+		})
 	}
 	args := packArgs(po, co, pr, px, cx, pw, cw, int32(C), eps)
 	return b.d.Do(func() error {
@@ -962,6 +1038,12 @@ func (b *Backend) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float
 	if N == 0 {
 		return nil
 	}
+	if rpb := normVecRowsPerBlock(C); rpb > 0 && vec8(int64(C), []int32{cro, co, cx, cres, cw}, pro, po, px, pres, pw) {
+		args := packArgs(pro, po, pr, px, pres, pw, int64(N), int32(C), eps)
+		return b.d.Do(func() error {
+			return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd_bf16x8", [3]uint32{uint32((N + rpb - 1) / rpb), 1, 1}, [3]uint32{256, 1, 1}, 0, args...)
+		})
+	}
 	args := packArgs(pro, cro, po, co, pr, px, cx, pres, cres, pw, cw, int32(C), eps)
 	return b.d.Do(func() error {
 		return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd", [3]uint32{uint32(N), 1, 1}, [3]uint32{normBlock(C), 1, 1}, 0, args...)
@@ -1015,9 +1097,45 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 	if a.AccumulateDX {
 		acc = 1
 	}
+	shared := uint32(0)
+	if pdw != 0 {
+		shared = uint32(4 * C)
+	}
+	rpb, kernel := normVecRowsPerBlock(C), normBwdVecKernel(C)
+	vec := rpb > 0 && kernel != "" && vec8(int64(C), []int32{cdx, cdy, cx, cw}, pdx, pdy, px, pw)
 	return b.d.Do(func() error {
+		if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
+			return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)
+		}
+		if vec {
+			// Each block stores its dW partial sums as one row of part [blocks, C]; one more
+			// kernel adds the rows into dW.
+			blocks := min((N+rpb-1)/rpb, b.d.info.SMs*normBwdBlocksPerSM)
+			var part uintptr
+			vshared := uint32(0)
+			if pdw != 0 {
+				vshared = uint32(4 * 8 * max(C, 256)) // every row group's partial sums
+				if int(vshared) > b.d.info.MaxSharedPerBlock {
+					return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, vshared, b.d.info.MaxSharedPerBlock)
+				}
+				buf, err := b.d.allocOnThread(uint64(4 * C * blocks))
+				if err != nil {
+					return err
+				}
+				defer b.d.alloc.Free(buf.ptr)
+				part = buf.ptr
+			}
+			args := packArgs(pdx, part, pdy, px, pw, pr, int64(N), int32(C), acc)
+			if err := b.d.launchOnThread("rmsnorm.cu", kernel, [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, vshared, args...); err != nil {
+				return err
+			}
+			if pdw == 0 {
+				return nil
+			}
+			return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_dw_reduce", [3]uint32{uint32((C + 31) / 32), 1, 1}, [3]uint32{256, 1, 1}, 0,
+				packArgs(pdw, cdw, part, int32(blocks), int32(C))...)
+		}
 		var accBuf uintptr
-		shared := uint32(0)
 		if pdw != 0 {
 			buf, err := b.d.allocOnThread(uint64(4 * C))
 			if err != nil {
@@ -1025,13 +1143,9 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 			}
 			defer b.d.alloc.Free(buf.ptr)
 			accBuf = buf.ptr
-			shared = uint32(4 * C)
 			if err := b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(accBuf, 0, uint64(4*C), b.d.stream)); err != nil {
 				return err
 			}
-		}
-		if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
-			return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)
 		}
 		blocks := uint32(min(N, b.d.info.SMs*4))
 		args := packArgs(pdx, cdx, accBuf, pdy, cdy, px, cx, pw, cw, pr, int64(N), int32(C), acc)
@@ -1096,6 +1210,9 @@ func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) er
 	if s == 0 {
 		s = 1
 	}
+	if R == HD && (HD/2)%4 == 0 && co == int32(tensor.BF16) && cx == int32(tensor.BF16) && po%8 == 0 && px%8 == 0 {
+		return b.launch1D("rope.cu", "rope_bf16x4", int64(N)*int64(HD/8), po, px, pp, pf, int64(N), int32(H), int32(HD), s, sign)
+	}
 	total := int64(N) * int64(H) * int64(HD-R/2)
 	return b.launch1D("rope.cu", "rope", total, po, co, px, cx, pp, pf, int64(N), int32(H), int32(HD), int32(R), s, sign)
 }
@@ -1121,6 +1238,9 @@ func (b *Backend) SwiGLU(out, gate, up T) error {
 		return err
 	}
 	n := int64(out.Numel())
+	if vec8(n, []int32{co, cg, cu}, po, pg, pu) {
+		return b.launch1D("swiglu.cu", "swiglu_fwd_bf16x8", n/8, po, pg, pu, n/8)
+	}
 	return b.launch1D("swiglu.cu", "swiglu_fwd", n, po, co, pg, cg, pu, cu, n)
 }
 
@@ -1152,6 +1272,9 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 	pu, cu, err := b.fptr(op, "up", up)
 	if err != nil {
 		return err
+	}
+	if vec8(n, []int32{cdg, cdu, cdo, cg, cu}, pdg, pdu, pdo, pg, pu) {
+		return b.launch1D("swiglu.cu", "swiglu_bwd_bf16x8", n/8, pdg, pdu, pdo, pg, pu, n/8)
 	}
 	return b.launch1D("swiglu.cu", "swiglu_bwd", n, pdg, cdg, pdu, cdu, pdo, cdo, pg, cg, pu, cu, n)
 }
@@ -1336,21 +1459,33 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			return err
 		}
 	}
-	var dWeight2D T
+	var dWeight2D, dWeightAcc T
+	foldDWeight := false
 	if !a.DWeight.IsNil() {
 		if dWeight2D, err = a.DWeight.Reshape(V, C); err != nil {
 			return err
 		}
+		dWeightAcc = dWeight2D
+		if a.DWeight.DType() != tensor.F32 {
+			// Chunks accumulate into an fp32 [V, C] buffer that is added to DWeight once at the
+			// end: one rounding to DWeight's dtype, and no per-chunk conversion pass.
+			if dWeightAcc, err = b.Alloc(tensor.F32, V, C); err != nil {
+				return err
+			}
+			defer b.Free(dWeightAcc)
+			foldDWeight = true
+		}
 	}
-	// Chunk buffers: fp32 logits, and (backward) dlogits in the weight's dtype.
-	logits, err := b.Alloc(tensor.F32, rows, V)
+	// Chunk buffers, overwritten by each chunk: fp32 logits, and (backward) dlogits in the
+	// weight's dtype.
+	logits, err := b.allocScratch(tensor.F32, rows, V)
 	if err != nil {
 		return err
 	}
 	defer b.Free(logits)
 	dlogits := logits
 	if backward && a.Weight.DType() != tensor.F32 {
-		if dlogits, err = b.Alloc(a.Weight.DType(), rows, V); err != nil {
+		if dlogits, err = b.allocScratch(a.Weight.DType(), rows, V); err != nil {
 			return err
 		}
 		defer b.Free(dlogits)
@@ -1392,10 +1527,21 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 				return err
 			}
 		}
-		if !dWeight2D.IsNil() {
-			if err := b.gemm(op, gemmCall{A: dl, B: h, C: dWeight2D, M: V, N: C, K: r, TransA: true, Alpha: 1, Beta: 1}); err != nil {
+		if !dWeightAcc.IsNil() {
+			if err := b.gemm(op, gemmCall{A: dl, B: h, C: dWeightAcc, M: V, N: C, K: r, TransA: true, Alpha: 1, Beta: 1}); err != nil {
 				return err
 			}
+		}
+	}
+	if foldDWeight {
+		pdw, cdw, err := b.fptr(op, "DWeight", dWeight2D)
+		if err != nil {
+			return err
+		}
+		pacc, _ := b.ptr(op, "dWeightAcc", dWeightAcc)
+		n := int64(V) * int64(C)
+		if err := b.launch1D("elementwise.cu", "ew_axpby", n, pdw, cdw, float32(1), float32(1), pacc, int32(tensor.F32), n); err != nil {
+			return err
 		}
 	}
 	if check == i32Valid {

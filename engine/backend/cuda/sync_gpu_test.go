@@ -509,6 +509,18 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		t.Fatal(err)
 	}
 	rope := backend.RoPEArgs{Positions: pos, InvFreq: inv, Heads: H, HeadDim: HD}
+	// Qwen3's per-head q norm: rows of HD.
+	qw := randomTensor(t, g, 8, tensor.BF16, 1, HD)
+	qrstd, _ := g.Alloc(tensor.F32, N*H)
+	qdw, _ := g.Alloc(tensor.BF16, HD)
+	defer g.Free(qdw)
+	defer g.Free(qw)
+	defer g.Free(qrstd)
+	qh, _ := q.Reshape(N*H, HD)
+	qoh, _ := qo.Reshape(N*H, HD)
+	if err := g.RMSNorm(qoh, qrstd, qh, qw, 1e-6); err != nil {
+		t.Fatal(err)
+	}
 	const e = 2 // bytes per bf16
 	kernels := []struct {
 		name  string
@@ -520,8 +532,13 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		{"rmsnorm_bwd", e * 3 * N * C, func() error {
 			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx, DW: dw, DY: out, X: x, W: w, RStd: rstd})
 		}},
+		{"qnorm_fwd", e * 2 * N * H * HD, func() error { return g.RMSNorm(qoh, qrstd, qh, qw, 1e-6) }},
+		{"qnorm_bwd", e * 3 * N * H * HD, func() error {
+			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: qoh, DW: qdw, DY: qh, X: qh, W: qw, RStd: qrstd})
+		}},
 		{"rope_fwd_q", e * 2 * N * H * HD, func() error { return g.RoPE(qo, q, rope) }},
 		{"rope_bwd_q", e * 2 * N * H * HD, func() error { return g.RoPEBackward(qo, q, rope) }},
+		{"add_residual", e * 3 * N * C, func() error { return g.Add(out, x, res) }},
 		{"swiglu_fwd", e * 3 * N * F, func() error { return g.SwiGLU(mo, gate, up) }},
 		{"swiglu_bwd", e * 5 * N * F, func() error { return g.SwiGLUBackward(dg, du, mo, gate, up) }},
 	}
@@ -532,7 +549,89 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		values[k.name+"_gbps"] = k.bytes / (ms * 1e-3) / 1e9
 		t.Logf("%s: %.3f ms, %.0f GB/s", k.name, ms, k.bytes/(ms*1e-3)/1e9)
 	}
+	// The backward's grid bound, swept: the figure behind normBwdBlocksPerSM.
+	defer func(v int) { normBwdBlocksPerSM = v }(normBwdBlocksPerSM)
+	for _, bps := range []int{1, 2, 4, 8, 16} {
+		normBwdBlocksPerSM = bps
+		ms := timeIt(t, g, 10, func() error {
+			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx, DW: dw, DY: out, X: x, W: w, RStd: rstd})
+		})
+		values[fmt.Sprintf("rmsnorm_bwd_blocks_per_sm_%d_ms", bps)] = ms
+		qms := timeIt(t, g, 10, func() error {
+			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: qoh, DW: qdw, DY: qh, X: qh, W: qw, RStd: qrstd})
+		})
+		values[fmt.Sprintf("qnorm_bwd_blocks_per_sm_%d_ms", bps)] = qms
+		t.Logf("rmsnorm_bwd with %d blocks/SM: C=%d %.3f ms, C=%d %.3f ms", bps, C, ms, HD, qms)
+	}
 	values["h200_hbm_gbps_datasheet"] = 4800
 	report.addBench(benchmark{Name: "memory_bound_kernels_qwen3_0.6b_16384_tokens", Values: values,
 		Note: "bf16; bandwidth counts each [N,*] input read once and each output written once (weights, rstd and positions not counted); median of 5 x 10 calls with CUDA events"})
+}
+
+// TestGPURMSNormVectorised covers the vectorised bf16 kernels' row layouts: several rows per
+// warp (C=64, 128), one warp per row (1024, 2048), a width they refuse (C=24, C/8 does not divide
+// 32) and one beyond the backward's registers (2056), with row counts that leave a block part
+// empty; the fused add, and the backward's accumulate form (dX +=) into bf16 gradients.
+func TestGPURMSNormVectorised(t *testing.T) {
+	g := gpu(t)
+	for _, s := range []struct{ N, C int }{{1029, 128}, {50, 64}, {13, 24}, {77, 1024}, {40, 2048}, {9, 2056}} {
+		rel := 2 * bf16Eps
+		fwd := opCase{
+			Name: fmt.Sprintf("rmsnorm_and_add_rmsnorm/bf16/N%d_C%d", s.N, s.C),
+			Tensors: []tspec{
+				{Name: "x", DType: tensor.BF16, Shape: []int{s.N, s.C}, Gen: gen{Scale: 2}},
+				{Name: "residual", DType: tensor.BF16, Shape: []int{s.N, s.C}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 1e-3, Rel: rel},
+				{Name: "w", DType: tensor.BF16, Shape: []int{s.C}, Gen: gen{Scale: 1}},
+				{Name: "out", DType: tensor.BF16, Shape: []int{s.N, s.C}, Out: true, AbsFrac: 1e-3, Rel: rel},
+				{Name: "rstd", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: 1e-5, Rel: 1e-5},
+				{Name: "out2", DType: tensor.BF16, Shape: []int{s.N, s.C}, Out: true, AbsFrac: 1e-3, Rel: rel},
+				{Name: "rstd2", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: 1e-5, Rel: 1e-5},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				if err := be.RMSNorm(ts["out2"], ts["rstd2"], ts["x"], ts["w"], 1e-6); err != nil {
+					return err
+				}
+				return be.(backend.AddRMSNormer).AddRMSNorm(ts["residual"], ts["out"], ts["rstd"], ts["x"], ts["residual"], ts["w"], 1e-5)
+			},
+		}
+		t.Run(fwd.Name, func(t *testing.T) { runCase(t, g, fwd) })
+		c := opCase{
+			Name: fmt.Sprintf("rmsnorm_backward_accumulate/bf16/N%d_C%d", s.N, s.C),
+			Tensors: []tspec{
+				{Name: "x", DType: tensor.BF16, Shape: []int{s.N, s.C}, Gen: gen{Scale: 2}},
+				{Name: "w", DType: tensor.BF16, Shape: []int{s.C}, Gen: gen{Scale: 1}},
+				{Name: "dy", DType: tensor.BF16, Shape: []int{s.N, s.C}, Gen: gen{Scale: 1}},
+				{Name: "out", DType: tensor.BF16, Shape: []int{s.N, s.C}},
+				{Name: "rstd", DType: tensor.F32, Shape: []int{s.N}},
+				{Name: "dx", DType: tensor.BF16, Shape: []int{s.N, s.C}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 2e-3, Rel: rel},
+				{Name: "dw", DType: tensor.BF16, Shape: []int{s.C}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 1e-3, Rel: rel},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				if err := be.RMSNorm(ts["out"], ts["rstd"], ts["x"], ts["w"], 1e-6); err != nil {
+					return err
+				}
+				return be.RMSNormBackward(backend.RMSNormBackwardArgs{DX: ts["dx"], DW: ts["dw"], DY: ts["dy"], X: ts["x"], W: ts["w"], RStd: ts["rstd"], AccumulateDX: true})
+			},
+		}
+		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+	}
+}
+
+// TestGPUAddVectorised covers Add's 8-wide bf16 path, in place (out aliases a) and into a view
+// whose start is 16-byte aligned, next to the scalar path for a length that is not a multiple of 8.
+func TestGPUAddVectorised(t *testing.T) {
+	g := gpu(t)
+	for _, n := range []int{16384, 16385} {
+		c := opCase{
+			Name: fmt.Sprintf("add_in_place/bf16/n%d", n),
+			Tensors: []tspec{
+				{Name: "a", DType: tensor.BF16, Shape: []int{n}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 0, Rel: bf16Eps},
+				{Name: "b", DType: tensor.BF16, Shape: []int{n}, Gen: gen{Scale: 1}},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				return be.Add(ts["a"], ts["a"], ts["b"])
+			},
+		}
+		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+	}
 }

@@ -61,3 +61,20 @@ extern "C" __global__ void sum_squares(double* out, const void* x, int dt, long 
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
 }
+
+// ew_add_bf16x8 is ew_add for bf16 out, a, b with 8 elements per 16-byte access (n8 = n / 8
+// vectors, 16-byte aligned); same arithmetic.
+struct alignas(16) ew_bf8 { unsigned int u[4]; };
+
+__device__ __forceinline__ float ew_lo(unsigned int u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float ew_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
+
+extern "C" __global__ void ew_add_bf16x8(ew_bf8* out, const ew_bf8* a, const ew_bf8* b, long long n8) {
+    GRID_STRIDE(i, n8) {
+        ew_bf8 x = a[i], y = b[i], o;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            o.u[k] = (unsigned int)f2bf(ew_lo(x.u[k]) + ew_lo(y.u[k])) | ((unsigned int)f2bf(ew_hi(x.u[k]) + ew_hi(y.u[k])) << 16);
+        out[i] = o;
+    }
+}

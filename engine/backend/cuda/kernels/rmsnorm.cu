@@ -81,3 +81,205 @@ extern "C" __global__ void rmsnorm_bwd(void* dx, int dtdx, float* dw_acc, const 
         for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(&dw_acc[c], dw_s[c]);
     }
 }
+
+// ---- vectorised bf16 forms ----
+//
+// For bf16 tensors with C a multiple of 8 and 16-byte aligned rows: 8 elements per 16-byte
+// access, each row handled by L lanes of one warp, L = min(32, C/8) (so C/8 is 32 or more, or
+// divides 32: rows of 128 take 16 lanes, two rows per warp), the row reduction a shuffle within
+// those lanes. The arithmetic is the scalar kernels' (same expressions); only the summation
+// order of the row reductions differs. The backward keeps each lane's weight-gradient partial
+// sums in registers, MAXV vectors of 8 per lane: C <= 8 * L * MAXV.
+
+struct alignas(16) rn_bf8 { unsigned int u[4]; };
+
+__device__ __forceinline__ float rn_at(const rn_bf8& v, int j) {
+    unsigned int w = v.u[j >> 1];
+    return (j & 1) ? __uint_as_float(w & 0xffff0000u) : __uint_as_float(w << 16);
+}
+
+__device__ __forceinline__ unsigned int rn_pack(float lo, float hi) {
+    return (unsigned int)f2bf(lo) | ((unsigned int)f2bf(hi) << 16);
+}
+
+// rn_sum adds v over the L lanes (a power of two dividing 32, aligned groups) holding one row.
+__device__ __forceinline__ float rn_sum(float v, int L) {
+    for (int o = L >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// rn_lanes is L for a row of C8 vectors.
+__device__ __forceinline__ int rn_lanes(int C8) { return C8 < 32 ? C8 : 32; }
+
+// out, x [N, C]; w [C]; rstd [N]. Block: 256 threads, 8 * (32 / L) rows.
+extern "C" __global__ void rmsnorm_fwd_bf16x8(rn_bf8* out, float* rstd, const rn_bf8* x, const rn_bf8* w,
+                                              long long N, int C, float eps) {
+    int C8 = C >> 3, L = rn_lanes(C8), lane = threadIdx.x & 31, l = lane % L;
+    long long row = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / L) + lane / L;
+    bool valid = row < N;
+    long long base = valid ? row * C8 : 0;
+    float ss = 0.f;
+    if (valid)
+        for (int k = l; k < C8; k += L) {
+            rn_bf8 v = x[base + k];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float f = rn_at(v, j);
+                ss += f * f;
+            }
+        }
+    ss = rn_sum(ss, L);  // every lane takes part
+    if (!valid) return;
+    float r = rsqrtf(ss / (float)C + eps);
+    if (l == 0) rstd[row] = r;
+    for (int k = l; k < C8; k += L) {
+        rn_bf8 v = x[base + k], wv = w[k], o;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            o.u[j] = rn_pack(rn_at(v, 2 * j) * r * rn_at(wv, 2 * j), rn_at(v, 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
+        out[base + k] = o;
+    }
+}
+
+// resid_out [N, C] = x + residual (rounded; may alias residual), then the forward on it.
+extern "C" __global__ void add_rmsnorm_fwd_bf16x8(rn_bf8* resid_out, rn_bf8* out, float* rstd, const rn_bf8* x,
+                                                  const rn_bf8* residual, const rn_bf8* w, long long N, int C,
+                                                  float eps) {
+    int C8 = C >> 3, L = rn_lanes(C8), lane = threadIdx.x & 31, l = lane % L;
+    long long row = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / L) + lane / L;
+    bool valid = row < N;
+    long long base = valid ? row * C8 : 0;
+    float ss = 0.f;
+    if (valid)
+        for (int k = l; k < C8; k += L) {
+            rn_bf8 a = x[base + k], b = residual[base + k], h;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                h.u[j] = rn_pack(rn_at(a, 2 * j) + rn_at(b, 2 * j), rn_at(a, 2 * j + 1) + rn_at(b, 2 * j + 1));
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float f = rn_at(h, j);  // the rounded value, as the unfused Add gives
+                ss += f * f;
+            }
+            resid_out[base + k] = h;
+        }
+    ss = rn_sum(ss, L);
+    if (!valid) return;
+    float r = rsqrtf(ss / (float)C + eps);
+    if (l == 0) rstd[row] = r;
+    for (int k = l; k < C8; k += L) {
+        rn_bf8 v = resid_out[base + k], wv = w[k], o;  // this lane's own stores above
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            o.u[j] = rn_pack(rn_at(v, 2 * j) * r * rn_at(wv, 2 * j), rn_at(v, 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
+        out[base + k] = o;
+    }
+}
+
+// Row groups stride over the rows. Each lane keeps its columns' dw partial sums in registers; at
+// the end every row group (8 warps x 32/L groups = G) stores them in dynamic shared memory
+// [G, C] (G*C = 8 * max(C, 256) floats), the block adds the G rows in order and stores the sum
+// (=) as row blockIdx.x of dw_part [gridDim.x, C], which rmsnorm_dw_reduce adds up: no atomics,
+// so dw is deterministic. dw_part is null when no weight gradient is wanted. C <= 8 * L * MAXV.
+template <int MAXV>
+__device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
+                                                const rn_bf8* w, const float* rstd, long long N, int C,
+                                                int accumulate) {
+    extern __shared__ float dw_s[];
+    int C8 = C >> 3, L = rn_lanes(C8), lane = threadIdx.x & 31, l = lane % L, R = 32 / L;
+    float acc[MAXV][8];
+#pragma unroll
+    for (int i = 0; i < MAXV; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+    long long first = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+    long long stride = (long long)gridDim.x * (blockDim.x >> 5) * R;
+    for (long long r0 = first; r0 < N; r0 += stride) {  // uniform across the warp
+        long long row = r0 + lane / L;
+        bool valid = row < N;
+        long long base = row * C8;
+        float r = valid ? rstd[row] : 0.f;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            int k = l + L * i;
+            if (valid && k < C8) {
+                rn_bf8 xv = x[base + k], dv = dy[base + k], wv = w[k];
+#pragma unroll
+                for (int j = 0; j < 8; j++) dot += rn_at(wv, j) * rn_at(dv, j) * (rn_at(xv, j) * r);
+            }
+        }
+        dot = rn_sum(dot, L) / (float)C;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            int k = l + L * i;
+            if (valid && k < C8) {
+                rn_bf8 xv = x[base + k], dv = dy[base + k], wv = w[k], o;
+                rn_bf8 old = {{0u, 0u, 0u, 0u}};
+                if (accumulate) old = dx[base + k];
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float xh = rn_at(xv, j) * r;
+                    float d = rn_at(dv, j);
+                    v[j] = r * (rn_at(wv, j) * d - xh * dot);
+                    if (accumulate) v[j] += rn_at(old, j);
+                    acc[i][j] += d * xh;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) o.u[j] = rn_pack(v[2 * j], v[2 * j + 1]);
+                dx[base + k] = o;
+            }
+        }
+    }
+    if (dw_part) {
+        int G = (blockDim.x >> 5) * R;
+        float* mine = dw_s + (long long)((threadIdx.x >> 5) * R + lane / L) * C;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            int k = l + L * i;
+            if (k < C8)
+#pragma unroll
+                for (int j = 0; j < 8; j++) mine[8 * k + j] = acc[i][j];
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float t = 0.f;
+            for (int q = 0; q < G; q++) t += dw_s[(long long)q * C + c];
+            dw_part[(long long)blockIdx.x * C + c] = t;
+        }
+    }
+}
+
+// dw [C] += sum over b < B of dw_part[b, c] (fp32, rounded once). Block: 256 threads = 32
+// columns x 8 strided partial sums over b, added in a fixed order.
+extern "C" __global__ void rmsnorm_dw_reduce(void* dw, int dtdw, const float* dw_part, int B, int C) {
+    __shared__ float red[8][32];
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    int c = blockIdx.x * 32 + tx;
+    float s = 0.f;
+    if (c < C) {
+#pragma unroll 4
+        for (int b = ty; b < B; b += 8) s += dw_part[(long long)b * C + c];
+    }
+    red[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float t = 0.f;
+        for (int q = 0; q < 8; q++) t += red[q][tx];
+        stf(dw, dtdw, c, ldf(dw, dtdw, c) + t);
+    }
+}
+
+// C <= 1024 (at most 4 vectors per lane) and C <= 2048 (8).
+extern "C" __global__ void rmsnorm_bwd_bf16x8_c1024(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
+                                                    const rn_bf8* w, const float* rstd, long long N, int C,
+                                                    int accumulate) {
+    rmsnorm_bwd_vec<4>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
+}
+
+extern "C" __global__ void rmsnorm_bwd_bf16x8_c2048(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
+                                                    const rn_bf8* w, const float* rstd, long long N, int C,
+                                                    int accumulate) {
+    rmsnorm_bwd_vec<8>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
+}
