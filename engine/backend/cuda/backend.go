@@ -24,7 +24,12 @@ type T = tensor.Tensor
 // Backend implements backend.Backend (and backend.AddRMSNormer, backend.AdamWStepper) on one GPU.
 // Float tensors may be F32 or BF16 (F16 is refused with an error naming the op); GEMMs need both
 // operands in the same dtype. Every method submits its work to the device goroutine and returns
-// once it is enqueued; Sync and Download wait for it.
+// once it is enqueued; Sync, Download and SumSquares wait for it. Nothing else makes the host wait
+// for the GPU (Syncs counts the waits, by op): uploads of up to 1 MiB are queued through pinned
+// memory, and index tensors that came in through Upload are validated (Embedding,
+// CrossEntropy, attention's boundaries) and sorted (EmbeddingBackward) from a host copy
+// (host_int32.go). Index tensors written on the device are checked there instead, at the cost of
+// a wait.
 type Backend struct {
 	d *Device
 	// attnMMA selects the tensor-core attention kernels where they apply (bf16, head dim 64 or
@@ -37,7 +42,8 @@ type Backend struct {
 	// i32 keeps host summaries of uploaded index tensors (host_int32.go).
 	i32 i32Records
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
-	staging hostStaging
+	staging   hostStaging
+	closeOnce sync.Once
 }
 
 var (
@@ -72,10 +78,11 @@ func (b *Backend) Name() string { return fmt.Sprintf("cuda:%d", b.d.info.Ordinal
 // Sync waits for all enqueued work.
 func (b *Backend) Sync() error { return b.d.Synchronize() }
 
-// Close releases the device.
+// Close releases the pinned upload ring and the device. Later calls do nothing.
 func (b *Backend) Close() error {
-	err := b.d.Do(b.closeStagingOnThread)
-	return errors.Join(err, b.d.Close())
+	var err error
+	b.closeOnce.Do(func() { err = errors.Join(b.d.Do(b.closeStagingOnThread), b.d.Close()) })
+	return err
 }
 
 // ---- memory ----
@@ -1359,7 +1366,7 @@ func adamwScalarsFor(a backend.AdamWArgs) adamwScalars {
 // ---- LM head + loss ----
 
 // crossEntropyChunkBytes bounds the fp32 logits of one chunk. With backward and a bf16 weight
-// the chunk's dlogits (bf16) add half as much again: at most 3 GiB of scratch in all, which for a
+// the chunk's dlogits (bf16) add half as much again: at most 3 GiB of chunk buffers, which for a
 // 152k vocabulary is 3328 rows.
 const crossEntropyChunkBytes = 2 << 30
 
@@ -1391,7 +1398,11 @@ func crossEntropyChunkRows(N, V int) int {
 	return min(rows, maxRows, N)
 }
 
-// CrossEntropy is the fused LM head and cross-entropy, chunked over tokens.
+// CrossEntropy is the fused LM head and cross-entropy, chunked over tokens (crossEntropyChunkRows:
+// multiples of 256 rows, at most 2 GiB of fp32 logits). Scratch memory while it runs: the chunk's
+// fp32 logits, with backward its dlogits in the weight's dtype (at most 3 GiB together), and
+// with a bf16 DWeight an fp32 [V, C] accumulator (0.6 GiB for a 152k x 1024 head) that is added
+// to DWeight once at the end.
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	const op = "CrossEntropy"
 	if a.Weight.Rank() != 2 {
