@@ -33,7 +33,9 @@
 #                    adamw_torch [adamw_bf16_nearest]
 #
 # Smoke run (about a minute): scripts/gpu/bench.sh /tmp/b --shapes qwen3-0.6b --steps 4 --seq-len 512 --layers 2
-# HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3).
+# HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); HALO_REVISION
+# the source revision recorded in the report (default: git rev-parse HEAD, which is stale or
+# missing in a copied tree).
 set -uo pipefail
 out=${1:?usage: bench.sh OUTDIR [--shapes LIST] [--steps N] [--warmup N] [--batch N] [--seq-len N] [--layers N] [--lr X] [--beta1 X] [--beta2 X] [--eps X] [--weight-decay X] [--max-grad-norm X] [--optim NAME]}
 shift
@@ -99,5 +101,5 @@ for shape in ${shapes//,/ }; do
 	[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$d/init"
 	echo "== $shape: done at $((SECONDS - start)) s"
 done
-rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+rev=${HALO_REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 "$py" "$here/bench_compare.py" "$out" --command "$command_line" --revision "$rev"
