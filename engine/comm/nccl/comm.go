@@ -162,6 +162,17 @@ func (c *Comm) ptr(kind, arg string, t T) (uintptr, error) {
 	return buf.Ptr() + uintptr(t.Offset()), nil
 }
 
+// out is ptr for a tensor the collective writes: the backend forgets what it knew about the
+// tensor's contents (host copies of uploaded index tensors), since NCCL writes it behind the
+// backend's back.
+func (c *Comm) out(kind, arg string, t T) (uintptr, error) {
+	p, err := c.ptr(kind, arg, t)
+	if err == nil {
+		c.b.NoteDeviceWrite(t)
+	}
+	return p, err
+}
+
 // run enqueues fn (NCCL calls, on the device goroutine) between two events, waits for the second
 // and records the GPU time under kind. An engine/profile recorder gets a span of that GPU time;
 // another recorder times the whole call itself.
@@ -258,7 +269,7 @@ func (c *Comm) AllReduce(t T, op comm.ReduceOp) error {
 	if err != nil {
 		return c.errf(kind, "%v: %v", t, err)
 	}
-	p, err := c.ptr(kind, "t", t)
+	p, err := c.out(kind, "t", t)
 	if err != nil {
 		return err
 	}
@@ -288,7 +299,7 @@ func (c *Comm) AllGather(dst, src T) error {
 	if err != nil {
 		return err
 	}
-	pd, err := c.ptr(kind, "dst", dst)
+	pd, err := c.out(kind, "dst", dst)
 	if err != nil {
 		return err
 	}
@@ -314,7 +325,7 @@ func (c *Comm) ReduceScatter(dst, src T, op comm.ReduceOp) error {
 	if err != nil {
 		return err
 	}
-	pd, err := c.ptr(kind, "dst", dst)
+	pd, err := c.out(kind, "dst", dst)
 	if err != nil {
 		return err
 	}
@@ -344,7 +355,7 @@ func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
 	if err != nil {
 		return err
 	}
-	pd, err := c.ptr(kind, "dst", dst)
+	pd, err := c.out(kind, "dst", dst)
 	if err != nil {
 		return err
 	}
@@ -456,7 +467,7 @@ func (c *Comm) Broadcast(t T, root int) error {
 	if root < 0 || root >= c.size {
 		return c.errf(kind, "root %d is outside 0..%d", root, c.size-1)
 	}
-	p, err := c.ptr(kind, "t", t)
+	p, err := c.out(kind, "t", t)
 	if err != nil {
 		return err
 	}
@@ -468,24 +479,28 @@ func (c *Comm) Broadcast(t T, root int) error {
 // Send implements comm.Communicator. Unlike the in-process communicator it completes only once
 // peer has posted the matching Recv (see the package doc).
 func (c *Comm) Send(t T, peer int) error {
-	return c.p2p("ncclSend", t, peer, func(p uintptr) int32 {
+	return c.p2p("ncclSend", t, peer, false, func(p uintptr) int32 {
 		return c.api.ncclSend(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, c.streamOnThread())
 	})
 }
 
 // Recv implements comm.Communicator.
 func (c *Comm) Recv(t T, peer int) error {
-	return c.p2p("ncclRecv", t, peer, func(p uintptr) int32 {
+	return c.p2p("ncclRecv", t, peer, true, func(p uintptr) int32 {
 		return c.api.ncclRecv(p, uint64(t.Bytes()), ncclUint8, int32(peer), c.h, c.streamOnThread())
 	})
 }
 
-func (c *Comm) p2p(call string, t T, peer int, fn func(uintptr) int32) error {
+func (c *Comm) p2p(call string, t T, peer int, writes bool, fn func(uintptr) int32) error {
 	const kind = comm.KindP2P
 	if peer < 0 || peer >= c.size || peer == c.rank {
 		return c.errf(kind, "peer %d: want another rank of 0..%d", peer, c.size-1)
 	}
-	p, err := c.ptr(kind, "t", t)
+	ptr := c.ptr
+	if writes {
+		ptr = c.out
+	}
+	p, err := ptr(kind, "t", t)
 	if err != nil {
 		return err
 	}
