@@ -13,14 +13,19 @@
 // NVRTC version. They store bf16 or fp32 and compute in fp32; bf16 values are handled as raw bits,
 // so NVRTC needs no CUDA headers. GEMMs go through cuBLASLt (bf16 or fp32 operands, fp32
 // accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment.
-// Attention has two implementations of one contract: tensor-core kernels (attention_tc.cu:
-// mma.sync m16n8k16, bf16 tensors with head dim 64 or 128) and SIMT kernels (attention.cu: any
+// Attention has two implementations of one contract: flash-style tensor-core kernels
+// (attention_tc.cu: mma.sync m16n8k16 with ldmatrix and cp.async, bf16 tensors with head dim 64
+// or 128, tile shapes chosen per head dim from measurements) and SIMT kernels (attention.cu: any
 // head dim up to 256, fp32 or bf16); HALO_CUDA_ATTENTION=simt forces the latter.
 //
 // Each Device is driven by one goroutine locked to its OS thread, on which the device's primary
 // context is current; every driver call for that device runs there (Device.Do). Work is enqueued on
-// one stream per device and runs asynchronously; Download, Sync and ops that must report a bad
-// index (Embedding, CrossEntropy) wait for it. Memory comes from a caching allocator with size
+// one stream per device and runs asynchronously; only Download, Sync and SumSquares wait for it.
+// Index tensors uploaded from the host keep a host summary (and, when small, a copy) until
+// something writes them, so Embedding, CrossEntropy and attention check ids, targets and
+// document boundaries without waiting; for indices made on the device they fall back to a device
+// flag that is read back. A training step therefore enqueues ahead of the GPU, which keeps kernel
+// launches off the critical path (TestGPULaunchOverhead measures by how much). Memory comes from a caching allocator with size
 // classes whose statistics (allocated, reserved, peak) Backend.MemStats reports.
 //
 // What it is not: it does not decide whether to use the GPU (callers ask Available or use device:
