@@ -324,6 +324,7 @@ func TestGPUArgumentErrors(t *testing.T) {
 	ht, _ := host.Alloc(tensor.F32, 4)
 	gi, _ := c.Backend().Alloc(tensor.I32, 4)
 	g4, _ := c.Backend().Alloc(tensor.F32, 4)
+	g3, _ := c.Backend().Alloc(tensor.F32, 3) // too small a gather target for any group size
 	cases := []struct {
 		name string
 		err  error
@@ -331,7 +332,7 @@ func TestGPUArgumentErrors(t *testing.T) {
 	}{
 		{"host tensor", c.AllReduce(ht, comm.Sum), "is not on cuda:0"},
 		{"int reduction", c.AllReduce(gi, comm.Sum), "f32, bf16 or f16"},
-		{"gather size", c.AllGather(g4, g4), "must hold 1 x 4"},
+		{"gather size", c.AllGather(g3, g4), "must hold 1 x 4"},
 		{"all-to-all counts", c.AllToAll(g4, g4, []int{3}, []int{4}, comm.Dispatch), "send counts add up to 3 rows"},
 		{"broadcast root", c.Broadcast(g4, 1), "root 1 is outside 0..0"},
 		{"send to self", c.Send(g4, 0), "want another rank"},
