@@ -24,8 +24,8 @@
 // Index tensors uploaded from the host keep a host summary (and, when small, a copy) until
 // something writes them, so Embedding, CrossEntropy and attention check ids, targets and
 // document boundaries without waiting; for indices made on the device they fall back to a device
-// flag that is read back. A training step therefore enqueues ahead of the GPU, which keeps kernel
-// launches off the critical path (TestGPULaunchOverhead measures by how much). Memory comes from a caching allocator with size
+// flag that is read back. Within a training step the host therefore enqueues ahead of the GPU; the step
+// ends with one wait (the loss is read back), and there are no CUDA graphs yet. Memory comes from a caching allocator with size
 // classes whose statistics (allocated, reserved, peak) Backend.MemStats reports.
 //
 // What it is not: it does not decide whether to use the GPU (callers ask Available or use device:
