@@ -147,35 +147,19 @@ func TestGPUAttentionThroughput(t *testing.T) {
 		name        string
 		NH, NKV, HD int
 	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
-		q := randomTensor(t, g, 3, tensor.BF16, 1, N, s.NH*s.HD)
-		k := randomTensor(t, g, 4, tensor.BF16, 1, N, s.NKV*s.HD)
-		v := randomTensor(t, g, 5, tensor.BF16, 1, N, s.NKV*s.HD)
-		ao, _ := g.Alloc(tensor.BF16, N, s.NH*s.HD)
-		lse, _ := g.Alloc(tensor.F32, N, s.NH)
-		dq, _ := g.Alloc(tensor.BF16, N, s.NH*s.HD)
-		dk, _ := g.Alloc(tensor.BF16, N, s.NKV*s.HD)
-		dv, _ := g.Alloc(tensor.BF16, N, s.NKV*s.HD)
-		cu, _ := backend.FromInt32(g, cuSeqlens(T, T, T, T), B+1)
-		sh := backend.AttentionShape{CuSeqlens: cu, NH: s.NH, NKV: s.NKV, HD: s.HD}
-		fwd := timeIt(t, g, 3, func() error {
-			return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
-		})
-		bwd := timeIt(t, g, 3, func() error {
-			return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
-		})
+		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
+		fwdMs, bwdMs := timeIt(t, g, 3, fwd), timeIt(t, g, 3, bwd)
 		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
 		flops := pairs * 4 * float64(s.HD)
 		vals := map[string]float64{
-			"fwd_ms": fwd, "bwd_ms": bwd,
-			"fwd_tflops": flops / (fwd * 1e-3) / 1e12,
-			"bwd_tflops": 2.5 * flops / (bwd * 1e-3) / 1e12,
+			"fwd_ms": fwdMs, "bwd_ms": bwdMs,
+			"fwd_tflops": flops / (fwdMs * 1e-3) / 1e12,
+			"bwd_tflops": 2.5 * flops / (bwdMs * 1e-3) / 1e12,
 		}
-		t.Logf("%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)", s.name, fwd, vals["fwd_tflops"], bwd, vals["bwd_tflops"])
+		t.Logf("%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)", s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"])
 		report.addBench(benchmark{Name: "attention_" + s.name + "_b4x4096", Values: vals,
 			Note: "tensor-core kernels; median of 5 timed repetitions of 3 calls with CUDA events; 4*HD FLOPs per causal pair forward, 2.5x backward"})
-		for _, x := range []tensor.Tensor{q, k, v, ao, lse, dq, dk, dv, cu} {
-			g.Free(x)
-		}
+		free()
 	}
 }
 
@@ -246,27 +230,12 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 		name        string
 		NH, NKV, HD int
 	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
-		q := randomTensor(t, g, 3, tensor.BF16, 1, N, s.NH*s.HD)
-		k := randomTensor(t, g, 4, tensor.BF16, 1, N, s.NKV*s.HD)
-		v := randomTensor(t, g, 5, tensor.BF16, 1, N, s.NKV*s.HD)
-		ao, _ := g.Alloc(tensor.BF16, N, s.NH*s.HD)
-		lse, _ := g.Alloc(tensor.F32, N, s.NH)
-		dq, _ := g.Alloc(tensor.BF16, N, s.NH*s.HD)
-		dk, _ := g.Alloc(tensor.BF16, N, s.NKV*s.HD)
-		dv, _ := g.Alloc(tensor.BF16, N, s.NKV*s.HD)
-		cu, _ := backend.FromInt32(g, cuSeqlens(T, T, T, T), B+1)
-		sh := backend.AttentionShape{CuSeqlens: cu, NH: s.NH, NKV: s.NKV, HD: s.HD}
+		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
 		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
 		flops := pairs * 4 * float64(s.HD)
 		vals := map[string]float64{}
 		def := attnDefaultTiles[s.HD]
 		variants := attnVariants[s.HD]
-		fwd := func() error {
-			return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
-		}
-		bwd := func() error {
-			return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
-		}
 		for _, f := range variants.fwd {
 			tl := def
 			tl.FwdW, tl.FwdMT, tl.FwdBK = f[0], f[1], f[2]
@@ -309,8 +278,49 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 		}
 		report.addBench(benchmark{Name: "attention_tile_sweep_" + s.name + "_b4x4096", Values: vals,
 			Note: "each compiled tile shape alone; median of 5 timed repetitions of 3 calls; TFLOP/s count 2*HD FLOPs per causal (query, key) pair per product"})
+		free()
+	}
+}
+
+// attentionBench allocates random Q, K, V and the outputs for B documents of T tokens and returns
+// closures running the forward and the backward (from the forward's output as dO), and one that
+// frees everything.
+func attentionBench(t *testing.T, g *Backend, B, T, NH, NKV, HD int) (fwd, bwd func() error, free func()) {
+	t.Helper()
+	N := B * T
+	q := randomTensor(t, g, 3, tensor.BF16, 1, N, NH*HD)
+	k := randomTensor(t, g, 4, tensor.BF16, 1, N, NKV*HD)
+	v := randomTensor(t, g, 5, tensor.BF16, 1, N, NKV*HD)
+	lens := make([]int, B)
+	for i := range lens {
+		lens[i] = T
+	}
+	cu, err := backend.FromInt32(g, cuSeqlens(lens...), B+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outs [5]tensor.Tensor
+	for i, sh := range [][]int{{N, NH * HD}, {N, NH}, {N, NH * HD}, {N, NKV * HD}, {N, NKV * HD}} {
+		dt := tensor.BF16
+		if i == 1 {
+			dt = tensor.F32
+		}
+		if outs[i], err = g.Alloc(dt, sh...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ao, lse, dq, dk, dv := outs[0], outs[1], outs[2], outs[3], outs[4]
+	sh := backend.AttentionShape{CuSeqlens: cu, NH: NH, NKV: NKV, HD: HD}
+	fwd = func() error {
+		return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
+	}
+	bwd = func() error {
+		return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
+	}
+	free = func() {
 		for _, x := range []tensor.Tensor{q, k, v, ao, lse, dq, dk, dv, cu} {
 			g.Free(x)
 		}
 	}
+	return fwd, bwd, free
 }

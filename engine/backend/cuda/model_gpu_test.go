@@ -239,30 +239,10 @@ const qwen3Config = `{
 // The optimizer step is not included.
 func TestGPUTrainStepThroughput(t *testing.T) {
 	g := gpu(t)
-	cfg, err := config.Parse([]byte(qwen3Config), "qwen3-0.6b-shape")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := models.New(cfg, g, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := qwen3ShapeModel(t, g)
 	defer m.Close()
-	if err := m.InitRandom(1); err != nil {
-		t.Fatal(err)
-	}
 	const B, T = 4, 4096
-	var batch models.Batch
-	batch.DocStarts = []int32{0}
-	for i := 0; i < B*T; i++ {
-		batch.Tokens = append(batch.Tokens, int32((i*7919+13)%151936))
-		tg := int32((i*7919 + 13 + 7919) % 151936)
-		if (i+1)%T == 0 {
-			tg = backend.IgnoreIndex
-			batch.DocStarts = append(batch.DocStarts, int32(i+1))
-		}
-		batch.Targets = append(batch.Targets, tg)
-	}
+	batch := packedBatch(B, T, 151936)
 	if err := m.ZeroGrads(); err != nil {
 		t.Fatal(err)
 	}
@@ -302,4 +282,39 @@ func TestGPUTrainStepThroughput(t *testing.T) {
 		tokps, best, vals["peak_allocated_gib"], loss)
 	report.addBench(benchmark{Name: "train_step_qwen3_0.6b_shape_b4x4096_bf16", Values: vals,
 		Note: fmt.Sprintf("forward+backward only (no optimizer), wall clock after Sync; steps %v s", times)})
+}
+
+// qwen3ShapeModel builds the Qwen3-0.6B-shaped model in bf16 with random weights on be.
+func qwen3ShapeModel(t *testing.T, be backend.Backend) *models.Model {
+	t.Helper()
+	cfg, err := config.Parse([]byte(qwen3Config), "qwen3-0.6b-shape")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := models.New(cfg, be, models.Options{DType: tensor.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.InitRandom(1); err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	return m
+}
+
+// packedBatch is B documents of T tokens each (pseudo-random ids below vocab), every token
+// trained on the next one except the last of each document.
+func packedBatch(B, T, vocab int) models.Batch {
+	var batch models.Batch
+	batch.DocStarts = []int32{0}
+	for i := 0; i < B*T; i++ {
+		batch.Tokens = append(batch.Tokens, int32((i*7919+13)%vocab))
+		tg := int32((i*7919 + 13 + 7919) % vocab)
+		if (i+1)%T == 0 {
+			tg = backend.IgnoreIndex
+			batch.DocStarts = append(batch.DocStarts, int32(i+1))
+		}
+		batch.Targets = append(batch.Targets, tg)
+	}
+	return batch
 }

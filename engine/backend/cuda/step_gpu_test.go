@@ -7,11 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/halo-shell/halo-shell/engine/backend"
-	"github.com/halo-shell/halo-shell/engine/hf/config"
-	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/profile"
-	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // TestGPUStepBreakdown profiles one forward+backward of the Qwen3-0.6B shape (4 x 4096 tokens,
@@ -20,32 +16,11 @@ import (
 // must add up to the step's wall time, and compute must be most of it on an idle GPU.
 func TestGPUStepBreakdown(t *testing.T) {
 	g := gpu(t)
-	cfg, err := config.Parse([]byte(qwen3Config), "qwen3-0.6b-shape")
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := profile.NewRecorder()
-	wrapped := profile.Wrap(g, rec)
-	m, err := models.New(cfg, wrapped, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := qwen3ShapeModel(t, profile.Wrap(g, rec))
 	defer m.Close()
-	if err := m.InitRandom(1); err != nil {
-		t.Fatal(err)
-	}
 	const B, T = 4, 4096
-	var batch models.Batch
-	batch.DocStarts = []int32{0}
-	for i := 0; i < B*T; i++ {
-		batch.Tokens = append(batch.Tokens, int32((i*7919+13)%151936))
-		tg := int32((i*7919 + 13 + 7919) % 151936)
-		if (i+1)%T == 0 {
-			tg = backend.IgnoreIndex
-			batch.DocStarts = append(batch.DocStarts, int32(i+1))
-		}
-		batch.Targets = append(batch.Targets, tg)
-	}
+	batch := packedBatch(B, T, 151936)
 	if err := m.ZeroGrads(); err != nil {
 		t.Fatal(err)
 	}
