@@ -66,7 +66,7 @@ type recs struct {
 
 // newRecs returns the recorders of t, or nil when its backend was not opened for profiling.
 func newRecs(t *train.Trainer) *recs {
-	main := recorderOf(t.Model.Backend())
+	main := recorderOf(t.Backend())
 	if main == nil {
 		return nil
 	}

@@ -48,7 +48,7 @@ func BenchmarkTrainerStep(b *testing.B) {
 	}{{"plain", plain, false}, {"wrapped-off", wrapped, false}, {"wrapped-recording", wrapped, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			t := quickstartTrainer(b, bc.factory)
-			rec := recorderOf(t.Model.Backend())
+			rec := recorderOf(t.Backend())
 			if bc.record {
 				rec.Enable(true, false)
 			}

@@ -288,17 +288,16 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 // addDeviceMetrics adds model FLOPs, throughput and memory to a step's metrics, and resets
 // the memory peak for the next step.
 func (e *engine) addDeviceMetrics(pm *halov1.StepMetrics) {
-	m := e.t.Model
-	a := m.Arch
+	a := e.t.Arch()
 	tokens := float64(pm.Tokens)
-	pm.ModelFlops = 6*float64(m.NumParams())*tokens + 6*float64(a.Layers)*float64(a.Hidden)*float64(e.t.Cfg.Batch.MaxLength)*tokens
+	pm.ModelFlops = 6*float64(e.t.NumParams())*tokens + 6*float64(a.Layers)*float64(a.Hidden)*float64(e.t.Cfg.Batch.MaxLength)*tokens
 	if pm.StepTimeS > 0 {
 		pm.Tflops = pm.ModelFlops / pm.StepTimeS / 1e12
 	}
 	devs := e.t.RankDevices()
 	names := make([]string, len(devs))
 	if len(devs) == 0 {
-		devs, names = []backend.Backend{m.Backend()}, []string{m.Backend().Name()}
+		devs, names = []backend.Backend{e.t.Backend()}, []string{e.t.Backend().Name()}
 	} else {
 		// The devices of a parallel plan, each named with its rank.
 		for r, b := range devs {
@@ -329,7 +328,7 @@ func (e *engine) endCapture(ok bool) {
 		return
 	}
 	e.captureNext = false
-	e.acts = activationStats(acts, e.t.Model.Arch.Layers)
+	e.acts = activationStats(acts, e.t.Arch().Layers)
 	e.actsStep = e.t.Steps()
 	e.logEvent(slog.LevelInfo, fmt.Sprintf("captured %d activation statistics in step %d", len(e.acts), e.actsStep))
 }
@@ -499,7 +498,7 @@ func (e *engine) updateSnap() {
 	if e.snap.summary == "" {
 		e.snap.summary = e.t.Summary()
 	}
-	e.snap.device = e.t.Model.Backend().Name()
+	e.snap.device = e.t.Backend().Name()
 	e.snap.layout = e.t.Layout()
 }
 
@@ -821,7 +820,6 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 		}
 		e.captureNext = true
 	}
-	m := e.t.Model
 	kind := r.Kind
 	if kind == "" {
 		kind = "param"
@@ -839,6 +837,11 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 			}
 		}
 		return nil, connect.Errorf(connect.CodeNotFound, "session: inspect: no captured activation %q (capture with activations=true, take a step, then list them with an empty name)", r.Name)
+	}
+	// On a parallel plan this gathers the parameters of the last step (once per step).
+	m, err := e.t.HostModel()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, "session: inspect: "+err.Error())
 	}
 	resp := &halov1.InspectResponse{Step: int64(e.t.Steps())}
 	get := func(name, kind string) ([]float32, error) {
@@ -973,8 +976,12 @@ func (e *engine) cmdGenerate(r *halov1.GenerateRequest, out chan<- *halov1.Gener
 	if len(ids) == 0 {
 		return nil, connect.NewError(connect.CodeInvalidArgument, "session: generate: the prompt encodes to no tokens")
 	}
+	m, err := e.t.HostModel()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, "session: generate: "+err.Error())
+	}
 	o := models.GenerateOptions{MaxNewTokens: int(r.MaxNewTokens), Temperature: r.Temperature, TopK: int(r.TopK), TopP: r.TopP, Seed: r.Seed}
-	if cfg := e.t.Model.Config(); cfg != nil {
+	if cfg := m.Config(); cfg != nil {
 		for _, id := range cfg.EOSTokenIDs {
 			o.StopIDs = append(o.StopIDs, int32(id))
 		}
@@ -1000,7 +1007,7 @@ func (e *engine) cmdGenerate(r *halov1.GenerateRequest, out chan<- *halov1.Gener
 		}
 		return nil
 	}
-	if _, err := e.t.Model.Generate(ids, o); err != nil {
+	if _, err := m.Generate(ids, o); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, "session: generate: "+err.Error())
 	}
 	out <- &halov1.GenerateResponse{Done: true, Tokens: n}

@@ -321,20 +321,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := b.Sync(); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	m := tr.Model
+	a := tr.Arch()
 	r := &Report{
 		Engine: "halo-shell", Version: version(), Device: b.Name(), DeviceNote: note,
-		Model: ModelInfo{Dir: o.Model, ModelType: m.Arch.ModelType, Params: int64(m.NumParams()),
-			Layers: m.Arch.Layers, Hidden: m.Arch.Hidden, Heads: m.Arch.Heads, KVHeads: m.Arch.KVHeads,
-			HeadDim: m.Arch.HeadDim, MLP: m.Arch.Intermediate, Vocab: m.Arch.Vocab, Tied: m.Arch.Tied,
-			DType: m.DType().String()},
+		Model: ModelInfo{Dir: o.Model, ModelType: a.ModelType, Params: int64(tr.NumParams()),
+			Layers: a.Layers, Hidden: a.Hidden, Heads: a.Heads, KVHeads: a.KVHeads,
+			HeadDim: a.HeadDim, MLP: a.Intermediate, Vocab: a.Vocab, Tied: a.Tied,
+			DType: tr.ModelDType().String()},
 		Settings: Settings{Steps: o.Steps, Warmup: o.Warmup, BatchSize: o.BatchSize, SeqLen: o.SeqLen,
 			DataRows: tr.Stats.Documents, Data: o.Data, Optim: o.Optim, LR: o.LR, Beta1: o.Beta1,
 			Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay, MaxGradNorm: *o.MaxGradNorm, Seed: o.Seed},
 		LoadS:        time.Since(start).Seconds(),
 		FLOPsFormula: FLOPsFormula, PeakTFLOPS: o.PeakTFLOPS,
 	}
-	r.FLOPsPerToken = FLOPsPerToken(r.Model.Params, m.Arch.Layers, o.SeqLen, m.Arch.Heads, m.Arch.HeadDim)
+	r.FLOPsPerToken = FLOPsPerToken(r.Model.Params, a.Layers, o.SeqLen, a.Heads, a.HeadDim)
 	for range o.Steps {
 		if err := ctx.Err(); err != nil {
 			return nil, err

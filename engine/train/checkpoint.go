@@ -80,10 +80,10 @@ func (t *Trainer) state() trainerState {
 			BatchSize: t.Cfg.Batch.PerDeviceTrainBatchSize, BatchesPerEpoch: t.loader.BatchesPerEpoch(),
 			Documents: t.Stats.Documents, Tokens: t.Stats.Tokens},
 	}
-	for _, s := range t.Model.Specs {
+	for _, s := range t.model.Specs {
 		st.Params = append(st.Params, stateParam{s.Name, s.Numel()})
 	}
-	st.ExpertBias = t.Model.ExpertBias()
+	st.ExpertBias = t.ExpertBias()
 	return st
 }
 
@@ -93,9 +93,9 @@ func (t *Trainer) state() trainerState {
 // into place, so dir holds either the previous checkpoint or the complete new one.
 func (t *Trainer) Save(dir string) (err error) {
 	if t.plan != nil {
-		// The single model already holds the gathered parameters; bring the plan's
-		// optimizer state into the layout-free form the checkpoint stores.
-		if err := t.syncFromPlan(true); err != nil {
+		// Gather the plan's parameters into the single model when a step changed them, and
+		// its optimizer state into the layout-free form the checkpoint stores.
+		if err := t.syncFromPlan(); err != nil {
 			return fmt.Errorf("train: save %s: %w", dir, err)
 		}
 	}
@@ -250,11 +250,13 @@ func (t *Trainer) Resume(dir string) error {
 	if err := t.opt.Import(st.OptimizerSteps, sts); err != nil {
 		return fmt.Errorf("train: resume: %s: %w", f.Path(), err)
 	}
-	if err := loadModelWeights(t.Model, dir); err != nil {
+	if err := loadModelWeights(t.model, dir); err != nil {
 		return fmt.Errorf("train: resume: %w", err)
 	}
-	if st.ExpertBias != nil && t.Model.ExpertBalancing() > 0 {
-		if err := t.Model.SetExpertBias(st.ExpertBias); err != nil {
+	// The single model now holds the run's parameters; a plan is rebuilt from it below.
+	t.paramsStale = false
+	if st.ExpertBias != nil && t.model.ExpertBalancing() > 0 {
+		if err := t.model.SetExpertBias(st.ExpertBias); err != nil {
 			return fmt.Errorf("train: resume: %s: expert_bias: %w", filepath.Join(dir, StateFile), err)
 		}
 	}
@@ -337,7 +339,10 @@ func (t *Trainer) SaveStep() (string, error) {
 // writeModelFiles writes the Hugging Face model and the tokenizer files the run was given into
 // dir (a tokenizer file the run does not have is skipped).
 func (t *Trainer) writeModelFiles(dir string) error {
-	if err := saveModel(t.Model, dir); err != nil {
+	if err := t.SyncParams(); err != nil {
+		return err
+	}
+	if err := saveModel(t.model, dir); err != nil {
 		return err
 	}
 	for _, name := range tokenizerFiles {

@@ -10,22 +10,22 @@ import (
 // change anything.
 func (t *Trainer) setupMoE() error {
 	o := t.Cfg.Optim
-	if !t.Model.IsMoE() {
+	if !t.model.IsMoE() {
 		if o.MoEBalancingRate != 0 {
-			return &FieldError{Key: "moe_balancing_rate", Msg: fmt.Sprintf("%v is set but the model (%s) has no mixture-of-experts layer; remove the key or set it to 0", o.MoEBalancingRate, t.Model.Arch.ModelType)}
+			return &FieldError{Key: "moe_balancing_rate", Msg: fmt.Sprintf("%v is set but the model (%s) has no mixture-of-experts layer; remove the key or set it to 0", o.MoEBalancingRate, t.model.Arch.ModelType)}
 		}
 		if o.RouterAuxLossCoef != nil && *o.RouterAuxLossCoef != 0 {
-			return &FieldError{Key: "router_aux_loss_coef", Msg: fmt.Sprintf("%v is set but the model (%s) has no mixture-of-experts layer; remove the key", *o.RouterAuxLossCoef, t.Model.Arch.ModelType)}
+			return &FieldError{Key: "router_aux_loss_coef", Msg: fmt.Sprintf("%v is set but the model (%s) has no mixture-of-experts layer; remove the key", *o.RouterAuxLossCoef, t.model.Arch.ModelType)}
 		}
 		return nil
 	}
-	coef := t.Model.AuxLossScale()
+	coef := t.model.AuxLossScale()
 	if o.RouterAuxLossCoef != nil {
 		coef = *o.RouterAuxLossCoef
 	}
-	t.Model.SetAuxLossScale(coef)
+	t.model.SetAuxLossScale(coef)
 	t.auxCoef, t.auxCoefSet = coef, true
-	if err := t.Model.SetExpertBalancing(o.MoEBalancingRate); err != nil {
+	if err := t.model.SetExpertBalancing(o.MoEBalancingRate); err != nil {
 		return &FieldError{Key: "moe_balancing_rate", Msg: err.Error()}
 	}
 	return nil
@@ -41,5 +41,5 @@ func (t *Trainer) ExpertBias() [][]float32 {
 	if t.plan != nil {
 		return t.plan.ExpertBias()
 	}
-	return t.Model.ExpertBias()
+	return t.model.ExpertBias()
 }

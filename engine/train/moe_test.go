@@ -53,7 +53,7 @@ func TestMoEAuxLossCountsOncePerStep(t *testing.T) {
 	rec := data.Record{Kind: data.FormatPromptCompletion, Prompt: "12+30=", Completion: "42 and more"}
 	one := newTrainer(t, tinyMoEConfig(t, writeJSONL(t, dir, "one.jsonl", []data.Record{rec}), "--gradient_accumulation_steps=1"))
 	two := newTrainer(t, tinyMoEConfig(t, writeJSONL(t, dir, "two.jsonl", []data.Record{rec, rec}), "--gradient_accumulation_steps=2"))
-	if !one.Model.IsMoE() {
+	if !one.model.IsMoE() {
 		t.Fatal("the tiny qwen3_moe model has no MoE layer")
 	}
 	m1, err := one.Step(context.Background())
@@ -144,10 +144,10 @@ func TestStepExpertLoadSumsMicroBatches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := twin.Model.ForwardBackward(toModelBatch(b), 1); err != nil {
+		if _, _, err := twin.model.ForwardBackward(toModelBatch(b), 1); err != nil {
 			t.Fatal(err)
 		}
-		for j, l := range twin.Model.ExpertLoad() {
+		for j, l := range twin.model.ExpertLoad() {
 			if i == 0 {
 				want = append(want, make([]int, len(l.Tokens)))
 			}
@@ -239,9 +239,13 @@ func TestPlanExpertLoadAndBiasMatchSingleDevice(t *testing.T) {
 					t.Fatalf("step %d: bias %v, single device %v", s+1, bias[s], wantBias[s])
 				}
 			}
-			// The host model (checkpoints, evaluation) holds the plan's bias.
-			if !reflect.DeepEqual(tr.Model.ExpertBias(), wantBias[len(wantBias)-1]) {
-				t.Fatalf("host model bias %v, want %v", tr.Model.ExpertBias(), wantBias[len(wantBias)-1])
+			// The host model (checkpoints, evaluation) holds the plan's bias once read.
+			hm, err := tr.HostModel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(hm.ExpertBias(), wantBias[len(wantBias)-1]) {
+				t.Fatalf("host model bias %v, want %v", hm.ExpertBias(), wantBias[len(wantBias)-1])
 			}
 		})
 	}

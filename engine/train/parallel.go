@@ -20,10 +20,15 @@ import (
 )
 
 // A run on more than one device drives a parallel.Plan instead of the single model. The
-// single model (Trainer.Model, on the trainer's own backend) stays the host view of the run:
-// after every step the plan's parameters are gathered into it, so evaluation, generation,
-// inspection and checkpoints read it whatever the layout. Its optimizer is idle while a plan
-// runs and receives the plan's layout-free state when the run goes back to one device.
+// single model (on the trainer's own backend) stays the host view of the run, filled lazily:
+// a step leaves the updated parameters on the plan's devices and only marks the host view
+// stale, and the first reader after it gathers them (SyncParams; HostModel for callers
+// outside the package). Evaluation, generation, inspection, checkpoints and a move back to
+// one device read it that way, so they see the trained weights whatever the layout, while a
+// run that only steps never copies the model off its devices. Gradients are gathered the
+// same way (SyncGrads). The single model's optimizer is idle while a plan runs and receives
+// the plan's layout-free state when a checkpoint is written or the run goes back to one
+// device.
 
 // LayoutInfo describes where a run's parameters live.
 type LayoutInfo struct {
@@ -167,9 +172,9 @@ func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, erro
 	if t.auxCoefSet {
 		// The plan reads the objective's aux-loss weight from the model (a single-device
 		// step leaves it divided by the micro-batches).
-		t.Model.SetAuxLossScale(t.auxCoef)
+		t.model.SetAuxLossScale(t.auxCoef)
 	}
-	p, err := parallel.New(t.Model, d, l, o)
+	p, err := parallel.New(t.model, d, l, o)
 	if err != nil {
 		return nil, fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
 	}
@@ -185,14 +190,12 @@ func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, erro
 	return p, nil
 }
 
-// syncFromPlan brings the plan's parameters and optimizer state into the single model and its
-// optimizer (the host view, and the state a single-device step continues from).
-func (t *Trainer) syncFromPlan(withOptimizer bool) error {
-	if err := t.plan.Gather(t.Model); err != nil {
-		return fmt.Errorf("train: gather parameters: %w", err)
-	}
-	if !withOptimizer {
-		return nil
+// syncFromPlan brings the plan's parameters (when stale) and optimizer state into the single
+// model and its optimizer (the state a checkpoint stores and a single-device step continues
+// from).
+func (t *Trainer) syncFromPlan() error {
+	if err := t.SyncParams(); err != nil {
+		return err
 	}
 	steps, st, err := t.plan.OptimizerState()
 	if err != nil {
@@ -281,7 +284,7 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := checkLayout(d, l, parallel.ShapeOf(t.Model), t.hyper.GradientAccumulationSteps); err != nil {
+	if err := checkLayout(d, l, parallel.ShapeOf(t.model), t.hyper.GradientAccumulationSteps); err != nil {
 		return 0, err
 	}
 	// One device of the trainer's own kind runs the single model; anything else (several
@@ -291,7 +294,7 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	case !needPlan && t.plan == nil:
 		// One device to one device: nothing moves.
 	case !needPlan:
-		if err := errors.Join(t.syncFromPlan(true), t.SyncGrads()); err != nil {
+		if err := errors.Join(t.syncFromPlan(), t.SyncGrads()); err != nil {
 			return 0, err
 		}
 		err := t.plan.Close()
@@ -306,6 +309,8 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 		}
 		t.plan, t.devices = p, d
 	default:
+		// The new plan starts from the old one's parameters, so the host view is exactly as
+		// stale or fresh as it was.
 		o, recs, devs := t.planOptions(d)
 		p, err := t.plan.Relayout(d, l, o)
 		if err != nil {
@@ -363,8 +368,8 @@ func (t *Trainer) planRows(batches []data.Batch) []models.Batch {
 }
 
 // stepOnPlan is Step on a parallel plan: the same micro-batches, the same mean over the step's
-// targets, the same clipping and schedule, then the updated parameters gathered into the
-// single model.
+// targets, the same clipping and schedule. The updated parameters stay on the devices; the
+// single model is marked stale and gathers them when read (SyncParams).
 func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Batch, total, tokens int) (StepMetrics, error) {
 	h := t.hyper
 	fail := func(err error) (StepMetrics, error) {
@@ -383,6 +388,9 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	}
 	lr := t.schedule(h).At(min(t.step, t.totalSteps))
 	t.plan.SetWeightDecay(h.WeightDecay)
+	// From here on the plan's parameters may differ from the host view's, even when the
+	// update fails part way.
+	t.paramsStale = true
 	norm, err := t.plan.Step(lr, h.MaxGradNorm)
 	if err != nil {
 		// The plan refuses a non-finite gradient norm before any update (other failures may
@@ -396,9 +404,6 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 	if err := t.plan.BalanceExperts(); err != nil {
 		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err)
 	}
-	if err := t.syncFromPlan(false); err != nil {
-		return StepMetrics{}, err
-	}
 	t.gradsStale = true
 	t.step++
 	el := time.Since(start)
@@ -408,10 +413,10 @@ func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Ba
 		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
 		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
 	}
-	if t.Model.IsMoE() {
+	if t.model.IsMoE() {
 		aux := t.plan.AuxLoss()
 		m.AuxLoss = &aux
-		m.ExpertLoad = t.Model.ExpertLoadStats(t.plan.ExpertLoad())
+		m.ExpertLoad = t.model.ExpertLoadStats(t.plan.ExpertLoad())
 	}
 	// Time per op class (and "comm.KIND" per collective kind) while profiling records: the
 	// mean over the devices.
@@ -451,9 +456,9 @@ func (c *Config) Workload() mesh.Workload {
 	return w
 }
 
-// SyncGrads brings the gradients of the last step into the single model (Trainer.Model) when
-// a plan computed them; on one device they are there already. Inspection calls it before it
-// reads gradients; steps do not need it.
+// SyncGrads brings the gradients of the last step into the single model (HostModel) when a
+// plan computed them; on one device they are there already. Inspection calls it before it
+// reads gradients; steps do not need it. Call it on the goroutine that drives the trainer.
 func (t *Trainer) SyncGrads() error {
 	if t.plan == nil || !t.gradsStale {
 		return nil
@@ -462,12 +467,12 @@ func (t *Trainer) SyncGrads() error {
 	if err != nil {
 		return fmt.Errorf("train: gather gradients: %w", err)
 	}
-	for i, s := range t.Model.Specs {
+	for i, s := range t.model.Specs {
 		v, ok := gs[s.Name]
 		if !ok {
 			return fmt.Errorf("train: gather gradients: the plan has no gradient of %q", s.Name)
 		}
-		g := t.Model.Grads.Views[i]
+		g := t.model.Grads.Views[i]
 		raw, err := tensor.EncodeFloat32(g.DType(), v)
 		if err != nil {
 			return fmt.Errorf("train: gather gradients: %q: %w", s.Name, err)

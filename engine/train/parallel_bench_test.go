@@ -56,3 +56,42 @@ func BenchmarkSetLayout(b *testing.B) {
 		}
 	}
 }
+
+// smallParallelShape is a qwen3 shape about thirty times the tiny one (about 1M parameters),
+// so the per-step cost of bringing the parameters to the host model is visible next to the
+// step's compute.
+const smallParallelShape = "{hidden_size: 128, intermediate_size: 512, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, num_hidden_layers: 4}"
+
+// BenchmarkFSDPStep times one optimizer step with dp=4 fsdp on four simulated CPU devices,
+// for the tiny and the small model: the step as a training loop sees it (parameters stay on
+// the devices), and the step followed by SyncParams (what a run that reads the host model
+// after every step pays).
+func BenchmarkFSDPStep(b *testing.B) {
+	path := writeJSONL(b, b.TempDir(), "d.jsonl", pcRecords(200))
+	for _, sh := range []struct{ name, shape string }{{"tiny", tinyParallelShape}, {"small", smallParallelShape}} {
+		for _, sync := range []bool{false, true} {
+			name := sh.name
+			if sync {
+				name += "_sync"
+			}
+			b.Run(name, func(b *testing.B) {
+				cfg := parallelConfig(b, path, sh.shape, "--devices=cpu:4", "--fsdp=true", "--gradient_accumulation_steps=4", "--max_steps=100000", "--warmup_steps=0")
+				tr, err := New(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer tr.Close()
+				for b.Loop() {
+					if _, err := tr.Step(context.Background()); err != nil {
+						b.Fatal(err)
+					}
+					if sync {
+						if err := tr.SyncParams(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -17,10 +17,19 @@ import (
 // micro-batches per step (so dp=2 deals one to each data rank) and the extra overrides.
 func tinyParallelConfig(t testing.TB, dataPath string, extra ...string) *Config {
 	t.Helper()
+	return parallelConfig(t, dataPath, tinyParallelShape, extra...)
+}
+
+// tinyParallelShape is the qwen3 shape of tinyParallelConfig (init.overrides).
+const tinyParallelShape = "{hidden_size: 32, intermediate_size: 64, num_attention_heads: 2, num_key_value_heads: 2, head_dim: 16, num_hidden_layers: 2}"
+
+// parallelConfig is tinyParallelConfig with the qwen3 shape given as init.overrides.
+func parallelConfig(t testing.TB, dataPath, shape string, extra ...string) *Config {
+	t.Helper()
 	y := fmt.Sprintf(`init:
   arch: qwen3
   preset: tiny
-  overrides: {hidden_size: 32, intermediate_size: 64, num_attention_heads: 2, num_key_value_heads: 2, head_dim: 16, num_hidden_layers: 2}
+  overrides: %s
 tokenizer_name_or_path: %s
 dataset: {path: %s}
 max_length: 32
@@ -33,7 +42,7 @@ warmup_steps: 2
 seed: 7
 device: cpu
 output_dir: %s
-`, quickTok, dataPath, filepath.Join(t.TempDir(), "out"))
+`, shape, quickTok, dataPath, filepath.Join(t.TempDir(), "out"))
 	cfg, err := ParseConfig([]byte(y), "test.yaml", MethodSFT, extra)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +147,7 @@ output_dir: %s
 func mustShape(t *testing.T, cfg *Config) mesh.ModelShape {
 	t.Helper()
 	tr := newTrainer(t, tinyParallelConfig(t, cfg.Dataset.Path[0]))
-	return parallel.ShapeOf(tr.Model)
+	return parallel.ShapeOf(tr.model)
 }
 
 func TestResumeIntoAnotherLayoutKeepsOptimizerState(t *testing.T) {
@@ -281,12 +290,12 @@ func TestSyncGradsBringsThePlansGradientsToTheModel(t *testing.T) {
 	if err := tr.SyncGrads(); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range single.Model.Specs {
-		want, err := single.Model.GradFloat32(s.Name)
+	for _, s := range single.model.Specs {
+		want, err := single.model.GradFloat32(s.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := tr.Model.GradFloat32(s.Name)
+		got, err := tr.model.GradFloat32(s.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -395,8 +404,8 @@ func TestNonFiniteLossOnAPlanSkipsTheUpdate(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
 	tr := newTrainer(t, tinyParallelConfig(t, path))
 	steps(t, tr, 1)
-	name := tr.Model.Specs[0].Name
-	v, err := tr.Model.ParamFloat32(name)
+	name := tr.model.Specs[0].Name
+	v, err := tr.model.ParamFloat32(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +413,7 @@ func TestNonFiniteLossOnAPlanSkipsTheUpdate(t *testing.T) {
 	for i := range bad {
 		bad[i] = float32(math.Inf(1))
 	}
-	if err := tr.Model.SetParam(name, bad); err != nil {
+	if err := tr.model.SetParam(name, bad); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tr.SetLayout("devices=cpu:2"); err != nil {

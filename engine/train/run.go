@@ -166,9 +166,9 @@ func (t *Trainer) SaveModel(dir string) error {
 func (t *Trainer) Summary() string {
 	var b strings.Builder
 	c := t.Cfg
-	a := t.Model.Arch
+	a := t.model.Arch
 	fmt.Fprintf(&b, "model: %s, %d layers, hidden %d, %d heads (%d kv), vocab %d: %.2fM parameters (%s) on %s\n",
-		a.ModelType, a.Layers, a.Hidden, a.Heads, a.KVHeads, a.Vocab, float64(t.Model.NumParams())/1e6, t.Model.DType(), t.b.Name())
+		a.ModelType, a.Layers, a.Hidden, a.Heads, a.KVHeads, a.Vocab, float64(t.model.NumParams())/1e6, t.model.DType(), t.b.Name())
 	if t.deviceNote != "" {
 		fmt.Fprintf(&b, "device: %s\n", strings.TrimPrefix(t.deviceNote, "; "))
 	}
@@ -192,12 +192,12 @@ func (t *Trainer) Summary() string {
 	if t.step > 0 {
 		fmt.Fprintf(&b, "; resuming after step %d", t.step)
 	}
-	if t.Model.IsMoE() {
+	if t.model.IsMoE() {
 		bal := "off"
-		if r := t.Model.ExpertBalancing(); r > 0 {
+		if r := t.model.ExpertBalancing(); r > 0 {
 			bal = fmt.Sprintf("rate %g", r)
 		}
-		fmt.Fprintf(&b, "\nexperts: %d MoE layers, aux-loss weight %g, aux-loss-free balancing %s", len(t.Model.MoELayers()), t.auxCoef, bal)
+		fmt.Fprintf(&b, "\nexperts: %d MoE layers, aux-loss weight %g, aux-loss-free balancing %s", len(t.model.MoELayers()), t.auxCoef, bal)
 	}
 	return b.String()
 }

@@ -87,11 +87,11 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 			return nil, err
 		}
 	}
-	if t.Model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {
+	if t.model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {
 		return nil, err
 	}
-	if t.Model.Arch.Vocab < t.tok.vocabSize() {
-		return nil, fmt.Errorf("train: the model's vocab_size %d is smaller than the tokenizer's %d tokens", t.Model.Arch.Vocab, t.tok.vocabSize())
+	if t.model.Arch.Vocab < t.tok.vocabSize() {
+		return nil, fmt.Errorf("train: the model's vocab_size %d is smaller than the tokenizer's %d tokens", t.model.Arch.Vocab, t.tok.vocabSize())
 	}
 	if err := t.setupMoE(); err != nil {
 		return nil, err
@@ -99,7 +99,7 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 	if err := t.setupData(); err != nil {
 		return nil, err
 	}
-	if t.opt, err = newOptimizer(t.Model, cfg); err != nil {
+	if t.opt, err = newOptimizer(t.model, cfg); err != nil {
 		return nil, err
 	}
 	if r := cfg.Run.ResumeFromCheckpoint; r != "" {
@@ -142,7 +142,7 @@ func (t *Trainer) setupData() error {
 	if err != nil {
 		return err
 	}
-	enc := t.tok.encoder(cfg.Method, t.Model.Arch.Vocab)
+	enc := t.tok.encoder(cfg.Method, t.model.Arch.Vocab)
 	maxLen := cfg.Batch.MaxLength
 	docs, st, err := data.Tokenize(trainRecs, enc, maxLen, runtime.GOMAXPROCS(0))
 	if err != nil {
@@ -284,9 +284,13 @@ func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens i
 	return res, nil
 }
 
-// generate greedily continues prompt and decodes the reply up to the first stop token.
+// generate greedily continues prompt with the single model (after SyncParams) and decodes the
+// reply up to the first stop token.
 func (t *Trainer) generate(prompt []int32, maxNewTokens int) (string, error) {
-	out, err := t.Model.Generate(prompt, models.GenerateOptions{MaxNewTokens: maxNewTokens, StopIDs: t.tok.stop})
+	if err := t.SyncParams(); err != nil {
+		return "", err
+	}
+	out, err := t.model.Generate(prompt, models.GenerateOptions{MaxNewTokens: maxNewTokens, StopIDs: t.tok.stop})
 	if err != nil {
 		return "", err
 	}

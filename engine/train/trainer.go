@@ -96,13 +96,16 @@ type OpTimer interface {
 // Trainer owns a model, its optimizer and its data, and runs optimizer steps. It is driven by
 // one goroutine at a time.
 type Trainer struct {
-	Cfg   *Config
-	Model *models.Model
+	Cfg *Config
 	// Stats describe the training data after tokenization and truncation.
 	Stats data.Stats
 	// EvalStats describe the held-out data (zero when there is none).
 	EvalStats data.Stats
 
+	// model is the single model on b: the run itself on one device, the host view of the run
+	// on a parallel plan, where its parameters are gathered only when read (SyncParams,
+	// HostModel; see parallel.go). Its shape (Arch, Specs, config) is always current.
+	model       *models.Model
 	b           backend.Backend
 	deviceNote  string // why device auto chose the device it did ("" when nothing to say)
 	tok         *textCodec
@@ -115,7 +118,9 @@ type Trainer struct {
 	plan        *parallel.Plan      // drives the steps on more than one device; nil on one
 	devices     mesh.Devices        // the plan's devices
 	recs        []*profile.Recorder // the plan's per-rank recorders
-	gradsStale  bool                // the plan's gradients are newer than Model's (SyncGrads)
+	gradsStale  bool                // the plan's gradients are newer than model's (SyncGrads)
+	paramsStale bool                // the plan's parameters are newer than model's (SyncParams)
+	gathers     int                 // parameter gathers from a plan so far (SyncParams)
 	rankDevs    []backend.Backend   // the plan's devices, by rank
 	step        int
 	totalSteps  int
@@ -203,34 +208,34 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 	if t.plan != nil {
 		return t.stepOnPlan(start, cur, batches, total, tokens)
 	}
-	if err := t.Model.ZeroGrads(); err != nil {
+	if err := t.model.ZeroGrads(); err != nil {
 		return fail(err)
 	}
 	scale := float32(1 / float64(total))
-	moe := t.Model.IsMoE()
+	moe := t.model.IsMoE()
 	if moe {
 		// The objective is the mean over micro-batches of CE + coef * aux, so each
 		// micro-batch's aux gradient carries coef / micro-batches.
 		if !t.auxCoefSet {
-			t.auxCoef, t.auxCoefSet = t.Model.AuxLossScale(), true
+			t.auxCoef, t.auxCoefSet = t.model.AuxLossScale(), true
 		}
-		t.Model.SetAuxLossScale(t.auxCoef / float64(len(batches)))
-		t.Model.TakeExpertLoad() // count this step's micro-batches only
+		t.model.SetAuxLossScale(t.auxCoef / float64(len(batches)))
+		t.model.TakeExpertLoad() // count this step's micro-batches only
 	}
 	lossSum, auxSum := 0.0, 0.0
 	for i, b := range batches {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-		s, _, err := t.Model.ForwardBackward(toModelBatch(b), scale)
+		s, _, err := t.model.ForwardBackward(toModelBatch(b), scale)
 		if err != nil {
 			return fail(fmt.Errorf("train: step %d micro-batch %d: %w", t.step+1, i, err))
 		}
 		lossSum += s
-		auxSum += t.Model.AuxLoss()
+		auxSum += t.model.AuxLoss()
 	}
 	loss := lossSum / float64(total)
-	norm, err := optim.GradNorm(t.b, []backend.T{t.Model.Grads.Flat})
+	norm, err := optim.GradNorm(t.b, []backend.T{t.model.Grads.Flat})
 	if err != nil {
 		return fail(err)
 	}
@@ -246,9 +251,9 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 	}
 	var load [][]int
 	if moe {
-		load = t.Model.TakeExpertLoad()
+		load = t.model.TakeExpertLoad()
 		// A no-op unless aux-loss-free balancing is on; the shapes are the model's own.
-		if err := t.Model.BalanceExpertsWith(load); err != nil {
+		if err := t.model.BalanceExpertsWith(load); err != nil {
 			return StepMetrics{}, fmt.Errorf("train: step %d: %w", t.step+1, err)
 		}
 	}
@@ -266,7 +271,7 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 	if moe {
 		aux := auxSum / float64(len(batches))
 		m.AuxLoss = &aux
-		m.ExpertLoad = t.Model.ExpertLoadStats(load)
+		m.ExpertLoad = t.model.ExpertLoadStats(load)
 	}
 	if ot, ok := t.b.(OpTimer); ok {
 		m.TimeByOpS = map[string]float64{}
@@ -280,17 +285,21 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 // HasEval reports whether there is held-out data.
 func (t *Trainer) HasEval() bool { return len(t.evalBatches) > 0 }
 
-// Eval returns the mean cross-entropy over every target token of the held-out data.
+// Eval returns the mean cross-entropy over every target token of the held-out data, computed
+// by the single model (after SyncParams on a parallel plan).
 func (t *Trainer) Eval(ctx context.Context) (float64, error) {
 	if len(t.evalBatches) == 0 {
 		return 0, errors.New("train: no held-out data: set dataset.eval_split or dataset.eval_path")
+	}
+	if err := t.SyncParams(); err != nil {
+		return 0, fmt.Errorf("train: eval: %w", err)
 	}
 	sum, n := 0.0, 0
 	for _, b := range t.evalBatches {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		s, k, err := t.Model.Forward(toModelBatch(b))
+		s, k, err := t.model.Forward(toModelBatch(b))
 		if err != nil {
 			return 0, fmt.Errorf("train: eval: %w", err)
 		}
@@ -310,8 +319,8 @@ func (t *Trainer) Close() error {
 	if t.opt != nil {
 		t.opt.Free()
 	}
-	if t.Model != nil {
-		errs = append(errs, t.Model.Close())
+	if t.model != nil {
+		errs = append(errs, t.model.Close())
 	}
 	if t.b != nil {
 		errs = append(errs, t.b.Close())

@@ -208,12 +208,12 @@ func TestGradientAccumulationMatchesOneBigMicroBatch(t *testing.T) {
 		t.Fatalf("loss %v vs %v, grad norm %v vs %v", m1.Loss, m2.Loss, m1.GradNorm, m2.GradNorm)
 	}
 	maxDiff := 0.0
-	for _, s := range one.Model.Specs {
-		a, err := one.Model.ParamFloat32(s.Name)
+	for _, s := range one.model.Specs {
+		a, err := one.model.ParamFloat32(s.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, _ := two.Model.ParamFloat32(s.Name)
+		b, _ := two.model.ParamFloat32(s.Name)
 		for i := range a {
 			maxDiff = max(maxDiff, math.Abs(float64(a[i]-b[i])))
 		}
@@ -380,7 +380,7 @@ func TestContinueFromSavedModelAndMemoryEstimate(t *testing.T) {
 	if err := tr.SaveModel(modelDir); err != nil {
 		t.Fatal(err)
 	}
-	want, _ := tr.Model.ParamFloat32("model.norm.weight")
+	want, _ := tr.model.ParamFloat32("model.norm.weight")
 
 	mc, err := ModelConfigFor(cfg)
 	if err != nil {
@@ -390,8 +390,8 @@ func TestContinueFromSavedModelAndMemoryEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if est.Params != int64(tr.Model.NumParams()) || est.ParamBytes != 4*est.Params || est.OptimBytes != 8*est.Params {
-		t.Fatalf("estimate %+v for a model of %d parameters", est, tr.Model.NumParams())
+	if est.Params != int64(tr.model.NumParams()) || est.ParamBytes != 4*est.Params || est.OptimBytes != 8*est.Params {
+		t.Fatalf("estimate %+v for a model of %d parameters", est, tr.model.NumParams())
 	}
 	if est.Total() <= est.ParamBytes+est.GradBytes+est.OptimBytes || !strings.Contains(est.String(), "total") {
 		t.Fatalf("estimate without activations: %s", est)
@@ -403,7 +403,7 @@ func TestContinueFromSavedModelAndMemoryEstimate(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr2 := newTrainer(t, cfg2)
-	got, _ := tr2.Model.ParamFloat32("model.norm.weight")
+	got, _ := tr2.model.ParamFloat32("model.norm.weight")
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatal("model_name_or_path did not load the saved weights")
 	}
