@@ -95,3 +95,30 @@ func BenchmarkFSDPStep(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGatherParams times one gather of a dp=4 fsdp plan's parameters (on four simulated
+// CPU devices) into the host model: what every plan step paid when the host model was kept
+// current after each step, and what the first reader after a step pays now.
+func BenchmarkGatherParams(b *testing.B) {
+	path := writeJSONL(b, b.TempDir(), "d.jsonl", pcRecords(40))
+	for _, sh := range []struct{ name, shape string }{{"tiny", tinyParallelShape}, {"small", smallParallelShape}} {
+		b.Run(sh.name, func(b *testing.B) {
+			cfg := parallelConfig(b, path, sh.shape, "--devices=cpu:4", "--fsdp=true", "--gradient_accumulation_steps=4")
+			tr, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tr.Close()
+			if _, err := tr.Step(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				tr.paramsStale = true
+				if err := tr.SyncParams(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(tr.NumParams()), "params")
+		})
+	}
+}
