@@ -13,10 +13,16 @@
 // weight loads. On more than one device a parallel.Plan drives the steps: the step's
 // micro-batches are dealt over the data ranks (gradient_accumulation_steps must be a multiple
 // of the data-parallel size) and padded for context parallelism with ignored filler, so a
-// step computes the same mean loss as on one device. The single model stays the host view:
-// the parameters are gathered into it after each step, and checkpoints are ordinary
-// single-device ones whose optimizer state is layout-free, so a run resumes into any layout.
-// SetLayout moves a live run to another layout between steps, in memory.
+// step computes the same mean loss as on one device. The single model stays the host view,
+// filled lazily: a step leaves the parameters on the devices, and whatever reads them next
+// (Eval, generation, checkpoints, Trainer.HostModel, a move back to one device) gathers them
+// first (Trainer.SyncParams). Checkpoints are ordinary single-device ones whose optimizer
+// state is layout-free, so a run resumes into any layout. SetLayout moves a live run to
+// another layout between steps, in memory.
+//
+// Callers outside the package read the model's shape with Trainer.Arch, ParamSpecs,
+// NumParams and ModelDType, and its values only through Trainer.HostModel (after SyncGrads for
+// gradients), on the goroutine that drives the trainer.
 //
 // The package is not a model (engine/models), an optimizer (engine/optim) or a data pipeline
 // (engine/data); it wires them together. It knows nothing about RPC, terminals or notebooks: the
