@@ -265,3 +265,35 @@ func TestLazyPlanCheckpointsResumeBitExact(t *testing.T) {
 		t.Fatalf("after step 6 the resumed run's parameters differ: %s", d)
 	}
 }
+
+// TestRelayoutKeepsTheHostViewInStep moves a plan to another plan between steps: a host view
+// that was stale stays stale and gathers from the new plan; one that was current needs no
+// gather, and both equal the new plan's parameters.
+func TestRelayoutKeepsTheHostViewInStep(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
+	tr := newTrainer(t, tinyParallelConfig(t, path, "--devices=cpu:4", "--tensor_parallel_size=2", "--fsdp=true"))
+	steps(t, tr, 2)
+	if _, err := tr.SetLayout("cp=2"); err != nil {
+		t.Fatal(err)
+	}
+	if tr.gathers != 0 || !tr.paramsStale {
+		t.Fatalf("a move between plans: %d gathers, stale %v; want none and still stale", tr.gathers, tr.paramsStale)
+	}
+	if _, err := tr.HostModel(); err != nil {
+		t.Fatal(err)
+	}
+	if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" || tr.gathers != 1 {
+		t.Fatalf("after the move and HostModel (%d gathers): host model differs from the new plan's parameters: %s", tr.gathers, d)
+	}
+	if _, err := tr.SetLayout("devices=cpu:2 tp=2"); err != nil {
+		t.Fatal(err)
+	}
+	if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" || tr.paramsStale {
+		t.Fatalf("a move from a current host view left it stale (%v) or different: %s", tr.paramsStale, d)
+	}
+	single := newTrainer(t, tinyParallelConfig(t, path))
+	steps(t, single, 2)
+	if d := maxRelDiff(t, hostParams(t, tr), hostParams(t, single)); d > 1e-4 {
+		t.Fatalf("after two moves the host model differs from one device's by %g (relative L2)", d)
+	}
+}
