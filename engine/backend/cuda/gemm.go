@@ -38,12 +38,17 @@ type gemmKey struct {
 type gemmPlan struct {
 	desc, a, b, c uintptr
 	algo          ltHeuristicResult
+	// tune is how algo was chosen (gemm_tune.go).
+	tune gemmTuneResult
 }
 
 type gemmState struct {
 	handle    uintptr
 	workspace *Buffer
 	plans     map[gemmKey]*gemmPlan
+	// tune says when a new key's algorithm is timed; events are reused by every tuning.
+	tune   gemmTuneConfig
+	events []uintptr
 }
 
 const gemmWorkspaceBytes = 32 << 20
@@ -53,6 +58,9 @@ func (g *gemmState) close(d *Device) error {
 	var errs []error
 	for _, p := range g.plans {
 		errs = append(errs, p.destroy(lt))
+	}
+	for _, e := range g.events {
+		errs = append(errs, d.drv.check("cuEventDestroy_v2", d.drv.cuEventDestroy(e)))
 	}
 	errs = append(errs, lt.check("cublasLtDestroy", lt.cublasLtDestroy(g.handle)))
 	return errors.Join(errs...)
@@ -127,7 +135,11 @@ func (d *Device) gemmStateOnThread() (*gemmState, error) {
 	if lt == nil || lt.info.Err != "" {
 		return nil, fmt.Errorf("cuda: GEMMs need cuBLASLt: %v", d.libs.opsErr)
 	}
-	g := &gemmState{plans: map[gemmKey]*gemmPlan{}}
+	tune, err := loadGemmTuneConfig()
+	if err != nil {
+		return nil, err
+	}
+	g := &gemmState{plans: map[gemmKey]*gemmPlan{}, tune: tune}
 	if err := lt.check("cublasLtCreate", lt.cublasLtCreate(&g.handle)); err != nil {
 		return nil, err
 	}
@@ -141,8 +153,9 @@ func (d *Device) gemmStateOnThread() (*gemmState, error) {
 	return g, nil
 }
 
-// planOnThread builds the descriptors for a shape and asks the heuristic for the best algorithm,
-// once per shape.
+// planOnThread builds the descriptors for a shape and chooses its algorithm, once per key: the
+// heuristic's candidates are timed on g's operands when the GEMM is large enough (gemm_tune.go),
+// which makes the host wait once; later calls of the key find the plan and never wait.
 func (d *Device) planOnThread(gs *gemmState, g *Gemm) (*gemmPlan, error) {
 	batch := max(g.Batch, 1)
 	key := gemmKey{g.M, g.N, g.K, batch, g.alignments(), g.TransA, g.TransB, g.OutF32, g.InF32, g.Bias != nil, g.StrideA, g.StrideB, g.StrideC}
@@ -244,22 +257,25 @@ func (d *Device) planOnThread(gs *gemmState, g *Gemm) (*gemmPlan, error) {
 	if err := lt.check("set reduction scheme", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefReductionMask, unsafe.Pointer(&mask), 4)); err != nil {
 		return fail(err)
 	}
-	var returned int32
-	if err := lt.check("cublasLtMatmulAlgoGetHeuristic", lt.cublasLtMatmulAlgoGetHeuristic(gs.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, unsafe.Pointer(&p.algo), &returned)); err != nil {
+	results, err := d.gemmCandidatesOnThread(gs, p, pref, gs.tune.Candidates)
+	if err != nil {
 		return fail(err)
 	}
-	if returned == 0 {
+	if len(results) == 0 {
 		// No algorithm without an output-typed split-K: let cuBLASLt choose freely.
 		mask = 7
 		if err := lt.check("set reduction scheme", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefReductionMask, unsafe.Pointer(&mask), 4)); err != nil {
 			return fail(err)
 		}
-		if err := lt.check("cublasLtMatmulAlgoGetHeuristic", lt.cublasLtMatmulAlgoGetHeuristic(gs.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, unsafe.Pointer(&p.algo), &returned)); err != nil {
+		if results, err = d.gemmCandidatesOnThread(gs, p, pref, gs.tune.Candidates); err != nil {
 			return fail(err)
 		}
 	}
-	if returned == 0 {
+	if len(results) == 0 {
 		return fail(errors.New("cuBLASLt has no algorithm for this shape and alignment"))
+	}
+	if err := d.tuneOnThread(gs, p, g, results); err != nil {
+		return fail(err)
 	}
 	gs.plans[key] = p
 	return p, nil
