@@ -119,7 +119,10 @@ func (g *Gemm) validate() error {
 	return nil
 }
 
-// Matmul runs g on the device's stream.
+// Matmul runs g on the device's stream. The first call of a shape (plan key: dimensions,
+// transposes, dtypes, bias, strides, operand alignments) chooses its algorithm, timing cuBLASLt's
+// candidates on g's operands when the GEMM is large enough, and then waits once for the GPU
+// (counted as "GEMMTune" in Syncs); later calls of the shape never wait (gemm_tune.go).
 func (d *Device) Matmul(g Gemm) error {
 	if err := g.validate(); err != nil {
 		return err

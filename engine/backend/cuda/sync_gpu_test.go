@@ -344,52 +344,137 @@ func TestGPUCrossEntropyPaths(t *testing.T) {
 
 // ---- benchmarks ----
 
-// TestGPULayerGEMMThroughput times the GEMMs of one Qwen3-0.6B layer at 16384 tokens (hidden
-// 1024, q 2048, kv 1024 each for k and v, MLP 3072) and the LM head, each forward (x·Wᵀ) and
-// its two backward products (dX = dY·W; dW += dYᵀ·X into a bf16 gradient), in TFLOP/s.
+// TestGPULayerGEMMThroughput times the GEMMs of one layer at 16384 tokens of the Qwen3-0.6B
+// shape (hidden 1024, q 2048, kv 1024 each for k and v, MLP 3072, vocabulary 151936) and of the
+// Llama-3.2-1B shape (hidden 2048, q 2048, kv 512, MLP 8192, vocabulary 128256), and one
+// LM-head chunk of each: forward (x·Wᵀ) and the two backward products (dX = dY·W; dW += dYᵀ·X
+// into a bf16 gradient, or for the LM head into the fp32 accumulator cross-entropy uses), in
+// TFLOP/s, once with the heuristic's first algorithm and once with the tuned one (gemm_tune.go).
+// It checks that the tuned results equal the heuristic's to bf16 tolerance, that tuning waits
+// once (GEMMTune) on the first call of a shape and never after.
 func TestGPULayerGEMMThroughput(t *testing.T) {
 	g := gpu(t)
 	const M = 16384
-	type lin struct {
-		name string
-		O, I int
-		M    int
+	for _, m := range []struct {
+		bench string
+		lins  []gemmBenchLinear
+	}{
+		{"gemm_qwen3_0.6b_layer_16384_tokens", []gemmBenchLinear{
+			{"q_proj", 2048, 1024, M}, {"k_proj", 1024, 1024, M}, {"v_proj", 1024, 1024, M}, {"o_proj", 1024, 2048, M},
+			{"gate_proj", 3072, 1024, M}, {"up_proj", 3072, 1024, M}, {"down_proj", 1024, 3072, M},
+			{"lm_head_chunk", 151936, 1024, crossEntropyChunkRows(M, 151936)},
+		}},
+		{"gemm_llama3.2_1b_layer_16384_tokens", []gemmBenchLinear{
+			{"q_proj", 2048, 2048, M}, {"k_proj", 512, 2048, M}, {"v_proj", 512, 2048, M}, {"o_proj", 2048, 2048, M},
+			{"gate_proj", 8192, 2048, M}, {"up_proj", 8192, 2048, M}, {"down_proj", 2048, 8192, M},
+			{"lm_head_chunk", 128256, 2048, crossEntropyChunkRows(M, 128256)},
+		}},
+	} {
+		t.Run(m.bench, func(t *testing.T) { benchLayerGEMMs(t, g, m.bench, m.lins) })
 	}
-	lins := []lin{
-		{"q_proj", 2048, 1024, M}, {"k_proj", 1024, 1024, M}, {"v_proj", 1024, 1024, M}, {"o_proj", 1024, 2048, M},
-		{"gate_proj", 3072, 1024, M}, {"up_proj", 3072, 1024, M}, {"down_proj", 1024, 3072, M},
-		{"lm_head_chunk", 151936, 1024, crossEntropyChunkRows(M, 151936)},
-	}
+}
+
+// gemmBenchLinear is one projection y[M,O] = x[M,I]·w[O,I]ᵀ; O > 100000 marks an LM head.
+type gemmBenchLinear struct {
+	name    string
+	O, I, M int
+}
+
+func benchLayerGEMMs(t *testing.T, g *Backend, bench string, lins []gemmBenchLinear) {
+	defer restoreGemmTuning(t, g)
 	values := map[string]float64{}
-	var layerMs, layerFlops float64
+	var layerMs, layerHeurMs, layerFlops float64
+	var problems []string
 	for _, l := range lins {
+		lmHead := l.O > 100000
 		x := randomTensor(t, g, 1, tensor.BF16, 1, l.M, l.I)
 		w := randomTensor(t, g, 2, tensor.BF16, 0.02, l.O, l.I)
-		y, _ := g.Alloc(tensor.BF16, l.M, l.O)
-		if l.O > 100000 {
-			g.Free(y)
-			y, _ = g.Alloc(tensor.F32, l.M, l.O) // the LM head's logits are fp32
+		outDT := tensor.BF16
+		if lmHead {
+			outDT = tensor.F32 // the LM head's logits and its weight-gradient accumulator are fp32
 		}
+		y, _ := g.Alloc(outDT, l.M, l.O)
 		dy := randomTensor(t, g, 3, tensor.BF16, 1, l.M, l.O)
 		dx, _ := g.Alloc(tensor.BF16, l.M, l.I)
-		dw, _ := g.Alloc(tensor.BF16, l.O, l.I)
+		dw, _ := g.Alloc(outDT, l.O, l.I)
 		flops := 2 * float64(l.M) * float64(l.O) * float64(l.I)
 		for _, p := range []struct {
 			name string
+			out  tensor.Tensor
 			f    func() error
 		}{
-			{"fwd", func() error { return g.Linear(y, x, w, tensor.Tensor{}) }},
-			{"dx", func() error { return g.LinearBackward(backend.LinearBackwardArgs{DX: dx, DY: dy, W: w}) }},
-			{"dw", func() error { return g.LinearBackward(backend.LinearBackwardArgs{DW: dw, DY: dy, X: x}) }},
+			{"fwd", y, func() error { return g.Linear(y, x, w, tensor.Tensor{}) }},
+			{"dx", dx, func() error { return g.LinearBackward(backend.LinearBackwardArgs{DX: dx, DY: dy, W: w}) }},
+			{"dw", dw, func() error { return g.LinearBackward(backend.LinearBackwardArgs{DW: dw, DY: dy, X: x}) }},
 		} {
+			key := l.name + "_" + p.name
+			shape := fmt.Sprintf("%s %s %s M=%d O=%d I=%d", bench, l.name, p.name, l.M, l.O, l.I)
+			// once: zero the output (dW accumulates), run one call and read the result back.
+			once := func() ([]float32, error) {
+				if err := g.Fill(p.out, 0); err != nil {
+					return nil, err
+				}
+				if err := p.f(); err != nil {
+					return nil, err
+				}
+				return backend.ToFloat32(g, p.out)
+			}
+			setGemmTuning(t, g, gemmTuneConfig{Candidates: 1, MinFLOPs: 0, Rounds: 1})
+			ref, err := once()
+			if err != nil {
+				t.Fatalf("%s: heuristic: %v", shape, err)
+			}
+			heurMs := timeIt(t, g, 5, p.f)
+			setGemmTuning(t, g, defaultGemmTuneConfig())
+			if err := g.Fill(p.out, 0); err != nil {
+				t.Fatal(err)
+			}
+			before := g.Syncs()
+			if err := p.f(); err != nil {
+				t.Fatalf("%s: tuned: %v", shape, err)
+			}
+			firstWaits := syncDelta(before, g.Syncs())
+			tunes := gemmPlanTunes(t, g)
+			before = g.Syncs()
+			got, err := once()
+			if err != nil {
+				t.Fatalf("%s: tuned: %v", shape, err)
+			}
+			// once's Download is its one wait; anything else is the tuning waiting again.
+			if d := syncDelta(before, g.Syncs()); len(d) != 1 || d["Download"] != 1 {
+				problems = append(problems, fmt.Sprintf("%s: the second call of a tuned shape waited %v (want only the Download)", shape, d))
+			}
+			timedPlans := 0
+			chosen := -1.0
+			for _, r := range tunes {
+				if r.Timed {
+					timedPlans++
+					chosen = float64(r.Chosen)
+				}
+			}
+			if firstWaits[gemmTuneSyncOp] != int64(timedPlans) || len(firstWaits) > 1 {
+				problems = append(problems, fmt.Sprintf("%s: the first tuned call waited %v for %d timed plan(s) (want one GEMMTune wait per timed plan, nothing else)", shape, firstWaits, timedPlans))
+			}
+			if worst, at := gemmResultRatio(got, ref, 1e-3, 2*bf16Eps); worst > 1 {
+				problems = append(problems, fmt.Sprintf("%s: tuned result [%d] = %g, heuristic's %g (worst ratio to tolerance %.3g)", shape, at, got[at], ref[at], worst))
+			}
 			ms := timeIt(t, g, 5, p.f)
-			values[l.name+"_"+p.name+"_ms"] = ms
-			values[l.name+"_"+p.name+"_tflops"] = flops / (ms * 1e-3) / 1e12
-			if l.O < 100000 {
+			values[key+"_ms"] = ms
+			values[key+"_tflops"] = flops / (ms * 1e-3) / 1e12
+			values[key+"_heuristic_ms"] = heurMs
+			values[key+"_heuristic_tflops"] = flops / (heurMs * 1e-3) / 1e12
+			values[key+"_tuned_speedup"] = heurMs / ms
+			values[key+"_tuned_candidate"] = chosen
+			if len(tunes) > 0 {
+				values[key+"_candidates"] = float64(len(tunes[len(tunes)-1].Candidates))
+			}
+			if !lmHead {
 				layerMs += ms
+				layerHeurMs += heurMs
 				layerFlops += flops
 			}
-			t.Logf("%s %s M=%d N=%d K=%d: %.3f ms, %.1f TFLOP/s", l.name, p.name, l.M, l.O, l.I, ms, flops/(ms*1e-3)/1e12)
+			t.Logf("%s: heuristic %.3f ms %.1f TFLOP/s; tuned (candidate %v of %v) %.3f ms %.1f TFLOP/s", shape,
+				heurMs, flops/(heurMs*1e-3)/1e12, chosen, values[key+"_candidates"], ms, flops/(ms*1e-3)/1e12)
 		}
 		for _, tt := range []tensor.Tensor{x, w, y, dy, dx, dw} {
 			g.Free(tt)
@@ -397,9 +482,16 @@ func TestGPULayerGEMMThroughput(t *testing.T) {
 	}
 	values["layer_all_gemms_ms"] = layerMs
 	values["layer_all_gemms_tflops"] = layerFlops / (layerMs * 1e-3) / 1e12
+	values["layer_all_gemms_heuristic_ms"] = layerHeurMs
+	values["layer_all_gemms_heuristic_tflops"] = layerFlops / (layerHeurMs * 1e-3) / 1e12
 	values["gemm_workspace_mib"] = gemmWorkspaceBytes >> 20
-	report.addBench(benchmark{Name: "gemm_qwen3_0.6b_layer_16384_tokens", Values: values,
-		Note: "Linear forward (NT), LinearBackward dX (NN) and dW (TN, += into bf16 via an fp32 product) per projection; lm_head_chunk is one cross-entropy chunk (fp32 logits); median of 5 x 5 calls with CUDA events"})
+	values["tune_candidates"] = float64(defaultGemmTuneConfig().Candidates)
+	report.addBench(benchmark{Name: bench, Values: values,
+		Note: "Linear forward (NT), LinearBackward dX (NN) and dW (TN, += into bf16 via an fp32 product; the LM head's into fp32 directly, as cross-entropy does) per projection; lm_head_chunk is one cross-entropy chunk (fp32 logits); *_heuristic_* use cuBLASLt's first algorithm, the others the tuned one (HALO_CUDA_GEMM_CANDIDATES candidates timed on first use); median of 5 x 5 calls with CUDA events"})
+	report.addCheck(bench+": tuned GEMMs equal the heuristic's to bf16 tolerance; one GEMMTune wait on a shape's first call, none after", len(problems) == 0, strings.Join(problems, "; "))
+	for _, p := range problems {
+		t.Error(p)
+	}
 }
 
 // TestGPUCrossEntropyThroughput times the fused LM head + loss forward and backward at 16384
