@@ -260,7 +260,12 @@ func (d *Device) planOnThread(gs *gemmState, g *Gemm) (*gemmPlan, error) {
 	if err := lt.check("set reduction scheme", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefReductionMask, unsafe.Pointer(&mask), 4)); err != nil {
 		return fail(err)
 	}
-	results, err := d.gemmCandidatesOnThread(gs, p, pref, gs.tune.Candidates)
+	// A GEMM too small to time needs only the heuristic's first choice.
+	want := gs.tune.Candidates
+	if gemmFLOPs(g) < gs.tune.MinFLOPs {
+		want = 1
+	}
+	results, err := d.gemmCandidatesOnThread(gs, p, pref, want)
 	if err != nil {
 		return fail(err)
 	}
@@ -270,7 +275,7 @@ func (d *Device) planOnThread(gs *gemmState, g *Gemm) (*gemmPlan, error) {
 		if err := lt.check("set reduction scheme", lt.cublasLtMatmulPreferenceSetAttribute(pref, ltPrefReductionMask, unsafe.Pointer(&mask), 4)); err != nil {
 			return fail(err)
 		}
-		if results, err = d.gemmCandidatesOnThread(gs, p, pref, gs.tune.Candidates); err != nil {
+		if results, err = d.gemmCandidatesOnThread(gs, p, pref, want); err != nil {
 			return fail(err)
 		}
 	}

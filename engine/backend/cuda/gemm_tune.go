@@ -32,18 +32,20 @@ import (
 // memory is not available the key takes the heuristic's first choice. With Beta = 0 the timed
 // runs write C itself, which the call then overwrites with the winner's result.
 //
-// GEMMs below MinFLOPs take the heuristic's first choice untimed: their time is launch overhead,
-// which events between back-to-back launches do not measure. Nothing is persisted.
+// GEMMs below MinFLOPs take the heuristic's first choice untimed. The default, 1e10 FLOPs, is
+// about 15 µs on an H200: below it a launch through cuBLASLt and an event record take the host
+// nearly as long as the GPU takes to run the GEMM, so the queue of timed runs could drain and the
+// events would time the host; and the time there is to win is small. Nothing is persisted.
 //
 // Environment: HALO_CUDA_GEMM_CANDIDATES (default 8; 1 disables tuning) and
-// HALO_CUDA_GEMM_TUNE_MIN_FLOPS (default 4e9), read when a device makes its first GEMM.
+// HALO_CUDA_GEMM_TUNE_MIN_FLOPS (default 1e10), read when a device makes its first GEMM.
 
 const (
 	envGemmCandidates    = "HALO_CUDA_GEMM_CANDIDATES"
 	envGemmTuneMinFLOPs  = "HALO_CUDA_GEMM_TUNE_MIN_FLOPS"
 	maxGemmCandidates    = 64
 	defaultGemmRounds    = 3
-	defaultGemmMinFLOPs  = 4e9
+	defaultGemmMinFLOPs  = 1e10
 	defaultGemmCandidate = 8
 )
 
@@ -76,7 +78,7 @@ func gemmTuneConfigFromEnv(getenv func(string) string) (gemmTuneConfig, error) {
 	if v := strings.TrimSpace(getenv(envGemmTuneMinFLOPs)); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
-			return c, fmt.Errorf("cuda: %s=%q: want a non-negative number of floating-point operations, e.g. 4e9", envGemmTuneMinFLOPs, v)
+			return c, fmt.Errorf("cuda: %s=%q: want a non-negative number of floating-point operations, e.g. 1e10", envGemmTuneMinFLOPs, v)
 		}
 		c.MinFLOPs = f
 	}
@@ -117,6 +119,9 @@ type gemmTuneResult struct {
 	Reason string
 	// Scratch says timed runs wrote a scratch output rather than C.
 	Scratch bool
+	// Err is a failed wait for the timed runs: the stream has faulted (by this GEMM or by work
+	// queued before it), and the call must fail rather than carry on.
+	Err error
 }
 
 // gemmTimer is what the tuner needs from a device. Every method runs on the device goroutine and
@@ -265,6 +270,7 @@ func tuneGemm(cfg gemmTuneConfig, job gemmTuneJob, cands []gemmCandidate, t gemm
 	switch {
 	case waitErr != nil:
 		res.Reason = "waiting for the timed runs: " + waitErr.Error()
+		res.Err = fmt.Errorf("waiting for the timed runs of %d algorithm candidates: %w", len(cands), waitErr)
 	case abort != "":
 		res.Reason = abort
 	}
@@ -425,6 +431,9 @@ func (d *Device) tuneOnThread(gs *gemmState, p *gemmPlan, g *Gemm, results []ltH
 	t := &deviceGemmTimer{d: d, gs: gs, p: p, g: g, cands: cands}
 	r := tuneGemm(gs.tune, job, cands, t)
 	r.log(g)
+	if r.Err != nil {
+		return r.Err
+	}
 	if r.Chosen < 0 {
 		var why []string
 		for i, c := range cands {

@@ -330,7 +330,8 @@ func TestTuneGemmUntimedCases(t *testing.T) {
 }
 
 // Driver errors while timing fall back to the heuristic's first choice, after the one wait (so
-// a scratch output is never freed under queued work).
+// a scratch output is never freed under queued work); a failed wait is also returned as an error,
+// since the stream has faulted.
 func TestTuneGemmDriverErrorsFallBack(t *testing.T) {
 	job := bigJob
 	job.Accumulates = true
@@ -347,6 +348,9 @@ func TestTuneGemmDriverErrorsFallBack(t *testing.T) {
 			r := tuneGemm(defaultGemmTuneConfig(), job, fakeCandidates(2), tc.f)
 			if r.Chosen != 0 || r.Timed || !strings.Contains(r.Reason, tc.reason) {
 				t.Fatalf("chose %d timed %v reason %q; want 0 untimed with %q", r.Chosen, r.Timed, r.Reason, tc.reason)
+			}
+			if (tc.f.waitErr != nil) != (r.Err != nil) {
+				t.Fatalf("result error %v; want one exactly when the wait fails", r.Err)
 			}
 			if tc.f.waits != 1 || tc.f.released != 1 || !strings.HasPrefix(strings.Join(tc.f.events, ","), "wait,release") {
 				t.Fatalf("waits %d, releases %d, events %v; want one wait then the release", tc.f.waits, tc.f.released, tc.f.events)
@@ -396,7 +400,7 @@ func TestGemmTuneConfigFromEnv(t *testing.T) {
 }
 
 // The default threshold times every GEMM of a Qwen3-0.6B or Llama-3.2-1B layer at 16384 tokens
-// and leaves a tiny model's GEMMs untimed.
+// and leaves a tiny model's GEMMs, and the smallest of a 4096-token Qwen3 layer, untimed.
 func TestGemmTuneThresholdSeparatesModelShapes(t *testing.T) {
 	def := defaultGemmTuneConfig()
 	for _, tc := range []struct {
@@ -406,7 +410,8 @@ func TestGemmTuneThresholdSeparatesModelShapes(t *testing.T) {
 	}{
 		{"qwen3_k_proj_dw_16384", Gemm{M: 1024, N: 1024, K: 16384}, true},
 		{"llama_k_proj_fwd_16384", Gemm{M: 16384, N: 512, K: 2048}, true},
-		{"batched_small", Gemm{M: 128, N: 128, K: 128, Batch: 1024}, true},
+		{"batched_small", Gemm{M: 128, N: 128, K: 128, Batch: 4096}, true},
+		{"qwen3_k_proj_fwd_4096", Gemm{M: 4096, N: 1024, K: 1024}, false},
 		{"tiny_model_fwd", Gemm{M: 256, N: 128, K: 128}, false},
 		{"tiny_model_lm_head", Gemm{M: 256, N: 1000, K: 128}, false},
 	} {
