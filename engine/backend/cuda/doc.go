@@ -12,7 +12,10 @@
 // on first use and cached on disk (KernelCacheDir) under a key of source hash, architecture and
 // NVRTC version. They store bf16 or fp32 and compute in fp32; bf16 values are handled as raw bits,
 // so NVRTC needs no CUDA headers. GEMMs go through cuBLASLt (bf16 or fp32 operands, fp32
-// accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment.
+// accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment: the
+// heuristic's first choice, or, with HALO_CUDA_GEMM_CANDIDATES=N (N > 1), the fastest of its first
+// N candidates timed on the first call of each large shape (that call waits once; tuning is off
+// by default until it has been measured on a GPU; HALO_CUDA_GEMM_TUNE_MIN_FLOPS sets "large").
 // Attention has two implementations of one contract: flash-style tensor-core kernels
 // (attention_tc.cu: mma.sync m16n8k16 with ldmatrix and cp.async, bf16 tensors with head dim 64
 // or 128, tile shapes chosen per head dim from measurements) and SIMT kernels (attention.cu: any

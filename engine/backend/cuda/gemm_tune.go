@@ -37,8 +37,9 @@ import (
 // nearly as long as the GPU takes to run the GEMM, so the queue of timed runs could drain and the
 // events would time the host; and the time there is to win is small. Nothing is persisted.
 //
-// Environment: HALO_CUDA_GEMM_CANDIDATES (default 8; 1 disables tuning) and
-// HALO_CUDA_GEMM_TUNE_MIN_FLOPS (default 1e10), read when a device makes its first GEMM.
+// Tuning is off by default until it has been measured on a GPU: HALO_CUDA_GEMM_CANDIDATES=8
+// turns it on (1, the default, takes the heuristic's first choice); HALO_CUDA_GEMM_TUNE_MIN_FLOPS
+// (default 1e10) sets the smallest GEMM timed. Both are read when a device makes its first GEMM.
 
 const (
 	envGemmCandidates    = "HALO_CUDA_GEMM_CANDIDATES"
@@ -46,7 +47,8 @@ const (
 	maxGemmCandidates    = 64
 	defaultGemmRounds    = 3
 	defaultGemmMinFLOPs  = 1e10
-	defaultGemmCandidate = 8
+	defaultGemmCandidate = 1
+	tunedGemmCandidates  = 8 // what HALO_CUDA_GEMM_CANDIDATES=8 asks for, and what the tests tune with
 )
 
 // gemmTuneConfig says when and how a new GEMM plan key is tuned.
@@ -62,6 +64,13 @@ type gemmTuneConfig struct {
 
 func defaultGemmTuneConfig() gemmTuneConfig {
 	return gemmTuneConfig{Candidates: defaultGemmCandidate, MinFLOPs: defaultGemmMinFLOPs, Rounds: defaultGemmRounds}
+}
+
+// tunedGemmConfig is the default configuration with tuning on.
+func tunedGemmConfig() gemmTuneConfig {
+	c := defaultGemmTuneConfig()
+	c.Candidates = tunedGemmCandidates
+	return c
 }
 
 // gemmTuneConfigFromEnv is the default configuration with the environment's overrides; a value

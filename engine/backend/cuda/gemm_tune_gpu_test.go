@@ -142,7 +142,7 @@ func TestGPUGEMMTuneAccumulatesOnce(t *testing.T) {
 	product := run(0)
 	untuned := run(1)
 
-	setGemmTuning(t, g, defaultGemmTuneConfig())
+	setGemmTuning(t, g, tunedGemmConfig())
 	before := g.Syncs()
 	tuned := run(1)
 	waits := syncDelta(before, g.Syncs())
@@ -227,7 +227,7 @@ func TestGPUGEMMTuneAccumulatesOnce(t *testing.T) {
 	setGemmTuning(t, g, gemmTuneConfig{Candidates: 1, Rounds: 1})
 	noBias := withBias(false)
 	refY := withBias(true)
-	setGemmTuning(t, g, defaultGemmTuneConfig())
+	setGemmTuning(t, g, tunedGemmConfig())
 	gotY := withBias(true)
 	biasV, err := backend.ToFloat32(g, bias)
 	if err != nil {

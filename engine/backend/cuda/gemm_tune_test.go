@@ -105,7 +105,7 @@ func fakeCandidates(n int) []gemmCandidate {
 var bigJob = gemmTuneJob{FLOPs: 2 * 1024 * 1024 * 16384, C: fakeC, OutBytes: 1024 * 1024 * 4}
 
 func TestTuneGemmPicksTheFastestCandidate(t *testing.T) {
-	cfg := defaultGemmTuneConfig()
+	cfg := tunedGemmConfig()
 	for _, tc := range []struct {
 		name string
 		dur  []float32
@@ -157,7 +157,7 @@ func TestTuneGemmIgnoresTheWarmUpRun(t *testing.T) {
 		1: {50, 0.5, 0.5, 0.5},
 		2: {0.01, 0.8, 0.8, 0.8},
 	}}
-	r := tuneGemm(defaultGemmTuneConfig(), bigJob, fakeCandidates(3), f)
+	r := tuneGemm(tunedGemmConfig(), bigJob, fakeCandidates(3), f)
 	if r.Chosen != 1 {
 		t.Fatalf("chose %d with medians %v, want 1", r.Chosen, r.Candidates)
 	}
@@ -202,7 +202,7 @@ func TestTuneGemmSkipsFailingCandidates(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeGemmTimer{dur: tc.dur, failAt: tc.failAt}
-			r := tuneGemm(defaultGemmTuneConfig(), bigJob, fakeCandidates(len(tc.dur)), f)
+			r := tuneGemm(tunedGemmConfig(), bigJob, fakeCandidates(len(tc.dur)), f)
 			if r.Chosen != tc.want {
 				t.Fatalf("chose %d, want %d (candidates %+v)", r.Chosen, tc.want, r.Candidates)
 			}
@@ -218,7 +218,7 @@ func TestTuneGemmSkipsFailingCandidates(t *testing.T) {
 	}
 	t.Run("all_fail", func(t *testing.T) {
 		f := &fakeGemmTimer{dur: []float32{1, 1}, failAt: map[int]int{0: 0, 1: 0}}
-		r := tuneGemm(defaultGemmTuneConfig(), bigJob, fakeCandidates(2), f)
+		r := tuneGemm(tunedGemmConfig(), bigJob, fakeCandidates(2), f)
 		if r.Chosen != -1 || r.Timed {
 			t.Fatalf("chose %d (timed %v) when every candidate fails; want -1", r.Chosen, r.Timed)
 		}
@@ -241,7 +241,7 @@ func TestScreenGemmCandidates(t *testing.T) {
 	}
 	// A screened-out candidate is never run, even when it would be the fastest.
 	f := &fakeGemmTimer{dur: []float32{3, 0.1, 0.1, 2}}
-	r := tuneGemm(defaultGemmTuneConfig(), bigJob, cands, f)
+	r := tuneGemm(tunedGemmConfig(), bigJob, cands, f)
 	if r.Chosen != 3 {
 		t.Fatalf("chose %d, want 3", r.Chosen)
 	}
@@ -256,7 +256,7 @@ func TestTuneGemmAccumulatingCallTimesIntoScratch(t *testing.T) {
 	job := bigJob
 	job.Accumulates = true
 	f := &fakeGemmTimer{dur: []float32{2, 1}}
-	r := tuneGemm(defaultGemmTuneConfig(), job, fakeCandidates(2), f)
+	r := tuneGemm(tunedGemmConfig(), job, fakeCandidates(2), f)
 	if r.Chosen != 1 || !r.Timed || !r.Scratch {
 		t.Fatalf("chose %d timed %v scratch %v (%q), want 1 timed into scratch", r.Chosen, r.Timed, r.Scratch, r.Reason)
 	}
@@ -280,7 +280,7 @@ func TestTuneGemmAccumulatingCallWithoutScratchTakesHeuristic(t *testing.T) {
 	job := bigJob
 	job.Accumulates = true
 	f := &fakeGemmTimer{dur: []float32{2, 1}, scratchErr: errors.New("out of device memory")}
-	r := tuneGemm(defaultGemmTuneConfig(), job, fakeCandidates(2), f)
+	r := tuneGemm(tunedGemmConfig(), job, fakeCandidates(2), f)
 	if r.Chosen != 0 || r.Timed || !strings.Contains(r.Reason, "out of device memory") {
 		t.Fatalf("chose %d timed %v reason %q; want the heuristic's first, untimed, naming the allocation failure", r.Chosen, r.Timed, r.Reason)
 	}
@@ -291,7 +291,7 @@ func TestTuneGemmAccumulatingCallWithoutScratchTakesHeuristic(t *testing.T) {
 
 // Calls that are not timed enqueue nothing and never wait.
 func TestTuneGemmUntimedCases(t *testing.T) {
-	def := defaultGemmTuneConfig()
+	def := tunedGemmConfig()
 	off := def
 	off.Candidates = 1
 	for _, tc := range []struct {
@@ -345,7 +345,7 @@ func TestTuneGemmDriverErrorsFallBack(t *testing.T) {
 		{"later_mark_fails", &fakeGemmTimer{dur: []float32{2, 1}, markErrAt: 3}, "recording an event"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := tuneGemm(defaultGemmTuneConfig(), job, fakeCandidates(2), tc.f)
+			r := tuneGemm(tunedGemmConfig(), job, fakeCandidates(2), tc.f)
 			if r.Chosen != 0 || r.Timed || !strings.Contains(r.Reason, tc.reason) {
 				t.Fatalf("chose %d timed %v reason %q; want 0 untimed with %q", r.Chosen, r.Timed, r.Reason, tc.reason)
 			}
@@ -402,7 +402,7 @@ func TestGemmTuneConfigFromEnv(t *testing.T) {
 // The default threshold times every GEMM of a Qwen3-0.6B or Llama-3.2-1B layer at 16384 tokens
 // and leaves a tiny model's GEMMs, and the smallest of a 4096-token Qwen3 layer, untimed.
 func TestGemmTuneThresholdSeparatesModelShapes(t *testing.T) {
-	def := defaultGemmTuneConfig()
+	def := tunedGemmConfig()
 	for _, tc := range []struct {
 		name  string
 		g     Gemm

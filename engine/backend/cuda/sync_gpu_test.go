@@ -425,7 +425,7 @@ func benchLayerGEMMs(t *testing.T, g *Backend, bench string, lins []gemmBenchLin
 				t.Fatalf("%s: heuristic: %v", shape, err)
 			}
 			heurMs := timeIt(t, g, 5, p.f)
-			setGemmTuning(t, g, defaultGemmTuneConfig())
+			setGemmTuning(t, g, tunedGemmConfig())
 			if err := g.Fill(p.out, 0); err != nil {
 				t.Fatal(err)
 			}
@@ -485,7 +485,7 @@ func benchLayerGEMMs(t *testing.T, g *Backend, bench string, lins []gemmBenchLin
 	values["layer_all_gemms_heuristic_ms"] = layerHeurMs
 	values["layer_all_gemms_heuristic_tflops"] = layerFlops / (layerHeurMs * 1e-3) / 1e12
 	values["gemm_workspace_mib"] = gemmWorkspaceBytes >> 20
-	values["tune_candidates"] = float64(defaultGemmTuneConfig().Candidates)
+	values["tune_candidates"] = float64(tunedGemmConfig().Candidates)
 	report.addBench(benchmark{Name: bench, Values: values,
 		Note: "Linear forward (NT), LinearBackward dX (NN) and dW (TN, += into bf16 via an fp32 product; the LM head's into fp32 directly, as cross-entropy does) per projection; lm_head_chunk is one cross-entropy chunk (fp32 logits); *_heuristic_* use cuBLASLt's first algorithm, the others the tuned one (HALO_CUDA_GEMM_CANDIDATES candidates timed on first use); median of 5 x 5 calls with CUDA events"})
 	report.addCheck(bench+": tuned GEMMs equal the heuristic's to bf16 tolerance; one GEMMTune wait on a shape's first call, none after", len(problems) == 0, strings.Join(problems, "; "))
