@@ -11,33 +11,20 @@ import (
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/tensor"
-	"github.com/halo-shell/halo-shell/engine/train"
 )
 
 // TestBenchTrainOnCPU runs bench-train for 3 steps of a tiny llama saved by our own code on
 // rows that repeat a short period, and reads the report it writes.
 func TestBenchTrainOnCPU(t *testing.T) {
 	dir := t.TempDir()
-	c, err := train.InitModelConfig(&train.InitConfig{Arch: "llama", Preset: "tiny", Overrides: map[string]any{
-		"hidden_size": 32, "intermediate_size": 64, "head_dim": 8, "tie_word_embeddings": true}}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	b, err := backend.Open("cpu")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	m, err := models.New(c, b, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.InitRandom(9); err != nil {
-		t.Fatal(err)
-	}
 	ckpt := filepath.Join(dir, "ckpt")
-	if err := m.Save(ckpt, models.SaveOptions{}); err != nil {
+	if _, err := models.InitCheckpoint(b, models.InitSpec{Arch: "llama", Preset: "tiny", OutDir: ckpt, Seed: 9, DType: tensor.BF16,
+		Set: []string{"hidden_size=32", "intermediate_size=64", "head_dim=8", "tie_word_embeddings=true"}}); err != nil {
 		t.Fatal(err)
 	}
 	recs := make([]data.Record, 6)

@@ -14,36 +14,30 @@ import (
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/tensor"
-	"github.com/halo-shell/halo-shell/engine/train"
 )
 
 // tinyLlama saves a random tiny llama (tied embeddings, vocab 256) with our own save code.
 func tinyLlama(t *testing.T) string {
 	t.Helper()
-	c, err := train.InitModelConfig(&train.InitConfig{Arch: "llama", Preset: "tiny", Overrides: map[string]any{
-		"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-		"head_dim": 8, "tie_word_embeddings": true}}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	saveTinyModel(t, dir, tensor.BF16, 5, "num_attention_heads=4", "num_key_value_heads=2", "head_dim=8")
+	return dir
+}
+
+// saveTinyModel writes a random tiny llama (hidden 32, MLP 64, tied embeddings) with the
+// config overrides set, as halo-shell run init-model does.
+func saveTinyModel(t *testing.T, dir string, dt tensor.DType, seed uint64, set ...string) {
+	t.Helper()
 	b, err := backend.Open("cpu")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	m, err := models.New(c, b, models.Options{DType: tensor.BF16})
-	if err != nil {
+	spec := models.InitSpec{Arch: "llama", Preset: "tiny", OutDir: dir, Seed: seed, DType: dt,
+		Set: append([]string{"hidden_size=32", "intermediate_size=64", "tie_word_embeddings=true"}, set...)}
+	if _, err := models.InitCheckpoint(b, spec); err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
-	if err := m.InitRandom(5); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "ckpt")
-	if err := m.Save(dir, models.SaveOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
 
 // tokenFile writes rows of length n that cycle through a period of 5 ids.

@@ -18,27 +18,16 @@ import (
 // its directory.
 func tinyCheckpoint(t *testing.T) string {
 	t.Helper()
-	c, err := InitModelConfig(&InitConfig{Arch: "llama", Preset: "tiny", Overrides: map[string]any{
-		"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
-		"head_dim": 16, "tie_word_embeddings": true}}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	b, err := backend.Open("cpu")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	m, err := models.New(c, b, models.Options{DType: tensor.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.InitRandom(3); err != nil {
-		t.Fatal(err)
-	}
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	if err := m.Save(dir, models.SaveOptions{}); err != nil {
+	spec := models.InitSpec{Arch: "llama", Preset: "tiny", OutDir: dir, Seed: 3, DType: tensor.F32,
+		Set: []string{"hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1",
+			"head_dim=16", "tie_word_embeddings=true"}}
+	if _, err := models.InitCheckpoint(b, spec); err != nil {
 		t.Fatal(err)
 	}
 	return dir
