@@ -333,19 +333,6 @@ func (r gemmTuneResult) log(g *Gemm) {
 		"timed", r.Timed, "reason", r.Reason, "scratch_output", r.Scratch, "median_ms", strings.Join(times, " "))
 }
 
-// noteOp records one synchronisation under a given op name (the caller's own tag rather than the
-// op found on the stack); it runs on the device goroutine, just before the wait.
-func (c *syncCounter) noteOp(op string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.total++
-	if c.byOp == nil {
-		c.byOp = map[string]int64{}
-	}
-	c.byOp[op]++
-	c.last = op
-}
-
 // gemmTuneSyncOp tags the tuning's wait in the device's sync counter.
 const gemmTuneSyncOp = "GEMMTune"
 

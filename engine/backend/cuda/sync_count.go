@@ -29,9 +29,13 @@ type SyncStats struct {
 	Last string `json:"last,omitempty"`
 }
 
-// note records one synchronisation; it runs on the device goroutine, just before the wait.
-func (c *syncCounter) note() {
-	op := syncCaller()
+// note records one synchronisation under the op found on the call stack; it runs on the device
+// goroutine, just before the wait.
+func (c *syncCounter) note() { c.noteOp(syncCaller()) }
+
+// noteOp records one synchronisation under a given op name (the caller's own tag rather than the
+// op found on the stack); it runs on the device goroutine, just before the wait.
+func (c *syncCounter) noteOp(op string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.total++
