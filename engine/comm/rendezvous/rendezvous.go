@@ -74,6 +74,12 @@ type Node struct {
 	Rank    int    `json:"rank"`
 	Devices int    `json:"devices"`
 	Host    string `json:"host"`
+	// Addr is where the node accepts connections from the other nodes (HOST:PORT), as it
+	// announced it through JoinAt; empty when it announced none (Join). A node that announces
+	// ":PORT" (no host) is given the IP address node 0 saw its connection come from, and node
+	// 0's own ":PORT" is given the host of Config.Addr on the other nodes, so that every node
+	// can dial every other one without knowing its own routable address.
+	Addr string `json:"addr,omitempty"`
 }
 
 // World is what every node agrees on once the rendezvous is complete.
@@ -108,6 +114,13 @@ func (w World) FirstRank(node int) int {
 // connect (retrying until node 0 listens). devices is this node's local device count; payload is
 // used on node 0 only and reaches every node in World.Payload.
 func Join(ctx context.Context, cfg Config, devices int, payload []byte) (World, error) {
+	return JoinAt(ctx, cfg, devices, "", payload)
+}
+
+// JoinAt is Join for a node that also accepts connections from the other nodes at addr
+// (HOST:PORT, or ":PORT" to let the rendezvous fill in the host; see Node.Addr): every node's
+// World then carries every node's address.
+func JoinAt(ctx context.Context, cfg Config, devices int, addr string, payload []byte) (World, error) {
 	if err := cfg.Validate(); err != nil {
 		return World{}, err
 	}
@@ -117,8 +130,11 @@ func Join(ctx context.Context, cfg Config, devices int, payload []byte) (World, 
 	if len(payload) > maxPayload {
 		return World{}, fmt.Errorf("rendezvous: payload of %d bytes exceeds %d", len(payload), maxPayload)
 	}
+	if err := checkAddr(addr); err != nil {
+		return World{}, fmt.Errorf("rendezvous: this node's address: %v", err)
+	}
 	host, _ := os.Hostname()
-	self := Node{Rank: cfg.NodeRank, Devices: devices, Host: host}
+	self := Node{Rank: cfg.NodeRank, Devices: devices, Host: host, Addr: addr}
 	// The other nodes wait a little longer than node 0, so that when time runs out they receive
 	// node 0's verdict (which names the missing ranks) rather than each giving up on its own.
 	wait := cfg.timeout()
@@ -344,7 +360,15 @@ func handshake(ctx context.Context, conn net.Conn, cfg Config) (*pending, error)
 	if host == "" {
 		host = from
 	}
-	return &pending{conn: conn, node: Node{Rank: h.NodeRank, Devices: h.Devices, Host: host}}, nil
+	addr := h.Addr
+	if addr != "" {
+		if ah, port, _ := net.SplitHostPort(addr); ah == "" {
+			if ip, _, err := net.SplitHostPort(from); err == nil {
+				addr = net.JoinHostPort(ip, port)
+			}
+		}
+	}
+	return &pending{conn: conn, node: Node{Rank: h.NodeRank, Devices: h.Devices, Host: host, Addr: addr}}, nil
 }
 
 // connect is a non-zero node's side: dial node 0 (retrying while nothing listens yet), answer
@@ -387,7 +411,7 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 	if err := decode(conn, msgChallenge, &ch); err != nil {
 		return World{}, wrap("reading the challenge", err)
 	}
-	h := helloMsg{NodeRank: self.Rank, NNodes: cfg.NNodes, Devices: self.Devices, Host: self.Host, MAC: mac(cfg.Token, ch.Nonce, self.Rank)}
+	h := helloMsg{NodeRank: self.Rank, NNodes: cfg.NNodes, Devices: self.Devices, Host: self.Host, Addr: self.Addr, MAC: mac(cfg.Token, ch.Nonce, self.Rank)}
 	if err := writeFrame(conn, msgHello, h); err != nil {
 		return World{}, wrap("sending hello", err)
 	}
@@ -397,6 +421,13 @@ func connect(ctx context.Context, cfg Config, self Node) (World, error) {
 	}
 	if len(w.Nodes) != cfg.NNodes {
 		return World{}, fmt.Errorf("rendezvous: node rank %d: node 0 sent a world of %d nodes, want %d", self.Rank, len(w.Nodes), cfg.NNodes)
+	}
+	if a := w.Nodes[0].Addr; a != "" {
+		if ah, port, err := net.SplitHostPort(a); err == nil && ah == "" {
+			if h0, _, err := net.SplitHostPort(cfg.Addr); err == nil {
+				w.Nodes[0].Addr = net.JoinHostPort(h0, port)
+			}
+		}
 	}
 	return World(w), nil
 }

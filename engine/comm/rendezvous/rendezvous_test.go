@@ -289,7 +289,8 @@ func FuzzDecodeMessages(f *testing.F) {
 		return b.Bytes()
 	}
 	f.Add(frame(msgHello, helloMsg{NodeRank: 1, NNodes: 2, Devices: 8, Host: "n1", MAC: make([]byte, 32)}))
-	f.Add(frame(msgWorld, worldMsg{Nodes: []Node{{0, 8, "a"}, {1, 8, "b"}}, Payload: make([]byte, 128)}))
+	f.Add(frame(msgWorld, worldMsg{Nodes: []Node{{Rank: 0, Devices: 8, Host: "a"}, {Rank: 1, Devices: 8, Host: "b", Addr: "10.0.0.2:4000"}}, Payload: make([]byte, 128)}))
+	f.Add(frame(msgHello, helloMsg{NodeRank: 1, NNodes: 2, Devices: 8, Host: "n1", Addr: ":4000", MAC: make([]byte, 32)}))
 	f.Add(frame(msgChallenge, challengeMsg{Nonce: make([]byte, 32)}))
 	f.Add(frame(msgError, errorMsg{Message: "no"}))
 	f.Add([]byte("HRZ1W\xff\xff\xff\xff"))
@@ -344,5 +345,52 @@ func TestServeReturnsDespiteIdleConnections(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("node 0 is still waiting on a connection that never said hello")
+	}
+}
+
+func TestJoinAtCarriesEveryNodesAddress(t *testing.T) {
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	// Node 0 and node 2 announce ":PORT": node 0's host comes from the rendezvous address on
+	// the other nodes, node 2's from the address node 0 saw it connect from. Node 1 announces a
+	// full address, which is kept as it is.
+	announce := []string{":7000", "10.1.2.3:7001", ":7002"}
+	ws := make([]World, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for r := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := Config{NNodes: 3, NodeRank: r, Addr: addr, Bind: addr, Token: "k", Timeout: 20 * time.Second}
+			ws[r], errs[r] = JoinAt(context.Background(), cfg, 2, announce[r], nil)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d: %v", r, err)
+		}
+	}
+	for r, w := range ws {
+		want := []string{"127.0.0.1:7000", "10.1.2.3:7001", "127.0.0.1:7002"}
+		if r == 0 {
+			want[0] = ":7000" // node 0 never dials itself; its own entry is as announced
+		}
+		for i, n := range w.Nodes {
+			if n.Addr != want[i] {
+				t.Errorf("node %d sees node %d at %q, want %q (rendezvous port %s)", r, i, n.Addr, want[i], port)
+			}
+		}
+	}
+}
+
+func TestJoinAtRefusesBadAddress(t *testing.T) {
+	cfg := Config{NNodes: 2, NodeRank: 1, Addr: "127.0.0.1:1", Token: "k", Timeout: time.Second}
+	for _, a := range []string{"no-port", "host:", strings.Repeat("h", 300) + ":1"} {
+		_, err := JoinAt(context.Background(), cfg, 1, a, nil)
+		if err == nil || !strings.Contains(err.Error(), "this node's address") {
+			t.Errorf("address %q: got %v, want a refusal naming this node's address", a, err)
+		}
 	}
 }

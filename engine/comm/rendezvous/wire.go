@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 )
 
 // Frames on the wire: a 4-byte magic, one byte of message type, a 4-byte big-endian body
@@ -38,6 +39,7 @@ type helloMsg struct {
 	NNodes   int    `json:"nnodes"`
 	Devices  int    `json:"devices"`
 	Host     string `json:"host"`
+	Addr     string `json:"addr,omitempty"`
 	MAC      []byte `json:"mac"`
 }
 
@@ -142,6 +144,9 @@ func (m *helloMsg) check() error {
 	case len(m.Host) > maxHost:
 		return fmt.Errorf("hello: host name of %d bytes is longer than %d", len(m.Host), maxHost)
 	}
+	if err := checkAddr(m.Addr); err != nil {
+		return fmt.Errorf("hello: %v", err)
+	}
 	return nil
 }
 
@@ -162,6 +167,23 @@ func (m *worldMsg) check() error {
 		if len(n.Host) > maxHost {
 			return fmt.Errorf("world: node %d host name too long", i)
 		}
+		if err := checkAddr(n.Addr); err != nil {
+			return fmt.Errorf("world: node %d: %v", i, err)
+		}
+	}
+	return nil
+}
+
+// checkAddr accepts an empty address or HOST:PORT (HOST may be empty) of bounded length.
+func checkAddr(a string) error {
+	if a == "" {
+		return nil
+	}
+	if len(a) > maxHost+8 {
+		return fmt.Errorf("address of %d bytes is longer than %d", len(a), maxHost+8)
+	}
+	if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+		return fmt.Errorf("address %q is not HOST:PORT", a)
 	}
 	return nil
 }
