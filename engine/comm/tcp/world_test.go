@@ -123,3 +123,5 @@ func TestWorldLayout(t *testing.T) {
 		}
 	}
 }
+
+func cpuBackendsOf(bs ...backend.Backend) []backend.Backend { return bs }
