@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/comm"
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // cpuBackends makes n single-worker CPU backends.
@@ -125,3 +128,103 @@ func TestWorldLayout(t *testing.T) {
 }
 
 func cpuBackendsOf(bs ...backend.Backend) []backend.Backend { return bs }
+
+func TestAbortReachesEveryProcess(t *testing.T) {
+	ws := joinInProcess(t, []int{1, 2}, 20*time.Second)
+	errs := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			x, _ := ws[1].Comm(i).Backend().Alloc(tensor.F32, 8)
+			errs <- ws[1].Comm(i).AllReduce(x, comm.Sum)
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	ws[0].Fabric().Abort(errors.New("rank 0 ran out of memory"))
+	for range 2 {
+		select {
+		case err := <-errs:
+			if err == nil || !strings.Contains(err.Error(), "node 0 (global rank 0) aborted the world: rank 0 ran out of memory") {
+				t.Errorf("got %v, want the abort of node 0 with its reason", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a rank of process 1 still waits 10 s after process 0 aborted")
+		}
+	}
+	if err := ws[0].Comm(0).Barrier(); err == nil || !strings.Contains(err.Error(), "aborted") {
+		t.Errorf("process 0 after its abort: %v", err)
+	}
+}
+
+func TestSendIsBoundedInFlight(t *testing.T) {
+	for _, layout := range [][]int{{1, 1}, {2}} {
+		t.Run(fmt.Sprint(layout), func(t *testing.T) {
+			ws := joinInProcess(t, layout, time.Second)
+			sender := ws[0].Comm(0)
+			receiver := ws[len(ws)-1].Comm(ws[len(ws)-1].Local() - 1)
+			x, _ := sender.Backend().Alloc(tensor.F32, 4)
+			for i := range MaxInFlight {
+				if err := sender.Send(x, 1); err != nil {
+					t.Fatalf("send %d of %d in flight: %v", i, MaxInFlight, err)
+				}
+			}
+			// One more waits for the receiver: it goes through once one message is received.
+			got := make(chan error, 1)
+			go func() {
+				time.Sleep(100 * time.Millisecond)
+				y, _ := receiver.Backend().Alloc(tensor.F32, 4)
+				got <- receiver.Recv(y, 0)
+			}()
+			if err := sender.Send(x, 1); err != nil {
+				t.Fatalf("send after a receive: %v", err)
+			}
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+			// And with nobody receiving, the next one times out naming the receiver.
+			start := time.Now()
+			err := sender.Send(x, 1)
+			if err == nil || !strings.Contains(err.Error(), "timed out") || !strings.Contains(err.Error(), "send to rank 1") {
+				t.Fatalf("got %v, want a timeout naming rank 1", err)
+			}
+			if d := time.Since(start); d < 900*time.Millisecond {
+				t.Errorf("the send gave up after %v, before the 1 s timeout", d)
+			}
+		})
+	}
+}
+
+func TestRecvChecksSize(t *testing.T) {
+	ws := joinInProcess(t, []int{1, 1}, 20*time.Second)
+	a, b := ws[0].Comm(0), ws[1].Comm(0)
+	x, _ := a.Backend().Alloc(tensor.F32, 4)
+	y, _ := b.Backend().Alloc(tensor.F32, 5)
+	if err := a.Send(x, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Recv(y, 0); err == nil || !strings.Contains(err.Error(), "message has 16 bytes") {
+		t.Fatalf("got %v, want a size error", err)
+	}
+}
+
+func TestLocalRankThatNeverArrivesTimesOut(t *testing.T) {
+	ws := joinInProcess(t, []int{2}, 500*time.Millisecond)
+	err := ws[0].Comm(0).Barrier()
+	if err == nil || !strings.Contains(err.Error(), "timed out after 500ms waiting for rank 1") || !strings.Contains(err.Error(), "barrier") {
+		t.Fatalf("got %v, want a timeout naming rank 1 and the barrier", err)
+	}
+}
+
+func TestClosedPeerIsNamed(t *testing.T) {
+	ws := joinInProcess(t, []int{1, 1}, 20*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- ws[1].Close() }()
+	x, _ := ws[0].Comm(0).Backend().Alloc(tensor.F32, 3)
+	err := ws[0].Comm(0).AllReduce(x, comm.Sum)
+	if err == nil || !strings.Contains(err.Error(), "node 1 (global rank 1) closed its world") {
+		t.Fatalf("got %v, want an error naming the closed node", err)
+	}
+	ws[0].Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
