@@ -15,6 +15,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -120,6 +121,7 @@ type peer struct {
 	node    int
 	conn    net.Conn
 	wmu     sync.Mutex
+	sent    atomic.Int64  // bytes written
 	gone    chan struct{} // closed when the reader has stopped
 	goneErr error         // why, set before gone is closed
 	sawBye  bool
@@ -450,7 +452,8 @@ func (p *peer) write(f *frame, deadline time.Time) error {
 	if len(f.data) > 0 {
 		bufs = append(bufs, f.data)
 	}
-	_, err := bufs.WriteTo(p.conn)
+	n, err := bufs.WriteTo(p.conn)
+	p.sent.Add(n)
 	return err
 }
 

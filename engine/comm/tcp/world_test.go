@@ -30,43 +30,58 @@ func cpuBackends(n int) []backend.Backend {
 // (ranks[p] ranks on process p), connected by real TCP connections on localhost.
 func joinInProcess(t *testing.T, ranks []int, timeout time.Duration) []*World {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	bs := make([][]backend.Backend, len(ranks))
+	for p, n := range ranks {
+		bs[p] = cpuBackends(n)
+	}
+	ws, err := joinBackends(bs, timeout)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws := make([]*World, len(ranks))
-	errs := make([]error, len(ranks))
+	t.Cleanup(func() { closeAll(ws) })
+	return ws
+}
+
+// joinBackends joins one simulated process per entry of bs (its ranks' backends).
+func joinBackends(bs [][]backend.Backend, timeout time.Duration) ([]*World, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ws := make([]*World, len(bs))
+	errs := make([]error, len(bs))
 	var wg sync.WaitGroup
-	for p, n := range ranks {
+	for p := range bs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			cfg := Config{
-				Rendezvous: rendezvous.Config{NNodes: len(ranks), NodeRank: p, Addr: ln.Addr().String(), Token: "secret", Timeout: 20 * time.Second},
+				Rendezvous: rendezvous.Config{NNodes: len(bs), NodeRank: p, Addr: ln.Addr().String(), Token: "secret", Timeout: 20 * time.Second},
 				Listen:     "127.0.0.1:0",
 				Timeout:    timeout,
 			}
 			if p == 0 {
 				cfg.RendezvousListener = ln
 			}
-			ws[p], errs[p] = Join(context.Background(), cfg, cpuBackends(n))
+			ws[p], errs[p] = Join(context.Background(), cfg, bs[p])
 		}()
 	}
 	wg.Wait()
-	for p, err := range errs {
-		if err != nil {
-			t.Fatalf("process %d: %v", p, err)
-		}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, w := range ws {
-			wg.Add(1)
-			go func() { defer wg.Done(); w.Close() }()
-		}
-		wg.Wait()
-	})
-	return ws
+	return ws, nil
+}
+
+func closeAll(ws []*World) error {
+	errs := make([]error, len(ws))
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = w.Close() }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // eachWorld runs fn on every world concurrently and returns the errors by process.
