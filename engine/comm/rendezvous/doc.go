@@ -16,6 +16,9 @@
 // ranks that never arrived, and a node that disconnects before the world is complete fails the
 // rendezvous for everyone with a message naming it.
 //
+// JoinAt also lets each node announce where it accepts connections from the other nodes
+// (Node.Addr), for communicators that connect every node to every other (engine/comm/tcp).
+//
 // ResolveConfig turns command-line flags and the usual SLURM variables (SLURM_NNODES,
 // SLURM_NODEID, SLURM_PROCID, SLURM_JOB_NODELIST) into one Config, flags winning over the
 // environment.
