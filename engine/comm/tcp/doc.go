@@ -8,6 +8,22 @@
 // whole tensors through host memory and the kernel's TCP stack, with no pipelining, no rings
 // and no compression. Its aim is the same results as comm.World, bit for bit.
 //
+// # Use
+//
+// Every process calls Join with the same rendezvous settings (node count, node 0's address,
+// token) and its own node rank and backends, then uses World.Comm, World.Split or
+// World.Fabric as it would use comm.World, and calls Close at the end:
+//
+//	w, err := tcp.Join(ctx, tcp.Config{Rendezvous: rendezvous.Config{NNodes: 2, NodeRank: r,
+//		Addr: "host0:29500", Token: secret}}, backends)
+//	...
+//	defer w.Close()
+//
+// Global ranks are numbered process by process: process p's local rank i is global rank
+// w.FirstRank()+i. Close tells the other processes that this one is done and waits (at most
+// ten seconds) for them to close too; a process that exits without Close looks like a crash
+// to the others.
+//
 // # Semantics
 //
 // Every collective gives the bits the in-process communicator (engine/comm) gives on the same
