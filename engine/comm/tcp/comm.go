@@ -324,38 +324,58 @@ func checkFloat(c *Comm, kind string, t T) error {
 	return nil
 }
 
+// reduceChunk is how many elements reduce accumulates at a time (its float64 buffer stays in
+// cache and no tensor-sized temporary is allocated).
+const reduceChunk = 4096
+
 // reduce adds the contributions (each a part of the same length) in rank order in float64 and
-// rounds once to dt, exactly as the in-process communicator does, so both give the same bits.
+// rounds once to dt, element by element exactly as the in-process communicator does, so both
+// give the same bits.
 func reduce(parts [][]byte, dt tensor.DType, op comm.ReduceOp) ([]byte, error) {
+	if !dt.IsFloat() {
+		return nil, fmt.Errorf("cannot reduce %s", dt)
+	}
 	es := dt.Size()
 	n := len(parts[0]) / es
-	acc := make([]float64, n)
-	for _, p := range parts {
-		switch dt {
-		case tensor.F32:
-			for i := range acc {
-				acc[i] += float64(math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:])))
+	out := make([]byte, n*es)
+	var acc [reduceChunk]float64
+	for lo := 0; lo < n; lo += reduceChunk {
+		a := acc[:min(reduceChunk, n-lo)]
+		clear(a)
+		for _, p := range parts {
+			p = p[lo*es:]
+			switch dt {
+			case tensor.F32:
+				for i := range a {
+					a[i] += float64(math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:])))
+				}
+			case tensor.BF16:
+				for i := range a {
+					a[i] += float64(tensor.BF16ToF32(binary.LittleEndian.Uint16(p[2*i:])))
+				}
+			case tensor.F16:
+				for i := range a {
+					a[i] += float64(tensor.F16ToF32(binary.LittleEndian.Uint16(p[2*i:])))
+				}
 			}
-		case tensor.BF16:
-			for i := range acc {
-				acc[i] += float64(tensor.BF16ToF32(binary.LittleEndian.Uint16(p[2*i:])))
+		}
+		o := out[lo*es:]
+		for i, v := range a {
+			if op == comm.Avg {
+				v /= float64(len(parts))
 			}
-		case tensor.F16:
-			for i := range acc {
-				acc[i] += float64(tensor.F16ToF32(binary.LittleEndian.Uint16(p[2*i:])))
+			f := float32(v)
+			switch dt {
+			case tensor.F32:
+				binary.LittleEndian.PutUint32(o[4*i:], math.Float32bits(f))
+			case tensor.BF16:
+				binary.LittleEndian.PutUint16(o[2*i:], tensor.F32ToBF16(f))
+			case tensor.F16:
+				binary.LittleEndian.PutUint16(o[2*i:], tensor.F32ToF16(f))
 			}
-		default:
-			return nil, fmt.Errorf("cannot reduce %s", dt)
 		}
 	}
-	out := make([]float32, n)
-	for i, a := range acc {
-		if op == comm.Avg {
-			a /= float64(len(parts))
-		}
-		out[i] = float32(a)
-	}
-	return tensor.EncodeFloat32(dt, out)
+	return out, nil
 }
 
 // partOf is the element range [lo, hi) of rank j's part of numel elements over n ranks.
