@@ -26,16 +26,16 @@ import (
 //	            processes built differently are refused
 //	40 len      uint64, payload bytes
 //
-// Every field is checked before anything is allocated; payloads are read into a buffer that
-// grows with the bytes that actually arrive, so a peer that claims a huge length cannot make
-// the receiver allocate it up front.
+// Every field is checked before anything is allocated; a payload over 16 MiB is read into a
+// buffer that grows with the bytes that actually arrive, so a peer that claims a huge length
+// cannot make the receiver allocate it up front.
 const (
 	frameMagic  = "HTC1"
 	headerSize  = 48
 	maxMeta     = 1 << 16
 	maxErrorMsg = 64 << 10
 	// directRead is the payload size up to which the buffer is allocated at once.
-	directRead = 1 << 20
+	directRead = 16 << 20
 )
 
 // Frame types.

@@ -72,7 +72,7 @@ func TestBadFramesAreRefused(t *testing.T) {
 func TestLargePayloadGrowsAsItArrives(t *testing.T) {
 	// A frame that claims 64 MiB but carries 3 bytes fails without allocating 64 MiB first;
 	// one that carries all of it arrives intact.
-	f := &frame{typ: frameData, kind: kindCode(comm.KindP2P), dtype: tensor.U8, data: make([]byte, 3<<20+5)}
+	f := &frame{typ: frameData, kind: kindCode(comm.KindP2P), dtype: tensor.U8, data: make([]byte, 2*directRead+5)}
 	for i := range f.data {
 		f.data[i] = byte(i * 7)
 	}
