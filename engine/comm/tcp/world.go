@@ -588,30 +588,45 @@ func (w *World) connect(ctx context.Context, ln net.Listener, rw rendezvous.Worl
 		conn net.Conn
 		err  error
 	}
-	results := make(chan result, nn)
+	// Room for every result that can come: one per other process, and a failed accept.
+	results := make(chan result, nn+1)
 	expectAccept := nn - 1 - w.node
-	// Accept every higher process.
+	// Accept every higher process. Each handshake runs on its own goroutine, so a stranger that
+	// connects and says nothing cannot hold up the others.
 	acceptDone := make(chan struct{})
 	go func() {
 		defer close(acceptDone)
+		var mu sync.Mutex
 		got := map[int]bool{}
-		for len(got) < expectAccept {
+		for {
 			if tl, ok := ln.(*net.TCPListener); ok {
 				tl.SetDeadline(deadline)
 			}
 			conn, err := ln.Accept()
 			if err != nil {
-				results <- result{node: -1, err: fmt.Errorf("tcp: node %d: waiting for connections from the higher nodes: %v", w.node, err)}
+				mu.Lock()
+				missing := expectAccept - len(got)
+				mu.Unlock()
+				if missing > 0 {
+					results <- result{node: -1, err: fmt.Errorf("tcp: node %d: waiting for connections from the higher nodes (%d missing): %v", w.node, missing, err)}
+				}
 				return
 			}
-			node, err := w.acceptHello(conn, rw.Payload, token, deadline)
-			if err != nil || got[node] {
-				// A stranger, a wrong token or a duplicate: refuse it and keep waiting.
-				conn.Close()
-				continue
-			}
-			got[node] = true
-			results <- result{node: node, conn: conn}
+			go func() {
+				node, err := w.acceptHello(conn, rw.Payload, token, deadline)
+				mu.Lock()
+				ok := err == nil && !got[node]
+				if ok {
+					got[node] = true
+				}
+				mu.Unlock()
+				if !ok {
+					// A stranger, a wrong token or a duplicate: refuse it and keep waiting.
+					conn.Close()
+					return
+				}
+				results <- result{node: node, conn: conn}
+			}()
 		}
 	}()
 	// Dial every lower process.

@@ -243,3 +243,45 @@ func TestClosedPeerIsNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSilentStrangerDoesNotHoldUpTheMesh(t *testing.T) {
+	ln0, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln1, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := rendezvous.World{Nodes: []rendezvous.Node{
+		{Rank: 0, Devices: 1, Addr: ln0.Addr().String()},
+		{Rank: 1, Devices: 1, Addr: ln1.Addr().String()},
+	}, Payload: []byte("world-id")}
+	// The stranger connects first and never speaks; its handshake only ends at the deadline.
+	stranger, err := net.Dial("tcp", ln0.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ws := []*World{newWorld(Config{}, rw, 0, cpuBackends(1)), newWorld(Config{}, rw, 1, cpuBackends(1))}
+	lns := []net.Listener{ln0, ln1}
+	start := time.Now()
+	for p, err := range eachWorld(ws, func(p int, w *World) error { return w.connect(ctx, lns[p], rw, "tok") }) {
+		if err != nil {
+			t.Fatalf("process %d: %v", p, err)
+		}
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the mesh took %v: the silent stranger held it up", d)
+	}
+	for p, err := range eachWorld(ws, func(_ int, w *World) error { return w.Comm(0).Barrier() }) {
+		if err != nil {
+			t.Errorf("process %d: barrier: %v", p, err)
+		}
+	}
+	if err := closeAll(ws); err != nil {
+		t.Fatal(err)
+	}
+}
