@@ -429,6 +429,9 @@ func compareWithInproc(w *World) error {
 				if gs[k].Calls != v.Calls || gs[k].Bytes != v.Bytes {
 					errs = append(errs, fmt.Errorf("global rank %d group %s: stats of %s: tcp %d calls %d bytes, in-process %d calls %d bytes", g, pair[1].Group(), k, gs[k].Calls, gs[k].Bytes, v.Calls, v.Bytes))
 				}
+				if gs[k].Calls > 0 && gs[k].Time <= 0 {
+					errs = append(errs, fmt.Errorf("global rank %d group %s: %d calls of %s took no time", g, pair[1].Group(), gs[k].Calls, k))
+				}
 			}
 			if len(ws) != len(gs) {
 				errs = append(errs, fmt.Errorf("global rank %d: stats kinds %v, in-process %v", g, keys(gs), keys(ws)))
