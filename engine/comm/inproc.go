@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
-	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -145,7 +144,7 @@ func (w *World) newGroup(name string, ranks []int) []*Comm {
 	}
 	cs := make([]*Comm, len(ranks))
 	for i, r := range ranks {
-		cs[i] = &Comm{g: g, rank: i, b: w.backends[r], stats: Stats{}}
+		cs[i] = &Comm{g: g, rank: i, b: w.backends[r]}
 	}
 	return cs
 }
@@ -228,12 +227,10 @@ func (g *group) exchange(rank int, c contrib, read func([]contrib) error) error 
 
 // Comm is one rank's in-process communicator.
 type Comm struct {
-	g     *group
-	rank  int
-	b     backend.Backend
-	mu    sync.Mutex
-	stats Stats
-	rec   Recorder
+	Accounting
+	g    *group
+	rank int
+	b    backend.Backend
 }
 
 var _ Communicator = (*Comm)(nil)
@@ -243,45 +240,8 @@ func (c *Comm) Size() int                { return c.g.n }
 func (c *Comm) Group() string            { return c.g.name }
 func (c *Comm) Backend() backend.Backend { return c.b }
 
-// SetRecorder implements Communicator.
-func (c *Comm) SetRecorder(r Recorder) {
-	c.mu.Lock()
-	c.rec = r
-	c.mu.Unlock()
-}
-
-// Stats implements Communicator.
-func (c *Comm) Stats() Stats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := make(Stats, len(c.stats))
-	for k, v := range c.stats {
-		s[k] = v
-	}
-	return s
-}
-
-// run times fn as a collective of kind over bytes and records it.
 func (c *Comm) run(kind string, bytes int64, fn func() error) error {
-	c.mu.Lock()
-	rec := c.rec
-	c.mu.Unlock()
-	start := time.Now()
-	var err error
-	if rec != nil {
-		err = rec.Collective(kind, c.g.name, bytes, fn)
-	} else {
-		err = fn()
-	}
-	d := time.Since(start)
-	c.mu.Lock()
-	s := c.stats[kind]
-	s.Calls++
-	s.Bytes += bytes
-	s.Time += d
-	c.stats[kind] = s
-	c.mu.Unlock()
-	return err
+	return c.Run(kind, c.g.name, bytes, fn)
 }
 
 func (c *Comm) download(t T) ([]byte, error) {

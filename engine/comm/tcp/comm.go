@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -27,9 +26,7 @@ type Comm struct {
 	seq              uint64
 	sendSeq, recvSeq []uint64
 
-	mu    sync.Mutex
-	stats comm.Stats
-	rec   comm.Recorder
+	comm.Accounting
 }
 
 var _ comm.Communicator = (*Comm)(nil)
@@ -39,46 +36,10 @@ func (c *Comm) Size() int                { return len(c.g.members) }
 func (c *Comm) Group() string            { return c.g.name }
 func (c *Comm) Backend() backend.Backend { return c.b }
 
-// SetRecorder implements comm.Communicator.
-func (c *Comm) SetRecorder(r comm.Recorder) {
-	c.mu.Lock()
-	c.rec = r
-	c.mu.Unlock()
-}
-
-// Stats implements comm.Communicator.
-func (c *Comm) Stats() comm.Stats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := make(comm.Stats, len(c.stats))
-	for k, v := range c.stats {
-		s[k] = v
-	}
-	return s
-}
-
 // run times fn as a collective of kind over bytes and records it, as the in-process
 // communicator does.
 func (c *Comm) run(kind string, bytes int64, fn func() error) error {
-	c.mu.Lock()
-	rec := c.rec
-	c.mu.Unlock()
-	start := time.Now()
-	var err error
-	if rec != nil {
-		err = rec.Collective(kind, c.g.name, bytes, fn)
-	} else {
-		err = fn()
-	}
-	d := time.Since(start)
-	c.mu.Lock()
-	s := c.stats[kind]
-	s.Calls++
-	s.Bytes += bytes
-	s.Time += d
-	c.stats[kind] = s
-	c.mu.Unlock()
-	return err
+	return c.Run(kind, c.g.name, bytes, fn)
 }
 
 func (c *Comm) errf(kind, format string, args ...any) error {

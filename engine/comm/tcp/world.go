@@ -331,7 +331,7 @@ func (w *World) newGroup(name string, members []int) []*Comm {
 	first := w.FirstRank()
 	for i, r := range members {
 		if l := r - first; l >= 0 && l < w.Local() {
-			cs[i] = &Comm{w: w, g: g, rank: i, b: w.backends[l], stats: comm.Stats{},
+			cs[i] = &Comm{w: w, g: g, rank: i, b: w.backends[l],
 				sendSeq: make([]uint64, len(members)), recvSeq: make([]uint64, len(members))}
 		}
 	}
