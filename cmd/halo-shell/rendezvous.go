@@ -14,6 +14,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend/cuda"
 	"github.com/halo-shell/halo-shell/engine/comm/nccl"
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/comm/tcp"
 )
 
 // rendezvousFlags are the multi-node flags shared by launch and `run rendezvous`; config
@@ -115,7 +116,8 @@ func joinWorld(ctx context.Context, cfg rendezvous.Config, devices int) (rendezv
 
 func init() {
 	var devices int
-	var withNCCL bool
+	var withNCCL, withTCP bool
+	var tcpListen string
 	cmd := &cobra.Command{
 		Use:   "rendezvous",
 		Short: "Join the nodes of a multi-node run and print the world they agree on",
@@ -124,12 +126,16 @@ the other nodes connect with the shared token, and every node prints the same wo
 hosts, device counts) as JSON. Use it to check addresses, ports, tokens and firewalls before a
 long run. Flags override the SLURM variables (SLURM_NNODES, SLURM_NODEID, SLURM_PROCID,
 SLURM_JOB_NODELIST). With --nccl, node 0 also makes an NCCL unique id and every node checks
-that it arrived.`,
+that it arrived. With --tcp, the nodes then connect to each other as a world of one CPU rank
+each (the communicator multi-process CPU runs use), check an all-reduce and report its
+bandwidth between them.`,
 		Args: cobra.NoArgs,
 	}
 	rf := addRendezvousFlags(cmd.Flags())
 	cmd.Flags().IntVar(&devices, "devices", -1, "devices this node reports (default: the GPUs the CUDA driver sees)")
 	cmd.Flags().BoolVar(&withNCCL, "nccl", false, "carry an NCCL unique id from node 0 (needs libnccl.so.2 on node 0)")
+	cmd.Flags().BoolVar(&withTCP, "tcp", false, "also connect the nodes to each other over TCP and time an all-reduce between them")
+	cmd.Flags().StringVar(&tcpListen, "tcp-listen", "", "with --tcp: address this node accepts the other nodes on (default: every interface, a port the system picks)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, err := rf.config()
 		if err != nil {
@@ -140,6 +146,23 @@ that it arrived.`,
 			n = cuda.DeviceCount()
 		}
 		start := time.Now()
+		if withTCP {
+			if withNCCL {
+				return fmt.Errorf("rendezvous: --tcp and --nccl check different worlds: pass one of them")
+			}
+			res, err := joinTCP(cmd.Context(), tcp.Config{Rendezvous: cfg, Listen: tcpListen, Timeout: cfg.Timeout})
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(struct {
+				NodeRank int               `json:"node_rank"`
+				TCP      tcpCheck          `json:"tcp"`
+				Seconds  float64           `json:"seconds"`
+				Config   rendezvousSummary `json:"config"`
+			}{cfg.NodeRank, res, time.Since(start).Seconds(), summarize(cfg)})
+		}
 		var w rendezvous.World
 		if withNCCL {
 			w, _, err = joinWorld(cmd.Context(), cfg, n)

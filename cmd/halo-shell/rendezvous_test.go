@@ -9,10 +9,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/comm/tcp"
 )
 
 func runRendezvousCmd(args ...string) (string, error) {
+	// Flags keep their values between executions in one process: reset them to their defaults.
+	if cmd, _, err := rootCmd.Find([]string{"run", "rendezvous"}); err == nil {
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			_ = f.Value.Set(f.DefValue)
+			f.Changed = false
+		})
+	}
 	var out bytes.Buffer
 	rootCmd.SetOut(&out)
 	rootCmd.SetArgs(append([]string{"run", "rendezvous"}, args...))
@@ -111,5 +121,51 @@ func TestRendezvousArg(t *testing.T) {
 		if err != nil || (tc.check != nil && !tc.check(f)) {
 			t.Errorf("%s: %+v, %v", tc.arg, f, err)
 		}
+	}
+}
+
+// TestRunRendezvousTCP runs node 0 as the command with --tcp and node 1 through the same check
+// in-process, on loopback: both join a two-rank TCP world, the all-reduce of rank+1 gives 3 and
+// node 0 reports a positive bandwidth.
+func TestRunRendezvousTCP(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	node1 := make(chan error, 1)
+	go func() {
+		cfg := rendezvous.Config{NNodes: 2, NodeRank: 1, Addr: addr, Token: "tok", Timeout: 30 * time.Second}
+		res, err := joinTCP(context.Background(), tcp.Config{Rendezvous: cfg, Listen: "127.0.0.1:0", Timeout: 30 * time.Second})
+		if err == nil && (!res.SumOK || res.Ranks != 2) {
+			t.Errorf("node 1: %+v", res)
+		}
+		node1 <- err
+	}()
+	out, err := runRendezvousCmd("--nnodes", "2", "--node-rank", "0", "--rendezvous", addr, "--rendezvous-bind", addr,
+		"--rendezvous-token", "tok", "--rendezvous-timeout", "30s", "--tcp", "--tcp-listen", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-node1; err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		NodeRank int      `json:"node_rank"`
+		TCP      tcpCheck `json:"tcp"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if got.NodeRank != 0 || got.TCP.Ranks != 2 || !got.TCP.SumOK || !(got.TCP.AllReduceMBps > 0) {
+		t.Fatalf("node 0 reports %+v\n%s", got, out)
+	}
+}
+
+func TestRunRendezvousTCPAndNCCLConflict(t *testing.T) {
+	_, err := runRendezvousCmd("--nnodes", "1", "--tcp", "--nccl")
+	if err == nil || !strings.Contains(err.Error(), "--tcp and --nccl") {
+		t.Fatalf("got %v, want an error naming --tcp and --nccl", err)
 	}
 }
