@@ -67,6 +67,13 @@
 // profile span. Checkpoints are written from Gather into a single-device model: ordinary HF
 // checkpoints whatever the layout.
 //
+// A plan normally drives every rank of its mesh from one process. With Options.Local it is one
+// process's share of a run spread over several processes (each building the same plan from the
+// same model and layout, communicating through engine/comm/tcp): it drives only its ranks, and
+// the loss and gradient norm are reduced over the world so every process sees the same numbers.
+// Over several processes only dense models under dp, fsdp and tp (tensor groups inside one
+// process) are supported; OptimizerState and Relayout are refused (LocalRanks says why).
+//
 // The package is not a trainer (engine/train owns schedules, data and checkpoints) and does not
 // choose layouts (engine/mesh checks and suggests them).
 package parallel

@@ -33,8 +33,13 @@ type Options struct {
 	// NewBackend opened it); the plan builds its groups with Split and closes the world with
 	// Close. nil makes an in-process world (comm.NewWorld), right for CPU devices and for
 	// tests; GPUs use engine/comm/nccl (NewLocalWorld(...).Fabric()). The world must drive
-	// every rank of the plan in this process.
+	// every rank of the plan in this process, or with Local those ranks only.
 	World func(devs []backend.Backend) (comm.Fabric, error)
+	// Local, when set, makes the plan one process's share of a multi-process run: it drives
+	// only these global ranks (NewBackend is called with global ranks, World with their
+	// devices) and communicates with the other processes through World. See LocalRanks for
+	// what is supported.
+	Local *LocalRanks
 }
 
 // placement is how one parameter is laid out over the tensor-parallel group.
@@ -74,6 +79,8 @@ type Plan struct {
 	// load is the tokens per expert of each MoE layer in the last ForwardBackward, summed over
 	// its rows and the ranks that route distinct tokens (nil for dense models).
 	load [][]int
+	// mp is set when the plan drives only some ranks of its mesh (Options.Local).
+	mp *multiProc
 }
 
 type rank struct {
@@ -146,11 +153,18 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		local.MoEIntermediateSize = shape.ExpertIntermediate / l.ETP
 	}
 	p.cfg = cfg
-	n := ms.Size()
+	first, n := 0, ms.Size()
+	if o.Local != nil {
+		if err := checkLocal(ms, shape, o); err != nil {
+			return nil, err
+		}
+		first, n = o.Local.First, o.Local.Count
+		p.mp = &multiProc{first: first}
+	}
 	devs := make([]backend.Backend, n)
 	for r := range devs {
 		if o.NewBackend != nil {
-			devs[r], err = o.NewBackend(r)
+			devs[r], err = o.NewBackend(first + r)
 		} else {
 			devs[r] = cpu.New(cpu.Options{Workers: max(o.Workers, 1)})
 		}
@@ -158,7 +172,7 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 			for _, d := range devs[:r] {
 				_ = d.Close()
 			}
-			return nil, fmt.Errorf("parallel: device of rank %d: %w", r, err)
+			return nil, fmt.Errorf("parallel: device of rank %d: %w", first+r, err)
 		}
 	}
 	closeDevs := func() {
@@ -193,7 +207,7 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		full[s.Name] = s
 	}
 	for r := 0; r < n; r++ {
-		rk := &rank{id: r, c: ms.Coord(r), dev: devs[r], tp: groups[mesh.DimTP][r], cp: groups[mesh.DimCP][r],
+		rk := &rank{id: first + r, c: ms.Coord(first + r), dev: devs[r], tp: groups[mesh.DimTP][r], cp: groups[mesh.DimCP][r],
 			data: groups[mesh.DimData][r], world: p.world.Comm(r), ep: groups[mesh.DimEP][r], edata: groups[mesh.DimEData][r]}
 		rk.dataRank, rk.dataN = rk.data.Rank(), rk.data.Size()
 		rk.rb = newRankBackend(devs[r], rk.tp, rk.cp)
@@ -539,7 +553,13 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 				rk.auxSum += rk.m.AuxLoss()
 			}
 		}
-		return p.reduceGrads(rk)
+		if err := p.reduceGrads(rk); err != nil {
+			return err
+		}
+		if p.mp != nil {
+			return p.shareSums(rk)
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, 0, err
@@ -550,6 +570,9 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 			sum += rk.lossSum
 			aux += rk.auxSum
 		}
+	}
+	if p.mp != nil {
+		sum, aux = p.worldSums()
 	}
 	p.aux = aux / float64(len(rows))
 	if p.load, err = p.takeLoads(); err != nil {
@@ -656,7 +679,7 @@ func (p *Plan) Step(lr, maxNorm float64) (gradNorm float64, err error) {
 			return err
 		}
 		norm := math.Sqrt(total)
-		norms[rk.id] = norm
+		norms[rk.id-p.ranks[0].id] = norm
 		if math.IsNaN(norm) || math.IsInf(norm, 0) {
 			return fmt.Errorf("parallel: gradient norm is %v; the step is skipped", norm)
 		}
@@ -720,7 +743,9 @@ func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[
 	}
 	out := make(map[string][]float32, len(p.specs))
 	for _, s := range p.specs {
-		holder := 0
+		// Every data replica holds the same values: read this process's first one (data
+		// index 0 when the plan drives every rank).
+		holder := p.ranks[0].dataRank
 		if d, ok := p.expertHolder(s.Name); ok {
 			holder = d // only the expert's owners hold it
 		}

@@ -18,6 +18,9 @@ var stateSuffixes = []string{".exp_avg", ".exp_avg_sq", ".master"}
 // "<param>.exp_avg", "<param>.exp_avg_sq" (and ".master"), shaped like the full parameter. It
 // is what a checkpoint stores and what LoadOptimizerState reads into any other layout.
 func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
+	if err := p.refuseMulti("OptimizerState"); err != nil {
+		return 0, nil, err
+	}
 	type state struct {
 		dt   tensor.DType
 		vals []float32
@@ -147,6 +150,9 @@ func numel(shape []int) int {
 // invalid layout is refused with the *mesh.LayoutError before anything changes, and p stays
 // usable; on success p is closed.
 func (p *Plan) Relayout(d mesh.Devices, l mesh.Layout, o Options) (*Plan, error) {
+	if err := p.refuseMulti("Relayout"); err != nil {
+		return nil, err
+	}
 	if err := mesh.Check(l.Norm(d.Len()), d.Len(), p.shape, 0); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,250 @@
+package parallel
+
+import (
+	"bytes"
+	"context"
+	"encoding/gob"
+	"errors"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/comm/tcp"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+)
+
+// planRun is what one process of a multi-process run (or the single-process reference)
+// reports: the losses and gradient norms of each step, the final parameters, and the error
+// OptimizerState gave.
+type planRun struct {
+	Loss, Norm []float64
+	Params     map[string][]float32
+	StateErr   string
+}
+
+// trainThreeSteps trains p for three steps of trainBatches and reports them.
+func trainThreeSteps(t *testing.T, p *Plan) planRun {
+	t.Helper()
+	var r planRun
+	for _, rows := range trainBatches(3) {
+		l, _, err := p.ForwardBackward(rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := p.Step(trainLR, trainMaxNorm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Loss, r.Norm = append(r.Loss, l), append(r.Norm, n)
+	}
+	var err error
+	if r.Params, err = p.Params(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.OptimizerState(); err != nil {
+		r.StateErr = err.Error()
+	}
+	return r
+}
+
+// planChild is one process of TestPlanOverProcessesMatchesOneProcess: it joins the TCP world
+// its environment describes with two CPU ranks, trains its share of the mesh and writes its
+// planRun to PLAN_OUT.
+func planChild(t *testing.T) {
+	node, _ := strconv.Atoi(os.Getenv("PLAN_NODE"))
+	cfg := tcp.Config{
+		Rendezvous: rendezvous.Config{NNodes: 2, NodeRank: node, Addr: os.Getenv("PLAN_ADDR"), Token: "plan-secret", Timeout: 30 * time.Second},
+		Listen:     "127.0.0.1:0",
+		Timeout:    60 * time.Second,
+	}
+	if node == 0 {
+		ln, err := net.FileListener(os.NewFile(3, "rendezvous"))
+		if err != nil {
+			t.Fatalf("inherited listener: %v", err)
+		}
+		cfg.RendezvousListener = ln
+	}
+	bs := []backend.Backend{cpu.New(cpu.Options{Workers: 1}), cpu.New(cpu.Options{Workers: 1})}
+	w, err := tcp.Join(context.Background(), cfg, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := mesh.ParseLayout(os.Getenv("PLAN_LAYOUT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := tinyModel(t, "llama", 7)
+	first := w.FirstRank()
+	p, err := New(src, cpuDevices(4), l, Options{
+		Optimizer:  trainOpt,
+		Local:      &LocalRanks{First: first, Count: w.Local()},
+		NewBackend: func(r int) (backend.Backend, error) { return bs[r-first], nil },
+		World:      func([]backend.Backend) (comm.Fabric, error) { return w.Fabric(), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	run := trainThreeSteps(t, p)
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(run); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(os.Getenv("PLAN_OUT"), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startPlanProcs runs this test binary as two processes of two ranks each over layout and
+// returns what each reported.
+func startPlanProcs(t *testing.T, layout string) []planRun {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dir := t.TempDir()
+	outs := make([]bytes.Buffer, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for node := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestPlanOverProcessesMatchesOneProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "HALO_PLAN_CHILD=1", "PLAN_NODE="+strconv.Itoa(node), "PLAN_ADDR="+ln.Addr().String(),
+			"PLAN_LAYOUT="+layout, "PLAN_OUT="+filepath.Join(dir, strconv.Itoa(node)))
+		if node == 0 {
+			cmd.ExtraFiles = []*os.File{f}
+		}
+		cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[node] = cmd.Wait()
+		}()
+	}
+	wg.Wait()
+	runs := make([]planRun, 2)
+	for node := range 2 {
+		if errs[node] != nil {
+			t.Fatalf("process %d: %v\n%s", node, errs[node], outs[node].String())
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(node)))
+		if err != nil {
+			t.Fatalf("process %d wrote no result: %v\n%s", node, err, outs[node].String())
+		}
+		if err := gob.NewDecoder(bytes.NewReader(raw)).Decode(&runs[node]); err != nil {
+			t.Fatalf("process %d: %v", node, err)
+		}
+	}
+	return runs
+}
+
+// Two processes of two ranks each, talking over TCP, train the same three steps as one
+// process driving four CPU ranks with the in-process communicator: every process reports the
+// same losses, gradient norms and final weights, bit for bit.
+func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
+	if os.Getenv("HALO_PLAN_CHILD") != "" {
+		planChild(t)
+		return
+	}
+	for _, layout := range []string{"dp=4", "fsdp", "tp=2 dp=2"} {
+		t.Run(layout, func(t *testing.T) {
+			l, err := mesh.ParseLayout(layout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, err := New(tinyModel(t, "llama", 7), cpuDevices(4), l, Options{Optimizer: trainOpt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			want := trainThreeSteps(t, ref)
+			if want.StateErr != "" {
+				t.Fatalf("single process: OptimizerState: %s", want.StateErr)
+			}
+			for node, got := range startPlanProcs(t, layout) {
+				for i := range want.Loss {
+					if math.Float64bits(got.Loss[i]) != math.Float64bits(want.Loss[i]) || math.Float64bits(got.Norm[i]) != math.Float64bits(want.Norm[i]) {
+						t.Errorf("process %d step %d: loss %v norm %v, one process %v and %v", node, i+1, got.Loss[i], got.Norm[i], want.Loss[i], want.Norm[i])
+					}
+				}
+				if len(got.Params) != len(want.Params) {
+					t.Fatalf("process %d: %d parameters, one process %d", node, len(got.Params), len(want.Params))
+				}
+				for name, w := range want.Params {
+					g := got.Params[name]
+					if len(g) != len(w) {
+						t.Fatalf("process %d: %s: %d values, one process %d", node, name, len(g), len(w))
+					}
+					for i := range w {
+						if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+							t.Fatalf("process %d: %s[%d] = %v, one process %v", node, name, i, g[i], w[i])
+						}
+					}
+				}
+				if !strings.Contains(got.StateErr, "OptimizerState") || !strings.Contains(got.StateErr, "ranks [") {
+					t.Errorf("process %d: OptimizerState over several processes gave %q; want a refusal naming it and the process's ranks", node, got.StateErr)
+				}
+			}
+		})
+	}
+}
+
+// A share of ranks that a multi-process plan cannot drive is refused before any device opens,
+// naming what is supported.
+func TestLocalRanksRefuseUnsupportedLayouts(t *testing.T) {
+	for _, c := range []struct {
+		family, layout string
+		local          LocalRanks
+		want           string
+		noWorld        bool
+	}{
+		{"llama", "", LocalRanks{0, 2}, "need Options.World", true},
+		{"llama", "cp=2", LocalRanks{0, 2}, "context parallelism", false},
+		{"llama", "tp=2", LocalRanks{1, 2}, "cut a tensor group", false},
+		{"llama", "tp=4", LocalRanks{0, 2}, "cut a tensor group", false},
+		{"llama", "", LocalRanks{2, 4}, "not inside the mesh", false},
+		{"llama", "", LocalRanks{0, 0}, "not inside the mesh", false},
+		{"qwen3_moe", "", LocalRanks{0, 2}, "mixture of experts", false},
+	} {
+		t.Run(c.family+" "+c.layout, func(t *testing.T) {
+			l, err := mesh.ParseLayout(c.layout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opened := false
+			o := Options{Local: &c.local, NewBackend: func(int) (backend.Backend, error) { opened = true; return cpu.New(cpu.Options{}), nil }}
+			if !c.noWorld {
+				o.World = func([]backend.Backend) (comm.Fabric, error) { return nil, errors.New("the world must not be made") }
+			}
+			_, err = New(tinyModel(t, c.family, 1), cpuDevices(4), l, o)
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "local ranks") && !strings.Contains(err.Error(), "supports") {
+				t.Fatalf("got %v; want an error saying %q", err, c.want)
+			}
+			if opened {
+				t.Error("a device was opened before the layout was refused")
+			}
+		})
+	}
+}
