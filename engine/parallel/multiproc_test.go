@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/gob"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -25,12 +26,12 @@ import (
 )
 
 // planRun is what one process of a multi-process run (or the single-process reference)
-// reports: the losses and gradient norms of each step, the final parameters, and the error
-// OptimizerState gave.
+// reports: the losses and gradient norms of each step, the last step's reduced gradients, the
+// final parameters, and the error OptimizerState gave.
 type planRun struct {
-	Loss, Norm []float64
-	Params     map[string][]float32
-	StateErr   string
+	Loss, Norm    []float64
+	Grads, Params map[string][]float32
+	StateErr      string
 }
 
 // trainThreeSteps trains p for three steps of trainBatches and reports them.
@@ -40,6 +41,10 @@ func trainThreeSteps(t *testing.T, p *Plan) planRun {
 	for _, rows := range trainBatches(3) {
 		l, _, err := p.ForwardBackward(rows)
 		if err != nil {
+			t.Fatal(err)
+		}
+		// Under FSDP, Grads all-gathers the shards: a collective every process runs.
+		if r.Grads, err = p.Grads(); err != nil {
 			t.Fatal(err)
 		}
 		n, err := p.Step(trainLR, trainMaxNorm)
@@ -189,25 +194,32 @@ func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
 						t.Errorf("process %d step %d: loss %v norm %v, one process %v and %v", node, i+1, got.Loss[i], got.Norm[i], want.Loss[i], want.Norm[i])
 					}
 				}
-				if len(got.Params) != len(want.Params) {
-					t.Fatalf("process %d: %d parameters, one process %d", node, len(got.Params), len(want.Params))
-				}
-				for name, w := range want.Params {
-					g := got.Params[name]
-					if len(g) != len(w) {
-						t.Fatalf("process %d: %s: %d values, one process %d", node, name, len(g), len(w))
-					}
-					for i := range w {
-						if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
-							t.Fatalf("process %d: %s[%d] = %v, one process %v", node, name, i, g[i], w[i])
-						}
-					}
-				}
+				sameBits(t, fmt.Sprintf("process %d: gradient", node), got.Grads, want.Grads)
+				sameBits(t, fmt.Sprintf("process %d: parameter", node), got.Params, want.Params)
 				if !strings.Contains(got.StateErr, "OptimizerState") || !strings.Contains(got.StateErr, "ranks [") {
 					t.Errorf("process %d: OptimizerState over several processes gave %q; want a refusal naming it and the process's ranks", node, got.StateErr)
 				}
 			}
 		})
+	}
+}
+
+// sameBits fails t unless got and want hold the same tensors, bit for bit.
+func sameBits(t *testing.T, what string, got, want map[string][]float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d tensors, one process %d", what, len(got), len(want))
+	}
+	for name, w := range want {
+		g := got[name]
+		if len(g) != len(w) {
+			t.Fatalf("%s %s: %d values, one process %d", what, name, len(g), len(w))
+		}
+		for i := range w {
+			if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+				t.Fatalf("%s %s[%d] = %v, one process %v", what, name, i, g[i], w[i])
+			}
+		}
 	}
 }
 
