@@ -166,7 +166,7 @@ func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) stri
 	if d.Kind != "cuda" {
 		return rc, fmt.Errorf("launch: %d nodes with devices %s: multi-node runs need CUDA devices (devices: cuda:0-7 on every node, NCCL between them); for a CPU run drop --nnodes (and unset SLURM_NNODES)", rc.NNodes, d)
 	}
-	return rc, fmt.Errorf("launch: %d nodes: a parallel plan drives all of its ranks from one process, so a run cannot span nodes yet; run on one node (devices: %s) and check the nodes' network with halo-shell run rendezvous --nccl", rc.NNodes, d)
+	return rc, fmt.Errorf("launch: %d nodes: training does not run across nodes yet (the trainer drives every rank of its plan from one process); run on one node (devices: %s) and check the nodes' network with halo-shell run rendezvous --nccl", rc.NNodes, d)
 }
 
 func launch(cfg *train.Config, lo launchOptions) error {

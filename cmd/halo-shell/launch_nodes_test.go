@@ -67,7 +67,7 @@ func TestLaunchNodesFallBackToSLURM(t *testing.T) {
 		{"SLURM nodes on CPU devices", "cpu:2", flags(nil), slurm, "2 nodes with devices cpu:2: multi-node runs need CUDA devices", 0},
 		{"--nnodes=1 --node-rank=0 win over SLURM", "cpu", flags(func(f *rendezvous.Flags) { f.NNodes, f.NodeRank = 1, 0 }), slurm, "", 1},
 		{"--nnodes=1 keeps SLURM_NODEID", "cpu", flags(func(f *rendezvous.Flags) { f.NNodes = 1 }), slurm, "node rank 1 is outside 0..0", 0},
-		{"SLURM nodes on GPUs", "cuda:0-1", flags(nil), slurm, "2 nodes: a parallel plan drives all of its ranks from one process", 0},
+		{"SLURM nodes on GPUs", "cuda:0-1", flags(nil), slurm, "2 nodes: training does not run across nodes yet", 0},
 		{"bad SLURM_NNODES", "cpu", flags(nil), map[string]string{"SLURM_NNODES": "two"}, `SLURM_NNODES="two" is not a non-negative integer`, 0},
 		{"SLURM without a node list", "cuda:0-1", flags(nil), map[string]string{"SLURM_NNODES": "2"}, "no rendezvous address", 0},
 	} {
