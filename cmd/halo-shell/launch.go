@@ -149,8 +149,8 @@ type launchOptions struct {
 
 // launchNodes resolves the multi-node flags with the SLURM variables (flags win) and checks
 // that the run can span them: several nodes need CUDA devices (NCCL between the nodes), and
-// the engine's parallel plan drives every rank of its mesh in one process, so a run over
-// several nodes is refused before any work, naming what to do instead.
+// the trainer drives every rank of its plan in one process, so a run over several nodes is
+// refused before any work, naming what to do instead.
 func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) string) (rendezvous.Config, error) {
 	rc, err := rendezvous.ResolveConfig(f, getenv)
 	if err != nil {
