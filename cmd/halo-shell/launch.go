@@ -41,8 +41,12 @@ shows it. NAME is "launch-" + the base name of output_dir unless --name says oth
 
 Multi-node flags (defaults from SLURM_NNODES, SLURM_NODEID/SLURM_PROCID, SLURM_JOB_NODELIST):
 --nnodes=N, --node-rank=R, --rendezvous=HOST:PORT, --rendezvous-bind=ADDR,
---rendezvous-token=SECRET, --rendezvous-token-file=FILE, --rendezvous-timeout=DURATION. Several
-nodes need CUDA devices.
+--rendezvous-token=SECRET, --rendezvous-token-file=FILE, --rendezvous-timeout=DURATION. Across
+nodes, each node runs the same command with devices: cpu:K and its --node-rank; node 0 serves
+the rendezvous; the mesh spans nnodes*K ranks talking over TCP (dense models; dp, fsdp, tp
+dividing K; no MoE, ep, etp, cp). Only node 0 writes metrics, checkpoints and the model; its
+checkpoints hold the weights without optimizer state (resuming them is refused: start a new
+run from their weights). No session is served. GPUs do not run across nodes yet.
 
 Flags:
   --dry-run      print the resolved config and a memory estimate, then exit
@@ -96,11 +100,18 @@ func init() {
 			if err != nil {
 				return err
 			}
-			if _, err := launchNodes(cfg, lo.nodes, os.Getenv); err != nil {
+			rc, err := launchNodes(cfg, lo.nodes, os.Getenv)
+			if err != nil {
 				return err
 			}
+			if rc.NNodes > 1 && (lo.name != "" || lo.trace != "") {
+				return fmt.Errorf("launch: %d nodes: --name and --trace need the run's session, and a run across nodes serves none yet; drop them (the nodes print their progress and node 0 writes metrics.jsonl)", rc.NNodes)
+			}
 			if dry {
-				return dryRun(cmd, cfg)
+				return dryRun(cmd, cfg, rc.NNodes)
+			}
+			if rc.NNodes > 1 {
+				return launchAcross(cfg, rc)
 			}
 			return launch(cfg, lo)
 		},
@@ -108,7 +119,9 @@ func init() {
 	rootCmd.AddCommand(cmd)
 }
 
-func dryRun(cmd *cobra.Command, cfg *train.Config) error {
+// dryRun prints the resolved config and the memory estimate of one device (of the whole
+// mesh of every node's devices when nnodes > 1).
+func dryRun(cmd *cobra.Command, cfg *train.Config, nnodes int) error {
 	out := cmd.OutOrStdout()
 	y, err := yaml.MarshalWithOptions(cfg, yaml.IndentSequence(true))
 	if err != nil {
@@ -123,9 +136,18 @@ func dryRun(cmd *cobra.Command, cfg *train.Config) error {
 	if err != nil {
 		return err
 	}
+	if nnodes > 1 {
+		if d, l, err = train.NodeDevices(cfg, nnodes); err != nil {
+			return err
+		}
+		isParallel = true
+	}
 	if isParallel {
 		// The mesh and the per-device estimate of the layout, or the rule it breaks.
 		fmt.Fprintln(out, "# parallel layout")
+		if nnodes > 1 {
+			fmt.Fprintf(out, "# across %d nodes of %d devices each\n", nnodes, d.Len()/nnodes)
+		}
 		w := cfg.Workload()
 		if cp := 2 * max(l.CP, 1); w.SeqLen%cp != 0 {
 			w.SeqLen += cp - w.SeqLen%cp // the trainer pads packed rows to the context-parallel chunking
@@ -148,9 +170,9 @@ type launchOptions struct {
 }
 
 // launchNodes resolves the multi-node flags with the SLURM variables (flags win) and checks
-// that the run can span them: several nodes need CUDA devices (NCCL between the nodes), and
-// the trainer drives every rank of its plan in one process, so a run over several nodes is
-// refused before any work, naming what to do instead.
+// that the run can span them before any work: CPU devices (cpu:K on every node, a mesh of
+// nnodes·K ranks over TCP) with a layout a run across nodes supports (train.NodeDevices).
+// CUDA devices across nodes are refused: training does not drive GPUs across nodes yet.
 func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) string) (rendezvous.Config, error) {
 	rc, err := rendezvous.ResolveConfig(f, getenv)
 	if err != nil {
@@ -163,10 +185,34 @@ func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) stri
 	if err != nil {
 		return rc, err
 	}
-	if d.Kind != "cuda" {
-		return rc, fmt.Errorf("launch: %d nodes with devices %s: multi-node runs need CUDA devices (devices: cuda:0-7 on every node, NCCL between them); for a CPU run drop --nnodes (and unset SLURM_NNODES)", rc.NNodes, d)
+	if d.Kind == "cuda" {
+		return rc, fmt.Errorf("launch: %d nodes: training does not run across nodes on GPUs yet; run on one node (devices: %s), or across nodes on CPU devices (devices: cpu:K), and check the nodes' network with halo-shell run rendezvous --nccl", rc.NNodes, d)
 	}
-	return rc, fmt.Errorf("launch: %d nodes: training does not run across nodes yet (the trainer drives every rank of its plan from one process); run on one node (devices: %s) and check the nodes' network with halo-shell run rendezvous --nccl", rc.NNodes, d)
+	if _, _, err := train.NodeDevices(cfg, rc.NNodes); err != nil {
+		return rc, fmt.Errorf("launch: %w", err)
+	}
+	return rc, nil
+}
+
+// launchAcross runs this node's share of a run across nodes: no session; node 0 writes the
+// files and shows progress, the other nodes print one summary line.
+func launchAcross(cfg *train.Config, rc rendezvous.Config) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	t, err := train.NewOnNodes(ctx, cfg, rc)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	tty := false
+	if st, err := os.Stderr.Stat(); err == nil {
+		tty = st.Mode()&os.ModeCharDevice != 0
+	}
+	_, err = train.Run(ctx, t, train.RunOptions{Progress: os.Stderr, TTY: tty, Log: os.Stderr})
+	if errors.Is(err, context.Canceled) {
+		return errors.New("launch: interrupted")
+	}
+	return err
 }
 
 func launch(cfg *train.Config, lo launchOptions) error {

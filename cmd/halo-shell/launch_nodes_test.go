@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/train"
@@ -15,9 +16,13 @@ func TestLaunchMultiNodeFlags(t *testing.T) {
 		extra []string
 		want  string
 	}{
-		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret"}, "multi-node runs need CUDA devices"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret"}, "gradient_accumulation_steps 1 micro-batches cannot be dealt over 2 data-parallel ranks"},
 		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400"}, "no token"},
-		{[]string{"--nnodes=2", "--node-rank=1", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret"}, "2 nodes with devices cpu"},
+		{[]string{"--nnodes=2", "--node-rank=1", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--context_parallel_size=2", "--devices=cpu:2"}, "uses context parallelism; a run across nodes supports dense models"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--expert_parallel_size=2", "--devices=cpu:2"}, "uses expert parallelism"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--tensor_parallel_size=2"}, "tensor_parallel_size 2 does not divide the 1 devices of a node"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--name=x"}, "--name and --trace need the run's session"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--devices=cuda:0", "--device=auto"}, "training does not run across nodes on GPUs yet"},
 		{[]string{"--nnodes=2"}, "no rendezvous address: pass --rendezvous HOST:PORT"},
 		{[]string{"--nnodes"}, "write --nnodes=VALUE"},
 		{[]string{"--nnodes=0"}, "--nnodes=0: want 1 or more"},
@@ -33,6 +38,31 @@ func TestLaunchMultiNodeFlags(t *testing.T) {
 	// One node is an ordinary run: the flags are accepted and not taken for config keys.
 	if _, err := runRoot(t, append(quickstartArgs(out, "--nnodes=1", "--node-rank=0"), "--dry-run")...); err != nil {
 		t.Errorf("--nnodes=1: %v", err)
+	}
+	// A supported layout across CPU nodes passes the checks (the dry run joins no one).
+	stdout, err := runRoot(t, append(quickstartArgs(out, "--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--devices=cpu:2", "--fsdp=true", "--gradient_accumulation_steps=4"), "--dry-run")...)
+	if err != nil {
+		t.Errorf("fsdp over 2 nodes of cpu:2: %v", err)
+	}
+	for _, want := range []string{"# across 2 nodes of 2 devices each", "devices: cpu:4", "layout:  dp=4 fsdp"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("dry run over 2 nodes lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// A mixture-of-experts model across nodes is refused before the rendezvous (which would
+// otherwise wait for a node that never comes).
+func TestLaunchAcrossNodesRefusesMoEBeforeTheRendezvous(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	start := time.Now()
+	_, err := runRoot(t, quickstartArgs(out, "--init.arch=qwen3_moe", "--init.overrides={}", "--devices=cpu:2", "--gradient_accumulation_steps=4",
+		"--nnodes=2", "--node-rank=0", "--rendezvous="+freePort(t), "--rendezvous-token=s3cret", "--rendezvous-timeout=20s")...)
+	if err == nil || !strings.Contains(err.Error(), "mixture of experts; a run across nodes supports dense models") {
+		t.Fatalf("MoE across nodes: %v, want a refusal naming what is supported", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("the refusal took %s: it waited for the rendezvous", el)
 	}
 }
 
@@ -64,10 +94,11 @@ func TestLaunchNodesFallBackToSLURM(t *testing.T) {
 		nnodes  int
 	}{
 		{"no SLURM, no flags: one node", "cpu", flags(nil), nil, "", 1},
-		{"SLURM nodes on CPU devices", "cpu:2", flags(nil), slurm, "2 nodes with devices cpu:2: multi-node runs need CUDA devices", 0},
+		{"SLURM nodes on CPU devices", "cpu", flags(nil), slurm, "", 2},
+		{"SLURM nodes with more data ranks than micro-batches", "cpu:2", flags(nil), slurm, "2 micro-batches cannot be dealt over 4 data-parallel ranks", 0},
 		{"--nnodes=1 --node-rank=0 win over SLURM", "cpu", flags(func(f *rendezvous.Flags) { f.NNodes, f.NodeRank = 1, 0 }), slurm, "", 1},
 		{"--nnodes=1 keeps SLURM_NODEID", "cpu", flags(func(f *rendezvous.Flags) { f.NNodes = 1 }), slurm, "node rank 1 is outside 0..0", 0},
-		{"SLURM nodes on GPUs", "cuda:0-1", flags(nil), slurm, "2 nodes: training does not run across nodes yet", 0},
+		{"SLURM nodes on GPUs", "cuda:0-1", flags(nil), slurm, "2 nodes: training does not run across nodes on GPUs yet", 0},
 		{"bad SLURM_NNODES", "cpu", flags(nil), map[string]string{"SLURM_NNODES": "two"}, `SLURM_NNODES="two" is not a non-negative integer`, 0},
 		{"SLURM without a node list", "cuda:0-1", flags(nil), map[string]string{"SLURM_NNODES": "2"}, "no rendezvous address", 0},
 	} {

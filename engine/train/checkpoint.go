@@ -56,6 +56,9 @@ type trainerState struct {
 	// ExpertBias is the aux-loss-free balancing bias of each MoE layer, in layer order (absent
 	// when balancing is off). It is restored when the resumed run balances too.
 	ExpertBias [][]float32 `json:"expert_bias,omitempty"`
+	// WeightsOnly marks a checkpoint of a run across nodes: it has the weights but no
+	// optimizer state, and cannot be resumed.
+	WeightsOnly bool `json:"weights_only,omitempty"`
 }
 
 type stateData struct {
@@ -84,6 +87,7 @@ func (t *Trainer) state() trainerState {
 		st.Params = append(st.Params, stateParam{s.Name, s.Numel()})
 	}
 	st.ExpertBias = t.ExpertBias()
+	st.WeightsOnly = t.nodes != nil
 	return st
 }
 
@@ -92,7 +96,13 @@ func (t *Trainer) state() trainerState {
 // configuration). Everything is written into a temporary directory beside dir that is renamed
 // into place, so dir holds either the previous checkpoint or the complete new one.
 func (t *Trainer) Save(dir string) (err error) {
-	if t.plan != nil {
+	if t.nodes != nil {
+		// A plan across processes cannot export every rank's optimizer shards: the
+		// checkpoint holds the weights (each process holds them whole after a step).
+		if err := t.SyncParams(); err != nil {
+			return fmt.Errorf("train: save %s: %w", dir, err)
+		}
+	} else if t.plan != nil {
 		// Gather the plan's parameters into the single model when a step changed them, and
 		// its optimizer state into the layout-free form the checkpoint stores.
 		if err := t.syncFromPlan(); err != nil {
@@ -131,8 +141,11 @@ func (t *Trainer) Save(dir string) (err error) {
 		}
 		opt[i] = safetensors.Tensor{Name: st.Name, DType: sdt, Shape: st.Shape, Data: st.Data}
 	}
-	if err := safetensors.Save(filepath.Join(tmp, OptimizerFile), opt, map[string]string{"format": "halo-shell"}); err != nil {
-		return fmt.Errorf("train: save %s: %w", dir, err)
+	// A run across nodes writes no optimizer file; its state says weights_only.
+	if t.nodes == nil {
+		if err := safetensors.Save(filepath.Join(tmp, OptimizerFile), opt, map[string]string{"format": "halo-shell"}); err != nil {
+			return fmt.Errorf("train: save %s: %w", dir, err)
+		}
 	}
 	js, err := json.MarshalIndent(t.state(), "", "  ")
 	if err != nil {
@@ -215,6 +228,14 @@ func (t *Trainer) Resume(dir string) error {
 	}
 	if st.Format != stateFormat {
 		return fmt.Errorf("train: resume: %s: format %d, this build reads %d", dir, st.Format, stateFormat)
+	}
+	if st.WeightsOnly {
+		return fmt.Errorf("train: resume: %s: %w", dir, errWeightsOnly)
+	}
+	if t.plan != nil {
+		if err := t.refuseNodes("resuming a checkpoint into a running trainer"); err != nil {
+			return err
+		}
 	}
 	cur := t.state()
 	if !slices.Equal(st.Params, cur.Params) {

@@ -20,6 +20,12 @@
 // state is layout-free, so a run resumes into any layout. SetLayout moves a live run to
 // another layout between steps, in memory.
 //
+// Across nodes (NewOnNodes): one process per node drives devices cpu:K of a mesh of N·K CPU
+// ranks joined over TCP (engine/comm/tcp); the metrics are the world's, only node 0 writes
+// files, checkpoints hold the weights without optimizer state (weights_only; not resumable),
+// and MoE models, ep/etp/cp and SetLayout are refused. SyncGrads there is a collective under
+// FSDP: every node must call it.
+//
 // Callers outside the package read the model's shape with Trainer.Arch, ParamSpecs,
 // NumParams and ModelDType, and its values only through Trainer.HostModel (after SyncGrads for
 // gradients), on the goroutine that drives the trainer.

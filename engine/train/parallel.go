@@ -168,6 +168,9 @@ func (t *Trainer) RankRecorders() []*profile.Recorder {
 
 // startPlan lays the single model and its optimizer state out over d with layout l.
 func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+	if t.nodes != nil {
+		return t.startNodePlan(d, l)
+	}
 	o, recs, devs := t.planOptions(d)
 	if t.auxCoefSet {
 		// The plan reads the objective's aux-loss weight from the model (a single-device
@@ -280,6 +283,9 @@ func (t *Trainer) hostKind() string {
 // works, and the run continues in the old layout. It returns how long the move took.
 func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	start := time.Now()
+	if err := t.refuseNodes("moving the run to another layout (SetLayout)"); err != nil {
+		return 0, err
+	}
 	d, l, err := ParseLayoutSpec(spec, t.currentDevices())
 	if err != nil {
 		return 0, err

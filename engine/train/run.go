@@ -40,7 +40,8 @@ type RunResult struct {
 // output_dir/metrics.jsonl, shows progress, evaluates every eval_steps and at the end, writes
 // output_dir/checkpoint-N every save_steps and at the end, then writes the final Hugging Face
 // model into output_dir and, when generation_eval.max_samples > 0, measures held-out
-// exact-match accuracy. When ctx is cancelled it stops at the next step boundary, saves a
+// exact-match accuracy. On a run across nodes only node 0 writes files and shows progress;
+// the other nodes run the same steps and log one summary line. When ctx is cancelled it stops at the next step boundary, saves a
 // checkpoint and returns ctx's error.
 func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	var res RunResult
@@ -49,6 +50,9 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, format+"\n", args...)
 		}
+	}
+	if !t.lead() {
+		return runFollower(ctx, t, o, logf)
 	}
 	out := cfg.Run.OutputDir
 	if err := os.MkdirAll(out, 0o755); err != nil {
@@ -66,6 +70,9 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	enc := json.NewEncoder(mf)
 
 	logf("%s", t.Summary())
+	if _, n := t.Node(); n > 1 {
+		logf("checkpoints of a run across nodes hold the weights only: resuming the optimizer state across nodes is not supported yet (start a new run from checkpoint-N's weights)")
+	}
 	start := time.Now()
 	bar := newProgress(o.Progress, o.TTY, t.totalSteps, cfg.Run.LoggingSteps)
 	var last StepMetrics
@@ -150,6 +157,40 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	return res, nil
 }
 
+// runFollower is Run on a node other than node 0 of a run across nodes: the same steps and
+// evaluations (every node computes the world's metrics), no files and no progress display,
+// and one summary line at the end.
+func runFollower(ctx context.Context, t *Trainer, o RunOptions, logf func(string, ...any)) (RunResult, error) {
+	var res RunResult
+	cfg := t.Cfg
+	start := time.Now()
+	var last StepMetrics
+	for !t.Done() {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		m, err := t.Step(ctx)
+		if err != nil {
+			return res, err
+		}
+		if t.HasEval() && ((cfg.Run.EvalSteps > 0 && t.step%cfg.Run.EvalSteps == 0) || t.Done()) {
+			el, err := t.Eval(ctx)
+			if err != nil {
+				return res, err
+			}
+			m.EvalLoss = &el
+		}
+		if o.OnStep != nil {
+			o.OnStep(m)
+		}
+		last = m
+	}
+	res.Steps, res.FinalLoss, res.EvalLoss, res.Elapsed = t.step, last.Loss, last.EvalLoss, time.Since(start)
+	r, n := t.Node()
+	logf("node %d of %d: trained %d steps in %s: loss %.4f (node 0 writes the metrics, checkpoints and model)", r, n, t.step, res.Elapsed.Round(time.Second), last.Loss)
+	return res, nil
+}
+
 // SaveModel writes the Hugging Face model and tokenizer files into dir (no trainer state);
 // each file is replaced atomically.
 func (t *Trainer) SaveModel(dir string) error {
@@ -173,7 +214,11 @@ func (t *Trainer) Summary() string {
 		fmt.Fprintf(&b, "device: %s\n", strings.TrimPrefix(t.deviceNote, "; "))
 	}
 	if l := t.Layout(); l.Parallel {
-		fmt.Fprintf(&b, "layout: %s on %s\n", l.Layout, l.Devices)
+		fmt.Fprintf(&b, "layout: %s on %s", l.Layout, l.Devices)
+		if r, n := t.Node(); n > 1 {
+			fmt.Fprintf(&b, " across %d nodes (this is node %d)", n, r)
+		}
+		b.WriteString("\n")
 	}
 	st := t.Stats
 	fmt.Fprintf(&b, "data: %d documents, %d tokens (%d trained on)", st.Documents, st.Tokens, st.Targets)

@@ -39,7 +39,7 @@ func New(cfg *Config) (*Trainer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
 	}
-	return newOn(cfg, b, note)
+	return newOn(cfg, b, note, nil)
 }
 
 // NewOn is New on a backend the caller opened (for instance one wrapped by engine/profile,
@@ -49,12 +49,12 @@ func NewOn(cfg *Config, b backend.Backend) (*Trainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return newOn(cfg, b, "")
+	return newOn(cfg, b, "", nil)
 }
 
-func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
+func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Trainer, error) {
 	var err error
-	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg), deviceNote: note}
+	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg), deviceNote: note, nodes: nodes}
 	ok := false
 	defer func() {
 		if !ok {
@@ -73,6 +73,13 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 		return nil, fmt.Errorf("train: devices: %w", err)
 	}
 	usePlan := wantsPlan(devs, layout)
+	if nodes != nil {
+		// The mesh spans every node's devices.
+		if devs, layout, err = NodeDevices(cfg, nodes.rc.NNodes); err != nil {
+			return nil, err
+		}
+		usePlan = true
+	}
 	if usePlan {
 		// The layout is checked against config.json before any weight is read.
 		mc, err := modelConfig(cfg, t.tok.vocabSize())
@@ -85,6 +92,9 @@ func newOn(cfg *Config, b backend.Backend, note string) (*Trainer, error) {
 		}
 		if err := checkLayout(devs, layout, shape, cfg.Batch.GradientAccumulationSteps); err != nil {
 			return nil, err
+		}
+		if nodes != nil && shape.MoE() {
+			return nil, fmt.Errorf("train: %d nodes: the model is a mixture of experts; %s", nodes.rc.NNodes, nodesSupported)
 		}
 	}
 	if t.model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {

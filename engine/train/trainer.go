@@ -127,6 +127,7 @@ type Trainer struct {
 	warmup      int
 	auxCoef     float64 // the model's own aux-loss weight (router_aux_loss_coef or 0), read once
 	auxCoefSet  bool
+	nodes       *nodeSpec // how this process joined a run across nodes; nil on one node
 }
 
 // Steps returns the number of optimizer steps done.

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// acrossArgsEnv carries a child process's launch arguments (separated by \x1f).
+const acrossArgsEnv = "HALO_LAUNCH_ACROSS_ARGS"
+
+// metricLines reads the loss, gradient norm and held-out loss of every line of a run's
+// metrics.jsonl, as the JSON text of each number (equal text is equal float64 bits).
+func metricLines(t *testing.T, dir string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		var m struct {
+			Step     int             `json:"step"`
+			Loss     json.RawMessage `json:"loss"`
+			GradNorm json.RawMessage `json:"grad_norm"`
+			EvalLoss json.RawMessage `json:"eval_loss"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		got = append(got, strconv.Itoa(m.Step)+" loss "+string(m.Loss)+" grad_norm "+string(m.GradNorm)+" eval "+string(m.EvalLoss))
+	}
+	return got
+}
+
+// freePort returns a localhost address whose port was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// launchNodesProcs runs "launch" as nnodes processes of this test binary, node r with
+// args(r), and returns each one's combined output; it fails the test if one fails.
+func launchNodesProcs(t *testing.T, nnodes int, args func(node int) []string) []string {
+	t.Helper()
+	outs := make([]bytes.Buffer, nnodes)
+	errs := make([]error, nnodes)
+	var wg sync.WaitGroup
+	for node := range nnodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLaunchAcrossNodesMatchesOneProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), acrossArgsEnv+"="+strings.Join(args(node), "\x1f"))
+		cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[node] = cmd.Wait()
+		}()
+	}
+	wg.Wait()
+	res := make([]string, nnodes)
+	for node := range nnodes {
+		res[node] = outs[node].String()
+		if errs[node] != nil {
+			t.Fatalf("node %d: %v\n%s", node, errs[node], res[node])
+		}
+	}
+	return res
+}
+
+// Two launch processes of cpu:2 each, joined over TCP on localhost, train the same steps as
+// one process on cpu:4 with the same layout and seed: node 0's metrics.jsonl has the same
+// losses, gradient norms and held-out losses bit for bit, its checkpoint holds the same
+// weights and loads, node 1 writes nothing, and the weights-only checkpoint cannot be resumed.
+func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
+	if a := os.Getenv(acrossArgsEnv); a != "" {
+		if _, err := runRoot(t, strings.Split(a, "\x1f")...); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	for _, layout := range [][]string{{"--fsdp=true"}, {}} {
+		name := "dp=4"
+		if len(layout) > 0 {
+			name = "dp=4 fsdp"
+		}
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			common := append([]string{"--gradient_accumulation_steps=4", "--eval_steps=2", "--save_steps=2"}, layout...)
+			ref := filepath.Join(dir, "ref")
+			if _, err := runRoot(t, quickstartArgs(ref, append([]string{"--devices=cpu:4"}, common...)...)...); err != nil {
+				t.Fatal(err)
+			}
+			addr := freePort(t)
+			outDir := func(node int) string { return filepath.Join(dir, "node"+strconv.Itoa(node)) }
+			logs := launchNodesProcs(t, 2, func(node int) []string {
+				return quickstartArgs(outDir(node), append([]string{"--devices=cpu:2", "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
+					"--rendezvous=" + addr, "--rendezvous-token=across-secret", "--rendezvous-timeout=60s"}, common...)...)
+			})
+			want, got := metricLines(t, ref), metricLines(t, outDir(0))
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Fatalf("node 0's metrics differ from one process on cpu:4:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if _, err := os.Stat(outDir(1)); !os.IsNotExist(err) {
+				t.Errorf("node 1 wrote %s (%v); only node 0 writes files", outDir(1), err)
+			}
+			if !strings.Contains(logs[1], "node 1 of 2: trained 3 steps") {
+				t.Errorf("node 1's output lacks its summary line:\n%s", logs[1])
+			}
+			if !strings.Contains(logs[0], "resuming the optimizer state across nodes is not supported yet") {
+				t.Errorf("node 0 does not say its checkpoints hold the weights only:\n%s", logs[0])
+			}
+			// The step-2 and final checkpoints hold the same weights as the one-process run's, and load.
+			for _, ck := range []string{"checkpoint-2", "checkpoint-3", "."} {
+				a, err := os.ReadFile(filepath.Join(outDir(0), ck, "model.safetensors"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := os.ReadFile(filepath.Join(ref, ck, "model.safetensors"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(a, b) {
+					t.Errorf("%s/model.safetensors differs from the one-process run's", ck)
+				}
+			}
+			m, err := models.Load(filepath.Join(outDir(0), "checkpoint-3"), cpu.New(cpu.Options{Workers: 1}), models.Options{DType: tensor.F32})
+			if err != nil {
+				t.Fatalf("loading node 0's checkpoint: %v", err)
+			}
+			m.Close()
+			if _, err := os.Stat(filepath.Join(outDir(0), "checkpoint-3", "optimizer.safetensors")); !os.IsNotExist(err) {
+				t.Errorf("a checkpoint across nodes has an optimizer file (%v)", err)
+			}
+			// Resuming it is refused, saying why and what to do.
+			_, err = runRoot(t, quickstartArgs(filepath.Join(dir, "resumed"), "--devices=cpu:4", "--gradient_accumulation_steps=4",
+				"--resume_from_checkpoint="+filepath.Join(outDir(0), "checkpoint-3"), "--max_steps=4")...)
+			if err == nil || !strings.Contains(err.Error(), "no optimizer state") || !strings.Contains(err.Error(), "model_name_or_path") {
+				t.Errorf("resuming a checkpoint of a run across nodes: %v, want a refusal naming the missing optimizer state and what to do", err)
+			}
+		})
+	}
+}

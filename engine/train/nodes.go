@@ -1,0 +1,178 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/comm/tcp"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/parallel"
+	"github.com/halo-shell/halo-shell/engine/profile"
+)
+
+// A run across nodes (NewOnNodes) is one process per node, each driving devices cpu:K of a
+// mesh of N·K simulated CPU ranks; the processes join an engine/comm/tcp world through the
+// rendezvous node 0 serves, and each builds a parallel plan that drives only its own ranks
+// (parallel.Options.Local). Every node reads the same data in the same order and hands the
+// plan every micro-batch; the plan keeps its ranks' rows. Losses and gradient norms are the
+// world's, so every node computes the same metrics, bit for bit those of one process over
+// cpu:N·K with the same layout and seed.
+//
+// What differs from a one-node run:
+//
+//   - Only node 0 writes files (metrics.jsonl, checkpoints, the final model, generation
+//     eval); the other nodes train and report one summary line.
+//   - Checkpoints hold the model weights (and the trainer state, marked weights-only) but no
+//     optimizer state: a plan over several processes cannot export every rank's optimizer
+//     shards yet. Resuming such a checkpoint is refused; start a new run from its weights
+//     (model_name_or_path=checkpoint-N). A one-node checkpoint can be resumed across nodes.
+//   - Layouts: dense models with dp, fsdp and tp (tp dividing each node's device count).
+//     MoE models, expert parallelism (ep, etp), context parallelism (cp) and moving the run
+//     to another layout (SetLayout) are refused, as are CUDA devices.
+//   - SyncGrads under FSDP all-gathers gradient shards between the nodes: every node must
+//     call it, between the same steps. SyncParams (and so Eval, generation and saving) reads
+//     only this node's ranks and needs no other node.
+
+// nodesSupported names what a run across nodes supports, for refusals.
+const nodesSupported = "a run across nodes supports dense models on cpu devices with dp, fsdp and tp (tp dividing each node's device count)"
+
+// nodeSpec is how a trainer joins a run across nodes.
+type nodeSpec struct {
+	ctx context.Context
+	rc  rendezvous.Config
+}
+
+// NodeDevices returns the mesh of a run of nnodes nodes with the config's devices on each
+// (cpu:K becomes cpu:nnodes·K) and the layout over it, or an error naming what a run across
+// nodes does not support. It reads no model or data (New checks the model's shape too).
+func NodeDevices(cfg *Config, nnodes int) (mesh.Devices, mesh.Layout, error) {
+	d, l, err := cfg.Parallel.Resolve()
+	if err != nil {
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: devices: %w", err)
+	}
+	if d.Kind != "cpu" {
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes with devices %s: %s", nnodes, d, nodesSupported)
+	}
+	k := d.Len()
+	all, err := mesh.ParseDevices(fmt.Sprintf("cpu:%d", nnodes*k))
+	if err != nil {
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes of devices %s: %w", nnodes, d, err)
+	}
+	l.DP = 0
+	l = l.Norm(all.Len())
+	switch {
+	case l.EP > 1 || l.ETP > 1:
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: layout %s uses expert parallelism; %s", nnodes, l, nodesSupported)
+	case l.CP > 1:
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: layout %s uses context parallelism; %s", nnodes, l, nodesSupported)
+	case k%l.TP != 0:
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: tensor_parallel_size %d does not divide the %d devices of a node (%s); %s", nnodes, l.TP, k, d, nodesSupported)
+	case cfg.Batch.GradientAccumulationSteps%l.DP != 0:
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: layout %s on %s: gradient_accumulation_steps %d micro-batches cannot be dealt over %d data-parallel ranks; use a multiple of %d",
+			nnodes, l, all, cfg.Batch.GradientAccumulationSteps, l.DP, l.DP)
+	}
+	return all, l, nil
+}
+
+// NewOnNodes builds the trainer of one node of a run across rc.NNodes nodes (see the comment
+// above NodeDevices): it does what New does, then joins the other nodes through the
+// rendezvous rc names (node 0 serves it) and lays the model out over every node's devices.
+// ctx bounds the rendezvous. The layout and model are checked before the rendezvous.
+func NewOnNodes(ctx context.Context, cfg *Config, rc rendezvous.Config) (*Trainer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := rc.Validate(); err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	if _, _, err := NodeDevices(cfg, rc.NNodes); err != nil {
+		return nil, err
+	}
+	b, note, err := backend.Resolve("cpu")
+	if err != nil {
+		return nil, fmt.Errorf("train: device cpu: %w", err)
+	}
+	return newOn(cfg, b, note, &nodeSpec{ctx: ctx, rc: rc})
+}
+
+// Node returns this process's node rank and the number of nodes of the run (0 and 1 for a
+// run on one node).
+func (t *Trainer) Node() (rank, nodes int) {
+	if t.nodes == nil {
+		return 0, 1
+	}
+	return t.nodes.rc.NodeRank, t.nodes.rc.NNodes
+}
+
+// lead reports whether this process writes the run's files (node 0, or a one-node run).
+func (t *Trainer) lead() bool {
+	r, _ := t.Node()
+	return r == 0
+}
+
+// refuseNodes is the error of an operation a run across nodes does not support.
+func (t *Trainer) refuseNodes(what string) error {
+	if t.nodes == nil {
+		return nil
+	}
+	return fmt.Errorf("train: %s is not supported in a run across %d nodes; %s", what, t.nodes.rc.NNodes, nodesSupported)
+}
+
+// startNodePlan joins the other nodes and builds this node's share of the plan over devices
+// d (every node's) with layout l.
+func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+	k := d.Len() / t.nodes.rc.NNodes
+	recs := make([]*profile.Recorder, k)
+	devs := make([]backend.Backend, k)
+	for i := range devs {
+		b, err := openRank("cpu", i, recs, i)
+		if err != nil {
+			return nil, err
+		}
+		devs[i] = b
+	}
+	closeDevs := func() {
+		for _, b := range devs {
+			_ = b.Close()
+		}
+	}
+	w, err := tcp.Join(t.nodes.ctx, tcp.Config{Rendezvous: t.nodes.rc}, devs)
+	if err != nil {
+		closeDevs()
+		return nil, fmt.Errorf("train: joining the other nodes: %w", err)
+	}
+	first := w.FirstRank()
+	if w.Size() != d.Len() || w.Local() != k {
+		err := fmt.Errorf("train: the nodes disagree on devices: this node has %d of %d ranks, the world has %d ranks: give every node the same devices", k, d.Len(), w.Size())
+		w.Abort(err)
+		_ = w.Close()
+		closeDevs()
+		return nil, err
+	}
+	o := parallel.Options{Optimizer: optimConfig(t.Cfg), Local: &parallel.LocalRanks{First: first, Count: k}}
+	o.Optimizer.WeightDecay = t.hyper.WeightDecay
+	o.NewBackend = func(r int) (backend.Backend, error) { return devs[r-first], nil }
+	o.World = func([]backend.Backend) (comm.Fabric, error) { return w.Fabric(), nil }
+	p, err := parallel.New(t.model, d, l, o)
+	if err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("train: layout %s on %s across %d nodes: %w", l, d, t.nodes.rc.NNodes, err)
+	}
+	steps, st, err := t.opt.Export()
+	if err == nil {
+		err = p.LoadOptimizerState(steps, st)
+	}
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("train: layout %s on %s across %d nodes: optimizer state: %w", l, d, t.nodes.rc.NNodes, err)
+	}
+	t.adopt(p, recs, devs)
+	return p, nil
+}
+
+// errWeightsOnly is the reason a checkpoint of a run across nodes cannot be resumed.
+var errWeightsOnly = errors.New("it holds the weights of a run across nodes but no optimizer state (resuming the optimizer state across nodes is not supported yet): start a new run from its weights with model_name_or_path set to it")
