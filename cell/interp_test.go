@@ -320,18 +320,32 @@ func TestEvalGoroutinePanicIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer it.Close()
-	// What a goroutine prints goes to the cell running at the time, or to Background. The
-	// pauses let each cell's goroutines end before the next cell runs: the interpreter's
-	// goroutines share its frames unsynchronised with a cell that starts meanwhile.
-	settle := func() { time.Sleep(200 * time.Millisecond) }
+	// What a goroutine prints goes to the cell running at the time, or to Background. Each
+	// cell's goroutines must end before the next cell runs: the interpreter's goroutines share
+	// its frames unsynchronised with a cell that starts meanwhile. So wait until a cell's
+	// goroutine has reported its panic (its last act), then a little longer for it to return.
 	var cells strings.Builder
+	settle := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(cells.String()+bg.String(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("output %q lacks %q", cells.String()+bg.String(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	cells.WriteString(eval(t, it, "go func() { panic(\"first\") }()").Stdout)
-	settle()
+	settle("cell: first")
 	cells.WriteString(eval(t, it, "func spawn() {\n\tgo func(n int) {\n\t\tgo panic(n)\n\t}(7)\n}\nspawn()").Stdout)
-	settle()
-	// Arguments are evaluated at the go statement, as in Go.
-	r := eval(t, it, "ch := make(chan int, 1)\nfunc send(c chan int, v int) { c <- v }\nx := 5\ngo send(ch, x)\nx = 6\n<-ch")
-	settle()
+	settle("cell: 7")
+	// Arguments are evaluated at the go statement, as in Go. The go statement sits in a
+	// function: a goroutine started by a cell's top-level statements reads the interpreter's
+	// global frame, which the interpreter itself writes without a lock when it runs the cell's
+	// next statements (a race inside the interpreter, which the race detector reports).
+	r := eval(t, it, "ch := make(chan int, 1)\nfunc send(c chan int, v int) { c <- v }\nfunc demo(c chan int, x int) int {\n\tgo send(c, x)\n\tx = 6\n\treturn x\n}\nx := demo(ch, 5)\n<-ch")
+	time.Sleep(200 * time.Millisecond) // send's goroutine ends right after its send
 	cells.WriteString(r.Stdout)
 	if got := plain(r.Value); got != "5" {
 		t.Fatalf("go send(ch, x) sent %s, want 5", got)
