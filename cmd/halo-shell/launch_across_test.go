@@ -94,7 +94,8 @@ func launchNodesProcs(t *testing.T, nnodes int, args func(node int) []string) []
 // Two launch processes of cpu:2 each, joined over TCP on localhost, train the same steps as
 // one process on cpu:4 with the same layout and seed: node 0's metrics.jsonl has the same
 // losses, gradient norms and held-out losses bit for bit, its checkpoint holds the same
-// weights and loads, node 1 writes nothing, and the weights-only checkpoint cannot be resumed.
+// weights and optimizer state and loads, node 1 writes nothing, and one process resumed from
+// node 0's step-2 checkpoint logs step 3 exactly as the uninterrupted run did.
 func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 	if a := os.Getenv(acrossArgsEnv); a != "" {
 		if _, err := runRoot(t, strings.Split(a, "\x1f")...); err != nil {
@@ -130,21 +131,20 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 			if !strings.Contains(logs[1], "node 1 of 2: trained 3 steps") {
 				t.Errorf("node 1's output lacks its summary line:\n%s", logs[1])
 			}
-			if !strings.Contains(logs[0], "resuming the optimizer state across nodes is not supported yet") {
-				t.Errorf("node 0 does not say its checkpoints hold the weights only:\n%s", logs[0])
-			}
-			// The step-2 and final checkpoints hold the same weights as the one-process run's, and load.
-			for _, ck := range []string{"checkpoint-2", "checkpoint-3", "."} {
-				a, err := os.ReadFile(filepath.Join(outDir(0), ck, "model.safetensors"))
+			// The step-2 and final checkpoints hold the same weights (and optimizer state) as
+			// the one-process run's, and load.
+			for _, f := range []string{"checkpoint-2/model.safetensors", "checkpoint-3/model.safetensors", "model.safetensors",
+				"checkpoint-2/optimizer.safetensors", "checkpoint-3/optimizer.safetensors"} {
+				a, err := os.ReadFile(filepath.Join(outDir(0), f))
 				if err != nil {
 					t.Fatal(err)
 				}
-				b, err := os.ReadFile(filepath.Join(ref, ck, "model.safetensors"))
+				b, err := os.ReadFile(filepath.Join(ref, f))
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(a, b) {
-					t.Errorf("%s/model.safetensors differs from the one-process run's", ck)
+					t.Errorf("%s differs from the one-process run's", f)
 				}
 			}
 			m, err := models.Load(filepath.Join(outDir(0), "checkpoint-3"), cpu.New(cpu.Options{Workers: 1}), models.Options{DType: tensor.F32})
@@ -152,14 +152,14 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 				t.Fatalf("loading node 0's checkpoint: %v", err)
 			}
 			m.Close()
-			if _, err := os.Stat(filepath.Join(outDir(0), "checkpoint-3", "optimizer.safetensors")); !os.IsNotExist(err) {
-				t.Errorf("a checkpoint across nodes has an optimizer file (%v)", err)
+			// One process resumed from node 0's step-2 checkpoint logs step 3 as both runs did.
+			resumed := filepath.Join(dir, "resumed")
+			if _, err := runRoot(t, quickstartArgs(resumed, append([]string{"--devices=cpu:4",
+				"--resume_from_checkpoint=" + filepath.Join(outDir(0), "checkpoint-2")}, common...)...)...); err != nil {
+				t.Fatalf("resuming a checkpoint of a run across nodes: %v", err)
 			}
-			// Resuming it is refused, saying why and what to do.
-			_, err = runRoot(t, quickstartArgs(filepath.Join(dir, "resumed"), "--devices=cpu:4", "--gradient_accumulation_steps=4",
-				"--resume_from_checkpoint="+filepath.Join(outDir(0), "checkpoint-3"), "--max_steps=4")...)
-			if err == nil || !strings.Contains(err.Error(), "no optimizer state") || !strings.Contains(err.Error(), "model_name_or_path") {
-				t.Errorf("resuming a checkpoint of a run across nodes: %v, want a refusal naming the missing optimizer state and what to do", err)
+			if got := metricLines(t, resumed); len(got) != 1 || got[0] != want[2] {
+				t.Errorf("resumed from node 0's checkpoint-2: metrics\n%s\nwant\n%s", strings.Join(got, "\n"), want[2])
 			}
 		})
 	}

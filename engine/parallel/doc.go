@@ -72,7 +72,9 @@
 // same model and layout, communicating through engine/comm/tcp): it drives only its ranks, and
 // the loss and gradient norm are reduced over the world so every process sees the same numbers.
 // Over several processes only dense models under dp, fsdp and tp (tensor groups inside one
-// process) are supported; OptimizerState and Relayout are refused (LocalRanks says why).
+// process) are supported. OptimizerState is then a collective that every process calls (the
+// FSDP optimizer shards are all-gathered over the data groups) and returns the same state as
+// one process driving every rank, bit for bit; Relayout is refused (LocalRanks says more).
 //
 // The package is not a trainer (engine/train owns schedules, data and checkpoints) and does not
 // choose layouts (engine/mesh checks and suggests them).

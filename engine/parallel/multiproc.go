@@ -3,9 +3,11 @@ package parallel
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -29,7 +31,10 @@ import (
 //     tensor groups. Grads under FSDP all-gathers the gradient shards, so it is a collective:
 //     every process must call it.
 //   - LoadOptimizerState works (each rank takes its slice of the layout-free state).
-//   - OptimizerState and Relayout need every rank's optimizer shards and are refused.
+//   - OptimizerState is a collective: every process must call it, between the same steps.
+//     Under FSDP the optimizer shards are all-gathered over each data group; every process
+//     returns the whole state, bit for bit what a single process driving every rank returns.
+//   - Relayout (a new plan over other ranks) is refused.
 //   - CommStats, SetRankRecorder and Size count the process's ranks (index i is global rank
 //     First+i).
 type LocalRanks struct{ First, Count int }
@@ -68,7 +73,7 @@ func (p *Plan) refuseMulti(what string) error {
 	if p.mp == nil {
 		return nil
 	}
-	return fmt.Errorf("parallel: %s needs every rank's optimizer state, and this plan drives ranks [%d,%d) of %d (one process of several): not supported over several processes yet", what, p.mp.first, p.mp.first+len(p.ranks), p.Mesh.Size())
+	return fmt.Errorf("parallel: %s builds a plan over every rank in this process, and this plan drives ranks [%d,%d) of %d (one process of several): not supported over several processes yet", what, p.mp.first, p.mp.first+len(p.ranks), p.Mesh.Size())
 }
 
 // shareSums all-gathers every rank's loss and aux sums over the world as the bits of their
@@ -119,4 +124,174 @@ func (p *Plan) worldSums() (sum, aux float64) {
 		}
 	}
 	return sum, aux
+}
+
+// rankSlab is one rank's optimizer state over its whole (tensor-sliced) parameter arena: per
+// state kind (stateSuffixes), the values in arena order, or nil where the rank has no such
+// kind.
+type rankSlab struct {
+	step int
+	dts  []tensor.DType
+	vals [][]float32
+}
+
+// multiState fills local and kinds (see OptimizerState) on a plan over several processes.
+// Each rank lays its optimizer state out over its arena; under FSDP the shards are
+// all-gathered over the data group first, so that every rank holds its tensor slice's whole
+// state. Every process holds whole tensor groups, so it then has every tensor rank's slice.
+func (p *Plan) multiState(local []map[string]*state, kinds map[string]bool) (int, error) {
+	slabs := make([]*rankSlab, len(p.ranks))
+	if err := p.spmd(func(rk *rank) error {
+		s, err := p.rankState(rk)
+		if err != nil {
+			return err
+		}
+		slabs[rk.id-p.mp.first] = s
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	step := 0
+	for tp := range local {
+		i := slices.IndexFunc(p.ranks, func(rk *rank) bool { return rk.c.TP == tp })
+		if i < 0 {
+			return 0, fmt.Errorf("parallel: no rank of this process has tensor coordinate %d", tp)
+		}
+		rk, s := p.ranks[i], slabs[i]
+		step = s.step
+		off := 0
+		for _, sp := range rk.m.Specs {
+			n := sp.Numel()
+			for k, suf := range stateSuffixes {
+				if s.vals[k] == nil {
+					continue
+				}
+				kinds[suf] = true
+				local[tp][sp.Name+suf] = &state{dt: s.dts[k], vals: s.vals[k][off : off+n]}
+			}
+			off += n
+		}
+	}
+	return step, nil
+}
+
+// rankState is rank rk's rankSlab; under FSDP a collective over each sharded part's group.
+func (p *Plan) rankState(rk *rank) (*rankSlab, error) {
+	st, ts, err := rk.opt.Export()
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]optim.StateTensor, len(ts))
+	for _, t := range ts {
+		byName[t.Name] = t
+	}
+	offs := make(map[string]int, len(rk.m.Specs))
+	total := 0
+	for _, s := range rk.m.Specs {
+		offs[s.Name] = total
+		total += s.Numel()
+	}
+	nk := len(stateSuffixes)
+	s := &rankSlab{step: st, dts: make([]tensor.DType, nk), vals: make([][]float32, nk)}
+	kind := func(k int, dt tensor.DType) []float32 {
+		if s.vals[k] == nil {
+			s.vals[k], s.dts[k] = make([]float32, total), dt
+		}
+		return s.vals[k]
+	}
+	for i, op := range rk.optParams {
+		for k, suf := range stateSuffixes {
+			t, ok := byName[op.Name+suf]
+			if !ok {
+				continue
+			}
+			v, err := tensor.DecodeFloat32(t.DType, t.Data)
+			if err != nil {
+				return nil, fmt.Errorf("optimizer state %s: %w", t.Name, err)
+			}
+			copy(kind(k, t.DType)[offs[op.Name]+rk.optElem[i]:], v)
+		}
+	}
+	if !rk.shard.on {
+		return s, nil
+	}
+	for i := range rk.shard.parts {
+		pt := &rk.shard.parts[i]
+		if pt.local {
+			continue
+		}
+		if err := p.gatherState(rk, pt, s, kind); err != nil {
+			return nil, fmt.Errorf("gathering the optimizer state: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// gatherState all-gathers the optimizer state of FSDP part pt over its group into s: each
+// rank sends one header element per kind (its dtype plus one, 0 when absent) and then S
+// elements per kind (float32 bits) of its shard.
+func (p *Plan) gatherState(rk *rank, pt *fsdpPart, s *rankSlab, kind func(int, tensor.DType) []float32) error {
+	nk := len(stateSuffixes)
+	per := nk + nk*pt.s
+	send := make([]int32, per)
+	for k := range nk {
+		if s.vals[k] == nil {
+			continue
+		}
+		send[k] = int32(s.dts[k]) + 1
+		blk := send[nk+k*pt.s:]
+		eachArena(pt, pt.lo, pt.hi, func(q, a, n int) {
+			for j := range n {
+				blk[q-pt.lo+j] = int32(math.Float32bits(s.vals[k][a+j]))
+			}
+		})
+	}
+	dev := rk.dev
+	src, err := backend.FromInt32(dev, send, per)
+	if err != nil {
+		return err
+	}
+	defer dev.Free(src)
+	g := pt.c.Size()
+	dst, err := dev.Alloc(tensor.I32, per*g)
+	if err != nil {
+		return err
+	}
+	defer dev.Free(dst)
+	if err := pt.c.AllGather(dst, src); err != nil {
+		return err
+	}
+	all, err := backend.ToInt32(dev, dst)
+	if err != nil {
+		return err
+	}
+	for r := range g {
+		blk := all[r*per : (r+1)*per]
+		lo, hi := min(r*pt.s, pt.p), min((r+1)*pt.s, pt.p)
+		for k := range nk {
+			if blk[k] == 0 {
+				continue
+			}
+			vals, vs := kind(k, tensor.DType(blk[k]-1)), blk[nk+k*pt.s:]
+			eachArena(pt, lo, hi, func(q, a, n int) {
+				for j := range n {
+					vals[a+j] = math.Float32frombits(uint32(vs[q-lo+j]))
+				}
+			})
+		}
+	}
+	return nil
+}
+
+// eachArena calls fn for the runs of packed positions [lo, hi) of part pt: fn(q, a, n) says
+// that packed positions [q, q+n) are arena positions [a, a+n).
+func eachArena(pt *fsdpPart, lo, hi int, fn func(q, a, n int)) {
+	pos := 0
+	for _, sg := range pt.segs {
+		a, b := max(lo, pos), min(hi, pos+sg.n)
+		if a < b {
+			fn(a, sg.off+a-pos, b-a)
+		}
+		pos += sg.n
+	}
 }

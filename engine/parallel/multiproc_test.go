@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,15 +24,19 @@ import (
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/comm/tcp"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
 // planRun is what one process of a multi-process run (or the single-process reference)
 // reports: the losses and gradient norms of each step, the last step's reduced gradients, the
-// final parameters, and the error OptimizerState gave.
+// final parameters, the optimizer state (a collective over processes) and the error Relayout
+// gave.
 type planRun struct {
 	Loss, Norm    []float64
 	Grads, Params map[string][]float32
-	StateErr      string
+	StateStep     int
+	State         []optim.StateTensor
+	RelayoutErr   string
 }
 
 // trainThreeSteps trains p for three steps of trainBatches and reports them.
@@ -57,8 +62,14 @@ func trainThreeSteps(t *testing.T, p *Plan) planRun {
 	if r.Params, err = p.Params(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := p.OptimizerState(); err != nil {
-		r.StateErr = err.Error()
+	// Over several processes OptimizerState is a collective too.
+	if r.StateStep, r.State, err = p.OptimizerState(); err != nil {
+		t.Fatal(err)
+	}
+	if p.mp != nil {
+		if _, err := p.Relayout(cpuDevices(4), mesh.Layout{}, Options{Optimizer: trainOpt}); err != nil {
+			r.RelayoutErr = err.Error()
+		}
 	}
 	return r
 }
@@ -173,7 +184,7 @@ func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
 		planChild(t)
 		return
 	}
-	for _, layout := range []string{"dp=4", "fsdp", "tp=2 dp=2"} {
+	for _, layout := range []string{"dp=4", "fsdp", "tp=2 dp=2", "tp=2 fsdp"} {
 		t.Run(layout, func(t *testing.T) {
 			l, err := mesh.ParseLayout(layout)
 			if err != nil {
@@ -185,9 +196,6 @@ func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
 			}
 			defer ref.Close()
 			want := trainThreeSteps(t, ref)
-			if want.StateErr != "" {
-				t.Fatalf("single process: OptimizerState: %s", want.StateErr)
-			}
 			for node, got := range startPlanProcs(t, layout) {
 				for i := range want.Loss {
 					if math.Float64bits(got.Loss[i]) != math.Float64bits(want.Loss[i]) || math.Float64bits(got.Norm[i]) != math.Float64bits(want.Norm[i]) {
@@ -196,8 +204,9 @@ func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
 				}
 				sameBits(t, fmt.Sprintf("process %d: gradient", node), got.Grads, want.Grads)
 				sameBits(t, fmt.Sprintf("process %d: parameter", node), got.Params, want.Params)
-				if !strings.Contains(got.StateErr, "OptimizerState") || !strings.Contains(got.StateErr, "ranks [") {
-					t.Errorf("process %d: OptimizerState over several processes gave %q; want a refusal naming it and the process's ranks", node, got.StateErr)
+				sameState(t, fmt.Sprintf("process %d", node), got.StateStep, got.State, want.StateStep, want.State)
+				if !strings.Contains(got.RelayoutErr, "Relayout") || !strings.Contains(got.RelayoutErr, "ranks [") {
+					t.Errorf("process %d: Relayout over several processes gave %q; want a refusal naming it and the process's ranks", node, got.RelayoutErr)
 				}
 			}
 		})
@@ -219,6 +228,20 @@ func sameBits(t *testing.T, what string, got, want map[string][]float32) {
 			if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
 				t.Fatalf("%s %s[%d] = %v, one process %v", what, name, i, g[i], w[i])
 			}
+		}
+	}
+}
+
+// sameState fails t unless the optimizer states are equal, step and tensors bit for bit.
+func sameState(t *testing.T, what string, gotStep int, got []optim.StateTensor, wantStep int, want []optim.StateTensor) {
+	t.Helper()
+	if gotStep != wantStep || len(got) != len(want) {
+		t.Fatalf("%s: optimizer state of step %d with %d tensors, one process step %d with %d", what, gotStep, len(got), wantStep, len(want))
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Name != w.Name || g.DType != w.DType || !slices.Equal(g.Shape, w.Shape) || !bytes.Equal(g.Data, w.Data) {
+			t.Errorf("%s: optimizer state %d is %s %s %v, one process %s %s %v (or their bytes differ)", what, i, g.Name, g.DType, g.Shape, w.Name, w.DType, w.Shape)
 		}
 	}
 }

@@ -17,14 +17,12 @@ var stateSuffixes = []string{".exp_avg", ".exp_avg_sq", ".master"}
 // single-device optim.AdamW exports: one tensor per parameter and kind, named
 // "<param>.exp_avg", "<param>.exp_avg_sq" (and ".master"), shaped like the full parameter. It
 // is what a checkpoint stores and what LoadOptimizerState reads into any other layout.
+//
+// On a plan over several processes (Options.Local) it is a collective: every process must
+// call it, between the same steps. Under FSDP the optimizer shards are all-gathered over each
+// data group; every process then returns the same state, bit for bit the state a single
+// process driving every rank returns.
 func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
-	if err := p.refuseMulti("OptimizerState"); err != nil {
-		return 0, nil, err
-	}
-	type state struct {
-		dt   tensor.DType
-		vals []float32
-	}
 	ntp := p.Mesh.Layout.TP
 	// local[tp][param+suffix] is tensor rank tp's slice of one parameter's state, assembled
 	// from the pieces of the ranks that hold it (its shards under FSDP).
@@ -33,6 +31,12 @@ func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 		local[i] = map[string]*state{}
 	}
 	kinds := map[string]bool{}
+	if p.mp != nil {
+		if step, err = p.multiState(local, kinds); err != nil {
+			return 0, nil, err
+		}
+		return p.assembleState(step, local, kinds)
+	}
 	for _, rk := range p.ranks {
 		if !rk.shard.on && rk.edata.Rank() != 0 {
 			continue // replicated over the (expert-)data group: one copy is enough
@@ -70,6 +74,18 @@ func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 			}
 		}
 	}
+	return p.assembleState(step, local, kinds)
+}
+
+// state is one parameter's optimizer state of one kind on one tensor rank.
+type state struct {
+	dt   tensor.DType
+	vals []float32
+}
+
+// assembleState joins every tensor rank's slices into the layout-free state.
+func (p *Plan) assembleState(step int, local []map[string]*state, kinds map[string]bool) (_ int, out []optim.StateTensor, _ error) {
+	ntp := p.Mesh.Layout.TP
 	for _, fs := range p.specs {
 		for _, suf := range stateSuffixes {
 			if !kinds[suf] {

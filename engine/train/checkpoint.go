@@ -56,8 +56,9 @@ type trainerState struct {
 	// ExpertBias is the aux-loss-free balancing bias of each MoE layer, in layer order (absent
 	// when balancing is off). It is restored when the resumed run balances too.
 	ExpertBias [][]float32 `json:"expert_bias,omitempty"`
-	// WeightsOnly marks a checkpoint of a run across nodes: it has the weights but no
-	// optimizer state, and cannot be resumed.
+	// WeightsOnly marks a checkpoint written by earlier builds for a run across nodes: it
+	// has the weights but no optimizer state, and cannot be resumed. Checkpoints are no
+	// longer written so.
 	WeightsOnly bool `json:"weights_only,omitempty"`
 }
 
@@ -87,7 +88,6 @@ func (t *Trainer) state() trainerState {
 		st.Params = append(st.Params, stateParam{s.Name, s.Numel()})
 	}
 	st.ExpertBias = t.ExpertBias()
-	st.WeightsOnly = t.nodes != nil
 	return st
 }
 
@@ -95,19 +95,19 @@ func (t *Trainer) state() trainerState {
 // tokenizer files, and the trainer state (optimizer moments, data cursor, step, schedule,
 // configuration). Everything is written into a temporary directory beside dir that is renamed
 // into place, so dir holds either the previous checkpoint or the complete new one.
+//
+// In a run across nodes Save is a collective: every node must call it, between the same
+// steps. The optimizer shards are gathered from every node, and only node 0 writes dir.
 func (t *Trainer) Save(dir string) (err error) {
-	if t.nodes != nil {
-		// A plan across processes cannot export every rank's optimizer shards: the
-		// checkpoint holds the weights (each process holds them whole after a step).
-		if err := t.SyncParams(); err != nil {
-			return fmt.Errorf("train: save %s: %w", dir, err)
-		}
-	} else if t.plan != nil {
+	if t.plan != nil {
 		// Gather the plan's parameters into the single model when a step changed them, and
 		// its optimizer state into the layout-free form the checkpoint stores.
 		if err := t.syncFromPlan(); err != nil {
 			return fmt.Errorf("train: save %s: %w", dir, err)
 		}
+	}
+	if !t.lead() {
+		return nil
 	}
 	dir = filepath.Clean(dir)
 	parent := filepath.Dir(dir)
@@ -141,11 +141,8 @@ func (t *Trainer) Save(dir string) (err error) {
 		}
 		opt[i] = safetensors.Tensor{Name: st.Name, DType: sdt, Shape: st.Shape, Data: st.Data}
 	}
-	// A run across nodes writes no optimizer file; its state says weights_only.
-	if t.nodes == nil {
-		if err := safetensors.Save(filepath.Join(tmp, OptimizerFile), opt, map[string]string{"format": "halo-shell"}); err != nil {
-			return fmt.Errorf("train: save %s: %w", dir, err)
-		}
+	if err := safetensors.Save(filepath.Join(tmp, OptimizerFile), opt, map[string]string{"format": "halo-shell"}); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
 	}
 	js, err := json.MarshalIndent(t.state(), "", "  ")
 	if err != nil {
@@ -336,11 +333,15 @@ func stepDirs(out string) ([]string, error) {
 }
 
 // SaveStep writes output_dir/checkpoint-<step> and removes the oldest step checkpoints beyond
-// save_total_limit. It returns the checkpoint's path.
+// save_total_limit. It returns the checkpoint's path. In a run across nodes it is a
+// collective like Save; only node 0 writes and removes checkpoints.
 func (t *Trainer) SaveStep() (string, error) {
 	dir := filepath.Join(t.Cfg.Run.OutputDir, fmt.Sprintf("checkpoint-%d", t.step))
 	if err := t.Save(dir); err != nil {
 		return "", err
+	}
+	if !t.lead() {
+		return dir, nil
 	}
 	if lim := t.Cfg.Run.SaveTotalLimit; lim > 0 {
 		ds, err := stepDirs(t.Cfg.Run.OutputDir)

@@ -22,9 +22,10 @@
 //
 // Across nodes (NewOnNodes): one process per node drives devices cpu:K of a mesh of N·K CPU
 // ranks joined over TCP (engine/comm/tcp); the metrics are the world's, only node 0 writes
-// files, checkpoints hold the weights without optimizer state (weights_only; not resumable),
-// and MoE models, ep/etp/cp and SetLayout are refused. SyncGrads there is a collective under
-// FSDP: every node must call it.
+// files, and MoE models, ep/etp/cp and SetLayout are refused. Save and SaveStep there are
+// collectives that gather the optimizer shards from every node (node 0 writes the checkpoint,
+// optimizer state included), and every node resumes from the same checkpoint; SyncGrads is a
+// collective under FSDP. Every node must call them between the same steps.
 //
 // Callers outside the package read the model's shape with Trainer.Arch, ParamSpecs,
 // NumParams and ModelDType, and its values only through Trainer.HostModel (after SyncGrads for

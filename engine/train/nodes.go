@@ -26,10 +26,15 @@ import (
 //
 //   - Only node 0 writes files (metrics.jsonl, checkpoints, the final model, generation
 //     eval); the other nodes train and report one summary line.
-//   - Checkpoints hold the model weights (and the trainer state, marked weights-only) but no
-//     optimizer state: a plan over several processes cannot export every rank's optimizer
-//     shards yet. Resuming such a checkpoint is refused; start a new run from its weights
-//     (model_name_or_path=checkpoint-N). A one-node checkpoint can be resumed across nodes.
+//   - Save and SaveStep are collectives: every node calls them between the same steps (Run
+//     does), the optimizer shards are gathered from every node (parallel.Plan's
+//     OptimizerState), and node 0 writes an ordinary checkpoint with the optimizer state.
+//     Every node resumes from the same checkpoint (resume_from_checkpoint), in the same or
+//     another supported layout and node count, or on one node; a checkpoint of one node
+//     resumes across nodes too. Checkpoints marked weights_only by earlier builds are refused.
+//   - An interrupted run across nodes (ctx cancelled) saves no checkpoint: the nodes are not
+//     interrupted at the same step, so they cannot gather the optimizer state together;
+//     resume from the last checkpoint-N.
 //   - Layouts: dense models with dp, fsdp and tp (tp dividing each node's device count).
 //     MoE models, expert parallelism (ep, etp), context parallelism (cp) and moving the run
 //     to another layout (SetLayout) are refused, as are CUDA devices.
@@ -174,5 +179,6 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 	return p, nil
 }
 
-// errWeightsOnly is the reason a checkpoint of a run across nodes cannot be resumed.
-var errWeightsOnly = errors.New("it holds the weights of a run across nodes but no optimizer state (resuming the optimizer state across nodes is not supported yet): start a new run from its weights with model_name_or_path set to it")
+// errWeightsOnly is the reason a weights-only checkpoint (written by earlier builds for a run
+// across nodes) cannot be resumed.
+var errWeightsOnly = errors.New("it holds the weights of a run across nodes but no optimizer state (written by an earlier build): start a new run from its weights with model_name_or_path set to it")

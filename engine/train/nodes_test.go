@@ -1,8 +1,10 @@
 package train
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -58,8 +60,9 @@ type nodeRun struct {
 }
 
 // trainAcross runs nnodes trainers of cfgs(node) in this process, joined over TCP on
-// localhost, for steps steps each; node 0 saves a checkpoint into ckpt.
-func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, ckpt string) []nodeRun {
+// localhost, for steps steps each; after step saveAt (when > 0) every node calls Save(ckpt)
+// (node 0 writes it).
+func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, saveAt int, ckpt string) []nodeRun {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -90,82 +93,151 @@ func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, c
 					return
 				}
 				r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
+				if m.Step == saveAt {
+					// A collective: every node takes part, node 0 writes.
+					if r.err = tr.Save(ckpt); r.err != nil {
+						return
+					}
+				}
 			}
 			_, r.layoutErr = tr.SetLayout("dp=2")
-			if node == 0 {
-				r.err = tr.Save(ckpt)
-			}
 		}()
 	}
 	wg.Wait()
 	return runs
 }
 
+// stepOne runs steps steps of a one-process trainer of cfg and returns its losses and norms.
+func stepOne(t *testing.T, cfg *Config, steps int, saveAt int, ckpt string) nodeRun {
+	t.Helper()
+	tr, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	var r nodeRun
+	for range steps {
+		m, err := tr.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
+		if m.Step == saveAt {
+			if err := tr.Save(ckpt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return r
+}
+
+// sameRun fails t unless got's losses and gradient norms are want's from step from on, bit
+// for bit.
+func sameRun(t *testing.T, what string, got nodeRun, want nodeRun, from int) {
+	t.Helper()
+	if got.err != nil {
+		t.Fatalf("%s: %v", what, got.err)
+	}
+	if len(got.loss) != len(want.loss)-from {
+		t.Fatalf("%s: %d steps, want %d", what, len(got.loss), len(want.loss)-from)
+	}
+	for i := range got.loss {
+		w := from + i
+		if math.Float64bits(got.loss[i]) != math.Float64bits(want.loss[w]) || math.Float64bits(got.norm[i]) != math.Float64bits(want.norm[w]) {
+			t.Errorf("%s step %d: loss %v norm %v, uninterrupted %v %v", what, w+1, got.loss[i], got.norm[i], want.loss[w], want.norm[w])
+		}
+	}
+}
+
 // Two trainers of cpu:2 each, joined over TCP, step exactly as one trainer on cpu:4 with the
 // same layout (losses and gradient norms bit for bit, on every node); moving the layout is
-// refused; node 0's checkpoint holds the same weights as the one-process trainer's, marked
-// weights-only with no optimizer file, and resuming it is refused.
+// refused; node 0's step-2 checkpoint holds the same weights and optimizer state as the
+// one-process trainer's; resumed from it across nodes (in the same layout and in the other
+// one) or in one process, the run continues bit for bit as it would have.
 func TestTrainersAcrossNodesMatchOneProcess(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(24))
-	for _, layout := range [][]string{{"--gradient_accumulation_steps=4", "--fsdp=true"}, {"--tensor_parallel_size=2"}} {
-		t.Run(strings.Join(layout, " "), func(t *testing.T) {
-			const steps = 3
+	fsdp, tp := []string{"--gradient_accumulation_steps=4", "--fsdp=true"}, []string{"--gradient_accumulation_steps=4", "--tensor_parallel_size=2"}
+	for _, c := range []struct{ layout, other []string }{{fsdp, tp}, {tp, fsdp}} {
+		t.Run(strings.Join(c.layout, " "), func(t *testing.T) {
+			const steps, saveAt = 4, 2
 			dir := t.TempDir()
-			ref, err := New(tinyParallelConfig(t, path, append([]string{"--devices=cpu:4"}, layout...)...))
-			if err != nil {
-				t.Fatal(err)
+			cfg := func(devices string, layout []string, extra ...string) *Config {
+				return tinyParallelConfig(t, path, append(append([]string{"--devices=" + devices}, layout...), extra...)...)
 			}
-			defer ref.Close()
-			var want nodeRun
-			for range steps {
-				m, err := ref.Step(context.Background())
-				if err != nil {
-					t.Fatal(err)
-				}
-				want.loss, want.norm = append(want.loss, m.Loss), append(want.norm, m.GradNorm)
-			}
-			if err := ref.Save(filepath.Join(dir, "ref")); err != nil {
-				t.Fatal(err)
-			}
+			refCkpt := filepath.Join(dir, "ref")
+			want := stepOne(t, cfg("cpu:4", c.layout), steps, saveAt, refCkpt)
 			ckpt := filepath.Join(dir, "nodes")
-			runs := trainAcross(t, 2, steps, func(int) *Config {
-				return tinyParallelConfig(t, path, append([]string{"--devices=cpu:2"}, layout...)...)
-			}, ckpt)
+			runs := trainAcross(t, 2, steps, func(int) *Config { return cfg("cpu:2", c.layout) }, saveAt, ckpt)
 			for node, r := range runs {
-				if r.err != nil {
-					t.Fatalf("node %d: %v", node, r.err)
-				}
 				if r.rank != node || r.n != 2 {
 					t.Errorf("node %d: Node() = %d, %d", node, r.rank, r.n)
 				}
-				for i := range steps {
-					if math.Float64bits(r.loss[i]) != math.Float64bits(want.loss[i]) || math.Float64bits(r.norm[i]) != math.Float64bits(want.norm[i]) {
-						t.Errorf("node %d step %d: loss %v norm %v, one process %v %v", node, i+1, r.loss[i], r.norm[i], want.loss[i], want.norm[i])
-					}
-				}
+				sameRun(t, fmt.Sprintf("node %d", node), r, want, 0)
 				if r.layoutErr == nil || !strings.Contains(r.layoutErr.Error(), "SetLayout") || !strings.Contains(r.layoutErr.Error(), "a run across nodes supports") {
 					t.Errorf("node %d: SetLayout across nodes gave %v, want a refusal naming what is supported", node, r.layoutErr)
 				}
 			}
-			if s := sameBits(checkpointParams(t, path, ckpt), checkpointParams(t, path, filepath.Join(dir, "ref"))); s != "" {
+			if s := sameBits(checkpointParams(t, path, ckpt), checkpointParams(t, path, refCkpt)); s != "" {
 				t.Errorf("node 0's checkpoint: %s", s)
 			}
-			if _, err := os.Stat(filepath.Join(ckpt, OptimizerFile)); !os.IsNotExist(err) {
-				t.Errorf("checkpoint across nodes has %s (%v)", OptimizerFile, err)
+			a, err := os.ReadFile(filepath.Join(ckpt, OptimizerFile))
+			if err != nil {
+				t.Fatalf("checkpoint across nodes: %v", err)
+			}
+			b, err := os.ReadFile(filepath.Join(refCkpt, OptimizerFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a, b) {
+				t.Errorf("node 0's %s differs from the one-process checkpoint's", OptimizerFile)
 			}
 			raw, err := os.ReadFile(filepath.Join(ckpt, StateFile))
 			if err != nil {
 				t.Fatal(err)
 			}
-			var st trainerState
-			if err := json.Unmarshal(raw, &st); err != nil || !st.WeightsOnly || st.Step != steps {
-				t.Fatalf("checkpoint state: weights_only %v step %d (%v)", st.WeightsOnly, st.Step, err)
+			if bytes.Contains(raw, []byte("weights_only")) {
+				t.Errorf("%s of a checkpoint across nodes says weights_only", StateFile)
 			}
-			_, err = New(tinyParallelConfig(t, path, append([]string{"--devices=cpu:4", "--resume_from_checkpoint=" + ckpt}, layout...)...))
-			if err == nil || !strings.Contains(err.Error(), "no optimizer state") || !strings.Contains(err.Error(), "model_name_or_path") {
-				t.Errorf("resuming a checkpoint across nodes: %v, want a refusal saying what is missing and what to do", err)
+			resume := "--resume_from_checkpoint=" + ckpt
+			// Resumed across nodes in the same layout: the uninterrupted run's steps 3 and 4.
+			for node, r := range trainAcross(t, 2, steps-saveAt, func(int) *Config { return cfg("cpu:2", c.layout, resume) }, 0, "") {
+				sameRun(t, fmt.Sprintf("resumed across nodes: node %d", node), r, want, saveAt)
+			}
+			// Resumed in one process on cpu:4.
+			sameRun(t, "resumed in one process", stepOne(t, cfg("cpu:4", c.layout, resume), steps-saveAt, 0, ""), want, saveAt)
+			// Resumed across nodes in the other layout: as one process resumed in that layout.
+			other := stepOne(t, cfg("cpu:4", c.other, resume), steps-saveAt, 0, "")
+			for node, r := range trainAcross(t, 2, steps-saveAt, func(int) *Config { return cfg("cpu:2", c.other, resume) }, 0, "") {
+				sameRun(t, fmt.Sprintf("resumed across nodes in layout %v: node %d", c.other, node), r, other, 0)
 			}
 		})
+	}
+}
+
+// A checkpoint marked weights_only (written by earlier builds for a run across nodes) is
+// refused, saying what is missing and what to do.
+func TestResumeRefusesWeightsOnlyCheckpoints(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
+	ckpt := filepath.Join(t.TempDir(), "ck")
+	stepOne(t, tinyParallelConfig(t, path, "--devices=cpu:2"), 1, 1, ckpt)
+	raw, err := os.ReadFile(filepath.Join(ckpt, StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	st["weights_only"] = true
+	if raw, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ckpt, StateFile), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(tinyParallelConfig(t, path, "--devices=cpu:2", "--resume_from_checkpoint="+ckpt))
+	if err == nil || !strings.Contains(err.Error(), "no optimizer state") || !strings.Contains(err.Error(), "model_name_or_path") {
+		t.Errorf("resuming a weights-only checkpoint: %v, want a refusal saying what is missing and what to do", err)
 	}
 }
 

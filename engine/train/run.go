@@ -42,7 +42,7 @@ type RunResult struct {
 // model into output_dir and, when generation_eval.max_samples > 0, measures held-out
 // exact-match accuracy. On a run across nodes only node 0 writes files and shows progress;
 // the other nodes run the same steps and log one summary line. When ctx is cancelled it stops at the next step boundary, saves a
-// checkpoint and returns ctx's error.
+// checkpoint (on one node; see NodeDevices for runs across nodes) and returns ctx's error.
 func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	var res RunResult
 	cfg := t.Cfg
@@ -70,16 +70,17 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	enc := json.NewEncoder(mf)
 
 	logf("%s", t.Summary())
-	if _, n := t.Node(); n > 1 {
-		logf("checkpoints of a run across nodes hold the weights only: resuming the optimizer state across nodes is not supported yet (start a new run from checkpoint-N's weights)")
-	}
 	start := time.Now()
 	bar := newProgress(o.Progress, o.TTY, t.totalSteps, cfg.Run.LoggingSteps)
 	var last StepMetrics
 	for !t.Done() {
 		if err := ctx.Err(); err != nil {
 			bar.finish()
-			if t.step > 0 {
+			if _, n := t.Node(); n > 1 {
+				// The other nodes stop at their own step boundary: the optimizer state
+				// cannot be gathered together.
+				logf("interrupted: a run across nodes saves no checkpoint when interrupted; resume from the last checkpoint-N in %s", out)
+			} else if t.step > 0 {
 				if dir, serr := t.SaveStep(); serr == nil {
 					logf("interrupted: saved %s (resume with --resume_from_checkpoint=%s)", dir, dir)
 				} else {
@@ -184,6 +185,15 @@ func runFollower(ctx context.Context, t *Trainer, o RunOptions, logf func(string
 			o.OnStep(m)
 		}
 		last = m
+		// Node 0 saves here: the optimizer state is gathered from every node.
+		if s := *cfg.Run.SaveSteps; s > 0 && t.step%s == 0 && !t.Done() {
+			if _, err := t.SaveStep(); err != nil {
+				return res, err
+			}
+		}
+	}
+	if _, err := t.SaveStep(); err != nil {
+		return res, err
 	}
 	res.Steps, res.FinalLoss, res.EvalLoss, res.Elapsed = t.step, last.Loss, last.EvalLoss, time.Since(start)
 	r, n := t.Node()
