@@ -95,7 +95,8 @@ func launchNodesProcs(t *testing.T, nnodes int, args func(node int) []string) []
 // one process on cpu:4 with the same layout and seed: node 0's metrics.jsonl has the same
 // losses, gradient norms and held-out losses bit for bit, its checkpoint holds the same
 // weights and optimizer state and loads, node 1 writes nothing, and one process resumed from
-// node 0's step-2 checkpoint logs step 3 exactly as the uninterrupted run did.
+// node 0's step-2 checkpoint, or two launch processes resumed from it across nodes, log step
+// 3 exactly as the uninterrupted run did.
 func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 	if a := os.Getenv(acrossArgsEnv); a != "" {
 		if _, err := runRoot(t, strings.Split(a, "\x1f")...); err != nil {
@@ -160,6 +161,17 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 			}
 			if got := metricLines(t, resumed); len(got) != 1 || got[0] != want[2] {
 				t.Errorf("resumed from node 0's checkpoint-2: metrics\n%s\nwant\n%s", strings.Join(got, "\n"), want[2])
+			}
+			// So do two launch processes resumed from it across nodes.
+			addr = freePort(t)
+			resumedAt := func(node int) string { return filepath.Join(dir, "resumed-node"+strconv.Itoa(node)) }
+			launchNodesProcs(t, 2, func(node int) []string {
+				return quickstartArgs(resumedAt(node), append([]string{"--devices=cpu:2", "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
+					"--rendezvous=" + addr, "--rendezvous-token=across-secret", "--rendezvous-timeout=60s",
+					"--resume_from_checkpoint=" + filepath.Join(outDir(0), "checkpoint-2")}, common...)...)
+			})
+			if got := metricLines(t, resumedAt(0)); len(got) != 1 || got[0] != want[2] {
+				t.Errorf("resumed across nodes from node 0's checkpoint-2: metrics\n%s\nwant\n%s", strings.Join(got, "\n"), want[2])
 			}
 		})
 	}
