@@ -248,24 +248,27 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 		if err := fwd(); err != nil {
 			t.Fatal(err)
 		}
-		// Each backward kernel alone; the D = rowsum(dO * O) kernel runs in both timings.
-		attnBwdOnly = "dq"
-		for _, v := range variants.dq {
-			tl := def
-			tl.DQW, tl.DQBK = v[0], v[1]
-			attnTileOverride = map[int]attnTiles{s.HD: tl}
-			ms := timeIt(t, g, 3, bwd)
-			key := fmt.Sprintf("dq_w%d_k%d", v[0], v[1])
-			vals[key+"_ms"], vals[key+"_tflops_3_products"] = ms, 1.5*flops/(ms*1e-3)/1e12
-		}
-		attnBwdOnly = "dkv"
-		for _, v := range variants.dkv {
-			tl := def
-			tl.DKVW, tl.DKVBQ = v[0], v[1]
-			attnTileOverride = map[int]attnTiles{s.HD: tl}
-			ms := timeIt(t, g, 3, bwd)
-			key := fmt.Sprintf("dkv_w%d_q%d", v[0], v[1])
-			vals[key+"_ms"], vals[key+"_tflops_4_products"] = ms, 2*flops/(ms*1e-3)/1e12
+		// Each backward kernel alone (the D = rowsum(dO * O) kernel runs in both timings):
+		// dQ executes 3 products per causal pair, dK/dV 4.
+		for _, k := range []struct {
+			only, name string
+			products   float64
+			list       [][2]int
+			set        func(*attnTiles, [2]int)
+		}{
+			{"dq", "dq_w%d_k%d", 3, variants.dq, func(tl *attnTiles, v [2]int) { tl.DQW, tl.DQBK = v[0], v[1] }},
+			{"dkv", "dkv_w%d_q%d", 4, variants.dkv, func(tl *attnTiles, v [2]int) { tl.DKVW, tl.DKVBQ = v[0], v[1] }},
+		} {
+			attnBwdOnly = k.only
+			for _, v := range k.list {
+				tl := def
+				k.set(&tl, v)
+				attnTileOverride = map[int]attnTiles{s.HD: tl}
+				ms := timeIt(t, g, 3, bwd)
+				key := fmt.Sprintf(k.name, v[0], v[1])
+				vals[key+"_ms"] = ms
+				vals[fmt.Sprintf("%s_tflops_%.0f_products", key, k.products)] = k.products / 2 * flops / (ms * 1e-3) / 1e12
+			}
 		}
 		attnBwdOnly, attnTileOverride = "", nil
 		keys := make([]string, 0, len(vals))
