@@ -15,7 +15,7 @@
 #   CGO_ENABLED=0 go test -c -o bin/traintest ./engine/train
 #   CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell
 #
-# Binaries may travel xz-compressed (bin/NAME.xz); they are unpacked first.
+# Binaries may travel compressed (bin/NAME.xz or bin/NAME.gz); they are unpacked first.
 #   scripts/gpu/multi-gpu.sh OUTDIR [--skip nccl,train,moe]
 # OUTDIR receives multi-gpu-report.json and each part's own files (nccl/, train-layouts.json,
 # train-test.log, moe/). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -32,9 +32,9 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-for f in bin/*.xz; do
+for f in bin/*.xz bin/*.gz; do
 	[ -e "$f" ] || continue
-	xz -dkf "$f" && chmod +x "${f%.xz}"
+	case $f in *.xz) xz -dkf "$f" ;; *) gzip -dkf "$f" ;; esac; chmod +x "${f%.*}"
 done
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 nccl_rc=-1 train_rc=-1 moe_rc=-1
