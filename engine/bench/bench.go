@@ -1,9 +1,12 @@
 // Package bench measures training throughput, memory and model FLOP utilisation of the real
-// trainer (engine/train, the code `halo-shell launch` runs) on one device: it loads a Hugging
-// Face checkpoint, reads pre-tokenized rows ({"input_ids": [...]} JSONL, in file order, one
+// trainer (engine/train, the code `halo-shell launch` runs) on one device or, with
+// Options.Devices, on several devices in a parallel layout (dp, fsdp, tp, cp, ep, etp; the
+// trainer's own plan, with NCCL between GPUs): it loads a Hugging Face checkpoint, reads pre-tokenized rows ({"input_ids": [...]} JSONL, in file order, one
 // row per sequence, no packing), runs a number of optimizer steps and reports per-step loss
-// and time, the median tokens/s after warmup, peak device memory, MFU and, from one extra
-// profiled step, where the time goes by op class.
+// and time, the median tokens/s after warmup, peak device memory (per device on a layout),
+// MFU and, from one extra profiled step, where the time goes by op class and collective kind
+// (on a mixture-of-experts layout, the share of the step in the dispatch and combine
+// all-to-alls).
 //
 // It is meant to run beside a reference implementation on the same weights and the same
 // rows (scripts/gpu/bench.sh runs stock PyTorch + transformers first), so that speed and
@@ -28,7 +31,10 @@ import (
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/comm"
 	"github.com/halo-shell/halo-shell/engine/data"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/train"
 )
@@ -38,10 +44,11 @@ import (
 const H200PeakTFLOPS = 989.0
 
 // FLOPsFormula says how FLOPsPerToken counts; it is written into every report.
-const FLOPsFormula = "flops_per_token = 6*N + 6*L*T*NH*HD: N parameters (a tied embedding counted once, " +
-	"so the LM head matmul is counted and the embedding lookup is not), L layers, T tokens per sequence, " +
+const FLOPsFormula = "flops_per_token = 6*N + 6*L*T*NH*HD: N the parameters a token uses (a tied embedding counted once, " +
+	"so the LM head matmul is counted and the embedding lookup is not; for a mixture of experts the active parameters: " +
+	"attention, norms, embeddings, routers and the top-k routed experts of each MoE layer, not the experts a token skips), L layers, T tokens per sequence, " +
 	"NH*HD the query width; 6*L*T*NH*HD is causal attention (QK^T and AV, forward and backward, half " +
-	"of the full T x T); mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12)"
+	"of the full T x T); mfu = flops_per_token * tokens_per_s / (devices * peak_tflops * 1e12), tokens_per_s over all devices, devices 1 on one device"
 
 // Options configure a benchmark. Zero values take the defaults in the comments.
 type Options struct {
@@ -50,14 +57,29 @@ type Options struct {
 	// Data is a JSONL file of {"input_ids": [...]} rows, each at most SeqLen ids. Required;
 	// it must hold at least Steps*BatchSize rows (no row is trained twice in the timed steps).
 	Data string
-	// Device is cpu, cuda, cuda:N or auto. Default auto.
+	// Device is cpu, cuda, cuda:N or auto. Default auto. With Devices it must be empty, auto
+	// or Devices' kind.
 	Device string
+	// Devices, when set, is a device list (cpu:2 simulated devices, cuda:0-1, cuda:0,2) the
+	// run is laid out over with the degrees below, as launch's devices key does; the model's
+	// host view stays in host memory for GPUs. One device and no degrees is the one-device run.
+	Devices string
+	// TP, CP, EP and ETP are the tensor, context, expert and expert-tensor parallel degrees
+	// (0 or 1: none); FSDP shards over the data ranks. The data-parallel degree is what the
+	// devices leave: devices / (TP*CP).
+	TP, CP, EP, ETP int
+	FSDP            bool
+	// GradAccum is the number of micro-batches each data rank runs per step. Default 1.
+	// BatchSize stays the rows of the whole step: each micro-batch holds
+	// BatchSize / (DP*GradAccum) rows, which must divide evenly.
+	GradAccum int
 	// Steps is the number of timed optimizer steps. Default 20.
 	Steps int
 	// Warmup is the number of leading steps left out of the medians. Default 3, negative for
 	// none; capped at Steps-1.
 	Warmup int
-	// BatchSize is the number of rows per optimizer step (one micro-batch). Default 4.
+	// BatchSize is the number of rows per optimizer step, over every data rank and
+	// micro-batch (on one device with GradAccum 1, one micro-batch). Default 4.
 	BatchSize int
 	// SeqLen is the longest row in tokens (max_length). Default 4096.
 	SeqLen int
@@ -103,6 +125,9 @@ func (o *Options) defaults() {
 	if o.BatchSize == 0 {
 		o.BatchSize = 4
 	}
+	if o.GradAccum == 0 {
+		o.GradAccum = 1
+	}
 	if o.SeqLen == 0 {
 		o.SeqLen = 4096
 	}
@@ -145,17 +170,32 @@ func (o *Options) validate() error {
 		return fmt.Errorf("bench: peak TFLOP/s %v must be a positive number", o.PeakTFLOPS)
 	case o.FP32 && o.Optim != "adamw_torch":
 		return fmt.Errorf("bench: %s keeps bf16 weights: drop fp32, or use adamw_torch", o.Optim)
+	case o.BatchSize < 1 || o.BatchSize > 1<<16:
+		return fmt.Errorf("bench: batch %d rows must be in [1, 65536]", o.BatchSize)
+	case o.GradAccum < 1 || o.GradAccum > 1<<16:
+		return fmt.Errorf("bench: gradient accumulation %d micro-batches per data rank must be in [1, 65536]", o.GradAccum)
 	}
 	return nil
 }
 
 // Config is the training configuration the benchmark runs, as `halo-shell launch pretrain`
 // would read it from YAML: pre-tokenized data in file order, no packing, a constant learning
-// rate, one micro-batch per step.
+// rate, DP*GradAccum micro-batches of BatchSize/(DP*GradAccum) rows per step. With Devices it
+// reads the checkpoint's config.json (no weights) and checks the layout against it, so that a
+// layout the trainer refuses is reported before anything loads.
 func (o Options) Config() (*train.Config, error) {
 	o.defaults()
 	if err := o.validate(); err != nil {
 		return nil, err
+	}
+	lay, err := o.layout()
+	if err != nil {
+		return nil, err
+	}
+	micro := lay.DP * o.GradAccum
+	if o.BatchSize%micro != 0 {
+		return nil, fmt.Errorf("bench: batch %d rows per step cannot be dealt as %d data ranks x %d micro-batches of equal rows: use a batch that is a multiple of %d",
+			o.BatchSize, lay.DP, o.GradAccum, micro)
 	}
 	no, zero, seed := false, 0, o.Seed
 	gn := *o.MaxGradNorm
@@ -164,14 +204,21 @@ func (o Options) Config() (*train.Config, error) {
 		Model:  train.ModelConfig{ModelNameOrPath: o.Model},
 		Dataset: train.DatasetConfig{Path: train.StringList{o.Data}, Format: string(data.FormatTokens),
 			Shuffle: &no},
-		Batch: train.BatchConfig{MaxLength: o.SeqLen, Packing: &no, PerDeviceTrainBatchSize: o.BatchSize,
-			GradientAccumulationSteps: 1},
+		Batch: train.BatchConfig{MaxLength: o.SeqLen, Packing: &no, PerDeviceTrainBatchSize: o.BatchSize / micro,
+			GradientAccumulationSteps: micro},
 		Optim: train.OptimConfig{Optim: o.Optim, LearningRate: o.LR, WeightDecay: o.WeightDecay,
 			AdamBeta1: o.Beta1, AdamBeta2: o.Beta2, AdamEpsilon: o.Eps, MaxGradNorm: &gn},
 		Sched: train.ScheduleConfig{LRSchedulerType: "constant", MaxSteps: o.Steps},
 		// The trainer writes nothing by itself; output_dir is only required by the config.
 		Run: train.RunConfig{Seed: &seed, OutputDir: filepath.Join(os.TempDir(), "halo-shell-bench"),
 			SaveSteps: &zero, BF16: !o.FP32, Device: o.Device},
+	}
+	if lay.parallel {
+		cfg.Run.Device = lay.devices.Kind
+		cfg.Parallel = mesh.Config{Devices: o.Devices, FSDP: o.FSDP, TensorParallelSize: o.TP,
+			ContextParallelSize: o.CP, ExpertParallelSize: o.EP, ExpertTensorParallelSize: o.ETP}
+	} else if lay.device != "" {
+		cfg.Run.Device = lay.device
 	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
@@ -198,6 +245,13 @@ type ModelInfo struct {
 	Dir       string `json:"dir"`
 	ModelType string `json:"model_type"`
 	Params    int64  `json:"params"`
+	// ActiveParams is what one token uses (Params for dense models; see FLOPsFormula).
+	ActiveParams int64 `json:"active_params"`
+	// Experts, TopK, MoELayers and ExpertMLP describe a mixture of experts (0 when dense).
+	Experts   int    `json:"experts,omitempty"`
+	TopK      int    `json:"top_k,omitempty"`
+	MoELayers int    `json:"moe_layers,omitempty"`
+	ExpertMLP int    `json:"expert_mlp,omitempty"`
 	Layers    int    `json:"layers"`
 	Hidden    int    `json:"hidden"`
 	Heads     int    `json:"heads"`
@@ -209,7 +263,9 @@ type ModelInfo struct {
 	DType     string `json:"dtype"`
 }
 
-// Memory is the device memory of the run, in bytes and GiB.
+// Memory is the device memory of the run, in bytes and GiB. On a parallel layout the
+// top-level figures are the largest over the devices (Aggregate says so) and PerDevice has
+// each device's.
 type Memory struct {
 	// PeakAllocated is the high-water mark of live tensors over the whole run (load included).
 	PeakAllocated    int64   `json:"peak_allocated_bytes"`
@@ -219,11 +275,30 @@ type Memory struct {
 	ReservedGiB float64 `json:"reserved_gib"`
 	// Total is the device's capacity when known.
 	Total int64 `json:"total_bytes,omitempty"`
+	// Aggregate says how the figures above combine several devices ("" on one device).
+	Aggregate string `json:"aggregate,omitempty"`
+	// PerDevice is each device of a parallel layout, by rank.
+	PerDevice []DeviceMemory `json:"per_device,omitempty"`
+	// HostPeakAllocated is the peak of the host view of a parallel run (the single model the
+	// trainer keeps in host memory, or on the cpu backend for simulated devices).
+	HostPeakAllocated int64 `json:"host_peak_allocated_bytes,omitempty"`
+}
+
+// DeviceMemory is one device of a parallel layout.
+type DeviceMemory struct {
+	Rank             int     `json:"rank"`
+	Device           string  `json:"device"`
+	PeakAllocated    int64   `json:"peak_allocated_bytes"`
+	PeakAllocatedGiB float64 `json:"peak_allocated_gib"`
+	Reserved         int64   `json:"reserved_bytes"`
+	ReservedGiB      float64 `json:"reserved_gib"`
+	Total            int64   `json:"total_bytes,omitempty"`
 }
 
 // Breakdown is the time of the profiled step by op class. With the profiler on every op is
 // followed by a device synchronisation, so the step is slower than a timed one; the fractions
-// are what the breakdown is for.
+// are what the breakdown is for. On a parallel layout every figure is the mean over the
+// devices (the session's Profile view of a parallel step) and Comm details the collectives.
 type Breakdown struct {
 	Step     int                `json:"step"`
 	WallS    float64            `json:"wall_s"`
@@ -233,13 +308,18 @@ type Breakdown struct {
 	Ops      int                `json:"ops"`
 	// CountedGFLOP is the work the profiler counts per op (attention is not counted).
 	CountedGFLOP float64 `json:"counted_gflop"`
+	// Comm is the collectives of the profiled step on a parallel layout (nil on one device).
+	Comm *CommBreakdown `json:"comm,omitempty"`
 }
 
 // Report is the result of Run. Its JSON form is what `halo-shell run bench-train` prints.
 type Report struct {
 	Engine  string `json:"engine"`
 	Version string `json:"version"`
-	Device  string `json:"device"`
+	// Device is the one device, or the device list of a parallel layout ("cuda:0-1").
+	Device string `json:"device"`
+	// Layout is the trainer's layout ("dp=2 tp=1 cp=1 ep=2 etp=1"; dp=1 ... on one device).
+	Layout string `json:"layout"`
 	// DeviceNote says why device auto chose the device it did ("" when nothing to say).
 	DeviceNote string       `json:"device_note,omitempty"`
 	Model      ModelInfo    `json:"model"`
@@ -264,10 +344,23 @@ type Report struct {
 
 // Settings are the options the run used, after defaults.
 type Settings struct {
-	Steps       int     `json:"steps"`
-	Warmup      int     `json:"warmup"`
-	BatchSize   int     `json:"batch_size"`
-	SeqLen      int     `json:"seq_len"`
+	Steps     int `json:"steps"`
+	Warmup    int `json:"warmup"`
+	BatchSize int `json:"batch_size"`
+	SeqLen    int `json:"seq_len"`
+	// DataRanks x MicroBatchesPerRank micro-batches of RowsPerMicroBatch rows make BatchSize;
+	// BatchSplit says it in words.
+	DataRanks           int    `json:"data_ranks"`
+	MicroBatchesPerRank int    `json:"micro_batches_per_rank"`
+	RowsPerMicroBatch   int    `json:"rows_per_micro_batch"`
+	BatchSplit          string `json:"batch_split"`
+	// Devices and the degrees of a parallel layout (absent on one device).
+	Devices     string  `json:"devices,omitempty"`
+	TP          int     `json:"tp,omitempty"`
+	CP          int     `json:"cp,omitempty"`
+	EP          int     `json:"ep,omitempty"`
+	ETP         int     `json:"etp,omitempty"`
+	FSDP        bool    `json:"fsdp,omitempty"`
 	DataRows    int     `json:"data_rows"`
 	Data        string  `json:"data"`
 	Optim       string  `json:"optim"`
@@ -286,7 +379,9 @@ func FLOPsPerToken(params int64, layers, seqLen, heads, headDim int) float64 {
 }
 
 // Run loads the model and data, runs the timed steps and, unless NoProfile, one profiled
-// step, and returns the report. ctx is checked between steps.
+// step, and returns the report. ctx is checked between steps. With a parallel layout
+// (Devices) the trainer builds its plan as `halo-shell launch` does (train.New: one backend
+// per device, each wrapped for profiling, NCCL between GPUs, the host view in host memory).
 func Run(ctx context.Context, o Options) (*Report, error) {
 	cfg, err := o.Config()
 	if err != nil {
@@ -294,20 +389,30 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	o.defaults()
 	start := time.Now()
-	b, note, err := backend.Resolve(o.Device)
-	if err != nil {
-		return nil, fmt.Errorf("bench: device %s: %w", o.Device, err)
-	}
-	var rec *profile.Recorder
-	if !o.NoProfile {
-		// The profile wrapper is what a session puts around every device; while off it costs
-		// one atomic load per op.
-		rec = profile.NewRecorder()
-		b = profile.Wrap(b, rec)
-	}
-	tr, err := train.NewOn(cfg, b)
-	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+	var tr *train.Trainer
+	var note string
+	recs := []*profile.Recorder(nil)
+	if cfg.Parallel.Devices != "" {
+		if tr, err = train.New(cfg); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		recs = tr.RankRecorders()
+	} else {
+		b, n, err := backend.Resolve(cfg.Run.Device)
+		if err != nil {
+			return nil, fmt.Errorf("bench: device %s: %w", cfg.Run.Device, err)
+		}
+		note = n
+		if !o.NoProfile {
+			// The profile wrapper is what a session puts around every device; while off it
+			// costs one atomic load per op.
+			rec := profile.NewRecorder()
+			b = profile.Wrap(b, rec)
+			recs = []*profile.Recorder{rec}
+		}
+		if tr, err = train.NewOn(cfg, b); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
 	}
 	defer tr.Close()
 	if need := o.Steps * o.BatchSize; tr.Stats.Documents < need {
@@ -318,23 +423,46 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("bench: %s: %d rows are longer than the sequence length %d: write rows of at most %d ids or raise the sequence length",
 			o.Data, tr.Stats.Truncated, o.SeqLen, o.SeqLen)
 	}
-	if err := b.Sync(); err != nil {
+	devs := tr.RankDevices()
+	for _, b := range append([]backend.Backend{tr.Backend()}, devs...) {
+		if err := b.Sync(); err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", b.Name(), err)
+		}
+	}
+	host, err := tr.HostModel() // no step has run: nothing is gathered
+	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
+	shape := parallel.ShapeOf(host)
 	a := tr.Arch()
+	li := tr.Layout()
+	device := tr.Backend().Name()
+	if li.Parallel {
+		device = li.Devices
+	}
+	dp := cfg.Batch.GradientAccumulationSteps / o.GradAccum
 	r := &Report{
-		Engine: "halo-shell", Version: version(), Device: b.Name(), DeviceNote: note,
+		Engine: "halo-shell", Version: version(), Device: device, DeviceNote: note, Layout: li.Layout,
 		Model: ModelInfo{Dir: o.Model, ModelType: a.ModelType, Params: int64(tr.NumParams()),
+			ActiveParams: activeParams(int64(tr.NumParams()), shape), Experts: shape.Experts, TopK: shape.TopK,
+			MoELayers: shape.MoELayers, ExpertMLP: shape.ExpertIntermediate,
 			Layers: a.Layers, Hidden: a.Hidden, Heads: a.Heads, KVHeads: a.KVHeads,
 			HeadDim: a.HeadDim, MLP: a.Intermediate, Vocab: a.Vocab, Tied: a.Tied,
 			DType: tr.ModelDType().String()},
 		Settings: Settings{Steps: o.Steps, Warmup: o.Warmup, BatchSize: o.BatchSize, SeqLen: o.SeqLen,
+			DataRanks: dp, MicroBatchesPerRank: o.GradAccum, RowsPerMicroBatch: cfg.Batch.PerDeviceTrainBatchSize,
+			BatchSplit: fmt.Sprintf("%d rows per step = %d data ranks x %d micro-batches per rank x %d rows per micro-batch, in file order; the loss is the mean over every target token of the step",
+				o.BatchSize, dp, o.GradAccum, cfg.Batch.PerDeviceTrainBatchSize),
 			DataRows: tr.Stats.Documents, Data: o.Data, Optim: o.Optim, LR: o.LR, Beta1: o.Beta1,
 			Beta2: o.Beta2, Eps: o.Eps, WeightDecay: o.WeightDecay, MaxGradNorm: *o.MaxGradNorm, Seed: o.Seed},
 		LoadS:        time.Since(start).Seconds(),
 		FLOPsFormula: FLOPsFormula, PeakTFLOPS: o.PeakTFLOPS,
 	}
-	r.FLOPsPerToken = FLOPsPerToken(r.Model.Params, a.Layers, o.SeqLen, a.Heads, a.HeadDim)
+	if li.Parallel {
+		r.Settings.Devices = li.Devices
+		r.Settings.TP, r.Settings.CP, r.Settings.EP, r.Settings.ETP, r.Settings.FSDP = o.TP, o.CP, o.EP, o.ETP, o.FSDP
+	}
+	r.FLOPsPerToken = FLOPsPerToken(r.Model.ActiveParams, a.Layers, o.SeqLen, a.Heads, a.HeadDim)
 	for range o.Steps {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -350,9 +478,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			o.Progress(s)
 		}
 	}
-	ms := b.MemStats()
-	r.Memory = Memory{PeakAllocated: ms.Peak, PeakAllocatedGiB: gib(ms.Peak), Reserved: ms.Reserved,
-		ReservedGiB: gib(ms.Reserved), Total: ms.Total}
+	r.Memory = memoryOf(tr.Backend(), devs)
 	timed := r.Steps[o.Warmup:]
 	tps := make([]float64, len(timed))
 	times := make([]float64, len(timed))
@@ -363,35 +489,74 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	r.TokensPerS, r.StepTimeS = median(tps), median(times)
 	r.AchievedTFLOPS = r.FLOPsPerToken * r.TokensPerS / 1e12
 	r.MFU = r.AchievedTFLOPS / o.PeakTFLOPS
-	if rec != nil {
-		if r.Breakdown, err = profiledStep(ctx, tr, rec, o.Progress); err != nil {
+	if len(devs) > 0 {
+		r.MFU /= float64(len(devs)) // the peak of every device of the run
+	}
+	if !o.NoProfile && len(recs) > 0 {
+		if r.Breakdown, err = profiledStep(ctx, tr, recs, devs, o.Progress); err != nil {
 			return nil, err
 		}
 	}
 	return r, nil
 }
 
-// profiledStep runs one more step with every op recorded (and synchronised) and returns its
-// split by op class.
-func profiledStep(ctx context.Context, tr *train.Trainer, rec *profile.Recorder, progress func(StepResult)) (*Breakdown, error) {
+// memoryOf is the memory of the run: of the one device, or of each device of a plan (the
+// top-level figures then being the largest over the devices, the host view reported apart).
+func memoryOf(b backend.Backend, devs []backend.Backend) Memory {
+	ms := b.MemStats()
+	m := Memory{PeakAllocated: ms.Peak, Reserved: ms.Reserved, Total: ms.Total}
+	if len(devs) > 0 {
+		m = Memory{HostPeakAllocated: ms.Peak, Aggregate: "max over devices"}
+		for rank, d := range devs {
+			ms := d.MemStats()
+			m.PerDevice = append(m.PerDevice, DeviceMemory{Rank: rank, Device: d.Name(), PeakAllocated: ms.Peak,
+				PeakAllocatedGiB: gib(ms.Peak), Reserved: ms.Reserved, ReservedGiB: gib(ms.Reserved), Total: ms.Total})
+			m.PeakAllocated = max(m.PeakAllocated, ms.Peak)
+			m.Reserved = max(m.Reserved, ms.Reserved)
+			m.Total = max(m.Total, ms.Total)
+		}
+	}
+	m.PeakAllocatedGiB, m.ReservedGiB = gib(m.PeakAllocated), gib(m.Reserved)
+	return m
+}
+
+// profiledStep runs one more step with every op recorded (and synchronised) on every device
+// and returns its split by op class and collective kind: on a plan, the mean over the devices
+// of each part, as the session's Profile reports a parallel step.
+func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Recorder, devs []backend.Backend, progress func(StepResult)) (*Breakdown, error) {
 	n := tr.Steps() + 1
-	rec.Enable(true, false)
-	defer rec.Enable(false, false)
-	rec.BeginStep(n)
+	for _, rec := range recs {
+		rec.Enable(true, false)
+		defer rec.Enable(false, false)
+	}
+	var before []comm.Stats
+	if p := tr.Plan(); p != nil {
+		before = p.CommStats()
+	}
+	for _, rec := range recs {
+		rec.BeginStep(n)
+	}
 	sm, err := tr.Step(ctx)
 	if err != nil {
-		rec.AbortStep()
+		for _, rec := range recs {
+			rec.AbortStep()
+		}
 		return nil, fmt.Errorf("bench: profiled step: %w", err)
 	}
-	ps, ok := rec.EndStep()
-	if !ok {
-		return nil, errors.New("bench: profiled step: the recorder kept no step")
+	steps := make([]profile.Step, 0, len(recs))
+	for _, rec := range recs {
+		ps, ok := rec.EndStep()
+		if !ok {
+			return nil, errors.New("bench: profiled step: a recorder kept no step")
+		}
+		steps = append(steps, ps)
 	}
 	if progress != nil {
 		s := stepResult(sm)
 		s.Profiled = true
 		progress(s)
 	}
+	ps := meanStep(steps)
 	bd := &Breakdown{Step: n, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
 		HostS: ps.Host.Seconds(), Ops: ps.Ops, CountedGFLOP: float64(ps.FLOPs) / 1e9}
 	for k, d := range ps.Compute {
@@ -406,6 +571,9 @@ func profiledStep(ctx context.Context, tr *train.Trainer, rec *profile.Recorder,
 			bd.Fraction[k] = v / total
 		}
 		bd.Fraction["host"] = bd.HostS / total
+	}
+	if len(devs) > 0 {
+		bd.Comm = commBreakdown(steps, ps, before, tr.Plan().CommStats(), devs)
 	}
 	return bd, nil
 }

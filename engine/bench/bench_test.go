@@ -177,3 +177,145 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// tinyMoE saves a random tiny qwen3_moe (2 layers, 4 experts of width 16, top-2, vocab 256)
+// with our own save code.
+func tinyMoE(t *testing.T, dt tensor.DType) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "moe")
+	b, err := backend.Open("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	spec := models.InitSpec{Arch: "qwen3_moe", Preset: "tiny", OutDir: dir, Seed: 11, DType: dt,
+		Set: []string{"hidden_size=32", "moe_intermediate_size=16", "num_local_experts=4", "num_experts_per_tok=2",
+			"num_attention_heads=2", "num_key_value_heads=1", "head_dim=16", "num_hidden_layers=2", "vocab_size=256"}}
+	if _, err := models.InitCheckpoint(b, spec); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestExpertParallelReportsLayoutMemoryAndAllToAll runs the benchmark of a tiny MoE on two
+// simulated devices with ep=2 and checks the layout, the per-device memory, the dispatch and
+// combine shares, the active parameter count and that the losses follow the one-device run
+// with the same micro-batches (two of one row per step).
+func TestExpertParallelReportsLayoutMemoryAndAllToAll(t *testing.T) {
+	model := tinyMoE(t, tensor.BF16)
+	rows := tokenFile(t, 6, 16)
+	base := Options{Model: model, Data: rows, Steps: 3, Warmup: 1, BatchSize: 2, SeqLen: 16, LR: 1e-2}
+	one := base
+	one.Device, one.GradAccum, one.NoProfile = "cpu", 2, true
+	ref, err := Run(context.Background(), one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := base
+	ep.Devices, ep.EP = "cpu:2", 2
+	r, err := Run(context.Background(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Layout != "dp=2 tp=1 cp=1 ep=2 etp=1" || r.Device != "cpu:2" || ref.Layout != "dp=1 tp=1 cp=1 ep=1 etp=1" {
+		t.Fatalf("layout %q on %q (one device: %q)", r.Layout, r.Device, ref.Layout)
+	}
+	st := r.Settings
+	if st.DataRanks != 2 || st.MicroBatchesPerRank != 1 || st.RowsPerMicroBatch != 1 || st.EP != 2 || st.Devices != "cpu:2" {
+		t.Fatalf("settings %+v, want 2 data ranks x 1 micro-batch x 1 row", st)
+	}
+	if ref.Settings.DataRanks != 1 || ref.Settings.MicroBatchesPerRank != 2 || ref.Settings.RowsPerMicroBatch != 1 {
+		t.Fatalf("one-device settings %+v, want 1 data rank x 2 micro-batches x 1 row", ref.Settings)
+	}
+	for i := range r.Losses {
+		l, want := r.Losses[i], ref.Losses[i]
+		if math.IsNaN(l) || math.IsInf(l, 0) || math.Abs(l-want) > 1e-3*math.Abs(want) {
+			t.Fatalf("step %d: loss %v on ep=2, %v on one device (relative tolerance 1e-3); all: %v vs %v", i+1, l, want, r.Losses, ref.Losses)
+		}
+	}
+	m := r.Memory
+	if len(m.PerDevice) != 2 || m.Aggregate == "" || m.HostPeakAllocated <= 0 {
+		t.Fatalf("memory %+v, want two devices and the host view", m)
+	}
+	peak := int64(0)
+	for i, d := range m.PerDevice {
+		if d.Rank != i || d.PeakAllocated <= 0 || d.PeakAllocatedGiB != float64(d.PeakAllocated)/(1<<30) {
+			t.Fatalf("device %d memory %+v", i, d)
+		}
+		peak = max(peak, d.PeakAllocated)
+	}
+	if m.PeakAllocated != peak {
+		t.Fatalf("peak %d, want the largest device peak %d", m.PeakAllocated, peak)
+	}
+	// Each device holds half of the experts, so neither holds the whole model's weights.
+	mi := r.Model
+	expert := int64(3 * 32 * 16)
+	if mi.Experts != 4 || mi.TopK != 2 || mi.MoELayers != 2 || mi.ActiveParams != mi.Params-2*2*expert || mi.Params != ref.Model.Params {
+		t.Fatalf("model %+v, want 4 experts, top-2, 2 MoE layers and active = total - 2 layers x 2 skipped experts", mi)
+	}
+	if want := FLOPsPerToken(mi.ActiveParams, 2, 16, 2, 16); r.FLOPsPerToken != want {
+		t.Fatalf("flops per token %v, want %v (active parameters)", r.FLOPsPerToken, want)
+	}
+	if mfu := r.FLOPsPerToken * r.TokensPerS / (2 * H200PeakTFLOPS * 1e12); math.Abs(r.MFU-mfu) > 1e-12*mfu {
+		t.Fatalf("mfu %v, want %v (the peak of two devices)", r.MFU, mfu)
+	}
+	bd := r.Breakdown
+	if bd == nil || bd.Comm == nil {
+		t.Fatalf("breakdown %+v without communication", bd)
+	}
+	c := bd.Comm
+	t.Logf("losses %v (one device %v); dispatch %.3f combine %.3f comm %.3f of %.4f s; peaks %d %d bytes",
+		r.Losses, ref.Losses, c.DispatchFraction, c.CombineFraction, c.CommFraction, c.WallS, m.PerDevice[0].PeakAllocated, m.PerDevice[1].PeakAllocated)
+	for name, f := range map[string]float64{"dispatch": c.DispatchFraction, "combine": c.CombineFraction} {
+		if !(f > 0 && f < 1) {
+			t.Errorf("%s fraction %v, want in (0, 1)", name, f)
+		}
+	}
+	if c.DispatchFraction != c.Share["all_to_all_dispatch"] || c.CombineFraction != c.Share["all_to_all_combine"] ||
+		!(c.CommFraction >= c.DispatchFraction+c.CombineFraction) || c.Method != ShareMethod {
+		t.Errorf("shares %+v", c)
+	}
+	if bd.ByClassS["comm.all_to_all_dispatch"] != c.ByKindS["all_to_all_dispatch"] || !(c.Bytes["all_to_all_dispatch"] > 0) || !(c.Calls["all_to_all_combine"] > 0) {
+		t.Errorf("dispatch %v s in the breakdown, %v s in comm, bytes %v, calls %v", bd.ByClassS["comm.all_to_all_dispatch"], c.ByKindS["all_to_all_dispatch"], c.Bytes, c.Calls)
+	}
+	if len(c.PerDevice) != 2 || c.PerDevice[1].Rank != 1 || !(c.PerDevice[0].DispatchFraction > 0) {
+		t.Errorf("per device %+v", c.PerDevice)
+	}
+}
+
+// TestBadLayoutIsRefusedBeforeLoading checks that layouts the trainer refuses are reported
+// with the degree and the device count, before any weight is read.
+func TestBadLayoutIsRefusedBeforeLoading(t *testing.T) {
+	model := tinyMoE(t, tensor.BF16)
+	rows := tokenFile(t, 6, 16)
+	// With the weights gone, an error about them would mean they were read first.
+	if err := os.Remove(filepath.Join(model, "model.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Options)
+		want []string
+	}{
+		{"ep does not divide the devices", func(o *Options) { o.EP = 3 }, []string{"ep=3", "on 2 devices", "ep-experts"}},
+		{"tp does not divide the devices", func(o *Options) { o.Devices, o.TP = "cpu:3", 2 }, []string{"tp=2", "on 3 devices"}},
+		{"batch not dealt evenly", func(o *Options) { o.BatchSize = 3 }, []string{"batch 3", "2 data ranks", "multiple of 2"}},
+		{"layout without devices", func(o *Options) { o.Devices = "" }, []string{"ep 2", "--devices"}},
+		{"device kinds disagree", func(o *Options) { o.Device = "cuda" }, []string{"device cuda and devices cpu:2 disagree"}},
+		{"bad device list", func(o *Options) { o.Devices = "cpu:x" }, []string{"--devices cpu:x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Model: model, Data: rows, Devices: "cpu:2", EP: 2, Steps: 3, BatchSize: 2, SeqLen: 16}
+			tc.edit(&o)
+			_, err := Run(context.Background(), o)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q, want it to contain %q", err, w)
+				}
+			}
+		})
+	}
+}
