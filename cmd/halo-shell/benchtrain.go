@@ -27,9 +27,19 @@ split by op class, and prints a JSON report: per-step loss and time, median toke
 --warmup steps, peak and reserved device memory, MFU (the formula is in the report) and the
 breakdown. Progress goes to stderr.
 
+--devices lays the run out over several devices as launch's devices key does (cpu:2 simulated
+devices, cuda:0-1), with --tp, --cp, --ep, --etp and --fsdp (the keys tensor_parallel_size,
+context_parallel_size, expert_parallel_size, expert_tensor_parallel_size and fsdp; dp is what
+the devices leave). --batch stays the rows of the whole step, dealt as dp data ranks x
+--grad-accum micro-batches of batch/(dp*grad-accum) rows. The report then has the layout,
+memory per device, the collectives of the profiled step by kind and, with --ep, the share of
+the step in the dispatch and combine all-to-alls. A layout the trainer refuses is reported
+before any weight is read.
+
 scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same weights and rows.`,
 		Example: `  halo-shell run bench-train --model /tmp/bench/qwen3/init --data /tmp/bench/qwen3/tokens.jsonl --device cuda --out report.json
-  halo-shell run bench-train --model DIR --data FILE --device cpu --steps 3 --batch 1 --seq-len 64`,
+  halo-shell run bench-train --model DIR --data FILE --device cpu --steps 3 --batch 1 --seq-len 64
+  halo-shell run bench-train --model MOE_DIR --data FILE --devices cuda:0-1 --ep 2 --batch 4 --seq-len 2048`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			g := gradNorm
@@ -49,8 +59,15 @@ scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same wei
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(errw, "%s on %s: %.0f tok/s (median after %d warmup steps), peak %.2f GiB, MFU %.1f%%\n",
-				r.Model.ModelType, r.Device, r.TokensPerS, r.Settings.Warmup, r.Memory.PeakAllocatedGiB, 100*r.MFU)
+			fmt.Fprintf(errw, "%s on %s (%s): %.0f tok/s (median after %d warmup steps), peak %.2f GiB, MFU %.1f%%\n",
+				r.Model.ModelType, r.Device, r.Layout, r.TokensPerS, r.Settings.Warmup, r.Memory.PeakAllocatedGiB, 100*r.MFU)
+			for _, d := range r.Memory.PerDevice {
+				fmt.Fprintf(errw, "  rank %d %s: peak %.2f GiB, reserved %.2f GiB\n", d.Rank, d.Device, d.PeakAllocatedGiB, d.ReservedGiB)
+			}
+			if bd := r.Breakdown; bd != nil && bd.Comm != nil {
+				fmt.Fprintf(errw, "  profiled step: all-to-all dispatch %.1f%%, combine %.1f%%, all collectives %.1f%% of %.3f s\n",
+					100*bd.Comm.DispatchFraction, 100*bd.Comm.CombineFraction, 100*bd.Comm.CommFraction, bd.Comm.WallS)
+			}
 			raw, err := json.MarshalIndent(r, "", "  ")
 			if err != nil {
 				return err
@@ -70,9 +87,16 @@ scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same wei
 	f.StringVar(&o.Model, "model", "", "checkpoint directory (config.json + safetensors)")
 	f.StringVar(&o.Data, "data", "", `token rows: JSONL of {"input_ids": [...]}`)
 	f.StringVar(&o.Device, "device", "auto", "device: cpu, cuda, cuda:N or auto")
+	f.StringVar(&o.Devices, "devices", "", "lay the run out over these devices: cpu:N (simulated), cuda:0-7, cuda:0,2")
+	f.IntVar(&o.TP, "tp", 1, "tensor-parallel degree (tensor_parallel_size), with --devices")
+	f.IntVar(&o.CP, "cp", 1, "context-parallel degree (context_parallel_size), with --devices")
+	f.IntVar(&o.EP, "ep", 1, "expert-parallel degree (expert_parallel_size), with --devices")
+	f.IntVar(&o.ETP, "etp", 1, "expert-tensor-parallel degree (expert_tensor_parallel_size), with --devices")
+	f.BoolVar(&o.FSDP, "fsdp", false, "shard parameters, gradients and optimizer state over the data ranks, with --devices")
+	f.IntVar(&o.GradAccum, "grad-accum", 1, "micro-batches per data rank per step (--batch is split over data ranks x micro-batches)")
 	f.IntVar(&o.Steps, "steps", 20, "timed optimizer steps")
 	f.IntVar(&o.Warmup, "warmup", 3, "leading steps left out of the medians")
-	f.IntVar(&o.BatchSize, "batch", 4, "rows per optimizer step")
+	f.IntVar(&o.BatchSize, "batch", 4, "rows per optimizer step, over every data rank and micro-batch")
 	f.IntVar(&o.SeqLen, "seq-len", 4096, "longest row in tokens")
 	f.StringVar(&o.Optim, "optim", "adamw_bf16_nearest", "adamw_bf16_nearest (bf16 weights and moments rounded to nearest, as torch.optim.AdamW on bf16 parameters), adamw_bf16 (stochastic rounding) or adamw_torch (fp32 master weights and moments)")
 	f.BoolVar(&o.FP32, "fp32", false, "train fp32 weights (with --optim adamw_torch)")

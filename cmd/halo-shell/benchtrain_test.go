@@ -99,3 +99,79 @@ func TestBenchTrainOnCPU(t *testing.T) {
 		t.Fatalf("4 steps of 2 rows from 6 rows: %v", err)
 	}
 }
+
+// TestBenchTrainExpertParallel runs bench-train on a tiny qwen3_moe over two simulated devices
+// with --ep 2 and reads the layout, per-device memory and all-to-all shares from its report;
+// --ep 3 on two devices is refused naming the degree and the device count.
+func TestBenchTrainExpertParallel(t *testing.T) {
+	dir := t.TempDir()
+	b, err := backend.Open("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ckpt := filepath.Join(dir, "moe")
+	if _, err := models.InitCheckpoint(b, models.InitSpec{Arch: "qwen3_moe", Preset: "tiny", OutDir: ckpt, Seed: 3, DType: tensor.BF16,
+		Set: []string{"hidden_size=32", "moe_intermediate_size=16", "num_local_experts=4", "num_experts_per_tok=2",
+			"num_attention_heads=2", "num_key_value_heads=1", "head_dim=16", "num_hidden_layers=2", "vocab_size=256"}}); err != nil {
+		t.Fatal(err)
+	}
+	recs := make([]data.Record, 4)
+	for i := range recs {
+		ids := make([]int32, 16)
+		for j := range ids {
+			ids[j] = int32(100 + (i+j)%6)
+		}
+		recs[i] = data.Record{Kind: data.FormatTokens, IDs: ids}
+	}
+	var sb strings.Builder
+	if err := data.WriteJSONL(&sb, recs); err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens.jsonl")
+	if err := os.WriteFile(tokens, []byte(sb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	args := []string{"run", "bench-train", "--model", ckpt, "--data", tokens, "--devices", "cpu:2", "--steps", "2",
+		"--warmup", "1", "--batch", "2", "--seq-len", "16", "--out", report}
+	out, err := runCLI(t, append(args, "--ep", "2")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "rank 1 ") || !strings.Contains(out, "all-to-all dispatch") {
+		t.Fatalf("summary lacks the devices or the all-to-all shares:\n%s", out)
+	}
+	raw, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Device string
+		Layout string
+		Memory struct {
+			PerDevice []struct {
+				Peak int64 `json:"peak_allocated_bytes"`
+			} `json:"per_device"`
+		}
+		Breakdown struct {
+			Comm struct {
+				Dispatch float64 `json:"dispatch_fraction"`
+				Combine  float64 `json:"combine_fraction"`
+				Method   string  `json:"method"`
+			}
+		}
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatalf("report %s: %v", raw, err)
+	}
+	c := r.Breakdown.Comm
+	if r.Device != "cpu:2" || r.Layout != "dp=2 tp=1 cp=1 ep=2 etp=1" || len(r.Memory.PerDevice) != 2 || r.Memory.PerDevice[1].Peak <= 0 ||
+		!(c.Dispatch > 0 && c.Dispatch < 1 && c.Combine > 0 && c.Combine < 1) || c.Method == "" {
+		t.Fatalf("report %s", raw)
+	}
+	_, err = runCLI(t, append(args, "--ep", "3")...)
+	if err == nil || !strings.Contains(err.Error(), "ep=3") || !strings.Contains(err.Error(), "2 devices") {
+		t.Fatalf("--ep 3 on cpu:2: %v", err)
+	}
+}
