@@ -27,6 +27,9 @@
 #    (active parameters) and the command line, or the error of a run that failed. A failed EP
 #    size does not stop the others.
 #
+# Results are committed beside the dense benchmark's, under engine/bench/testdata/<gpu>-<date>/
+# (moe-report.json, moe-ep*.json, moe-ep*.log, nvidia-smi.txt, nvidia-topo.txt).
+#
 # The routing runs on the host, so steps are slower than the GPUs alone would allow. The
 # defaults (4 layers, batch 4 x 2048 tokens, 8 steps, 2 of warmup) keep EP=1 and EP=2 on two
 # H200s within about 5 minutes. KEEP_WEIGHTS=1 keeps OUTDIR/init; REUSE_INIT=1 reuses an
