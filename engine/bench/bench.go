@@ -217,8 +217,9 @@ func (o Options) Config() (*train.Config, error) {
 		cfg.Run.Device = lay.devices.Kind
 		cfg.Parallel = mesh.Config{Devices: o.Devices, FSDP: o.FSDP, TensorParallelSize: o.TP,
 			ContextParallelSize: o.CP, ExpertParallelSize: o.EP, ExpertTensorParallelSize: o.ETP}
-	} else if lay.device != "" {
-		cfg.Run.Device = lay.device
+	} else {
+		// The config names the kind; Run opens the numbered device itself (oneDevice).
+		cfg.Run.Device = deviceKind(lay.oneDevice(o.Device))
 	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
@@ -398,9 +399,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		recs = tr.RankRecorders()
 	} else {
-		b, n, err := backend.Resolve(cfg.Run.Device)
+		lay, err := o.layout()
 		if err != nil {
-			return nil, fmt.Errorf("bench: device %s: %w", cfg.Run.Device, err)
+			return nil, err
+		}
+		dev := lay.oneDevice(o.Device)
+		b, n, err := backend.Resolve(dev)
+		if err != nil {
+			return nil, fmt.Errorf("bench: device %s: %w", dev, err)
 		}
 		note = n
 		if !o.NoProfile {

@@ -319,3 +319,32 @@ func TestBadLayoutIsRefusedBeforeLoading(t *testing.T) {
 		})
 	}
 }
+
+// TestNumberedDeviceIsAcceptedByTheConfig checks that a numbered device (cuda:1, as
+// moe-bench.sh passes for one GPU) gives a config of that device's kind, which the trainer's
+// validation accepts, while the run opens the numbered device itself.
+func TestNumberedDeviceIsAcceptedByTheConfig(t *testing.T) {
+	for _, tc := range []struct{ device, devices, kind, open string }{
+		{"cuda:1", "", "cuda", "cuda:1"},
+		{"cuda", "", "cuda", "cuda"},
+		{"cpu", "", "cpu", "cpu"},
+		{"auto", "cuda:2", "cuda", "cuda:2"},
+	} {
+		o := Options{Model: "unused", Data: "unused", Device: tc.device, Devices: tc.devices}
+		cfg, err := o.Config()
+		if err != nil {
+			t.Fatalf("device %q devices %q: %v", tc.device, tc.devices, err)
+		}
+		if cfg.Run.Device != tc.kind {
+			t.Errorf("device %q devices %q: config device %q, want %q", tc.device, tc.devices, cfg.Run.Device, tc.kind)
+		}
+		o.defaults()
+		lay, err := o.layout()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := lay.oneDevice(o.Device); got != tc.open {
+			t.Errorf("device %q devices %q: opens %q, want %q", tc.device, tc.devices, got, tc.open)
+		}
+	}
+}

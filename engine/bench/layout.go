@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/mesh"
@@ -17,6 +18,21 @@ type runLayout struct {
 	l        mesh.Layout
 	// DP is the number of data ranks (1 on one device).
 	DP int
+}
+
+// oneDevice is the device a one-device run opens: the one Devices names, else device
+// (Options.Device: cpu, cuda, cuda:N or auto).
+func (l runLayout) oneDevice(device string) string {
+	if l.device != "" {
+		return l.device
+	}
+	return device
+}
+
+// deviceKind is the config's device word for a device name: cuda:3 is cuda.
+func deviceKind(dev string) string {
+	kind, _, _ := strings.Cut(dev, ":")
+	return kind
 }
 
 // layout resolves Devices and the degrees and, for a parallel run, applies the layout rules to
