@@ -241,3 +241,30 @@ func TestGPURelayoutKeepsTraining(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUOneGPUTracksCPU trains the dense and the MoE family for 5 steps on one GPU and on the
+// CPU backend (both bf16) and holds the curves within gpuLayoutTol of each other: the
+// single-GPU run is the reference of the layout tests, so it is checked against the oracle.
+func TestGPUOneGPUTracksCPU(t *testing.T) {
+	if err := cuda.Available(); err != nil {
+		t.Skipf("needs a CUDA GPU: %v", strings.SplitN(err.Error(), "\n", 2)[0])
+	}
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(80))
+	for _, fam := range []struct {
+		name string
+		cfg  func(*testing.T, string, int, ...string) *Config
+	}{
+		{"qwen3", gpuDenseConfig},
+		{"qwen3_moe", gpuMoEConfig},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			cpu := steps(t, newTrainer(t, fam.cfg(t, path, 2, "--device=cpu")), 5)
+			gpu := steps(t, newTrainer(t, fam.cfg(t, path, 2, "--devices=cuda:0")), 5)
+			d := lossRelDiff(gpu, cpu)
+			t.Logf("%s: one GPU %v, CPU %v, max relative difference %.2e", fam.name, gpu, cpu, d)
+			if d > gpuLayoutTol {
+				t.Fatalf("one GPU %v leaves the CPU run %v by %.3g (> %g)", gpu, cpu, d, gpuLayoutTol)
+			}
+		})
+	}
+}
