@@ -14,13 +14,26 @@ import (
 	"github.com/halo-shell/halo-shell/engine/profile"
 )
 
-// A run across nodes (NewOnNodes) is one process per node, each driving devices cpu:K of a
-// mesh of N·K simulated CPU ranks; the processes join an engine/comm/tcp world through the
-// rendezvous node 0 serves, and each builds a parallel plan that drives only its own ranks
-// (parallel.Options.Local). Every node reads the same data in the same order and hands the
-// plan every micro-batch; the plan keeps its ranks' rows. Losses and gradient norms are the
-// world's, so every node computes the same metrics, bit for bit those of one process over
-// cpu:N·K with the same layout and seed.
+// A run across nodes (NewOnNodes) is one process per node, each driving the K devices of its
+// config (cpu:K, or K GPUs such as cuda:0-3) as its share of a mesh of N·K ranks; node r's
+// ranks are r·K..r·K+K-1, and every node must have the same K. Each node builds a parallel
+// plan that drives only its own ranks (parallel.Options.Local) over one world spanning the
+// nodes, found through the rendezvous node 0 serves:
+//
+//   - CPU devices: the nodes join an engine/comm/tcp world.
+//   - GPUs: each node opens its GPUs and checks that NCCL loads, node 0 makes the NCCL unique
+//     id, the rendezvous carries it (and each node's usable GPU count), and every node joins
+//     one NCCL world of N·K ranks (nccl.NewNodeWorld), the same comm.Fabric the plan gets on
+//     one node. A node whose GPUs or NCCL fail tells the others through the rendezvous, so
+//     every node stops with an error naming the node. The GPU lists of the nodes may differ
+//     (cuda:0-1 on one, cuda:2-3 on another); their lengths may not.
+//
+// Every node reads the same data in the same order and hands the plan every micro-batch;
+// the plan keeps its ranks' rows. Losses and gradient norms are the world's (the loss sums
+// are all-gathered as float64 bits through device tensors over the world), so every node
+// computes the same metrics: on CPU devices bit for bit those of one process over cpu:N·K
+// with the same layout and seed, on GPUs those of one process over N·K GPUs up to the order
+// of NCCL's reductions.
 //
 // What differs from a one-node run:
 //
@@ -37,35 +50,51 @@ import (
 //     resume from the last checkpoint-N.
 //   - Layouts: dense models with dp, fsdp and tp (tp dividing each node's device count).
 //     MoE models, expert parallelism (ep, etp), context parallelism (cp) and moving the run
-//     to another layout (SetLayout) are refused, as are CUDA devices.
+//     to another layout (SetLayout) are refused.
 //   - SyncGrads under FSDP all-gathers gradient shards between the nodes: every node must
 //     call it, between the same steps. SyncParams (and so Eval, generation and saving) reads
 //     only this node's ranks and needs no other node.
 
 // nodesSupported names what a run across nodes supports, for refusals.
-const nodesSupported = "a run across nodes supports dense models on cpu devices with dp, fsdp and tp (tp dividing each node's device count)"
+const nodesSupported = "a run across nodes supports dense models on cpu or cuda devices with dp, fsdp and tp (tp dividing each node's device count)"
+
+// maxNodeRanks bounds the ranks of a run across nodes on GPUs.
+const maxNodeRanks = 1 << 16
 
 // nodeSpec is how a trainer joins a run across nodes.
 type nodeSpec struct {
 	ctx context.Context
 	rc  rendezvous.Config
+	gpu gpuNodeOps // how a node on GPUs reaches them and NCCL
 }
 
 // NodeDevices returns the mesh of a run of nnodes nodes with the config's devices on each
-// (cpu:K becomes cpu:nnodes·K) and the layout over it, or an error naming what a run across
-// nodes does not support. It reads no model or data (New checks the model's shape too).
+// and the layout over it, or an error naming what a run across nodes does not support. cpu:K
+// becomes cpu:nnodes·K; K GPUs (cuda:0-3, cuda:4,6) become cuda:0-(nnodes·K-1), whose ids
+// are the world's ranks (node r's i-th GPU is rank r·K+i), not device numbers. It reads no
+// model or data (New checks the model's shape too).
 func NodeDevices(cfg *Config, nnodes int) (mesh.Devices, mesh.Layout, error) {
 	d, l, err := cfg.Parallel.Resolve()
 	if err != nil {
 		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: devices: %w", err)
 	}
-	if d.Kind != "cpu" {
-		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes with devices %s: %s", nnodes, d, nodesSupported)
-	}
 	k := d.Len()
-	all, err := mesh.ParseDevices(fmt.Sprintf("cpu:%d", nnodes*k))
-	if err != nil {
-		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes of devices %s: %w", nnodes, d, err)
+	var all mesh.Devices
+	switch d.Kind {
+	case "cpu":
+		if all, err = mesh.ParseDevices(fmt.Sprintf("cpu:%d", nnodes*k)); err != nil {
+			return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes of devices %s: %w", nnodes, d, err)
+		}
+	case "cuda":
+		if nnodes < 1 || nnodes > maxNodeRanks/k {
+			return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes of devices %s: a run across nodes on GPUs has 1 to %d ranks in all", nnodes, d, maxNodeRanks)
+		}
+		all = mesh.Devices{Kind: "cuda", IDs: make([]int, nnodes*k)}
+		for r := range all.IDs {
+			all.IDs[r] = r
+		}
+	default:
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes with devices %s: %s", nnodes, d, nodesSupported)
 	}
 	l.DP = 0
 	l = l.Norm(all.Len())
@@ -88,6 +117,11 @@ func NodeDevices(cfg *Config, nnodes int) (mesh.Devices, mesh.Layout, error) {
 // rendezvous rc names (node 0 serves it) and lays the model out over every node's devices.
 // ctx bounds the rendezvous. The layout and model are checked before the rendezvous.
 func NewOnNodes(ctx context.Context, cfg *Config, rc rendezvous.Config) (*Trainer, error) {
+	return newOnNodes(ctx, cfg, rc, realGPUNodeOps())
+}
+
+// newOnNodes is NewOnNodes reaching GPUs and NCCL through gpu.
+func newOnNodes(ctx context.Context, cfg *Config, rc rendezvous.Config, gpu gpuNodeOps) (*Trainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -97,11 +131,13 @@ func NewOnNodes(ctx context.Context, cfg *Config, rc rendezvous.Config) (*Traine
 	if _, _, err := NodeDevices(cfg, rc.NNodes); err != nil {
 		return nil, err
 	}
+	// The single model, the host view of the run, stays in host memory (on GPUs as on one
+	// node: the devices hold the plan).
 	b, note, err := backend.Resolve("cpu")
 	if err != nil {
 		return nil, fmt.Errorf("train: device cpu: %w", err)
 	}
-	return newOn(cfg, b, note, &nodeSpec{ctx: ctx, rc: rc})
+	return newOn(cfg, b, note, &nodeSpec{ctx: ctx, rc: rc, gpu: gpu})
 }
 
 // Node returns this process's node rank and the number of nodes of the run (0 and 1 for a
@@ -130,6 +166,9 @@ func (t *Trainer) refuseNodes(what string) error {
 // startNodePlan joins the other nodes and builds this node's share of the plan over devices
 // d (every node's) with layout l.
 func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+	if d.Kind == "cuda" {
+		return t.startGPUNodePlan(d, l)
+	}
 	k := d.Len() / t.nodes.rc.NNodes
 	recs := make([]*profile.Recorder, k)
 	devs := make([]backend.Backend, k)
@@ -167,6 +206,12 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 		_ = w.Close()
 		return nil, fmt.Errorf("train: layout %s on %s across %d nodes: %w", l, d, t.nodes.rc.NNodes, err)
 	}
+	return t.adoptNodePlan(p, d, l, recs, devs)
+}
+
+// adoptNodePlan gives a new plan of a run across nodes the trainer's optimizer state and
+// keeps its devices and recorders; on error it closes the plan.
+func (t *Trainer) adoptNodePlan(p *parallel.Plan, d mesh.Devices, l mesh.Layout, recs []*profile.Recorder, devs []backend.Backend) (*parallel.Plan, error) {
 	steps, st, err := t.opt.Export()
 	if err == nil {
 		err = p.LoadOptimizerState(steps, st)

@@ -34,7 +34,15 @@ func TestNodeDevicesRefusesWhatRunsAcrossNodesDoNotSupport(t *testing.T) {
 		{[]string{"--devices=cpu:2", "--expert_parallel_size=2"}, 2, "uses expert parallelism; a run across nodes supports", "", ""},
 		{[]string{"--devices=cpu:2", "--expert_tensor_parallel_size=2"}, 2, "uses expert parallelism", "", ""},
 		{[]string{"--devices=cpu", "--tensor_parallel_size=2"}, 2, "tensor_parallel_size 2 does not divide the 1 devices of a node", "", ""},
-		{[]string{"--devices=cuda:0-1", "--device=auto"}, 2, "2 nodes with devices cuda:0-1: a run across nodes supports dense models on cpu devices", "", ""},
+		// K GPUs per node make a mesh of the world's N·K ranks, whatever the node's device numbers.
+		{[]string{"--devices=cuda:0-1", "--device=auto", "--gradient_accumulation_steps=4"}, 2, "", "cuda:0-3", "dp=4 tp=1 cp=1 ep=1 etp=1"},
+		{[]string{"--devices=cuda:3", "--device=auto", "--gradient_accumulation_steps=3"}, 3, "", "cuda:0-2", "dp=3 tp=1 cp=1 ep=1 etp=1"},
+		{[]string{"--devices=cuda:2,5", "--device=auto", "--gradient_accumulation_steps=2", "--tensor_parallel_size=2", "--fsdp=true"}, 2, "", "cuda:0-3", "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"},
+		{[]string{"--devices=cuda:0-1", "--device=auto"}, 2, "gradient_accumulation_steps 2 micro-batches cannot be dealt over 4 data-parallel ranks", "", ""},
+		{[]string{"--devices=cuda:0-1", "--device=auto", "--context_parallel_size=2"}, 2, "uses context parallelism; a run across nodes supports dense models on cpu or cuda devices", "", ""},
+		{[]string{"--devices=cuda:0-1", "--device=auto", "--expert_parallel_size=2"}, 2, "uses expert parallelism", "", ""},
+		{[]string{"--devices=cuda:0", "--device=auto", "--tensor_parallel_size=2", "--gradient_accumulation_steps=2"}, 2, "tensor_parallel_size 2 does not divide the 1 devices of a node (cuda:0)", "", ""},
+		{[]string{"--devices=cuda:0-7", "--device=auto", "--gradient_accumulation_steps=8"}, 1 << 14, "a run across nodes on GPUs has 1 to 65536 ranks in all", "", ""},
 	} {
 		t.Run(strings.Join(tc.extra, " "), func(t *testing.T) {
 			d, l, err := NodeDevices(tinyParallelConfig(t, path, tc.extra...), tc.nodes)

@@ -22,6 +22,20 @@ func worldFor(d mesh.Devices) func([]backend.Backend) (comm.Fabric, error) {
 
 // ncclWorld makes one NCCL world over the GPUs of devs (profile-wrapped or not).
 func ncclWorld(d mesh.Devices, devs []backend.Backend) (comm.Fabric, error) {
+	gpus, err := cudaBackends(d, devs)
+	if err != nil {
+		return nil, err
+	}
+	w, err := nccl.NewLocalWorld(gpus)
+	if err != nil {
+		return nil, fmt.Errorf("train: devices %s: %w", d, err)
+	}
+	return w.Fabric(), nil
+}
+
+// cudaBackends returns the CUDA backends under devs (profile-wrapped or not), or an error
+// naming the first rank whose device is not a GPU.
+func cudaBackends(d mesh.Devices, devs []backend.Backend) ([]*cuda.Backend, error) {
 	gpus := make([]*cuda.Backend, len(devs))
 	for r, b := range devs {
 		if _, inner, ok := profile.Unwrap(b); ok {
@@ -33,9 +47,5 @@ func ncclWorld(d mesh.Devices, devs []backend.Backend) (comm.Fabric, error) {
 		}
 		gpus[r] = g
 	}
-	w, err := nccl.NewLocalWorld(gpus)
-	if err != nil {
-		return nil, fmt.Errorf("train: devices %s: %w", d, err)
-	}
-	return w.Fabric(), nil
+	return gpus, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/comm/nccl"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/profile"
 )
@@ -45,5 +46,21 @@ func TestNCCLWorldRefusesDevicesThatAreNotGPUs(t *testing.T) {
 	_, err = worldFor(d)(devs[1:])
 	if err == nil || !strings.Contains(err.Error(), "rank 0's device is cpu") {
 		t.Fatalf("profile-wrapped CPU device: got %v", err)
+	}
+}
+
+// The NCCL world across nodes refuses devices that are not GPUs before it touches NCCL,
+// naming the node's devices and the rank.
+func TestNCCLNodeWorldRefusesDevicesThatAreNotGPUs(t *testing.T) {
+	d, err := mesh.ParseDevices("cuda:2-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := []backend.Backend{profile.Wrap(cpu.New(cpu.Options{Workers: 1}), profile.NewRecorder())}
+	defer devs[0].Close()
+	var id nccl.UniqueID
+	_, err = ncclNodeWorld(d, devs, id, 4, 2)
+	if err == nil || !strings.Contains(err.Error(), "devices cuda:2-3: rank 0's device is cpu, not a CUDA GPU") {
+		t.Fatalf("got %v, want the node's devices and rank 0 named as not a CUDA GPU", err)
 	}
 }

@@ -1,0 +1,300 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/comm/nccl"
+	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/profile"
+)
+
+// fakeNCCL stands in for the GPUs and NCCL of the nodes of a run across nodes on GPUs whose
+// trainers run in one test process: "GPU" i is a CPU device, and the nodes' NCCL world is one
+// in-process world (comm.World) over every node's devices, made once all size ranks joined.
+// It checks that every node joins with node 0's unique id, the world's size and its ranks.
+type fakeNCCL struct {
+	size  int
+	id    nccl.UniqueID // what node 0's newID makes
+	ready chan struct{} // closed once every rank joined
+
+	mu     sync.Mutex
+	devs   []backend.Backend
+	joined int
+	w      *comm.World
+	err    error
+	splits map[string]*fakeSplit
+	ids    []nccl.UniqueID // the id each join was given
+}
+
+type fakeSplit struct {
+	once sync.Once
+	cs   []*comm.Comm
+	err  error
+}
+
+func newFakeNCCL(size int) *fakeNCCL {
+	f := &fakeNCCL{size: size, ready: make(chan struct{}), devs: make([]backend.Backend, size), splits: map[string]*fakeSplit{}}
+	for i := range f.id.Internal {
+		f.id.Internal[i] = byte(3*i + 1)
+	}
+	return f
+}
+
+// ops returns a node's gpuNodeOps: CPU devices for GPUs, readyErr from ready, openErr from
+// open, and the shared world.
+func (f *fakeNCCL) ops(readyErr, openErr error) gpuNodeOps {
+	return gpuNodeOps{
+		open: func(id int, recs []*profile.Recorder, r int) (backend.Backend, error) {
+			if openErr != nil {
+				return nil, openErr
+			}
+			return openRank("cpu", id, recs, r)
+		},
+		ready: func() error { return readyErr },
+		newID: func() (nccl.UniqueID, error) { return f.id, nil },
+		world: f.join,
+	}
+}
+
+func (f *fakeNCCL) join(local mesh.Devices, devs []backend.Backend, id nccl.UniqueID, size, first int) (comm.Fabric, error) {
+	if size != f.size || first < 0 || first+len(devs) > size || local.Len() != len(devs) {
+		return nil, fmt.Errorf("fake NCCL: %s joins as ranks %d..%d of %d, the world has %d", local, first, first+len(devs)-1, size, f.size)
+	}
+	f.mu.Lock()
+	f.ids = append(f.ids, id)
+	for i, b := range devs {
+		f.devs[first+i] = b
+	}
+	f.joined += len(devs)
+	if f.joined == f.size {
+		f.w, f.err = comm.NewWorld(f.devs)
+		close(f.ready)
+	}
+	f.mu.Unlock()
+	select {
+	case <-f.ready:
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("fake NCCL: the other ranks did not join")
+	}
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &fakeFabric{f: f, first: first, n: len(devs)}, nil
+}
+
+// fakeFabric is one node's view of the shared world: its ranks, global Split.
+type fakeFabric struct {
+	f        *fakeNCCL
+	first, n int
+	calls    int // Splits so far: every node splits in the same order
+}
+
+func (ff *fakeFabric) Size() int                    { return ff.n }
+func (ff *fakeFabric) Comm(i int) comm.Communicator { return ff.f.w.Comm(ff.first + i) }
+func (ff *fakeFabric) Abort(err error)              { ff.f.w.Abort(err) }
+func (ff *fakeFabric) Close() error                 { return nil }
+
+func (ff *fakeFabric) Split(name string, groups [][]int) ([]comm.Communicator, error) {
+	key := fmt.Sprintf("%d %s", ff.calls, name)
+	ff.calls++
+	ff.f.mu.Lock()
+	s := ff.f.splits[key]
+	if s == nil {
+		s = &fakeSplit{}
+		ff.f.splits[key] = s
+	}
+	ff.f.mu.Unlock()
+	s.once.Do(func() { s.cs, s.err = ff.f.w.Split(name, groups) })
+	if s.err != nil {
+		return nil, s.err
+	}
+	out := make([]comm.Communicator, ff.n)
+	for i := range out {
+		out[i] = s.cs[ff.first+i]
+	}
+	return out, nil
+}
+
+// trainGPUNodes is trainAcross for GPU configs, each node reaching its "GPUs" through ops(node).
+func trainGPUNodes(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, ops func(node int) gpuNodeOps, saveAt int, ckpt string) []nodeRun {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	runs := make([]nodeRun, nnodes)
+	var wg sync.WaitGroup
+	for node := range nnodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &runs[node]
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			tr, err := newOnNodes(ctx, cfgs(node), rendezvous.Config{NNodes: nnodes, NodeRank: node, Addr: addr, Token: "gpu-nodes", Timeout: 20 * time.Second}, ops(node))
+			if err != nil {
+				r.err = err
+				return
+			}
+			defer tr.Close()
+			r.rank, r.n = tr.Node()
+			for range steps {
+				m, err := tr.Step(ctx)
+				if err != nil {
+					r.err = err
+					return
+				}
+				r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
+				if m.Step == saveAt {
+					if r.err = tr.Save(ckpt); r.err != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return runs
+}
+
+// Two nodes of one GPU each (node 0 on cuda:0, node 1 on cuda:1: the lists may differ) join
+// one world from node 0's NCCL id carried by the rendezvous, as ranks 0 and 1, and train as
+// one process on two devices: the same losses and gradient norms on every node, node 0's
+// checkpoint (a collective) holding the same weights. The GPUs and NCCL are stood in for by
+// CPU devices and an in-process world, so this checks the wiring, not NCCL.
+func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(24))
+	dir := t.TempDir()
+	for _, layout := range [][]string{{"--fsdp=true"}, {}} {
+		t.Run(strings.Join(append([]string{"dp=2"}, layout...), " "), func(t *testing.T) {
+			const steps, saveAt = 3, 2
+			refCkpt, ckpt := filepath.Join(dir, "ref"+fmt.Sprint(len(layout))), filepath.Join(dir, "nodes"+fmt.Sprint(len(layout)))
+			want := stepOne(t, tinyParallelConfig(t, path, append([]string{"--devices=cpu:2"}, layout...)...), steps, saveAt, refCkpt)
+			f := newFakeNCCL(2)
+			runs := trainGPUNodes(t, 2, steps, func(node int) *Config {
+				return tinyParallelConfig(t, path, append([]string{fmt.Sprintf("--devices=cuda:%d", node), "--device=auto"}, layout...)...)
+			}, func(int) gpuNodeOps { return f.ops(nil, nil) }, saveAt, ckpt)
+			for node, r := range runs {
+				if r.err == nil && (r.rank != node || r.n != 2) {
+					t.Errorf("node %d: Node() = %d, %d", node, r.rank, r.n)
+				}
+				sameRun(t, fmt.Sprintf("node %d", node), r, want, 0)
+			}
+			if len(f.ids) != 2 || f.ids[0] != f.id || f.ids[1] != f.id {
+				t.Errorf("the nodes joined with ids %v, want node 0's on both", f.ids)
+			}
+			if s := sameBits(checkpointParams(t, path, ckpt), checkpointParams(t, path, refCkpt)); s != "" {
+				t.Errorf("node 0's checkpoint: %s", s)
+			}
+		})
+	}
+}
+
+// A node that cannot open its GPUs or load NCCL, or has another number of GPUs than node 0,
+// stops every node quickly (the rendezvous tells them), each error naming the node at fault
+// and the node's own error saying what it lacks.
+func TestNodesOnGPUsRefuseANodeThatCannotTakePart(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
+	noNCCL := errors.New("nccl: libnccl.so.2 not found (searched LD_LIBRARY_PATH)")
+	noGPU := errors.New("cuda: device 0 is out of range")
+	for _, tc := range []struct {
+		name    string
+		devices [2]string
+		ready   [2]error
+		open    [2]error
+		want    [2][]string
+	}{
+		{"node 1 lacks NCCL", [2]string{"cuda:0", "cuda:0"}, [2]error{nil, noNCCL}, [2]error{},
+			[2][]string{{"node 1 (", "cannot train on its GPUs", "its own error says which"}, {"node 1 of 2 cannot train on its GPUs (cuda:0): NCCL: nccl: libnccl.so.2 not found", "the other nodes were told"}}},
+		{"node 0 lacks NCCL", [2]string{"cuda:0", "cuda:0"}, [2]error{noNCCL, nil}, [2]error{},
+			[2][]string{{"node 0 of 2 cannot train on its GPUs (cuda:0): NCCL: nccl: libnccl.so.2 not found"}, {"node 0 (", "cannot train on its GPUs"}}},
+		{"node 1 cannot open its GPU", [2]string{"cuda:0", "cuda:5"}, [2]error{}, [2]error{nil, noGPU},
+			[2][]string{{"node 1 (", "cannot train on its GPUs"}, {"node 1 of 2 cannot train on its GPUs (cuda:5): opening cuda:5: cuda: device 0 is out of range"}}},
+		{"node 1 has two GPUs, node 0 one", [2]string{"cuda:0", "cuda:0-1"}, [2]error{}, [2]error{},
+			[2][]string{{"the nodes have different GPU counts", "node 1 (", "has 2 GPUs and node 0 (", "has 1", "(this node has 1)"}, {"has 2 GPUs and node 0", "(this node has 2)"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeNCCL(2)
+			start := time.Now()
+			runs := trainGPUNodes(t, 2, 1, func(node int) *Config {
+				return tinyParallelConfig(t, path, "--devices="+tc.devices[node], "--device=auto", "--gradient_accumulation_steps=4")
+			}, func(node int) gpuNodeOps { return f.ops(tc.ready[node], tc.open[node]) }, 0, "")
+			for node, r := range runs {
+				if r.err == nil {
+					t.Errorf("node %d trained", node)
+					continue
+				}
+				for _, w := range tc.want[node] {
+					if !strings.Contains(r.err.Error(), w) {
+						t.Errorf("node %d: %v\nwant it to contain %q", node, r.err, w)
+					}
+				}
+			}
+			if f.joined != 0 {
+				t.Errorf("%d ranks joined the NCCL world; no node should get that far", f.joined)
+			}
+			if el := time.Since(start); el > 15*time.Second {
+				t.Errorf("the nodes took %s to stop: one waited for the rendezvous to time out", el)
+			}
+		})
+	}
+}
+
+// gpuWorldID accepts a world whose nodes all report node 0's GPU count and whose payload is
+// an NCCL unique id, and names what is wrong otherwise.
+func TestNCCLIDComesFromACheckedRendezvousWorld(t *testing.T) {
+	id := make([]byte, nccl.UniqueIDBytes)
+	for i := range id {
+		id[i] = byte(i)
+	}
+	nodes := func(devs ...int) []rendezvous.Node {
+		ns := make([]rendezvous.Node, len(devs))
+		for i, d := range devs {
+			ns[i] = rendezvous.Node{Rank: i, Devices: d, Host: fmt.Sprintf("gpu%02d", i)}
+		}
+		return ns
+	}
+	for _, tc := range []struct {
+		name    string
+		w       rendezvous.World
+		self, k int
+		want    string // "" = accepted
+	}{
+		{"two nodes of two GPUs", rendezvous.World{Nodes: nodes(2, 2), Payload: id}, 1, 2, ""},
+		{"one node", rendezvous.World{Nodes: nodes(8), Payload: id}, 0, 8, ""},
+		{"no payload", rendezvous.World{Nodes: nodes(1, 1)}, 1, 1, "node 0 sent 0 bytes as the NCCL unique id, want 128"},
+		{"short payload", rendezvous.World{Nodes: nodes(1, 1), Payload: id[:100]}, 0, 1, "node 0 sent 100 bytes as the NCCL unique id, want 128"},
+		{"long payload", rendezvous.World{Nodes: nodes(1, 1), Payload: append(id, 0)}, 0, 1, "sent 129 bytes"},
+		{"a node that cannot take part", rendezvous.World{Nodes: nodes(2, 2, 0), Payload: id}, 0, 2, "node 2 (gpu02) cannot train on its GPUs"},
+		{"two nodes that cannot", rendezvous.World{Nodes: nodes(0, 2, 0), Payload: id}, 1, 2, "node 0 (gpu00) cannot train on its GPUs (it could not open them or load NCCL; its own error says which)\nnode 2 (gpu02)"},
+		{"GPU counts differ", rendezvous.World{Nodes: nodes(2, 4, 2, 1), Payload: id}, 0, 2, "node 1 (gpu01) has 4 GPUs and node 0 (gpu00) has 2\nnode 3 (gpu03) has 1 GPUs and node 0 (gpu00) has 2"},
+		{"this node is not listed as it is", rendezvous.World{Nodes: nodes(2, 2), Payload: id}, 1, 3, "does not list this node (1) with its 3 GPUs"},
+		{"no nodes", rendezvous.World{Payload: id}, 0, 1, "no nodes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := gpuWorldID(tc.w, tc.self, tc.k)
+			if tc.want == "" {
+				if err != nil || string(got.Internal[:]) != string(id) {
+					t.Fatalf("got %v, %v; want the payload as the id", got.Internal[:4], err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
