@@ -70,11 +70,15 @@
 // A plan normally drives every rank of its mesh from one process. With Options.Local it is one
 // process's share of a run spread over several processes (each building the same plan from the
 // same model and layout, communicating through engine/comm/tcp): it drives only its ranks, and
-// the loss and gradient norm are reduced over the world so every process sees the same numbers.
-// Over several processes only dense models under dp, fsdp and tp (tensor groups inside one
-// process) are supported. OptimizerState is then a collective that every process calls (the
-// FSDP optimizer shards are all-gathered over the data groups) and returns the same state as
-// one process driving every rank, bit for bit; Relayout is refused (LocalRanks says more).
+// the loss, aux loss, expert load and gradient norm are reduced over the world so every
+// process sees the same numbers. Over several processes every layout is supported whose tensor
+// groups lie inside one process (dp, fsdp, cp, ep, tp and etp, dense models and mixtures of
+// experts); expert dispatch and combine cross processes where an expert group does.
+// OptimizerState is then a collective that every process calls (the FSDP optimizer shards are
+// all-gathered over the data groups, experts held elsewhere over the expert groups) and
+// returns the same state as one process driving every rank, bit for bit; Params and Gather
+// are collectives too when an expert group spans processes; Relayout is refused (LocalRanks
+// says more).
 //
 // The package is not a trainer (engine/train owns schedules, data and checkpoints) and does not
 // choose layouts (engine/mesh checks and suggests them).

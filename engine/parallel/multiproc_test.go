@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,22 +25,39 @@ import (
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/comm/tcp"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
 // planRun is what one process of a multi-process run (or the single-process reference)
-// reports: the losses and gradient norms of each step, the last step's reduced gradients, the
-// final parameters, the optimizer state (a collective over processes) and the error Relayout
-// gave.
+// reports: the losses, gradient norms, mean aux losses, expert loads and expert balancing
+// biases of each step, the last step's reduced gradients, the final parameters, the
+// optimizer state (a collective over processes) and the error Relayout gave.
 type planRun struct {
-	Loss, Norm    []float64
-	Grads, Params map[string][]float32
-	StateStep     int
-	State         []optim.StateTensor
-	RelayoutErr   string
+	Loss, Norm, Aux []float64
+	Load            [][][]int
+	Bias            [][][]float32
+	Grads, Params   map[string][]float32
+	StateStep       int
+	State           []optim.StateTensor
+	RelayoutErr     string
+	// ParamsCalls is the number of collectives the final Params ran on this process's ranks.
+	ParamsCalls int
 }
 
-// trainThreeSteps trains p for three steps of trainBatches and reports them.
+// collectiveCalls is the number of collectives p's ranks have run.
+func collectiveCalls(p *Plan) int {
+	n := 0
+	for _, s := range p.CommStats() {
+		for _, v := range s {
+			n += v.Calls
+		}
+	}
+	return n
+}
+
+// trainThreeSteps trains p for three steps of trainBatches (balancing the experts after each
+// step when the model balances them) and reports them.
 func trainThreeSteps(t *testing.T, p *Plan) planRun {
 	t.Helper()
 	var r planRun
@@ -48,7 +66,8 @@ func trainThreeSteps(t *testing.T, p *Plan) planRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Under FSDP, Grads all-gathers the shards: a collective every process runs.
+		// Under FSDP, Grads all-gathers the shards, and experts held by other processes are
+		// all-gathered over the expert groups: a collective every process runs.
 		if r.Grads, err = p.Grads(); err != nil {
 			t.Fatal(err)
 		}
@@ -56,12 +75,18 @@ func trainThreeSteps(t *testing.T, p *Plan) planRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.Loss, r.Norm = append(r.Loss, l), append(r.Norm, n)
+		if err := p.BalanceExperts(); err != nil {
+			t.Fatal(err)
+		}
+		r.Loss, r.Norm, r.Aux = append(r.Loss, l), append(r.Norm, n), append(r.Aux, p.AuxLoss())
+		r.Load, r.Bias = append(r.Load, p.ExpertLoad()), append(r.Bias, p.ExpertBias())
 	}
 	var err error
+	calls := collectiveCalls(p)
 	if r.Params, err = p.Params(); err != nil {
 		t.Fatal(err)
 	}
+	r.ParamsCalls = collectiveCalls(p) - calls
 	// Over several processes OptimizerState is a collective too.
 	if r.StateStep, r.State, err = p.OptimizerState(); err != nil {
 		t.Fatal(err)
@@ -74,11 +99,27 @@ func trainThreeSteps(t *testing.T, p *Plan) planRun {
 	return r
 }
 
-// planChild is one process of TestPlanOverProcessesMatchesOneProcess: it joins the TCP world
-// its environment describes with two CPU ranks, trains its share of the mesh and writes its
-// planRun to PLAN_OUT.
+// procModel is the source model of the multi-process tests: the tiny family with fixed
+// weights; a mixture of experts balances its experts too (aux-loss-free bias, beside the aux
+// loss).
+func procModel(t *testing.T, family string) *models.Model {
+	t.Helper()
+	m := tinyModel(t, family, 7)
+	if m.IsMoE() {
+		if err := m.SetExpertBalancing(0.05); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m
+}
+
+// planChild is one process of a multi-process test: it joins the TCP world its environment
+// describes with PLAN_LOCAL CPU ranks, trains its share of a mesh of PLAN_DEVICES ranks and
+// writes its planRun to PLAN_OUT.
 func planChild(t *testing.T) {
 	node, _ := strconv.Atoi(os.Getenv("PLAN_NODE"))
+	nLocal, _ := strconv.Atoi(os.Getenv("PLAN_LOCAL"))
+	nDev, _ := strconv.Atoi(os.Getenv("PLAN_DEVICES"))
 	cfg := tcp.Config{
 		Rendezvous: rendezvous.Config{NNodes: 2, NodeRank: node, Addr: os.Getenv("PLAN_ADDR"), Token: "plan-secret", Timeout: 30 * time.Second},
 		Listen:     "127.0.0.1:0",
@@ -91,7 +132,10 @@ func planChild(t *testing.T) {
 		}
 		cfg.RendezvousListener = ln
 	}
-	bs := []backend.Backend{cpu.New(cpu.Options{Workers: 1}), cpu.New(cpu.Options{Workers: 1})}
+	bs := make([]backend.Backend, nLocal)
+	for i := range bs {
+		bs[i] = cpu.New(cpu.Options{Workers: 1})
+	}
 	w, err := tcp.Join(context.Background(), cfg, bs)
 	if err != nil {
 		t.Fatal(err)
@@ -100,9 +144,8 @@ func planChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := tinyModel(t, "llama", 7)
 	first := w.FirstRank()
-	p, err := New(src, cpuDevices(4), l, Options{
+	p, err := New(procModel(t, os.Getenv("PLAN_FAMILY")), cpuDevices(nDev), l, Options{
 		Optimizer:  trainOpt,
 		Local:      &LocalRanks{First: first, Count: w.Local()},
 		NewBackend: func(r int) (backend.Backend, error) { return bs[r-first], nil },
@@ -122,9 +165,19 @@ func planChild(t *testing.T) {
 	}
 }
 
-// startPlanProcs runs this test binary as two processes of two ranks each over layout and
-// returns what each reported.
-func startPlanProcs(t *testing.T, layout string) []planRun {
+// procCase is one multi-process run: a tiny model family over a layout of two processes of
+// local ranks each.
+type procCase struct {
+	family, layout string
+	local          int
+	// crossEP: an expert group spans the processes, so Params all-gathers the experts
+	// (otherwise it reads the process's own ranks and runs no collective).
+	crossEP bool
+}
+
+// startPlanProcs runs this test binary (its test named test) as two processes of c.local
+// ranks each over c.layout and returns what each reported.
+func startPlanProcs(t *testing.T, test string, c procCase) []planRun {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -143,9 +196,10 @@ func startPlanProcs(t *testing.T, layout string) []planRun {
 	for node := range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestPlanOverProcessesMatchesOneProcess$", "-test.count=1")
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
 		cmd.Env = append(os.Environ(), "HALO_PLAN_CHILD=1", "PLAN_NODE="+strconv.Itoa(node), "PLAN_ADDR="+ln.Addr().String(),
-			"PLAN_LAYOUT="+layout, "PLAN_OUT="+filepath.Join(dir, strconv.Itoa(node)))
+			"PLAN_LAYOUT="+c.layout, "PLAN_FAMILY="+c.family, "PLAN_LOCAL="+strconv.Itoa(c.local),
+			"PLAN_DEVICES="+strconv.Itoa(2*c.local), "PLAN_OUT="+filepath.Join(dir, strconv.Itoa(node)))
 		if node == 0 {
 			cmd.ExtraFiles = []*os.File{f}
 		}
@@ -176,31 +230,43 @@ func startPlanProcs(t *testing.T, layout string) []planRun {
 	return runs
 }
 
-// Two processes of two ranks each, talking over TCP, train the same three steps as one
-// process driving four CPU ranks with the in-process communicator: every process reports the
-// same losses, gradient norms and final weights, bit for bit.
-func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
-	if os.Getenv("HALO_PLAN_CHILD") != "" {
-		planChild(t)
-		return
-	}
-	for _, layout := range []string{"dp=4", "fsdp", "tp=2 dp=2", "tp=2 fsdp"} {
-		t.Run(layout, func(t *testing.T) {
-			l, err := mesh.ParseLayout(layout)
+// checkOverProcesses runs each case in one process driving every rank with the in-process
+// communicator, then as two processes talking over TCP, and fails unless every process
+// reports the same losses, gradient norms, aux losses, expert loads and biases, gradients,
+// final weights and optimizer state, bit for bit.
+func checkOverProcesses(t *testing.T, test string, cases []procCase) {
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%s/%dx%d/%s", c.family, 2, c.local, strings.ReplaceAll(c.layout, " ", ",")), func(t *testing.T) {
+			l, err := mesh.ParseLayout(c.layout)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ref, err := New(tinyModel(t, "llama", 7), cpuDevices(4), l, Options{Optimizer: trainOpt})
+			ref, err := New(procModel(t, c.family), cpuDevices(2*c.local), l, Options{Optimizer: trainOpt})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ref.Close()
 			want := trainThreeSteps(t, ref)
-			for node, got := range startPlanProcs(t, layout) {
+			if ref.shape.MoE() && !(want.Aux[0] > 0 && want.Load[0] != nil && want.Bias[0] != nil) {
+				t.Fatalf("aux loss %v, load %v, bias %v: the test would not exercise them", want.Aux[0], want.Load[0], want.Bias[0])
+			}
+			for node, got := range startPlanProcs(t, test, c) {
 				for i := range want.Loss {
 					if math.Float64bits(got.Loss[i]) != math.Float64bits(want.Loss[i]) || math.Float64bits(got.Norm[i]) != math.Float64bits(want.Norm[i]) {
 						t.Errorf("process %d step %d: loss %v norm %v, one process %v and %v", node, i+1, got.Loss[i], got.Norm[i], want.Loss[i], want.Norm[i])
 					}
+					if math.Float64bits(got.Aux[i]) != math.Float64bits(want.Aux[i]) {
+						t.Errorf("process %d step %d: aux loss %v, one process %v", node, i+1, got.Aux[i], want.Aux[i])
+					}
+					if !reflect.DeepEqual(got.Load[i], want.Load[i]) {
+						t.Errorf("process %d step %d: expert load %v, one process %v", node, i+1, got.Load[i], want.Load[i])
+					}
+					if !reflect.DeepEqual(got.Bias[i], want.Bias[i]) {
+						t.Errorf("process %d step %d: expert bias %v, one process %v", node, i+1, got.Bias[i], want.Bias[i])
+					}
+				}
+				if (got.ParamsCalls > 0) != c.crossEP {
+					t.Errorf("process %d: Params ran %d collectives; want some only when an expert group spans the processes (%v)", node, got.ParamsCalls, c.crossEP)
 				}
 				sameBits(t, fmt.Sprintf("process %d: gradient", node), got.Grads, want.Grads)
 				sameBits(t, fmt.Sprintf("process %d: parameter", node), got.Params, want.Params)
@@ -211,6 +277,47 @@ func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Two processes of two ranks each, talking over TCP, train the same three steps as one
+// process driving four CPU ranks with the in-process communicator: every process reports the
+// same losses, gradient norms and final weights, bit for bit.
+func TestPlanOverProcessesMatchesOneProcess(t *testing.T) {
+	if os.Getenv("HALO_PLAN_CHILD") != "" {
+		planChild(t)
+		return
+	}
+	var cases []procCase
+	for _, layout := range []string{"dp=4", "fsdp", "tp=2 dp=2", "tp=2 fsdp", "cp=2 fsdp"} {
+		cases = append(cases, procCase{"llama", layout, 2, false})
+	}
+	// Context parallelism with the context group split between the processes.
+	cases = append(cases, procCase{"llama", "cp=2", 1, false})
+	checkOverProcesses(t, "TestPlanOverProcessesMatchesOneProcess", cases)
+}
+
+// A mixture of experts (aux loss on, expert balancing on, 4 experts, top 2) under expert
+// parallelism over two processes matches one process bit for bit: the dispatch and combine
+// all-to-alls cross processes (ep=2 on one rank each, ep=4 on two), expert gradients are
+// reduced over expert replicas in the other process (ep=2 on two ranks each), FSDP shards the
+// experts over them, and the aux loss, expert loads, balancing biases, experts read back
+// (Grads, Params) and the optimizer state are those of one process.
+func TestMoEPlanOverProcessesMatchesOneProcess(t *testing.T) {
+	if os.Getenv("HALO_PLAN_CHILD") != "" {
+		planChild(t)
+		return
+	}
+	checkOverProcesses(t, "TestMoEPlanOverProcessesMatchesOneProcess", []procCase{
+		{"qwen3_moe", "dp=2", 1, false},
+		{"qwen3_moe", "fsdp", 2, false},
+		{"qwen3_moe", "ep=2", 1, true},
+		{"qwen3_moe", "ep=4", 2, true},
+		{"qwen3_moe", "ep=2", 2, false},
+		{"qwen3_moe", "ep=2 fsdp", 2, false},
+		{"qwen3_moe", "ep=4 fsdp", 2, true},
+		{"qwen3_moe", "tp=2 etp=2 ep=2", 2, true},
+		{"qwen3_moe", "tp=2 ep=2 fsdp", 2, true},
+	})
 }
 
 // sameBits fails t unless got and want hold the same tensors, bit for bit.
@@ -256,12 +363,11 @@ func TestLocalRanksRefuseUnsupportedLayouts(t *testing.T) {
 		noWorld        bool
 	}{
 		{"llama", "", LocalRanks{0, 2}, "need Options.World", true},
-		{"llama", "cp=2", LocalRanks{0, 2}, "context parallelism", false},
 		{"llama", "tp=2", LocalRanks{1, 2}, "cut a tensor group", false},
 		{"llama", "tp=4", LocalRanks{0, 2}, "cut a tensor group", false},
+		{"qwen3_moe", "tp=2 etp=2 ep=2", LocalRanks{1, 2}, "cut a tensor group", false},
 		{"llama", "", LocalRanks{2, 4}, "not inside the mesh", false},
 		{"llama", "", LocalRanks{0, 0}, "not inside the mesh", false},
-		{"qwen3_moe", "", LocalRanks{0, 2}, "mixture of experts", false},
 	} {
 		t.Run(c.family+" "+c.layout, func(t *testing.T) {
 			l, err := mesh.ParseLayout(c.layout)

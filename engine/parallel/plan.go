@@ -155,11 +155,14 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	p.cfg = cfg
 	first, n := 0, ms.Size()
 	if o.Local != nil {
-		if err := checkLocal(ms, shape, o); err != nil {
+		if err := checkLocal(ms, o); err != nil {
 			return nil, err
 		}
 		first, n = o.Local.First, o.Local.Count
 		p.mp = &multiProc{first: first}
+		if p.mp.crossEP, err = crossesExperts(ms, shape, first, n); err != nil {
+			return nil, err
+		}
 	}
 	devs := make([]backend.Backend, n)
 	for r := range devs {
@@ -268,6 +271,16 @@ func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Mode
 			pl = partialGrad
 		}
 		p.place[s.Name] = pl
+		if x, ok := expertIndex(s.Name); ok {
+			// Every expert of the layer has this parameter's shape: the experts this
+			// process does not hold (under expert parallelism over several processes) are
+			// placed alike.
+			for e := range p.shape.Experts {
+				if e != x {
+					p.place[renameExpert(s.Name, e)] = pl
+				}
+			}
+		}
 		w := rk.m.Params.Views[i]
 		if strings.HasSuffix(s.Name, ".weight") && len(s.Shape) == 2 {
 			switch pl {
@@ -572,12 +585,12 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		}
 	}
 	if p.mp != nil {
-		sum, aux = p.worldSums()
-	}
-	p.aux = aux / float64(len(rows))
-	if p.load, err = p.takeLoads(); err != nil {
+		// Every process adds every rank's sums and loads, in rank order.
+		sum, aux, p.load = p.worldSums()
+	} else if p.load, err = p.takeLoads(); err != nil {
 		return 0, 0, err
 	}
+	p.aux = aux / float64(len(rows))
 	return sum / float64(nTargets), nTargets, nil
 }
 
@@ -714,12 +727,16 @@ func allReduceF64(c comm.Communicator, v float64) (float64, error) {
 	return float64(out[0]) + float64(out[1]), nil
 }
 
-// Params returns every parameter of the full model by HF name, assembled from the ranks.
+// Params returns every parameter of the full model by HF name, assembled from the ranks. On a
+// plan over several processes whose expert group spans processes it is a collective (the
+// experts are all-gathered over the expert groups; see LocalRanks).
 func (p *Plan) Params() (map[string][]float32, error) {
 	return p.collect(func(m *models.Model, name string) ([]float32, error) { return m.ParamFloat32(name) })
 }
 
 // Grads returns every reduced gradient of the full model by HF name (after ForwardBackward).
+// On a plan over several processes it is a collective under FSDP or when an expert group
+// spans processes.
 func (p *Plan) Grads() (map[string][]float32, error) {
 	if p.Mesh.Layout.FSDP {
 		// Bring the reduced shards back into each rank's full gradient arena.
@@ -736,18 +753,48 @@ func (p *Plan) Grads() (map[string][]float32, error) {
 }
 
 func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[string][]float32, error) {
-	// tpRanks[d] are the ranks of data index d, in tensor order.
+	// tpRanks[d] are the ranks of data index d, in tensor order; owner[j] is the first data
+	// index whose ranks hold the experts of expert rank j (d mod EP = j).
 	tpRanks := map[int][]*rank{}
+	owner := map[int]int{}
 	for _, rk := range p.ranks {
 		tpRanks[rk.dataRank] = append(tpRanks[rk.dataRank], rk)
+		if j := rk.dataRank % p.Mesh.Layout.EP; rk.c.TP == 0 {
+			if d, ok := owner[j]; !ok || rk.dataRank < d {
+				owner[j] = rk.dataRank
+			}
+		}
+	}
+	var experts []map[string][]float32
+	if p.spansExperts() {
+		// Other processes hold some experts: all-gather them over the expert groups.
+		var err error
+		if experts, err = p.expertsByTP(get); err != nil {
+			return nil, err
+		}
 	}
 	out := make(map[string][]float32, len(p.specs))
 	for _, s := range p.specs {
+		if _, ok := p.expertHolder(s.Name); ok && experts != nil {
+			parts := make([][]float32, len(experts))
+			for tp, m := range experts {
+				if parts[tp] = m[s.Name]; parts[tp] == nil {
+					return nil, fmt.Errorf("parallel: no rank of the expert group of tensor coordinate %d holds %s", tp, s.Name)
+				}
+			}
+			out[s.Name] = unslice(parts, s.Shape, p.place[s.Name])
+			continue
+		}
 		// Every data replica holds the same values: read this process's first one (data
 		// index 0 when the plan drives every rank).
 		holder := p.ranks[0].dataRank
-		if d, ok := p.expertHolder(s.Name); ok {
-			holder = d // only the expert's owners hold it
+		if j, ok := p.expertHolder(s.Name); ok {
+			// Only the expert's owners hold it; all of its replicas hold the same values.
+			d, ok := owner[j]
+			if !ok {
+				return nil, fmt.Errorf("parallel: no rank of this process holds %s (expert rank %d)", s.Name, j)
+			}
+			holder = d
 		}
 		tpRanks := tpRanks[holder]
 		parts := make([][]float32, len(tpRanks))
@@ -764,7 +811,8 @@ func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[
 }
 
 // Gather writes the full parameters into dst, a single-device model of the same config (for
-// an ordinary HF checkpoint: dst.Save).
+// an ordinary HF checkpoint: dst.Save). It reads what Params reads, so it is a collective
+// where Params is.
 func (p *Plan) Gather(dst *models.Model) error {
 	ps, err := p.Params()
 	if err != nil {

@@ -20,8 +20,9 @@ var stateSuffixes = []string{".exp_avg", ".exp_avg_sq", ".master"}
 //
 // On a plan over several processes (Options.Local) it is a collective: every process must
 // call it, between the same steps. Under FSDP the optimizer shards are all-gathered over each
-// data group; every process then returns the same state, bit for bit the state a single
-// process driving every rank returns.
+// data group, and under expert parallelism the experts other processes hold over the expert
+// groups; every process then returns the same state, bit for bit the state a single process
+// driving every rank returns.
 func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 	ntp := p.Mesh.Layout.TP
 	// local[tp][param+suffix] is tensor rank tp's slice of one parameter's state, assembled
