@@ -48,6 +48,8 @@ import (
 //     group), and experts held in other processes over the expert groups; every process
 //     returns the whole state, bit for bit what a single process driving every rank returns.
 //   - Relayout (a new plan over other ranks) is refused.
+//   - After a failed step, the reads that are collectives (Params, Gather and Grads where
+//     they are, OptimizerState) fail too: the communicators were aborted.
 //   - CommStats, SetRankRecorder and Size count the process's ranks (index i is global rank
 //     First+i).
 type LocalRanks struct{ First, Count int }

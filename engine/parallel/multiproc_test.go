@@ -41,6 +41,8 @@ type planRun struct {
 	StateStep       int
 	State           []optim.StateTensor
 	RelayoutErr     string
+	// ResumedLoss and ResumedNorm are those of a fourth step after LoadOptimizerState of State.
+	ResumedLoss, ResumedNorm float64
 	// ParamsCalls is the number of collectives the final Params ran on this process's ranks.
 	ParamsCalls int
 }
@@ -89,6 +91,18 @@ func trainThreeSteps(t *testing.T, p *Plan) planRun {
 	r.ParamsCalls = collectiveCalls(p) - calls
 	// Over several processes OptimizerState is a collective too.
 	if r.StateStep, r.State, err = p.OptimizerState(); err != nil {
+		t.Fatal(err)
+	}
+	// The exported state loads back (each rank taking its slice, experts and shard) and a
+	// fourth step trains from it.
+	if err := p.LoadOptimizerState(r.StateStep, r.State); err != nil {
+		t.Fatal(err)
+	}
+	rows := trainBatches(4)[3]
+	if r.ResumedLoss, _, err = p.ForwardBackward(rows); err != nil {
+		t.Fatal(err)
+	}
+	if r.ResumedNorm, err = p.Step(trainLR, trainMaxNorm); err != nil {
 		t.Fatal(err)
 	}
 	if p.mp != nil {
@@ -264,6 +278,9 @@ func checkOverProcesses(t *testing.T, test string, cases []procCase) {
 					if !reflect.DeepEqual(got.Bias[i], want.Bias[i]) {
 						t.Errorf("process %d step %d: expert bias %v, one process %v", node, i+1, got.Bias[i], want.Bias[i])
 					}
+				}
+				if math.Float64bits(got.ResumedLoss) != math.Float64bits(want.ResumedLoss) || math.Float64bits(got.ResumedNorm) != math.Float64bits(want.ResumedNorm) {
+					t.Errorf("process %d: after LoadOptimizerState, loss %v norm %v, one process %v and %v", node, got.ResumedLoss, got.ResumedNorm, want.ResumedLoss, want.ResumedNorm)
 				}
 				if (got.ParamsCalls > 0) != c.crossEP {
 					t.Errorf("process %d: Params ran %d collectives; want some only when an expert group spans the processes (%v)", node, got.ParamsCalls, c.crossEP)
