@@ -126,6 +126,14 @@ type Ops interface {
 	Axpy(y T, alpha float32, x T) error
 	// Scale computes t *= alpha elementwise in place.
 	Scale(t T, alpha float32) error
+	// ScaleRows computes t[r,:] *= w[r] in place: t float [R,C] (rows of its last dimension),
+	// w [R] F32. It weights the rows of a mixture-of-experts expert's output by their routing
+	// weights on the device.
+	ScaleRows(t, w T) error
+	// RowDot computes out[r] = sum_c a[r,c]*b[r,c] with fp32 accumulation: a and b float of the
+	// same shape [R,C] (rows of the last dimension), out [R] F32 =. The backward of ScaleRows
+	// with respect to the weights.
+	RowDot(out, a, b T) error
 	// SumSquares returns, for each tensor, the sum of the squares of its elements: partial sums
 	// in at least fp32 over blocks, combined in fp64 (the CPU backend accumulates in fp64
 	// throughout). The global gradient norm is the sqrt of the total. It synchronises.

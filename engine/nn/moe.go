@@ -28,12 +28,14 @@ type Expert struct {
 // Routing runs on the host: the router logits [N,E] are downloaded, the top-k selection and
 // weights computed in fp32, and each expert runs on the rows routed to it, gathered with the
 // Embedding op (x acts as the table, the token indices as ids) and scatter-added back with
-// EmbeddingBackward. The routing weight is applied on the host between the expert's output and
-// the scatter (one download and upload of [M_e,C] per expert). A fused gather/grouped-GEMM/
-// scatter op on the device would remove those transfers; the composition here is the reference.
+// EmbeddingBackward. The routing weights of an expert's rows are uploaded ([M_e] F32) and
+// applied on the device (ScaleRows) between the expert's output and the scatter; backward
+// takes the weights' gradient with RowDot and reads all experts' back at once. A fused
+// gather/grouped-GEMM/scatter op would remove the per-expert launches; the composition here is
+// the reference.
 //
 // Cached for backward (keep): x (not owned), per expert its token ids, gathered input [M_e,C],
-// gate, up and their SwiGLU product [M_e,I], and a host copy of its unweighted output [M_e,C];
+// gate, up and their SwiGLU product [M_e,I], its routing weights [M_e] and unweighted output [M_e,C];
 // on the host, the probabilities [N,E], the selection and the weights [N,K].
 //
 // The experts are computed here unless Runner is set: a parallel plan then receives the
@@ -101,7 +103,9 @@ type expertCache struct {
 	xe     T       // [M,C]
 	g, u   T       // [M,I]
 	a      T       // [M,I]
-	y      []float32
+	w      T       // [M] F32 routing weights of the rows (weighted groups)
+	y      T       // [M,C] unweighted output (weighted groups, kept for the weight gradient)
+	dw     T       // [M] F32 weight gradient, read back after every expert's backward
 }
 
 var _ FFN = (*MoE)(nil)
@@ -241,8 +245,8 @@ type ExpertRunner interface {
 //
 // Experts run in increasing index, each over its assignments in increasing order, so results
 // are deterministic. Cached for backward (keep): per expert its rows, gathered input [M_e,C],
-// gate, up and SwiGLU product [M_e,I], and (when W is set) a host copy of its unweighted
-// output [M_e,C].
+// gate, up and SwiGLU product [M_e,I], and (when W is set) its weights [M_e] and unweighted
+// output [M_e,C] on the device.
 //
 // Expert ids are global: Experts[j] is expert First+j, and an assignment to an expert outside
 // [First, First+len(Experts)) is an error naming it.
@@ -377,23 +381,25 @@ func (g *ExpertGroup) expertForward(p *Pass, e int, x, out T, keep bool) (err er
 		return err
 	}
 	if g.w != nil {
-		yv, err := backend.ToFloat32(p.B, ye)
-		if err != nil {
-			return wrap(name, err)
-		}
-		c := x.Dim(1)
-		scaled := make([]float32, len(yv))
+		// The rows are weighted on the device; the unweighted output stays for the weight
+		// gradient.
+		we := make([]float32, mrows)
 		for r, a := range ec.slots {
-			w := g.w[a]
-			for i := r * c; i < (r+1)*c; i++ {
-				scaled[i] = yv[i] * w
-			}
+			we[r] = g.w[a]
 		}
-		if err = upload(p.B, ye, scaled); err != nil {
+		if ec.w, err = backend.FromFloat32(p.B, we, tensor.F32, mrows); err != nil {
 			return wrap(name, err)
 		}
 		if keep {
-			ec.y = yv
+			if ec.y, err = p.alloc(ye.Shape()...); err != nil {
+				return wrap(name, err)
+			}
+			if err = p.B.Copy(ec.y, ye); err != nil {
+				return wrap(name, err)
+			}
+		}
+		if err = p.B.ScaleRows(ye, ec.w); err != nil {
+			return wrap(name+" weights", err)
 		}
 	}
 	if err = p.B.EmbeddingBackward(out, ye, ec.ids); err != nil {
@@ -425,9 +431,26 @@ func (g *ExpertGroup) Backward(p *Pass, dy T) (dx T, dw []float64, err error) {
 		dw = make([]float64, g.n)
 	}
 	for e := range g.Experts {
-		if err = g.expertBackward(p, e, dy, dx, dw); err != nil {
+		if err = g.expertBackward(p, e, dy, dx); err != nil {
 			_ = free(p.B, &dx)
 			return T{}, nil, err
+		}
+	}
+	if dw != nil {
+		// The weight gradients are read back once every expert has been queued.
+		for e := range g.c {
+			ec := &g.c[e]
+			if ec.dw.IsNil() {
+				continue
+			}
+			v, err := backend.ToFloat32(p.B, ec.dw)
+			if err != nil {
+				_ = free(p.B, &dx)
+				return T{}, nil, wrap(fmt.Sprintf("%s expert %d", g.Name, g.First+e), err)
+			}
+			for r, a := range ec.slots {
+				dw[a] += float64(v[r])
+			}
 		}
 	}
 	return dx, dw, nil
@@ -506,7 +529,7 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 	return dx, nil
 }
 
-func (g *ExpertGroup) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (err error) {
+func (g *ExpertGroup) expertBackward(p *Pass, e int, dy, dx T) (err error) {
 	ec := &g.c[e]
 	mrows := len(ec.tokens)
 	if mrows == 0 {
@@ -524,21 +547,19 @@ func (g *ExpertGroup) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (er
 		return wrap(name+" gather", err)
 	}
 	if g.w != nil {
-		dv, err := backend.ToFloat32(p.B, dye)
-		if err != nil {
+		// d objective / d w of each row is its output gradient dotted with the unweighted
+		// output; the output gradient then carries the weight into the expert.
+		if ec.y.IsNil() || ec.w.IsNil() {
+			return fmt.Errorf("nn: %s: weighted expert Backward without the forward's cached output", name)
+		}
+		if ec.dw, err = p.allocF32(mrows); err != nil {
 			return wrap(name, err)
 		}
-		for r, a := range ec.slots {
-			w := g.w[a]
-			dot := 0.0
-			for i := r * c; i < (r+1)*c; i++ {
-				dot += float64(dv[i]) * float64(ec.y[i])
-				dv[i] *= w
-			}
-			dw[a] += dot
+		if err = p.B.RowDot(ec.dw, dye, ec.y); err != nil {
+			return wrap(name+" weight gradient", err)
 		}
-		if err = upload(p.B, dye, dv); err != nil {
-			return wrap(name, err)
+		if err = p.B.ScaleRows(dye, ec.w); err != nil {
+			return wrap(name+" weights", err)
 		}
 	}
 	if da, err = p.alloc(ec.a.Shape()...); err != nil {
@@ -563,8 +584,7 @@ func (g *ExpertGroup) expertBackward(p *Pass, e int, dy, dx T, dw []float64) (er
 }
 
 func (ec *expertCache) release(p *Pass) {
-	_ = free(p.B, &ec.ids, &ec.xe, &ec.g, &ec.u, &ec.a)
-	ec.y = nil
+	_ = free(p.B, &ec.ids, &ec.xe, &ec.g, &ec.u, &ec.a, &ec.w, &ec.y, &ec.dw)
 }
 
 // Release drops the caches of a Forward.

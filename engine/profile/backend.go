@@ -196,6 +196,24 @@ func (b *Backend) Scale(t T, alpha float32) error {
 	return b.end(s, b.in.Scale(t, alpha), "Scale", ClassOther, nbytes(t), int64(t.Numel()), T{})
 }
 
+// ScaleRows weights expert output rows: class other.
+func (b *Backend) ScaleRows(t, w T) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.ScaleRows(t, w)
+	}
+	s := time.Now()
+	return b.end(s, b.in.ScaleRows(t, w), "ScaleRows", ClassOther, nbytes(t, w), int64(t.Numel()), T{})
+}
+
+// RowDot is the routing-weight gradient of expert rows: class other.
+func (b *Backend) RowDot(out, x, y T) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.RowDot(out, x, y)
+	}
+	s := time.Now()
+	return b.end(s, b.in.RowDot(out, x, y), "RowDot", ClassOther, nbytes(out, x, y), 2*int64(x.Numel()), out)
+}
+
 // SumSquares is the gradient-norm reduction: class optimizer.
 func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 	if b.rec.mode.Load() == 0 {

@@ -200,3 +200,83 @@ func (b *Backend) Copy(dst, src T) error {
 	}
 	return fmt.Errorf("cpu: copy %v to %v: no conversion between %s and %s", src, dst, src.DType(), dst.DType())
 }
+
+// rowsOf checks that t is float rows of the last dimension and returns (rows, columns).
+func rowsOf(op, name string, t T) (int, int, error) {
+	if t.IsNil() {
+		return 0, 0, fmt.Errorf("cpu: %s: %s is missing", op, name)
+	}
+	c := t.Shape().Last()
+	if c <= 0 {
+		return 0, 0, fmt.Errorf("cpu: %s: %s %v has no columns", op, name, t)
+	}
+	return t.Numel() / c, c, nil
+}
+
+// ScaleRows computes t[r,:] *= w[r].
+func (b *Backend) ScaleRows(t, w T) error {
+	const op = "scale_rows"
+	r, c, err := rowsOf(op, "t", t)
+	if err != nil {
+		return err
+	}
+	if err := numel(op, "w", w, r, "rows(t)"); err != nil {
+		return err
+	}
+	ws, err := f32only(op, "w", w)
+	if err != nil {
+		return err
+	}
+	ts, flush, err := b.out(op, "t", t, true)
+	if err != nil {
+		return err
+	}
+	b.pool.rows(r, rowChunk, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			a := ws[i]
+			row := ts[i*c : (i+1)*c]
+			for j := range row {
+				row[j] *= a
+			}
+		}
+	})
+	flush()
+	return nil
+}
+
+// RowDot computes out[r] = sum_c a[r,c]*b[r,c] with fp32 accumulation.
+func (b *Backend) RowDot(out, x, y T) error {
+	const op = "row_dot"
+	r, c, err := rowsOf(op, "a", x)
+	if err != nil {
+		return err
+	}
+	if !x.Shape().Equal(y.Shape()) {
+		return fmt.Errorf("cpu: %s: a %v and b %v differ in shape", op, x, y)
+	}
+	if err := numel(op, "out", out, r, "rows(a)"); err != nil {
+		return err
+	}
+	xs, err := b.in(op, "a", x)
+	if err != nil {
+		return err
+	}
+	ys, err := b.in(op, "b", y)
+	if err != nil {
+		return err
+	}
+	os, err := f32only(op, "out", out)
+	if err != nil {
+		return err
+	}
+	b.pool.rows(r, rowChunk, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			var s float32
+			for j, v := range xs[i*c : (i+1)*c] {
+				s += v * ys[i*c+j]
+			}
+			os[i] = s
+		}
+	})
+	return nil
+}

@@ -449,6 +449,57 @@ func (b *Backend) Scale(t T, alpha float32) error {
 	return b.launch1D("elementwise.cu", "ew_scale", n, p, c, alpha, n)
 }
 
+// ScaleRows computes t[r,:] *= w[r] (w [R] F32).
+func (b *Backend) ScaleRows(t, w T) error {
+	const op = "ScaleRows"
+	p, c, err := b.fptr(op, "t", t)
+	if err != nil {
+		return err
+	}
+	cols := int64(t.Shape().Last())
+	if cols <= 0 {
+		return fmt.Errorf("cuda: %s: t %v has no columns", op, t)
+	}
+	n := int64(t.Numel())
+	if w.DType() != tensor.F32 || int64(w.Numel()) != n/cols {
+		return fmt.Errorf("cuda: %s: w %v must be f32 with one element per row of t %v (%d)", op, w, t, n/cols)
+	}
+	wp, err := b.ptr(op, "w", w)
+	if err != nil {
+		return err
+	}
+	return b.launch1D("elementwise.cu", "ew_scale_rows", n, p, c, wp, cols, n)
+}
+
+// RowDot computes out[r] = sum_c a[r,c]*b[r,c] in fp32 (out [R] F32), one warp per row.
+func (b *Backend) RowDot(out, x, y T) error {
+	const op = "RowDot"
+	xp, xc, err := b.fptr(op, "a", x)
+	if err != nil {
+		return err
+	}
+	yp, yc, err := b.fptr(op, "b", y)
+	if err != nil {
+		return err
+	}
+	if !x.Shape().Equal(y.Shape()) {
+		return fmt.Errorf("cuda: %s: a %v and b %v differ in shape", op, x, y)
+	}
+	cols := int64(x.Shape().Last())
+	if cols <= 0 {
+		return fmt.Errorf("cuda: %s: a %v has no columns", op, x)
+	}
+	rows := int64(x.Numel()) / cols
+	if out.DType() != tensor.F32 || int64(out.Numel()) != rows {
+		return fmt.Errorf("cuda: %s: out %v must be f32 with one element per row of a %v (%d)", op, out, x, rows)
+	}
+	op2, err := b.ptr(op, "out", out)
+	if err != nil {
+		return err
+	}
+	return b.launch1D("elementwise.cu", "row_dot", rows*32, op2, xp, xc, yp, yc, rows, cols)
+}
+
 // SumSquares returns each tensor's sum of squares, accumulated in fp64 on the device.
 func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 	out := make([]float64, len(ts))

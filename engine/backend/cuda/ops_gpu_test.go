@@ -828,6 +828,18 @@ func TestGPUElementwise(t *testing.T) {
 			}
 			return be.Fill(ts["filled"], 0.3)
 		}},
+		// Expert rows weighted by their routing weights, and the weights' gradient.
+		{Name: "scale_rows_row_dot/bf16", Tensors: []tspec{
+			{Name: "y", DType: tensor.BF16, Shape: []int{77, 130}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 0, Rel: bf16Eps},
+			{Name: "w", DType: tensor.F32, Shape: []int{77}, Gen: gen{Scale: 1}},
+			{Name: "dy", DType: tensor.BF16, Shape: []int{77, 130}, Gen: gen{Scale: 1}},
+			{Name: "dw", DType: tensor.F32, Shape: []int{77}, Out: true, AbsFrac: 1e-5, Rel: 1e-5},
+		}, Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+			if err := be.RowDot(ts["dw"], ts["dy"], ts["y"]); err != nil {
+				return err
+			}
+			return be.ScaleRows(ts["y"], ts["w"])
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })

@@ -25,6 +25,26 @@ extern "C" __global__ void ew_scale(void* t, int dt, float alpha, long long n) {
     GRID_STRIDE(i, n) stf(t, dt, i, alpha * ldf(t, dt, i));
 }
 
+// t[r, :] *= w[r] for rows of c elements (the routing weight of an expert's output row).
+extern "C" __global__ void ew_scale_rows(void* t, int dt, const float* w, long long c, long long n) {
+    GRID_STRIDE(i, n) stf(t, dt, i, w[i / c] * ldf(t, dt, i));
+}
+
+// out[r] = sum_j a[r, j] * b[r, j], one warp per row, fp32 accumulation (lanes stride the row,
+// then a butterfly sum), rows of c elements; rows * 32 threads in all, grid-strided.
+extern "C" __global__ void row_dot(float* out, const void* a, int da, const void* b, int db, long long rows, long long c) {
+    int lane = threadIdx.x & 31;
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long r = warp; r < rows; r += warps) {
+        float s = 0.f;
+        for (long long j = lane; j < c; j += 32) s += ldf(a, da, r * c + j) * ldf(b, db, r * c + j);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) out[r] = s;
+    }
+}
+
 // dst = src with float conversion (round to nearest even into bf16).
 extern "C" __global__ void ew_convert(void* dst, int dtd, const void* src, int dts, long long n) {
     GRID_STRIDE(i, n) stf(dst, dtd, i, ldf(src, dts, i));
