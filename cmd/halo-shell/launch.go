@@ -42,11 +42,13 @@ shows it. NAME is "launch-" + the base name of output_dir unless --name says oth
 Multi-node flags (defaults from SLURM_NNODES, SLURM_NODEID/SLURM_PROCID, SLURM_JOB_NODELIST):
 --nnodes=N, --node-rank=R, --rendezvous=HOST:PORT, --rendezvous-bind=ADDR,
 --rendezvous-token=SECRET, --rendezvous-token-file=FILE, --rendezvous-timeout=DURATION. Across
-nodes, each node runs the same command with devices: cpu:K and its --node-rank; node 0 serves
-the rendezvous; the mesh spans nnodes*K ranks talking over TCP (dense models; dp, fsdp, tp
-dividing K; no MoE, ep, etp, cp). Only node 0 writes metrics, checkpoints and the model; its
-checkpoints hold the weights without optimizer state (resuming them is refused: start a new
-run from their weights). No session is served. GPUs do not run across nodes yet.
+nodes, each node runs the same command with its --node-rank and K devices (cpu:K, or K GPUs
+such as cuda:0-7; every node the same K); node 0 serves the rendezvous; the mesh spans
+nnodes*K ranks, node r's being r*K..r*K+K-1, talking over TCP on CPU devices and over one NCCL
+world on GPUs (node 0 makes the NCCL id, the rendezvous carries it). Dense models; dp, fsdp, tp
+dividing K; no MoE, ep, etp, cp. Only node 0 writes metrics, checkpoints (with the optimizer
+state: resume with --resume_from_checkpoint on every node) and the model. No session is
+served.
 
 Flags:
   --dry-run      print the resolved config and a memory estimate, then exit
@@ -147,6 +149,11 @@ func dryRun(cmd *cobra.Command, cfg *train.Config, nnodes int) error {
 		fmt.Fprintln(out, "# parallel layout")
 		if nnodes > 1 {
 			fmt.Fprintf(out, "# across %d nodes of %d devices each\n", nnodes, d.Len()/nnodes)
+			if k := d.Len() / nnodes; d.Kind == "cuda" && k == 1 {
+				fmt.Fprintln(out, "# the devices below are the ranks of the NCCL world: node r drives rank r")
+			} else if d.Kind == "cuda" {
+				fmt.Fprintf(out, "# the devices below are the ranks of the NCCL world: node r drives ranks r*%d to r*%d+%d\n", k, k, k-1)
+			}
 		}
 		w := cfg.Workload()
 		if cp := 2 * max(l.CP, 1); w.SeqLen%cp != 0 {
@@ -170,9 +177,9 @@ type launchOptions struct {
 }
 
 // launchNodes resolves the multi-node flags with the SLURM variables (flags win) and checks
-// that the run can span them before any work: CPU devices (cpu:K on every node, a mesh of
-// nnodes·K ranks over TCP) with a layout a run across nodes supports (train.NodeDevices).
-// CUDA devices across nodes are refused: training does not drive GPUs across nodes yet.
+// that the run can span them before any work: K devices on every node (cpu:K over TCP, or K
+// GPUs over NCCL), a mesh of nnodes·K ranks, with a layout a run across nodes supports
+// (train.NodeDevices).
 func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) string) (rendezvous.Config, error) {
 	rc, err := rendezvous.ResolveConfig(f, getenv)
 	if err != nil {
@@ -181,12 +188,8 @@ func launchNodes(cfg *train.Config, f rendezvous.Flags, getenv func(string) stri
 	if rc.NNodes <= 1 {
 		return rc, nil
 	}
-	d, _, _, err := cfg.ParallelLayout()
-	if err != nil {
+	if _, _, _, err := cfg.ParallelLayout(); err != nil {
 		return rc, err
-	}
-	if d.Kind == "cuda" {
-		return rc, fmt.Errorf("launch: %d nodes: training does not run across nodes on GPUs yet; run on one node (devices: %s), or across nodes on CPU devices (devices: cpu:K), and check the nodes' network with halo-shell run rendezvous --nccl", rc.NNodes, d)
 	}
 	if _, _, err := train.NodeDevices(cfg, rc.NNodes); err != nil {
 		return rc, fmt.Errorf("launch: %w", err)

@@ -22,7 +22,8 @@ func TestLaunchMultiNodeFlags(t *testing.T) {
 		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--expert_parallel_size=2", "--devices=cpu:2"}, "uses expert parallelism"},
 		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--tensor_parallel_size=2"}, "tensor_parallel_size 2 does not divide the 1 devices of a node"},
 		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--name=x"}, "--name and --trace need the run's session"},
-		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--devices=cuda:0", "--device=auto"}, "training does not run across nodes on GPUs yet"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=2", "--devices=cuda:0-1", "--device=auto"}, "gradient_accumulation_steps 2 micro-batches cannot be dealt over 4 data-parallel ranks"},
+		{[]string{"--nnodes=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--gradient_accumulation_steps=4", "--devices=cuda:0-1", "--device=auto", "--context_parallel_size=2"}, "uses context parallelism; a run across nodes supports dense models on cpu or cuda devices"},
 		{[]string{"--nnodes=2"}, "no rendezvous address: pass --rendezvous HOST:PORT"},
 		{[]string{"--nnodes"}, "write --nnodes=VALUE"},
 		{[]string{"--nnodes=0"}, "--nnodes=0: want 1 or more"},
@@ -47,6 +48,17 @@ func TestLaunchMultiNodeFlags(t *testing.T) {
 	for _, want := range []string{"# across 2 nodes of 2 devices each", "devices: cpu:4", "layout:  dp=4 fsdp"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("dry run over 2 nodes lacks %q:\n%s", want, stdout)
+		}
+	}
+	// So does one across GPU nodes: the mesh is the NCCL world's ranks, whatever GPUs a node names.
+	stdout, err = runRoot(t, append(quickstartArgs(out, "--nnodes=3", "--node-rank=2", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--devices=cuda:4-5", "--device=auto",
+		"--fsdp=true", "--gradient_accumulation_steps=6"), "--dry-run")...)
+	if err != nil {
+		t.Errorf("fsdp over 3 nodes of cuda:4-5: %v", err)
+	}
+	for _, want := range []string{"# across 3 nodes of 2 devices each", "the ranks of the NCCL world: node r drives ranks r*2 to r*2+1", "devices: cuda:0-5", "layout:  dp=6 fsdp"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("dry run over 3 GPU nodes lacks %q:\n%s", want, stdout)
 		}
 	}
 }
@@ -98,7 +110,8 @@ func TestLaunchNodesFallBackToSLURM(t *testing.T) {
 		{"SLURM nodes with more data ranks than micro-batches", "cpu:2", flags(nil), slurm, "2 micro-batches cannot be dealt over 4 data-parallel ranks", 0},
 		{"--nnodes=1 --node-rank=0 win over SLURM", "cpu", flags(func(f *rendezvous.Flags) { f.NNodes, f.NodeRank = 1, 0 }), slurm, "", 1},
 		{"--nnodes=1 keeps SLURM_NODEID", "cpu", flags(func(f *rendezvous.Flags) { f.NNodes = 1 }), slurm, "node rank 1 is outside 0..0", 0},
-		{"SLURM nodes on GPUs", "cuda:0-1", flags(nil), slurm, "2 nodes: training does not run across nodes on GPUs yet", 0},
+		{"SLURM nodes of one GPU each", "cuda:0", flags(nil), slurm, "", 2},
+		{"SLURM nodes of two GPUs with more data ranks than micro-batches", "cuda:0-1", flags(nil), slurm, "2 micro-batches cannot be dealt over 4 data-parallel ranks", 0},
 		{"bad SLURM_NNODES", "cpu", flags(nil), map[string]string{"SLURM_NNODES": "two"}, `SLURM_NNODES="two" is not a non-negative integer`, 0},
 		{"SLURM without a node list", "cuda:0-1", flags(nil), map[string]string{"SLURM_NNODES": "2"}, "no rendezvous address", 0},
 	} {
