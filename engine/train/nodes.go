@@ -2,8 +2,14 @@ package train
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
+	"sync"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/comm"
@@ -12,6 +18,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // A run across nodes (NewOnNodes) is one process per node, each driving the K devices of its
@@ -27,6 +34,11 @@ import (
 //     one node. A node whose GPUs or NCCL fail tells the others through the rendezvous, so
 //     every node stops with an error naming the node. The GPU lists of the nodes may differ
 //     (cuda:0-1 on one, cuda:2-3 on another); their lengths may not.
+//
+// Once joined, before the plan, the nodes all-gather digests of what they must share (layout,
+// model, data, batch, optimizer, schedule, seed, resume step: checkAgreement), so nodes whose
+// configs disagree stop with an error naming the parts that differ instead of waiting on each
+// other in collectives that never match; paths and device numbers may differ.
 //
 // Every node reads the same data in the same order and hands the plan every micro-batch;
 // the plan keeps its ranks' rows. Losses and gradient norms are the world's (the loss sums
@@ -197,6 +209,11 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 		closeDevs()
 		return nil, err
 	}
+	if err := checkAgreement(w.Fabric(), devs, t.agreement(d, l), k, t.nodes.rc.NNodes); err != nil {
+		_ = w.Close()
+		closeDevs()
+		return nil, err
+	}
 	o := parallel.Options{Optimizer: optimConfig(t.Cfg), Local: &parallel.LocalRanks{First: first, Count: k}}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
 	o.NewBackend = func(r int) (backend.Backend, error) { return devs[r-first], nil }
@@ -227,3 +244,103 @@ func (t *Trainer) adoptNodePlan(p *parallel.Plan, d mesh.Devices, l mesh.Layout,
 // errWeightsOnly is the reason a weights-only checkpoint (written by earlier builds for a run
 // across nodes) cannot be resumed.
 var errWeightsOnly = errors.New("it holds the weights of a run across nodes but no optimizer state (written by an earlier build): start a new run from its weights with model_name_or_path set to it")
+
+// agreementParts names what every node of a run across nodes must share; agreement digests
+// each in this order.
+var agreementParts = []string{"devices per node and layout", "model config and dtype", "training data", "batch", "optimizer", "schedule", "seed", "resume step"}
+
+// agreement returns a 32-bit digest of each of agreementParts for this node's run on mesh d
+// with layout l. Paths (output_dir, dataset and model paths) and the device numbers may differ
+// between nodes; what they lead to may not.
+func (t *Trainer) agreement(d mesh.Devices, l mesh.Layout) []int32 {
+	cfg := t.Cfg
+	mc, _ := json.Marshal(t.model.Config())
+	st, _ := json.Marshal(t.Stats)
+	batch, _ := json.Marshal(cfg.Batch)
+	opt, _ := json.Marshal(cfg.Optim)
+	sched, _ := json.Marshal(cfg.Sched)
+	var seed int64
+	if cfg.Run.Seed != nil {
+		seed = *cfg.Run.Seed
+	}
+	parts := []string{
+		fmt.Sprintf("%d %s", d.Len()/t.nodes.rc.NNodes, l.Norm(d.Len())),
+		fmt.Sprintf("%s %s %d", mc, t.model.DType(), t.model.NumParams()),
+		fmt.Sprintf("%s %s %d", cfg.Method, st, t.loader.BatchesPerEpoch()),
+		string(batch),
+		string(opt),
+		fmt.Sprintf("%s %d %d", sched, t.totalSteps, t.warmup),
+		fmt.Sprint(seed),
+		fmt.Sprint(t.step),
+	}
+	out := make([]int32, len(parts))
+	for i, p := range parts {
+		h := sha256.Sum256([]byte(p))
+		out[i] = int32(binary.LittleEndian.Uint32(h[:4]))
+	}
+	return out
+}
+
+// checkAgreement all-gathers every rank's agreement digests over the world fab (this node's
+// k ranks are devs, global ranks first..first+k-1) and returns an error naming, for each node
+// that differs from node 0, the parts that differ. Every node sees every node's digests, so
+// every node stops, with the same message, rather than waiting in a collective the others
+// never call. Every local rank takes part.
+func checkAgreement(fab comm.Fabric, devs []backend.Backend, mine []int32, k, nnodes int) error {
+	n := len(mine)
+	all := make([][]int32, len(devs))
+	errs := make([]error, len(devs))
+	var wg sync.WaitGroup
+	for i, dev := range devs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			all[i], errs[i] = gatherInt32(fab.Comm(i), dev, mine, n*k*nnodes)
+			if errs[i] != nil {
+				fab.Abort(errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("train: comparing the nodes' configs: %w", err)
+	}
+	got := all[0]
+	var bad []string
+	for node := 1; node < nnodes; node++ {
+		var diff []string
+		for j, name := range agreementParts {
+			if got[node*k*n+j] != got[j] {
+				diff = append(diff, name)
+			}
+		}
+		if len(diff) > 0 {
+			bad = append(bad, fmt.Sprintf("node %d differs from node 0 in %s", node, strings.Join(diff, ", ")))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("train: the nodes' configs disagree: %s; run every node with the same config (only the device numbers and paths may differ)", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// gatherInt32 all-gathers v (the same length on every rank) over c through dev and returns the
+// total elements of every rank, in rank order.
+func gatherInt32(c comm.Communicator, dev backend.Backend, v []int32, total int) ([]int32, error) {
+	src, err := backend.FromInt32(dev, v, len(v))
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Free(src)
+	dst, err := dev.Alloc(tensor.I32, total)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Free(dst)
+	if err := c.AllGather(dst, src); err != nil {
+		return nil, err
+	}
+	return backend.ToInt32(dev, dst)
+}

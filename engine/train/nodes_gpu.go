@@ -56,7 +56,8 @@ func ncclNodeWorld(local mesh.Devices, devs []backend.Backend, id nccl.UniqueID,
 // startGPUNodePlan is startNodePlan on GPUs: it opens this node's GPUs, checks NCCL, runs the
 // rendezvous (node 0's payload is the NCCL unique id; each node reports the GPUs it can use,
 // 0 when it cannot take part), checks that every node can and has as many GPUs as node 0,
-// and builds this node's share of the plan over one NCCL world of every node's GPUs.
+// joins one NCCL world of every node's GPUs, checks that the nodes' configs agree
+// (checkAgreement) and builds this node's share of the plan over that world.
 func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
 	rc, ops := t.nodes.rc, t.nodes.gpu
 	local, _, err := t.Cfg.Parallel.Resolve()
@@ -121,17 +122,35 @@ func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Pla
 		closeDevs()
 		return nil, fmt.Errorf("train: the nodes have %d GPUs in all and this node's config makes a mesh of %d: give every node the same number of devices", size, d.Len())
 	}
+	fab, err := ops.world(local, devs, id, size, first)
+	if err != nil {
+		closeDevs()
+		return nil, err
+	}
+	if err := checkAgreement(fab, devs, t.agreement(d, l), k, rc.NNodes); err != nil {
+		_ = fab.Close()
+		closeDevs()
+		return nil, err
+	}
 	o := parallel.Options{Optimizer: optimConfig(t.Cfg), Local: &parallel.LocalRanks{First: first, Count: k}}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
-	handed := false // whether the plan took the devices (it closes them on its errors)
+	// The plan takes the devices and the world when it asks for them, and closes them on its
+	// errors from then on.
+	handedDevs, handedWorld := false, false
 	o.NewBackend = func(r int) (backend.Backend, error) {
-		handed = true
+		handedDevs = true
 		return devs[r-first], nil
 	}
-	o.World = func(bs []backend.Backend) (comm.Fabric, error) { return ops.world(local, bs, id, size, first) }
+	o.World = func([]backend.Backend) (comm.Fabric, error) {
+		handedWorld = true
+		return fab, nil
+	}
 	p, err := parallel.New(t.model, d, l, o)
 	if err != nil {
-		if !handed {
+		if !handedWorld {
+			_ = fab.Close()
+		}
+		if !handedDevs {
 			closeDevs()
 		}
 		return nil, fmt.Errorf("train: layout %s on %d GPUs across %d nodes: %w", l, d.Len(), rc.NNodes, err)

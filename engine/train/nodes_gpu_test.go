@@ -205,9 +205,14 @@ func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
 
 // A node that cannot open its GPUs or load NCCL, or has another number of GPUs than node 0,
 // stops every node quickly (the rendezvous tells them), each error naming the node at fault
-// and the node's own error saying what it lacks.
+// and the node's own error saying what it lacks. Nodes whose configs disagree on what they
+// must share stop once in the world, before the plan, each naming the parts that differ.
 func TestNodesOnGPUsRefuseANodeThatCannotTakePart(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
+	other := writeJSONL(t, t.TempDir(), "other.jsonl", pcRecords(12))
+	// A checkpoint of one process at step 1, in the layout of the nodes.
+	ckpt := filepath.Join(t.TempDir(), "ck")
+	stepOne(t, tinyParallelConfig(t, path, "--devices=cpu:2", "--gradient_accumulation_steps=4"), 1, 1, ckpt)
 	noNCCL := errors.New("nccl: libnccl.so.2 not found (searched LD_LIBRARY_PATH)")
 	noGPU := errors.New("cuda: device 0 is out of range")
 	for _, tc := range []struct {
@@ -216,21 +221,35 @@ func TestNodesOnGPUsRefuseANodeThatCannotTakePart(t *testing.T) {
 		ready   [2]error
 		open    [2]error
 		want    [2][]string
+		extra   [2][]string // config overrides of each node
+		joined  int         // ranks that reach the NCCL world
 	}{
 		{"node 1 lacks NCCL", [2]string{"cuda:0", "cuda:0"}, [2]error{nil, noNCCL}, [2]error{},
-			[2][]string{{"node 1 (", "cannot train on its GPUs", "its own error says which"}, {"node 1 of 2 cannot train on its GPUs (cuda:0): NCCL: nccl: libnccl.so.2 not found", "the other nodes were told"}}},
+			[2][]string{{"node 1 (", "cannot train on its GPUs", "its own error says which"}, {"node 1 of 2 cannot train on its GPUs (cuda:0): NCCL: nccl: libnccl.so.2 not found", "the other nodes were told"}}, [2][]string{}, 0},
 		{"node 0 lacks NCCL", [2]string{"cuda:0", "cuda:0"}, [2]error{noNCCL, nil}, [2]error{},
-			[2][]string{{"node 0 of 2 cannot train on its GPUs (cuda:0): NCCL: nccl: libnccl.so.2 not found"}, {"node 0 (", "cannot train on its GPUs"}}},
+			[2][]string{{"node 0 of 2 cannot train on its GPUs (cuda:0): NCCL: nccl: libnccl.so.2 not found"}, {"node 0 (", "cannot train on its GPUs"}}, [2][]string{}, 0},
 		{"node 1 cannot open its GPU", [2]string{"cuda:0", "cuda:5"}, [2]error{}, [2]error{nil, noGPU},
-			[2][]string{{"node 1 (", "cannot train on its GPUs"}, {"node 1 of 2 cannot train on its GPUs (cuda:5): opening cuda:5: cuda: device 0 is out of range"}}},
+			[2][]string{{"node 1 (", "cannot train on its GPUs"}, {"node 1 of 2 cannot train on its GPUs (cuda:5): opening cuda:5: cuda: device 0 is out of range"}}, [2][]string{}, 0},
 		{"node 1 has two GPUs, node 0 one", [2]string{"cuda:0", "cuda:0-1"}, [2]error{}, [2]error{},
-			[2][]string{{"the nodes have different GPU counts", "node 1 (", "has 2 GPUs and node 0 (", "has 1", "(this node has 1)"}, {"has 2 GPUs and node 0", "(this node has 2)"}}},
+			[2][]string{{"the nodes have different GPU counts", "node 1 (", "has 2 GPUs and node 0 (", "has 1", "(this node has 1)"}, {"has 2 GPUs and node 0", "(this node has 2)"}}, [2][]string{}, 0},
+		{"node 1 has another seed and learning rate", [2]string{"cuda:0", "cuda:1"}, [2]error{}, [2]error{},
+			[2][]string{{"the nodes' configs disagree: node 1 differs from node 0 in optimizer, seed; run every node with the same config"}, {"node 1 differs from node 0 in optimizer, seed;"}},
+			[2][]string{nil, {"--seed=8", "--learning_rate=1e-3"}}, 2},
+		{"node 1 shards with FSDP, node 0 does not", [2]string{"cuda:0", "cuda:1"}, [2]error{}, [2]error{},
+			[2][]string{{"node 1 differs from node 0 in devices per node and layout;"}, {"node 1 differs from node 0 in devices per node and layout;"}},
+			[2][]string{nil, {"--fsdp=true"}}, 2},
+		{"node 1 resumes, node 0 starts afresh", [2]string{"cuda:0", "cuda:1"}, [2]error{}, [2]error{},
+			[2][]string{{"node 1 differs from node 0 in resume step"}, {"node 1 differs from node 0 in resume step"}},
+			[2][]string{nil, {"--resume_from_checkpoint=" + ckpt}}, 2},
+		{"node 1 trains on other data", [2]string{"cuda:0", "cuda:1"}, [2]error{}, [2]error{},
+			[2][]string{{"node 1 differs from node 0 in training data;"}, {"node 1 differs from node 0 in training data;"}},
+			[2][]string{nil, {"--dataset.path=" + other}}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeNCCL(2)
 			start := time.Now()
 			runs := trainGPUNodes(t, 2, 1, func(node int) *Config {
-				return tinyParallelConfig(t, path, "--devices="+tc.devices[node], "--device=auto", "--gradient_accumulation_steps=4")
+				return tinyParallelConfig(t, path, append([]string{"--devices=" + tc.devices[node], "--device=auto", "--gradient_accumulation_steps=4"}, tc.extra[node]...)...)
 			}, func(node int) gpuNodeOps { return f.ops(tc.ready[node], tc.open[node]) }, 0, "")
 			for node, r := range runs {
 				if r.err == nil {
@@ -243,8 +262,8 @@ func TestNodesOnGPUsRefuseANodeThatCannotTakePart(t *testing.T) {
 					}
 				}
 			}
-			if f.joined != 0 {
-				t.Errorf("%d ranks joined the NCCL world; no node should get that far", f.joined)
+			if f.joined != tc.joined {
+				t.Errorf("%d ranks joined the NCCL world, want %d", f.joined, tc.joined)
 			}
 			if el := time.Since(start); el > 15*time.Second {
 				t.Errorf("the nodes took %s to stop: one waited for the rendezvous to time out", el)

@@ -262,3 +262,21 @@ func TestNewOnNodesRefusesMoEBeforeTheRendezvous(t *testing.T) {
 		t.Errorf("the refusal took %s", el)
 	}
 }
+
+// Nodes on CPU devices whose configs disagree (here node 1's gradient clipping and schedule)
+// stop once joined, before the plan, every node naming the parts that differ.
+func TestTrainersAcrossNodesRefuseConfigsThatDisagree(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
+	runs := trainAcross(t, 2, 1, func(node int) *Config {
+		extra := []string{"--devices=cpu:2", "--gradient_accumulation_steps=4"}
+		if node == 1 {
+			extra = append(extra, "--max_grad_norm=0.5", "--max_steps=7")
+		}
+		return tinyParallelConfig(t, path, extra...)
+	}, 0, "")
+	for node, r := range runs {
+		if r.err == nil || !strings.Contains(r.err.Error(), "the nodes' configs disagree: node 1 differs from node 0 in optimizer, schedule; run every node with the same config") {
+			t.Errorf("node %d: %v, want the parts that differ named", node, r.err)
+		}
+	}
+}
