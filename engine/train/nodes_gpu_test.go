@@ -317,3 +317,42 @@ func TestNCCLIDComesFromACheckedRendezvousWorld(t *testing.T) {
 		})
 	}
 }
+
+// gpuWorldID reads a world that came over the network: whatever the payload and the device
+// counts, it returns an error or an id, never panics, and accepts only a world whose every node
+// reports node 0's nonzero GPU count (this node's among them) with a 128-byte payload, which it
+// returns as the id.
+func FuzzGPUWorldID(f *testing.F) {
+	f.Add(make([]byte, nccl.UniqueIDBytes), []byte{2, 2}, 1)
+	f.Add([]byte{}, []byte{1, 1}, 0)
+	f.Add(make([]byte, 5), []byte{1, 0, 3}, 2)
+	f.Add(make([]byte, nccl.UniqueIDBytes+1), []byte{}, 0)
+	f.Fuzz(func(t *testing.T, payload, devs []byte, self int) {
+		if len(devs) > 64 {
+			devs = devs[:64]
+		}
+		w := rendezvous.World{Payload: payload}
+		for i, d := range devs {
+			w.Nodes = append(w.Nodes, rendezvous.Node{Rank: i, Devices: int(d)})
+		}
+		k := 1
+		if self >= 0 && self < len(devs) {
+			k = int(devs[self])
+		}
+		id, err := gpuWorldID(w, self, k)
+		if err != nil {
+			return
+		}
+		if len(payload) != nccl.UniqueIDBytes || string(id.Internal[:]) != string(payload) {
+			t.Fatalf("accepted a payload of %d bytes as id %x", len(payload), id.Internal[:8])
+		}
+		for _, n := range w.Nodes {
+			if n.Devices == 0 || n.Devices != int(devs[0]) {
+				t.Fatalf("accepted node %d with %d GPUs (node 0 has %d)", n.Rank, n.Devices, devs[0])
+			}
+		}
+		if self < 0 || self >= len(devs) {
+			t.Fatalf("accepted self %d outside the %d nodes", self, len(devs))
+		}
+	})
+}
