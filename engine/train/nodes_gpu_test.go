@@ -173,7 +173,8 @@ func trainGPUNodes(t *testing.T, nnodes, steps int, cfgs func(node int) *Config,
 // Two nodes of one GPU each (node 0 on cuda:0, node 1 on cuda:1: the lists may differ) join
 // one world from node 0's NCCL id carried by the rendezvous, as ranks 0 and 1, and train as
 // one process on two devices: the same losses and gradient norms on every node, node 0's
-// checkpoint (a collective) holding the same weights. The GPUs and NCCL are stood in for by
+// checkpoint (a collective) holding the same weights, and a run resumed from it across the
+// nodes continuing as the uninterrupted one. The GPUs and NCCL are stood in for by
 // CPU devices and an in-process world, so this checks the wiring, not NCCL.
 func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(24))
@@ -198,6 +199,14 @@ func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
 			}
 			if s := sameBits(checkpointParams(t, path, ckpt), checkpointParams(t, path, refCkpt)); s != "" {
 				t.Errorf("node 0's checkpoint: %s", s)
+			}
+			// Resumed from node 0's checkpoint across the GPU nodes, the run continues as it would have.
+			f = newFakeNCCL(2)
+			resumed := trainGPUNodes(t, 2, steps-saveAt, func(node int) *Config {
+				return tinyParallelConfig(t, path, append([]string{fmt.Sprintf("--devices=cuda:%d", node), "--device=auto", "--resume_from_checkpoint=" + ckpt}, layout...)...)
+			}, func(int) gpuNodeOps { return f.ops(nil, nil) }, 0, "")
+			for node, r := range resumed {
+				sameRun(t, fmt.Sprintf("resumed: node %d", node), r, want, saveAt)
 			}
 		})
 	}
