@@ -285,13 +285,13 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 		rows := 16 * t.FwdW * t.FwdMT
 		grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NH), 1}
 		shared := mmaSharedFwd(g.HD, t.FwdW, t.FwdMT, t.FwdBK)
-		return b.d.Do(func() error {
+		return b.d.Post(func() error {
 			return b.d.launchOnThread("attention_tc.cu", t.fwdName(g.HD), grid, [3]uint32{uint32(32 * t.FwdW), 1, 1}, shared, args...)
 		})
 	}
 	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
 	grid := [3]uint32{uint32((g.N + attnRows - 1) / attnRows), uint32(g.NH), 1}
-	return b.d.Do(func() error {
+	return b.d.Post(func() error {
 		return b.d.launchOnThread("attention.cu", "attn_fwd", grid, [3]uint32{32 * attnRows, 1, 1}, g.sharedFwd, args...)
 	})
 }
@@ -331,7 +331,7 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 		return nil
 	}
 	mma := b.useMMA(g, ptrs["DQ"], ptrs["DK"], ptrs["DV"], ptrs["DOut"])
-	return b.d.Do(func() error {
+	return b.d.Post(func() error {
 		dvec, err := b.d.allocOnThread(uint64(4 * g.N * g.NH))
 		if err != nil {
 			return err

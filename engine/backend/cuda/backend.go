@@ -249,7 +249,7 @@ func (b *Backend) Copy(dst, src T) error {
 		if dst.Bytes() == 0 || pd == ps {
 			return nil
 		}
-		return b.d.Do(func() error {
+		return b.d.Post(func() error {
 			return b.d.drv.check("cuMemcpyDtoDAsync_v2", b.d.drv.cuMemcpyDtoDAsync(pd, ps, uint64(dst.Bytes()), b.d.stream))
 		})
 	}
@@ -311,7 +311,7 @@ func (b *Backend) launch1D(file, name string, n int64, args ...any) error {
 		return nil
 	}
 	p := packArgs(args...)
-	return b.d.Do(func() error {
+	return b.d.Post(func() error {
 		return b.d.launchOnThread(file, name, grid1D(n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, p...)
 	})
 }
@@ -378,7 +378,7 @@ func (b *Backend) Fill(t T, v float32) error {
 		return nil
 	}
 	b.i32.invalidate(p, uint64(t.Bytes()))
-	return b.d.Do(func() error {
+	return b.d.Post(func() error {
 		drv := b.d.drv
 		switch t.DType() {
 		case tensor.F32:
@@ -619,7 +619,7 @@ func (b *Backend) Embedding(out, weight, ids T) error {
 	case i32Bad:
 		return fmt.Errorf("cuda: Embedding: ids[%d] = %d is outside the vocabulary [0, %d)", at, v, V)
 	case i32Valid:
-		return b.d.Do(func() error {
+		return b.d.Post(func() error {
 			return b.d.launchOnThread("embedding.cu", "embedding_fwd", grid1D(total, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...)
 		})
 	}
@@ -669,22 +669,35 @@ func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
 	if N == 0 {
 		return nil
 	}
-	// Uploaded ids are sorted from their host copy; others are downloaded first (a wait).
+	// Uploaded ids are sorted from their host copy here, while the device goroutine launches
+	// earlier work; others are downloaded first (a wait), on the device goroutine.
 	host, known := b.hostInt32(pi, N)
-	return b.d.Do(func() error {
+	var meta []byte
+	var nOrder, nUniq int
+	if known {
+		var err error
+		if meta, nOrder, nUniq, err = embeddingBackwardMeta(host, V); err != nil {
+			return fmt.Errorf("cuda: %s: %w", op, err)
+		}
+	}
+	queue := b.d.Post
+	if !known {
+		queue = b.d.Do
+	}
+	return queue(func() error {
 		drv := b.d.drv
 		if !known {
 			if err := b.d.syncOnThread(); err != nil {
 				return err
 			}
-			host = make([]int32, N)
+			host := make([]int32, N)
 			if err := drv.check("cuMemcpyDtoH_v2", drv.cuMemcpyDtoH(unsafe.Pointer(&host[0]), pi, uint64(4*N))); err != nil {
 				return err
 			}
-		}
-		meta, nOrder, nUniq, err := embeddingBackwardMeta(host, V)
-		if err != nil {
-			return fmt.Errorf("cuda: %s: %w", op, err)
+			var err error
+			if meta, nOrder, nUniq, err = embeddingBackwardMeta(host, V); err != nil {
+				return fmt.Errorf("cuda: %s: %w", op, err)
+			}
 		}
 		buf, err := b.d.allocOnThread(uint64(len(meta)))
 		if err != nil {
@@ -832,7 +845,7 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 	if err := spec.validate(); err != nil {
 		return fmt.Errorf("cuda: %s: %w", op, err)
 	}
-	return b.d.Do(func() error { return b.d.matmulOnThread(&spec) })
+	return b.d.Post(func() error { return b.d.matmulOnThread(&spec) })
 }
 
 // Linear computes out = x @ w^T + bias.
@@ -932,7 +945,7 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 		if M == 0 {
 			return nil
 		}
-		return b.d.Do(func() error {
+		return b.d.Post(func() error {
 			acc, err := b.d.allocOnThread(uint64(4 * O))
 			if err != nil {
 				return err
@@ -1028,12 +1041,12 @@ func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
 	}
 	if rpb := normVecRowsPerBlock(C); rpb > 0 && vec8(int64(C), []int32{co, cx, cw}, po, px, pw) {
 		args := packArgs(po, pr, px, pw, int64(N), int32(C), eps)
-		return b.d.Do(func() error {
+		return b.d.Post(func() error {
 			return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_fwd_bf16x8", [3]uint32{uint32((N + rpb - 1) / rpb), 1, 1}, [3]uint32{256, 1, 1}, 0, args...)
 		})
 	}
 	args := packArgs(po, co, pr, px, cx, pw, cw, int32(C), eps)
-	return b.d.Do(func() error {
+	return b.d.Post(func() error {
 		return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_fwd", [3]uint32{uint32(N), 1, 1}, [3]uint32{normBlock(C), 1, 1}, 0, args...)
 	})
 }
@@ -1098,12 +1111,12 @@ func (b *Backend) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float
 	}
 	if rpb := normVecRowsPerBlock(C); rpb > 0 && vec8(int64(C), []int32{cro, co, cx, cres, cw}, pro, po, px, pres, pw) {
 		args := packArgs(pro, po, pr, px, pres, pw, int64(N), int32(C), eps)
-		return b.d.Do(func() error {
+		return b.d.Post(func() error {
 			return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd_bf16x8", [3]uint32{uint32((N + rpb - 1) / rpb), 1, 1}, [3]uint32{256, 1, 1}, 0, args...)
 		})
 	}
 	args := packArgs(pro, cro, po, co, pr, px, cx, pres, cres, pw, cw, int32(C), eps)
-	return b.d.Do(func() error {
+	return b.d.Post(func() error {
 		return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd", [3]uint32{uint32(N), 1, 1}, [3]uint32{normBlock(C), 1, 1}, 0, args...)
 	})
 }
@@ -1161,10 +1174,10 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 	}
 	rpb, kernel := normVecRowsPerBlock(C), normBwdVecKernel(C)
 	vec := rpb > 0 && kernel != "" && vec8(int64(C), []int32{cdx, cdy, cx, cw}, pdx, pdy, px, pw)
-	return b.d.Do(func() error {
-		if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
-			return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)
-		}
+	if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
+		return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)
+	}
+	return b.d.Post(func() error {
 		if vec {
 			// Each block stores its dW partial sums as one row of part [blocks, C]; one more
 			// kernel adds the rows into dW.
@@ -1574,7 +1587,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			dlp = pDL
 		}
 		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr())
-		if err := b.d.Do(func() error {
+		if err := b.d.Post(func() error {
 			return b.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(r), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
 		}); err != nil {
 			return err

@@ -18,8 +18,8 @@ type Device struct {
 	drv  *driverAPI
 	dev  int32
 	ctx  uintptr
-	cmds chan func()
-	done chan struct{}
+	// q carries work to the device goroutine (queue.go).
+	q    *cmdQueue
 	once sync.Once
 
 	// The following are touched only on the device goroutine.
@@ -50,7 +50,8 @@ func Open(ordinal int) (*Device, error) {
 	if info.Major < 8 {
 		return nil, fmt.Errorf("cuda: device %d (%s) is %s; halo-shell's kernels need sm_80 or newer (A100, RTX 30xx/40xx, H100/H200)", ordinal, info.Name, info.Arch)
 	}
-	d := &Device{info: info, libs: l, drv: l.drv, cmds: make(chan func()), done: make(chan struct{}), modules: map[string]*module{}}
+	d := &Device{info: info, libs: l, drv: l.drv, modules: map[string]*module{}}
+	d.q = newCmdQueue(fmt.Sprintf("device %d", ordinal), func() bool { return d.closed })
 	ready := make(chan error, 1)
 	go d.loop(ready)
 	if err := <-ready; err != nil {
@@ -62,13 +63,13 @@ func Open(ordinal int) (*Device, error) {
 func (d *Device) loop(ready chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	defer close(d.done)
+	defer close(d.q.done)
 	if err := d.setup(); err != nil {
 		ready <- err
 		return
 	}
 	ready <- nil
-	for f := range d.cmds {
+	for f := range d.q.cmds {
 		f()
 	}
 }
@@ -100,29 +101,18 @@ func (d *Device) setup() error {
 }
 
 // Do runs f on the device's goroutine and waits for it. f must not call Do (it would wait on
-// itself); methods whose names end in "OnThread" are the ones f may call.
+// itself); methods whose names end in "OnThread" are the ones f may call. An error of an earlier
+// Post is returned with f's (cmdQueue).
 func (d *Device) Do(f func() error) error {
-	var err error
-	ran := make(chan struct{})
-	select {
-	case <-d.done:
-		return errors.New("cuda: device is closed")
-	case d.cmds <- func() {
-		defer close(ran)
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("cuda: device %d: panic on the device thread: %v", d.info.Ordinal, r)
-			}
-		}()
-		if d.closed {
-			err = errors.New("cuda: device is closed")
-			return
-		}
-		err = f()
-	}:
-	}
-	<-ran
-	return err
+	return d.q.do(f)
+}
+
+// Post queues f to run on the device's goroutine after everything queued before it and returns
+// without waiting; f's error is returned by the next Do or Post. It is for work whose result
+// the caller does not read (kernel launches on the stream). With HALO_CUDA_SYNC_OPS=1 it waits,
+// as Do does.
+func (d *Device) Post(f func() error) error {
+	return d.q.post(f)
 }
 
 // Info describes the device (free memory as of Open).
@@ -150,8 +140,8 @@ func (d *Device) Close() error {
 			d.closed = true
 			return errors.Join(errs...)
 		})
-		close(d.cmds)
-		<-d.done
+		close(d.q.cmds)
+		<-d.q.done
 	})
 	return err
 }

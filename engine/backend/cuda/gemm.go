@@ -127,7 +127,7 @@ func (d *Device) Matmul(g Gemm) error {
 	if err := g.validate(); err != nil {
 		return err
 	}
-	return d.Do(func() error { return d.matmulOnThread(&g) })
+	return d.Post(func() error { return d.matmulOnThread(&g) })
 }
 
 func (d *Device) gemmStateOnThread() (*gemmState, error) {

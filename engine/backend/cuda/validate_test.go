@@ -17,18 +17,17 @@ func fakeBackend(t *testing.T) *Backend {
 		info:    DeviceInfo{Ordinal: 0, SMs: 1, MaxSharedPerBlock: 48 << 10},
 		drv:     &driverAPI{},
 		libs:    &libraries{},
-		cmds:    make(chan func()),
-		done:    make(chan struct{}),
 		modules: map[string]*module{},
 		alloc:   newCachingAllocator(&fakeMemory{}),
 	}
+	d.q = newCmdQueue("device 0", func() bool { return d.closed })
 	go func() {
-		defer close(d.done)
-		for f := range d.cmds {
+		defer close(d.q.done)
+		for f := range d.q.cmds {
 			f()
 		}
 	}()
-	t.Cleanup(func() { close(d.cmds) })
+	t.Cleanup(func() { close(d.q.cmds) })
 	return &Backend{d: d, attnMMA: true}
 }
 
