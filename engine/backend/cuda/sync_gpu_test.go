@@ -433,6 +433,10 @@ func benchLayerGEMMs(t *testing.T, g *Backend, bench string, lins []gemmBenchLin
 			if err := p.f(); err != nil {
 				t.Fatalf("%s: tuned: %v", shape, err)
 			}
+			// The GEMM is posted: a Do behind it (no wait on the stream) runs after its tuning.
+			if err := g.d.Do(func() error { return nil }); err != nil {
+				t.Fatalf("%s: tuned: %v", shape, err)
+			}
 			firstWaits := syncDelta(before, g.Syncs())
 			tunes := gemmPlanTunes(t, g)
 			before = g.Syncs()
