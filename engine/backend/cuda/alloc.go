@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // rawMemory is what the caching allocator takes memory from: the driver on a device.
@@ -46,6 +47,9 @@ func sizeClass(n uint64) uint64 {
 // state training makes no driver allocation calls. It is not safe for concurrent use: a device's
 // allocator is used only from the device's goroutine.
 type cachingAllocator struct {
+	// mu guards the fields below: cached blocks are handed out on any goroutine (Cached), raw
+	// allocations and frees happen on the device goroutine with mu held.
+	mu    sync.Mutex
 	raw   rawMemory
 	free  map[uint64][]uintptr
 	live  map[uintptr]uint64 // pointer -> size class
@@ -61,6 +65,8 @@ func newCachingAllocator(raw rawMemory) *cachingAllocator {
 // Alloc returns a block of at least n bytes. On out-of-memory it returns every cached block to
 // the driver and tries once more before failing with the statistics in the message.
 func (a *cachingAllocator) Alloc(n uint64) (uintptr, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if n == 0 {
 		return 0, errors.New("cuda: allocate: zero bytes requested")
 	}
@@ -78,7 +84,7 @@ func (a *cachingAllocator) Alloc(n uint64) (uintptr, error) {
 	}
 	p, err := a.rawAlloc(c)
 	if errors.Is(err, errOutOfMemory) && a.cachedBytes() > 0 {
-		if ferr := a.EmptyCache(); ferr != nil {
+		if ferr := a.emptyCache(); ferr != nil {
 			return 0, ferr
 		}
 		p, err = a.rawAlloc(c)
@@ -90,6 +96,30 @@ func (a *cachingAllocator) Alloc(n uint64) (uintptr, error) {
 	a.stats.PeakReserved = max(a.stats.PeakReserved, a.stats.Reserved)
 	a.markLive(p, c)
 	return p, nil
+}
+
+// Cached returns a cached free block of at least n bytes, or false when its size class has
+// none (the caller then allocates on the device goroutine). It may run on any goroutine: a
+// block is on a free list only once the Free of its last user has run on the device
+// goroutine, after that user's kernels were enqueued, so work on the block's next user, queued
+// later on the same stream, runs after them.
+func (a *cachingAllocator) Cached(n uint64) (uintptr, bool) {
+	if n == 0 || n > 1<<46 {
+		return 0, false
+	}
+	c := sizeClass(n)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l := a.free[c]
+	if len(l) == 0 {
+		return 0, false
+	}
+	p := l[len(l)-1]
+	a.free[c] = l[:len(l)-1]
+	a.stats.Allocs++
+	a.stats.CacheHits++
+	a.markLive(p, c)
+	return p, true
 }
 
 func (a *cachingAllocator) rawAlloc(c uint64) (uintptr, error) {
@@ -108,6 +138,8 @@ func (a *cachingAllocator) markLive(p uintptr, c uint64) {
 // Free puts a block back on its free list. Freeing a pointer the allocator did not hand out (or
 // freeing twice) is an error.
 func (a *cachingAllocator) Free(p uintptr) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	c, ok := a.live[p]
 	if !ok {
 		return fmt.Errorf("cuda: free of %#x: not a live allocation (double free?)", p)
@@ -128,6 +160,12 @@ func (a *cachingAllocator) cachedBytes() uint64 {
 
 // EmptyCache returns every cached free block to the driver.
 func (a *cachingAllocator) EmptyCache() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.emptyCache()
+}
+
+func (a *cachingAllocator) emptyCache() error {
 	var errs []error
 	for c, l := range a.free {
 		for _, p := range l {
@@ -143,10 +181,16 @@ func (a *cachingAllocator) EmptyCache() error {
 }
 
 // Stats returns the current statistics.
-func (a *cachingAllocator) Stats() MemStats { return a.stats }
+func (a *cachingAllocator) Stats() MemStats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stats
+}
 
 // ResetPeak sets the peaks to the current values.
 func (a *cachingAllocator) ResetPeak() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.stats.PeakAllocated = a.stats.Allocated
 	a.stats.PeakReserved = a.stats.Reserved
 }

@@ -101,13 +101,25 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 		n = 1 // a valid, empty tensor still needs a distinct buffer
 	}
 	var buf *Buffer
-	err := b.d.Do(func() error {
-		var err error
-		if buf, err = b.d.allocOnThread(n); err != nil {
-			return fmt.Errorf("cuda: Alloc %s%v: %w", dt, shape, err)
+	var err error
+	if p, ok := b.d.alloc.Cached(n); ok {
+		// A cached block: only the zero fill goes to the device goroutine, posted.
+		buf = &Buffer{dev: b.d, ptr: p, bytes: n}
+		err = b.d.Post(func() error {
+			return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(p, 0, n, b.d.stream))
+		})
+		if err != nil {
+			_ = b.d.alloc.Free(p) // the post did not queue: nothing uses the block
 		}
-		return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(buf.ptr, 0, n, b.d.stream))
-	})
+	} else {
+		err = b.d.Do(func() error {
+			var err error
+			if buf, err = b.d.allocOnThread(n); err != nil {
+				return fmt.Errorf("cuda: Alloc %s%v: %w", dt, shape, err)
+			}
+			return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(buf.ptr, 0, n, b.d.stream))
+		})
+	}
 	if err != nil {
 		return T{}, err
 	}

@@ -217,6 +217,9 @@ func (b *Buffer) Bytes() uint64 { return b.bytes }
 
 // Alloc returns an uninitialised buffer of n bytes.
 func (d *Device) Alloc(n uint64) (*Buffer, error) {
+	if p, ok := d.alloc.Cached(n); ok {
+		return &Buffer{dev: d, ptr: p, bytes: n}, nil
+	}
 	var b *Buffer
 	err := d.Do(func() error {
 		var err error
@@ -242,7 +245,7 @@ func (b *Buffer) Free() error {
 	}
 	p := b.ptr
 	b.ptr = 0
-	return b.dev.Do(func() error { return b.dev.alloc.Free(p) })
+	return b.dev.Post(func() error { return b.dev.alloc.Free(p) })
 }
 
 // Upload copies host bytes into b (synchronously, after the stream's queued work).

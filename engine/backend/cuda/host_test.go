@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -219,6 +220,78 @@ func TestCachingAllocatorReusesAndCounts(t *testing.T) {
 	}
 	if err := a.EmptyCache(); err != nil || raw.frees != 1 || a.Stats().Reserved != 1024 {
 		t.Errorf("EmptyCache: err %v, frees %d, stats %+v: want the cached 4 MiB block returned", err, raw.frees, a.Stats())
+	}
+}
+
+// TestCachingAllocatorHandsOutCachedBlocksOnAnyGoroutine checks Cached: only blocks on a free
+// list, counted as cache hits, never a new reservation, safe beside the device goroutine's
+// allocations and frees (run with -race).
+func TestCachingAllocatorHandsOutCachedBlocksOnAnyGoroutine(t *testing.T) {
+	raw := &fakeMemory{}
+	a := newCachingAllocator(raw)
+	if p, ok := a.Cached(1000); ok {
+		t.Fatalf("Cached on an empty allocator returned %#x", p)
+	}
+	p1, err := a.Alloc(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Cached(1000); ok {
+		t.Fatal("Cached returned a live block")
+	}
+	if err := a.Free(p1); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := a.Cached(4096); ok {
+		t.Fatalf("Cached(4096) returned %#x from the 1024-byte class", p)
+	}
+	p2, ok := a.Cached(600)
+	if !ok || p2 != p1 {
+		t.Fatalf("Cached(600) = %#x, %v: want the freed block %#x", p2, ok, p1)
+	}
+	if s := a.Stats(); s.CacheHits != 1 || s.Allocs != 2 || s.Allocated != 1024 || s.Reserved != 1024 {
+		t.Errorf("stats %+v: want 2 allocations, 1 cache hit, 1024 bytes live and reserved", s)
+	}
+	if err := a.Free(p2); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() { // the device goroutine: allocate and free in a loop
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			p, err := a.Alloc(2048)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			err = a.Free(p)
+			mu.Unlock()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for range 2000 {
+		if p, ok := a.Cached(2048); ok {
+			if err := a.Free(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	close(done)
+	wg.Wait()
+	if s := a.Stats(); s.Allocated != 0 {
+		t.Errorf("after every block was freed: %+v", s)
 	}
 }
 
