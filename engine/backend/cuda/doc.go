@@ -22,13 +22,19 @@
 // head dim up to 256, fp32 or bf16); HALO_CUDA_ATTENTION=simt forces the latter.
 //
 // Each Device is driven by one goroutine locked to its OS thread, on which the device's primary
-// context is current; every driver call for that device runs there (Device.Do). Work is enqueued on
+// context is current; every driver call for that device runs there. Calls that return something
+// to the caller wait for it (Device.Do: allocations that miss the cache, uploads, downloads);
+// kernel launches, GEMMs and frees are posted (Device.Post) and the caller goes on building the
+// next op while the device goroutine launches this one, with an error reported by the next call
+// (HALO_CUDA_SYNC_OPS=1 makes every call wait, for debugging). Allocations served from the
+// caching allocator's free lists need no trip to the device goroutine at all. Work is enqueued on
 // one stream per device and runs asynchronously; only Download, Sync and SumSquares wait for it.
 // Index tensors uploaded from the host keep a host summary (and, when small, a copy) until
 // something writes them, so Embedding, CrossEntropy and attention check ids, targets and
 // document boundaries without waiting; for indices made on the device they fall back to a device
 // flag that is read back. Within a training step the host therefore enqueues ahead of the GPU; the step
-// ends with one wait (the loss is read back), and there are no CUDA graphs yet. Memory comes from a caching allocator with size
+// ends with one wait (the loss is read back); there are no CUDA graphs, posting is what keeps
+// launch overhead off the GPU's path (TestGPUPostingTakesLaunchesOffTheCallersPath measures it). Memory comes from a caching allocator with size
 // classes whose statistics (allocated, reserved, peak) Backend.MemStats reports.
 //
 // What it is not: it does not decide whether to use the GPU (callers ask Available or use device:
