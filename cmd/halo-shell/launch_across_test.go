@@ -91,12 +91,14 @@ func launchNodesProcs(t *testing.T, nnodes int, args func(node int) []string) []
 	return res
 }
 
-// Two launch processes of cpu:2 each, joined over TCP on localhost, train the same steps as
-// one process on cpu:4 with the same layout and seed: node 0's metrics.jsonl has the same
-// losses, gradient norms and held-out losses bit for bit, its checkpoint holds the same
-// weights and optimizer state and loads, node 1 writes nothing, and one process resumed from
-// node 0's step-2 checkpoint, or two launch processes resumed from it across nodes, log step
-// 3 exactly as the uninterrupted run did.
+// Two launch processes of cpu:K each, joined over TCP on localhost, train the same steps as
+// one process on cpu:2K with the same layout and seed (dense dp and fsdp, and a tiny qwen3_moe
+// with ep=2 over cpu:1 nodes, so each expert group spans both nodes and aux-loss-free
+// balancing runs on each): node 0's metrics.jsonl has the same losses, gradient norms and
+// held-out losses bit for bit, its checkpoints, model and generation eval are the same bytes
+// and load, node 1 writes nothing, and one process resumed from node 0's step-2 checkpoint, or
+// two launch processes resumed from it across nodes, log step 3 exactly as the uninterrupted
+// run did.
 func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 	if a := os.Getenv(acrossArgsEnv); a != "" {
 		if _, err := runRoot(t, strings.Split(a, "\x1f")...); err != nil {
@@ -104,27 +106,38 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 		}
 		return
 	}
-	for _, layout := range [][]string{{"--fsdp=true"}, {}} {
-		name := "dp=4"
-		if len(layout) > 0 {
-			name = "dp=4 fsdp"
-		}
-		t.Run(name, func(t *testing.T) {
+	moe := []string{"--init.arch=qwen3_moe", "--init.overrides={hidden_size: 32, moe_intermediate_size: 16, num_experts: 4, num_experts_per_tok: 2, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, output_router_logits: true, router_aux_loss_coef: 0.5}",
+		"--moe_balancing_rate=0.02", "--expert_parallel_size=2"}
+	for _, c := range []struct {
+		name   string
+		k      int // devices per node
+		layout []string
+		moe    bool
+	}{
+		{"dp=4 fsdp", 2, []string{"--fsdp=true"}, false},
+		{"dp=4", 2, nil, false},
+		{"qwen3_moe ep=2 on cpu:1 nodes", 1, moe, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			common := append([]string{"--gradient_accumulation_steps=4", "--eval_steps=2", "--save_steps=2"}, layout...)
+			common := append([]string{"--gradient_accumulation_steps=4", "--eval_steps=2", "--save_steps=2"}, c.layout...)
+			nodeDevices, world := "--devices=cpu:"+strconv.Itoa(c.k), "--devices=cpu:"+strconv.Itoa(2*c.k)
 			ref := filepath.Join(dir, "ref")
-			if _, err := runRoot(t, quickstartArgs(ref, append([]string{"--devices=cpu:4"}, common...)...)...); err != nil {
+			if _, err := runRoot(t, quickstartArgs(ref, append([]string{world}, common...)...)...); err != nil {
 				t.Fatal(err)
 			}
 			addr := freePort(t)
 			outDir := func(node int) string { return filepath.Join(dir, "node"+strconv.Itoa(node)) }
 			logs := launchNodesProcs(t, 2, func(node int) []string {
-				return quickstartArgs(outDir(node), append([]string{"--devices=cpu:2", "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
+				return quickstartArgs(outDir(node), append([]string{nodeDevices, "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
 					"--rendezvous=" + addr, "--rendezvous-token=across-secret", "--rendezvous-timeout=60s"}, common...)...)
 			})
 			want, got := metricLines(t, ref), metricLines(t, outDir(0))
 			if strings.Join(got, "\n") != strings.Join(want, "\n") {
-				t.Fatalf("node 0's metrics differ from one process on cpu:4:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+				t.Fatalf("node 0's metrics differ from one process on cpu:%d:\n%s\nwant\n%s", 2*c.k, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if raw, err := os.ReadFile(filepath.Join(outDir(0), "metrics.jsonl")); err != nil || c.moe && !bytes.Contains(raw, []byte(`"aux_loss"`)) {
+				t.Errorf("node 0's metrics.jsonl of the MoE run has no aux losses (%v):\n%s", err, raw)
 			}
 			if _, err := os.Stat(outDir(1)); !os.IsNotExist(err) {
 				t.Errorf("node 1 wrote %s (%v); only node 0 writes files", outDir(1), err)
@@ -135,7 +148,7 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 			// The step-2 and final checkpoints hold the same weights (and optimizer state) as
 			// the one-process run's, and load.
 			for _, f := range []string{"checkpoint-2/model.safetensors", "checkpoint-3/model.safetensors", "model.safetensors",
-				"checkpoint-2/optimizer.safetensors", "checkpoint-3/optimizer.safetensors"} {
+				"checkpoint-2/optimizer.safetensors", "checkpoint-3/optimizer.safetensors", "generation_eval.json"} {
 				a, err := os.ReadFile(filepath.Join(outDir(0), f))
 				if err != nil {
 					t.Fatal(err)
@@ -155,7 +168,7 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 			m.Close()
 			// One process resumed from node 0's step-2 checkpoint logs step 3 as both runs did.
 			resumed := filepath.Join(dir, "resumed")
-			if _, err := runRoot(t, quickstartArgs(resumed, append([]string{"--devices=cpu:4",
+			if _, err := runRoot(t, quickstartArgs(resumed, append([]string{world,
 				"--resume_from_checkpoint=" + filepath.Join(outDir(0), "checkpoint-2")}, common...)...)...); err != nil {
 				t.Fatalf("resuming a checkpoint of a run across nodes: %v", err)
 			}
@@ -166,7 +179,7 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 			addr = freePort(t)
 			resumedAt := func(node int) string { return filepath.Join(dir, "resumed-node"+strconv.Itoa(node)) }
 			launchNodesProcs(t, 2, func(node int) []string {
-				return quickstartArgs(resumedAt(node), append([]string{"--devices=cpu:2", "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
+				return quickstartArgs(resumedAt(node), append([]string{nodeDevices, "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
 					"--rendezvous=" + addr, "--rendezvous-token=across-secret", "--rendezvous-timeout=60s",
 					"--resume_from_checkpoint=" + filepath.Join(outDir(0), "checkpoint-2")}, common...)...)
 			})

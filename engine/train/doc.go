@@ -20,12 +20,16 @@
 // state is layout-free, so a run resumes into any layout. SetLayout moves a live run to
 // another layout between steps, in memory.
 //
-// Across nodes (NewOnNodes): one process per node drives devices cpu:K of a mesh of N·K CPU
-// ranks joined over TCP (engine/comm/tcp); the metrics are the world's, only node 0 writes
-// files, and MoE models, ep/etp/cp and SetLayout are refused. Save and SaveStep there are
-// collectives that gather the optimizer shards from every node (node 0 writes the checkpoint,
-// optimizer state included), and every node resumes from the same checkpoint; SyncGrads is a
-// collective under FSDP. Every node must call them between the same steps.
+// Across nodes (NewOnNodes): one process per node drives devices cpu:K over TCP
+// (engine/comm/tcp), or K GPUs over one NCCL world, as its share of a mesh of N·K ranks; the
+// metrics are the world's and only node 0 writes files. Dense and mixture-of-experts models
+// run in dp, fsdp, tp (inside a node), cp, ep and etp layouts; SetLayout is refused, and
+// nodes whose configs disagree stop with the differing parts named. Save and SaveStep there
+// are collectives that gather the optimizer shards from every node (node 0 writes the
+// checkpoint, optimizer state included), and every node resumes from the same checkpoint;
+// SyncGrads is a collective under FSDP or when an expert group spans nodes, and so is
+// SyncParams (with Eval, generation and HostModel) in the latter case. Every node must call
+// them between the same steps, as Run does.
 //
 // Callers outside the package read the model's shape with Trainer.Arch, ParamSpecs,
 // NumParams and ModelDType, and its values only through Trainer.HostModel (after SyncGrads for

@@ -60,15 +60,26 @@ import (
 //   - An interrupted run across nodes (ctx cancelled) saves no checkpoint: the nodes are not
 //     interrupted at the same step, so they cannot gather the optimizer state together;
 //     resume from the last checkpoint-N.
-//   - Layouts: dense models with dp, fsdp and tp (tp dividing each node's device count).
-//     MoE models, expert parallelism (ep, etp), context parallelism (cp) and moving the run
-//     to another layout (SetLayout) are refused.
-//   - SyncGrads under FSDP all-gathers gradient shards between the nodes: every node must
-//     call it, between the same steps. SyncParams (and so Eval, generation and saving) reads
-//     only this node's ranks and needs no other node.
+//   - Layouts: dense and mixture-of-experts models with dp, fsdp, tp (tp dividing each node's
+//     device count, so every tensor group lies inside one node), cp, and for MoE models ep and
+//     etp (MoE models with cp are refused for every run, see engine/mesh). Context and expert
+//     groups may span nodes: their collectives (ring attention's exchanges, the experts'
+//     dispatch and combine all-to-alls) cross the world. The aux loss, the expert load and
+//     aux-loss-free balancing are the world's: every node balances the experts after each of
+//     its steps (Step does), so every rank of every node keeps the same bias. Moving the run
+//     to another layout (SetLayout) is refused.
+//   - SyncGrads is a collective under FSDP (gradient shards are all-gathered between the
+//     nodes) and when an expert group spans nodes (the experts other nodes hold are
+//     all-gathered). SyncParams, and so Eval, generation, SaveModel and HostModel, reads only
+//     this node's ranks when each node holds whole expert groups ((K/tp) divisible by ep, or
+//     no ep) and needs no other node; when an expert group spans nodes it is a collective of
+//     the nodes sharing it. Either way, every node must call them between the same steps.
+//     Run does: every node evaluates at the same steps, and every node's Save gathers the
+//     parameters before node 0 alone writes the final model and runs generation eval, which
+//     then gather nothing.
 
 // nodesSupported names what a run across nodes supports, for refusals.
-const nodesSupported = "a run across nodes supports dense models on cpu or cuda devices with dp, fsdp and tp (tp dividing each node's device count)"
+const nodesSupported = "a run across nodes supports dense and mixture-of-experts models on cpu or cuda devices with dp, fsdp, tp (tp dividing each node's device count), cp, ep and etp, in a fixed layout"
 
 // maxNodeRanks bounds the ranks of a run across nodes on GPUs.
 const maxNodeRanks = 1 << 16
@@ -111,10 +122,6 @@ func NodeDevices(cfg *Config, nnodes int) (mesh.Devices, mesh.Layout, error) {
 	l.DP = 0
 	l = l.Norm(all.Len())
 	switch {
-	case l.EP > 1 || l.ETP > 1:
-		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: layout %s uses expert parallelism; %s", nnodes, l, nodesSupported)
-	case l.CP > 1:
-		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: layout %s uses context parallelism; %s", nnodes, l, nodesSupported)
 	case k%l.TP != 0:
 		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %d nodes: tensor_parallel_size %d does not divide the %d devices of a node (%s); %s", nnodes, l.TP, k, d, nodesSupported)
 	case cfg.Batch.GradientAccumulationSteps%l.DP != 0:

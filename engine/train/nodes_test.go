@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -30,18 +31,22 @@ func TestNodeDevicesRefusesWhatRunsAcrossNodesDoNotSupport(t *testing.T) {
 		{[]string{"--devices=cpu:2", "--gradient_accumulation_steps=4", "--fsdp=true"}, 2, "", "cpu:4", "dp=4 fsdp tp=1 cp=1 ep=1 etp=1"},
 		{[]string{"--devices=cpu:2", "--tensor_parallel_size=2", "--gradient_accumulation_steps=3"}, 3, "", "cpu:6", "dp=3 tp=2 cp=1 ep=1 etp=1"},
 		{[]string{"--devices=cpu:2", "--gradient_accumulation_steps=2"}, 2, "gradient_accumulation_steps 2 micro-batches cannot be dealt over 4 data-parallel ranks", "", ""},
-		{[]string{"--devices=cpu:2", "--context_parallel_size=2"}, 2, "uses context parallelism; a run across nodes supports", "", ""},
-		{[]string{"--devices=cpu:2", "--expert_parallel_size=2"}, 2, "uses expert parallelism; a run across nodes supports", "", ""},
-		{[]string{"--devices=cpu:2", "--expert_tensor_parallel_size=2"}, 2, "uses expert parallelism", "", ""},
+		// Context and expert groups may span nodes; tensor groups may not.
+		{[]string{"--devices=cpu:2", "--context_parallel_size=2"}, 2, "", "cpu:4", "dp=2 tp=1 cp=2 ep=1 etp=1"},
+		{[]string{"--devices=cpu", "--context_parallel_size=2"}, 2, "", "cpu:2", "dp=1 tp=1 cp=2 ep=1 etp=1"},
+		{[]string{"--devices=cpu:2", "--expert_parallel_size=2", "--gradient_accumulation_steps=4"}, 2, "", "cpu:4", "dp=4 tp=1 cp=1 ep=2 etp=1"},
+		{[]string{"--devices=cpu", "--expert_parallel_size=2"}, 2, "", "cpu:2", "dp=2 tp=1 cp=1 ep=2 etp=1"},
+		{[]string{"--devices=cpu:2", "--tensor_parallel_size=2", "--expert_tensor_parallel_size=2", "--expert_parallel_size=2"}, 2, "", "cpu:4", "dp=2 tp=2 cp=1 ep=2 etp=2"},
+		{[]string{"--devices=cpu:2", "--expert_parallel_size=2"}, 2, "gradient_accumulation_steps 2 micro-batches cannot be dealt over 4 data-parallel ranks", "", ""},
 		{[]string{"--devices=cpu", "--tensor_parallel_size=2"}, 2, "tensor_parallel_size 2 does not divide the 1 devices of a node", "", ""},
 		// K GPUs per node make a mesh of the world's N·K ranks, whatever the node's device numbers.
 		{[]string{"--devices=cuda:0-1", "--device=auto", "--gradient_accumulation_steps=4"}, 2, "", "cuda:0-3", "dp=4 tp=1 cp=1 ep=1 etp=1"},
 		{[]string{"--devices=cuda:3", "--device=auto", "--gradient_accumulation_steps=3"}, 3, "", "cuda:0-2", "dp=3 tp=1 cp=1 ep=1 etp=1"},
 		{[]string{"--devices=cuda:2,5", "--device=auto", "--gradient_accumulation_steps=2", "--tensor_parallel_size=2", "--fsdp=true"}, 2, "", "cuda:0-3", "dp=2 fsdp tp=2 cp=1 ep=1 etp=1"},
 		{[]string{"--devices=cuda:0-1", "--device=auto"}, 2, "gradient_accumulation_steps 2 micro-batches cannot be dealt over 4 data-parallel ranks", "", ""},
-		{[]string{"--devices=cuda:0-1", "--device=auto", "--context_parallel_size=2"}, 2, "uses context parallelism; a run across nodes supports dense models on cpu or cuda devices", "", ""},
-		{[]string{"--devices=cuda:0-1", "--device=auto", "--expert_parallel_size=2"}, 2, "uses expert parallelism", "", ""},
-		{[]string{"--devices=cuda:0", "--device=auto", "--tensor_parallel_size=2", "--gradient_accumulation_steps=2"}, 2, "tensor_parallel_size 2 does not divide the 1 devices of a node (cuda:0)", "", ""},
+		{[]string{"--devices=cuda:0-1", "--device=auto", "--context_parallel_size=2"}, 2, "", "cuda:0-3", "dp=2 tp=1 cp=2 ep=1 etp=1"},
+		{[]string{"--devices=cuda:0-1", "--device=auto", "--expert_parallel_size=4", "--gradient_accumulation_steps=4"}, 2, "", "cuda:0-3", "dp=4 tp=1 cp=1 ep=4 etp=1"},
+		{[]string{"--devices=cuda:0", "--device=auto", "--tensor_parallel_size=2", "--gradient_accumulation_steps=2"}, 2, "tensor_parallel_size 2 does not divide the 1 devices of a node (cuda:0); a run across nodes supports", "", ""},
 		{[]string{"--devices=cuda:0-7", "--device=auto", "--gradient_accumulation_steps=8"}, 1 << 14, "a run across nodes on GPUs has 1 to 65536 ranks in all", "", ""},
 	} {
 		t.Run(strings.Join(tc.extra, " "), func(t *testing.T) {
@@ -62,9 +67,28 @@ func TestNodeDevicesRefusesWhatRunsAcrossNodesDoNotSupport(t *testing.T) {
 // nodeRun is what one trainer of TestTrainersAcrossNodesMatchOneProcess saw.
 type nodeRun struct {
 	loss, norm []float64
+	aux        []float64     // the MoE aux loss of each step (none for dense models)
+	load       [][][]int     // the expert load of each step, per MoE layer and expert
+	bias       [][][]float32 // the balancing bias after each step (nil entries when it is off)
 	rank, n    int
 	layoutErr  error
 	err        error
+}
+
+// record appends a step's metrics and the bias after it to r.
+func (r *nodeRun) record(m StepMetrics, bias [][]float32) {
+	r.bias = append(r.bias, bias)
+	r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
+	if m.AuxLoss != nil {
+		r.aux = append(r.aux, *m.AuxLoss)
+	}
+	if m.ExpertLoad != nil {
+		var l [][]int
+		for _, x := range m.ExpertLoad {
+			l = append(l, x.Tokens)
+		}
+		r.load = append(r.load, l)
+	}
 }
 
 // trainAcross runs nnodes trainers of cfgs(node) in this process, joined over TCP on
@@ -100,7 +124,7 @@ func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, s
 					r.err = err
 					return
 				}
-				r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
+				r.record(m, tr.ExpertBias())
 				if m.Step == saveAt {
 					// A collective: every node takes part, node 0 writes.
 					if r.err = tr.Save(ckpt); r.err != nil {
@@ -129,7 +153,7 @@ func stepOne(t *testing.T, cfg *Config, steps int, saveAt int, ckpt string) node
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
+		r.record(m, tr.ExpertBias())
 		if m.Step == saveAt {
 			if err := tr.Save(ckpt); err != nil {
 				t.Fatal(err)
@@ -139,15 +163,15 @@ func stepOne(t *testing.T, cfg *Config, steps int, saveAt int, ckpt string) node
 	return r
 }
 
-// sameRun fails t unless got's losses and gradient norms are want's from step from on, bit
-// for bit.
+// sameRun fails t unless got's losses, gradient norms, aux losses and expert loads are want's
+// and the balancing bias after each step from step from on, bit for bit.
 func sameRun(t *testing.T, what string, got nodeRun, want nodeRun, from int) {
 	t.Helper()
 	if got.err != nil {
 		t.Fatalf("%s: %v", what, got.err)
 	}
-	if len(got.loss) != len(want.loss)-from {
-		t.Fatalf("%s: %d steps, want %d", what, len(got.loss), len(want.loss)-from)
+	if len(got.loss) != len(want.loss)-from || len(got.aux) != max(0, len(want.aux)-from) || len(got.load) != max(0, len(want.load)-from) {
+		t.Fatalf("%s: %d steps (%d aux losses, %d expert loads), want %d (%d, %d)", what, len(got.loss), len(got.aux), len(got.load), len(want.loss)-from, len(want.aux), len(want.load))
 	}
 	for i := range got.loss {
 		w := from + i
@@ -155,27 +179,89 @@ func sameRun(t *testing.T, what string, got nodeRun, want nodeRun, from int) {
 			t.Errorf("%s step %d: loss %v norm %v, uninterrupted %v %v", what, w+1, got.loss[i], got.norm[i], want.loss[w], want.norm[w])
 		}
 	}
+	for i := range got.aux {
+		if w := from + i; math.Float64bits(got.aux[i]) != math.Float64bits(want.aux[w]) {
+			t.Errorf("%s step %d: aux loss %v, uninterrupted %v", what, w+1, got.aux[i], want.aux[w])
+		}
+	}
+	for i := range got.load {
+		if w := from + i; !reflect.DeepEqual(got.load[i], want.load[w]) {
+			t.Errorf("%s step %d: expert load %v, uninterrupted %v", what, w+1, got.load[i], want.load[w])
+		}
+	}
+	for i := range got.bias {
+		if w := from + i; !reflect.DeepEqual(got.bias[i], want.bias[w]) {
+			t.Errorf("%s step %d: balancing bias %v, uninterrupted %v", what, w+1, got.bias[i], want.bias[w])
+		}
+	}
 }
 
-// Two trainers of cpu:2 each, joined over TCP, step exactly as one trainer on cpu:4 with the
-// same layout (losses and gradient norms bit for bit, on every node); moving the layout is
-// refused; node 0's step-2 checkpoint holds the same weights and optimizer state as the
-// one-process trainer's; resumed from it across nodes (in the same layout and in the other
-// one) or in one process, the run continues bit for bit as it would have.
+// ckptParams reads the weights of checkpoint dir into a one-device trainer of cfg.
+func ckptParams(t *testing.T, cfg *Config, dir string) map[string][]float32 {
+	t.Helper()
+	tr := newTrainer(t, cfg)
+	if err := loadModelWeights(tr.model, dir); err != nil {
+		t.Fatal(err)
+	}
+	return hostParams(t, tr)
+}
+
+// acrossCase is a layout of TestTrainersAcrossNodesMatchOneProcess: two nodes of devices
+// each run layout, then resume in other.
+type acrossCase struct {
+	name    string
+	moe     bool // the tiny qwen3_moe (aux loss and balancing on) instead of the dense qwen3
+	devices string
+	layout  []string
+	other   []string
+}
+
+// Two trainers of cpu:K each, joined over TCP, step exactly as one trainer on cpu:2K with the
+// same layout (losses, gradient norms, MoE aux losses, expert loads and balancing bias bit for
+// bit, on every node), for dense layouts (fsdp, tp, cp spanning the nodes) and MoE ones (ep
+// with expert groups inside a node and spanning the nodes, ep with fsdp, tp+etp+ep); moving
+// the layout is refused; node 0's step-2 checkpoint holds the same weights and optimizer state
+// as the one-process trainer's; resumed from it across nodes (in the same layout and in
+// another one) or in one process, the run continues bit for bit as it would have.
 func TestTrainersAcrossNodesMatchOneProcess(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(24))
 	fsdp, tp := []string{"--gradient_accumulation_steps=4", "--fsdp=true"}, []string{"--gradient_accumulation_steps=4", "--tensor_parallel_size=2"}
-	for _, c := range []struct{ layout, other []string }{{fsdp, tp}, {tp, fsdp}} {
-		t.Run(strings.Join(c.layout, " "), func(t *testing.T) {
+	for _, c := range []acrossCase{
+		{"dense fsdp", false, "cpu:2", fsdp, tp},
+		{"dense tp=2", false, "cpu:2", tp, fsdp},
+		// The context group spans the nodes.
+		{"dense cp=2 on cpu:1", false, "cpu", []string{"--context_parallel_size=2"}, []string{}},
+		{"dense tp=2 cp=2", false, "cpu:2", []string{"--context_parallel_size=2", "--tensor_parallel_size=2"}, []string{"--tensor_parallel_size=2"}},
+		// Each expert group spans the nodes: Params and Grads are collectives.
+		{"moe ep=2 on cpu:1", true, "cpu", []string{"--gradient_accumulation_steps=2", "--expert_parallel_size=2"}, []string{"--gradient_accumulation_steps=2"}},
+		// Each node holds whole expert groups; resumed with groups across the nodes.
+		{"moe ep=2 on cpu:2", true, "cpu:2", []string{"--gradient_accumulation_steps=4", "--expert_parallel_size=2"}, []string{"--gradient_accumulation_steps=4", "--expert_parallel_size=4"}},
+		{"moe ep=2 fsdp", true, "cpu:2", []string{"--gradient_accumulation_steps=4", "--expert_parallel_size=2", "--fsdp=true"},
+			[]string{"--gradient_accumulation_steps=4", "--tensor_parallel_size=2", "--expert_tensor_parallel_size=2", "--expert_parallel_size=2"}},
+		{"moe tp=2 etp=2 ep=2", true, "cpu:2", []string{"--gradient_accumulation_steps=4", "--tensor_parallel_size=2", "--expert_tensor_parallel_size=2", "--expert_parallel_size=2"}, fsdp},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			const steps, saveAt = 4, 2
 			dir := t.TempDir()
+			k := 1
+			if c.devices != "cpu" {
+				k = 2
+			}
+			world := fmt.Sprintf("cpu:%d", 2*k)
 			cfg := func(devices string, layout []string, extra ...string) *Config {
-				return tinyParallelConfig(t, path, append(append([]string{"--devices=" + devices}, layout...), extra...)...)
+				args := append(append([]string{"--devices=" + devices}, layout...), extra...)
+				if c.moe {
+					return tinyMoEConfigKV(t, path, 2, append(args, "--moe_balancing_rate=0.02")...)
+				}
+				return tinyParallelConfig(t, path, args...)
 			}
 			refCkpt := filepath.Join(dir, "ref")
-			want := stepOne(t, cfg("cpu:4", c.layout), steps, saveAt, refCkpt)
+			want := stepOne(t, cfg(world, c.layout), steps, saveAt, refCkpt)
+			if c.moe && (len(want.aux) != steps || want.aux[0] == 0 || isZero(want.bias[0])) {
+				t.Fatalf("the MoE reference run has aux losses %v and bias %v: the aux loss and balancing must be on", want.aux, want.bias)
+			}
 			ckpt := filepath.Join(dir, "nodes")
-			runs := trainAcross(t, 2, steps, func(int) *Config { return cfg("cpu:2", c.layout) }, saveAt, ckpt)
+			runs := trainAcross(t, 2, steps, func(int) *Config { return cfg(c.devices, c.layout) }, saveAt, ckpt)
 			for node, r := range runs {
 				if r.rank != node || r.n != 2 {
 					t.Errorf("node %d: Node() = %d, %d", node, r.rank, r.n)
@@ -185,7 +271,8 @@ func TestTrainersAcrossNodesMatchOneProcess(t *testing.T) {
 					t.Errorf("node %d: SetLayout across nodes gave %v, want a refusal naming what is supported", node, r.layoutErr)
 				}
 			}
-			if s := sameBits(checkpointParams(t, path, ckpt), checkpointParams(t, path, refCkpt)); s != "" {
+			one := cfg("cpu", nil)
+			if s := sameBits(ckptParams(t, one, ckpt), ckptParams(t, one, refCkpt)); s != "" {
 				t.Errorf("node 0's checkpoint: %s", s)
 			}
 			a, err := os.ReadFile(filepath.Join(ckpt, OptimizerFile))
@@ -208,14 +295,14 @@ func TestTrainersAcrossNodesMatchOneProcess(t *testing.T) {
 			}
 			resume := "--resume_from_checkpoint=" + ckpt
 			// Resumed across nodes in the same layout: the uninterrupted run's steps 3 and 4.
-			for node, r := range trainAcross(t, 2, steps-saveAt, func(int) *Config { return cfg("cpu:2", c.layout, resume) }, 0, "") {
+			for node, r := range trainAcross(t, 2, steps-saveAt, func(int) *Config { return cfg(c.devices, c.layout, resume) }, 0, "") {
 				sameRun(t, fmt.Sprintf("resumed across nodes: node %d", node), r, want, saveAt)
 			}
-			// Resumed in one process on cpu:4.
-			sameRun(t, "resumed in one process", stepOne(t, cfg("cpu:4", c.layout, resume), steps-saveAt, 0, ""), want, saveAt)
+			// Resumed in one process on cpu:2K.
+			sameRun(t, "resumed in one process", stepOne(t, cfg(world, c.layout, resume), steps-saveAt, 0, ""), want, saveAt)
 			// Resumed across nodes in the other layout: as one process resumed in that layout.
-			other := stepOne(t, cfg("cpu:4", c.other, resume), steps-saveAt, 0, "")
-			for node, r := range trainAcross(t, 2, steps-saveAt, func(int) *Config { return cfg("cpu:2", c.other, resume) }, 0, "") {
+			other := stepOne(t, cfg(world, c.other, resume), steps-saveAt, 0, "")
+			for node, r := range trainAcross(t, 2, steps-saveAt, func(int) *Config { return cfg(c.devices, c.other, resume) }, 0, "") {
 				sameRun(t, fmt.Sprintf("resumed across nodes in layout %v: node %d", c.other, node), r, other, 0)
 			}
 		})
@@ -249,18 +336,129 @@ func TestResumeRefusesWeightsOnlyCheckpoints(t *testing.T) {
 	}
 }
 
-// A mixture-of-experts model across nodes is refused before the rendezvous.
-func TestNewOnNodesRefusesMoEBeforeTheRendezvous(t *testing.T) {
+// A layout no run supports (here context parallelism of a mixture-of-experts model) is
+// refused across nodes before the rendezvous, naming the rule, rather than waiting for nodes
+// that never come.
+func TestNewOnNodesRefusesBadLayoutsBeforeTheRendezvous(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
-	cfg := tinyMoEConfig(t, path, "--devices=cpu:2", "--gradient_accumulation_steps=4")
+	cfg := tinyMoEConfig(t, path, "--devices=cpu:2", "--context_parallel_size=2", "--gradient_accumulation_steps=2")
 	start := time.Now()
 	_, err := NewOnNodes(context.Background(), cfg, rendezvous.Config{NNodes: 2, Addr: "127.0.0.1:1", Token: "x", Timeout: 20 * time.Second})
-	if err == nil || !strings.Contains(err.Error(), "mixture of experts; a run across nodes supports dense models") {
+	if err == nil || !strings.Contains(err.Error(), "context parallelism of mixture-of-experts models is not supported") {
 		t.Fatalf("got %v", err)
 	}
 	if el := time.Since(start); el > 10*time.Second {
 		t.Errorf("the refusal took %s", el)
 	}
+}
+
+// runOutputs are the files of a Run's output_dir that TestRunAcrossNodesWithExpertGroupsAcrossNodes
+// compares, by name.
+var runOutputs = []string{MetricsFile, "model.safetensors", "generation_eval.json", "checkpoint-2/" + OptimizerFile, "checkpoint-3/model.safetensors"}
+
+// Run on two nodes of cpu:1 with ep=2, so each expert group spans both nodes and gathering the
+// parameters (held-out evaluation every step, the checkpoints, the final model, generation
+// eval) is a collective of both nodes: both nodes finish, and node 0 writes the same
+// metrics.jsonl (losses, aux losses, expert loads, held-out losses), checkpoints, model and
+// generation results as one process on cpu:2 with the same layout; node 1 writes nothing.
+func TestRunAcrossNodesWithExpertGroupsAcrossNodes(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(30))
+	dir := t.TempDir()
+	cfg := func(devices, out string) *Config {
+		return tinyMoEConfigKV(t, path, 2, "--devices="+devices, "--expert_parallel_size=2", "--gradient_accumulation_steps=2",
+			"--moe_balancing_rate=0.02", "--dataset.eval_split=0.2", "--eval_steps=1", "--save_steps=2", "--max_steps=3",
+			"--generation_eval.max_samples=3", "--generation_eval.max_new_tokens=4", "--output_dir="+out)
+	}
+	ref := filepath.Join(dir, "ref")
+	tr := newTrainer(t, cfg("cpu:2", ref))
+	if _, err := Run(context.Background(), tr, RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	outs := []string{filepath.Join(dir, "node0"), filepath.Join(dir, "node1")}
+	errs := make([]error, 2)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for node := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			tr, err := NewOnNodes(ctx, cfg("cpu", outs[node]), rendezvous.Config{NNodes: 2, NodeRank: node, Addr: addr, Token: "nodes-secret", Timeout: 30 * time.Second})
+			if err != nil {
+				errs[node] = err
+				return
+			}
+			defer tr.Close()
+			_, errs[node] = Run(ctx, tr, RunOptions{})
+		}()
+	}
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the nodes did not finish in 2 minutes: one waits in a collective the other never calls")
+	}
+	for node, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d: %v", node, err)
+		}
+	}
+	for _, f := range runOutputs {
+		a, err := os.ReadFile(filepath.Join(outs[0], f))
+		if err != nil {
+			t.Fatalf("node 0: %v", err)
+		}
+		b, err := os.ReadFile(filepath.Join(ref, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == MetricsFile {
+			a, b = dropTimes(t, a), dropTimes(t, b)
+			if !bytes.Contains(a, []byte(`"eval_loss"`)) || !bytes.Contains(a, []byte(`"aux_loss"`)) {
+				t.Errorf("node 0's %s lacks held-out or aux losses:\n%s", f, a)
+			}
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("node 0's %s differs from the one-process run's:\n%s\nwant\n%s", f, a, b)
+		}
+	}
+	if _, err := os.Stat(outs[1]); !os.IsNotExist(err) {
+		t.Errorf("node 1 wrote %s (%v); only node 0 writes files", outs[1], err)
+	}
+}
+
+// dropTimes removes the wall-clock fields of metrics.jsonl lines (step time, throughput).
+func dropTimes(t *testing.T, raw []byte) []byte {
+	t.Helper()
+	var out []byte
+	for _, line := range bytes.Split(bytes.TrimSpace(raw), []byte("\n")) {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		delete(m, "step_time_s")
+		delete(m, "tokens_per_s")
+		delete(m, "time_by_op_s")
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(append(out, b...), '\n')
+	}
+	return out
+}
+
+// freeAddr returns a localhost address whose port was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // Nodes on CPU devices whose configs disagree (here node 1's gradient clipping and schedule)

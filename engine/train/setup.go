@@ -93,9 +93,6 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 		if err := checkLayout(devs, layout, shape, cfg.Batch.GradientAccumulationSteps); err != nil {
 			return nil, err
 		}
-		if nodes != nil && shape.MoE() {
-			return nil, fmt.Errorf("train: %d nodes: the model is a mixture of experts; %s", nodes.rc.NNodes, nodesSupported)
-		}
 	}
 	if t.model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {
 		return nil, err
