@@ -106,8 +106,7 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 		}
 		return
 	}
-	moe := []string{"--init.arch=qwen3_moe", "--init.overrides={hidden_size: 32, moe_intermediate_size: 16, num_experts: 4, num_experts_per_tok: 2, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, output_router_logits: true, router_aux_loss_coef: 0.5}",
-		"--moe_balancing_rate=0.02", "--expert_parallel_size=2"}
+	moe := append(tinyMoEArgs(), "--moe_balancing_rate=0.02", "--expert_parallel_size=2")
 	for _, c := range []struct {
 		name   string
 		k      int // devices per node
@@ -187,5 +186,36 @@ func TestLaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 				t.Errorf("resumed across nodes from node 0's checkpoint-2: metrics\n%s\nwant\n%s", strings.Join(got, "\n"), want[2])
 			}
 		})
+	}
+}
+
+// tinyMoEArgs turn quickstartArgs' model into a tiny qwen3_moe (four experts, top 2, aux loss
+// weight 0.5).
+func tinyMoEArgs() []string {
+	return []string{"--init.arch=qwen3_moe", "--init.overrides={hidden_size: 32, moe_intermediate_size: 16, num_experts: 4, num_experts_per_tok: 2, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, output_router_logits: true, router_aux_loss_coef: 0.5}"}
+}
+
+// The dry run of a mixture-of-experts run across nodes shows the world's mesh and the expert
+// layout, and one that no run supports (context parallelism of an MoE model) is refused
+// naming the rule, before any rendezvous.
+func TestLaunchAcrossNodesDryRunOfExperts(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	nodes := []string{"--nnodes=2", "--node-rank=1", "--rendezvous=127.0.0.1:29400", "--rendezvous-token=s3cret", "--devices=cpu:2", "--gradient_accumulation_steps=4"}
+	stdout, err := runRoot(t, append(quickstartArgs(out, append(append(tinyMoEArgs(), nodes...), "--expert_parallel_size=4")...), "--dry-run")...)
+	if err != nil {
+		t.Fatalf("ep=4 over 2 nodes of cpu:2: %v", err)
+	}
+	for _, want := range []string{"# across 2 nodes of 2 devices each", "devices: cpu:4", "dp=4 tp=1 cp=1 ep=4 etp=1"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("dry run of ep=4 over 2 nodes lacks %q:\n%s", want, stdout)
+		}
+	}
+	start := time.Now()
+	_, err = runRoot(t, quickstartArgs(out, append(append(tinyMoEArgs(), nodes...), "--context_parallel_size=2", "--node-rank=0", "--rendezvous="+freePort(t), "--rendezvous-timeout=20s")...)...)
+	if err == nil || !strings.Contains(err.Error(), "context parallelism of mixture-of-experts models is not supported") {
+		t.Fatalf("cp=2 of a MoE model over 2 nodes: %v, want a refusal naming the rule", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("the refusal took %s: it waited for the rendezvous", el)
 	}
 }
