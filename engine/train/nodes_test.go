@@ -96,6 +96,12 @@ func (r *nodeRun) record(m StepMetrics, bias [][]float32) {
 // (node 0 writes it).
 func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, saveAt int, ckpt string) []nodeRun {
 	t.Helper()
+	return trainAcrossWith(t, nnodes, steps, cfgs, func(int) gpuNodeOps { return realGPUNodeOps() }, saveAt, ckpt)
+}
+
+// trainAcrossWith is trainAcross with node reaching its GPUs and NCCL through ops(node).
+func trainAcrossWith(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, ops func(node int) gpuNodeOps, saveAt int, ckpt string) []nodeRun {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +117,7 @@ func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, s
 			r := &runs[node]
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			tr, err := NewOnNodes(ctx, cfgs(node), rendezvous.Config{NNodes: nnodes, NodeRank: node, Addr: addr, Token: "nodes-secret", Timeout: 30 * time.Second})
+			tr, err := newOnNodes(ctx, cfgs(node), rendezvous.Config{NNodes: nnodes, NodeRank: node, Addr: addr, Token: "nodes-secret", Timeout: 30 * time.Second}, ops(node))
 			if err != nil {
 				r.err = err
 				return
@@ -306,6 +312,45 @@ func TestTrainersAcrossNodesMatchOneProcess(t *testing.T) {
 				sameRun(t, fmt.Sprintf("resumed across nodes in layout %v: node %d", c.other, node), r, other, 0)
 			}
 		})
+	}
+}
+
+// Two nodes of one GPU each training a tiny qwen3_moe with ep=2 (each expert group spans the
+// nodes) join one world from the rendezvous and step as one process with ep=2 on two devices:
+// the same losses, aux losses, expert loads and balancing bias on every node, node 0's
+// checkpoint holding the same weights and optimizer state, and a run resumed from it across
+// the nodes continuing as the uninterrupted one. The GPUs and NCCL are stood in for by CPU
+// devices and an in-process world (fakeNCCL), so this checks the wiring, not NCCL.
+func TestMoEOnGPUNodesMatchesOneProcess(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(24))
+	dir := t.TempDir()
+	const steps, saveAt = 3, 2
+	cfg := func(devices string, extra ...string) *Config {
+		return tinyMoEConfigKV(t, path, 2, append([]string{"--devices=" + devices, "--expert_parallel_size=2", "--gradient_accumulation_steps=2", "--moe_balancing_rate=0.02"}, extra...)...)
+	}
+	refCkpt, ckpt := filepath.Join(dir, "ref"), filepath.Join(dir, "nodes")
+	want := stepOne(t, cfg("cpu:2"), steps, saveAt, refCkpt)
+	f := newFakeNCCL(2)
+	gpu := func(node int, extra ...string) *Config {
+		return cfg(fmt.Sprintf("cuda:%d", node), append([]string{"--device=auto"}, extra...)...)
+	}
+	for node, r := range trainAcrossWith(t, 2, steps, func(node int) *Config { return gpu(node) }, func(int) gpuNodeOps { return f.ops(nil, nil) }, saveAt, ckpt) {
+		sameRun(t, fmt.Sprintf("node %d", node), r, want, 0)
+	}
+	one := tinyMoEConfigKV(t, path, 2)
+	if s := sameBits(ckptParams(t, one, ckpt), ckptParams(t, one, refCkpt)); s != "" {
+		t.Errorf("node 0's checkpoint: %s", s)
+	}
+	a, err := os.ReadFile(filepath.Join(ckpt, OptimizerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(refCkpt, OptimizerFile)); err != nil || !bytes.Equal(a, b) {
+		t.Errorf("node 0's %s differs from the one-process checkpoint's (%v)", OptimizerFile, err)
+	}
+	f = newFakeNCCL(2)
+	for node, r := range trainAcrossWith(t, 2, steps-saveAt, func(node int) *Config { return gpu(node, "--resume_from_checkpoint="+ckpt) }, func(int) gpuNodeOps { return f.ops(nil, nil) }, 0, "") {
+		sameRun(t, fmt.Sprintf("resumed: node %d", node), r, want, saveAt)
 	}
 }
 
