@@ -63,8 +63,8 @@ import (
 //   - Layouts: dense and mixture-of-experts models with dp, fsdp, tp (tp dividing each node's
 //     device count, so every tensor group lies inside one node), cp, and for MoE models ep and
 //     etp (MoE models with cp are refused for every run, see engine/mesh). Context and expert
-//     groups may span nodes: their collectives (the context group's key/value gathers, the experts'
-//     dispatch and combine all-to-alls) cross the world. The aux loss, the expert load and
+//     groups may span nodes: their collectives (the context group's key/value gathers, the
+//     experts' dispatch and combine all-to-alls) cross the world. The aux loss, the expert load and
 //     aux-loss-free balancing are the world's: every node balances the experts after each of
 //     its steps (Step does), so every rank of every node keeps the same bias. Moving the run
 //     to another layout (SetLayout) is refused.
