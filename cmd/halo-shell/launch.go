@@ -45,8 +45,8 @@ Multi-node flags (defaults from SLURM_NNODES, SLURM_NODEID/SLURM_PROCID, SLURM_J
 nodes, each node runs the same command with its --node-rank and K devices (cpu:K, or K GPUs
 such as cuda:0-7; every node the same K); node 0 serves the rendezvous; the mesh spans
 nnodes*K ranks, node r's being r*K..r*K+K-1, talking over TCP on CPU devices and over one NCCL
-world on GPUs (node 0 makes the NCCL id, the rendezvous carries it). Dense models; dp, fsdp, tp
-dividing K; no MoE, ep, etp, cp. Only node 0 writes metrics, checkpoints (with the optimizer
+world on GPUs (node 0 makes the NCCL id, the rendezvous carries it). Dense and MoE models; dp,
+fsdp, tp dividing K, cp, ep, etp. Only node 0 writes metrics, checkpoints (with the optimizer
 state: resume with --resume_from_checkpoint on every node) and the model. No session is
 served.
 
