@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
@@ -121,7 +120,7 @@ func (r *recs) EndStep() (profile.Step, bool) {
 		}
 		r.byStep[steps[0].Step] = steps
 	}
-	return mergeSteps(steps), true
+	return profile.MeanSteps(steps), true
 }
 
 // writeTrace writes steps as a Chrome/Perfetto trace. Steps of a plan get one process per
@@ -194,35 +193,3 @@ func (r *recs) Steps() {
 func (r *recs) StartCapture()                     { r.main.StartCapture() }
 func (r *recs) StopCapture() []profile.Activation { return r.main.StopCapture() }
 
-// mergeSteps is the mean over devices of one step's accounting (times), with the counts
-// summed and the spans of the first device.
-func mergeSteps(steps []profile.Step) profile.Step {
-	if len(steps) == 1 {
-		return steps[0]
-	}
-	n := time.Duration(len(steps))
-	out := profile.Step{Step: steps[0].Step, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{},
-		Spans: steps[0].Spans, DroppedSpans: steps[0].DroppedSpans}
-	for _, s := range steps {
-		out.Wall += s.Wall
-		out.Host += s.Host
-		for k, d := range s.Compute {
-			out.Compute[k] += d
-		}
-		for k, d := range s.Comm {
-			out.Comm[k] += d
-		}
-		out.Ops += s.Ops
-		out.Bytes += s.Bytes
-		out.FLOPs += s.FLOPs
-	}
-	out.Wall /= n
-	out.Host /= n
-	for k := range out.Compute {
-		out.Compute[k] /= n
-	}
-	for k := range out.Comm {
-		out.Comm[k] /= n
-	}
-	return out
-}

@@ -562,7 +562,7 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 		s.Profiled = true
 		progress(s)
 	}
-	ps := meanStep(steps)
+	ps := profile.MeanSteps(steps)
 	bd := &Breakdown{Step: n, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
 		HostS: ps.Host.Seconds(), Ops: ps.Ops, CountedGFLOP: float64(ps.FLOPs) / 1e9}
 	for k, d := range ps.Compute {

@@ -48,38 +48,6 @@ type DeviceComm struct {
 	CombineFraction  float64            `json:"combine_fraction"`
 }
 
-// meanStep is the mean over devices of one step's accounting (times), with the counts summed
-// (the way the session merges a parallel step's devices).
-func meanStep(steps []profile.Step) profile.Step {
-	if len(steps) == 1 {
-		return steps[0]
-	}
-	n := time.Duration(len(steps))
-	out := profile.Step{Step: steps[0].Step, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}}
-	for _, s := range steps {
-		out.Wall += s.Wall
-		out.Host += s.Host
-		for k, d := range s.Compute {
-			out.Compute[k] += d
-		}
-		for k, d := range s.Comm {
-			out.Comm[k] += d
-		}
-		out.Ops += s.Ops
-		out.Bytes += s.Bytes
-		out.FLOPs += s.FLOPs
-	}
-	out.Wall /= n
-	out.Host /= n
-	for k := range out.Compute {
-		out.Compute[k] /= n
-	}
-	for k := range out.Comm {
-		out.Comm[k] /= n
-	}
-	return out
-}
-
 // commBreakdown computes the communication figures from each device's step (steps[r] is rank
 // r's), their mean and the communicators' totals before and after the step.
 func commBreakdown(steps []profile.Step, mean profile.Step, before, after []comm.Stats, devs []backend.Backend) *CommBreakdown {

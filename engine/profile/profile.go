@@ -419,3 +419,38 @@ func (r *Recorder) addActivation(op, class string, shape []int, v []float32) {
 		r.acts = append(r.acts, a)
 	}
 }
+
+// MeanSteps merges one step's accounting from several devices (the ranks of a parallel plan):
+// wall, host, per-class compute and per-kind communication times are the means over devices,
+// op, byte and FLOP counts the sums, and the spans (and their drop count) the first device's.
+// One step is returned as it is.
+func MeanSteps(steps []Step) Step {
+	if len(steps) == 1 {
+		return steps[0]
+	}
+	n := time.Duration(len(steps))
+	out := Step{Step: steps[0].Step, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{},
+		Spans: steps[0].Spans, DroppedSpans: steps[0].DroppedSpans}
+	for _, s := range steps {
+		out.Wall += s.Wall
+		out.Host += s.Host
+		for k, d := range s.Compute {
+			out.Compute[k] += d
+		}
+		for k, d := range s.Comm {
+			out.Comm[k] += d
+		}
+		out.Ops += s.Ops
+		out.Bytes += s.Bytes
+		out.FLOPs += s.FLOPs
+	}
+	out.Wall /= n
+	out.Host /= n
+	for k := range out.Compute {
+		out.Compute[k] /= n
+	}
+	for k := range out.Comm {
+		out.Comm[k] /= n
+	}
+	return out
+}
