@@ -1,10 +1,8 @@
 package train
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -126,50 +124,6 @@ func (ff *fakeFabric) Split(name string, groups [][]int) ([]comm.Communicator, e
 	return out, nil
 }
 
-// trainGPUNodes is trainAcross for GPU configs, each node reaching its "GPUs" through ops(node).
-func trainGPUNodes(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, ops func(node int) gpuNodeOps, saveAt int, ckpt string) []nodeRun {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	runs := make([]nodeRun, nnodes)
-	var wg sync.WaitGroup
-	for node := range nnodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := &runs[node]
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			tr, err := newOnNodes(ctx, cfgs(node), rendezvous.Config{NNodes: nnodes, NodeRank: node, Addr: addr, Token: "gpu-nodes", Timeout: 20 * time.Second}, ops(node))
-			if err != nil {
-				r.err = err
-				return
-			}
-			defer tr.Close()
-			r.rank, r.n = tr.Node()
-			for range steps {
-				m, err := tr.Step(ctx)
-				if err != nil {
-					r.err = err
-					return
-				}
-				r.loss, r.norm = append(r.loss, m.Loss), append(r.norm, m.GradNorm)
-				if m.Step == saveAt {
-					if r.err = tr.Save(ckpt); r.err != nil {
-						return
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return runs
-}
-
 // Two nodes of one GPU each (node 0 on cuda:0, node 1 on cuda:1: the lists may differ) join
 // one world from node 0's NCCL id carried by the rendezvous, as ranks 0 and 1, and train as
 // one process on two devices: the same losses and gradient norms on every node, node 0's
@@ -185,7 +139,7 @@ func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
 			refCkpt, ckpt := filepath.Join(dir, "ref"+fmt.Sprint(len(layout))), filepath.Join(dir, "nodes"+fmt.Sprint(len(layout)))
 			want := stepOne(t, tinyParallelConfig(t, path, append([]string{"--devices=cpu:2"}, layout...)...), steps, saveAt, refCkpt)
 			f := newFakeNCCL(2)
-			runs := trainGPUNodes(t, 2, steps, func(node int) *Config {
+			runs := trainAcrossWith(t, 2, steps, func(node int) *Config {
 				return tinyParallelConfig(t, path, append([]string{fmt.Sprintf("--devices=cuda:%d", node), "--device=auto"}, layout...)...)
 			}, func(int) gpuNodeOps { return f.ops(nil, nil) }, saveAt, ckpt)
 			for node, r := range runs {
@@ -202,7 +156,7 @@ func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
 			}
 			// Resumed from node 0's checkpoint across the GPU nodes, the run continues as it would have.
 			f = newFakeNCCL(2)
-			resumed := trainGPUNodes(t, 2, steps-saveAt, func(node int) *Config {
+			resumed := trainAcrossWith(t, 2, steps-saveAt, func(node int) *Config {
 				return tinyParallelConfig(t, path, append([]string{fmt.Sprintf("--devices=cuda:%d", node), "--device=auto", "--resume_from_checkpoint=" + ckpt}, layout...)...)
 			}, func(int) gpuNodeOps { return f.ops(nil, nil) }, 0, "")
 			for node, r := range resumed {
@@ -257,7 +211,7 @@ func TestNodesOnGPUsRefuseANodeThatCannotTakePart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeNCCL(2)
 			start := time.Now()
-			runs := trainGPUNodes(t, 2, 1, func(node int) *Config {
+			runs := trainAcrossWith(t, 2, 1, func(node int) *Config {
 				return tinyParallelConfig(t, path, append([]string{"--devices=" + tc.devices[node], "--device=auto", "--gradient_accumulation_steps=4"}, tc.extra[node]...)...)
 			}, func(node int) gpuNodeOps { return f.ops(tc.ready[node], tc.open[node]) }, 0, "")
 			for node, r := range runs {
