@@ -197,8 +197,12 @@ func fcode(op, arg string, t T) (int32, error) {
 	return 0, fmt.Errorf("cuda: %s: %s %v: dtype %s is not supported (use f32 or bf16)", op, arg, t, t.DType())
 }
 
+// smallUploadBytes is the largest upload that is copied on the caller's goroutine and posted.
+const smallUploadBytes = 64 << 10
+
 // Upload copies host bytes into dst, ordered after the work already queued. Uploads of up to
-// 1 MiB return without waiting for the GPU (src may be reused at once); larger ones wait. The
+// 1 MiB return without waiting for the GPU (src may be reused at once); larger ones wait. Those
+// of up to smallUploadBytes do not wait for the device goroutine either. The
 // values of an I32 dst are remembered on the host (host_int32.go), so that ops validating or
 // sorting indices need not read them back.
 func (b *Backend) Upload(dst T, src []byte) error {
@@ -213,7 +217,15 @@ func (b *Backend) Upload(dst T, src []byte) error {
 		return nil
 	}
 	b.i32.invalidate(p, uint64(len(src)))
-	if err := b.d.Do(func() error { return b.uploadOnThread(p, src) }); err != nil {
+	if len(src) <= smallUploadBytes {
+		// Small uploads (a batch's indices, an expert's routing) are copied here and posted:
+		// the caller may reuse src at once and does not wait for the device goroutine.
+		own := append([]byte(nil), src...)
+		err = b.d.Post(func() error { return b.uploadOnThread(p, own) })
+	} else {
+		err = b.d.Do(func() error { return b.uploadOnThread(p, src) })
+	}
+	if err != nil {
 		return err
 	}
 	if dst.DType() == tensor.I32 {
