@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -504,4 +505,16 @@ func FuzzLibCandidates(f *testing.F) {
 			t.Fatalf("candidates %v do not end with the bare sonames", got)
 		}
 	})
+}
+
+// TestQwen3JSONIsAConfig checks the GPU tests' model configs parse with the shape asked for.
+func TestQwen3JSONIsAConfig(t *testing.T) {
+	cfg, err := config.Parse(qwen3JSON(256, 768, 8, 4, 2, 64, 32000), "small-qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HiddenSize != 256 || cfg.IntermediateSize != 768 || cfg.NumHiddenLayers != 8 || cfg.NumAttentionHeads != 4 ||
+		cfg.NumKeyValueHeads != 2 || cfg.HeadDim != 64 || cfg.VocabSize != 32000 || !cfg.TieWordEmbeddings {
+		t.Fatalf("parsed %+v", cfg)
+	}
 }

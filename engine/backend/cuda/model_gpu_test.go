@@ -223,16 +223,6 @@ func TestGPUModelParity(t *testing.T) {
 	}
 }
 
-// qwen3Config is the Qwen3-0.6B shape (random weights).
-const qwen3Config = `{
-  "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-  "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-  "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-  "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000,
-  "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "hidden_act": "silu",
-  "attention_bias": false, "torch_dtype": "bfloat16"
-}`
-
 // TestGPUTrainStepThroughput times forward+backward of the Qwen3-0.6B shape on a packed batch of
 // 4 x 4096 tokens in bf16 (no recomputation) and reports tokens/s and peak memory next to the
 // stock PyTorch + transformers figure measured on the same GPU model (45.5k tokens/s, 66.7 GiB).
@@ -284,10 +274,23 @@ func TestGPUTrainStepThroughput(t *testing.T) {
 		Note: fmt.Sprintf("forward+backward only (no optimizer), wall clock after Sync; steps %v s", times)})
 }
 
+// qwen3JSON is the config.json of a Qwen3 of the given shape: hidden size, MLP width, layers,
+// query and key/value heads, head dim and vocabulary; tied embeddings, bf16, RoPE theta 1e6.
+func qwen3JSON(hidden, mlp, layers, heads, kvHeads, headDim, vocab int) []byte {
+	return fmt.Appendf(nil, `{
+  "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+  "hidden_size": %d, "intermediate_size": %d, "num_hidden_layers": %d,
+  "num_attention_heads": %d, "num_key_value_heads": %d, "head_dim": %d,
+  "vocab_size": %d, "max_position_embeddings": 40960, "rope_theta": 1000000,
+  "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "hidden_act": "silu",
+  "attention_bias": false, "torch_dtype": "bfloat16"
+}`, hidden, mlp, layers, heads, kvHeads, headDim, vocab)
+}
+
 // qwen3ShapeModel builds the Qwen3-0.6B-shaped model in bf16 with random weights on be.
 func qwen3ShapeModel(t *testing.T, be backend.Backend) *models.Model {
 	t.Helper()
-	cfg, err := config.Parse([]byte(qwen3Config), "qwen3-0.6b-shape")
+	cfg, err := config.Parse(qwen3JSON(1024, 3072, 28, 16, 8, 128, 151936), "qwen3-0.6b-shape")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,21 +10,11 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// smallConfig is a small qwen3 (8 layers of width 256, 21M parameters) whose training step is
-// made of many short kernels: the shape where launch overhead, not the GPU, sets the pace.
-const smallConfig = `{
-  "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-  "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 8,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-  "vocab_size": 32000, "max_position_embeddings": 4096, "rope_theta": 1000000,
-  "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "hidden_act": "silu",
-  "attention_bias": false, "torch_dtype": "bfloat16"
-}`
-
 // TestGPUPostingTakesLaunchesOffTheCallersPath measures what a kernel launch costs the caller
 // when ops wait for the device goroutine (HALO_CUDA_SYNC_OPS=1) and when they are posted: the
 // round trip of one Do, a stream of tiny kernels, and forward+backward of a small model, where
-// the GPU work per op is a few microseconds. The model's loss must not depend on the mode.
+// the GPU work per op is a few microseconds: a small qwen3 (8 layers of width 256, 21M
+// parameters), the shape where launch overhead, not the GPU, sets the pace. The model's loss must not depend on the mode.
 func TestGPUPostingTakesLaunchesOffTheCallersPath(t *testing.T) {
 	g := gpu(t)
 	defer g.d.q.setAsync(true)
@@ -62,7 +52,7 @@ func TestGPUPostingTakesLaunchesOffTheCallersPath(t *testing.T) {
 		tiny[async] = timing{enq.Seconds() / n * 1e6, time.Since(start).Seconds() / n * 1e6}
 	}
 
-	cfg, err := config.Parse([]byte(smallConfig), "small-qwen3")
+	cfg, err := config.Parse(qwen3JSON(256, 768, 8, 4, 2, 64, 32000), "small-qwen3")
 	if err != nil {
 		t.Fatal(err)
 	}

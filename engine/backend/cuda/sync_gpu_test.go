@@ -22,16 +22,6 @@ import (
 // device-side fallbacks, and benchmarks of the GEMMs and memory-bound kernels at the Qwen3-0.6B
 // shape.
 
-// tinyQwen3Config is a two-layer Qwen3 small enough to run in milliseconds.
-const tinyQwen3Config = `{
-  "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-  "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-  "vocab_size": 1000, "max_position_embeddings": 4096, "rope_theta": 1000000,
-  "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "hidden_act": "silu",
-  "attention_bias": false, "torch_dtype": "bfloat16"
-}`
-
 // syncDelta returns the synchronisations made between two snapshots, by op.
 func syncDelta(before, after SyncStats) map[string]int64 {
 	d := map[string]int64{}
@@ -49,7 +39,7 @@ func syncDelta(before, after SyncStats) map[string]int64 {
 // the op that made it.
 func TestGPUTrainStepDoesNotSynchronise(t *testing.T) {
 	g := gpu(t)
-	cfg, err := config.Parse([]byte(tinyQwen3Config), "tiny-qwen3")
+	cfg, err := config.Parse(qwen3JSON(128, 256, 2, 4, 2, 32, 1000), "tiny-qwen3") // milliseconds a step
 	if err != nil {
 		t.Fatal(err)
 	}
