@@ -3,7 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
