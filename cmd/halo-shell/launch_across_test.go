@@ -2,15 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,30 +59,14 @@ func freePort(t *testing.T) string {
 // args(r), and returns each one's combined output; it fails the test if one fails.
 func launchNodesProcs(t *testing.T, nnodes int, args func(node int) []string) []string {
 	t.Helper()
-	outs := make([]bytes.Buffer, nnodes)
-	errs := make([]error, nnodes)
-	var wg sync.WaitGroup
-	for node := range nnodes {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLaunchAcrossNodesMatchesOneProcess$", "-test.count=1")
-		cmd.Env = append(os.Environ(), acrossArgsEnv+"="+strings.Join(args(node), "\x1f"))
-		cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[node] = cmd.Wait()
-		}()
+	all := make([][]string, nnodes)
+	for node := range all {
+		all[node] = args(node)
 	}
-	wg.Wait()
-	res := make([]string, nnodes)
-	for node := range nnodes {
-		res[node] = outs[node].String()
-		if errs[node] != nil {
-			t.Fatalf("node %d: %v\n%s", node, errs[node], res[node])
+	res, errs := launchChildren(t, "TestLaunchAcrossNodesMatchesOneProcess", acrossArgsEnv, 2*time.Minute, all, nil)
+	for node, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d: %v\n%s", node, err, res[node])
 		}
 	}
 	return res

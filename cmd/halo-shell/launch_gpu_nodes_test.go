@@ -43,9 +43,9 @@ func runGPUNodeChild(t *testing.T) bool {
 }
 
 // launchChildren runs "launch" as len(args) processes of this test binary running test
-// (which calls runGPUNodeChild first), process i with args[i] and environment env[i] added,
-// and returns each one's combined output and exit error.
-func launchChildren(t *testing.T, test string, timeout time.Duration, args [][]string, env [][]string) ([]string, []error) {
+// (which hands the arguments in the variable argsEnv to runRoot first), process i with args[i]
+// and environment env[i] (if any) added, and returns each one's combined output and exit error.
+func launchChildren(t *testing.T, test, argsEnv string, timeout time.Duration, args [][]string, env [][]string) ([]string, []error) {
 	t.Helper()
 	n := len(args)
 	outs := make([]bytes.Buffer, n)
@@ -55,7 +55,10 @@ func launchChildren(t *testing.T, test string, timeout time.Duration, args [][]s
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-		cmd.Env = append(append(os.Environ(), gpuNodesArgsEnv+"="+strings.Join(args[i], "\x1f")), env[i]...)
+		cmd.Env = append(os.Environ(), argsEnv+"="+strings.Join(args[i], "\x1f"))
+		if i < len(env) {
+			cmd.Env = append(cmd.Env, env[i]...)
+		}
 		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -112,7 +115,7 @@ func TestGPULaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 	dir := t.TempDir()
 	common := []string{"--max_steps=5", "--bf16=true", "--device=auto", "--gradient_accumulation_steps=2", "--generation_eval.max_samples=0"}
 	ref := filepath.Join(dir, "ref")
-	outs, errs := launchChildren(t, test, 5*time.Minute, [][]string{quickstartArgs(ref, append([]string{"--devices=cuda:0-1"}, common...)...)}, [][]string{nil})
+	outs, errs := launchChildren(t, test, gpuNodesArgsEnv, 5*time.Minute, [][]string{quickstartArgs(ref, append([]string{"--devices=cuda:0-1"}, common...)...)}, [][]string{nil})
 	if errs[0] != nil {
 		t.Fatalf("one process on cuda:0-1: %v\n%s", errs[0], outs[0])
 	}
@@ -123,7 +126,7 @@ func TestGPULaunchAcrossNodesMatchesOneProcess(t *testing.T) {
 		args[node] = quickstartArgs(outDir(node), append([]string{"--devices=cuda:" + strconv.Itoa(node), "--nnodes=2", "--node-rank=" + strconv.Itoa(node),
 			"--rendezvous=" + addr, "--rendezvous-token=gpu-nodes-secret", "--rendezvous-timeout=120s"}, common...)...)
 	}
-	outs, errs = launchChildren(t, test, 5*time.Minute, args, [][]string{nil, nil})
+	outs, errs = launchChildren(t, test, gpuNodesArgsEnv, 5*time.Minute, args, [][]string{nil, nil})
 	for node := range outs {
 		if errs[node] != nil {
 			t.Fatalf("node %d: %v\n%s", node, errs[node], outs[node])
@@ -166,7 +169,7 @@ func TestLaunchAcrossGPUNodesWithoutGPUsSaysWhy(t *testing.T) {
 			"--nnodes=2", "--node-rank="+strconv.Itoa(node), "--rendezvous="+addr, "--rendezvous-token=gpu-nodes-secret", "--rendezvous-timeout=60s")
 	}
 	start := time.Now()
-	outs, errs := launchChildren(t, test, 2*time.Minute, args, [][]string{nil, nil})
+	outs, errs := launchChildren(t, test, gpuNodesArgsEnv, 2*time.Minute, args, [][]string{nil, nil})
 	for node := range outs {
 		if errs[node] == nil {
 			t.Errorf("node %d succeeded without a usable GPU:\n%s", node, outs[node])
