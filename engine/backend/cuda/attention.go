@@ -124,11 +124,11 @@ type attnTiles struct{ FwdW, FwdMT, FwdBK, DQW, DQBK, DKVW, DKVBQ int }
 // dim 64 dQ with 64-key tiles, which is kept for comparison.
 var (
 	attnVariants = map[int]struct {
-		fwd     [][3]int
-		dq, dkv [][2]int
+		fwd            [][3]int
+		dq, dkv, fused [][2]int
 	}{
-		64:  {fwd: [][3]int{{4, 1, 64}, {4, 2, 64}}, dq: [][2]int{{4, 32}, {8, 64}}, dkv: [][2]int{{4, 64}, {8, 64}}},
-		128: {fwd: [][3]int{{4, 1, 64}, {4, 2, 32}}, dq: [][2]int{{4, 32}}, dkv: [][2]int{{4, 32}}},
+		64:  {fwd: [][3]int{{4, 1, 64}, {4, 2, 64}}, dq: [][2]int{{4, 32}, {8, 64}}, dkv: [][2]int{{4, 64}, {8, 64}}, fused: [][2]int{{4, 64}}},
+		128: {fwd: [][3]int{{4, 1, 64}, {4, 2, 32}}, dq: [][2]int{{4, 32}}, dkv: [][2]int{{4, 32}}, fused: [][2]int{{4, 32}}},
 	}
 	attnDefaultTiles = map[int]attnTiles{
 		64:  {FwdW: 4, FwdMT: 2, FwdBK: 64, DQW: 4, DQBK: 32, DKVW: 4, DKVBQ: 64},
@@ -171,6 +171,16 @@ func (t attnTiles) fwdName(hd int) string {
 func (t attnTiles) dqName(hd int) string {
 	return fmt.Sprintf("attn_bwd_dq_mma_%d_w%d_k%d", hd, t.DQW, t.DQBK)
 }
+// fusedName is the one-pass backward of the dK/dV tile shape (attention_fused.cu).
+func (t attnTiles) fusedName(hd int) string {
+	return fmt.Sprintf("attn_bwd_fused_mma_%d_w%d_q%d", hd, t.DKVW, t.DKVBQ)
+}
+
+// fusedCompiled reports whether the one-pass backward exists for t's dK/dV shape.
+func fusedCompiled(hd int, t attnTiles) bool {
+	return slices.Contains(attnVariants[hd].fused, [2]int{t.DKVW, t.DKVBQ})
+}
+
 func (t attnTiles) dkvName(hd int) string {
 	return fmt.Sprintf("attn_bwd_dkv_mma_%d_w%d_q%d", hd, t.DKVW, t.DKVBQ)
 }
@@ -193,6 +203,9 @@ func mmaSharedDQ(hd, bk int) uint32 { return uint32(2 * 2 * 2 * bk * (hd + 8)) }
 func mmaSharedDKV(hd, w, bq int) uint32 {
 	return uint32(2*(2*16*w*(hd+8)+2*2*bq*(hd+8)) + 4*2*2*bq)
 }
+
+// mmaSharedFused is mmaSharedDKV plus the block's dS tile, 16 * w keys by bq + 8 bf16.
+func mmaSharedFused(hd, w, bq int) uint32 { return mmaSharedDKV(hd, w, bq) + uint32(2*16*w*(bq+8)) }
 
 // useMMA reports whether the tensor-core kernels apply: bf16 tensors, head dim 64 or 128 and
 // every pointer 16-byte aligned (they load 16 bytes at a time).
@@ -348,6 +361,9 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 				return err
 			}
 			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
+			if b.attnFused && attnBwdOnly == "" && fusedCompiled(g.HD, t) {
+				return b.fusedBackwardOnThread(g, t, ptrs, common)
+			}
 			if attnBwdOnly != "dkv" {
 				rows := 16 * t.DQW
 				grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NH), 1}
@@ -374,4 +390,26 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			packArgs(ptrs["DK"], ptrs["DV"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
 				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...)
 	})
+}
+
+// fusedBackwardOnThread runs the one-pass backward (attention_fused.cu): dK and dV as the dK/dV
+// kernel writes them, dQ accumulated in fp32 with atomic adds and then rounded into DQ.
+func (b *Backend) fusedBackwardOnThread(g attnGeom, t attnTiles, ptrs map[string]uintptr, common []any) error {
+	n := int64(g.N) * int64(g.NH) * int64(g.HD)
+	acc, err := b.d.allocOnThread(uint64(4 * n))
+	if err != nil {
+		return err
+	}
+	defer b.d.alloc.Free(acc.ptr) // freed after the kernels: later work is on the same stream
+	if err := b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(acc.ptr, 0, uint64(4*n), b.d.stream)); err != nil {
+		return err
+	}
+	rows := 16 * t.DKVW
+	grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NKV), 1}
+	if err := b.d.launchOnThread("attention_fused.cu", t.fusedName(g.HD), grid, [3]uint32{uint32(32 * t.DKVW), 1, 1},
+		mmaSharedFused(g.HD, t.DKVW, t.DKVBQ), packArgs(append([]any{ptrs["DK"], ptrs["DV"], acc.ptr}, common...)...)...); err != nil {
+		return err
+	}
+	return b.d.launchOnThread("attention_fused.cu", "attn_dq_from_acc", grid1D(n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0,
+		packArgs(ptrs["DQ"], acc.ptr, g.scale, n)...)
 }

@@ -17,8 +17,8 @@ import (
 // and 128.
 func TestGPUAttentionTiles(t *testing.T) {
 	g := gpu(t)
-	defer func() { g.attnMMA = true; attnTileOverride = nil }()
-	g.attnMMA = true
+	defer func() { g.attnMMA = true; g.attnFused = false; attnTileOverride = nil }()
+	g.attnMMA, g.attnFused = true, false
 	// Every compiled tile shape runs every case: configuration i takes the i-th forward, dQ and
 	// dK/dV variant of each head dim (cycling through the shorter lists).
 	configs := 0
@@ -32,6 +32,21 @@ func TestGPUAttentionTiles(t *testing.T) {
 			attnTileOverride[hd] = attnTiles{FwdW: f[0], FwdMT: f[1], FwdBK: f[2], DQW: dq[0], DQBK: dq[1], DKVW: dkv[0], DKVBQ: dkv[1]}
 		}
 		t.Run(fmt.Sprintf("tiles%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
+	}
+	// The one-pass backward (dQ by atomic adds) for every dK/dV shape it is compiled for.
+	g.attnFused = true
+	configs = 0
+	for _, v := range attnVariants {
+		configs = max(configs, len(v.fused))
+	}
+	for ci := 0; ci < configs; ci++ {
+		attnTileOverride = map[int]attnTiles{}
+		for hd, v := range attnVariants {
+			tl := attnDefaultTiles[hd]
+			tl.DKVW, tl.DKVBQ = v.fused[ci%len(v.fused)][0], v.fused[ci%len(v.fused)][1]
+			attnTileOverride[hd] = tl
+		}
+		t.Run(fmt.Sprintf("fused%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
 	}
 }
 
@@ -62,7 +77,11 @@ func attentionTileCases(t *testing.T, g *Backend) {
 			return backend.AttentionShape{CuSeqlens: ts["cu"], NH: s.NH, NKV: s.NKV, HD: s.HD, Window: s.window}
 		}
 		tl := g.tiles(s.HD)
-		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, tl.fwdName(s.HD), tl.dqName(s.HD), tl.dkvName(s.HD))
+		bwdNames := tl.dqName(s.HD) + "_" + tl.dkvName(s.HD)
+		if g.attnFused && fusedCompiled(s.HD, tl) {
+			bwdNames = tl.fusedName(s.HD)
+		}
+		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, tl.fwdName(s.HD), bwdNames)
 		t.Run("forward/"+name, func(t *testing.T) {
 			runCase(t, g, opCase{
 				Name: "attention_tiles/" + name,
@@ -148,15 +167,21 @@ func TestGPUAttentionThroughput(t *testing.T) {
 		NH, NKV, HD int
 	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
+		g.attnFused = false
 		fwdMs, bwdMs := timeIt(t, g, 3, fwd), timeIt(t, g, 3, bwd)
+		g.attnFused = true
+		fusedMs := timeIt(t, g, 3, bwd)
+		g.attnFused = false
 		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
 		flops := pairs * 4 * float64(s.HD)
 		vals := map[string]float64{
-			"fwd_ms": fwdMs, "bwd_ms": bwdMs,
-			"fwd_tflops": flops / (fwdMs * 1e-3) / 1e12,
-			"bwd_tflops": 2.5 * flops / (bwdMs * 1e-3) / 1e12,
+			"fwd_ms": fwdMs, "bwd_ms": bwdMs, "bwd_fused_ms": fusedMs,
+			"fwd_tflops":       flops / (fwdMs * 1e-3) / 1e12,
+			"bwd_tflops":       2.5 * flops / (bwdMs * 1e-3) / 1e12,
+			"bwd_fused_tflops": 2.5 * flops / (fusedMs * 1e-3) / 1e12,
 		}
-		t.Logf("%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)", s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"])
+		t.Logf("%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), one-pass backward %.3f ms (%.0f TFLOP/s)",
+			s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"], fusedMs, vals["bwd_fused_tflops"])
 		report.addBench(benchmark{Name: "attention_" + s.name + "_b4x4096", Values: vals,
 			Note: "tensor-core kernels; median of 5 timed repetitions of 3 calls with CUDA events; 4*HD FLOPs per causal pair forward, 2.5x backward"})
 		free()

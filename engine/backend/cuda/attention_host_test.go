@@ -28,6 +28,16 @@ func TestAttentionVariantsAreCompiled(t *testing.T) {
 			entries[attnTiles{DKVW: a[1], DKVBQ: a[2]}.dkvName(a[0])] = true
 		}
 	}
+	fsrc, err := kernelFS.ReadFile("kernels/attention_fused.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fused := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^BWD_FUSED\(([0-9, ]+)\)`).FindAllStringSubmatch(string(fsrc), -1) {
+		var a [3]int
+		fmt.Sscanf(m[1], "%d, %d, %d", &a[0], &a[1], &a[2])
+		fused[attnTiles{DKVW: a[1], DKVBQ: a[2]}.fusedName(a[0])] = true
+	}
 	if len(entries) == 0 {
 		t.Fatal("no FWD_MMA/BWD_DQ/BWD_DKV instantiations found in attention_tc.cu")
 	}
@@ -46,6 +56,14 @@ func TestAttentionVariantsAreCompiled(t *testing.T) {
 			if n := (attnTiles{DKVW: d[0], DKVBQ: d[1]}).dkvName(hd); !entries[n] {
 				t.Errorf("variant %s is listed but not compiled", n)
 			}
+		}
+		for _, d := range v.fused {
+			if n := (attnTiles{DKVW: d[0], DKVBQ: d[1]}).fusedName(hd); !fused[n] {
+				t.Errorf("one-pass backward %s is listed but not compiled in attention_fused.cu", n)
+			}
+		}
+		if !fusedCompiled(hd, attnDefaultTiles[hd]) {
+			t.Errorf("head dim %d: no one-pass backward for the default dK/dV tiles", hd)
 		}
 		def, ok := attnDefaultTiles[hd]
 		if !ok {

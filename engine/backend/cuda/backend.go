@@ -35,6 +35,10 @@ type Backend struct {
 	// attnMMA selects the tensor-core attention kernels where they apply (bf16, head dim 64 or
 	// 128, 16-byte aligned tensors); HALO_CUDA_ATTENTION=simt turns them off.
 	attnMMA bool
+	// attnFused runs the tensor-core backward as one pass that accumulates dQ with atomic adds
+	// (attention_fused.cu) instead of a dQ and a dK/dV kernel; HALO_CUDA_ATTN_BWD=fused turns it
+	// on. dq is then not bit-for-bit reproducible from run to run.
+	attnFused bool
 	mmaOnce sync.Once
 	mmaErr  error
 	// scratch holds small per-op device buffers that live as long as the backend.
@@ -66,7 +70,8 @@ func New(index int) (*Backend, error) {
 		d.Close()
 		return nil, err
 	}
-	return &Backend{d: d, flag: flag, attnMMA: os.Getenv("HALO_CUDA_ATTENTION") != "simt"}, nil
+	return &Backend{d: d, flag: flag, attnMMA: os.Getenv("HALO_CUDA_ATTENTION") != "simt",
+		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused"}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).

@@ -376,7 +376,7 @@ func TestKernelCacheDirOverride(t *testing.T) {
 
 func TestEmbeddedKernels(t *testing.T) {
 	files := KernelFiles()
-	want := []string{"adamw.cu", "attention.cu", "attention_tc.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
+	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_tc.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
 	if strings.Join(files, ",") != strings.Join(want, ",") {
 		t.Errorf("embedded kernel files = %v, want %v", files, want)
 	}
@@ -386,7 +386,7 @@ func TestEmbeddedKernels(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Each file opens with its gradient contract and includes the common header first.
-		body := src[strings.Index(src, "#line 1"):]
+		body := src[strings.Index(src, "#line 1 \""+f+"\""):]
 		lines := strings.SplitN(body, "\n", 3)
 		if !strings.HasPrefix(lines[1], "// "+f+":") {
 			t.Errorf("%s does not open with a '// %s:' header comment", f, f)
@@ -397,6 +397,11 @@ func TestEmbeddedKernels(t *testing.T) {
 		}
 		if !strings.Contains(src, "typedef unsigned short bf16;") {
 			t.Errorf("%s is compiled without common.cuh", f)
+		}
+		for _, h := range kernelHeaders[f] {
+			if !strings.Contains(src, "#line 1 \""+h+"\"") || strings.Index(src, h) > strings.Index(src, "#line 1 \""+f+"\"") {
+				t.Errorf("%s is compiled without %s before it", f, h)
+			}
 		}
 	}
 }

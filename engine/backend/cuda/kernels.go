@@ -20,6 +20,14 @@ var kernelFS embed.FS
 // no CUDA headers at run time).
 const commonHeaderFile = "kernels/common.cuh"
 
+// kernelHeaders are the headers prepended, after the common one, to the kernel files that use
+// them (device code shared by several files, each compiled on its own so that one that fails to
+// build leaves the others usable).
+var kernelHeaders = map[string][]string{
+	"attention_tc.cu":    {"attention_mma.cuh"},
+	"attention_fused.cu": {"attention_mma.cuh"},
+}
+
 // kernelSource returns the full source compiled for one kernels/*.cu file.
 func kernelSource(file string) (string, error) {
 	hdr, err := kernelFS.ReadFile(commonHeaderFile)
@@ -30,7 +38,19 @@ func kernelSource(file string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("cuda: no embedded kernel file %q: %w", file, err)
 	}
-	return string(hdr) + "\n#line 1 \"" + file + "\"\n" + string(body), nil
+	var sb strings.Builder
+	sb.Write(hdr)
+	for _, h := range kernelHeaders[file] {
+		raw, err := kernelFS.ReadFile("kernels/" + h)
+		if err != nil {
+			return "", fmt.Errorf("cuda: embedded %s (for %s): %w", h, file, err)
+		}
+		sb.WriteString("\n#line 1 \"" + h + "\"\n")
+		sb.Write(raw)
+	}
+	sb.WriteString("\n#line 1 \"" + file + "\"\n")
+	sb.Write(body)
+	return sb.String(), nil
 }
 
 // KernelFiles lists the embedded kernels/*.cu files.
