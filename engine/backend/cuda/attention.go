@@ -171,6 +171,7 @@ func (t attnTiles) fwdName(hd int) string {
 func (t attnTiles) dqName(hd int) string {
 	return fmt.Sprintf("attn_bwd_dq_mma_%d_w%d_k%d", hd, t.DQW, t.DQBK)
 }
+
 // fusedName is the one-pass backward of the dK/dV tile shape (attention_fused.cu).
 func (t attnTiles) fusedName(hd int) string {
 	return fmt.Sprintf("attn_bwd_fused_mma_%d_w%d_q%d", hd, t.DKVW, t.DKVBQ)

@@ -39,8 +39,8 @@ type Backend struct {
 	// (attention_fused.cu) instead of a dQ and a dK/dV kernel; HALO_CUDA_ATTN_BWD=fused turns it
 	// on. dq is then not bit-for-bit reproducible from run to run.
 	attnFused bool
-	mmaOnce sync.Once
-	mmaErr  error
+	mmaOnce   sync.Once
+	mmaErr    error
 	// scratch holds small per-op device buffers that live as long as the backend.
 	flag *Buffer // one int32 for bad-index reports
 	// i32 keeps host summaries of uploaded index tensors (host_int32.go).
