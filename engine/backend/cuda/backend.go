@@ -37,7 +37,9 @@ type Backend struct {
 	attnMMA bool
 	// attnFused runs the tensor-core backward as one pass that accumulates dQ with atomic adds
 	// (attention_fused.cu) instead of a dQ and a dK/dV kernel; HALO_CUDA_ATTN_BWD=fused turns it
-	// on. dq is then not bit-for-bit reproducible from run to run.
+	// on. dq is then not bit-for-bit reproducible from run to run. On an H200 it was slower than
+	// the two kernels (Qwen3-0.6B shape 5.0 against 3.9 ms, testdata/gpu-run9): the atomic adds
+	// cost more than the recomputed products they replace, so it stays off by default.
 	attnFused bool
 	mmaOnce   sync.Once
 	mmaErr    error
