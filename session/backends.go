@@ -192,4 +192,3 @@ func (r *recs) Steps() {
 // StartCapture and StopCapture capture activations on the trainer's backend.
 func (r *recs) StartCapture()                     { r.main.StartCapture() }
 func (r *recs) StopCapture() []profile.Activation { return r.main.StopCapture() }
-
