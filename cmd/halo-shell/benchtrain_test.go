@@ -17,32 +17,8 @@ import (
 // rows that repeat a short period, and reads the report it writes.
 func TestBenchTrainOnCPU(t *testing.T) {
 	dir := t.TempDir()
-	b, err := backend.Open("cpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ckpt := filepath.Join(dir, "ckpt")
-	if _, err := models.InitCheckpoint(b, models.InitSpec{Arch: "llama", Preset: "tiny", OutDir: ckpt, Seed: 9, DType: tensor.BF16,
-		Set: []string{"hidden_size=32", "intermediate_size=64", "head_dim=8", "tie_word_embeddings=true"}}); err != nil {
-		t.Fatal(err)
-	}
-	recs := make([]data.Record, 6)
-	for i := range recs {
-		ids := make([]int32, 24)
-		for j := range ids {
-			ids[j] = int32(100 + (i+j)%6)
-		}
-		recs[i] = data.Record{Kind: data.FormatTokens, IDs: ids}
-	}
-	var sb strings.Builder
-	if err := data.WriteJSONL(&sb, recs); err != nil {
-		t.Fatal(err)
-	}
-	tokens := filepath.Join(dir, "tokens.jsonl")
-	if err := os.WriteFile(tokens, []byte(sb.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	ckpt, tokens := benchInputs(t, dir, models.InitSpec{Arch: "llama", Preset: "tiny", OutDir: filepath.Join(dir, "ckpt"), Seed: 9, DType: tensor.BF16,
+		Set: []string{"hidden_size=32", "intermediate_size=64", "head_dim=8", "tie_word_embeddings=true"}}, 6, 24)
 	report := filepath.Join(dir, "report.json")
 	out, err := runCLI(t, "run", "bench-train", "--model", ckpt, "--data", tokens, "--device", "cpu", "--steps", "3",
 		"--warmup", "1", "--batch", "2", "--seq-len", "24", "--lr", "1e-2", "--out", report)
@@ -105,33 +81,9 @@ func TestBenchTrainOnCPU(t *testing.T) {
 // --ep 3 on two devices is refused naming the degree and the device count.
 func TestBenchTrainExpertParallel(t *testing.T) {
 	dir := t.TempDir()
-	b, err := backend.Open("cpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ckpt := filepath.Join(dir, "moe")
-	if _, err := models.InitCheckpoint(b, models.InitSpec{Arch: "qwen3_moe", Preset: "tiny", OutDir: ckpt, Seed: 3, DType: tensor.BF16,
+	ckpt, tokens := benchInputs(t, dir, models.InitSpec{Arch: "qwen3_moe", Preset: "tiny", OutDir: filepath.Join(dir, "moe"), Seed: 3, DType: tensor.BF16,
 		Set: []string{"hidden_size=32", "moe_intermediate_size=16", "num_local_experts=4", "num_experts_per_tok=2",
-			"num_attention_heads=2", "num_key_value_heads=1", "head_dim=16", "num_hidden_layers=2", "vocab_size=256"}}); err != nil {
-		t.Fatal(err)
-	}
-	recs := make([]data.Record, 4)
-	for i := range recs {
-		ids := make([]int32, 16)
-		for j := range ids {
-			ids[j] = int32(100 + (i+j)%6)
-		}
-		recs[i] = data.Record{Kind: data.FormatTokens, IDs: ids}
-	}
-	var sb strings.Builder
-	if err := data.WriteJSONL(&sb, recs); err != nil {
-		t.Fatal(err)
-	}
-	tokens := filepath.Join(dir, "tokens.jsonl")
-	if err := os.WriteFile(tokens, []byte(sb.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+			"num_attention_heads=2", "num_key_value_heads=1", "head_dim=16", "num_hidden_layers=2", "vocab_size=256"}}, 4, 16)
 	report := filepath.Join(dir, "report.json")
 	args := []string{"run", "bench-train", "--model", ckpt, "--data", tokens, "--devices", "cpu:2", "--steps", "2",
 		"--warmup", "1", "--batch", "2", "--seq-len", "16", "--out", report}
@@ -174,4 +126,35 @@ func TestBenchTrainExpertParallel(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "ep=3") || !strings.Contains(err.Error(), "2 devices") {
 		t.Fatalf("--ep 3 on cpu:2: %v", err)
 	}
+}
+
+// benchInputs saves a checkpoint made by our own code from spec and writes rows token rows of
+// length ids to dir/tokens.jsonl; it returns the checkpoint directory and the token file.
+func benchInputs(t *testing.T, dir string, spec models.InitSpec, rows, length int) (ckpt, tokens string) {
+	t.Helper()
+	b, err := backend.Open("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := models.InitCheckpoint(b, spec); err != nil {
+		t.Fatal(err)
+	}
+	recs := make([]data.Record, rows)
+	for i := range recs {
+		ids := make([]int32, length)
+		for j := range ids {
+			ids[j] = int32(100 + (i+j)%6)
+		}
+		recs[i] = data.Record{Kind: data.FormatTokens, IDs: ids}
+	}
+	var sb strings.Builder
+	if err := data.WriteJSONL(&sb, recs); err != nil {
+		t.Fatal(err)
+	}
+	tokens = filepath.Join(dir, "tokens.jsonl")
+	if err := os.WriteFile(tokens, []byte(sb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return spec.OutDir, tokens
 }
