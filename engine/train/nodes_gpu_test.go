@@ -146,6 +146,9 @@ func TestNodesOnGPUsJoinOneWorldFromTheRendezvous(t *testing.T) {
 				if r.err == nil && (r.rank != node || r.n != 2) {
 					t.Errorf("node %d: Node() = %d, %d", node, r.rank, r.n)
 				}
+				if l := r.layout; r.err == nil && (l.Devices != "cuda:0-1" || l.NodeDevices != fmt.Sprintf("cuda:%d", node)) {
+					t.Errorf("node %d: Layout() = %+v, want the world's cuda:0-1 and the node's own cuda:%d", node, l, node)
+				}
 				sameRun(t, fmt.Sprintf("node %d", node), r, want, 0)
 			}
 			if len(f.ids) != 2 || f.ids[0] != f.id || f.ids[1] != f.id {

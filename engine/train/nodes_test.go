@@ -71,6 +71,7 @@ type nodeRun struct {
 	load       [][][]int     // the expert load of each step, per MoE layer and expert
 	bias       [][][]float32 // the balancing bias after each step (nil entries when it is off)
 	rank, n    int
+	layout     LayoutInfo
 	layoutErr  error
 	err        error
 }
@@ -124,6 +125,7 @@ func trainAcrossWith(t *testing.T, nnodes, steps int, cfgs func(node int) *Confi
 			}
 			defer tr.Close()
 			r.rank, r.n = tr.Node()
+			r.layout = tr.Layout()
 			for range steps {
 				m, err := tr.Step(ctx)
 				if err != nil {

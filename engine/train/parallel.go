@@ -39,6 +39,9 @@ type LayoutInfo struct {
 	Layout string `json:"layout"`
 	// Parallel reports whether a parallel plan drives the steps.
 	Parallel bool `json:"parallel"`
+	// NodeDevices, in a run across nodes, is the devices this node drives as named in its
+	// config ("cuda:1"); Devices then names the ranks of the whole world ("cuda:0-3").
+	NodeDevices string `json:"node_devices,omitempty"`
 }
 
 // Layout returns the devices and layout the next step runs on.
@@ -46,7 +49,11 @@ func (t *Trainer) Layout() LayoutInfo {
 	if t.plan == nil {
 		return LayoutInfo{Devices: t.b.Name(), Layout: mesh.Layout{}.Norm(1).String()}
 	}
-	return LayoutInfo{Devices: t.devices.String(), Layout: t.plan.Mesh.Layout.String(), Parallel: true}
+	info := LayoutInfo{Devices: t.devices.String(), Layout: t.plan.Mesh.Layout.String(), Parallel: true}
+	if t.nodes != nil {
+		info.NodeDevices = t.Cfg.Parallel.Devices
+	}
+	return info
 }
 
 // Plan is the parallel plan that drives the steps, or nil on one device. It is owned by the
