@@ -1,8 +1,10 @@
 package train
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/comm"
@@ -122,7 +124,12 @@ func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Pla
 		closeDevs()
 		return nil, fmt.Errorf("train: the nodes have %d GPUs in all and this node's config makes a mesh of %d: give every node the same number of devices", size, d.Len())
 	}
-	fab, err := ops.world(local, devs, id, size, first)
+	fab, err := joinWorldWithin(t.nodes.ctx, worldWait(rc), ops, local, devs, id, size, first)
+	if errors.Is(err, errWorldNotFormed) {
+		// The GPUs may still be held by the NCCL setup that did not return: they are left
+		// open (closing them would wait on it); the process is expected to exit.
+		return nil, fmt.Errorf("train: node %d of %d: %w", rc.NodeRank, rc.NNodes, err)
+	}
 	if err != nil {
 		closeDevs()
 		return nil, err
@@ -204,4 +211,43 @@ func ncclIDFrom(payload []byte) (nccl.UniqueID, error) {
 	}
 	copy(id.Internal[:], payload)
 	return id, nil
+}
+
+// errWorldNotFormed is joinWorldWithin's error when the NCCL world did not form in time.
+var errWorldNotFormed = errors.New("the NCCL world did not form")
+
+// worldWait is how long a node waits for the NCCL world after the rendezvous: the
+// rendezvous' own bound.
+func worldWait(rc rendezvous.Config) time.Duration {
+	if rc.Timeout > 0 {
+		return rc.Timeout
+	}
+	return rendezvous.DefaultTimeout
+}
+
+// joinWorldWithin runs ops.world and returns its result, or errWorldNotFormed (wrapped with
+// what to check) when it has not returned within wait or ctx ends first. NCCL's setup blocks
+// until every rank has joined, so a node that stopped after the rendezvous would otherwise
+// keep the others waiting for ever; the setup left running is abandoned.
+func joinWorldWithin(ctx context.Context, wait time.Duration, ops gpuNodeOps, local mesh.Devices, devs []backend.Backend, id nccl.UniqueID, size, first int) (comm.Fabric, error) {
+	type result struct {
+		f   comm.Fabric
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		f, err := ops.world(local, devs, id, size, first)
+		done <- result{f, err}
+	}()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.f, r.err
+	case <-timer.C:
+		return nil, fmt.Errorf("%w within %v of the rendezvous (ranks %d..%d of %d on %s): a node stopped after the rendezvous or its GPUs cannot reach this node's (check that every node still runs and that NCCL's network, e.g. NCCL_SOCKET_IFNAME, connects them); stop every node and start again",
+			errWorldNotFormed, wait, first, first+len(devs)-1, size, local)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %v", errWorldNotFormed, ctx.Err())
+	}
 }

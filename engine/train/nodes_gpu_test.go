@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -321,4 +322,53 @@ func FuzzGPUWorldID(f *testing.F) {
 			t.Fatalf("accepted self %d outside the %d nodes", self, len(devs))
 		}
 	})
+}
+
+// TestNCCLWorldThatDoesNotFormStopsTheNode checks the bound on NCCL's setup after the
+// rendezvous: a world that never forms (a node stopped after the rendezvous) is an error naming
+// what to check once the wait is over, a cancelled run stops at once, and a world that forms is
+// returned as it is.
+func TestNCCLWorldThatDoesNotFormStopsTheNode(t *testing.T) {
+	local, err := mesh.ParseDevices("cuda:0-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	never := make(chan struct{})
+	defer close(never)
+	blocking := gpuNodeOps{world: func(mesh.Devices, []backend.Backend, nccl.UniqueID, int, int) (comm.Fabric, error) {
+		<-never
+		return nil, errors.New("unreachable")
+	}}
+	devs := make([]backend.Backend, 2)
+	start := time.Now()
+	_, err = joinWorldWithin(context.Background(), 50*time.Millisecond, blocking, local, devs, nccl.UniqueID{}, 4, 2)
+	if !errors.Is(err, errWorldNotFormed) || !strings.Contains(err.Error(), "within 50ms of the rendezvous (ranks 2..3 of 4 on cuda:0-1)") ||
+		!strings.Contains(err.Error(), "NCCL_SOCKET_IFNAME") {
+		t.Fatalf("got %v, want the world named as not formed with what to check", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v to give up after a 50ms wait", d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := joinWorldWithin(ctx, time.Hour, blocking, local, devs, nccl.UniqueID{}, 4, 2); !errors.Is(err, errWorldNotFormed) || !strings.Contains(err.Error(), "canceled") {
+		t.Fatalf("cancelled: got %v", err)
+	}
+	f := newFakeNCCL(2)
+	cpu := f.ops(nil, nil)
+	b0, err := cpu.open(0, make([]*profile.Recorder, 2), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := cpu.open(1, make([]*profile.Recorder, 2), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b0.Close()
+	defer b1.Close()
+	fab, err := joinWorldWithin(context.Background(), time.Minute, cpu, local, []backend.Backend{b0, b1}, f.id, 2, 0)
+	if err != nil || fab == nil {
+		t.Fatalf("a world that forms: %v, %v", fab, err)
+	}
+	_ = fab.Close()
 }
