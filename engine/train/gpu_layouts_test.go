@@ -142,8 +142,40 @@ func TestGPULayoutsTrackOneGPU(t *testing.T) {
 	n := gpusOrSkip(t)
 	gpuRep.GPUs, gpuRep.Tolerance = n, gpuLayoutTol
 	defer writeGPUReport(t)
+	layoutsTrackOneDevice(t, "cuda", n)
+}
+
+// TestLayoutsOfTheGPUTestTrackOneDeviceOnCPU runs the GPU layout and re-layout tests' code on
+// two and four simulated CPU devices, so that what they check holds before GPUs run them.
+func TestLayoutsOfTheGPUTestTrackOneDeviceOnCPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("cpu:%d", n), func(t *testing.T) {
+			layoutsTrackOneDevice(t, "cpu", n)
+			relayoutKeepsTraining(t, "cpu", n)
+		})
+	}
+}
+
+// devicesFlag names n devices of kind (cuda:0-3, cpu:4) or one (cuda:0, cpu).
+func devicesFlag(kind string, n int) string {
+	switch {
+	case kind == "cpu" && n == 1:
+		return "cpu"
+	case kind == "cpu":
+		return fmt.Sprintf("cpu:%d", n)
+	case n == 1:
+		return kind + ":0"
+	}
+	return fmt.Sprintf("%s:0-%d", kind, n-1)
+}
+
+// layoutsTrackOneDevice is TestGPULayoutsTrackOneGPU on n devices of kind.
+func layoutsTrackOneDevice(t *testing.T, kind string, n int) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(80))
-	all := fmt.Sprintf("--devices=cuda:0-%d", n-1)
+	all := "--devices=" + devicesFlag(kind, n)
 	type layout struct {
 		name  string
 		extra []string
@@ -173,7 +205,7 @@ func TestGPULayoutsTrackOneGPU(t *testing.T) {
 		{"qwen3_moe", gpuMoEConfig, moe},
 	} {
 		t.Run(fam.name, func(t *testing.T) {
-			one := steps(t, newTrainer(t, fam.cfg(t, path, n, "--devices=cuda:0")), 5)
+			one := steps(t, newTrainer(t, fam.cfg(t, path, n, "--devices="+devicesFlag(kind, 1))), 5)
 			if one[4] >= one[0] {
 				t.Fatalf("single-GPU losses do not fall: %v", one)
 			}
@@ -207,8 +239,13 @@ func TestGPURelayoutKeepsTraining(t *testing.T) {
 	n := gpusOrSkip(t)
 	gpuRep.GPUs, gpuRep.Tolerance = n, gpuLayoutTol
 	defer writeGPUReport(t)
+	relayoutKeepsTraining(t, "cuda", n)
+}
+
+// relayoutKeepsTraining is TestGPURelayoutKeepsTraining on n devices of kind.
+func relayoutKeepsTraining(t *testing.T, kind string, n int) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(80))
-	all := fmt.Sprintf("devices=cuda:0-%d", n-1)
+	all := "devices=" + devicesFlag(kind, n)
 	for _, fam := range []struct {
 		name  string
 		cfg   func(*testing.T, string, int, ...string) *Config
@@ -218,8 +255,9 @@ func TestGPURelayoutKeepsTraining(t *testing.T) {
 		{"qwen3_moe", gpuMoEConfig, []string{all + fmt.Sprintf(" ep=%d", n), all + fmt.Sprintf(" ep=%d", n/2), "dp=1"}},
 	} {
 		t.Run(fam.name, func(t *testing.T) {
-			ref := steps(t, newTrainer(t, fam.cfg(t, path, n, "--devices=cuda:0")), 2+2*len(fam.specs))
-			tr := newTrainer(t, fam.cfg(t, path, n, "--devices=cuda:0"))
+			one := "--devices=" + devicesFlag(kind, 1)
+			ref := steps(t, newTrainer(t, fam.cfg(t, path, n, one)), 2+2*len(fam.specs))
+			tr := newTrainer(t, fam.cfg(t, path, n, one))
 			got := steps(t, tr, 2)
 			for _, spec := range fam.specs {
 				from := tr.Layout().Layout
