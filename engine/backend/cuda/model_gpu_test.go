@@ -290,7 +290,13 @@ func qwen3JSON(hidden, mlp, layers, heads, kvHeads, headDim, vocab int) []byte {
 // qwen3ShapeModel builds the Qwen3-0.6B-shaped model in bf16 with random weights on be.
 func qwen3ShapeModel(t *testing.T, be backend.Backend) *models.Model {
 	t.Helper()
-	cfg, err := config.Parse(qwen3JSON(1024, 3072, 28, 16, 8, 128, 151936), "qwen3-0.6b-shape")
+	return qwen3Model(t, be, qwen3JSON(1024, 3072, 28, 16, 8, 128, 151936), 1)
+}
+
+// qwen3Model builds the bf16 model of config.json raw on be with random weights from seed.
+func qwen3Model(t *testing.T, be backend.Backend, raw []byte, seed uint64) *models.Model {
+	t.Helper()
+	cfg, err := config.Parse(raw, "qwen3-test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +304,7 @@ func qwen3ShapeModel(t *testing.T, be backend.Backend) *models.Model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.InitRandom(1); err != nil {
+	if err := m.InitRandom(seed); err != nil {
 		m.Close()
 		t.Fatal(err)
 	}

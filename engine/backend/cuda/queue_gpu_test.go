@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/halo-shell/halo-shell/engine/hf/config"
-	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -52,18 +50,8 @@ func TestGPUPostingTakesLaunchesOffTheCallersPath(t *testing.T) {
 		tiny[async] = timing{enq.Seconds() / n * 1e6, time.Since(start).Seconds() / n * 1e6}
 	}
 
-	cfg, err := config.Parse(qwen3JSON(256, 768, 8, 4, 2, 64, 32000), "small-qwen3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := models.New(cfg, g, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := qwen3Model(t, g, qwen3JSON(256, 768, 8, 4, 2, 64, 32000), 1)
 	defer m.Close()
-	if err := m.InitRandom(1); err != nil {
-		t.Fatal(err)
-	}
 	const B, T = 1, 512
 	batch := packedBatch(B, T, 32000)
 	step := map[bool]float64{}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
-	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
@@ -39,18 +38,8 @@ func syncDelta(before, after SyncStats) map[string]int64 {
 // the op that made it.
 func TestGPUTrainStepDoesNotSynchronise(t *testing.T) {
 	g := gpu(t)
-	cfg, err := config.Parse(qwen3JSON(128, 256, 2, 4, 2, 32, 1000), "tiny-qwen3") // milliseconds a step
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := models.New(cfg, g, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := qwen3Model(t, g, qwen3JSON(128, 256, 2, 4, 2, 32, 1000), 3) // milliseconds a step
 	defer m.Close()
-	if err := m.InitRandom(3); err != nil {
-		t.Fatal(err)
-	}
 	var batch models.Batch
 	batch.DocStarts = []int32{0}
 	for _, l := range []int{100, 37, 119} {
