@@ -401,17 +401,6 @@ func (c *Comm) ReduceScatter(dst, src T, op ReduceOp) error {
 	})
 }
 
-func rowBytes(t T) (int64, int) {
-	if t.Rank() == 0 {
-		return int64(t.DType().Size()), 1
-	}
-	rows := t.Dim(0)
-	if rows == 0 {
-		return 0, 0
-	}
-	return t.Bytes() / int64(rows), rows
-}
-
 // AllToAll implements Communicator.
 func (c *Comm) AllToAll(dst, src T, send, recv []int, phase Phase) error {
 	kind := phase.kind()
@@ -425,29 +414,9 @@ func (c *Comm) AllToAll(dst, src T, send, recv []int, phase Phase) error {
 	if len(send) != n || len(recv) != n {
 		return c.errf(kind, "%d send and %d recv counts for a group of %d", len(send), len(recv), n)
 	}
-	srw, srows := rowBytes(src)
-	drw, drows := rowBytes(dst)
-	sum := func(v []int, what string, rows int) error {
-		t := 0
-		for i, x := range v {
-			if x < 0 {
-				return c.errf(kind, "%s count for rank %d is negative (%d)", what, i, x)
-			}
-			t += x
-		}
-		if t != rows {
-			return c.errf(kind, "%s counts %v add up to %d rows, the tensor has %d", what, v, t, rows)
-		}
-		return nil
-	}
-	if err := sum(send, "send", srows); err != nil {
-		return err
-	}
-	if err := sum(recv, "recv", drows); err != nil {
-		return err
-	}
-	if srows > 0 && drows > 0 && srw != drw {
-		return c.errf(kind, "src rows are %d bytes and dst rows %d", srw, drw)
+	srw, drw, err := AllToAllRows(dst, src, send, recv)
+	if err != nil {
+		return c.errf(kind, "%v", err)
 	}
 	return c.run(kind, src.Bytes(), func() error {
 		data, err := c.download(src)
@@ -571,4 +540,49 @@ func (c *Comm) Barrier() error {
 	return c.run(KindBarrier, 0, func() error {
 		return c.g.exchange(c.rank, contrib{kind: KindBarrier}, func([]contrib) error { return nil })
 	})
+}
+
+// rowBytes is the bytes per row of t (its first dimension) and its number of rows; a scalar is
+// one row.
+func rowBytes(t T) (int64, int) {
+	if t.Rank() == 0 {
+		return int64(t.DType().Size()), 1
+	}
+	rows := t.Dim(0)
+	if rows == 0 {
+		return 0, 0
+	}
+	return t.Bytes() / int64(rows), rows
+}
+
+// AllToAllRows checks an all-to-all's split counts against its tensors, as every communicator
+// does before it moves anything: send counts add up to src's rows, recv counts to dst's, none is
+// negative, and rows have one width. It returns the bytes per row of src and dst; the error is
+// the bare reason, for the communicator to prefix.
+func AllToAllRows(dst, src T, send, recv []int) (srcRow, dstRow int64, err error) {
+	srw, srows := rowBytes(src)
+	drw, drows := rowBytes(dst)
+	sum := func(v []int, what string, rows int) error {
+		t := 0
+		for i, x := range v {
+			if x < 0 {
+				return fmt.Errorf("%s count for rank %d is negative (%d)", what, i, x)
+			}
+			t += x
+		}
+		if t != rows {
+			return fmt.Errorf("%s counts %v add up to %d rows, the tensor has %d", what, v, t, rows)
+		}
+		return nil
+	}
+	if err := sum(send, "send", srows); err != nil {
+		return 0, 0, err
+	}
+	if err := sum(recv, "recv", drows); err != nil {
+		return 0, 0, err
+	}
+	if srows > 0 && drows > 0 && srw != drw {
+		return 0, 0, fmt.Errorf("src rows are %d bytes and dst rows %d", srw, drw)
+	}
+	return srw, drw, nil
 }

@@ -455,11 +455,7 @@ func (c *Comm) AllGather(dst, src T) error {
 		if o.err != nil {
 			return o.err
 		}
-		res := make([]byte, 0, dst.Bytes())
-		for _, p := range parts {
-			res = append(res, p...)
-		}
-		return c.b.Upload(dst, res)
+		return c.uploadParts(dst, parts)
 	})
 }
 
@@ -514,17 +510,6 @@ func (c *Comm) ReduceScatter(dst, src T, op comm.ReduceOp) error {
 	})
 }
 
-func rowBytes(t T) (int64, int) {
-	if t.Rank() == 0 {
-		return int64(t.DType().Size()), 1
-	}
-	rows := t.Dim(0)
-	if rows == 0 {
-		return 0, 0
-	}
-	return t.Bytes() / int64(rows), rows
-}
-
 // AllToAll implements comm.Communicator.
 func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
 	kind := comm.KindAllToAllDispatch
@@ -547,29 +532,9 @@ func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
 	if verr != nil {
 		return c.abandon(kind, 1, verr)
 	}
-	srw, srows := rowBytes(src)
-	drw, drows := rowBytes(dst)
-	sum := func(v []int, what string, rows int) error {
-		t := 0
-		for i, x := range v {
-			if x < 0 {
-				return c.errf(kind, "%s count for rank %d is negative (%d)", what, i, x)
-			}
-			t += x
-		}
-		if t != rows {
-			return c.errf(kind, "%s counts %v add up to %d rows, the tensor has %d", what, v, t, rows)
-		}
-		return nil
-	}
-	if err := sum(send, "send", srows); err != nil {
-		return c.abandon(kind, 1, err)
-	}
-	if err := sum(recv, "recv", drows); err != nil {
-		return c.abandon(kind, 1, err)
-	}
-	if srows > 0 && drows > 0 && srw != drw {
-		return c.abandon(kind, 1, c.errf(kind, "src rows are %d bytes and dst rows %d", srw, drw))
+	srw, drw, err := comm.AllToAllRows(dst, src, send, recv)
+	if err != nil {
+		return c.abandon(kind, 1, c.errf(kind, "%v", err))
 	}
 	return c.run(kind, src.Bytes(), func() error {
 		o, err := c.begin(kind)
@@ -614,14 +579,7 @@ func (c *Comm) AllToAll(dst, src T, send, recv []int, phase comm.Phase) error {
 		if o.err != nil {
 			return o.err
 		}
-		res := make([]byte, 0, dst.Bytes())
-		for _, p := range parts {
-			res = append(res, p...)
-		}
-		if len(res) == 0 {
-			return nil
-		}
-		return c.b.Upload(dst, res)
+		return c.uploadParts(dst, parts)
 	})
 }
 
@@ -774,4 +732,16 @@ func (c *Comm) Barrier() error {
 		}
 		return o.err
 	})
+}
+
+// uploadParts writes the ranks' parts, in rank order, into dst (nothing for an empty dst).
+func (c *Comm) uploadParts(dst T, parts [][]byte) error {
+	res := make([]byte, 0, dst.Bytes())
+	for _, p := range parts {
+		res = append(res, p...)
+	}
+	if len(res) == 0 {
+		return nil
+	}
+	return c.b.Upload(dst, res)
 }
