@@ -107,27 +107,15 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 	if n == 0 {
 		n = 1 // a valid, empty tensor still needs a distinct buffer
 	}
-	var buf *Buffer
-	var err error
-	if p, ok := b.d.alloc.Cached(n); ok {
-		// A cached block: only the zero fill goes to the device goroutine, posted.
-		buf = &Buffer{dev: b.d, ptr: p, bytes: n}
-		err = b.d.Post(func() error {
-			return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(p, 0, n, b.d.stream))
-		})
-		if err != nil {
-			_ = b.d.alloc.Free(p) // the post did not queue: nothing uses the block
-		}
-	} else {
-		err = b.d.Do(func() error {
-			var err error
-			if buf, err = b.d.allocOnThread(n); err != nil {
-				return fmt.Errorf("cuda: Alloc %s%v: %w", dt, shape, err)
-			}
-			return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(buf.ptr, 0, n, b.d.stream))
-		})
-	}
+	buf, err := b.d.Alloc(n) // a cached block needs no trip to the device goroutine
 	if err != nil {
+		return T{}, fmt.Errorf("cuda: Alloc %s%v: %w", dt, shape, err)
+	}
+	p := buf.ptr
+	if err := b.d.Post(func() error {
+		return b.d.drv.check("cuMemsetD8Async", b.d.drv.cuMemsetD8Async(p, 0, n, b.d.stream))
+	}); err != nil {
+		_ = b.d.alloc.Free(p) // the fill was not queued: nothing uses the block
 		return T{}, err
 	}
 	buf.bytes = uint64(s.Numel()) * uint64(dt.Size())

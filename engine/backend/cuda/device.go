@@ -226,7 +226,13 @@ func (d *Device) Alloc(n uint64) (*Buffer, error) {
 		b, err = d.allocOnThread(n)
 		return err
 	})
-	return b, err
+	if err != nil {
+		if b != nil {
+			_ = d.alloc.Free(b.ptr) // allocated, but an earlier queued op's error is returned
+		}
+		return nil, err
+	}
+	return b, nil
 }
 
 func (d *Device) allocOnThread(n uint64) (*Buffer, error) {
