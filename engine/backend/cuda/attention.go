@@ -233,6 +233,58 @@ func (b *Backend) useMMA(g attnGeom, extra ...uintptr) bool {
 	return b.mmaErr == nil
 }
 
+// useWG reports whether the Hopper warpgroup kernels (attention_wg.cu) run: on sm_90 devices
+// unless HALO_CUDA_ATTENTION=mma, once they have compiled; if they cannot be built, the mma.sync
+// kernels of attention_tc.cu are used and the reason is logged once (WGError returns it). The
+// caller has checked useMMA.
+func (b *Backend) useWG() bool {
+	if !b.attnWG {
+		return false
+	}
+	b.wgOnce.Do(func() {
+		b.wgErr = b.d.Do(func() error {
+			_, err := b.d.function(wgKernelFile, wgName("fwd", 64))
+			return err
+		})
+		if b.wgErr != nil {
+			slog.Warn("cuda: Hopper attention kernels unavailable; using the mma.sync kernels", "device", b.Name(), "error", b.wgErr)
+		}
+	})
+	return b.wgErr == nil
+}
+
+// WGError is why the Hopper attention kernels could not be built (nil when they were, have not
+// been needed yet, or do not apply to this device).
+func (b *Backend) WGError() error { return b.wgErr }
+
+// wgName names a kernel of attention_wg.cu: kind "fwd", "dq" or "dkv".
+func wgName(kind string, hd int) string {
+	if kind == "fwd" {
+		return fmt.Sprintf("attn_fwd_wg_%d", hd)
+	}
+	return fmt.Sprintf("attn_bwd_%s_wg_%d", kind, hd)
+}
+
+// wgRows is the rows a block of attention_wg.cu owns (one warpgroup, 16 rows per warp), and the
+// rows of every tile it streams.
+const wgRows = 64
+
+// wgShared is the dynamic shared memory of an attention_wg.cu kernel: 64-row bf16 tiles (one of Q
+// and two buffers each of K and V in the forward; Q and dO, and two buffers each of K and V for
+// dQ; K and V, two buffers each of Q and dO, and two buffers of 64 lse and D values for dK/dV),
+// plus 1024 bytes to align the tiles to the 1024-byte boundaries wgmma's swizzle needs.
+func wgShared(kind string, hd int) uint32 {
+	tile := wgRows * hd * 2
+	switch kind {
+	case "fwd":
+		return uint32(1024 + 5*tile)
+	case "dq":
+		return uint32(1024 + 6*tile)
+	default:
+		return uint32(1024 + 6*tile + 4*wgRows*4)
+	}
+}
+
 // MMAError is why the tensor-core attention kernels could not be built (nil when they were, or
 // have not been needed yet).
 func (b *Backend) MMAError() error { return b.mmaErr }
@@ -292,6 +344,12 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	}
 	if b.useMMA(g, po) {
 		args := packArgs(po, pl, g.pq, g.pk, g.pv, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window)
+		if b.useWG() {
+			grid := [3]uint32{uint32((g.N + wgRows - 1) / wgRows), uint32(g.NH), 1}
+			return b.d.Post(func() error {
+				return b.d.launchOnThread(wgKernelFile, wgName("fwd", g.HD), grid, [3]uint32{128, 1, 1}, wgShared("fwd", g.HD), args...)
+			})
+		}
 		t := b.tiles(g.HD)
 		if err := checkTiles(g.HD, t); err != nil {
 			return err
@@ -345,6 +403,7 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 		return nil
 	}
 	mma := b.useMMA(g, ptrs["DQ"], ptrs["DK"], ptrs["DV"], ptrs["DOut"])
+	wg := mma && !b.attnFused && b.useWG()
 	return b.d.Post(func() error {
 		dvec, err := b.d.allocOnThread(uint64(4 * g.N * g.NH))
 		if err != nil {
@@ -357,11 +416,14 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			return err
 		}
 		if mma {
+			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
+			if wg {
+				return b.wgBackwardOnThread(g, ptrs, common)
+			}
 			t := b.tiles(g.HD)
 			if err := checkTiles(g.HD, t); err != nil {
 				return err
 			}
-			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
 			if b.attnFused && attnBwdOnly == "" && fusedCompiled(g.HD, t) {
 				return b.fusedBackwardOnThread(g, t, ptrs, common)
 			}
@@ -391,6 +453,23 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			packArgs(ptrs["DK"], ptrs["DV"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
 				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...)
 	})
+}
+
+// wgBackwardOnThread runs the Hopper dQ and dK/dV kernels (attention_wg.cu); attnBwdOnly runs
+// one of them alone, for timing.
+func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr, common []any) error {
+	blocks := uint32((g.N + wgRows - 1) / wgRows)
+	if attnBwdOnly != "dkv" {
+		if err := b.d.launchOnThread(wgKernelFile, wgName("dq", g.HD), [3]uint32{blocks, uint32(g.NH), 1}, [3]uint32{128, 1, 1},
+			wgShared("dq", g.HD), packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+			return err
+		}
+	}
+	if attnBwdOnly == "dq" {
+		return nil
+	}
+	return b.d.launchOnThread(wgKernelFile, wgName("dkv", g.HD), [3]uint32{blocks, uint32(g.NKV), 1}, [3]uint32{128, 1, 1},
+		wgShared("dkv", g.HD), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 }
 
 // fusedBackwardOnThread runs the one-pass backward (attention_fused.cu): dK and dV as the dK/dV

@@ -17,8 +17,9 @@ import (
 // and 128.
 func TestGPUAttentionTiles(t *testing.T) {
 	g := gpu(t)
-	defer func() { g.attnMMA = true; g.attnFused = false; attnTileOverride = nil }()
-	g.attnMMA, g.attnFused = true, false
+	wg := g.attnWG
+	defer func() { g.attnMMA = true; g.attnWG = wg; g.attnFused = false; attnTileOverride = nil }()
+	g.attnMMA, g.attnWG, g.attnFused = true, false, false
 	// Every compiled tile shape runs every case: configuration i takes the i-th forward, dQ and
 	// dK/dV variant of each head dim (cycling through the shorter lists).
 	configs := 0
@@ -48,6 +49,14 @@ func TestGPUAttentionTiles(t *testing.T) {
 		}
 		t.Run(fmt.Sprintf("fused%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
 	}
+	// The Hopper warpgroup kernels, on the devices that build them.
+	g.attnFused, attnTileOverride = false, nil
+	if !wgArch(g.d.info.Arch) {
+		t.Logf("no warpgroup kernels on %s (sm_90 only)", g.d.info.Arch)
+		return
+	}
+	g.attnWG = true
+	t.Run("wgmma", func(t *testing.T) { attentionTileCases(t, g) })
 }
 
 func attentionTileCases(t *testing.T, g *Backend) {
@@ -77,11 +86,14 @@ func attentionTileCases(t *testing.T, g *Backend) {
 			return backend.AttentionShape{CuSeqlens: ts["cu"], NH: s.NH, NKV: s.NKV, HD: s.HD, Window: s.window}
 		}
 		tl := g.tiles(s.HD)
-		bwdNames := tl.dqName(s.HD) + "_" + tl.dkvName(s.HD)
+		fwdName, bwdNames := tl.fwdName(s.HD), tl.dqName(s.HD)+"_"+tl.dkvName(s.HD)
 		if g.attnFused && fusedCompiled(s.HD, tl) {
 			bwdNames = tl.fusedName(s.HD)
 		}
-		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, tl.fwdName(s.HD), bwdNames)
+		if g.attnWG {
+			fwdName, bwdNames = wgName("fwd", s.HD), wgName("dq", s.HD)+"_"+wgName("dkv", s.HD)
+		}
+		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, fwdName, bwdNames)
 		t.Run("forward/"+name, func(t *testing.T) {
 			runCase(t, g, opCase{
 				Name: "attention_tiles/" + name,
@@ -94,6 +106,9 @@ func attentionTileCases(t *testing.T, g *Backend) {
 			})
 			if g.MMAError() != nil {
 				t.Fatalf("tensor-core kernels unavailable: %v", g.MMAError())
+			}
+			if g.attnWG && g.WGError() != nil {
+				t.Fatalf("warpgroup kernels unavailable: %v", g.WGError())
 			}
 		})
 		t.Run("backward/"+name, func(t *testing.T) {
@@ -160,6 +175,8 @@ func TestGPUAttentionDecode(t *testing.T) {
 func TestGPUAttentionThroughput(t *testing.T) {
 	g := gpu(t)
 	g.attnMMA = true
+	wg := g.attnWG && wgArch(g.d.info.Arch)
+	defer func() { g.attnWG = wg; attnBwdOnly = "" }()
 	const B, T = 4, 4096
 	const N = B * T
 	for _, s := range []struct {
@@ -167,7 +184,7 @@ func TestGPUAttentionThroughput(t *testing.T) {
 		NH, NKV, HD int
 	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
-		g.attnFused = false
+		g.attnFused, g.attnWG = false, false
 		fwdMs, bwdMs := timeIt(t, g, 3, fwd), timeIt(t, g, 3, bwd)
 		g.attnFused = true
 		fusedMs := timeIt(t, g, 3, bwd)
@@ -182,8 +199,26 @@ func TestGPUAttentionThroughput(t *testing.T) {
 		}
 		t.Logf("%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), one-pass backward %.3f ms (%.0f TFLOP/s)",
 			s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"], fusedMs, vals["bwd_fused_tflops"])
+		if wg {
+			// The warpgroup kernels (the default on this device), each backward kernel alone too.
+			g.attnWG = true
+			if err := fwd(); err != nil {
+				t.Fatal(err)
+			}
+			wfwd, wbwd := timeIt(t, g, 3, fwd), timeIt(t, g, 3, bwd)
+			attnBwdOnly = "dq"
+			wdq := timeIt(t, g, 3, bwd)
+			attnBwdOnly = "dkv"
+			wdkv := timeIt(t, g, 3, bwd)
+			attnBwdOnly, g.attnWG = "", false
+			vals["wg_fwd_ms"], vals["wg_bwd_ms"], vals["wg_bwd_dq_only_ms"], vals["wg_bwd_dkv_only_ms"] = wfwd, wbwd, wdq, wdkv
+			vals["wg_fwd_tflops"] = flops / (wfwd * 1e-3) / 1e12
+			vals["wg_bwd_tflops"] = 2.5 * flops / (wbwd * 1e-3) / 1e12
+			t.Logf("%s: warpgroup forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s; dQ kernel alone %.3f ms, dK/dV alone %.3f ms)",
+				s.name, wfwd, vals["wg_fwd_tflops"], wbwd, vals["wg_bwd_tflops"], wdq, wdkv)
+		}
 		report.addBench(benchmark{Name: "attention_" + s.name + "_b4x4096", Values: vals,
-			Note: "tensor-core kernels; median of 5 timed repetitions of 3 calls with CUDA events; 4*HD FLOPs per causal pair forward, 2.5x backward"})
+			Note: "mma.sync kernels (fwd, bwd, bwd_fused) and, on sm_90, the warpgroup kernels (wg_*; each backward kernel alone includes the D = rowsum(dO*O) pass); median of 5 timed repetitions of 3 calls with CUDA events; 4*HD FLOPs per causal pair forward, 2.5x backward"})
 		free()
 	}
 }
@@ -248,7 +283,9 @@ func cpuAttentionForward(be backend.Backend, ts map[string]tensor.Tensor, sh bac
 func TestGPUAttentionTileSweep(t *testing.T) {
 	g := gpu(t)
 	g.attnMMA = true
-	defer func() { attnTileOverride = nil; attnBwdOnly = "" }()
+	wg := g.attnWG
+	g.attnWG = false
+	defer func() { attnTileOverride = nil; attnBwdOnly = ""; g.attnWG = wg }()
 	const B, T = 4, 4096
 	const N = B * T
 	for _, s := range []struct {

@@ -35,6 +35,11 @@ type Backend struct {
 	// attnMMA selects the tensor-core attention kernels where they apply (bf16, head dim 64 or
 	// 128, 16-byte aligned tensors); HALO_CUDA_ATTENTION=simt turns them off.
 	attnMMA bool
+	// attnWG selects, among those, the Hopper warpgroup kernels (attention_wg.cu, wgmma) on sm_90
+	// devices; HALO_CUDA_ATTENTION=mma keeps the mma.sync kernels of attention_tc.cu.
+	attnWG bool
+	wgOnce sync.Once
+	wgErr  error
 	// attnFused runs the tensor-core backward as one pass that accumulates dQ with atomic adds
 	// (attention_fused.cu) instead of a dQ and a dK/dV kernel; HALO_CUDA_ATTN_BWD=fused turns it
 	// on. dq is then not bit-for-bit reproducible from run to run. On an H200 it was slower than
@@ -72,7 +77,8 @@ func New(index int) (*Backend, error) {
 		d.Close()
 		return nil, err
 	}
-	return &Backend{d: d, flag: flag, attnMMA: os.Getenv("HALO_CUDA_ATTENTION") != "simt",
+	mode := os.Getenv("HALO_CUDA_ATTENTION")
+	return &Backend{d: d, flag: flag, attnMMA: mode != "simt", attnWG: mode != "simt" && mode != "mma" && wgArch(d.info.Arch),
 		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused"}, nil
 }
 

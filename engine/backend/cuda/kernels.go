@@ -26,7 +26,24 @@ const commonHeaderFile = "kernels/common.cuh"
 var kernelHeaders = map[string][]string{
 	"attention_tc.cu":    {"attention_mma.cuh"},
 	"attention_fused.cu": {"attention_mma.cuh"},
+	"attention_wg.cu":    {"attention_mma.cuh"},
 }
+
+// kernelTarget is the NVRTC architecture that file is compiled for on a device of arch, and
+// whether it is built there at all: attention_wg.cu uses Hopper's warpgroup MMAs, which exist
+// only on sm_90 and only in the sm_90a target.
+func kernelTarget(file, arch string) (string, bool) {
+	if file == wgKernelFile {
+		return arch + "a", wgArch(arch)
+	}
+	return arch, true
+}
+
+// wgKernelFile holds the Hopper attention kernels.
+const wgKernelFile = "attention_wg.cu"
+
+// wgArch reports whether a device of arch runs wgKernelFile.
+func wgArch(arch string) bool { return arch == "sm_90" }
 
 // kernelSource returns the full source compiled for one kernels/*.cu file.
 func kernelSource(file string) (string, error) {
@@ -190,10 +207,14 @@ func (d *Device) moduleOnThread(file string) (*module, error) {
 	if err != nil {
 		return nil, err
 	}
+	arch, ok := kernelTarget(file, d.info.Arch)
+	if !ok {
+		return nil, fmt.Errorf("cuda: %s is built only for sm_90 (Hopper); this device is %s", file, d.info.Arch)
+	}
 	dir, _ := KernelCacheDir()
 	nv := d.libs.nvrtc
-	cache := kernelCache{dir: dir, arch: d.info.Arch, version: nv.Version(), compile: func(name, src string) ([]byte, error) {
-		return nv.compile(name, src, d.info.Arch, kernelOpts)
+	cache := kernelCache{dir: dir, arch: arch, version: nv.Version(), compile: func(name, src string) ([]byte, error) {
+		return nv.compile(name, src, arch, kernelOpts)
 	}}
 	cubin, fromCache, err := cache.get(file, src, kernelOpts)
 	if err != nil {
@@ -225,6 +246,9 @@ func (d *Device) PrepareKernels() (fromCache int, err error) {
 	err = d.Do(func() error {
 		var errs []error
 		for _, f := range KernelFiles() {
+			if _, ok := kernelTarget(f, d.info.Arch); !ok {
+				continue
+			}
 			m, err := d.moduleOnThread(f)
 			if err != nil {
 				errs = append(errs, err)

@@ -1,0 +1,513 @@
+// attention_wg.cu: the attention kernels for Hopper (sm_90a), on warpgroup MMAs (wgmma): the
+// forward, dQ and dK/dV kernels of attention_tc.cu with the same contract (out (=), lse (=),
+// dq = scale * dS k (=), dk = scale * dS^T q (=), dv = P^T dout (=); causal within packed
+// documents, GQA, window) for bf16 tensors with head dim 64 or 128. attention_mma.cuh (prepended
+// by kernels.go) supplies the row ranges, the base-2 softmax and the copy helpers; kernels.go
+// compiles this file only for sm_90, as sm_90a.
+//
+// A block is one warpgroup (4 warps, 128 threads) that owns 64 rows (queries in the forward and
+// dQ kernels, keys in dK/dV), warp w rows [16w, 16w + 16), and streams 64-row tiles of the
+// other side through shared memory with cp.async, two buffers deep, so that the copy of tile
+// t + 1 overlaps the products on tile t. Every product is one wgmma per 16-deep slice:
+//   S = Q K^T and dP = dO V^T (and S^T = K Q^T, dP^T = V dO^T for dK/dV) read both operands
+//   from shared memory, contracting over the head dim (K-major);
+//   O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q take the probabilities or dS from
+//   registers, rounded to bf16 as mma.sync's A fragments (wgmma's register A operand has their
+//   layout), and B from the same shared tiles read along their rows (MN-major).
+// The fp32 accumulators of a 64 x N wgmma hold, per warp, exactly what mma.sync m16n8's
+// accumulators hold for 16 rows: d[4 * j + e] is row lane / 4 (e < 2) or lane / 4 + 8, column
+// 8 j + 2 (lane % 4) + e % 2. So the masking and online softmax are those of attention_mma.cuh.
+//
+// Shared tiles: a tile of R rows x HD bf16 columns is stored as HD / 64 panels of R rows x 128
+// bytes (panel p holds columns [64p, 64p + 64)); in a panel, the 16-byte chunk c of row r is at
+// byte r * 128 + ((c ^ (r % 8)) * 16), the 128-byte swizzle that wgmma's descriptors name, with
+// every panel on a 1024-byte boundary. The K-major descriptor of 16-column slice kk starts at
+// panel kk / 4, byte 32 (kk % 4), with 1024 bytes between 8-row groups; the MN-major one of
+// 16-row slice kk starts at row 16 kk, with 1024 bytes between 8-row groups and R * 128 between
+// panels.
+
+#define WG_ROWS 64
+
+// wg_load starts copying rows [row0, row0 + R) (rows past last read as zero) of a global bf16
+// matrix with row stride ld, columns [col0, col0 + HD), into the swizzled tile at base.
+template <int HD, int R>
+__device__ __forceinline__ void wg_load(unsigned base, const bf16* g, long long row0, long long last, long long ld, long long col0) {
+    const int CH = HD / 8;
+#pragma unroll
+    for (int it = 0; it < R * CH / 128; it++) {
+        int e = threadIdx.x + it * 128;
+        int r = e / CH, c = e % CH;
+        long long row = row0 + r;
+        bool ok = row <= last;
+        unsigned dst = base + (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+        cp16(dst, g + (ok ? row : 0) * ld + col0 + c * 8, ok);
+    }
+}
+
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+// wg_desc_k: the tile of R rows at base as a K-major operand, 16-column slice kk.
+template <int R>
+__device__ __forceinline__ unsigned long long wg_desc_k(unsigned base, int kk) {
+    return wg_desc(base + (kk >> 2) * (R * 128) + (kk & 3) * 32, 16, 1024);
+}
+
+// wg_desc_mn: the tile of R rows at base as an MN-major B operand, 16-row slice kk.
+template <int R>
+__device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int kk) {
+    return wg_desc(base + kk * 2048, R * 128, 1024);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// wg_hold keeps the compiler from moving reads or writes of the n registers d across the wgmma
+// issue and wait instructions that use them.
+template <int n>
+__device__ __forceinline__ void wg_hold(float* d) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int n>
+__device__ __forceinline__ void wg_hold_u(unsigned* d) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// Shared memory written by cp.async is read by wgmma (the async proxy): each thread fences its
+// copies before the barrier that publishes them.
+__device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// wg_tile_base is the first 1024-byte boundary of the dynamic shared memory (the launch asks
+// for 1024 bytes more than the tiles need).
+__device__ __forceinline__ unsigned wg_tile_base(const void* smem) { return (smem_addr(smem) + 1023u) & ~1023u; }
+
+// wg_ss_n64: d (64 x 64, fp32) (+)= A . B, A and B K-major in shared memory (descriptors da,
+// db); d is overwritten when accumulate is 0.
+__device__ __forceinline__ void wg_ss_n64(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// wg_rs_n64: d (64 x 64, fp32) += A . B, A (64 x 16 bf16) in registers as the A fragments of
+// mma.sync for each warp's 16 rows, B MN-major in shared memory (descriptor db).
+__device__ __forceinline__ void wg_rs_n64(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// wg_rs_n128: d (64 x 128, fp32) += A . B, A (64 x 16 bf16) in registers as the A fragments of
+// mma.sync for each warp's 16 rows, B MN-major in shared memory (descriptor db).
+__device__ __forceinline__ void wg_rs_n128(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// wg_rs picks the register-A product for the head dim: d (64 x HD) += A (64 x 16) . B.
+template <int HD>
+__device__ __forceinline__ void wg_rs(float* d, const unsigned* a, unsigned long long db) {
+    if (HD == 64) wg_rs_n64(d, a, db);
+    else wg_rs_n128(d, a, db);
+}
+
+// wg_pack rounds the 64 x 64 fp32 accumulator s to bf16 A fragments of four 16-column slices.
+__device__ __forceinline__ void wg_pack(unsigned (*a)[4], const float* s) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        a[j][0] = pack_bf16(s[8 * j + 0], s[8 * j + 1]);
+        a[j][1] = pack_bf16(s[8 * j + 2], s[8 * j + 3]);
+        a[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
+        a[j][3] = pack_bf16(s[8 * j + 6], s[8 * j + 7]);
+    }
+}
+
+// attn_fwd_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of 64.
+// Dynamic shared memory: 1024 + 64 * HD * 2 (Q) + 4 * 64 * HD * 2 (K, V, two buffers each).
+template <int HD>
+__device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                 const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
+                                 float scale, int window) {
+    const int BK = WG_ROWS, TILE = WG_ROWS * HD * 2;
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
+    unsigned Qs = wg_tile_base(smem), Ks = Qs + TILE, Vs = Ks + 2 * TILE;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = blockIdx.y, g = h / (NH / NKV);
+    long long qblk = (long long)gridDim.x - 1 - blockIdx.x;  // the longest rows first
+    long long i0 = qblk * WG_ROWS + warp * 16 + (lane >> 2), i1 = i0 + 8;
+    int lo0, hi0, lo1, hi1;
+    query_range(cu_q, cu_k, D, N, i0, window, &lo0, &hi0);
+    query_range(cu_q, cu_k, D, N, i1, window, &lo1, &hi1);
+    spans sp = row_spans(lo0, hi0, lo1, hi1);
+    long long qld = (long long)NH * HD, kld = (long long)NKV * HD, col = (long long)g * HD;
+    int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
+    wg_load<HD, WG_ROWS>(Qs, q, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
+    if (ntiles > 0) {
+        wg_load<HD, WG_ROWS>(Ks, k, sp.blo, sp.bhi, kld, col);
+        wg_load<HD, WG_ROWS>(Vs, v, sp.blo, sp.bhi, kld, col);
+    }
+    cp_commit();
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    const float sl2 = scale * LOG2E;
+    for (int t = 0; t < ntiles; t++) {
+        int j0 = sp.blo + t * BK, buf = t & 1;
+        cp_wait_all();
+        wg_fence_proxy();
+        __syncthreads();
+        if (t + 1 < ntiles) {
+            wg_load<HD, WG_ROWS>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
+            wg_load<HD, WG_ROWS>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
+        }
+        cp_commit();
+        float s[32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
+        wg_commit();
+        wg_wait_all();
+        wg_hold<32>(s);
+        bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                float a = s[4 * nt + e], b = s[4 * nt + 2 + e];
+                if (!full) {
+                    a = (j >= lo0 && j <= hi0) ? a : NEG_INF;
+                    b = (j >= lo1 && j <= hi1) ? b : NEG_INF;
+                }
+                s[4 * nt + e] = a;
+                s[4 * nt + 2 + e] = b;
+                mx0 = fmaxf(mx0, a);
+                mx1 = fmaxf(mx1, b);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // As in attn_fwd_mma_impl: raw maxima, p = 2^(s sl2 - m sl2), rows that have seen
+        // nothing keep m = -inf and a base of 0.
+        float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        float b0 = n0 == NEG_INF ? 0.f : n0 * sl2, b1 = n1 == NEG_INF ? 0.f : n1 * sl2;
+        float c0 = ex2(m0 * sl2 - b0), c1 = ex2(m1 * sl2 - b1);
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[4 * nt + 0] = ex2(fmaf(s[4 * nt + 0], sl2, -b0));
+            s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl2, -b0));
+            s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl2, -b1));
+            s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl2, -b1));
+            l0 += s[4 * nt + 0] + s[4 * nt + 1];
+            l1 += s[4 * nt + 2] + s[4 * nt + 3];
+        }
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+            o[4 * nt + 0] *= c0;
+            o[4 * nt + 1] *= c0;
+            o[4 * nt + 2] *= c1;
+            o[4 * nt + 3] *= c1;
+        }
+        unsigned pa[4][4];
+        wg_pack(pa, s);
+        wg_hold_u<16>(&pa[0][0]);
+        wg_hold<HD / 2>(o);
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++) wg_rs<HD>(o, pa[j], wg_desc_mn<WG_ROWS>(Vs + buf * TILE, j));
+        wg_commit();
+        wg_wait_all();
+        wg_hold<HD / 2>(o);
+    }
+    cp_wait_all();
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        int c = h * HD + nt * 8 + (lane & 3) * 2;
+        if (i0 < N) *(unsigned*)(out + i0 * qld + c) = pack_bf16(o[4 * nt + 0] * inv0, o[4 * nt + 1] * inv0);
+        if (i1 < N) *(unsigned*)(out + i1 * qld + c) = pack_bf16(o[4 * nt + 2] * inv1, o[4 * nt + 3] * inv1);
+    }
+    if (lse && (lane & 3) == 0) {
+        if (i0 < N) lse[i0 * NH + h] = l0 > 0.f ? (m0 * sl2 + log2f(l0)) * LN2 : NEG_INF;
+        if (i1 < N) lse[i1 * NH + h] = l1 > 0.f ? (m1 * sl2 + log2f(l1)) * LN2 : NEG_INF;
+    }
+}
+
+// attn_bwd_dq_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of 64:
+// S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+// Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each).
+template <int HD>
+__device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                                    const float* lse, const float* dvec, const int* cu, int D, long long N,
+                                    int NH, int NKV, float scale, int window) {
+    const int BK = WG_ROWS, TILE = WG_ROWS * HD * 2;
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
+    unsigned Qs = wg_tile_base(smem), dOs = Qs + TILE, Ks = dOs + TILE, Vs = Ks + 2 * TILE;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = blockIdx.y, g = h / (NH / NKV);
+    long long qblk = (long long)gridDim.x - 1 - blockIdx.x;
+    long long i0 = qblk * WG_ROWS + warp * 16 + (lane >> 2), i1 = i0 + 8;
+    int lo0, hi0, lo1, hi1;
+    query_range(cu, cu, D, N, i0, window, &lo0, &hi0);
+    query_range(cu, cu, D, N, i1, window, &lo1, &hi1);
+    spans sp = row_spans(lo0, hi0, lo1, hi1);
+    long long qld = (long long)NH * HD, kld = (long long)NKV * HD, col = (long long)g * HD;
+    const float sl2 = scale * LOG2E;
+    float L0 = i0 < N ? lse[i0 * NH + h] * LOG2E : 0.f, L1 = i1 < N ? lse[i1 * NH + h] * LOG2E : 0.f;
+    float D0 = i0 < N ? dvec[i0 * NH + h] : 0.f, D1 = i1 < N ? dvec[i1 * NH + h] : 0.f;
+    int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
+    wg_load<HD, WG_ROWS>(Qs, q, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
+    wg_load<HD, WG_ROWS>(dOs, dout, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
+    if (ntiles > 0) {
+        wg_load<HD, WG_ROWS>(Ks, k, sp.blo, sp.bhi, kld, col);
+        wg_load<HD, WG_ROWS>(Vs, v, sp.blo, sp.bhi, kld, col);
+    }
+    cp_commit();
+    float acc[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
+    for (int t = 0; t < ntiles; t++) {
+        int j0 = sp.blo + t * BK, buf = t & 1;
+        cp_wait_all();
+        wg_fence_proxy();
+        __syncthreads();
+        if (t + 1 < ntiles) {
+            wg_load<HD, WG_ROWS>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
+            wg_load<HD, WG_ROWS>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
+        }
+        cp_commit();
+        float s[32], dp[32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(dp, wg_desc_k<WG_ROWS>(dOs, kk), wg_desc_k<WG_ROWS>(Vs + buf * TILE, kk), kk > 0);
+        wg_commit();
+        wg_wait_all();
+        wg_hold<32>(s);
+        wg_hold<32>(dp);
+        bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L0));
+                float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L1));
+                if (!full) {
+                    p0 = (j >= lo0 && j <= hi0) ? p0 : 0.f;
+                    p1 = (j >= lo1 && j <= hi1) ? p1 : 0.f;
+                }
+                s[4 * nt + e] = p0 * (dp[4 * nt + e] - D0);
+                s[4 * nt + 2 + e] = p1 * (dp[4 * nt + 2 + e] - D1);
+            }
+        }
+        unsigned da[4][4];
+        wg_pack(da, s);
+        wg_hold_u<16>(&da[0][0]);
+        wg_hold<HD / 2>(acc);
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++) wg_rs<HD>(acc, da[j], wg_desc_mn<WG_ROWS>(Ks + buf * TILE, j));
+        wg_commit();
+        wg_wait_all();
+        wg_hold<HD / 2>(acc);
+    }
+    cp_wait_all();
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        int c = h * HD + nt * 8 + (lane & 3) * 2;
+        if (i0 < N) *(unsigned*)(dq + i0 * qld + c) = pack_bf16(acc[4 * nt + 0] * scale, acc[4 * nt + 1] * scale);
+        if (i1 < N) *(unsigned*)(dq + i1 * qld + c) = pack_bf16(acc[4 * nt + 2] * scale, acc[4 * nt + 3] * scale);
+    }
+}
+
+// attn_bwd_dkv_wg_impl: a block of 64 keys of key head blockIdx.y walks, for each query head of
+// its group, the query tiles of 64 that see them: S^T = K Q^T, dP^T = V dO^T,
+// dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q.
+// Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (K, V) + 4 * 64 * HD * 2 (Q, dO, two buffers
+// each) + 4 * 64 * 4 (lse and D of each query tile, two buffers each).
+template <int HD>
+__device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
+                                     const bf16* dout, const float* lse, const float* dvec, const int* cu, int D,
+                                     long long N, int NH, int NKV, float scale, int window) {
+    const int BQ = WG_ROWS, TILE = WG_ROWS * HD * 2;
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
+    unsigned Ks = wg_tile_base(smem), Vs = Ks + TILE, Qs = Vs + TILE, dOs = Qs + 2 * TILE;
+    float* Ls = (float*)(smem + (dOs + 2 * TILE - smem_addr(smem)));  // [2][BQ] lse * log2 e
+    float* Ds = Ls + 2 * BQ;                                           // [2][BQ]
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = blockIdx.y, G = NH / NKV;
+    long long krow0 = (long long)blockIdx.x * WG_ROWS;
+    long long j0k = krow0 + warp * 16 + (lane >> 2), j1k = j0k + 8;
+    int lo0, hi0, lo1, hi1;
+    key_range(cu, D, N, j0k, window, &lo0, &hi0);
+    key_range(cu, D, N, j1k, window, &lo1, &hi1);
+    spans sp = row_spans(lo0, hi0, lo1, hi1);
+    long long kld = (long long)NKV * HD, qld = (long long)NH * HD;
+    wg_load<HD, WG_ROWS>(Ks, k, krow0, N - 1, kld, (long long)g * HD);
+    wg_load<HD, WG_ROWS>(Vs, v, krow0, N - 1, kld, (long long)g * HD);
+    float dka[HD / 2], dva[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
+    const float sl2 = scale * LOG2E;
+    int ntq = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BQ + 1;
+    int ntiles = ntq * G;
+    // Tile t covers query head g * G + t / ntq, queries blo + (t % ntq) * BQ ...
+    if (ntiles > 0) {
+        long long hc = (long long)(g * G) * HD;
+        wg_load<HD, WG_ROWS>(Qs, q, sp.blo, sp.bhi, qld, hc);
+        wg_load<HD, WG_ROWS>(dOs, dout, sp.blo, sp.bhi, qld, hc);
+        if (threadIdx.x < BQ) {
+            long long i = sp.blo + threadIdx.x;
+            Ls[threadIdx.x] = i <= sp.bhi ? lse[i * NH + g * G] * LOG2E : 0.f;
+            Ds[threadIdx.x] = i <= sp.bhi ? dvec[i * NH + g * G] : 0.f;
+        }
+    }
+    cp_commit();
+    for (int t = 0; t < ntiles; t++) {
+        int buf = t & 1;
+        int i0 = sp.blo + (t % ntq) * BQ;
+        cp_wait_all();
+        wg_fence_proxy();
+        __syncthreads();
+        if (t + 1 < ntiles) {
+            int hn = g * G + (t + 1) / ntq;
+            long long in0 = sp.blo + ((t + 1) % ntq) * BQ;
+            wg_load<HD, WG_ROWS>(Qs + (buf ^ 1) * TILE, q, in0, sp.bhi, qld, (long long)hn * HD);
+            wg_load<HD, WG_ROWS>(dOs + (buf ^ 1) * TILE, dout, in0, sp.bhi, qld, (long long)hn * HD);
+            if (threadIdx.x < BQ) {
+                long long i = in0 + threadIdx.x;
+                Ls[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? lse[i * NH + hn] * LOG2E : 0.f;
+                Ds[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? dvec[i * NH + hn] : 0.f;
+            }
+        }
+        cp_commit();
+        unsigned Qb = Qs + buf * TILE, dOb = dOs + buf * TILE;
+        const float* Lb = Ls + buf * BQ;
+        const float* Db = Ds + buf * BQ;
+        float s[32], dp[32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Ks, kk), wg_desc_k<WG_ROWS>(Qb, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(dp, wg_desc_k<WG_ROWS>(Vs, kk), wg_desc_k<WG_ROWS>(dOb, kk), kk > 0);
+        wg_commit();
+        wg_wait_all();
+        wg_hold<32>(s);
+        wg_hold<32>(dp);
+        bool full = i0 >= sp.ilo && i0 + BQ - 1 <= sp.ihi;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int c = nt * 8 + (lane & 3) * 2 + e;
+                int i = i0 + c;
+                float L = Lb[c], Dv = Db[c];
+                float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L));
+                float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L));
+                if (!full) {
+                    p0 = (i >= lo0 && i <= hi0) ? p0 : 0.f;
+                    p1 = (i >= lo1 && i <= hi1) ? p1 : 0.f;
+                }
+                dp[4 * nt + e] = p0 * (dp[4 * nt + e] - Dv);
+                dp[4 * nt + 2 + e] = p1 * (dp[4 * nt + 2 + e] - Dv);
+                s[4 * nt + e] = p0;
+                s[4 * nt + 2 + e] = p1;
+            }
+        }
+        unsigned pa[4][4], da[4][4];
+        wg_pack(pa, s);
+        wg_pack(da, dp);
+        wg_hold_u<16>(&pa[0][0]);
+        wg_hold_u<16>(&da[0][0]);
+        wg_hold<HD / 2>(dva);
+        wg_hold<HD / 2>(dka);
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++) wg_rs<HD>(dva, pa[j], wg_desc_mn<WG_ROWS>(dOb, j));
+#pragma unroll
+        for (int j = 0; j < 4; j++) wg_rs<HD>(dka, da[j], wg_desc_mn<WG_ROWS>(Qb, j));
+        wg_commit();
+        wg_wait_all();
+        wg_hold<HD / 2>(dva);
+        wg_hold<HD / 2>(dka);
+    }
+    cp_wait_all();
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        int c = g * HD + nt * 8 + (lane & 3) * 2;
+        if (j0k < N) {
+            *(unsigned*)(dk + j0k * kld + c) = pack_bf16(dka[4 * nt + 0] * scale, dka[4 * nt + 1] * scale);
+            *(unsigned*)(dv + j0k * kld + c) = pack_bf16(dva[4 * nt + 0], dva[4 * nt + 1]);
+        }
+        if (j1k < N) {
+            *(unsigned*)(dk + j1k * kld + c) = pack_bf16(dka[4 * nt + 2] * scale, dka[4 * nt + 3] * scale);
+            *(unsigned*)(dv + j1k * kld + c) = pack_bf16(dva[4 * nt + 2], dva[4 * nt + 3]);
+        }
+    }
+}
+
+// Entry points (128 threads each; dynamic shared memory as stated at each implementation):
+// attn_fwd_wg_<HD>, attn_bwd_dq_wg_<HD> with the arguments of attn_fwd_mma / attn_bwd_dq_mma,
+// attn_bwd_dkv_wg_<HD> with those of attn_bwd_dkv_mma.
+#define WG_KERNELS(HD)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd_wg_##HD(                                          \
+        bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,       \
+        int D, long long N, int NH, int NKV, float scale, int window) {                                             \
+        attn_fwd_wg_impl<HD>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                          \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq_wg_##HD(                                       \
+        bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,                  \
+        const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
+        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                    \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkv_wg_##HD(                                      \
+        bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,        \
+        const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
+        attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);               \
+    }
+WG_KERNELS(64)
+WG_KERNELS(128)
