@@ -201,6 +201,7 @@ func TestGPUAttentionThroughput(t *testing.T) {
 			s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"], fusedMs, vals["bwd_fused_tflops"])
 		if wg {
 			// The warpgroup kernels (the default on this device), each backward kernel alone too.
+			// The warpgroup kernels (the default on this device), each backward kernel alone too.
 			g.attnWG = true
 			if err := fwd(); err != nil {
 				t.Fatal(err)

@@ -63,6 +63,10 @@ const (
 
 const funcAttrMaxDynamicShared = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
+// funcAttrSharedCarveout is CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (percent of the
+// unified L1/shared memory to give to shared memory).
+const funcAttrSharedCarveout = 9
+
 func loadDriver(env searchEnv) (*driverAPI, error) {
 	h, info, err := openLibrary(specDriver, env)
 	d := &driverAPI{info: info}

@@ -374,9 +374,48 @@ func TestKernelCacheDirOverride(t *testing.T) {
 	}
 }
 
+// TestKernelTargets checks which architecture each kernel file is compiled for: the Hopper
+// attention kernels only on sm_90, as sm_90a (wgmma exists nowhere else); every other file on
+// every device, for the device's own architecture.
+func TestKernelTargets(t *testing.T) {
+	for _, c := range []struct {
+		file, arch, want string
+		built            bool
+	}{
+		{"attention_wg.cu", "sm_90", "sm_90a", true},
+		{"attention_wg.cu", "sm_80", "", false},
+		{"attention_wg.cu", "sm_89", "", false},
+		{"attention_wg.cu", "sm_100", "", false},
+		{"attention_tc.cu", "sm_90", "sm_90", true},
+		{"rmsnorm.cu", "sm_86", "sm_86", true},
+	} {
+		got, built := kernelTarget(c.file, c.arch)
+		if built != c.built || (built && got != c.want) {
+			t.Errorf("kernelTarget(%s, %s) = %q, %v; want %q, %v", c.file, c.arch, got, built, c.want, c.built)
+		}
+	}
+}
+
+// TestWGSharedFitsTwoBlocks checks the Hopper attention kernels' shared memory: every kernel fits
+// a block's 227 KiB limit, and two blocks (with the 1 KiB the driver keeps for each) fit a
+// multiprocessor's 228 KiB, so that two warpgroups share each multiprocessor.
+func TestWGSharedFitsTwoBlocks(t *testing.T) {
+	for _, hd := range []int{64, 128} {
+		for _, kind := range []string{"fwd", "dq", "dkv"} {
+			n := int(wgShared(kind, hd))
+			if n > 227<<10 || 2*(n+1024) > 228<<10 {
+				t.Errorf("%s (head dim %d): %d bytes of shared memory; two blocks do not fit an sm_90 multiprocessor", wgName(kind, hd), hd, n)
+			}
+			if n < 1024+2*wgRows*hd*2 {
+				t.Errorf("%s (head dim %d): %d bytes cannot hold the aligned tiles", wgName(kind, hd), hd, n)
+			}
+		}
+	}
+}
+
 func TestEmbeddedKernels(t *testing.T) {
 	files := KernelFiles()
-	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_tc.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
+	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_tc.cu", "attention_wg.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
 	if strings.Join(files, ",") != strings.Join(want, ",") {
 		t.Errorf("embedded kernel files = %v, want %v", files, want)
 	}

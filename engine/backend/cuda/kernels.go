@@ -274,6 +274,13 @@ func (d *Device) launchOnThread(file, name string, grid, block [3]uint32, shared
 		if err := d.drv.check("cuFuncSetAttribute", d.drv.cuFuncSetAttribute(f, funcAttrMaxDynamicShared, int32(shared))); err != nil {
 			return fmt.Errorf("cuda: kernel %s: %d bytes of shared memory: %w", name, shared, err)
 		}
+		if file == wgKernelFile {
+			// Two blocks of the Hopper attention kernels (up to 113 KiB each) share a
+			// multiprocessor only with all of its L1 given to shared memory.
+			if err := d.drv.check("cuFuncSetAttribute", d.drv.cuFuncSetAttribute(f, funcAttrSharedCarveout, 100)); err != nil {
+				return fmt.Errorf("cuda: kernel %s: shared memory carveout: %w", name, err)
+			}
+		}
 	}
 	if err := d.drv.check("cuLaunchKernel("+name+")", d.drv.launch(f, grid, block, shared, d.stream, args)); err != nil {
 		return err

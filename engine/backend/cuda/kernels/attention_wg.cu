@@ -64,6 +64,8 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int kk) 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// wg_wait_1 waits until at most the most recent group is pending.
+__device__ __forceinline__ void wg_wait_1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // wg_hold keeps the compiler from moving reads or writes of the n registers d across the wgmma
 // issue and wait instructions that use them.
@@ -272,7 +274,8 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
 }
 
 // attn_bwd_dq_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of 64:
-// S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+// S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. S and dP are committed as two groups, so
+// that P is computed while dP is still being multiplied.
 // Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each).
 template <int HD>
 __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
@@ -319,13 +322,13 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
             wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
+        wg_commit();  // S in its own group: P is computed while dP is multiplied
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
             wg_ss_n64(dp, wg_desc_k<WG_ROWS>(dOs, kk), wg_desc_k<WG_ROWS>(Vs + buf * TILE, kk), kk > 0);
         wg_commit();
-        wg_wait_all();
+        wg_wait_1();
         wg_hold<32>(s);
-        wg_hold<32>(dp);
         bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
@@ -338,9 +341,18 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
                     p0 = (j >= lo0 && j <= hi0) ? p0 : 0.f;
                     p1 = (j >= lo1 && j <= hi1) ? p1 : 0.f;
                 }
-                s[4 * nt + e] = p0 * (dp[4 * nt + e] - D0);
-                s[4 * nt + 2 + e] = p1 * (dp[4 * nt + 2 + e] - D1);
+                s[4 * nt + e] = p0;
+                s[4 * nt + 2 + e] = p1;
             }
+        }
+        wg_wait_all();
+        wg_hold<32>(dp);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[4 * nt + 0] *= dp[4 * nt + 0] - D0;
+            s[4 * nt + 1] *= dp[4 * nt + 1] - D0;
+            s[4 * nt + 2] *= dp[4 * nt + 2] - D1;
+            s[4 * nt + 3] *= dp[4 * nt + 3] - D1;
         }
         unsigned da[4][4];
         wg_pack(da, s);
@@ -437,7 +449,6 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         wg_commit();
         wg_wait_all();
         wg_hold<32>(s);
-        wg_hold<32>(dp);
         bool full = i0 >= sp.ilo && i0 + BQ - 1 <= sp.ihi;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
@@ -445,26 +456,34 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
             for (int e = 0; e < 2; e++) {
                 int c = nt * 8 + (lane & 3) * 2 + e;
                 int i = i0 + c;
-                float L = Lb[c], Dv = Db[c];
+                float L = Lb[c];
                 float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L));
                 float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L));
                 if (!full) {
                     p0 = (i >= lo0 && i <= hi0) ? p0 : 0.f;
                     p1 = (i >= lo1 && i <= hi1) ? p1 : 0.f;
                 }
-                dp[4 * nt + e] = p0 * (dp[4 * nt + e] - Dv);
-                dp[4 * nt + 2 + e] = p1 * (dp[4 * nt + 2 + e] - Dv);
                 s[4 * nt + e] = p0;
                 s[4 * nt + 2 + e] = p1;
             }
         }
         unsigned pa[4][4], da[4][4];
         wg_pack(pa, s);
+        wg_hold<32>(dp);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float Dv = Db[nt * 8 + (lane & 3) * 2 + e];
+                dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - Dv);
+                dp[4 * nt + 2 + e] = s[4 * nt + 2 + e] * (dp[4 * nt + 2 + e] - Dv);
+            }
+        }
         wg_pack(da, dp);
-        wg_hold_u<16>(&pa[0][0]);
         wg_hold_u<16>(&da[0][0]);
-        wg_hold<HD / 2>(dva);
         wg_hold<HD / 2>(dka);
+        wg_hold_u<16>(&pa[0][0]);
+        wg_hold<HD / 2>(dva);
         wg_fence();
 #pragma unroll
         for (int j = 0; j < 4; j++) wg_rs<HD>(dva, pa[j], wg_desc_mn<WG_ROWS>(dOb, j));
@@ -491,8 +510,8 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
 }
 
 // Entry points (128 threads each; dynamic shared memory as stated at each implementation):
-// attn_fwd_wg_<HD>, attn_bwd_dq_wg_<HD> with the arguments of attn_fwd_mma / attn_bwd_dq_mma,
-// attn_bwd_dkv_wg_<HD> with those of attn_bwd_dkv_mma.
+// attn_fwd_wg_<HD>, attn_bwd_dq_wg_<HD> and attn_bwd_dkv_wg_<HD>, with the arguments of
+// attn_fwd_mma, attn_bwd_dq_mma and attn_bwd_dkv_mma.
 #define WG_KERNELS(HD)                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd_wg_##HD(                                          \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,       \
