@@ -1,12 +1,29 @@
 package cuda
 
 import (
+	_ "embed"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
+
+// cudaBuiltins declares, for clang, the CUDA built-ins the kernels use without CUDA's headers
+// (NVRTC has them built in). Embedded, so that the test binary runs from any directory.
+//
+//go:embed testdata/cuda_builtins.h
+var cudaBuiltins []byte
+
+// writeBuiltins writes cudaBuiltins into dir and returns its path.
+func writeBuiltins(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "cuda_builtins.h")
+	if err := os.WriteFile(path, cudaBuiltins, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
 
 // clangForCUDA finds a clang that can parse CUDA (clang, or clang-14..19 as Debian names them).
 func clangForCUDA() (string, bool) {
@@ -31,11 +48,8 @@ func TestKernelsParseAsCUDA(t *testing.T) {
 		}
 		t.Skip("needs clang (apt-get install clang) to parse the CUDA kernels")
 	}
-	builtins, err := filepath.Abs("testdata/cuda_builtins.h")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
+	builtins := writeBuiltins(t, dir)
 	for _, f := range KernelFiles() {
 		src, err := kernelSource(f)
 		if err != nil {
@@ -63,10 +77,7 @@ func TestKernelSyntaxCheckCatchesErrors(t *testing.T) {
 		}
 		t.Skip("needs clang (apt-get install clang)")
 	}
-	builtins, err := filepath.Abs("testdata/cuda_builtins.h")
-	if err != nil {
-		t.Fatal(err)
-	}
+	builtins := writeBuiltins(t, t.TempDir())
 	hdr, err := kernelFS.ReadFile(commonHeaderFile)
 	if err != nil {
 		t.Fatal(err)
