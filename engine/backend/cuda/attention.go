@@ -243,7 +243,7 @@ func (b *Backend) useWG() bool {
 	}
 	b.wgOnce.Do(func() {
 		b.wgErr = b.d.Do(func() error {
-			_, err := b.d.function(wgKernelFile, wgName("fwd", 64))
+			_, err := b.d.function(wgKernelFile, wgPick("fwd", 64).Name())
 			return err
 		})
 		if b.wgErr != nil {
@@ -257,33 +257,78 @@ func (b *Backend) useWG() bool {
 // been needed yet, or do not apply to this device).
 func (b *Backend) WGError() error { return b.wgErr }
 
-// wgName names a kernel of attention_wg.cu: kind "fwd", "dq" or "dkv".
-func wgName(kind string, hd int) string {
-	if kind == "fwd" {
-		return fmt.Sprintf("attn_fwd_wg_%d", hd)
-	}
-	return fmt.Sprintf("attn_bwd_%s_wg_%d", kind, hd)
+// wgKernel is one compiled kernel of attention_wg.cu: kind "fwd", "dq" or "dkv", head dim, keys
+// per tile (the forward's BK; 64 elsewhere) and the blocks per multiprocessor its register budget
+// is compiled for (1: no cap).
+type wgKernel struct {
+	Kind           string
+	HD, BK, Blocks int
 }
 
-// wgRows is the rows a block of attention_wg.cu owns (one warpgroup, 16 rows per warp), and the
-// rows of every tile it streams.
-const wgRows = 64
+// Name is the kernel's entry point.
+func (k wgKernel) Name() string {
+	n := fmt.Sprintf("attn_bwd_%s_wg_%d", k.Kind, k.HD)
+	if k.Kind == "fwd" {
+		n = fmt.Sprintf("attn_fwd_wg_%d", k.HD)
+		if k.BK != wgRows {
+			n += fmt.Sprintf("_k%d", k.BK)
+		}
+	}
+	if k.Blocks > 1 {
+		n += fmt.Sprintf("_b%d", k.Blocks)
+	}
+	return n
+}
 
-// wgShared is the dynamic shared memory of an attention_wg.cu kernel: 64-row bf16 tiles (one of Q
-// and two buffers each of K and V in the forward; Q and dO, and two buffers each of K and V for
-// dQ; K and V, two buffers each of Q and dO, and two buffers of 64 lse and D values for dK/dV),
-// plus 1024 bytes to align the tiles to the 1024-byte boundaries wgmma's swizzle needs.
-func wgShared(kind string, hd int) uint32 {
-	tile := wgRows * hd * 2
-	switch kind {
+// Shared is the kernel's dynamic shared memory: 64-row bf16 tiles (one of Q and two buffers each
+// of BK-row K and V tiles in the forward; Q and dO, and two buffers each of K and V for dQ; K and
+// V, two buffers each of Q and dO, and two buffers of 64 lse and D values for dK/dV), plus 1024
+// bytes to align the tiles to the 1024-byte boundaries wgmma's swizzle needs.
+func (k wgKernel) Shared() uint32 {
+	tile := wgRows * k.HD * 2
+	switch k.Kind {
 	case "fwd":
-		return uint32(1024 + 5*tile)
+		return uint32(1024 + tile + 4*k.BK*k.HD*2)
 	case "dq":
 		return uint32(1024 + 6*tile)
 	default:
 		return uint32(1024 + 6*tile + 4*wgRows*4)
 	}
 }
+
+// wgKernels lists the compiled kernels (the WG_* instantiations of attention_wg.cu).
+// wgDefault holds the one each (kind, head dim) runs, chosen from TestGPUAttentionWGSweep on an
+// H200 (testdata/gpu-run13, 4 x 4096 tokens): at head dim 64 the forward capped for 4 blocks per
+// multiprocessor (0.910 against 0.945 ms uncapped, 0.998 with 128-key tiles) and dK/dV capped for
+// 3 (1.711 against 1.792 ms); capping dQ for 4 blocks spills and is slower (1.202 against
+// 0.993 ms).
+var (
+	wgKernels = []wgKernel{
+		{"fwd", 64, 64, 1}, {"fwd", 128, 64, 1}, {"fwd", 64, 128, 1}, {"fwd", 64, 64, 4}, {"fwd", 64, 128, 3},
+		{"dq", 64, 64, 1}, {"dq", 128, 64, 1}, {"dq", 64, 64, 4},
+		{"dkv", 64, 64, 1}, {"dkv", 128, 64, 1}, {"dkv", 64, 64, 3},
+	}
+	wgDefault = map[string]wgKernel{
+		"fwd/64": {"fwd", 64, 64, 4}, "fwd/128": {"fwd", 128, 64, 1},
+		"dq/64": {"dq", 64, 64, 1}, "dq/128": {"dq", 128, 64, 1},
+		"dkv/64": {"dkv", 64, 64, 3}, "dkv/128": {"dkv", 128, 64, 1},
+	}
+	// wgOverride replaces wgDefault entries (a test knob, as attnTileOverride).
+	wgOverride map[string]wgKernel
+)
+
+// wgPick is the kernel of kind for head dim hd.
+func wgPick(kind string, hd int) wgKernel {
+	key := fmt.Sprintf("%s/%d", kind, hd)
+	if k, ok := wgOverride[key]; ok {
+		return k
+	}
+	return wgDefault[key]
+}
+
+// wgRows is the rows a block of attention_wg.cu owns (one warpgroup, 16 rows per warp), and the
+// rows of its Q, dO, dQ-side K/V and dK/dV-side Q/dO tiles.
+const wgRows = 64
 
 // MMAError is why the tensor-core attention kernels could not be built (nil when they were, or
 // have not been needed yet).
@@ -347,7 +392,8 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 		if b.useWG() {
 			grid := [3]uint32{uint32((g.N + wgRows - 1) / wgRows), uint32(g.NH), 1}
 			return b.d.Post(func() error {
-				return b.d.launchOnThread(wgKernelFile, wgName("fwd", g.HD), grid, [3]uint32{128, 1, 1}, wgShared("fwd", g.HD), args...)
+				k := wgPick("fwd", g.HD)
+				return b.d.launchOnThread(wgKernelFile, k.Name(), grid, [3]uint32{128, 1, 1}, k.Shared(), args...)
 			})
 		}
 		t := b.tiles(g.HD)
@@ -460,16 +506,18 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr, common []any) error {
 	blocks := uint32((g.N + wgRows - 1) / wgRows)
 	if attnBwdOnly != "dkv" {
-		if err := b.d.launchOnThread(wgKernelFile, wgName("dq", g.HD), [3]uint32{blocks, uint32(g.NH), 1}, [3]uint32{128, 1, 1},
-			wgShared("dq", g.HD), packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+		k := wgPick("dq", g.HD)
+		if err := b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{blocks, uint32(g.NH), 1}, [3]uint32{128, 1, 1},
+			k.Shared(), packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
 			return err
 		}
 	}
 	if attnBwdOnly == "dq" {
 		return nil
 	}
-	return b.d.launchOnThread(wgKernelFile, wgName("dkv", g.HD), [3]uint32{blocks, uint32(g.NKV), 1}, [3]uint32{128, 1, 1},
-		wgShared("dkv", g.HD), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
+	k := wgPick("dkv", g.HD)
+	return b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{blocks, uint32(g.NKV), 1}, [3]uint32{128, 1, 1},
+		k.Shared(), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 }
 
 // fusedBackwardOnThread runs the one-pass backward (attention_fused.cu): dK and dV as the dK/dV

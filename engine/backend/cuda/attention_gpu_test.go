@@ -57,6 +57,17 @@ func TestGPUAttentionTiles(t *testing.T) {
 	}
 	g.attnWG = true
 	t.Run("wgmma", func(t *testing.T) { attentionTileCases(t, g) })
+	// Every other compiled warpgroup kernel, in place of the default of its kind.
+	defer func() { wgOverride = nil }()
+	for _, k := range wgKernels {
+		key := fmt.Sprintf("%s/%d", k.Kind, k.HD)
+		if wgDefault[key] == k {
+			continue
+		}
+		wgOverride = map[string]wgKernel{key: k}
+		t.Run("wgmma_"+k.Name(), func(t *testing.T) { attentionTileCases(t, g) })
+	}
+	wgOverride = nil
 }
 
 func attentionTileCases(t *testing.T, g *Backend) {
@@ -91,7 +102,7 @@ func attentionTileCases(t *testing.T, g *Backend) {
 			bwdNames = tl.fusedName(s.HD)
 		}
 		if g.attnWG {
-			fwdName, bwdNames = wgName("fwd", s.HD), wgName("dq", s.HD)+"_"+wgName("dkv", s.HD)
+			fwdName, bwdNames = wgPick("fwd", s.HD).Name(), wgPick("dq", s.HD).Name()+"_"+wgPick("dkv", s.HD).Name()
 		}
 		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, fwdName, bwdNames)
 		t.Run("forward/"+name, func(t *testing.T) {
@@ -389,4 +400,54 @@ func attentionBench(t *testing.T, g *Backend, B, T, NH, NKV, HD int) (fwd, bwd f
 		}
 	}
 	return fwd, bwd, free
+}
+
+// TestGPUAttentionWGSweep times every compiled Hopper attention kernel alone at the two benchmark
+// shapes (4 documents of 4096 tokens), so that wgDefault can be chosen from measurements: each
+// forward, and each dQ and dK/dV kernel with the other backward kernel left out (the D pass runs
+// in both).
+func TestGPUAttentionWGSweep(t *testing.T) {
+	g := gpu(t)
+	if !wgArch(g.d.info.Arch) {
+		t.Skipf("no warpgroup kernels on %s (sm_90 only)", g.d.info.Arch)
+	}
+	wg := g.attnWG
+	g.attnMMA, g.attnWG = true, true
+	defer func() { g.attnWG = wg; wgOverride = nil; attnBwdOnly = "" }()
+	const B, T = 4, 4096
+	for _, s := range []struct {
+		name        string
+		NH, NKV, HD int
+	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
+		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
+		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
+		flops := pairs * 4 * float64(s.HD)
+		vals := map[string]float64{}
+		if err := fwd(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range wgKernels {
+			if k.HD != s.HD {
+				continue
+			}
+			wgOverride = map[string]wgKernel{fmt.Sprintf("%s/%d", k.Kind, k.HD): k}
+			f, products := bwd, 3.0
+			switch k.Kind {
+			case "fwd":
+				f, products = fwd, 2
+			case "dq":
+				attnBwdOnly = "dq"
+			default:
+				attnBwdOnly, products = "dkv", 4
+			}
+			ms := timeIt(t, g, 3, f)
+			attnBwdOnly, wgOverride = "", nil
+			vals[k.Name()+"_ms"] = ms
+			vals[k.Name()+"_tflops"] = products / 2 * flops / (ms * 1e-3) / 1e12
+			t.Logf("%s %s: %.3f ms (%.0f TFLOP/s)", s.name, k.Name(), ms, vals[k.Name()+"_tflops"])
+		}
+		report.addBench(benchmark{Name: "attention_wg_sweep_" + s.name + "_b4x4096", Values: vals,
+			Note: "each compiled warpgroup kernel alone; median of 5 timed repetitions of 3 calls; TFLOP/s count 2*HD FLOPs per causal (query, key) pair per product (forward 2, dQ 3, dK/dV 4)"})
+		free()
+	}
 }

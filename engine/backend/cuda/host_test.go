@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -396,19 +397,40 @@ func TestKernelTargets(t *testing.T) {
 	}
 }
 
-// TestWGSharedFitsTwoBlocks checks the Hopper attention kernels' shared memory: every kernel fits
-// a block's 227 KiB limit, and two blocks (with the 1 KiB the driver keeps for each) fit a
-// multiprocessor's 228 KiB, so that two warpgroups share each multiprocessor.
-func TestWGSharedFitsTwoBlocks(t *testing.T) {
-	for _, hd := range []int{64, 128} {
-		for _, kind := range []string{"fwd", "dq", "dkv"} {
-			n := int(wgShared(kind, hd))
-			if n > 227<<10 || 2*(n+1024) > 228<<10 {
-				t.Errorf("%s (head dim %d): %d bytes of shared memory; two blocks do not fit an sm_90 multiprocessor", wgName(kind, hd), hd, n)
-			}
-			if n < 1024+2*wgRows*hd*2 {
-				t.Errorf("%s (head dim %d): %d bytes cannot hold the aligned tiles", wgName(kind, hd), hd, n)
-			}
+// TestWGKernelsFitTheirBlocks checks every compiled Hopper attention kernel's shared memory: it
+// fits a block's 227 KiB, and as many blocks as its register budget is compiled for (at least
+// two) fit a multiprocessor's 228 KiB with the 1 KiB the driver keeps for each; and every kernel
+// the defaults name is compiled.
+func TestWGKernelsFitTheirBlocks(t *testing.T) {
+	for _, k := range wgKernels {
+		n, blocks := int(k.Shared()), max(k.Blocks, 2)
+		if n > 227<<10 || blocks*(n+1024) > 228<<10 {
+			t.Errorf("%s: %d bytes of shared memory; %d blocks do not fit an sm_90 multiprocessor", k.Name(), n, blocks)
+		}
+		if n < 1024+2*wgRows*k.HD*2 {
+			t.Errorf("%s: %d bytes cannot hold the aligned tiles", k.Name(), n)
+		}
+	}
+	src, err := kernelSource(wgKernelFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, k := range wgDefault {
+		if !slices.Contains(wgKernels, k) {
+			t.Errorf("default %s = %s is not in wgKernels", key, k.Name())
+		}
+	}
+	// Every listed kernel is instantiated: its name's parts appear in one WG_* line.
+	for _, k := range wgKernels {
+		suf := strings.TrimPrefix(k.Name(), fmt.Sprintf("attn_%s_wg_%d", map[bool]string{true: "fwd", false: "bwd_" + k.Kind}[k.Kind == "fwd"], k.HD))
+		macro := map[string]string{"fwd": "WG_FWD", "dq": "WG_DQ", "dkv": "WG_DKV"}[k.Kind]
+		line := fmt.Sprintf("%s(%d, ", macro, k.HD)
+		if k.Kind == "fwd" {
+			line += fmt.Sprintf("%d, ", k.BK)
+		}
+		line += fmt.Sprintf("%s, %d)", suf, max(k.Blocks, 1))
+		if !strings.Contains(src, line) {
+			t.Errorf("%s: no %q in %s", k.Name(), line, wgKernelFile)
 		}
 	}
 }

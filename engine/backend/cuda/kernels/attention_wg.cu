@@ -101,6 +101,24 @@ __device__ __forceinline__ void wg_ss_n64(float* d, unsigned long long da, unsig
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// wg_ss_n128: d (64 x 128, fp32) (+)= A . B, A and B K-major in shared memory (descriptors da,
+// db); d is overwritten when accumulate is 0.
+__device__ __forceinline__ void wg_ss_n128(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+
 // wg_rs_n64: d (64 x 64, fp32) += A . B, A (64 x 16 bf16) in registers as the A fragments of
 // mma.sync for each warp's 16 rows, B MN-major in shared memory (descriptor db).
 __device__ __forceinline__ void wg_rs_n64(float* d, const unsigned* a, unsigned long long db) {
@@ -138,10 +156,11 @@ __device__ __forceinline__ void wg_rs(float* d, const unsigned* a, unsigned long
     else wg_rs_n128(d, a, db);
 }
 
-// wg_pack rounds the 64 x 64 fp32 accumulator s to bf16 A fragments of four 16-column slices.
+// wg_pack rounds a 64 x 16J fp32 accumulator s to bf16 A fragments of J 16-column slices.
+template <int J = 4>
 __device__ __forceinline__ void wg_pack(unsigned (*a)[4], const float* s) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < J; j++) {
         a[j][0] = pack_bf16(s[8 * j + 0], s[8 * j + 1]);
         a[j][1] = pack_bf16(s[8 * j + 2], s[8 * j + 3]);
         a[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
@@ -149,15 +168,22 @@ __device__ __forceinline__ void wg_pack(unsigned (*a)[4], const float* s) {
     }
 }
 
-// attn_fwd_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of 64.
-// Dynamic shared memory: 1024 + 64 * HD * 2 (Q) + 4 * 64 * HD * 2 (K, V, two buffers each).
-template <int HD>
+// wg_ss picks the shared-operand product for BK columns: d (64 x BK) (+)= A . B.
+template <int BK>
+__device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    if (BK == 64) wg_ss_n64(d, da, db, accumulate);
+    else wg_ss_n128(d, da, db, accumulate);
+}
+
+// attn_fwd_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of BK (64 or 128).
+// Dynamic shared memory: 1024 + 64 * HD * 2 (Q) + 4 * BK * HD * 2 (K, V, two buffers each).
+template <int HD, int BK>
 __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                  const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
                                  float scale, int window) {
-    const int BK = WG_ROWS, TILE = WG_ROWS * HD * 2;
+    const int TILE = BK * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
-    unsigned Qs = wg_tile_base(smem), Ks = Qs + TILE, Vs = Ks + 2 * TILE;
+    unsigned Qs = wg_tile_base(smem), Ks = Qs + WG_ROWS * HD * 2, Vs = Ks + 2 * TILE;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
     long long qblk = (long long)gridDim.x - 1 - blockIdx.x;  // the longest rows first
@@ -170,8 +196,8 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
     wg_load<HD, WG_ROWS>(Qs, q, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
     if (ntiles > 0) {
-        wg_load<HD, WG_ROWS>(Ks, k, sp.blo, sp.bhi, kld, col);
-        wg_load<HD, WG_ROWS>(Vs, v, sp.blo, sp.bhi, kld, col);
+        wg_load<HD, BK>(Ks, k, sp.blo, sp.bhi, kld, col);
+        wg_load<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
     }
     cp_commit();
     float o[HD / 2];
@@ -185,22 +211,22 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_fence_proxy();
         __syncthreads();
         if (t + 1 < ntiles) {
-            wg_load<HD, WG_ROWS>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
-            wg_load<HD, WG_ROWS>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
+            wg_load<HD, BK>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
+            wg_load<HD, BK>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
         }
         cp_commit();
-        float s[32];
+        float s[BK / 2];
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
+            wg_ss<BK>(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<BK>(Ks + buf * TILE, kk), kk > 0);
         wg_commit();
         wg_wait_all();
-        wg_hold<32>(s);
+        wg_hold<BK / 2>(s);
         bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
         float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
+        for (int nt = 0; nt < BK / 8; nt++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 int j = j0 + nt * 8 + (lane & 3) * 2 + e;
@@ -227,7 +253,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         l0 *= c0;
         l1 *= c1;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
+        for (int nt = 0; nt < BK / 8; nt++) {
             s[4 * nt + 0] = ex2(fmaf(s[4 * nt + 0], sl2, -b0));
             s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl2, -b0));
             s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl2, -b1));
@@ -244,13 +270,13 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
             o[4 * nt + 2] *= c1;
             o[4 * nt + 3] *= c1;
         }
-        unsigned pa[4][4];
-        wg_pack(pa, s);
-        wg_hold_u<16>(&pa[0][0]);
+        unsigned pa[BK / 16][4];
+        wg_pack<BK / 16>(pa, s);
+        wg_hold_u<BK / 4>(&pa[0][0]);
         wg_hold<HD / 2>(o);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(o, pa[j], wg_desc_mn<WG_ROWS>(Vs + buf * TILE, j));
+        for (int j = 0; j < BK / 16; j++) wg_rs<HD>(o, pa[j], wg_desc_mn<BK>(Vs + buf * TILE, j));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(o);
@@ -509,24 +535,36 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
     }
 }
 
-// Entry points (128 threads each; dynamic shared memory as stated at each implementation):
-// attn_fwd_wg_<HD>, attn_bwd_dq_wg_<HD> and attn_bwd_dkv_wg_<HD>, with the arguments of
-// attn_fwd_mma, attn_bwd_dq_mma and attn_bwd_dkv_mma.
-#define WG_KERNELS(HD)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd_wg_##HD(                                          \
+// Entry points (128 threads each; dynamic shared memory as stated at each implementation), with
+// the arguments of attn_fwd_mma, attn_bwd_dq_mma and attn_bwd_dkv_mma: attn_fwd_wg_<HD>[_k<BK>],
+// attn_bwd_dq_wg_<HD> and attn_bwd_dkv_wg_<HD>, plus forms whose register budget lets <B> blocks
+// share a multiprocessor (suffix _b<B>). attention.go lists them (wgKernels).
+#define WG_FWD(HD, BK, SUF, MINB)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, MINB) attn_fwd_wg_##HD##SUF(                                  \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,       \
         int D, long long N, int NH, int NKV, float scale, int window) {                                             \
-        attn_fwd_wg_impl<HD>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                          \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq_wg_##HD(                                       \
+        attn_fwd_wg_impl<HD, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                      \
+    }
+#define WG_DQ(HD, SUF, MINB)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_wg_##HD##SUF(                               \
         bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,                  \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
         attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                    \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkv_wg_##HD(                                      \
+    }
+#define WG_DKV(HD, SUF, MINB)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dkv_wg_##HD##SUF(                              \
         bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,        \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
         attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);               \
     }
-WG_KERNELS(64)
-WG_KERNELS(128)
+WG_FWD(64, 64, , 1)
+WG_FWD(128, 64, , 1)
+WG_FWD(64, 128, _k128, 1)
+WG_FWD(64, 64, _b4, 4)
+WG_FWD(64, 128, _k128_b3, 3)
+WG_DQ(64, , 1)
+WG_DQ(128, , 1)
+WG_DQ(64, _b4, 4)
+WG_DKV(64, , 1)
+WG_DKV(128, , 1)
+WG_DKV(64, _b3, 3)
