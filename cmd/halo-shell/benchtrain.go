@@ -50,7 +50,10 @@ scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same wei
 			errw := cmd.ErrOrStderr()
 			o.Progress = func(s bench.StepResult) {
 				tag := ""
-				if s.Profiled {
+				switch {
+				case s.ProfiledOnDevice:
+					tag = " (profiled: every op timed on the device)"
+				case s.Profiled:
 					tag = " (profiled: every op synchronised)"
 				}
 				fmt.Fprintf(errw, "step %d loss %.4f grad_norm %.3f %.3f s %.0f tok/s%s\n", s.Step, s.Loss, s.GradNorm, s.StepTimeS, s.TokensPerS, tag)

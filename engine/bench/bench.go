@@ -237,8 +237,10 @@ type StepResult struct {
 	Tokens     int     `json:"tokens"`
 	StepTimeS  float64 `json:"step_time_s"`
 	TokensPerS float64 `json:"tokens_per_s"`
-	// Profiled marks the extra step run with the profiler on (not among the timed steps).
-	Profiled bool `json:"profiled,omitempty"`
+	// Profiled marks the extra step run with the profiler on (not among the timed steps);
+	// ProfiledOnDevice says its ops were timed on the device rather than synchronised one by one.
+	Profiled         bool `json:"profiled,omitempty"`
+	ProfiledOnDevice bool `json:"profiled_on_device,omitempty"`
 }
 
 // ModelInfo describes the benchmarked model.
@@ -296,12 +298,17 @@ type DeviceMemory struct {
 	Total            int64   `json:"total_bytes,omitempty"`
 }
 
-// Breakdown is the time of the profiled step by op class. With the profiler on every op is
-// followed by a device synchronisation, so the step is slower than a timed one; the fractions
-// are what the breakdown is for. On a parallel layout every figure is the mean over the
-// devices (the session's Profile view of a parallel step) and Comm details the collectives.
+// Breakdown is the time of the profiled step by op class. On one GPU each op is timed on the
+// device between events (Timing "device"): no op waits, and each class's time is the device
+// time of its ops. Elsewhere (the CPU, parallel layouts) each op is followed by a
+// synchronisation and timed on the host (Timing "host"), so the step is slower than a timed one
+// and the fractions are what the breakdown is for. On a parallel layout every figure is the mean
+// over the devices (the session's Profile view of a parallel step) and Comm details the
+// collectives.
 type Breakdown struct {
-	Step     int                `json:"step"`
+	Step int `json:"step"`
+	// Timing is "device" (events around each op) or "host" (the host clock after a sync per op).
+	Timing   string             `json:"timing"`
 	WallS    float64            `json:"wall_s"`
 	ByClassS map[string]float64 `json:"by_class_s"`
 	Fraction map[string]float64 `json:"fraction"`
@@ -413,6 +420,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			// The profile wrapper is what a session puts around every device; while off it
 			// costs one atomic load per op.
 			rec := profile.NewRecorder()
+			if t, ok := b.(backend.DeviceTimer); ok {
+				rec.TimeOnDevice(t) // each op timed on the GPU, none waited for
+			}
 			b = profile.Wrap(b, rec)
 			recs = []*profile.Recorder{rec}
 		}
@@ -526,7 +536,7 @@ func memoryOf(b backend.Backend, devs []backend.Backend) Memory {
 	return m
 }
 
-// profiledStep runs one more step with every op recorded (and synchronised) on every device
+// profiledStep runs one more step with every op recorded (timed on the GPU, or synchronised) on every device
 // and returns its split by op class and collective kind: on a plan, the mean over the devices
 // of each part, as the session's Profile reports a parallel step.
 func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Recorder, devs []backend.Backend, progress func(StepResult)) (*Breakdown, error) {
@@ -560,10 +570,20 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 	if progress != nil {
 		s := stepResult(sm)
 		s.Profiled = true
+		s.ProfiledOnDevice = len(recs) > 0
+		for _, rec := range recs {
+			s.ProfiledOnDevice = s.ProfiledOnDevice && rec.DeviceTimed()
+		}
 		progress(s)
 	}
 	ps := profile.MeanSteps(steps)
-	bd := &Breakdown{Step: n, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
+	timing := "device"
+	for _, rec := range recs {
+		if !rec.DeviceTimed() {
+			timing = "host"
+		}
+	}
+	bd := &Breakdown{Step: n, Timing: timing, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
 		HostS: ps.Host.Seconds(), Ops: ps.Ops, CountedGFLOP: float64(ps.FLOPs) / 1e9}
 	for k, d := range ps.Compute {
 		bd.ByClassS[k] = d.Seconds()

@@ -10,8 +10,10 @@ import (
 type T = tensor.Tensor
 
 // Backend is a backend.Backend that forwards every call to an inner backend and, while its
-// Recorder is on, records a span per op (Sync after each op, then the clock stops). It is used
-// from the inner backend's goroutine, like any backend.
+// Recorder is on, records a span per op: by default the host clock after a Sync of each op; with
+// Recorder.TimeOnDevice, the device time between marks taken before and after the op, read at
+// the end of the step (no op waits). It is used from the inner backend's goroutine, like any
+// backend.
 //
 // Wrap returns a value that also implements backend.AdamWStepper and backend.AddRMSNormer
 // exactly when the inner backend does, so callers that look for those fast paths see the same
@@ -83,16 +85,54 @@ func (b *Backend) OpTimes() map[string]time.Duration { return b.rec.OpTimes() }
 // ResetOpTimes implements engine/train's OpTimer.
 func (b *Backend) ResetOpTimes() { b.rec.ResetOpTimes() }
 
-// end finishes an op that started at start: while recording, it syncs and records the span;
-// while capturing activations, it summarises out (the output of a forward op; zero for others).
+// opStart is where an op began: the host clock, and a device mark when the recorder times ops
+// on the device (Recorder.TimeOnDevice).
+type opStart struct {
+	t    time.Time
+	mark backend.TimeMark
+}
+
+// begin starts timing an op.
+func (b *Backend) begin() opStart {
+	s := opStart{t: time.Now()}
+	if t := b.rec.deviceTimer(); t != nil {
+		if m, err := t.Mark(); err == nil {
+			s.mark = m
+		}
+	}
+	return s
+}
+
+// end finishes an op that started at s: while recording, it records the span, timed on the device
+// between two marks when s has one (no wait), else by the host clock after a Sync; while
+// capturing activations, it summarises out (the output of a forward op; zero for others).
 // CrossEntropy, the end of the forward pass, stops the capture.
-func (b *Backend) end(start time.Time, err error, name, class string, bytes, flops int64, out T) error {
+func (b *Backend) end(s opStart, err error, name, class string, bytes, flops int64, out T) error {
 	mode := b.rec.mode.Load()
 	if mode&modeRecord != 0 {
-		if err == nil {
-			err = b.in.Sync()
+		sp := Span{Name: name, Class: class, Bytes: bytes, FLOPs: flops}
+		timed := false
+		if t := b.rec.deviceTimer(); s.mark != 0 && t != nil && err == nil {
+			if m, merr := t.Mark(); merr == nil {
+				timed = b.rec.recordMarked(sp, s.mark, m)
+			}
 		}
-		b.rec.Record(Span{Name: name, Class: class, Dur: time.Since(start), Bytes: bytes, FLOPs: flops}, start)
+		if !timed {
+			if s.mark != 0 {
+				if t := b.rec.deviceTimer(); t != nil {
+					t.Release(s.mark)
+				}
+			}
+			if err == nil {
+				err = b.in.Sync()
+			}
+			sp.Dur = time.Since(s.t)
+			b.rec.Record(sp, s.t)
+		}
+	} else if s.mark != 0 {
+		if t := b.rec.deviceTimer(); t != nil {
+			t.Release(s.mark)
+		}
 	}
 	if mode&modeCapture != 0 && err == nil {
 		switch {
@@ -142,7 +182,7 @@ func (b *Backend) Upload(dst T, src []byte) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Upload(dst, src)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Upload(dst, src), "Upload", ClassOther, int64(len(src)), 0, T{})
 }
 
@@ -150,7 +190,7 @@ func (b *Backend) Download(dst []byte, src T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Download(dst, src)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Download(dst, src), "Download", ClassOther, int64(len(dst)), 0, T{})
 }
 
@@ -158,7 +198,7 @@ func (b *Backend) Copy(dst, src T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Copy(dst, src)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Copy(dst, src), "Copy", ClassOther, nbytes(dst, src), 0, T{})
 }
 
@@ -168,7 +208,7 @@ func (b *Backend) Fill(t T, v float32) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Fill(t, v)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Fill(t, v), "Fill", ClassOther, nbytes(t), 0, T{})
 }
 
@@ -176,7 +216,7 @@ func (b *Backend) Add(out, x, y T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Add(out, x, y)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Add(out, x, y), "Add", ClassOther, nbytes(out, x, y), int64(out.Numel()), out)
 }
 
@@ -184,7 +224,7 @@ func (b *Backend) Axpy(y T, alpha float32, x T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Axpy(y, alpha, x)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Axpy(y, alpha, x), "Axpy", ClassOther, nbytes(y, x), 2*int64(y.Numel()), T{})
 }
 
@@ -192,7 +232,7 @@ func (b *Backend) Scale(t T, alpha float32) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Scale(t, alpha)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Scale(t, alpha), "Scale", ClassOther, nbytes(t), int64(t.Numel()), T{})
 }
 
@@ -201,7 +241,7 @@ func (b *Backend) ScaleRows(t, w T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.ScaleRows(t, w)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.ScaleRows(t, w), "ScaleRows", ClassOther, nbytes(t, w), int64(t.Numel()), T{})
 }
 
@@ -210,7 +250,7 @@ func (b *Backend) RowDot(out, x, y T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.RowDot(out, x, y)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.RowDot(out, x, y), "RowDot", ClassOther, nbytes(out, x, y), 2*int64(x.Numel()), out)
 }
 
@@ -219,7 +259,7 @@ func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 	if b.rec.mode.Load() == 0 {
 		return b.in.SumSquares(ts)
 	}
-	s := time.Now()
+	s := b.begin()
 	r, err := b.in.SumSquares(ts)
 	n := nbytes(ts...)
 	var fl int64
@@ -233,7 +273,7 @@ func (b *Backend) Embedding(out, weight, ids T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Embedding(out, weight, ids)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Embedding(out, weight, ids), "Embedding", ClassEmbedding, nbytes(out, ids)+out.Bytes(), 0, out)
 }
 
@@ -241,7 +281,7 @@ func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.EmbeddingBackward(dWeight, dOut, ids)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.EmbeddingBackward(dWeight, dOut, ids), "EmbeddingBackward", ClassEmbedding, 2*dOut.Bytes()+ids.Bytes(), int64(dOut.Numel()), T{})
 }
 
@@ -249,7 +289,7 @@ func (b *Backend) GEMM(a backend.GEMMArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.GEMM(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	k := dim(a.A, 1)
 	if a.TransA {
 		k = dim(a.A, 0)
@@ -261,7 +301,7 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Linear(out, x, w, bias)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Linear(out, x, w, bias), "Linear", ClassMatmul, nbytes(out, x, w, bias), 2*dim(x, 0)*dim(w, 0)*dim(w, 1), out)
 }
 
@@ -269,7 +309,7 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.LinearBackward(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	m, o := dim(a.DY, 0), dim(a.DY, 1)
 	var fl int64
 	if !a.DX.IsNil() {
@@ -285,7 +325,7 @@ func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.RMSNorm(out, rstd, x, w, eps)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.RMSNorm(out, rstd, x, w, eps), "RMSNorm", ClassNorm, nbytes(out, rstd, x, w), 4*int64(x.Numel()), out)
 }
 
@@ -293,7 +333,7 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.RMSNormBackward(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.RMSNormBackward(a), "RMSNormBackward", ClassNorm, nbytes(a.DX, a.DW, a.DY, a.X, a.W, a.RStd), 8*int64(a.X.Numel()), T{})
 }
 
@@ -301,7 +341,7 @@ func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.RoPE(out, x, a)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.RoPE(out, x, a), "RoPE", ClassRoPE, nbytes(out, x, a.Positions), 3*int64(x.Numel()), out)
 }
 
@@ -309,7 +349,7 @@ func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.RoPEBackward(dX, dY, a)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.RoPEBackward(dX, dY, a), "RoPEBackward", ClassRoPE, nbytes(dX, dY, a.Positions), 3*int64(dY.Numel()), T{})
 }
 
@@ -319,7 +359,7 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Attention(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.Attention(a), "Attention", ClassAttention, nbytes(a.Out, a.LSE, a.Q, a.K, a.V), 0, a.Out)
 }
 
@@ -327,7 +367,7 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.AttentionBackward(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.AttentionBackward(a), "AttentionBackward", ClassAttention, nbytes(a.DQ, a.DK, a.DV, a.DOut, a.Q, a.K, a.V, a.Out, a.LSE), 0, T{})
 }
 
@@ -335,7 +375,7 @@ func (b *Backend) SwiGLU(out, gate, up T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.SwiGLU(out, gate, up)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.SwiGLU(out, gate, up), "SwiGLU", ClassMLPActivation, nbytes(out, gate, up), 5*int64(out.Numel()), out)
 }
 
@@ -343,7 +383,7 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", ClassMLPActivation, nbytes(dGate, dUp, dOut, gate, up), 10*int64(dOut.Numel()), T{})
 }
 
@@ -352,7 +392,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.CrossEntropy(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	n, v, c := dim(a.Hidden, 0), dim(a.Weight, 0), dim(a.Weight, 1)
 	fl := 2 * n * v * c
 	if !a.DHidden.IsNil() {
@@ -371,7 +411,7 @@ func (b *Backend) adamW(a backend.AdamWArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return st.AdamW(a)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, st.AdamW(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()), T{})
 }
 
@@ -380,7 +420,7 @@ func (b *Backend) addRMSNorm(residualOut, out, rstd, x, residual, w T, eps float
 	if b.rec.mode.Load() == 0 {
 		return f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps)
 	}
-	s := time.Now()
+	s := b.begin()
 	return b.end(s, f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()), out)
 }
 

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
 // Op classes: every backend op belongs to exactly one.
@@ -94,6 +96,13 @@ type Recorder struct {
 	keepSpans atomic.Bool
 	acts      []Activation // guarded by mu
 
+	// timer, when set (TimeOnDevice), times ops on the device while a step is recorded: inStep
+	// says one is; marked holds its ops' marks until EndStep reads them.
+	timer    atomic.Pointer[deviceTimerBox]
+	inStep   atomic.Bool
+	stepMark backend.TimeMark
+	marked   []markedSpan
+
 	mu      sync.Mutex
 	cur     *Step
 	start   time.Time
@@ -105,6 +114,53 @@ const (
 	modeRecord  = 1 << iota // record spans
 	modeCapture             // summarise forward outputs
 )
+
+type deviceTimerBox struct{ t backend.DeviceTimer }
+
+// markedSpan is a span whose duration lies between two device marks.
+type markedSpan struct {
+	sp       Span
+	from, to backend.TimeMark
+}
+
+// TimeOnDevice makes the recorder time the ops of recorded steps on the device with t (the
+// backend the profiled backend wraps, when it implements backend.DeviceTimer): ops no longer wait
+// for the device one by one, so a profiled step runs as fast as an unprofiled one and each span
+// is the op's time on the device rather than its host round trip. Spans outside a step, and
+// collectives, keep the host clock. A nil t restores host timing.
+func (r *Recorder) TimeOnDevice(t backend.DeviceTimer) {
+	if t == nil {
+		r.timer.Store(nil)
+		return
+	}
+	r.timer.Store(&deviceTimerBox{t})
+}
+
+// DeviceTimed reports whether TimeOnDevice set a timer.
+func (r *Recorder) DeviceTimed() bool { return r.timer.Load() != nil }
+
+// deviceTimer is the timer to use for an op now: set, recording, inside a step.
+func (r *Recorder) deviceTimer() backend.DeviceTimer {
+	if r.mode.Load()&modeRecord == 0 || !r.inStep.Load() {
+		return nil
+	}
+	if b := r.timer.Load(); b != nil {
+		return b.t
+	}
+	return nil
+}
+
+// recordMarked keeps sp, timed by the marks from and to, for EndStep; false when no step is
+// being recorded (the caller then times sp itself).
+func (r *Recorder) recordMarked(sp Span, from, to backend.TimeMark) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cur == nil || r.stepMark == 0 {
+		return false
+	}
+	r.marked = append(r.marked, markedSpan{sp, from, to})
+	return true
+}
 
 // NewRecorder returns a recorder that is off.
 func NewRecorder() *Recorder { return &Recorder{opTimes: map[string]time.Duration{}} }
@@ -135,19 +191,73 @@ func (r *Recorder) BeginStep(n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur = &Step{Step: n, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}}
+	r.releaseMarksLocked()
+	if b := r.timer.Load(); b != nil {
+		if m, err := b.t.Mark(); err == nil {
+			r.stepMark = m
+			r.inStep.Store(true)
+		}
+	}
 	r.start = time.Now()
+}
+
+// releaseMarksLocked hands back the marks of the current step's device-timed spans unread.
+func (r *Recorder) releaseMarksLocked() {
+	r.inStep.Store(false)
+	b := r.timer.Load()
+	if b != nil {
+		for _, m := range r.marked {
+			b.t.Release(m.from, m.to)
+		}
+		if r.stepMark != 0 {
+			b.t.Release(r.stepMark)
+		}
+	}
+	r.marked, r.stepMark = nil, 0
+}
+
+// resolveMarksLocked reads the device times of the current step's marked spans (waiting for the
+// device to finish them) and adds the spans to the step; a span whose marks cannot be read is
+// dropped and counted in the step's DroppedSpans.
+func (r *Recorder) resolveMarksLocked() {
+	b := r.timer.Load()
+	if b == nil {
+		r.releaseMarksLocked()
+		return
+	}
+	for _, m := range r.marked {
+		sp := m.sp
+		d, err := b.t.Elapsed(m.from, m.to)
+		if err != nil {
+			r.cur.DroppedSpans++
+			continue
+		}
+		sp.Dur = d
+		var at time.Duration
+		if r.keepSpans.Load() {
+			at, _ = b.t.Elapsed(r.stepMark, m.from)
+		}
+		r.addLocked(sp, at)
+	}
+	r.releaseMarksLocked()
 }
 
 // EndStep finishes the current step: its wall time is the time since BeginStep and its host
 // time the part of it no span covers. It returns the step and keeps it for Steps; ok is false
 // when no step was begun.
+//
+// With device timing (TimeOnDevice) it first waits for the device to finish the step's ops and
+// reads their times; the wall time then runs to the end of that work. A span whose marks cannot
+// be read is dropped (Step.DroppedSpans counts it).
 func (r *Recorder) EndStep() (Step, bool) {
-	end := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
+		r.releaseMarksLocked()
 		return Step{}, false
 	}
+	r.resolveMarksLocked()
+	end := time.Now()
 	s := *r.cur
 	r.cur = nil
 	s.Wall = end.Sub(r.start)
@@ -167,6 +277,7 @@ func (r *Recorder) EndStep() (Step, bool) {
 func (r *Recorder) AbortStep() {
 	r.mu.Lock()
 	r.cur = nil
+	r.releaseMarksLocked()
 	r.mu.Unlock()
 }
 
@@ -184,6 +295,11 @@ func (r *Recorder) Steps() []Step {
 func (r *Recorder) Record(sp Span, start time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.addLocked(sp, start.Sub(r.start))
+}
+
+// addLocked adds sp, which started at in the current step, to OpTimes and to the step.
+func (r *Recorder) addLocked(sp Span, at time.Duration) {
 	if !sp.Comm {
 		r.opTimes[sp.Class] += sp.Dur
 	} else {
@@ -203,7 +319,7 @@ func (r *Recorder) Record(sp Span, start time.Time) {
 	s.FLOPs += sp.FLOPs
 	if r.keepSpans.Load() {
 		if len(s.Spans) < MaxSpans {
-			sp.Start = start.Sub(r.start)
+			sp.Start = at
 			s.Spans = append(s.Spans, sp)
 		} else {
 			s.DroppedSpans++

@@ -349,3 +349,132 @@ func TestSummarizeCountsNonFiniteApart(t *testing.T) {
 		t.Fatalf("empty summary %+v", z)
 	}
 }
+
+// timedCPU is a CPU backend with a fake device clock: every op advances the clock by 1 ms per
+// call it makes to the inner backend, and marks read the clock when taken. Syncs are counted.
+type timedCPU struct {
+	backend.Backend
+	clock    time.Duration
+	marks    map[backend.TimeMark]time.Duration
+	next     backend.TimeMark
+	syncs    int
+	released map[backend.TimeMark]bool
+	failFrom backend.TimeMark // Elapsed fails for marks at or after it (0: never)
+}
+
+func newTimedCPU() *timedCPU {
+	return &timedCPU{Backend: cpu.New(cpu.Options{Workers: 1}), marks: map[backend.TimeMark]time.Duration{}, released: map[backend.TimeMark]bool{}}
+}
+
+func (b *timedCPU) Sync() error { b.syncs++; return b.Backend.Sync() }
+
+func (b *timedCPU) Linear(out, x, w, bias T) error {
+	b.clock += 3 * time.Millisecond
+	return b.Backend.Linear(out, x, w, bias)
+}
+
+func (b *timedCPU) RMSNorm(out, rstd, x, w T, eps float32) error {
+	b.clock += time.Millisecond
+	return b.Backend.RMSNorm(out, rstd, x, w, eps)
+}
+
+func (b *timedCPU) Mark() (backend.TimeMark, error) {
+	b.next++
+	b.marks[b.next] = b.clock
+	return b.next, nil
+}
+
+func (b *timedCPU) Elapsed(from, to backend.TimeMark) (time.Duration, error) {
+	if b.failFrom != 0 && to >= b.failFrom {
+		return 0, errors.New("mark lost")
+	}
+	if b.released[from] || b.released[to] {
+		return 0, errors.New("mark read after release")
+	}
+	return b.marks[to] - b.marks[from], nil
+}
+
+func (b *timedCPU) Release(marks ...backend.TimeMark) {
+	for _, m := range marks {
+		b.released[m] = true
+	}
+}
+
+// TestDeviceTimedSteps: with TimeOnDevice, ops inside a recorded step are timed between device
+// marks, none waits (no Sync), every mark is released, and outside a step (or with the timer
+// removed) the host clock and a Sync per op come back.
+func TestDeviceTimedSteps(t *testing.T) {
+	in := newTimedCPU()
+	rec := NewRecorder()
+	rec.Enable(true, true)
+	rec.TimeOnDevice(in)
+	b := Wrap(in, rec)
+	x, w := mustF32(t, b, 4, 8), mustF32(t, b, 6, 8)
+	out, _ := b.Alloc(tensor.F32, 4, 6)
+	nw := mustF32(t, b, 6)
+	normed, _ := b.Alloc(tensor.F32, 4, 6)
+	rstd, _ := b.Alloc(tensor.F32, 4)
+
+	in.syncs = 0
+	rec.BeginStep(1)
+	for i := 0; i < 2; i++ {
+		if err := b.Linear(out, x, w, T{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.RMSNorm(normed, rstd, out, nw, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	if in.syncs != 0 {
+		t.Fatalf("device-timed ops synchronised %d times", in.syncs)
+	}
+	s, ok := rec.EndStep()
+	if !ok {
+		t.Fatal("no step")
+	}
+	if s.Compute[ClassMatmul] != 6*time.Millisecond || s.Compute[ClassNorm] != time.Millisecond || s.Ops != 3 {
+		t.Fatalf("device times: matmul %v norm %v ops %d, want 6ms, 1ms, 3", s.Compute[ClassMatmul], s.Compute[ClassNorm], s.Ops)
+	}
+	if got := rec.OpTimes()[ClassMatmul]; got != 6*time.Millisecond {
+		t.Errorf("OpTimes matmul = %v, want 6ms", got)
+	}
+	starts := []time.Duration{}
+	for _, sp := range s.Spans {
+		starts = append(starts, sp.Start)
+	}
+	if len(starts) != 3 || starts[0] != 0 || starts[1] != 3*time.Millisecond || starts[2] != 6*time.Millisecond {
+		t.Errorf("span starts = %v, want [0 3ms 6ms] on the device clock", starts)
+	}
+	for m := backend.TimeMark(1); m <= in.next; m++ {
+		if !in.released[m] {
+			t.Errorf("mark %d was not released", m)
+		}
+	}
+
+	// A mark that cannot be read drops its span and counts it.
+	in.failFrom = in.next + 3 // the step mark and the first op's start mark read; its end does not
+	rec.BeginStep(2)
+	if err := b.Linear(out, x, w, T{}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = rec.EndStep()
+	if s.DroppedSpans != 1 || s.Ops != 0 {
+		t.Errorf("unreadable marks: dropped %d ops %d, want 1 and 0", s.DroppedSpans, s.Ops)
+	}
+	in.failFrom = 0
+
+	// Outside a step, and with the timer removed, ops are timed on the host after a Sync.
+	in.syncs = 0
+	if err := b.Linear(out, x, w, T{}); err != nil {
+		t.Fatal(err)
+	}
+	rec.TimeOnDevice(nil)
+	rec.BeginStep(3)
+	if err := b.Linear(out, x, w, T{}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = rec.EndStep()
+	if in.syncs != 2 || s.Ops != 1 {
+		t.Errorf("host timing: %d syncs, %d ops; want 2 and 1", in.syncs, s.Ops)
+	}
+}

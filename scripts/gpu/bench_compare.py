@@ -246,9 +246,12 @@ def main(argv):
         for k in ("torch_error", "halo_error", "warning"):
             if k in r:
                 print("  %s: %s" % (k, r[k].strip().replace("\n", "\n    ")))
-        bd = (h.get("breakdown") or {}).get("fraction")
+        hb = h.get("breakdown") or {}
+        bd = hb.get("fraction")
         if bd:
-            print("  ours by op class: " + ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v >= 0.005))
+            print("  ours by op class (%s timing): " % hb.get("timing", "host") + ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v >= 0.005))
+            if hb.get("by_class_s"):
+                print("    ms: " + ", ".join("%s %.1f" % (k, 1e3 * v) for k, v in sorted(hb["by_class_s"].items(), key=lambda kv: -kv[1])))
         tb = (t.get("breakdown") or {}).get("fraction")
         if tb:
             print("  torch by kernel class: " + ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in sorted(tb.items(), key=lambda kv: -kv[1]) if v >= 0.005))

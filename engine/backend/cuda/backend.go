@@ -53,7 +53,9 @@ type Backend struct {
 	// i32 keeps host summaries of uploaded index tensors (host_int32.go).
 	i32 i32Records
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
-	staging   hostStaging
+	staging hostStaging
+	// marks are the timing events of backend.DeviceTimer (timer.go).
+	marks     markPool
 	closeOnce sync.Once
 }
 
@@ -94,7 +96,9 @@ func (b *Backend) Sync() error { return b.d.Synchronize() }
 // Close releases the pinned upload ring and the device. Later calls do nothing.
 func (b *Backend) Close() error {
 	var err error
-	b.closeOnce.Do(func() { err = errors.Join(b.d.Do(b.closeStagingOnThread), b.d.Close()) })
+	b.closeOnce.Do(func() {
+		err = errors.Join(b.d.Do(b.closeStagingOnThread), b.d.Do(b.destroyMarksOnThread), b.d.Close())
+	})
 	return err
 }
 

@@ -1,0 +1,23 @@
+package backend
+
+import "time"
+
+// DeviceTimer is implemented by backends whose ops run asynchronously on a device queue (the
+// CUDA backend). Profilers use it to time every op on the device without waiting for each:
+//
+//	Mark records a point in the device's queue, behind the work queued so far, and returns at
+//	once;
+//	Elapsed waits until the device has reached the later mark and returns the device time
+//	between two marks;
+//	Release hands marks back for reuse once their times have been read.
+//
+// The time between a mark taken before an op is queued and one taken after it is the op's time
+// on the device (when the device was busy with earlier work, it starts at that work's end).
+type DeviceTimer interface {
+	Mark() (TimeMark, error)
+	Elapsed(from, to TimeMark) (time.Duration, error)
+	Release(marks ...TimeMark)
+}
+
+// TimeMark is a point in a device's queue (DeviceTimer); zero is no mark.
+type TimeMark uintptr
