@@ -111,6 +111,7 @@ scripts/gpu/bench.sh runs it beside stock PyTorch + transformers on the same wei
 	f.Float64Var(&gradNorm, "max-grad-norm", 1.0, "clip the global gradient norm to this (0: no clipping)")
 	f.Int64Var(&o.Seed, "seed", 42, "seed of stochastic rounding")
 	f.BoolVar(&o.NoProfile, "no-profile", false, "skip the extra profiled step and the profile wrapper")
+	f.StringVar(&o.Trace, "trace", "", "write the profiled step's ops as a Chrome/Perfetto trace to this file")
 	f.Float64Var(&o.PeakTFLOPS, "peak-tflops", bench.H200PeakTFLOPS, "device peak dense bf16 TFLOP/s for MFU")
 	f.StringVar(&out, "out", "", "write the JSON report here (default stdout)")
 	_ = cmd.MarkFlagRequired("model")

@@ -100,6 +100,8 @@ type Options struct {
 	Seed int64
 	// NoProfile skips the extra profiled step (and the profile wrapper around the device).
 	NoProfile bool
+	// Trace, when set, writes the profiled step's ops as a Chrome/Perfetto trace to this file.
+	Trace string
 	// PeakTFLOPS is the device's dense bf16 peak for MFU. Default H200PeakTFLOPS.
 	PeakTFLOPS float64
 	// Progress, when set, is called after every step (the profiled one too).
@@ -509,7 +511,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		r.MFU /= float64(len(devs)) // the peak of every device of the run
 	}
 	if !o.NoProfile && len(recs) > 0 {
-		if r.Breakdown, err = profiledStep(ctx, tr, recs, devs, o.Progress); err != nil {
+		if r.Breakdown, err = profiledStep(ctx, tr, recs, devs, o.Progress, o.Trace); err != nil {
 			return nil, err
 		}
 	}
@@ -536,13 +538,29 @@ func memoryOf(b backend.Backend, devs []backend.Backend) Memory {
 	return m
 }
 
+// writeTrace writes the profiled step of each device (one after another) as a Chrome trace.
+func writeTrace(path string, steps []profile.Step) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench: trace: %w", err)
+	}
+	if err := profile.WriteTrace(f, steps); err != nil {
+		f.Close()
+		return fmt.Errorf("bench: trace %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bench: trace %s: %w", path, err)
+	}
+	return nil
+}
+
 // profiledStep runs one more step with every op recorded (timed on the GPU, or synchronised) on every device
 // and returns its split by op class and collective kind: on a plan, the mean over the devices
 // of each part, as the session's Profile reports a parallel step.
-func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Recorder, devs []backend.Backend, progress func(StepResult)) (*Breakdown, error) {
+func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Recorder, devs []backend.Backend, progress func(StepResult), trace string) (*Breakdown, error) {
 	n := tr.Steps() + 1
 	for _, rec := range recs {
-		rec.Enable(true, false)
+		rec.Enable(true, trace != "")
 		defer rec.Enable(false, false)
 	}
 	var before []comm.Stats
@@ -575,6 +593,11 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 			s.ProfiledOnDevice = s.ProfiledOnDevice && rec.DeviceTimed()
 		}
 		progress(s)
+	}
+	if trace != "" {
+		if err := writeTrace(trace, steps); err != nil {
+			return nil, err
+		}
 	}
 	ps := profile.MeanSteps(steps)
 	timing := "device"

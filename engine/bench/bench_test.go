@@ -348,3 +348,38 @@ func TestNumberedDeviceIsAcceptedByTheConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestRunWritesTheProfiledStepTrace: with Trace set, the profiled step's ops land in a Chrome
+// trace (one compute event per op) and the breakdown says how they were timed (host on the CPU).
+func TestRunWritesTheProfiledStepTrace(t *testing.T) {
+	o := tinyOptions(t)
+	o.Steps, o.Warmup = 1, 0
+	o.Trace = filepath.Join(t.TempDir(), "step.json")
+	r, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(o.Trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		TraceEvents []struct {
+			Name string `json:"name"`
+			Ph   string `json:"ph"`
+			Tid  int    `json:"tid"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(raw, &tr); err != nil {
+		t.Fatalf("trace is not JSON: %v", err)
+	}
+	ops := 0
+	for _, e := range tr.TraceEvents {
+		if e.Ph == "X" && e.Tid == 2 {
+			ops++
+		}
+	}
+	if r.Breakdown == nil || ops != r.Breakdown.Ops || ops == 0 || r.Breakdown.Timing != "host" {
+		t.Fatalf("trace has %d op events; breakdown %+v", ops, r.Breakdown)
+	}
+}

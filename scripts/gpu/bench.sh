@@ -33,7 +33,8 @@
 #                    adamw_torch [adamw_bf16_nearest]
 #
 # Smoke run (about a minute): scripts/gpu/bench.sh /tmp/b --shapes qwen3-0.6b --steps 4 --seq-len 512 --layers 2
-# HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); HALO_REVISION
+# HALO_BENCH_TRACE=1 also writes halo-shell's profiled step as a Chrome/Perfetto trace
+# (OUTDIR/S/halo-trace.json: every op timed on the GPU). HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); HALO_REVISION
 # the source revision recorded in the report (default: git rev-parse HEAD, which is stale or
 # missing in a copied tree).
 set -uo pipefail
@@ -95,8 +96,10 @@ for shape in ${shapes//,/ }; do
 		continue
 	fi
 	echo "== $shape: halo-shell"
+	trace_flag=()
+	[ "${HALO_BENCH_TRACE:-0}" = 1 ] && trace_flag=(--trace "$d/halo-trace.json")
 	"$bin" run bench-train --model "$d/init" --data "$d/tokens.jsonl" --device cuda --optim "$optim" \
-		"${common[@]}" --out "$d/halo.json" 2>&1 | tee "$d/halo.log"
+		"${common[@]}" "${trace_flag[@]}" --out "$d/halo.json" 2>&1 | tee "$d/halo.log"
 	[ "${PIPESTATUS[0]}" -ne 0 ] && echo "== $shape: halo-shell failed (see $d/halo.log)"
 	[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$d/init"
 	echo "== $shape: done at $((SECONDS - start)) s"
