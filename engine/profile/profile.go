@@ -216,15 +216,17 @@ func (r *Recorder) releaseMarksLocked() {
 	r.marked, r.stepMark = nil, 0
 }
 
-// resolveMarksLocked reads the device times of the current step's marked spans (waiting for the
-// device to finish them) and adds the spans to the step; a span whose marks cannot be read is
-// dropped and counted in the step's DroppedSpans.
-func (r *Recorder) resolveMarksLocked() {
+// resolveMarksLocked waits for the device to finish the current step's marked spans, notes the
+// time it did (returned: the step's end), then reads the spans' device times and adds them to
+// the step; a span whose marks cannot be read is dropped and counted in the step's DroppedSpans.
+func (r *Recorder) resolveMarksLocked() time.Time {
 	b := r.timer.Load()
-	if b == nil {
+	if b == nil || len(r.marked) == 0 {
 		r.releaseMarksLocked()
-		return
+		return time.Now()
 	}
+	_, _ = b.t.Elapsed(r.stepMark, r.marked[len(r.marked)-1].to) // waits for the last op
+	end := time.Now()
 	for _, m := range r.marked {
 		sp := m.sp
 		d, err := b.t.Elapsed(m.from, m.to)
@@ -240,6 +242,7 @@ func (r *Recorder) resolveMarksLocked() {
 		r.addLocked(sp, at)
 	}
 	r.releaseMarksLocked()
+	return end
 }
 
 // EndStep finishes the current step: its wall time is the time since BeginStep and its host
@@ -247,8 +250,8 @@ func (r *Recorder) resolveMarksLocked() {
 // when no step was begun.
 //
 // With device timing (TimeOnDevice) it first waits for the device to finish the step's ops and
-// reads their times; the wall time then runs to the end of that work. A span whose marks cannot
-// be read is dropped (Step.DroppedSpans counts it).
+// reads their times; the wall time runs to the end of that work (reading the times is not
+// counted). A span whose marks cannot be read is dropped (Step.DroppedSpans counts it).
 func (r *Recorder) EndStep() (Step, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -256,8 +259,7 @@ func (r *Recorder) EndStep() (Step, bool) {
 		r.releaseMarksLocked()
 		return Step{}, false
 	}
-	r.resolveMarksLocked()
-	end := time.Now()
+	end := r.resolveMarksLocked() // reading the marks afterwards is not part of the step
 	s := *r.cur
 	r.cur = nil
 	s.Wall = end.Sub(r.start)

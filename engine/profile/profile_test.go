@@ -360,6 +360,7 @@ type timedCPU struct {
 	syncs    int
 	released map[backend.TimeMark]bool
 	failFrom backend.TimeMark // Elapsed fails for marks at or after it (0: never)
+	delay    time.Duration    // each Elapsed call takes this long on the host
 }
 
 func newTimedCPU() *timedCPU {
@@ -385,6 +386,7 @@ func (b *timedCPU) Mark() (backend.TimeMark, error) {
 }
 
 func (b *timedCPU) Elapsed(from, to backend.TimeMark) (time.Duration, error) {
+	time.Sleep(b.delay)
 	if b.failFrom != 0 && to >= b.failFrom {
 		return 0, errors.New("mark lost")
 	}
@@ -450,6 +452,20 @@ func TestDeviceTimedSteps(t *testing.T) {
 			t.Errorf("mark %d was not released", m)
 		}
 	}
+	// The step ends when the device finished its last op: reading the other marks afterwards
+	// (here 5 ms a read, 7 reads) is not part of its wall time.
+	in.delay = 5 * time.Millisecond
+	rec.BeginStep(10)
+	for i := 0; i < 3; i++ {
+		if err := b.Linear(out, x, w, T{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ = rec.EndStep()
+	if s.Ops != 3 || s.Wall >= 15*time.Millisecond {
+		t.Errorf("wall %v with %d ops: reading the marks was counted in the step", s.Wall, s.Ops)
+	}
+	in.delay = 0
 
 	// A mark that cannot be read drops its span and counts it.
 	in.failFrom = in.next + 3 // the step mark and the first op's start mark read; its end does not
