@@ -16,10 +16,17 @@
 // heuristic's first choice, or, with HALO_CUDA_GEMM_CANDIDATES=N (N > 1), the fastest of its first
 // N candidates timed on the first call of each large shape (that call waits once; tuning is off
 // by default until it has been measured on a GPU; HALO_CUDA_GEMM_TUNE_MIN_FLOPS sets "large").
-// Attention has two implementations of one contract: flash-style tensor-core kernels
-// (attention_tc.cu: mma.sync m16n8k16 with ldmatrix and cp.async, bf16 tensors with head dim 64
-// or 128, tile shapes chosen per head dim from measurements) and SIMT kernels (attention.cu: any
-// head dim up to 256, fp32 or bf16); HALO_CUDA_ATTENTION=simt forces the latter.
+// Attention has three implementations of one contract: on Hopper (sm_90), warpgroup-MMA kernels
+// (attention_wg.cu, compiled for sm_90a: wgmma with both operands in 128-byte-swizzled shared
+// tiles or the probabilities in registers, bf16 with head dim 64 or 128, the kernel per head dim
+// chosen from measurements); elsewhere, or with HALO_CUDA_ATTENTION=mma, flash-style mma.sync
+// kernels (attention_tc.cu: m16n8k16 with ldmatrix and cp.async, same dtypes and head dims, tile
+// shapes chosen per head dim from measurements); and SIMT kernels (attention.cu: any head dim up
+// to 256, fp32 or bf16), which HALO_CUDA_ATTENTION=simt forces. A file that cannot be built on the
+// device falls back to the next, with the reason logged once.
+//
+// The backend implements engine/backend's DeviceTimer with CUDA events, so engine/profile can time
+// each op on the GPU without making it wait (bench-train's profiled step).
 //
 // Each Device is driven by one goroutine locked to its OS thread, on which the device's primary
 // context is current; every driver call for that device runs there. Calls that return something
