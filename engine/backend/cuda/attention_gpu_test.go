@@ -70,6 +70,13 @@ func TestGPUAttentionTiles(t *testing.T) {
 	wgOverride = nil
 }
 
+// bwdAbs widens the tensor-core absolute tolerance for dQ, dK and dV: the backward rounds P and
+// dS to bf16 before their products and sums them over whole documents. With 2x, one input draw
+// of the 829-row, 32-head case reached 1.19x the bound (testdata/gpu-run14), on kernels whose
+// rounding points are those of the mma.sync ones (on shared inputs they gave the same worst
+// ratios to two digits).
+const bwdAbs = 3
+
 func attentionTileCases(t *testing.T, g *Backend) {
 	for _, s := range []struct {
 		lens        []int
@@ -104,10 +111,11 @@ func attentionTileCases(t *testing.T, g *Backend) {
 		if g.attnWG {
 			fwdName, bwdNames = wgPick("fwd", s.HD).Name(), wgPick("dq", s.HD).Name()+"_"+wgPick("dkv", s.HD).Name()
 		}
-		name := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d_%s_%s", s.lens, s.NH, s.NKV, s.HD, s.window, fwdName, bwdNames)
+		inputs := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d", s.lens, s.NH, s.NKV, s.HD, s.window)
+		name := inputs + "_" + fwdName + "_" + bwdNames
 		t.Run("forward/"+name, func(t *testing.T) {
 			runCase(t, g, opCase{
-				Name: "attention_tiles/" + name,
+				Name: "attention_tiles/" + name, Inputs: inputs,
 				Tensors: append(base(),
 					tspec{Name: "out", DType: tensor.BF16, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: abs, Rel: rel},
 					tspec{Name: "lse", DType: tensor.F32, Shape: []int{N, s.NH}, Out: true, AbsFrac: 1e-4, Rel: 1e-4}),
@@ -124,14 +132,14 @@ func attentionTileCases(t *testing.T, g *Backend) {
 		})
 		t.Run("backward/"+name, func(t *testing.T) {
 			runCase(t, g, opCase{
-				Name: "attention_tiles_backward/" + name,
+				Name: "attention_tiles_backward/" + name, Inputs: inputs,
 				Tensors: append(base(),
 					tspec{Name: "out", DType: tensor.BF16, Shape: []int{N, s.NH * s.HD}},
 					tspec{Name: "lse", DType: tensor.F32, Shape: []int{N, s.NH}},
 					tspec{Name: "dout", DType: tensor.BF16, Shape: []int{N, s.NH * s.HD}, Gen: gen{Scale: 1}},
-					tspec{Name: "dq", DType: tensor.BF16, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel},
-					tspec{Name: "dk", DType: tensor.BF16, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel},
-					tspec{Name: "dv", DType: tensor.BF16, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: 2 * abs, Rel: rel}),
+					tspec{Name: "dq", DType: tensor.BF16, Shape: []int{N, s.NH * s.HD}, Out: true, AbsFrac: bwdAbs * abs, Rel: rel},
+					tspec{Name: "dk", DType: tensor.BF16, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: bwdAbs * abs, Rel: rel},
+					tspec{Name: "dv", DType: tensor.BF16, Shape: []int{N, s.NKV * s.HD}, Out: true, AbsFrac: bwdAbs * abs, Rel: rel}),
 				Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
 					// Both backends start from the CPU's forward output and LSE, so that only the
 					// backward kernels are compared (the forward has its own case above).
