@@ -43,7 +43,9 @@
 // ServeRun serves a train.Run batch loop (`halo-shell launch`) as a session, so observers
 // attach to it by name. Profile and activation capture need the trainer's backend to be a
 // profile.Wrap'ed one: EnableProfiling arranges that for every trainer built afterwards.
-// On several devices each device has its own recorder of compute ops and collectives; a
+// On one GPU a profiled step times each op between CUDA events, so it runs at full speed and
+// its split is device time. On several devices each device has its own recorder of compute ops
+// and collectives, all timed on the host (a Sync after each op); a
 // step's profile is the mean over the devices of each op class, collective kind and idle
 // time, and its trace has one process (compute and collective tracks) per device.
 //

@@ -148,6 +148,9 @@ func openRank(kind string, id int, recs []*profile.Recorder, r int) (backend.Bac
 // its collectives too.
 func (t *Trainer) adopt(p *parallel.Plan, recs []*profile.Recorder, devs []backend.Backend) {
 	for r, rec := range recs {
+		// Collectives are timed on the host, around their calls; compute ops are then timed
+		// the same way (a Sync after each), so that a rank's parts add up to its wall time.
+		rec.TimeOnDevice(nil)
 		p.SetRankRecorder(r, rec)
 	}
 	t.recs, t.rankDevs = recs, devs
