@@ -197,19 +197,14 @@ func TestGPUAttentionThroughput(t *testing.T) {
 	wg := g.attnWG && wgArch(g.d.info.Arch)
 	defer func() { g.attnWG = wg; attnBwdOnly = "" }()
 	const B, T = 4, 4096
-	const N = B * T
-	for _, s := range []struct {
-		name        string
-		NH, NKV, HD int
-	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
+	for _, s := range benchAttentionShapes {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
 		g.attnFused, g.attnWG = false, false
 		fwdMs, bwdMs := timeIt(t, g, 3, fwd), timeIt(t, g, 3, bwd)
 		g.attnFused = true
 		fusedMs := timeIt(t, g, 3, bwd)
 		g.attnFused = false
-		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
-		flops := pairs * 4 * float64(s.HD)
+		flops := s.flops(B, T)
 		vals := map[string]float64{
 			"fwd_ms": fwdMs, "bwd_ms": bwdMs, "bwd_fused_ms": fusedMs,
 			"fwd_tflops":       flops / (fwdMs * 1e-3) / 1e12,
@@ -307,14 +302,9 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 	g.attnWG = false
 	defer func() { attnTileOverride = nil; attnBwdOnly = ""; g.attnWG = wg }()
 	const B, T = 4, 4096
-	const N = B * T
-	for _, s := range []struct {
-		name        string
-		NH, NKV, HD int
-	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
+	for _, s := range benchAttentionShapes {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
-		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
-		flops := pairs * 4 * float64(s.HD)
+		flops := s.flops(B, T)
 		vals := map[string]float64{}
 		def := attnDefaultTiles[s.HD]
 		variants := attnVariants[s.HD]
@@ -365,6 +355,20 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 			Note: "each compiled tile shape alone; median of 5 timed repetitions of 3 calls; TFLOP/s count 2*HD FLOPs per causal (query, key) pair per product"})
 		free()
 	}
+}
+
+// benchAttentionShapes are the attention shapes of the training benchmark's models.
+var benchAttentionShapes = []benchAttentionShape{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}}
+
+type benchAttentionShape struct {
+	name        string
+	NH, NKV, HD int
+}
+
+// flops is the forward's work for B causal documents of T tokens: 4 * HD per (query, key) pair
+// and head (the backward does 2.5 times that).
+func (s benchAttentionShape) flops(B, T int) float64 {
+	return float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH) * 4 * float64(s.HD)
 }
 
 // attentionBench allocates random Q, K, V and the outputs for B documents of T tokens and returns
@@ -423,13 +427,9 @@ func TestGPUAttentionWGSweep(t *testing.T) {
 	g.attnMMA, g.attnWG = true, true
 	defer func() { g.attnWG = wg; wgOverride = nil; attnBwdOnly = "" }()
 	const B, T = 4, 4096
-	for _, s := range []struct {
-		name        string
-		NH, NKV, HD int
-	}{{"qwen3_0.6b", 16, 8, 128}, {"llama3.2_1b", 32, 8, 64}} {
+	for _, s := range benchAttentionShapes {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
-		pairs := float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH)
-		flops := pairs * 4 * float64(s.HD)
+		flops := s.flops(B, T)
 		vals := map[string]float64{}
 		if err := fwd(); err != nil {
 			t.Fatal(err)
