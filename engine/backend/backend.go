@@ -91,6 +91,10 @@ type Memory interface {
 	// Alloc returns a new zero-filled tensor. It fails (without panicking) when the size is
 	// invalid or the device is out of memory, saying how much was asked and how much is in use.
 	Alloc(dt tensor.DType, shape ...int) (T, error)
+	// Empty is Alloc without the zero fill: the contents are undefined until written (a backend
+	// may still clear them). It is for outputs an op writes in full (contracts marked "="), so
+	// that they do not cost a pass over memory first.
+	Empty(dt tensor.DType, shape ...int) (T, error)
 	// Free releases a tensor returned by Alloc (not a view of one). Freeing the zero tensor is a
 	// no-op; freeing twice is an error.
 	Free(t T) error

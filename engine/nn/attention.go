@@ -99,10 +99,10 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, err
 		}
 	}
-	if c.out, err = p.alloc(p.N, a.NH*a.HD); err != nil {
+	if c.out, err = p.out(p.N, a.NH*a.HD); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if c.lse, err = p.allocF32(p.N, a.NH); err != nil {
+	if c.lse, err = p.outF32(p.N, a.NH); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
 	if err = p.B.Attention(backend.AttentionArgs{
@@ -152,19 +152,19 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	defer a.Release(p)
 	var dattn, dq, dk, dv, dqPre, dkPre T
 	defer func() { _ = free(p.B, &dattn, &dq, &dk, &dv, &dqPre, &dkPre) }()
-	if dattn, err = p.alloc(p.N, a.NH*a.HD); err != nil {
+	if dattn, err = p.out(p.N, a.NH*a.HD); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
 	if err = a.O.Backward(p, dattn, dy, c.out, false); err != nil {
 		return T{}, err
 	}
-	if dq, err = p.alloc(c.q.Shape()...); err != nil {
+	if dq, err = p.out(c.q.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if dk, err = p.alloc(c.k.Shape()...); err != nil {
+	if dk, err = p.out(c.k.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if dv, err = p.alloc(c.v.Shape()...); err != nil {
+	if dv, err = p.out(c.v.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
 	if err = p.B.AttentionBackward(backend.AttentionBackwardArgs{
@@ -180,10 +180,10 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, wrap(a.Name+" rope k", err)
 	}
 	if a.QNorm != nil {
-		if dqPre, err = p.alloc(c.qPre.Shape()...); err != nil {
+		if dqPre, err = p.out(c.qPre.Shape()...); err != nil {
 			return T{}, wrap(a.Name, err)
 		}
-		if dkPre, err = p.alloc(c.kPre.Shape()...); err != nil {
+		if dkPre, err = p.out(c.kPre.Shape()...); err != nil {
 			return T{}, wrap(a.Name, err)
 		}
 		if err = a.QNorm.Backward(p, dqPre, dq, c.qPre, c.qRs, false); err != nil {
@@ -195,7 +195,7 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		dq, dqPre = dqPre, dq
 		dk, dkPre = dkPre, dk
 	}
-	if dx, err = p.alloc(c.x.Shape()...); err != nil {
+	if dx, err = p.out(c.x.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
 	if err = a.Q.Backward(p, dx, dq, c.x, false); err == nil {

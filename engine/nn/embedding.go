@@ -9,7 +9,7 @@ type Embedding struct {
 
 // Forward returns a new [N,C] gather of ids [N] I32.
 func (e *Embedding) Forward(p *Pass, ids T) (T, error) {
-	out, err := p.alloc(ids.Numel(), e.W.Dim(1))
+	out, err := p.out(ids.Numel(), e.W.Dim(1))
 	if err != nil {
 		return T{}, wrap(e.Name, err)
 	}

@@ -30,7 +30,7 @@ func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale 
 		GradScale: gradScale, ChunkRows: h.ChunkRows,
 	}
 	if train {
-		if dh, err = p.alloc(hid.Shape()...); err != nil {
+		if dh, err = p.out(hid.Shape()...); err != nil {
 			return T{}, wrap(h.Name, err)
 		}
 		args.DHidden, args.DWeight = dh, h.GW
@@ -41,7 +41,7 @@ func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale 
 	if !train {
 		return T{}, nil
 	}
-	if dx, err = p.alloc(x.Shape()...); err != nil {
+	if dx, err = p.out(x.Shape()...); err != nil {
 		return T{}, wrap(h.Name, err)
 	}
 	if err = h.Norm.Backward(p, dx, dh, x, rstd, false); err != nil {

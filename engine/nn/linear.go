@@ -10,7 +10,7 @@ type Linear struct {
 
 // Forward returns a new out [M,O] = x [M,I] @ W^T + B. Nothing is cached: backward re-reads x.
 func (l *Linear) Forward(p *Pass, x T) (T, error) {
-	out, err := p.alloc(x.Dim(0), l.W.Dim(0))
+	out, err := p.out(x.Dim(0), l.W.Dim(0))
 	if err != nil {
 		return T{}, wrap(l.Name, err)
 	}

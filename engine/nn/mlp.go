@@ -44,7 +44,7 @@ func (m *MLP) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if m.u, err = m.Up.Forward(p, x); err != nil {
 		return T{}, err
 	}
-	if m.a, err = p.alloc(m.g.Shape()...); err != nil {
+	if m.a, err = p.out(m.g.Shape()...); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
 	if err = p.B.SwiGLU(m.a, m.g, m.u); err != nil {
@@ -59,7 +59,7 @@ func (m *MLP) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
-	da, err := p.alloc(m.a.Shape()...)
+	da, err := p.out(m.a.Shape()...)
 	if err != nil {
 		return T{}, wrap(m.Name, err)
 	}
@@ -71,7 +71,7 @@ func (m *MLP) Backward(p *Pass, dy T) (dx T, err error) {
 	if err = p.B.SwiGLUBackward(m.g, m.u, da, m.g, m.u); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
-	if dx, err = p.alloc(m.x.Shape()...); err != nil {
+	if dx, err = p.out(m.x.Shape()...); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
 	if err = m.Gate.Backward(p, dx, m.g, m.x, false); err == nil {

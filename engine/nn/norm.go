@@ -19,10 +19,10 @@ func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
 	if err != nil {
 		return T{}, T{}, wrap(n.Name, err)
 	}
-	if out, err = p.alloc(x.Shape()...); err != nil {
+	if out, err = p.out(x.Shape()...); err != nil {
 		return T{}, T{}, wrap(n.Name, err)
 	}
-	if rstd, err = p.allocF32(rows); err != nil {
+	if rstd, err = p.outF32(rows); err != nil {
 		_ = free(p.B, &out)
 		return T{}, T{}, wrap(n.Name, err)
 	}

@@ -44,6 +44,14 @@ func (p *Pass) alloc(shape ...int) (T, error) { return p.B.Alloc(p.DType, shape.
 // allocF32 returns a zeroed F32 tensor (statistics: rstd, lse).
 func (p *Pass) allocF32(shape ...int) (T, error) { return p.B.Alloc(tensor.F32, shape...) }
 
+// out returns an activation of the pass dtype with undefined contents (backend Empty), for the
+// output of an op that writes all of it (=); tensors that are accumulated into (+=) come from
+// alloc.
+func (p *Pass) out(shape ...int) (T, error) { return p.B.Empty(p.DType, shape...) }
+
+// outF32 is out for F32 statistics (rstd, lse).
+func (p *Pass) outF32(shape ...int) (T, error) { return p.B.Empty(tensor.F32, shape...) }
+
 // free releases tensors allocated by this package; zero tensors are skipped. The first error
 // is returned but every tensor is attempted.
 func free(b backend.Backend, ts ...*T) error {

@@ -174,6 +174,7 @@ func (b *Backend) Sync() error  { return b.in.Sync() }
 func (b *Backend) Close() error { return b.in.Close() }
 
 func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) { return b.in.Alloc(dt, shape...) }
+func (b *Backend) Empty(dt tensor.DType, shape ...int) (T, error) { return b.in.Empty(dt, shape...) }
 func (b *Backend) Free(t T) error                                 { return b.in.Free(t) }
 func (b *Backend) MemStats() backend.MemStats                     { return b.in.MemStats() }
 func (b *Backend) ResetPeak()                                     { b.in.ResetPeak() }

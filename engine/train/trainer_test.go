@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
-	_ "github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/profile"
 )
@@ -477,5 +477,46 @@ func TestScheduleHoldsItsFinalValuePastTheEnd(t *testing.T) {
 	}
 	if !tr.Done() {
 		t.Fatal("not done after the planned steps")
+	}
+}
+
+// TestEmptyOutputsAreAlwaysWritten trains tiny qwen3 models (fp32; bf16 with gradient
+// accumulation) and a tiny qwen3_moe on a CPU backend
+// whose Empty tensors start as NaN and on a plain one: the losses and gradient norms of every
+// step agree bit for bit, so no layer reads an output it asked Empty for before writing it, or
+// accumulates into one.
+func TestEmptyOutputsAreAlwaysWritten(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(20))
+	for _, c := range []struct {
+		name string
+		cfg  func() *Config
+	}{
+		{"qwen3_f32", func() *Config { return tinyConfig(t, path) }},
+		{"qwen3_bf16", func() *Config { return gpuDenseConfig(t, path, 2) }},
+		{"qwen3_moe_bf16", func() *Config { return gpuMoEConfig(t, path, 1) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var runs [2][]float64
+			for i, poison := range []bool{false, true} {
+				tr, err := NewOn(c.cfg(), cpu.New(cpu.Options{Workers: 1, PoisonEmpty: poison}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for s := 0; s < 3; s++ {
+					m, err := tr.Step(context.Background())
+					if err != nil {
+						t.Fatal(err)
+					}
+					runs[i] = append(runs[i], m.Loss, m.GradNorm)
+				}
+				tr.Close()
+			}
+			for k := range runs[0] {
+				if runs[0][k] != runs[1][k] || math.IsNaN(runs[1][k]) {
+					t.Fatalf("plain %v, NaN-filled Empty %v", runs[0], runs[1])
+				}
+			}
+		})
 	}
 }

@@ -34,12 +34,18 @@ type Options struct {
 	// (MemTotal of /proc/meminfo, or 1<<40 when unknown). Alloc beyond it fails with an error
 	// instead of the Go runtime aborting the process.
 	MemoryLimit int64
+	// PoisonEmpty fills every tensor Empty returns with NaN (float dtypes) or -2^31 (I32), so
+	// that an op that reads an output before writing it, or a caller that asks Empty for a
+	// tensor it accumulates into, shows up in results. HALO_CPU_POISON_EMPTY=1 turns it on too
+	// (for running a test suite that way).
+	PoisonEmpty bool
 }
 
 // Backend is the CPU implementation of backend.Backend.
 type Backend struct {
-	pool  *pool
-	limit int64
+	pool   *pool
+	limit  int64
+	poison bool // Options.PoisonEmpty
 
 	mu        sync.Mutex
 	allocated int64
@@ -78,7 +84,7 @@ func New(o Options) *Backend {
 	if lim <= 0 {
 		lim = physicalMemory()
 	}
-	return &Backend{pool: newPool(w), limit: lim}
+	return &Backend{pool: newPool(w), limit: lim, poison: o.PoisonEmpty || os.Getenv("HALO_CPU_POISON_EMPTY") == "1"}
 }
 
 func physicalMemory() int64 {
@@ -129,7 +135,34 @@ func (u *buffer) Device() string { return "cpu" }
 func (u *buffer) Host() []byte   { return u.data }
 
 // Alloc returns a zeroed tensor.
-func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
+func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) { return b.alloc(dt, true, shape) }
+
+// Empty returns a tensor with undefined contents (zeros when new, a freed tensor's bytes when
+// reused; NaN or -2^31 with Options.PoisonEmpty).
+func (b *Backend) Empty(dt tensor.DType, shape ...int) (T, error) {
+	t, err := b.alloc(dt, false, shape)
+	if err != nil || !b.poison {
+		return t, err
+	}
+	words := t.Buffer().(*buffer).words
+	var fill uint64
+	switch dt {
+	case tensor.F32:
+		fill = 0x7fc000007fc00000
+	case tensor.BF16:
+		fill = 0x7fc07fc07fc07fc0
+	case tensor.I32:
+		fill = 0x8000000080000000
+	default:
+		fill = 0xffffffffffffffff
+	}
+	for i := range words {
+		words[i] = fill
+	}
+	return t, nil
+}
+
+func (b *Backend) alloc(dt tensor.DType, zero bool, shape []int) (T, error) {
 	if !dt.Valid() {
 		return T{}, fmt.Errorf("cpu: alloc %v: invalid dtype %v", shape, dt)
 	}
@@ -161,7 +194,7 @@ func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
 	b.mu.Unlock()
 	if words == nil {
 		words = make([]uint64, nw)
-	} else {
+	} else if zero {
 		clear(words)
 	}
 	data := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)[:n]

@@ -54,6 +54,8 @@ type Backend struct {
 	i32 i32Records
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
 	staging hostStaging
+	// emptyUncleared makes Empty skip the zero fill (HALO_CUDA_EMPTY=uncleared).
+	emptyUncleared bool
 	// marks are the timing events of backend.DeviceTimer (timer.go).
 	marks     markPool
 	closeOnce sync.Once
@@ -81,7 +83,7 @@ func New(index int) (*Backend, error) {
 	}
 	mode := os.Getenv("HALO_CUDA_ATTENTION")
 	return &Backend{d: d, flag: flag, attnMMA: mode != "simt", attnWG: mode != "simt" && mode != "mma" && wgArch(d.info.Arch),
-		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused"}, nil
+		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused", emptyUncleared: os.Getenv("HALO_CUDA_EMPTY") == "uncleared"}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).
@@ -103,6 +105,19 @@ func (b *Backend) Close() error {
 }
 
 // ---- memory ----
+
+// Empty returns a tensor whose contents are undefined until written: without
+// HALO_CUDA_EMPTY=uncleared it is Alloc (zero-filled); with it, the block comes from the
+// allocator without the posted zero fill. The uncleared form has not run on a GPU yet.
+func (b *Backend) Empty(dt tensor.DType, shape ...int) (T, error) {
+	if !b.emptyUncleared {
+		return b.Alloc(dt, shape...)
+	}
+	if !dt.Valid() {
+		return T{}, fmt.Errorf("cuda: Empty: invalid dtype %s", dt)
+	}
+	return b.allocScratch(dt, shape...)
+}
 
 // Alloc returns a zero-filled tensor.
 func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) {
