@@ -249,7 +249,10 @@ def main(argv):
         hb = h.get("breakdown") or {}
         bd = hb.get("fraction")
         if bd:
-            print("  ours by op class (%s timing): " % hb.get("timing", "host") + ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v >= 0.005))
+            timing = hb.get("timing", "host")
+            # With device timing, "host" is the part of the step no op covers: the GPU idle.
+            label = lambda k: "gpu idle" if (k == "host" and timing == "device") else k
+            print("  ours by op class (%s timing): " % timing + ", ".join("%s %.0f%%" % (label(k), 100 * v) for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v >= 0.005))
             if hb.get("by_class_s"):
                 print("    ms: " + ", ".join("%s %.1f" % (k, 1e3 * v) for k, v in sorted(hb["by_class_s"].items(), key=lambda kv: -kv[1])))
         tb = (t.get("breakdown") or {}).get("fraction")
