@@ -577,6 +577,10 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 		}
 		return nil, fmt.Errorf("bench: profiled step: %w", err)
 	}
+	onDevice := len(recs) > 0 // every device's ops timed on the device
+	for _, rec := range recs {
+		onDevice = onDevice && rec.DeviceTimed()
+	}
 	steps := make([]profile.Step, 0, len(recs))
 	for _, rec := range recs {
 		ps, ok := rec.EndStep()
@@ -587,11 +591,7 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 	}
 	if progress != nil {
 		s := stepResult(sm)
-		s.Profiled = true
-		s.ProfiledOnDevice = len(recs) > 0
-		for _, rec := range recs {
-			s.ProfiledOnDevice = s.ProfiledOnDevice && rec.DeviceTimed()
-		}
+		s.Profiled, s.ProfiledOnDevice = true, onDevice
 		progress(s)
 	}
 	if trace != "" {
@@ -600,11 +600,9 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 		}
 	}
 	ps := profile.MeanSteps(steps)
-	timing := "device"
-	for _, rec := range recs {
-		if !rec.DeviceTimed() {
-			timing = "host"
-		}
+	timing := "host"
+	if onDevice {
+		timing = "device"
 	}
 	bd := &Breakdown{Step: n, Timing: timing, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
 		HostS: ps.Host.Seconds(), Ops: ps.Ops, CountedGFLOP: float64(ps.FLOPs) / 1e9}

@@ -111,28 +111,16 @@ func (b *Backend) end(s opStart, err error, name, class string, bytes, flops int
 	mode := b.rec.mode.Load()
 	if mode&modeRecord != 0 {
 		sp := Span{Name: name, Class: class, Bytes: bytes, FLOPs: flops}
-		timed := false
-		if t := b.rec.deviceTimer(); s.mark != 0 && t != nil && err == nil {
-			if m, merr := t.Mark(); merr == nil {
-				timed = b.rec.recordMarked(sp, s.mark, m)
-			}
-		}
-		if !timed {
-			if s.mark != 0 {
-				if t := b.rec.deviceTimer(); t != nil {
-					t.Release(s.mark)
-				}
-			}
+		if s.mark == 0 || err != nil || !b.rec.recordMarked(sp, s.mark) {
+			b.rec.release(s.mark)
 			if err == nil {
 				err = b.in.Sync()
 			}
 			sp.Dur = time.Since(s.t)
 			b.rec.Record(sp, s.t)
 		}
-	} else if s.mark != 0 {
-		if t := b.rec.deviceTimer(); t != nil {
-			t.Release(s.mark)
-		}
+	} else {
+		b.rec.release(s.mark)
 	}
 	if mode&modeCapture != 0 && err == nil {
 		switch {

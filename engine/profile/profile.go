@@ -150,16 +150,36 @@ func (r *Recorder) deviceTimer() backend.DeviceTimer {
 	return nil
 }
 
-// recordMarked keeps sp, timed by the marks from and to, for EndStep; false when no step is
-// being recorded (the caller then times sp itself).
-func (r *Recorder) recordMarked(sp Span, from, to backend.TimeMark) bool {
+// recordMarked takes the end mark of sp, which started at from, and keeps sp for EndStep; false
+// when no step is being timed on the device or the mark cannot be taken (the caller then times
+// sp on the host).
+func (r *Recorder) recordMarked(sp Span, from backend.TimeMark) bool {
+	t := r.deviceTimer()
+	if t == nil {
+		return false
+	}
+	to, err := t.Mark()
+	if err != nil {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil || r.stepMark == 0 {
+		t.Release(to)
 		return false
 	}
 	r.marked = append(r.marked, markedSpan{sp, from, to})
 	return true
+}
+
+// release hands back a mark that will not be read (zero is no mark).
+func (r *Recorder) release(m backend.TimeMark) {
+	if m == 0 {
+		return
+	}
+	if b := r.timer.Load(); b != nil {
+		b.t.Release(m)
+	}
 }
 
 // NewRecorder returns a recorder that is off.

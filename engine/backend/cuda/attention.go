@@ -267,17 +267,23 @@ type wgKernel struct {
 
 // Name is the kernel's entry point.
 func (k wgKernel) Name() string {
-	n := fmt.Sprintf("attn_bwd_%s_wg_%d", k.Kind, k.HD)
 	if k.Kind == "fwd" {
-		n = fmt.Sprintf("attn_fwd_wg_%d", k.HD)
-		if k.BK != wgRows {
-			n += fmt.Sprintf("_k%d", k.BK)
-		}
+		return fmt.Sprintf("attn_fwd_wg_%d", k.HD) + k.suffix()
+	}
+	return fmt.Sprintf("attn_bwd_%s_wg_%d", k.Kind, k.HD) + k.suffix()
+}
+
+// suffix is the part of the name after the head dim (the SUF argument of its WG_* line):
+// _k<BK> for a forward with other than 64-key tiles, _b<Blocks> for a register cap.
+func (k wgKernel) suffix() string {
+	s := ""
+	if k.Kind == "fwd" && k.BK != wgRows {
+		s += fmt.Sprintf("_k%d", k.BK)
 	}
 	if k.Blocks > 1 {
-		n += fmt.Sprintf("_b%d", k.Blocks)
+		s += fmt.Sprintf("_b%d", k.Blocks)
 	}
-	return n
+	return s
 }
 
 // Shared is the kernel's dynamic shared memory: 64-row bf16 tiles (one of Q and two buffers each

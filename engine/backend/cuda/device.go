@@ -320,6 +320,17 @@ func (d *Device) NewEvent() (*Event, error) {
 	return e, err
 }
 
+// elapsedOnThread waits for the event end and returns the milliseconds from start to end.
+func (d *Device) elapsedOnThread(start, end uintptr) (float32, error) {
+	d.syncs.note()
+	if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(end)); err != nil {
+		return 0, err
+	}
+	var ms float32
+	err := d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, start, end))
+	return ms, err
+}
+
 // Record records the event on the device's stream.
 func (e *Event) Record() error {
 	d := e.dev
@@ -331,11 +342,9 @@ func (e *Event) ElapsedMs(end *Event) (float32, error) {
 	d := e.dev
 	var ms float32
 	err := d.Do(func() error {
-		d.syncs.note()
-		if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(end.h)); err != nil {
-			return err
-		}
-		return d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, e.h, end.h))
+		var err error
+		ms, err = d.elapsedOnThread(e.h, end.h)
+		return err
 	})
 	return ms, err
 }

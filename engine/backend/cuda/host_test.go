@@ -422,7 +422,7 @@ func TestWGKernelsFitTheirBlocks(t *testing.T) {
 	}
 	// Every listed kernel is instantiated: its name's parts appear in one WG_* line.
 	for _, k := range wgKernels {
-		suf := strings.TrimPrefix(k.Name(), fmt.Sprintf("attn_%s_wg_%d", map[bool]string{true: "fwd", false: "bwd_" + k.Kind}[k.Kind == "fwd"], k.HD))
+		suf := k.suffix()
 		macro := map[string]string{"fwd": "WG_FWD", "dq": "WG_DQ", "dkv": "WG_DKV"}[k.Kind]
 		line := fmt.Sprintf("%s(%d, ", macro, k.HD)
 		if k.Kind == "fwd" {

@@ -27,9 +27,11 @@ func (b *Backend) Mark() (backend.TimeMark, error) {
 	}
 	b.marks.mu.Unlock()
 	if h == 0 {
-		if err := b.d.Do(func() error { return b.d.drv.check("cuEventCreate", b.d.drv.cuEventCreate(&h, 0)) }); err != nil {
+		e, err := b.d.NewEvent()
+		if err != nil {
 			return 0, err
 		}
+		h = e.h
 		b.marks.mu.Lock()
 		b.marks.all = append(b.marks.all, h)
 		b.marks.mu.Unlock()
@@ -49,11 +51,9 @@ func (b *Backend) Elapsed(from, to backend.TimeMark) (time.Duration, error) {
 	}
 	var ms float32
 	err := b.d.Do(func() error {
-		b.d.syncs.note()
-		if err := b.d.drv.check("cuEventSynchronize", b.d.drv.cuEventSynchronize(uintptr(to))); err != nil {
-			return err
-		}
-		return b.d.drv.check("cuEventElapsedTime", b.d.drv.cuEventElapsedTime(&ms, uintptr(from), uintptr(to)))
+		var err error
+		ms, err = b.d.elapsedOnThread(uintptr(from), uintptr(to))
+		return err
 	})
 	return time.Duration(float64(ms) * float64(time.Millisecond)), err
 }
