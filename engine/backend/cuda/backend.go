@@ -54,7 +54,12 @@ type Backend struct {
 	i32 i32Records
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
 	staging hostStaging
-	// emptyUncleared makes Empty skip the zero fill (HALO_CUDA_EMPTY=uncleared).
+	// noSplitK turns off split-K weight gradients (HALO_CUDA_GEMM_SPLITK=off); gemmDirectBeta
+	// lets cuBLASLt add Beta·C into bf16 outputs itself (HALO_CUDA_GEMM_BETA=direct) instead of
+	// folding an fp32 product in (gemmFolded).
+	noSplitK, gemmDirectBeta bool
+	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
+	// it off).
 	emptyUncleared bool
 	// marks are the timing events of backend.DeviceTimer (timer.go).
 	marks     markPool
@@ -83,7 +88,8 @@ func New(index int) (*Backend, error) {
 	}
 	mode := os.Getenv("HALO_CUDA_ATTENTION")
 	return &Backend{d: d, flag: flag, attnMMA: mode != "simt", attnWG: mode != "simt" && mode != "mma" && wgArch(d.info.Arch),
-		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused", emptyUncleared: os.Getenv("HALO_CUDA_EMPTY") == "uncleared"}, nil
+		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused", emptyUncleared: os.Getenv("HALO_CUDA_EMPTY") != "cleared",
+		noSplitK: os.Getenv("HALO_CUDA_GEMM_SPLITK") == "off", gemmDirectBeta: os.Getenv("HALO_CUDA_GEMM_BETA") == "direct"}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).
@@ -106,9 +112,9 @@ func (b *Backend) Close() error {
 
 // ---- memory ----
 
-// Empty returns a tensor whose contents are undefined until written: without
-// HALO_CUDA_EMPTY=uncleared it is Alloc (zero-filled); with it, the block comes from the
-// allocator without the posted zero fill. The uncleared form has not run on a GPU yet.
+// Empty returns a tensor whose contents are undefined until written: the block comes from the
+// allocator without the posted zero fill. HALO_CUDA_EMPTY=cleared makes it Alloc (zero-filled),
+// for comparing against.
 func (b *Backend) Empty(dt tensor.DType, shape ...int) (T, error) {
 	if !b.emptyUncleared {
 		return b.Alloc(dt, shape...)
@@ -857,22 +863,16 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 	if err != nil {
 		return err
 	}
-	if g.Beta != 0 && g.C.DType() == tensor.BF16 {
-		// cuBLASLt may round the product to bf16 before adding Beta*C; the contract rounds once.
-		// Compute the product in fp32 and fold it in with one rounding.
-		tmp, err := b.allocScratch(tensor.F32, g.M, g.N) // the product overwrites it
-		if err != nil {
-			return err
+	if g.K > 0 {
+		split := 1
+		if !b.noSplitK {
+			split = gemmSplitK(g.M, g.N, g.K, g.TransA, g.TransB, b.d.info.SMs)
 		}
-		defer b.Free(tmp)
-		h := g
-		h.C, h.Beta = tmp, 0
-		if err := b.gemm(op, h); err != nil {
-			return err
+		// Without the direct form, cuBLASLt may round the product to bf16 before adding Beta*C;
+		// the contract rounds once, so the product goes through fp32 scratch.
+		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && !b.gemmDirectBeta) {
+			return b.gemmFolded(op, g, dt, pa, pb, pc, split)
 		}
-		n := int64(g.M) * int64(g.N)
-		ptmp, _ := b.ptr(op, "tmp", tmp)
-		return b.launch1D("elementwise.cu", "ew_axpby", n, pc, int32(tensor.BF16), g.Beta, float32(1), ptmp, int32(tensor.F32), n)
 	}
 	if g.K == 0 {
 		// An empty sum: C = Beta*C.
@@ -890,6 +890,70 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 		return fmt.Errorf("cuda: %s: %w", op, err)
 	}
 	return b.d.Post(func() error { return b.d.matmulOnThread(&spec) })
+}
+
+// gemmSplitK says into how many slices of K a GEMM is cut: a weight gradient (A stored K×M,
+// B stored K×N, so each slice is a contiguous block of rows of both) whose M×N output has too
+// few 128×128 tiles to fill the GPU runs as a batch of split products, each over
+// K/split rows, into fp32 scratch that one kernel adds up (gemmFolded). The Llama-3.2-1B k/v
+// projection's dW (512×2048 from 16384 tokens: 64 tiles on 132 SMs, split 4) is the case it is
+// for. Slices double while the tiles do not cover every SM once.
+// split is a power of two up to 8, and every slice keeps at least 1024 rows, a multiple of 8.
+func gemmSplitK(m, n, k int, transA, transB bool, sms int) int {
+	if !transA || transB || sms <= 0 {
+		return 1
+	}
+	tiles := ((m + 127) / 128) * ((n + 127) / 128)
+	split := 1
+	for split < 8 && tiles*split < sms {
+		next := 2 * split
+		if k%next != 0 || k/next < 1024 || (k/next)%8 != 0 {
+			break
+		}
+		split = next
+	}
+	return split
+}
+
+// gemmFolded runs g as split products over slices of K (split = 1: one product) into fp32
+// scratch and folds them into C: C = Beta·C + sum of the slices, added in fp32 and rounded once
+// to C's dtype (ew_fold_parts). It serves split-K and an accumulating GEMM into bf16.
+func (b *Backend) gemmFolded(op string, g gemmCall, dt tensor.DType, pa, pb, pc uintptr, split int) error {
+	tmp, err := b.allocScratch(tensor.F32, split*g.M, g.N) // the products overwrite it
+	if err != nil {
+		return err
+	}
+	defer b.Free(tmp)
+	ptmp, _ := b.ptr(op, "scratch", tmp)
+	ks := g.K / split
+	spec := Gemm{M: g.M, N: g.N, K: ks, TransA: g.TransA, TransB: g.TransB,
+		A:     &Buffer{dev: b.d, ptr: pa, bytes: uint64(g.A.Bytes())},
+		B:     &Buffer{dev: b.d, ptr: pb, bytes: uint64(g.B.Bytes())},
+		C:     &Buffer{dev: b.d, ptr: ptmp, bytes: uint64(tmp.Bytes())},
+		Alpha: g.Alpha, OutF32: true, InF32: dt == tensor.F32}
+	if split > 1 {
+		spec.Batch = split
+		spec.StrideA, spec.StrideB, spec.StrideC = int64(ks)*int64(g.M), int64(ks)*int64(g.N), int64(g.M)*int64(g.N)
+	}
+	if err := spec.validate(); err != nil {
+		return fmt.Errorf("cuda: %s: %w", op, err)
+	}
+	cc, err := fcode(op, "C", g.C)
+	if err != nil {
+		return err
+	}
+	n := int64(g.M) * int64(g.N)
+	name, items := "ew_fold_parts", n
+	if yAlign := uintptr(4 * g.C.DType().Size()); n%4 == 0 && ptmp%16 == 0 && pc%yAlign == 0 {
+		name, items = "ew_fold_parts4", n/4
+	}
+	args := packArgs(pc, cc, g.Beta, ptmp, int32(split), n)
+	return b.d.Post(func() error {
+		if err := b.d.matmulOnThread(&spec); err != nil {
+			return err
+		}
+		return b.d.launchOnThread("elementwise.cu", name, grid1D(items, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...)
+	})
 }
 
 // Linear computes out = x @ w^T + bias.

@@ -28,9 +28,9 @@
 // The backend implements engine/backend's DeviceTimer with CUDA events, so engine/profile can time
 // each op on the GPU without making it wait (bench-train's profiled step).
 //
-// Alloc zero-fills with a posted memset; Empty (for outputs an op writes in full) does too unless
-// HALO_CUDA_EMPTY=uncleared, which skips that pass over memory. The uncleared form is checked by
-// TestGPUEmptyUnclearedMatchesAlloc and stays off by default until that has run on a GPU.
+// Alloc zero-fills with a posted memset; Empty (for outputs an op writes in full) skips that pass
+// over memory (HALO_CUDA_EMPTY=cleared makes it zero-fill too). TestGPUEmptyUnclearedMatchesAlloc
+// checks that training gives the same bits both ways.
 //
 // Each Device is driven by one goroutine locked to its OS thread, on which the device's primary
 // context is current; every driver call for that device runs there. Calls that return something

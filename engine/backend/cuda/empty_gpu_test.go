@@ -9,13 +9,13 @@ import (
 )
 
 // TestGPUEmptyUnclearedMatchesAlloc runs forward+backward of a small qwen3 with Empty zero-filled
-// (the default) and uncleared (HALO_CUDA_EMPTY=uncleared): the loss and every gradient agree
+// (HALO_CUDA_EMPTY=cleared) and uncleared (the default): the loss and every gradient agree
 // bit for bit, so no kernel leaves part of an output it writes with "=" unwritten. Between the
 // two runs the activations' blocks are filled with NaN and freed, so that an uncleared Empty
 // hands back NaN wherever a kernel skips elements.
 func TestGPUEmptyUnclearedMatchesAlloc(t *testing.T) {
 	g := gpu(t)
-	defer func() { g.emptyUncleared = false }()
+	defer func(v bool) { g.emptyUncleared = v }(g.emptyUncleared)
 	m := qwen3Model(t, g, qwen3JSON(256, 768, 4, 4, 2, 64, 4000), 5)
 	defer m.Close()
 	const B, T = 2, 300

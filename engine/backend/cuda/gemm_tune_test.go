@@ -438,3 +438,29 @@ func TestSyncCounterNoteOpTagsGEMMTune(t *testing.T) {
 		t.Fatalf("stats %+v, want 3 waits of which 2 GEMMTune, the last GEMMTune", s)
 	}
 }
+
+func TestGemmSplitK(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		m, n, k        int
+		transA, transB bool
+		sms, want      int
+	}{
+		{"llama k_proj dW", 512, 2048, 16384, true, false, 132, 4},
+		{"qwen3 k_proj dW", 1024, 1024, 16384, true, false, 132, 4},
+		{"qwen3 q_proj dW", 2048, 1024, 16384, true, false, 132, 2},
+		{"llama q_proj dW fills the GPU", 2048, 2048, 16384, true, false, 132, 1},
+		{"tiny output, capped at 8", 64, 64, 65536, true, false, 132, 8},
+		{"slices keep 1024 rows", 64, 64, 4096, true, false, 132, 4},
+		{"K too short", 64, 64, 1536, true, false, 132, 1},
+		{"slice not a multiple of 8", 64, 64, 4100, true, false, 132, 1},
+		{"forward (A not transposed)", 512, 2048, 16384, false, true, 132, 1},
+		{"dX (B not transposed, A not)", 512, 2048, 16384, false, false, 132, 1},
+		{"TransB cannot slice B", 512, 2048, 16384, true, true, 132, 1},
+		{"unknown SM count", 512, 2048, 16384, true, false, 0, 1},
+	} {
+		if got := gemmSplitK(c.m, c.n, c.k, c.transA, c.transB, c.sms); got != c.want {
+			t.Errorf("%s: gemmSplitK(%d, %d, %d, %v, %v, %d) = %d, want %d", c.name, c.m, c.n, c.k, c.transA, c.transB, c.sms, got, c.want)
+		}
+	}
+}

@@ -21,6 +21,55 @@ extern "C" __global__ void ew_axpby(void* y, int dty, float beta, float alpha, c
     GRID_STRIDE(i, n) stf(y, dty, i, beta * ldf(y, dty, i) + alpha * ldf(x, dtx, i));
 }
 
+// The fold after a GEMM computed into fp32 scratch: y = beta * y + sum_{j < s} parts[j * n + i],
+// summed in fp32 in order j = 0, 1, ... and rounded once to y's dtype. parts holds s partial
+// products (split-K slices) of n elements each. With beta = 0, y is not read (it may hold
+// anything, NaN included). ew_fold_parts4 is the same over groups of 4 (n % 4 == 0, parts
+// 16-byte aligned, y 16-byte (fp32) or 8-byte (bf16) aligned).
+__device__ __forceinline__ float fold_one(const float* parts, int s, long long n, long long i) {
+    float t = parts[i];
+    for (int j = 1; j < s; j++) t += parts[(long long)j * n + i];
+    return t;
+}
+
+extern "C" __global__ void ew_fold_parts(void* y, int dty, float beta, const float* parts, int s, long long n) {
+    GRID_STRIDE(i, n) {
+        float t = fold_one(parts, s, n, i);
+        stf(y, dty, i, beta == 0.f ? t : beta * ldf(y, dty, i) + t);
+    }
+}
+
+struct alignas(16) fold_f4 { float x, y, z, w; };
+struct alignas(8) fold_b4 { unsigned short x, y, z, w; };
+
+extern "C" __global__ void ew_fold_parts4(void* y, int dty, float beta, const float* parts, int s, long long n) {
+    const fold_f4* p4 = (const fold_f4*)parts;
+    long long n4 = n >> 2;
+    GRID_STRIDE(i, n4) {
+        fold_f4 t = p4[i];
+        for (int j = 1; j < s; j++) {
+            fold_f4 u = p4[(long long)j * n4 + i];
+            t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+        }
+        if (dty == DT_F32) {
+            fold_f4* y4 = (fold_f4*)y;
+            if (beta != 0.f) {
+                fold_f4 o = y4[i];
+                t.x += beta * o.x; t.y += beta * o.y; t.z += beta * o.z; t.w += beta * o.w;
+            }
+            y4[i] = t;
+        } else {
+            fold_b4* y4 = (fold_b4*)y;
+            if (beta != 0.f) {
+                fold_b4 o = y4[i];
+                t.x += beta * bf2f(o.x); t.y += beta * bf2f(o.y); t.z += beta * bf2f(o.z); t.w += beta * bf2f(o.w);
+            }
+            fold_b4 r = {f2bf(t.x), f2bf(t.y), f2bf(t.z), f2bf(t.w)};
+            y4[i] = r;
+        }
+    }
+}
+
 extern "C" __global__ void ew_scale(void* t, int dt, float alpha, long long n) {
     GRID_STRIDE(i, n) stf(t, dt, i, alpha * ldf(t, dt, i));
 }
