@@ -55,8 +55,8 @@ type Backend struct {
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
 	staging hostStaging
 	// noSplitK turns off split-K weight gradients (HALO_CUDA_GEMM_SPLITK=off); gemmDirectBeta
-	// lets cuBLASLt add Beta·C into bf16 outputs itself (HALO_CUDA_GEMM_BETA=direct) instead of
-	// folding an fp32 product in (gemmFolded).
+	// (tests only) lets cuBLASLt add Beta·C into bf16 outputs itself instead of folding an fp32
+	// product in (gemmFolded): it rounds twice (TestGPUGemmBetaRoundsOnce).
 	noSplitK, gemmDirectBeta bool
 	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
 	// it off).
@@ -89,7 +89,7 @@ func New(index int) (*Backend, error) {
 	mode := os.Getenv("HALO_CUDA_ATTENTION")
 	return &Backend{d: d, flag: flag, attnMMA: mode != "simt", attnWG: mode != "simt" && mode != "mma" && wgArch(d.info.Arch),
 		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused", emptyUncleared: os.Getenv("HALO_CUDA_EMPTY") != "cleared",
-		noSplitK: os.Getenv("HALO_CUDA_GEMM_SPLITK") == "off", gemmDirectBeta: os.Getenv("HALO_CUDA_GEMM_BETA") == "direct"}, nil
+		noSplitK: os.Getenv("HALO_CUDA_GEMM_SPLITK") == "off"}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).
@@ -868,7 +868,7 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 		if !b.noSplitK {
 			split = gemmSplitK(g.M, g.N, g.K, g.TransA, g.TransB, b.d.info.SMs)
 		}
-		// Without the direct form, cuBLASLt may round the product to bf16 before adding Beta*C;
+		// cuBLASLt rounds the product to bf16 before adding Beta·C (TestGPUGemmBetaRoundsOnce);
 		// the contract rounds once, so the product goes through fp32 scratch.
 		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && !b.gemmDirectBeta) {
 			return b.gemmFolded(op, g, dt, pa, pb, pc, split)
@@ -1500,8 +1500,31 @@ func (b *Backend) AdamW(a backend.AdamWArgs) error {
 	if a.Stochastic {
 		st = 1
 	}
-	return b.launch1D("adamw.cu", "adamw_step", n, pp, cp, pg, cg, pm, cm, pv, cv, ps, cs, n,
-		k.w1, a.Beta2, k.w2, a.Eps, k.decay, k.stepSize, k.bc2Sqrt, k.gradScale, st, a.Seed, uint64(a.Step), a.ParamIndex)
+	args := []any{pp, cp, pg, cg, pm, cm, pv, cv, ps, cs, n,
+		k.w1, a.Beta2, k.w2, a.Eps, k.decay, k.stepSize, k.bc2Sqrt, k.gradScale, st, a.Seed, uint64(a.Step), a.ParamIndex}
+	if adamwVec4(n, [][2]uintptr{{pp, uintptr(cp)}, {pg, uintptr(cg)}, {pm, uintptr(cm)}, {pv, uintptr(cv)}, {ps, uintptr(cs)}}) {
+		return b.launch1D("adamw.cu", "adamw_step4", n/4, args...)
+	}
+	return b.launch1D("adamw.cu", "adamw_step", n, args...)
+}
+
+// adamwVec4 says whether adamw_step4 applies: n a multiple of 4 and every (pointer, dtype code)
+// pair aligned for a 4-element access (16 bytes for F32, 8 for BF16); a null pointer (no shadow)
+// is fine.
+func adamwVec4(n int64, ptrs [][2]uintptr) bool {
+	if n%4 != 0 {
+		return false
+	}
+	for _, p := range ptrs {
+		align := uintptr(8)
+		if p[1] == uintptr(tensor.F32) {
+			align = 16
+		}
+		if p[0]%align != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // adamwScalars are the per-step constants of the AdamW update.

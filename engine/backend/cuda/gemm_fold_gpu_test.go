@@ -36,10 +36,11 @@ func TestGPUGemmSplitKMatchesOracle(t *testing.T) {
 					Tensors: []tspec{
 						{Name: "x", DType: tensor.BF16, Shape: []int{s.M, s.I}, Gen: gen{Scale: 1}},
 						{Name: "dy", DType: tensor.BF16, Shape: []int{s.M, s.O}, Gen: gen{Scale: 1}},
+						{Name: "w", DType: tensor.BF16, Shape: []int{s.O, s.I}, Gen: gen{Scale: 0.05}},
 						{Name: "dw", DType: dwType, Shape: []int{s.O, s.I}, Gen: gen{Scale: 30}, Out: true, AbsFrac: abs, Rel: rel},
 					},
 					Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-						return be.LinearBackward(backend.LinearBackwardArgs{DW: ts["dw"], DY: ts["dy"], X: ts["x"]})
+						return be.LinearBackward(backend.LinearBackwardArgs{DW: ts["dw"], DY: ts["dy"], X: ts["x"], W: ts["w"]})
 					},
 				}
 				g.noSplitK = off
@@ -66,7 +67,8 @@ func nearestBF16(x float64) float32 {
 // from float64 by ~1e-7 relative, which moves a result across a bf16 rounding boundary about
 // once in 10^4), while rounding the product to bf16 before adding C changes about one element in
 // four. The folded form (fp32 product, then ew_fold_parts) must meet it; the direct form
-// (cuBLASLt adds Beta·C, HALO_CUDA_GEMM_BETA=direct) is measured and reported.
+// (cuBLASLt adds Beta·C itself) is measured and reported: on the H200 with CUDA 13 it matched
+// only 69% of elements (gpu-run15), which is why accumulating GEMMs into bf16 are folded.
 func TestGPUGemmBetaRoundsOnce(t *testing.T) {
 	g := gpu(t)
 	defer func(v bool) { g.gemmDirectBeta = v }(g.gemmDirectBeta)
@@ -117,8 +119,6 @@ func TestGPUGemmBetaRoundsOnce(t *testing.T) {
 	report.addBench(benchmark{Name: "gemm_beta_bf16_rounding", Values: map[string]float64{
 		"folded_exact_fraction": fractions[false], "direct_exact_fraction": fractions[true]},
 		Note: fmt.Sprintf("dX[%d,%d] += dY·W (K=%d), bf16: fraction of elements equal to the float64 sum rounded once to bf16", M, I, O)})
-	report.addCheck("cuBLASLt's own Beta·C into bf16 rounds once (HALO_CUDA_GEMM_BETA=direct is safe)", fractions[true] >= 0.97,
-		fmt.Sprintf("exact fraction %.4f", fractions[true]))
 	if fractions[false] < 0.97 {
 		t.Fatalf("folded accumulate: only %.4f of elements equal the once-rounded sum (want >= 0.97)", fractions[false])
 	}

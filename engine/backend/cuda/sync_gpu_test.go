@@ -240,40 +240,48 @@ func TestGPUAdamWMatchesCPUBitForBit(t *testing.T) {
 		{"f32_derived_scalars", tensor.F32, tensor.F32, false, false},
 		{"f32_precise_scalars", tensor.F32, tensor.F32, false, true},
 		{"bf16_stochastic_precise", tensor.BF16, tensor.BF16, true, true},
+		{"bf16_params_grads_f32_moments", tensor.BF16, tensor.F32, false, true},
+		{"bf16_params_grads_f32_moments_stochastic", tensor.BF16, tensor.F32, true, true},
 	} {
-		const n = 40013
-		ts := []tspec{
-			{Name: "p", DType: s.p, Shape: []int{n}, Gen: gen{Scale: 1}, Out: true},
-			{Name: "g", DType: tensor.F32, Shape: []int{n}, Gen: gen{Scale: 0.1}},
-			{Name: "m", DType: s.m, Shape: []int{n}, Gen: gen{Scale: 0.01}, Out: true},
-			{Name: "v", DType: s.m, Shape: []int{n}, Out: true},
-			{Name: "shadow", DType: tensor.BF16, Shape: []int{n}, Out: true},
-		}
-		c := opCase{
-			Name:    "adamw_3_steps_exact/" + s.name,
-			Tensors: ts,
-			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				for step := 1; step <= 3; step++ {
-					lr := float32(1e-3) * float32(step)
-					a := backend.AdamWArgs{Param: ts["p"], Grad: ts["g"], M: ts["m"], V: ts["v"], Shadow: ts["shadow"],
-						LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, GradScale: 0.5 + 0.25*float32(step), Step: step,
-						Stochastic: s.stochastic, Seed: 42, ParamIndex: 7}
-					if s.precise {
-						// As engine/optim computes them: float64 from the hyperparameters, rounded once.
-						b1, b2, lr64 := 0.9, 0.95, 1e-3*float64(step)
-						a.Weight1, a.Weight2 = float32(1-b1), float32(1-b2)
-						a.Decay = float32(1 - lr64*0.1)
-						a.StepSize = float32(lr64 / (1 - math.Pow(b1, float64(step))))
-						a.BC2Sqrt = float32(math.Sqrt(1 - math.Pow(b2, float64(step))))
+		// 40013 elements run the scalar kernel; 40016 (a multiple of 4) the vectorised one.
+		for _, n := range []int{40013, 40016} {
+			gdt := tensor.F32
+			if s.p == tensor.BF16 && s.m == tensor.F32 {
+				gdt = tensor.BF16 // bf16 training: bf16 weights and gradients, fp32 moments
+			}
+			ts := []tspec{
+				{Name: "p", DType: s.p, Shape: []int{n}, Gen: gen{Scale: 1}, Out: true},
+				{Name: "g", DType: gdt, Shape: []int{n}, Gen: gen{Scale: 0.1}},
+				{Name: "m", DType: s.m, Shape: []int{n}, Gen: gen{Scale: 0.01}, Out: true},
+				{Name: "v", DType: s.m, Shape: []int{n}, Out: true},
+				{Name: "shadow", DType: tensor.BF16, Shape: []int{n}, Out: true},
+			}
+			c := opCase{
+				Name:    fmt.Sprintf("adamw_3_steps_exact/%s/n%d", s.name, n),
+				Tensors: ts,
+				Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+					for step := 1; step <= 3; step++ {
+						lr := float32(1e-3) * float32(step)
+						a := backend.AdamWArgs{Param: ts["p"], Grad: ts["g"], M: ts["m"], V: ts["v"], Shadow: ts["shadow"],
+							LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, GradScale: 0.5 + 0.25*float32(step), Step: step,
+							Stochastic: s.stochastic, Seed: 42, ParamIndex: 7}
+						if s.precise {
+							// As engine/optim computes them: float64 from the hyperparameters, rounded once.
+							b1, b2, lr64 := 0.9, 0.95, 1e-3*float64(step)
+							a.Weight1, a.Weight2 = float32(1-b1), float32(1-b2)
+							a.Decay = float32(1 - lr64*0.1)
+							a.StepSize = float32(lr64 / (1 - math.Pow(b1, float64(step))))
+							a.BC2Sqrt = float32(math.Sqrt(1 - math.Pow(b2, float64(step))))
+						}
+						if err := be.(backend.AdamWStepper).AdamW(a); err != nil {
+							return err
+						}
 					}
-					if err := be.(backend.AdamWStepper).AdamW(a); err != nil {
-						return err
-					}
-				}
-				return nil
-			},
+					return nil
+				},
+			}
+			t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
 		}
-		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
 	}
 }
 
@@ -637,6 +645,37 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		})
 		values[fmt.Sprintf("qnorm_bwd_blocks_per_sm_%d_ms", bps)] = qms
 		t.Logf("rmsnorm_bwd with %d blocks/SM: C=%d %.3f ms, C=%d %.3f ms", bps, C, ms, HD, qms)
+	}
+	// Llama-3.2-1B's width: the C=2048 backward keeps its weight-gradient sums in shared memory.
+	{
+		const C2 = 2048
+		x2 := randomTensor(t, g, 9, tensor.BF16, 1, N, C2)
+		w2 := randomTensor(t, g, 10, tensor.BF16, 1, C2)
+		o2, _ := g.Alloc(tensor.BF16, N, C2)
+		dx2, _ := g.Alloc(tensor.BF16, N, C2)
+		dw2, _ := g.Alloc(tensor.BF16, C2)
+		r2, _ := g.Alloc(tensor.F32, N)
+		defer func() {
+			for _, tt := range []tensor.Tensor{x2, w2, o2, dx2, dw2, r2} {
+				g.Free(tt)
+			}
+		}()
+		if err := g.RMSNorm(o2, r2, x2, w2, 1e-6); err != nil {
+			t.Fatal(err)
+		}
+		for _, acc := range []bool{false, true} {
+			ms := timeIt(t, g, 10, func() error {
+				return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc})
+			})
+			name := "rmsnorm_bwd_c2048"
+			bytes := e * 3 * N * C2
+			if acc {
+				name, bytes = name+"_accumulate", e*4*N*C2
+			}
+			values[name+"_ms"] = ms
+			values[name+"_gbps"] = float64(bytes) / (ms * 1e-3) / 1e9
+			t.Logf("%s: %.3f ms, %.0f GB/s", name, ms, values[name+"_gbps"])
+		}
 	}
 	values["h200_hbm_gbps_datasheet"] = 4800
 	report.addBench(benchmark{Name: "memory_bound_kernels_qwen3_0.6b_16384_tokens", Values: values,
