@@ -263,6 +263,8 @@ func (b *Backend) WGError() error { return b.wgErr }
 type wgKernel struct {
 	Kind           string
 	HD, BK, Blocks int
+	// RegA: the block's fixed operand (Q, dO or K, V) is multiplied from registers (wg_rsk).
+	RegA bool
 }
 
 // Name is the kernel's entry point.
@@ -274,11 +276,15 @@ func (k wgKernel) Name() string {
 }
 
 // suffix is the part of the name after the head dim (the SUF argument of its WG_* line):
-// _k<BK> for a forward with other than 64-key tiles, _b<Blocks> for a register cap.
+// _k<BK> for a forward with other than 64-key tiles, _r for the fixed operand in registers,
+// _b<Blocks> for a register cap.
 func (k wgKernel) suffix() string {
 	s := ""
 	if k.Kind == "fwd" && k.BK != wgRows {
 		s += fmt.Sprintf("_k%d", k.BK)
+	}
+	if k.RegA {
+		s += "_r"
 	}
 	if k.Blocks > 1 {
 		s += fmt.Sprintf("_b%d", k.Blocks)
@@ -310,14 +316,17 @@ func (k wgKernel) Shared() uint32 {
 // 0.993 ms).
 var (
 	wgKernels = []wgKernel{
-		{"fwd", 64, 64, 1}, {"fwd", 128, 64, 1}, {"fwd", 64, 128, 1}, {"fwd", 64, 64, 4}, {"fwd", 64, 128, 3},
-		{"dq", 64, 64, 1}, {"dq", 128, 64, 1}, {"dq", 64, 64, 4},
-		{"dkv", 64, 64, 1}, {"dkv", 128, 64, 1}, {"dkv", 64, 64, 3},
+		{"fwd", 64, 64, 1, false}, {"fwd", 128, 64, 1, false}, {"fwd", 64, 128, 1, false}, {"fwd", 64, 64, 4, false},
+		{"fwd", 64, 128, 3, false}, {"fwd", 64, 64, 4, true}, {"fwd", 128, 64, 1, true},
+		{"dq", 64, 64, 1, false}, {"dq", 128, 64, 1, false}, {"dq", 64, 64, 4, false},
+		{"dq", 64, 64, 1, true}, {"dq", 64, 64, 3, true}, {"dq", 128, 64, 1, true},
+		{"dkv", 64, 64, 1, false}, {"dkv", 128, 64, 1, false}, {"dkv", 64, 64, 3, false},
+		{"dkv", 64, 64, 3, true}, {"dkv", 64, 64, 2, true},
 	}
 	wgDefault = map[string]wgKernel{
-		"fwd/64": {"fwd", 64, 64, 4}, "fwd/128": {"fwd", 128, 64, 1},
-		"dq/64": {"dq", 64, 64, 1}, "dq/128": {"dq", 128, 64, 1},
-		"dkv/64": {"dkv", 64, 64, 3}, "dkv/128": {"dkv", 128, 64, 1},
+		"fwd/64": {"fwd", 64, 64, 4, false}, "fwd/128": {"fwd", 128, 64, 1, false},
+		"dq/64": {"dq", 64, 64, 1, false}, "dq/128": {"dq", 128, 64, 1, false},
+		"dkv/64": {"dkv", 64, 64, 3, false}, "dkv/128": {"dkv", 128, 64, 1, false},
 	}
 	// wgOverride replaces wgDefault entries (a test knob, as attnTileOverride).
 	wgOverride map[string]wgKernel

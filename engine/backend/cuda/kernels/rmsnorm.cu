@@ -183,9 +183,9 @@ extern "C" __global__ void add_rmsnorm_fwd_bf16x8(rn_bf8* resid_out, rn_bf8* out
 // so dw is deterministic. dw_part is null when no weight gradient is wanted. C <= 8 * L * MAXV.
 //
 // With SMEM_ACC the partial sums live in the row group's shared row from the start instead of
-// registers (each lane adds to the 8 floats of its own vectors, so no other lane touches them):
-// for C = 2048 the 64 accumulators in registers on top of the row's loaded vectors cost the
-// kernel its occupancy.
+// registers (each lane adds to the 8 floats of its own vectors, so no other lane touches them;
+// element 8k+j is stored at j*C8 + k, so the lanes of a warp hit consecutive banks), which
+// frees 8*MAXV registers.
 template <int MAXV, bool SMEM_ACC>
 __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
                                                 const rn_bf8* w, const float* rstd, long long N, int C,
@@ -201,7 +201,7 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
                 int k = l + L * i;
                 if (k < C8)
 #pragma unroll
-                    for (int j = 0; j < 8; j++) mine[8 * k + j] = 0.f;
+                    for (int j = 0; j < 8; j++) mine[j * C8 + k] = 0.f;
             }
         }
     } else {
@@ -243,7 +243,7 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
                     v[j] = r * (rn_at(wv, j) * d - xh * dot);
                     if (accumulate) v[j] += rn_at(old, j);
                     if (SMEM_ACC) {
-                        if (dw_part) mine[8 * k + j] += d * xh;
+                        if (dw_part) mine[j * C8 + k] += d * xh;
                     } else {
                         acc[SMEM_ACC ? 0 : i][j] += d * xh;
                     }
@@ -267,8 +267,9 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
         }
         __syncthreads();
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            int at = SMEM_ACC ? (c & 7) * C8 + (c >> 3) : c;
             float t = 0.f;
-            for (int q = 0; q < G; q++) t += dw_s[(long long)q * C + c];
+            for (int q = 0; q < G; q++) t += dw_s[(long long)q * C + at];
             dw_part[(long long)blockIdx.x * C + c] = t;
         }
     }
@@ -304,5 +305,12 @@ extern "C" __global__ void rmsnorm_bwd_bf16x8_c1024(rn_bf8* dx, float* dw_part, 
 extern "C" __global__ void rmsnorm_bwd_bf16x8_c2048(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
                                                     const rn_bf8* w, const float* rstd, long long N, int C,
                                                     int accumulate) {
+    rmsnorm_bwd_vec<8, false>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
+}
+
+// The same with the weight-gradient sums in shared memory (SMEM_ACC), a measured alternative.
+extern "C" __global__ void rmsnorm_bwd_bf16x8_c2048_smem(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
+                                                         const rn_bf8* w, const float* rstd, long long N, int C,
+                                                         int accumulate) {
     rmsnorm_bwd_vec<8, true>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
 }
