@@ -263,8 +263,6 @@ func (b *Backend) WGError() error { return b.wgErr }
 type wgKernel struct {
 	Kind           string
 	HD, BK, Blocks int
-	// RegA: the block's fixed operand (Q, dO or K, V) is multiplied from registers (wg_rsk).
-	RegA bool
 }
 
 // Name is the kernel's entry point.
@@ -276,15 +274,11 @@ func (k wgKernel) Name() string {
 }
 
 // suffix is the part of the name after the head dim (the SUF argument of its WG_* line):
-// _k<BK> for a forward with other than 64-key tiles, _r for the fixed operand in registers,
-// _b<Blocks> for a register cap.
+// _k<BK> for a forward with other than 64-key tiles, _b<Blocks> for a register cap.
 func (k wgKernel) suffix() string {
 	s := ""
 	if k.Kind == "fwd" && k.BK != wgRows {
 		s += fmt.Sprintf("_k%d", k.BK)
-	}
-	if k.RegA {
-		s += "_r"
 	}
 	if k.Blocks > 1 {
 		s += fmt.Sprintf("_b%d", k.Blocks)
@@ -313,20 +307,21 @@ func (k wgKernel) Shared() uint32 {
 // H200 (testdata/gpu-run13, 4 x 4096 tokens): at head dim 64 the forward capped for 4 blocks per
 // multiprocessor (0.910 against 0.945 ms uncapped, 0.998 with 128-key tiles) and dK/dV capped for
 // 3 (1.711 against 1.792 ms); capping dQ for 4 blocks spills and is slower (1.202 against
-// 0.993 ms).
+// 0.993 ms). Multiplying the block's fixed operand (Q in the forward; Q and dO in dQ; K and V in
+// dK/dV) from registers instead of its shared tile was tried and was slower in every kernel
+// (testdata/gpu-run16: forward 1.016 against 0.906 ms, spilling at the 4-block cap; dQ 1.105
+// against 0.996; dK/dV 1.837 at 2 blocks against 1.702), so shared-memory bandwidth is not
+// what bounds them.
 var (
 	wgKernels = []wgKernel{
-		{"fwd", 64, 64, 1, false}, {"fwd", 128, 64, 1, false}, {"fwd", 64, 128, 1, false}, {"fwd", 64, 64, 4, false},
-		{"fwd", 64, 128, 3, false}, {"fwd", 64, 64, 4, true}, {"fwd", 128, 64, 1, true},
-		{"dq", 64, 64, 1, false}, {"dq", 128, 64, 1, false}, {"dq", 64, 64, 4, false},
-		{"dq", 64, 64, 1, true}, {"dq", 64, 64, 3, true}, {"dq", 128, 64, 1, true},
-		{"dkv", 64, 64, 1, false}, {"dkv", 128, 64, 1, false}, {"dkv", 64, 64, 3, false},
-		{"dkv", 64, 64, 3, true}, {"dkv", 64, 64, 2, true},
+		{"fwd", 64, 64, 1}, {"fwd", 128, 64, 1}, {"fwd", 64, 128, 1}, {"fwd", 64, 64, 4}, {"fwd", 64, 128, 3},
+		{"dq", 64, 64, 1}, {"dq", 128, 64, 1}, {"dq", 64, 64, 4},
+		{"dkv", 64, 64, 1}, {"dkv", 128, 64, 1}, {"dkv", 64, 64, 3},
 	}
 	wgDefault = map[string]wgKernel{
-		"fwd/64": {"fwd", 64, 64, 4, false}, "fwd/128": {"fwd", 128, 64, 1, false},
-		"dq/64": {"dq", 64, 64, 1, false}, "dq/128": {"dq", 128, 64, 1, false},
-		"dkv/64": {"dkv", 64, 64, 3, false}, "dkv/128": {"dkv", 128, 64, 1, false},
+		"fwd/64": {"fwd", 64, 64, 4}, "fwd/128": {"fwd", 128, 64, 1},
+		"dq/64": {"dq", 64, 64, 1}, "dq/128": {"dq", 128, 64, 1},
+		"dkv/64": {"dkv", 64, 64, 3}, "dkv/128": {"dkv", 128, 64, 1},
 	}
 	// wgOverride replaces wgDefault entries (a test knob, as attnTileOverride).
 	wgOverride map[string]wgKernel

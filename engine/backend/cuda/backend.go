@@ -1098,10 +1098,6 @@ func normVecRowsPerBlock(C int) int {
 // fewer rows per warp but more dW partial rows to add up.
 var normBwdBlocksPerSM = 2
 
-// normBwd2048Suffix picks the C <= 2048 backward: "" keeps the weight-gradient sums in registers,
-// "_smem" in shared memory (TestGPUMemoryBoundKernels times both).
-var normBwd2048Suffix = ""
-
 // normBwdVecKernel names the vectorised backward for rows of C elements: its registers hold at
 // most 4 (or 8) vectors of 8 per lane.
 func normBwdVecKernel(C int) string {
@@ -1109,7 +1105,7 @@ func normBwdVecKernel(C int) string {
 	case C <= 1024:
 		return "rmsnorm_bwd_bf16x8_c1024"
 	case C <= 2048:
-		return "rmsnorm_bwd_bf16x8_c2048" + normBwd2048Suffix
+		return "rmsnorm_bwd_bf16x8_c2048"
 	}
 	return ""
 }

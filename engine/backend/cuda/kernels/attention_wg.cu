@@ -156,62 +156,6 @@ __device__ __forceinline__ void wg_rs(float* d, const unsigned* a, unsigned long
     else wg_rs_n128(d, a, db);
 }
 
-// wg_rsk_n64 / wg_rsk_n128: d (64 x 64 or 64 x 128, fp32) (+)= A . B with A (64 x 16 bf16) in
-// registers as mma.sync A fragments and B K-major in shared memory (descriptor db); d is
-// overwritten when accumulate is 0. The fixed operand of a block (Q in the forward and dQ, dO in
-// dQ, K and V in dK/dV) is read from its tile once into registers and multiplied from there, so
-// each product reads only the streamed tile from shared memory.
-__device__ __forceinline__ void wg_rsk_n64(float* d, const unsigned* a, unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_rsk_n128(float* d, const unsigned* a, unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
-
-// wg_rsk picks the register-A, K-major-B product for BK columns.
-template <int BK>
-__device__ __forceinline__ void wg_rsk(float* d, const unsigned* a, unsigned long long db, int accumulate) {
-    if (BK == 64) wg_rsk_n64(d, a, db, accumulate);
-    else wg_rsk_n128(d, a, db, accumulate);
-}
-
-// wg_frag reads this thread's A fragments of a 64-row tile of HD columns, swizzled at base, for
-// each 16-column slice kk: a[kk][0..3] are rows warp * 16 + lane / 4 (+ 8 for 1 and 3), columns
-// 16 kk + 2 (lane % 4) (+ 8 for 2 and 3), two bf16 each (the layout wg_pack produces).
-template <int HD>
-__device__ __forceinline__ void wg_frag(unsigned (*a)[4], unsigned base) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int r = warp * 16 + (lane >> 2) + ((q & 1) ? 8 : 0);
-            int c = 16 * kk + (lane & 3) * 2 + ((q & 2) ? 8 : 0);
-            unsigned addr = base + (c >> 6) * (WG_ROWS * 128) + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(a[kk][q]) : "r"(addr));
-        }
-    }
-}
-
 // wg_pack rounds a 64 x 16J fp32 accumulator s to bf16 A fragments of J 16-column slices.
 template <int J = 4>
 __device__ __forceinline__ void wg_pack(unsigned (*a)[4], const float* s) {
@@ -233,7 +177,7 @@ __device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned 
 
 // attn_fwd_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of BK (64 or 128).
 // Dynamic shared memory: 1024 + 64 * HD * 2 (Q) + 4 * BK * HD * 2 (K, V, two buffers each).
-template <int HD, int BK, bool RA>
+template <int HD, int BK>
 __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                  const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
                                  float scale, int window) {
@@ -261,13 +205,11 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     const float sl2 = scale * LOG2E;
-    unsigned qa[RA ? HD / 16 : 1][4];
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         cp_wait_all();
         wg_fence_proxy();
         __syncthreads();
-        if (RA && t == 0) wg_frag<HD>(qa, Qs);
         if (t + 1 < ntiles) {
             wg_load<HD, BK>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
             wg_load<HD, BK>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
@@ -276,10 +218,8 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         float s[BK / 2];
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            if (RA) wg_rsk<BK>(s, qa[RA ? kk : 0], wg_desc_k<BK>(Ks + buf * TILE, kk), kk > 0);
-            else wg_ss<BK>(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<BK>(Ks + buf * TILE, kk), kk > 0);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss<BK>(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<BK>(Ks + buf * TILE, kk), kk > 0);
         wg_commit();
         wg_wait_all();
         wg_hold<BK / 2>(s);
@@ -363,7 +303,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
 // S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. S and dP are committed as two groups, so
 // that P is computed while dP is still being multiplied.
 // Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each).
-template <int HD, bool RA>
+template <int HD>
 __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                     const float* lse, const float* dvec, const int* cu, int D, long long N,
                                     int NH, int NKV, float scale, int window) {
@@ -393,16 +333,11 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
     float acc[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
-    unsigned qa[RA ? HD / 16 : 1][4], oa[RA ? HD / 16 : 1][4];
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         cp_wait_all();
         wg_fence_proxy();
         __syncthreads();
-        if (RA && t == 0) {
-            wg_frag<HD>(qa, Qs);
-            wg_frag<HD>(oa, dOs);
-        }
         if (t + 1 < ntiles) {
             wg_load<HD, WG_ROWS>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
             wg_load<HD, WG_ROWS>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
@@ -411,16 +346,12 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         float s[32], dp[32];
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            if (RA) wg_rsk_n64(s, qa[RA ? kk : 0], wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
-            else wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
         wg_commit();  // S in its own group: P is computed while dP is multiplied
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            if (RA) wg_rsk_n64(dp, oa[RA ? kk : 0], wg_desc_k<WG_ROWS>(Vs + buf * TILE, kk), kk > 0);
-            else wg_ss_n64(dp, wg_desc_k<WG_ROWS>(dOs, kk), wg_desc_k<WG_ROWS>(Vs + buf * TILE, kk), kk > 0);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(dp, wg_desc_k<WG_ROWS>(dOs, kk), wg_desc_k<WG_ROWS>(Vs + buf * TILE, kk), kk > 0);
         wg_commit();
         wg_wait_1();
         wg_hold<32>(s);
@@ -474,7 +405,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
 // dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q.
 // Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (K, V) + 4 * 64 * HD * 2 (Q, dO, two buffers
 // each) + 4 * 64 * 4 (lse and D of each query tile, two buffers each).
-template <int HD, bool RA>
+template <int HD>
 __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                      const bf16* dout, const float* lse, const float* dvec, const int* cu, int D,
                                      long long N, int NH, int NKV, float scale, int window) {
@@ -512,17 +443,12 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         }
     }
     cp_commit();
-    unsigned ka[RA ? HD / 16 : 1][4], va[RA ? HD / 16 : 1][4];
     for (int t = 0; t < ntiles; t++) {
         int buf = t & 1;
         int i0 = sp.blo + (t % ntq) * BQ;
         cp_wait_all();
         wg_fence_proxy();
         __syncthreads();
-        if (RA && t == 0) {
-            wg_frag<HD>(ka, Ks);
-            wg_frag<HD>(va, Vs);
-        }
         if (t + 1 < ntiles) {
             int hn = g * G + (t + 1) / ntq;
             long long in0 = sp.blo + ((t + 1) % ntq) * BQ;
@@ -541,15 +467,11 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         float s[32], dp[32];
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            if (RA) wg_rsk_n64(s, ka[RA ? kk : 0], wg_desc_k<WG_ROWS>(Qb, kk), kk > 0);
-            else wg_ss_n64(s, wg_desc_k<WG_ROWS>(Ks, kk), wg_desc_k<WG_ROWS>(Qb, kk), kk > 0);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Ks, kk), wg_desc_k<WG_ROWS>(Qb, kk), kk > 0);
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            if (RA) wg_rsk_n64(dp, va[RA ? kk : 0], wg_desc_k<WG_ROWS>(dOb, kk), kk > 0);
-            else wg_ss_n64(dp, wg_desc_k<WG_ROWS>(Vs, kk), wg_desc_k<WG_ROWS>(dOb, kk), kk > 0);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wg_ss_n64(dp, wg_desc_k<WG_ROWS>(Vs, kk), wg_desc_k<WG_ROWS>(dOb, kk), kk > 0);
         wg_commit();
         wg_wait_all();
         wg_hold<32>(s);
@@ -616,41 +538,33 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
 // Entry points (128 threads each; dynamic shared memory as stated at each implementation), with
 // the arguments of attn_fwd_mma, attn_bwd_dq_mma and attn_bwd_dkv_mma: attn_fwd_wg_<HD>[_k<BK>],
 // attn_bwd_dq_wg_<HD> and attn_bwd_dkv_wg_<HD>, plus forms whose register budget lets <B> blocks
-// share a multiprocessor (suffix _b<B>) and forms that hold the block's fixed operand in
-// registers (suffix _r, wg_rsk). attention.go lists them (wgKernels).
-#define WG_FWD(HD, BK, RA, SUF, MINB)                                                                               \
+// share a multiprocessor (suffix _b<B>). attention.go lists them (wgKernels).
+#define WG_FWD(HD, BK, SUF, MINB)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_fwd_wg_##HD##SUF(                                  \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,       \
         int D, long long N, int NH, int NKV, float scale, int window) {                                             \
-        attn_fwd_wg_impl<HD, BK, RA>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                  \
+        attn_fwd_wg_impl<HD, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                      \
     }
-#define WG_DQ(HD, RA, SUF, MINB)                                                                                    \
+#define WG_DQ(HD, SUF, MINB)                                                                                        \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_wg_##HD##SUF(                               \
         bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,                  \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
-        attn_bwd_dq_wg_impl<HD, RA>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                \
+        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                    \
     }
-#define WG_DKV(HD, RA, SUF, MINB)                                                                                   \
+#define WG_DKV(HD, SUF, MINB)                                                                                       \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dkv_wg_##HD##SUF(                              \
         bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,        \
         const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
-        attn_bwd_dkv_wg_impl<HD, RA>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);           \
+        attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);               \
     }
-WG_FWD(64, 64, false, , 1)
-WG_FWD(128, 64, false, , 1)
-WG_FWD(64, 128, false, _k128, 1)
-WG_FWD(64, 64, false, _b4, 4)
-WG_FWD(64, 128, false, _k128_b3, 3)
-WG_FWD(64, 64, true, _r_b4, 4)
-WG_FWD(128, 64, true, _r, 1)
-WG_DQ(64, false, , 1)
-WG_DQ(128, false, , 1)
-WG_DQ(64, false, _b4, 4)
-WG_DQ(64, true, _r, 1)
-WG_DQ(64, true, _r_b3, 3)
-WG_DQ(128, true, _r, 1)
-WG_DKV(64, false, , 1)
-WG_DKV(128, false, , 1)
-WG_DKV(64, false, _b3, 3)
-WG_DKV(64, true, _r_b3, 3)
-WG_DKV(64, true, _r_b2, 2)
+WG_FWD(64, 64, , 1)
+WG_FWD(128, 64, , 1)
+WG_FWD(64, 128, _k128, 1)
+WG_FWD(64, 64, _b4, 4)
+WG_FWD(64, 128, _k128_b3, 3)
+WG_DQ(64, , 1)
+WG_DQ(128, , 1)
+WG_DQ(64, _b4, 4)
+WG_DKV(64, , 1)
+WG_DKV(128, , 1)
+WG_DKV(64, _b3, 3)

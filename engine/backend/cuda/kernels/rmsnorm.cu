@@ -181,35 +181,17 @@ extern "C" __global__ void add_rmsnorm_fwd_bf16x8(rn_bf8* resid_out, rn_bf8* out
 // [G, C] (G*C = 8 * max(C, 256) floats), the block adds the G rows in order and stores the sum
 // (=) as row blockIdx.x of dw_part [gridDim.x, C], which rmsnorm_dw_reduce adds up: no atomics,
 // so dw is deterministic. dw_part is null when no weight gradient is wanted. C <= 8 * L * MAXV.
-//
-// With SMEM_ACC the partial sums live in the row group's shared row from the start instead of
-// registers (each lane adds to the 8 floats of its own vectors, so no other lane touches them;
-// element 8k+j is stored at j*C8 + k, so the lanes of a warp hit consecutive banks), which
-// frees 8*MAXV registers.
-template <int MAXV, bool SMEM_ACC>
+template <int MAXV>
 __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
                                                 const rn_bf8* w, const float* rstd, long long N, int C,
                                                 int accumulate) {
     extern __shared__ float dw_s[];
     int C8 = C >> 3, L = rn_lanes(C8), lane = threadIdx.x & 31, l = lane % L, R = 32 / L;
-    float acc[SMEM_ACC ? 1 : MAXV][8];
-    float* mine = dw_s + (long long)((threadIdx.x >> 5) * R + lane / L) * C;
-    if (SMEM_ACC) {
-        if (dw_part) {
+    float acc[MAXV][8];
 #pragma unroll
-            for (int i = 0; i < MAXV; i++) {
-                int k = l + L * i;
-                if (k < C8)
+    for (int i = 0; i < MAXV; i++)
 #pragma unroll
-                    for (int j = 0; j < 8; j++) mine[j * C8 + k] = 0.f;
-            }
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < (SMEM_ACC ? 1 : MAXV); i++)
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
-    }
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
     long long first = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     long long stride = (long long)gridDim.x * (blockDim.x >> 5) * R;
     for (long long r0 = first; r0 < N; r0 += stride) {  // uniform across the warp
@@ -242,11 +224,7 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
                     float d = rn_at(dv, j);
                     v[j] = r * (rn_at(wv, j) * d - xh * dot);
                     if (accumulate) v[j] += rn_at(old, j);
-                    if (SMEM_ACC) {
-                        if (dw_part) mine[j * C8 + k] += d * xh;
-                    } else {
-                        acc[SMEM_ACC ? 0 : i][j] += d * xh;
-                    }
+                    acc[i][j] += d * xh;
                 }
 #pragma unroll
                 for (int j = 0; j < 4; j++) o.u[j] = rn_pack(v[2 * j], v[2 * j + 1]);
@@ -256,20 +234,18 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
     }
     if (dw_part) {
         int G = (blockDim.x >> 5) * R;
-        if (!SMEM_ACC) {
+        float* mine = dw_s + (long long)((threadIdx.x >> 5) * R + lane / L) * C;
 #pragma unroll
-            for (int i = 0; i < MAXV; i++) {
-                int k = l + L * i;
-                if (k < C8)
+        for (int i = 0; i < MAXV; i++) {
+            int k = l + L * i;
+            if (k < C8)
 #pragma unroll
-                    for (int j = 0; j < 8; j++) mine[8 * k + j] = acc[SMEM_ACC ? 0 : i][j];
-            }
+                for (int j = 0; j < 8; j++) mine[8 * k + j] = acc[i][j];
         }
         __syncthreads();
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            int at = SMEM_ACC ? (c & 7) * C8 + (c >> 3) : c;
             float t = 0.f;
-            for (int q = 0; q < G; q++) t += dw_s[(long long)q * C + at];
+            for (int q = 0; q < G; q++) t += dw_s[(long long)q * C + c];
             dw_part[(long long)blockIdx.x * C + c] = t;
         }
     }
@@ -299,18 +275,11 @@ extern "C" __global__ void rmsnorm_dw_reduce(void* dw, int dtdw, const float* dw
 extern "C" __global__ void rmsnorm_bwd_bf16x8_c1024(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
                                                     const rn_bf8* w, const float* rstd, long long N, int C,
                                                     int accumulate) {
-    rmsnorm_bwd_vec<4, false>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
+    rmsnorm_bwd_vec<4>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
 }
 
 extern "C" __global__ void rmsnorm_bwd_bf16x8_c2048(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
                                                     const rn_bf8* w, const float* rstd, long long N, int C,
                                                     int accumulate) {
-    rmsnorm_bwd_vec<8, false>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
-}
-
-// The same with the weight-gradient sums in shared memory (SMEM_ACC), a measured alternative.
-extern "C" __global__ void rmsnorm_bwd_bf16x8_c2048_smem(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
-                                                         const rn_bf8* w, const float* rstd, long long N, int C,
-                                                         int accumulate) {
-    rmsnorm_bwd_vec<8, true>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
+    rmsnorm_bwd_vec<8>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
 }
