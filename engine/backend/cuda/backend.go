@@ -942,16 +942,25 @@ func (b *Backend) gemmFolded(op string, g gemmCall, dt tensor.DType, pa, pb, pc 
 	if err != nil {
 		return err
 	}
-	n := int64(g.M) * int64(g.N)
+	if err := b.d.Post(func() error { return b.d.matmulOnThread(&spec) }); err != nil {
+		return err
+	}
+	return b.foldF32(g.C, pc, cc, g.Beta, ptmp, split)
+}
+
+// foldF32 posts y = beta·y + the sum of parts fp32 slices of y's size at pparts, rounded once
+// to y's dtype (ew_fold_parts, vectorised when y, its pointer py and the slices allow).
+func (b *Backend) foldF32(y T, py uintptr, cy int32, beta float32, pparts uintptr, parts int) error {
+	n := int64(y.Numel())
+	if n == 0 {
+		return nil
+	}
 	name, items := "ew_fold_parts", n
-	if yAlign := uintptr(4 * g.C.DType().Size()); n%4 == 0 && ptmp%16 == 0 && pc%yAlign == 0 {
+	if yAlign := uintptr(4 * y.DType().Size()); n%4 == 0 && pparts%16 == 0 && py%yAlign == 0 {
 		name, items = "ew_fold_parts4", n/4
 	}
-	args := packArgs(pc, cc, g.Beta, ptmp, int32(split), n)
+	args := packArgs(py, cy, beta, pparts, int32(parts), n)
 	return b.d.Post(func() error {
-		if err := b.d.matmulOnThread(&spec); err != nil {
-			return err
-		}
 		return b.d.launchOnThread("elementwise.cu", name, grid1D(items, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...)
 	})
 }
@@ -1674,8 +1683,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		dWeightAcc = dWeight2D
 		if a.DWeight.DType() != tensor.F32 {
 			// Chunks accumulate into an fp32 [V, C] buffer that is added to DWeight once at the
-			// end: one rounding to DWeight's dtype, and no per-chunk conversion pass.
-			if dWeightAcc, err = b.Alloc(tensor.F32, V, C); err != nil {
+			// end: one rounding to DWeight's dtype, and no per-chunk conversion pass. The first
+			// chunk's product overwrites it, so it needs no zero fill.
+			if dWeightAcc, err = b.allocScratch(tensor.F32, V, C); err != nil {
 				return err
 			}
 			defer b.Free(dWeightAcc)
@@ -1734,7 +1744,11 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			}
 		}
 		if !dWeightAcc.IsNil() {
-			if err := b.gemm(op, gemmCall{A: dl, B: h, C: dWeightAcc, M: V, N: C, K: r, TransA: true, Alpha: 1, Beta: 1}); err != nil {
+			beta := float32(1)
+			if foldDWeight && r0 == 0 {
+				beta = 0 // the scratch accumulator starts with the first chunk's product
+			}
+			if err := b.gemm(op, gemmCall{A: dl, B: h, C: dWeightAcc, M: V, N: C, K: r, TransA: true, Alpha: 1, Beta: beta}); err != nil {
 				return err
 			}
 		}
@@ -1745,8 +1759,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			return err
 		}
 		pacc, _ := b.ptr(op, "dWeightAcc", dWeightAcc)
-		n := int64(V) * int64(C)
-		if err := b.launch1D("elementwise.cu", "ew_axpby", n, pdw, cdw, float32(1), float32(1), pacc, int32(tensor.F32), n); err != nil {
+		if err := b.foldF32(dWeight2D, pdw, cdw, 1, pacc, 1); err != nil {
 			return err
 		}
 	}

@@ -12,10 +12,13 @@
 // on first use and cached on disk (KernelCacheDir) under a key of source hash, architecture and
 // NVRTC version. They store bf16 or fp32 and compute in fp32; bf16 values are handled as raw bits,
 // so NVRTC needs no CUDA headers. GEMMs go through cuBLASLt (bf16 or fp32 operands, fp32
-// accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment: the
-// heuristic's first choice, or, with HALO_CUDA_GEMM_CANDIDATES=N (N > 1), the fastest of its first
-// N candidates timed on the first call of each large shape (that call waits once; tuning is off
-// by default until it has been measured on a GPU; HALO_CUDA_GEMM_TUNE_MIN_FLOPS sets "large").
+// accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment: for
+// GEMMs of 1e12 FLOPs or more (the LM head's) the fastest of the heuristic's first 8 candidates,
+// timed on the shape's first call (which waits once), elsewhere the heuristic's first choice
+// (HALO_CUDA_GEMM_CANDIDATES and HALO_CUDA_GEMM_TUNE_MIN_FLOPS change both, gemm_tune.go).
+// Weight gradients whose output is too small to fill the GPU run split over K (gemmSplitK), and
+// a GEMM that accumulates into bf16 computes its product in fp32 and adds it with one rounding:
+// cuBLASLt's own Beta·C into bf16 rounds twice.
 // Attention has three implementations of one contract: on Hopper (sm_90), warpgroup-MMA kernels
 // (attention_wg.cu, compiled for sm_90a: wgmma with both operands in 128-byte-swizzled shared
 // tiles or the probabilities in registers, bf16 with head dim 64 or 128, the kernel per head dim
