@@ -30,23 +30,40 @@
 
 // wg_load starts copying rows [row0, row0 + R) (rows past last read as zero) of a global bf16
 // matrix with row stride ld, columns [col0, col0 + HD), into the swizzled tile at base.
+// Rows, row strides and columns fit in 32 bits (the kernels' row ranges are ints); only the
+// element offset row * ld is formed in 64 bits, so a copy costs a few integer instructions.
 template <int HD, int R>
 __device__ __forceinline__ void wg_load(unsigned base, const bf16* g, long long row0, long long last, long long ld, long long col0) {
     const int CH = HD / 8;
+    const bf16* gc = g + col0;
+    int r0 = (int)row0, lst = (int)last, ild = (int)ld;
 #pragma unroll
     for (int it = 0; it < R * CH / 128; it++) {
         int e = threadIdx.x + it * 128;
         int r = e / CH, c = e % CH;
-        long long row = row0 + r;
-        bool ok = row <= last;
+        int row = r0 + r;
+        bool ok = row <= lst;
         unsigned dst = base + (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-        cp16(dst, g + (ok ? row : 0) * ld + col0 + c * 8, ok);
+        cp16(dst, gc + (long long)(ok ? row : 0) * ild + c * 8, ok);
     }
 }
 
+// wg_desc: a shared address (below 2^18, as every sm_90 shared address is) with its leading and
+// stride byte offsets and the 128-byte swizzle, in wgmma's descriptor layout.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+    unsigned lo = (addr >> 4) | ((lbo >> 4) << 16), hi = (sbo >> 4) | (1u << 30);
+    return ((unsigned long long)hi << 32) | lo;
+}
+
+// wg_desc_plus moves descriptor d by off bytes (a multiple of 16 that keeps the address below
+// 2^18): the address field is the low 14 bits, so this is one add; kernels build a tile's
+// descriptor once and step it with constants.
+__device__ __forceinline__ unsigned long long wg_desc_plus(unsigned long long d, unsigned off) { return d + (off >> 4); }
+
+// wg_kstep: the K-major descriptor d0 of a tile of R rows (slice 0) moved to 16-column slice kk.
+template <int R>
+__device__ __forceinline__ unsigned long long wg_kstep(unsigned long long d0, int kk) {
+    return wg_desc_plus(d0, (kk >> 2) * (R * 128) + (kk & 3) * 32);
 }
 
 // wg_desc_k: the tile of R rows at base as a K-major operand, 16-column slice kk.
@@ -205,6 +222,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     const float sl2 = scale * LOG2E;
+    const unsigned long long dQ = wg_desc_k<WG_ROWS>(Qs, 0), dK = wg_desc_k<BK>(Ks, 0), dV = wg_desc_mn<BK>(Vs, 0);
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         cp_wait_all();
@@ -219,7 +237,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            wg_ss<BK>(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<BK>(Ks + buf * TILE, kk), kk > 0);
+            wg_ss<BK>(s, wg_kstep<WG_ROWS>(dQ, kk), wg_kstep<BK>(wg_desc_plus(dK, buf * TILE), kk), kk > 0);
         wg_commit();
         wg_wait_all();
         wg_hold<BK / 2>(s);
@@ -276,7 +294,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_hold<HD / 2>(o);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < BK / 16; j++) wg_rs<HD>(o, pa[j], wg_desc_mn<BK>(Vs + buf * TILE, j));
+        for (int j = 0; j < BK / 16; j++) wg_rs<HD>(o, pa[j], wg_desc_plus(dV, buf * TILE + j * 2048));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(o);
@@ -333,6 +351,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
     float acc[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
+    const unsigned long long dQ = wg_desc_k<WG_ROWS>(Qs, 0), dO = wg_desc_k<WG_ROWS>(dOs, 0);
+    const unsigned long long dK = wg_desc_k<WG_ROWS>(Ks, 0), dV = wg_desc_k<WG_ROWS>(Vs, 0), dKmn = wg_desc_mn<WG_ROWS>(Ks, 0);
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         cp_wait_all();
@@ -347,11 +367,11 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Qs, kk), wg_desc_k<WG_ROWS>(Ks + buf * TILE, kk), kk > 0);
+            wg_ss_n64(s, wg_kstep<WG_ROWS>(dQ, kk), wg_kstep<WG_ROWS>(wg_desc_plus(dK, buf * TILE), kk), kk > 0);
         wg_commit();  // S in its own group: P is computed while dP is multiplied
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            wg_ss_n64(dp, wg_desc_k<WG_ROWS>(dOs, kk), wg_desc_k<WG_ROWS>(Vs + buf * TILE, kk), kk > 0);
+            wg_ss_n64(dp, wg_kstep<WG_ROWS>(dO, kk), wg_kstep<WG_ROWS>(wg_desc_plus(dV, buf * TILE), kk), kk > 0);
         wg_commit();
         wg_wait_1();
         wg_hold<32>(s);
@@ -386,7 +406,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         wg_hold<HD / 2>(acc);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(acc, da[j], wg_desc_mn<WG_ROWS>(Ks + buf * TILE, j));
+        for (int j = 0; j < 4; j++) wg_rs<HD>(acc, da[j], wg_desc_plus(dKmn, buf * TILE + j * 2048));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(acc);
@@ -443,6 +463,9 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         }
     }
     cp_commit();
+    const unsigned long long dK = wg_desc_k<WG_ROWS>(Ks, 0), dV = wg_desc_k<WG_ROWS>(Vs, 0);
+    const unsigned long long dQk = wg_desc_k<WG_ROWS>(Qs, 0), dOk = wg_desc_k<WG_ROWS>(dOs, 0);
+    const unsigned long long dQmn = wg_desc_mn<WG_ROWS>(Qs, 0), dOmn = wg_desc_mn<WG_ROWS>(dOs, 0);
     for (int t = 0; t < ntiles; t++) {
         int buf = t & 1;
         int i0 = sp.blo + (t % ntq) * BQ;
@@ -461,17 +484,16 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
             }
         }
         cp_commit();
-        unsigned Qb = Qs + buf * TILE, dOb = dOs + buf * TILE;
         const float* Lb = Ls + buf * BQ;
         const float* Db = Ds + buf * BQ;
         float s[32], dp[32];
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            wg_ss_n64(s, wg_desc_k<WG_ROWS>(Ks, kk), wg_desc_k<WG_ROWS>(Qb, kk), kk > 0);
+            wg_ss_n64(s, wg_kstep<WG_ROWS>(dK, kk), wg_kstep<WG_ROWS>(wg_desc_plus(dQk, buf * TILE), kk), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            wg_ss_n64(dp, wg_desc_k<WG_ROWS>(Vs, kk), wg_desc_k<WG_ROWS>(dOb, kk), kk > 0);
+            wg_ss_n64(dp, wg_kstep<WG_ROWS>(dV, kk), wg_kstep<WG_ROWS>(wg_desc_plus(dOk, buf * TILE), kk), kk > 0);
         wg_commit();
         wg_wait_all();
         wg_hold<32>(s);
@@ -512,9 +534,9 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         wg_hold<HD / 2>(dva);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(dva, pa[j], wg_desc_mn<WG_ROWS>(dOb, j));
+        for (int j = 0; j < 4; j++) wg_rs<HD>(dva, pa[j], wg_desc_plus(dOmn, buf * TILE + j * 2048));
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(dka, da[j], wg_desc_mn<WG_ROWS>(Qb, j));
+        for (int j = 0; j < 4; j++) wg_rs<HD>(dka, da[j], wg_desc_plus(dQmn, buf * TILE + j * 2048));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(dva);
