@@ -30,8 +30,9 @@
 
 // wg_load starts copying rows [row0, row0 + R) (rows past last read as zero) of a global bf16
 // matrix with row stride ld, columns [col0, col0 + HD), into the swizzled tile at base.
-// Rows, row strides and columns fit in 32 bits (the kernels' row ranges are ints); only the
-// element offset row * ld is formed in 64 bits, so a copy costs a few integer instructions.
+// Rows, row strides and columns fit in 32 bits (the kernels' row ranges are ints, rows and
+// strides are not negative); only the element offset row * ld is formed in 64 bits (one wide
+// multiply), so a copy costs a few integer instructions.
 template <int HD, int R>
 __device__ __forceinline__ void wg_load(unsigned base, const bf16* g, long long row0, long long last, long long ld, long long col0) {
     const int CH = HD / 8;
@@ -44,7 +45,7 @@ __device__ __forceinline__ void wg_load(unsigned base, const bf16* g, long long 
         int row = r0 + r;
         bool ok = row <= lst;
         unsigned dst = base + (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-        cp16(dst, gc + (long long)(ok ? row : 0) * ild + c * 8, ok);
+        cp16(dst, gc + c * 8 + (unsigned long long)(unsigned)(ok ? row : 0) * (unsigned)ild, ok);
     }
 }
 
@@ -192,6 +193,115 @@ __device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned 
     else wg_ss_n128(d, da, db, accumulate);
 }
 
+// The masking helpers below come in two forms, MASK false for tiles every row sees in full and
+// true for the tiles on a document, window or causal edge; the kernels branch between them per
+// tile. (Written as one loop with "if (!full)" inside, the compiler predicated the masking and
+// issued its ~120 compares and selects on every tile, a quarter of the forward's loop.)
+
+// wg_mask_max: the forward's scores s (64 x BK, accumulator layout) with keys outside a row's
+// [lo, hi] set to -inf (MASK), and the row maxima of this thread's two rows.
+template <bool MASK, int BK>
+__device__ __forceinline__ void wg_mask_max(float* s, int j0, int lane, int lo0, int hi0, int lo1, int hi1, float& mx0, float& mx1) {
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float a = s[4 * nt + e], b = s[4 * nt + 2 + e];
+            if (MASK) {
+                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                a = (j >= lo0 && j <= hi0) ? a : NEG_INF;
+                b = (j >= lo1 && j <= hi1) ? b : NEG_INF;
+                s[4 * nt + e] = a;
+                s[4 * nt + 2 + e] = b;
+            }
+            mx0 = fmaxf(mx0, a);
+            mx1 = fmaxf(mx1, b);
+        }
+    }
+}
+
+// wg_fwd_softmax: one key tile's online-softmax step of the forward: mask (MASK), row maxima,
+// rescale of the running sums l and the output o, and s turned into probabilities.
+template <bool MASK, int HD, int BK>
+__device__ __forceinline__ void wg_fwd_softmax(float* s, float* o, float& m0, float& m1, float& l0, float& l1, int j0, int lane,
+                                               float sl2, int lo0, int hi0, int lo1, int hi1) {
+    float mx0 = NEG_INF, mx1 = NEG_INF;
+    wg_mask_max<MASK, BK>(s, j0, lane, lo0, hi0, lo1, hi1, mx0, mx1);
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // As in attn_fwd_mma_impl: raw maxima, p = 2^(s sl2 - m sl2), rows that have seen
+    // nothing keep m = -inf and a base of 0.
+    float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    float b0 = n0 == NEG_INF ? 0.f : n0 * sl2, b1 = n1 == NEG_INF ? 0.f : n1 * sl2;
+    float c0 = ex2(m0 * sl2 - b0), c1 = ex2(m1 * sl2 - b1);
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
+        s[4 * nt + 0] = ex2(fmaf(s[4 * nt + 0], sl2, -b0));
+        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl2, -b0));
+        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl2, -b1));
+        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl2, -b1));
+        l0 += s[4 * nt + 0] + s[4 * nt + 1];
+        l1 += s[4 * nt + 2] + s[4 * nt + 3];
+    }
+    m0 = n0;
+    m1 = n1;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        o[4 * nt + 0] *= c0;
+        o[4 * nt + 1] *= c0;
+        o[4 * nt + 2] *= c1;
+        o[4 * nt + 3] *= c1;
+    }
+}
+
+// wg_probs_rows: dQ's probabilities p = 2^(s sl2 - L) of a 64 x 64 tile whose rows are queries
+// (L per row), zero outside a row's key range [lo, hi] (MASK).
+template <bool MASK>
+__device__ __forceinline__ void wg_probs_rows(float* s, int j0, int lane, float sl2, float L0, float L1, int lo0, int hi0, int lo1, int hi1) {
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L0));
+            float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L1));
+            if (MASK) {
+                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
+                p0 = (j >= lo0 && j <= hi0) ? p0 : 0.f;
+                p1 = (j >= lo1 && j <= hi1) ? p1 : 0.f;
+            }
+            s[4 * nt + e] = p0;
+            s[4 * nt + 2 + e] = p1;
+        }
+    }
+}
+
+// wg_probs_cols: dK/dV's transposed probabilities P^T (rows are keys, columns queries i0 + c
+// with L per column from Lb), zero outside a key row's query range [lo, hi] (MASK).
+template <bool MASK>
+__device__ __forceinline__ void wg_probs_cols(float* s, int i0, int lane, float sl2, const float* Lb, int lo0, int hi0, int lo1, int hi1) {
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int c = nt * 8 + (lane & 3) * 2 + e;
+            float L = Lb[c];
+            float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L));
+            float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L));
+            if (MASK) {
+                int i = i0 + c;
+                p0 = (i >= lo0 && i <= hi0) ? p0 : 0.f;
+                p1 = (i >= lo1 && i <= hi1) ? p1 : 0.f;
+            }
+            s[4 * nt + e] = p0;
+            s[4 * nt + 2 + e] = p1;
+        }
+    }
+}
+
 // attn_fwd_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of BK (64 or 128).
 // Dynamic shared memory: 1024 + 64 * HD * 2 (Q) + 4 * BK * HD * 2 (K, V, two buffers each).
 template <int HD, int BK>
@@ -242,52 +352,8 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_wait_all();
         wg_hold<BK / 2>(s);
         bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < BK / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                float a = s[4 * nt + e], b = s[4 * nt + 2 + e];
-                if (!full) {
-                    a = (j >= lo0 && j <= hi0) ? a : NEG_INF;
-                    b = (j >= lo1 && j <= hi1) ? b : NEG_INF;
-                }
-                s[4 * nt + e] = a;
-                s[4 * nt + 2 + e] = b;
-                mx0 = fmaxf(mx0, a);
-                mx1 = fmaxf(mx1, b);
-            }
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // As in attn_fwd_mma_impl: raw maxima, p = 2^(s sl2 - m sl2), rows that have seen
-        // nothing keep m = -inf and a base of 0.
-        float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        float b0 = n0 == NEG_INF ? 0.f : n0 * sl2, b1 = n1 == NEG_INF ? 0.f : n1 * sl2;
-        float c0 = ex2(m0 * sl2 - b0), c1 = ex2(m1 * sl2 - b1);
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int nt = 0; nt < BK / 8; nt++) {
-            s[4 * nt + 0] = ex2(fmaf(s[4 * nt + 0], sl2, -b0));
-            s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl2, -b0));
-            s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl2, -b1));
-            s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl2, -b1));
-            l0 += s[4 * nt + 0] + s[4 * nt + 1];
-            l1 += s[4 * nt + 2] + s[4 * nt + 3];
-        }
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++) {
-            o[4 * nt + 0] *= c0;
-            o[4 * nt + 1] *= c0;
-            o[4 * nt + 2] *= c1;
-            o[4 * nt + 3] *= c1;
-        }
+        if (full) wg_fwd_softmax<false, HD, BK>(s, o, m0, m1, l0, l1, j0, lane, sl2, lo0, hi0, lo1, hi1);
+        else wg_fwd_softmax<true, HD, BK>(s, o, m0, m1, l0, l1, j0, lane, sl2, lo0, hi0, lo1, hi1);
         unsigned pa[BK / 16][4];
         wg_pack<BK / 16>(pa, s);
         wg_hold_u<BK / 4>(&pa[0][0]);
@@ -376,21 +442,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         wg_wait_1();
         wg_hold<32>(s);
         bool full = j0 >= sp.ilo && j0 + BK - 1 <= sp.ihi;
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = j0 + nt * 8 + (lane & 3) * 2 + e;
-                float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L0));
-                float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L1));
-                if (!full) {
-                    p0 = (j >= lo0 && j <= hi0) ? p0 : 0.f;
-                    p1 = (j >= lo1 && j <= hi1) ? p1 : 0.f;
-                }
-                s[4 * nt + e] = p0;
-                s[4 * nt + 2 + e] = p1;
-            }
-        }
+        if (full) wg_probs_rows<false>(s, j0, lane, sl2, L0, L1, lo0, hi0, lo1, hi1);
+        else wg_probs_rows<true>(s, j0, lane, sl2, L0, L1, lo0, hi0, lo1, hi1);
         wg_wait_all();
         wg_hold<32>(dp);
 #pragma unroll
@@ -498,23 +551,8 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         wg_wait_all();
         wg_hold<32>(s);
         bool full = i0 >= sp.ilo && i0 + BQ - 1 <= sp.ihi;
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int c = nt * 8 + (lane & 3) * 2 + e;
-                int i = i0 + c;
-                float L = Lb[c];
-                float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L));
-                float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L));
-                if (!full) {
-                    p0 = (i >= lo0 && i <= hi0) ? p0 : 0.f;
-                    p1 = (i >= lo1 && i <= hi1) ? p1 : 0.f;
-                }
-                s[4 * nt + e] = p0;
-                s[4 * nt + 2 + e] = p1;
-            }
-        }
+        if (full) wg_probs_cols<false>(s, i0, lane, sl2, Lb, lo0, hi0, lo1, hi1);
+        else wg_probs_cols<true>(s, i0, lane, sl2, Lb, lo0, hi0, lo1, hi1);
         unsigned pa[4][4], da[4][4];
         wg_pack(pa, s);
         wg_hold<32>(dp);
