@@ -28,6 +28,10 @@
 
 #define WG_ROWS 64
 
+// wg_f2: two adjacent floats read in one 8-byte shared load (the lse and D values of a thread's
+// two adjacent columns).
+struct alignas(8) wg_f2 { float x, y; };
+
 // wg_load starts copying rows [row0, row0 + R) (rows past last read as zero) of a global bf16
 // matrix with row stride ld, columns [col0, col0 + HD), into the swizzled tile at base.
 // Rows, row strides and columns fit in 32 bits (the kernels' row ranges are ints, rows and
@@ -285,10 +289,11 @@ template <bool MASK>
 __device__ __forceinline__ void wg_probs_cols(float* s, int i0, int lane, float sl2, const float* Lb, int lo0, int hi0, int lo1, int hi1) {
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) {
+        wg_f2 L2 = *(const wg_f2*)(Lb + nt * 8 + (lane & 3) * 2);  // columns c, c + 1
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             int c = nt * 8 + (lane & 3) * 2 + e;
-            float L = Lb[c];
+            float L = e == 0 ? L2.x : L2.y;
             float p0 = ex2(fmaf(s[4 * nt + e], sl2, -L));
             float p1 = ex2(fmaf(s[4 * nt + 2 + e], sl2, -L));
             if (MASK) {
@@ -558,12 +563,11 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         wg_hold<32>(dp);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float Dv = Db[nt * 8 + (lane & 3) * 2 + e];
-                dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - Dv);
-                dp[4 * nt + 2 + e] = s[4 * nt + 2 + e] * (dp[4 * nt + 2 + e] - Dv);
-            }
+            wg_f2 Dv = *(const wg_f2*)(Db + nt * 8 + (lane & 3) * 2);  // columns c, c + 1
+            dp[4 * nt + 0] = s[4 * nt + 0] * (dp[4 * nt + 0] - Dv.x);
+            dp[4 * nt + 1] = s[4 * nt + 1] * (dp[4 * nt + 1] - Dv.y);
+            dp[4 * nt + 2] = s[4 * nt + 2] * (dp[4 * nt + 2] - Dv.x);
+            dp[4 * nt + 3] = s[4 * nt + 3] * (dp[4 * nt + 3] - Dv.y);
         }
         wg_pack(da, dp);
         wg_hold_u<16>(&da[0][0]);
