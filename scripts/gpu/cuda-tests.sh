@@ -10,10 +10,18 @@
 # with CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell) it also writes cuda-info.txt
 # (library discovery, kernel build with ptxas resource usage) and cli-logprobs.json (the
 # transformers parity fixtures through `halo-shell run logprobs --device cuda` and --device cpu).
+#
+# It may be run from any directory: the halo-shell steps run at the repository root, the test
+# binary in engine/backend/cuda (its package directory, as `go test` would); OUTDIR and
+# CUDATEST_BIN are taken relative to the caller's directory.
 set -uo pipefail
 out=${1:?usage: cuda-tests.sh OUTDIR}
-bin=${CUDATEST_BIN:-bin/cudatest}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${CUDATEST_BIN:-$root/bin/cudatest}
+[ -e "$bin" ] && bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+cd "$root"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 export HALO_CUDA_REPORT="$out/cuda-report.json"
 export HALO_CUDA_REPORT_COMMAND="CGO_ENABLED=0 go test -c -o bin/cudatest ./engine/backend/cuda && scripts/gpu/cuda-tests.sh OUTDIR"
@@ -43,7 +51,7 @@ json.dump(res, open(sys.argv[1], "w"), indent=1)
 for r in res: print(r)
 PY
 fi
-"$bin" -test.v -test.timeout ${CUDATEST_TIMEOUT:-540s} "${@:2}" 2>&1 | tee "$out/cuda-test.log"
+(cd engine/backend/cuda && "$bin" -test.v -test.timeout ${CUDATEST_TIMEOUT:-540s} "${@:2}") 2>&1 | tee "$out/cuda-test.log"
 rc=${PIPESTATUS[0]}
 grep -E '^(--- FAIL|FAIL|ok|PASS)' "$out/cuda-test.log" | tail -40
 exit "$rc"
