@@ -33,11 +33,14 @@ import (
 // runs write C itself, which the call then overwrites with the winner's result.
 //
 // GEMMs below MinFLOPs take the heuristic's first choice untimed. The default, 1e12 FLOPs
-// (about 1.3 ms on an H200), times only the largest GEMMs, the LM head's chunks: there the
-// heuristic's first choice was 4-9% behind the fastest candidate in every measurement
-// (TestGPULayerGEMMThroughput), while on the transformer layers' GEMMs tuning moved the whole
-// benchmark by less than its noise and sometimes kept a slower candidate (three timed rounds
-// cannot rank algorithms 2% apart). The smallest sensible threshold is about 1e10: below it a
+// (about 1.3 ms on an H200), times only the largest GEMMs, the LM head's chunks. Measured with
+// TestGPULayerGEMMThroughput (testdata/gpu-run14, 16, 17): the logits GEMM's tuned choice was
+// 13-16% faster than the heuristic's in every run, for both benchmark shapes; for the head's dX
+// and dW GEMMs the tuned choice was sometimes faster (Qwen3 dX 17%) and sometimes slower
+// (Llama dX by 2% and 13% in two runs), so three timed rounds on the first call do not always
+// rank those candidates right. In the training benchmark the loss op went from 43.1-43.2 ms to
+// 42.2 ms (Llama-3.2-1B) with it. On the transformer layers' GEMMs tuning moved the whole
+// benchmark by less than its noise and sometimes kept a slower candidate. The smallest sensible threshold is about 1e10: below it a
 // launch through cuBLASLt and an event record take the host nearly as long as the GPU takes to
 // run the GEMM, so the queue of timed runs could drain and the events would time the host.
 // Nothing is persisted.
