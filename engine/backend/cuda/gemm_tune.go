@@ -39,7 +39,8 @@ import (
 // and dW GEMMs the tuned choice was sometimes faster (Qwen3 dX 17%) and sometimes slower
 // (Llama dX by 2% and 13% in two runs), so three timed rounds on the first call do not always
 // rank those candidates right. In the training benchmark the loss op went from 43.1-43.2 ms to
-// 42.2 ms (Llama-3.2-1B) with it. On the transformer layers' GEMMs tuning moved the whole
+// 42.2 ms (Llama-3.2-1B) with it and the unfilled first-chunk accumulator of the same commit
+// together. On the transformer layers' GEMMs tuning moved the whole
 // benchmark by less than its noise and sometimes kept a slower candidate. The smallest sensible threshold is about 1e10: below it a
 // launch through cuBLASLt and an event record take the host nearly as long as the GPU takes to
 // run the GEMM, so the queue of timed runs could drain and the events would time the host.
