@@ -881,11 +881,21 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 		}
 		return b.Scale(g.C, g.Beta)
 	}
-	spec := Gemm{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB,
+	return b.postGemm(op, b.gemmSpec(g, dt, pa, pb, pc, g.C))
+}
+
+// gemmSpec is the device GEMM of g over A at pa and B at pb, writing c (g.C, or scratch that
+// replaces it) at pc.
+func (b *Backend) gemmSpec(g gemmCall, dt tensor.DType, pa, pb, pc uintptr, c T) Gemm {
+	return Gemm{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB,
 		A:     &Buffer{dev: b.d, ptr: pa, bytes: uint64(g.A.Bytes())},
 		B:     &Buffer{dev: b.d, ptr: pb, bytes: uint64(g.B.Bytes())},
-		C:     &Buffer{dev: b.d, ptr: pc, bytes: uint64(g.C.Bytes())},
-		Alpha: g.Alpha, Beta: g.Beta, OutF32: g.C.DType() == tensor.F32, InF32: dt == tensor.F32}
+		C:     &Buffer{dev: b.d, ptr: pc, bytes: uint64(c.Bytes())},
+		Alpha: g.Alpha, Beta: g.Beta, OutF32: c.DType() == tensor.F32, InF32: dt == tensor.F32}
+}
+
+// postGemm checks spec against its buffers and posts it to the device.
+func (b *Backend) postGemm(op string, spec Gemm) error {
 	if err := spec.validate(); err != nil {
 		return fmt.Errorf("cuda: %s: %w", op, err)
 	}
@@ -925,24 +935,19 @@ func (b *Backend) gemmFolded(op string, g gemmCall, dt tensor.DType, pa, pb, pc 
 	}
 	defer b.Free(tmp)
 	ptmp, _ := b.ptr(op, "scratch", tmp)
-	ks := g.K / split
-	spec := Gemm{M: g.M, N: g.N, K: ks, TransA: g.TransA, TransB: g.TransB,
-		A:     &Buffer{dev: b.d, ptr: pa, bytes: uint64(g.A.Bytes())},
-		B:     &Buffer{dev: b.d, ptr: pb, bytes: uint64(g.B.Bytes())},
-		C:     &Buffer{dev: b.d, ptr: ptmp, bytes: uint64(tmp.Bytes())},
-		Alpha: g.Alpha, OutF32: true, InF32: dt == tensor.F32}
-	if split > 1 {
-		spec.Batch = split
-		spec.StrideA, spec.StrideB, spec.StrideC = int64(ks)*int64(g.M), int64(ks)*int64(g.N), int64(g.M)*int64(g.N)
-	}
-	if err := spec.validate(); err != nil {
-		return fmt.Errorf("cuda: %s: %w", op, err)
-	}
 	cc, err := fcode(op, "C", g.C)
 	if err != nil {
 		return err
 	}
-	if err := b.d.Post(func() error { return b.d.matmulOnThread(&spec) }); err != nil {
+	ks := g.K / split
+	h := g
+	h.K, h.Beta = ks, 0 // each slice's product overwrites its part of the scratch
+	spec := b.gemmSpec(h, dt, pa, pb, ptmp, tmp)
+	if split > 1 {
+		spec.Batch = split
+		spec.StrideA, spec.StrideB, spec.StrideC = int64(ks)*int64(g.M), int64(ks)*int64(g.N), int64(g.M)*int64(g.N)
+	}
+	if err := b.postGemm(op, spec); err != nil {
 		return err
 	}
 	return b.foldF32(g.C, pc, cc, g.Beta, ptmp, split)

@@ -71,17 +71,15 @@ __device__ __forceinline__ unsigned long long wg_kstep(unsigned long long d0, in
     return wg_desc_plus(d0, (kk >> 2) * (R * 128) + (kk & 3) * 32);
 }
 
-// wg_desc_k: the tile of R rows at base as a K-major operand, 16-column slice kk.
-template <int R>
-__device__ __forceinline__ unsigned long long wg_desc_k(unsigned base, int kk) {
-    return wg_desc(base + (kk >> 2) * (R * 128) + (kk & 3) * 32, 16, 1024);
-}
+// wg_mnstep: the MN-major descriptor d0 of a tile (slice 0) moved to 16-row slice kk.
+__device__ __forceinline__ unsigned long long wg_mnstep(unsigned long long d0, int kk) { return wg_desc_plus(d0, kk * 2048); }
 
-// wg_desc_mn: the tile of R rows at base as an MN-major B operand, 16-row slice kk.
+// wg_desc_k: the tile at base as a K-major operand, slice 0 (wg_kstep moves it).
+__device__ __forceinline__ unsigned long long wg_desc_k(unsigned base) { return wg_desc(base, 16, 1024); }
+
+// wg_desc_mn: the tile of R rows at base as an MN-major B operand, slice 0 (wg_mnstep moves it).
 template <int R>
-__device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int kk) {
-    return wg_desc(base + kk * 2048, R * 128, 1024);
-}
+__device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base) { return wg_desc(base, R * 128, 1024); }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -337,7 +335,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     const float sl2 = scale * LOG2E;
-    const unsigned long long dQ = wg_desc_k<WG_ROWS>(Qs, 0), dK = wg_desc_k<BK>(Ks, 0), dV = wg_desc_mn<BK>(Vs, 0);
+    const unsigned long long dQ = wg_desc_k(Qs), dK = wg_desc_k(Ks), dV = wg_desc_mn<BK>(Vs);
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         cp_wait_all();
@@ -365,7 +363,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_hold<HD / 2>(o);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < BK / 16; j++) wg_rs<HD>(o, pa[j], wg_desc_plus(dV, buf * TILE + j * 2048));
+        for (int j = 0; j < BK / 16; j++) wg_rs<HD>(o, pa[j], wg_mnstep(wg_desc_plus(dV, buf * TILE), j));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(o);
@@ -422,8 +420,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
     float acc[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
-    const unsigned long long dQ = wg_desc_k<WG_ROWS>(Qs, 0), dO = wg_desc_k<WG_ROWS>(dOs, 0);
-    const unsigned long long dK = wg_desc_k<WG_ROWS>(Ks, 0), dV = wg_desc_k<WG_ROWS>(Vs, 0), dKmn = wg_desc_mn<WG_ROWS>(Ks, 0);
+    const unsigned long long dQ = wg_desc_k(Qs), dO = wg_desc_k(dOs);
+    const unsigned long long dK = wg_desc_k(Ks), dV = wg_desc_k(Vs), dKmn = wg_desc_mn<WG_ROWS>(Ks);
     for (int t = 0; t < ntiles; t++) {
         int j0 = sp.blo + t * BK, buf = t & 1;
         cp_wait_all();
@@ -464,7 +462,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         wg_hold<HD / 2>(acc);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(acc, da[j], wg_desc_plus(dKmn, buf * TILE + j * 2048));
+        for (int j = 0; j < 4; j++) wg_rs<HD>(acc, da[j], wg_mnstep(wg_desc_plus(dKmn, buf * TILE), j));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(acc);
@@ -521,9 +519,9 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         }
     }
     cp_commit();
-    const unsigned long long dK = wg_desc_k<WG_ROWS>(Ks, 0), dV = wg_desc_k<WG_ROWS>(Vs, 0);
-    const unsigned long long dQk = wg_desc_k<WG_ROWS>(Qs, 0), dOk = wg_desc_k<WG_ROWS>(dOs, 0);
-    const unsigned long long dQmn = wg_desc_mn<WG_ROWS>(Qs, 0), dOmn = wg_desc_mn<WG_ROWS>(dOs, 0);
+    const unsigned long long dK = wg_desc_k(Ks), dV = wg_desc_k(Vs);
+    const unsigned long long dQk = wg_desc_k(Qs), dOk = wg_desc_k(dOs);
+    const unsigned long long dQmn = wg_desc_mn<WG_ROWS>(Qs), dOmn = wg_desc_mn<WG_ROWS>(dOs);
     for (int t = 0; t < ntiles; t++) {
         int buf = t & 1;
         int i0 = sp.blo + (t % ntq) * BQ;
@@ -576,9 +574,9 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         wg_hold<HD / 2>(dva);
         wg_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(dva, pa[j], wg_desc_plus(dOmn, buf * TILE + j * 2048));
+        for (int j = 0; j < 4; j++) wg_rs<HD>(dva, pa[j], wg_mnstep(wg_desc_plus(dOmn, buf * TILE), j));
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_rs<HD>(dka, da[j], wg_desc_plus(dQmn, buf * TILE + j * 2048));
+        for (int j = 0; j < 4; j++) wg_rs<HD>(dka, da[j], wg_mnstep(wg_desc_plus(dQmn, buf * TILE), j));
         wg_commit();
         wg_wait_all();
         wg_hold<HD / 2>(dva);

@@ -16,11 +16,6 @@ extern "C" __global__ void ew_axpy(void* y, int dty, float alpha, const void* x,
     GRID_STRIDE(i, n) stf(y, dty, i, ldf(y, dty, i) + alpha * ldf(x, dtx, i));
 }
 
-// y = beta * y + alpha * x, rounded once
-extern "C" __global__ void ew_axpby(void* y, int dty, float beta, float alpha, const void* x, int dtx, long long n) {
-    GRID_STRIDE(i, n) stf(y, dty, i, beta * ldf(y, dty, i) + alpha * ldf(x, dtx, i));
-}
-
 // The fold after a GEMM computed into fp32 scratch: y = beta * y + sum_{j < s} parts[j * n + i],
 // summed in fp32 in order j = 0, 1, ... and rounded once to y's dtype. parts holds s partial
 // products (split-K slices) of n elements each. With beta = 0, y is not read (it may hold
