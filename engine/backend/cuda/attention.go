@@ -458,9 +458,12 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 	if g.N == 0 {
 		return nil
 	}
-	mma := b.useMMA(g, ptrs["DQ"], ptrs["DK"], ptrs["DV"], ptrs["DOut"])
+	mma := b.useMMA(g, ptrs["DQ"], ptrs["DK"], ptrs["DV"], ptrs["DOut"], ptrs["Out"])
 	wg := mma && !b.attnFused && b.useWG()
 	return b.d.Post(func() error {
+		if wg {
+			return b.wgBackwardOnThread(g, ptrs)
+		}
 		dvec, err := b.d.allocOnThread(uint64(4 * g.N * g.NH))
 		if err != nil {
 			return err
@@ -473,9 +476,6 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 		}
 		if mma {
 			common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
-			if wg {
-				return b.wgBackwardOnThread(g, ptrs, common)
-			}
 			t := b.tiles(g.HD)
 			if err := checkTiles(g.HD, t); err != nil {
 				return err
@@ -513,7 +513,19 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 
 // wgBackwardOnThread runs the Hopper dQ and dK/dV kernels (attention_wg.cu); attnBwdOnly runs
 // one of them alone, for timing.
-func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr, common []any) error {
+func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr) error {
+	dl, err := b.d.allocOnThread(uint64(8 * g.N * g.NH))
+	if err != nil {
+		return err
+	}
+	defer b.d.alloc.Free(dl.ptr) // freed after the kernels: later work is on the same stream
+	rowsPerBlock := 256 / (g.HD / 8)
+	if err := b.d.launchOnThread(wgKernelFile, fmt.Sprintf("attn_bwd_dl_wg_%d", g.HD),
+		[3]uint32{uint32((g.N + rowsPerBlock - 1) / rowsPerBlock), uint32(g.NH), 1}, [3]uint32{256, 1, 1}, 0,
+		packArgs(dl.ptr, ptrs["DOut"], ptrs["Out"], ptrs["LSE"], int64(g.N), int32(g.NH))...); err != nil {
+		return err
+	}
+	common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], dl.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
 	blocks := uint32((g.N + wgRows - 1) / wgRows)
 	if attnBwdOnly != "dkv" {
 		k := wgPick("dq", g.HD)

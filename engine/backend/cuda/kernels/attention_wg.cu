@@ -32,25 +32,42 @@
 // two adjacent columns).
 struct alignas(8) wg_f2 { float x, y; };
 
-// wg_load starts copying rows [row0, row0 + R) (rows past last read as zero) of a global bf16
-// matrix with row stride ld, columns [col0, col0 + HD), into the swizzled tile at base.
-// Rows, row strides and columns fit in 32 bits (the kernels' row ranges are ints, rows and
-// strides are not negative); only the element offset row * ld is formed in 64 bits (one wide
-// multiply), so a copy costs a few integer instructions.
+// wg_u4: 16 bytes (eight bf16) read in one load.
+struct alignas(16) wg_u4 { unsigned u[4]; };
+
+// wg_copier is one thread's share of copying tiles of R rows x HD bf16 columns into the swizzled
+// layout: chunk c = tid % CH of rows tid / CH + it * RPI, it < IT. RPI is a multiple of 8, so the
+// swizzle term (row % 8), and with it every chunk's shared offset, is the same in every tile: a
+// tile copy costs per chunk a compare, a pointer step and the cp.async. Rows and row strides fit
+// in 32 bits (the kernels' row ranges are ints); only row * ld is formed in 64.
 template <int HD, int R>
-__device__ __forceinline__ void wg_load(unsigned base, const bf16* g, long long row0, long long last, long long ld, long long col0) {
-    const int CH = HD / 8;
-    const bf16* gc = g + col0;
-    int r0 = (int)row0, lst = (int)last, ild = (int)ld;
-#pragma unroll
-    for (int it = 0; it < R * CH / 128; it++) {
-        int e = threadIdx.x + it * 128;
-        int r = e / CH, c = e % CH;
-        int row = r0 + r;
-        bool ok = row <= lst;
-        unsigned dst = base + (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-        cp16(dst, gc + c * 8 + (unsigned long long)(unsigned)(ok ? row : 0) * (unsigned)ild, ok);
+struct wg_copier {
+    static constexpr int CH = HD / 8, RPI = 128 / CH, IT = R * CH / 128;
+    unsigned soff;  // shared byte offset, within a tile, of the thread's chunk it = 0
+    int r;          // its row within the tile
+    __device__ __forceinline__ wg_copier() {
+        int c = threadIdx.x % CH;
+        r = threadIdx.x / CH;
+        soff = (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
     }
+    // load starts copying rows [row0, row0 + R) of g (row stride ld, g pointing at the tile's
+    // first column) into the tile at base; rows past last read as zero.
+    __device__ __forceinline__ void load(unsigned base, const bf16* g, int row0, int last, int ld) const {
+        int row = row0 + r;
+        const bf16* p = g + (threadIdx.x % CH) * 8 + (long long)row * ld;
+        long long step = (long long)RPI * ld;
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            bool ok = row + it * RPI <= last;
+            cp16(base + soff + it * (RPI * 128), ok ? p + it * step : g, ok);
+        }
+    }
+};
+
+// cp4 copies 4 bytes global -> shared asynchronously; with ok false it writes zeros.
+__device__ __forceinline__ void cp4(unsigned dst, const void* src, bool ok) {
+    int n = ok ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 
 // wg_desc: a shared address (below 2^18, as every sm_90 shared address is) with its leading and
@@ -324,10 +341,12 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long qld = (long long)NH * HD, kld = (long long)NKV * HD, col = (long long)g * HD;
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
-    wg_load<HD, WG_ROWS>(Qs, q, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
+    const wg_copier<HD, BK> ckv;
+    const bf16 *kg = k + col, *vg = v + col;
+    wg_copier<HD, WG_ROWS>().load(Qs, q + (long long)h * HD, (int)(qblk * WG_ROWS), (int)(N - 1), (int)qld);
     if (ntiles > 0) {
-        wg_load<HD, BK>(Ks, k, sp.blo, sp.bhi, kld, col);
-        wg_load<HD, BK>(Vs, v, sp.blo, sp.bhi, kld, col);
+        ckv.load(Ks, kg, sp.blo, sp.bhi, (int)kld);
+        ckv.load(Vs, vg, sp.blo, sp.bhi, (int)kld);
     }
     cp_commit();
     float o[HD / 2];
@@ -342,8 +361,8 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_fence_proxy();
         __syncthreads();
         if (t + 1 < ntiles) {
-            wg_load<HD, BK>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
-            wg_load<HD, BK>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
+            ckv.load(Ks + (buf ^ 1) * TILE, kg, j0 + BK, sp.bhi, (int)kld);
+            ckv.load(Vs + (buf ^ 1) * TILE, vg, j0 + BK, sp.bhi, (int)kld);
         }
         cp_commit();
         float s[BK / 2];
@@ -392,7 +411,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
 // Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each).
 template <int HD>
 __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                                    const float* lse, const float* dvec, const int* cu, int D, long long N,
+                                    const float* dl, const int* cu, int D, long long N,
                                     int NH, int NKV, float scale, int window) {
     const int BK = WG_ROWS, TILE = WG_ROWS * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
@@ -407,14 +426,17 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
     spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long qld = (long long)NH * HD, kld = (long long)NKV * HD, col = (long long)g * HD;
     const float sl2 = scale * LOG2E;
-    float L0 = i0 < N ? lse[i0 * NH + h] * LOG2E : 0.f, L1 = i1 < N ? lse[i1 * NH + h] * LOG2E : 0.f;
-    float D0 = i0 < N ? dvec[i0 * NH + h] : 0.f, D1 = i1 < N ? dvec[i1 * NH + h] : 0.f;
+    const float *Lh = dl + (long long)h * N, *Dh = dl + ((long long)NH + h) * N;
+    float L0 = i0 < N ? Lh[i0] : 0.f, L1 = i1 < N ? Lh[i1] : 0.f;
+    float D0 = i0 < N ? Dh[i0] : 0.f, D1 = i1 < N ? Dh[i1] : 0.f;
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
-    wg_load<HD, WG_ROWS>(Qs, q, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
-    wg_load<HD, WG_ROWS>(dOs, dout, qblk * WG_ROWS, N - 1, qld, (long long)h * HD);
+    const wg_copier<HD, WG_ROWS> cp;
+    const bf16 *kg = k + col, *vg = v + col;
+    cp.load(Qs, q + (long long)h * HD, (int)(qblk * WG_ROWS), (int)(N - 1), (int)qld);
+    cp.load(dOs, dout + (long long)h * HD, (int)(qblk * WG_ROWS), (int)(N - 1), (int)qld);
     if (ntiles > 0) {
-        wg_load<HD, WG_ROWS>(Ks, k, sp.blo, sp.bhi, kld, col);
-        wg_load<HD, WG_ROWS>(Vs, v, sp.blo, sp.bhi, kld, col);
+        cp.load(Ks, kg, sp.blo, sp.bhi, (int)kld);
+        cp.load(Vs, vg, sp.blo, sp.bhi, (int)kld);
     }
     cp_commit();
     float acc[HD / 2];
@@ -428,8 +450,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         wg_fence_proxy();
         __syncthreads();
         if (t + 1 < ntiles) {
-            wg_load<HD, WG_ROWS>(Ks + (buf ^ 1) * TILE, k, j0 + BK, sp.bhi, kld, col);
-            wg_load<HD, WG_ROWS>(Vs + (buf ^ 1) * TILE, v, j0 + BK, sp.bhi, kld, col);
+            cp.load(Ks + (buf ^ 1) * TILE, kg, j0 + BK, sp.bhi, (int)kld);
+            cp.load(Vs + (buf ^ 1) * TILE, vg, j0 + BK, sp.bhi, (int)kld);
         }
         cp_commit();
         float s[32], dp[32];
@@ -483,7 +505,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
 // each) + 4 * 64 * 4 (lse and D of each query tile, two buffers each).
 template <int HD>
 __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
-                                     const bf16* dout, const float* lse, const float* dvec, const int* cu, int D,
+                                     const bf16* dout, const float* dl, const int* cu, int D,
                                      long long N, int NH, int NKV, float scale, int window) {
     const int BQ = WG_ROWS, TILE = WG_ROWS * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
@@ -499,24 +521,28 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
     key_range(cu, D, N, j1k, window, &lo1, &hi1);
     spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long kld = (long long)NKV * HD, qld = (long long)NH * HD;
-    wg_load<HD, WG_ROWS>(Ks, k, krow0, N - 1, kld, (long long)g * HD);
-    wg_load<HD, WG_ROWS>(Vs, v, krow0, N - 1, kld, (long long)g * HD);
+    const wg_copier<HD, WG_ROWS> cp;
+    cp.load(Ks, k + (long long)g * HD, (int)krow0, (int)(N - 1), (int)kld);
+    cp.load(Vs, v + (long long)g * HD, (int)krow0, (int)(N - 1), (int)kld);
     float dka[HD / 2], dva[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
     const float sl2 = scale * LOG2E;
     int ntq = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BQ + 1;
     int ntiles = ntq * G;
-    // Tile t covers query head g * G + t / ntq, queries blo + (t % ntq) * BQ ...
+    // The tiles run over the group's query heads g * G + t / ntq, and in each over the query
+    // rows blo + (t % ntq) * BQ; (hn, in0) is the next tile to copy, advanced by counting. Threads
+    // 0..63 copy its lse * log2 e values (dl's first half), threads 64..127 its D values (second).
+    int hn = g * G, in0 = sp.blo, i0 = sp.blo;
+    const unsigned ldst = smem_addr(Ls) + (((threadIdx.x >> 6) * 2 * BQ + (threadIdx.x & 63)) << 2);
+    const float* lsrc = dl + (long long)(threadIdx.x >> 6) * NH * N + (threadIdx.x & 63);
     if (ntiles > 0) {
-        long long hc = (long long)(g * G) * HD;
-        wg_load<HD, WG_ROWS>(Qs, q, sp.blo, sp.bhi, qld, hc);
-        wg_load<HD, WG_ROWS>(dOs, dout, sp.blo, sp.bhi, qld, hc);
-        if (threadIdx.x < BQ) {
-            long long i = sp.blo + threadIdx.x;
-            Ls[threadIdx.x] = i <= sp.bhi ? lse[i * NH + g * G] * LOG2E : 0.f;
-            Ds[threadIdx.x] = i <= sp.bhi ? dvec[i * NH + g * G] : 0.f;
-        }
+        cp.load(Qs, q + (long long)hn * HD, in0, sp.bhi, (int)qld);
+        cp.load(dOs, dout + (long long)hn * HD, in0, sp.bhi, (int)qld);
+        bool ok = in0 + (int)(threadIdx.x & 63) <= sp.bhi;
+        cp4(ldst, ok ? lsrc + (long long)hn * N + in0 : dl, ok);
+        in0 += BQ;
+        if (in0 > sp.bhi) in0 = sp.blo, hn++;
     }
     cp_commit();
     const unsigned long long dK = wg_desc_k(Ks), dV = wg_desc_k(Vs);
@@ -524,20 +550,14 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
     const unsigned long long dQmn = wg_desc_mn<WG_ROWS>(Qs), dOmn = wg_desc_mn<WG_ROWS>(dOs);
     for (int t = 0; t < ntiles; t++) {
         int buf = t & 1;
-        int i0 = sp.blo + (t % ntq) * BQ;
         cp_wait_all();
         wg_fence_proxy();
         __syncthreads();
         if (t + 1 < ntiles) {
-            int hn = g * G + (t + 1) / ntq;
-            long long in0 = sp.blo + ((t + 1) % ntq) * BQ;
-            wg_load<HD, WG_ROWS>(Qs + (buf ^ 1) * TILE, q, in0, sp.bhi, qld, (long long)hn * HD);
-            wg_load<HD, WG_ROWS>(dOs + (buf ^ 1) * TILE, dout, in0, sp.bhi, qld, (long long)hn * HD);
-            if (threadIdx.x < BQ) {
-                long long i = in0 + threadIdx.x;
-                Ls[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? lse[i * NH + hn] * LOG2E : 0.f;
-                Ds[(buf ^ 1) * BQ + threadIdx.x] = i <= sp.bhi ? dvec[i * NH + hn] : 0.f;
-            }
+            cp.load(Qs + (buf ^ 1) * TILE, q + (long long)hn * HD, in0, sp.bhi, (int)qld);
+            cp.load(dOs + (buf ^ 1) * TILE, dout + (long long)hn * HD, in0, sp.bhi, (int)qld);
+            bool ok = in0 + (int)(threadIdx.x & 63) <= sp.bhi;
+            cp4(ldst + (buf ^ 1) * (BQ * 4), ok ? lsrc + (long long)hn * N + in0 : dl, ok);
         }
         cp_commit();
         const float* Lb = Ls + buf * BQ;
@@ -547,17 +567,19 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
             wg_ss_n64(s, wg_kstep<WG_ROWS>(dK, kk), wg_kstep<WG_ROWS>(wg_desc_plus(dQk, buf * TILE), kk), kk > 0);
+        wg_commit();  // S^T in its own group: P^T is computed while dP^T is multiplied
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
             wg_ss_n64(dp, wg_kstep<WG_ROWS>(dV, kk), wg_kstep<WG_ROWS>(wg_desc_plus(dOk, buf * TILE), kk), kk > 0);
         wg_commit();
-        wg_wait_all();
+        wg_wait_1();
         wg_hold<32>(s);
         bool full = i0 >= sp.ilo && i0 + BQ - 1 <= sp.ihi;
         if (full) wg_probs_cols<false>(s, i0, lane, sl2, Lb, lo0, hi0, lo1, hi1);
         else wg_probs_cols<true>(s, i0, lane, sl2, Lb, lo0, hi0, lo1, hi1);
         unsigned pa[4][4], da[4][4];
         wg_pack(pa, s);
+        wg_wait_all();
         wg_hold<32>(dp);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
@@ -581,6 +603,9 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
         wg_wait_all();
         wg_hold<HD / 2>(dva);
         wg_hold<HD / 2>(dka);
+        i0 = in0;
+        in0 += BQ;
+        if (in0 > sp.bhi) in0 = sp.blo, hn++;
     }
     cp_wait_all();
 #pragma unroll
@@ -597,6 +622,41 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
     }
 }
 
+// attn_bwd_dl_wg_impl writes the per-row terms of the backward kernels above, head-major so that
+// a query tile's 64 values are contiguous (dK/dV copies them with one cp.async per thread):
+// dl[h * N + i] = lse[i, h] * log2 e, dl[(NH + h) * N + i] = D[i, h] = sum_d dout[i, h, d] *
+// out[i, h, d] (fp32 sum of the bf16 products). Grid (ceil(N / (256 / (HD / 8))), NH), 256
+// threads: HD / 8 threads per row, 16 bytes of each operand per thread.
+template <int HD>
+__device__ void attn_bwd_dl_wg_impl(float* dl, const bf16* dout, const bf16* out, const float* lse, long long N, int NH) {
+    const int TPR = HD / 8;
+    int h = blockIdx.y, part = threadIdx.x % TPR;
+    long long i = (long long)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
+    float s = 0.f;
+    if (i < N) {
+        long long e = (i * NH + h) * HD + part * 8;
+        wg_u4 a = *(const wg_u4*)(dout + e), b = *(const wg_u4*)(out + e);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            s = fmaf(__uint_as_float(a.u[j] << 16), __uint_as_float(b.u[j] << 16), s);
+            s = fmaf(__uint_as_float(a.u[j] & 0xffff0000u), __uint_as_float(b.u[j] & 0xffff0000u), s);
+        }
+    }
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (i < N && part == 0) {
+        dl[(long long)h * N + i] = lse[i * NH + h] * LOG2E;
+        dl[((long long)NH + h) * N + i] = s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) attn_bwd_dl_wg_64(float* dl, const bf16* dout, const bf16* out, const float* lse, long long N, int NH) {
+    attn_bwd_dl_wg_impl<64>(dl, dout, out, lse, N, NH);
+}
+extern "C" __global__ void __launch_bounds__(256) attn_bwd_dl_wg_128(float* dl, const bf16* dout, const bf16* out, const float* lse, long long N, int NH) {
+    attn_bwd_dl_wg_impl<128>(dl, dout, out, lse, N, NH);
+}
+
 // Entry points (128 threads each; dynamic shared memory as stated at each implementation), with
 // the arguments of attn_fwd_mma, attn_bwd_dq_mma and attn_bwd_dkv_mma: attn_fwd_wg_<HD>[_k<BK>],
 // attn_bwd_dq_wg_<HD> and attn_bwd_dkv_wg_<HD>, plus forms whose register budget lets <B> blocks
@@ -609,15 +669,15 @@ __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf
     }
 #define WG_DQ(HD, SUF, MINB)                                                                                        \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_wg_##HD##SUF(                               \
-        bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,                  \
-        const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
-        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);                    \
+        bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* dl, const int* cu,     \
+        int D, long long N, int NH, int NKV, float scale, int window) {                                             \
+        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window);                           \
     }
 #define WG_DKV(HD, SUF, MINB)                                                                                       \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dkv_wg_##HD##SUF(                              \
-        bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,        \
-        const float* dvec, const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {            \
-        attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, lse, dvec, cu, D, N, NH, NKV, scale, window);               \
+        bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* dl,         \
+        const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {                              \
+        attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window);                      \
     }
 WG_FWD(64, 64, , 1)
 WG_FWD(128, 64, , 1)
