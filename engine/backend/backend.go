@@ -36,6 +36,9 @@
 //
 // Float tensors may be stored as F32 or BF16 (F16 where stated); all arithmetic accumulates in
 // at least fp32 and results are rounded to the output's dtype once (round-to-nearest-even).
+// One exception: an accumulating ("+=") matrix product into a BF16 output may round the product
+// to BF16 before adding it, as autograd does when it sums the separately rounded gradients of a
+// tensor used by several ops (the CUDA backend does, unless HALO_CUDA_GEMM_BETA=fold).
 // Per-row statistics that backward re-reads (RMSNorm rstd, attention log-sum-exp, CE loss and
 // logprob) are always F32. Index tensors (ids, positions, targets, cu_seqlens) are I32. The CPU
 // backend supports F32 everywhere and BF16 for every float input and output; other backends state

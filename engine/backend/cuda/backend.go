@@ -54,10 +54,11 @@ type Backend struct {
 	i32 i32Records
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
 	staging hostStaging
-	// noSplitK turns off split-K weight gradients (HALO_CUDA_GEMM_SPLITK=off); gemmDirectBeta
-	// (tests only) lets cuBLASLt add Beta·C into bf16 outputs itself instead of folding an fp32
-	// product in (gemmFolded): it rounds twice (TestGPUGemmBetaRoundsOnce).
-	noSplitK, gemmDirectBeta bool
+	// noSplitK turns off split-K weight gradients (HALO_CUDA_GEMM_SPLITK=off). gemmFoldBeta
+	// (HALO_CUDA_GEMM_BETA=fold) makes accumulating GEMMs into bf16 round once, through an fp32
+	// product folded in by ew_fold_parts (gemmFolded); by default cuBLASLt adds Beta·C itself,
+	// which rounds the product to bf16 first (TestGPUGemmBetaRoundsOnce measures both).
+	noSplitK, gemmFoldBeta bool
 	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
 	// it off).
 	emptyUncleared bool
@@ -89,7 +90,7 @@ func New(index int) (*Backend, error) {
 	mode := os.Getenv("HALO_CUDA_ATTENTION")
 	return &Backend{d: d, flag: flag, attnMMA: mode != "simt", attnWG: mode != "simt" && mode != "mma" && wgArch(d.info.Arch),
 		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused", emptyUncleared: os.Getenv("HALO_CUDA_EMPTY") != "cleared",
-		noSplitK: os.Getenv("HALO_CUDA_GEMM_SPLITK") == "off"}, nil
+		noSplitK: os.Getenv("HALO_CUDA_GEMM_SPLITK") == "off", gemmFoldBeta: os.Getenv("HALO_CUDA_GEMM_BETA") == "fold"}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).
@@ -868,9 +869,11 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 		if !b.noSplitK {
 			split = gemmSplitK(g.M, g.N, g.K, g.TransA, g.TransB, b.d.info.SMs)
 		}
-		// cuBLASLt rounds the product to bf16 before adding Beta·C (TestGPUGemmBetaRoundsOnce);
-		// the contract rounds once, so the product goes through fp32 scratch.
-		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && !b.gemmDirectBeta) {
+		// cuBLASLt rounds the product to bf16 before adding Beta·C (TestGPUGemmBetaRoundsOnce),
+		// as autograd does when it adds separately rounded bf16 gradients: the backend contract
+		// allows it for accumulating outputs. gemmFoldBeta rounds once, through fp32 scratch, at
+		// the cost of writing and re-reading that scratch (~70 us for a 16384 x 2048 output).
+		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && b.gemmFoldBeta) {
 			return b.gemmFolded(op, g, dt, pa, pb, pc, split)
 		}
 	}
