@@ -64,13 +64,10 @@ func (b *Block) forward(p *Pass, x T, keep bool) (y T, err error) {
 	if err != nil {
 		return T{}, err
 	}
-	// mid = x + attn, computed in attn's buffer.
-	if err = p.B.Add(attn, x, attn); err != nil {
-		_ = free(p.B, &attn)
-		return T{}, wrap(b.Name, err)
-	}
+	// mid = x + attn, computed in attn's buffer, with Norm2 in the same op where the backend
+	// fuses them.
 	b.mid = attn
-	if b.h2, b.r2, err = b.Norm2.Forward(p, b.mid); err != nil {
+	if b.h2, b.r2, err = b.Norm2.AddForward(p, x, b.mid); err != nil {
 		return T{}, err
 	}
 	if y, err = b.FFN.Forward(p, b.h2, keep); err != nil {

@@ -34,6 +34,40 @@ func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
 	return out, rstd, nil
 }
 
+// AddForward is the residual add followed by Forward: residual = x + residual, in place, and
+// out, rstd of RMSNorm(residual). On a backend.AddRMSNormer it is one fused op; elsewhere Add
+// and Forward (the same values).
+func (n *RMSNorm) AddForward(p *Pass, x, residual T) (out, rstd T, err error) {
+	f, ok := p.B.(backend.AddRMSNormer)
+	if !ok {
+		if err := p.B.Add(residual, x, residual); err != nil {
+			return T{}, T{}, wrap(n.Name+" residual", err)
+		}
+		return n.Forward(p, residual)
+	}
+	c := n.W.Dim(0)
+	rows := x.Numel() / c
+	if out, err = p.out(x.Shape()...); err != nil {
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	if rstd, err = p.outF32(rows); err != nil {
+		_ = free(p.B, &out)
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	views := make([]T, 4)
+	for i, t := range []T{residual, out, x, residual} {
+		if views[i], err = t.Reshape(rows, c); err != nil {
+			_ = free(p.B, &out, &rstd)
+			return T{}, T{}, wrap(n.Name, err)
+		}
+	}
+	if err := f.AddRMSNorm(views[0], views[1], rstd, views[2], views[3], n.W, n.Eps); err != nil {
+		_ = free(p.B, &out, &rstd)
+		return T{}, T{}, wrap(n.Name, err)
+	}
+	return out, rstd, nil
+}
+
 // Backward: dx (= or += with accumulate) from dy, the forward input x and rstd; GW +=.
 // dx may not alias dy.
 func (n *RMSNorm) Backward(p *Pass, dx, dy, x, rstd T, accumulate bool) error {

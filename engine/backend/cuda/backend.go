@@ -1115,6 +1115,10 @@ func normVecRowsPerBlock(C int) int {
 // fewer rows per warp but more dW partial rows to add up.
 var normBwdBlocksPerSM = 2
 
+// normBwdBlocksPerSMWide is the bound for rows of more than 1024 elements, whose kernel holds a
+// row's 8 vectors of x, dy and old dx per lane at once and fits one 256-thread block per SM.
+var normBwdBlocksPerSMWide = 1
+
 // normBwdVecKernel names the vectorised backward for rows of C elements: its registers hold at
 // most 4 (or 8) vectors of 8 per lane.
 func normBwdVecKernel(C int) string {
@@ -1306,7 +1310,11 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 		if vec {
 			// Each block stores its dW partial sums as one row of part [blocks, C]; one more
 			// kernel adds the rows into dW.
-			blocks := min((N+rpb-1)/rpb, b.d.info.SMs*normBwdBlocksPerSM)
+			perSM := normBwdBlocksPerSM
+			if C > 1024 {
+				perSM = normBwdBlocksPerSMWide
+			}
+			blocks := min((N+rpb-1)/rpb, b.d.info.SMs*perSM)
 			var part uintptr
 			vshared := uint32(0)
 			if pdw != 0 {

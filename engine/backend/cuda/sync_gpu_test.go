@@ -663,9 +663,9 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		if err := g.RMSNorm(o2, r2, x2, w2, 1e-6); err != nil {
 			t.Fatal(err)
 		}
-		defer func(b int) { normBwdBlocksPerSM = b }(normBwdBlocksPerSM)
+		defer func(b int) { normBwdBlocksPerSMWide = b }(normBwdBlocksPerSMWide)
 		for _, bps := range []int{1, 2, 4} {
-			normBwdBlocksPerSM = bps
+			normBwdBlocksPerSMWide = bps
 			ms := timeIt(t, g, 10, func() error {
 				return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2})
 			})
@@ -673,7 +673,7 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 			values[key] = ms
 			t.Logf("%s = %.3f", key, ms)
 		}
-		normBwdBlocksPerSM = 2
+		normBwdBlocksPerSMWide = 1
 		for _, acc := range []bool{false, true} {
 			ms := timeIt(t, g, 10, func() error {
 				return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc})

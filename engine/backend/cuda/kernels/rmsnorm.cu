@@ -192,6 +192,14 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
     for (int i = 0; i < MAXV; i++)
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+    // The lane's w vectors stay in registers; each row's x, dy (and old dx) are loaded once, all
+    // before the first use, so a row costs one memory round trip.
+    rn_bf8 wv[MAXV];
+#pragma unroll
+    for (int i = 0; i < MAXV; i++) {
+        int k = l + L * i;
+        if (k < C8) wv[i] = w[k];
+    }
     long long first = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     long long stride = (long long)gridDim.x * (blockDim.x >> 5) * R;
     for (long long r0 = first; r0 < N; r0 += stride) {  // uniform across the warp
@@ -199,31 +207,35 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
         bool valid = row < N;
         long long base = row * C8;
         float r = valid ? rstd[row] : 0.f;
-        float dot = 0.f;
+        rn_bf8 xv[MAXV], dv[MAXV], old[MAXV];
 #pragma unroll
         for (int i = 0; i < MAXV; i++) {
             int k = l + L * i;
+            xv[i] = dv[i] = old[i] = rn_bf8{{0u, 0u, 0u, 0u}};
             if (valid && k < C8) {
-                rn_bf8 xv = x[base + k], dv = dy[base + k], wv = w[k];
-#pragma unroll
-                for (int j = 0; j < 8; j++) dot += rn_at(wv, j) * rn_at(dv, j) * (rn_at(xv, j) * r);
+                xv[i] = x[base + k];
+                dv[i] = dy[base + k];
+                if (accumulate) old[i] = dx[base + k];
             }
         }
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) dot += rn_at(wv[i], j) * rn_at(dv[i], j) * (rn_at(xv[i], j) * r);
         dot = rn_sum(dot, L) / (float)C;
 #pragma unroll
         for (int i = 0; i < MAXV; i++) {
             int k = l + L * i;
             if (valid && k < C8) {
-                rn_bf8 xv = x[base + k], dv = dy[base + k], wv = w[k], o;
-                rn_bf8 old = {{0u, 0u, 0u, 0u}};
-                if (accumulate) old = dx[base + k];
+                rn_bf8 o;
                 float v[8];
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    float xh = rn_at(xv, j) * r;
-                    float d = rn_at(dv, j);
-                    v[j] = r * (rn_at(wv, j) * d - xh * dot);
-                    if (accumulate) v[j] += rn_at(old, j);
+                    float xh = rn_at(xv[i], j) * r;
+                    float d = rn_at(dv[i], j);
+                    v[j] = r * (rn_at(wv[i], j) * d - xh * dot);
+                    if (accumulate) v[j] += rn_at(old[i], j);
                     acc[i][j] += d * xh;
                 }
 #pragma unroll
@@ -278,7 +290,7 @@ extern "C" __global__ void rmsnorm_bwd_bf16x8_c1024(rn_bf8* dx, float* dw_part, 
     rmsnorm_bwd_vec<4>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
 }
 
-extern "C" __global__ void rmsnorm_bwd_bf16x8_c2048(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
+extern "C" __global__ void __launch_bounds__(256, 1) rmsnorm_bwd_bf16x8_c2048(rn_bf8* dx, float* dw_part, const rn_bf8* dy, const rn_bf8* x,
                                                     const rn_bf8* w, const float* rstd, long long N, int C,
                                                     int accumulate) {
     rmsnorm_bwd_vec<8>(dx, dw_part, dy, x, w, rstd, N, C, accumulate);
