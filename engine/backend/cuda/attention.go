@@ -31,6 +31,9 @@ type attnGeom struct {
 	sharedBwdDQ   uint32
 	sharedBwdDKV  uint32
 	hasSeparateCK bool
+	// cu is a host copy of the query boundaries (nil with separate key boundaries), for the
+	// Hopper kernels' block order (attention_order.go).
+	cu []int32
 }
 
 func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (attnGeom, error) {
@@ -77,13 +80,16 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 		return g, fmt.Errorf("cuda: %s: K has %d rows but Q has %d: set CuSeqlensK for decoding", op, g.Nk, g.N)
 	}
 	// The boundaries must be well formed: the kernels trust them.
-	if err := b.checkCuSeqlens(op, "CuSeqlens", g.cuQ, g.D, g.N); err != nil {
+	cu, err := b.checkCuSeqlens(op, "CuSeqlens", g.cuQ, g.D, g.N)
+	if err != nil {
 		return g, err
 	}
 	if g.hasSeparateCK {
-		if err := b.checkCuSeqlens(op, "CuSeqlensK", g.cuK, g.D, g.Nk); err != nil {
+		if _, err := b.checkCuSeqlens(op, "CuSeqlensK", g.cuK, g.D, g.Nk); err != nil {
 			return g, err
 		}
+	} else {
+		g.cu = slices.Clone(cu)
 	}
 	g.scale = s.Scale
 	if g.scale == 0 {
@@ -346,7 +352,7 @@ func (b *Backend) MMAError() error { return b.mmaErr }
 
 // checkCuSeqlens checks 0 = cu[0] <= ... <= cu[D] = n. Boundaries uploaded from the host are
 // checked against the host copy kept at upload (no synchronisation); others are downloaded.
-func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) error {
+func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) ([]int32, error) {
 	cu, ok := b.hostInt32(p, D+1)
 	if !ok {
 		cu = make([]int32, D+1)
@@ -357,18 +363,18 @@ func (b *Backend) checkCuSeqlens(op, name string, p uintptr, D, n int) error {
 			return b.d.drv.check("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&cu[0]), p, uint64(4*(D+1))))
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if cu[0] != 0 || int(cu[D]) != n {
-		return fmt.Errorf("cuda: %s: %s must start at 0 and end at %d, got %d and %d", op, name, n, cu[0], cu[D])
+		return nil, fmt.Errorf("cuda: %s: %s must start at 0 and end at %d, got %d and %d", op, name, n, cu[0], cu[D])
 	}
 	for i := 1; i <= D; i++ {
 		if cu[i] < cu[i-1] {
-			return fmt.Errorf("cuda: %s: %s[%d] = %d is below %s[%d] = %d", op, name, i, cu[i], name, i-1, cu[i-1])
+			return nil, fmt.Errorf("cuda: %s: %s[%d] = %d is below %s[%d] = %d", op, name, i, cu[i], name, i-1, cu[i-1])
 		}
 	}
-	return nil
+	return cu, nil
 }
 
 // Attention runs causal GQA attention over packed documents.
@@ -400,10 +406,14 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if b.useMMA(g, po) {
 		args := packArgs(po, pl, g.pq, g.pk, g.pv, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window)
 		if b.useWG() {
-			grid := [3]uint32{uint32((g.N + wgRows - 1) / wgRows), uint32(g.NH), 1}
+			grid := [3]uint32{uint32((g.N + wgRows - 1) / wgRows * g.NH), 1, 1}
 			return b.d.Post(func() error {
+				order, err := b.attnOrderOnThread(g.cu, int(g.window), false)
+				if err != nil {
+					return err
+				}
 				k := wgPick("fwd", g.HD)
-				return b.d.launchOnThread(wgKernelFile, k.Name(), grid, [3]uint32{128, 1, 1}, k.Shared(), args...)
+				return b.d.launchOnThread(wgKernelFile, k.Name(), grid, [3]uint32{128, 1, 1}, k.Shared(), append(args, packArgs(order)...)...)
 			})
 		}
 		t := b.tiles(g.HD)
@@ -526,20 +536,28 @@ func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr) error 
 		return err
 	}
 	common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], dl.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
-	blocks := uint32((g.N + wgRows - 1) / wgRows)
+	blocks := (g.N + wgRows - 1) / wgRows
 	if attnBwdOnly != "dkv" {
+		order, err := b.attnOrderOnThread(g.cu, int(g.window), false)
+		if err != nil {
+			return err
+		}
 		k := wgPick("dq", g.HD)
-		if err := b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{blocks, uint32(g.NH), 1}, [3]uint32{128, 1, 1},
-			k.Shared(), packArgs(append([]any{ptrs["DQ"]}, common...)...)...); err != nil {
+		if err := b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{uint32(blocks * g.NH), 1, 1}, [3]uint32{128, 1, 1},
+			k.Shared(), packArgs(append(append([]any{ptrs["DQ"]}, common...), order)...)...); err != nil {
 			return err
 		}
 	}
 	if attnBwdOnly == "dq" {
 		return nil
 	}
+	order, err := b.attnOrderOnThread(g.cu, int(g.window), true)
+	if err != nil {
+		return err
+	}
 	k := wgPick("dkv", g.HD)
-	return b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{blocks, uint32(g.NKV), 1}, [3]uint32{128, 1, 1},
-		k.Shared(), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
+	return b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{uint32(blocks * g.NKV), 1, 1}, [3]uint32{128, 1, 1},
+		k.Shared(), packArgs(append(append([]any{ptrs["DK"], ptrs["DV"]}, common...), order)...)...)
 }
 
 // fusedBackwardOnThread runs the one-pass backward (attention_fused.cu): dK and dV as the dK/dV

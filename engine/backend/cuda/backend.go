@@ -62,6 +62,9 @@ type Backend struct {
 	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
 	// it off).
 	emptyUncleared bool
+	// attnOrders caches the Hopper attention kernels' block orders on the device, by
+	// attnOrderKey (attention_order.go); device goroutine only.
+	attnOrders map[uint64]*Buffer
 	// marks are the timing events of backend.DeviceTimer (timer.go).
 	marks     markPool
 	closeOnce sync.Once

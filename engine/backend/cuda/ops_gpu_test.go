@@ -407,7 +407,10 @@ func TestGPULinear(t *testing.T) {
 				{Name: "x", DType: tensor.BF16, Shape: []int{s.M, s.I}, Gen: gen{Scale: 1}},
 				{Name: "w", DType: tensor.BF16, Shape: []int{s.O, s.I}, Gen: gen{Scale: 0.05}},
 				{Name: "dy", DType: tensor.BF16, Shape: []int{s.M, s.O}, Gen: gen{Scale: 1}},
-				{Name: "dx", DType: tensor.BF16, Shape: []int{s.M, s.I}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 2e-3, Rel: 2 * bf16Eps},
+				// dx += dy·W: the product may be rounded to bf16 before the sum (the backend
+				// contract for accumulating bf16 outputs), half a bf16 step of a term a few
+				// times the output's rms, so the absolute margin is wider than for "=".
+				{Name: "dx", DType: tensor.BF16, Shape: []int{s.M, s.I}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 8e-3, Rel: 2 * bf16Eps},
 				{Name: "dw", DType: tensor.F32, Shape: []int{s.O, s.I}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 1e-4, Rel: 1e-4},
 				{Name: "db", DType: tensor.F32, Shape: []int{s.O}, Gen: gen{Scale: 1}, Out: true, AbsFrac: 1e-4, Rel: 1e-4},
 			},

@@ -145,6 +145,13 @@ __device__ __forceinline__ void wg_hold_u(unsigned* d) {
 // copies before the barrier that publishes them.
 __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// wg_query_block maps a block's rank (its grid index over the heads) to its query row block:
+// order[rank] when the host gave an order (heaviest first, attention_order.go), else the row
+// blocks from the last, the longest rows of a causal document first.
+__device__ __forceinline__ long long wg_query_block(const int* order, int rank, long long N) {
+    return order ? order[rank] : (N + WG_ROWS - 1) / WG_ROWS - 1 - rank;
+}
+
 // wg_tile_base is the first 1024-byte boundary of the dynamic shared memory (the launch asks
 // for 1024 bytes more than the tiles need).
 __device__ __forceinline__ unsigned wg_tile_base(const void* smem) { return (smem_addr(smem) + 1023u) & ~1023u; }
@@ -346,18 +353,22 @@ __device__ __forceinline__ void wg_probs_cols(float* s, int i0, int lane, float 
     }
 }
 
-// attn_fwd_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of BK (64 or 128).
+// The grids are one-dimensional: block index = rank * heads + head, the rank mapped to a row
+// block by the host's order (heaviest first) or the built-in one (wg_query_block, and key
+// blocks in row order for dK/dV).
+//
+// attn_fwd_wg_impl: a block of 64 queries of one head walks key tiles of BK (64 or 128).
 // Dynamic shared memory: 1024 + 64 * HD * 2 (Q) + 4 * BK * HD * 2 (K, V, two buffers each).
 template <int HD, int BK>
 __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                  const int* cu_q, const int* cu_k, int D, long long N, int NH, int NKV,
-                                 float scale, int window) {
+                                 float scale, int window, const int* order) {
     const int TILE = BK * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     unsigned Qs = wg_tile_base(smem), Ks = Qs + WG_ROWS * HD * 2, Vs = Ks + 2 * TILE;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int h = blockIdx.y, g = h / (NH / NKV);
-    long long qblk = (long long)gridDim.x - 1 - blockIdx.x;  // the longest rows first
+    int h = blockIdx.x % NH, g = h / (NH / NKV), rank = blockIdx.x / NH;
+    long long qblk = wg_query_block(order, rank, N);
     long long i0 = qblk * WG_ROWS + warp * 16 + (lane >> 2), i1 = i0 + 8;
     int lo0, hi0, lo1, hi1;
     query_range(cu_q, cu_k, D, N, i0, window, &lo0, &hi0);
@@ -427,20 +438,20 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     }
 }
 
-// attn_bwd_dq_wg_impl: a block of 64 queries of head blockIdx.y walks key tiles of 64:
+// attn_bwd_dq_wg_impl: a block of 64 queries of one head walks key tiles of 64:
 // S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. S and dP are committed as two groups, so
 // that P is computed while dP is still being multiplied.
 // Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each).
 template <int HD>
 __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                     const float* dl, const int* cu, int D, long long N,
-                                    int NH, int NKV, float scale, int window) {
+                                    int NH, int NKV, float scale, int window, const int* order) {
     const int BK = WG_ROWS, TILE = WG_ROWS * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     unsigned Qs = wg_tile_base(smem), dOs = Qs + TILE, Ks = dOs + TILE, Vs = Ks + 2 * TILE;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int h = blockIdx.y, g = h / (NH / NKV);
-    long long qblk = (long long)gridDim.x - 1 - blockIdx.x;
+    int h = blockIdx.x % NH, g = h / (NH / NKV), rank = blockIdx.x / NH;
+    long long qblk = wg_query_block(order, rank, N);
     long long i0 = qblk * WG_ROWS + warp * 16 + (lane >> 2), i1 = i0 + 8;
     int lo0, hi0, lo1, hi1;
     query_range(cu, cu, D, N, i0, window, &lo0, &hi0);
@@ -520,7 +531,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
     }
 }
 
-// attn_bwd_dkv_wg_impl: a block of 64 keys of key head blockIdx.y walks, for each query head of
+// attn_bwd_dkv_wg_impl: a block of 64 keys of one key head walks, for each query head of
 // its group, the query tiles of 64 that see them: S^T = K Q^T, dP^T = V dO^T,
 // dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q.
 // Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (K, V) + 4 * 64 * HD * 2 (Q, dO, two buffers
@@ -528,15 +539,15 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
 template <int HD>
 __device__ void attn_bwd_dkv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                      const bf16* dout, const float* dl, const int* cu, int D,
-                                     long long N, int NH, int NKV, float scale, int window) {
+                                     long long N, int NH, int NKV, float scale, int window, const int* order) {
     const int BQ = WG_ROWS, TILE = WG_ROWS * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
     unsigned Ks = wg_tile_base(smem), Vs = Ks + TILE, Qs = Vs + TILE, dOs = Qs + 2 * TILE;
     float* Ls = (float*)(smem + (dOs + 2 * TILE - smem_addr(smem)));  // [2][BQ] lse * log2 e
     float* Ds = Ls + 2 * BQ;                                           // [2][BQ]
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = blockIdx.y, G = NH / NKV;
-    long long krow0 = (long long)blockIdx.x * WG_ROWS;
+    int g = blockIdx.x % NKV, G = NH / NKV, rank = blockIdx.x / NKV;
+    long long krow0 = (long long)(order ? order[rank] : rank) * WG_ROWS;
     long long j0k = krow0 + warp * 16 + (lane >> 2), j1k = j0k + 8;
     int lo0, hi0, lo1, hi1;
     key_range(cu, D, N, j0k, window, &lo0, &hi0);
@@ -686,20 +697,20 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dl_wg_128(float* dl, 
 #define WG_FWD(HD, BK, SUF, MINB)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_fwd_wg_##HD##SUF(                                  \
         bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k,       \
-        int D, long long N, int NH, int NKV, float scale, int window) {                                             \
-        attn_fwd_wg_impl<HD, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window);                      \
+        int D, long long N, int NH, int NKV, float scale, int window, const int* order) {                           \
+        attn_fwd_wg_impl<HD, BK>(out, lse, q, k, v, cu_q, cu_k, D, N, NH, NKV, scale, window, order);               \
     }
 #define WG_DQ(HD, SUF, MINB)                                                                                        \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_wg_##HD##SUF(                               \
         bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* dl, const int* cu,     \
-        int D, long long N, int NH, int NKV, float scale, int window) {                                             \
-        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window);                           \
+        int D, long long N, int NH, int NKV, float scale, int window, const int* order) {                           \
+        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window, order);                    \
     }
 #define WG_DKV(HD, SUF, MINB)                                                                                       \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dkv_wg_##HD##SUF(                              \
         bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* dl,         \
-        const int* cu, int D, long long N, int NH, int NKV, float scale, int window) {                              \
-        attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window);                      \
+        const int* cu, int D, long long N, int NH, int NKV, float scale, int window, const int* order) {            \
+        attn_bwd_dkv_wg_impl<HD>(dk, dv, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window, order);               \
     }
 WG_FWD(64, 64, , 1)
 WG_FWD(128, 64, , 1)

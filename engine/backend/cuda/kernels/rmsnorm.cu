@@ -198,7 +198,7 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
 #pragma unroll
     for (int i = 0; i < MAXV; i++) {
         int k = l + L * i;
-        if (k < C8) wv[i] = w[k];
+        wv[i] = k < C8 ? w[k] : rn_bf8{{0u, 0u, 0u, 0u}};  // zero: the dot below reads every i
     }
     long long first = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     long long stride = (long long)gridDim.x * (blockDim.x >> 5) * R;
