@@ -302,7 +302,7 @@ func (k wgKernel) Shared() uint32 {
 	case "fwd":
 		return uint32(1024 + tile + 4*k.BK*k.HD*2)
 	case "dq":
-		return uint32(1024 + 6*tile + 2*wgRows*4)
+		return uint32(1024 + 6*tile)
 	default:
 		return uint32(1024 + 6*tile + 4*wgRows*4)
 	}
@@ -521,51 +521,43 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 	})
 }
 
-// wgBackwardOnThread runs the Hopper dQ and dK/dV kernels (attention_wg.cu); the dQ kernel also
-// writes the rows' lse and D terms (dl) that dK/dV reads. attnBwdOnly runs a part alone, for
-// timing: "dq", "dkv" (after the separate dl pass it then needs) or "dl" (that pass alone).
+// wgBackwardOnThread runs the Hopper dQ and dK/dV kernels (attention_wg.cu); attnBwdOnly runs
+// one of them alone, for timing.
 func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr) error {
 	dl, err := b.d.allocOnThread(uint64(8 * g.N * g.NH))
 	if err != nil {
 		return err
 	}
 	defer b.d.alloc.Free(dl.ptr) // freed after the kernels: later work is on the same stream
-	tail := []any{g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
+	rowsPerBlock := 256 / (g.HD / 8)
+	if err := b.d.launchOnThread(wgKernelFile, fmt.Sprintf("attn_bwd_dl_wg_%d", g.HD),
+		[3]uint32{uint32((g.N + rowsPerBlock - 1) / rowsPerBlock), uint32(g.NH), 1}, [3]uint32{256, 1, 1}, 0,
+		packArgs(dl.ptr, ptrs["DOut"], ptrs["Out"], ptrs["LSE"], int64(g.N), int32(g.NH))...); err != nil {
+		return err
+	}
+	common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], dl.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
 	blocks := (g.N + wgRows - 1) / wgRows
-	if attnBwdOnly == "dkv" || attnBwdOnly == "dl" {
-		// The dQ kernel writes dl as it goes; without it, its own pass does.
-		rowsPerBlock := 256 / (g.HD / 8)
-		if err := b.d.launchOnThread(wgKernelFile, fmt.Sprintf("attn_bwd_dl_wg_%d", g.HD),
-			[3]uint32{uint32((g.N + rowsPerBlock - 1) / rowsPerBlock), uint32(g.NH), 1}, [3]uint32{256, 1, 1}, 0,
-			packArgs(dl.ptr, ptrs["DOut"], ptrs["Out"], ptrs["LSE"], int64(g.N), int32(g.NH))...); err != nil {
-			return err
-		}
-		if attnBwdOnly == "dl" {
-			return nil
-		}
-	} else {
+	if attnBwdOnly != "dkv" {
 		order, err := b.attnOrderOnThread(g.cu, int(g.window), false)
 		if err != nil {
 			return err
 		}
 		k := wgPick("dq", g.HD)
-		args := append([]any{ptrs["DQ"], g.pq, g.pk, g.pv, ptrs["DOut"], ptrs["Out"], ptrs["LSE"], dl.ptr}, tail...)
 		if err := b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{uint32(blocks * g.NH), 1, 1}, [3]uint32{128, 1, 1},
-			k.Shared(), packArgs(append(args, order)...)...); err != nil {
+			k.Shared(), packArgs(append(append([]any{ptrs["DQ"]}, common...), order)...)...); err != nil {
 			return err
 		}
-		if attnBwdOnly == "dq" {
-			return nil
-		}
+	}
+	if attnBwdOnly == "dq" {
+		return nil
 	}
 	order, err := b.attnOrderOnThread(g.cu, int(g.window), true)
 	if err != nil {
 		return err
 	}
 	k := wgPick("dkv", g.HD)
-	args := append([]any{ptrs["DK"], ptrs["DV"], g.pq, g.pk, g.pv, ptrs["DOut"], dl.ptr}, tail...)
 	return b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{uint32(blocks * g.NKV), 1, 1}, [3]uint32{128, 1, 1},
-		k.Shared(), packArgs(append(args, order)...)...)
+		k.Shared(), packArgs(append(append([]any{ptrs["DK"], ptrs["DV"]}, common...), order)...)...)
 }
 
 // fusedBackwardOnThread runs the one-pass backward (attention_fused.cu): dK and dV as the dK/dV

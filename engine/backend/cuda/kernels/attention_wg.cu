@@ -59,23 +59,6 @@ __device__ __forceinline__ void wg_load(unsigned base, const bf16* g, long long 
 }
 
 
-// wg_dot8 is the fp32 sum of a[e + j] * b[e + j] over j < 8 * C (C 16-byte loads of each; e a
-// multiple of 8).
-template <int C>
-__device__ __forceinline__ float wg_dot8(const bf16* a, const bf16* b, long long e) {
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        wg_u4 x = *(const wg_u4*)(a + e + 8 * c), y = *(const wg_u4*)(b + e + 8 * c);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            s = fmaf(__uint_as_float(x.u[j] << 16), __uint_as_float(y.u[j] << 16), s);
-            s = fmaf(__uint_as_float(x.u[j] & 0xffff0000u), __uint_as_float(y.u[j] & 0xffff0000u), s);
-        }
-    }
-    return s;
-}
-
 // wg_copier is one thread's share of copying tiles of R rows x HD bf16 columns into the swizzled
 // layout: chunk c = tid % CH of rows tid / CH + it * RPI, it < IT. RPI is a multiple of 8, so the
 // swizzle term (row % 8), and with it every chunk's shared offset, is the same in every tile: a
@@ -458,12 +441,10 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
 // attn_bwd_dq_wg_impl: a block of 64 queries of one head walks key tiles of 64:
 // S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. S and dP are committed as two groups, so
 // that P is computed while dP is still being multiplied.
-// The kernel also computes its rows' terms of dl (as attn_bwd_dl_wg_impl), for itself and dK/dV.
-// Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each)
-// + 2 * 64 * 4 (the rows' L and D).
+// Dynamic shared memory: 1024 + 2 * 64 * HD * 2 (Q, dO) + 4 * 64 * HD * 2 (K, V, two buffers each).
 template <int HD>
 __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                                    const bf16* out, const float* lse, float* dl, const int* cu, int D, long long N,
+                                    const float* dl, const int* cu, int D, long long N,
                                     int NH, int NKV, float scale, int window, const int* order) {
     const int BK = WG_ROWS, TILE = WG_ROWS * HD * 2;
     extern __shared__ __attribute__((aligned(16))) unsigned char smem[];
@@ -478,6 +459,9 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
     spans sp = row_spans(lo0, hi0, lo1, hi1);
     long long qld = (long long)NH * HD, kld = (long long)NKV * HD, col = (long long)g * HD;
     const float sl2 = scale * LOG2E;
+    const float *Lh = dl + (long long)h * N, *Dh = dl + ((long long)NH + h) * N;
+    float L0 = i0 < N ? Lh[i0] : 0.f, L1 = i1 < N ? Lh[i1] : 0.f;
+    float D0 = i0 < N ? Dh[i0] : 0.f, D1 = i1 < N ? Dh[i1] : 0.f;
     int ntiles = sp.bhi < sp.blo ? 0 : (sp.bhi - sp.blo) / BK + 1;
     const wg_copier<HD, WG_ROWS> cp;
     const bf16 *kg = k + col, *vg = v + col;
@@ -488,28 +472,6 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, const bf16* q, const bf16* k, cons
         cp.load(Vs, vg, sp.blo, sp.bhi, (int)kld);
     }
     cp_commit();
-    // While the tiles copy: the block's rows' lse * log2 e and D = rowsum(dO * O), two threads per
-    // row, kept in shared memory for this block and written to dl for the dK/dV kernel (which
-    // runs next on the stream).
-    float* RT = (float*)(smem + (Vs + 2 * TILE - smem_addr(smem)));  // [2][64]: L, D
-    {
-        int rr = threadIdx.x >> 1, half = threadIdx.x & 1;
-        long long i = qblk * WG_ROWS + rr;
-        float sd = i < N ? wg_dot8<HD / 16>(dout, out, (i * NH + h) * HD + half * (HD / 2)) : 0.f;
-        sd += __shfl_xor_sync(0xffffffffu, sd, 1);
-        if (half == 0) {
-            float L = i < N ? lse[i * NH + h] * LOG2E : 0.f;
-            RT[rr] = L;
-            RT[WG_ROWS + rr] = sd;
-            if (i < N) {
-                dl[(long long)h * N + i] = L;
-                dl[((long long)NH + h) * N + i] = sd;
-            }
-        }
-    }
-    __syncthreads();
-    const int ra = warp * 16 + (lane >> 2);
-    const float L0 = RT[ra], L1 = RT[ra + 8], D0 = RT[WG_ROWS + ra], D1 = RT[WG_ROWS + ra + 8];
     float acc[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc[i] = 0.f;
@@ -703,7 +665,16 @@ __device__ void attn_bwd_dl_wg_impl(float* dl, const bf16* dout, const bf16* out
     const int TPR = HD / 8;
     int h = blockIdx.y, part = threadIdx.x % TPR;
     long long i = (long long)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
-    float s = i < N ? wg_dot8<1>(dout, out, (i * NH + h) * HD + part * 8) : 0.f;
+    float s = 0.f;
+    if (i < N) {
+        long long e = (i * NH + h) * HD + part * 8;
+        wg_u4 a = *(const wg_u4*)(dout + e), b = *(const wg_u4*)(out + e);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            s = fmaf(__uint_as_float(a.u[j] << 16), __uint_as_float(b.u[j] << 16), s);
+            s = fmaf(__uint_as_float(a.u[j] & 0xffff0000u), __uint_as_float(b.u[j] & 0xffff0000u), s);
+        }
+    }
 #pragma unroll
     for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (i < N && part == 0) {
@@ -731,9 +702,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dl_wg_128(float* dl, 
     }
 #define WG_DQ(HD, SUF, MINB)                                                                                        \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dq_wg_##HD##SUF(                               \
-        bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const bf16* out, const float* lse,  \
-        float* dl, const int* cu, int D, long long N, int NH, int NKV, float scale, int window, const int* order) {  \
-        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, out, lse, dl, cu, D, N, NH, NKV, scale, window, order);          \
+        bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* dl, const int* cu,     \
+        int D, long long N, int NH, int NKV, float scale, int window, const int* order) {                           \
+        attn_bwd_dq_wg_impl<HD>(dq, q, k, v, dout, dl, cu, D, N, NH, NKV, scale, window, order);                    \
     }
 #define WG_DKV(HD, SUF, MINB)                                                                                       \
     extern "C" __global__ void __launch_bounds__(128, MINB) attn_bwd_dkv_wg_##HD##SUF(                              \
