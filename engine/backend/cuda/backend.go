@@ -1588,28 +1588,24 @@ func adamwScalarsFor(a backend.AdamWArgs) adamwScalars {
 
 // ---- LM head + loss ----
 
-// crossEntropyChunkBytes bounds the fp32 logits of one chunk: 1/32 of the device's memory, at
-// most 4 GiB and at least 256 MiB. With backward and a bf16 weight the chunk's dlogits (bf16) add
-// half as much again: on a 141 GB H200, 6 GiB of chunk buffers, 8192 rows of a 128k vocabulary;
-// on a 24 GB card, 0.75 GiB of logits. Fewer, larger chunks mean fewer passes over the weight
-// gradient (each chunk adds its product to it) and longer GEMMs.
-func crossEntropyChunkBytes(totalMem uint64) int {
-	return int(min(max(totalMem/32, 256<<20), 4<<30))
-}
+// crossEntropyChunkBytes bounds the fp32 logits of one chunk. With backward and a bf16 weight
+// the chunk's dlogits (bf16) add half as much again: at most 3 GiB of chunk buffers, which for a
+// 152k vocabulary is 3328 rows.
+const crossEntropyChunkBytes = 2 << 30
 
 // crossEntropyChunkRowAlign is the row multiple of a chunk: the dWeight GEMM has K = rows, and
 // cuBLASLt's tiles want K a multiple of 256.
 const crossEntropyChunkRowAlign = 256
 
-// crossEntropyChunkRows picks the rows per chunk for N tokens and vocabulary V with at most
-// budget bytes of fp32 logits: the chunks are as few as the budget allows and as even as a
-// multiple of 256 rows allows (16384 tokens of a 152k vocabulary under 2 GiB give 5 chunks of
-// 3328 rows and a last one of 3072). It never exceeds N, and is at least one row.
-func crossEntropyChunkRows(N, V, budget int) int {
+// crossEntropyChunkRows picks the rows per chunk for N tokens and vocabulary V: the chunks are as
+// few as crossEntropyChunkBytes allows and as even as a multiple of 256 rows allows (16384
+// tokens of a 152k vocabulary give 5 chunks of 3328 rows and a last one of 3072). It never
+// exceeds N, and is at least one row.
+func crossEntropyChunkRows(N, V int) int {
 	if N <= 0 || V <= 0 {
 		return 1
 	}
-	maxRows := budget / (4 * V)
+	maxRows := crossEntropyChunkBytes / (4 * V)
 	if maxRows >= crossEntropyChunkRowAlign {
 		maxRows -= maxRows % crossEntropyChunkRowAlign
 	}
@@ -1626,10 +1622,10 @@ func crossEntropyChunkRows(N, V, budget int) int {
 }
 
 // CrossEntropy is the fused LM head and cross-entropy, chunked over tokens (crossEntropyChunkRows:
-// multiples of 256 rows, at most crossEntropyChunkBytes of fp32 logits). Scratch memory while it
-// runs: the chunk's fp32 logits and, with backward, its dlogits in the weight's dtype; with a
-// bf16 DWeight and HALO_CUDA_GEMM_BETA=fold also an fp32 [V, C] accumulator (0.6 GiB for a
-// 152k x 1024 head) that is added to DWeight once at the end.
+// multiples of 256 rows, at most 2 GiB of fp32 logits). Scratch memory while it runs: the chunk's
+// fp32 logits, with backward its dlogits in the weight's dtype (at most 3 GiB together), and
+// with a bf16 DWeight an fp32 [V, C] accumulator (0.6 GiB for a 152k x 1024 head) that is added
+// to DWeight once at the end.
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	const op = "CrossEntropy"
 	if a.Weight.Rank() != 2 {
@@ -1684,7 +1680,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	}
 	rows := a.ChunkRows
 	if rows <= 0 {
-		rows = crossEntropyChunkRows(N, V, crossEntropyChunkBytes(b.d.info.TotalMem))
+		rows = crossEntropyChunkRows(N, V)
 	}
 	rows = min(rows, N)
 	hidden2D, err := a.Hidden.Reshape(N, C)
@@ -1704,10 +1700,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			return err
 		}
 		dWeightAcc = dWeight2D
-		// A bf16 weight gradient takes each chunk's product directly (cuBLASLt adds it, rounding
-		// the product to bf16 first, as for every accumulating GEMM); with gemmFoldBeta the
-		// chunks sum in an fp32 accumulator added to DWeight once at the end.
-		if a.DWeight.DType() != tensor.F32 && b.gemmFoldBeta {
+		if a.DWeight.DType() != tensor.F32 {
 			// Chunks accumulate into an fp32 [V, C] buffer that is added to DWeight once at the
 			// end: one rounding to DWeight's dtype, and no per-chunk conversion pass. The first
 			// chunk's product overwrites it, so it needs no zero fill.
