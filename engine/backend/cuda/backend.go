@@ -1119,8 +1119,14 @@ func normVecRowsPerBlock(C int) int {
 var normBwdBlocksPerSM = 2
 
 // normBwdBlocksPerSMWide is the bound for rows of more than 1024 elements, whose kernel holds a
-// row's 8 vectors of x, dy and old dx per lane at once and fits one 256-thread block per SM.
+// row's 8 vectors of x, dy and old dx per lane at once and fits one 256-thread block per SM
+// (two with normBwdSharedDW).
 var normBwdBlocksPerSMWide = 1
+
+// normBwdSharedDW selects, for rows of 1024 < C <= 2048, the backward that keeps its weight-
+// gradient partial sums in shared memory (rmsnorm_bwd_bf16x8_c2048s, two blocks per SM) over the
+// one that keeps them in registers (one block per SM).
+var normBwdSharedDW = true
 
 // normBwdVecKernel names the vectorised backward for rows of C elements: its registers hold at
 // most 4 (or 8) vectors of 8 per lane.
@@ -1317,11 +1323,18 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 			if C > 1024 {
 				perSM = normBwdBlocksPerSMWide
 			}
+			sharedDW := C > 1024 && normBwdSharedDW
+			if sharedDW {
+				kernel, perSM = "rmsnorm_bwd_bf16x8_c2048s", 2*normBwdBlocksPerSMWide
+			}
 			blocks := min((N+rpb-1)/rpb, b.d.info.SMs*perSM)
 			var part uintptr
 			vshared := uint32(0)
 			if pdw != 0 {
 				vshared = uint32(4 * 8 * max(C, 256)) // every row group's partial sums
+				if sharedDW {
+					vshared = 4 * 8 * 2048 // every warp's sums, for 2048 columns
+				}
 				if int(vshared) > b.d.info.MaxSharedPerBlock {
 					return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, vshared, b.d.info.MaxSharedPerBlock)
 				}

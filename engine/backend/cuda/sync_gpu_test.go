@@ -674,18 +674,25 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 			t.Logf("%s = %.3f", key, ms)
 		}
 		normBwdBlocksPerSMWide = 1
-		for _, acc := range []bool{false, true} {
-			ms := timeIt(t, g, 10, func() error {
-				return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc})
-			})
-			name := "rmsnorm_bwd_c2048"
-			bytes := e * 3 * N * C2
-			if acc {
-				name, bytes = name+"_accumulate", e*4*N*C2
+		defer func(v bool) { normBwdSharedDW = v }(normBwdSharedDW)
+		for _, shared := range []bool{false, true} {
+			normBwdSharedDW = shared
+			for _, acc := range []bool{false, true} {
+				ms := timeIt(t, g, 10, func() error {
+					return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc})
+				})
+				name := "rmsnorm_bwd_c2048"
+				if shared {
+					name += "_shared_dw"
+				}
+				bytes := e * 3 * N * C2
+				if acc {
+					name, bytes = name+"_accumulate", e*4*N*C2
+				}
+				values[name+"_ms"] = ms
+				values[name+"_gbps"] = float64(bytes) / (ms * 1e-3) / 1e9
+				t.Logf("%s: %.3f ms, %.0f GB/s", name, ms, values[name+"_gbps"])
 			}
-			values[name+"_ms"] = ms
-			values[name+"_gbps"] = float64(bytes) / (ms * 1e-3) / 1e9
-			t.Logf("%s: %.3f ms, %.0f GB/s", name, ms, values[name+"_gbps"])
 		}
 	}
 	values["h200_hbm_gbps_datasheet"] = 4800
@@ -699,7 +706,7 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 // empty; the fused add, and the backward's accumulate form (dX +=) into bf16 gradients.
 func TestGPURMSNormVectorised(t *testing.T) {
 	g := gpu(t)
-	for _, s := range []struct{ N, C int }{{1029, 128}, {50, 64}, {13, 24}, {77, 1024}, {40, 2048}, {9, 2056}} {
+	for _, s := range []struct{ N, C int }{{1029, 128}, {50, 64}, {13, 24}, {77, 1024}, {40, 2048}, {300, 1032}, {33, 1536}, {9, 2056}} {
 		rel := 2 * bf16Eps
 		fwd := opCase{
 			Name: fmt.Sprintf("rmsnorm_and_add_rmsnorm/bf16/N%d_C%d", s.N, s.C),

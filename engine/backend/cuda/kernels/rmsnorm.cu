@@ -263,6 +263,77 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
     }
 }
 
+// rmsnorm_bwd_bf16x8_c2048s is the backward for rows of 1024 < C <= 2048 elements (one warp per
+// row, 8 vectors of 8 per lane) with each warp's dw partial sums in shared memory instead of
+// registers, so that it fits two 256-thread blocks per SM (twice the rows in flight of
+// rmsnorm_bwd_bf16x8_c2048). Shared memory: 8 warps x 2048 floats, warp-major; a warp's sum for
+// column 8 (l + 32 i) + j sits at (i * 8 + j) * 32 + l, so a warp's updates hit 32 banks. The
+// block's sums and dw_part are as in rmsnorm_bwd_vec.
+extern "C" __global__ void __launch_bounds__(256, 2) rmsnorm_bwd_bf16x8_c2048s(rn_bf8* dx, float* dw_part, const rn_bf8* dy,
+                                                                              const rn_bf8* x, const rn_bf8* w, const float* rstd,
+                                                                              long long N, int C, int accumulate) {
+    const int MAXV = 8, PER = MAXV * 8 * 32;
+    extern __shared__ float dw_s[];
+    int C8 = C >> 3, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* mine = dw_s + warp * PER;
+    if (dw_part)
+        for (int e = lane; e < PER; e += 32) mine[e] = 0.f;
+    long long stride = (long long)gridDim.x * 8;
+    for (long long row = (long long)blockIdx.x * 8 + warp; row < N; row += stride) {
+        long long base = row * C8;
+        float r = rstd[row];
+        rn_bf8 xv[MAXV], dv[MAXV], old[MAXV];
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            int k = lane + 32 * i;
+            xv[i] = dv[i] = old[i] = rn_bf8{{0u, 0u, 0u, 0u}};
+            if (k < C8) {
+                xv[i] = x[base + k];
+                dv[i] = dy[base + k];
+                if (accumulate) old[i] = dx[base + k];
+            }
+        }
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            int k = lane + 32 * i;
+            if (k < C8) {
+                rn_bf8 wv = w[k];
+#pragma unroll
+                for (int j = 0; j < 8; j++) dot += rn_at(wv, j) * rn_at(dv[i], j) * (rn_at(xv[i], j) * r);
+            }
+        }
+        dot = warp_sum(dot) / (float)C;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            int k = lane + 32 * i;
+            if (k < C8) {
+                rn_bf8 wv = w[k], o;
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float xh = rn_at(xv[i], j) * r;
+                    float d = rn_at(dv[i], j);
+                    v[j] = r * (rn_at(wv, j) * d - xh * dot);
+                    if (accumulate) v[j] += rn_at(old[i], j);
+                    if (dw_part) mine[(i * 8 + j) * 32 + lane] += d * xh;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) o.u[j] = rn_pack(v[2 * j], v[2 * j + 1]);
+                dx[base + k] = o;
+            }
+        }
+    }
+    if (!dw_part) return;
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        int k = c >> 3, e = ((k >> 5) * 8 + (c & 7)) * 32 + (k & 31);
+        float t = 0.f;
+        for (int q = 0; q < 8; q++) t += dw_s[q * PER + e];
+        dw_part[(long long)blockIdx.x * C + c] = t;
+    }
+}
+
 // dw [C] += sum over b < B of dw_part[b, c] (fp32, rounded once). Block: 256 threads = 32
 // columns x 8 strided partial sums over b, added in a fixed order.
 extern "C" __global__ void rmsnorm_dw_reduce(void* dw, int dtdw, const float* dw_part, int B, int C) {
