@@ -588,6 +588,13 @@ func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 			if j.n == 0 {
 				continue
 			}
+			if vec8(j.n, []int32{j.c}, j.p) {
+				args := packArgs(acc.ptr+uintptr(8*i), j.p, j.n/8)
+				if err := b.d.launchOnThread("elementwise.cu", "sum_squares_bf16x8", grid1D(j.n/8, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...); err != nil {
+					return err
+				}
+				continue
+			}
 			args := packArgs(acc.ptr+uintptr(8*i), j.p, j.c, j.n)
 			if err := b.d.launchOnThread("elementwise.cu", "sum_squares", grid1D(j.n, b.d.info.SMs), [3]uint32{256, 1, 1}, 0, args...); err != nil {
 				return err

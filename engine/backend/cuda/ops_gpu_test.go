@@ -870,14 +870,26 @@ func TestGPUElementwise(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Free(x)
-	got, err := g.SumSquares([]tensor.Tensor{x, x})
+	// The first n8 elements again, a multiple of 8: the vectorised kernel's case.
+	n8 := n - n%8
+	want8 := 0.0
+	for _, v := range vals[:n8] {
+		want8 += float64(v) * float64(v)
+	}
+	x8, err := backend.FromFloat32(g, vals[:n8], tensor.BF16, n8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Free(x8)
+	got, err := g.SumSquares([]tensor.Tensor{x, x, x8})
 	// The per-warp fp64 partial sums are added with atomics in no fixed order, so the two equal
 	// tensors may differ in the last bits (gpu-run10 saw ...449 against ...447): each is held
 	// to the host sum instead of to the other.
-	ok := err == nil && len(got) == 2 && math.Abs(got[0]-want) <= 1e-9*want && math.Abs(got[1]-want) <= 1e-9*want
-	report.addCheck("sum_squares matches fp64 host sum", ok, fmt.Sprintf("got %v want %v err %v", got, want, err))
+	ok := err == nil && len(got) == 3 && math.Abs(got[0]-want) <= 1e-9*want && math.Abs(got[1]-want) <= 1e-9*want &&
+		math.Abs(got[2]-want8) <= 1e-9*want8
+	report.addCheck("sum_squares matches fp64 host sum", ok, fmt.Sprintf("got %v want %v, %v, %v err %v", got, want, want, want8, err))
 	if !ok {
-		t.Fatalf("SumSquares = %v, %v; want %v (relative 1e-9) twice", got, err, want)
+		t.Fatalf("SumSquares = %v, %v; want %v twice and %v (relative 1e-9)", got, err, want, want8)
 	}
 }
 

@@ -126,6 +126,26 @@ extern "C" __global__ void sum_squares(double* out, const void* x, int dt, long 
     if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
 }
 
+// sum_squares_bf16x8 is sum_squares for a bf16 x read 8 elements per 16-byte access (n8 = n / 8
+// vectors, 16-byte aligned): each square is exact in fp32 (a bf16 significand has 8 bits), the
+// sums are fp64 as in sum_squares.
+struct alignas(16) ss_bf8 { unsigned int u[4]; };
+
+extern "C" __global__ void sum_squares_bf16x8(double* out, const ss_bf8* x, long long n8) {
+    double s = 0.0;
+    GRID_STRIDE(i, n8) {
+        ss_bf8 v = x[i];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float lo = __uint_as_float(v.u[k] << 16), hi = __uint_as_float(v.u[k] & 0xffff0000u);
+            s += (double)(lo * lo);
+            s += (double)(hi * hi);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
+}
+
 // ew_add_bf16x8 is ew_add for bf16 out, a, b with 8 elements per 16-byte access (n8 = n / 8
 // vectors, 16-byte aligned); same arithmetic.
 struct alignas(16) ew_bf8 { unsigned int u[4]; };
