@@ -317,7 +317,9 @@ func (k wgKernel) Shared() uint32 {
 // dK/dV) from registers instead of its shared tile was tried and was slower in every kernel
 // (testdata/gpu-run16: forward 1.016 against 0.906 ms, spilling at the 4-block cap; dQ 1.105
 // against 0.996; dK/dV 1.837 at 2 blocks against 1.702), so shared-memory bandwidth is not
-// what bounds them.
+// what bounds them. Since the dQ kernel's copies use wg_copier it fits 4 blocks in 128 registers
+// without spilling, and the capped form is ahead in every sweep since (0.908 against 0.918 ms,
+// 0.852 against 0.861): dq/64 runs it.
 var (
 	wgKernels = []wgKernel{
 		{"fwd", 64, 64, 1}, {"fwd", 128, 64, 1}, {"fwd", 64, 128, 1}, {"fwd", 64, 64, 4}, {"fwd", 64, 128, 3},
@@ -326,7 +328,7 @@ var (
 	}
 	wgDefault = map[string]wgKernel{
 		"fwd/64": {"fwd", 64, 64, 4}, "fwd/128": {"fwd", 128, 64, 1},
-		"dq/64": {"dq", 64, 64, 1}, "dq/128": {"dq", 128, 64, 1},
+		"dq/64": {"dq", 64, 64, 4}, "dq/128": {"dq", 128, 64, 1},
 		"dkv/64": {"dkv", 64, 64, 3}, "dkv/128": {"dkv", 128, 64, 1},
 	}
 	// wgOverride replaces wgDefault entries (a test knob, as attnTileOverride).
