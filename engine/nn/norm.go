@@ -13,21 +13,11 @@ type RMSNorm struct {
 
 // Forward returns out (same shape as x, rows = x.Numel()/C) and rstd [rows] F32 for backward.
 func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
-	c := n.W.Dim(0)
-	rows := x.Numel() / c
-	xv, err := x.Reshape(rows, c)
+	v, out, rstd, err := n.outputs(p, x)
 	if err != nil {
-		return T{}, T{}, wrap(n.Name, err)
+		return T{}, T{}, err
 	}
-	if out, err = p.out(x.Shape()...); err != nil {
-		return T{}, T{}, wrap(n.Name, err)
-	}
-	if rstd, err = p.outF32(rows); err != nil {
-		_ = free(p.B, &out)
-		return T{}, T{}, wrap(n.Name, err)
-	}
-	ov, _ := out.Reshape(rows, c)
-	if err := p.B.RMSNorm(ov, rstd, xv, n.W, n.Eps); err != nil {
+	if err := p.B.RMSNorm(v.out, rstd, v.x, n.W, n.Eps); err != nil {
 		_ = free(p.B, &out, &rstd)
 		return T{}, T{}, wrap(n.Name, err)
 	}
@@ -45,27 +35,41 @@ func (n *RMSNorm) AddForward(p *Pass, x, residual T) (out, rstd T, err error) {
 		}
 		return n.Forward(p, residual)
 	}
-	c := n.W.Dim(0)
-	rows := x.Numel() / c
-	if out, err = p.out(x.Shape()...); err != nil {
-		return T{}, T{}, wrap(n.Name, err)
+	v, out, rstd, err := n.outputs(p, x)
+	if err != nil {
+		return T{}, T{}, err
 	}
-	if rstd, err = p.outF32(rows); err != nil {
-		_ = free(p.B, &out)
-		return T{}, T{}, wrap(n.Name, err)
+	res, err := residual.Reshape(v.x.Shape()...)
+	if err == nil {
+		err = f.AddRMSNorm(res, v.out, rstd, v.x, res, n.W, n.Eps)
 	}
-	views := make([]T, 4)
-	for i, t := range []T{residual, out, x, residual} {
-		if views[i], err = t.Reshape(rows, c); err != nil {
-			_ = free(p.B, &out, &rstd)
-			return T{}, T{}, wrap(n.Name, err)
-		}
-	}
-	if err := f.AddRMSNorm(views[0], views[1], rstd, views[2], views[3], n.W, n.Eps); err != nil {
+	if err != nil {
 		_ = free(p.B, &out, &rstd)
 		return T{}, T{}, wrap(n.Name, err)
 	}
 	return out, rstd, nil
+}
+
+// normViews are x and out seen as [rows, C].
+type normViews struct{ x, out T }
+
+// outputs allocates Forward's out (x's shape) and rstd [rows] and returns them with the [rows, C]
+// views of x and out.
+func (n *RMSNorm) outputs(p *Pass, x T) (v normViews, out, rstd T, err error) {
+	c := n.W.Dim(0)
+	rows := x.Numel() / c
+	if v.x, err = x.Reshape(rows, c); err != nil {
+		return v, T{}, T{}, wrap(n.Name, err)
+	}
+	if out, err = p.out(x.Shape()...); err != nil {
+		return v, T{}, T{}, wrap(n.Name, err)
+	}
+	if rstd, err = p.outF32(rows); err != nil {
+		_ = free(p.B, &out)
+		return v, T{}, T{}, wrap(n.Name, err)
+	}
+	v.out, _ = out.Reshape(rows, c)
+	return v, out, rstd, nil
 }
 
 // Backward: dx (= or += with accumulate) from dy, the forward input x and rstd; GW +=.

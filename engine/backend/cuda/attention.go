@@ -89,7 +89,7 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 			return g, err
 		}
 	} else {
-		g.cu = slices.Clone(cu)
+		g.cu = cu // a record's host copy or a fresh download: never written afterwards
 	}
 	g.scale = s.Scale
 	if g.scale == 0 {

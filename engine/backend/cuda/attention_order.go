@@ -67,13 +67,17 @@ func attnBlockOrder(cu []int32, rows, window int, keys bool) []int32 {
 func attnOrderKey(cu []int32, window int, keys bool) uint64 {
 	h := fnv.New64a()
 	var buf [4]byte
+	put := func(v int32) {
+		binary.LittleEndian.PutUint32(buf[:], uint32(v))
+		h.Write(buf[:])
+	}
 	flag := int32(window) << 1
 	if keys {
 		flag |= 1
 	}
-	for _, v := range append([]int32{flag}, cu...) {
-		binary.LittleEndian.PutUint32(buf[:], uint32(v))
-		h.Write(buf[:])
+	put(flag)
+	for _, v := range cu {
+		put(v)
 	}
 	return h.Sum64()
 }

@@ -1135,16 +1135,26 @@ var normBwdBlocksPerSMWide = 1
 // one that keeps them in registers (one block per SM).
 var normBwdSharedDW = true
 
-// normBwdVecKernel names the vectorised backward for rows of C elements: its registers hold at
-// most 4 (or 8) vectors of 8 per lane.
-func normBwdVecKernel(C int) string {
+// normBwdPlan is how the vectorised backward runs for rows of C elements: the kernel (its
+// registers hold at most 4, or 8, vectors of 8 per lane; "" when none covers C), its grid bound
+// in blocks per SM, and the dynamic shared memory its weight-gradient partial sums take.
+type normBwdPlan struct {
+	kernel   string
+	perSM    int
+	dwShared uint32
+}
+
+func normBwdVecPlan(C int) normBwdPlan {
 	switch {
 	case C <= 1024:
-		return "rmsnorm_bwd_bf16x8_c1024"
-	case C <= 2048:
-		return "rmsnorm_bwd_bf16x8_c2048"
+		return normBwdPlan{"rmsnorm_bwd_bf16x8_c1024", normBwdBlocksPerSM, uint32(4 * 8 * max(C, 256))}
+	case C > 2048:
+		return normBwdPlan{}
+	case normBwdSharedDW:
+		// every warp's sums, for 2048 columns
+		return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * normBwdBlocksPerSMWide, 4 * 8 * 2048}
 	}
-	return ""
+	return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048", normBwdBlocksPerSMWide, uint32(4 * 8 * C)}
 }
 
 func normBlock(C int) uint32 {
@@ -1317,8 +1327,8 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 	if pdw != 0 {
 		shared = uint32(4 * C)
 	}
-	rpb, kernel := normVecRowsPerBlock(C), normBwdVecKernel(C)
-	vec := rpb > 0 && kernel != "" && vec8(int64(C), []int32{cdx, cdy, cx, cw}, pdx, pdy, px, pw)
+	rpb, plan := normVecRowsPerBlock(C), normBwdVecPlan(C)
+	vec := rpb > 0 && plan.kernel != "" && vec8(int64(C), []int32{cdx, cdy, cx, cw}, pdx, pdy, px, pw)
 	if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
 		return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)
 	}
@@ -1326,22 +1336,11 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 		if vec {
 			// Each block stores its dW partial sums as one row of part [blocks, C]; one more
 			// kernel adds the rows into dW.
-			perSM := normBwdBlocksPerSM
-			if C > 1024 {
-				perSM = normBwdBlocksPerSMWide
-			}
-			sharedDW := C > 1024 && normBwdSharedDW
-			if sharedDW {
-				kernel, perSM = "rmsnorm_bwd_bf16x8_c2048s", 2*normBwdBlocksPerSMWide
-			}
-			blocks := min((N+rpb-1)/rpb, b.d.info.SMs*perSM)
+			blocks := min((N+rpb-1)/rpb, b.d.info.SMs*plan.perSM)
 			var part uintptr
 			vshared := uint32(0)
 			if pdw != 0 {
-				vshared = uint32(4 * 8 * max(C, 256)) // every row group's partial sums
-				if sharedDW {
-					vshared = 4 * 8 * 2048 // every warp's sums, for 2048 columns
-				}
+				vshared = plan.dwShared
 				if int(vshared) > b.d.info.MaxSharedPerBlock {
 					return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, vshared, b.d.info.MaxSharedPerBlock)
 				}
@@ -1353,7 +1352,7 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 				part = buf.ptr
 			}
 			args := packArgs(pdx, part, pdy, px, pw, pr, int64(N), int32(C), acc)
-			if err := b.d.launchOnThread("rmsnorm.cu", kernel, [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, vshared, args...); err != nil {
+			if err := b.d.launchOnThread("rmsnorm.cu", plan.kernel, [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, vshared, args...); err != nil {
 				return err
 			}
 			if pdw == 0 {

@@ -701,9 +701,10 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 }
 
 // TestGPURMSNormVectorised covers the vectorised bf16 kernels' row layouts: several rows per
-// warp (C=64, 128), one warp per row (1024, 2048), a width they refuse (C=24, C/8 does not divide
-// 32) and one beyond the backward's registers (2056), with row counts that leave a block part
-// empty; the fused add, and the backward's accumulate form (dX +=) into bf16 gradients.
+// warp (C=64, 128), one warp per row (1024 to 2048, the wide ones in both weight-gradient forms),
+// a width they refuse (C=24, C/8 does not divide 32) and one beyond the backward's registers
+// (2056), with row counts that leave a block part empty; the fused add, and the backward's
+// accumulate form (dX +=) into bf16 gradients.
 func TestGPURMSNormVectorised(t *testing.T) {
 	g := gpu(t)
 	for _, s := range []struct{ N, C int }{{1029, 128}, {50, 64}, {13, 24}, {77, 1024}, {40, 2048}, {300, 1032}, {33, 1536}, {9, 2056}} {
@@ -746,6 +747,15 @@ func TestGPURMSNormVectorised(t *testing.T) {
 			},
 		}
 		t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+		if s.C > 1024 && s.C <= 2048 {
+			// The same rows through the form that keeps its weight-gradient sums in registers.
+			c.Name += "/registers_dw"
+			t.Run(c.Name, func(t *testing.T) {
+				defer func(v bool) { normBwdSharedDW = v }(normBwdSharedDW)
+				normBwdSharedDW = false
+				runCase(t, g, c)
+			})
+		}
 	}
 }
 

@@ -221,8 +221,9 @@ __device__ __forceinline__ void rmsnorm_bwd_vec(rn_bf8* dx, float* dw_part, cons
         float dot = 0.f;
 #pragma unroll
         for (int i = 0; i < MAXV; i++)
+            if (l + L * i < C8)  // vectors past the row are zero: skip their products
 #pragma unroll
-            for (int j = 0; j < 8; j++) dot += rn_at(wv[i], j) * rn_at(dv[i], j) * (rn_at(xv[i], j) * r);
+                for (int j = 0; j < 8; j++) dot += rn_at(wv[i], j) * rn_at(dv[i], j) * (rn_at(xv[i], j) * r);
         dot = rn_sum(dot, L) / (float)C;
 #pragma unroll
         for (int i = 0; i < MAXV; i++) {
