@@ -8,15 +8,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // MaxHistory is how many entries the history keeps.
 const MaxHistory = 2000
 
+var swHistory = switches.Register(switches.Switch{Name: "HALO_HISTORY", Kind: switches.Path,
+	Doc: "File of the REPL's line history (default: $XDG_STATE_HOME/halo-shell/repl_history, else under the user cache directory)."})
+
 // DefaultHistoryFile is $HALO_HISTORY when set, else the repl_history file under
 // $XDG_STATE_HOME/halo-shell, else under the user's cache directory.
 func DefaultHistoryFile() (string, error) {
-	if p := os.Getenv("HALO_HISTORY"); p != "" {
+	if p, ok := swHistory.Lookup(); ok {
 		return p, nil
 	}
 	if d := os.Getenv("XDG_STATE_HOME"); d != "" {

@@ -5,16 +5,21 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // DefaultName is the session clients attach to when no name is given.
 const DefaultName = "default"
 
+var swSessionDir = switches.Register(switches.Switch{Name: "HALO_SESSION_DIR", Kind: switches.Path,
+	Doc: "Directory of session sockets, tokens, pid files and logs (default: $XDG_RUNTIME_DIR/halo-shell, else the user cache directory's halo-shell/sessions)."})
+
 // RuntimeDir is the directory that holds session sockets, tokens, pid files and logs:
 // $XDG_RUNTIME_DIR/halo-shell when XDG_RUNTIME_DIR is set, else
 // os.UserCacheDir()/halo-shell/sessions. HALO_SESSION_DIR overrides both.
 func RuntimeDir() (string, error) {
-	if d := os.Getenv("HALO_SESSION_DIR"); d != "" {
+	if d, ok := swSessionDir.Lookup(); ok {
 		return d, nil
 	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {

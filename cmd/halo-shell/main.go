@@ -7,7 +7,10 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 
 	"github.com/spf13/cobra"
 )
@@ -31,8 +34,17 @@ func init() {
 }
 
 func main() {
+	warnSwitches(os.Stderr, os.Environ())
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "halo-shell:", err)
 		os.Exit(1)
+	}
+}
+
+// warnSwitches prints one warning line per HALO_* variable of environ that is not a known
+// switch (a typo) or holds a value outside its switch's list (SWITCHES.md lists them all).
+func warnSwitches(w io.Writer, environ []string) {
+	for _, p := range switches.Problems(environ) {
+		fmt.Fprintln(w, "halo-shell: warning:", p)
 	}
 }

@@ -90,3 +90,15 @@ func assertPoison(t *testing.T, b *Backend, x tensor.Tensor) {
 		}
 	}
 }
+
+// TestPoisonEmptySwitch: HALO_CPU_POISON_EMPTY=1 poisons Empty without the option.
+func TestPoisonEmptySwitch(t *testing.T) {
+	t.Setenv("HALO_CPU_POISON_EMPTY", "1")
+	b := New(Options{Workers: 1})
+	defer b.Close()
+	x, err := b.Empty(tensor.F32, 2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertPoison(t, b, x)
+}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/tensor"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 type T = tensor.Tensor
@@ -84,8 +86,12 @@ func New(o Options) *Backend {
 	if lim <= 0 {
 		lim = physicalMemory()
 	}
-	return &Backend{pool: newPool(w), limit: lim, poison: o.PoisonEmpty || os.Getenv("HALO_CPU_POISON_EMPTY") == "1"}
+	return &Backend{pool: newPool(w), limit: lim, poison: o.PoisonEmpty || swPoisonEmpty.On()}
 }
+
+var swPoisonEmpty = switches.Register(switches.Switch{Name: "HALO_CPU_POISON_EMPTY", Kind: switches.Debug,
+	Values: []string{"1"},
+	Doc:    "1 fills every CPU Empty tensor with NaN, so a kernel that reads scratch before writing it shows up as NaN in the results."})
 
 func physicalMemory() int64 {
 	f, err := os.Open("/proc/meminfo")

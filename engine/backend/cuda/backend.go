@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"sync"
 	"unsafe"
 
@@ -88,10 +87,14 @@ func New(index int) (*Backend, error) {
 		d.Close()
 		return nil, err
 	}
-	mode := os.Getenv("HALO_CUDA_ATTENTION")
-	return &Backend{d: d, flag: flag, attnMMA: mode != "simt", attnWG: mode != "simt" && mode != "mma" && wgArch(d.info.Arch),
-		attnFused: os.Getenv("HALO_CUDA_ATTN_BWD") == "fused", emptyUncleared: os.Getenv("HALO_CUDA_EMPTY") != "cleared",
-		noSplitK: os.Getenv("HALO_CUDA_GEMM_SPLITK") == "off", gemmFoldBeta: os.Getenv("HALO_CUDA_GEMM_BETA") == "fold"}, nil
+	o, err := optionsFromSwitches(d.info.Arch)
+	if err != nil {
+		flag.Free()
+		d.Close()
+		return nil, err
+	}
+	return &Backend{d: d, flag: flag, attnMMA: o.attnMMA, attnWG: o.attnWG, attnFused: o.attnFused,
+		emptyUncleared: o.emptyUncleared, noSplitK: o.noSplitK, gemmFoldBeta: o.gemmFoldBeta}, nil
 }
 
 // Device returns the underlying device (for diagnostics and events).

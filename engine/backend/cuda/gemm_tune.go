@@ -51,8 +51,6 @@ import (
 // its first GEMM.
 
 const (
-	envGemmCandidates    = "HALO_CUDA_GEMM_CANDIDATES"
-	envGemmTuneMinFLOPs  = "HALO_CUDA_GEMM_TUNE_MIN_FLOPS"
 	maxGemmCandidates    = 64
 	defaultGemmRounds    = 3
 	defaultGemmMinFLOPs  = 1e12

@@ -332,11 +332,11 @@ func TestKernelCache(t *testing.T) {
 		compiles++
 		return []byte("cubin:" + src), nil
 	}}
-	b1, hit1, err := c.get("a.cu", "src-a", kernelOpts)
+	b1, hit1, err := c.get("a.cu", "src-a", kernelOpts())
 	if err != nil || hit1 || string(b1) != "cubin:src-a" {
 		t.Fatalf("first get = %q, %v, %v", b1, hit1, err)
 	}
-	b2, hit2, err := c.get("a.cu", "src-a", kernelOpts)
+	b2, hit2, err := c.get("a.cu", "src-a", kernelOpts())
 	if err != nil || !hit2 || string(b2) != string(b1) || compiles != 1 {
 		t.Fatalf("second get = %q, hit %v, err %v, compiles %d: want a cache hit", b2, hit2, err, compiles)
 	}
@@ -345,25 +345,25 @@ func TestKernelCache(t *testing.T) {
 		{dir: dir, arch: "sm_80", version: "13.0", compile: c.compile},
 		{dir: dir, arch: "sm_90", version: "13.1", compile: c.compile},
 	} {
-		if _, hit, _ := cc.get("a.cu", "src-a", kernelOpts); hit {
+		if _, hit, _ := cc.get("a.cu", "src-a", kernelOpts()); hit {
 			t.Errorf("arch %s nvrtc %s hit the sm_90/13.0 entry", cc.arch, cc.version)
 		}
 	}
-	if _, hit, _ := c.get("a.cu", "src-b", kernelOpts); hit {
+	if _, hit, _ := c.get("a.cu", "src-b", kernelOpts()); hit {
 		t.Error("changed source hit the old entry")
 	}
-	c.invalidate("src-a", kernelOpts)
-	if _, hit, _ := c.get("a.cu", "src-a", kernelOpts); hit {
+	c.invalidate("src-a", kernelOpts())
+	if _, hit, _ := c.get("a.cu", "src-a", kernelOpts()); hit {
 		t.Error("invalidated entry still hit")
 	}
 	// Compile errors pass through and leave nothing behind.
 	bad := kernelCache{dir: dir, arch: "sm_90", version: "13.0", compile: func(string, string) ([]byte, error) {
 		return nil, errors.New("syntax error")
 	}}
-	if _, _, err := bad.get("bad.cu", "oops", kernelOpts); err == nil {
+	if _, _, err := bad.get("bad.cu", "oops", kernelOpts()); err == nil {
 		t.Error("compile error was swallowed")
 	}
-	if _, err := os.Stat(filepath.Join(dir, cacheKey("oops", "sm_90", "13.0", kernelOpts))); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, cacheKey("oops", "sm_90", "13.0", kernelOpts()))); !os.IsNotExist(err) {
 		t.Errorf("failed compile left a cache entry: %v", err)
 	}
 }

@@ -85,7 +85,7 @@ func KernelFiles() []string {
 // KernelCacheDir is where compiled kernels are kept: $HALO_CUDA_CACHE if set, else
 // <user cache dir>/halo-shell/cuda-kernels.
 func KernelCacheDir() (string, error) {
-	if d := os.Getenv("HALO_CUDA_CACHE"); d != "" {
+	if d, ok := swCache.Lookup(); ok {
 		return d, nil
 	}
 	base, err := os.UserCacheDir()
@@ -171,13 +171,13 @@ type module struct {
 // kernelOpts are the NVRTC options every kernel is compiled with. HALO_CUDA_PTXAS_VERBOSE=1 adds
 // ptxas' resource report (registers, shared memory, spills) to the log that HALO_CUDA_NVRTC_LOG
 // prints.
-var kernelOpts = func() []string {
+func kernelOpts() []string {
 	o := []string{"-lineinfo"}
-	if os.Getenv("HALO_CUDA_PTXAS_VERBOSE") != "" {
+	if _, ok := swPtxasVerbose.Lookup(); ok {
 		o = append(o, "--ptxas-options=-v")
 	}
 	return o
-}()
+}
 
 // function returns a kernel of a kernels/*.cu file, compiling and loading the file on first use.
 func (d *Device) function(file, name string) (uintptr, error) {
@@ -214,9 +214,9 @@ func (d *Device) moduleOnThread(file string) (*module, error) {
 	dir, _ := KernelCacheDir()
 	nv := d.libs.nvrtc
 	cache := kernelCache{dir: dir, arch: arch, version: nv.Version(), compile: func(name, src string) ([]byte, error) {
-		return nv.compile(name, src, arch, kernelOpts)
+		return nv.compile(name, src, arch, kernelOpts())
 	}}
-	cubin, fromCache, err := cache.get(file, src, kernelOpts)
+	cubin, fromCache, err := cache.get(file, src, kernelOpts())
 	if err != nil {
 		return nil, err
 	}
@@ -224,9 +224,9 @@ func (d *Device) moduleOnThread(file string) (*module, error) {
 	r := d.drv.cuModuleLoadData(&h, unsafe.Pointer(&cubin[0]))
 	if r != cuSuccess && fromCache {
 		// A stale or damaged cache entry: compile afresh.
-		cache.invalidate(src, kernelOpts)
+		cache.invalidate(src, kernelOpts())
 		cache.dir = ""
-		if cubin, _, err = cache.get(file, src, kernelOpts); err != nil {
+		if cubin, _, err = cache.get(file, src, kernelOpts()); err != nil {
 			return nil, err
 		}
 		fromCache = false

@@ -26,19 +26,19 @@ type libSpec struct {
 var (
 	specDriver = libSpec{
 		What:    "CUDA driver",
-		Env:     "HALO_LIBCUDA",
+		Env:     swLibCUDA.Name,
 		Sonames: []string{"libcuda.so.1", "libcuda.so"},
 		Hint:    "install the NVIDIA driver (it provides libcuda.so.1)",
 	}
 	specNVRTC = libSpec{
 		What:    "NVRTC",
-		Env:     "HALO_LIBNVRTC",
+		Env:     swLibNVRTC.Name,
 		Sonames: []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"},
 		Hint:    "install the CUDA toolkit's NVRTC (cuda-nvrtc-13-0, or pip nvidia-cuda-nvrtc)",
 	}
 	specCublasLt = libSpec{
 		What:    "cuBLASLt",
-		Env:     "HALO_LIBCUBLASLT",
+		Env:     swLibCublasLt.Name,
 		Sonames: []string{"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"},
 		Hint:    "install the CUDA toolkit's cuBLAS (libcublas-13-0, or pip nvidia-cublas)",
 	}

@@ -74,7 +74,7 @@ func (n *nvrtcAPI) compile(name, src, arch string, extraOpts []string) ([]byte, 
 	}
 	r := n.nvrtcCompileProgram(prog, int32(len(cOpts)), &cOpts[0])
 	log := n.programLog(prog)
-	if os.Getenv("HALO_CUDA_NVRTC_LOG") != "" && log != "" {
+	if _, ok := swNVRTCLog.Lookup(); ok && log != "" {
 		fmt.Fprintf(os.Stderr, "nvrtc %s (%s):\n%s\n", name, arch, log)
 	}
 	if r != 0 {

@@ -3,7 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 )
 
@@ -39,7 +38,7 @@ const queueDepth = 1024
 
 func newCmdQueue(who string, closed func() bool) *cmdQueue {
 	return &cmdQueue{cmds: make(chan func(), queueDepth), done: make(chan struct{}),
-		async: os.Getenv("HALO_CUDA_SYNC_OPS") != "1", closed: closed, who: who}
+		async: !swSyncOps.Is("1"), closed: closed, who: who}
 }
 
 // stopped reports whether the device goroutine has ended (its queue is closed then, and a send

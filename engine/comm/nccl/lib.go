@@ -9,10 +9,15 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/halo-shell/halo-shell/internal/libsearch"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // EnvLibrary overrides library discovery with the path of libnccl.so.2.
 const EnvLibrary = "HALO_LIBNCCL"
+
+var _ = switches.Register(switches.Switch{Name: EnvLibrary, Kind: switches.Path,
+	Doc: "Path of libnccl.so.2 to load instead of searching LD_LIBRARY_PATH, the standard folders and pip's nvidia-nccl wheels."})
 
 var sonames = []string{"libnccl.so.2", "libnccl.so"}
 

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // DefaultPort is the rendezvous port when the address comes from SLURM_JOB_NODELIST.
@@ -17,6 +19,15 @@ const (
 	EnvToken     = "HALO_RENDEZVOUS_TOKEN"
 	EnvTokenFile = "HALO_RENDEZVOUS_TOKEN_FILE"
 	EnvAddr      = "HALO_RENDEZVOUS"
+)
+
+var (
+	_ = switches.Register(switches.Switch{Name: EnvToken, Kind: switches.Path,
+		Doc: "Shared secret of a multi-node rendezvous (prefer it or HALO_RENDEZVOUS_TOKEN_FILE to --rendezvous-token, which shows in ps)."})
+	_ = switches.Register(switches.Switch{Name: EnvTokenFile, Kind: switches.Path,
+		Doc: "File holding the multi-node rendezvous secret (trimmed of surrounding white space)."})
+	_ = switches.Register(switches.Switch{Name: EnvAddr, Kind: switches.Path,
+		Doc: "HOST:PORT of node 0's rendezvous (default: the first host of SLURM_JOB_NODELIST on port 29510)."})
 )
 
 // Flags are the command-line values; a zero value (NNodes 0, NodeRank -1, empty strings, zero

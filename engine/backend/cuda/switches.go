@@ -1,0 +1,80 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
+)
+
+// Names of the GEMM tuning switches, which their parser and its tests also use.
+const (
+	envGemmCandidates   = "HALO_CUDA_GEMM_CANDIDATES"
+	envGemmTuneMinFLOPs = "HALO_CUDA_GEMM_TUNE_MIN_FLOPS"
+)
+
+// The CUDA backend's environment switches (listed with the others in SWITCHES.md). Tuning
+// switches are read when a Backend is made (New) or a kernel cache is opened; each selects an
+// implementation that computes the same result within the tolerance its tests state.
+var (
+	swAttention = switches.Register(switches.Switch{Name: "HALO_CUDA_ATTENTION", Kind: switches.Tuning,
+		Default: "auto", Values: []string{"auto", "mma", "simt"},
+		Doc: "Attention kernels: auto picks the Hopper warpgroup kernels on sm_90 and the mma.sync tensor-core kernels elsewhere (bf16, head dim 64 or 128); mma keeps mma.sync on sm_90; simt uses the scalar kernels everywhere."})
+	swAttnBackward = switches.Register(switches.Switch{Name: "HALO_CUDA_ATTN_BWD", Kind: switches.Tuning,
+		Default: "split", Values: []string{"split", "fused"},
+		Doc: "Tensor-core attention backward: split runs a dQ and a dK/dV kernel; fused runs one pass that adds dQ atomically (not bit-reproducible from run to run)."})
+	swEmpty = switches.Register(switches.Switch{Name: "HALO_CUDA_EMPTY", Kind: switches.Tuning,
+		Default: "uncleared", Values: []string{"uncleared", "cleared"},
+		Doc: "Empty (scratch that is written before it is read) skips the zero fill; cleared makes it zero-fill like Alloc."})
+	swSplitK = switches.Register(switches.Switch{Name: "HALO_CUDA_GEMM_SPLITK", Kind: switches.Tuning,
+		Default: "on", Values: []string{"on", "off"},
+		Doc: "Split-K weight-gradient GEMMs where they are faster; off turns them off."})
+	swGemmBeta = switches.Register(switches.Switch{Name: "HALO_CUDA_GEMM_BETA", Kind: switches.Tuning,
+		Default: "direct", Values: []string{"direct", "fold"},
+		Doc: "Accumulating GEMMs into bf16: direct lets cuBLASLt add Beta·C (the product is rounded to bf16 before the sum, as autograd adds bf16 gradients); fold adds an fp32 product and rounds once."})
+	swGemmCandidates = switches.Register(switches.Switch{Name: envGemmCandidates, Kind: switches.Tuning,
+		Default: "8",
+		Doc:     "cuBLASLt algorithms timed per tuned GEMM shape, 1 to 64; 1 takes the heuristic's first choice everywhere."})
+	swGemmTuneMinFLOPs = switches.Register(switches.Switch{Name: envGemmTuneMinFLOPs, Kind: switches.Tuning,
+		Default: "1e12",
+		Doc:     "GEMMs of at least this many floating-point operations are tuned (timed across candidates) on first use; smaller ones take the heuristic's choice."})
+	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
+		Values: []string{"1"},
+		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})
+	swNVRTCLog = switches.Register(switches.Switch{Name: "HALO_CUDA_NVRTC_LOG", Kind: switches.Debug,
+		Doc: "Non-empty prints NVRTC's compilation log of every kernel file to stderr."})
+	swPtxasVerbose = switches.Register(switches.Switch{Name: "HALO_CUDA_PTXAS_VERBOSE", Kind: switches.Debug,
+		Doc: "Non-empty adds ptxas' register, shared-memory and spill report to the NVRTC log (with HALO_CUDA_NVRTC_LOG)."})
+	swCache = switches.Register(switches.Switch{Name: "HALO_CUDA_CACHE", Kind: switches.Path,
+		Doc: "Directory of compiled kernels (default: the user cache directory's halo-shell/cuda-kernels)."})
+	swLibCUDA = switches.Register(switches.Switch{Name: "HALO_LIBCUDA", Kind: switches.Path,
+		Doc: "Path of libcuda.so.1 to load instead of searching LD_LIBRARY_PATH and the standard folders."})
+	swLibNVRTC = switches.Register(switches.Switch{Name: "HALO_LIBNVRTC", Kind: switches.Path,
+		Doc: "Path of libnvrtc.so to load instead of searching."})
+	swLibCublasLt = switches.Register(switches.Switch{Name: "HALO_LIBCUBLASLT", Kind: switches.Path,
+		Doc: "Path of libcublasLt.so to load instead of searching."})
+)
+
+// backendOptions are the implementation choices a Backend is made with.
+type backendOptions struct {
+	attnMMA, attnWG, attnFused             bool
+	emptyUncleared, noSplitK, gemmFoldBeta bool
+}
+
+// optionsFromSwitches reads the tuning switches for a device of the given architecture
+// ("sm_90"). A value outside a switch's list is an error, not a silent default.
+func optionsFromSwitches(arch string) (backendOptions, error) {
+	for _, s := range []*switches.Switch{swAttention, swAttnBackward, swEmpty, swSplitK, swGemmBeta} {
+		if err := s.Check(); err != nil {
+			return backendOptions{}, fmt.Errorf("cuda: %w", err)
+		}
+	}
+	mode := swAttention.Value()
+	return backendOptions{
+		attnMMA:        mode != "simt",
+		attnWG:         mode == "auto" && wgArch(arch),
+		attnFused:      swAttnBackward.Is("fused"),
+		emptyUncleared: !swEmpty.Is("cleared"),
+		noSplitK:       swSplitK.Is("off"),
+		gemmFoldBeta:   swGemmBeta.Is("fold"),
+	}, nil
+}
