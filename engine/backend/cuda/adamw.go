@@ -8,6 +8,9 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
+// Host launchers of kernels/adamw.cu: the fused AdamW step, with its per-step constants derived
+// as the CPU backend derives them.
+
 // AdamW runs one fused AdamW step.
 func (b *Backend) AdamW(a backend.AdamWArgs) error {
 	const op = "AdamW"
@@ -23,24 +26,13 @@ func (b *Backend) AdamW(a backend.AdamWArgs) error {
 	if a.Step < 1 {
 		return fmt.Errorf("cuda: %s: step %d must be >= 1", op, a.Step)
 	}
-	pp, cp, err := b.fptr(op, "param", a.Param)
-	if err != nil {
-		return err
-	}
-	pg, cg, err := b.fptr(op, "grad", a.Grad)
-	if err != nil {
-		return err
-	}
-	pm, cm, err := b.fptr(op, "m", a.M)
-	if err != nil {
-		return err
-	}
-	pv, cv, err := b.fptr(op, "v", a.V)
-	if err != nil {
-		return err
-	}
-	ps, cs, err := b.optFptr(op, "shadow", a.Shadow)
-	if err != nil {
+	arg := b.args(op)
+	pp, cp := arg.float("param", a.Param)
+	pg, cg := arg.float("grad", a.Grad)
+	pm, cm := arg.float("m", a.M)
+	pv, cv := arg.float("v", a.V)
+	ps, cs := arg.optFloat("shadow", a.Shadow)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	k := adamwScalarsFor(a)

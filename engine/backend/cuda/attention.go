@@ -56,28 +56,31 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 	if q.DType() != k.DType() || q.DType() != v.DType() {
 		return g, fmt.Errorf("cuda: %s: Q %v, K %v, V %v must share a dtype", op, q, k, v)
 	}
-	var err error
-	if g.dt, err = fcode(op, "Q", q); err != nil {
-		return g, err
-	}
 	if s.CuSeqlens.DType() != tensor.I32 || s.CuSeqlens.Numel() < 2 {
 		return g, fmt.Errorf("cuda: %s: CuSeqlens %v must be i32 [D+1] with D >= 1", op, s.CuSeqlens)
 	}
 	g.D = s.CuSeqlens.Numel() - 1
-	if g.cuQ, err = b.ptr(op, "CuSeqlens", s.CuSeqlens); err != nil {
-		return g, err
-	}
-	g.cuK = g.cuQ
 	if !s.CuSeqlensK.IsNil() {
 		if s.CuSeqlensK.DType() != tensor.I32 || s.CuSeqlensK.Numel() != g.D+1 {
 			return g, fmt.Errorf("cuda: %s: CuSeqlensK %v must be i32 [%d]", op, s.CuSeqlensK, g.D+1)
 		}
-		if g.cuK, err = b.ptr(op, "CuSeqlensK", s.CuSeqlensK); err != nil {
-			return g, err
-		}
 		g.hasSeparateCK = true
 	} else if g.Nk != g.N {
 		return g, fmt.Errorf("cuda: %s: K has %d rows but Q has %d: set CuSeqlensK for decoding", op, g.Nk, g.N)
+	}
+	if s.Window < 0 {
+		return g, fmt.Errorf("cuda: %s: window %d must be >= 0", op, s.Window)
+	}
+	arg := b.args(op)
+	g.dt = arg.code("Q", q)
+	g.pq, g.pk, g.pv = arg.ptr("Q", q), arg.ptr("K", k), arg.ptr("V", v)
+	g.cuQ = arg.ptr("CuSeqlens", s.CuSeqlens)
+	g.cuK = g.cuQ
+	if g.hasSeparateCK {
+		g.cuK = arg.ptr("CuSeqlensK", s.CuSeqlensK)
+	}
+	if err := arg.err(); err != nil {
+		return g, err
 	}
 	// The boundaries must be well formed: the kernels trust them.
 	cu, err := b.checkCuSeqlens(op, "CuSeqlens", g.cuQ, g.D, g.N)
@@ -95,19 +98,7 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 	if g.scale == 0 {
 		g.scale = float32(1 / math.Sqrt(float64(g.HD)))
 	}
-	if s.Window < 0 {
-		return g, fmt.Errorf("cuda: %s: window %d must be >= 0", op, s.Window)
-	}
 	g.window = int32(min(s.Window, math.MaxInt32))
-	if g.pq, err = b.ptr(op, "Q", q); err != nil {
-		return g, err
-	}
-	if g.pk, err = b.ptr(op, "K", k); err != nil {
-		return g, err
-	}
-	if g.pv, err = b.ptr(op, "V", v); err != nil {
-		return g, err
-	}
 	P := g.HD + 1
 	g.sharedFwd = uint32(4 * (2*attnTile*P + attnRows*g.HD))
 	g.sharedBwdDQ = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
@@ -389,18 +380,13 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if a.Out.Numel() != a.Q.Numel() || a.Out.DType() != a.Q.DType() {
 		return fmt.Errorf("cuda: %s: Out %v must match Q %v", op, a.Out, a.Q)
 	}
-	po, err := b.ptr(op, "Out", a.Out)
-	if err != nil {
-		return err
+	if !a.LSE.IsNil() && (a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH) {
+		return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
 	}
-	var pl uintptr
-	if !a.LSE.IsNil() {
-		if a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH {
-			return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
-		}
-		if pl, err = b.ptr(op, "LSE", a.LSE); err != nil {
-			return err
-		}
+	arg := b.args(op)
+	po, pl := arg.ptr("Out", a.Out), arg.opt("LSE", a.LSE)
+	if err := arg.err(); err != nil {
+		return err
 	}
 	if g.N == 0 {
 		return nil
@@ -459,13 +445,11 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 	if a.LSE.DType() != tensor.F32 || a.LSE.Numel() != g.N*g.NH {
 		return fmt.Errorf("cuda: %s: LSE %v must be f32 [%d, %d]", op, a.LSE, g.N, g.NH)
 	}
-	ptrs := map[string]uintptr{}
-	for name, t := range map[string]T{"DQ": a.DQ, "DK": a.DK, "DV": a.DV, "DOut": a.DOut, "Out": a.Out, "LSE": a.LSE} {
-		p, err := b.ptr(op, name, t)
-		if err != nil {
-			return err
-		}
-		ptrs[name] = p
+	arg := b.args(op)
+	ptrs := map[string]uintptr{"DQ": arg.ptr("DQ", a.DQ), "DK": arg.ptr("DK", a.DK), "DV": arg.ptr("DV", a.DV),
+		"DOut": arg.ptr("DOut", a.DOut), "Out": arg.ptr("Out", a.Out), "LSE": arg.ptr("LSE", a.LSE)}
+	if err := arg.err(); err != nil {
+		return err
 	}
 	if g.N == 0 {
 		return nil

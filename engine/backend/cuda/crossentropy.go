@@ -8,6 +8,9 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
+// Host launchers of kernels/crossentropy.cu: the fused LM head and cross-entropy, chunked over
+// tokens so that the full logits are never materialised.
+
 // crossEntropyChunkBytes bounds the fp32 logits of one chunk. With backward and a bf16 weight
 // the chunk's dlogits (bf16) add half as much again: at most 3 GiB of chunk buffers, which for a
 // 152k vocabulary is 3328 rows.
@@ -62,26 +65,18 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	if _, err := gemmDType(op, a.Hidden, a.Weight); err != nil {
 		return err
 	}
-	pt, err := i32ptr(b, op, "Targets", a.Targets)
-	if err != nil {
+	if !a.Loss.IsNil() && (a.Loss.DType() != tensor.F32 || a.Loss.Numel() != N) {
+		return fmt.Errorf("cuda: %s: Loss %v must be f32 [%d]", op, a.Loss, N)
+	}
+	if !a.LogProb.IsNil() && (a.LogProb.DType() != tensor.F32 || a.LogProb.Numel() != N) {
+		return fmt.Errorf("cuda: %s: LogProb %v must be f32 [%d]", op, a.LogProb, N)
+	}
+	arg := b.args(op)
+	pt := arg.i32("Targets", a.Targets)
+	pLoss := arg.opt("Loss", a.Loss)
+	pLP := arg.opt("LogProb", a.LogProb)
+	if err := arg.err(); err != nil {
 		return err
-	}
-	var pLoss, pLP uintptr
-	if !a.Loss.IsNil() {
-		if a.Loss.DType() != tensor.F32 || a.Loss.Numel() != N {
-			return fmt.Errorf("cuda: %s: Loss %v must be f32 [%d]", op, a.Loss, N)
-		}
-		if pLoss, err = b.ptr(op, "Loss", a.Loss); err != nil {
-			return err
-		}
-	}
-	if !a.LogProb.IsNil() {
-		if a.LogProb.DType() != tensor.F32 || a.LogProb.Numel() != N {
-			return fmt.Errorf("cuda: %s: LogProb %v must be f32 [%d]", op, a.LogProb, N)
-		}
-		if pLP, err = b.ptr(op, "LogProb", a.LogProb); err != nil {
-			return err
-		}
 	}
 	if !a.DHidden.IsNil() && (a.DHidden.Numel() != N*C || a.DHidden.DType() != a.Hidden.DType()) {
 		return fmt.Errorf("cuda: %s: DHidden %v must match Hidden %v", op, a.DHidden, a.Hidden)
@@ -145,8 +140,11 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		}
 		defer b.Free(dlogits)
 	}
-	pLogits, _ := b.ptr(op, "logits", logits)
-	pDL, cDL, _ := b.fptr(op, "dlogits", dlogits)
+	pLogits := arg.ptr("logits", logits)
+	pDL, cDL := arg.float("dlogits", dlogits)
+	if err := arg.err(); err != nil {
+		return err
+	}
 	if check == i32Unknown {
 		if err := b.d.Do(func() error { return b.resetFlagOnThread(int64(N)) }); err != nil {
 			return err
@@ -193,11 +191,11 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		}
 	}
 	if foldDWeight {
-		pdw, cdw, err := b.fptr(op, "DWeight", dWeight2D)
-		if err != nil {
+		pdw, cdw := arg.float("DWeight", dWeight2D)
+		pacc := arg.ptr("dWeightAcc", dWeightAcc)
+		if err := arg.err(); err != nil {
 			return err
 		}
-		pacc, _ := b.ptr(op, "dWeightAcc", dWeightAcc)
 		if err := b.foldF32(dWeight2D, pdw, cdw, 1, pacc, 1); err != nil {
 			return err
 		}

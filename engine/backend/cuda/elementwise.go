@@ -8,10 +8,14 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
+// Host launchers of kernels/elementwise.cu: Fill, Add, Axpy, Scale, ScaleRows, RowDot, SumSquares
+// and the fp32 fold (foldF32) that split-K GEMMs and the LM head's weight gradient end with.
+
 // Fill sets every element of t to v.
 func (b *Backend) Fill(t T, v float32) error {
-	p, err := b.ptr("Fill", "t", t)
-	if err != nil {
+	arg := b.args("Fill")
+	p := arg.ptr("t", t)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	n := uint64(t.Numel())
@@ -39,20 +43,14 @@ func (b *Backend) Fill(t T, v float32) error {
 
 // Add computes out = a + b elementwise.
 func (b *Backend) Add(out, x, y T) error {
-	const op = "Add"
 	if out.Numel() != x.Numel() || out.Numel() != y.Numel() {
 		return fmt.Errorf("cuda: Add: out %v, a %v, b %v differ in element count", out, x, y)
 	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	pa, ca, err := b.fptr(op, "a", x)
-	if err != nil {
-		return err
-	}
-	pb, cb, err := b.fptr(op, "b", y)
-	if err != nil {
+	arg := b.args("Add")
+	po, co := arg.float("out", out)
+	pa, ca := arg.float("a", x)
+	pb, cb := arg.float("b", y)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	n := int64(out.Numel())
@@ -64,16 +62,13 @@ func (b *Backend) Add(out, x, y T) error {
 
 // Axpy computes y += alpha*x.
 func (b *Backend) Axpy(y T, alpha float32, x T) error {
-	const op = "Axpy"
 	if y.Numel() != x.Numel() {
 		return fmt.Errorf("cuda: Axpy: y %v and x %v differ in element count", y, x)
 	}
-	py, cy, err := b.fptr(op, "y", y)
-	if err != nil {
-		return err
-	}
-	px, cx, err := b.fptr(op, "x", x)
-	if err != nil {
+	arg := b.args("Axpy")
+	py, cy := arg.float("y", y)
+	px, cx := arg.float("x", x)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	n := int64(y.Numel())
@@ -82,8 +77,9 @@ func (b *Backend) Axpy(y T, alpha float32, x T) error {
 
 // Scale computes t *= alpha.
 func (b *Backend) Scale(t T, alpha float32) error {
-	p, c, err := b.fptr("Scale", "t", t)
-	if err != nil {
+	arg := b.args("Scale")
+	p, c := arg.float("t", t)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	n := int64(t.Numel())
@@ -93,8 +89,9 @@ func (b *Backend) Scale(t T, alpha float32) error {
 // ScaleRows computes t[r,:] *= w[r] (w [R] F32).
 func (b *Backend) ScaleRows(t, w T) error {
 	const op = "ScaleRows"
-	p, c, err := b.fptr(op, "t", t)
-	if err != nil {
+	arg := b.args(op)
+	p, c := arg.float("t", t)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	cols := int64(t.Shape().Last())
@@ -105,8 +102,8 @@ func (b *Backend) ScaleRows(t, w T) error {
 	if w.DType() != tensor.F32 || int64(w.Numel()) != n/cols {
 		return fmt.Errorf("cuda: %s: w %v must be f32 with one element per row of t %v (%d)", op, w, t, n/cols)
 	}
-	wp, err := b.ptr(op, "w", w)
-	if err != nil {
+	wp := arg.ptr("w", w)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	return b.launch1D("elementwise.cu", "ew_scale_rows", n, p, c, wp, cols, n)
@@ -115,12 +112,10 @@ func (b *Backend) ScaleRows(t, w T) error {
 // RowDot computes out[r] = sum_c a[r,c]*b[r,c] in fp32 (out [R] F32), one warp per row.
 func (b *Backend) RowDot(out, x, y T) error {
 	const op = "RowDot"
-	xp, xc, err := b.fptr(op, "a", x)
-	if err != nil {
-		return err
-	}
-	yp, yc, err := b.fptr(op, "b", y)
-	if err != nil {
+	arg := b.args(op)
+	xp, xc := arg.float("a", x)
+	yp, yc := arg.float("b", y)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if !x.Shape().Equal(y.Shape()) {
@@ -134,11 +129,11 @@ func (b *Backend) RowDot(out, x, y T) error {
 	if out.DType() != tensor.F32 || int64(out.Numel()) != rows {
 		return fmt.Errorf("cuda: %s: out %v must be f32 with one element per row of a %v (%d)", op, out, x, rows)
 	}
-	op2, err := b.ptr(op, "out", out)
-	if err != nil {
+	po := arg.ptr("out", out)
+	if err := arg.err(); err != nil {
 		return err
 	}
-	return b.launch1D("elementwise.cu", "row_dot", rows*32, op2, xp, xc, yp, yc, rows, cols)
+	return b.launch1D("elementwise.cu", "row_dot", rows*32, po, xp, xc, yp, yc, rows, cols)
 }
 
 // SumSquares returns each tensor's sum of squares, accumulated in fp64 on the device.
@@ -153,12 +148,13 @@ func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 		n int64
 	}
 	jobs := make([]job, len(ts))
+	arg := b.args("SumSquares")
 	for i, t := range ts {
-		p, c, err := b.fptr("SumSquares", fmt.Sprintf("ts[%d]", i), t)
-		if err != nil {
-			return nil, err
-		}
+		p, c := arg.float(fmt.Sprintf("ts[%d]", i), t)
 		jobs[i] = job{p, c, int64(t.Numel())}
+	}
+	if err := arg.err(); err != nil {
+		return nil, err
 	}
 	var acc *Buffer
 	err := b.d.Do(func() error {

@@ -8,6 +8,9 @@ import (
 	"unsafe"
 )
 
+// Host launchers of kernels/embedding.cu: the token embedding's gather and its deterministic
+// scatter-add backward, with the sorted index metadata the backward reads.
+
 // Embedding gathers rows of weight by ids.
 func (b *Backend) Embedding(out, weight, ids T) error {
 	const op = "Embedding"
@@ -19,16 +22,11 @@ func (b *Backend) Embedding(out, weight, ids T) error {
 	if out.Numel() != N*C {
 		return fmt.Errorf("cuda: Embedding: out %v must hold [%d, %d] for ids %v and weight %v", out, N, C, ids, weight)
 	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	pw, cw, err := b.fptr(op, "weight", weight)
-	if err != nil {
-		return err
-	}
-	pi, err := i32ptr(b, op, "ids", ids)
-	if err != nil {
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	pw, cw := arg.float("weight", weight)
+	pi := arg.i32("ids", ids)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if N == 0 {
@@ -76,16 +74,11 @@ func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
 	if dOut.Numel() != N*C {
 		return fmt.Errorf("cuda: %s: dOut %v must hold [%d, %d]", op, dOut, N, C)
 	}
-	pw, cw, err := b.fptr(op, "dWeight", dWeight)
-	if err != nil {
-		return err
-	}
-	pd, cd, err := b.fptr(op, "dOut", dOut)
-	if err != nil {
-		return err
-	}
-	pi, err := i32ptr(b, op, "ids", ids)
-	if err != nil {
+	arg := b.args(op)
+	pw, cw := arg.float("dWeight", dWeight)
+	pd, cd := arg.float("dOut", dOut)
+	pi := arg.i32("ids", ids)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if N == 0 {

@@ -7,7 +7,11 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// gemmOperand checks a GEMM input and returns its dtype.
+// The backend's matrix products: GEMM, Linear and LinearBackward, with split-K weight gradients
+// and bf16 accumulation through fp32 (gemmFolded), over the cuBLASLt plans of gemm.go. Bias rows
+// and bias gradients run kernels of kernels/elementwise.cu.
+
+// gemmDType checks that the GEMM operands a and bb share a supported dtype and returns it.
 func gemmDType(op string, a, bb T) (tensor.DType, error) {
 	if a.DType() != bb.DType() {
 		return 0, fmt.Errorf("cuda: %s: operands %v and %v must have the same dtype", op, a, bb)
@@ -56,16 +60,11 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 	if g.M == 0 || g.N == 0 {
 		return nil
 	}
-	pa, err := b.ptr(op, "A", g.A)
-	if err != nil {
-		return err
-	}
-	pb, err := b.ptr(op, "B", g.B)
-	if err != nil {
-		return err
-	}
-	pc, err := b.ptr(op, "C", g.C)
-	if err != nil {
+	arg := b.args(op)
+	pa := arg.ptr("A", g.A)
+	pb := arg.ptr("B", g.B)
+	pc := arg.ptr("C", g.C)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if g.K > 0 {
@@ -141,9 +140,10 @@ func (b *Backend) gemmFolded(op string, g gemmCall, dt tensor.DType, pa, pb, pc 
 		return err
 	}
 	defer b.Free(tmp)
-	ptmp, _ := b.ptr(op, "scratch", tmp)
-	cc, err := fcode(op, "C", g.C)
-	if err != nil {
+	arg := b.args(op)
+	ptmp := arg.ptr("scratch", tmp)
+	cc := arg.code("C", g.C)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	ks := g.K / split
@@ -180,12 +180,10 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	if bias.Numel() != O {
 		return fmt.Errorf("cuda: Linear: bias %v must have O=%d elements", bias, O)
 	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	pb, cb, err := b.fptr(op, "bias", bias)
-	if err != nil {
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	pb, cb := arg.float("bias", bias)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if M == 0 {
@@ -194,6 +192,7 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	// The bias is added to the fp32 product before the single rounding to out's dtype.
 	acc := out
 	if out.DType() != tensor.F32 {
+		var err error
 		if acc, err = b.allocScratch(tensor.F32, M, O); err != nil { // the product overwrites it
 			return err
 		}
@@ -202,7 +201,10 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 	if err := b.gemm(op, gemmCall{A: x, B: w, C: acc, M: M, N: O, K: I, TransB: true, Alpha: 1}); err != nil {
 		return err
 	}
-	pacc, _ := b.ptr(op, "acc", acc)
+	pacc := arg.ptr("acc", acc)
+	if err := arg.err(); err != nil {
+		return err
+	}
 	return b.launch1D("elementwise.cu", "bias_rows_out", int64(M)*int64(O), po, co, pacc, pb, cb, int64(M), int32(O))
 }
 
@@ -246,12 +248,10 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 		if a.DB.Numel() != O {
 			return fmt.Errorf("cuda: %s: dB %v must have O=%d elements", op, a.DB, O)
 		}
-		pdb, cdb, err := b.fptr(op, "dB", a.DB)
-		if err != nil {
-			return err
-		}
-		pdy, cdy, err := b.fptr(op, "dY", a.DY)
-		if err != nil {
+		arg := b.args(op)
+		pdb, cdb := arg.float("dB", a.DB)
+		pdy, cdy := arg.float("dY", a.DY)
+		if err := arg.err(); err != nil {
 			return err
 		}
 		if M == 0 {

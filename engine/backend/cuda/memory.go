@@ -8,6 +8,8 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
+// The backend's memory: allocation, uploads, downloads and copies between tensors.
+
 // Empty returns a tensor whose contents are undefined until written: the block comes from the
 // allocator without the posted zero fill. HALO_CUDA_EMPTY=cleared makes it Alloc (zero-filled),
 // for comparing against.
@@ -146,13 +148,10 @@ func (b *Backend) Download(dst []byte, src T) error {
 
 // Copy copies src into dst, converting between F32 and BF16.
 func (b *Backend) Copy(dst, src T) error {
-	const op = "Copy"
-	pd, err := b.ptr(op, "dst", dst)
-	if err != nil {
-		return err
-	}
-	ps, err := b.ptr(op, "src", src)
-	if err != nil {
+	arg := b.args("Copy")
+	pd := arg.ptr("dst", dst)
+	ps := arg.ptr("src", src)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if dst.Numel() != src.Numel() {
@@ -167,12 +166,9 @@ func (b *Backend) Copy(dst, src T) error {
 			return b.d.drv.check("cuMemcpyDtoDAsync_v2", b.d.drv.cuMemcpyDtoDAsync(pd, ps, uint64(dst.Bytes()), b.d.stream))
 		})
 	}
-	cd, err := fcode(op, "dst", dst)
-	if err != nil {
-		return err
-	}
-	cs, err := fcode(op, "src", src)
-	if err != nil {
+	cd := arg.code("dst", dst)
+	cs := arg.code("src", src)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	n := int64(dst.Numel())

@@ -8,6 +8,9 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
+// Host launchers of kernels/rmsnorm.cu: RMSNorm, AddRMSNorm and RMSNormBackward, and how the
+// vectorised bf16 kernels are chosen and sized for a row width.
+
 // normVecRowsPerBlock is how many rows a 256-thread block of the vectorised bf16 RMSNorm
 // kernels covers for rows of C elements (rmsnorm.cu: L = min(32, C/8) lanes per row), or 0 when
 // they do not apply (C not a multiple of 8, or C/8 below 32 and not dividing it).
@@ -79,20 +82,12 @@ func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
 	if err != nil {
 		return err
 	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	pr, err := b.ptr(op, "rstd", rstd)
-	if err != nil {
-		return err
-	}
-	px, cx, err := b.fptr(op, "x", x)
-	if err != nil {
-		return err
-	}
-	pw, cw, err := b.fptr(op, "w", w)
-	if err != nil {
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	pr := arg.ptr("rstd", rstd)
+	px, cx := arg.float("x", x)
+	pw, cw := arg.float("w", w)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if N == 0 {
@@ -141,28 +136,14 @@ func (b *Backend) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float
 	if residualOut.Numel() != x.Numel() || residual.Numel() != x.Numel() {
 		return fmt.Errorf("cuda: %s: residualOut %v and residual %v must match x %v", op, residualOut, residual, x)
 	}
-	pro, cro, err := b.fptr(op, "residualOut", residualOut)
-	if err != nil {
-		return err
-	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	pr, err := b.ptr(op, "rstd", rstd)
-	if err != nil {
-		return err
-	}
-	px, cx, err := b.fptr(op, "x", x)
-	if err != nil {
-		return err
-	}
-	pres, cres, err := b.fptr(op, "residual", residual)
-	if err != nil {
-		return err
-	}
-	pw, cw, err := b.fptr(op, "w", w)
-	if err != nil {
+	arg := b.args(op)
+	pro, cro := arg.float("residualOut", residualOut)
+	po, co := arg.float("out", out)
+	pr := arg.ptr("rstd", rstd)
+	px, cx := arg.float("x", x)
+	pres, cres := arg.float("residual", residual)
+	pw, cw := arg.float("w", w)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if N == 0 {
@@ -193,28 +174,14 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 	if tensor.SameBuffer(a.DX, a.DY) {
 		return fmt.Errorf("cuda: %s: dX may not alias dY", op)
 	}
-	pdx, cdx, err := b.fptr(op, "dX", a.DX)
-	if err != nil {
-		return err
-	}
-	pdy, cdy, err := b.fptr(op, "dY", a.DY)
-	if err != nil {
-		return err
-	}
-	px, cx, err := b.fptr(op, "x", a.X)
-	if err != nil {
-		return err
-	}
-	pw, cw, err := b.fptr(op, "w", a.W)
-	if err != nil {
-		return err
-	}
-	pr, err := b.ptr(op, "rstd", a.RStd)
-	if err != nil {
-		return err
-	}
-	pdw, cdw, err := b.optFptr(op, "dW", a.DW)
-	if err != nil {
+	arg := b.args(op)
+	pdx, cdx := arg.float("dX", a.DX)
+	pdy, cdy := arg.float("dY", a.DY)
+	px, cx := arg.float("x", a.X)
+	pw, cw := arg.float("w", a.W)
+	pr := arg.ptr("rstd", a.RStd)
+	pdw, cdw := arg.optFloat("dW", a.DW)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if !a.DW.IsNil() && a.DW.Numel() != C {

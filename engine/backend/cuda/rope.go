@@ -7,6 +7,8 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
+// Host launchers of kernels/rope.cu: rotary position embedding, forward and transpose.
+
 // RoPE rotates the first R dims of each head.
 func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error { return b.rope("RoPE", out, x, a, 1) }
 
@@ -34,20 +36,12 @@ func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) er
 	if a.InvFreq.DType() != tensor.F32 || a.InvFreq.Numel() < R/2 {
 		return fmt.Errorf("cuda: %s: inv_freq %v must be f32 with R/2=%d elements", op, a.InvFreq, R/2)
 	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	px, cx, err := b.fptr(op, "x", x)
-	if err != nil {
-		return err
-	}
-	pp, err := i32ptr(b, op, "positions", a.Positions)
-	if err != nil {
-		return err
-	}
-	pf, err := b.ptr(op, "inv_freq", a.InvFreq)
-	if err != nil {
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	px, cx := arg.float("x", x)
+	pp := arg.i32("positions", a.Positions)
+	pf := arg.ptr("inv_freq", a.InvFreq)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	s := a.AttentionScaling

@@ -4,22 +4,19 @@ import (
 	"fmt"
 )
 
+// Host launchers of kernels/swiglu.cu: the SwiGLU gate, forward and backward.
+
 // SwiGLU computes out = silu(gate) * up.
 func (b *Backend) SwiGLU(out, gate, up T) error {
 	const op = "SwiGLU"
 	if out.Numel() != gate.Numel() || up.Numel() != gate.Numel() {
 		return fmt.Errorf("cuda: %s: out %v, gate %v, up %v differ in element count", op, out, gate, up)
 	}
-	po, co, err := b.fptr(op, "out", out)
-	if err != nil {
-		return err
-	}
-	pg, cg, err := b.fptr(op, "gate", gate)
-	if err != nil {
-		return err
-	}
-	pu, cu, err := b.fptr(op, "up", up)
-	if err != nil {
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	pg, cg := arg.float("gate", gate)
+	pu, cu := arg.float("up", up)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	n := int64(out.Numel())
@@ -38,24 +35,13 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 			return fmt.Errorf("cuda: %s: dGate %v, dUp %v, dOut %v, gate %v, up %v differ in element count", op, dGate, dUp, dOut, gate, up)
 		}
 	}
-	pdg, cdg, err := b.fptr(op, "dGate", dGate)
-	if err != nil {
-		return err
-	}
-	pdu, cdu, err := b.fptr(op, "dUp", dUp)
-	if err != nil {
-		return err
-	}
-	pdo, cdo, err := b.fptr(op, "dOut", dOut)
-	if err != nil {
-		return err
-	}
-	pg, cg, err := b.fptr(op, "gate", gate)
-	if err != nil {
-		return err
-	}
-	pu, cu, err := b.fptr(op, "up", up)
-	if err != nil {
+	arg := b.args(op)
+	pdg, cdg := arg.float("dGate", dGate)
+	pdu, cdu := arg.float("dUp", dUp)
+	pdo, cdo := arg.float("dOut", dOut)
+	pg, cg := arg.float("gate", gate)
+	pu, cu := arg.float("up", up)
+	if err := arg.err(); err != nil {
 		return err
 	}
 	if vec8(n, []int32{cdg, cdu, cdo, cg, cu}, pdg, pdu, pdo, pg, pu) {
