@@ -133,17 +133,21 @@ var (
 	}
 )
 
-// Test knobs (the GPU tests run one backend at a time): attnTileOverride replaces
-// attnDefaultTiles per head dim; attnBwdOnly ("dq" or "dkv") runs one of the two backward
-// kernels alone, for timing.
-var (
-	attnTileOverride map[int]attnTiles
-	attnBwdOnly      string
-)
+// attnOverrides replace the attention kernels' measured choices on one Backend, for the GPU
+// tests that compare and time the alternatives; the zero value keeps every choice.
+type attnOverrides struct {
+	// tiles replaces attnDefaultTiles per head dim (the mma.sync kernels).
+	tiles map[int]attnTiles
+	// wg replaces wgDefault entries (the Hopper kernels), by the same "kind/hd" keys.
+	wg map[string]wgKernel
+	// bwdOnly runs one part of the backward alone, for timing: "dq" or "dkv" (one of the two
+	// kernels; with the Hopper kernels after the per-row pass) or "dl" (that pass alone).
+	bwdOnly string
+}
 
 // tiles returns the tile shapes for head dim hd: the backend's override when set, else the default.
 func (b *Backend) tiles(hd int) attnTiles {
-	if t, ok := attnTileOverride[hd]; ok {
+	if t, ok := b.attnOverride.tiles[hd]; ok {
 		return t
 	}
 	return attnDefaultTiles[hd]
@@ -240,7 +244,7 @@ func (b *Backend) useWG() bool {
 	}
 	b.wgOnce.Do(func() {
 		b.wgErr = b.d.Do(func() error {
-			_, err := b.d.function(wgKernelFile, wgPick("fwd", 64).Name())
+			_, err := b.d.function(wgKernelFile, b.wgPick("fwd", 64).Name())
 			return err
 		})
 		if b.wgErr != nil {
@@ -301,16 +305,13 @@ func (k wgKernel) Shared() uint32 {
 
 // wgKernels lists the compiled kernels (the WG_* instantiations of attention_wg.cu).
 // wgDefault holds the one each (kind, head dim) runs, chosen from TestGPUAttentionWGSweep on an
-// H200 (testdata/gpu-run13, 4 x 4096 tokens): at head dim 64 the forward capped for 4 blocks per
-// multiprocessor (0.910 against 0.945 ms uncapped, 0.998 with 128-key tiles) and dK/dV capped for
-// 3 (1.711 against 1.792 ms); capping dQ for 4 blocks spills and is slower (1.202 against
-// 0.993 ms). Multiplying the block's fixed operand (Q in the forward; Q and dO in dQ; K and V in
-// dK/dV) from registers instead of its shared tile was tried and was slower in every kernel
-// (testdata/gpu-run16: forward 1.016 against 0.906 ms, spilling at the 4-block cap; dQ 1.105
-// against 0.996; dK/dV 1.837 at 2 blocks against 1.702), so shared-memory bandwidth is not
-// what bounds them. Since the dQ kernel's copies use wg_copier it fits 4 blocks in 128 registers
-// without spilling, and the capped form is ahead in every sweep since (0.908 against 0.918 ms,
-// 0.852 against 0.861): dq/64 runs it.
+// H200 at 4 x 4096 tokens (testdata/README.md: gpu-run13, gpu-run18): at head dim 64 the
+// forward and dQ capped for 4 blocks per multiprocessor and dK/dV capped for 3. The other forms
+// stay compiled for the sweep. The capped dQ fits 128 registers without spilling since its
+// copies use wg_copier (before, it spilled and was slower). Every kernel multiplies the block's
+// fixed operand (Q in the forward; Q and dO in dQ; K and V in dK/dV) from its shared tile:
+// taking it from registers was slower in each (gpu-run16), so shared-memory bandwidth is not
+// what bounds them.
 var (
 	wgKernels = []wgKernel{
 		{"fwd", 64, 64, 1}, {"fwd", 128, 64, 1}, {"fwd", 64, 128, 1}, {"fwd", 64, 64, 4}, {"fwd", 64, 128, 3},
@@ -322,14 +323,13 @@ var (
 		"dq/64": {"dq", 64, 64, 4}, "dq/128": {"dq", 128, 64, 1},
 		"dkv/64": {"dkv", 64, 64, 3}, "dkv/128": {"dkv", 128, 64, 1},
 	}
-	// wgOverride replaces wgDefault entries (a test knob, as attnTileOverride).
-	wgOverride map[string]wgKernel
 )
 
-// wgPick is the kernel of kind for head dim hd.
-func wgPick(kind string, hd int) wgKernel {
+// wgPick is the kernel of kind for head dim hd: the backend's override when set, else the
+// default.
+func (b *Backend) wgPick(kind string, hd int) wgKernel {
 	key := fmt.Sprintf("%s/%d", kind, hd)
-	if k, ok := wgOverride[key]; ok {
+	if k, ok := b.attnOverride.wg[key]; ok {
 		return k
 	}
 	return wgDefault[key]
@@ -400,7 +400,7 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 				if err != nil {
 					return err
 				}
-				k := wgPick("fwd", g.HD)
+				k := b.wgPick("fwd", g.HD)
 				return b.d.launchOnThread(wgKernelFile, k.Name(), grid, [3]uint32{128, 1, 1}, k.Shared(), append(args, packArgs(order)...)...)
 			})
 		}
@@ -476,10 +476,10 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 			if err := checkTiles(g.HD, t); err != nil {
 				return err
 			}
-			if b.attnFused && attnBwdOnly == "" && fusedCompiled(g.HD, t) {
+			if b.attnFused && b.attnOverride.bwdOnly == "" && fusedCompiled(g.HD, t) {
 				return b.fusedBackwardOnThread(g, t, ptrs, common)
 			}
-			if attnBwdOnly != "dkv" {
+			if b.attnOverride.bwdOnly != "dkv" {
 				rows := 16 * t.DQW
 				grid := [3]uint32{uint32((g.N + rows - 1) / rows), uint32(g.NH), 1}
 				if err := b.d.launchOnThread("attention_tc.cu", t.dqName(g.HD), grid, [3]uint32{uint32(32 * t.DQW), 1, 1},
@@ -487,7 +487,7 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 					return err
 				}
 			}
-			if attnBwdOnly == "dq" {
+			if b.attnOverride.bwdOnly == "dq" {
 				return nil
 			}
 			rows := 16 * t.DKVW
@@ -508,10 +508,9 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 }
 
 // wgBackwardOnThread runs the Hopper dQ and dK/dV kernels (attention_wg.cu) after the pass that
-// writes their per-row terms (dl). attnBwdOnly runs a part, for timing: "dl" (the pass alone),
-// "dq" or "dkv" (each after the pass). Computing the terms in the dQ kernel instead, while its
-// tiles copy, was measured slower (Llama shape: backward 1.881 -> 2.041 ms; the pass alone takes
-// 0.043 ms).
+// writes their per-row terms (dl). attnOverride.bwdOnly runs a part, for timing: "dl" (the pass
+// alone), "dq" or "dkv" (each after the pass). The pass is separate because computing the terms
+// in the dQ kernel instead, while its tiles copy, was slower (testdata/README.md, gpu-run18).
 func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr) error {
 	dl, err := b.d.allocOnThread(uint64(8 * g.N * g.NH))
 	if err != nil {
@@ -524,30 +523,30 @@ func (b *Backend) wgBackwardOnThread(g attnGeom, ptrs map[string]uintptr) error 
 		packArgs(dl.ptr, ptrs["DOut"], ptrs["Out"], ptrs["LSE"], int64(g.N), int32(g.NH))...); err != nil {
 		return err
 	}
-	if attnBwdOnly == "dl" {
+	if b.attnOverride.bwdOnly == "dl" {
 		return nil
 	}
 	common := []any{g.pq, g.pk, g.pv, ptrs["DOut"], dl.ptr, g.cuQ, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), g.scale, g.window}
 	blocks := (g.N + wgRows - 1) / wgRows
-	if attnBwdOnly != "dkv" {
+	if b.attnOverride.bwdOnly != "dkv" {
 		order, err := b.attnOrderOnThread(g.cu, int(g.window), false)
 		if err != nil {
 			return err
 		}
-		k := wgPick("dq", g.HD)
+		k := b.wgPick("dq", g.HD)
 		if err := b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{uint32(blocks * g.NH), 1, 1}, [3]uint32{128, 1, 1},
 			k.Shared(), packArgs(append(append([]any{ptrs["DQ"]}, common...), order)...)...); err != nil {
 			return err
 		}
 	}
-	if attnBwdOnly == "dq" {
+	if b.attnOverride.bwdOnly == "dq" {
 		return nil
 	}
 	order, err := b.attnOrderOnThread(g.cu, int(g.window), true)
 	if err != nil {
 		return err
 	}
-	k := wgPick("dkv", g.HD)
+	k := b.wgPick("dkv", g.HD)
 	return b.d.launchOnThread(wgKernelFile, k.Name(), [3]uint32{uint32(blocks * g.NKV), 1, 1}, [3]uint32{128, 1, 1},
 		k.Shared(), packArgs(append(append([]any{ptrs["DK"], ptrs["DV"]}, common...), order)...)...)
 }

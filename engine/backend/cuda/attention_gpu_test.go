@@ -18,7 +18,7 @@ import (
 func TestGPUAttentionTiles(t *testing.T) {
 	g := gpu(t)
 	wg := g.attnWG
-	defer func() { g.attnMMA = true; g.attnWG = wg; g.attnFused = false; attnTileOverride = nil }()
+	defer func() { g.attnMMA = true; g.attnWG = wg; g.attnFused = false; g.attnOverride.tiles = nil }()
 	g.attnMMA, g.attnWG, g.attnFused = true, false, false
 	// Every compiled tile shape runs every case: configuration i takes the i-th forward, dQ and
 	// dK/dV variant of each head dim (cycling through the shorter lists).
@@ -27,10 +27,10 @@ func TestGPUAttentionTiles(t *testing.T) {
 		configs = max(configs, len(v.fwd), len(v.dq), len(v.dkv))
 	}
 	for ci := 0; ci < configs; ci++ {
-		attnTileOverride = map[int]attnTiles{}
+		g.attnOverride.tiles = map[int]attnTiles{}
 		for hd, v := range attnVariants {
 			f, dq, dkv := v.fwd[ci%len(v.fwd)], v.dq[ci%len(v.dq)], v.dkv[ci%len(v.dkv)]
-			attnTileOverride[hd] = attnTiles{FwdW: f[0], FwdMT: f[1], FwdBK: f[2], DQW: dq[0], DQBK: dq[1], DKVW: dkv[0], DKVBQ: dkv[1]}
+			g.attnOverride.tiles[hd] = attnTiles{FwdW: f[0], FwdMT: f[1], FwdBK: f[2], DQW: dq[0], DQBK: dq[1], DKVW: dkv[0], DKVBQ: dkv[1]}
 		}
 		t.Run(fmt.Sprintf("tiles%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
 	}
@@ -41,16 +41,16 @@ func TestGPUAttentionTiles(t *testing.T) {
 		configs = max(configs, len(v.fused))
 	}
 	for ci := 0; ci < configs; ci++ {
-		attnTileOverride = map[int]attnTiles{}
+		g.attnOverride.tiles = map[int]attnTiles{}
 		for hd, v := range attnVariants {
 			tl := attnDefaultTiles[hd]
 			tl.DKVW, tl.DKVBQ = v.fused[ci%len(v.fused)][0], v.fused[ci%len(v.fused)][1]
-			attnTileOverride[hd] = tl
+			g.attnOverride.tiles[hd] = tl
 		}
 		t.Run(fmt.Sprintf("fused%d", ci), func(t *testing.T) { attentionTileCases(t, g) })
 	}
 	// The Hopper warpgroup kernels, on the devices that build them.
-	g.attnFused, attnTileOverride = false, nil
+	g.attnFused, g.attnOverride.tiles = false, nil
 	if !wgArch(g.d.info.Arch) {
 		t.Logf("no warpgroup kernels on %s (sm_90 only)", g.d.info.Arch)
 		return
@@ -58,16 +58,16 @@ func TestGPUAttentionTiles(t *testing.T) {
 	g.attnWG = true
 	t.Run("wgmma", func(t *testing.T) { attentionTileCases(t, g) })
 	// Every other compiled warpgroup kernel, in place of the default of its kind.
-	defer func() { wgOverride = nil }()
+	defer func() { g.attnOverride.wg = nil }()
 	for _, k := range wgKernels {
 		key := fmt.Sprintf("%s/%d", k.Kind, k.HD)
 		if wgDefault[key] == k {
 			continue
 		}
-		wgOverride = map[string]wgKernel{key: k}
+		g.attnOverride.wg = map[string]wgKernel{key: k}
 		t.Run("wgmma_"+k.Name(), func(t *testing.T) { attentionTileCases(t, g) })
 	}
-	wgOverride = nil
+	g.attnOverride.wg = nil
 }
 
 // bwdAbs widens the tensor-core absolute tolerance for dQ, dK and dV: the backward rounds P and
@@ -109,7 +109,7 @@ func attentionTileCases(t *testing.T, g *Backend) {
 			bwdNames = tl.fusedName(s.HD)
 		}
 		if g.attnWG {
-			fwdName, bwdNames = wgPick("fwd", s.HD).Name(), wgPick("dq", s.HD).Name()+"_"+wgPick("dkv", s.HD).Name()
+			fwdName, bwdNames = g.wgPick("fwd", s.HD).Name(), g.wgPick("dq", s.HD).Name()+"_"+g.wgPick("dkv", s.HD).Name()
 		}
 		inputs := fmt.Sprintf("docs%v_NH%d_NKV%d_HD%d_win%d", s.lens, s.NH, s.NKV, s.HD, s.window)
 		name := inputs + "_" + fwdName + "_" + bwdNames
@@ -195,7 +195,7 @@ func TestGPUAttentionThroughput(t *testing.T) {
 	g := gpu(t)
 	g.attnMMA = true
 	wg := g.attnWG && wgArch(g.d.info.Arch)
-	defer func() { g.attnWG = wg; attnBwdOnly = "" }()
+	defer func() { g.attnWG = wg; g.attnOverride.bwdOnly = "" }()
 	const B, T = 4, 4096
 	for _, s := range benchAttentionShapes {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
@@ -221,13 +221,13 @@ func TestGPUAttentionThroughput(t *testing.T) {
 				t.Fatal(err)
 			}
 			wfwd, wbwd := timeIt(t, g, 3, fwd), timeIt(t, g, 3, bwd)
-			attnBwdOnly = "dq"
+			g.attnOverride.bwdOnly = "dq"
 			wdq := timeIt(t, g, 3, bwd)
-			attnBwdOnly = "dkv"
+			g.attnOverride.bwdOnly = "dkv"
 			wdkv := timeIt(t, g, 3, bwd)
-			attnBwdOnly = "dl"
+			g.attnOverride.bwdOnly = "dl"
 			wdl := timeIt(t, g, 3, bwd)
-			attnBwdOnly, g.attnWG = "", false
+			g.attnOverride.bwdOnly, g.attnWG = "", false
 			vals["wg_fwd_ms"], vals["wg_bwd_ms"], vals["wg_bwd_dq_only_ms"], vals["wg_bwd_dkv_only_ms"] = wfwd, wbwd, wdq, wdkv
 			vals["wg_bwd_dl_only_ms"] = wdl
 			vals["wg_fwd_tflops"] = flops / (wfwd * 1e-3) / 1e12
@@ -303,7 +303,7 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 	g.attnMMA = true
 	wg := g.attnWG
 	g.attnWG = false
-	defer func() { attnTileOverride = nil; attnBwdOnly = ""; g.attnWG = wg }()
+	defer func() { g.attnOverride.tiles = nil; g.attnOverride.bwdOnly = ""; g.attnWG = wg }()
 	const B, T = 4, 4096
 	for _, s := range benchAttentionShapes {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
@@ -314,12 +314,12 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 		for _, f := range variants.fwd {
 			tl := def
 			tl.FwdW, tl.FwdMT, tl.FwdBK = f[0], f[1], f[2]
-			attnTileOverride = map[int]attnTiles{s.HD: tl}
+			g.attnOverride.tiles = map[int]attnTiles{s.HD: tl}
 			ms := timeIt(t, g, 3, fwd)
 			key := fmt.Sprintf("fwd_w%d_m%d_k%d", f[0], f[1], f[2])
 			vals[key+"_ms"], vals[key+"_tflops"] = ms, flops/(ms*1e-3)/1e12
 		}
-		attnTileOverride = nil
+		g.attnOverride.tiles = nil
 		if err := fwd(); err != nil {
 			t.Fatal(err)
 		}
@@ -334,18 +334,18 @@ func TestGPUAttentionTileSweep(t *testing.T) {
 			{"dq", "dq_w%d_k%d", 3, variants.dq, func(tl *attnTiles, v [2]int) { tl.DQW, tl.DQBK = v[0], v[1] }},
 			{"dkv", "dkv_w%d_q%d", 4, variants.dkv, func(tl *attnTiles, v [2]int) { tl.DKVW, tl.DKVBQ = v[0], v[1] }},
 		} {
-			attnBwdOnly = k.only
+			g.attnOverride.bwdOnly = k.only
 			for _, v := range k.list {
 				tl := def
 				k.set(&tl, v)
-				attnTileOverride = map[int]attnTiles{s.HD: tl}
+				g.attnOverride.tiles = map[int]attnTiles{s.HD: tl}
 				ms := timeIt(t, g, 3, bwd)
 				key := fmt.Sprintf(k.name, v[0], v[1])
 				vals[key+"_ms"] = ms
 				vals[fmt.Sprintf("%s_tflops_%.0f_products", key, k.products)] = k.products / 2 * flops / (ms * 1e-3) / 1e12
 			}
 		}
-		attnBwdOnly, attnTileOverride = "", nil
+		g.attnOverride.bwdOnly, g.attnOverride.tiles = "", nil
 		keys := make([]string, 0, len(vals))
 		for k := range vals {
 			keys = append(keys, k)
@@ -428,7 +428,7 @@ func TestGPUAttentionWGSweep(t *testing.T) {
 	}
 	wg := g.attnWG
 	g.attnMMA, g.attnWG = true, true
-	defer func() { g.attnWG = wg; wgOverride = nil; attnBwdOnly = "" }()
+	defer func() { g.attnWG = wg; g.attnOverride.wg = nil; g.attnOverride.bwdOnly = "" }()
 	const B, T = 4, 4096
 	for _, s := range benchAttentionShapes {
 		fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
@@ -441,18 +441,18 @@ func TestGPUAttentionWGSweep(t *testing.T) {
 			if k.HD != s.HD {
 				continue
 			}
-			wgOverride = map[string]wgKernel{fmt.Sprintf("%s/%d", k.Kind, k.HD): k}
+			g.attnOverride.wg = map[string]wgKernel{fmt.Sprintf("%s/%d", k.Kind, k.HD): k}
 			f, products := bwd, 3.0
 			switch k.Kind {
 			case "fwd":
 				f, products = fwd, 2
 			case "dq":
-				attnBwdOnly = "dq"
+				g.attnOverride.bwdOnly = "dq"
 			default:
-				attnBwdOnly, products = "dkv", 4
+				g.attnOverride.bwdOnly, products = "dkv", 4
 			}
 			ms := timeIt(t, g, 3, f)
-			attnBwdOnly, wgOverride = "", nil
+			g.attnOverride.bwdOnly, g.attnOverride.wg = "", nil
 			vals[k.Name()+"_ms"] = ms
 			vals[k.Name()+"_tflops"] = products / 2 * flops / (ms * 1e-3) / 1e12
 			t.Logf("%s %s: %.3f ms (%.0f TFLOP/s)", s.name, k.Name(), ms, vals[k.Name()+"_tflops"])

@@ -29,36 +29,19 @@ type T = tensor.Tensor
 // a wait.
 type Backend struct {
 	d *Device
-	// attnMMA selects the tensor-core attention kernels where they apply (bf16, head dim 64 or
-	// 128, 16-byte aligned tensors); HALO_CUDA_ATTENTION=simt turns them off.
-	attnMMA bool
-	// attnWG selects, among those, the Hopper warpgroup kernels (attention_wg.cu, wgmma) on sm_90
-	// devices; HALO_CUDA_ATTENTION=mma keeps the mma.sync kernels of attention_tc.cu.
-	attnWG bool
-	wgOnce sync.Once
-	wgErr  error
-	// attnFused runs the tensor-core backward as one pass that accumulates dQ with atomic adds
-	// (attention_fused.cu) instead of a dQ and a dK/dV kernel; HALO_CUDA_ATTN_BWD=fused turns it
-	// on. dq is then not bit-for-bit reproducible from run to run. On an H200 it was slower than
-	// the two kernels (Qwen3-0.6B shape 5.0 against 3.9 ms, testdata/gpu-run9): the atomic adds
-	// cost more than the recomputed products they replace, so it stays off by default.
-	attnFused bool
-	mmaOnce   sync.Once
-	mmaErr    error
+	// backendOptions are the implementation choices it was made with (optionsFromSwitches); the
+	// GPU tests change them on their backend to compare and time the alternatives.
+	backendOptions
+	wgOnce  sync.Once
+	wgErr   error
+	mmaOnce sync.Once
+	mmaErr  error
 	// scratch holds small per-op device buffers that live as long as the backend.
 	flag *Buffer // one int32 for bad-index reports
 	// i32 keeps host summaries of uploaded index tensors (host_int32.go).
 	i32 i32Records
 	// staging is the pinned ring for asynchronous uploads (host_staging.go); device goroutine only.
 	staging hostStaging
-	// noSplitK turns off split-K weight gradients (HALO_CUDA_GEMM_SPLITK=off). gemmFoldBeta
-	// (HALO_CUDA_GEMM_BETA=fold) makes accumulating GEMMs into bf16 round once, through an fp32
-	// product folded in by ew_fold_parts (gemmFolded); by default cuBLASLt adds Beta·C itself,
-	// which rounds the product to bf16 first (TestGPUGemmBetaRoundsOnce measures both).
-	noSplitK, gemmFoldBeta bool
-	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
-	// it off).
-	emptyUncleared bool
 	// attnOrders caches the Hopper attention kernels' block orders on the device, by
 	// attnOrderKey (attention_order.go); device goroutine only.
 	attnOrders map[uint64]*Buffer
@@ -93,8 +76,44 @@ func New(index int) (*Backend, error) {
 		d.Close()
 		return nil, err
 	}
-	return &Backend{d: d, flag: flag, attnMMA: o.attnMMA, attnWG: o.attnWG, attnFused: o.attnFused,
-		emptyUncleared: o.emptyUncleared, noSplitK: o.noSplitK, gemmFoldBeta: o.gemmFoldBeta}, nil
+	return &Backend{d: d, flag: flag, backendOptions: o}, nil
+}
+
+// backendOptions are the implementation choices of a Backend. Each alternative computes the
+// same result within the tolerance its GPU test states; the defaults were chosen from
+// measurements on an H200 (testdata/README.md).
+type backendOptions struct {
+	// attnMMA selects the tensor-core attention kernels where they apply (bf16, head dim 64 or
+	// 128, 16-byte aligned tensors); HALO_CUDA_ATTENTION=simt turns them off.
+	attnMMA bool
+	// attnWG selects, among those, the Hopper warpgroup kernels (attention_wg.cu, wgmma) on sm_90
+	// devices; HALO_CUDA_ATTENTION=mma keeps the mma.sync kernels of attention_tc.cu.
+	attnWG bool
+	// attnFused runs the mma.sync backward as one pass that accumulates dQ with atomic adds
+	// (attention_fused.cu) instead of a dQ and a dK/dV kernel; HALO_CUDA_ATTN_BWD=fused turns it
+	// on. dq is then not bit-for-bit reproducible from run to run. It is off by default because
+	// it is slower than the two kernels on an H200 (testdata/README.md, gpu-run9): the atomic
+	// adds cost more than the recomputed products they replace.
+	attnFused bool
+	// noSplitK turns off split-K weight gradients (HALO_CUDA_GEMM_SPLITK=off). gemmFoldBeta
+	// (HALO_CUDA_GEMM_BETA=fold) makes accumulating GEMMs into bf16 round once, through an fp32
+	// product folded in by ew_fold_parts (gemmFolded); by default cuBLASLt adds Beta·C itself,
+	// which rounds the product to bf16 first (TestGPUGemmBetaRoundsOnce measures both).
+	noSplitK, gemmFoldBeta bool
+	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
+	// it off).
+	emptyUncleared bool
+	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).
+	normBwd normBwdOptions
+	// attnOverride replaces the attention kernels' measured choices (attention.go); the zero
+	// value, which New sets, keeps them.
+	attnOverride attnOverrides
+}
+
+// defaultBackendOptions are the choices with every switch unset, on a device of architecture
+// arch ("sm_90").
+func defaultBackendOptions(arch string) backendOptions {
+	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, normBwd: defaultNormBwdOptions()}
 }
 
 // Device returns the underlying device (for diagnostics and events).

@@ -11,10 +11,13 @@
 // header, embedded in the binary, compiled by NVRTC for the detected architecture (sm_80 and newer)
 // on first use and cached on disk (KernelCacheDir) under a key of source hash, architecture and
 // NVRTC version. They store bf16 or fp32 and compute in fp32; bf16 values are handled as raw bits,
-// so NVRTC needs no CUDA headers. GEMMs go through cuBLASLt (bf16 or fp32 operands, fp32
-// accumulation, split-K only in fp32); the algorithm is chosen once per shape and alignment: for
-// GEMMs of 1e12 FLOPs or more (the LM head's) the fastest of the heuristic's first 8 candidates,
-// timed on the shape's first call (which waits once), elsewhere the heuristic's first choice
+// so NVRTC needs no CUDA headers. Each family's host launchers sit in the Go file of the same name
+// (rmsnorm.go launches kernels/rmsnorm.cu; linear.go the GEMMs, attention.go the attention
+// files), and check their tensor arguments through one builder (args.go). GEMMs go through
+// cuBLASLt (bf16 or fp32 operands, fp32 accumulation, split-K only in fp32); the algorithm is
+// chosen once per shape and alignment: for GEMMs of 1e12 FLOPs or more (the LM head's) the
+// fastest of the heuristic's first 8 candidates, timed on the shape's first call (which waits
+// once), elsewhere the heuristic's first choice
 // (HALO_CUDA_GEMM_CANDIDATES and HALO_CUDA_GEMM_TUNE_MIN_FLOPS change both, gemm_tune.go).
 // Weight gradients whose output is too small to fill the GPU run split over K (gemmSplitK), and
 // a GEMM that accumulates into bf16 computes its product in fp32 and adds it with one rounding:

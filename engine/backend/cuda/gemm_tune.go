@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"unsafe"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // GEMM algorithm tuning.
@@ -32,19 +33,15 @@ import (
 // memory is not available the key takes the heuristic's first choice. With Beta = 0 the timed
 // runs write C itself, which the call then overwrites with the winner's result.
 //
-// GEMMs below MinFLOPs take the heuristic's first choice untimed. The default, 1e12 FLOPs
-// (about 1.3 ms on an H200), times only the largest GEMMs, the LM head's chunks. Measured with
-// TestGPULayerGEMMThroughput (testdata/gpu-run14, 16, 17): the logits GEMM's tuned choice was
-// 13-16% faster than the heuristic's in every run, for both benchmark shapes; for the head's dX
-// and dW GEMMs the tuned choice was sometimes faster (Qwen3 dX 17%) and sometimes slower
-// (Llama dX by 2% and 13% in two runs), so three timed rounds on the first call do not always
-// rank those candidates right. In the training benchmark the loss op went from 43.1-43.2 ms to
-// 42.2 ms (Llama-3.2-1B) with it and the unfilled first-chunk accumulator of the same commit
-// together. On the transformer layers' GEMMs tuning moved the whole
-// benchmark by less than its noise and sometimes kept a slower candidate. The smallest sensible threshold is about 1e10: below it a
-// launch through cuBLASLt and an event record take the host nearly as long as the GPU takes to
-// run the GEMM, so the queue of timed runs could drain and the events would time the host.
-// Nothing is persisted.
+// GEMMs below MinFLOPs take the heuristic's first choice untimed. The default, 1e12 FLOPs,
+// times only the largest GEMMs, the LM head's chunks, where the tuned choice beat the
+// heuristic's in every run of TestGPULayerGEMMThroughput; for the head's dX and dW GEMMs and the
+// transformer layers' GEMMs three timed rounds on the first call did not always rank the
+// candidates right, and tuning them did not move the training benchmark beyond its noise
+// (testdata/README.md, gpu-run14, 16 and 17). The smallest sensible threshold is about 1e10:
+// below it a launch through cuBLASLt and an event record take the host nearly as long as the
+// GPU takes to run the GEMM, so the queue of timed runs could drain and the events would time
+// the host. Nothing is persisted.
 //
 // HALO_CUDA_GEMM_CANDIDATES (default 8; 1 takes the heuristic's first choice everywhere) and
 // HALO_CUDA_GEMM_TUNE_MIN_FLOPS (default 1e12) override both; they are read when a device makes
@@ -449,5 +446,16 @@ func (d *Device) tuneOnThread(gs *gemmState, p *gemmPlan, g *Gemm, results []ltH
 	return nil
 }
 
-// loadGemmTuneConfig reads the tuning environment of this process.
-func loadGemmTuneConfig() (gemmTuneConfig, error) { return gemmTuneConfigFromEnv(os.Getenv) }
+// loadGemmTuneConfig reads the tuning switches (HALO_CUDA_GEMM_CANDIDATES,
+// HALO_CUDA_GEMM_TUNE_MIN_FLOPS) of this process.
+func loadGemmTuneConfig() (gemmTuneConfig, error) {
+	return gemmTuneConfigFromEnv(func(name string) string {
+		for _, s := range []*switches.Switch{swGemmCandidates, swGemmTuneMinFLOPs} {
+			if s.Name == name {
+				v, _ := s.Lookup()
+				return v
+			}
+		}
+		return ""
+	})
+}

@@ -26,30 +26,30 @@ func TestNormVecLayout(t *testing.T) {
 		{2056, 8, ""},
 		{0, 0, "rmsnorm_bwd_bf16x8_c1024"},
 	}
-	defer func(v bool) { normBwdSharedDW = v }(normBwdSharedDW)
-	normBwdSharedDW = false // the table names the register forms
+	o := defaultNormBwdOptions()
+	o.sharedDW = false // the table names the register forms
 	for _, tc := range tests {
 		if got := normVecRowsPerBlock(tc.C); got != tc.rows {
 			t.Errorf("normVecRowsPerBlock(%d) = %d, want %d", tc.C, got, tc.rows)
 		}
-		if got := normBwdVecPlan(tc.C).kernel; got != tc.bwdName {
-			t.Errorf("normBwdVecPlan(%d).kernel = %q, want %q", tc.C, got, tc.bwdName)
+		if got := o.plan(tc.C).kernel; got != tc.bwdName {
+			t.Errorf("plan(%d).kernel = %q, want %q", tc.C, got, tc.bwdName)
 		}
 	}
 	// With the weight-gradient sums in shared memory, rows of 1024 < C <= 2048 take the other
 	// kernel, twice the blocks per SM and every warp's 2048 sums.
-	normBwdSharedDW = true
+	o.sharedDW = true
 	for _, tc := range []struct {
 		C    int
 		want normBwdPlan
 	}{
-		{1024, normBwdPlan{"rmsnorm_bwd_bf16x8_c1024", normBwdBlocksPerSM, 4 * 8 * 1024}},
-		{1032, normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * normBwdBlocksPerSMWide, 4 * 8 * 2048}},
-		{2048, normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * normBwdBlocksPerSMWide, 4 * 8 * 2048}},
+		{1024, normBwdPlan{"rmsnorm_bwd_bf16x8_c1024", o.blocksPerSM, 4 * 8 * 1024}},
+		{1032, normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * o.blocksPerSMWide, 4 * 8 * 2048}},
+		{2048, normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * o.blocksPerSMWide, 4 * 8 * 2048}},
 		{2056, normBwdPlan{}},
 	} {
-		if got := normBwdVecPlan(tc.C); got != tc.want {
-			t.Errorf("normBwdVecPlan(%d) = %+v, want %+v", tc.C, got, tc.want)
+		if got := o.plan(tc.C); got != tc.want {
+			t.Errorf("plan(%d) = %+v, want %+v", tc.C, got, tc.want)
 		}
 	}
 }

@@ -75,7 +75,7 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 		// cuBLASLt rounds the product to bf16 before adding Beta·C (TestGPUGemmBetaRoundsOnce),
 		// as autograd does when it adds separately rounded bf16 gradients: the backend contract
 		// allows it for accumulating outputs. gemmFoldBeta rounds once, through fp32 scratch, at
-		// the cost of writing and re-reading that scratch (~70 us for a 16384 x 2048 output).
+		// the cost of writing and re-reading that scratch (testdata/README.md, gpu-run18).
 		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && b.gemmFoldBeta) {
 			return b.gemmFolded(op, g, dt, pa, pb, pc, split)
 		}

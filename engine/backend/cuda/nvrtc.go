@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 )
@@ -74,9 +75,7 @@ func (n *nvrtcAPI) compile(name, src, arch string, extraOpts []string) ([]byte, 
 	}
 	r := n.nvrtcCompileProgram(prog, int32(len(cOpts)), &cOpts[0])
 	log := n.programLog(prog)
-	if _, ok := swNVRTCLog.Lookup(); ok && log != "" {
-		fmt.Fprintf(os.Stderr, "nvrtc %s (%s):\n%s\n", name, arch, log)
-	}
+	printNVRTCLog(os.Stderr, name, arch, log)
 	if r != 0 {
 		return nil, fmt.Errorf("cuda: nvrtc %s: compiling %s for %s (%s): %s\n%s", n.Version(), name, arch, strings.Join(opts, " "), n.errString(r), log)
 	}
@@ -89,6 +88,14 @@ func (n *nvrtcAPI) compile(name, src, arch string, extraOpts []string) ([]byte, 
 		return nil, fmt.Errorf("cuda: nvrtc: %s: get CUBIN: %s", name, n.errString(r))
 	}
 	return cubin, nil
+}
+
+// printNVRTCLog writes a compilation's log to w when HALO_CUDA_NVRTC_LOG is set and the log is
+// not empty.
+func printNVRTCLog(w io.Writer, name, arch, log string) {
+	if _, ok := swNVRTCLog.Lookup(); ok && log != "" {
+		fmt.Fprintf(w, "nvrtc %s (%s):\n%s\n", name, arch, log)
+	}
 }
 
 func (n *nvrtcAPI) programLog(prog uintptr) string {

@@ -28,19 +28,25 @@ func normVecRowsPerBlock(C int) int {
 	return 8 * (32 / c8)
 }
 
-// normBwdBlocksPerSM bounds the vectorised backward's grid (blocks per SM); more blocks mean
-// fewer rows per warp but more dW partial rows to add up.
-var normBwdBlocksPerSM = 2
+// normBwdOptions size the vectorised backward (a Backend's normBwd); defaultNormBwdOptions are
+// the ones TestGPUMemoryBoundKernels' sweeps measured fastest on an H200.
+type normBwdOptions struct {
+	// blocksPerSM bounds the grid for rows of up to 1024 elements (blocks per SM); more blocks
+	// mean fewer rows per warp but more dW partial rows to add up.
+	blocksPerSM int
+	// blocksPerSMWide is the bound for rows of more than 1024 elements, whose kernel holds a
+	// row's 8 vectors of x, dy and old dx per lane at once and fits one 256-thread block per SM
+	// (two with sharedDW).
+	blocksPerSMWide int
+	// sharedDW selects, for rows of 1024 < C <= 2048, the backward that keeps its weight-
+	// gradient partial sums in shared memory (rmsnorm_bwd_bf16x8_c2048s, two blocks per SM) over
+	// the one that keeps them in registers (one block per SM).
+	sharedDW bool
+}
 
-// normBwdBlocksPerSMWide is the bound for rows of more than 1024 elements, whose kernel holds a
-// row's 8 vectors of x, dy and old dx per lane at once and fits one 256-thread block per SM
-// (two with normBwdSharedDW).
-var normBwdBlocksPerSMWide = 1
-
-// normBwdSharedDW selects, for rows of 1024 < C <= 2048, the backward that keeps its weight-
-// gradient partial sums in shared memory (rmsnorm_bwd_bf16x8_c2048s, two blocks per SM) over the
-// one that keeps them in registers (one block per SM).
-var normBwdSharedDW = true
+func defaultNormBwdOptions() normBwdOptions {
+	return normBwdOptions{blocksPerSM: 2, blocksPerSMWide: 1, sharedDW: true}
+}
 
 // normBwdPlan is how the vectorised backward runs for rows of C elements: the kernel (its
 // registers hold at most 4, or 8, vectors of 8 per lane; "" when none covers C), its grid bound
@@ -51,17 +57,18 @@ type normBwdPlan struct {
 	dwShared uint32
 }
 
-func normBwdVecPlan(C int) normBwdPlan {
+// plan is the vectorised backward for rows of C elements under o.
+func (o normBwdOptions) plan(C int) normBwdPlan {
 	switch {
 	case C <= 1024:
-		return normBwdPlan{"rmsnorm_bwd_bf16x8_c1024", normBwdBlocksPerSM, uint32(4 * 8 * max(C, 256))}
+		return normBwdPlan{"rmsnorm_bwd_bf16x8_c1024", o.blocksPerSM, uint32(4 * 8 * max(C, 256))}
 	case C > 2048:
 		return normBwdPlan{}
-	case normBwdSharedDW:
+	case o.sharedDW:
 		// every warp's sums, for 2048 columns
-		return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * normBwdBlocksPerSMWide, 4 * 8 * 2048}
+		return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048s", 2 * o.blocksPerSMWide, 4 * 8 * 2048}
 	}
-	return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048", normBwdBlocksPerSMWide, uint32(4 * 8 * C)}
+	return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048", o.blocksPerSMWide, uint32(4 * 8 * C)}
 }
 
 func normBlock(C int) uint32 {
@@ -198,7 +205,7 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 	if pdw != 0 {
 		shared = uint32(4 * C)
 	}
-	rpb, plan := normVecRowsPerBlock(C), normBwdVecPlan(C)
+	rpb, plan := normVecRowsPerBlock(C), b.normBwd.plan(C)
 	vec := rpb > 0 && plan.kernel != "" && vec8(int64(C), []int32{cdx, cdy, cx, cw}, pdx, pdy, px, pw)
 	if int(shared) > b.d.info.MaxSharedPerBlock-1024 {
 		return fmt.Errorf("cuda: %s: C=%d is too wide for the weight-gradient kernel (needs %d bytes of shared memory, device has %d)", op, C, shared, b.d.info.MaxSharedPerBlock)

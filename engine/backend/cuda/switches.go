@@ -54,27 +54,22 @@ var (
 		Doc: "Path of libcublasLt.so to load instead of searching."})
 )
 
-// backendOptions are the implementation choices a Backend is made with.
-type backendOptions struct {
-	attnMMA, attnWG, attnFused             bool
-	emptyUncleared, noSplitK, gemmFoldBeta bool
-}
-
-// optionsFromSwitches reads the tuning switches for a device of the given architecture
-// ("sm_90"). A value outside a switch's list is an error, not a silent default.
+// optionsFromSwitches is defaultBackendOptions(arch) with the tuning switches' choices, for a
+// device of architecture arch ("sm_90"). A value outside a switch's list is an error, not a
+// silent default.
 func optionsFromSwitches(arch string) (backendOptions, error) {
 	for _, s := range []*switches.Switch{swAttention, swAttnBackward, swEmpty, swSplitK, swGemmBeta} {
 		if err := s.Check(); err != nil {
 			return backendOptions{}, fmt.Errorf("cuda: %w", err)
 		}
 	}
+	o := defaultBackendOptions(arch)
 	mode := swAttention.Value()
-	return backendOptions{
-		attnMMA:        mode != "simt",
-		attnWG:         mode == "auto" && wgArch(arch),
-		attnFused:      swAttnBackward.Is("fused"),
-		emptyUncleared: !swEmpty.Is("cleared"),
-		noSplitK:       swSplitK.Is("off"),
-		gemmFoldBeta:   swGemmBeta.Is("fold"),
-	}, nil
+	o.attnMMA = mode != "simt"
+	o.attnWG = mode == "auto" && wgArch(arch)
+	o.attnFused = swAttnBackward.Is("fused")
+	o.emptyUncleared = !swEmpty.Is("cleared")
+	o.noSplitK = swSplitK.Is("off")
+	o.gemmFoldBeta = swGemmBeta.Is("fold")
+	return o, nil
 }

@@ -1,29 +1,42 @@
 package cuda
 
 import (
+	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // TestOptionsFromSwitches shows each tuning switch changing the options a Backend is made
 // with, and a value outside a switch's list refused with its name.
 func TestOptionsFromSwitches(t *testing.T) {
-	def := backendOptions{attnMMA: true, attnWG: true, emptyUncleared: true}
+	// with is the sm_90 defaults changed by f.
+	with := func(f func(o *backendOptions)) backendOptions {
+		o := defaultBackendOptions("sm_90")
+		f(&o)
+		return o
+	}
+	def := with(func(*backendOptions) {})
+	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta {
+		t.Fatalf("sm_90 defaults %+v: want tensor-core and warpgroup attention, the split backward, uncleared Empty, split-K, direct Beta", def)
+	}
 	cases := []struct {
 		name, env, val, arch string
 		want                 backendOptions
 		err                  string
 	}{
 		{"defaults on sm_90", "", "", "sm_90", def, ""},
-		{"defaults on sm_89", "", "", "sm_89", backendOptions{attnMMA: true, emptyUncleared: true}, ""},
-		{"attention mma", "HALO_CUDA_ATTENTION", "mma", "sm_90", backendOptions{attnMMA: true, emptyUncleared: true}, ""},
-		{"attention simt", "HALO_CUDA_ATTENTION", "simt", "sm_90", backendOptions{emptyUncleared: true}, ""},
+		{"defaults on sm_89", "", "", "sm_89", with(func(o *backendOptions) { o.attnWG = false }), ""},
+		{"attention mma", "HALO_CUDA_ATTENTION", "mma", "sm_90", with(func(o *backendOptions) { o.attnWG = false }), ""},
+		{"attention simt", "HALO_CUDA_ATTENTION", "simt", "sm_90", with(func(o *backendOptions) { o.attnMMA, o.attnWG = false, false }), ""},
 		{"attention typo", "HALO_CUDA_ATTENTION", "smit", "sm_90", backendOptions{}, `HALO_CUDA_ATTENTION="smit" is not one of auto, mma, simt`},
-		{"fused backward", "HALO_CUDA_ATTN_BWD", "fused", "sm_90", backendOptions{attnMMA: true, attnWG: true, attnFused: true, emptyUncleared: true}, ""},
-		{"cleared empty", "HALO_CUDA_EMPTY", "cleared", "sm_90", backendOptions{attnMMA: true, attnWG: true}, ""},
-		{"split-K off", "HALO_CUDA_GEMM_SPLITK", "off", "sm_90", backendOptions{attnMMA: true, attnWG: true, emptyUncleared: true, noSplitK: true}, ""},
-		{"beta fold", "HALO_CUDA_GEMM_BETA", "fold", "sm_90", backendOptions{attnMMA: true, attnWG: true, emptyUncleared: true, gemmFoldBeta: true}, ""},
+		{"fused backward", "HALO_CUDA_ATTN_BWD", "fused", "sm_90", with(func(o *backendOptions) { o.attnFused = true }), ""},
+		{"cleared empty", "HALO_CUDA_EMPTY", "cleared", "sm_90", with(func(o *backendOptions) { o.emptyUncleared = false }), ""},
+		{"split-K off", "HALO_CUDA_GEMM_SPLITK", "off", "sm_90", with(func(o *backendOptions) { o.noSplitK = true }), ""},
+		{"beta fold", "HALO_CUDA_GEMM_BETA", "fold", "sm_90", with(func(o *backendOptions) { o.gemmFoldBeta = true }), ""},
 		{"beta typo", "HALO_CUDA_GEMM_BETA", "folded", "sm_90", backendOptions{}, "HALO_CUDA_GEMM_BETA"},
 	}
 	for _, c := range cases {
@@ -38,7 +51,7 @@ func TestOptionsFromSwitches(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != c.want {
+			if err != nil || !reflect.DeepEqual(got, c.want) {
 				t.Fatalf("options = %+v, %v; want %+v", got, err, c.want)
 			}
 		})
@@ -70,12 +83,16 @@ func TestDebugAndPathSwitches(t *testing.T) {
 	if !strings.Contains(strings.Join(kernelOpts(), " "), "ptxas") {
 		t.Errorf("HALO_CUDA_PTXAS_VERBOSE=1: kernel options %v lack the ptxas report", kernelOpts())
 	}
-	if _, ok := swNVRTCLog.Lookup(); ok {
-		t.Fatal("HALO_CUDA_NVRTC_LOG is set in the test environment")
+	t.Setenv("HALO_CUDA_NVRTC_LOG", "")
+	var log strings.Builder
+	printNVRTCLog(&log, "a.cu", "sm_90", "ptxas info: 40 registers")
+	if log.Len() != 0 {
+		t.Errorf("without HALO_CUDA_NVRTC_LOG the log was printed: %q", log.String())
 	}
 	t.Setenv("HALO_CUDA_NVRTC_LOG", "1")
-	if _, ok := swNVRTCLog.Lookup(); !ok {
-		t.Error("HALO_CUDA_NVRTC_LOG=1 not seen")
+	printNVRTCLog(&log, "a.cu", "sm_90", "ptxas info: 40 registers")
+	if got := log.String(); !strings.Contains(got, "nvrtc a.cu (sm_90)") || !strings.Contains(got, "40 registers") {
+		t.Errorf("HALO_CUDA_NVRTC_LOG=1: printed %q, want the file, architecture and log", got)
 	}
 	if q := newCmdQueue("test", func() bool { return false }); !q.async {
 		t.Error("the command queue is synchronous without HALO_CUDA_SYNC_OPS")
@@ -84,9 +101,36 @@ func TestDebugAndPathSwitches(t *testing.T) {
 	if q := newCmdQueue("test", func() bool { return false }); q.async {
 		t.Error("HALO_CUDA_SYNC_OPS=1: the command queue still posts asynchronously")
 	}
-	for _, s := range []libSpec{specDriver, specNVRTC, specCublasLt} {
-		if !strings.HasPrefix(s.Env, "HALO_LIB") {
-			t.Errorf("%s: override variable %q", s.What, s.Env)
+	// Each library's override, set in the process environment, is the only candidate tried.
+	for _, c := range []struct {
+		spec libSpec
+		sw   *switches.Switch
+	}{{specDriver, swLibCUDA}, {specNVRTC, swLibNVRTC}, {specCublasLt, swLibCublasLt}} {
+		path := filepath.Join(dir, "lib-"+c.sw.Name+".so")
+		t.Setenv(c.sw.Name, path)
+		got, override := libCandidates(c.spec, osSearchEnv())
+		if !override || len(got) != 1 || got[0] != path {
+			t.Errorf("%s=%s: %s candidates %v (override %v), want that path alone", c.sw.Name, path, c.spec.What, got, override)
 		}
+	}
+}
+
+// TestGemmTuneSwitches shows the GEMM tuning switches, set in the process environment,
+// reaching the configuration a device's first GEMM reads, and a bad value refused by name.
+func TestGemmTuneSwitches(t *testing.T) {
+	t.Setenv(envGemmCandidates, "")
+	t.Setenv(envGemmTuneMinFLOPs, "")
+	if c, err := loadGemmTuneConfig(); err != nil || c != defaultGemmTuneConfig() {
+		t.Fatalf("unset: %+v, %v; want the defaults %+v", c, err, defaultGemmTuneConfig())
+	}
+	t.Setenv(envGemmCandidates, "3")
+	t.Setenv(envGemmTuneMinFLOPs, "2e9")
+	c, err := loadGemmTuneConfig()
+	if err != nil || c.Candidates != 3 || c.MinFLOPs != 2e9 {
+		t.Fatalf("%s=3 %s=2e9: %+v, %v", envGemmCandidates, envGemmTuneMinFLOPs, c, err)
+	}
+	t.Setenv(envGemmCandidates, "many")
+	if _, err := loadGemmTuneConfig(); err == nil || !strings.Contains(err.Error(), envGemmCandidates) {
+		t.Fatalf("%s=many: err = %v, want one naming the switch", envGemmCandidates, err)
 	}
 }

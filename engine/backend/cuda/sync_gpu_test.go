@@ -632,10 +632,10 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		values[k.name+"_gbps"] = k.bytes / (ms * 1e-3) / 1e9
 		t.Logf("%s: %.3f ms, %.0f GB/s", k.name, ms, k.bytes/(ms*1e-3)/1e9)
 	}
-	// The backward's grid bound, swept: the figure behind normBwdBlocksPerSM.
-	defer func(v int) { normBwdBlocksPerSM = v }(normBwdBlocksPerSM)
+	// The backward's grid bound, swept: the figure behind normBwdOptions.blocksPerSM.
+	defer func(v int) { g.normBwd.blocksPerSM = v }(g.normBwd.blocksPerSM)
 	for _, bps := range []int{1, 2, 4, 8, 16} {
-		normBwdBlocksPerSM = bps
+		g.normBwd.blocksPerSM = bps
 		ms := timeIt(t, g, 10, func() error {
 			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx, DW: dw, DY: out, X: x, W: w, RStd: rstd})
 		})
@@ -663,9 +663,9 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		if err := g.RMSNorm(o2, r2, x2, w2, 1e-6); err != nil {
 			t.Fatal(err)
 		}
-		defer func(b int) { normBwdBlocksPerSMWide = b }(normBwdBlocksPerSMWide)
+		defer func(b int) { g.normBwd.blocksPerSMWide = b }(g.normBwd.blocksPerSMWide)
 		for _, bps := range []int{1, 2, 4} {
-			normBwdBlocksPerSMWide = bps
+			g.normBwd.blocksPerSMWide = bps
 			ms := timeIt(t, g, 10, func() error {
 				return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2})
 			})
@@ -673,10 +673,10 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 			values[key] = ms
 			t.Logf("%s = %.3f", key, ms)
 		}
-		normBwdBlocksPerSMWide = 1
-		defer func(v bool) { normBwdSharedDW = v }(normBwdSharedDW)
+		g.normBwd.blocksPerSMWide = 1
+		defer func(v bool) { g.normBwd.sharedDW = v }(g.normBwd.sharedDW)
 		for _, shared := range []bool{false, true} {
-			normBwdSharedDW = shared
+			g.normBwd.sharedDW = shared
 			for _, acc := range []bool{false, true} {
 				ms := timeIt(t, g, 10, func() error {
 					return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc})
@@ -751,8 +751,8 @@ func TestGPURMSNormVectorised(t *testing.T) {
 			// The same rows through the form that keeps its weight-gradient sums in registers.
 			c.Name += "/registers_dw"
 			t.Run(c.Name, func(t *testing.T) {
-				defer func(v bool) { normBwdSharedDW = v }(normBwdSharedDW)
-				normBwdSharedDW = false
+				defer func(v bool) { g.normBwd.sharedDW = v }(g.normBwd.sharedDW)
+				g.normBwd.sharedDW = false
 				runCase(t, g, c)
 			})
 		}

@@ -28,7 +28,8 @@ func fakeBackend(t *testing.T) *Backend {
 		}
 	}()
 	t.Cleanup(func() { close(d.q.cmds) })
-	return &Backend{d: d, attnMMA: true}
+	o := defaultBackendOptions("sm_80")
+	return &Backend{d: d, backendOptions: o}
 }
 
 var fakeAddr uintptr = 1 << 40

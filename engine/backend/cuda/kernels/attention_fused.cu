@@ -4,10 +4,10 @@
 // dQ = scale * dS K to an fp32 accumulator with atomic adds; attn_dq_from_acc then rounds the
 // accumulator into dq. S and dP are computed once per (query, key) pair instead of once in each
 // of the dQ and dK/dV kernels. The atomic adds of different key blocks land in any order, so dq
-// is not bit-for-bit reproducible from run to run (dk and dv are). Measured on an H200 it is
-// slower than the two-kernel backward (5.0 against 3.9 ms at the Qwen3-0.6B shape): 16 * W keys
-// per block make every dQ element take N / (16 * W) atomic adds. Off unless HALO_CUDA_ATTN_BWD=fused. Contract: dk (=), dv (=) as in
-// attention.cu, dqacc (+=, unscaled), then dq = scale * dqacc (=).
+// is not bit-for-bit reproducible from run to run (dk and dv are). On an H200 it is slower than
+// the two-kernel backward (testdata/README.md, gpu-run9): 16 * W keys per block make every dQ
+// element take N / (16 * W) atomic adds. Off unless HALO_CUDA_ATTN_BWD=fused. Contract: dk (=),
+// dv (=) as in attention.cu, dqacc (+=, unscaled), then dq = scale * dqacc (=).
 //
 // Entry points: attn_bwd_fused_mma_<HD>_w<W>_q<BQ>(dk, dv, dqacc, ...) with the arguments of
 // attn_bwd_dkv_mma and dqacc [N, NH, HD] fp32, zeroed before the launch; dynamic shared memory

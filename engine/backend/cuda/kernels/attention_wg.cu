@@ -37,8 +37,8 @@ struct alignas(16) wg_u4 { unsigned u[4]; };
 
 // wg_load starts copying rows [row0, row0 + R) (rows past last read as zero) of a global bf16
 // matrix with row stride ld, columns [col0, col0 + HD), into the swizzled tile at base: the
-// forward's form, which measured ~3% faster there than wg_copier (gpu-run18), while wg_copier
-// is faster in the backward kernels.
+// forward's form, faster there than wg_copier, while wg_copier is faster in the backward
+// kernels (testdata/README.md, gpu-run18).
 // Rows, row strides and columns fit in 32 bits (the kernels' row ranges are ints, rows and
 // strides are not negative); only the element offset row * ld is formed in 64 bits (one wide
 // multiply), so a copy costs a few integer instructions.
