@@ -1,8 +1,8 @@
 // Package backend defines the contract between model code and the devices that run it: the
 // Backend interface (memory, synchronisation and the fused ops with explicit forward and
-// backward), optional fast-path interfaces found by type assertion, registration by device name,
-// and the few pieces of math that every backend must compute identically (RoPE inverse
-// frequencies and scaling, the stochastic-rounding random stream).
+// backward), the optional fast paths every backend reports through Backend.Optional (fused.go),
+// registration by device name, and the few pieces of math that every backend must compute
+// identically (RoPE inverse frequencies and scaling, the stochastic-rounding random stream).
 //
 // It is not an implementation: engine/backend/cpu is the pure-Go reference (the oracle every
 // other backend is tested against) and engine/backend/cuda the NVIDIA one. Model code (engine/nn,
@@ -87,6 +87,10 @@ type Backend interface {
 	Sync() error
 	// Close releases every resource of the backend; tensors it allocated become invalid.
 	Close() error
+	// Optional returns the backend's optional capabilities, nil where absent (fused.go). The
+	// result is the same for the backend's whole life, and cheap: callers may ask before each
+	// op. A wrapper forwards, wraps or drops each member; embedding forwards them all.
+	Optional() Optional
 }
 
 // Memory is the allocation and copy part of Backend.

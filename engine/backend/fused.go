@@ -1,25 +1,35 @@
 package backend
 
-// Optional fast paths. Callers check for them with a type assertion and fall back to the
-// documented composition of required ops when a backend lacks them; results must match the
-// fallback within the dtype's tolerance.
-
-// AddRMSNormer fuses the residual add with the following RMSNorm.
+// Optional holds a backend's optional capabilities: fused fast paths and device services that not
+// every backend has. A nil member is absent and the caller takes the fallback its comment gives;
+// with a member present, results must match that fallback within the dtype's tolerance.
 //
-// Fallback: Add(residualOut, x, residual); RMSNorm(out, rstd, residualOut, w, eps).
-type AddRMSNormer interface {
-	// AddRMSNorm: residualOut = x + residual (=, may alias residual);
-	// out = RMSNorm(residualOut) (=); rstd [N] F32 =. Shapes as in Ops.RMSNorm.
-	AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error
-}
+// Every backend hands them out through the required method Backend.Optional, never through type
+// assertions on the backend value, so that wrappers cannot lose them: a wrapper that embeds the
+// backend it wraps forwards every member by construction, and one that defines Optional itself
+// decides per member whether to forward it, wrap it with its own instrumentation (engine/profile
+// records a span around each fused op), or drop it, saying why. A member is called like the
+// backend's methods, from the goroutine that owns the device.
+type Optional struct {
+	// AddRMSNorm fuses the residual add with the following RMSNorm:
+	// residualOut = x + residual (=, may alias residual); out = RMSNorm(residualOut) (=);
+	// rstd [N] F32 =. Shapes as in Ops.RMSNorm.
+	//
+	// Fallback: Add(residualOut, x, residual); RMSNorm(out, rstd, residualOut, w, eps).
+	AddRMSNorm func(residualOut, out, rstd, x, residual, w T, eps float32) error
 
-// AdamWStepper runs one AdamW update of one parameter tensor on the device. engine/optim uses it
-// for every backend that implements it; the CPU backend does.
-//
-// Fallback: none at the Ops level; engine/optim performs the same update on host copies
-// (Download, update, Upload).
-type AdamWStepper interface {
-	AdamW(a AdamWArgs) error
+	// AdamW runs one AdamW update of one parameter tensor on the device (AdamWArgs). The CPU
+	// and CUDA backends have it.
+	//
+	// Fallback: none at the Ops level; engine/optim performs the same update on host copies
+	// (Download, update, Upload).
+	AdamW func(a AdamWArgs) error
+
+	// Timer times ops on a device queue without waiting for them (DeviceTimer): backends whose
+	// ops run asynchronously (the CUDA backend) have it.
+	//
+	// Fallback: the host clock after a Sync of each op (engine/profile).
+	Timer DeviceTimer
 }
 
 // AdamWArgs describe one AdamW step of one parameter (torch.optim.AdamW semantics):

@@ -2,8 +2,8 @@ package backend
 
 import "time"
 
-// DeviceTimer is implemented by backends whose ops run asynchronously on a device queue (the
-// CUDA backend). Profilers use it to time every op on the device without waiting for each:
+// DeviceTimer is the Optional.Timer of backends whose ops run asynchronously on a device queue
+// (the CUDA backend). Profilers use it to time every op on the device without waiting for each:
 //
 //	Mark records a point in the device's queue, behind the work queued so far, and returns at
 //	once;

@@ -422,7 +422,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			// The profile wrapper is what a session puts around every device; while off it
 			// costs one atomic load per op.
 			rec := profile.NewRecorder()
-			if t, ok := b.(backend.DeviceTimer); ok {
+			if t := b.Optional().Timer; t != nil {
 				rec.TimeOnDevice(t) // each op timed on the GPU, none waited for
 			}
 			b = profile.Wrap(b, rec)

@@ -25,11 +25,11 @@ func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
 }
 
 // AddForward is the residual add followed by Forward: residual = x + residual, in place, and
-// out, rstd of RMSNorm(residual). On a backend.AddRMSNormer it is one fused op; elsewhere Add
-// and Forward (the same values).
+// out, rstd of RMSNorm(residual). On a backend with the optional AddRMSNorm it is one fused op;
+// elsewhere Add and Forward (the same values).
 func (n *RMSNorm) AddForward(p *Pass, x, residual T) (out, rstd T, err error) {
-	f, ok := p.B.(backend.AddRMSNormer)
-	if !ok {
+	fused := p.B.Optional().AddRMSNorm
+	if fused == nil {
 		if err := p.B.Add(residual, x, residual); err != nil {
 			return T{}, T{}, wrap(n.Name+" residual", err)
 		}
@@ -41,7 +41,7 @@ func (n *RMSNorm) AddForward(p *Pass, x, residual T) (out, rstd T, err error) {
 	}
 	res, err := residual.Reshape(v.x.Shape()...)
 	if err == nil {
-		err = f.AddRMSNorm(res, v.out, rstd, v.x, res, n.W, n.Eps)
+		err = fused(res, v.out, rstd, v.x, res, n.W, n.Eps)
 	}
 	if err != nil {
 		_ = free(p.B, &out, &rstd)

@@ -85,7 +85,8 @@ type AdamW struct {
 	step         int
 	mFlat, vFlat tensor.Tensor
 	masterFlat   tensor.Tensor
-	host         *cpu.Backend // fallback when b has no AdamWStepper
+	fused        func(backend.AdamWArgs) error // b's optional AdamW; nil: host fallback
+	host         *cpu.Backend                  // the host fallback's backend
 }
 
 // NewAdamW allocates optimizer state on b for params. Parameter names must be unique; in BF16
@@ -152,7 +153,7 @@ func NewAdamW(b backend.Backend, params []Param, cfg Config) (*AdamW, error) {
 		}
 		o.slots = append(o.slots, s)
 	}
-	if _, ok := b.(backend.AdamWStepper); !ok {
+	if o.fused = b.Optional().AdamW; o.fused == nil {
 		o.host = cpu.New(cpu.Options{})
 	}
 	return o, nil
@@ -233,8 +234,8 @@ func (o *AdamW) Step(lr, gradScale float64) error {
 }
 
 func (o *AdamW) apply(a backend.AdamWArgs) error {
-	if st, ok := o.b.(backend.AdamWStepper); ok {
-		return st.AdamW(a)
+	if o.fused != nil {
+		return o.fused(a)
 	}
 	// Host fallback: copy the tensors to the CPU reference backend, update, copy back.
 	h := o.host

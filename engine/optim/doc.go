@@ -2,9 +2,9 @@
 // AdamW-BF16 (bf16 weights and moments with stochastic rounding, 6 bytes per parameter),
 // global gradient-norm computation and clipping, and learning-rate schedules with warmup.
 //
-// Updates run on the device through backend.AdamWStepper when the backend implements it (the
-// CPU backend does; the CUDA backend is expected to); otherwise each parameter is updated on
-// host copies by the CPU reference implementation. Optimizer state exports to and imports from
+// Updates run on the device through the backend's optional AdamW (backend.Optional) when it has
+// one (the CPU and CUDA backends do); otherwise each parameter is updated on host copies by the
+// CPU reference implementation. Optimizer state exports to and imports from
 // named host tensors so checkpoints can store it.
 //
 // It is not a training loop: the caller computes gradients, chooses which parameters get

@@ -134,6 +134,9 @@ func TestAdamWMatchesTorch(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				if onHost := o.fused == nil; onHost != hideFused {
+					t.Fatalf("updates on the host: %v, want %v", onHost, hideFused)
+				}
 				for step, gr := range c.Grads {
 					raw, _ := tensor.EncodeFloat32(tensor.F32, gr)
 					if err := b.Upload(grad, raw); err != nil {
@@ -164,8 +167,10 @@ func TestAdamWMatchesTorch(t *testing.T) {
 	}
 }
 
-// plainBackend hides the backend's optional interfaces, forcing the host fallback.
+// plainBackend drops the backend's optional capabilities, forcing the host fallback.
 type plainBackend struct{ backend.Backend }
+
+func (plainBackend) Optional() backend.Optional { return backend.Optional{} }
 
 func TestAdamWFirstStepByHand(t *testing.T) {
 	// After one step m = (1-b1) g, v = (1-b2) g^2, so the bias-corrected update is

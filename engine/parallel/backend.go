@@ -53,6 +53,16 @@ func newRankBackend(b backend.Backend, tp, cp comm.Communicator) *rankBackend {
 	return &rankBackend{Backend: b, tp: tp, cp: cp, col: map[tkey]colInfo{}, row: map[tkey]bool{}, pending: map[string]int{}}
 }
 
+// Optional implements backend.Backend: every optional capability of the rank's device is
+// forwarded, none needs a collective. AddRMSNorm works per token across the whole hidden width,
+// and every plan keeps that width whole on every rank: tensor parallelism splits heads and the
+// MLP, whose row-parallel outputs Linear has all-reduced before the residual add; context
+// parallelism splits tokens; FSDP gathers the parameters (norm gains included) before the step.
+// AdamW updates one tensor elementwise (a shard or a replica alike) and the Timer only marks the
+// device's queue. A capability that reads across ranks would have to be wrapped here, as Linear
+// and Attention are.
+func (r *rankBackend) Optional() backend.Optional { return r.Backend.Optional() }
+
 // Linear implements backend.Ops.
 func (r *rankBackend) Linear(out, x, w, bias T) error {
 	if !r.row[keyOf(w)] {

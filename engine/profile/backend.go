@@ -15,59 +15,32 @@ type T = tensor.Tensor
 // the end of the step (no op waits). It is used from the inner backend's goroutine, like any
 // backend.
 //
-// Wrap returns a value that also implements backend.AdamWStepper and backend.AddRMSNormer
-// exactly when the inner backend does, so callers that look for those fast paths see the same
-// capabilities; it always implements engine/train's OpTimer (OpTimes, ResetOpTimes).
+// Its Optional has every capability of the inner backend's: the fused ops (AddRMSNorm, AdamW)
+// wrapped so that they are recorded like the required ones, the Timer forwarded as it is (marks
+// are not ops). It always implements engine/train's OpTimer (OpTimes, ResetOpTimes).
 type Backend struct {
 	in  backend.Backend
 	rec *Recorder
+	opt backend.Optional // built once by Wrap from in.Optional()
 }
 
-type withAdamW struct{ *Backend }
-type withAddRMSNorm struct{ *Backend }
-type withBoth struct{ *Backend }
-
-var (
-	_ backend.Backend      = (*Backend)(nil)
-	_ backend.AdamWStepper = withAdamW{}
-	_ backend.AddRMSNormer = withAddRMSNorm{}
-	_ backend.AdamWStepper = withBoth{}
-	_ backend.AddRMSNormer = withBoth{}
-)
+var _ backend.Backend = (*Backend)(nil)
 
 // Wrap returns in wrapped with recording into rec (a new, disabled Recorder when rec is nil).
-func Wrap(in backend.Backend, rec *Recorder) backend.Backend {
+func Wrap(in backend.Backend, rec *Recorder) *Backend {
 	if rec == nil {
 		rec = NewRecorder()
 	}
 	b := &Backend{in: in, rec: rec}
-	_, adam := in.(backend.AdamWStepper)
-	_, fused := in.(backend.AddRMSNormer)
-	switch {
-	case adam && fused:
-		return withBoth{b}
-	case adam:
-		return withAdamW{b}
-	case fused:
-		return withAddRMSNorm{b}
-	}
+	b.opt = b.wrapOptional(in.Optional())
 	return b
 }
 
 // Unwrap returns the recorder and the inner backend of a backend returned by Wrap; ok is false
 // for any other backend.
 func Unwrap(b backend.Backend) (rec *Recorder, inner backend.Backend, ok bool) {
-	var p *Backend
-	switch v := b.(type) {
-	case *Backend:
-		p = v
-	case withAdamW:
-		p = v.Backend
-	case withAddRMSNorm:
-		p = v.Backend
-	case withBoth:
-		p = v.Backend
-	default:
+	p, ok := b.(*Backend)
+	if !ok {
 		return nil, nil, false
 	}
 	return p.rec, p.in, true
@@ -395,36 +368,30 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 
 // ---- optional capabilities ----
 
-func (b *Backend) adamW(a backend.AdamWArgs) error {
-	st := b.in.(backend.AdamWStepper)
-	if b.rec.mode.Load() == 0 {
-		return st.AdamW(a)
+// Optional implements backend.Backend.
+func (b *Backend) Optional() backend.Optional { return b.opt }
+
+// wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
+// recorded as spans, the timer is forwarded.
+func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
+	out := backend.Optional{Timer: in.Timer}
+	if f := in.AdamW; f != nil {
+		out.AdamW = func(a backend.AdamWArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()), T{})
+		}
 	}
-	s := b.begin()
-	return b.end(s, st.AdamW(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()), T{})
-}
-
-func (b *Backend) addRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
-	f := b.in.(backend.AddRMSNormer)
-	if b.rec.mode.Load() == 0 {
-		return f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps)
+	if f := in.AddRMSNorm; f != nil {
+		out.AddRMSNorm = func(residualOut, out, rstd, x, residual, w T, eps float32) error {
+			if b.rec.mode.Load() == 0 {
+				return f(residualOut, out, rstd, x, residual, w, eps)
+			}
+			s := b.begin()
+			return b.end(s, f(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()), out)
+		}
 	}
-	s := b.begin()
-	return b.end(s, f.AddRMSNorm(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()), out)
-}
-
-// AdamW forwards to the inner backend's fused AdamW.
-func (b withAdamW) AdamW(a backend.AdamWArgs) error { return b.adamW(a) }
-
-// AddRMSNorm forwards to the inner backend's fused add + RMSNorm.
-func (b withAddRMSNorm) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
-	return b.addRMSNorm(residualOut, out, rstd, x, residual, w, eps)
-}
-
-// AdamW forwards to the inner backend's fused AdamW.
-func (b withBoth) AdamW(a backend.AdamWArgs) error { return b.adamW(a) }
-
-// AddRMSNorm forwards to the inner backend's fused add + RMSNorm.
-func (b withBoth) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float32) error {
-	return b.addRMSNorm(residualOut, out, rstd, x, residual, w, eps)
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -63,19 +64,13 @@ func ops(t *testing.T, b backend.Backend) []float32 {
 	return v
 }
 
-func TestWrapForwardsResultsAndCapabilities(t *testing.T) {
+func TestWrapForwardsResults(t *testing.T) {
 	in := cpu.New(cpu.Options{Workers: 1})
 	want := ops(t, in)
 	for _, on := range []bool{false, true} {
 		rec := NewRecorder()
 		rec.Enable(on, true)
 		w := Wrap(cpu.New(cpu.Options{Workers: 1}), rec)
-		if _, ok := w.(backend.AdamWStepper); !ok {
-			t.Fatal("wrapped cpu backend lost AdamWStepper")
-		}
-		if _, ok := w.(backend.AddRMSNormer); !ok {
-			t.Fatal("wrapped cpu backend lost AddRMSNormer")
-		}
 		if r, inner, ok := Unwrap(w); !ok || r != rec || inner == nil {
 			t.Fatal("Unwrap did not return the recorder and inner backend")
 		}
@@ -88,16 +83,62 @@ func TestWrapForwardsResultsAndCapabilities(t *testing.T) {
 	}
 }
 
+// TestWrapRecordsFusedOps: the optional fused ops of the inner backend are reached through the
+// wrapper's Optional and recorded like the required ops, with their class, bytes and FLOPs.
+func TestWrapRecordsFusedOps(t *testing.T) {
+	rec := NewRecorder()
+	rec.Enable(true, true)
+	b := Wrap(cpu.New(cpu.Options{Workers: 1}), rec)
+	opt := b.Optional()
+	if opt.AddRMSNorm == nil || opt.AdamW == nil {
+		t.Fatal("the wrapped cpu backend lost its fused AddRMSNorm or AdamW")
+	}
+	const n, c = 4, 8
+	x, res, w := mustF32(t, b, n, c), mustF32(t, b, n, c), mustF32(t, b, c)
+	out, _ := b.Alloc(tensor.F32, n, c)
+	rstd, _ := b.Alloc(tensor.F32, n)
+	p, g, m, v := mustF32(t, b, n*c), mustF32(t, b, n*c), mustF32(t, b, n*c), mustF32(t, b, n*c)
+	rec.BeginStep(1)
+	if err := opt.AddRMSNorm(res, out, rstd, x, res, w, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	if err := opt.AdamW(backend.AdamWArgs{Param: p, Grad: g, M: m, V: v, LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, Step: 1}); err != nil {
+		t.Fatal(err)
+	}
+	st, ok := rec.EndStep()
+	if !ok {
+		t.Fatal("no step")
+	}
+	type got struct {
+		name, class  string
+		bytes, flops int64
+	}
+	var spans []got
+	for _, sp := range st.Spans {
+		spans = append(spans, got{sp.Name, sp.Class, sp.Bytes, sp.FLOPs})
+	}
+	// AddRMSNorm reads and writes six f32 operands (4 [n,c] and rstd [n] and w [c]); AdamW four
+	// [n*c] f32 tensors.
+	wantSpans := []got{
+		{"AddRMSNorm", ClassNorm, 4 * (4*n*c + n + c), 5 * n * c},
+		{"AdamW", ClassOptimizer, 4 * 4 * n * c, 12 * n * c},
+	}
+	if len(spans) != len(wantSpans) || spans[0] != wantSpans[0] || spans[1] != wantSpans[1] {
+		t.Fatalf("spans %+v, want %+v", spans, wantSpans)
+	}
+}
+
 // minimal is a backend without optional capabilities.
 type minimal struct{ backend.Backend }
 
+func (minimal) Optional() backend.Optional { return backend.Optional{} }
+
 func TestWrapDoesNotInventCapabilities(t *testing.T) {
-	w := Wrap(minimal{cpu.New(cpu.Options{Workers: 1})}, nil)
-	if _, ok := w.(backend.AdamWStepper); ok {
-		t.Fatal("wrapper claims AdamWStepper that the inner backend lacks")
-	}
-	if _, ok := w.(backend.AddRMSNormer); ok {
-		t.Fatal("wrapper claims AddRMSNormer that the inner backend lacks")
+	opt := reflect.ValueOf(Wrap(minimal{cpu.New(cpu.Options{Workers: 1})}, nil).Optional())
+	for i := range opt.NumField() {
+		if !opt.Field(i).IsNil() {
+			t.Errorf("the wrapper claims an optional %s that the inner backend lacks", opt.Type().Field(i).Name)
+		}
 	}
 }
 
@@ -315,6 +356,8 @@ func TestCaptureActivations(t *testing.T) {
 // nop is a backend whose Fill does nothing, to measure the wrapper's own cost.
 type nop struct{ backend.Backend }
 
+func (nop) Optional() backend.Optional { return backend.Optional{} }
+
 func (nop) Fill(T, float32) error { return nil }
 
 // BenchmarkOverheadOff is the cost the wrapper adds to every op while profiling is off.
@@ -369,6 +412,13 @@ func newTimedCPU() *timedCPU {
 
 func (b *timedCPU) Sync() error { b.syncs++; return b.Backend.Sync() }
 
+// Optional adds the fake clock as the Timer to the CPU backend's capabilities.
+func (b *timedCPU) Optional() backend.Optional {
+	o := b.Backend.Optional()
+	o.Timer = b
+	return o
+}
+
 func (b *timedCPU) Linear(out, x, w, bias T) error {
 	b.clock += 3 * time.Millisecond
 	return b.Backend.Linear(out, x, w, bias)
@@ -409,8 +459,8 @@ func TestDeviceTimedSteps(t *testing.T) {
 	in := newTimedCPU()
 	rec := NewRecorder()
 	rec.Enable(true, true)
-	rec.TimeOnDevice(in)
 	b := Wrap(in, rec)
+	rec.TimeOnDevice(b.Optional().Timer) // the wrapper forwards the inner backend's timer
 	x, w := mustF32(t, b, 4, 8), mustF32(t, b, 6, 8)
 	out, _ := b.Alloc(tensor.F32, 4, 6)
 	nw := mustF32(t, b, 6)

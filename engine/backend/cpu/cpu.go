@@ -70,11 +70,15 @@ func (b *Backend) EmptyCache() {
 }
 
 var (
-	_ backend.Backend      = (*Backend)(nil)
-	_ backend.AddRMSNormer = (*Backend)(nil)
-	_ backend.AdamWStepper = (*Backend)(nil)
-	_ tensor.HostBuffer    = (*buffer)(nil)
+	_ backend.Backend   = (*Backend)(nil)
+	_ tensor.HostBuffer = (*buffer)(nil)
 )
+
+// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm and runs AdamW; it has
+// no device queue to time (ops finish before they return), so no Timer.
+func (b *Backend) Optional() backend.Optional {
+	return backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW}
+}
 
 // New returns a CPU backend.
 func New(o Options) *Backend {

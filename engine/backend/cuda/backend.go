@@ -18,7 +18,7 @@ func init() {
 // T is a tensor view.
 type T = tensor.Tensor
 
-// Backend implements backend.Backend (and backend.AddRMSNormer, backend.AdamWStepper) on one GPU.
+// Backend implements backend.Backend (with every backend.Optional capability, fused.go) on one GPU.
 // Float tensors may be F32 or BF16 (F16 is refused with an error naming the op); GEMMs need both
 // operands in the same dtype. Every method submits its work to the device goroutine and returns
 // once it is enqueued; Sync, Download and SumSquares wait for it. Nothing else makes the host wait
@@ -51,9 +51,7 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend      = (*Backend)(nil)
-	_ backend.AddRMSNormer = (*Backend)(nil)
-	_ backend.AdamWStepper = (*Backend)(nil)
+	_ backend.Backend = (*Backend)(nil)
 )
 
 // New opens GPU index as a backend.
