@@ -34,6 +34,11 @@ and pass/fail against the targets:
 Pure standard library; runs anywhere the JSON files are.
 
 Usage: python3 bench_compare.py OUTDIR [--command "the command line"] [--revision REV]
+                                [--report NAME] [--target-speed X] [--target-memory X]
+
+--report names the report file inside OUTDIR (bench-report.json; moe-bench.sh writes
+moe-report.json); --target-speed and --target-memory replace the speed and memory targets above
+(the mixture-of-experts benchmark asks for 1.5 and 0.8).
 """
 import argparse
 import json
@@ -128,7 +133,7 @@ def compare_losses(ours, torch, same_rule):
     }
 
 
-def shape_report(d, name):
+def shape_report(d, name, target_speed=TARGET_SPEEDUP, target_memory=TARGET_MEMORY):
     t, terr = load(os.path.join(d, "torch.json"))
     h, herr = load(os.path.join(d, "halo.json"))
     r = {"shape": name}
@@ -179,8 +184,8 @@ def shape_report(d, name):
         r["peak_memory_ratio"] = mem
         r["loss"] = loss
         r["pass"] = {
-            "speed": speed >= TARGET_SPEEDUP,
-            "memory": mem <= TARGET_MEMORY,
+            "speed": speed >= target_speed,
+            "memory": mem <= target_memory,
             "loss": loss["pass"],
         }
         r["pass"]["all"] = all(r["pass"].values())
@@ -198,20 +203,23 @@ def main(argv):
     p.add_argument("outdir")
     p.add_argument("--command", default="", help="the command line that produced OUTDIR (recorded)")
     p.add_argument("--revision", default="", help="the source revision the binary was built from (recorded)")
+    p.add_argument("--report", default="bench-report.json", help="report file name inside OUTDIR")
+    p.add_argument("--target-speed", type=float, default=TARGET_SPEEDUP, help="tokens/s ratio to pass")
+    p.add_argument("--target-memory", type=float, default=TARGET_MEMORY, help="peak memory ratio to pass")
     a = p.parse_args(argv)
     shapes = sorted(
         n for n in os.listdir(a.outdir)
         if os.path.isdir(os.path.join(a.outdir, n))
         and any(os.path.exists(os.path.join(a.outdir, n, f)) for f in ("torch.json", "halo.json", "torch.log", "halo.log"))
     )
-    reports = [shape_report(os.path.join(a.outdir, n), n) for n in shapes]
+    reports = [shape_report(os.path.join(a.outdir, n), n, a.target_speed, a.target_memory) for n in shapes]
     report = {
         "command": a.command,
         "revision": a.revision,
         "gpu": gpu_info(),
         "targets": {
-            "tokens_per_s_ratio_min": TARGET_SPEEDUP,
-            "peak_memory_ratio_max": TARGET_MEMORY,
+            "tokens_per_s_ratio_min": a.target_speed,
+            "peak_memory_ratio_max": a.target_memory,
             "loss_step1_abs_max": LOSS_STEP1_ABS,
             "loss_early_steps": LOSS_EARLY_STEPS,
             "loss_early_rel_max": LOSS_EARLY_REL,
@@ -221,13 +229,14 @@ def main(argv):
         "shapes": reports,
         "pass": bool(reports) and all(r["pass"]["all"] for r in reports),
     }
-    out = os.path.join(a.outdir, "bench-report.json")
+    out = os.path.join(a.outdir, a.report)
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
 
-    print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s  %s" % (
-        "shape", "torch tok/s", "ours tok/s", "speed", "torch GiB", "ours GiB", "memory", "torch", "ours", "loss diff", "pass"))
-    print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s" % ("", "", "", "ratio", "peak", "peak", "ratio", "MFU", "MFU", "step 1"))
+    w = max([14] + [len(r["shape"]) for r in reports])
+    print("%-*s %10s %10s %7s %9s %9s %7s %7s %7s %9s  %s" % (
+        w, "shape", "torch tok/s", "ours tok/s", "speed", "torch GiB", "ours GiB", "memory", "torch", "ours", "loss diff", "pass"))
+    print("%-*s %10s %10s %7s %9s %9s %7s %7s %7s %9s" % (w, "", "", "", "ratio", "peak", "peak", "ratio", "MFU", "MFU", "step 1"))
     for r in reports:
         t, h = r.get("torch", {}), r.get("halo", {})
         ps = r["pass"]
@@ -235,8 +244,8 @@ def main(argv):
         failed = [k for k, ok in r.get("loss", {}).get("checks", {}).items() if not ok]
         if failed:
             verdict += " loss checks failed: " + ", ".join(failed)
-        print("%-14s %10s %10s %7s %9s %9s %7s %7s %7s %9s  %s" % (
-            r["shape"], fmt(t.get("tokens_per_s"), ".0f"), fmt(h.get("tokens_per_s"), ".0f"),
+        print("%-*s %10s %10s %7s %9s %9s %7s %7s %7s %9s  %s" % (
+            w, r["shape"], fmt(t.get("tokens_per_s"), ".0f"), fmt(h.get("tokens_per_s"), ".0f"),
             fmt(r.get("tokens_per_s_ratio"), ".2f"), fmt(t.get("peak_allocated_gib"), ".1f"),
             fmt(h.get("peak_allocated_gib"), ".1f"), fmt(r.get("peak_memory_ratio"), ".2f"),
             fmt(100 * t["mfu"] if "mfu" in t else None, ".1f"), fmt(100 * h["mfu"] if "mfu" in h else None, ".1f"),

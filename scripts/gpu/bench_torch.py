@@ -96,8 +96,73 @@ SHAPES = {
     ),
 }
 
+# Mixture-of-experts shapes: the Hub configs of Qwen/Qwen3-30B-A3B, allenai/OLMoE-1B-7B-0924 and
+# mistralai/Mixtral-8x7B-v0.1; DEFAULT_LAYERS gives the decoder layers built when --layers is
+# not given (the full Qwen3 and Mixtral stacks do not fit one GPU with AdamW state).
+SHAPES["qwen3-30b-a3b"] = (
+    "qwen3_moe",
+    dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, attention_bias=False, hidden_act="silu", initializer_range=0.02,
+        tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, output_router_logits=False,
+        router_aux_loss_coef=0.001, use_sliding_window=False, bos_token_id=151643, eos_token_id=151645,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+)
+SHAPES["olmoe-1b-7b"] = (
+    "olmoe",
+    dict(
+        vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        attention_bias=False, hidden_act="silu", initializer_range=0.02, tie_word_embeddings=False,
+        num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, output_router_logits=False,
+        router_aux_loss_coef=0.01, clip_qkv=None, pad_token_id=1, bos_token_id=None, eos_token_id=50279,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+)
+SHAPES["mixtral-8x7b"] = (
+    "mixtral",
+    dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-5, hidden_act="silu", initializer_range=0.02, tie_word_embeddings=False,
+        num_local_experts=8, num_experts_per_tok=2, output_router_logits=False, router_aux_loss_coef=0.02,
+        sliding_window=None, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+)
+DEFAULT_LAYERS = {"qwen3-30b-a3b": 4, "mixtral-8x7b": 4}
+
+
+def moe_sizes(config):
+    """(experts, top-k, expert width, MoE layers) of a mixture-of-experts config, or None."""
+    e = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not e:
+        return None
+    k = config.num_experts_per_tok
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    L = config.num_hidden_layers
+    sparse = set(range(L)) - set(getattr(config, "mlp_only_layers", None) or [])
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    layers = sum(1 for i in sparse if (i + 1) % step == 0)
+    return e, k, width, layers
+
+
+def active_params(n_params, config):
+    """The parameters one token uses: all but the routed experts a token skips."""
+    m = moe_sizes(config)
+    if m is None:
+        return n_params
+    e, k, width, layers = m
+    per_expert = 3 * config.hidden_size * width  # gate, up, down
+    return n_params - layers * (e - k) * per_expert
+
+
 FLOPS_FORMULA = (
-    "flops_per_token = 6*N + 6*L*T*NH*HD: N parameters (a tied embedding counted once), L layers, "
+    "flops_per_token = 6*N + 6*L*T*NH*HD: N the parameters a token uses (a tied embedding counted once; "
+    "for a mixture of experts all but the routed experts a token skips), L layers, "
     "T tokens per sequence, NH*HD the query width; mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12)"
 )
 
@@ -112,7 +177,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="leading steps left out of the medians")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (smoke runs)")
+    p.add_argument("--layers", type=int, default=0,
+                   help="override num_hidden_layers (default: DEFAULT_LAYERS of the shape, else its full depth)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
@@ -133,10 +199,11 @@ def parse_args(argv):
 def model_config(args):
     model_type, kw = SHAPES[args.shape]
     kw = dict(kw)
-    if args.layers:
-        kw["num_hidden_layers"] = args.layers
+    layers = args.layers or DEFAULT_LAYERS.get(args.shape, 0)
+    if layers:
+        kw["num_hidden_layers"] = layers
         if "max_window_layers" in kw:
-            kw["max_window_layers"] = args.layers
+            kw["max_window_layers"] = layers
     return model_type, AutoConfig.for_model(model_type, **kw)
 
 
@@ -304,7 +371,8 @@ def main(argv):
             breakdown = {"error": repr(e)[:500]}
 
     L, NH, HD = config.num_hidden_layers, config.num_attention_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    fpt = 6 * n_params + 6 * L * args.seq_len * NH * HD
+    n_active = active_params(n_params, config)
+    fpt = 6 * n_active + 6 * L * args.seq_len * NH * HD
     report = {
         "engine": "torch",
         "shape": args.shape,
@@ -317,10 +385,11 @@ def main(argv):
         },
         "device": torch.cuda.get_device_name(0),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "model": {"dir": init_dir, "model_type": model_type, "params": n_params, "layers": L,
+        "model": {"dir": init_dir, "model_type": model_type, "params": n_params, "active_params": n_active, "layers": L,
                   "hidden": config.hidden_size, "heads": NH, "kv_heads": config.num_key_value_heads, "head_dim": HD,
                   "mlp": config.intermediate_size, "vocab": config.vocab_size,
-                  "tied": bool(config.tie_word_embeddings), "dtype": "bf16"},
+                  "tied": bool(config.tie_word_embeddings), "dtype": "bf16",
+                  "moe": dict(zip(("experts", "top_k", "expert_width", "moe_layers"), moe_sizes(config))) if moe_sizes(config) else None},
         "settings": {"steps": args.steps, "warmup": args.warmup, "batch_size": args.batch, "seq_len": args.seq_len,
                      "data_rows": rows, "data": data_path, "sub_vocab": args.sub_vocab,
                      "successor_probs": SUCCESSOR_PROBS, "seed": args.seed,

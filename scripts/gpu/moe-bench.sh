@@ -1,53 +1,59 @@
 #!/usr/bin/env bash
-# Expert-parallel training benchmark: a Qwen3-MoE model trained with EP = 1, 2, 4 and 8 (as
-# many GPUs as the machine has), reporting tokens/s, peak memory per GPU and the share of the
-# step spent in the dispatch and combine all-to-alls for each EP size.
+# The mixture-of-experts training benchmark: halo-shell against stock PyTorch + transformers,
+# measured in one run on one GPU from the same initial weights on the same token rows, for
+# several MoE shapes; optionally an expert-parallel sweep over several GPUs.
 #
 #   CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell     # on the build machine
-#   scripts/gpu/moe-bench.sh OUTDIR [--layers N] [--steps N] [--warmup N] [--seq-len N] [--batch N] [--eps LIST]
+#   scripts/gpu/moe-bench.sh OUTDIR [--cases LIST] [--steps N] [--warmup N] [--eps LIST]
 #
-# 1. python3 scripts/gpu/moe_shape.py make builds a qwen3_moe model with transformers at random
-#    init (seed 0, bf16) with the layer dimensions of Qwen/Qwen3-30B-A3B (hidden 2048, 32 heads,
-#    4 KV heads, head_dim 128, 128 experts of width 768, top-8, norm_topk_prob, vocab 151936)
-#    but --layers decoder layers, saves it to OUTDIR/init and writes OUTDIR/tokens.jsonl.
-#    The full 48 layers do not fit: they hold about 30.5 B parameters (29 B of them experts);
-#    at 8 bytes per parameter (bf16 weights, gradients and the two AdamW moments) EP=2 keeps
-#    half the experts plus every dense weight, about 16 B parameters or 120 GiB, on each
-#    139 GiB GPU before any activation, routing buffer or all-to-all buffer. Four layers hold
-#    3.1 B parameters (about 23 GiB of state on one GPU).
-# 2. For each EP size N the visible GPUs allow (nvidia-smi -L; 1 = one GPU cuda:0, N > 1 =
-#    cuda:0-(N-1) with --ep N, so dp = N as well: the experts are split over the data ranks),
-#    bin/halo-shell run bench-train trains --steps steps (the first --warmup left out of the
-#    medians) plus one profiled step and writes OUTDIR/moe-ep{N}.json (its command line in
-#    .cmd, exit status in .rc, output in .log).
-#    --batch is the rows of a whole step; a step's rows are dealt one micro-batch per data
-#    rank, so for EP N the batch is rounded up to a multiple of N (recorded in the report).
-# 3. moe_shape.py summary writes OUTDIR/moe-report.json: per EP size tokens/s, step time, peak
-#    GiB per GPU (list and max), dispatch and combine shares of the profiled step, losses, MFU
-#    (active parameters) and the command line, or the error of a run that failed. A failed EP
-#    size does not stop the others.
+# Each case is SHAPE:LAYERS:BATCHxSEQ, SHAPE one of bench_torch.py's MoE shapes
+# (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b: the Hub configs of Qwen3-30B-A3B,
+# OLMoE-1B-7B-0924 and Mixtral-8x7B with LAYERS decoder layers). Default cases:
 #
-# Results are committed beside the dense benchmark's, under engine/bench/testdata/<gpu>-<date>/
-# (moe-report.json, moe-ep*.json, moe-ep*.log, nvidia-smi.txt, nvidia-topo.txt).
+#   qwen3-30b-a3b:4:4x2048  qwen3-30b-a3b:8:2x4096  olmoe-1b-7b:16:4x2048  mixtral-8x7b:4:4x2048
 #
-# The routing runs on the host, so steps are slower than the GPUs alone would allow. The
-# defaults (4 layers, batch 4 x 2048 tokens, 8 steps, 2 of warmup) keep EP=1 and EP=2 on two
-# H200s within about 5 minutes. KEEP_WEIGHTS=1 keeps OUTDIR/init; REUSE_INIT=1 reuses an
-# OUTDIR/init and OUTDIR/tokens.jsonl made before (with enough rows). HALO_BIN overrides the
-# binary (bin/halo-shell), PYTHON the interpreter (python3).
+# For each case, in OUTDIR/<shape>-<layers>l-<batch>x<seq>/ (one engine at a time, each in its
+# own process so the GPU's memory is free again between them):
+#
+#   python3 scripts/gpu/bench_torch.py --shape S --layers L ...   builds the model with
+#       transformers (random init, bf16, sdpa, its default experts implementation), saves it to
+#       init/, writes tokens.jsonl, trains with fused AdamW and writes torch.json
+#   bin/halo-shell run bench-train --model init --data tokens.jsonl --device cuda ...
+#       trains the same weights on the same rows and writes halo.json
+#
+# then scripts/gpu/bench_compare.py OUTDIR --report moe-report.json --target-speed 1.5
+# --target-memory 0.8 writes OUTDIR/moe-report.json: per case tokens_per_s_ratio and
+# peak_memory_ratio (ours / stock), both loss curves and their differences, MFU on active
+# parameters, both breakdowns and pass/fail against the targets (1.5x tokens/s at no more than
+# 0.8x peak memory; the loss checks of bench_compare.py). The initial weights are deleted after
+# each case unless KEEP_WEIGHTS=1.
+#
+# Options (defaults in brackets):
+#   --cases LIST   comma-separated cases [the four above]
+#   --steps N      timed optimizer steps [20]
+#   --warmup N     leading steps left out of the medians [3]
+#   --lr X         constant learning rate [1e-4]
+#   --eps LIST     also run the expert-parallel sweep (EP sizes of 1, 2, 4, 8, at most the GPUs
+#                  present) of the first case through halo-shell alone, into OUTDIR/ep/
+#                  (moe-ep{N}.json, and moe_shape.py's summary moe-ep-report.json: tokens/s,
+#                  peak memory per GPU and the dispatch and combine all-to-all shares) [none]
+#
+# HALO_BENCH_TRACE=1 also writes halo-shell's profiled step as a Chrome/Perfetto trace per case.
+# HALO_BIN overrides the binary (bin/halo-shell), PYTHON the interpreter (python3),
+# HALO_REVISION the source revision recorded in the report.
 set -uo pipefail
-usage="usage: moe-bench.sh OUTDIR [--layers N] [--steps N] [--warmup N] [--seq-len N] [--batch N] [--eps LIST]"
+usage="usage: moe-bench.sh OUTDIR [--cases LIST] [--steps N] [--warmup N] [--lr X] [--eps LIST]"
 out=${1:?$usage}
 shift
 command_line="scripts/gpu/moe-bench.sh $out $*"
-layers=4 steps=8 warmup=2 seqlen=2048 batch=4 eps=""
+cases=qwen3-30b-a3b:4:4x2048,qwen3-30b-a3b:8:2x4096,olmoe-1b-7b:16:4x2048,mixtral-8x7b:4:4x2048
+steps=20 warmup=3 lr=1e-4 eps=""
 while [ $# -gt 0 ]; do
 	case $1 in
-	--layers) layers=${2-} ;;
+	--cases) cases=${2-} ;;
 	--steps) steps=${2-} ;;
 	--warmup) warmup=${2-} ;;
-	--seq-len) seqlen=${2-} ;;
-	--batch) batch=${2-} ;;
+	--lr) lr=${2-} ;;
 	--eps) eps=${2-} ;;
 	*)
 		echo "moe-bench.sh: unknown option $1; $usage" >&2
@@ -60,20 +66,46 @@ while [ $# -gt 0 ]; do
 	fi
 	shift 2
 done
-for v in "layers=$layers" "steps=$steps" "seq-len=$seqlen" "batch=$batch"; do
-	case ${v#*=} in
+positive() {
+	case $2 in
 	'' | *[!0-9]* | 0)
-		echo "moe-bench.sh: --${v%%=*} ${v#*=}: give a positive whole number" >&2
+		echo "moe-bench.sh: $1 $2: give a positive whole number" >&2
 		exit 2
 		;;
 	esac
-done
+}
+positive --steps "$steps"
 case $warmup in
 '' | *[!0-9]*)
 	echo "moe-bench.sh: --warmup $warmup: give a whole number" >&2
 	exit 2
 	;;
 esac
+# Parse every case before any work, so a typo costs nothing.
+names=() shapes=() layers=() batches=() seqlens=()
+for c in ${cases//,/ }; do
+	IFS=: read -r s l bs <<<"$c"
+	b=${bs%x*} t=${bs#*x}
+	case $s in
+	qwen3-30b-a3b | olmoe-1b-7b | mixtral-8x7b) ;;
+	*)
+		echo "moe-bench.sh: case $c: unknown shape '$s' (qwen3-30b-a3b, olmoe-1b-7b or mixtral-8x7b)" >&2
+		exit 2
+		;;
+	esac
+	if [ "$bs" = "$b" ] || [ -z "$l" ]; then
+		echo "moe-bench.sh: case $c: write SHAPE:LAYERS:BATCHxSEQ, e.g. qwen3-30b-a3b:4:4x2048" >&2
+		exit 2
+	fi
+	positive "case $c layers" "$l"
+	positive "case $c batch" "$b"
+	positive "case $c sequence length" "$t"
+	names+=("$s-${l}l-${b}x$t") shapes+=("$s") layers+=("$l") batches+=("$b") seqlens+=("$t")
+done
+if [ ${#names[@]} -eq 0 ]; then
+	echo "moe-bench.sh: --cases is empty" >&2
+	exit 2
+fi
 bin=${HALO_BIN:-bin/halo-shell}
 py=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -81,16 +113,46 @@ if [ ! -x "$bin" ]; then
 	echo "moe-bench.sh: $bin not found: build it with CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell" >&2
 	exit 2
 fi
+mkdir -p "$out"
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+export HALO_CUDA_CACHE=${HALO_CUDA_CACHE:-$out/kernel-cache}
+export PYTHONUNBUFFERED=1
+start=$SECONDS
+for i in "${!names[@]}"; do
+	d=$out/${names[$i]}
+	rm -rf "$d"
+	mkdir -p "$d"
+	common=(--steps "$steps" --warmup "$warmup" --batch "${batches[$i]}" --seq-len "${seqlens[$i]}" --lr "$lr"
+		--beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0 --max-grad-norm 1.0)
+	echo "== ${names[$i]}: torch"
+	"$py" "$here/bench_torch.py" --shape "${shapes[$i]}" --layers "${layers[$i]}" --out "$d" "${common[@]}" 2>&1 | tee "$d/torch.log"
+	if [ "${PIPESTATUS[0]}" -ne 0 ] || [ ! -f "$d/init/config.json" ]; then
+		echo "== ${names[$i]}: the baseline failed; skipping halo-shell (it needs the baseline's weights and rows)"
+		continue
+	fi
+	echo "== ${names[$i]}: halo-shell"
+	trace_flag=()
+	[ "${HALO_BENCH_TRACE:-0}" = 1 ] && trace_flag=(--trace "$d/halo-trace.json")
+	"$bin" run bench-train --model "$d/init" --data "$d/tokens.jsonl" --device cuda --optim adamw_bf16_nearest \
+		"${common[@]}" "${trace_flag[@]}" --out "$d/halo.json" 2>&1 | tee "$d/halo.log"
+	[ "${PIPESTATUS[0]}" -ne 0 ] && echo "== ${names[$i]}: halo-shell failed (see $d/halo.log)"
+	if [ -n "$eps" ] && [ "$i" = 0 ]; then
+		mkdir -p "$out/ep"
+		cp -r "$d/init" "$out/ep/init" && cp "$d/tokens.jsonl" "$out/ep/tokens.jsonl"
+	fi
+	[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$d/init"
+	echo "== ${names[$i]}: done at $((SECONDS - start)) s"
+done
+rev=${HALO_REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+"$py" "$here/bench_compare.py" "$out" --command "$command_line" --revision "$rev" \
+	--report moe-report.json --target-speed 1.5 --target-memory 0.8
+
+# The expert-parallel sweep: halo-shell alone on the first case's weights and rows.
+[ -z "$eps" ] && exit 0
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ -z "$eps" ]; then
-	for n in 1 2 4 8; do
-		[ "$n" -le "$gpus" ] && eps="$eps,$n"
-	done
-	eps=${eps#,}
-fi
-if [ -z "$eps" ]; then
-	echo "moe-bench.sh: nvidia-smi lists no GPU; nothing to run" >&2
-	exit 2
+if [ ! -f "$out/ep/init/config.json" ]; then
+	echo "== EP sweep: the first case left no weights; not run"
+	exit 1
 fi
 for n in ${eps//,/ }; do
 	case $n in
@@ -101,62 +163,22 @@ for n in ${eps//,/ }; do
 		;;
 	esac
 	if [ "$n" -gt "$gpus" ]; then
-		echo "moe-bench.sh: EP $n needs $n GPUs; nvidia-smi lists $gpus" >&2
-		exit 2
+		echo "== EP $n needs $n GPUs; nvidia-smi lists $gpus: not run" | tee "$out/ep/moe-ep$n.log"
+		echo 2 >"$out/ep/moe-ep$n.rc"
+		continue
 	fi
-done
-# Rows for the largest step (the batch rounded up to a multiple of each EP size), timed steps
-# and the profiled one.
-maxbatch=$batch
-for n in ${eps//,/ }; do
-	b=$(((batch + n - 1) / n * n))
-	[ "$b" -gt "$maxbatch" ] && maxbatch=$b
-done
-rows=$(((steps + 1) * maxbatch))
-
-mkdir -p "$out"
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
-nvidia-smi topo -m >"$out/nvidia-topo.txt" 2>&1 || true
-export NCCL_NVLS_ENABLE=0
-export HALO_CUDA_CACHE=${HALO_CUDA_CACHE:-$out/kernel-cache}
-export PYTHONUNBUFFERED=1
-start=$SECONDS
-echo "== $gpus GPUs; EP sizes $eps; $layers layers, batch $batch x $seqlen tokens, $steps steps ($warmup warmup)"
-if [ "${REUSE_INIT:-0}" = 1 ] && [ -f "$out/init/config.json" ] && [ -f "$out/tokens.jsonl" ]; then
-	echo "== reusing $out/init and $out/tokens.jsonl"
-else
-	echo "== making the model and $rows token rows"
-	"$py" "$here/moe_shape.py" make --out "$out" --layers "$layers" --rows "$rows" --seq-len "$seqlen" 2>&1 | tee "$out/make.log"
-	if [ "${PIPESTATUS[0]}" -ne 0 ] || [ ! -f "$out/init/config.json" ]; then
-		echo "== making the model failed (see $out/make.log)"
-		for n in ${eps//,/ }; do
-			echo "not run: making the model failed (see make.log)" >"$out/moe-ep$n.log"
-			echo 1 >"$out/moe-ep$n.rc"
-		done
-		"$py" "$here/moe_shape.py" summary "$out" --eps "$eps" --command "$command_line"
-		exit 1
-	fi
-fi
-echo "== model ready at $((SECONDS - start)) s"
-for n in ${eps//,/ }; do
-	b=$(((batch + n - 1) / n * n))
+	b=$(((batches[0] + n - 1) / n * n))
 	if [ "$n" = 1 ]; then
 		where=(--device cuda:0)
 	else
 		where=(--devices "cuda:0-$((n - 1))" --ep "$n")
 	fi
-	cmd=("$bin" run bench-train --model "$out/init" --data "$out/tokens.jsonl" "${where[@]}"
-		--steps "$steps" --warmup "$warmup" --batch "$b" --seq-len "$seqlen" --out "$out/moe-ep$n.json")
-	rm -f "$out/moe-ep$n.json"
-	echo "${cmd[*]}" >"$out/moe-ep$n.cmd"
+	cmd=("$bin" run bench-train --model "$out/ep/init" --data "$out/ep/tokens.jsonl" "${where[@]}"
+		--steps "$steps" --warmup "$warmup" --batch "$b" --seq-len "${seqlens[0]}" --out "$out/ep/moe-ep$n.json")
+	echo "${cmd[*]}" >"$out/ep/moe-ep$n.cmd"
 	echo "== EP $n: ${cmd[*]}"
-	"${cmd[@]}" 2>&1 | tee "$out/moe-ep$n.log"
-	rc=${PIPESTATUS[0]}
-	echo "$rc" >"$out/moe-ep$n.rc"
-	if [ "$rc" -ne 0 ]; then
-		echo "== EP $n failed (exit $rc; see $out/moe-ep$n.log)"
-	fi
-	echo "== EP $n done at $((SECONDS - start)) s"
+	NCCL_NVLS_ENABLE=0 "${cmd[@]}" 2>&1 | tee "$out/ep/moe-ep$n.log"
+	echo "${PIPESTATUS[0]}" >"$out/ep/moe-ep$n.rc"
 done
-[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$out/init"
-"$py" "$here/moe_shape.py" summary "$out" --eps "$eps" --command "$command_line"
+[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$out/ep/init"
+"$py" "$here/moe_shape.py" summary "$out/ep" --eps "$eps" --command "$command_line"

@@ -13,7 +13,7 @@
   moe_shape.py summary OUTDIR --eps 1,2 [--command LINE]
       reads OUTDIR/moe-ep{N}.json (the reports of `halo-shell run bench-train`), with
       OUTDIR/moe-ep{N}.cmd (the command line), .rc (its exit status) and .log (its output) for
-      each EP size, and writes OUTDIR/moe-report.json: per EP size tokens/s, step time, peak GiB
+      each EP size, and writes OUTDIR/moe-ep-report.json: per EP size tokens/s, step time, peak GiB
       per GPU (the list and the largest), the shares of the profiled step in the dispatch and
       combine all-to-alls, losses, MFU and the command line, or the error of a failed run.
       It needs the standard library only.
@@ -176,7 +176,7 @@ def summary(args):
         "ep1_note": "EP=1 is the one-GPU run (--device cuda:0): no collectives, shares 0",
         "runs": runs,
     }
-    path = os.path.join(args.outdir, "moe-report.json")
+    path = os.path.join(args.outdir, "moe-ep-report.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")
@@ -200,7 +200,7 @@ def main(argv):
     m.add_argument("--seq-len", type=int, default=2048)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--sub-vocab", type=int, default=1024)
-    s = sub.add_parser("summary", help="write OUTDIR/moe-report.json")
+    s = sub.add_parser("summary", help="write OUTDIR/moe-ep-report.json")
     s.add_argument("outdir")
     s.add_argument("--eps", required=True, help="comma-separated EP sizes that were run")
     s.add_argument("--command", default="")

@@ -64,7 +64,7 @@ if [[ ",$skip," != *,launch,* ]] && [ -x bin/cmdtest ]; then
 	grep -E '^\s*(---|ok|FAIL|PASS)|relative difference' "$out/launch-test.log" | tail -n 20
 fi
 if [[ ",$skip," != *,moe,* ]] && [ -x scripts/gpu/moe-bench.sh ] && [ -x bin/halo-shell ]; then
-	scripts/gpu/moe-bench.sh "$out/moe"
+	scripts/gpu/moe-bench.sh "$out/moe" --cases qwen3-30b-a3b:4:4x2048 --eps 1,2,4,8
 	moe_rc=$?
 fi
 python3 - "$out" "$gpus" "$nccl_rc" "$train_rc" "$launch_rc" "$moe_rc" <<'PY'
@@ -87,7 +87,7 @@ for name in ("train-test.log", "launch-test.log"):
 rep = dict(gpus=gpus, nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"),
            exit=dict(nccl=nccl_rc, train=train_rc, launch=launch_rc, moe=moe_rc),
            nccl=load("nccl/nccl-report.json"), train_tests=tests, train_layouts=load("train-layouts.json"),
-           moe=load("moe/moe-report.json"),
+           moe=load("moe/moe-report.json"), moe_ep=load("moe/ep/moe-ep-report.json"),
            command="scripts/gpu/multi-gpu.sh OUTDIR (binaries: see the script's header)")
 json.dump(rep, open(os.path.join(out, "multi-gpu-report.json"), "w"), indent=2)
 print(json.dumps(dict(gpus=gpus, exit=rep["exit"], failed=[k for k, v in tests.items() if v == "fail"]), indent=1))
