@@ -9,8 +9,7 @@ import (
 	"strings"
 
 	"github.com/halo-shell/halo-shell/cell/halo"
-	"github.com/halo-shell/halo-shell/engine/mesh"
-	"github.com/halo-shell/halo-shell/engine/train"
+	"github.com/halo-shell/halo-shell/internal/layoutspec"
 )
 
 // Command is a parsed command line: ":step 10" in the REPL, "%step 10" in a notebook.
@@ -147,13 +146,14 @@ func init() {
 	}
 }
 
-// checkLayout reads the layout words as the session will (train.ParseLayoutSpec), so that a
-// misspelt word is caught before anything is sent.
+// checkLayout checks the syntax of the layout words as the session reads them
+// (layoutspec.CheckSpec), so that a misspelt word is caught before anything is sent; whether
+// the layout suits the model and devices only the session can say.
 func checkLayout(c *Command) error {
 	if c.Rest == "" {
 		return nil
 	}
-	if _, _, err := train.ParseLayoutSpec(c.Rest, mesh.Devices{Kind: "cpu", IDs: []int{0}}); err != nil {
+	if err := layoutspec.CheckSpec(c.Rest); err != nil {
 		return fmt.Errorf("%slayout: %w", c.Prefix, err)
 	}
 	return nil

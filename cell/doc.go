@@ -26,5 +26,7 @@
 // limitation), so a cell should wait for its goroutines when the next one follows at once.
 //
 // The package is not a front-end: it reads no terminal and speaks no Jupyter protocol. It
-// executes user code in the calling process, never in the session.
+// executes user code in the calling process, never in the session. It links no engine: it
+// reaches the session through package session, and checks :layout words with
+// internal/layoutspec (the syntax the session reads) before sending them.
 package cell

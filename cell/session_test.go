@@ -12,17 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/halo-shell/halo-shell/session"
+	"github.com/halo-shell/halo-shell/session/server"
 )
 
 // startSession serves a real session (CPU engine) in this process on a socket in a temporary
 // directory and returns its socket path.
 func startSession(t *testing.T) string {
 	t.Helper()
-	session.EnableProfiling()
 	dir := t.TempDir()
 	t.Setenv("HALO_SESSION_DIR", dir)
-	s, err := session.NewServer(session.ServerOptions{Name: "celltest", Socket: filepath.Join(dir, "celltest.sock"),
+	s, err := server.New(server.Options{Name: "celltest", Socket: filepath.Join(dir, "celltest.sock"),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@
 // Install writes the kernelspec ("halo") that makes Jupyter start `halo-shell kernel
 // --connection-file F`.
 //
-// The package is not the engine session (package session) and not the cell language (package
-// cell); the wire format lives in kernel/internal/wire.
+// The package is not the engine session (package session, the client; session/server, the
+// server) and not the cell language (package cell); the wire format lives in
+// kernel/internal/wire. It links no engine: the session's engine runs in the session process.
 package kernel

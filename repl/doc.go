@@ -9,5 +9,6 @@
 // session keeps running. When standard input is not a terminal, lines are read as a script and results
 // printed, so `echo ':step 2' | halo-shell repl` works.
 //
-// The package is not the interpreter (package cell) and not the session (package session).
+// The package is not the interpreter (package cell) and not the session (package session),
+// and it links no engine: the session's engine runs in the session process (session/server).
 package repl

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/halo-shell/halo-shell/session"
+	"github.com/halo-shell/halo-shell/session/server"
 )
 
 // TestMain lets the test binary run as the REPL process of the pty test.
@@ -30,10 +31,9 @@ func TestMain(m *testing.M) {
 // directory and returns its socket path.
 func startSession(t *testing.T) string {
 	t.Helper()
-	session.EnableProfiling()
 	dir := t.TempDir()
 	t.Setenv("HALO_SESSION_DIR", dir)
-	s, err := session.NewServer(session.ServerOptions{Name: "repltest", Socket: filepath.Join(dir, "repltest.sock"),
+	s, err := server.New(server.Options{Name: "repltest", Socket: filepath.Join(dir, "repltest.sock"),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -323,8 +323,10 @@ func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileRespon
 	return c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
 }
 
-// SetLayout moves the run to another parallel layout at the next step boundary (see
-// train.ParseLayoutSpec for the words) and reports the new layout and how long the move took.
+// SetLayout moves the run to another parallel layout at the next step boundary and reports
+// the new layout and how long the move took. layout is layout words with an optional
+// devices=LIST ("tp=2 fsdp devices=cpu:4"); internal/layoutspec.CheckSpec checks their syntax
+// before sending, and the session refuses a layout that does not suit the model or devices.
 func (c *Client) SetLayout(ctx context.Context, layout string) (*SetLayoutResponse, error) {
 	return c.rpc.SetLayout(ctx, &halov1.SetLayoutRequest{Layout: layout})
 }

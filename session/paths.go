@@ -32,9 +32,10 @@ func RuntimeDir() (string, error) {
 	return filepath.Join(c, "halo-shell", "sessions"), nil
 }
 
-// ensureRuntimeDir creates the runtime directory with mode 0700 and refuses one that others
-// can read or write.
-func ensureRuntimeDir() (string, error) {
+// EnsureRuntimeDir creates the runtime directory (mode 0700), makes an existing one that
+// others can read or write private, and returns it; it fails when that cannot be done. A
+// session server calls it before listening, Start before spawning one.
+func EnsureRuntimeDir() (string, error) {
 	d, err := RuntimeDir()
 	if err != nil {
 		return "", err

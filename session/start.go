@@ -4,13 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
+
+// ParseListen turns "tcp://HOST:PORT" (StartOptions.Listen, `session start --listen`) into a
+// host:port to bind, defaulting HOST to 127.0.0.1. The server binds what it returns; a client
+// checks the flag with it before starting a session.
+func ParseListen(listen string) (string, error) {
+	u, err := url.Parse(listen)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
+		return "", fmt.Errorf("session: --listen %q: want tcp://HOST:PORT (e.g. tcp://127.0.0.1:7070)", listen)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return "", fmt.Errorf("session: --listen %q: %v", listen, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", fmt.Errorf("session: --listen %q: port %q is not a number from 0 to 65535", listen, port)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
 
 // StartOptions say how to start a session process.
 type StartOptions struct {
@@ -96,7 +120,7 @@ func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 			o.ConfigPath = abs
 		}
 	}
-	if _, err := ensureRuntimeDir(); err != nil {
+	if _, err := EnsureRuntimeDir(); err != nil {
 		return StartResult{}, err
 	}
 	if c, err := Dial(p.Socket, Options{ClientName: "session-start"}); err == nil {

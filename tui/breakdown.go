@@ -10,7 +10,7 @@ import (
 
 	"charm.land/lipgloss/v2"
 
-	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/internal/profilekeys"
 )
 
 // Groups of the breakdown bar, each drawn with its own glyph so that the bar reads without
@@ -25,13 +25,13 @@ var groupGlyph = [...]string{groupCompute: "█", groupComm: "▓", groupIdle: "
 
 // commNames are the display names of the collective kinds.
 var commNames = map[string]string{
-	profile.CommAllToAllDispatch: "a2a dispatch",
-	profile.CommAllToAllCombine:  "a2a combine",
-	profile.CommAllGather:        "all-gather",
-	profile.CommReduceScatter:    "reduce-scatter",
-	profile.CommAllReduce:        "all-reduce",
-	profile.CommBroadcast:        "broadcast",
-	profile.CommP2P:              "p2p",
+	profilekeys.CommAllToAllDispatch: "a2a dispatch",
+	profilekeys.CommAllToAllCombine:  "a2a combine",
+	profilekeys.CommAllGather:        "all-gather",
+	profilekeys.CommReduceScatter:    "reduce-scatter",
+	profilekeys.CommAllReduce:        "all-reduce",
+	profilekeys.CommBroadcast:        "broadcast",
+	profilekeys.CommP2P:              "p2p",
 }
 
 // segment is one part of a step's time.
@@ -43,7 +43,7 @@ type segment struct {
 }
 
 // segments lists the non-empty parts of p in display order: compute by op class, then each
-// collective kind, then host/idle time; kinds the profile package does not list come after the
+// collective kind, then host/idle time; kinds profilekeys does not list come after the
 // known ones of their group, by name.
 func (b *breakdown) segments(p *profileView) []segment {
 	var out []segment
@@ -62,8 +62,8 @@ func (b *breakdown) segments(p *profileView) []segment {
 			}
 		}
 	}
-	add(groupCompute, profile.Classes, p.compute, b.Styles.Compute, func(k string) string { return strings.ReplaceAll(k, "_", " ") })
-	add(groupComm, profile.CommKinds, p.comm, b.Styles.Comm, func(k string) string {
+	add(groupCompute, profilekeys.Classes, p.compute, b.Styles.Compute, func(k string) string { return strings.ReplaceAll(k, "_", " ") })
+	add(groupComm, profilekeys.CommKinds, p.comm, b.Styles.Comm, func(k string) string {
 		if n, ok := commNames[k]; ok {
 			return n
 		}

@@ -22,5 +22,6 @@
 // the diff.
 //
 // The package is not the session (package session) and it never stops one: detaching (q)
-// ends only the TUI, giving up control if it held it.
+// ends only the TUI, giving up control if it held it. It links no engine: the breakdown bar
+// takes the names and order of op classes and collective kinds from internal/profilekeys.
 package tui

@@ -13,13 +13,13 @@ import (
 	"github.com/charmbracelet/x/exp/teatest/v2"
 
 	"github.com/halo-shell/halo-shell/session"
+	"github.com/halo-shell/halo-shell/session/server"
 )
 
 // tinyConfig is a tiny CPU model that trains in milliseconds per step.
 const tinyConfig = "testdata/tiny.yaml"
 
 func TestMain(m *testing.M) {
-	session.EnableProfiling()
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -41,7 +41,7 @@ func startSession(t *testing.T) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- session.Serve(ctx, session.ServerOptions{Name: "live", Socket: sock, ConfigPath: tinyConfig,
+		done <- server.Serve(ctx, server.Options{Name: "live", Socket: sock, ConfigPath: tinyConfig,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}()
 	t.Cleanup(func() {

@@ -19,6 +19,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/train"
 	"github.com/halo-shell/halo-shell/session"
+	"github.com/halo-shell/halo-shell/session/server"
 )
 
 const launchHelp = `Trains with a YAML config whose keys follow Hugging Face TrainingArguments
@@ -222,8 +223,7 @@ func launch(cfg *train.Config, lo launchOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// Op timing by class for the session's profile RPC; it costs nothing until profiling is on.
-	session.EnableProfiling()
-	t, err := train.New(cfg)
+	t, err := server.NewTrainer(cfg)
 	if err != nil {
 		return err
 	}
@@ -245,9 +245,9 @@ func launch(cfg *train.Config, lo launchOptions) error {
 		return fmt.Errorf("launch: session log: %w", err)
 	}
 	defer logFile.Close()
-	so := session.ServerOptions{Name: name, TraceFile: lo.trace, Logger: slog.New(slog.NewTextHandler(logFile, nil))}
+	so := server.Options{Name: name, TraceFile: lo.trace, Logger: slog.New(slog.NewTextHandler(logFile, nil))}
 	fmt.Fprintf(os.Stderr, "session %q: attach with halo-shell tui --session %s\n", name, name)
-	_, err = session.ServeRun(ctx, so, t, train.RunOptions{Progress: os.Stderr, TTY: tty, Log: os.Stderr})
+	_, err = server.ServeRun(ctx, so, t, train.RunOptions{Progress: os.Stderr, TTY: tty, Log: os.Stderr})
 	if errors.Is(err, context.Canceled) {
 		return errors.New("launch: interrupted")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/halo-shell/halo-shell/session"
+	"github.com/halo-shell/halo-shell/session/server"
 )
 
 func init() {
@@ -39,8 +40,7 @@ saving a checkpoint first when --save-on-stop is set.`,
 				h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
 				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 				defer stop()
-				session.EnableProfiling()
-				return session.Serve(ctx, session.ServerOptions{Name: name, Listen: listen, SaveOnStop: saveOnStop,
+				return server.Serve(ctx, server.Options{Name: name, Listen: listen, SaveOnStop: saveOnStop,
 					ConfigPath: config, Method: method, Overrides: overrides, Logger: slog.New(h)})
 			}
 			if listen != "" {

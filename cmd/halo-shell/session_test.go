@@ -7,13 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/halo-shell/halo-shell/session"
+	"github.com/halo-shell/halo-shell/session/server"
 )
 
 func TestSessionCommands(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("HALO_SESSION_DIR", dir)
-	s, err := session.NewServer(session.ServerOptions{Name: "cmdtest", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := server.New(server.Options{Name: "cmdtest", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

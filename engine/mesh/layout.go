@@ -2,12 +2,12 @@ package mesh
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
+
+	"github.com/halo-shell/halo-shell/internal/layoutspec"
 )
 
 // maxDevices bounds device lists and degrees read from outside input.
-const maxDevices = 4096
+const maxDevices = layoutspec.MaxDevices
 
 // Devices is the list of devices of a run: one kind ("cpu" or "cuda") and their indices.
 // For "cpu", the indices are simulated devices 0..n-1 in one process.
@@ -20,73 +20,17 @@ type Devices struct {
 func (d Devices) Len() int { return len(d.IDs) }
 
 // String formats d the way ParseDevices reads it ("cpu:4", "cuda:0-7", "cuda:0,2").
-func (d Devices) String() string {
-	if d.Kind == "" {
-		return ""
-	}
-	if d.Kind == "cpu" {
-		return fmt.Sprintf("cpu:%d", len(d.IDs))
-	}
-	contiguous := len(d.IDs) > 1
-	for i := 1; i < len(d.IDs); i++ {
-		if d.IDs[i] != d.IDs[i-1]+1 {
-			contiguous = false
-		}
-	}
-	if contiguous {
-		return fmt.Sprintf("%s:%d-%d", d.Kind, d.IDs[0], d.IDs[len(d.IDs)-1])
-	}
-	parts := make([]string, len(d.IDs))
-	for i, id := range d.IDs {
-		parts[i] = strconv.Itoa(id)
-	}
-	return d.Kind + ":" + strings.Join(parts, ",")
-}
+func (d Devices) String() string { return layoutspec.Devices(d).String() }
 
 // ParseDevices reads a device list: "cpu" (one simulated device), "cpu:N" (N simulated
 // devices), "cuda" (device 0), "cuda:3", "cuda:0-7" or "cuda:0,2,5" (ids ascending, distinct).
+// The syntax is internal/layoutspec's, which clients share.
 func ParseDevices(s string) (Devices, error) {
-	s = strings.TrimSpace(s)
-	kind, spec, has := strings.Cut(s, ":")
-	switch kind {
-	case "cpu":
-		if !has {
-			return Devices{Kind: "cpu", IDs: []int{0}}, nil
-		}
-		n, err := strconv.Atoi(spec)
-		if err != nil || n < 1 || n > maxDevices {
-			return Devices{}, fmt.Errorf("mesh: devices %q: after cpu: give the number of simulated devices, 1 to %d (e.g. cpu:4)", s, maxDevices)
-		}
-		ids := make([]int, n)
-		for i := range ids {
-			ids[i] = i
-		}
-		return Devices{Kind: "cpu", IDs: ids}, nil
-	case "cuda":
-		if !has {
-			return Devices{Kind: "cuda", IDs: []int{0}}, nil
-		}
-		var ids []int
-		for _, part := range strings.Split(spec, ",") {
-			lo, hi, isRange := strings.Cut(part, "-")
-			a, err := strconv.Atoi(lo)
-			b := a
-			if err == nil && isRange {
-				b, err = strconv.Atoi(hi)
-			}
-			if err != nil || a < 0 || b < a || b >= maxDevices {
-				return Devices{}, fmt.Errorf("mesh: devices %q: %q is not a device index or an ascending range like 0-7", s, part)
-			}
-			for i := a; i <= b; i++ {
-				if len(ids) > 0 && i <= ids[len(ids)-1] {
-					return Devices{}, fmt.Errorf("mesh: devices %q: device %d is listed twice or out of order; list ids ascending", s, i)
-				}
-				ids = append(ids, i)
-			}
-		}
-		return Devices{Kind: "cuda", IDs: ids}, nil
+	d, err := layoutspec.ParseDevices(s)
+	if err != nil {
+		return Devices{}, fmt.Errorf("mesh: %w", err)
 	}
-	return Devices{}, fmt.Errorf("mesh: devices %q: unknown kind %q (use cpu, cpu:N, cuda, cuda:0-7 or cuda:0,2)", s, kind)
+	return Devices(d), nil
 }
 
 // Layout is a parallel layout: the degree of each kind of parallelism. A degree of 0 is read as
@@ -129,62 +73,17 @@ func (l Layout) Norm(n int) Layout {
 func (l Layout) Size() int { return one(l.DP) * one(l.CP) * one(l.TP) }
 
 // String formats l as ParseLayout reads it, e.g. "dp=2 fsdp tp=2 cp=1 ep=1 etp=1".
-func (l Layout) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "dp=%d", one(l.DP))
-	if l.FSDP {
-		b.WriteString(" fsdp")
-	}
-	fmt.Fprintf(&b, " tp=%d cp=%d ep=%d etp=%d", one(l.TP), one(l.CP), one(l.EP), one(l.ETP))
-	return b.String()
-}
+func (l Layout) String() string { return layoutspec.Layout(l).String() }
 
 // ParseLayout reads a layout from words separated by spaces or commas: dp=N, tp=N, cp=N, ep=N,
 // etp=N, fsdp (or fsdp=true/false). Omitted degrees are 1, except dp, which follows from the
-// devices. Example: "ep=2 tp=2".
+// devices. Example: "ep=2 tp=2". The syntax is internal/layoutspec's, which clients share.
 func ParseLayout(s string) (Layout, error) {
-	var l Layout
-	seen := map[string]bool{}
-	for _, w := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ',' || r == '\t' }) {
-		k, v, hasV := strings.Cut(w, "=")
-		k = strings.ToLower(k)
-		if seen[k] {
-			return Layout{}, fmt.Errorf("mesh: layout %q: %s is given twice", s, k)
-		}
-		seen[k] = true
-		if k == "fsdp" {
-			switch strings.ToLower(v) {
-			case "", "true", "1", "on", "yes":
-				l.FSDP = true
-			case "false", "0", "off", "no":
-				l.FSDP = false
-			default:
-				return Layout{}, fmt.Errorf("mesh: layout %q: fsdp=%s: use fsdp, fsdp=true or fsdp=false", s, v)
-			}
-			continue
-		}
-		var dst *int
-		switch k {
-		case "dp":
-			dst = &l.DP
-		case "tp":
-			dst = &l.TP
-		case "cp":
-			dst = &l.CP
-		case "ep":
-			dst = &l.EP
-		case "etp":
-			dst = &l.ETP
-		default:
-			return Layout{}, fmt.Errorf("mesh: layout %q: unknown key %q (keys: dp, fsdp, tp, cp, ep, etp)", s, k)
-		}
-		n, err := strconv.Atoi(v)
-		if !hasV || err != nil || n < 1 || n > maxDevices {
-			return Layout{}, fmt.Errorf("mesh: layout %q: %s needs a degree from 1 to %d, like %s=2", s, k, maxDevices, k)
-		}
-		*dst = n
+	l, err := layoutspec.ParseLayout(s)
+	if err != nil {
+		return Layout{}, fmt.Errorf("mesh: %w", err)
 	}
-	return l, nil
+	return Layout(l), nil
 }
 
 // Config is the layout part of a run's YAML configuration. Zero values mean the defaults.

@@ -11,38 +11,40 @@ import (
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/internal/profilekeys"
 )
 
-// Op classes: every backend op belongs to exactly one.
+// Op classes: every backend op belongs to exactly one. The names are internal/profilekeys',
+// which clients share.
 const (
-	ClassMatmul        = "matmul"
-	ClassAttention     = "attention"
-	ClassNorm          = "norm"
-	ClassRoPE          = "rope"
-	ClassEmbedding     = "embedding"
-	ClassMLPActivation = "mlp_activation"
-	ClassLoss          = "loss"
-	ClassOptimizer     = "optimizer"
-	ClassOther         = "other"
+	ClassMatmul        = profilekeys.ClassMatmul
+	ClassAttention     = profilekeys.ClassAttention
+	ClassNorm          = profilekeys.ClassNorm
+	ClassRoPE          = profilekeys.ClassRoPE
+	ClassEmbedding     = profilekeys.ClassEmbedding
+	ClassMLPActivation = profilekeys.ClassMLPActivation
+	ClassLoss          = profilekeys.ClassLoss
+	ClassOptimizer     = profilekeys.ClassOptimizer
+	ClassOther         = profilekeys.ClassOther
 )
 
 // Classes lists the op classes in display order.
-var Classes = []string{ClassMatmul, ClassAttention, ClassNorm, ClassRoPE, ClassEmbedding, ClassMLPActivation, ClassLoss, ClassOptimizer, ClassOther}
+var Classes = profilekeys.Classes
 
-// Collective kinds, for communication spans.
+// Collective kinds, for communication spans (internal/profilekeys' names).
 const (
-	CommAllToAllDispatch = "all_to_all_dispatch"
-	CommAllToAllCombine  = "all_to_all_combine"
-	CommAllGather        = "all_gather"
-	CommReduceScatter    = "reduce_scatter"
-	CommAllReduce        = "all_reduce"
-	CommBroadcast        = "broadcast"
-	CommP2P              = "p2p"
-	CommBarrier          = "barrier"
+	CommAllToAllDispatch = profilekeys.CommAllToAllDispatch
+	CommAllToAllCombine  = profilekeys.CommAllToAllCombine
+	CommAllGather        = profilekeys.CommAllGather
+	CommReduceScatter    = profilekeys.CommReduceScatter
+	CommAllReduce        = profilekeys.CommAllReduce
+	CommBroadcast        = profilekeys.CommBroadcast
+	CommP2P              = profilekeys.CommP2P
+	CommBarrier          = profilekeys.CommBarrier
 )
 
 // CommKinds lists the collective kinds in display order.
-var CommKinds = []string{CommAllToAllDispatch, CommAllToAllCombine, CommAllGather, CommReduceScatter, CommAllReduce, CommBroadcast, CommP2P, CommBarrier}
+var CommKinds = profilekeys.CommKinds
 
 // Span is one timed piece of work inside a step.
 type Span struct {

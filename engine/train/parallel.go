@@ -17,6 +17,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/tensor"
+	"github.com/halo-shell/halo-shell/internal/layoutspec"
 )
 
 // A run on more than one device drives a parallel.Plan instead of the single model. The
@@ -221,24 +222,17 @@ func (t *Trainer) syncFromPlan() error {
 }
 
 // ParseLayoutSpec reads a target layout: the layout words of mesh.ParseLayout (dp=N fsdp
-// tp=N cp=N ep=N etp=N) and optionally devices=LIST (cpu:4, cuda:0-3). Without devices=, the
+// tp=N cp=N ep=N etp=N) and optionally devices=LIST (cpu:4, cuda:0-3), split apart by
+// layoutspec.SplitSpec, the syntax clients check before sending. Without devices=, the
 // current devices (cur) are kept when tp·cp divides their number and dp is not given;
 // otherwise the layout takes dp·tp·cp devices of the current kind. "dp=1" goes back to one
 // device.
 func ParseLayoutSpec(spec string, cur mesh.Devices) (mesh.Devices, mesh.Layout, error) {
-	var words []string
-	var devs string
-	for _, w := range strings.FieldsFunc(spec, func(r rune) bool { return r == ' ' || r == ',' || r == '\t' }) {
-		if k, v, ok := strings.Cut(w, "="); ok && strings.EqualFold(k, "devices") {
-			if devs != "" {
-				return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: layout %q: devices is given twice", spec)
-			}
-			devs = v
-			continue
-		}
-		words = append(words, w)
+	words, devs, err := layoutspec.SplitSpec(spec)
+	if err != nil {
+		return mesh.Devices{}, mesh.Layout{}, fmt.Errorf("train: %w", err)
 	}
-	l, err := mesh.ParseLayout(strings.Join(words, " "))
+	l, err := mesh.ParseLayout(words)
 	if err != nil {
 		return mesh.Devices{}, mesh.Layout{}, err
 	}

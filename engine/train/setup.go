@@ -20,7 +20,14 @@ import (
 // New builds a trainer from a validated config: it opens the device, loads or initialises the
 // model, reads and tokenizes the data on all cores, packs it and plans the run. When
 // resume_from_checkpoint is set it continues from that checkpoint (see Resume).
-func New(cfg *Config) (*Trainer, error) {
+func New(cfg *Config) (*Trainer, error) { return NewWrapped(cfg, nil) }
+
+// NewWrapped is New with the trainer's own device passed through wrap (when not nil) before
+// anything is built on it: a session wraps it with profile.Wrap so that it can record that
+// device's ops, without changing how any other trainer in the process opens devices. The
+// devices of a parallel plan are opened and wrapped by the plan, one recorder per rank
+// (RankRecorders), not by wrap.
+func NewWrapped(cfg *Config, wrap func(backend.Backend) backend.Backend) (*Trainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -38,6 +45,9 @@ func New(cfg *Config) (*Trainer, error) {
 	b, note, err := backend.Resolve(dev)
 	if err != nil {
 		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
+	}
+	if wrap != nil {
+		b = wrap(b)
 	}
 	return newOn(cfg, b, note, nil)
 }

@@ -1,6 +1,7 @@
-package session
+package server
 
 import (
+	"github.com/halo-shell/halo-shell/session"
 	"math"
 	"path/filepath"
 	"testing"
@@ -21,7 +22,7 @@ func TestPlanSessionReadsTheTrainedWeights(t *testing.T) {
 	read := func(flags ...string) reads {
 		var r reads
 		_, c := loaded(t, append([]string{"--gradient_accumulation_steps=2"}, flags...)...)
-		in, err := c.Inspect(ctx, &InspectRequest{Name: name, Count: 1 << 20})
+		in, err := c.Inspect(ctx, &session.InspectRequest{Name: name, Count: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,13 +31,13 @@ func TestPlanSessionReadsTheTrainedWeights(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Generation and evaluation first: they must not depend on an earlier inspection.
-		if r.text, err = c.Generate(ctx, &GenerateRequest{Prompt: "What is 2+3?", Chat: true, MaxNewTokens: 6}, nil); err != nil {
+		if r.text, err = c.Generate(ctx, &session.GenerateRequest{Prompt: "What is 2+3?", Chat: true, MaxNewTokens: 6}, nil); err != nil {
 			t.Fatal(err)
 		}
 		if r.eval, err = c.Eval(ctx); err != nil {
 			t.Fatal(err)
 		}
-		in, err = c.Inspect(ctx, &InspectRequest{Name: name, Count: 1 << 20})
+		in, err = c.Inspect(ctx, &session.InspectRequest{Name: name, Count: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,7 +48,7 @@ func TestPlanSessionReadsTheTrainedWeights(t *testing.T) {
 		}
 		// The checkpoint read back by a single-device session.
 		_, back := loaded(t, "--gradient_accumulation_steps=2", "--resume_from_checkpoint="+dir)
-		if in, err = back.Inspect(ctx, &InspectRequest{Name: name, Count: 1 << 20}); err != nil {
+		if in, err = back.Inspect(ctx, &session.InspectRequest{Name: name, Count: 1 << 20}); err != nil {
 			t.Fatal(err)
 		}
 		r.saved = in.Values

@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect/v2"
 
 	"github.com/halo-shell/halo-shell/engine/train"
+	"github.com/halo-shell/halo-shell/session"
 )
 
 // TestServeRunIsAttachable serves a batch run (as `launch` does) and drives it from a client
@@ -30,7 +31,7 @@ func TestServeRunIsAttachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := train.New(cfg)
+	tr, err := NewTrainer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,13 +42,13 @@ func TestServeRunIsAttachable(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := ServeRun(context.Background(), ServerOptions{Name: "launch", TraceFile: trace, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, tr, train.RunOptions{})
+		r, err := ServeRun(context.Background(), Options{Name: "launch", TraceFile: trace, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, tr, train.RunOptions{})
 		done <- result{r, err}
 	}()
-	var c *Client
+	var c *session.Client
 	waitFor(t, "the launch session to answer", func() bool {
 		if c == nil {
-			c, _ = Dial("launch", Options{ClientName: "attach"})
+			c, _ = session.Dial("launch", session.Options{ClientName: "attach"})
 		}
 		return c != nil && c.Ping(t.Context()) == nil
 	})
@@ -57,7 +58,7 @@ func TestServeRunIsAttachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != StatePaused {
+	if st.State != session.StatePaused {
 		t.Fatalf("after Pause: %v", st.State)
 	}
 	at := st.Step
@@ -136,8 +137,8 @@ func TestDialOrStartStartsDetachedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
-	so := StartOptions{Command: []string{exe}, Env: []string{"HALO_SESSION_HELPER=serve", "HALO_SESSION_NAME=auto"}, Wait: 30 * time.Second}
-	c, err := DialOrStart(ctx, "auto", Options{ClientName: "auto"}, so)
+	so := session.StartOptions{Command: []string{exe}, Env: []string{"HALO_SESSION_HELPER=serve", "HALO_SESSION_NAME=auto"}, Wait: 30 * time.Second}
+	c, err := session.DialOrStart(ctx, "auto", session.Options{ClientName: "auto"}, so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func TestDialOrStartStartsDetachedSession(t *testing.T) {
 		t.Fatalf("no log beside the socket: %v", err)
 	}
 	// A second DialOrStart attaches to the same process.
-	c2, err := DialOrStart(ctx, "auto", Options{}, so)
+	c2, err := session.DialOrStart(ctx, "auto", session.Options{}, so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,16 +164,16 @@ func TestDialOrStartStartsDetachedSession(t *testing.T) {
 	if st2 := status(t, c2); st2.Pid != st.Pid {
 		t.Fatalf("second DialOrStart reached pid %d, want %d", st2.Pid, st.Pid)
 	}
-	if _, err := Start(ctx, StartOptions{Name: "auto", Command: so.Command, Env: so.Env}); err == nil {
+	if _, err := session.Start(ctx, session.StartOptions{Name: "auto", Command: so.Command, Env: so.Env}); err == nil {
 		t.Fatal("Start of a running session succeeded")
 	} else {
 		mustContain(t, err, "already running")
 	}
-	if _, err := Stop(ctx, "auto", 30*time.Second); err != nil {
+	if _, err := session.Stop(ctx, "auto", 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the session process to exit", func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH })
-	if ss, err := List(ctx); err != nil || len(ss) != 0 {
+	if ss, err := session.List(ctx); err != nil || len(ss) != 0 {
 		t.Fatalf("List after Stop = %v, %v", ss, err)
 	}
 }

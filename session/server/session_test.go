@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"bytes"
@@ -20,13 +20,14 @@ import (
 
 	"connectrpc.com/connect/v2"
 
+	"github.com/halo-shell/halo-shell/session"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 )
 
 func TestLoadStepPauseResume(t *testing.T) {
 	s, c := loaded(t)
 	ctx := ctxT(t)
-	if st := status(t, c); st.State != StateIdle || st.Step != 0 || !strings.Contains(st.ConfigSummary, "qwen3") {
+	if st := status(t, c); st.State != session.StateIdle || st.Step != 0 || !strings.Contains(st.ConfigSummary, "qwen3") {
 		t.Fatalf("after load: %v step %d summary %q", st.State, st.Step, st.ConfigSummary)
 	}
 	ms, err := c.Step(ctx, 3)
@@ -47,7 +48,7 @@ func TestLoadStepPauseResume(t *testing.T) {
 			t.Fatalf("metrics %d: model flops %g, %g TFLOP/s", i, m.ModelFlops, m.Tflops)
 		}
 	}
-	if st := status(t, c); st.Step != 3 || st.State != StateIdle || st.LastMetrics.GetStep() != 3 {
+	if st := status(t, c); st.Step != 3 || st.State != session.StateIdle || st.LastMetrics.GetStep() != 3 {
 		t.Fatalf("after Step(3): %v step %d", st.State, st.Step)
 	}
 
@@ -60,17 +61,17 @@ func TestLoadStepPauseResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != StatePaused {
+	if st.State != session.StatePaused {
 		t.Fatalf("after Pause: %v", st.State)
 	}
 	paused := st.Step
 	time.Sleep(100 * time.Millisecond)
-	if st := status(t, c); st.Step != paused || st.State != StatePaused {
+	if st := status(t, c); st.Step != paused || st.State != session.StatePaused {
 		t.Fatalf("paused at %d but now %v at step %d", paused, st.State, st.Step)
 	}
 	if _, err := c.Step(ctx, 1); err == nil {
 		// Step while paused is allowed: it runs in the foreground and the run stays paused.
-		if st := status(t, c); st.Step != paused+1 || st.State != StatePaused {
+		if st := status(t, c); st.Step != paused+1 || st.State != session.StatePaused {
 			t.Fatalf("Step while paused: %v at step %d, want paused at %d", st.State, st.Step, paused+1)
 		}
 		paused++
@@ -86,7 +87,7 @@ func TestLoadStepPauseResume(t *testing.T) {
 	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("Resume while running: %v", err)
 	}
-	if _, err := c.Step(ctx, 1); connect.CodeOf(err) != connect.CodeFailedPrecondition || IsNotController(err) {
+	if _, err := c.Step(ctx, 1); connect.CodeOf(err) != connect.CodeFailedPrecondition || session.IsNotController(err) {
 		t.Fatalf("Step while running: %v, want failed_precondition about the run", err)
 	}
 	if _, err := c.Pause(ctx); err != nil {
@@ -96,10 +97,10 @@ func TestLoadStepPauseResume(t *testing.T) {
 }
 
 func TestCommandsBeforeLoad(t *testing.T) {
-	s := startServer(t, ServerOptions{})
+	s := startServer(t, Options{})
 	c := dial(t, s.Socket(), "early")
 	ctx := ctxT(t)
-	if st := status(t, c); st.State != StateEmpty {
+	if st := status(t, c); st.State != session.StateEmpty {
 		t.Fatalf("state %v before load", st.State)
 	}
 	_, err := c.Step(ctx, 1)
@@ -113,7 +114,7 @@ func TestCommandsBeforeLoad(t *testing.T) {
 	}
 	_, err = c.Load(ctx, "testdata/does-not-exist.yaml", "sft")
 	mustContain(t, err, "does-not-exist.yaml")
-	if st := status(t, c); st.State != StateEmpty {
+	if st := status(t, c); st.State != session.StateEmpty {
 		t.Fatalf("state %v after failed loads", st.State)
 	}
 }
@@ -146,7 +147,7 @@ func TestSetHyperTakesEffectNextStep(t *testing.T) {
 		t.Fatalf("lr of the step after SetLR = %g, want 1e-4", ms[0].Lr)
 	}
 	clip, accum := 0.5, int32(2)
-	if _, err := c.SetHyper(ctx, &SetHyperRequest{MaxGradNorm: &clip, GradientAccumulationSteps: &accum}); err != nil {
+	if _, err := c.SetHyper(ctx, &session.SetHyperRequest{MaxGradNorm: &clip, GradientAccumulationSteps: &accum}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err = c.Step(ctx, 1)
@@ -158,7 +159,7 @@ func TestSetHyperTakesEffectNextStep(t *testing.T) {
 		t.Fatalf("tokens with 2 accumulation steps = %d, want more than one micro-batch's 128", ms[0].Tokens)
 	}
 	bad := -1.0
-	_, err = c.SetHyper(ctx, &SetHyperRequest{LearningRate: &bad})
+	_, err = c.SetHyper(ctx, &session.SetHyperRequest{LearningRate: &bad})
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("negative lr: %v", err)
 	}
@@ -171,21 +172,21 @@ func TestControllerAndTakeOver(t *testing.T) {
 	s, a := loaded(t)
 	ctx := ctxT(t)
 	b := dial(t, s.Socket(), "second")
-	if _, err := b.Step(ctx, 1); !IsNotController(err) {
+	if _, err := b.Step(ctx, 1); !session.IsNotController(err) {
 		t.Fatalf("second client's Step: %v, want failed_precondition", err)
 	} else {
 		mustContain(t, err, a.ID(), "controller", "observe, or take over with --take-over")
 	}
-	if err := b.Claim(ctx); !IsNotController(err) {
+	if err := b.Claim(ctx); !session.IsNotController(err) {
 		t.Fatalf("second client's Claim: %v", err)
-	} else if nc, _ := NotControllerOf(err); nc.Controller != a.ID() || nc.ControllerName != "controller" {
+	} else if nc, _ := session.NotControllerOf(err); nc.Controller != a.ID() || nc.ControllerName != "controller" {
 		t.Fatalf("NotController detail %v, want %s (controller)", nc, a.ID())
 	}
 	// Observers may read.
 	if _, err := b.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Inspect(ctx, &InspectRequest{}); err != nil {
+	if _, err := b.Inspect(ctx, &session.InspectRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	prev, err := b.TakeOver(ctx)
@@ -195,7 +196,7 @@ func TestControllerAndTakeOver(t *testing.T) {
 	if _, err := b.Step(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Step(ctx, 1); !IsNotController(err) {
+	if _, err := a.Step(ctx, 1); !session.IsNotController(err) {
 		t.Fatalf("old controller's Step after take-over: %v", err)
 	}
 	st := status(t, a)
@@ -285,7 +286,7 @@ func TestSlowObserverDropsOldest(t *testing.T) {
 	slow := h.subscribe(3)
 	fast := h.subscribe(100)
 	for i := range 10 {
-		h.publish(&Event{Kind: &halov1.Event_Log{Log: &halov1.LogEvent{Message: strconv.Itoa(i)}}})
+		h.publish(&session.Event{Kind: &halov1.Event_Log{Log: &halov1.LogEvent{Message: strconv.Itoa(i)}}})
 	}
 	evs, closed := slow.take()
 	if closed || len(evs) != 4 {
@@ -304,7 +305,7 @@ func TestSlowObserverDropsOldest(t *testing.T) {
 		t.Fatalf("fast observer got %d events", len(evs))
 	}
 	// No drops since the last take: no report.
-	h.publish(&Event{})
+	h.publish(&session.Event{})
 	if evs, _ := slow.take(); len(evs) != 1 || evs[0].GetDropped() != nil {
 		t.Fatalf("after catching up: %v", evs)
 	}
@@ -312,7 +313,7 @@ func TestSlowObserverDropsOldest(t *testing.T) {
 	if _, closed := fast.take(); !closed {
 		t.Fatal("closing the hub did not end the subscription")
 	}
-	h.publish(&Event{}) // after close: ignored, no panic
+	h.publish(&session.Event{}) // after close: ignored, no panic
 }
 
 func TestProfileSumsToStepTime(t *testing.T) {
@@ -390,7 +391,7 @@ func TestProfileObservesRunningRun(t *testing.T) {
 	if len(r.Steps) != 2 || r.Steps[1].Step != r.Steps[0].Step+1 {
 		t.Fatalf("observed profile steps %v", r.Steps)
 	}
-	if st := status(t, c); st.State != StateRunning {
+	if st := status(t, c); st.State != session.StateRunning {
 		t.Fatalf("the run stopped after being profiled: %v", st.State)
 	}
 	if _, err := c.Pause(ctx); err != nil {
@@ -401,7 +402,7 @@ func TestProfileObservesRunningRun(t *testing.T) {
 func TestInspect(t *testing.T) {
 	_, c := loaded(t)
 	ctx := ctxT(t)
-	r, err := c.Inspect(ctx, &InspectRequest{})
+	r, err := c.Inspect(ctx, &session.InspectRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,11 +422,11 @@ func TestInspect(t *testing.T) {
 	if _, err := c.Step(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	r, err = c.Inspect(ctx, &InspectRequest{})
+	r, err = c.Inspect(ctx, &session.InspectRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var layer1 *TensorStats
+	var layer1 *session.TensorStats
 	grads := 0
 	for _, s := range r.Stats {
 		if s.Kind == "grad" {
@@ -442,7 +443,7 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("%d grads for %d params; layer-1 stats %v", grads, params, layer1)
 	}
 	name := "model.layers.1.mlp.down_proj.weight"
-	full, err := c.Inspect(ctx, &InspectRequest{Name: name, Count: 1 << 20})
+	full, err := c.Inspect(ctx, &session.InspectRequest{Name: name, Count: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +457,7 @@ func TestInspect(t *testing.T) {
 	if rms := math.Sqrt(sq / float64(len(full.Values))); math.Abs(rms-full.Stats[0].Rms) > 1e-6*rms {
 		t.Fatalf("rms of the values %g != reported %g", rms, full.Stats[0].Rms)
 	}
-	part, err := c.Inspect(ctx, &InspectRequest{Name: name, Offset: 10, Count: 5})
+	part, err := c.Inspect(ctx, &session.InspectRequest{Name: name, Offset: 10, Count: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,15 +465,15 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("slice [10,15) = %v, want %v", part.Values, full.Values[10:15])
 	}
 	tests := []struct {
-		req  *InspectRequest
+		req  *session.InspectRequest
 		code connect.Code
 		msg  string
 	}{
-		{&InspectRequest{Name: "model.nope"}, connect.CodeNotFound, `no tensor "model.nope"`},
-		{&InspectRequest{Name: name, Offset: 1 << 30, Count: 1}, connect.CodeOutOfRange, "past the end"},
-		{&InspectRequest{Name: name, Offset: -1, Count: 1}, connect.CodeInvalidArgument, "must be >= 0"},
-		{&InspectRequest{Name: name, Kind: "weights"}, connect.CodeInvalidArgument, `kind "weights"`},
-		{&InspectRequest{Count: 3}, connect.CodeInvalidArgument, "need a tensor name"},
+		{&session.InspectRequest{Name: "model.nope"}, connect.CodeNotFound, `no tensor "model.nope"`},
+		{&session.InspectRequest{Name: name, Offset: 1 << 30, Count: 1}, connect.CodeOutOfRange, "past the end"},
+		{&session.InspectRequest{Name: name, Offset: -1, Count: 1}, connect.CodeInvalidArgument, "must be >= 0"},
+		{&session.InspectRequest{Name: name, Kind: "weights"}, connect.CodeInvalidArgument, `kind "weights"`},
+		{&session.InspectRequest{Count: 3}, connect.CodeInvalidArgument, "need a tensor name"},
 	}
 	for _, tc := range tests {
 		_, err := c.Inspect(ctx, tc.req)
@@ -495,14 +496,14 @@ func TestEvalGenerateSave(t *testing.T) {
 		t.Fatalf("Eval = %g, %v", l, err)
 	}
 	var pieces []string
-	text, err := c.Generate(ctx, &GenerateRequest{Prompt: "What is 2+3?", Chat: true, MaxNewTokens: 6}, func(p string) { pieces = append(pieces, p) })
+	text, err := c.Generate(ctx, &session.GenerateRequest{Prompt: "What is 2+3?", Chat: true, MaxNewTokens: 6}, func(p string) { pieces = append(pieces, p) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(pieces, "") != text {
 		t.Fatalf("pieces %q do not make up the text %q", pieces, text)
 	}
-	_, err = c.Generate(ctx, &GenerateRequest{Prompt: "x", MaxNewTokens: 0}, nil)
+	_, err = c.Generate(ctx, &session.GenerateRequest{Prompt: "x", MaxNewTokens: 0}, nil)
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("max_new_tokens 0: %v", err)
 	}
@@ -521,13 +522,13 @@ func TestEvalGenerateSave(t *testing.T) {
 
 func TestTCPNeedsToken(t *testing.T) {
 	logs := &syncBuffer{}
-	s := startServer(t, ServerOptions{Listen: "tcp://127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	s := startServer(t, Options{Listen: "tcp://127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	ctx := ctxT(t)
 	addr := s.TCPAddr()
 	if !strings.HasPrefix(addr, "tcp://127.0.0.1:") {
 		t.Fatalf("TCP address %q is not on localhost", addr)
 	}
-	p, _ := PathsFor("test")
+	p, _ := session.PathsFor("test")
 	st, err := os.Stat(p.Token)
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("token file %s: %v mode %v", p.Token, err, st.Mode())
@@ -544,8 +545,8 @@ func TestTCPNeedsToken(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o := Options{Token: tc.token, TokenSession: "test"}
-			c, err := Dial(addr, o)
+			o := session.Options{Token: tc.token, TokenSession: "test"}
+			c, err := session.Dial(addr, o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -597,7 +598,7 @@ func TestTCPNeedsToken(t *testing.T) {
 func TestSocketPermissions(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "rt")
 	t.Setenv("HALO_SESSION_DIR", dir)
-	s, err := NewServer(ServerOptions{Name: "perm"})
+	s, err := New(Options{Name: "perm"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,30 +620,14 @@ func TestSocketPermissions(t *testing.T) {
 		t.Fatalf("socket at %s", s.Socket())
 	}
 	// A second session of the same name is refused while the first answers.
-	if _, err := NewServer(ServerOptions{Name: "perm"}); err == nil {
+	if _, err := New(Options{Name: "perm"}); err == nil {
 		t.Fatal("a second session took the socket of a live one")
 	} else {
 		mustContain(t, err, "already listening")
 	}
-	ss, err := List(t.Context())
+	ss, err := session.List(t.Context())
 	if err != nil || len(ss) != 1 || ss[0].Name != "perm" {
 		t.Fatalf("List = %v, %v", ss, err)
-	}
-}
-
-func TestListRemovesStaleSockets(t *testing.T) {
-	dir := t.TempDir()
-	t.Setenv("HALO_SESSION_DIR", dir)
-	stale := filepath.Join(dir, "gone.sock")
-	if err := os.WriteFile(stale, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ss, err := List(t.Context())
-	if err != nil || len(ss) != 0 {
-		t.Fatalf("List = %v, %v", ss, err)
-	}
-	if _, err := os.Stat(stale); !os.IsNotExist(err) {
-		t.Fatalf("stale socket not removed: %v", err)
 	}
 }
 
@@ -702,16 +687,16 @@ func TestSIGTERMSavesAndExits(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	sock := filepath.Join(dir, "term.sock")
-	var c *Client
+	var c *session.Client
 	waitFor(t, "the session to load", func() bool {
 		if c == nil {
-			c, _ = Dial(sock, Options{})
+			c, _ = session.Dial(sock, session.Options{})
 		}
 		if c == nil {
 			return false
 		}
 		st, err := c.Status(t.Context())
-		return err == nil && st.State == StateIdle
+		return err == nil && st.State == session.StateIdle
 	})
 	defer c.Close()
 	ctx := ctxT(t)
@@ -782,7 +767,7 @@ func TestStateEventsOnControlChange(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := ev.GetState(); s != nil && s.State == StateIdle && s.Step == 1 {
+		if s := ev.GetState(); s != nil && s.State == session.StateIdle && s.Step == 1 {
 			if s.Controller != o.ID() {
 				t.Fatalf("state event after the step names controller %q, want %q", s.Controller, o.ID())
 			}
@@ -813,17 +798,17 @@ func (s *syncBuffer) String() string {
 func TestInspectActivations(t *testing.T) {
 	_, c := loaded(t)
 	ctx := ctxT(t)
-	if _, err := c.Inspect(ctx, &InspectRequest{Activations: true}); err != nil {
+	if _, err := c.Inspect(ctx, &session.InspectRequest{Activations: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Step(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.Inspect(ctx, &InspectRequest{})
+	r, err := c.Inspect(ctx, &session.InspectRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]*TensorStats{}
+	byName := map[string]*session.TensorStats{}
 	for _, s := range r.Stats {
 		if s.Kind == "activation" {
 			byName[s.Name] = s
@@ -842,7 +827,7 @@ func TestInspectActivations(t *testing.T) {
 			t.Fatalf("%s: %v", want.name, s)
 		}
 	}
-	one, err := c.Inspect(ctx, &InspectRequest{Name: "layers.1.Attention.0", Kind: "activation"})
+	one, err := c.Inspect(ctx, &session.InspectRequest{Name: "layers.1.Attention.0", Kind: "activation"})
 	if err != nil || len(one.Stats) != 1 || one.Stats[0].Rms != byName["layers.1.Attention.0"].Rms || one.Step != 1 {
 		t.Fatalf("named activation: %v, %v", one, err)
 	}
@@ -850,7 +835,7 @@ func TestInspectActivations(t *testing.T) {
 	if _, err := c.Step(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if again, _ := c.Inspect(ctx, &InspectRequest{Name: "layers.1.Attention.0", Kind: "activation"}); again.GetStep() != 1 {
+	if again, _ := c.Inspect(ctx, &session.InspectRequest{Name: "layers.1.Attention.0", Kind: "activation"}); again.GetStep() != 1 {
 		t.Fatalf("activations re-captured without being asked: step %d", again.GetStep())
 	}
 }

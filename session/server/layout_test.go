@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"connectrpc.com/connect/v2"
+	"github.com/halo-shell/halo-shell/session"
 )
 
 func TestSetLayoutBetweenStepsMatchesAFreshSession(t *testing.T) {
@@ -96,7 +97,7 @@ func TestSetLayoutRefusesAnInvalidTargetAndTheRunContinues(t *testing.T) {
 		mustContain(t, err, tc.want)
 	}
 	st := status(t, c)
-	if st.Layout != "dp=1 tp=1 cp=2 ep=1 etp=1" || st.Devices != "cpu:2" || st.State != StateRunning {
+	if st.Layout != "dp=1 tp=1 cp=2 ep=1 etp=1" || st.Devices != "cpu:2" || st.State != session.StateRunning {
 		t.Fatalf("after refusals: layout %q on %q, state %v; want the old layout, still running", st.Layout, st.Devices, st.State)
 	}
 	from := st.Step
@@ -110,7 +111,7 @@ func TestSetLayoutRefusesAnInvalidTargetAndTheRunContinues(t *testing.T) {
 		t.Fatalf("SetLayout during a run = %v", r)
 	}
 	waitFor(t, "the run to go on in the new layout", func() bool { return status(t, c).Step >= r.Step+2 })
-	if st := status(t, c); st.State != StateRunning || st.Layout != r.Layout {
+	if st := status(t, c); st.State != session.StateRunning || st.Layout != r.Layout {
 		t.Fatalf("after SetLayout during a run: state %v, layout %q", st.State, st.Layout)
 	}
 	if _, err := c.Pause(ctx); err != nil {

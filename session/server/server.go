@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -25,12 +24,13 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/train"
+	"github.com/halo-shell/halo-shell/session"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 	"github.com/halo-shell/halo-shell/session/proto/halo/v1/halov1connect"
 )
 
-// ServerOptions configure a session server.
-type ServerOptions struct {
+// Options configure a session server.
+type Options struct {
 	// Name of the session (default DefaultName); it names the socket in RuntimeDir.
 	Name string
 	// Socket overrides the socket path (tests); empty means Paths.Socket.
@@ -54,11 +54,11 @@ type ServerOptions struct {
 
 // Server is a running session: the engine goroutine, the RPC handlers and the listeners.
 type Server struct {
-	o      ServerOptions
+	o      Options
 	log    *slog.Logger
 	hub    *hub
 	eng    *engine
-	paths  Paths
+	paths  session.Paths
 	token  string
 	unixLn net.Listener
 	tcpLn  net.Listener
@@ -83,22 +83,22 @@ type ctxKey int
 
 const keyTCP ctxKey = 1
 
-// NewServer creates the session's socket (and TCP listener) and starts the engine goroutine.
+// New creates the session's socket (and TCP listener) and starts the engine goroutine.
 // Serve then answers calls until Shutdown.
-func NewServer(o ServerOptions) (*Server, error) {
+func New(o Options) (*Server, error) {
 	if o.Name == "" {
-		o.Name = DefaultName
+		o.Name = session.DefaultName
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	p, err := PathsFor(o.Name)
+	p, err := session.PathsFor(o.Name)
 	if err != nil {
 		return nil, err
 	}
 	if o.Socket != "" {
 		p.Socket = o.Socket
-	} else if _, err := ensureRuntimeDir(); err != nil {
+	} else if _, err := session.EnsureRuntimeDir(); err != nil {
 		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger.With("session", o.Name), hub: newHub(), paths: p, clients: map[string]*clientRec{}, closed: make(chan struct{})}
@@ -150,27 +150,8 @@ func listenUnix(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// ParseListen turns "tcp://HOST:PORT" into a host:port to bind, defaulting HOST to 127.0.0.1.
-func ParseListen(listen string) (string, error) {
-	u, err := url.Parse(listen)
-	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
-		return "", fmt.Errorf("session: --listen %q: want tcp://HOST:PORT (e.g. tcp://127.0.0.1:7070)", listen)
-	}
-	host, port, err := net.SplitHostPort(u.Host)
-	if err != nil {
-		return "", fmt.Errorf("session: --listen %q: %v", listen, err)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return "", fmt.Errorf("session: --listen %q: port %q is not a number from 0 to 65535", listen, port)
-	}
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	return net.JoinHostPort(host, port), nil
-}
-
 func (s *Server) listenTCP(listen string) error {
-	addr, err := ParseListen(listen)
+	addr, err := session.ParseListen(listen)
 	if err != nil {
 		return err
 	}
@@ -301,8 +282,8 @@ func (s *Server) finish() {
 }
 
 // Serve runs a session until ctx ends (see Server.Serve).
-func Serve(ctx context.Context, o ServerOptions) error {
-	s, err := NewServer(o)
+func Serve(ctx context.Context, o Options) error {
+	s, err := New(o)
 	if err != nil {
 		return err
 	}
@@ -348,8 +329,8 @@ func (s *Server) authInterceptor(next connect.ServerFunc) connect.ServerFunc {
 			}
 		}
 		if info != nil {
-			if id := info.RequestHeader().Get(HeaderClientID); id != "" {
-				s.seen(id, info.RequestHeader().Get(HeaderClientName))
+			if id := info.RequestHeader().Get(session.HeaderClientID); id != "" {
+				s.seen(id, info.RequestHeader().Get(session.HeaderClientName))
 			}
 		}
 		return next(ctx, spec, st)
@@ -388,7 +369,7 @@ func (s *Server) pruneLocked(now time.Time) {
 
 func clientID(ctx context.Context) string {
 	if info, ok := connect.CallInfoForServerContext(ctx); ok {
-		return info.RequestHeader().Get(HeaderClientID)
+		return info.RequestHeader().Get(session.HeaderClientID)
 	}
 	return ""
 }
@@ -398,7 +379,7 @@ func clientID(ctx context.Context) string {
 func (s *Server) requireControl(ctx context.Context) error {
 	id := clientID(ctx)
 	if id == "" {
-		return connect.NewError(connect.CodeInvalidArgument, "session: control calls need a client id (header "+HeaderClientID+")")
+		return connect.NewError(connect.CodeInvalidArgument, "session: control calls need a client id (header "+session.HeaderClientID+")")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -455,10 +436,9 @@ func (s *Server) status() *halov1.StatusResponse {
 // name, and the controller may pause, resume, profile the next steps, inspect, evaluate,
 // generate, change hyperparameters and save between steps (Step, Run and Load are refused:
 // the batch loop steps by itself). It returns train.Run's result when the run ends or ctx is
-// cancelled (then train.Run saves a checkpoint). For Profile to work, call EnableProfiling
-// before train.New.
-func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.RunOptions) (train.RunResult, error) {
-	s, err := NewServer(o)
+// cancelled (then train.Run saves a checkpoint). For Profile to work, build t with NewTrainer.
+func ServeRun(ctx context.Context, o Options, t *train.Trainer, ro train.RunOptions) (train.RunResult, error) {
+	s, err := New(o)
 	if err != nil {
 		return train.RunResult{}, err
 	}
@@ -485,7 +465,7 @@ func ServeRun(ctx context.Context, o ServerOptions, t *train.Trainer, ro train.R
 	tracing := o.TraceFile != "" && e.rec != nil
 	var traced []profile.Step
 	if o.TraceFile != "" && e.rec == nil {
-		e.logEvent(slog.LevelWarn, "no trace: the trainer's backend was opened without profiling support (call session.EnableProfiling before train.New)")
+		e.logEvent(slog.LevelWarn, "no trace: the trainer's backend was opened without profiling support (build it with server.NewTrainer, not train.New)")
 	}
 	if tracing {
 		e.rec.Enable(true, true)

@@ -1,34 +1,27 @@
-package session
+package server
 
 import (
 	"context"
 	"io"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
-	"github.com/halo-shell/halo-shell/engine/backend/cpu"
-	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/train"
+	"github.com/halo-shell/halo-shell/session"
 )
 
 // quickstartTrainer builds the quickstart model (hidden 128, 3 layers, 16x32 tokens a step) on
-// the CPU, with the cpu device registered by register.
-func quickstartTrainer(b *testing.B, register backend.Factory) *train.Trainer {
+// the CPU, its device passed through wrap (nil: the plain device).
+func quickstartTrainer(b *testing.B, wrap func(backend.Backend) backend.Backend) *train.Trainer {
 	b.Helper()
-	backend.Register("cpu", register)
-	defer func() {
-		profilingOnce = sync.Once{}
-		EnableProfiling()
-	}()
-	cfg, err := train.LoadConfig("../examples/quickstart.yaml", "sft", []string{"--device=cpu", "--tokenizer_name_or_path=../examples/quickstart/tokenizer",
+	cfg, err := train.LoadConfig("../../examples/quickstart.yaml", "sft", []string{"--device=cpu", "--tokenizer_name_or_path=../../examples/quickstart/tokenizer",
 		"--output_dir=" + filepath.Join(b.TempDir(), "out"), "--dataset.synthetic.train=512", "--dataset.synthetic.eval=8"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	t, err := train.New(cfg)
+	t, err := train.NewWrapped(cfg, wrap)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,15 +32,13 @@ func quickstartTrainer(b *testing.B, register backend.Factory) *train.Trainer {
 // BenchmarkTrainerStep compares an optimizer step on the plain CPU backend with the profiling
 // wrapper off (the normal path) and on (a Sync after every op).
 func BenchmarkTrainerStep(b *testing.B) {
-	plain := func(i int) (backend.Backend, error) { return cpu.New(cpu.Options{}), nil }
-	wrapped := func(i int) (backend.Backend, error) { return profile.Wrap(cpu.New(cpu.Options{}), nil), nil }
 	for _, bc := range []struct {
-		name    string
-		factory backend.Factory
-		record  bool
-	}{{"plain", plain, false}, {"wrapped-off", wrapped, false}, {"wrapped-recording", wrapped, true}} {
+		name   string
+		wrap   func(backend.Backend) backend.Backend
+		record bool
+	}{{"plain", nil, false}, {"wrapped-off", Profiled, false}, {"wrapped-recording", Profiled, true}} {
 		b.Run(bc.name, func(b *testing.B) {
-			t := quickstartTrainer(b, bc.factory)
+			t := quickstartTrainer(b, bc.wrap)
 			rec := recorderOf(t.Backend())
 			if bc.record {
 				rec.Enable(true, false)
@@ -74,7 +65,7 @@ func BenchmarkTrainerStep(b *testing.B) {
 
 // BenchmarkStatusRPC is the round trip of a read-only call over the unix socket.
 func BenchmarkStatusRPC(b *testing.B) {
-	s, err := NewServer(ServerOptions{Name: "bench", Socket: filepath.Join(b.TempDir(), "b.sock"), Logger: discardLogger()})
+	s, err := New(Options{Name: "bench", Socket: filepath.Join(b.TempDir(), "b.sock"), Logger: discardLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -82,7 +73,7 @@ func BenchmarkStatusRPC(b *testing.B) {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
 	defer func() { cancel(); <-done }()
-	c, err := Dial(s.Socket(), Options{})
+	c, err := session.Dial(s.Socket(), session.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,8 +1,9 @@
-package session
+package server
 
 import (
 	"context"
 	"fmt"
+	"github.com/halo-shell/halo-shell/session"
 	"io"
 	"log/slog"
 	"os"
@@ -19,7 +20,6 @@ func TestMain(m *testing.M) {
 	if h := os.Getenv("HALO_SESSION_HELPER"); h != "" {
 		os.Exit(helperMain(h))
 	}
-	EnableProfiling()
 	os.Exit(m.Run())
 }
 
@@ -29,10 +29,9 @@ func helperMain(kind string) int {
 	switch kind {
 	case "serve":
 		// A session server in its own process: SIGTERM stops it.
-		EnableProfiling()
 		ctx, stop := signalContext()
 		defer stop()
-		err := Serve(ctx, ServerOptions{Name: os.Getenv("HALO_SESSION_NAME"), SaveOnStop: os.Getenv("HALO_SAVE_ON_STOP"),
+		err := Serve(ctx, Options{Name: os.Getenv("HALO_SESSION_NAME"), SaveOnStop: os.Getenv("HALO_SAVE_ON_STOP"),
 			ConfigPath: tinyConfig, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -41,7 +40,7 @@ func helperMain(kind string) int {
 		return 0
 	case "control-and-watch":
 		// Takes control, starts a run, watches events forever (until killed).
-		c, err := Dial(os.Getenv("HALO_SOCKET"), Options{ClientName: "victim"})
+		c, err := session.Dial(os.Getenv("HALO_SOCKET"), session.Options{ClientName: "victim"})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -72,7 +71,7 @@ type testServer struct {
 	done chan error
 }
 
-func startServer(t *testing.T, o ServerOptions) *testServer {
+func startServer(t *testing.T, o Options) *testServer {
 	t.Helper()
 	dir := t.TempDir()
 	if o.Socket == "" {
@@ -85,7 +84,7 @@ func startServer(t *testing.T, o ServerOptions) *testServer {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s, err := NewServer(o)
+	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,9 +101,9 @@ func startServer(t *testing.T, o ServerOptions) *testServer {
 	return ts
 }
 
-func dial(t *testing.T, target, name string) *Client {
+func dial(t *testing.T, target, name string) *session.Client {
 	t.Helper()
-	c, err := Dial(target, Options{ClientName: name})
+	c, err := session.Dial(target, session.Options{ClientName: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,9 +118,9 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // loaded starts a server, loads the tiny config and returns a controlling client.
-func loaded(t *testing.T, overrides ...string) (*testServer, *Client) {
+func loaded(t *testing.T, overrides ...string) (*testServer, *session.Client) {
 	t.Helper()
-	s := startServer(t, ServerOptions{})
+	s := startServer(t, Options{})
 	c := dial(t, s.Socket(), "controller")
 	if _, err := c.Load(ctxT(t), tinyConfig, "sft", overrides...); err != nil {
 		t.Fatal(err)
@@ -141,7 +140,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func status(t *testing.T, c *Client) *StatusResponse {
+func status(t *testing.T, c *session.Client) *session.StatusResponse {
 	t.Helper()
 	st, err := c.Status(ctxT(t))
 	if err != nil {

@@ -1,51 +1,44 @@
-package session
+package server
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"sync"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
-	"github.com/halo-shell/halo-shell/engine/backend/cpu"
-	"github.com/halo-shell/halo-shell/engine/backend/cuda"
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/train"
 )
 
-var profilingOnce sync.Once
-
-// EnableProfiling makes the cpu and cuda devices that trainers open from now on in this process
-// profile.Wrap'ed backends, so that Profile can record their ops (recording stays off, and
-// costs one atomic load per op, until a profile is asked for). A session process calls it at
-// start; a program that builds a trainer itself and hands it to ServeRun calls it before
-// train.New. It replaces the "cpu" and "cuda" entries of the backend registry and is
-// idempotent.
-func EnableProfiling() {
-	profilingOnce.Do(func() {
-		backend.Register("cpu", func(index int) (backend.Backend, error) {
-			if index != 0 {
-				return nil, fmt.Errorf("cpu: there is one cpu device (index 0), not %d", index)
-			}
-			return profile.Wrap(cpu.New(cpu.Options{}), nil), nil
-		})
-		backend.Register("cuda", func(index int) (backend.Backend, error) {
-			b, err := cuda.New(index)
-			if err != nil {
-				return nil, err
-			}
-			// A profiled step on a GPU times each op between CUDA events: no op waits, and the
-			// split is the ops' device time (a parallel plan switches this off, engine/train).
-			rec := profile.NewRecorder()
-			rec.TimeOnDevice(b)
-			return profile.Wrap(b, rec), nil
-		})
-	})
+// NewTrainer builds a trainer as train.New does, with its own device wrapped for profiling
+// (Profiled), so that a session serving it can answer Profile and capture activations. The
+// session's Load builds its trainers this way; a program that builds a trainer itself and
+// hands it to ServeRun (`halo-shell launch`) calls it instead of train.New. Nothing else in
+// the process changes: the backend registry is left alone, and other trainers open plain
+// devices.
+func NewTrainer(cfg *train.Config) (*train.Trainer, error) {
+	return train.NewWrapped(cfg, Profiled)
 }
 
-// recorderOf returns the profile recorder of a trainer's backend, or nil when the backend was
-// not opened after EnableProfiling.
+// Profiled wraps b with profile.Wrap and a recorder of its own (b as it is when it is wrapped
+// already). Recording stays off, and costs one atomic load per op, until a profile is asked
+// for. A device whose ops run asynchronously (backend.DeviceTimer: a GPU) is timed on the
+// device, between events around each op, so a profiled step runs at full speed and its split
+// is device time; a parallel plan switches that off for its ranks (engine/train).
+func Profiled(b backend.Backend) backend.Backend {
+	if _, _, ok := profile.Unwrap(b); ok {
+		return b
+	}
+	rec := profile.NewRecorder()
+	if t, ok := b.(backend.DeviceTimer); ok {
+		rec.TimeOnDevice(t)
+	}
+	return profile.Wrap(b, rec)
+}
+
+// recorderOf returns the profile recorder of a trainer's backend, or nil when the backend is
+// not a profiled one (a trainer built with train.New rather than NewTrainer).
 func recorderOf(b backend.Backend) *profile.Recorder {
 	rec, _, ok := profile.Unwrap(b)
 	if !ok {

@@ -1,10 +1,11 @@
-package session
+package server
 
 import (
 	"context"
 
 	"connectrpc.com/connect/v2"
 
+	"github.com/halo-shell/halo-shell/session"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 	"github.com/halo-shell/halo-shell/session/proto/halo/v1/halov1connect"
 )
@@ -192,7 +193,7 @@ func (h *handler) Events(ctx context.Context, r *halov1.EventsRequest, st halov1
 func (h *handler) Control(ctx context.Context, r *halov1.ControlRequest) (*halov1.ControlResponse, error) {
 	id := clientID(ctx)
 	if id == "" {
-		return nil, connect.NewError(connect.CodeInvalidArgument, "session: control calls need a client id (header "+HeaderClientID+")")
+		return nil, connect.NewError(connect.CodeInvalidArgument, "session: control calls need a client id (header "+session.HeaderClientID+")")
 	}
 	s := h.s
 	if r.ClientName != "" {

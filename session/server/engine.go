@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"context"
@@ -601,7 +601,7 @@ func (e *engine) cmdLoad(req *halov1.LoadRequest) (any, error) {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err.Error())
 	}
 	e.logEvent(slog.LevelInfo, "loading "+firstNonEmpty(req.ConfigPath, "inline config"))
-	t, err := train.New(cfg)
+	t, err := NewTrainer(cfg)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, "session: load: "+err.Error())
 	}
@@ -796,7 +796,7 @@ func (e *engine) cmdProfile(c *command, k int, trace bool) (any, error) {
 		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: profile: steps must be between 1 and 1000, got %d", k)
 	}
 	if e.rec == nil {
-		return nil, precondition("profile: the trainer's backend was opened without profiling support (call session.EnableProfiling before train.New)")
+		return nil, precondition("profile: the trainer's backend was opened without profiling support (build it with server.NewTrainer, not train.New)")
 	}
 	if e.prof != nil {
 		return nil, precondition("profile: a profile is already being taken")

@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"bytes"
@@ -10,54 +10,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/halo-shell/halo-shell/session"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 )
-
-func FuzzParseListen(f *testing.F) {
-	for _, s := range []string{"tcp://127.0.0.1:7070", "tcp://:0", "tcp://[::1]:80", "tcp://host", "unix:///x", "tcp://a:b", "tcp://h:99999", "", "tcp://h:1/path"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		addr, err := ParseListen(s)
-		if err != nil {
-			if !strings.Contains(err.Error(), "--listen") {
-				t.Fatalf("error %q does not name the flag", err)
-			}
-			return
-		}
-		if addr == "" || strings.HasPrefix(addr, ":") {
-			t.Fatalf("ParseListen(%q) = %q: no host", s, addr)
-		}
-	})
-}
-
-func FuzzValidateName(f *testing.F) {
-	for _, s := range []string{"default", "exp-1.b_2", "", ".hidden", "a/b", "../x", strings.Repeat("a", 65), "ünï"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		if n := NameFor(s); ValidateName(n) != nil {
-			t.Fatalf("NameFor(%q) = %q is not a valid name: %v", s, n, ValidateName(n))
-		} else if ValidateName(s) == nil && n != s {
-			t.Fatalf("NameFor changed the valid name %q to %q", s, n)
-		}
-		err := ValidateName(s)
-		if err != nil {
-			return
-		}
-		if strings.ContainsAny(s, "/\\\x00") || strings.HasPrefix(s, ".") || len(s) > 64 || !utf8.ValidString(s) {
-			t.Fatalf("ValidateName accepted %q", s)
-		}
-		p, err := PathsFor(s)
-		if err != nil || !strings.HasSuffix(p.Socket, "/"+s+".sock") {
-			t.Fatalf("PathsFor(%q) = %v, %v", s, p, err)
-		}
-	})
-}
 
 // fuzzServer is one loaded session shared by the fuzz iterations.
 var fuzzServer struct {
@@ -92,7 +50,7 @@ func FuzzRequests(f *testing.F) {
 				fuzzServer.err = err
 				return
 			}
-			s, err := NewServer(ServerOptions{Name: "fuzz", Socket: dir + "/f.sock", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			s, err := New(Options{Name: "fuzz", Socket: dir + "/f.sock", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				fuzzServer.err = err
 				return
@@ -101,7 +59,7 @@ func FuzzRequests(f *testing.F) {
 			fuzzServer.s, fuzzServer.h = s, s.httpHandler()
 			req := httptest.NewRequest("POST", "/halo.v1.SessionService/Load", bytes.NewReader(mustMarshal(&halov1.LoadRequest{ConfigPath: tinyConfig})))
 			req.Header.Set("Content-Type", "application/proto")
-			req.Header.Set(HeaderClientID, "fuzzer")
+			req.Header.Set(session.HeaderClientID, "fuzzer")
 			w := httptest.NewRecorder()
 			fuzzServer.h.ServeHTTP(w, req)
 			if w.Code != 200 {
@@ -114,7 +72,7 @@ func FuzzRequests(f *testing.F) {
 		proc := procs[int(which)%len(procs)]
 		req := httptest.NewRequest("POST", "/halo.v1.SessionService/"+proc, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/proto")
-		req.Header.Set(HeaderClientID, "fuzzer")
+		req.Header.Set(session.HeaderClientID, "fuzzer")
 		w := httptest.NewRecorder()
 		fuzzServer.h.ServeHTTP(w, req)
 		if w.Code == http.StatusInternalServerError || strings.Contains(w.Body.String(), "internal error") {

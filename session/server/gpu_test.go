@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"math"
@@ -19,10 +19,10 @@ func TestProfileCUDA(t *testing.T) {
 		t.Skipf("no GPU: %v", err)
 	}
 	b.Close()
-	s := startServer(t, ServerOptions{})
+	s := startServer(t, Options{})
 	c := dial(t, s.Socket(), "gpu")
 	ctx := ctxT(t)
-	if _, err := c.Load(ctx, "../examples/quickstart.yaml", "sft", "--device=cuda", "--tokenizer_name_or_path=../examples/quickstart/tokenizer",
+	if _, err := c.Load(ctx, "../../examples/quickstart.yaml", "sft", "--device=cuda", "--tokenizer_name_or_path=../../examples/quickstart/tokenizer",
 		"--output_dir="+filepath.Join(t.TempDir(), "out"), "--dataset.synthetic.train=2048", "--dataset.synthetic.eval=8"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package session
+package server
 
 import (
 	"slices"
@@ -17,7 +17,7 @@ func TestStepMetricsCarryExpertLoad(t *testing.T) {
 		{"ep=2 on cpu:2", []string{"--devices=cpu:2", "--expert_parallel_size=2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startServer(t, ServerOptions{})
+			s := startServer(t, Options{})
 			c := dial(t, s.Socket(), "controller")
 			if _, err := c.Load(ctxT(t), "testdata/tiny_moe.yaml", "sft", tc.flags...); err != nil {
 				t.Fatal(err)
