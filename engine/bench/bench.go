@@ -462,7 +462,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	r := &Report{
 		Engine: "halo-shell", Version: version(), Device: device, DeviceNote: note, Layout: li.Layout,
 		Model: ModelInfo{Dir: o.Model, ModelType: a.ModelType, Params: int64(tr.NumParams()),
-			ActiveParams: activeParams(int64(tr.NumParams()), shape), Experts: shape.Experts, TopK: shape.TopK,
+			ActiveParams: shape.ActiveParameters(), Experts: shape.Experts, TopK: shape.TopK,
 			MoELayers: shape.MoELayers, ExpertMLP: shape.ExpertIntermediate,
 			Layers: a.Layers, Hidden: a.Hidden, Heads: a.Heads, KVHeads: a.KVHeads,
 			HeadDim: a.HeadDim, MLP: a.Intermediate, Vocab: a.Vocab, Tied: a.Tied,

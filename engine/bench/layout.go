@@ -77,14 +77,3 @@ func (o *Options) layout() (runLayout, error) {
 	l = l.Norm(d.Len())
 	return runLayout{parallel: true, devices: d, l: l, DP: l.DP}, nil
 }
-
-// activeParams is the number of parameters one token uses: of a mixture of experts, every
-// parameter but the routed experts a token skips (E - top-k per MoE layer, each expert a
-// SwiGLU of three C x I matrices); of a dense model, all of them.
-func activeParams(total int64, s mesh.ModelShape) int64 {
-	if !s.MoE() {
-		return total
-	}
-	skipped := int64(s.MoELayers) * int64(s.Experts-s.TopK) * 3 * int64(s.Hidden) * int64(s.ExpertIntermediate)
-	return total - skipped
-}

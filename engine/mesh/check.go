@@ -3,34 +3,14 @@ package mesh
 import (
 	"fmt"
 	"math"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
-// ModelShape is what the layout rules need to know about a model.
-type ModelShape struct {
-	Hidden       int // C
-	Intermediate int // dense MLP width F (of the dense layers of MoE models, which TP leaves whole)
-	Heads        int // NH
-	KVHeads      int // NKV
-	HeadDim      int // HD
-	Layers       int // L
-	Vocab        int // V
-	Tied         bool
-	// QKNorm: RMSNorm of queries and keys; QKNormFull: over the whole projection rather than
-	// per head (cannot be split by heads).
-	QKNorm, QKNormFull bool
-	// Biases on the q/k/v projections, on o_proj and on the MLP.
-	QKVBias, OBias, MLPBias bool
-	// Experts is the number of routed experts per MoE layer (0 for dense models);
-	// ExpertIntermediate their FFN width and TopK the experts each token uses.
-	Experts, ExpertIntermediate, TopK int
-	// MoELayers is the number of mixture-of-experts layers.
-	MoELayers int
-	// Params is the number of parameters (tied embeddings once).
-	Params int64
-}
-
-// MoE reports whether the model has mixture-of-experts layers.
-func (m ModelShape) MoE() bool { return m.Experts > 0 && m.MoELayers > 0 }
+// ModelShape is the structure of the model a layout is checked against: config.Shape, as the
+// model's family resolves it from config.json (engine/models embeds the same value in
+// models.Arch). The rules read its sizes, which weights exist and the expert layout.
+type ModelShape = config.Shape
 
 // Rule names, as they appear in LayoutError.Rule.
 const (
@@ -107,7 +87,7 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		if !m.MoE() && m.Intermediate > 0 && m.Intermediate%l.TP != 0 {
 			return RuleTPWidth, fmt.Sprintf("tensor_parallel_size %d must divide the MLP width (intermediate_size %d)", l.TP, m.Intermediate)
 		}
-		if m.QKNormFull {
+		if m.QKNorm == config.QKNormProjection {
 			return RuleTPQKNorm, fmt.Sprintf("this model normalises q and k over the whole projection (not per head), which tensor_parallel_size %d would split; use tensor_parallel_size 1", l.TP)
 		}
 	}

@@ -5,7 +5,9 @@
 // per-device memory estimate of a layout.
 //
 // It is not the code that moves data (engine/comm) nor the plan that applies a layout to a model
-// (engine/parallel); it knows a model only through the few sizes in ModelShape.
+// (engine/parallel); it knows a model only through ModelShape, which is the config.Shape that
+// the model's engine/hf/config family resolves (sizes, optional weights, expert layout), the
+// same value engine/models builds the model from.
 //
 // # Mesh order
 //

@@ -1,6 +1,10 @@
 package mesh
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+)
 
 // Workload is what the memory estimate needs beyond the layout and the model.
 type Workload struct {
@@ -70,10 +74,10 @@ func LocalParams(l Layout, m ModelShape) int64 {
 		if m.OBias {
 			whole += c
 		}
-		switch {
-		case m.QKNorm && !m.QKNormFull:
+		switch m.QKNorm {
+		case config.QKNormPerHead:
 			whole += 2 * hd
-		case m.QKNorm:
+		case config.QKNormProjection:
 			whole += q + kv
 		}
 		whole += 2 * c // input and post-attention norms
@@ -166,7 +170,7 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	c, hd := int64(m.Hidden), int64(m.HeadDim)
 	qh, kvh := int64(m.Heads)/tp, int64(m.KVHeads)/tp
 	attn := 2*qh*hd + 2*kvh*hd // q, out, k, v
-	if m.QKNorm {
+	if m.QKNorm != config.NoQKNorm {
 		attn += qh*hd + kvh*hd // pre-norm q and k
 	}
 	block := 4*c + attn // x, h1, mid, h2

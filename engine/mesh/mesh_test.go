@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/goccy/go-yaml"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
 // dense is a small Llama-like shape: 8 heads, 4 KV heads, MLP width 48.
@@ -137,7 +139,7 @@ func TestCheckRefusesWithRuleAndWorkingSuggestion(t *testing.T) {
 		{"dp disagrees with devices", "dp=3 tp=2", 4, dense, 0, RuleDegrees, "there are 4 devices"},
 		{"tp does not divide kv heads", "tp=8", 8, dense, 0, RuleTPHeads, "4 key/value heads"},
 		{"tp does not divide mlp width", "tp=4", 4, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 50}, 0, RuleTPWidth, "intermediate_size 50"},
-		{"full qk norm", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, QKNormFull: true}, 0, RuleTPQKNorm, "whole projection"},
+		{"full qk norm", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, QKNorm: config.QKNormProjection}, 0, RuleTPQKNorm, "whole projection"},
 		{"cp needs even chunks", "cp=4", 4, dense, 12, RuleCPSeq, "multiple of 8"},
 		{"ep on dense", "ep=2", 2, dense, 0, RuleEPExperts, "no experts"},
 		{"ep does not divide experts", "ep=3", 3, moe, 0, RuleEPExperts, "divide the 8 experts"},

@@ -7,27 +7,15 @@ import (
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
-// Arch is the resolved structure of a decoder: everything the model code needs from
-// config.json, in the model's own terms. Families adjust it in their Tune hook.
+// Arch is what the model code needs from config.json: the structure of the model as its
+// family's rules resolve it (config.Shape, embedded: sizes, which biases and q/k norms exist,
+// the expert layout), and the settings that are not structure (norm epsilon, init, windows,
+// rotary embedding, padding row).
 type Arch struct {
-	ModelType    string
-	Vocab        int // V
-	Hidden       int // C
-	Intermediate int // I (F in backend docs)
-	Layers       int // L
-	Heads        int // NH
-	KVHeads      int // NKV
-	HeadDim      int // HD
-	NormEps      float32
+	config.Shape
+	NormEps float32
 	// InitStd is initializer_range: the std of normal init for linears and embeddings.
 	InitStd float64
-	// Tied: lm_head shares model.embed_tokens.weight (absent from the checkpoint).
-	Tied bool
-	// QKVBias: q/k/v projections carry a bias; OBias: o_proj does; MLPBias: the MLP does.
-	QKVBias, OBias, MLPBias bool
-	// QKNorm: RMSNorm of queries and keys before RoPE, per head (Qwen3) or, with QKNormFull,
-	// over the whole q and k projections (OLMoE: q_norm [NH*HD], k_norm [NKV*HD]).
-	QKNorm, QKNormFull bool
 	// Windows[i] is layer i's sliding attention window in tokens; 0 = full causal.
 	Windows []int
 	// PadID is pad_token_id (its embedding row starts at zero), or -1.
@@ -37,13 +25,22 @@ type Arch struct {
 	// HeldExperts is the range of routed experts the model holds in each MoE layer ([0, E)
 	// unless Options.Experts names a subset; zero for dense models).
 	HeldExperts ExpertRange
-	// Config is the config.json the architecture came from (nil when built by hand); family
-	// hooks read fields that Arch does not carry (experts, router settings) from it.
+	// Config is the config.json the architecture came from (nil when built by hand); the
+	// mixture-of-experts hooks read the per-layer rule and the router settings from it.
 	Config *config.Config
 }
 
-// Validate checks the sizes so that layer construction cannot fail on shapes.
+// Validate checks the sizes (the router settings first) so that layer construction cannot
+// fail on shapes.
 func (a *Arch) Validate() error {
+	if a.Experts > 0 {
+		if a.TopK < 1 || a.TopK > a.Experts {
+			return fmt.Errorf("models: %s: num_experts_per_tok %d must be between 1 and the number of experts %d", a.ModelType, a.TopK, a.Experts)
+		}
+		if a.ExpertIntermediate <= 0 {
+			return fmt.Errorf("models: %s: the expert width must be > 0, got %d (moe_intermediate_size or intermediate_size)", a.ModelType, a.ExpertIntermediate)
+		}
+	}
 	for _, f := range []struct {
 		name string
 		v    int
@@ -75,13 +72,8 @@ func (a *Arch) Validate() error {
 	return nil
 }
 
-// NumExperts is the number of routed experts of the config (0 for dense models).
-func (a *Arch) NumExperts() int {
-	if a.Config == nil || !a.Config.IsMoE() {
-		return 0
-	}
-	return a.Config.NumExperts
-}
+// NumExperts is the number of routed experts per MoE layer (0 for dense models).
+func (a *Arch) NumExperts() int { return a.Experts }
 
 // holdExperts resolves and checks the range of experts the model holds.
 func (a *Arch) holdExperts(r ExpertRange) error {

@@ -3,12 +3,14 @@
 // checkpoints (config.json + safetensors), initialises weights the way transformers does, runs
 // forward/backward over packed micro-batches, and generates with a KV cache.
 //
-// Each HF family is one self-registering file (llama.go, mistral.go, qwen2.go, qwen3.go) that
-// declares data — model_type, HF architecture class names, capabilities — and overrides only
-// what differs from the dense Llama-style decoder (a QKV bias, q/k norm, a sliding window).
-// Mixture-of-experts families (qwen3_moe.go, mixtral.go, olmoe.go) add one file each that
-// names their sparse layers and Hub weight layout (one tensor per expert) for the shared
-// nn.MoE block (moe.go). Such models also carry transformers' load-balancing loss
+// A family's structure (which projections carry biases, whether and how queries and keys are
+// normalised, which layers are mixtures of experts) is declared once, by its engine/hf/config
+// family, and reaches the model code as config.Shape, embedded in Arch. Each HF family is then
+// one self-registering file here (llama.go, mistral.go, qwen2.go, qwen3.go, qwen3_moe.go,
+// mixtral.go, olmoe.go) that declares only what the model code adds: capabilities, the
+// tensor-parallel table (Placements: module path -> column, row, replicated or per-head, and
+// which modules are routed experts), and for the mixture-of-experts families the Hub weight
+// layout of their experts (one tensor per expert) for the shared nn.MoE block (moe.go). Such models also carry transformers' load-balancing loss
 // (m.AuxLoss, weighted into ForwardBackward's gradient by m.AuxLossScale), per-layer expert
 // load metrics (m.ExpertLoad) and optional aux-loss-free bias balancing
 // (m.SetExpertBalancing, m.BalanceExperts after each optimizer step). A model can be built
@@ -35,7 +37,8 @@
 // m.Specs, m.Params and m.Grads (one arena each, a view per spec, in the same order) are what an
 // optimizer, a gradient norm or a checkpoint of trainer state works on.
 //
-// The package is not a trainer (see engine/train), knows nothing about parallel layouts (those
-// are applied from engine/mesh), and calls only the backend interface, never a backend
-// implementation, so every backend runs the same model code.
+// The package is not a trainer (see engine/train) and its model code knows nothing about
+// parallel layouts: engine/parallel applies them from outside, reading only each family's
+// Placements table. It calls only the backend interface, never a backend implementation, so
+// every backend runs the same model code.
 package models

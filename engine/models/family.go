@@ -2,31 +2,38 @@ package models
 
 import (
 	"fmt"
-
-	"github.com/halo-shell/halo-shell/engine/nn"
-	"github.com/halo-shell/halo-shell/engine/tensor"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/nn"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// Family declares one Hugging Face model family: its names, what it supports, and the few
-// places where it differs from the Llama-style dense decoder. Each family lives in its own file
-// and registers itself in init.
+// Family declares what the model code adds to one Hugging Face family: what it supports, its
+// tensor-parallel table, and the feed-forward block where it is not the dense SwiGLU MLP. The
+// family's structure (which biases and q/k norms exist, which layers are MoE) is declared once,
+// by the engine/hf/config family of the same model_type, and reaches the model through
+// config.Shape. Each family lives in its own file and registers itself in init.
 type Family struct {
-	// ModelType is config.json's model_type ("llama", "qwen3", ...).
+	// ModelType is config.json's model_type ("llama", "qwen3", ...); an engine/hf/config
+	// family of that name must exist.
 	ModelType string
-	// Architectures are the HF class names that load this family; the first one is written to
-	// config.json by Save.
+	// Architectures are the HF class names that load this family, set by Register from the
+	// engine/hf/config family; the first one is written to config.json by Save.
 	Architectures []string
 	// Caps lists what the family supports; used to refuse configurations early.
 	Caps Caps
-	// Tune adjusts the architecture derived from config.json for what this family does
-	// differently (biases, q/k norm, sliding windows). Nil when nothing differs.
-	Tune func(a *Arch) error
 	// FFN replaces the dense SwiGLU MLP of some layers (mixture-of-experts families). Nil means
 	// every layer is dense.
 	FFN FFNHooks
+	// Placements is the family's tensor-parallel table: for each module that holds parameters,
+	// how they are laid out over the tensor group and, for routed experts, over the expert
+	// group. Every parameter of every model of the family matches exactly one entry (Place);
+	// engine/parallel lays the weights out by it and checks it against the weight shapes.
+	Placements []Placement
 }
 
 // FFNHooks let a family give a layer its own feed-forward block. Both hooks are called for
@@ -55,17 +62,27 @@ var (
 	registry   = map[string]*Family{}
 )
 
-// Register adds a family; it panics on a duplicate model_type, which is a programming error in
-// this package's init functions.
+// Register adds a family. It panics on a duplicate model_type, a model_type engine/hf/config
+// does not know, Architectures set by hand, or a malformed Placements table: programming
+// errors in this package's init functions.
 func Register(f *Family) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
-	if f.ModelType == "" || len(f.Architectures) == 0 {
-		panic("models: Register: family needs ModelType and Architectures")
+	if f.ModelType == "" {
+		panic("models: Register: family needs ModelType")
 	}
 	if _, dup := registry[f.ModelType]; dup {
 		panic("models: Register: duplicate model_type " + f.ModelType)
 	}
+	cf, err := config.Lookup(f.ModelType)
+	if err != nil {
+		panic("models: Register: " + err.Error())
+	}
+	if f.Architectures != nil {
+		panic("models: Register " + f.ModelType + ": Architectures come from the engine/hf/config family; do not set them")
+	}
+	f.Architectures = slices.Clone(cf.Architectures)
+	checkPlacements(f.ModelType, f.Placements)
 	registry[f.ModelType] = f
 }
 

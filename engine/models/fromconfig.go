@@ -14,8 +14,9 @@ import (
 // configSource is the config.json a model was built from.
 type configSource = *config.Config
 
-// ArchFromConfig resolves the model structure from a typed config.json. The family's Tune hook
-// is applied by New, not here.
+// ArchFromConfig resolves the model structure from a typed config.json: the shape its family's
+// rules give (config.Shape) and the settings the model code needs besides. Settings the model
+// code does not implement are refused here, before any allocation.
 func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c == nil {
 		return Arch{}, fmt.Errorf("models: nil config")
@@ -26,20 +27,12 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c.ClipQKV != 0 {
 		return Arch{}, fmt.Errorf("models: %s: clip_qkv is not supported yet; remove it from config.json", c.ModelType)
 	}
+	if c.RouterJitterNoise != 0 {
+		return Arch{}, fmt.Errorf("models: %s: router_jitter_noise %v is not supported (training would not match transformers); set it to 0 in config.json", c.ModelType, c.RouterJitterNoise)
+	}
 	a := Arch{
-		ModelType: c.ModelType, Vocab: c.VocabSize, Hidden: c.HiddenSize,
-		Intermediate: c.IntermediateSize, Layers: c.NumHiddenLayers, Heads: c.NumAttentionHeads,
-		KVHeads: c.KVHeads(), HeadDim: c.HeadDim, NormEps: float32(c.RMSNormEps),
-		InitStd: c.InitializerRange, Tied: c.TieWordEmbeddings,
-		QKVBias: c.QKVBias(), OBias: c.OProjBias(), MLPBias: c.MLPBias, QKNorm: c.QKNorm(),
-		QKNormFull: c.QKNormKind() == config.QKNormProjection,
-		PadID:      -1, Config: c,
-	}
-	if a.HeadDim == 0 && a.Heads > 0 {
-		a.HeadDim = a.Hidden / a.Heads
-	}
-	if a.KVHeads == 0 {
-		a.KVHeads = a.Heads
+		Shape: c.Shape(), NormEps: float32(c.RMSNormEps), InitStd: c.InitializerRange,
+		PadID: -1, Config: c,
 	}
 	if c.PadTokenID != nil {
 		a.PadID = *c.PadTokenID

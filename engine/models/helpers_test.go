@@ -7,17 +7,28 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// tinyArch is a small decoder of the given family for fast tests; mod adjusts it.
+// tinyArch is a small decoder of the given dense family for fast tests: the family's default
+// config.json cut to tiny sizes, so the structure (biases, q/k norm) is the family's own; mod
+// adjusts it.
 func tinyArch(family string, mod func(*Arch)) Arch {
-	a := Arch{
-		ModelType: family, Vocab: 37, Hidden: 16, Intermediate: 24, Layers: 2,
-		Heads: 4, KVHeads: 2, HeadDim: 4, NormEps: 1e-6, InitStd: 0.3, PadID: 0,
-		Windows: []int{0, 0},
-		Rope:    backend.RoPEConfig{Theta: 10000, HeadDim: 4, MaxPositionEmbeddings: 64},
+	c, err := config.New(family)
+	if err != nil {
+		panic(err)
 	}
+	c.VocabSize, c.HiddenSize, c.IntermediateSize, c.NumHiddenLayers = 37, 16, 24, 2
+	c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim = 4, 2, 4
+	a, err := ArchFromConfig(c)
+	if err != nil {
+		panic(err)
+	}
+	a.Config = nil // built by hand from here on
+	a.NormEps, a.InitStd, a.PadID = 1e-6, 0.3, 0
+	a.Windows = []int{0, 0}
+	a.Rope = backend.RoPEConfig{Theta: 10000, HeadDim: 4, MaxPositionEmbeddings: 64}
 	if mod != nil {
 		mod(&a)
 	}

@@ -1,24 +1,32 @@
 package models
 
-import "fmt"
-
-// Mixtral: Mistral attention (no biases, optional sliding window) with a sparse
-// mixture-of-experts block in every layer: num_local_experts experts of intermediate_size
-// (w1 = gate, w3 = up, w2 = down in the checkpoint, under block_sparse_moe), whose top-k router
-// probabilities are always renormalised. router_jitter_noise (multiplicative noise on the
-// router input during training) is not implemented, so a config that sets it is refused.
+// Mixtral: Mistral attention with a sparse mixture-of-experts block in every layer (structure:
+// the mixtral family of engine/hf/config): num_local_experts experts of intermediate_size,
+// stored as w1 = gate, w3 = up, w2 = down under block_sparse_moe, whose top-k router
+// probabilities are always renormalised. router_jitter_noise is refused by ArchFromConfig.
+//
+// Tensor parallelism splits attention as Mistral's; the router stays whole. Experts are spread
+// over the expert group, and under expert-tensor parallelism each expert's w1/w3 split by
+// columns and its w2 by rows.
 func init() {
 	Register(&Family{
-		ModelType:     "mixtral",
-		Architectures: []string{"MixtralForCausalLM"},
-		Caps:          Caps{SlidingWindow: true, TiedEmbeddings: true},
-		Tune: func(a *Arch) error {
-			a.QKVBias, a.OBias, a.MLPBias = false, false, false
-			if c := a.Config; c != nil && c.RouterJitterNoise != 0 {
-				return fmt.Errorf("router_jitter_noise %v is not supported (training would not match transformers); set it to 0 in config.json", c.RouterJitterNoise)
-			}
-			return validateMoE(a)
+		ModelType: "mixtral",
+		Caps:      Caps{SlidingWindow: true, TiedEmbeddings: true},
+		FFN:       &moeFFN{block: "block_sparse_moe", gate: "w1", up: "w3", down: "w2"},
+		Placements: []Placement{
+			{Module: "model.embed_tokens", Split: Replicated},
+			{Module: "model.layers.*.input_layernorm", Split: Replicated},
+			{Module: "model.layers.*.self_attn.q_proj", Split: Column},
+			{Module: "model.layers.*.self_attn.k_proj", Split: Column},
+			{Module: "model.layers.*.self_attn.v_proj", Split: Column},
+			{Module: "model.layers.*.self_attn.o_proj", Split: Row},
+			{Module: "model.layers.*.post_attention_layernorm", Split: Replicated},
+			{Module: "model.layers.*.block_sparse_moe.gate", Split: Replicated},
+			{Module: "model.layers.*.block_sparse_moe.experts.*.w1", Split: Column, Expert: true},
+			{Module: "model.layers.*.block_sparse_moe.experts.*.w3", Split: Column, Expert: true},
+			{Module: "model.layers.*.block_sparse_moe.experts.*.w2", Split: Row, Expert: true},
+			{Module: "model.norm", Split: Replicated},
+			{Module: "lm_head", Split: Replicated},
 		},
-		FFN: &moeFFN{block: "block_sparse_moe", gate: "w1", up: "w3", down: "w2"},
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
@@ -92,11 +93,6 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 	if o.DType != tensor.F32 && o.DType != tensor.BF16 {
 		return nil, fmt.Errorf("models: dtype %s is not supported for parameters (use f32 or bf16)", o.DType)
 	}
-	if f.Tune != nil {
-		if err := f.Tune(&a); err != nil {
-			return nil, fmt.Errorf("models: %s: %w", f.ModelType, err)
-		}
-	}
 	if err := a.Validate(); err != nil {
 		return nil, err
 	}
@@ -175,7 +171,7 @@ func (m *Model) build() {
 			NH: a.Heads, NKV: a.KVHeads, HD: a.HeadDim, RotaryDim: a.Rope.RotaryDim(),
 			Window: a.Windows[i], Layer: i,
 		}
-		if a.QKNorm {
+		if a.QKNorm != config.NoQKNorm {
 			qn, kn := norm(pre+"self_attn.q_norm"), norm(pre+"self_attn.k_norm")
 			at.QNorm, at.KNorm = &qn, &kn
 		}

@@ -24,21 +24,6 @@ type moeFFN struct {
 	gate, up, down string // per-expert projection names
 }
 
-// validateMoE checks the router settings of a's config.
-func validateMoE(a *Arch) error {
-	c := a.Config
-	if c == nil || !c.IsMoE() {
-		return nil
-	}
-	if c.NumExpertsPerTok < 1 || c.NumExpertsPerTok > c.NumExperts {
-		return fmt.Errorf("num_experts_per_tok %d must be between 1 and the number of experts %d", c.NumExpertsPerTok, c.NumExperts)
-	}
-	if c.ExpertIntermediateSize() <= 0 {
-		return fmt.Errorf("the expert width must be > 0, got %d (moe_intermediate_size or intermediate_size)", c.ExpertIntermediateSize())
-	}
-	return nil
-}
-
 func (f *moeFFN) prefix(i int) string { return layerName(i, f.block) }
 
 // Specs implements FFNHooks.
@@ -47,7 +32,7 @@ func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
 	if c == nil || !c.IsMoELayer(i) {
 		return nil
 	}
-	e, in := c.NumExperts, c.ExpertIntermediateSize()
+	e, in := a.Experts, a.ExpertIntermediate
 	pre := f.prefix(i)
 	s := []ParamSpec{matrix(pre+".gate.weight", e, a.Hidden)}
 	for x := a.HeldExperts.Lo; x < a.HeldExperts.Hi; x++ {
@@ -69,9 +54,9 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 		return nn.Linear{Name: name, W: param(name + ".weight"), GW: grad(name + ".weight")}
 	}
 	held := a.HeldExperts
-	m := &nn.MoE{Name: pre, Router: lin(pre + ".gate"), TopK: c.NumExpertsPerTok,
+	m := &nn.MoE{Name: pre, Router: lin(pre + ".gate"), TopK: a.TopK,
 		NormTopK: c.NormTopKProb, Experts: make([]nn.Expert, held.Len()),
-		NumExperts: c.NumExperts, FirstExpert: held.Lo}
+		NumExperts: a.Experts, FirstExpert: held.Lo}
 	for j := range m.Experts {
 		x := held.Lo + j
 		ep := fmt.Sprintf("%s.experts.%d.", pre, x)

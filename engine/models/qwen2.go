@@ -1,15 +1,25 @@
 package models
 
-// Qwen2 (and Qwen2.5): the Llama decoder with a bias on q/k/v (not on o_proj), and sliding
-// windows on the layers that layer_types marks sliding_attention.
+// Qwen2 (and Qwen2.5): the Llama decoder with sliding windows on the layers layer_types marks
+// sliding_attention (structure, q/k/v biases included: the qwen2 family of engine/hf/config).
+// Tensor parallelism as Llama's; the q/k/v biases split with their projections.
 func init() {
 	Register(&Family{
-		ModelType:     "qwen2",
-		Architectures: []string{"Qwen2ForCausalLM"},
-		Caps:          Caps{SlidingWindow: true, TiedEmbeddings: true},
-		Tune: func(a *Arch) error {
-			a.QKVBias, a.OBias, a.MLPBias = true, false, false
-			return nil
+		ModelType: "qwen2",
+		Caps:      Caps{SlidingWindow: true, TiedEmbeddings: true},
+		Placements: []Placement{
+			{Module: "model.embed_tokens", Split: Replicated},
+			{Module: "model.layers.*.input_layernorm", Split: Replicated},
+			{Module: "model.layers.*.self_attn.q_proj", Split: Column},
+			{Module: "model.layers.*.self_attn.k_proj", Split: Column},
+			{Module: "model.layers.*.self_attn.v_proj", Split: Column},
+			{Module: "model.layers.*.self_attn.o_proj", Split: Row},
+			{Module: "model.layers.*.post_attention_layernorm", Split: Replicated},
+			{Module: "model.layers.*.mlp.gate_proj", Split: Column},
+			{Module: "model.layers.*.mlp.up_proj", Split: Column},
+			{Module: "model.layers.*.mlp.down_proj", Split: Row},
+			{Module: "model.norm", Split: Replicated},
+			{Module: "lm_head", Split: Replicated},
 		},
 	})
 }

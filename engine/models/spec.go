@@ -3,6 +3,8 @@ package models
 import (
 	"fmt"
 	"strings"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
 // Init says how InitRandom fills a parameter, following transformers' _init_weights.
@@ -105,11 +107,11 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 	if a.OBias {
 		s = append(s, bias(layerName(i, "self_attn.o_proj.bias"), a.Hidden))
 	}
-	switch {
-	case a.QKNorm && a.QKNormFull:
+	switch a.QKNorm {
+	case config.QKNormProjection:
 		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), q),
 			normWeight(layerName(i, "self_attn.k_norm.weight"), kv))
-	case a.QKNorm:
+	case config.QKNormPerHead:
 		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), a.HeadDim),
 			normWeight(layerName(i, "self_attn.k_norm.weight"), a.HeadDim))
 	}

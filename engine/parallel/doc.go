@@ -17,11 +17,16 @@
 //     all-gathered into each rank's compute arena. The compute arena is whole during the step
 //     (parameters are gathered per step, not per layer), so FSDP divides gradient-reduction
 //     traffic and optimizer memory, not the memory of the forward pass.
-//   - TP: q/k/v and gate/up are column-parallel (their output features are split by heads and
-//     MLP width); o_proj and down_proj are row-parallel, their partial products all-reduced in
-//     the forward; the input gradient of the column-parallel group is all-reduced in the
-//     backward. Per-head q/k norms stay whole and their gradients are summed over the tensor
-//     group. Embedding, norms and LM head are replicated.
+//   - TP: each family declares where its parameters go in a table of module paths
+//     (models.Family.Placements: column, row, replicated or per-head, and which modules are
+//     routed experts); the plan lays the weights out by it, and binding checks every rank's
+//     weight shapes against it, refusing a table that does not fit with the weight, its shape
+//     and the split asked for. For the Llama-style families q/k/v and gate/up are
+//     column-parallel (their output features are split by heads and MLP width); o_proj and
+//     down_proj are row-parallel, their partial products all-reduced in the forward; the input
+//     gradient of the column-parallel group is all-reduced in the backward. Per-head q/k norms
+//     stay whole and their gradients are summed over the tensor group. Embedding, norms, routers,
+//     the dense MLPs of mixtures of experts and the LM head are replicated.
 //   - CP: each packed row is cut into 2·CP chunks and rank r gets chunks r and 2·CP-1-r (the
 //     load-balanced order for causal attention). Attention all-gathers keys and values; each
 //     query chunk attends over the keys of its own documents up to its end, so packing with

@@ -9,23 +9,18 @@ import (
 	"github.com/halo-shell/halo-shell/engine/models"
 )
 
-// ShapeFromConfig returns the layout-relevant sizes of the model config.json describes, without
-// building the model or reading any weight.
+// ShapeFromConfig returns the structure of the model config.json describes (its family's
+// config.Shape), without building the model or reading any weight. Configurations the model
+// code refuses are refused here too.
 func ShapeFromConfig(cfg *config.Config) (mesh.ModelShape, error) {
-	f, err := models.Lookup(cfg.ModelType)
-	if err != nil {
+	if _, err := models.Lookup(cfg.ModelType); err != nil {
 		return mesh.ModelShape{}, err
 	}
 	a, err := models.ArchFromConfig(cfg.Clone())
 	if err != nil {
 		return mesh.ModelShape{}, err
 	}
-	if f.Tune != nil {
-		if err := f.Tune(&a); err != nil {
-			return mesh.ModelShape{}, fmt.Errorf("parallel: %s: %w", cfg.ModelType, err)
-		}
-	}
-	return shapeOfArch(a, cfg.NumParameters()), nil
+	return a.Shape, nil
 }
 
 // DryRun checks layout l on devices d for the model of cfg and workload w, and writes the mesh
@@ -41,7 +36,7 @@ func DryRun(out io.Writer, cfg *config.Config, d mesh.Devices, l mesh.Layout, w 
 		return err
 	}
 	l = m.Layout
-	fmt.Fprintf(out, "model:   %s, %d parameters, %d layers, %d heads / %d kv heads", cfg.ModelType, shape.Params, shape.Layers, shape.Heads, shape.KVHeads)
+	fmt.Fprintf(out, "model:   %s, %d parameters, %d layers, %d heads / %d kv heads", cfg.ModelType, shape.NumParameters(), shape.Layers, shape.Heads, shape.KVHeads)
 	if shape.MoE() {
 		fmt.Fprintf(out, ", %d experts (top %d) in %d layers", shape.Experts, shape.TopK, shape.MoELayers)
 	}

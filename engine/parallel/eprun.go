@@ -2,8 +2,6 @@ package parallel
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/comm"
@@ -168,16 +166,11 @@ func upload(b backend.Backend, dst T, v []float32) error {
 	return b.Upload(d, raw)
 }
 
-// expertIndex returns the expert of a routed expert's parameter
-// ("model.layers.L.<block>.experts.X.<proj>.weight").
-func expertIndex(name string) (int, bool) {
-	_, rest, ok := strings.Cut(name, ".experts.")
-	if !ok {
-		return 0, false
-	}
-	num, _, _ := strings.Cut(rest, ".")
-	x, err := strconv.Atoi(num)
-	return x, err == nil
+// expertOf returns the routed expert a parameter of the full model belongs to, as the
+// family's tensor-parallel table places it, and false for every other parameter.
+func (p *Plan) expertOf(name string) (int, bool) {
+	pl, ok := p.place[name]
+	return pl.expert, ok && pl.expert >= 0
 }
 
 // expertHolder returns the data index (within the expert group's block 0) of the rank that
@@ -187,7 +180,7 @@ func (p *Plan) expertHolder(name string) (int, bool) {
 	if l.EP <= 1 || p.shape.Experts == 0 {
 		return 0, false
 	}
-	x, ok := expertIndex(name)
+	x, ok := p.expertOf(name)
 	if !ok {
 		return 0, false
 	}

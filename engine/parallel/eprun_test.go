@@ -10,6 +10,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/comm"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -30,7 +31,7 @@ func TestExpertParallelComputesExpertsOnTheirOwners(t *testing.T) {
 	}
 	all := int64(0) // bytes of every expert of the full model
 	for _, s := range src.Specs {
-		if _, ok := expertIndex(s.Name); ok {
+		if _, ok := src.ExpertOf(s.Name); ok {
 			all += int64(s.Numel()) * 4
 		}
 	}
@@ -39,7 +40,7 @@ func TestExpertParallelComputesExpertsOnTheirOwners(t *testing.T) {
 		held := int64(0)
 		seen := map[int]bool{}
 		for _, s := range rk.m.Specs {
-			x, ok := expertIndex(s.Name)
+			x, ok := rk.m.ExpertOf(s.Name)
 			if !ok {
 				continue
 			}
@@ -168,18 +169,18 @@ func TestExpertParallelIsDeterministic(t *testing.T) {
 func TestExpertTensorParallelSplitsExperts(t *testing.T) {
 	src := tinyModel(t, "qwen3_moe", 1)
 	p := newPlan(t, src, 4, "ep=2 tp=2 etp=2", optim.Config{})
-	for name, want := range map[string]string{
-		"model.layers.1.mlp.experts.2.gate_proj.weight": "column",
-		"model.layers.1.mlp.experts.2.up_proj.weight":   "column",
-		"model.layers.1.mlp.experts.2.down_proj.weight": "row",
-		"model.layers.1.mlp.gate.weight":                "replicated",
+	for name, want := range map[string]models.Split{
+		"model.layers.1.mlp.experts.2.gate_proj.weight": models.Column,
+		"model.layers.1.mlp.experts.2.up_proj.weight":   models.Column,
+		"model.layers.1.mlp.experts.2.down_proj.weight": models.Row,
+		"model.layers.1.mlp.gate.weight":                models.Replicated,
 	} {
 		if got := p.Placement(name); got != want {
 			t.Errorf("%s: placement %s, want %s", name, got, want)
 		}
 	}
 	q := newPlan(t, src, 4, "ep=2 tp=2", optim.Config{})
-	if got := q.Placement("model.layers.1.mlp.experts.2.gate_proj.weight"); got != "replicated" {
+	if got := q.Placement("model.layers.1.mlp.experts.2.gate_proj.weight"); got != models.Replicated {
 		t.Errorf("etp=1: expert placement %s, want replicated", got)
 	}
 }
@@ -252,7 +253,7 @@ func TestCheckpointFromExpertLayout(t *testing.T) {
 	for _, s := range src.Specs {
 		got, _ := back.ParamFloat32(s.Name)
 		before, _ := src.ParamFloat32(s.Name)
-		if _, ok := expertIndex(s.Name); ok && closeTo(got, before, 0) != nil {
+		if _, ok := src.ExpertOf(s.Name); ok && closeTo(got, before, 0) != nil {
 			changed++
 		}
 	}

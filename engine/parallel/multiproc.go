@@ -400,7 +400,7 @@ func (p *Plan) expertSpecs(rk *rank) []expertSpec {
 	var out []expertSpec
 	off := 0
 	for _, s := range rk.m.Specs {
-		if x, ok := expertIndex(s.Name); ok && p.partOf(s.Name) == 1 {
+		if x, ok := p.expertOf(s.Name); ok && p.partOf(s.Name) == 1 {
 			out = append(out, expertSpec{name: s.Name, off: off, n: s.Numel(), expert: x})
 		}
 		off += s.Numel()

@@ -605,7 +605,7 @@ func TestExpertParallelShardsExpertMemory(t *testing.T) {
 	src := tinyModel(t, "qwen3_moe_e8", 1)
 	var dense, experts int64 // bytes in the full model
 	for _, s := range src.Specs {
-		if _, ok := expertIndex(s.Name); ok {
+		if _, ok := src.ExpertOf(s.Name); ok {
 			experts += int64(s.Numel()) * 4
 		} else {
 			dense += int64(s.Numel()) * 4

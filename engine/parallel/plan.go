@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 
@@ -42,18 +43,13 @@ type Options struct {
 	Local *LocalRanks
 }
 
-// placement is how one parameter is laid out over the tensor-parallel group.
-type placement uint8
-
-const (
-	replicated  placement = iota // every tensor rank holds all of it; its gradient is identical on each
-	colShard                     // rows (output features) split over the tensor group
-	rowShard                     // columns (input features) split over the tensor group
-	partialGrad                  // replicated value whose gradient is a partial sum over the tensor group (per-head q/k norm)
-)
-
-func (p placement) String() string {
-	return [...]string{"replicated", "column", "row", "partial"}[p]
+// placed is where one parameter of the full model goes under the plan's layout: its split over
+// the tensor group as the layout applies the family's table (Replicated when there is one
+// tensor rank, and for a routed expert's weights under etp = 1), and the routed expert it
+// belongs to (-1 for every other parameter).
+type placed struct {
+	split  models.Split
+	expert int
 }
 
 // Plan is a model laid out over a mesh of devices: one model per rank (built from the same
@@ -64,7 +60,7 @@ type Plan struct {
 	Mesh  *mesh.Mesh
 	cfg   *config.Config
 	specs []models.ParamSpec // the full (unsplit) parameter table
-	place map[string]placement
+	place map[string]placed  // every parameter of the full model, from the family's table
 	world comm.Fabric
 	ranks []*rank
 	dtype tensor.DType
@@ -101,24 +97,8 @@ type rank struct {
 	dataRank, dataN int
 }
 
-// ShapeOf returns the sizes of m that the layout rules need.
-func ShapeOf(m *models.Model) mesh.ModelShape { return shapeOfArch(m.Arch, int64(m.NumParams())) }
-
-func shapeOfArch(a models.Arch, params int64) mesh.ModelShape {
-	s := mesh.ModelShape{Hidden: a.Hidden, Intermediate: a.Intermediate, Heads: a.Heads, KVHeads: a.KVHeads,
-		HeadDim: a.HeadDim, Layers: a.Layers, Vocab: a.Vocab, Tied: a.Tied,
-		QKNorm: a.QKNorm, QKNormFull: a.QKNorm && a.QKNormFull,
-		QKVBias: a.QKVBias, OBias: a.OBias, MLPBias: a.MLPBias, Params: params}
-	if c := a.Config; c != nil && c.IsMoE() {
-		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
-		for i := 0; i < a.Layers; i++ {
-			if c.IsMoELayer(i) {
-				s.MoELayers++
-			}
-		}
-	}
-	return s
-}
+// ShapeOf returns the structure of m that the layout rules read (its family's config.Shape).
+func ShapeOf(m *models.Model) mesh.ModelShape { return m.Arch.Shape }
 
 // New lays src (a single-device model with its weights) out over devices with layout l. The
 // layout is checked first (mesh.Check); then each rank gets its own model and its slice of the
@@ -134,7 +114,10 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		return nil, err
 	}
 	l = ms.Layout
-	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placement{}, dtype: src.DType(), shape: shape}
+	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placed{}, dtype: src.DType(), shape: shape}
+	if err := p.placeAll(src); err != nil {
+		return nil, err
+	}
 	if src.IsMoE() {
 		p.auxCoef = src.AuxLossScale()
 	}
@@ -148,8 +131,8 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		}
 	}
 	if l.ETP > 1 {
-		// Each expert's FFN is split over the tensor group: gate/up by output features,
-		// down by input features (bind classifies them by shape).
+		// Each expert's FFN is split over the tensor group, as the family's table places
+		// its projections (bind checks the rank's shapes against it).
 		local.MoEIntermediateSize = shape.ExpertIntermediate / l.ETP
 	}
 	p.cfg = cfg
@@ -245,8 +228,46 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	return p, nil
 }
 
-// bind classifies every parameter of rank rk's model against the full table, registers the
-// tensor-parallel weights with the rank's backend, and copies the rank's slice of src's weights.
+// placeAll places every parameter of the full model by its family's tensor-parallel table
+// (models.Family.Placements) under the plan's layout, and checks that each split fits the
+// parameter's full shape. Ranks' models are narrowed to match (fewer heads, a narrower MLP or
+// expert), which bind checks.
+func (p *Plan) placeAll(src *models.Model) error {
+	l := p.Mesh.Layout
+	for _, s := range src.Specs {
+		pp, err := src.Family.Place(s.Name)
+		if err != nil {
+			return fmt.Errorf("parallel: %w", err)
+		}
+		split := pp.Split
+		if l.TP == 1 || (pp.Expert >= 0 && l.ETP == 1) {
+			split = models.Replicated
+		}
+		if _, err := split.Local(s.Shape, l.TP); err != nil {
+			return fmt.Errorf("parallel: weight %q %v: the %s tensor-parallel table places it %s (entry %q), but %v; fix the entry in engine/models or choose another tensor_parallel_size",
+				s.Name, s.Shape, src.Family.ModelType, describeSplit(split, l.TP), pp.Module, err)
+		}
+		p.place[s.Name] = placed{split: split, expert: pp.Expert}
+	}
+	return nil
+}
+
+// describeSplit says in words how split lays a parameter out over n tensor ranks.
+func describeSplit(split models.Split, n int) string {
+	switch split {
+	case models.Column:
+		return fmt.Sprintf("column-parallel (output features, dim 0, cut into %d parts)", n)
+	case models.Row:
+		return fmt.Sprintf("row-parallel (input features, dim 1, cut into %d parts)", n)
+	case models.PerHead:
+		return "whole on every tensor rank (a per-head norm, gradient summed over the tensor group)"
+	}
+	return "whole on every tensor rank"
+}
+
+// bind checks every parameter of rank rk's model against its placement (the rank's shape must
+// be the placed part of the full shape), registers the tensor-parallel weights with the rank's
+// backend, and copies the rank's slice of src's weights.
 func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Model) error {
 	tp, ntp := rk.c.TP, p.Mesh.Layout.TP
 	colSize := map[string]int{}
@@ -256,35 +277,22 @@ func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Mode
 	}
 	for i, s := range rk.m.Specs {
 		f, ok := full[s.Name]
-		if !ok || len(f.Shape) != len(s.Shape) {
+		pl, placed := p.place[s.Name]
+		if !ok || !placed {
 			return fmt.Errorf("parallel: rank %d: parameter %q has no counterpart in the full model", rk.id, s.Name)
 		}
-		pl := replicated
-		switch {
-		case f.Shape[0] != s.Shape[0] && f.Shape[0] == s.Shape[0]*ntp && (len(s.Shape) == 1 || f.Shape[1] == s.Shape[1]):
-			pl = colShard
-		case len(s.Shape) == 2 && f.Shape[1] != s.Shape[1] && f.Shape[1] == s.Shape[1]*ntp && f.Shape[0] == s.Shape[0]:
-			pl = rowShard
-		case fmt.Sprint(f.Shape) != fmt.Sprint(s.Shape):
-			return fmt.Errorf("parallel: rank %d: parameter %q is %v here and %v in the full model: not a split over %d tensor ranks", rk.id, s.Name, s.Shape, f.Shape, ntp)
-		case ntp > 1 && (strings.HasSuffix(s.Name, "self_attn.q_norm.weight") || strings.HasSuffix(s.Name, "self_attn.k_norm.weight")):
-			pl = partialGrad
+		want, err := pl.split.Local(f.Shape, ntp)
+		if err == nil && !slices.Equal(want, s.Shape) {
+			err = fmt.Errorf("each rank should hold %v, but rank %d's model holds %v", want, rk.id, s.Shape)
 		}
-		p.place[s.Name] = pl
-		if x, ok := expertIndex(s.Name); ok {
-			// Every expert of the layer has this parameter's shape: the experts this
-			// process does not hold (under expert parallelism over several processes) are
-			// placed alike.
-			for e := range p.shape.Experts {
-				if e != x {
-					p.place[renameExpert(s.Name, e)] = pl
-				}
-			}
+		if err != nil {
+			return fmt.Errorf("parallel: weight %q %v: the %s tensor-parallel table places it %s: %v; the table (engine/models) and the rank's narrowed config disagree",
+				s.Name, f.Shape, src.Family.ModelType, describeSplit(pl.split, ntp), err)
 		}
 		w := rk.m.Params.Views[i]
 		if strings.HasSuffix(s.Name, ".weight") && len(s.Shape) == 2 {
-			switch pl {
-			case colShard:
+			switch pl.split {
+			case models.Column:
 				// Weights of one parent module (q/k/v of self_attn, gate/up of mlp) share
 				// their input.
 				parent := strings.TrimSuffix(s.Name, ".weight")
@@ -296,7 +304,7 @@ func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Mode
 					w     T
 					group string
 				}{w, parent})
-			case rowShard:
+			case models.Row:
 				rk.rb.row[keyOf(w)] = true
 			}
 		}
@@ -304,7 +312,7 @@ func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Mode
 		if err != nil {
 			return err
 		}
-		if err := rk.m.SetParam(s.Name, slice(vals, f.Shape, pl, tp, ntp)); err != nil {
+		if err := rk.m.SetParam(s.Name, slice(vals, f.Shape, pl.split, tp, ntp)); err != nil {
 			return fmt.Errorf("parallel: rank %d: %w", rk.id, err)
 		}
 	}
@@ -315,12 +323,12 @@ func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Mode
 }
 
 // slice returns tensor rank tp's part of a full parameter (row-major, shape full).
-func slice(v []float32, full []int, pl placement, tp, ntp int) []float32 {
+func slice(v []float32, full []int, pl models.Split, tp, ntp int) []float32 {
 	switch pl {
-	case colShard:
+	case models.Column:
 		n := len(v) / ntp
 		return v[tp*n : (tp+1)*n]
-	case rowShard:
+	case models.Row:
 		rows, cols := full[0], full[1]
 		w := cols / ntp
 		out := make([]float32, 0, rows*w)
@@ -333,15 +341,15 @@ func slice(v []float32, full []int, pl placement, tp, ntp int) []float32 {
 }
 
 // unslice assembles a full parameter from its tensor-rank parts.
-func unslice(parts [][]float32, full []int, pl placement) []float32 {
+func unslice(parts [][]float32, full []int, pl models.Split) []float32 {
 	switch pl {
-	case colShard:
+	case models.Column:
 		var out []float32
 		for _, p := range parts {
 			out = append(out, p...)
 		}
 		return out
-	case rowShard:
+	case models.Row:
 		rows, cols := full[0], full[1]
 		w := cols / len(parts)
 		out := make([]float32, 0, rows*cols)
@@ -360,8 +368,8 @@ func unslice(parts [][]float32, full []int, pl placement) []float32 {
 func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 	m := rk.m
 	counted := func(name string) bool {
-		pl := p.place[name]
-		return pl == colShard || pl == rowShard || rk.c.TP == 0
+		pl := p.place[name].split
+		return pl == models.Column || pl == models.Row || rk.c.TP == 0
 	}
 	if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
 		for i, s := range m.Specs {
@@ -646,7 +654,7 @@ func (p *Plan) reduceGrads(rk *rank) error {
 	m := rk.m
 	if rk.tp.Size() > 1 {
 		for i, s := range m.Specs {
-			if p.place[s.Name] == partialGrad {
+			if p.place[s.Name].split == models.PerHead {
 				if err := rk.tp.AllReduce(m.Grads.Views[i], comm.Sum); err != nil {
 					return err
 				}
@@ -782,7 +790,7 @@ func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[
 					return nil, fmt.Errorf("parallel: no rank of the expert group of tensor coordinate %d holds %s", tp, s.Name)
 				}
 			}
-			out[s.Name] = unslice(parts, s.Shape, p.place[s.Name])
+			out[s.Name] = unslice(parts, s.Shape, p.place[s.Name].split)
 			continue
 		}
 		// Every data replica holds the same values: read this process's first one (data
@@ -805,7 +813,7 @@ func (p *Plan) collect(get func(*models.Model, string) ([]float32, error)) (map[
 			}
 			parts[i] = v
 		}
-		out[s.Name] = unslice(parts, s.Shape, p.place[s.Name])
+		out[s.Name] = unslice(parts, s.Shape, p.place[s.Name].split)
 	}
 	return out, nil
 }
@@ -869,6 +877,7 @@ func (p *Plan) SetRankRecorder(r int, rec comm.Recorder) {
 // Size is the number of ranks.
 func (p *Plan) Size() int { return len(p.ranks) }
 
-// Placement reports how parameter name is split over the tensor group: "replicated",
-// "column", "row" or "partial" (replicated value, gradient summed over the tensor group).
-func (p *Plan) Placement(name string) string { return p.place[name].String() }
+// Placement reports how parameter name is laid out over the tensor group under this plan's
+// layout: the family table's split, or models.Replicated with one tensor rank and for a routed
+// expert's weights under etp = 1.
+func (p *Plan) Placement(name string) models.Split { return p.place[name].split }

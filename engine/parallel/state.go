@@ -101,7 +101,7 @@ func (p *Plan) assembleState(step int, local []map[string]*state, kinds map[stri
 				}
 				parts[tp], dt = f.vals, f.dt
 			}
-			raw, err := tensor.EncodeFloat32(dt, unslice(parts, fs.Shape, p.place[fs.Name]))
+			raw, err := tensor.EncodeFloat32(dt, unslice(parts, fs.Shape, p.place[fs.Name].split))
 			if err != nil {
 				return 0, nil, err
 			}
@@ -141,7 +141,7 @@ func (p *Plan) LoadOptimizerState(step int, ts []optim.StateTensor) error {
 				if len(v) != numel(fs.Shape) {
 					return fmt.Errorf("parallel: optimizer state %s has %d elements, parameter %s has %d (shape %v)", t.Name, len(v), op.Name, numel(fs.Shape), fs.Shape)
 				}
-				sl := slice(v, fs.Shape, p.place[op.Name], rk.c.TP, ntp)
+				sl := slice(v, fs.Shape, p.place[op.Name].split, rk.c.TP, ntp)
 				n := op.Value.Numel()
 				raw, err := tensor.EncodeFloat32(t.DType, sl[rk.optElem[i]:rk.optElem[i]+n])
 				if err != nil {

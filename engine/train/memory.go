@@ -78,23 +78,7 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	var e MemoryEstimate
 	C, I, V, L := int64(a.Hidden), int64(a.Intermediate), int64(a.Vocab), int64(a.Layers)
 	q, kv := int64(a.Heads*a.HeadDim), int64(a.KVHeads*a.HeadDim)
-	perLayer := 2*C + C*q + 2*C*kv + q*C + 3*C*I
-	if a.QKVBias {
-		perLayer += q + 2*kv
-	}
-	if a.OBias {
-		perLayer += C
-	}
-	if a.MLPBias {
-		perLayer += 2*I + C
-	}
-	if a.QKNorm {
-		perLayer += 2 * int64(a.HeadDim)
-	}
-	e.Params = V*C + L*perLayer + C
-	if !a.Tied {
-		e.Params += V * C
-	}
+	e.Params = a.NumParameters()
 	el := int64(4)
 	if cfg.Run.BF16 {
 		el = 2

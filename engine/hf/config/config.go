@@ -216,36 +216,6 @@ func (c *Config) Family() *Family {
 // KVHeads returns the number of key/value heads.
 func (c *Config) KVHeads() int { return c.NumKeyValueHeads }
 
-// Dims are the shapes a model is built from, all resolved.
-type Dims struct {
-	Vocab, Hidden, Layers int
-	Heads, KVHeads        int
-	HeadDim               int
-	// QDim = Heads*HeadDim (q_proj output); KVDim = KVHeads*HeadDim (k_proj and v_proj output).
-	QDim, KVDim int
-	// RotaryDim is the number of dimensions of each head that RoPE rotates (even).
-	RotaryDim int
-	// Intermediate is the dense MLP width; ExpertIntermediate each expert's width (0 if dense).
-	Intermediate, ExpertIntermediate int
-	Experts, TopK                    int
-}
-
-// Dims returns the resolved shapes.
-func (c *Config) Dims() Dims {
-	d := Dims{
-		Vocab: c.VocabSize, Hidden: c.HiddenSize, Layers: c.NumHiddenLayers,
-		Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim,
-		QDim: c.NumAttentionHeads * c.HeadDim, KVDim: c.NumKeyValueHeads * c.HeadDim,
-		RotaryDim:    c.RotaryDim(),
-		Intermediate: c.IntermediateSize,
-		Experts:      c.NumExperts, TopK: c.NumExpertsPerTok,
-	}
-	if c.NumExperts > 0 {
-		d.ExpertIntermediate = c.ExpertIntermediateSize()
-	}
-	return d
-}
-
 // RotaryDim is the number of dimensions per head that RoPE rotates: HeadDim scaled by
 // Rope.PartialRotaryFactor, as transformers computes it (int(head_dim * factor)).
 func (c *Config) RotaryDim() int {

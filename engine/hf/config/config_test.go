@@ -242,14 +242,17 @@ func TestTinyPresetShape(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := c.Dims()
-		want := Dims{Vocab: TinyVocab, Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, QDim: 64, KVDim: 32,
-			RotaryDim: 16, Intermediate: c.IntermediateSize, ExpertIntermediate: d.ExpertIntermediate, Experts: d.Experts, TopK: d.TopK}
-		if d != want {
-			t.Errorf("%s tiny: dims %+v, want %+v", mt, d, want)
+		s := c.Shape()
+		want := Shape{ModelType: mt, Vocab: TinyVocab, Hidden: 64, Intermediate: c.IntermediateSize, Layers: 2,
+			Heads: 4, KVHeads: 2, HeadDim: 16, QKVBias: c.QKVBias(), OBias: c.OProjBias(), QKNorm: c.QKNormKind()}
+		if c.IsMoE() {
+			want.Experts, want.ExpertIntermediate, want.TopK, want.MoELayers = 8, 32, 2, 2
 		}
-		if c.IsMoE() != (d.Experts > 0) || (d.Experts > 0 && (d.Experts != 8 || d.TopK != 2 || d.ExpertIntermediate != 32)) {
-			t.Errorf("%s tiny: MoE shape %+v", mt, d)
+		if s != want {
+			t.Errorf("%s tiny: shape %+v, want %+v", mt, s, want)
+		}
+		if s.QDim() != 64 || s.KVDim() != 32 || c.RotaryDim() != 16 {
+			t.Errorf("%s tiny: q %d, kv %d, rotary %d; want 64, 32, 16", mt, s.QDim(), s.KVDim(), c.RotaryDim())
 		}
 	}
 }
@@ -263,31 +266,36 @@ func TestPresetErrors(t *testing.T) {
 	}
 }
 
-func TestDerivedTraits(t *testing.T) {
+// TestDerivedShape checks the structure each family's rules give the Hub files: sizes, which
+// biases and q/k norms exist, and the mixture-of-experts layout.
+func TestDerivedShape(t *testing.T) {
 	for _, tc := range []struct {
-		file           string
-		qkvBias, oBias bool
-		qkNorm         bool
-		dims           Dims
+		file  string
+		shape Shape
 	}{
-		{"qwen2.5-0.5b", true, false, false, Dims{Vocab: 151936, Hidden: 896, Layers: 24, Heads: 14, KVHeads: 2, HeadDim: 64, QDim: 896, KVDim: 128, RotaryDim: 64, Intermediate: 4864}},
-		{"qwen3-0.6b", false, false, true, Dims{Vocab: 151936, Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128, QDim: 2048, KVDim: 1024, RotaryDim: 128, Intermediate: 3072}},
-		{"llama-3.2-1b", false, false, false, Dims{Vocab: 128256, Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64, QDim: 2048, KVDim: 512, RotaryDim: 64, Intermediate: 8192}},
-		{"mistral-7b-v0.1", false, false, false, Dims{Vocab: 32000, Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, HeadDim: 128, QDim: 4096, KVDim: 1024, RotaryDim: 128, Intermediate: 14336}},
-		{"qwen3-30b-a3b", false, false, true, Dims{Vocab: 151936, Hidden: 2048, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128, QDim: 4096, KVDim: 512, RotaryDim: 128, Intermediate: 6144, ExpertIntermediate: 768, Experts: 128, TopK: 8}},
-		{"mixtral-8x7b-v0.1", false, false, false, Dims{Vocab: 32000, Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, HeadDim: 128, QDim: 4096, KVDim: 1024, RotaryDim: 128, Intermediate: 14336, ExpertIntermediate: 14336, Experts: 8, TopK: 2}},
-		{"olmoe-1b-7b-0924", false, false, true, Dims{Vocab: 50304, Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128, QDim: 2048, KVDim: 2048, RotaryDim: 128, Intermediate: 1024, ExpertIntermediate: 1024, Experts: 64, TopK: 8}},
+		{"qwen2.5-0.5b", Shape{ModelType: "qwen2", Vocab: 151936, Hidden: 896, Intermediate: 4864, Layers: 24, Heads: 14, KVHeads: 2, HeadDim: 64,
+			Tied: true, QKVBias: true}},
+		{"qwen3-0.6b", Shape{ModelType: "qwen3", Vocab: 151936, Hidden: 1024, Intermediate: 3072, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128,
+			Tied: true, QKNorm: QKNormPerHead}},
+		{"llama-3.2-1b", Shape{ModelType: "llama", Vocab: 128256, Hidden: 2048, Intermediate: 8192, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64,
+			Tied: true}},
+		{"mistral-7b-v0.1", Shape{ModelType: "mistral", Vocab: 32000, Hidden: 4096, Intermediate: 14336, Layers: 32, Heads: 32, KVHeads: 8, HeadDim: 128}},
+		{"qwen3-30b-a3b", Shape{ModelType: "qwen3_moe", Vocab: 151936, Hidden: 2048, Intermediate: 6144, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128,
+			QKNorm: QKNormPerHead, Experts: 128, ExpertIntermediate: 768, TopK: 8, MoELayers: 48}},
+		{"mixtral-8x7b-v0.1", Shape{ModelType: "mixtral", Vocab: 32000, Hidden: 4096, Intermediate: 14336, Layers: 32, Heads: 32, KVHeads: 8, HeadDim: 128,
+			Experts: 8, ExpertIntermediate: 14336, TopK: 2, MoELayers: 32}},
+		{"olmoe-1b-7b-0924", Shape{ModelType: "olmoe", Vocab: 50304, Hidden: 2048, Intermediate: 1024, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128,
+			QKNorm: QKNormProjection, Experts: 64, ExpertIntermediate: 1024, TopK: 8, MoELayers: 16}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			c := mustParse(t, "testdata/hub/"+tc.file+".json")
-			if c.QKVBias() != tc.qkvBias || c.OProjBias() != tc.oBias || c.QKNorm() != tc.qkNorm {
-				t.Errorf("qkv bias %v o bias %v qk norm %v; want %v %v %v", c.QKVBias(), c.OProjBias(), c.QKNorm(), tc.qkvBias, tc.oBias, tc.qkNorm)
+			s := c.Shape()
+			if s != tc.shape {
+				t.Errorf("shape %+v\nwant  %+v", s, tc.shape)
 			}
-			if d := c.Dims(); d != tc.dims {
-				t.Errorf("dims %+v\nwant %+v", d, tc.dims)
-			}
-			if c.KVHeads() != tc.dims.KVHeads {
-				t.Errorf("KVHeads %d", c.KVHeads())
+			if c.QKVBias() != s.QKVBias || c.OProjBias() != s.OBias || c.QKNormKind() != s.QKNorm || c.KVHeads() != s.KVHeads {
+				t.Errorf("config accessors disagree with the shape: qkv bias %v, o bias %v, qk norm %v, kv heads %d",
+					c.QKVBias(), c.OProjBias(), c.QKNormKind(), c.KVHeads())
 			}
 		})
 	}

@@ -16,10 +16,16 @@
 // and saved (testdata/make_reference.py).
 //
 // Each family is one small file that registers a Family (names, keys, defaults, validation,
-// MoE layer rule and presets). Preset returns a tiny debug configuration per family and the
-// real shapes used in benchmarks; Override changes keys of a Config as a file edit would.
-// Dims, KVHeads, IsMoELayer, IsSlidingLayer, QKVBias, QKNormKind, NumParameters and
-// ActiveParameters give model code the resolved structure.
+// presets) and the structural rules of its models: which attention projections carry biases,
+// whether and how queries and keys are normalised, which layers are mixtures of experts. These
+// files are the one place where a family's structure is written. Preset returns a tiny debug
+// configuration per family and the real shapes used in benchmarks; Override changes keys of a
+// Config as a file edit would.
+//
+// Shape resolves the rules into the model's structure (sizes, which optional weights exist,
+// expert layout, parameter counts). engine/models builds its models from it and engine/mesh
+// checks layouts against it, so neither repeats a family's rules. IsMoELayer, IsSlidingLayer,
+// QKVBias, OProjBias and QKNormKind answer the per-layer and per-weight questions directly.
 //
 // The package knows nothing about tensors, weights or devices: it describes a model's shape;
 // engine/models builds the model from it.

@@ -21,8 +21,8 @@ func ExampleParse() {
 		fmt.Println(err)
 		return
 	}
-	d := c.Dims()
-	fmt.Println(c.ModelType, c.DType, d.HeadDim, d.KVDim, c.Rope.Type, c.Rope.Theta, c.RMSNormEps)
+	s := c.Shape()
+	fmt.Println(c.ModelType, c.DType, s.HeadDim, s.KVDim(), c.Rope.Type, c.Rope.Theta, c.RMSNormEps)
 	// Output: llama bfloat16 64 512 llama3 500000 1e-06
 }
 

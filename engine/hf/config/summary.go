@@ -10,7 +10,7 @@ import (
 // WriteSummary writes a human-readable description of c: family, shapes, parameter counts,
 // attention, RoPE, MoE layout, and keys that were not understood or were dropped.
 func (c *Config) WriteSummary(w io.Writer) error {
-	d := c.Dims()
+	d := c.Shape()
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	arch := "-"
@@ -21,22 +21,22 @@ func (c *Config) WriteSummary(w io.Writer) error {
 	if c.DType != "" {
 		p("dtype          %s\n", c.DType)
 	}
-	p("parameters     %s", humanCount(c.NumParameters()))
-	if c.IsMoE() {
-		p(" (%s active per token)", humanCount(c.ActiveParameters()))
+	p("parameters     %s", humanCount(d.NumParameters()))
+	if d.MoE() {
+		p(" (%s active per token)", humanCount(d.ActiveParameters()))
 	}
 	p("\n")
-	p("vocab          %d%s\n", d.Vocab, map[bool]string{true: " (tied embeddings)", false: ""}[c.TieWordEmbeddings])
+	p("vocab          %d%s\n", d.Vocab, map[bool]string{true: " (tied embeddings)", false: ""}[d.Tied])
 	p("layers         %d, hidden %d, MLP %d, %s, rms_norm_eps %g\n", d.Layers, d.Hidden, d.Intermediate, c.HiddenAct, c.RMSNormEps)
 	p("attention      %d heads, %d KV heads, head_dim %d", d.Heads, d.KVHeads, d.HeadDim)
 	var feats []string
-	if c.QKVBias() {
+	if d.QKVBias {
 		feats = append(feats, "qkv bias")
 	}
-	if c.OProjBias() {
+	if d.OBias {
 		feats = append(feats, "o bias")
 	}
-	switch c.QKNormKind() {
+	switch d.QKNorm {
 	case QKNormPerHead:
 		feats = append(feats, "q/k norm per head")
 	case QKNormProjection:
@@ -65,18 +65,12 @@ func (c *Config) WriteSummary(w io.Writer) error {
 	case "yarn", "longrope":
 		p(", factor %g, original context %d", r.Factor, r.OriginalMaxPositionEmbeddings)
 	}
-	if d.RotaryDim != d.HeadDim {
-		p(", rotary dim %d", d.RotaryDim)
+	if rd := c.RotaryDim(); rd != d.HeadDim {
+		p(", rotary dim %d", rd)
 	}
 	p("; context %d\n", c.MaxPositionEmbeddings)
-	if c.IsMoE() {
-		n := 0
-		for i := 0; i < c.NumHiddenLayers; i++ {
-			if c.IsMoELayer(i) {
-				n++
-			}
-		}
-		p("experts        %d per layer, top-%d, width %d, on %d of %d layers", d.Experts, d.TopK, d.ExpertIntermediate, n, c.NumHiddenLayers)
+	if d.MoE() {
+		p("experts        %d per layer, top-%d, width %d, on %d of %d layers", d.Experts, d.TopK, d.ExpertIntermediate, d.MoELayers, d.Layers)
 		if c.NormTopKProb {
 			p(", renormalised")
 		}

@@ -168,7 +168,7 @@ func readConfig(path string) (*Config, error) {
 	}
 	c, typedErr := config.Load(path)
 	if typedErr == nil {
-		d := c.Dims()
+		d := c.Shape()
 		return &Config{
 			ModelType: c.ModelType, Architectures: c.Architectures, DType: c.DType,
 			Vocab: d.Vocab, Hidden: d.Hidden, Intermediate: d.Intermediate, Layers: d.Layers,

@@ -1,0 +1,124 @@
+package config
+
+// Shape is the structure of the model a config describes, resolved by its family's rules: the
+// sizes, which optional weights exist (biases, q/k norms, a separate LM head) and where the
+// mixture-of-experts layers are. It is the one description of a model's structure: engine/models
+// builds its parameter table from it (models.Arch embeds it) and engine/mesh checks parallel
+// layouts and estimates memory against it (mesh.ModelShape is this type).
+//
+// Config.Shape derives it; the family files of this package hold the rules (QKVBias, OProjBias,
+// QKNorm, MoELayer).
+type Shape struct {
+	// ModelType is the family (config.json's model_type).
+	ModelType string
+	Vocab     int // V, rows of the embedding
+	Hidden    int // C, the model width
+	// Intermediate is the dense SwiGLU MLP width (of the dense layers of MoE models).
+	Intermediate int
+	Layers       int // L
+	Heads        int // NH, query heads
+	KVHeads      int // NKV, key/value heads
+	HeadDim      int // HD
+	// Tied: lm_head shares model.embed_tokens.weight (and is absent from the checkpoint).
+	Tied bool
+	// QKVBias: q/k/v projections carry biases; OBias: o_proj does; MLPBias: the dense MLP
+	// projections do.
+	QKVBias, OBias, MLPBias bool
+	// QKNorm is the RMSNorm of queries and keys before RoPE (none, per head, or over the whole
+	// projection).
+	QKNorm QKNorm
+	// Experts is the number of routed experts per MoE layer (0 when no layer is MoE),
+	// ExpertIntermediate each expert's SwiGLU width and TopK the experts each token uses.
+	Experts, ExpertIntermediate, TopK int
+	// MoELayers is the number of mixture-of-experts layers (the family's MoELayer rule).
+	MoELayers int
+}
+
+// Shape resolves the model structure c describes. A config that was edited in code without
+// Validate still gets a usable shape: a zero head_dim means hidden_size / num_attention_heads
+// and zero key/value heads mean num_attention_heads, as Validate would derive them.
+func (c *Config) Shape() Shape {
+	s := Shape{
+		ModelType: c.ModelType, Vocab: c.VocabSize, Hidden: c.HiddenSize,
+		Intermediate: c.IntermediateSize, Layers: c.NumHiddenLayers,
+		Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim,
+		Tied: c.TieWordEmbeddings, QKVBias: c.QKVBias(), OBias: c.OProjBias(), MLPBias: c.MLPBias,
+		QKNorm: c.QKNormKind(),
+	}
+	if s.KVHeads == 0 {
+		s.KVHeads = s.Heads
+	}
+	if s.HeadDim == 0 && s.Heads > 0 {
+		s.HeadDim = s.Hidden / s.Heads
+	}
+	for i := 0; i < c.NumHiddenLayers; i++ {
+		if c.IsMoELayer(i) {
+			s.MoELayers++
+		}
+	}
+	if s.MoELayers > 0 {
+		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
+	}
+	return s
+}
+
+// MoE reports whether the model has mixture-of-experts layers.
+func (s Shape) MoE() bool { return s.Experts > 0 && s.MoELayers > 0 }
+
+// QDim is the q_proj output width, Heads·HeadDim.
+func (s Shape) QDim() int { return s.Heads * s.HeadDim }
+
+// KVDim is the k_proj and v_proj output width, KVHeads·HeadDim.
+func (s Shape) KVDim() int { return s.KVHeads * s.HeadDim }
+
+// NumParameters is the number of parameters, counted as transformers counts
+// model.parameters() (a tied LM head once): embeddings, attention projections with their
+// biases, q/k norms, dense MLPs or routed experts with their routers, RMSNorm weights and the
+// LM head.
+func (s Shape) NumParameters() int64 { return s.countParameters(false) }
+
+// ActiveParameters is the number of parameters one token passes through: NumParameters with
+// only TopK of each MoE layer's experts counted. Used for model FLOPs (6·N·tokens).
+func (s Shape) ActiveParameters() int64 { return s.countParameters(true) }
+
+func (s Shape) countParameters(active bool) int64 {
+	h, v := int64(s.Hidden), int64(s.Vocab)
+	q, kv := int64(s.QDim()), int64(s.KVDim())
+	n := v * h // embed_tokens
+	if !s.Tied {
+		n += v * h // lm_head
+	}
+	n += h // final norm
+
+	attn := h*q + 2*h*kv + q*h
+	if s.QKVBias {
+		attn += q + 2*kv
+	}
+	if s.OBias {
+		attn += h
+	}
+	switch s.QKNorm {
+	case QKNormPerHead:
+		attn += 2 * int64(s.HeadDim)
+	case QKNormProjection:
+		attn += q + kv
+	}
+	mlp := func(inter int64, bias bool) int64 {
+		p := 3 * h * inter
+		if bias {
+			p += 2*inter + h
+		}
+		return p
+	}
+	layers, moe := int64(s.Layers), int64(s.MoELayers)
+	n += layers * (attn + 2*h) // with the input and post-attention norms
+	n += (layers - moe) * mlp(int64(s.Intermediate), s.MLPBias)
+	if moe > 0 {
+		experts := int64(s.Experts)
+		if active {
+			experts = int64(s.TopK)
+		}
+		n += moe * (h*int64(s.Experts) + experts*mlp(int64(s.ExpertIntermediate), false))
+	}
+	return n
+}
