@@ -25,6 +25,15 @@ type Optional struct {
 	// (Download, update, Upload).
 	AdamW func(a AdamWArgs) error
 
+	// GroupedGEMM runs the matrix products of all experts of a layer in one call
+	// (GroupedGEMMArgs in moe.go): the forward of an expert projection, its input gradient or
+	// its weight gradient, with each group's rows found from offsets on the device. The CPU and
+	// CUDA backends have it.
+	//
+	// Fallback: one GEMM per group on Rows views of the operands, which needs the offsets on
+	// the host (a Download, so a synchronisation, per call).
+	GroupedGEMM func(a GroupedGEMMArgs) error
+
 	// Timer times ops on a device queue without waiting for them (DeviceTimer): backends whose
 	// ops run asynchronously (the CUDA backend) have it.
 	//

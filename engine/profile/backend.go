@@ -15,7 +15,7 @@ type T = tensor.Tensor
 // the end of the step (no op waits). It is used from the inner backend's goroutine, like any
 // backend.
 //
-// Its Optional has every capability of the inner backend's: the fused ops (AddRMSNorm, AdamW)
+// Its Optional has every capability of the inner backend's: the fused ops (AddRMSNorm, AdamW, GroupedGEMM)
 // wrapped so that they are recorded like the required ones, the Timer forwarded as it is (marks
 // are not ops). It always implements engine/train's OpTimer (OpTimes, ResetOpTimes).
 type Backend struct {
@@ -372,7 +372,8 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 func (b *Backend) Optional() backend.Optional { return b.opt }
 
 // wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
-// recorded as spans, the timer is forwarded.
+// recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs), the
+// timer is forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 	out := backend.Optional{Timer: in.Timer}
 	if f := in.AdamW; f != nil {
@@ -391,6 +392,24 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			}
 			s := b.begin()
 			return b.end(s, f(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()), out)
+		}
+	}
+	if f := in.GroupedGEMM; f != nil {
+		out.GroupedGEMM = func(a backend.GroupedGEMMArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			err := f(a)
+			var flops int64
+			if d, derr := a.Dims(); derr == nil {
+				flops = d.FLOPs()
+			}
+			var act T
+			if a.Kind == backend.GroupedForward {
+				act = a.Out
+			}
+			return b.end(s, err, "GroupedGEMM."+a.Kind.String(), ClassExpertGEMM, nbytes(a.A, a.B, a.Out, a.Offsets), flops, act)
 		}
 	}
 	return out

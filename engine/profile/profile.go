@@ -18,6 +18,7 @@ import (
 // which clients share.
 const (
 	ClassMatmul        = profilekeys.ClassMatmul
+	ClassExpertGEMM    = profilekeys.ClassExpertGEMM
 	ClassAttention     = profilekeys.ClassAttention
 	ClassNorm          = profilekeys.ClassNorm
 	ClassRoPE          = profilekeys.ClassRoPE

@@ -12,6 +12,7 @@ package profilekeys
 // Op classes: every backend op belongs to exactly one.
 const (
 	ClassMatmul        = "matmul"
+	ClassExpertGEMM    = "expert_gemm" // the grouped products of mixture-of-experts layers
 	ClassAttention     = "attention"
 	ClassNorm          = "norm"
 	ClassRoPE          = "rope"
@@ -23,7 +24,7 @@ const (
 )
 
 // Classes lists the op classes in display order.
-var Classes = []string{ClassMatmul, ClassAttention, ClassNorm, ClassRoPE, ClassEmbedding, ClassMLPActivation, ClassLoss, ClassOptimizer, ClassOther}
+var Classes = []string{ClassMatmul, ClassExpertGEMM, ClassAttention, ClassNorm, ClassRoPE, ClassEmbedding, ClassMLPActivation, ClassLoss, ClassOptimizer, ClassOther}
 
 // Collective kinds, for communication spans.
 const (

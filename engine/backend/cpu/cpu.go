@@ -74,10 +74,11 @@ var (
 	_ tensor.HostBuffer = (*buffer)(nil)
 )
 
-// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm and runs AdamW; it has
-// no device queue to time (ops finish before they return), so no Timer.
+// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW and the
+// grouped expert products (GroupedGEMM); it has no device queue to time (ops finish before they
+// return), so no Timer.
 func (b *Backend) Optional() backend.Optional {
-	return backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW}
+	return backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, GroupedGEMM: b.GroupedGEMM}
 }
 
 // New returns a CPU backend.
