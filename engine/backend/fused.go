@@ -39,6 +39,32 @@ type Optional struct {
 	//
 	// Fallback: the host clock after a Sync of each op (engine/profile).
 	Timer DeviceTimer
+
+	// MoERoute, MoERouteBackward, MoEPermute, MoEPermuteBackward, MoECombine and
+	// MoECombineBackward route the tokens of a mixture-of-experts layer, sort them by expert and
+	// combine the experts' outputs on the device (moe_route.go), so that a layer reads nothing
+	// on the host. The CPU and CUDA backends have them.
+	//
+	// Fallback: the host routing of engine/nn's MoE (logits downloaded, per-expert gathers
+	// with Embedding, ScaleRows and scatter-adds with EmbeddingBackward).
+	MoERoute           func(a MoERouteArgs) error
+	MoERouteBackward   func(a MoERouteBackwardArgs) error
+	MoEPermute         func(a MoEPermuteArgs) error
+	MoEPermuteBackward func(a MoEPermuteBackwardArgs) error
+	MoECombine         func(a MoECombineArgs) error
+	MoECombineBackward func(a MoECombineBackwardArgs) error
+
+	// SwiGLUPacked is SwiGLU over packed gate|up rows: gateUp [R,2I] holds per row the gate
+	// (columns 0..I-1) and the up projection (I..2I-1), as a grouped GEMM with the [E,2I,C]
+	// gate_up weight writes them; out [R,I] = silu(gate) * up (=).
+	//
+	// Fallback: SwiGLU on copies of the two halves (Rows views cannot split columns).
+	SwiGLUPacked func(out, gateUp T) error
+	// SwiGLUPackedBackward writes dGateUp [R,2I] (=) from dOut [R,I] and the forward's gateUp;
+	// dGateUp may be gateUp itself (each element is read before it is written).
+	//
+	// Fallback: SwiGLUBackward on copies of the halves.
+	SwiGLUPackedBackward func(dGateUp, dOut, gateUp T) error
 }
 
 // AdamWArgs describe one AdamW step of one parameter (torch.optim.AdamW semantics):

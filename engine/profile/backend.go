@@ -412,5 +412,83 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			return b.end(s, err, "GroupedGEMM."+a.Kind.String(), ClassExpertGEMM, nbytes(a.A, a.B, a.Out, a.Offsets), flops, act)
 		}
 	}
+	b.wrapMoE(in, &out)
 	return out
+}
+
+// wrapMoE records the mixture-of-experts routing ops as spans of the classes router, permute
+// and combine, and the packed SwiGLU as mlp_activation.
+func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
+	if f := in.MoERoute; f != nil {
+		out.MoERoute = func(a backend.MoERouteArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "MoERoute", ClassRouter, nbytes(a.Logits, a.Bias, a.Probs, a.Sel, a.Weights, a.Counts, a.ProbSum), 8*int64(a.Logits.Numel()), T{})
+		}
+	}
+	if f := in.MoERouteBackward; f != nil {
+		out.MoERouteBackward = func(a backend.MoERouteBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "MoERouteBackward", ClassRouter, nbytes(a.Probs, a.Sel, a.Weights, a.DWeights, a.AuxGrad, a.DLogits), 4*int64(a.Probs.Numel()), T{})
+		}
+	}
+	if f := in.MoEPermute; f != nil {
+		out.MoEPermute = func(a backend.MoEPermuteArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "MoEPermute", ClassPermute, nbytes(a.Sel, a.Offsets, a.Order, a.Slot, a.Xs, a.Xs), 0, a.Xs)
+		}
+	}
+	if f := in.MoEPermuteBackward; f != nil {
+		out.MoEPermuteBackward = func(a backend.MoEPermuteBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "MoEPermuteBackward", ClassPermute, nbytes(a.DXs, a.Slot, a.DX), int64(a.DXs.Numel()), T{})
+		}
+	}
+	if f := in.MoECombine; f != nil {
+		out.MoECombine = func(a backend.MoECombineArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "MoECombine", ClassCombine, nbytes(a.Ys, a.Slot, a.Weights, a.Out), 2*int64(a.Ys.Numel()), a.Out)
+		}
+	}
+	if f := in.MoECombineBackward; f != nil {
+		out.MoECombineBackward = func(a backend.MoECombineBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "MoECombineBackward", ClassCombine, nbytes(a.DOut, a.Ys, a.Slot, a.Weights, a.DYs, a.DWeights), 3*int64(a.Ys.Numel()), T{})
+		}
+	}
+	if f := in.SwiGLUPacked; f != nil {
+		out.SwiGLUPacked = func(o, gateUp T) error {
+			if b.rec.mode.Load() == 0 {
+				return f(o, gateUp)
+			}
+			s := b.begin()
+			return b.end(s, f(o, gateUp), "SwiGLUPacked", ClassMLPActivation, nbytes(o, gateUp), 4*int64(o.Numel()), o)
+		}
+	}
+	if f := in.SwiGLUPackedBackward; f != nil {
+		out.SwiGLUPackedBackward = func(dGateUp, dOut, gateUp T) error {
+			if b.rec.mode.Load() == 0 {
+				return f(dGateUp, dOut, gateUp)
+			}
+			s := b.begin()
+			return b.end(s, f(dGateUp, dOut, gateUp), "SwiGLUPackedBackward", ClassMLPActivation, nbytes(dGateUp, dOut, gateUp), 8*int64(dOut.Numel()), T{})
+		}
+	}
 }

@@ -25,6 +25,9 @@ const (
 	ClassEmbedding     = profilekeys.ClassEmbedding
 	ClassMLPActivation = profilekeys.ClassMLPActivation
 	ClassLoss          = profilekeys.ClassLoss
+	ClassRouter        = profilekeys.ClassRouter
+	ClassPermute       = profilekeys.ClassPermute
+	ClassCombine       = profilekeys.ClassCombine
 	ClassOptimizer     = profilekeys.ClassOptimizer
 	ClassOther         = profilekeys.ClassOther
 )

@@ -11,8 +11,13 @@ package profilekeys
 
 // Op classes: every backend op belongs to exactly one.
 const (
-	ClassMatmul        = "matmul"
-	ClassExpertGEMM    = "expert_gemm" // the grouped products of mixture-of-experts layers
+	ClassMatmul     = "matmul"
+	ClassExpertGEMM = "expert_gemm" // the grouped products of mixture-of-experts layers
+	// The rest of a mixture-of-experts layer: the router's top-k and its backward, the sort of
+	// the tokens by expert with its gather, the weighted combine.
+	ClassRouter        = "router"
+	ClassPermute       = "permute"
+	ClassCombine       = "combine"
 	ClassAttention     = "attention"
 	ClassNorm          = "norm"
 	ClassRoPE          = "rope"
@@ -24,7 +29,7 @@ const (
 )
 
 // Classes lists the op classes in display order.
-var Classes = []string{ClassMatmul, ClassExpertGEMM, ClassAttention, ClassNorm, ClassRoPE, ClassEmbedding, ClassMLPActivation, ClassLoss, ClassOptimizer, ClassOther}
+var Classes = []string{ClassMatmul, ClassExpertGEMM, ClassRouter, ClassPermute, ClassCombine, ClassAttention, ClassNorm, ClassRoPE, ClassEmbedding, ClassMLPActivation, ClassLoss, ClassOptimizer, ClassOther}
 
 // Collective kinds, for communication spans.
 const (

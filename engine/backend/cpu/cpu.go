@@ -74,11 +74,17 @@ var (
 	_ tensor.HostBuffer = (*buffer)(nil)
 )
 
-// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW and the
-// grouped expert products (GroupedGEMM); it has no device queue to time (ops finish before they
-// return), so no Timer.
+// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW and has
+// every mixture-of-experts op (GroupedGEMM, routing, permutation, combine: the reference of the
+// device kernels); it has no device queue to time (ops finish before they return), so no Timer.
 func (b *Backend) Optional() backend.Optional {
-	return backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, GroupedGEMM: b.GroupedGEMM}
+	return backend.Optional{
+		AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, GroupedGEMM: b.GroupedGEMM,
+		MoERoute: b.MoERoute, MoERouteBackward: b.MoERouteBackward,
+		MoEPermute: b.MoEPermute, MoEPermuteBackward: b.MoEPermuteBackward,
+		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
+		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
+	}
 }
 
 // New returns a CPU backend.
