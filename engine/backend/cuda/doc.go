@@ -19,9 +19,10 @@
 // fastest of the heuristic's first 8 candidates, timed on the shape's first call (which waits
 // once), elsewhere the heuristic's first choice
 // (HALO_CUDA_GEMM_CANDIDATES and HALO_CUDA_GEMM_TUNE_MIN_FLOPS change both, gemm_tune.go).
-// Weight gradients whose output is too small to fill the GPU run split over K (gemmSplitK), and
-// a GEMM that accumulates into bf16 computes its product in fp32 and adds it with one rounding:
-// cuBLASLt's own Beta·C into bf16 rounds twice.
+// Weight gradients whose output is too small to fill the GPU run split over K (gemmSplitK). A
+// GEMM that accumulates into bf16 lets cuBLASLt add Beta·C, which rounds the product to bf16
+// before the sum, as autograd does when it adds separately rounded bf16 gradients;
+// HALO_CUDA_GEMM_BETA=fold computes the product in fp32 and adds it with one rounding.
 // Attention has three implementations of one contract: on Hopper (sm_90), warpgroup-MMA kernels
 // (attention_wg.cu, compiled for sm_90a: wgmma with both operands in 128-byte-swizzled shared
 // tiles or the probabilities in registers, bf16 with head dim 64 or 128, the kernel per head dim
