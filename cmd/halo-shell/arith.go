@@ -14,13 +14,21 @@ func init() {
 	var o data.ArithmeticOptions
 	var out string
 	cmd := &cobra.Command{
-		Use:   "make-arith-data",
+		Use:   "make-arith-data --out DIR",
 		Short: "Write a synthetic arithmetic chat dataset (train.jsonl and a disjoint eval.jsonl)",
-		Long: `Writes OUT/train.jsonl and OUT/eval.jsonl: chats "What is 37+48?" -> "85" with distinct
-problems drawn by seed; no held-out problem appears in the training set. The quickstart's
-data under examples/quickstart/ was made with the defaults.`,
+		Long: `Writes DIR/train.jsonl and DIR/eval.jsonl: chats "What is 37+48?" -> "85" with distinct
+problems drawn by seed; no held-out problem appears in the training set. With the defaults
+they are the chats the quickstart generates in memory (examples/quickstart.yaml,
+dataset.synthetic with seed 1), so a config with dataset: {path: DIR/train.jsonl,
+eval_path: DIR/eval.jsonl} trains on the same data from files.`,
+		Example: `  halo-shell run make-arith-data --out /tmp/arith
+  halo-shell launch sft examples/quickstart.yaml --dataset.synthetic=null \
+      --dataset.path=/tmp/arith/train.jsonl --dataset.eval_path=/tmp/arith/eval.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return fmt.Errorf("make-arith-data: --out DIR is required (the directory to write train.jsonl and eval.jsonl into, e.g. --out /tmp/arith)")
+			}
 			train, eval, err := data.Arithmetic(o)
 			if err != nil {
 				return err
@@ -53,6 +61,6 @@ data under examples/quickstart/ was made with the defaults.`,
 	cmd.Flags().IntVar(&o.MaxOperand, "max-operand", 99, "largest operand")
 	cmd.Flags().IntVar(&o.Train, "train", 8000, "number of training chats")
 	cmd.Flags().IntVar(&o.Eval, "eval", 200, "number of held-out chats")
-	cmd.Flags().StringVar(&out, "out", "examples/quickstart", "output directory")
+	cmd.Flags().StringVar(&out, "out", "", "output directory (required)")
 	runCmd.AddCommand(cmd)
 }

@@ -44,6 +44,7 @@ end-of-sequence token of config.json or generation_config.json, at the tokenizer
 eos_token (tokenizer_config.json), or after --max-new-tokens.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			tokDir := tokDir // the flag's own value stays as given
 			if tokDir == "" {
 				tokDir = modelDir
 			}

@@ -4,17 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/goccy/go-yaml"
 	"github.com/spf13/cobra"
 
 	_ "github.com/halo-shell/halo-shell/engine/backend/cpu" // registers the cpu device
+	"github.com/halo-shell/halo-shell/engine/backend/cuda"
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/train"
@@ -30,7 +33,8 @@ eval_steps, optim, bf16, device, ...). Unknown keys, wrong types and impossible 
 refused before any work, naming the key, line and column.
 
 Any key can be overridden after the config file: --learning_rate=1e-3, --init.preset=tiny,
---dataset.eval_split=0.1. --resume_from_checkpoint=DIR continues a run exactly.
+--dataset.eval_split=0.1 (or --learning_rate 1e-3: the next argument is the value).
+--resume_from_checkpoint=DIR continues a run exactly.
 
 Writes output_dir/metrics.jsonl (one JSON object per optimizer step), checkpoints
 output_dir/checkpoint-N every save_steps and at the end, and the final Hugging Face model into
@@ -54,7 +58,8 @@ served.
 Flags:
   --dry-run      print the resolved config and a memory estimate, then exit
   --name=NAME    the session name of this run
-  --trace=FILE   record every step's ops and write a Chrome/Perfetto trace (JSON) at the end
+  --trace=FILE   record every step's ops and write a Chrome/Perfetto trace (JSON) to FILE at
+                 the end (the path is printed)
   -h, --help     this help`
 
 func init() {
@@ -63,38 +68,18 @@ func init() {
 		Short:              "Train from a YAML config (batch run with a progress bar and metrics.jsonl)",
 		Long:               launchHelp,
 		DisableFlagParsing: true,
+		// The flags are listed in launchHelp (they are parsed by parseLaunchArgs), so the
+		// usage shows the command line only, not cobra's own flag section.
+		DisableFlagsInUseLine: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var pos, overrides []string
-			lo := launchOptions{nodes: rendezvous.UnsetFlags()}
-			dry := false
-			for _, a := range args {
-				if ok, err := rendezvousArg(a, &lo.nodes); ok {
-					if err != nil {
-						return fmt.Errorf("launch: %w", err)
-					}
-					continue
-				}
-				switch {
-				case a == "-h" || a == "--help":
-					return cmd.Help()
-				case a == "--dry-run" || a == "--dry-run=true":
-					dry = true
-				case a == "--dry-run=false":
-				case strings.HasPrefix(a, "--name="):
-					lo.name = strings.TrimPrefix(a, "--name=")
-				case strings.HasPrefix(a, "--trace="):
-					lo.trace = strings.TrimPrefix(a, "--trace=")
-				case a == "--name" || a == "--trace":
-					return fmt.Errorf("launch: write %s=VALUE", a)
-				case strings.HasPrefix(a, "-"):
-					overrides = append(overrides, a)
-				default:
-					pos = append(pos, a)
-				}
+			la, err := parseLaunchArgs(args)
+			if err != nil {
+				return err
 			}
-			if len(pos) != 2 {
-				return fmt.Errorf("launch: want a method and a config file: launch pretrain|sft CONFIG.yaml [--key=value ...] (got %d arguments)", len(pos))
+			if la.help {
+				return cmd.Help()
 			}
+			pos, overrides, lo, dry := la.pos, la.overrides, la.opts, la.dry
 			method := pos[0]
 			if method != train.MethodPretrain && method != train.MethodSFT {
 				return fmt.Errorf("launch: unknown method %q (use pretrain or sft)", method)
@@ -116,16 +101,88 @@ func init() {
 			if rc.NNodes > 1 {
 				return launchAcross(cfg, rc)
 			}
-			return launch(cfg, lo)
+			return launch(cfg, lo, cmd.ErrOrStderr())
 		},
 	}
+	cmd.SetUsageTemplate("Usage:\n  {{.UseLine}}\n")
 	rootCmd.AddCommand(cmd)
+}
+
+// launchArgs is a launch command line taken apart.
+type launchArgs struct {
+	pos       []string // the method and the config file
+	overrides []string // config overrides, each "--key=value"
+	opts      launchOptions
+	dry, help bool
+}
+
+// parseLaunchArgs splits a launch command line into the method and config file, the config
+// overrides and the launch flags. An override or flag is written --key=value or --key value
+// (the next argument is then the value); --dry-run and --help take no value.
+func parseLaunchArgs(args []string) (launchArgs, error) {
+	la := launchArgs{opts: launchOptions{nodes: rendezvous.UnsetFlags()}}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-h" || a == "--help":
+			la.help = true
+			continue
+		case a == "--dry-run" || a == "--dry-run=true":
+			la.dry = true
+			continue
+		case a == "--dry-run=false":
+			continue
+		case a == "--":
+			la.pos = append(la.pos, args[i+1:]...)
+			i = len(args)
+			continue
+		case !strings.HasPrefix(a, "-"):
+			la.pos = append(la.pos, a)
+			continue
+		}
+		if !strings.HasPrefix(a, "--") || len(a) == 2 {
+			return la, fmt.Errorf("launch: %q: flags and overrides start with two dashes (--key=value or --key value)", a)
+		}
+		if !strings.Contains(a, "=") {
+			// --key value: the next argument is the value.
+			if i+1 >= len(args) || (strings.HasPrefix(args[i+1], "--") && len(args[i+1]) > 2) {
+				return la, fmt.Errorf("launch: %s has no value: write %s=VALUE or %s VALUE", a, a, a)
+			}
+			i++
+			a += "=" + args[i]
+		}
+		if ok, err := rendezvousArg(a, &la.opts.nodes); ok {
+			if err != nil {
+				return la, fmt.Errorf("launch: %w", err)
+			}
+			continue
+		}
+		switch {
+		case strings.HasPrefix(a, "--name="):
+			la.opts.name = strings.TrimPrefix(a, "--name=")
+		case strings.HasPrefix(a, "--trace="):
+			la.opts.trace = strings.TrimPrefix(a, "--trace=")
+		default:
+			la.overrides = append(la.overrides, a)
+		}
+	}
+	if len(la.pos) != 2 && !la.help {
+		got := "nothing"
+		if len(la.pos) > 0 {
+			got = fmt.Sprintf("%d arguments: %s", len(la.pos), strings.Join(la.pos, " "))
+		}
+		return la, fmt.Errorf("launch: want a method and a config file, then overrides: launch pretrain|sft CONFIG.yaml [--key=value ...] (got %s)", got)
+	}
+	return la, nil
 }
 
 // dryRun prints the resolved config and the memory estimate of one device (of the whole
 // mesh of every node's devices when nnodes > 1).
 func dryRun(cmd *cobra.Command, cfg *train.Config, nnodes int) error {
 	out := cmd.OutOrStdout()
+	if w := gpuWarning(cfg); w != "" {
+		fmt.Fprintln(cmd.ErrOrStderr(), "launch: warning:", w)
+	}
 	y, err := yaml.MarshalWithOptions(cfg, yaml.IndentSequence(true))
 	if err != nil {
 		return err
@@ -168,6 +225,34 @@ func dryRun(cmd *cobra.Command, cfg *train.Config, nnodes int) error {
 	}
 	fmt.Fprintln(out, est)
 	return nil
+}
+
+// gpuWarning says why the run the config describes cannot start on this machine's GPUs, when
+// it asks for CUDA devices (device: cuda, or devices: cuda:...) that are not usable here; ""
+// otherwise. A dry run only estimates, so it goes on after the warning; device: auto falls
+// back to the CPU and never warns.
+func gpuWarning(cfg *train.Config) string {
+	want, ids := "", []int{0}
+	if d, _, _, err := cfg.ParallelLayout(); err == nil && cfg.Parallel.Devices != "" {
+		if d.Kind != "cuda" {
+			return ""
+		}
+		want, ids = cfg.Parallel.Devices, d.IDs
+	} else if cfg.Run.Device == "cuda" {
+		want = "device: cuda"
+	} else {
+		return ""
+	}
+	if err := cuda.Available(); err != nil {
+		return fmt.Sprintf("the config asks for GPUs (%s) but none is usable here: %v\nThe estimate below is for the GPU run; the run itself would fail on this machine: use --device=cpu (or device: auto, which falls back to the CPU)", want, err)
+	}
+	n := cuda.DeviceCount()
+	for _, id := range ids {
+		if id >= n {
+			return fmt.Sprintf("the config asks for cuda:%d (%s) but the driver sees %d GPU(s), cuda:0 to cuda:%d; the run itself would fail", id, want, n, n-1)
+		}
+	}
+	return ""
 }
 
 // launchOptions are the launch flags that are not config keys.
@@ -219,7 +304,8 @@ func launchAcross(cfg *train.Config, rc rendezvous.Config) error {
 	return err
 }
 
-func launch(cfg *train.Config, lo launchOptions) error {
+// launch runs cfg on this machine as a session; progress and notes go to stderr.
+func launch(cfg *train.Config, lo launchOptions, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// Op timing by class for the session's profile RPC; it costs nothing until profiling is on.
@@ -229,8 +315,10 @@ func launch(cfg *train.Config, lo launchOptions) error {
 	}
 	defer t.Close()
 	tty := false
-	if st, err := os.Stderr.Stat(); err == nil {
-		tty = st.Mode()&os.ModeCharDevice != 0
+	if f, ok := stderr.(*os.File); ok {
+		if st, err := f.Stat(); err == nil {
+			tty = st.Mode()&os.ModeCharDevice != 0
+		}
 	}
 	name := lo.name
 	if name == "" {
@@ -245,11 +333,33 @@ func launch(cfg *train.Config, lo launchOptions) error {
 		return fmt.Errorf("launch: session log: %w", err)
 	}
 	defer logFile.Close()
-	so := server.Options{Name: name, TraceFile: lo.trace, Logger: slog.New(slog.NewTextHandler(logFile, nil))}
-	fmt.Fprintf(os.Stderr, "session %q: attach with halo-shell tui --session %s\n", name, name)
-	_, err = server.ServeRun(ctx, so, t, train.RunOptions{Progress: os.Stderr, TTY: tty, Log: os.Stderr})
+	trace := lo.trace
+	if trace != "" {
+		if trace, err = filepath.Abs(trace); err != nil {
+			return fmt.Errorf("launch: --trace: %w", err)
+		}
+		fmt.Fprintf(stderr, "launch: recording a trace of every step; it is written to %s at the end\n", trace)
+	}
+	so := server.Options{Name: name, TraceFile: trace, Logger: slog.New(slog.NewTextHandler(logFile, nil))}
+	fmt.Fprintf(stderr, "session %q: attach with halo-shell tui --session %s\n", name, name)
+	started := time.Now()
+	_, err = server.ServeRun(ctx, so, t, train.RunOptions{Progress: stderr, TTY: tty, Log: stderr})
+	if trace != "" {
+		reportTrace(stderr, trace, started)
+	}
 	if errors.Is(err, context.Canceled) {
 		return errors.New("launch: interrupted")
 	}
 	return err
+}
+
+// reportTrace says where the run's trace went: the file when the run wrote it (it is
+// written at the end, also after Ctrl-C), or that there is none.
+func reportTrace(w io.Writer, path string, since time.Time) {
+	st, err := os.Stat(path)
+	if err != nil || st.ModTime().Before(since.Add(-time.Second)) {
+		fmt.Fprintf(w, "launch: no trace was written to %s (session.log in output_dir says why)\n", path)
+		return
+	}
+	fmt.Fprintf(w, "launch: wrote the trace (%d KiB) to %s; open it in https://ui.perfetto.dev or chrome://tracing\n", (st.Size()+1023)/1024, path)
 }

@@ -32,8 +32,18 @@ func quickstartArgs(out string, extra ...string) []string {
 
 func TestLaunchQuickstartEndToEnd(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
-	if _, err := runRoot(t, quickstartArgs(out)...); err != nil {
+	trace := filepath.Join(t.TempDir(), "steps.json")
+	_, stderr, err := runRootErr(t, "", append(quickstartArgs(out), "--trace", trace)...)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// --trace says where the trace goes and, at the end, that it was written there.
+	if !strings.Contains(stderr, "it is written to "+trace+" at the end") || !strings.Contains(stderr, "launch: wrote the trace (") ||
+		!strings.Contains(stderr, ") to "+trace+"; open it in") {
+		t.Errorf("stderr does not say where the trace went:\n%s", stderr)
+	}
+	if raw, err := os.ReadFile(trace); err != nil || !strings.Contains(string(raw), "traceEvents") {
+		t.Errorf("trace %s: %v (%d bytes)", trace, err, len(raw))
 	}
 	raw, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
 	if err != nil {

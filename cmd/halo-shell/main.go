@@ -6,9 +6,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/internal/switches"
 
@@ -25,8 +27,22 @@ var rootCmd = &cobra.Command{
 
 // runCmd groups the one-shot tools: `halo-shell run <tool>`.
 var runCmd = &cobra.Command{
-	Use:   "run",
+	Use:   "run TOOL",
 	Short: "Run a one-shot tool (tokenize, inspect, logprobs, generate, init-model, ...)",
+	// An unknown tool reaches RunE (its flags unparsed) so that it is named with the closest
+	// tools, rather than reported as an unknown flag of "run".
+	SuggestionsMinimumDistance: 2,
+	FParseErrWhitelist:         cobra.FParseErrWhitelist{UnknownFlags: true},
+	RunE: func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		msg := fmt.Sprintf("run: unknown tool %q", args[0])
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+		}
+		return errors.New(msg + `; "halo-shell run --help" lists the tools`)
+	},
 }
 
 func init() {

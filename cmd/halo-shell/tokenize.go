@@ -14,8 +14,9 @@ func init() {
 	var dir string
 	var withChat, genPrompt bool
 	cmd := &cobra.Command{
-		Use:   "tokenize --tokenizer DIR",
-		Short: "Encode text (or chats) read from stdin as token ids, one JSON line per input line",
+		Use:     "tokenize --tokenizer DIR",
+		Aliases: []string{"tokenise"},
+		Short:   "Encode text (or chats) read from stdin as token ids, one JSON line per input line",
 		Long: `Encode text with a Hugging Face tokenizer.json, token for token as Hugging Face's
 tokenizers does with add_special_tokens=False (special tokens written in the text, such as
 <|im_start|>, are recognised).

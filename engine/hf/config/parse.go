@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,6 +59,12 @@ func Load(pathOrDir string) (*Config, error) {
 		path = filepath.Join(path, FileName)
 	}
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, derr := os.Stat(filepath.Dir(path)); path != pathOrDir && derr == nil {
+			return nil, fmt.Errorf("config: %s has no %s (a Hugging Face model directory holds one)", pathOrDir, FileName)
+		}
+		return nil, fmt.Errorf("config: %s does not exist (give a model directory or its %s)", pathOrDir, FileName)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

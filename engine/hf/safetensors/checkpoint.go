@@ -52,6 +52,9 @@ type Checkpoint struct {
 // Every file is memory mapped; Close releases them all.
 func OpenCheckpoint(path string) (*Checkpoint, error) {
 	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("safetensors: %s does not exist (give a checkpoint directory or a .safetensors file): %w", path, fs.ErrNotExist)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}

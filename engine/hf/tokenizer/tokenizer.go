@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -58,6 +59,11 @@ func FromFile(path string) (*Tokenizer, error) {
 
 // FromDir loads dir/tokenizer.json (a Hugging Face model directory).
 func FromDir(dir string) (*Tokenizer, error) {
+	if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: directory %s does not exist (give the model or tokenizer directory that holds tokenizer.json)", dir)
+	} else if err == nil && !st.IsDir() {
+		return nil, fmt.Errorf("tokenizer: %s is a file, not a directory; give the directory that holds tokenizer.json", dir)
+	}
 	p := filepath.Join(dir, "tokenizer.json")
 	if _, err := os.Stat(p); err != nil {
 		return nil, fmt.Errorf("tokenizer: %s has no tokenizer.json (%v); halo-shell reads the fast-tokenizer file, not vocab.json/merges.txt", dir, err)
