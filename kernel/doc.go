@@ -8,6 +8,12 @@
 // is bracketed by busy and idle status messages on iopub. A handler that fails produces an error
 // reply; the kernel never exits on one.
 //
+// Before any signature can be checked, each socket's peers pass through kernel/internal/zmtpguard:
+// a peer whose frame headers declare more than Config.Limits allows (a frame, a message, a count
+// of frames), whose ZMTP handshake is malformed, or that does not finish its handshake in time is
+// disconnected and logged before zmq4 allocates anything for it; the socket goes on serving the
+// others. The heartbeat outlives pings it cannot take.
+//
 // Cells run one at a time on the shell goroutine; interrupt_request on the control channel
 // cancels the context of the running cell (never the engine session it drives), and
 // shutdown_request stops the kernel. What a cell means is up to the Interpreter: NewHalo gives

@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/halo-shell/halo-shell/kernel/internal/wire"
+	"github.com/halo-shell/halo-shell/kernel/internal/zmtpguard"
 )
 
 // Config configures a Kernel.
@@ -29,7 +30,19 @@ type Config struct {
 	Banner string
 	// Version is the implementation version in kernel_info (default "dev").
 	Version string
+	// Limits bound what one peer of a socket may send before its messages are checked:
+	// frame and message sizes, frames per message, handshake time, open connections. A
+	// peer that goes past them is disconnected and logged; the kernel goes on serving.
+	// Zero fields take DefaultWireLimits.
+	Limits WireLimits
 }
+
+// WireLimits bound what one ZeroMQ peer may make the kernel allocate or wait for.
+type WireLimits = zmtpguard.Limits
+
+// DefaultWireLimits are the limits of a Config that sets none: frames of 64 MiB, messages
+// of 256 MiB and 4096 frames, 10 seconds to finish a handshake, 128 connections per socket.
+var DefaultWireLimits = zmtpguard.DefaultLimits
 
 // Kernel serves one Jupyter connection. Create it with New and call Run.
 type Kernel struct {
@@ -106,9 +119,13 @@ func New(ctx context.Context, cfg Config) (*Kernel, error) {
 		{"heartbeat", &k.hb, zmq4.NewRep, &k.conn.HBPort},
 	}
 	for _, s := range socks {
-		*s.s = s.mk(sctx, zmq4.WithTimeout(30*time.Second))
+		// Every socket listens through the guard, which drops a peer whose frame headers
+		// break cfg.Limits before zmq4 allocates their bodies.
+		gctx := zmtpguard.WithLimits(sctx, cfg.Limits, k.log.With("socket", s.name))
+		zlog := slog.NewLogLogger(k.log.With("socket", s.name).Handler(), slog.LevelDebug)
+		*s.s = s.mk(gctx, zmq4.WithTimeout(30*time.Second), zmq4.WithLogger(zlog))
 		ep := k.conn.Endpoint(*s.port)
-		if err := (*s.s).Listen(ep); err != nil {
+		if err := (*s.s).Listen(zmtpguard.Endpoint(ep)); err != nil {
 			k.closeSockets()
 			stop()
 			return nil, fmt.Errorf("kernel: %s socket: listen on %s: %w", s.name, ep, err)
@@ -219,17 +236,20 @@ func (k *Kernel) drain(name string, s zmq4.Socket) {
 	}
 }
 
+// heartbeat echoes every ping. A ping that zmq4 cannot take (a frame without the REQ
+// envelope) or a reply to a peer that is gone costs that ping only: the heartbeat stops
+// with the kernel, never because of what one peer sent.
 func (k *Kernel) heartbeat() {
 	for {
 		m, err := k.hb.Recv()
-		if err != nil {
-			return
+		if err == nil {
+			err = k.hb.Send(m)
 		}
-		if err := k.hb.Send(m); err != nil {
-			if !k.stopping() {
-				k.log.Warn("kernel: heartbeat reply", "err", err)
+		if err != nil {
+			if k.stopping() || k.ctx.Err() != nil {
+				return
 			}
-			return
+			k.log.Warn("kernel: heartbeat: dropped a ping", "err", err)
 		}
 	}
 }

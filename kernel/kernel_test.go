@@ -79,40 +79,24 @@ type client struct {
 
 func startKernel(t testing.TB, interp Interpreter) (*client, *Kernel, chan error) {
 	t.Helper()
+	return startKernelWith(t, interp, WireLimits{})
+}
+
+// startKernelWith starts a kernel whose sockets take the given wire limits.
+func startKernelWith(t testing.TB, interp Interpreter, lim WireLimits) (*client, *Kernel, chan error) {
+	t.Helper()
 	ci := &ConnectionInfo{Transport: "tcp", IP: "127.0.0.1", Key: "test-key", SignatureScheme: "hmac-sha256"}
 	ctx, cancel := context.WithCancel(context.Background())
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
-	k, err := New(ctx, Config{Conn: ci, Interp: interp, Logger: logger})
+	k, err := New(ctx, Config{Conn: ci, Interp: interp, Logger: logger, Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- k.Run(ctx) }()
-	conn := k.Conn()
-	c := &client{t: t, signer: wire.NewSigner(conn.Key), iopubMsgs: make(chan *wire.Message, 256),
-		shellR: make(chan *wire.Message, 16), controlR: make(chan *wire.Message, 16)}
-	cctx, ccancel := context.WithCancel(context.Background())
-	c.shell = zmq4.NewDealer(cctx, zmq4.WithID(zmq4.SocketIdentity("client-shell")))
-	c.control = zmq4.NewDealer(cctx, zmq4.WithID(zmq4.SocketIdentity("client-control")))
-	c.iopub = zmq4.NewSub(cctx)
-	c.hb = zmq4.NewReq(cctx)
-	for _, d := range []struct {
-		s    zmq4.Socket
-		port int
-	}{{c.shell, conn.ShellPort}, {c.control, conn.ControlPort}, {c.iopub, conn.IOPubPort}, {c.hb, conn.HBPort}} {
-		if err := d.s.Dial(conn.Endpoint(d.port)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := c.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		t.Fatal(err)
-	}
-	go c.pump(c.iopub, c.iopubMsgs)
-	go c.pump(c.shell, c.shellR)
-	go c.pump(c.control, c.controlR)
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -120,12 +104,45 @@ func startKernel(t testing.TB, interp Interpreter) (*client, *Kernel, chan error
 		case <-time.After(10 * time.Second):
 			t.Error("kernel did not stop")
 		}
+	})
+	c, err := newClient(t, k.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, k, done
+}
+
+// newClient connects a client to the kernel's shell, control, iopub and heartbeat ports and
+// waits until iopub delivers (kernel_info until a status arrives).
+func newClient(t testing.TB, conn ConnectionInfo) (*client, error) {
+	t.Helper()
+	c := &client{t: t, signer: wire.NewSigner(conn.Key), iopubMsgs: make(chan *wire.Message, 256),
+		shellR: make(chan *wire.Message, 16), controlR: make(chan *wire.Message, 16)}
+	cctx, ccancel := context.WithCancel(context.Background())
+	c.shell = zmq4.NewDealer(cctx, zmq4.WithID(zmq4.SocketIdentity("client-shell-"+wire.NewID())))
+	c.control = zmq4.NewDealer(cctx, zmq4.WithID(zmq4.SocketIdentity("client-control-"+wire.NewID())))
+	c.iopub = zmq4.NewSub(cctx)
+	c.hb = zmq4.NewReq(cctx)
+	t.Cleanup(func() {
 		ccancel()
 		for _, s := range []zmq4.Socket{c.shell, c.control, c.iopub, c.hb} {
 			s.Close()
 		}
 	})
-	// Wait until iopub is connected: kernel_info until a status arrives.
+	for _, d := range []struct {
+		s    zmq4.Socket
+		port int
+	}{{c.shell, conn.ShellPort}, {c.control, conn.ControlPort}, {c.iopub, conn.IOPubPort}, {c.hb, conn.HBPort}} {
+		if err := d.s.Dial(conn.Endpoint(d.port)); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return nil, err
+	}
+	go c.pump(c.iopub, c.iopubMsgs)
+	go c.pump(c.shell, c.shellR)
+	go c.pump(c.control, c.controlR)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		c.send(c.shell, "kernel_info_request", map[string]any{})
@@ -133,12 +150,11 @@ func startKernel(t testing.TB, interp Interpreter) (*client, *Kernel, chan error
 		select {
 		case <-c.iopubMsgs:
 			c.drainIOPub()
-			return c, k, done
+			return c, nil
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	t.Fatal("iopub never connected")
-	return nil, nil, nil
+	return nil, errors.New("iopub never connected")
 }
 
 type testWriter struct{ t testing.TB }
