@@ -137,7 +137,7 @@ func TestGPUMoERoute(t *testing.T) {
 			}
 			k, close := c.r.TopK, 0
 			for n := range c.n {
-				if nearTie(want.probs[n*c.e:(n+1)*c.e], bias, want.sel[n*k:(n+1)*k], c.r) {
+				if nearTie(logits[n*c.e:(n+1)*c.e], want.probs[n*c.e:(n+1)*c.e], bias, want.sel[n*k:(n+1)*k], c.r) {
 					close++
 					continue
 				}
@@ -172,9 +172,12 @@ func TestGPUMoERoute(t *testing.T) {
 }
 
 // nearTie reports whether a token's choice could flip under fp32 rounding: two candidate
-// scores (or, grouped, two group scores) at the selection boundary within 1e-5.
-func nearTie(p, bias []float32, sel []int32, r backend.MoERouting) bool {
+// scores (or, grouped, two group scores) at the selection boundary within 1e-5. Experts with
+// equal logits and bias tie exactly on both backends (ties go to the lower index on both), so
+// they are compared.
+func nearTie(z, p, bias []float32, sel []int32, r backend.MoERouting) bool {
 	e := len(p)
+	same := func(i, j int) bool { return z[i] == z[j] && (bias == nil || bias[i] == bias[j]) }
 	score := make([]float64, e)
 	for j := range score {
 		score[j] = float64(p[j])
@@ -200,20 +203,20 @@ func nearTie(p, bias []float32, sel []int32, r backend.MoERouting) bool {
 		}
 	}
 	chosen := map[int32]bool{}
-	last := math.Inf(1)
+	weakest := int(sel[len(sel)-1])
 	for _, x := range sel {
 		chosen[x] = true
-		last = math.Min(last, score[x])
 	}
 	for j, s := range score {
-		if !chosen[int32(j)] && last-s < 1e-5 {
+		if !chosen[int32(j)] && math.Abs(score[weakest]-s) < 1e-5 && !same(weakest, j) {
 			// an unchosen expert that scores within 1e-5 of the weakest chosen one (in a
-			// dropped group it cannot be chosen, which only makes this check stricter)
+			// dropped group it could not have been chosen, which only makes this stricter)
 			return true
 		}
 	}
 	for i := 1; i < len(sel); i++ {
-		if math.Abs(score[sel[i-1]]-score[sel[i]]) < 1e-5 {
+		a, b := int(sel[i-1]), int(sel[i])
+		if math.Abs(score[a]-score[b]) < 1e-5 && !same(a, b) {
 			return true // the order of two chosen experts may swap
 		}
 	}
