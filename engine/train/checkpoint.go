@@ -99,12 +99,10 @@ func (t *Trainer) state() trainerState {
 // In a run across nodes Save is a collective: every node must call it, between the same
 // steps. The optimizer shards are gathered from every node, and only node 0 writes dir.
 func (t *Trainer) Save(dir string) (err error) {
-	if t.plan != nil {
-		// Gather the plan's parameters into the single model when a step changed them, and
-		// its optimizer state into the layout-free form the checkpoint stores.
-		if err := t.syncFromPlan(); err != nil {
-			return fmt.Errorf("train: save %s: %w", dir, err)
-		}
+	// Gather a plan's parameters into the single model when a step changed them, and its
+	// optimizer state into the layout-free form the checkpoint stores.
+	if err := t.exec.syncState(); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
 	}
 	if !t.lead() {
 		return nil
@@ -229,7 +227,7 @@ func (t *Trainer) Resume(dir string) error {
 	if st.WeightsOnly {
 		return fmt.Errorf("train: resume: %s: %w", dir, errWeightsOnly)
 	}
-	if t.plan != nil {
+	if t.onPlan() != nil {
 		if err := t.refuseNodes("resuming a checkpoint into a running trainer"); err != nil {
 			return err
 		}
@@ -271,8 +269,6 @@ func (t *Trainer) Resume(dir string) error {
 	if err := loadModelWeights(t.model, dir); err != nil {
 		return fmt.Errorf("train: resume: %w", err)
 	}
-	// The single model now holds the run's parameters; a plan is rebuilt from it below.
-	t.paramsStale = false
 	if st.ExpertBias != nil && t.model.ExpertBalancing() > 0 {
 		if err := t.model.SetExpertBias(st.ExpertBias); err != nil {
 			return fmt.Errorf("train: resume: %s: expert_bias: %w", filepath.Join(dir, StateFile), err)
@@ -287,18 +283,18 @@ func (t *Trainer) Resume(dir string) error {
 		// A longer or shorter run was asked for: keep the warmup, stretch the schedule.
 		t.totalSteps = t.Cfg.Sched.MaxSteps
 	}
-	if t.plan != nil {
-		// Lay the resumed state out again over the run's devices.
-		l, d := t.plan.Mesh.Layout, t.devices
-		if err := t.plan.Close(); err != nil {
+	if ps := t.onPlan(); ps != nil {
+		// The single model now holds the run's parameters: lay them out again over the
+		// run's devices.
+		l, d := ps.p.Mesh.Layout, ps.devices
+		err := ps.close()
+		t.exec = t.deviceStepper()
+		if err != nil {
 			return fmt.Errorf("train: resume: releasing the old plan: %w", err)
 		}
-		t.plan = nil
-		p, err := t.startPlan(d, l)
-		if err != nil {
+		if err := t.startPlan(d, l); err != nil {
 			return fmt.Errorf("train: resume: %w", err)
 		}
-		t.plan = p
 	}
 	return nil
 }
@@ -361,7 +357,7 @@ func (t *Trainer) SaveStep() (string, error) {
 // writeModelFiles writes the Hugging Face model and the tokenizer files the run was given into
 // dir (a tokenizer file the run does not have is skipped).
 func (t *Trainer) writeModelFiles(dir string) error {
-	if err := t.SyncParams(); err != nil {
+	if err := t.exec.syncParams(); err != nil {
 		return err
 	}
 	if err := saveModel(t.model, dir); err != nil {

@@ -3,6 +3,10 @@
 // step's metrics; hyperparameters change between steps), evaluation, and checkpoints that hold
 // a Hugging Face model plus the trainer state needed to resume exactly.
 //
+// A step has one path whatever the layout: Trainer.Step reads the data and the schedule, a
+// stepper does the device work (the single model on one device, or a parallel.Plan), and one
+// builder turns what it measured into StepMetrics. Run is the one batch loop, on every node.
+//
 // Methods: pretrain (every token is a target) and sft (only assistant or completion tokens are
 // targets). The loss of an optimizer step is the mean over all non-ignored target tokens of all
 // its micro-batches, so gradient accumulation does not change the result.
@@ -16,7 +20,7 @@
 // step computes the same mean loss as on one device. The single model stays the host view,
 // filled lazily: a step leaves the parameters on the devices, and whatever reads them next
 // (Eval, generation, checkpoints, Trainer.HostModel, a move back to one device) gathers them
-// first (Trainer.SyncParams). Checkpoints are ordinary single-device ones whose optimizer
+// first. Checkpoints are ordinary single-device ones whose optimizer
 // state is layout-free, so a run resumes into any layout. SetLayout moves a live run to
 // another layout between steps, in memory.
 //
@@ -27,8 +31,8 @@
 // nodes whose configs disagree stop with the differing parts named. Save and SaveStep there
 // are collectives that gather the optimizer shards from every node (node 0 writes the
 // checkpoint, optimizer state included), and every node resumes from the same checkpoint;
-// SyncGrads is a collective under FSDP or when an expert group spans nodes, and so is
-// SyncParams (with Eval, generation and HostModel) in the latter case. Every node must call
+// SyncGrads is a collective under FSDP or when an expert group spans nodes, and so is the
+// parameter gather of HostModel, Eval and generation in the latter case. Every node must call
 // them between the same steps, as Run does.
 //
 // Callers outside the package read the model's shape with Trainer.Arch, ParamSpecs,

@@ -27,14 +27,23 @@ func hostParams(t *testing.T, tr *Trainer) map[string][]float32 {
 // planParams reads the parameters the plan's devices hold.
 func planParams(t *testing.T, tr *Trainer) map[string][]float32 {
 	t.Helper()
-	if tr.plan == nil {
+	if tr.Plan() == nil {
 		t.Fatal("the trainer runs no plan")
 	}
-	ps, err := tr.plan.Params()
+	ps, err := tr.Plan().Params()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ps
+}
+
+// gathers is how many times the trainer's plan gathered its parameters into the host model (0
+// on one device).
+func gathers(tr *Trainer) int {
+	if ps := tr.onPlan(); ps != nil {
+		return ps.gathers
+	}
+	return 0
 }
 
 // checkpointParams loads the model weights of a checkpoint (or Hugging Face model directory)
@@ -100,8 +109,8 @@ func TestPlanStepLeavesParametersOnTheDevices(t *testing.T) {
 			tr := newTrainer(t, tinyParallelConfig(t, path, tc.extra...))
 			initial := hostParams(t, tr)
 			steps(t, tr, 2)
-			if tr.gathers != 0 {
-				t.Fatalf("two plan steps gathered the parameters %d times, want none", tr.gathers)
+			if gathers(tr) != 0 {
+				t.Fatalf("two plan steps gathered the parameters %d times, want none", gathers(tr))
 			}
 			if d := sameBits(hostParams(t, tr), initial); d != "" {
 				t.Fatalf("a plan step wrote the host model (%s)", d)
@@ -110,19 +119,19 @@ func TestPlanStepLeavesParametersOnTheDevices(t *testing.T) {
 			if sameBits(onDevices, initial) == "" {
 				t.Fatal("two steps left the plan's parameters at their initial values")
 			}
-			if err := tr.SyncParams(); err != nil {
+			if _, err := tr.HostModel(); err != nil {
 				t.Fatal(err)
 			}
 			if d := sameBits(hostParams(t, tr), onDevices); d != "" {
-				t.Fatalf("after SyncParams the host model differs from the plan's parameters: %s", d)
+				t.Fatalf("after HostModel the host model differs from the plan's parameters: %s", d)
 			}
-			if err := tr.SyncParams(); err != nil || tr.gathers != 1 {
-				t.Fatalf("SyncParams on a fresh host model: %v, %d gathers in all, want 1", err, tr.gathers)
+			if _, err := tr.HostModel(); err != nil || gathers(tr) != 1 {
+				t.Fatalf("HostModel on a fresh host model: %v, %d gathers in all, want 1", err, gathers(tr))
 			}
 			// The next step makes it stale again.
 			steps(t, tr, 1)
-			if _, err := tr.HostModel(); err != nil || tr.gathers != 2 {
-				t.Fatalf("HostModel after another step: %v, %d gathers in all, want 2", err, tr.gathers)
+			if _, err := tr.HostModel(); err != nil || gathers(tr) != 2 {
+				t.Fatalf("HostModel after another step: %v, %d gathers in all, want 2", err, gathers(tr))
 			}
 			if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" {
 				t.Fatalf("after HostModel the host model differs from the plan's parameters: %s", d)
@@ -133,8 +142,8 @@ func TestPlanStepLeavesParametersOnTheDevices(t *testing.T) {
 	tr := newTrainer(t, tinyParallelConfig(t, path))
 	steps(t, tr, 1)
 	m, err := tr.HostModel()
-	if err != nil || m != tr.model || tr.gathers != 0 {
-		t.Fatalf("HostModel on one device: %p, %v, %d gathers; want the trainer's model and no gather", m, err, tr.gathers)
+	if err != nil || m != tr.model || gathers(tr) != 0 {
+		t.Fatalf("HostModel on one device: %p, %v, %d gathers; want the trainer's model and no gather", m, err, gathers(tr))
 	}
 }
 
@@ -200,7 +209,7 @@ func TestHostModelReadersSeeTheTrainedWeights(t *testing.T) {
 			if _, err := tr.SetLayout("dp=1"); err != nil {
 				t.Fatal(err)
 			}
-			if tr.plan != nil {
+			if tr.Plan() != nil {
 				t.Fatal("SetLayout(dp=1) left a plan")
 			}
 			return hostParams(t, tr)
@@ -212,9 +221,10 @@ func TestHostModelReadersSeeTheTrainedWeights(t *testing.T) {
 			want := tc.read(t, single)
 			tr := newTrainer(t, tinyParallelConfig(t, path, append(plan, "--dataset.eval_split=0.2")...))
 			steps(t, tr, 3)
+			ps := tr.onPlan() // SetLayout replaces it
 			got := tc.read(t, tr)
-			if tr.gathers != 1 {
-				t.Fatalf("%s on a plan gathered the parameters %d times, want once", tc.name, tr.gathers)
+			if ps.gathers != 1 {
+				t.Fatalf("%s on a plan gathered the parameters %d times, want once", tc.name, ps.gathers)
 			}
 			switch w := want.(type) {
 			case float64:
@@ -276,20 +286,20 @@ func TestRelayoutKeepsTheHostViewInStep(t *testing.T) {
 	if _, err := tr.SetLayout("cp=2"); err != nil {
 		t.Fatal(err)
 	}
-	if tr.gathers != 0 || !tr.paramsStale {
-		t.Fatalf("a move between plans: %d gathers, stale %v; want none and still stale", tr.gathers, tr.paramsStale)
+	if gathers(tr) != 0 || !tr.onPlan().paramsStale {
+		t.Fatalf("a move between plans: %d gathers, stale %v; want none and still stale", gathers(tr), tr.onPlan().paramsStale)
 	}
 	if _, err := tr.HostModel(); err != nil {
 		t.Fatal(err)
 	}
-	if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" || tr.gathers != 1 {
-		t.Fatalf("after the move and HostModel (%d gathers): host model differs from the new plan's parameters: %s", tr.gathers, d)
+	if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" || gathers(tr) != 1 {
+		t.Fatalf("after the move and HostModel (%d gathers): host model differs from the new plan's parameters: %s", gathers(tr), d)
 	}
 	if _, err := tr.SetLayout("devices=cpu:2 tp=2"); err != nil {
 		t.Fatal(err)
 	}
-	if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" || tr.paramsStale {
-		t.Fatalf("a move from a current host view left it stale (%v) or different: %s", tr.paramsStale, d)
+	if d := sameBits(hostParams(t, tr), planParams(t, tr)); d != "" || tr.onPlan().paramsStale {
+		t.Fatalf("a move from a current host view left it stale (%v) or different: %s", tr.onPlan().paramsStale, d)
 	}
 	single := newTrainer(t, tinyParallelConfig(t, path))
 	steps(t, single, 2)

@@ -24,7 +24,7 @@ func (t *Trainer) setupMoE() error {
 		coef = *o.RouterAuxLossCoef
 	}
 	t.model.SetAuxLossScale(coef)
-	t.auxCoef, t.auxCoefSet = coef, true
+	t.auxCoef = coef
 	if err := t.model.SetExpertBalancing(o.MoEBalancingRate); err != nil {
 		return &FieldError{Key: "moe_balancing_rate", Msg: err.Error()}
 	}
@@ -38,8 +38,8 @@ func (t *Trainer) AuxLossCoef() float64 { return t.auxCoef }
 // ExpertBias returns the aux-loss-free balancing bias of each MoE layer, in layer order (nil
 // when balancing is off).
 func (t *Trainer) ExpertBias() [][]float32 {
-	if t.plan != nil {
-		return t.plan.ExpertBias()
+	if ps := t.onPlan(); ps != nil {
+		return ps.p.ExpertBias()
 	}
 	return t.model.ExpertBias()
 }

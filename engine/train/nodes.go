@@ -70,9 +70,9 @@ import (
 //     to another layout (SetLayout) is refused.
 //   - SyncGrads is a collective under FSDP (gradient shards are all-gathered between the
 //     nodes) and when an expert group spans nodes (the experts other nodes hold are
-//     all-gathered). SyncParams, and so Eval, generation, SaveModel and HostModel, reads only
-//     this node's ranks when each node holds whole expert groups ((K/tp) divisible by ep, or
-//     no ep) and needs no other node; when an expert group spans nodes it is a collective of
+//     all-gathered). The parameter gather of Eval, generation, SaveModel and HostModel reads
+//     only this node's ranks when each node holds whole expert groups ((K/tp) divisible by
+//     ep, or no ep) and needs no other node; when an expert group spans nodes it is a collective of
 //     the nodes sharing it. Either way, every node must call them between the same steps.
 //     Run does: every node evaluates at the same steps, and every node's Save gathers the
 //     parameters before node 0 alone writes the final model and runs generation eval, which
@@ -184,7 +184,7 @@ func (t *Trainer) refuseNodes(what string) error {
 
 // startNodePlan joins the other nodes and builds this node's share of the plan over devices
 // d (every node's) with layout l.
-func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) error {
 	if d.Kind == "cuda" {
 		return t.startGPUNodePlan(d, l)
 	}
@@ -194,7 +194,7 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 	for i := range devs {
 		b, err := openRank("cpu", i, recs, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		devs[i] = b
 	}
@@ -206,7 +206,7 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 	w, err := tcp.Join(t.nodes.ctx, tcp.Config{Rendezvous: t.nodes.rc}, devs)
 	if err != nil {
 		closeDevs()
-		return nil, fmt.Errorf("train: joining the other nodes: %w", err)
+		return fmt.Errorf("train: joining the other nodes: %w", err)
 	}
 	first := w.FirstRank()
 	if w.Size() != d.Len() || w.Local() != k {
@@ -214,12 +214,12 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 		w.Abort(err)
 		_ = w.Close()
 		closeDevs()
-		return nil, err
+		return err
 	}
 	if err := checkAgreement(w.Fabric(), devs, t.agreement(d, l), k, t.nodes.rc.NNodes); err != nil {
 		_ = w.Close()
 		closeDevs()
-		return nil, err
+		return err
 	}
 	o := parallel.Options{Optimizer: optimConfig(t.Cfg), Local: &parallel.LocalRanks{First: first, Count: k}}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
@@ -228,24 +228,24 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, 
 	p, err := parallel.New(t.model, d, l, o)
 	if err != nil {
 		_ = w.Close()
-		return nil, fmt.Errorf("train: layout %s on %s across %d nodes: %w", l, d, t.nodes.rc.NNodes, err)
+		return fmt.Errorf("train: layout %s on %s across %d nodes: %w", l, d, t.nodes.rc.NNodes, err)
 	}
 	return t.adoptNodePlan(p, d, l, recs, devs)
 }
 
 // adoptNodePlan gives a new plan of a run across nodes the trainer's optimizer state and
-// keeps its devices and recorders; on error it closes the plan.
-func (t *Trainer) adoptNodePlan(p *parallel.Plan, d mesh.Devices, l mesh.Layout, recs []*profile.Recorder, devs []backend.Backend) (*parallel.Plan, error) {
+// makes it drive the steps (adopt); on error it closes the plan.
+func (t *Trainer) adoptNodePlan(p *parallel.Plan, d mesh.Devices, l mesh.Layout, recs []*profile.Recorder, devs []backend.Backend) error {
 	steps, st, err := t.opt.Export()
 	if err == nil {
 		err = p.LoadOptimizerState(steps, st)
 	}
 	if err != nil {
 		p.Close()
-		return nil, fmt.Errorf("train: layout %s on %s across %d nodes: optimizer state: %w", l, d, t.nodes.rc.NNodes, err)
+		return fmt.Errorf("train: layout %s on %s across %d nodes: optimizer state: %w", l, d, t.nodes.rc.NNodes, err)
 	}
-	t.adopt(p, recs, devs)
-	return p, nil
+	t.adopt(p, d, recs, devs)
+	return nil
 }
 
 // errWeightsOnly is the reason a weights-only checkpoint (written by earlier builds for a run

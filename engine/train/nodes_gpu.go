@@ -60,11 +60,11 @@ func ncclNodeWorld(local mesh.Devices, devs []backend.Backend, id nccl.UniqueID,
 // 0 when it cannot take part), checks that every node can and has as many GPUs as node 0,
 // joins one NCCL world of every node's GPUs, checks that the nodes' configs agree
 // (checkAgreement) and builds this node's share of the plan over that world.
-func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) error {
 	rc, ops := t.nodes.rc, t.nodes.gpu
 	local, _, err := t.Cfg.Parallel.Resolve()
 	if err != nil {
-		return nil, fmt.Errorf("train: devices: %w", err)
+		return fmt.Errorf("train: devices: %w", err)
 	}
 	k := local.Len()
 	recs := make([]*profile.Recorder, k)
@@ -106,38 +106,38 @@ func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Pla
 	if cannot != nil {
 		closeDevs()
 		if err != nil {
-			return nil, fmt.Errorf("train: node %d of %d cannot train on its GPUs (%s): %w (and the rendezvous failed too: %v)", rc.NodeRank, rc.NNodes, local, cannot, err)
+			return fmt.Errorf("train: node %d of %d cannot train on its GPUs (%s): %w (and the rendezvous failed too: %v)", rc.NodeRank, rc.NNodes, local, cannot, err)
 		}
-		return nil, fmt.Errorf("train: node %d of %d cannot train on its GPUs (%s): %w; the other nodes were told and stop too", rc.NodeRank, rc.NNodes, local, cannot)
+		return fmt.Errorf("train: node %d of %d cannot train on its GPUs (%s): %w; the other nodes were told and stop too", rc.NodeRank, rc.NNodes, local, cannot)
 	}
 	if err != nil {
 		closeDevs()
-		return nil, fmt.Errorf("train: joining the other nodes: %w", err)
+		return fmt.Errorf("train: joining the other nodes: %w", err)
 	}
 	id, err := gpuWorldID(w, rc.NodeRank, k)
 	if err != nil {
 		closeDevs()
-		return nil, err
+		return err
 	}
 	size, first := w.Devices(), w.FirstRank(rc.NodeRank)
 	if size != d.Len() {
 		closeDevs()
-		return nil, fmt.Errorf("train: the nodes have %d GPUs in all and this node's config makes a mesh of %d: give every node the same number of devices", size, d.Len())
+		return fmt.Errorf("train: the nodes have %d GPUs in all and this node's config makes a mesh of %d: give every node the same number of devices", size, d.Len())
 	}
 	fab, err := joinWorldWithin(t.nodes.ctx, worldWait(rc), ops, local, devs, id, size, first)
 	if errors.Is(err, errWorldNotFormed) {
 		// The GPUs may still be held by the NCCL setup that did not return: they are left
 		// open (closing them would wait on it); the process is expected to exit.
-		return nil, fmt.Errorf("train: node %d of %d: %w", rc.NodeRank, rc.NNodes, err)
+		return fmt.Errorf("train: node %d of %d: %w", rc.NodeRank, rc.NNodes, err)
 	}
 	if err != nil {
 		closeDevs()
-		return nil, err
+		return err
 	}
 	if err := checkAgreement(fab, devs, t.agreement(d, l), k, rc.NNodes); err != nil {
 		_ = fab.Close()
 		closeDevs()
-		return nil, err
+		return err
 	}
 	o := parallel.Options{Optimizer: optimConfig(t.Cfg), Local: &parallel.LocalRanks{First: first, Count: k}}
 	o.Optimizer.WeightDecay = t.hyper.WeightDecay
@@ -160,7 +160,7 @@ func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) (*parallel.Pla
 		if !handedDevs {
 			closeDevs()
 		}
-		return nil, fmt.Errorf("train: layout %s on %d GPUs across %d nodes: %w", l, d.Len(), rc.NNodes, err)
+		return fmt.Errorf("train: layout %s on %d GPUs across %d nodes: %w", l, d.Len(), rc.NNodes, err)
 	}
 	return t.adoptNodePlan(p, d, l, recs, devs)
 }

@@ -3,27 +3,23 @@ package train
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
-	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/mesh"
-	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/profile"
-	"github.com/halo-shell/halo-shell/engine/tensor"
 	"github.com/halo-shell/halo-shell/internal/layoutspec"
 )
 
-// A run on more than one device drives a parallel.Plan instead of the single model. The
-// single model (on the trainer's own backend) stays the host view of the run, filled lazily:
-// a step leaves the updated parameters on the plan's devices and only marks the host view
-// stale, and the first reader after it gathers them (SyncParams; HostModel for callers
+// A run on more than one device drives a parallel.Plan instead of the single model: the
+// trainer's stepper is a planSteps. The single model (on the trainer's own backend) stays the
+// host view of the run, filled lazily: a step leaves the updated parameters on the plan's
+// devices, and the first reader after it has planSteps gather them (HostModel for callers
 // outside the package). Evaluation, generation, inspection, checkpoints and a move back to
 // one device read it that way, so they see the trained weights whatever the layout, while a
 // run that only steps never copies the model off its devices. Gradients are gathered the
@@ -47,10 +43,11 @@ type LayoutInfo struct {
 
 // Layout returns the devices and layout the next step runs on.
 func (t *Trainer) Layout() LayoutInfo {
-	if t.plan == nil {
+	ps := t.onPlan()
+	if ps == nil {
 		return LayoutInfo{Devices: t.b.Name(), Layout: mesh.Layout{}.Norm(1).String()}
 	}
-	info := LayoutInfo{Devices: t.devices.String(), Layout: t.plan.Mesh.Layout.String(), Parallel: true}
+	info := LayoutInfo{Devices: ps.devices.String(), Layout: ps.p.Mesh.Layout.String(), Parallel: true}
 	if t.nodes != nil {
 		info.NodeDevices = t.Cfg.Parallel.Devices
 	}
@@ -59,7 +56,18 @@ func (t *Trainer) Layout() LayoutInfo {
 
 // Plan is the parallel plan that drives the steps, or nil on one device. It is owned by the
 // trainer: use it for reads (CommStats, Placement) and recorders only.
-func (t *Trainer) Plan() *parallel.Plan { return t.plan }
+func (t *Trainer) Plan() *parallel.Plan {
+	if ps := t.onPlan(); ps != nil {
+		return ps.p
+	}
+	return nil
+}
+
+// onPlan is the trainer's stepper when a parallel plan drives the steps, nil on one device.
+func (t *Trainer) onPlan() *planSteps {
+	ps, _ := t.exec.(*planSteps)
+	return ps
+}
 
 // modelConfig returns the config.json of the configured model without reading weights.
 func modelConfig(cfg *Config, tokenizerVocab int) (*config.Config, error) {
@@ -145,25 +153,29 @@ func openRank(kind string, id int, recs []*profile.Recorder, r int) (backend.Bac
 	return profile.Wrap(b, recs[r]), nil
 }
 
-// adopt keeps the devices and recorders of a new plan, and makes each rank's recorder record
-// its collectives too.
-func (t *Trainer) adopt(p *parallel.Plan, recs []*profile.Recorder, devs []backend.Backend) {
+// adopt makes a new plan over devices d, whose ranks' devices and recorders are devs and recs,
+// drive the steps, and makes each rank's recorder record its collectives too. The host view
+// starts current (the plan was just built from it, or from a plan it was current for).
+func (t *Trainer) adopt(p *parallel.Plan, d mesh.Devices, recs []*profile.Recorder, devs []backend.Backend) *planSteps {
+	ps := &planSteps{p: p, devices: d, recs: recs, devs: devs, host: t.model, opt: t.opt}
 	for r, rec := range recs {
 		// Collectives are timed on the host, around their calls; compute ops are then timed
 		// the same way (a Sync after each), so that a rank's parts add up to its wall time.
 		rec.TimeOnDevice(nil)
 		p.SetRankRecorder(r, rec)
+		ps.ots = append(ps.ots, rec)
 	}
-	t.recs, t.rankDevs = recs, devs
+	t.exec = ps
+	return ps
 }
 
 // RankDevices returns the device of each rank of the plan (for memory statistics; the plan
 // owns them), or nil on one device.
 func (t *Trainer) RankDevices() []backend.Backend {
-	if t.plan == nil {
-		return nil
+	if ps := t.onPlan(); ps != nil {
+		return ps.devs
 	}
-	return t.rankDevs
+	return nil
 }
 
 // RankRecorders returns the profile recorder of each device of the plan (element r records
@@ -171,26 +183,27 @@ func (t *Trainer) RankDevices() []backend.Backend {
 // record only while enabled (profile.Recorder.Enable); BeginStep and EndStep are called around
 // Step, between steps.
 func (t *Trainer) RankRecorders() []*profile.Recorder {
-	if t.plan == nil {
-		return nil
+	if ps := t.onPlan(); ps != nil {
+		return ps.recs
 	}
-	return t.recs
+	return nil
 }
 
-// startPlan lays the single model and its optimizer state out over d with layout l.
-func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, error) {
+// startPlan lays the single model and its optimizer state out over d with layout l, and makes
+// the new plan drive the steps. The trainer runs on one device when it is called.
+func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) error {
 	if t.nodes != nil {
 		return t.startNodePlan(d, l)
 	}
 	o, recs, devs := t.planOptions(d)
-	if t.auxCoefSet {
+	if t.model.IsMoE() {
 		// The plan reads the objective's aux-loss weight from the model (a single-device
 		// step leaves it divided by the micro-batches).
 		t.model.SetAuxLossScale(t.auxCoef)
 	}
 	p, err := parallel.New(t.model, d, l, o)
 	if err != nil {
-		return nil, fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
+		return fmt.Errorf("train: layout %s on %s: %w", l.Norm(d.Len()), d, err)
 	}
 	steps, st, err := t.opt.Export()
 	if err == nil {
@@ -198,26 +211,9 @@ func (t *Trainer) startPlan(d mesh.Devices, l mesh.Layout) (*parallel.Plan, erro
 	}
 	if err != nil {
 		p.Close()
-		return nil, fmt.Errorf("train: layout %s on %s: optimizer state: %w", l.Norm(d.Len()), d, err)
+		return fmt.Errorf("train: layout %s on %s: optimizer state: %w", l.Norm(d.Len()), d, err)
 	}
-	t.adopt(p, recs, devs)
-	return p, nil
-}
-
-// syncFromPlan brings the plan's parameters (when stale) and optimizer state into the single
-// model and its optimizer (the state a checkpoint stores and a single-device step continues
-// from).
-func (t *Trainer) syncFromPlan() error {
-	if err := t.SyncParams(); err != nil {
-		return err
-	}
-	steps, st, err := t.plan.OptimizerState()
-	if err != nil {
-		return fmt.Errorf("train: gather optimizer state: %w", err)
-	}
-	if err := t.opt.Import(steps, st); err != nil {
-		return fmt.Errorf("train: gather optimizer state: %w", err)
-	}
+	t.adopt(p, d, recs, devs)
 	return nil
 }
 
@@ -265,8 +261,8 @@ func ParseLayoutSpec(spec string, cur mesh.Devices) (mesh.Devices, mesh.Layout, 
 // currentDevices is the device list of the run now (one device of the trainer's kind when no
 // plan runs).
 func (t *Trainer) currentDevices() mesh.Devices {
-	if t.plan != nil {
-		return t.devices
+	if ps := t.onPlan(); ps != nil {
+		return ps.devices
 	}
 	return mesh.Devices{Kind: t.hostKind(), IDs: []int{0}}
 }
@@ -300,145 +296,35 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	// One device of the trainer's own kind runs the single model; anything else (several
 	// devices, or a GPU while the single model is in host memory) runs a plan.
 	needPlan := wantsPlan(d, l) || d.Kind != t.hostKind()
+	old := t.onPlan()
 	switch {
-	case !needPlan && t.plan == nil:
+	case !needPlan && old == nil:
 		// One device to one device: nothing moves.
 	case !needPlan:
-		if err := errors.Join(t.syncFromPlan(), t.SyncGrads()); err != nil {
+		if err := errors.Join(old.syncState(), old.syncGrads()); err != nil {
 			return 0, err
 		}
-		err := t.plan.Close()
-		t.plan, t.devices = nil, mesh.Devices{}
+		err := old.close()
+		t.exec = t.deviceStepper()
 		if err != nil {
 			return 0, fmt.Errorf("train: layout: releasing the old devices: %w", err)
 		}
-	case t.plan == nil:
-		p, err := t.startPlan(d, l)
-		if err != nil {
+	case old == nil:
+		if err := t.startPlan(d, l); err != nil {
 			return 0, err
 		}
-		t.plan, t.devices = p, d
 	default:
 		// The new plan starts from the old one's parameters, so the host view is exactly as
 		// stale or fresh as it was.
 		o, recs, devs := t.planOptions(d)
-		p, err := t.plan.Relayout(d, l, o)
+		p, err := old.p.Relayout(d, l, o)
 		if err != nil {
 			return 0, fmt.Errorf("train: layout: %w", err)
 		}
-		t.adopt(p, recs, devs)
-		t.plan, t.devices = p, d
+		ps := t.adopt(p, d, recs, devs)
+		ps.paramsStale, ps.gradsStale, ps.gathers = old.paramsStale, old.gradsStale, old.gathers
 	}
 	return time.Since(start), nil
-}
-
-// padRow makes a micro-batch's length a multiple of mult (the context-parallel chunking) by
-// appending a filler document whose targets are all ignored: it attends only to itself and
-// adds nothing to the loss or the gradients.
-func padRow(b data.Batch, mult int) models.Batch {
-	mb := toModelBatch(b)
-	n := len(b.Tokens)
-	pad := (mult - n%mult) % mult
-	if pad == 0 {
-		return mb
-	}
-	mb.Tokens = append(append([]int32(nil), b.Tokens...), make([]int32, pad)...)
-	tg := append([]int32(nil), b.Targets...)
-	pos := append([]int32(nil), b.Positions...)
-	for i := range pad {
-		tg = append(tg, backend.IgnoreIndex)
-		if b.Positions != nil {
-			pos = append(pos, int32(i))
-		}
-	}
-	mb.Targets = tg
-	if b.Positions != nil {
-		mb.Positions = pos
-	}
-	if b.DocStarts != nil {
-		mb.DocStarts = append(append([]int32(nil), b.DocStarts...), int32(n+pad))
-	} else if b.Positions == nil {
-		mb.DocStarts = []int32{0, int32(n), int32(n + pad)}
-	}
-	return mb
-}
-
-// planRows turns the step's micro-batches into the plan's rows (padded for context
-// parallelism; the plan deals them over the data ranks).
-func (t *Trainer) planRows(batches []data.Batch) []models.Batch {
-	mult := 1
-	if cp := t.plan.Mesh.Layout.CP; cp > 1 {
-		mult = 2 * cp
-	}
-	rows := make([]models.Batch, len(batches))
-	for i, b := range batches {
-		rows[i] = padRow(b, mult)
-	}
-	return rows
-}
-
-// stepOnPlan is Step on a parallel plan: the same micro-batches, the same mean over the step's
-// targets, the same clipping and schedule. The updated parameters stay on the devices; the
-// single model is marked stale and gathers them when read (SyncParams).
-func (t *Trainer) stepOnPlan(start time.Time, cur data.Cursor, batches []data.Batch, total, tokens int) (StepMetrics, error) {
-	h := t.hyper
-	fail := func(err error) (StepMetrics, error) {
-		_ = t.loader.Seek(cur)
-		return StepMetrics{}, err
-	}
-	for _, r := range t.recs {
-		r.ResetOpTimes()
-	}
-	loss, _, err := t.plan.ForwardBackward(t.planRows(batches))
-	if err != nil {
-		return fail(fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err))
-	}
-	if math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return fail(fmt.Errorf("train: step %d: loss %v is not finite; the update was skipped: lower learning_rate (now %g) or set max_grad_norm", t.step+1, loss, h.LearningRate))
-	}
-	lr := t.schedule(h).At(min(t.step, t.totalSteps))
-	t.plan.SetWeightDecay(h.WeightDecay)
-	// From here on the plan's parameters may differ from the host view's, even when the
-	// update fails part way.
-	t.paramsStale = true
-	norm, err := t.plan.Step(lr, h.MaxGradNorm)
-	if err != nil {
-		// The plan refuses a non-finite gradient norm before any update (other failures may
-		// leave parameters partly updated, so the step is not retried). Either way its
-		// communicators are closed; SetLayout builds a new plan from its host-side state.
-		_ = t.loader.Seek(cur)
-		l := t.plan.Mesh.Layout
-		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w; to go on, lower learning_rate (now %g) or set max_grad_norm, and move the run with SetLayout (e.g. %q) to rebuild the devices from their last state",
-			t.step+1, l, err, h.LearningRate, l.String())
-	}
-	if err := t.plan.BalanceExperts(); err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d on %s: %w", t.step+1, t.plan.Mesh.Layout, err)
-	}
-	t.gradsStale = true
-	t.step++
-	el := time.Since(start)
-	c := t.loader.Cursor()
-	m := StepMetrics{
-		Step: t.step, Loss: loss, GradNorm: norm, LR: lr, Tokens: tokens, Targets: total,
-		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
-		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
-	}
-	if t.model.IsMoE() {
-		aux := t.plan.AuxLoss()
-		m.AuxLoss = &aux
-		m.ExpertLoad = t.model.ExpertLoadStats(t.plan.ExpertLoad())
-	}
-	// Time per op class (and "comm.KIND" per collective kind) while profiling records: the
-	// mean over the devices.
-	for _, r := range t.recs {
-		for k, d := range r.OpTimes() {
-			if m.TimeByOpS == nil {
-				m.TimeByOpS = map[string]float64{}
-			}
-			m.TimeByOpS[k] += d.Seconds() / float64(len(t.recs))
-		}
-	}
-	return m, nil
 }
 
 // ParallelLayout returns the config's devices and layout, and whether they need a parallel
@@ -464,33 +350,4 @@ func (c *Config) Workload() mesh.Workload {
 		}
 	}
 	return w
-}
-
-// SyncGrads brings the gradients of the last step into the single model (HostModel) when a
-// plan computed them; on one device they are there already. Inspection calls it before it
-// reads gradients; steps do not need it. Call it on the goroutine that drives the trainer.
-func (t *Trainer) SyncGrads() error {
-	if t.plan == nil || !t.gradsStale {
-		return nil
-	}
-	gs, err := t.plan.Grads()
-	if err != nil {
-		return fmt.Errorf("train: gather gradients: %w", err)
-	}
-	for i, s := range t.model.Specs {
-		v, ok := gs[s.Name]
-		if !ok {
-			return fmt.Errorf("train: gather gradients: the plan has no gradient of %q", s.Name)
-		}
-		g := t.model.Grads.Views[i]
-		raw, err := tensor.EncodeFloat32(g.DType(), v)
-		if err != nil {
-			return fmt.Errorf("train: gather gradients: %q: %w", s.Name, err)
-		}
-		if err := t.b.Upload(g, raw); err != nil {
-			return fmt.Errorf("train: gather gradients: %q: %w", s.Name, err)
-		}
-	}
-	t.gradsStale = false
-	return nil
 }

@@ -64,7 +64,7 @@ const smallParallelShape = "{hidden_size: 128, intermediate_size: 512, num_atten
 
 // BenchmarkFSDPStep times one optimizer step with dp=4 fsdp on four simulated CPU devices,
 // for the tiny and the small model: the step as a training loop sees it (parameters stay on
-// the devices), and the step followed by SyncParams (what a run that reads the host model
+// the devices), and the step followed by HostModel (what a run that reads the host model
 // after every step pays).
 func BenchmarkFSDPStep(b *testing.B) {
 	path := writeJSONL(b, b.TempDir(), "d.jsonl", pcRecords(200))
@@ -86,7 +86,7 @@ func BenchmarkFSDPStep(b *testing.B) {
 						b.Fatal(err)
 					}
 					if sync {
-						if err := tr.SyncParams(); err != nil {
+						if _, err := tr.HostModel(); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -113,8 +113,7 @@ func BenchmarkGatherParams(b *testing.B) {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				tr.paramsStale = true
-				if err := tr.SyncParams(); err != nil {
+				if err := tr.onPlan().gather(); err != nil {
 					b.Fatal(err)
 				}
 			}

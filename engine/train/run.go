@@ -40,46 +40,52 @@ type RunResult struct {
 // output_dir/metrics.jsonl, shows progress, evaluates every eval_steps and at the end, writes
 // output_dir/checkpoint-N every save_steps and at the end, then writes the final Hugging Face
 // model into output_dir and, when generation_eval.max_samples > 0, measures held-out
-// exact-match accuracy. On a run across nodes only node 0 writes files and shows progress;
-// the other nodes run the same steps and log one summary line. When ctx is cancelled it stops at the next step boundary, saves a
+// exact-match accuracy. On a run across nodes every node runs the same steps, evaluations and
+// checkpoint collectives, but only node 0 writes files and shows progress; the other nodes log
+// one summary line. When ctx is cancelled it stops at the next step boundary, saves a
 // checkpoint (on one node; see NodeDevices for runs across nodes) and returns ctx's error.
 func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	var res RunResult
 	cfg := t.Cfg
+	out := cfg.Run.OutputDir
 	logf := func(format string, args ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, format+"\n", args...)
 		}
 	}
-	if !t.lead() {
-		return runFollower(ctx, t, o, logf)
+	lead := t.lead()
+	node, nodes := t.Node()
+	var enc *json.Encoder // metrics.jsonl, on the node that writes files
+	if lead {
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			return res, fmt.Errorf("train: output_dir: %w", err)
+		}
+		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+		if t.step > 0 {
+			flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+		}
+		mf, err := os.OpenFile(filepath.Join(out, MetricsFile), flags, 0o644)
+		if err != nil {
+			return res, fmt.Errorf("train: %w", err)
+		}
+		defer mf.Close()
+		enc = json.NewEncoder(mf)
+		logf("%s", t.Summary())
+	} else {
+		o.Progress = nil
 	}
-	out := cfg.Run.OutputDir
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return res, fmt.Errorf("train: output_dir: %w", err)
-	}
-	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
-	if t.step > 0 {
-		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
-	}
-	mf, err := os.OpenFile(filepath.Join(out, MetricsFile), flags, 0o644)
-	if err != nil {
-		return res, fmt.Errorf("train: %w", err)
-	}
-	defer mf.Close()
-	enc := json.NewEncoder(mf)
-
-	logf("%s", t.Summary())
 	start := time.Now()
 	bar := newProgress(o.Progress, o.TTY, t.totalSteps, cfg.Run.LoggingSteps)
 	var last StepMetrics
 	for !t.Done() {
 		if err := ctx.Err(); err != nil {
 			bar.finish()
-			if _, n := t.Node(); n > 1 {
+			if nodes > 1 {
 				// The other nodes stop at their own step boundary: the optimizer state
 				// cannot be gathered together.
-				logf("interrupted: a run across nodes saves no checkpoint when interrupted; resume from the last checkpoint-N in %s", out)
+				if lead {
+					logf("interrupted: a run across nodes saves no checkpoint when interrupted; resume from the last checkpoint-N in %s", out)
+				}
 			} else if t.step > 0 {
 				if dir, serr := t.SaveStep(); serr == nil {
 					logf("interrupted: saved %s (resume with --resume_from_checkpoint=%s)", dir, dir)
@@ -105,26 +111,31 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 			}
 			m.EvalLoss = &el
 		}
-		if err := enc.Encode(m); err != nil {
-			return res, fmt.Errorf("train: %s: %w", MetricsFile, err)
+		if enc != nil {
+			if err := enc.Encode(m); err != nil {
+				return res, fmt.Errorf("train: %s: %w", MetricsFile, err)
+			}
 		}
 		bar.update(m)
 		if o.OnStep != nil {
 			o.OnStep(m)
 		}
 		last = m
+		// Every node takes part in a save: the optimizer state is gathered from every node.
 		if s := *cfg.Run.SaveSteps; s > 0 && t.step%s == 0 && !t.Done() {
 			bar.finish()
 			dir, err := t.SaveStep()
 			if err != nil {
 				return res, err
 			}
-			logf("saved %s", dir)
+			if lead {
+				logf("saved %s", dir)
+			}
 		}
 	}
 	bar.finish()
 	res.Steps, res.FinalLoss, res.EvalLoss, res.Elapsed = t.step, last.Loss, last.EvalLoss, time.Since(start)
-	if last.Step > 0 {
+	if lead && last.Step > 0 {
 		logf("trained %d steps in %s: loss %.4f", t.step, res.Elapsed.Round(time.Second), last.Loss)
 		if last.EvalLoss != nil {
 			logf("held-out loss %.4f", *last.EvalLoss)
@@ -133,6 +144,12 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	dir, err := t.SaveStep()
 	if err != nil {
 		return res, err
+	}
+	if !lead {
+		// The final save gathered the parameters, so node 0's model and generation eval
+		// need nothing more from this node.
+		logf("node %d of %d: trained %d steps in %s: loss %.4f (node 0 writes the metrics, checkpoints and model)", node, nodes, t.step, res.Elapsed.Round(time.Second), last.Loss)
+		return res, nil
 	}
 	logf("saved %s", dir)
 	if err := t.SaveModel(out); err != nil {
@@ -155,49 +172,6 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 		logf("held-out exact match: %d/%d = %.1f%% (chance: %.1f%%, always answering the most frequent training answer)",
 			gr.Correct, gr.Samples, 100*gr.Accuracy, 100*gr.Chance)
 	}
-	return res, nil
-}
-
-// runFollower is Run on a node other than node 0 of a run across nodes: the same steps and
-// evaluations (every node computes the world's metrics), no files and no progress display,
-// and one summary line at the end.
-func runFollower(ctx context.Context, t *Trainer, o RunOptions, logf func(string, ...any)) (RunResult, error) {
-	var res RunResult
-	cfg := t.Cfg
-	start := time.Now()
-	var last StepMetrics
-	for !t.Done() {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		m, err := t.Step(ctx)
-		if err != nil {
-			return res, err
-		}
-		if t.HasEval() && ((cfg.Run.EvalSteps > 0 && t.step%cfg.Run.EvalSteps == 0) || t.Done()) {
-			el, err := t.Eval(ctx)
-			if err != nil {
-				return res, err
-			}
-			m.EvalLoss = &el
-		}
-		if o.OnStep != nil {
-			o.OnStep(m)
-		}
-		last = m
-		// Node 0 saves here: the optimizer state is gathered from every node.
-		if s := *cfg.Run.SaveSteps; s > 0 && t.step%s == 0 && !t.Done() {
-			if _, err := t.SaveStep(); err != nil {
-				return res, err
-			}
-		}
-	}
-	if _, err := t.SaveStep(); err != nil {
-		return res, err
-	}
-	res.Steps, res.FinalLoss, res.EvalLoss, res.Elapsed = t.step, last.Loss, last.EvalLoss, time.Since(start)
-	r, n := t.Node()
-	logf("node %d of %d: trained %d steps in %s: loss %.4f (node 0 writes the metrics, checkpoints and model)", r, n, t.step, res.Elapsed.Round(time.Second), last.Loss)
 	return res, nil
 }
 

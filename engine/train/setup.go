@@ -119,16 +119,16 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 	if t.opt, err = newOptimizer(t.model, cfg); err != nil {
 		return nil, err
 	}
+	t.exec = t.deviceStepper()
 	if r := cfg.Run.ResumeFromCheckpoint; r != "" {
 		if err := t.Resume(r); err != nil {
 			return nil, err
 		}
 	}
 	if usePlan {
-		if t.plan, err = t.startPlan(devs, layout); err != nil {
+		if err := t.startPlan(devs, layout); err != nil {
 			return nil, err
 		}
-		t.devices = devs
 	}
 	ok = true
 	return t, nil
@@ -301,10 +301,10 @@ func (t *Trainer) EvalGeneration(ctx context.Context, maxSamples, maxNewTokens i
 	return res, nil
 }
 
-// generate greedily continues prompt with the single model (after SyncParams) and decodes the
-// reply up to the first stop token.
+// generate greedily continues prompt with the single model (its parameters brought up to date
+// first) and decodes the reply up to the first stop token.
 func (t *Trainer) generate(prompt []int32, maxNewTokens int) (string, error) {
-	if err := t.SyncParams(); err != nil {
+	if err := t.exec.syncParams(); err != nil {
 		return "", err
 	}
 	out, err := t.model.Generate(prompt, models.GenerateOptions{MaxNewTokens: maxNewTokens, StopIDs: t.tok.stop})

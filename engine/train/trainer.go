@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/data"
-	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
-	"github.com/halo-shell/halo-shell/engine/parallel"
-	"github.com/halo-shell/halo-shell/engine/profile"
 )
 
 // Hyper are the hyperparameters that may change between steps (SetHyper). Each field means what
@@ -103,8 +99,9 @@ type Trainer struct {
 	EvalStats data.Stats
 
 	// model is the single model on b: the run itself on one device, the host view of the run
-	// on a parallel plan, where its parameters are gathered only when read (SyncParams,
-	// HostModel; see parallel.go). Its shape (Arch, Specs, config) is always current.
+	// on a parallel plan, where exec brings its values up to date when they are read
+	// (HostModel, SyncGrads; see parallel.go). Its shape (Arch, Specs, config) is always
+	// current.
 	model       *models.Model
 	b           backend.Backend
 	deviceNote  string // why device auto chose the device it did ("" when nothing to say)
@@ -115,18 +112,11 @@ type Trainer struct {
 	trainAnswer string // most frequent training answer (generation eval's chance baseline)
 	opt         *optim.AdamW
 	hyper       Hyper
-	plan        *parallel.Plan      // drives the steps on more than one device; nil on one
-	devices     mesh.Devices        // the plan's devices
-	recs        []*profile.Recorder // the plan's per-rank recorders
-	gradsStale  bool                // the plan's gradients are newer than model's (SyncGrads)
-	paramsStale bool                // the plan's parameters are newer than model's (SyncParams)
-	gathers     int                 // parameter gathers from a plan so far (SyncParams)
-	rankDevs    []backend.Backend   // the plan's devices, by rank
+	exec        stepper // runs the steps: deviceSteps on one device, planSteps on a plan
 	step        int
 	totalSteps  int
 	warmup      int
-	auxCoef     float64 // the model's own aux-loss weight (router_aux_loss_coef or 0), read once
-	auxCoefSet  bool
+	auxCoef     float64   // the objective's aux-loss weight (router_aux_loss_coef or the model's; 0 when dense)
 	nodes       *nodeSpec // how this process joined a run across nodes; nil on one node
 }
 
@@ -174,125 +164,16 @@ func toModelBatch(b data.Batch) models.Batch {
 	return models.Batch{Tokens: b.Tokens, Positions: b.Positions, DocStarts: b.DocStarts, Targets: b.Targets}
 }
 
-// Step runs one optimizer step: gradient_accumulation_steps micro-batches whose summed
-// token losses are divided by the step's total number of targets (counted first), the global
-// gradient norm and clipping, then AdamW at the scheduled learning rate. Steps past the planned
-// total are allowed (the schedule stays at its final value). ctx is checked between
-// micro-batches.
-func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
-	start := time.Now()
-	if ot, ok := t.b.(OpTimer); ok {
-		ot.ResetOpTimes()
-	}
-	h := t.hyper
-	cur := t.loader.Cursor()
-	batches := make([]data.Batch, h.GradientAccumulationSteps)
-	total, tokens := 0, 0
-	for i := range batches {
-		b, err := t.loader.Next()
-		if err != nil {
-			_ = t.loader.Seek(cur)
-			return StepMetrics{}, err
-		}
-		batches[i] = b
-		total += b.NumTargets()
-		tokens += b.Len()
-	}
-	fail := func(err error) (StepMetrics, error) {
-		// Leave the step undone and the data where it was, so the step can be retried.
-		_ = t.loader.Seek(cur)
-		return StepMetrics{}, err
-	}
-	if total == 0 {
-		return fail(errors.New("train: the step's micro-batches have no target tokens"))
-	}
-	if t.plan != nil {
-		return t.stepOnPlan(start, cur, batches, total, tokens)
-	}
-	if err := t.model.ZeroGrads(); err != nil {
-		return fail(err)
-	}
-	scale := float32(1 / float64(total))
-	moe := t.model.IsMoE()
-	if moe {
-		// The objective is the mean over micro-batches of CE + coef * aux, so each
-		// micro-batch's aux gradient carries coef / micro-batches.
-		if !t.auxCoefSet {
-			t.auxCoef, t.auxCoefSet = t.model.AuxLossScale(), true
-		}
-		t.model.SetAuxLossScale(t.auxCoef / float64(len(batches)))
-		t.model.TakeExpertLoad() // count this step's micro-batches only
-	}
-	lossSum, auxSum := 0.0, 0.0
-	for i, b := range batches {
-		if err := ctx.Err(); err != nil {
-			return fail(err)
-		}
-		s, _, err := t.model.ForwardBackward(toModelBatch(b), scale)
-		if err != nil {
-			return fail(fmt.Errorf("train: step %d micro-batch %d: %w", t.step+1, i, err))
-		}
-		lossSum += s
-		auxSum += t.model.AuxLoss()
-	}
-	loss := lossSum / float64(total)
-	norm, err := optim.GradNorm(t.b, []backend.T{t.model.Grads.Flat})
-	if err != nil {
-		return fail(err)
-	}
-	if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
-		return fail(fmt.Errorf("train: step %d: loss %v, gradient norm %v are not finite; the update was skipped: lower learning_rate (now %g) or set max_grad_norm", t.step+1, loss, norm, h.LearningRate))
-	}
-	clip := optim.ClipCoef(norm, h.MaxGradNorm)
-	lr := t.schedule(h).At(min(t.step, t.totalSteps))
-	t.opt.SetWeightDecay(h.WeightDecay)
-	if err := t.opt.Step(lr, clip); err != nil {
-		// Parameters may be partly updated: the trainer cannot retry this step.
-		return StepMetrics{}, err
-	}
-	var load [][]int
-	if moe {
-		load = t.model.TakeExpertLoad()
-		// A no-op unless aux-loss-free balancing is on; the shapes are the model's own.
-		if err := t.model.BalanceExpertsWith(load); err != nil {
-			return StepMetrics{}, fmt.Errorf("train: step %d: %w", t.step+1, err)
-		}
-	}
-	if err := t.b.Sync(); err != nil {
-		return StepMetrics{}, err
-	}
-	t.step++
-	el := time.Since(start)
-	c := t.loader.Cursor()
-	m := StepMetrics{
-		Step: t.step, Loss: loss, GradNorm: norm, LR: lr, Tokens: tokens, Targets: total,
-		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
-		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
-	}
-	if moe {
-		aux := auxSum / float64(len(batches))
-		m.AuxLoss = &aux
-		m.ExpertLoad = t.model.ExpertLoadStats(load)
-	}
-	if ot, ok := t.b.(OpTimer); ok {
-		m.TimeByOpS = map[string]float64{}
-		for k, d := range ot.OpTimes() {
-			m.TimeByOpS[k] = d.Seconds()
-		}
-	}
-	return m, nil
-}
-
 // HasEval reports whether there is held-out data.
 func (t *Trainer) HasEval() bool { return len(t.evalBatches) > 0 }
 
 // Eval returns the mean cross-entropy over every target token of the held-out data, computed
-// by the single model (after SyncParams on a parallel plan).
+// by the single model (brought up to date first on a parallel plan).
 func (t *Trainer) Eval(ctx context.Context) (float64, error) {
 	if len(t.evalBatches) == 0 {
 		return 0, errors.New("train: no held-out data: set dataset.eval_split or dataset.eval_path")
 	}
-	if err := t.SyncParams(); err != nil {
+	if err := t.exec.syncParams(); err != nil {
 		return 0, fmt.Errorf("train: eval: %w", err)
 	}
 	sum, n := 0.0, 0
@@ -313,9 +194,9 @@ func (t *Trainer) Eval(ctx context.Context) (float64, error) {
 // Close frees the model, the optimizer state and the backend.
 func (t *Trainer) Close() error {
 	var errs []error
-	if t.plan != nil {
-		errs = append(errs, t.plan.Close())
-		t.plan = nil
+	if t.exec != nil {
+		errs = append(errs, t.exec.close())
+		t.exec = nil
 	}
 	if t.opt != nil {
 		t.opt.Free()
