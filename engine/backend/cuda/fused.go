@@ -2,9 +2,10 @@ package cuda
 
 import "github.com/halo-shell/halo-shell/engine/backend"
 
-// Optional implements backend.Backend: the CUDA backend has the fused AddRMSNorm and AdamW
-// kernels, the CUDA-event DeviceTimer (timer.go) and the mixture-of-experts routing,
-// permutation and combine kernels (moe.go).
+// Optional implements backend.Backend: the CUDA backend has every optional capability: the fused
+// AddRMSNorm and AdamW kernels, the CUDA-event DeviceTimer (timer.go), the mixture-of-experts
+// routing, permutation and combine kernels (moe.go) and the grouped expert products
+// (grouped_gemm.go).
 func (b *Backend) Optional() backend.Optional {
 	return backend.Optional{
 		AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, Timer: b,
@@ -12,5 +13,6 @@ func (b *Backend) Optional() backend.Optional {
 		MoEPermute: b.MoEPermute, MoEPermuteBackward: b.MoEPermuteBackward,
 		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
+		GroupedGEMM: b.GroupedGEMM,
 	}
 }

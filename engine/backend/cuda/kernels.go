@@ -27,6 +27,7 @@ var kernelHeaders = map[string][]string{
 	"attention_tc.cu":    {"attention_mma.cuh"},
 	"attention_fused.cu": {"attention_mma.cuh"},
 	"attention_wg.cu":    {"attention_mma.cuh"},
+	"grouped_gemm.cu":    {"attention_mma.cuh"},
 }
 
 // kernelTarget is the NVRTC architecture that file is compiled for on a device of arch, and

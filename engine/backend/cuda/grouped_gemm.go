@@ -1,0 +1,91 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
+
+// Host launcher of kernels/grouped_gemm.cu: backend.Optional.GroupedGEMM.
+
+const groupedFile = "grouped_gemm.cu"
+
+// groupedTile is the CTA tile of the mma.sync kernels (GG_BM = GG_BN in grouped_gemm.cu).
+const groupedTile = 128
+
+// groupedMMAKernels are the mma.sync kernels per kind.
+var groupedMMAKernels = [...]string{
+	backend.GroupedForward:    "grouped_gemm_mma_fwd",
+	backend.GroupedInputGrad:  "grouped_gemm_mma_dx",
+	backend.GroupedWeightGrad: "grouped_gemm_mma_dw",
+}
+
+// groupedMMA reports whether the mma.sync kernels take a product of sizes d: bf16 operands whose
+// rows start on 16-byte boundaries (N_ and K_ multiples of 8, 16-byte aligned tensors).
+func groupedMMA(d backend.GroupedDims, ca, cb int32, pa, pb uintptr) bool {
+	return d.N%8 == 0 && vec8(int64(d.K), []int32{ca, cb}, pa, pb)
+}
+
+// groupedGrid is the launch grid of the mma.sync kernel of kind for sizes d: column tiles in x;
+// row tiles in y, for the bound ceil(S/128) + G on the per-group tiles of the row kinds, or the
+// N_ tiles with the groups in z for the weight gradient.
+func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims) ([3]uint32, error) {
+	tiles := func(n int) int64 { return (int64(n) + groupedTile - 1) / groupedTile }
+	var g [3]int64
+	switch kind {
+	case backend.GroupedForward:
+		g = [3]int64{tiles(d.N), tiles(d.S) + int64(d.G), 1}
+	case backend.GroupedInputGrad:
+		g = [3]int64{tiles(d.K), tiles(d.S) + int64(d.G), 1}
+	default:
+		g = [3]int64{tiles(d.K), tiles(d.N), int64(d.G)}
+	}
+	if g[0] > math.MaxInt32 || g[1] > 65535 || g[2] > 65535 {
+		return [3]uint32{}, fmt.Errorf("grid %v exceeds the launch limits (2^31-1, 65535, 65535)", g)
+	}
+	return [3]uint32{uint32(g[0]), uint32(g[1]), uint32(g[2])}, nil
+}
+
+// GroupedGEMM implements backend.Optional.GroupedGEMM: one launch for all groups, the groups'
+// rows found on the device from Offsets (never read here). bf16 operands with 16-byte aligned
+// rows take the tensor-core kernels; other float operands the scalar kernel.
+func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
+	d, err := a.Dims()
+	if err != nil {
+		return fmt.Errorf("cuda: %w", err)
+	}
+	op := "grouped-gemm " + a.Kind.String()
+	arg := b.args(op)
+	po, co := arg.float("Out", a.Out)
+	pa, ca := arg.float("A", a.A)
+	pb, cb := arg.float("B", a.B)
+	poff := arg.i32("Offsets", a.Offsets)
+	if err := arg.err(); err != nil {
+		return err
+	}
+	if d.S > math.MaxInt32 || d.N > math.MaxInt32/groupedTile || d.K > math.MaxInt32/groupedTile {
+		return fmt.Errorf("cuda: %s: sizes S=%d N_=%d K_=%d exceed the kernels' 32-bit indices", op, d.S, d.N, d.K)
+	}
+	if a.Out.Numel() == 0 {
+		return nil
+	}
+	acc := int32(0)
+	if a.Accumulate {
+		acc = 1
+	}
+	if groupedMMA(d, ca, cb, pa, pb) {
+		grid, err := groupedGrid(a.Kind, d)
+		if err != nil {
+			return fmt.Errorf("cuda: %s: %w", op, err)
+		}
+		args := packArgs(po, co, pa, pb, poff, int32(d.G), int32(d.N), int32(d.K), acc)
+		name := groupedMMAKernels[a.Kind]
+		return b.d.Post(func() error {
+			return b.d.launchOnThread(groupedFile, name, grid, [3]uint32{256, 1, 1}, 0, args...)
+		})
+	}
+	n := int64(a.Out.Numel())
+	return b.launch1D(groupedFile, "grouped_gemm_simt", n, int32(a.Kind), po, co, pa, ca, pb, cb, poff,
+		int32(d.G), int64(d.S), int32(d.N), int32(d.K), acc)
+}
