@@ -383,9 +383,10 @@ type Settings struct {
 	Seed        int64   `json:"seed"`
 }
 
-// FLOPsPerToken is 6*N + 6*L*T*NH*HD (see FLOPsFormula).
+// FLOPsPerToken is 6*N + 6*L*T*NH*HD (see FLOPsFormula): backend.TrainingFLOPsPerToken, built
+// from the cost table's per-product counts that the profiler and the GPU benchmarks use too.
 func FLOPsPerToken(params int64, layers, seqLen, heads, headDim int) float64 {
-	return 6*float64(params) + 6*float64(layers)*float64(seqLen)*float64(heads)*float64(headDim)
+	return backend.TrainingFLOPsPerToken(params, layers, seqLen, heads, headDim)
 }
 
 // Run loads the model and data, runs the timed steps and, unless NoProfile, one profiled

@@ -59,8 +59,12 @@ func newRankBackend(b backend.Backend, tp, cp comm.Communicator) *rankBackend {
 // MLP, whose row-parallel outputs Linear has all-reduced before the residual add; context
 // parallelism splits tokens; FSDP gathers the parameters (norm gains included) before the step.
 // AdamW updates one tensor elementwise (a shard or a replica alike) and the Timer only marks the
-// device's queue. A capability that reads across ranks would have to be wrapped here, as Linear
-// and Attention are.
+// device's queue. The mixture-of-experts members (GroupedGEMM, the MoE routing ops, the packed
+// SwiGLU) are forwarded as they are, which is right for the rank's own experts on whole rows;
+// model code does not call them under a plan yet, and once it does, a grouped product over
+// expert weights split by expert tensor parallelism must have its partial sums all-reduced here,
+// as Linear's row-parallel products are. A capability that reads across ranks is wrapped here,
+// as Linear and Attention are.
 func (r *rankBackend) Optional() backend.Optional { return r.Backend.Optional() }
 
 // Linear implements backend.Ops.

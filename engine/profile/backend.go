@@ -80,10 +80,10 @@ func (b *Backend) begin() opStart {
 // between two marks when s has one (no wait), else by the host clock after a Sync; while
 // capturing activations, it summarises out (the output of a forward op; zero for others).
 // CrossEntropy, the end of the forward pass, stops the capture.
-func (b *Backend) end(s opStart, err error, name, class string, bytes, flops int64, out T) error {
+func (b *Backend) end(s opStart, err error, name string, c backend.Cost, out T) error {
 	mode := b.rec.mode.Load()
 	if mode&modeRecord != 0 {
-		sp := Span{Name: name, Class: class, Bytes: bytes, FLOPs: flops}
+		sp := Span{Name: name, Class: c.Class, Bytes: c.Bytes, FLOPs: c.FLOPs}
 		if s.mark == 0 || err != nil || !b.rec.recordMarked(sp, s.mark) {
 			b.rec.release(s.mark)
 			if err == nil {
@@ -97,35 +97,15 @@ func (b *Backend) end(s opStart, err error, name, class string, bytes, flops int
 	}
 	if mode&modeCapture != 0 && err == nil {
 		switch {
-		case class == ClassLoss:
+		case c.Class == ClassLoss:
 			b.rec.stopCapture()
 		case !out.IsNil():
 			if v, derr := backend.ToFloat32(b.in, out); derr == nil {
-				b.rec.addActivation(name, class, out.Shape(), v)
+				b.rec.addActivation(name, c.Class, out.Shape(), v)
 			}
 		}
 	}
 	return err
-}
-
-func nbytes(ts ...T) int64 {
-	var n int64
-	for _, t := range ts {
-		if !t.IsNil() {
-			n += t.Bytes()
-		}
-	}
-	return n
-}
-
-func dim(t T, i int) int64 {
-	if i < 0 {
-		i += t.Rank()
-	}
-	if i < 0 || i >= t.Rank() {
-		return 0
-	}
-	return int64(t.Dim(i))
 }
 
 // ---- backend.Backend and Memory: forwarded; transfers are spans of class other ----
@@ -145,7 +125,7 @@ func (b *Backend) Upload(dst T, src []byte) error {
 		return b.in.Upload(dst, src)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Upload(dst, src), "Upload", ClassOther, int64(len(src)), 0, T{})
+	return b.end(s, b.in.Upload(dst, src), "Upload", backend.TransferCost(len(src)), T{})
 }
 
 func (b *Backend) Download(dst []byte, src T) error {
@@ -153,7 +133,7 @@ func (b *Backend) Download(dst []byte, src T) error {
 		return b.in.Download(dst, src)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Download(dst, src), "Download", ClassOther, int64(len(dst)), 0, T{})
+	return b.end(s, b.in.Download(dst, src), "Download", backend.TransferCost(len(dst)), T{})
 }
 
 func (b *Backend) Copy(dst, src T) error {
@@ -161,7 +141,7 @@ func (b *Backend) Copy(dst, src T) error {
 		return b.in.Copy(dst, src)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Copy(dst, src), "Copy", ClassOther, nbytes(dst, src), 0, T{})
+	return b.end(s, b.in.Copy(dst, src), "Copy", backend.CopyCost(dst, src), T{})
 }
 
 // ---- Ops ----
@@ -171,7 +151,7 @@ func (b *Backend) Fill(t T, v float32) error {
 		return b.in.Fill(t, v)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Fill(t, v), "Fill", ClassOther, nbytes(t), 0, T{})
+	return b.end(s, b.in.Fill(t, v), "Fill", backend.FillCost(t), T{})
 }
 
 func (b *Backend) Add(out, x, y T) error {
@@ -179,7 +159,7 @@ func (b *Backend) Add(out, x, y T) error {
 		return b.in.Add(out, x, y)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Add(out, x, y), "Add", ClassOther, nbytes(out, x, y), int64(out.Numel()), out)
+	return b.end(s, b.in.Add(out, x, y), "Add", backend.AddCost(out, x, y), out)
 }
 
 func (b *Backend) Axpy(y T, alpha float32, x T) error {
@@ -187,7 +167,7 @@ func (b *Backend) Axpy(y T, alpha float32, x T) error {
 		return b.in.Axpy(y, alpha, x)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Axpy(y, alpha, x), "Axpy", ClassOther, nbytes(y, x), 2*int64(y.Numel()), T{})
+	return b.end(s, b.in.Axpy(y, alpha, x), "Axpy", backend.AxpyCost(y, x), T{})
 }
 
 func (b *Backend) Scale(t T, alpha float32) error {
@@ -195,7 +175,7 @@ func (b *Backend) Scale(t T, alpha float32) error {
 		return b.in.Scale(t, alpha)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Scale(t, alpha), "Scale", ClassOther, nbytes(t), int64(t.Numel()), T{})
+	return b.end(s, b.in.Scale(t, alpha), "Scale", backend.ScaleCost(t), T{})
 }
 
 // ScaleRows weights expert output rows: class other.
@@ -204,7 +184,7 @@ func (b *Backend) ScaleRows(t, w T) error {
 		return b.in.ScaleRows(t, w)
 	}
 	s := b.begin()
-	return b.end(s, b.in.ScaleRows(t, w), "ScaleRows", ClassOther, nbytes(t, w), int64(t.Numel()), T{})
+	return b.end(s, b.in.ScaleRows(t, w), "ScaleRows", backend.ScaleRowsCost(t, w), T{})
 }
 
 // RowDot is the routing-weight gradient of expert rows: class other.
@@ -213,7 +193,7 @@ func (b *Backend) RowDot(out, x, y T) error {
 		return b.in.RowDot(out, x, y)
 	}
 	s := b.begin()
-	return b.end(s, b.in.RowDot(out, x, y), "RowDot", ClassOther, nbytes(out, x, y), 2*int64(x.Numel()), out)
+	return b.end(s, b.in.RowDot(out, x, y), "RowDot", backend.RowDotCost(out, x, y), out)
 }
 
 // SumSquares is the gradient-norm reduction: class optimizer.
@@ -223,12 +203,7 @@ func (b *Backend) SumSquares(ts []T) ([]float64, error) {
 	}
 	s := b.begin()
 	r, err := b.in.SumSquares(ts)
-	n := nbytes(ts...)
-	var fl int64
-	for _, t := range ts {
-		fl += 2 * int64(t.Numel())
-	}
-	return r, b.end(s, err, "SumSquares", ClassOptimizer, n, fl, T{})
+	return r, b.end(s, err, "SumSquares", backend.SumSquaresCost(ts), T{})
 }
 
 func (b *Backend) Embedding(out, weight, ids T) error {
@@ -236,7 +211,7 @@ func (b *Backend) Embedding(out, weight, ids T) error {
 		return b.in.Embedding(out, weight, ids)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Embedding(out, weight, ids), "Embedding", ClassEmbedding, nbytes(out, ids)+out.Bytes(), 0, out)
+	return b.end(s, b.in.Embedding(out, weight, ids), "Embedding", backend.EmbeddingCost(out, weight, ids), out)
 }
 
 func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
@@ -244,7 +219,7 @@ func (b *Backend) EmbeddingBackward(dWeight, dOut, ids T) error {
 		return b.in.EmbeddingBackward(dWeight, dOut, ids)
 	}
 	s := b.begin()
-	return b.end(s, b.in.EmbeddingBackward(dWeight, dOut, ids), "EmbeddingBackward", ClassEmbedding, 2*dOut.Bytes()+ids.Bytes(), int64(dOut.Numel()), T{})
+	return b.end(s, b.in.EmbeddingBackward(dWeight, dOut, ids), "EmbeddingBackward", backend.EmbeddingBackwardCost(dWeight, dOut, ids), T{})
 }
 
 func (b *Backend) GEMM(a backend.GEMMArgs) error {
@@ -252,11 +227,7 @@ func (b *Backend) GEMM(a backend.GEMMArgs) error {
 		return b.in.GEMM(a)
 	}
 	s := b.begin()
-	k := dim(a.A, 1)
-	if a.TransA {
-		k = dim(a.A, 0)
-	}
-	return b.end(s, b.in.GEMM(a), "GEMM", ClassMatmul, nbytes(a.A, a.B, a.C), 2*dim(a.C, 0)*dim(a.C, 1)*k, T{})
+	return b.end(s, b.in.GEMM(a), "GEMM", backend.GEMMCost(a), T{})
 }
 
 func (b *Backend) Linear(out, x, w, bias T) error {
@@ -264,7 +235,7 @@ func (b *Backend) Linear(out, x, w, bias T) error {
 		return b.in.Linear(out, x, w, bias)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Linear(out, x, w, bias), "Linear", ClassMatmul, nbytes(out, x, w, bias), 2*dim(x, 0)*dim(w, 0)*dim(w, 1), out)
+	return b.end(s, b.in.Linear(out, x, w, bias), "Linear", backend.LinearCost(out, x, w, bias), out)
 }
 
 func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
@@ -272,15 +243,7 @@ func (b *Backend) LinearBackward(a backend.LinearBackwardArgs) error {
 		return b.in.LinearBackward(a)
 	}
 	s := b.begin()
-	m, o := dim(a.DY, 0), dim(a.DY, 1)
-	var fl int64
-	if !a.DX.IsNil() {
-		fl += 2 * m * o * dim(a.DX, 1)
-	}
-	if !a.DW.IsNil() {
-		fl += 2 * m * o * dim(a.DW, 1)
-	}
-	return b.end(s, b.in.LinearBackward(a), "LinearBackward", ClassMatmul, nbytes(a.DX, a.DW, a.DB, a.DY, a.X, a.W), fl, T{})
+	return b.end(s, b.in.LinearBackward(a), "LinearBackward", backend.LinearBackwardCost(a), T{})
 }
 
 func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
@@ -288,7 +251,7 @@ func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
 		return b.in.RMSNorm(out, rstd, x, w, eps)
 	}
 	s := b.begin()
-	return b.end(s, b.in.RMSNorm(out, rstd, x, w, eps), "RMSNorm", ClassNorm, nbytes(out, rstd, x, w), 4*int64(x.Numel()), out)
+	return b.end(s, b.in.RMSNorm(out, rstd, x, w, eps), "RMSNorm", backend.RMSNormCost(out, rstd, x, w), out)
 }
 
 func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
@@ -296,7 +259,7 @@ func (b *Backend) RMSNormBackward(a backend.RMSNormBackwardArgs) error {
 		return b.in.RMSNormBackward(a)
 	}
 	s := b.begin()
-	return b.end(s, b.in.RMSNormBackward(a), "RMSNormBackward", ClassNorm, nbytes(a.DX, a.DW, a.DY, a.X, a.W, a.RStd), 8*int64(a.X.Numel()), T{})
+	return b.end(s, b.in.RMSNormBackward(a), "RMSNormBackward", backend.RMSNormBackwardCost(a), T{})
 }
 
 func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error {
@@ -304,7 +267,7 @@ func (b *Backend) RoPE(out, x T, a backend.RoPEArgs) error {
 		return b.in.RoPE(out, x, a)
 	}
 	s := b.begin()
-	return b.end(s, b.in.RoPE(out, x, a), "RoPE", ClassRoPE, nbytes(out, x, a.Positions), 3*int64(x.Numel()), out)
+	return b.end(s, b.in.RoPE(out, x, a), "RoPE", backend.RoPECost(out, x, a), out)
 }
 
 func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
@@ -312,17 +275,17 @@ func (b *Backend) RoPEBackward(dX, dY T, a backend.RoPEArgs) error {
 		return b.in.RoPEBackward(dX, dY, a)
 	}
 	s := b.begin()
-	return b.end(s, b.in.RoPEBackward(dX, dY, a), "RoPEBackward", ClassRoPE, nbytes(dX, dY, a.Positions), 3*int64(dY.Numel()), T{})
+	return b.end(s, b.in.RoPEBackward(dX, dY, a), "RoPEBackward", backend.RoPEBackwardCost(dX, dY, a), T{})
 }
 
 // Attention FLOPs are not counted: they depend on the document lengths, which live on the
-// device.
+// device (backend.AttentionCost with no pairs).
 func (b *Backend) Attention(a backend.AttentionArgs) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Attention(a)
 	}
 	s := b.begin()
-	return b.end(s, b.in.Attention(a), "Attention", ClassAttention, nbytes(a.Out, a.LSE, a.Q, a.K, a.V), 0, a.Out)
+	return b.end(s, b.in.Attention(a), "Attention", backend.AttentionCost(a, 0), a.Out)
 }
 
 func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
@@ -330,7 +293,7 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 		return b.in.AttentionBackward(a)
 	}
 	s := b.begin()
-	return b.end(s, b.in.AttentionBackward(a), "AttentionBackward", ClassAttention, nbytes(a.DQ, a.DK, a.DV, a.DOut, a.Q, a.K, a.V, a.Out, a.LSE), 0, T{})
+	return b.end(s, b.in.AttentionBackward(a), "AttentionBackward", backend.AttentionBackwardCost(a, 0), T{})
 }
 
 func (b *Backend) SwiGLU(out, gate, up T) error {
@@ -338,7 +301,7 @@ func (b *Backend) SwiGLU(out, gate, up T) error {
 		return b.in.SwiGLU(out, gate, up)
 	}
 	s := b.begin()
-	return b.end(s, b.in.SwiGLU(out, gate, up), "SwiGLU", ClassMLPActivation, nbytes(out, gate, up), 5*int64(out.Numel()), out)
+	return b.end(s, b.in.SwiGLU(out, gate, up), "SwiGLU", backend.SwiGLUCost(out, gate, up), out)
 }
 
 func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
@@ -346,7 +309,7 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 		return b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up)
 	}
 	s := b.begin()
-	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", ClassMLPActivation, nbytes(dGate, dUp, dOut, gate, up), 10*int64(dOut.Numel()), T{})
+	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", backend.SwiGLUBackwardCost(dGate, dUp, dOut, gate, up), T{})
 }
 
 // CrossEntropy is the fused LM head and loss: class loss (its GEMMs included).
@@ -355,15 +318,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		return b.in.CrossEntropy(a)
 	}
 	s := b.begin()
-	n, v, c := dim(a.Hidden, 0), dim(a.Weight, 0), dim(a.Weight, 1)
-	fl := 2 * n * v * c
-	if !a.DHidden.IsNil() {
-		fl += 2 * n * v * c
-	}
-	if !a.DWeight.IsNil() {
-		fl += 2 * n * v * c
-	}
-	return b.end(s, b.in.CrossEntropy(a), "CrossEntropy", ClassLoss, nbytes(a.Hidden, a.Weight, a.Targets, a.Loss, a.LogProb, a.DHidden, a.DWeight), fl, T{})
+	return b.end(s, b.in.CrossEntropy(a), "CrossEntropy", backend.CrossEntropyCost(a), T{})
 }
 
 // ---- optional capabilities ----
@@ -382,7 +337,7 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "AdamW", ClassOptimizer, nbytes(a.Param, a.Grad, a.M, a.V, a.Shadow), 12*int64(a.Param.Numel()), T{})
+			return b.end(s, f(a), "AdamW", backend.AdamWCost(a), T{})
 		}
 	}
 	if f := in.AddRMSNorm; f != nil {
@@ -391,7 +346,7 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 				return f(residualOut, out, rstd, x, residual, w, eps)
 			}
 			s := b.begin()
-			return b.end(s, f(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", ClassNorm, nbytes(residualOut, out, rstd, x, residual, w), 5*int64(x.Numel()), out)
+			return b.end(s, f(residualOut, out, rstd, x, residual, w, eps), "AddRMSNorm", backend.AddRMSNormCost(residualOut, out, rstd, x, residual, w), out)
 		}
 	}
 	if f := in.GroupedGEMM; f != nil {
@@ -401,15 +356,11 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			}
 			s := b.begin()
 			err := f(a)
-			var flops int64
-			if d, derr := a.Dims(); derr == nil {
-				flops = d.FLOPs()
-			}
 			var act T
 			if a.Kind == backend.GroupedForward {
 				act = a.Out
 			}
-			return b.end(s, err, "GroupedGEMM."+a.Kind.String(), ClassExpertGEMM, nbytes(a.A, a.B, a.Out, a.Offsets), flops, act)
+			return b.end(s, err, "GroupedGEMM."+a.Kind.String(), backend.GroupedGEMMCost(a), act)
 		}
 	}
 	b.wrapMoE(in, &out)
@@ -425,7 +376,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "MoERoute", ClassRouter, nbytes(a.Logits, a.Bias, a.Probs, a.Sel, a.Weights, a.Counts, a.ProbSum), 8*int64(a.Logits.Numel()), T{})
+			return b.end(s, f(a), "MoERoute", backend.MoERouteCost(a), T{})
 		}
 	}
 	if f := in.MoERouteBackward; f != nil {
@@ -434,7 +385,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "MoERouteBackward", ClassRouter, nbytes(a.Probs, a.Sel, a.Weights, a.DWeights, a.AuxGrad, a.DLogits), 4*int64(a.Probs.Numel()), T{})
+			return b.end(s, f(a), "MoERouteBackward", backend.MoERouteBackwardCost(a), T{})
 		}
 	}
 	if f := in.MoEPermute; f != nil {
@@ -443,7 +394,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "MoEPermute", ClassPermute, nbytes(a.Sel, a.Offsets, a.Order, a.Slot, a.Xs, a.Xs), 0, a.Xs)
+			return b.end(s, f(a), "MoEPermute", backend.MoEPermuteCost(a), a.Xs)
 		}
 	}
 	if f := in.MoEPermuteBackward; f != nil {
@@ -452,7 +403,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "MoEPermuteBackward", ClassPermute, nbytes(a.DXs, a.Slot, a.DX), int64(a.DXs.Numel()), T{})
+			return b.end(s, f(a), "MoEPermuteBackward", backend.MoEPermuteBackwardCost(a), T{})
 		}
 	}
 	if f := in.MoECombine; f != nil {
@@ -461,7 +412,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "MoECombine", ClassCombine, nbytes(a.Ys, a.Slot, a.Weights, a.Out), 2*int64(a.Ys.Numel()), a.Out)
+			return b.end(s, f(a), "MoECombine", backend.MoECombineCost(a), a.Out)
 		}
 	}
 	if f := in.MoECombineBackward; f != nil {
@@ -470,7 +421,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(a)
 			}
 			s := b.begin()
-			return b.end(s, f(a), "MoECombineBackward", ClassCombine, nbytes(a.DOut, a.Ys, a.Slot, a.Weights, a.DYs, a.DWeights), 3*int64(a.Ys.Numel()), T{})
+			return b.end(s, f(a), "MoECombineBackward", backend.MoECombineBackwardCost(a), T{})
 		}
 	}
 	if f := in.SwiGLUPacked; f != nil {
@@ -479,7 +430,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(o, gateUp)
 			}
 			s := b.begin()
-			return b.end(s, f(o, gateUp), "SwiGLUPacked", ClassMLPActivation, nbytes(o, gateUp), 4*int64(o.Numel()), o)
+			return b.end(s, f(o, gateUp), "SwiGLUPacked", backend.SwiGLUPackedCost(o, gateUp), o)
 		}
 	}
 	if f := in.SwiGLUPackedBackward; f != nil {
@@ -488,7 +439,7 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 				return f(dGateUp, dOut, gateUp)
 			}
 			s := b.begin()
-			return b.end(s, f(dGateUp, dOut, gateUp), "SwiGLUPackedBackward", ClassMLPActivation, nbytes(dGateUp, dOut, gateUp), 8*int64(dOut.Numel()), T{})
+			return b.end(s, f(dGateUp, dOut, gateUp), "SwiGLUPackedBackward", backend.SwiGLUPackedBackwardCost(dGateUp, dOut, gateUp), T{})
 		}
 	}
 }

@@ -1,7 +1,7 @@
 // Package profile measures where a training step's time goes.
 //
-// A Recorder collects spans: one per backend op (its op class, bytes touched, FLOPs where they
-// are cheap to count, duration) and one per collective (its kind, bytes). Wrap puts a Recorder
+// A Recorder collects spans: one per backend op (its op class, bytes and FLOPs from the cost
+// table of engine/backend, cost.go, and its duration) and one per collective (its kind, bytes). Wrap puts a Recorder
 // in front of a backend.Backend; while profiling is off the wrapper forwards every call and
 // records nothing (one atomic load per op), while it is on each op is followed by a Sync so
 // that asynchronous devices are charged for their own work. Per step, the wall time is split

@@ -84,7 +84,8 @@ func TestWrapForwardsResults(t *testing.T) {
 }
 
 // TestWrapRecordsFusedOps: the optional fused ops of the inner backend are reached through the
-// wrapper's Optional and recorded like the required ops, with their class, bytes and FLOPs.
+// wrapper's Optional and recorded like the required ops, with the class, bytes and FLOPs of
+// backend's cost table.
 func TestWrapRecordsFusedOps(t *testing.T) {
 	rec := NewRecorder()
 	rec.Enable(true, true)
@@ -98,18 +99,20 @@ func TestWrapRecordsFusedOps(t *testing.T) {
 	out, _ := b.Alloc(tensor.F32, n, c)
 	rstd, _ := b.Alloc(tensor.F32, n)
 	p, g, m, v := mustF32(t, b, n*c), mustF32(t, b, n*c), mustF32(t, b, n*c), mustF32(t, b, n*c)
+	adam := backend.AdamWArgs{Param: p, Grad: g, M: m, V: v, LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, Step: 1}
 	// Two experts of [6, c] weights over the n rows, split 1 and n-1.
 	const ng, no = 2, 6
 	ew, eo := mustF32(t, b, ng, no, c), mustF32(t, b, n, no)
 	off, _ := backend.FromInt32(b, []int32{0, 1, n}, ng+1)
+	grouped := backend.GroupedGEMMArgs{Kind: backend.GroupedForward, A: x, B: ew, Out: eo, Offsets: off}
 	rec.BeginStep(1)
 	if err := opt.AddRMSNorm(res, out, rstd, x, res, w, 1e-6); err != nil {
 		t.Fatal(err)
 	}
-	if err := opt.AdamW(backend.AdamWArgs{Param: p, Grad: g, M: m, V: v, LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, Step: 1}); err != nil {
+	if err := opt.AdamW(adam); err != nil {
 		t.Fatal(err)
 	}
-	if err := opt.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedForward, A: x, B: ew, Out: eo, Offsets: off}); err != nil {
+	if err := opt.GroupedGEMM(grouped); err != nil {
 		t.Fatal(err)
 	}
 	st, ok := rec.EndStep()
@@ -117,20 +120,17 @@ func TestWrapRecordsFusedOps(t *testing.T) {
 		t.Fatal("no step")
 	}
 	type got struct {
-		name, class  string
-		bytes, flops int64
+		name string
+		cost backend.Cost
 	}
 	var spans []got
 	for _, sp := range st.Spans {
-		spans = append(spans, got{sp.Name, sp.Class, sp.Bytes, sp.FLOPs})
+		spans = append(spans, got{sp.Name, backend.Cost{FLOPs: sp.FLOPs, Bytes: sp.Bytes, Class: sp.Class}})
 	}
-	// AddRMSNorm reads and writes six f32 operands (4 [n,c] and rstd [n] and w [c]); AdamW four
-	// [n*c] f32 tensors; GroupedGEMM its three f32 operands and the i32 offsets, with
-	// 2*S*N_*K_ FLOPs.
 	wantSpans := []got{
-		{"AddRMSNorm", ClassNorm, 4 * (4*n*c + n + c), 5 * n * c},
-		{"AdamW", ClassOptimizer, 4 * 4 * n * c, 12 * n * c},
-		{"GroupedGEMM.forward", ClassExpertGEMM, 4 * (n*c + ng*no*c + n*no + ng + 1), 2 * n * no * c},
+		{"AddRMSNorm", backend.AddRMSNormCost(res, out, rstd, x, res, w)},
+		{"AdamW", backend.AdamWCost(adam)},
+		{"GroupedGEMM.forward", backend.GroupedGEMMCost(grouped)},
 	}
 	if len(spans) != len(wantSpans) || spans[0] != wantSpans[0] || spans[1] != wantSpans[1] || spans[2] != wantSpans[2] {
 		t.Fatalf("spans %+v, want %+v", spans, wantSpans)

@@ -290,7 +290,7 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 func (e *engine) addDeviceMetrics(pm *halov1.StepMetrics) {
 	a := e.t.Arch()
 	tokens := float64(pm.Tokens)
-	pm.ModelFlops = 6*float64(e.t.NumParams())*tokens + 6*float64(a.Layers)*float64(a.Hidden)*float64(e.t.Cfg.Batch.MaxLength)*tokens
+	pm.ModelFlops = backend.TrainingFLOPsPerToken(int64(e.t.NumParams()), a.Layers, e.t.Cfg.Batch.MaxLength, a.Heads, a.HeadDim) * tokens
 	if pm.StepTimeS > 0 {
 		pm.Tflops = pm.ModelFlops / pm.StepTimeS / 1e12
 	}

@@ -208,8 +208,8 @@ func TestGPUAttentionThroughput(t *testing.T) {
 		vals := map[string]float64{
 			"fwd_ms": fwdMs, "bwd_ms": bwdMs, "bwd_fused_ms": fusedMs,
 			"fwd_tflops":       flops / (fwdMs * 1e-3) / 1e12,
-			"bwd_tflops":       2.5 * flops / (bwdMs * 1e-3) / 1e12,
-			"bwd_fused_tflops": 2.5 * flops / (fusedMs * 1e-3) / 1e12,
+			"bwd_tflops":       backend.AttentionBackwardRatio * flops / (bwdMs * 1e-3) / 1e12,
+			"bwd_fused_tflops": backend.AttentionBackwardRatio * flops / (fusedMs * 1e-3) / 1e12,
 		}
 		t.Logf("%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), one-pass backward %.3f ms (%.0f TFLOP/s)",
 			s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"], fusedMs, vals["bwd_fused_tflops"])
@@ -231,7 +231,7 @@ func TestGPUAttentionThroughput(t *testing.T) {
 			vals["wg_fwd_ms"], vals["wg_bwd_ms"], vals["wg_bwd_dq_only_ms"], vals["wg_bwd_dkv_only_ms"] = wfwd, wbwd, wdq, wdkv
 			vals["wg_bwd_dl_only_ms"] = wdl
 			vals["wg_fwd_tflops"] = flops / (wfwd * 1e-3) / 1e12
-			vals["wg_bwd_tflops"] = 2.5 * flops / (wbwd * 1e-3) / 1e12
+			vals["wg_bwd_tflops"] = backend.AttentionBackwardRatio * flops / (wbwd * 1e-3) / 1e12
 			t.Logf("%s: warpgroup forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s; dQ kernel alone %.3f ms, dK/dV alone %.3f ms, each with the dl pass; that pass alone %.3f ms)",
 				s.name, wfwd, vals["wg_fwd_tflops"], wbwd, vals["wg_bwd_tflops"], wdq, wdkv, wdl)
 		}
@@ -368,10 +368,15 @@ type benchAttentionShape struct {
 	NH, NKV, HD int
 }
 
-// flops is the forward's work for B causal documents of T tokens: 4 * HD per (query, key) pair
-// and head (the backward does 2.5 times that).
+// flops is the forward's work for B causal documents of T tokens (backend.AttentionCost: 4*HD
+// per (query, key) pair and head; the backward does backend.AttentionBackwardRatio times that).
 func (s benchAttentionShape) flops(B, T int) float64 {
-	return float64(B) * float64(T) * float64(T+1) / 2 * float64(s.NH) * 4 * float64(s.HD)
+	cu := make([]int32, B+1)
+	for i := range cu {
+		cu[i] = int32(i * T)
+	}
+	a := backend.AttentionArgs{AttentionShape: backend.AttentionShape{NH: s.NH, NKV: s.NKV, HD: s.HD}}
+	return float64(backend.AttentionCost(a, backend.CausalPairs(cu, 0)).FLOPs)
 }
 
 // attentionBench allocates random Q, K, V and the outputs for B documents of T tokens and returns

@@ -265,7 +265,7 @@ func TestGPUTrainStepThroughput(t *testing.T) {
 		"baseline_torch_peak_gib":          66.7,
 		"ratio_vs_baseline_tokens_per_s":   tokps / 45500,
 		"params":                           float64(m.NumParams()),
-		"mfu_6N_plus_attn_vs_989_tflops":   (6*float64(m.NumParams()) + 6*28*(16*128)*4096) * tokps / 989e12,
+		"mfu_6N_plus_attn_vs_989_tflops":   backend.TrainingFLOPsPerToken(int64(m.NumParams()), 28, 4096, 16, 128) * tokps / 989e12,
 		"first_step_includes_kernel_build": 1,
 	}
 	t.Logf("qwen3-0.6B shape, bf16, 4x4096: %.0f tokens/s (step %.3f s), peak %.1f GiB, loss %.3f",

@@ -1046,11 +1046,10 @@ func TestGPUGEMMThroughput(t *testing.T) {
 func TestGPUOpTimes(t *testing.T) {
 	g := gpu(t)
 	const (
-		B, T          = 4, 4096
-		N             = B * T
-		C, F          = 1024, 3072
-		NH, NKV, HD   = 16, 8, 128
-		attnFlopsPair = 4 * HD // per (query, key) pair forward: QK^T and PV
+		B, T        = 4, 4096
+		N           = B * T
+		C, F        = 1024, 3072
+		NH, NKV, HD = 16, 8, 128
 	)
 	x := randomTensor(t, g, 1, tensor.BF16, 1, N, C)
 	w := randomTensor(t, g, 2, tensor.BF16, 1, C)
@@ -1069,28 +1068,26 @@ func TestGPUOpTimes(t *testing.T) {
 	mo, _ := g.Alloc(tensor.BF16, N, F)
 	cu, _ := backend.FromInt32(g, cuSeqlens(T, T, T, T), B+1)
 	sh := backend.AttentionShape{CuSeqlens: cu, NH: NH, NKV: NKV, HD: HD}
+	fwdArgs := backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v}
+	bwdArgs := backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse}
 	values := map[string]float64{}
 	values["rmsnorm_fwd_ms"] = timeIt(t, g, 10, func() error { return g.RMSNorm(out, rstd, x, w, 1e-6) })
 	values["swiglu_fwd_ms"] = timeIt(t, g, 10, func() error { return g.SwiGLU(mo, gate, up) })
 	for _, kernel := range []string{"mma", "simt"} {
 		g.attnMMA = kernel == "mma"
-		values["attention_fwd_ms_"+kernel] = timeIt(t, g, 1, func() error {
-			return g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ao, LSE: lse, Q: q, K: k, V: v})
-		})
-		values["attention_bwd_ms_"+kernel] = timeIt(t, g, 1, func() error {
-			return g.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: sh, DQ: dq, DK: dk, DV: dv, DOut: ao, Q: q, K: k, V: v, Out: ao, LSE: lse})
-		})
+		values["attention_fwd_ms_"+kernel] = timeIt(t, g, 1, func() error { return g.Attention(fwdArgs) })
+		values["attention_bwd_ms_"+kernel] = timeIt(t, g, 1, func() error { return g.AttentionBackward(bwdArgs) })
 	}
 	g.attnMMA = true
-	pairs := float64(B) * float64(T) * float64(T+1) / 2 * NH
+	pairs := backend.CausalPairs(cuSeqlens(T, T, T, T), 0)
 	for _, kernel := range []string{"mma", "simt"} {
-		values["attention_fwd_tflops_"+kernel] = pairs * attnFlopsPair / (values["attention_fwd_ms_"+kernel] * 1e-3) / 1e12
-		values["attention_bwd_tflops_"+kernel] = 2.5 * pairs * attnFlopsPair / (values["attention_bwd_ms_"+kernel] * 1e-3) / 1e12
+		values["attention_fwd_tflops_"+kernel] = float64(backend.AttentionCost(fwdArgs, pairs).FLOPs) / (values["attention_fwd_ms_"+kernel] * 1e-3) / 1e12
+		values["attention_bwd_tflops_"+kernel] = float64(backend.AttentionBackwardCost(bwdArgs, pairs).FLOPs) / (values["attention_bwd_ms_"+kernel] * 1e-3) / 1e12
 	}
-	values["rmsnorm_fwd_gbps"] = float64(2*N*C*2) / (values["rmsnorm_fwd_ms"] * 1e-3) / 1e9
-	values["swiglu_fwd_gbps"] = float64(3*N*F*2) / (values["swiglu_fwd_ms"] * 1e-3) / 1e9
+	values["rmsnorm_fwd_gbps"] = float64(backend.RMSNormCost(out, rstd, x, w).Bytes) / (values["rmsnorm_fwd_ms"] * 1e-3) / 1e9
+	values["swiglu_fwd_gbps"] = float64(backend.SwiGLUCost(mo, gate, up).Bytes) / (values["swiglu_fwd_ms"] * 1e-3) / 1e9
 	for k, v := range values {
 		t.Logf("%s = %.3f", k, v)
 	}
-	report.addBench(benchmark{Name: "layer_ops_qwen3_0.6b_shape_b4x4096", Values: values, Note: "median of 5 timed repetitions with CUDA events; bandwidth counts each input read once and each output written once; attention FLOPs count 4*HD per causal (query, key) pair forward and 2.5x that backward"})
+	report.addBench(benchmark{Name: "layer_ops_qwen3_0.6b_shape_b4x4096", Values: values, Note: "median of 5 timed repetitions with CUDA events; FLOPs and bytes from backend's cost table: bandwidth counts each input read once and each output written once (weights and rstd included); attention FLOPs count 4*HD per causal (query, key) pair and head forward and 2.5x that backward"})
 }

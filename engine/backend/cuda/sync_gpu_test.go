@@ -384,16 +384,19 @@ func benchLayerGEMMs(t *testing.T, g *Backend, bench string, lins []gemmBenchLin
 		dy := randomTensor(t, g, 3, tensor.BF16, 1, l.M, l.O)
 		dx, _ := g.Alloc(tensor.BF16, l.M, l.I)
 		dw, _ := g.Alloc(outDT, l.O, l.I)
-		flops := 2 * float64(l.M) * float64(l.O) * float64(l.I)
+		dxArgs := backend.LinearBackwardArgs{DX: dx, DY: dy, W: w}
+		dwArgs := backend.LinearBackwardArgs{DW: dw, DY: dy, X: x}
 		for _, p := range []struct {
 			name string
 			out  tensor.Tensor
+			cost backend.Cost
 			f    func() error
 		}{
-			{"fwd", y, func() error { return g.Linear(y, x, w, tensor.Tensor{}) }},
-			{"dx", dx, func() error { return g.LinearBackward(backend.LinearBackwardArgs{DX: dx, DY: dy, W: w}) }},
-			{"dw", dw, func() error { return g.LinearBackward(backend.LinearBackwardArgs{DW: dw, DY: dy, X: x}) }},
+			{"fwd", y, backend.LinearCost(y, x, w, tensor.Tensor{}), func() error { return g.Linear(y, x, w, tensor.Tensor{}) }},
+			{"dx", dx, backend.LinearBackwardCost(dxArgs), func() error { return g.LinearBackward(dxArgs) }},
+			{"dw", dw, backend.LinearBackwardCost(dwArgs), func() error { return g.LinearBackward(dwArgs) }},
 		} {
+			flops := float64(p.cost.FLOPs)
 			key := l.name + "_" + p.name
 			shape := fmt.Sprintf("%s %s %s M=%d O=%d I=%d", bench, l.name, p.name, l.M, l.O, l.I)
 			// once: zero the output (dW accumulates), run one call and read the result back.
@@ -505,13 +508,11 @@ func TestGPUCrossEntropyThroughput(t *testing.T) {
 	}()
 	g.ResetPeak()
 	base := g.MemStats().Allocated
-	fwdBwd := timeIt(t, g, 1, func() error {
-		return g.CrossEntropy(backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss, DHidden: dh, DWeight: dw, GradScale: 1.0 / N})
-	})
+	fwdBwdArgs := backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss, DHidden: dh, DWeight: dw, GradScale: 1.0 / N}
+	fwdArgs := backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss}
+	fwdBwd := timeIt(t, g, 1, func() error { return g.CrossEntropy(fwdBwdArgs) })
 	scratch := float64(g.MemStats().Peak-base) / (1 << 30)
-	fwd := timeIt(t, g, 1, func() error {
-		return g.CrossEntropy(backend.CrossEntropyArgs{Hidden: h, Weight: w, Targets: tg, Loss: loss})
-	})
+	fwd := timeIt(t, g, 1, func() error { return g.CrossEntropy(fwdArgs) })
 	rows := crossEntropyChunkRows(N, V)
 	logits := randomTensor(t, g, 5, tensor.F32, 3, rows, V)
 	dl, _ := g.Alloc(tensor.BF16, rows, V)
@@ -532,12 +533,11 @@ func TestGPUCrossEntropyThroughput(t *testing.T) {
 	rowsFwd := timeIt(t, g, 5, kernel(0))
 	rowsBwd := timeIt(t, g, 5, kernel(pd))
 	logitBytes := float64(rows) * V * 4
-	gemmFlops := 2 * float64(N) * V * C
 	values := map[string]float64{
 		"fwd_bwd_ms":                 fwdBwd,
 		"fwd_ms":                     fwd,
-		"fwd_bwd_gemm_tflops":        3 * gemmFlops / (fwdBwd * 1e-3) / 1e12,
-		"fwd_gemm_tflops":            gemmFlops / (fwd * 1e-3) / 1e12,
+		"fwd_bwd_gemm_tflops":        float64(backend.CrossEntropyCost(fwdBwdArgs).FLOPs) / (fwdBwd * 1e-3) / 1e12,
+		"fwd_gemm_tflops":            float64(backend.CrossEntropyCost(fwdArgs).FLOPs) / (fwd * 1e-3) / 1e12,
 		"chunk_rows":                 float64(rows),
 		"scratch_peak_gib":           scratch,
 		"ce_rows_fwd_ms_per_chunk":   rowsFwd,
@@ -550,12 +550,13 @@ func TestGPUCrossEntropyThroughput(t *testing.T) {
 		t.Logf("%s = %.3f", k, v)
 	}
 	report.addBench(benchmark{Name: "cross_entropy_16384x151936_bf16", Values: values,
-		Note: "fused LM head + loss (chunked GEMMs + ce_rows); TFLOP/s count the 3 GEMMs (logits, dHidden, dWeight) of 2*N*V*C each; ce_rows bandwidth counts the fp32 logits read once (fwd) or twice plus bf16 dlogits written (fwd+bwd); median of 5 with CUDA events"})
+		Note: "fused LM head + loss (chunked GEMMs + ce_rows); TFLOP/s count backend.CrossEntropyCost's FLOPs, the 3 GEMMs (logits, dHidden, dWeight) of 2*N*V*C each; ce_rows bandwidth counts the fp32 logits read once (fwd) or twice plus bf16 dlogits written (fwd+bwd); median of 5 with CUDA events"})
 }
 
 // TestGPUMemoryBoundKernels reports the bandwidth of the normalisation, rotary and MLP kernels
-// at the Qwen3-0.6B shape (16384 tokens, C=1024, 16 q heads of 128, F=3072), counting each input
-// read once and each output written once.
+// at the Qwen3-0.6B shape (16384 tokens, C=1024, 16 q heads of 128, F=3072), counting the bytes
+// of backend's cost table (each input read once, each output written once, accumulated outputs
+// read and written, weights, rstd and positions included).
 func TestGPUMemoryBoundKernels(t *testing.T) {
 	g := gpu(t)
 	const (
@@ -604,33 +605,30 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 	if err := g.RMSNorm(qoh, qrstd, qh, qw, 1e-6); err != nil {
 		t.Fatal(err)
 	}
-	const e = 2 // bytes per bf16
+	normBwd := backend.RMSNormBackwardArgs{DX: dx, DW: dw, DY: out, X: x, W: w, RStd: rstd}
+	qnormBwd := backend.RMSNormBackwardArgs{DX: qoh, DW: qdw, DY: qh, X: qh, W: qw, RStd: qrstd}
 	kernels := []struct {
-		name  string
-		bytes float64
-		f     func() error
+		name string
+		cost backend.Cost
+		f    func() error
 	}{
-		{"rmsnorm_fwd", e * 2 * N * C, func() error { return g.RMSNorm(out, rstd, x, w, 1e-6) }},
-		{"add_rmsnorm_fwd", e * 4 * N * C, func() error { return g.AddRMSNorm(ro, out, rstd, x, res, w, 1e-6) }},
-		{"rmsnorm_bwd", e * 3 * N * C, func() error {
-			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx, DW: dw, DY: out, X: x, W: w, RStd: rstd})
-		}},
-		{"qnorm_fwd", e * 2 * N * H * HD, func() error { return g.RMSNorm(qoh, qrstd, qh, qw, 1e-6) }},
-		{"qnorm_bwd", e * 3 * N * H * HD, func() error {
-			return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: qoh, DW: qdw, DY: qh, X: qh, W: qw, RStd: qrstd})
-		}},
-		{"rope_fwd_q", e * 2 * N * H * HD, func() error { return g.RoPE(qo, q, rope) }},
-		{"rope_bwd_q", e * 2 * N * H * HD, func() error { return g.RoPEBackward(qo, q, rope) }},
-		{"add_residual", e * 3 * N * C, func() error { return g.Add(out, x, res) }},
-		{"swiglu_fwd", e * 3 * N * F, func() error { return g.SwiGLU(mo, gate, up) }},
-		{"swiglu_bwd", e * 5 * N * F, func() error { return g.SwiGLUBackward(dg, du, mo, gate, up) }},
+		{"rmsnorm_fwd", backend.RMSNormCost(out, rstd, x, w), func() error { return g.RMSNorm(out, rstd, x, w, 1e-6) }},
+		{"add_rmsnorm_fwd", backend.AddRMSNormCost(ro, out, rstd, x, res, w), func() error { return g.AddRMSNorm(ro, out, rstd, x, res, w, 1e-6) }},
+		{"rmsnorm_bwd", backend.RMSNormBackwardCost(normBwd), func() error { return g.RMSNormBackward(normBwd) }},
+		{"qnorm_fwd", backend.RMSNormCost(qoh, qrstd, qh, qw), func() error { return g.RMSNorm(qoh, qrstd, qh, qw, 1e-6) }},
+		{"qnorm_bwd", backend.RMSNormBackwardCost(qnormBwd), func() error { return g.RMSNormBackward(qnormBwd) }},
+		{"rope_fwd_q", backend.RoPECost(qo, q, rope), func() error { return g.RoPE(qo, q, rope) }},
+		{"rope_bwd_q", backend.RoPEBackwardCost(qo, q, rope), func() error { return g.RoPEBackward(qo, q, rope) }},
+		{"add_residual", backend.AddCost(out, x, res), func() error { return g.Add(out, x, res) }},
+		{"swiglu_fwd", backend.SwiGLUCost(mo, gate, up), func() error { return g.SwiGLU(mo, gate, up) }},
+		{"swiglu_bwd", backend.SwiGLUBackwardCost(dg, du, mo, gate, up), func() error { return g.SwiGLUBackward(dg, du, mo, gate, up) }},
 	}
 	values := map[string]float64{}
 	for _, k := range kernels {
 		ms := timeIt(t, g, 10, k.f)
 		values[k.name+"_ms"] = ms
-		values[k.name+"_gbps"] = k.bytes / (ms * 1e-3) / 1e9
-		t.Logf("%s: %.3f ms, %.0f GB/s", k.name, ms, k.bytes/(ms*1e-3)/1e9)
+		values[k.name+"_gbps"] = float64(k.cost.Bytes) / (ms * 1e-3) / 1e9
+		t.Logf("%s: %.3f ms, %.0f GB/s", k.name, ms, values[k.name+"_gbps"])
 	}
 	// The backward's grid bound, swept: the figure behind normBwdOptions.blocksPerSM.
 	defer func(v int) { g.normBwd.blocksPerSM = v }(g.normBwd.blocksPerSM)
@@ -678,26 +676,24 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 		for _, shared := range []bool{false, true} {
 			g.normBwd.sharedDW = shared
 			for _, acc := range []bool{false, true} {
-				ms := timeIt(t, g, 10, func() error {
-					return g.RMSNormBackward(backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc})
-				})
+				a := backend.RMSNormBackwardArgs{DX: dx2, DW: dw2, DY: o2, X: x2, W: w2, RStd: r2, AccumulateDX: acc}
+				ms := timeIt(t, g, 10, func() error { return g.RMSNormBackward(a) })
 				name := "rmsnorm_bwd_c2048"
 				if shared {
 					name += "_shared_dw"
 				}
-				bytes := e * 3 * N * C2
 				if acc {
-					name, bytes = name+"_accumulate", e*4*N*C2
+					name += "_accumulate"
 				}
 				values[name+"_ms"] = ms
-				values[name+"_gbps"] = float64(bytes) / (ms * 1e-3) / 1e9
+				values[name+"_gbps"] = float64(backend.RMSNormBackwardCost(a).Bytes) / (ms * 1e-3) / 1e9
 				t.Logf("%s: %.3f ms, %.0f GB/s", name, ms, values[name+"_gbps"])
 			}
 		}
 	}
 	values["h200_hbm_gbps_datasheet"] = 4800
 	report.addBench(benchmark{Name: "memory_bound_kernels_qwen3_0.6b_16384_tokens", Values: values,
-		Note: "bf16; bandwidth counts each [N,*] input read once and each output written once (weights, rstd and positions not counted); median of 5 x 10 calls with CUDA events"})
+		Note: "bf16; bandwidth counts backend.Cost's bytes: each input read once, each output written once, accumulated outputs read and written, weights, rstd and positions included; median of 5 x 10 calls with CUDA events"})
 }
 
 // TestGPURMSNormVectorised covers the vectorised bf16 kernels' row layouts: several rows per
