@@ -178,7 +178,7 @@ func TestEveryWrapperIsCovered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	found, err := backendTypes(root)
+	found, _, err := scanBackendUses(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,11 +202,30 @@ func TestEveryWrapperIsCovered(t *testing.T) {
 	}
 }
 
-// backendTypes returns "dir.Type" (dir relative to root) for every type in the non-test Go
-// files under root that embeds backend.Backend or has a method Optional() backend.Optional.
-func backendTypes(root string) ([]string, error) {
+// TestNoCapabilityTypeAssertions: no non-test source finds a capability by asserting a value to
+// a type of engine/backend (v.(backend.DeviceTimer)); through a wrapper that takes the slow path
+// without a word, which is what Backend.Optional is for.
+func TestNoCapabilityTypeAssertions(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, asserts, err := scanBackendUses(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range asserts {
+		t.Errorf("%s: a type assertion to an engine/backend type; ask the backend's Optional() for the capability instead", a)
+	}
+}
+
+// scanBackendUses reads the non-test Go files under root. types are "dir.Type" (dir relative to
+// root) for every type that embeds backend.Backend or has a method Optional() backend.Optional;
+// asserts are "file:line" of every type assertion or type switch case naming a type of
+// engine/backend.
+func scanBackendUses(root string) (types, asserts []string, err error) {
 	seen := map[string]bool{}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -220,7 +239,8 @@ func backendTypes(root string) ([]string, error) {
 		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 		if err != nil {
 			return err
 		}
@@ -239,6 +259,35 @@ func backendTypes(root string) ([]string, error) {
 			x, ok := s.X.(*ast.Ident)
 			return ok && x.Name == pkg && s.Sel.Name == sel
 		}
+		isBackendType := func(e ast.Expr) bool {
+			if s, ok := e.(*ast.StarExpr); ok {
+				e = s.X
+			}
+			s, ok := e.(*ast.SelectorExpr)
+			if !ok {
+				return false
+			}
+			x, ok := s.X.(*ast.Ident)
+			return ok && x.Name == "backend"
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			var ts []ast.Expr
+			switch n := n.(type) {
+			case *ast.TypeAssertExpr:
+				ts = []ast.Expr{n.Type}
+			case *ast.TypeSwitchStmt:
+				for _, c := range n.Body.List {
+					ts = append(ts, c.(*ast.CaseClause).List...)
+				}
+			}
+			for _, ty := range ts {
+				if ty != nil && isBackendType(ty) {
+					rel, _ := filepath.Rel(root, path)
+					asserts = append(asserts, fmt.Sprintf("%s:%d", filepath.ToSlash(rel), fset.Position(ty.Pos()).Line))
+				}
+			}
+			return true
+		})
 		for _, decl := range f.Decls {
 			switch d := decl.(type) {
 			case *ast.GenDecl:
@@ -273,12 +322,11 @@ func backendTypes(root string) ([]string, error) {
 		}
 		return nil
 	})
-	out := make([]string, 0, len(seen))
 	for ty := range seen {
-		out = append(out, ty)
+		types = append(types, ty)
 	}
-	sort.Strings(out)
-	return out, err
+	sort.Strings(types)
+	return types, asserts, err
 }
 
 // countingDevice is a CPU device that counts the calls of Add, RMSNorm and the optional

@@ -23,7 +23,7 @@ func NewTrainer(cfg *train.Config) (*train.Trainer, error) {
 
 // Profiled wraps b with profile.Wrap and a recorder of its own (b as it is when it is wrapped
 // already). Recording stays off, and costs one atomic load per op, until a profile is asked
-// for. A device whose ops run asynchronously (backend.DeviceTimer: a GPU) is timed on the
+// for. A device whose ops run asynchronously (a GPU, whose Optional has a Timer) is timed on the
 // device, between events around each op, so a profiled step runs at full speed and its split
 // is device time; a parallel plan switches that off for its ranks (engine/train).
 func Profiled(b backend.Backend) backend.Backend {
@@ -31,7 +31,7 @@ func Profiled(b backend.Backend) backend.Backend {
 		return b
 	}
 	rec := profile.NewRecorder()
-	if t, ok := b.(backend.DeviceTimer); ok {
+	if t := b.Optional().Timer; t != nil {
 		rec.TimeOnDevice(t)
 	}
 	return profile.Wrap(b, rec)
