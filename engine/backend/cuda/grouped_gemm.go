@@ -11,8 +11,13 @@ import (
 
 const groupedFile = "grouped_gemm.cu"
 
-// groupedTile is the CTA tile of the mma.sync kernels (GG_BM = GG_BN in grouped_gemm.cu).
-const groupedTile = 128
+// groupedTile is the CTA tile of the mma.sync kernels (GG_BM = GG_BN in grouped_gemm.cu), and
+// groupedShared their dynamic shared memory (GG_SHARED: four buffers of each operand's
+// 128 x (32+8) bf16 tile).
+const (
+	groupedTile   = 128
+	groupedShared = 2 * 4 * groupedTile * (32 + 8) * 2
+)
 
 // groupedMMAKernels are the mma.sync kernels per kind.
 var groupedMMAKernels = [...]string{
@@ -82,7 +87,7 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		args := packArgs(po, co, pa, pb, poff, int32(d.G), int32(d.N), int32(d.K), acc)
 		name := groupedMMAKernels[a.Kind]
 		return b.d.Post(func() error {
-			return b.d.launchOnThread(groupedFile, name, grid, [3]uint32{256, 1, 1}, 0, args...)
+			return b.d.launchOnThread(groupedFile, name, grid, [3]uint32{256, 1, 1}, groupedShared, args...)
 		})
 	}
 	n := int64(a.Out.Numel())

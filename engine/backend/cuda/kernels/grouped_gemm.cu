@@ -19,10 +19,10 @@
 // Two implementations:
 //   grouped_gemm_mma_{fwd,dx,dw}: bf16 operands (rows 16-byte aligned: every leading dimension
 //     a multiple of 8), out f32 or bf16. CTA tiles of 128 x 128 outputs, 8 warps of 64 x 32, the
-//     reduction in steps of 32 through two shared-memory buffers filled by cp.async (the copy of
-//     step i+1 overlaps the products of step i), products by mma.sync m16n8k16 with operands
-//     out of shared memory by ldmatrix (.trans where the operand's contiguous dimension is not
-//     the reduction). Runs on every arch from sm_80.
+//     reduction in steps of 32 through a ring of four shared-memory buffers filled by cp.async
+//     (the copies of steps i+1 .. i+3 overlap the products of step i), products by mma.sync
+//     m16n8k16 with operands out of shared memory by ldmatrix (.trans where the operand's
+//     contiguous dimension is not the reduction). Runs on every arch from sm_80.
 //     Row kinds: blockIdx.y is a row tile of the concatenation of per-group tiles (group g has
 //     ceil(M_g / 128) of them); the launcher sizes the grid for the bound ceil(S / 128) + G, and
 //     each CTA finds its group with a warp prefix sum over off, exiting when it has none.
@@ -34,10 +34,18 @@
 #define GG_BN 128
 #define GG_BK 32
 #define GG_THREADS 256
+#define GG_STAGES 4
 // Shared-memory elements of one operand's buffer: a K-major tile [128][32+8] or a tile of the
 // other layout [32][128+8], whichever is larger (row strides of 16 bytes past a multiple of 64
 // keep the eight rows of one ldmatrix in distinct banks).
 #define GG_TILE_ELEMS (GG_BM * (GG_BK + 8))
+// Dynamic shared memory of the mma kernels: GG_STAGES buffers of each operand (80 KiB; two CTAs
+// fit on an sm_80 or later multiprocessor).
+#define GG_SHARED (2 * GG_STAGES * GG_TILE_ELEMS * 2)
+
+// cp_wait_n waits until at most N of this thread's cp.async groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_wait_n() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // gg_load starts copying an R x CC tile of a row-major bf16 matrix g (row stride ld elements) at
 // (row0, col0) into sm with row stride CC + 8; rows >= row_end or columns >= col_end read as zero.
@@ -83,19 +91,23 @@ __device__ __forceinline__ void gg_tile(float (*acc)[4][4], bf16* sa, bf16* sb,
         else gg_load<GG_BK, GG_BM>(da, a, lda, kt, k_end, m0, m_end);
         if (BKM) gg_load<GG_BN, GG_BK>(db, b, ldb, n0, n_end, kt, k_end);
         else gg_load<GG_BK, GG_BN>(db, b, ldb, kt, k_end, n0, n_end);
-        cp_commit();
     };
-    load(0, k0);
+    // Stages 0 .. GG_STAGES-2 in flight before the first product; one commit group per step
+    // (empty past the last tile) so that wait_group GG_STAGES-2 always means "step i landed".
+#pragma unroll
+    for (int st = 0; st < GG_STAGES - 1; st++) {
+        if (st < nk) load(st, k0 + (long long)st * GG_BK);
+        cp_commit();
+    }
     for (int i = 0; i < nk; i++) {
-        if (i + 1 < nk) {
-            load((i + 1) & 1, k0 + (long long)(i + 1) * GG_BK);
-            cp_wait1();
-        } else {
-            cp_wait_all();
-        }
+        cp_wait_n<GG_STAGES - 2>();
+        // Step i is in shared memory for every thread, and every warp is done with step i-1,
+        // whose buffer the copy below refills.
         __syncthreads();
-        const bf16* ca = sa + (i & 1) * GG_TILE_ELEMS;
-        const bf16* cb = sb + (i & 1) * GG_TILE_ELEMS;
+        if (i + GG_STAGES - 1 < nk) load((i + GG_STAGES - 1) % GG_STAGES, k0 + (long long)(i + GG_STAGES - 1) * GG_BK);
+        cp_commit();
+        const bf16* ca = sa + (i % GG_STAGES) * GG_TILE_ELEMS;
+        const bf16* cb = sb + (i % GG_STAGES) * GG_TILE_ELEMS;
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
             unsigned af[4][4], bfr[4][2];
@@ -121,8 +133,8 @@ __device__ __forceinline__ void gg_tile(float (*acc)[4][4], bf16* sa, bf16* sb,
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
         }
-        __syncthreads();
     }
+    cp_wait_n<0>();
 }
 
 // gg_store writes a CTA's accumulators into out (row stride ldo, dtype code co): rows m0.. below
@@ -187,14 +199,15 @@ __device__ __forceinline__ void gg_find_row_tile(const int* off, int G, int t, i
 
 // Forward: out [S, N_] rows of group g = a [S, K_] rows · b_g^T, b [G, N_, K_]. Grid
 // (ceil(N_/128), ceil(S/128) + G).
-extern "C" __global__ void __launch_bounds__(GG_THREADS) grouped_gemm_mma_fwd(
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 2) grouped_gemm_mma_fwd(
     void* out, int co,        // [S, N_] f32 or bf16
     const bf16* a,            // [S, K_]
     const bf16* b,            // [G, N_, K_]
     const int* off,           // [G+1]
     int G, int N, int K, int accumulate) {
-    __shared__ __attribute__((aligned(16))) bf16 sa[2 * GG_TILE_ELEMS];
-    __shared__ __attribute__((aligned(16))) bf16 sb[2 * GG_TILE_ELEMS];
+    extern __shared__ __attribute__((aligned(16))) unsigned char gg_smem[]; // GG_SHARED bytes
+    bf16* sa = (bf16*)gg_smem;
+    bf16* sb = sa + GG_STAGES * GG_TILE_ELEMS;
     __shared__ int sg, sm0, send;
     gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
     if (sg < 0) return;
@@ -206,14 +219,15 @@ extern "C" __global__ void __launch_bounds__(GG_THREADS) grouped_gemm_mma_fwd(
 
 // Input grad: out [S, K_] rows of group g = a [S, N_] rows · b_g, b [G, N_, K_]. Grid
 // (ceil(K_/128), ceil(S/128) + G).
-extern "C" __global__ void __launch_bounds__(GG_THREADS) grouped_gemm_mma_dx(
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 2) grouped_gemm_mma_dx(
     void* out, int co,        // [S, K_] f32 or bf16
     const bf16* a,            // [S, N_] = dY
     const bf16* b,            // [G, N_, K_]
     const int* off,           // [G+1]
     int G, int N, int K, int accumulate) {
-    __shared__ __attribute__((aligned(16))) bf16 sa[2 * GG_TILE_ELEMS];
-    __shared__ __attribute__((aligned(16))) bf16 sb[2 * GG_TILE_ELEMS];
+    extern __shared__ __attribute__((aligned(16))) unsigned char gg_smem[]; // GG_SHARED bytes
+    bf16* sa = (bf16*)gg_smem;
+    bf16* sb = sa + GG_STAGES * GG_TILE_ELEMS;
     __shared__ int sg, sm0, send;
     gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
     if (sg < 0) return;
@@ -226,14 +240,15 @@ extern "C" __global__ void __launch_bounds__(GG_THREADS) grouped_gemm_mma_dx(
 
 // Weight grad: out_g [N_, K_] = a_g^T · b_g over the rows of group g, a [S, N_] = dY, b [S, K_] =
 // X. Grid (ceil(K_/128), ceil(N_/128), G).
-extern "C" __global__ void __launch_bounds__(GG_THREADS) grouped_gemm_mma_dw(
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 2) grouped_gemm_mma_dw(
     void* out, int co,        // [G, N_, K_] f32 or bf16
     const bf16* a,            // [S, N_] = dY
     const bf16* b,            // [S, K_] = X
     const int* off,           // [G+1]
     int G, int N, int K, int accumulate) {
-    __shared__ __attribute__((aligned(16))) bf16 sa[2 * GG_TILE_ELEMS];
-    __shared__ __attribute__((aligned(16))) bf16 sb[2 * GG_TILE_ELEMS];
+    extern __shared__ __attribute__((aligned(16))) unsigned char gg_smem[]; // GG_SHARED bytes
+    bf16* sa = (bf16*)gg_smem;
+    bf16* sb = sa + GG_STAGES * GG_TILE_ELEMS;
     const int g = blockIdx.z;
     long long m0 = (long long)blockIdx.y * GG_BM, n0 = (long long)blockIdx.x * GG_BN;
     float acc[4][4][4];
