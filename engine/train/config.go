@@ -17,6 +17,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/internal/yamlsafe"
 )
 
 // Config is a whole training run, read from strict YAML. Key names follow Hugging Face
@@ -546,7 +547,7 @@ func (c *Config) Validate() error {
 // file that names another one is refused. Relative paths are relative to the working
 // directory, as with Hugging Face tools.
 func LoadConfig(path, method string, overrides []string) (*Config, error) {
-	src, err := os.ReadFile(path)
+	src, err := yamlsafe.ReadFile(path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -631,18 +632,14 @@ func parseConfig(src []byte, name, baseDir, method string, overrides []string) (
 	return &cfg, nil
 }
 
-// decodeStrict decodes YAML refusing unknown keys. A panic inside the YAML library on hostile
-// input becomes an error.
-func decodeStrict(src []byte, cfg *Config) (err error) {
+// decodeStrict decodes one YAML document refusing unknown keys, after yamlsafe has bounded
+// its size, nesting and alias expansion. A panic inside the YAML library on hostile input
+// becomes an error.
+func decodeStrict(src []byte, cfg *Config) error {
 	if len(bytes.TrimSpace(src)) == 0 {
 		return nil
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("cannot parse the YAML (%v)", r)
-		}
-	}()
-	return yaml.NewDecoder(bytes.NewReader(src), yaml.DisallowUnknownField()).Decode(cfg)
+	return yamlsafe.Unmarshal(src, cfg, yaml.DisallowUnknownField())
 }
 
 func unjoin(err error) []error {
@@ -868,7 +865,7 @@ func (c *Config) Set(override string) error {
 		}
 		if i == len(parts)-1 {
 			w := wrapField(part, f.Type())
-			if err := yaml.UnmarshalWithOptions([]byte(part+": "+yamlScalar(value)), w.Interface(), yaml.DisallowUnknownField()); err != nil {
+			if err := yamlsafe.Unmarshal([]byte(part+": "+yamlScalar(value)), w.Interface(), yaml.DisallowUnknownField()); err != nil {
 				return &FieldError{File: "command line", Key: key, Msg: fmt.Sprintf("bad value %q: %s", value, typeMsg(err, f.Type()))}
 			}
 			f.Set(w.Elem().Field(0))

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,6 +62,25 @@ func TestParseConfigDefaultsAndValues(t *testing.T) {
 	}
 }
 
+// aliasBomb is nine levels of ten aliases under init.overrides (1.5 KB; 10^9 nodes expanded).
+var aliasBomb = func() string {
+	var b strings.Builder
+	b.WriteString("init:\n  arch: qwen3\n  overrides:\n    l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n")
+	for i := 1; i < 9; i++ {
+		fmt.Fprintf(&b, "    l%d: &l%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*l%d, ", i-1), 10), ", "))
+	}
+	return b.String()
+}()
+
+// flowAliasBomb is the same bomb on one line, as a --key=value override would carry it.
+var flowAliasBomb = func() string {
+	parts := []string{"l0: &l0 [x, x, x, x, x, x, x, x, x, x]"}
+	for i := 1; i < 9; i++ {
+		parts = append(parts, fmt.Sprintf("l%d: &l%d [%s]", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*l%d, ", i-1), 10), ", ")))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}()
+
 func TestParseConfigRefusals(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -91,6 +111,16 @@ func TestParseConfigRefusals(t *testing.T) {
 		{"override wrong type", goodYAML, []string{"--max_steps=many"}, []string{"command line", "max_steps", "expected an integer"}},
 		{"override bad value", goodYAML, []string{"--max_steps=-5"}, []string{"command line: max_steps: -5 must be positive"}},
 		{"override malformed", goodYAML, []string{"--max_steps"}, []string{"overrides look like --key=value"}},
+		{"alias bomb under init.overrides", strings.Replace(goodYAML, "model_name_or_path: ckpt\n", "tokenizer_name_or_path: tok\n"+aliasBomb, 1), nil,
+			[]string{"config: c.yaml: yaml: aliases expand the document to more than 100000 nodes", "yamlsafe MaxNodes"}},
+		{"deep flow nesting", goodYAML + "dataset_extra: " + strings.Repeat("[", 30000) + strings.Repeat("]", 30000) + "\n", nil,
+			[]string{"config: c.yaml: yaml: collections nest 65 deep", "yamlsafe MaxDepth"}},
+		{"deep flow nesting of 400 KB", goodYAML + "x: " + strings.Repeat("[", 200000) + strings.Repeat("]", 200000) + "\n", nil,
+			[]string{"config: c.yaml: yaml: the document has 400", "yamlsafe MaxBytes"}},
+		{"a second document", goodYAML + "---\nlearning_rate: 1\n", nil,
+			[]string{"config: c.yaml: yaml: line 12, column 1: a second YAML document starts here", "remove the \"---\" line"}},
+		{"alias bomb in an override", goodYAML, []string{"--init.overrides=" + flowAliasBomb},
+			[]string{"command line: init.overrides", "yamlsafe MaxNodes"}},
 		{"several errors at once", strings.Replace(goodYAML, "max_length: 128", "max_length: 1", 1) + "adam_beta1: 1\n", nil,
 			[]string{"max_length: 1 must be", "adam_beta1: 1 must be in [0, 1)"}},
 	}
