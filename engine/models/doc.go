@@ -10,7 +10,9 @@
 // mixtral.go, olmoe.go) that declares only what the model code adds: capabilities, the
 // tensor-parallel table (Placements: module path -> column, row, replicated or per-head, and
 // which modules are routed experts), and for the mixture-of-experts families the Hub weight
-// layout of their experts (one tensor per expert) for the shared nn.MoE block (moe.go). Such models also carry transformers' load-balancing loss
+// layout of their experts (one tensor per expert, laid out in the arenas so that they are also
+// the stacked [E,2I,C] gate_up and [E,C,I] down tensors of the nn.MoE device path) for the
+// shared nn.MoE block (moe.go). Such models also carry transformers' load-balancing loss
 // (m.AuxLoss, weighted into ForwardBackward's gradient by m.AuxLossScale), per-layer expert
 // load metrics (m.ExpertLoad) and optional aux-loss-free bias balancing
 // (m.SetExpertBalancing, m.BalanceExperts after each optimizer step). A model can be built

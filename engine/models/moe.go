@@ -19,6 +19,11 @@ import (
 //	model.layers.L.<block>.experts.X.<gate>.weight     [I, C]
 //	model.layers.L.<block>.experts.X.<up>.weight       [I, C]
 //	model.layers.L.<block>.experts.X.<down>.weight     [C, I]
+//
+// In the parameter table (and so in the arenas) a layer lists every expert's gate and up,
+// expert by expert, then every expert's down, so that the held experts' weights are also the
+// stacked tensors the grouped GEMMs take, without a copy: gate_up [E,2I,C] (expert X's gate
+// rows, then its up rows) and down [E,C,I].
 type moeFFN struct {
 	block          string // "mlp" (qwen3_moe, olmoe) or "block_sparse_moe" (mixtral)
 	gate, up, down string // per-expert projection names
@@ -37,8 +42,10 @@ func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
 	s := []ParamSpec{matrix(pre+".gate.weight", e, a.Hidden)}
 	for x := a.HeldExperts.Lo; x < a.HeldExperts.Hi; x++ {
 		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
-		s = append(s, matrix(ep+f.gate+".weight", in, a.Hidden), matrix(ep+f.up+".weight", in, a.Hidden),
-			matrix(ep+f.down+".weight", a.Hidden, in))
+		s = append(s, matrix(ep+f.gate+".weight", in, a.Hidden), matrix(ep+f.up+".weight", in, a.Hidden))
+	}
+	for x := a.HeldExperts.Lo; x < a.HeldExperts.Hi; x++ {
+		s = append(s, matrix(fmt.Sprintf("%s.experts.%d.%s.weight", pre, x, f.down), a.Hidden, in))
 	}
 	return s
 }
@@ -62,7 +69,66 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
 		m.Experts[j] = nn.Expert{Gate: lin(ep + f.gate), Up: lin(ep + f.up), Down: lin(ep + f.down)}
 	}
+	m.GateUp, m.Down = stackExperts(m)
 	return m
+}
+
+// stackExperts returns the block's expert weights (and gradients) as the stacked gate_up
+// [E,2I,C] and down [E,C,I] tensors of the device path, views of the memory the experts'
+// Linear views cover, or zero Linears when they are not laid out contiguously (a weight is
+// missing, or the views are not consecutive in one buffer).
+func stackExperts(m *nn.MoE) (gateUp, down nn.Linear) {
+	if len(m.Experts) == 0 {
+		return nn.Linear{}, nn.Linear{}
+	}
+	var gu, gug, dn, dng []tensor.Tensor
+	for _, ex := range m.Experts {
+		gu, gug = append(gu, ex.Gate.W, ex.Up.W), append(gug, ex.Gate.GW, ex.Up.GW)
+		dn, dng = append(dn, ex.Down.W), append(dng, ex.Down.GW)
+	}
+	e := len(m.Experts)
+	g0, d0 := m.Experts[0].Gate.W, m.Experts[0].Down.W
+	if g0.Rank() != 2 || d0.Rank() != 2 {
+		return nn.Linear{}, nn.Linear{}
+	}
+	in, c := g0.Dim(0), g0.Dim(1)
+	guW, ok1 := stacked(gu, e, 2*in, c)
+	dnW, ok2 := stacked(dn, e, c, in)
+	if !ok1 || !ok2 {
+		return nn.Linear{}, nn.Linear{}
+	}
+	gateUp = nn.Linear{Name: m.Name + ".experts.gate_up_proj", W: guW}
+	down = nn.Linear{Name: m.Name + ".experts.down_proj", W: dnW}
+	if g, ok := stacked(gug, e, 2*in, c); ok {
+		gateUp.GW = g
+	}
+	if g, ok := stacked(dng, e, c, in); ok {
+		down.GW = g
+	}
+	if gateUp.GW.IsNil() != down.GW.IsNil() {
+		gateUp.GW, down.GW = tensor.Tensor{}, tensor.Tensor{}
+	}
+	return gateUp, down
+}
+
+// stacked returns one tensor of shape over the consecutive views ts, or false when they are
+// not consecutive in one buffer with one dtype.
+func stacked(ts []tensor.Tensor, shape ...int) (tensor.Tensor, bool) {
+	if len(ts) == 0 || ts[0].IsNil() {
+		return tensor.Tensor{}, false
+	}
+	off := ts[0].Offset()
+	for _, t := range ts {
+		if t.IsNil() || t.Buffer() != ts[0].Buffer() || t.DType() != ts[0].DType() || t.Offset() != off {
+			return tensor.Tensor{}, false
+		}
+		off += t.Bytes()
+	}
+	out, err := tensor.New(ts[0].Buffer(), ts[0].Offset(), ts[0].DType(), shape...)
+	if err != nil || out.Bytes() != off-ts[0].Offset() {
+		return tensor.Tensor{}, false
+	}
+	return out, true
 }
 
 // expertOf returns the expert id of a routed expert's parameter name under this family's
@@ -322,6 +388,10 @@ func (m *Model) moeAfterForward(train bool) error {
 	rs := make([]*nn.Routing, len(m.moe.layers))
 	for j, l := range m.moe.layers {
 		rs[j] = l.Routing()
+		// A device-path layer's statistics are read here, once per forward.
+		if err := rs[j].Fetch(); err != nil {
+			return fmt.Errorf("models: %s: layer %d: %w", m.Arch.ModelType, m.moe.index[j], err)
+		}
 	}
 	aux, c, err := nn.LoadBalancingLoss(rs, m.moe.auxScale)
 	if err != nil {

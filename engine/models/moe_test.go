@@ -49,7 +49,7 @@ func tinyMoEWith(t testing.TB, fam string, mod func(*config.Config), o Options) 
 	if err := m.InitRandom(5); err != nil {
 		t.Fatal(err)
 	}
-	perturb(t, m, 5)
+	perturb(t, m, 6)
 	return m
 }
 
@@ -63,6 +63,14 @@ var moeCases = []struct {
 	{"qwen3_moe_mlp_only", "qwen3_moe", func(c *config.Config) { c.MLPOnlyLayers = []int{0} }},
 	{"mixtral", "mixtral", nil},
 	{"olmoe", "olmoe", nil},
+}
+
+// composed makes every MoE layer of m run the host composition (whose routing the tests
+// below inspect on the host); TestMoEDevicePathMatchesComposition ties the device path to it.
+func composed(m *Model) {
+	for _, l := range m.MoELayers() {
+		l.Composed = true
+	}
 }
 
 // selections snapshots every MoE layer's top-k choice of the latest forward.
@@ -88,6 +96,7 @@ func TestMoEGradientMatchesFiniteDifferences(t *testing.T) {
 			if err := m.ZeroGrads(); err != nil {
 				t.Fatal(err)
 			}
+			composed(m) // the tie check reads the selection on the host (after ZeroGrads rebuilt the layers)
 			_, n, err := m.ForwardBackward(batch, 1/float32(11))
 			if err != nil {
 				t.Fatal(err)

@@ -142,8 +142,10 @@ func layerNormSpecs(a *Arch, i int) []ParamSpec {
 }
 
 // specsFor is the parameter table of family f (nil: dense), in transformers' state_dict order
-// (also the arena order and the order tensors are written to a checkpoint): dense, with feed-forward blocks replaced where
-// the family's FFN hooks say so.
+// (also the arena order and the order tensors are written to a checkpoint): dense, with
+// feed-forward blocks replaced where the family's FFN hooks say so. Mixture-of-experts layers
+// list their experts' gate and up weights before all their down weights (moeFFN), so that the
+// arena holds them as the stacked tensors of the grouped GEMMs.
 func specsFor(f *Family, a *Arch) []ParamSpec {
 	emb := matrix(nameEmbed, a.Vocab, a.Hidden)
 	if a.PadID >= 0 && a.PadID < a.Vocab {

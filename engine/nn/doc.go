@@ -1,8 +1,9 @@
 // Package nn holds the layers of a decoder-only transformer with explicit Forward and Backward
 // methods over packed token rows: linear, embedding, RMSNorm, rotary attention with grouped
 // query heads, the SwiGLU MLP, the sparse mixture-of-experts block (softmax top-k router,
-// SwiGLU experts, transformers' load-balancing loss) and the LM head with a fused cross-entropy
-// loss.
+// SwiGLU experts, transformers' load-balancing loss; on the device with grouped GEMMs where the
+// backend has the MoE ops, else composed with per-expert GEMMs and host routing) and the LM
+// head with a fused cross-entropy loss.
 //
 // Every activation is a row-major [N, ...] tensor where N is the total number of tokens of a
 // packed micro-batch; documents are separated by cumulative sequence lengths and positions

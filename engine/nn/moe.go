@@ -3,6 +3,7 @@ package nn
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -25,14 +26,16 @@ type Expert struct {
 //
 // Letters: E experts, K = TopK, I the expert width, M_e the tokens routed to expert e.
 //
-// Routing runs on the host: the router logits [N,E] are downloaded, the top-k selection and
+// Two paths compute it. When the backend has the optional MoE ops and GroupedGEMM
+// (backend.Optional) and the block has its experts' weights stacked (GateUp, Down), everything
+// runs on the device with one grouped GEMM per projection (moe_device.go). Otherwise routing
+// runs on the host: the router logits [N,E] are downloaded, the top-k selection and
 // weights computed in fp32, and each expert runs on the rows routed to it, gathered with the
 // Embedding op (x acts as the table, the token indices as ids) and scatter-added back with
 // EmbeddingBackward. The routing weights of an expert's rows are uploaded ([M_e] F32) and
 // applied on the device (ScaleRows) between the expert's output and the scatter; backward
-// takes the weights' gradient with RowDot and reads all experts' back at once. A fused
-// gather/grouped-GEMM/scatter op would remove the per-expert launches; the composition here is
-// the reference.
+// takes the weights' gradient with RowDot and reads all experts' back at once. This
+// composition is the reference of the device path (and what expert-parallel runners use).
 //
 // Cached for backward (keep): x (not owned), per expert its token ids, gathered input [M_e,C],
 // gate, up and their SwiGLU product [M_e,I], its routing weights [M_e] and unweighted output [M_e,C];
@@ -72,23 +75,101 @@ type MoE struct {
 	// here, on the rows of this block.
 	Runner ExpertRunner
 
-	r   Routing
-	g   ExpertGroup
-	x   T
-	dev bool // a forward is cached
+	// GateUp and Down are the experts' weights stacked for the device path, with their
+	// gradients: GateUp.W [E,2I,C] holds expert e's gate rows then its up rows, Down.W
+	// [E,C,I]; the same memory as the Experts' Linear views. Zero tensors: the block runs the
+	// host composition.
+	GateUp, Down Linear
+	// Composed makes the block run the host composition even where the device path could run
+	// (the reference, and a way to compare the two).
+	Composed bool
+
+	r        Routing
+	g        ExpertGroup
+	d        moeDev // device-path cache
+	onDev    bool   // the cached forward took the device path
+	x        T
+	dev      bool // a forward is cached
+	biasDev  T    // Bias on the device (device path), uploaded when biasHost differs from Bias
+	biasB    backend.Backend
+	biasHost []float32
 }
 
-// Routing is the host-side result of one forward's router, kept after the forward (also
-// without keep) so that the model can compute load metrics and the aux loss.
+// Routing is the result of one forward's router, kept after the forward (also without keep)
+// so that the model can compute load metrics and the aux loss. The host path fills Probs, Sel
+// and Weights; the device path leaves them nil and keeps per-expert statistics on the device
+// until Fetch reads them.
 type Routing struct {
 	N, E, K int
-	Probs   []float32 // [N,E] softmax of the router logits (fp32)
-	Sel     []int32   // [N,K] chosen experts, by decreasing selection score
-	Weights []float32 // [N,K] routing weights
+	Probs   []float32 // [N,E] softmax of the router logits (fp32); host path only
+	Sel     []int32   // [N,K] chosen experts, by decreasing selection score; host path only
+	Weights []float32 // [N,K] routing weights; host path only
+
+	// Device path: counts [E] I32 of the selection, auxCounts [E] I32 of the top-k of the
+	// probabilities alone (only when a balancing bias chose differently), psum [E] F32 the
+	// probabilities summed over the tokens; on b until Fetch.
+	b                       backend.Backend
+	counts, auxCounts, psum T
+	load, auxLoad           []int
+	probSum                 []float64
+	fetched                 bool
 }
 
-// Load returns the number of (token, slot) assignments of each expert.
+// Fetch reads the device path's per-expert statistics to the host (one download each, after
+// the whole forward) and frees them; it does nothing after a host-path forward or a previous
+// Fetch. Load and LoadBalancingLoss need it after a device-path forward.
+func (r *Routing) Fetch() error {
+	if r.b == nil {
+		return nil
+	}
+	defer r.drop()
+	c, err := backend.ToInt32(r.b, r.counts)
+	if err != nil {
+		return fmt.Errorf("nn: routing statistics: %w", err)
+	}
+	ps, err := backend.ToFloat32(r.b, r.psum)
+	if err != nil {
+		return fmt.Errorf("nn: routing statistics: %w", err)
+	}
+	r.load, r.auxLoad, r.probSum = make([]int, r.E), nil, make([]float64, r.E)
+	for e := range r.E {
+		r.load[e], r.probSum[e] = int(c[e]), float64(ps[e])
+	}
+	if !r.auxCounts.IsNil() {
+		ac, err := backend.ToInt32(r.b, r.auxCounts)
+		if err != nil {
+			return fmt.Errorf("nn: routing statistics: %w", err)
+		}
+		r.auxLoad = make([]int, r.E)
+		for e, v := range ac {
+			r.auxLoad[e] = int(v)
+		}
+	}
+	r.fetched = true
+	return nil
+}
+
+// drop frees the device statistics.
+func (r *Routing) drop() {
+	if r.b != nil {
+		_ = free(r.b, &r.counts, &r.auxCounts, &r.psum)
+	}
+	r.b = nil
+}
+
+// reset prepares the routing for a device-path forward.
+func (r *Routing) reset() {
+	r.drop()
+	r.Probs, r.Sel, r.Weights = nil, nil, nil
+	r.load, r.auxLoad, r.probSum, r.fetched = nil, nil, nil, false
+}
+
+// Load returns the number of (token, slot) assignments of each expert (after Fetch, for a
+// device-path forward).
 func (r *Routing) Load() []int {
+	if r.fetched {
+		return slices.Clone(r.load)
+	}
 	load := make([]int, r.E)
 	for _, e := range r.Sel {
 		load[e]++
@@ -135,6 +216,7 @@ func (m *MoE) route(logits []float32, n int) error {
 		return fmt.Errorf("nn: %s: balancing bias has %d entries for %d experts", m.Name, len(m.Bias), e)
 	}
 	r := &m.r
+	r.reset()
 	r.N, r.E, r.K = n, e, k
 	r.Probs = resize(r.Probs, n*e)
 	r.Sel = resizeI(r.Sel, n*k)
@@ -312,6 +394,10 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 			m.Release(p)
 		}
 	}()
+	if o, ok := m.deviceOps(p, x); ok {
+		m.onDev = true
+		return m.deviceForward(p, o, x, keep)
+	}
 	n := x.Dim(0)
 	logits, err := m.Router.Forward(p, x)
 	if err != nil {
@@ -462,6 +548,13 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
+	if m.onDev {
+		o, ok := m.deviceOps(p, m.x)
+		if !ok {
+			return T{}, fmt.Errorf("nn: %s: the forward ran on the device path, which the backward's backend lacks", m.Name)
+		}
+		return m.deviceBackward(p, o, dy)
+	}
 	r := &m.r
 	n, k, e := r.N, r.K, r.E
 	var dw []float64 // d objective / d weight[n,k]
@@ -602,7 +695,8 @@ func (m *MoE) Release(p *Pass) {
 		m.Runner.Release(p)
 	}
 	m.g.Release(p)
-	m.x, m.dev = T{}, false
+	m.d.release(p.B)
+	m.x, m.dev, m.onDev = T{}, false, false
 }
 
 // LoadBalancingLoss is transformers' load_balancing_loss_func over the routings of every MoE
@@ -629,6 +723,22 @@ func LoadBalancingLoss(rs []*Routing, scale float64) (aux float64, c []float64, 
 	for li, rt := range rs {
 		if rt.E != e || rt.K != k {
 			return 0, nil, fmt.Errorf("nn: load-balancing loss: layer %d routes top-%d of %d experts, layer 0 top-%d of %d", li, rt.K, rt.E, k, e)
+		}
+		if rt.fetched {
+			// A device-path forward: the counts of the top-k of p and the sums of p.
+			load := rt.load
+			if rt.auxLoad != nil {
+				load = rt.auxLoad
+			}
+			for j := range e {
+				count[j] += float64(load[j])
+				psum[j] += rt.probSum[j]
+			}
+			rows += rt.N
+			continue
+		}
+		if rt.b != nil {
+			return 0, nil, fmt.Errorf("nn: load-balancing loss: layer %d's routing is still on the device; call Routing.Fetch first", li)
 		}
 		for t := 0; t < rt.N; t++ {
 			pr := rt.Probs[t*e : (t+1)*e]

@@ -47,6 +47,8 @@ type rankBackend struct {
 	// pending counts, per column group, the weights whose backward has run this pass.
 	pending map[string]int
 	geom    *cpGeom // context-parallel geometry of the current micro-batch (nil when CP = 1)
+	// splitExperts is set when routed experts' weights are split over the tensor group.
+	splitExperts bool
 }
 
 func newRankBackend(b backend.Backend, tp, cp comm.Communicator) *rankBackend {
@@ -60,12 +62,19 @@ func newRankBackend(b backend.Backend, tp, cp comm.Communicator) *rankBackend {
 // parallelism splits tokens; FSDP gathers the parameters (norm gains included) before the step.
 // AdamW updates one tensor elementwise (a shard or a replica alike) and the Timer only marks the
 // device's queue. The mixture-of-experts members (GroupedGEMM, the MoE routing ops, the packed
-// SwiGLU) are forwarded as they are, which is right for the rank's own experts on whole rows;
-// model code does not call them under a plan yet, and once it does, a grouped product over
-// expert weights split by expert tensor parallelism must have its partial sums all-reduced here,
-// as Linear's row-parallel products are. A capability that reads across ranks is wrapped here,
-// as Linear and Attention are.
-func (r *rankBackend) Optional() backend.Optional { return r.Backend.Optional() }
+// SwiGLU) are forwarded as they are, which is right for the rank's own experts on whole rows,
+// with one exception: when the experts' weights are split over the tensor group (expert tensor
+// parallelism), GroupedGEMM is dropped, since its partial products would need the collectives
+// that Linear and LinearBackward add for those weights; MoE blocks then run their composition
+// of Linear ops (nn.MoE), which this wrapper completes. A capability that reads across ranks is
+// wrapped here, as Linear and Attention are.
+func (r *rankBackend) Optional() backend.Optional {
+	o := r.Backend.Optional()
+	if r.splitExperts {
+		o.GroupedGEMM = nil
+	}
+	return o
+}
 
 // Linear implements backend.Ops.
 func (r *rankBackend) Linear(out, x, w, bias T) error {

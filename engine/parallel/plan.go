@@ -307,6 +307,9 @@ func (p *Plan) bind(rk *rank, full map[string]models.ParamSpec, src *models.Mode
 			case models.Row:
 				rk.rb.row[keyOf(w)] = true
 			}
+			if pl.expert >= 0 && (pl.split == models.Column || pl.split == models.Row) {
+				rk.rb.splitExperts = true
+			}
 		}
 		vals, err := src.ParamFloat32(s.Name)
 		if err != nil {
