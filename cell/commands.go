@@ -118,7 +118,7 @@ func init() {
 				if err := apiCall(func() { s = halo.Generate(c.Rest) }); err != nil {
 					return nil, err
 				}
-				return text(s), nil
+				return text(generatedText(s)), nil
 			}},
 		{Name: "plot", Usage: "[loss|lr]", Summary: "plot the loss (default) or learning rate of the steps seen so far", Example: "plot loss",
 			check: checkPlot, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
@@ -406,4 +406,17 @@ func checkLoad(c *Command) error {
 		return nil
 	}
 	return fmt.Errorf("takes a config and an optional method, got %d words %q", len(c.Args), c.Rest)
+}
+
+// generatedText is what :generate prints for the text s a model generated: s itself, quoted
+// when it is only white space (so that it is seen), and a sentence when it is empty (the
+// model ended the sequence, or produced only tokens that decode to nothing).
+func generatedText(s string) string {
+	switch {
+	case s == "":
+		return "(the model generated no text: it ended the sequence at once, as a model early in training often does)"
+	case strings.TrimSpace(s) == "":
+		return fmt.Sprintf("(only white space: %q)", s)
+	}
+	return s
 }

@@ -254,3 +254,16 @@ func TestDocAndInspect(t *testing.T) {
 		}
 	}
 }
+
+func TestGeneratedTextIsNeverBlank(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"85", "85"},
+		{" 85\n", " 85\n"},
+		{"", "(the model generated no text: it ended the sequence at once, as a model early in training often does)"},
+		{" \n", `(only white space: " \n")`},
+	} {
+		if got := generatedText(tc.in); got != tc.want {
+			t.Errorf("generatedText(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -306,10 +306,11 @@ func follow(ctx context.Context, c *session.Client, out *Output) *follower {
 func (f *follower) loop(ch <-chan *session.Event) {
 	defer close(f.done)
 	var (
-		shown   bool
-		last    time.Time
-		pending *session.StepMetrics
-		steps   int
+		shown    bool
+		last     time.Time
+		pending  *session.StepMetrics
+		steps    int
+		lastStep int64 = -1
 	)
 	flush := func() {
 		if pending == nil {
@@ -340,7 +341,12 @@ func (f *follower) loop(ch <-chan *session.Event) {
 				}
 			}
 			if m != nil {
-				steps++
+				// A profiled step arrives twice, as metrics and as a profile carrying the
+				// same metrics: count each step once.
+				if m.Step != lastStep {
+					steps++
+					lastStep = m.Step
+				}
 				pending = m
 				if time.Since(last) > 200*time.Millisecond {
 					flush()

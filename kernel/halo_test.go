@@ -290,3 +290,23 @@ func TestAttachPicksAnotherSession(t *testing.T) {
 		t.Fatalf("session clients %v lack the kernel", st.Clients)
 	}
 }
+
+// %profile N shows N steps in its progress display: a profiled step arrives as metrics and
+// as a profile, and is counted once.
+func TestProfileCellCountsEachStepOnce(t *testing.T) {
+	c, srv := haloKernel(t)
+	if r, _ := c.execute("%load examples/quickstart.yaml", nil); r["status"] != "ok" {
+		t.Fatalf("%%load: %v", r)
+	}
+	r, msgs := c.execute("%profile 3", nil)
+	if r["status"] != "ok" {
+		t.Fatalf("%%profile 3: %v", r)
+	}
+	text, _, _ := lastProgress(t, msgs)
+	if !strings.HasPrefix(text, "step 3 ") || !strings.HasSuffix(text, "steps in this cell 3") {
+		t.Fatalf("%%profile 3 progress ended on %q, want step 3 and 3 steps in this cell", text)
+	}
+	if st := statusOf(t, srv.Socket()); st.Step != 3 {
+		t.Fatalf("after %%profile 3 the session is at step %d", st.Step)
+	}
+}

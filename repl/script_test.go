@@ -3,8 +3,10 @@ package repl
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +126,47 @@ func TestHistoryPersists(t *testing.T) {
 	}
 	if h3.Len() != MaxHistory || h3.At(0) != "m" {
 		t.Fatalf("len %d, newest %q", h3.Len(), h3.At(0))
+	}
+}
+
+// :generate prints what the model generated, and says so when that is nothing (a model early
+// in training often ends the sequence at once), instead of printing an empty line.
+func TestGeneratePrintsTheTextOrSaysThereIsNone(t *testing.T) {
+	sock := startSession(t)
+	// The quickstart at step 5 is the case users met: its model generates nothing yet.
+	script := `:load ../examples/quickstart.yaml
+:step 5
+fmt.Printf("halo.Generate=%q\n", halo.Generate("What is 2+2?"))
+fmt.Println("<<")
+:generate What is 2+2?
+fmt.Println(">>")
+`
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := Run(ctx, Options{Session: sock, In: strings.NewReader(script), Out: &out, Err: &errb}); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	o := out.String()
+	var api string
+	if i := strings.Index(o, "halo.Generate="); i >= 0 {
+		api = o[i+len("halo.Generate=") : i+strings.Index(o[i:], "\n")]
+	}
+	a, b := strings.Index(o, "<<\n"), strings.Index(o, ">>\n")
+	if api == "" || a < 0 || b < a {
+		t.Fatalf("output %q", o)
+	}
+	shown := strings.TrimSpace(o[a+3 : b])
+	text, err := strconv.Unquote(api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case text == "" && !strings.Contains(shown, "the model generated no text"):
+		t.Errorf(":generate of nothing printed %q, want it said", shown)
+	case strings.TrimSpace(text) == "" && text != "" && shown != fmt.Sprintf("(only white space: %q)", text):
+		t.Errorf(":generate of white space %q printed %q", text, shown)
+	case strings.TrimSpace(text) != "" && shown != strings.TrimSpace(text):
+		t.Errorf(":generate printed %q, the model generated %q", shown, text)
 	}
 }
