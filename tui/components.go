@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,8 +86,59 @@ type chart struct {
 	Common
 	title  func() string    // the title line (already styled)
 	series func() []float64 // the values to plot, oldest first
-	yfmt   func(float64) string
-	color  color.Color
+	// yaxis formats the y labels for the plotted range; when nil, yfmt formats every label.
+	yaxis axisFormat
+	yfmt  func(float64) string
+	color color.Color
+}
+
+// axisFormat returns the label format of a y axis from lo to hi with labels labels, evenly
+// spaced; flat says the series is constant (its range was widened only to draw it).
+type axisFormat func(lo, hi float64, labels int, flat bool) func(float64) string
+
+// labelStep is the value between two adjacent labels of an axis (0 for a flat series).
+func labelStep(lo, hi float64, labels int, flat bool) float64 {
+	if flat || labels < 2 {
+		return 0
+	}
+	return (hi - lo) / float64(labels-1)
+}
+
+// fixedAxis labels with at least minDecimals decimals and as many more as adjacent labels need
+// to differ (at most 8).
+func fixedAxis(width, minDecimals int) axisFormat {
+	return func(lo, hi float64, labels int, flat bool) func(float64) string {
+		dec := minDecimals
+		step := labelStep(lo, hi, labels, flat)
+		if step > 0 {
+			dec = min(max(dec, int(math.Ceil(-math.Log10(step)))), 8)
+		}
+		return func(v float64) string { return fmt.Sprintf("%*.*f", width, dec, snapZero(v, step)) }
+	}
+}
+
+// snapZero returns 0 for a label value that is zero but for rounding in the axis arithmetic
+// (lo + i·step), so that it does not read -4.34e-19 or -0.000.
+func snapZero(v, step float64) float64 {
+	if math.Abs(v) < step*1e-6 || v == 0 {
+		return 0
+	}
+	return v
+}
+
+// sciAxis labels in scientific notation with at least minDigits significant digits and as
+// many more as adjacent labels need to differ (at most 8): a learning rate that moves from
+// 3.00e-3 to 2.97e-3 gets labels 3.000e-03, 2.995e-03, ... rather than equal ones.
+func sciAxis(minDigits int) axisFormat {
+	return func(lo, hi float64, labels int, flat bool) func(float64) string {
+		digits := minDigits
+		mag := max(math.Abs(lo), math.Abs(hi))
+		step := labelStep(lo, hi, labels, flat)
+		if step > 0 && mag > 0 {
+			digits = min(max(digits, int(math.Ceil(math.Log10(mag/step)))+1), 8)
+		}
+		return func(v float64) string { return fmt.Sprintf("%.*e", digits-1, snapZero(v, step)) }
+	}
 }
 
 func (c *chart) View() string {
@@ -113,7 +165,13 @@ func (c *chart) plot(ys []float64, rows int) []string {
 	if rows < 2 {
 		return nil // too short for a chart; the title still gives the value
 	}
+	flat := slices.Min(ys) == slices.Max(ys)
 	ys, lo, hi := plotRange(ys)
+	yfmt := c.yfmt
+	if c.yaxis != nil {
+		// asciigraph draws rows labels, evenly spaced from hi down to lo.
+		yfmt = c.yaxis(lo, hi, rows, flat)
+	}
 	// asciigraph draws height+1 rows; the y labels take some of the width, so fit in passes.
 	w := c.Width - 10
 	var out []string
@@ -122,7 +180,7 @@ func (c *chart) plot(ys []float64, rows int) []string {
 			w = 2
 		}
 		g := asciigraph.Plot(ys, asciigraph.Height(rows-1), asciigraph.Width(w), asciigraph.LowerBound(lo),
-			asciigraph.UpperBound(hi), asciigraph.YAxisValueFormatter(c.yfmt))
+			asciigraph.UpperBound(hi), asciigraph.YAxisValueFormatter(yfmt))
 		out = strings.Split(g, "\n")
 		over := 0
 		for _, l := range out {

@@ -147,7 +147,7 @@ func New(c Controller, o Options) *Model {
 			return t
 		},
 		series: func() []float64 { return d.loss },
-		yfmt:   func(v float64) string { return fmt.Sprintf("%7.3f", v) },
+		yaxis:  fixedAxis(7, 3),
 		color:  st.LossSeries,
 	}
 	m.lr = chart{
@@ -160,7 +160,7 @@ func New(c Controller, o Options) *Model {
 			return t
 		},
 		series: func() []float64 { return d.lr },
-		yfmt:   func(v float64) string { return fmt.Sprintf("%8.2e", v) },
+		yaxis:  sciAxis(3),
 		color:  st.LRSeries,
 	}
 	m.stats = stats{Common: common, d: d, peakFLOPS: m.peakFLOPS}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"image/color"
+	"math"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -396,3 +398,54 @@ func TestMFUFromStepFLOPs(t *testing.T) {
 // waitFor bounds every wait on the program in these tests; generous because CI runs the
 // packages' tests side by side on two cores.
 const waitFor = 20 * time.Second
+
+// The learning-rate axis has labels that differ from each other, also when the rate moves by
+// less than a percent (the start of a cosine schedule), where three significant digits give
+// every label the same text.
+func TestLRAxisLabelsDiffer(t *testing.T) {
+	h := newHarness(t, newFake(statusAfterScript()), 120, 40)
+	var evs []*session.Event
+	for s := int64(1); s <= 20; s++ {
+		m := metricsAt(s)
+		m.Lr = 3e-3 * 0.5 * (1 + math.Cos(math.Pi*float64(s)/1000))
+		evs = append(evs, &session.Event{Seq: s, UnixMs: at(int(s)), Kind: &halov1.Event_Metrics{Metrics: m}})
+	}
+	h.feed(evs...)
+	s := h.waitScreen("step 20", contains("at step 20"))
+	labels := regexp.MustCompile(`(-?\d\.\d+e[-+]\d\d) [┤┼]`).FindAllStringSubmatch(s, -1)
+	if len(labels) < 4 {
+		t.Fatalf("%d lr axis labels on the screen, want at least 4:\n%s", len(labels), s)
+	}
+	seen := map[string]bool{}
+	for _, l := range labels {
+		if seen[l[1]] {
+			t.Fatalf("lr axis label %s appears twice:\n%s", l[1], s)
+		}
+		seen[l[1]] = true
+	}
+}
+
+func TestAxisFormats(t *testing.T) {
+	for _, tc := range []struct {
+		f      axisFormat
+		lo, hi float64
+		labels int
+		flat   bool
+		want   []string // the labels from hi down to lo
+	}{
+		{sciAxis(3), 2.997e-3, 3e-3, 4, false, []string{"3.0000e-03", "2.9990e-03", "2.9980e-03", "2.9970e-03"}},
+		{sciAxis(3), 0, 3e-3, 4, false, []string{"3.00e-03", "2.00e-03", "1.00e-03", "0.00e+00"}},
+		{sciAxis(3), 3e-3 - 3e-9, 3e-3 + 3e-9, 3, true, []string{"3.00e-03", "3.00e-03", "3.00e-03"}},
+		{fixedAxis(7, 3), 2, 5, 4, false, []string{"  5.000", "  4.000", "  3.000", "  2.000"}},
+		{fixedAxis(7, 3), 2.5, 2.5003, 4, false, []string{" 2.5003", " 2.5002", " 2.5001", " 2.5000"}},
+	} {
+		f := tc.f(tc.lo, tc.hi, tc.labels, tc.flat)
+		var got []string
+		for i := range tc.labels {
+			got = append(got, f(tc.hi-float64(i)*(tc.hi-tc.lo)/float64(tc.labels-1)))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("labels of [%g, %g] = %q, want %q", tc.lo, tc.hi, got, tc.want)
+		}
+	}
+}
