@@ -200,6 +200,11 @@ func (c *client) sendMsg(s zmq4.Socket, m *wire.Message, signer *wire.Signer) {
 	}
 }
 
+// replyWait is how long a test waits for a kernel's reply or status: a cell that loads the
+// quickstart takes a second alone and ten times that under the race detector on a loaded
+// 2-core machine. A kernel that hangs still fails the test.
+const replyWait = 60 * time.Second
+
 func (c *client) recv(ch chan *wire.Message, msgType string) map[string]any {
 	c.t.Helper()
 	select {
@@ -212,8 +217,8 @@ func (c *client) recv(ch chan *wire.Message, msgType string) map[string]any {
 			c.t.Fatal(err)
 		}
 		return v
-	case <-time.After(10 * time.Second):
-		c.t.Fatalf("no %s within 10s", msgType)
+	case <-time.After(replyWait):
+		c.t.Fatalf("no %s within %v", msgType, replyWait)
 	}
 	return nil
 }
@@ -233,8 +238,8 @@ func (c *client) iopubUntilIdle(id string) []*wire.Message {
 			if m.Header.MsgType == "status" && strings.Contains(string(m.Content), `"idle"`) {
 				return out
 			}
-		case <-time.After(10 * time.Second):
-			c.t.Fatalf("no idle status for %s; got %d messages", id, len(out))
+		case <-time.After(replyWait):
+			c.t.Fatalf("no idle status for %s within %v; got %d messages", id, replyWait, len(out))
 		}
 	}
 }

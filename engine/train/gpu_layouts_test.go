@@ -149,7 +149,7 @@ func TestGPULayoutsTrackOneGPU(t *testing.T) {
 // two and four simulated CPU devices, so that what they check holds before GPUs run them.
 func TestLayoutsOfTheGPUTestTrackOneDeviceOnCPU(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short")
+		t.Skip("-short: this trains every layout on 2 and 4 simulated CPU devices")
 	}
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("cpu:%d", n), func(t *testing.T) {

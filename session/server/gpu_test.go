@@ -3,6 +3,7 @@ package server
 import (
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 func TestProfileCUDA(t *testing.T) {
 	b, err := cuda.New(0)
 	if err != nil {
-		t.Skipf("no GPU: %v", err)
+		t.Skipf("needs a CUDA GPU: %v", strings.SplitN(err.Error(), "\n", 2)[0])
 	}
 	b.Close()
 	s := startServer(t, Options{})

@@ -329,6 +329,13 @@ func TestProfileSumsToStepTime(t *testing.T) {
 	if len(r.Steps) != 3 {
 		t.Fatalf("Profile(3) returned %d steps", len(r.Steps))
 	}
+	var tr struct {
+		TraceEvents []traceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(r.TraceJson, &tr); err != nil || len(tr.TraceEvents) < 10 {
+		t.Fatalf("trace: %d events, %v", len(tr.TraceEvents), err)
+	}
+	stalls := stallsByStep(tr.TraceEvents)
 	for i, p := range r.Steps {
 		if p.Step != int64(i+2) || p.Metrics.GetStep() != p.Step {
 			t.Fatalf("profile %d is of step %d (metrics step %d)", i, p.Step, p.Metrics.GetStep())
@@ -341,12 +348,25 @@ func TestProfileSumsToStepTime(t *testing.T) {
 		for _, v := range p.CommS {
 			sum += v
 		}
-		measured := p.Metrics.StepTimeS
-		if math.Abs(sum-measured) > 0.05*measured {
-			t.Errorf("step %d: parts sum to %s, trainer measured %s (more than 5%% apart)", p.Step, durationS(sum), durationS(measured))
+		// The parts partition the recorded step: no span counted twice, none lost.
+		if math.Abs(sum-p.StepS) > 0.01*p.StepS {
+			t.Errorf("step %d: parts sum to %s, the recorded step spans %s (more than 1%% apart)", p.Step, durationS(sum), durationS(p.StepS))
 		}
-		if compute < 0.5*measured {
-			t.Errorf("step %d: op spans cover %s of %s: most of the step is unaccounted host time", p.Step, durationS(compute), durationS(measured))
+		// The recorded step is the step the trainer timed. Time the process spent off the
+		// CPU between the two clocks' readings (a loaded machine) is allowed for.
+		measured, stalled := p.Metrics.StepTimeS, stalls[p.Step]
+		if stalled > 0 {
+			t.Logf("step %d: %s of %s stalled (gaps of %.0f µs or more between ops)", p.Step, durationS(stalled), durationS(p.StepS), float64(stallGap))
+		}
+		if math.Abs(p.StepS-measured) > 0.05*measured+stalled {
+			t.Errorf("step %d: recorded step %s, trainer measured %s (more than 5%% apart, %s of it stalled)", p.Step, durationS(p.StepS), durationS(measured), durationS(stalled))
+		}
+		// Op spans cover most of the step: host work between ops is small. A stall (a gap
+		// between two ops longer than any host work of this model: the process was off the
+		// CPU, which a loaded 2-core machine does for milliseconds at a time) is not host
+		// work and is left out of the step it is compared with.
+		if compute < 0.5*(p.StepS-stalled) {
+			t.Errorf("step %d: op spans cover %s of %s (%s stalled): most of the step is unaccounted host time", p.Step, durationS(compute), durationS(p.StepS), durationS(stalled))
 		}
 		for _, class := range []string{"matmul", "attention", "norm", "rope", "embedding", "mlp_activation", "loss", "optimizer"} {
 			if p.ComputeS[class] <= 0 {
@@ -359,12 +379,6 @@ func TestProfileSumsToStepTime(t *testing.T) {
 		if p.Flops <= 0 || p.Ops <= 0 {
 			t.Errorf("step %d: flops %g ops %d", p.Step, p.Flops, p.Ops)
 		}
-	}
-	var tr struct {
-		TraceEvents []map[string]any `json:"traceEvents"`
-	}
-	if err := json.Unmarshal(r.TraceJson, &tr); err != nil || len(tr.TraceEvents) < 10 {
-		t.Fatalf("trace: %d events, %v", len(tr.TraceEvents), err)
 	}
 	// Profiling is off again: the next step records no op times.
 	ms, err := c.Step(ctx, 1)
