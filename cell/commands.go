@@ -92,6 +92,14 @@ func init() {
 			check: noArgs, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				return statusCall(halo.Status)
 			}},
+		{Name: "takeover", Summary: "take control of the session from the client that holds it (it can take it back the same way)", Example: "takeover",
+			check: noArgs, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
+				return statusCall(halo.TakeOver)
+			}},
+		{Name: "release", Summary: "give up control of the session so that another client can claim it", Example: "release",
+			check: noArgs, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
+				return statusCall(halo.Release)
+			}},
 		{Name: "attach", Usage: "NAME", Summary: "attach to another session (a name, a socket path or tcp://HOST:PORT); the current one keeps running", Example: "attach exp1",
 			check: oneArg("NAME", "the session's name"), run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				return statusCall(func() halo.SessionStatus { return halo.Attach(c.Args[0]) })
@@ -192,7 +200,7 @@ func Help(prefix string, names ...string) string {
 			}
 			fmt.Fprintf(&b, "  %-26s %s\n", use, c.Summary)
 		}
-		fmt.Fprintf(&b, "Type %shelp COMMAND for an example. Go API: halo.Step(n), halo.Run(), halo.Pause(), halo.Status(), halo.Metrics(), halo.Profile(k), halo.Inspect(name), halo.Set(key, value), halo.Layout(spec), halo.Save(dir), halo.Generate(prompt), halo.PlotLoss(), halo.Display(v).", prefix)
+		fmt.Fprintf(&b, "Type %shelp COMMAND for an example. Go API: halo.Step(n), halo.Run(), halo.Pause(), halo.Status(), halo.TakeOver(), halo.Metrics(), halo.Profile(k), halo.Inspect(name), halo.Set(key, value), halo.Layout(spec), halo.Save(dir), halo.Generate(prompt), halo.PlotLoss(), halo.Display(v).", prefix)
 		return b.String()
 	}
 	for i, n := range names {

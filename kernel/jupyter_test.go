@@ -396,3 +396,84 @@ func keys(m map[string]any) []string {
 	}
 	return out
 }
+
+// TestNotebookTakesOverFromTheREPL runs a REPL that steps the session (so that it controls
+// it), then a notebook kernel: observing needs no control, a control cell is refused with the
+// ways to take over, %takeover takes control and the next step runs; once the kernel has shut
+// down, the REPL steps again.
+func TestNotebookTakesOverFromTheREPL(t *testing.T) {
+	needJupyter(t)
+	env, _ := jupyterEnv(t)
+	root := repoRoot(t)
+	exe := haloBinary(t)
+	start := exec.Command(exe, "session", "start", "--config", "examples/quickstart.yaml")
+	start.Env, start.Dir = env, root
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Fatalf("session start: %v\n%s", err, out)
+	}
+	repl := exec.Command(exe, "repl", "--history", "-")
+	repl.Env, repl.Dir = env, root
+	stdin, err := repl.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuf
+	repl.Stdout, repl.Stderr = &out, &out
+	if err := repl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); repl.Process.Kill(); repl.Wait() })
+	fmt.Fprintln(stdin, ":step 1")
+	for deadline := time.Now().Add(60 * time.Second); !strings.Contains(out.String(), "step 1  loss"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the REPL did not step; it wrote:\n%s", out.String())
+		}
+	}
+	script, _ := filepath.Abs("testdata/takeover.py")
+	var r struct {
+		StatusCell     string `json:"status_cell"`
+		RefusedStatus  string `json:"refused_status"`
+		RefusedError   string `json:"refused_error"`
+		TakeoverStatus string `json:"takeover_status"`
+		StepStatus     string `json:"step_status"`
+		StepError      string `json:"step_error"`
+		Step           int    `json:"step"`
+	}
+	if err := json.Unmarshal(lastJSONLine(runPython(t, env, root, 5*time.Minute, script)), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.StatusCell != "ok" {
+		t.Errorf("%%status while the REPL controls: %s, want ok (observing needs no control)", r.StatusCell)
+	}
+	if r.RefusedStatus != "error" || !strings.Contains(r.RefusedError, "(repl)") || !strings.Contains(r.RefusedError, "%takeover") {
+		t.Errorf("%%step while the REPL controls: %s %q, want an error naming the REPL and %%takeover", r.RefusedStatus, r.RefusedError)
+	}
+	if r.TakeoverStatus != "ok" || r.StepStatus != "ok" || r.Step != 2 {
+		t.Errorf("after %%takeover: takeover %s, step %s %q, step count %d; want ok, ok, 2", r.TakeoverStatus, r.StepStatus, r.StepError, r.Step)
+	}
+	// The kernel shut down for good and gave control up: the REPL steps again.
+	fmt.Fprintln(stdin, ":step 1")
+	for deadline := time.Now().Add(60 * time.Second); !strings.Contains(out.String(), "step 3  loss"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the REPL did not step after the kernel left; it wrote:\n%s", out.String())
+		}
+	}
+}
+
+// syncBuf is a strings.Builder safe for concurrent writers.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

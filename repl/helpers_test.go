@@ -17,7 +17,7 @@ import (
 // TestMain lets the test binary run as the REPL process of the pty test.
 func TestMain(m *testing.M) {
 	if os.Getenv("HALO_REPL_HELPER") == "1" {
-		err := Run(context.Background(), Options{Session: os.Getenv("HALO_REPL_SESSION")})
+		err := Run(context.Background(), Options{Session: os.Getenv("HALO_REPL_SESSION"), TakeOver: os.Getenv("HALO_REPL_TAKEOVER") == "1"})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)

@@ -27,8 +27,14 @@ type ptyREPL struct {
 
 func startPTY(t *testing.T, sock, history string) *ptyREPL {
 	t.Helper()
+	return startPTYEnv(t, sock, history)
+}
+
+// startPTYEnv is startPTY with extra environment variables for the REPL process.
+func startPTYEnv(t *testing.T, sock, history string, env ...string) *ptyREPL {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "HALO_REPL_HELPER=1", "HALO_REPL_SESSION="+sock, "HALO_HISTORY="+history, "TERM=xterm")
+	cmd.Env = append(append(os.Environ(), "HALO_REPL_HELPER=1", "HALO_REPL_SESSION="+sock, "HALO_HISTORY="+history, "TERM=xterm"), env...)
 	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
 	if err != nil {
 		t.Fatal(err)

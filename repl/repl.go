@@ -38,6 +38,8 @@ type Options struct {
 	Out, Err io.Writer
 	// HistoryFile is where the history is kept; empty means DefaultHistoryFile, "-" none.
 	HistoryFile string
+	// TakeOver takes control of the session at start, from whichever client holds it.
+	TakeOver bool
 	// ImageDir receives the PNG of every image a cell shows (plots), since a terminal cannot
 	// show them; empty means a directory under os.TempDir().
 	ImageDir string
@@ -64,6 +66,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	r.it = it
 	defer r.detach()
+	if o.TakeOver {
+		if err := r.takeOver(ctx); err != nil {
+			return err
+		}
+	}
 	if f, ok := o.In.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		return r.terminal(ctx, f)
 	}
@@ -304,6 +311,24 @@ func (r *repl) evalInterruptible(ctx context.Context, src string, sigs chan os.S
 	r.eval(ectx, src)
 	close(done)
 	cancel()
+}
+
+// takeOver makes this REPL the session's controller and says from whom it took control.
+func (r *repl) takeOver(ctx context.Context) error {
+	c, err := r.it.Session()
+	if err != nil {
+		return fmt.Errorf("repl: --take-over: %w", err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	prev, err := c.TakeOver(tctx)
+	if err != nil {
+		return fmt.Errorf("repl: --take-over: %w", err)
+	}
+	if prev != "" && prev != c.ID() {
+		fmt.Fprintf(r.errw, "took control of the session from client %s\n", prev)
+	}
+	return nil
 }
 
 func (r *repl) banner(ctx context.Context) {

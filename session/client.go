@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect/v2"
@@ -84,6 +85,76 @@ type Client struct {
 	name   string
 	http   *http.Client
 	rpc    halov1connect.SessionServiceClient
+
+	// The control lease (see holdLease): renewing is set while a renewer runs; lmu
+	// serialises starting and stopping it with its renewals.
+	renewing  atomic.Bool
+	lmu       sync.Mutex
+	leaseStop chan struct{}
+	closed    bool
+}
+
+// LeaseRenewEvery is how often a client that controls a session renews its control lease. A
+// session releases control from a client that has no call or stream in progress and has not
+// renewed within its lease (HALO_CONTROL_LEASE on the session's side, 6 s by default), so
+// control passes on within seconds when its holder is killed.
+const LeaseRenewEvery = 2 * time.Second
+
+// holdLease starts renewing the control lease after a control call that may have made this
+// client the controller (every error but a refusal or an unreachable session).
+func (c *Client) holdLease(err error) {
+	if err != nil && (IsNotController(err) || IsUnavailable(err) || connect.CodeOf(err) == connect.CodeUnauthenticated) {
+		return
+	}
+	if c.renewing.Load() {
+		return
+	}
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	if c.closed || c.renewing.Load() {
+		return
+	}
+	c.renewing.Store(true)
+	c.leaseStop = make(chan struct{})
+	go c.renew(c.leaseStop)
+}
+
+// renew claims control every LeaseRenewEvery (a claim by the controller only renews its
+// lease) until stop is closed or another client controls the session.
+func (c *Client) renew(stop chan struct{}) {
+	t := time.NewTicker(LeaseRenewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		c.lmu.Lock()
+		select {
+		case <-stop:
+			c.lmu.Unlock()
+			return
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), LeaseRenewEvery)
+		_, err := c.rpc.Control(ctx, &halov1.ControlRequest{Action: halov1.ControlAction_CONTROL_ACTION_CLAIM, ClientName: c.name})
+		cancel()
+		if IsNotController(err) {
+			c.stopLeaseLocked()
+			c.lmu.Unlock()
+			return
+		}
+		c.lmu.Unlock()
+	}
+}
+
+// stopLeaseLocked stops the renewer; a renewal in progress has ended (it holds lmu).
+func (c *Client) stopLeaseLocked() {
+	if c.renewing.Load() {
+		close(c.leaseStop)
+		c.renewing.Store(false)
+	}
 }
 
 // NewClientID returns a random client id.
@@ -181,8 +252,13 @@ func (c *Client) ID() string { return c.id }
 // Target is what the client was dialled with.
 func (c *Client) Target() string { return c.target }
 
-// Close releases the client's connections (it does not release control; see Release).
+// Close releases the client's connections and stops renewing its control lease, so that
+// control passes on within the session's lease unless Release gives it up at once.
 func (c *Client) Close() error {
+	c.lmu.Lock()
+	c.closed = true
+	c.stopLeaseLocked()
+	c.lmu.Unlock()
 	c.http.CloseIdleConnections()
 	return nil
 }
@@ -205,12 +281,16 @@ func (c *Client) Load(ctx context.Context, configPath, method string, overrides 
 			configPath = abs
 		}
 	}
-	return c.rpc.Load(ctx, &halov1.LoadRequest{ConfigPath: configPath, Method: method, Overrides: overrides})
+	r, err := c.rpc.Load(ctx, &halov1.LoadRequest{ConfigPath: configPath, Method: method, Overrides: overrides})
+	c.holdLease(err)
+	return r, err
 }
 
 // LoadYAML is Load with the config given inline.
 func (c *Client) LoadYAML(ctx context.Context, yaml, method string, overrides ...string) (*halov1.LoadResponse, error) {
-	return c.rpc.Load(ctx, &halov1.LoadRequest{ConfigYaml: yaml, Method: method, Overrides: overrides})
+	r, err := c.rpc.Load(ctx, &halov1.LoadRequest{ConfigYaml: yaml, Method: method, Overrides: overrides})
+	c.holdLease(err)
+	return r, err
 }
 
 // Step runs n optimizer steps and returns their metrics. When ctx ends (or this process dies)
@@ -218,6 +298,7 @@ func (c *Client) LoadYAML(ctx context.Context, yaml, method string, overrides ..
 // and then fewer than n metrics come back.
 func (c *Client) Step(ctx context.Context, n int) ([]*StepMetrics, error) {
 	r, err := c.rpc.Step(ctx, &halov1.StepRequest{N: int32(n)})
+	c.holdLease(err)
 	if err != nil {
 		return nil, err
 	}
@@ -228,6 +309,7 @@ func (c *Client) Step(ctx context.Context, n int) ([]*StepMetrics, error) {
 // returns at once; follow it with Events.
 func (c *Client) Run(ctx context.Context, maxSteps int) (*StatusResponse, error) {
 	r, err := c.rpc.Run(ctx, &halov1.RunRequest{MaxSteps: int64(maxSteps)})
+	c.holdLease(err)
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +319,7 @@ func (c *Client) Run(ctx context.Context, maxSteps int) (*StatusResponse, error)
 // Pause stops a run at the next step boundary; it returns once the run has stopped.
 func (c *Client) Pause(ctx context.Context) (*StatusResponse, error) {
 	r, err := c.rpc.Pause(ctx, &halov1.PauseRequest{})
+	c.holdLease(err)
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +329,7 @@ func (c *Client) Pause(ctx context.Context) (*StatusResponse, error) {
 // Resume continues a paused run.
 func (c *Client) Resume(ctx context.Context) (*StatusResponse, error) {
 	r, err := c.rpc.Resume(ctx, &halov1.ResumeRequest{})
+	c.holdLease(err)
 	if err != nil {
 		return nil, err
 	}
@@ -255,6 +339,7 @@ func (c *Client) Resume(ctx context.Context) (*StatusResponse, error) {
 // Eval returns the held-out loss.
 func (c *Client) Eval(ctx context.Context) (float64, error) {
 	r, err := c.rpc.Eval(ctx, &halov1.EvalRequest{})
+	c.holdLease(err)
 	if err != nil {
 		return 0, err
 	}
@@ -270,8 +355,11 @@ func (c *Client) Generate(ctx context.Context, req *GenerateRequest, onPiece fun
 	}
 	defer st.Close()
 	var b strings.Builder
-	for {
+	for first := true; ; first = false {
 		m, err := st.Receive()
+		if first {
+			c.holdLease(err)
+		}
 		if errors.Is(err, io.EOF) {
 			return b.String(), nil
 		}
@@ -287,7 +375,9 @@ func (c *Client) Generate(ctx context.Context, req *GenerateRequest, onPiece fun
 
 // Save writes a checkpoint into dir (on the session's machine).
 func (c *Client) Save(ctx context.Context, dir string) (*halov1.SaveResponse, error) {
-	return c.rpc.Save(ctx, &halov1.SaveRequest{Dir: dir})
+	r, err := c.rpc.Save(ctx, &halov1.SaveRequest{Dir: dir})
+	c.holdLease(err)
+	return r, err
 }
 
 // Hyper returns the hyperparameters the next step will use.
@@ -298,17 +388,23 @@ func (c *Client) Hyper(ctx context.Context) (*Hyper, error) {
 // SetHyper changes the fields of req that are set, from the next step on, and returns the
 // resulting hyperparameters. Invalid values are refused and nothing changes.
 func (c *Client) SetHyper(ctx context.Context, req *SetHyperRequest) (*Hyper, error) {
-	return c.rpc.SetHyper(ctx, req)
+	r, err := c.rpc.SetHyper(ctx, req)
+	c.holdLease(err)
+	return r, err
 }
 
 // SetLR sets the peak learning rate from the next step on.
 func (c *Client) SetLR(ctx context.Context, lr float64) (*Hyper, error) {
-	return c.rpc.SetHyper(ctx, &halov1.SetHyperRequest{LearningRate: &lr})
+	return c.SetHyper(ctx, &halov1.SetHyperRequest{LearningRate: &lr})
 }
 
 // Inspect returns tensor statistics and optionally a slice of one tensor (see InspectRequest).
 func (c *Client) Inspect(ctx context.Context, req *InspectRequest) (*InspectResponse, error) {
-	return c.rpc.Inspect(ctx, req)
+	r, err := c.rpc.Inspect(ctx, req)
+	if req.Activations {
+		c.holdLease(err)
+	}
+	return r, err
 }
 
 // Profile runs the next k steps with profiling on and returns their breakdowns (and a
@@ -320,7 +416,9 @@ func (c *Client) Inspect(ctx context.Context, req *InspectRequest) (*InspectResp
 // by collective kind (CommS, empty on one device) and HostS (host work and idle); they add up
 // to StepS.
 func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileResponse, error) {
-	return c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
+	r, err := c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
+	c.holdLease(err)
+	return r, err
 }
 
 // SetLayout moves the run to another parallel layout at the next step boundary and reports
@@ -328,7 +426,9 @@ func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileRespon
 // devices=LIST ("tp=2 fsdp devices=cpu:4"); internal/layoutspec.CheckSpec checks their syntax
 // before sending, and the session refuses a layout that does not suit the model or devices.
 func (c *Client) SetLayout(ctx context.Context, layout string) (*SetLayoutResponse, error) {
-	return c.rpc.SetLayout(ctx, &halov1.SetLayoutRequest{Layout: layout})
+	r, err := c.rpc.SetLayout(ctx, &halov1.SetLayoutRequest{Layout: layout})
+	c.holdLease(err)
+	return r, err
 }
 
 // Status describes the session.
@@ -340,6 +440,9 @@ func (c *Client) Status(ctx context.Context) (*StatusResponse, error) {
 // naming the controller otherwise.
 func (c *Client) Claim(ctx context.Context) error {
 	_, err := c.rpc.Control(ctx, &halov1.ControlRequest{Action: halov1.ControlAction_CONTROL_ACTION_CLAIM, ClientName: c.name})
+	if err == nil {
+		c.holdLease(nil)
+	}
 	return err
 }
 
@@ -350,11 +453,15 @@ func (c *Client) TakeOver(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	c.holdLease(nil)
 	return r.Previous, nil
 }
 
 // Release gives up control (a no-op when this client is not the controller).
 func (c *Client) Release(ctx context.Context) error {
+	c.lmu.Lock()
+	c.stopLeaseLocked()
+	c.lmu.Unlock()
 	_, err := c.rpc.Control(ctx, &halov1.ControlRequest{Action: halov1.ControlAction_CONTROL_ACTION_RELEASE, ClientName: c.name})
 	return err
 }

@@ -28,6 +28,14 @@
 // identified by the id in its Options (a random one by default), sent as the Halo-Client-Id
 // header.
 //
+// Control follows the controller's liveness: a Client that controls renews a lease every
+// LeaseRenewEvery, and the session releases control from a client with no call or stream in
+// progress that has not renewed within its lease (HALO_CONTROL_LEASE, 6 s), so control passes
+// on within seconds when its holder is killed. A live holder keeps control until it releases
+// it or another client takes over; the refusal names the holder and every way to take over
+// (`:takeover` and `repl --take-over` in the REPL, `%takeover` in a notebook, halo.TakeOver()
+// in a cell, `t` in the TUI). Status lists the clients that are alive.
+//
 // # Events
 //
 // Events and Subscribe stream per-step metrics, logs, state changes and profiles. The session

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,7 +123,7 @@ func startE2E(t *testing.T, name, configPath, workDir string, totalSteps int) *e
 		}
 	})
 	x := &tmux{t: t, sock: filepath.Join(dir, "tmux.sock")}
-	cmd := fmt.Sprintf("env HALO_SESSION_DIR=%s TERM=xterm-256color %s tui --session %s --no-start --status-every 200ms", sessions, bin, name)
+	cmd := fmt.Sprintf("exec env HALO_SESSION_DIR=%s TERM=xterm-256color %s tui --session %s --no-start --status-every 200ms", sessions, bin, name)
 	if out, err := x.run("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", cmd); err != nil {
 		t.Fatalf("tmux new-session: %v\n%s", err, out)
 	}
@@ -204,8 +205,8 @@ func TestEndToEndTmux(t *testing.T) {
 
 // TestEndToEndWithTheREPL is the interactive workflow on the quickstart config (a session
 // started with examples/quickstart.yaml, as the README shows): the REPL runs 5 steps while the
-// dashboard shows step 5 and its loss; the REPL is killed and the session goes on serving the
-// dashboard, which is refused control (naming the controller) until it takes over, then runs,
+// dashboard shows step 5 and its loss; the dashboard is refused control (naming the REPL)
+// until it takes over; the REPL is killed and the session goes on serving the dashboard, which runs,
 // pauses and resumes the session, and profiles 3 steps whose parts add up to the step time.
 func TestEndToEndWithTheREPL(t *testing.T) {
 	// The quickstart's own config, as a newcomer would start it.
@@ -241,14 +242,15 @@ func TestEndToEndWithTheREPL(t *testing.T) {
 	}
 	x.waitPane("step 5 and its loss", contains("step 5/3000", "loss "+fmtLoss(st.LastMetrics.Loss)+" at step 5", "controller repl"))
 
-	if err := repl.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	repl.Wait()
+	// The live REPL holds control: p is refused, naming it; t takes control from it.
 	x.key("p")
 	x.waitPane("the refusal naming the controller", contains("run failed", "controlled by"))
 	x.key("t")
 	x.waitPane("control", contains("controller (you)"))
+	if err := repl.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	repl.Wait()
 	x.key("p")
 	x.waitPane("the run", contains("started a run", "│ running │"))
 	x.key("p")
@@ -270,5 +272,51 @@ func TestEndToEndWithTheREPL(t *testing.T) {
 	x.detach()
 	if st, err = watcher.Status(ctx); err != nil || st.State != session.StatePaused || st.Step <= 5 {
 		t.Fatalf("after the dashboard detached: %v, %v; want the session paused past step 5", st, err)
+	}
+}
+
+// TestKilledTUILosesControl starts a run from the dashboard (so that it controls the session),
+// SIGKILLs the dashboard's process and checks that control passes on within seconds.
+func TestKilledTUILosesControl(t *testing.T) {
+	x := startE2E(t, "e2e-kill", tinyConfig, ".", 1000)
+	ctx := context.Background()
+	x.key("p")
+	x.waitPane("the run", contains("│ running │", "controller (you)"))
+	other, err := session.Dial(x.name, session.Options{ClientName: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Claim(ctx); !session.IsNotController(err) {
+		t.Fatalf("Claim while the dashboard controls: %v, want a refusal", err)
+	}
+	out, err := x.run("list-panes", "-t", "tui", "-F", "#{pane_pid}")
+	if err != nil {
+		t.Fatalf("tmux list-panes: %v\n%s", err, out)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("pane pid %q: %v", out, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for {
+		err := other.Claim(ctx)
+		if err == nil {
+			break
+		}
+		if !session.IsNotController(err) {
+			t.Fatal(err)
+		}
+		if time.Since(killed) > 15*time.Second {
+			t.Fatalf("the killed dashboard still controls the session %s after SIGKILL: %v", time.Since(killed).Round(time.Second), err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("control passed on %s after SIGKILL", time.Since(killed).Round(100*time.Millisecond))
+	if st, err := other.Status(ctx); err != nil || st.Controller != other.ID() {
+		t.Fatalf("status after the claim: %v, %v; want %s controlling", st, err, other.ID())
 	}
 }

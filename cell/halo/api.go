@@ -68,6 +68,28 @@ func Status() SessionStatus {
 	return statusOf(st)
 }
 
+// TakeOver makes this client the controller of the attached session, even when another
+// client controls it, and returns the status. The previous controller is told (its next
+// control call is refused) and may take control back the same way.
+func TakeOver() SessionStatus {
+	c, ctx, _ := client("halo.TakeOver")
+	if _, err := c.TakeOver(ctx); err != nil {
+		fail("halo.TakeOver", err)
+	}
+	return Status()
+}
+
+// Release gives up control of the attached session, so that another client can claim it
+// without taking over, and returns the status. It is a no-op when this client does not
+// control the session.
+func Release() SessionStatus {
+	c, ctx, _ := client("halo.Release")
+	if err := c.Release(ctx); err != nil {
+		fail("halo.Release", err)
+	}
+	return Status()
+}
+
 // Load builds a model, optimizer and data from a YAML config (a path on the session's
 // machine; method sft) in the session, replacing what was loaded, and returns the status.
 func Load(config string) SessionStatus { return LoadMethod(config, "") }

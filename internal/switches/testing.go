@@ -38,6 +38,8 @@ var (
 		Doc: "Marks a re-executed REPL test binary that runs the REPL in a pty."})
 	REPLSession = Register(Switch{Name: "HALO_REPL_SESSION", Kind: Plumbing,
 		Doc: "Socket the pty-driven REPL test attaches to."})
+	REPLTakeOver = Register(Switch{Name: "HALO_REPL_TAKEOVER", Kind: Plumbing, Values: []string{"1"},
+		Doc: "Makes the pty-driven REPL test's REPL take control at start (as repl --take-over)."})
 	LaunchGPUNodesArgs = Register(Switch{Name: "HALO_LAUNCH_GPU_NODES_ARGS", Kind: Plumbing,
 		Doc: "Arguments a re-executed launch test binary runs as one GPU node."})
 	LaunchAcrossArgs = Register(Switch{Name: "HALO_LAUNCH_ACROSS_ARGS", Kind: Plumbing,

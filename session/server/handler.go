@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"connectrpc.com/connect/v2"
 
@@ -161,9 +162,6 @@ func (h *handler) Events(ctx context.Context, r *halov1.EventsRequest, st halov1
 	if r.Buffer < 0 {
 		return connect.Errorf(connect.CodeInvalidArgument, "session: events: buffer must be >= 0, got %d", r.Buffer)
 	}
-	id := clientID(ctx)
-	h.s.streamOpened(id)
-	defer h.s.streamClosed(id)
 	sub := h.s.hub.subscribe(int(r.Buffer))
 	defer h.s.hub.unsubscribe(sub)
 	// The first event is the current state, so an observer starts from a known place.
@@ -200,12 +198,14 @@ func (h *handler) Control(ctx context.Context, r *halov1.ControlRequest) (*halov
 		s.seen(id, r.ClientName)
 	}
 	s.mu.Lock()
+	expired := s.expireLocked(time.Now())
 	prev := s.controller
 	switch r.Action {
 	case halov1.ControlAction_CONTROL_ACTION_CLAIM:
 		if prev != "" && prev != id {
 			err := s.notControllerLocked()
 			s.mu.Unlock()
+			s.publishControl("", expired)
 			return nil, err
 		}
 		s.controller = id
@@ -217,47 +217,20 @@ func (h *handler) Control(ctx context.Context, r *halov1.ControlRequest) (*halov
 		}
 	default:
 		s.mu.Unlock()
+		s.publishControl("", expired)
 		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: control: unknown action %v (claim, take_over or release)", r.Action)
 	}
 	now := s.controller
 	desc := s.describeLocked(id)
 	s.mu.Unlock()
+	s.publishControl("", expired)
 	if now != prev {
 		s.log.Info("control changed", "from", prev, "to", now)
-		snap := s.eng.snapshot()
 		reason := "control released by " + desc
 		if now != "" {
 			reason = "control taken by " + desc
 		}
-		s.hub.publish(&halov1.Event{Kind: &halov1.Event_State{State: &halov1.StateEvent{State: snap.state, Step: snap.step, Controller: now, Reason: reason}}})
+		s.publishControl(now, reason)
 	}
 	return &halov1.ControlResponse{Controller: now, Previous: prev}, nil
-}
-
-func (s *Server) currentController() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.controller
-}
-
-func (s *Server) streamOpened(id string) {
-	if id == "" {
-		return
-	}
-	s.mu.Lock()
-	if c := s.clients[id]; c != nil {
-		c.streams++
-	}
-	s.mu.Unlock()
-}
-
-func (s *Server) streamClosed(id string) {
-	if id == "" {
-		return
-	}
-	s.mu.Lock()
-	if c := s.clients[id]; c != nil {
-		c.streams--
-	}
-	s.mu.Unlock()
 }

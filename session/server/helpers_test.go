@@ -38,6 +38,19 @@ func helperMain(kind string) int {
 			return 1
 		}
 		return 0
+	case "control-and-hold":
+		// Takes control and holds it without a stream or any call but the lease renewals.
+		c, err := session.Dial(os.Getenv("HALO_SOCKET"), session.Options{ClientName: "holder"})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if err := c.Claim(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println("controlling", c.ID())
+		select {}
 	case "control-and-watch":
 		// Takes control, starts a run, watches events forever (until killed).
 		c, err := session.Dial(os.Getenv("HALO_SOCKET"), session.Options{ClientName: "victim"})

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 
 	"connectrpc.com/connect/v2"
 	"connectrpc.com/connect/v2/connecthttp"
-	"connectrpc.com/connect/v2/connectproto"
 
 	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/train"
@@ -67,16 +65,11 @@ type Server struct {
 	mu         sync.Mutex
 	controller string
 	clients    map[string]*clientRec
+	lease      time.Duration // see clients.go
+	janitorEnd chan struct{}
 
 	closeOnce sync.Once
 	closed    chan struct{}
-}
-
-type clientRec struct {
-	name      string
-	connected time.Time
-	lastSeen  time.Time
-	streams   int
 }
 
 type ctxKey int
@@ -101,7 +94,8 @@ func New(o Options) (*Server, error) {
 	} else if _, err := session.EnsureRuntimeDir(); err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, log: o.Logger.With("session", o.Name), hub: newHub(), paths: p, clients: map[string]*clientRec{}, closed: make(chan struct{})}
+	s := &Server{o: o, log: o.Logger.With("session", o.Name), hub: newHub(), paths: p, clients: map[string]*clientRec{},
+		lease: controlLease(), janitorEnd: make(chan struct{}), closed: make(chan struct{})}
 	if s.unixLn, err = listenUnix(p.Socket); err != nil {
 		return nil, err
 	}
@@ -235,7 +229,10 @@ func (s *Server) startHTTP() {
 	protos.SetUnencryptedHTTP2(true)
 	protos.SetHTTP1(true)
 	serve := func(ln net.Listener, tcp bool) {
+		// Pings find connections whose peer vanished without closing them (a TCP client's
+		// machine gone), so their calls end and a controller among them loses control.
 		hs := &http.Server{Handler: mux, Protocols: protos, ReadHeaderTimeout: 10 * time.Second,
+			HTTP2:    &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second},
 			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 		if tcp {
 			hs.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, keyTCP, true) }
@@ -247,6 +244,7 @@ func (s *Server) startHTTP() {
 			}
 		}()
 	}
+	go s.janitor(s.janitorEnd)
 	serve(s.unixLn, false)
 	if s.tcpLn != nil {
 		serve(s.tcpLn, true)
@@ -256,6 +254,7 @@ func (s *Server) startHTTP() {
 
 // finish stops the engine (saving when configured), then the listeners.
 func (s *Server) finish() {
+	close(s.janitorEnd)
 	s.eng.stop()
 	if !s.eng.launch {
 		<-s.eng.done
@@ -329,89 +328,11 @@ func (s *Server) authInterceptor(next connect.ServerFunc) connect.ServerFunc {
 			}
 		}
 		if info != nil {
-			if id := info.RequestHeader().Get(session.HeaderClientID); id != "" {
-				s.seen(id, info.RequestHeader().Get(session.HeaderClientName))
-			}
+			leave := s.enter(info.RequestHeader().Get(session.HeaderClientID), info.RequestHeader().Get(session.HeaderClientName))
+			defer leave()
 		}
 		return next(ctx, spec, st)
 	}
-}
-
-func (s *Server) seen(id, name string) {
-	if len(id) > 128 {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	c := s.clients[id]
-	if c == nil {
-		if len(s.clients) >= 1024 {
-			s.pruneLocked(now)
-		}
-		c = &clientRec{connected: now}
-		s.clients[id] = c
-	}
-	c.lastSeen = now
-	if name != "" && len(name) <= 128 {
-		c.name = name
-	}
-}
-
-// pruneLocked forgets clients idle for two minutes without an open stream.
-func (s *Server) pruneLocked(now time.Time) {
-	for id, c := range s.clients {
-		if c.streams == 0 && now.Sub(c.lastSeen) > 2*time.Minute && id != s.controller {
-			delete(s.clients, id)
-		}
-	}
-}
-
-func clientID(ctx context.Context) string {
-	if info, ok := connect.CallInfoForServerContext(ctx); ok {
-		return info.RequestHeader().Get(session.HeaderClientID)
-	}
-	return ""
-}
-
-// requireControl lets a control call through when its client is the controller, making it the
-// controller when nobody is.
-func (s *Server) requireControl(ctx context.Context) error {
-	id := clientID(ctx)
-	if id == "" {
-		return connect.NewError(connect.CodeInvalidArgument, "session: control calls need a client id (header "+session.HeaderClientID+")")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch s.controller {
-	case "":
-		s.controller = id
-		s.log.Info("client took control", "client", id)
-		return nil
-	case id:
-		return nil
-	}
-	return s.notControllerLocked()
-}
-
-// notControllerLocked is the refusal of a control call, naming the controller.
-func (s *Server) notControllerLocked() error {
-	err := connect.Errorf(connect.CodeFailedPrecondition, "session %q is controlled by client %s; observe, or take over with --take-over", s.o.Name, s.describeLocked(s.controller))
-	nc := &halov1.NotController{Controller: s.controller}
-	if c := s.clients[s.controller]; c != nil {
-		nc.ControllerName = c.name
-	}
-	if d, derr := connectproto.NewErrorDetail(nc); derr == nil {
-		err = err.WithDetail(d)
-	}
-	return err
-}
-
-func (s *Server) describeLocked(id string) string {
-	if c := s.clients[id]; c != nil && c.name != "" {
-		return fmt.Sprintf("%s (%s)", id, c.name)
-	}
-	return id
 }
 
 func (s *Server) status() *halov1.StatusResponse {
@@ -420,13 +341,11 @@ func (s *Server) status() *halov1.StatusResponse {
 		ConfigSummary: snap.summary, Device: snap.device, Hyper: snap.hyper, LastError: snap.lastErr, LastMetrics: snap.last,
 		Pid: int64(os.Getpid()), Layout: snap.layout.Layout, Devices: snap.layout.Devices}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pruneLocked(time.Now())
+	reason := s.expireLocked(time.Now())
 	r.Controller = s.controller
-	for id, c := range s.clients {
-		r.Clients = append(r.Clients, &halov1.ClientInfo{Id: id, Name: c.name, Controller: id == s.controller, ConnectedUnixMs: c.connected.UnixMilli()})
-	}
-	sort.Slice(r.Clients, func(i, j int) bool { return r.Clients[i].ConnectedUnixMs < r.Clients[j].ConnectedUnixMs })
+	r.Clients = s.clientsLocked(time.Now())
+	s.mu.Unlock()
+	s.publishControl("", reason)
 	return r
 }
 

@@ -175,7 +175,7 @@ func TestControllerAndTakeOver(t *testing.T) {
 	if _, err := b.Step(ctx, 1); !session.IsNotController(err) {
 		t.Fatalf("second client's Step: %v, want failed_precondition", err)
 	} else {
-		mustContain(t, err, a.ID(), "controller", "observe, or take over with --take-over")
+		mustContain(t, err, a.ID(), "controller", "observe, or to take control", ":takeover")
 	}
 	if err := b.Claim(ctx); !session.IsNotController(err) {
 		t.Fatalf("second client's Claim: %v", err)

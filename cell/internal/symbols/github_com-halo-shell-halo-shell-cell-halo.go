@@ -41,6 +41,7 @@ func init() {
 		"PlotLines":        reflect.ValueOf(halo.PlotLines),
 		"PlotLoss":         reflect.ValueOf(halo.PlotLoss),
 		"Profile":          reflect.ValueOf(halo.Profile),
+		"Release":          reflect.ValueOf(halo.Release),
 		"Resume":           reflect.ValueOf(halo.Resume),
 		"Run":              reflect.ValueOf(halo.Run),
 		"RunSteps":         reflect.ValueOf(halo.RunSteps),
@@ -51,6 +52,7 @@ func init() {
 		"Stats":            reflect.ValueOf(halo.Stats),
 		"Status":           reflect.ValueOf(halo.Status),
 		"Step":             reflect.ValueOf(halo.Step),
+		"TakeOver":         reflect.ValueOf(halo.TakeOver),
 		"Text":             reflect.ValueOf(halo.Text),
 		"WorstLayer":       reflect.ValueOf(halo.WorstLayer),
 
