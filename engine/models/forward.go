@@ -61,8 +61,16 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 		}
 		xs = append(xs, y)
 	}
-	if err = m.moeAfterForward(true); err != nil {
-		return 0, 0, err
+	// The aux loss's gradient needs every MoE layer's routing statistics before the backward;
+	// without it they are read after the backward, so that the host does not wait between the
+	// two.
+	early := m.moe.auxScale != 0
+	if early {
+		if err = m.moeAfterForward(true); err != nil {
+			return 0, 0, err
+		}
+	} else {
+		m.clearAuxGrad()
 	}
 	if loss, err = m.b.Alloc(tensor.F32, p.N); err != nil {
 		return 0, 0, err
@@ -78,6 +86,15 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 		xs[i+1] = tensor.Tensor{}
 	}
 	if err = m.embed.Backward(&p.Pass, dx, p.ids); err != nil {
+		return 0, 0, err
+	}
+	if early {
+		// Recomputation re-ran the routing in the backward: read its (equal) statistics.
+		err = m.moeFetch()
+	} else {
+		err = m.moeAfterForward(true)
+	}
+	if err != nil {
 		return 0, 0, err
 	}
 	return m.sumLoss(loss, r.targets)

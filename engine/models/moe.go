@@ -385,13 +385,12 @@ func (m *Model) moeAfterForward(train bool) error {
 	if len(m.moe.layers) == 0 {
 		return nil
 	}
+	if err := m.moeFetch(); err != nil {
+		return err
+	}
 	rs := make([]*nn.Routing, len(m.moe.layers))
 	for j, l := range m.moe.layers {
 		rs[j] = l.Routing()
-		// A device-path layer's statistics are read here, once per forward.
-		if err := rs[j].Fetch(); err != nil {
-			return fmt.Errorf("models: %s: layer %d: %w", m.Arch.ModelType, m.moe.index[j], err)
-		}
 	}
 	aux, c, err := nn.LoadBalancingLoss(rs, m.moe.auxScale)
 	if err != nil {
@@ -416,6 +415,24 @@ func (m *Model) moeAfterForward(train bool) error {
 		}
 	}
 	return nil
+}
+
+// moeFetch reads the routing statistics that device-path layers keep on the device (once per
+// forward; nothing for host-path layers or statistics already read).
+func (m *Model) moeFetch() error {
+	for j, l := range m.moe.layers {
+		if err := l.Routing().Fetch(); err != nil {
+			return fmt.Errorf("models: %s: layer %d: %w", m.Arch.ModelType, m.moe.index[j], err)
+		}
+	}
+	return nil
+}
+
+// clearAuxGrad drops the aux gradient of every MoE layer (a training pass without the aux loss).
+func (m *Model) clearAuxGrad() {
+	for _, l := range m.moe.layers {
+		l.AuxGrad = nil
+	}
 }
 
 // bindMoE collects the MoE blocks after (re)building the layers and restores their biases.

@@ -1,0 +1,139 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/backend/cpu"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/optim"
+	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// tinyQwen3MoE is a two-layer qwen3_moe (16 experts, top-4, renormalised) in bf16 on be, with
+// random weights from seed.
+func tinyQwen3MoE(t *testing.T, be backend.Backend, seed uint64) *models.Model {
+	t.Helper()
+	c, err := config.Preset("qwen3_moe", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.VocabSize, c.HiddenSize, c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim = 512, 128, 4, 2, 32
+	c.IntermediateSize, c.MoEIntermediateSize, c.NumExperts, c.NumExpertsPerTok = 256, 64, 16, 4
+	c.NumHiddenLayers, c.NormTopKProb = 2, true
+	m, err := models.New(c, be, models.Options{DType: tensor.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.InitRandom(seed); err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestGPUMoETrainingMatchesCPU trains a tiny qwen3_moe for a few AdamW steps (with the aux loss
+// in the gradient) on the GPU, where every MoE layer takes the device path (MoE kernels and
+// grouped GEMMs), and on the CPU backend, from the same weights and batches: the losses must
+// agree within 2e-2 relative at every step (bf16 weights and activations on both, different
+// summation orders, routing near-ties allowed to flip), the aux losses within 5e-2 relative.
+// The GPU steps must wait on the host only for downloads (the loss and the routing
+// statistics, after the backward), and the profile must show the router, permute, combine and
+// expert GEMM classes.
+func TestGPUMoETrainingMatchesCPU(t *testing.T) {
+	g := gpu(t)
+	ref := cpu.New(cpu.Options{})
+	defer ref.Close()
+	rec := profile.NewRecorder()
+	pg := profile.Wrap(g, rec)
+	const steps, B, T = 4, 4, 128
+	batch := packedBatch(B, T, 512) // each target a fixed function of its token: learnable
+	type run struct {
+		loss, aux []float64
+	}
+	train := func(be backend.Backend, onGPU bool) run {
+		m := tinyQwen3MoE(t, be, 7)
+		defer m.Close()
+		m.SetAuxLossScale(0.01)
+		if err := m.EnableGrads(); err != nil {
+			t.Fatal(err)
+		}
+		var params []optim.Param
+		for i, s := range m.Specs {
+			params = append(params, optim.Param{Name: s.Name, Value: m.Params.Views[i], Grad: m.Grads.Views[i], NoDecay: !s.Decay})
+		}
+		opt, err := optim.NewAdamW(be, params, optim.Config{Mode: optim.MasterF32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer opt.Free()
+		var r run
+		for step := range steps {
+			if err := m.ZeroGrads(); err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range m.MoELayers() {
+				if l.GateUp.W.IsNil() || l.Composed {
+					t.Fatalf("%s: no stacked expert weights, the device path cannot run", l.Name)
+				}
+			}
+			var before SyncStats
+			if onGPU {
+				if step == steps-1 {
+					rec.Enable(true, true)
+					rec.BeginStep(step)
+				}
+				before = g.Syncs()
+			}
+			sum, n, err := m.ForwardBackward(batch, 1/float32(B*T))
+			if err != nil {
+				t.Fatalf("step %d on %s: %v", step, be.Name(), err)
+			}
+			if onGPU && step > 0 && step < steps-1 {
+				for op, k := range syncDelta(before, g.Syncs()) {
+					if op != "Download" {
+						t.Fatalf("step %d: the GPU made the host wait in %s (x%d); only downloads after the backward may", step, op, k)
+					}
+				}
+			}
+			if err := opt.Step(1e-3, 1); err != nil {
+				t.Fatal(err)
+			}
+			if onGPU && step == steps-1 {
+				st, _ := rec.EndStep()
+				rec.Enable(false, false)
+				seen := map[string]bool{}
+				for _, sp := range st.Spans {
+					seen[sp.Class] = true
+				}
+				for _, c := range []string{profile.ClassRouter, profile.ClassPermute, profile.ClassCombine, profile.ClassExpertGEMM} {
+					if !seen[c] {
+						t.Errorf("the profiled step has no %s span: the MoE layers did not take the device path", c)
+					}
+				}
+			}
+			r.loss = append(r.loss, sum/float64(n))
+			r.aux = append(r.aux, m.AuxLoss())
+		}
+		return r
+	}
+	want := train(ref, false)
+	got := train(pg, true)
+	for i := range want.loss {
+		if math.Abs(got.loss[i]-want.loss[i]) > 2e-2*math.Abs(want.loss[i]) || math.IsNaN(got.loss[i]) {
+			t.Errorf("step %d: loss %.5f on the GPU, %.5f on the CPU", i, got.loss[i], want.loss[i])
+		}
+		if math.Abs(got.aux[i]-want.aux[i]) > 5e-2*math.Abs(want.aux[i]) {
+			t.Errorf("step %d: aux loss %.5f on the GPU, %.5f on the CPU", i, got.aux[i], want.aux[i])
+		}
+	}
+	if want.loss[steps-1] >= want.loss[0] {
+		t.Errorf("CPU losses %v do not decrease: the comparison says nothing about training", want.loss)
+	}
+	report.addCheck("tiny qwen3_moe trains on the GPU device path like on the CPU", !t.Failed(),
+		fmt.Sprintf("losses GPU %v, CPU %v; aux GPU %v, CPU %v", got.loss, want.loss, got.aux, want.aux))
+}
