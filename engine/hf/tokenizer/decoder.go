@@ -92,7 +92,10 @@ type replaceDecoder struct {
 func (d replaceDecoder) decodeChain(tokens []string) []string {
 	out := make([]string, len(tokens))
 	for i, t := range tokens {
-		out[i] = replaceAll(t, d.m, d.content)
+		// Decode has no error to return: a pattern past its match time leaves the rest of
+		// the token as it is (compileRegex has refused the patterns that backtrack on its
+		// probe texts).
+		out[i], _ = replaceAll(t, d.m, d.content)
 	}
 	return out
 }
@@ -138,7 +141,7 @@ func parseDecoder(raw json.RawMessage, path string, depth int) (decoder, error) 
 		Stop     int               `json:"stop"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %v", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	switch head.Type {
 	case "ByteLevel":
@@ -164,7 +167,7 @@ func parseDecoder(raw json.RawMessage, path string, depth int) (decoder, error) 
 	case "Replace":
 		m, err := head.Pattern.compile()
 		if err != nil {
-			return nil, fmt.Errorf("%s: Replace: %v", path, err)
+			return nil, fmt.Errorf("%s: Replace: %w", path, err)
 		}
 		if head.Content == nil {
 			return nil, fmt.Errorf("%s: Replace has no \"content\" string", path)

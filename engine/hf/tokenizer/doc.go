@@ -26,6 +26,12 @@
 // data is newer than Go's for some classes and older for normalization. And the goldens under
 // testdata/ were produced by Hugging Face tokenizers (scripts/tokenizer-goldens/gen.mjs).
 //
+// A backtracking engine can take exponential time: a tokenizer.json whose regular
+// expression does so on probe texts made from its own characters ((a+)+$ on forty a and a !)
+// is refused at load with the pattern named, and every match runs under a time limit
+// (HALO_TOKENIZER_MATCH_TIMEOUT). Past it, EncodeErr returns a *MatchTimeoutError and Encode
+// encodes the rest of that piece without the pattern, logging a warning once.
+//
 // It is not a trainer, and it does not implement the Unigram, WordPiece or WordLevel models
 // or BERT-style components: loading such a tokenizer.json returns an error that names what
 // is not supported.

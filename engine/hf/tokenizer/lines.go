@@ -31,8 +31,9 @@ func JSONString(line []byte) (string, error) {
 
 // EncodeLines reads r line by line, turns each line into text with toText (JSONString when
 // nil) and writes the ids of each text to w as one JSON array per line, in input order.
-// Lines are encoded in batches on all cores. The first bad line stops it with an error
-// "line N: ..." after the lines before it have been written.
+// Lines are encoded in batches on all cores. The first bad line (or one on which a pattern
+// runs past its match time, see EncodeErr) stops it with an error "line N: ..." after the
+// lines before it have been written.
 func (t *Tokenizer) EncodeLines(r io.Reader, w io.Writer, toText func(line []byte) (string, error)) error {
 	if toText == nil {
 		toText = JSONString
@@ -40,9 +41,16 @@ func (t *Tokenizer) EncodeLines(r io.Reader, w io.Writer, toText func(line []byt
 	br := bufio.NewReaderSize(r, 1<<20)
 	bw := bufio.NewWriterSize(w, 1<<20)
 	var texts []string
+	var textLine []int // the line number of each text
 	var out []byte
+	lineNo := 0
 	flush := func() error {
-		for _, ids := range t.EncodeBatch(texts) {
+		ids, errs := t.encodeBatch(texts)
+		for k, ids := range ids {
+			if errs[k] != nil {
+				bw.Flush()
+				return fmt.Errorf("line %d: %w", textLine[k], errs[k])
+			}
 			out = append(out[:0], '[')
 			for i, id := range ids {
 				if i > 0 {
@@ -55,10 +63,9 @@ func (t *Tokenizer) EncodeLines(r io.Reader, w io.Writer, toText func(line []byt
 				return err
 			}
 		}
-		texts = texts[:0]
+		texts, textLine = texts[:0], textLine[:0]
 		return nil
 	}
-	lineNo := 0
 	for {
 		line, err := readLine(br)
 		if err == io.EOF {
@@ -82,7 +89,7 @@ func (t *Tokenizer) EncodeLines(r io.Reader, w io.Writer, toText func(line []byt
 			}
 			return fmt.Errorf("line %d: %w", lineNo, terr)
 		}
-		texts = append(texts, text)
+		texts, textLine = append(texts, text), append(textLine, lineNo)
 		if len(texts) == linesPerBatch {
 			if err := flush(); err != nil {
 				return err

@@ -96,12 +96,37 @@ type replaceNormalizer struct {
 	content string
 }
 
-func (n replaceNormalizer) normalize(s string) string { return replaceAll(s, n.m, n.content) }
+func (n replaceNormalizer) normalize(s string) string {
+	out, _ := n.normalizeErr(s)
+	return out
+}
 
-func replaceAll(s string, m matcher, content string) string {
-	matches := m.findAll(s, nil)
+func (n replaceNormalizer) normalizeErr(s string) (string, error) {
+	return replaceAll(s, n.m, n.content)
+}
+
+// errNormalizer is a normalizer whose regular expression may run past its match time:
+// normalize then returns the text with the replacements made before, normalizeErr also the
+// error.
+type errNormalizer interface {
+	normalizeErr(s string) (string, error)
+}
+
+// normalizeText normalizes s with n and returns the error of a regular expression that ran
+// past its match time.
+func normalizeText(n normalizer, s string) (string, error) {
+	if e, ok := n.(errNormalizer); ok {
+		return e.normalizeErr(s)
+	}
+	return n.normalize(s), nil
+}
+
+// replaceAll replaces every match of m in s by content. When a match runs past its time the
+// text after the matches found so far is left as it is, and the error returned.
+func replaceAll(s string, m matcher, content string) (string, error) {
+	matches, err := find(m, s, nil)
 	if len(matches) == 0 {
-		return s
+		return s, err
 	}
 	var b strings.Builder
 	prev := 0
@@ -111,7 +136,7 @@ func replaceAll(s string, m matcher, content string) string {
 		prev = mt.end
 	}
 	b.WriteString(s[prev:])
-	return b.String()
+	return b.String(), err
 }
 
 type byteLevelNormalizer struct{}
@@ -121,10 +146,20 @@ func (byteLevelNormalizer) normalize(s string) string { return byteLevelEncode(s
 type sequenceNormalizer []normalizer
 
 func (seq sequenceNormalizer) normalize(s string) string {
+	out, _ := seq.normalizeErr(s)
+	return out
+}
+
+func (seq sequenceNormalizer) normalizeErr(s string) (string, error) {
+	var first error
 	for _, n := range seq {
-		s = n.normalize(s)
+		var err error
+		s, err = normalizeText(n, s)
+		if first == nil {
+			first = err
+		}
 	}
-	return s
+	return s, first
 }
 
 // patternJSON is Hugging Face's SplitPattern / ReplacePattern: {"String": ...} or {"Regex": ...}.
@@ -168,7 +203,7 @@ func parseNormalizer(raw json.RawMessage, path string, depth int) (normalizer, e
 		Content     *string           `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %v", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	switch head.Type {
 	case "NFC":
@@ -202,7 +237,7 @@ func parseNormalizer(raw json.RawMessage, path string, depth int) (normalizer, e
 	case "Replace":
 		m, err := head.Pattern.compile()
 		if err != nil {
-			return nil, fmt.Errorf("%s: Replace: %v", path, err)
+			return nil, fmt.Errorf("%s: Replace: %w", path, err)
 		}
 		if head.Content == nil {
 			return nil, fmt.Errorf("%s: Replace has no \"content\" string", path)

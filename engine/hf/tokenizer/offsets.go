@@ -1,13 +1,15 @@
 package tokenizer
 
 import (
+	"log/slog"
 	"strings"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
 
-// EncodeOffsets returns the ids of text, as Encode does, and for each token the byte range
+// EncodeOffsets returns the ids of text, as Encode does (a pattern past its match time is
+// handled as there), and for each token the byte range
 // [start, end) of text it comes from (the chat package uses them to mask assistant tokens).
 //
 // Ranges are exact where the normalizer leaves the text as it is or changes it character by
@@ -31,7 +33,13 @@ func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 	sc := t.getScratch()
 	sc.bpe.wantSpans = true
 	defer func() {
-		sc.bpe.wantSpans = false
+		if sc.err != nil {
+			err := sc.err
+			t.timeoutOnce.Do(func() {
+				slog.Warn("tokenizer: encoding went on without a pattern that ran past its match time; later timeouts are not logged", "err", err)
+			})
+		}
+		sc.bpe.wantSpans, sc.err = false, nil
 		t.putScratch(sc)
 	}()
 	var ids []int32
@@ -49,7 +57,8 @@ func (t *Tokenizer) EncodeOffsets(text string) ([]int, [][2]int) {
 		s := seg.text
 		al := identityAlignment(seg.start)
 		if t.normalizer != nil {
-			ns := t.normalizer.normalize(s)
+			ns, err := normalizeText(t.normalizer, s)
+			sc.fail(err)
 			if ns != s {
 				al = t.chunkAlignment(s, ns, seg.start)
 			}

@@ -1,12 +1,16 @@
 package tokenizer
 
 import (
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
+
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // span is a half-open byte range [start, end) of a string.
@@ -52,9 +56,62 @@ func (m runeMatcher) findAll(s string, dst []span) []span {
 // regexMatcher runs a regular expression with Oniguruma-like semantics (the engine Hugging
 // Face tokenizers uses): backtracking, lookaround, Unicode classes. The fast scanners in
 // scan.go replace it for the pre-tokenizer patterns of the GPT-2, Llama-3 and Qwen2 families.
+//
+// A backtracking engine can take time exponential in the text on some patterns ((a+)+$ on
+// forty a and a !). compileRegex refuses a pattern that does so on a set of probe texts made
+// from its own characters, and every match runs under matchTimeout, past which find returns
+// a *MatchTimeoutError.
 type regexMatcher struct {
 	src string
 	re  *regexp2.Regexp
+}
+
+var swMatchTimeout = switches.Register(switches.Switch{Name: "HALO_TOKENIZER_MATCH_TIMEOUT", Kind: switches.Tuning,
+	Default: "5s",
+	Doc:     "Longest time one match of a tokenizer.json regular expression may take (a Go duration) before encoding fails with the pattern named."})
+
+// matchTimeout is HALO_TOKENIZER_MATCH_TIMEOUT, or its default when the value does not parse.
+func matchTimeout() time.Duration {
+	if d, err := time.ParseDuration(swMatchTimeout.Value()); err == nil && d > 0 {
+		return d
+	}
+	return 5 * time.Second
+}
+
+// probeTimeout bounds one match of a probe text at load. Probe texts are 49 characters long;
+// a pattern that needs this long on one of them backtracks catastrophically.
+const probeTimeout = 250 * time.Millisecond
+
+// MatchTimeoutError is a regular expression of a tokenizer that ran past its match time,
+// at load on a probe text or while encoding.
+type MatchTimeoutError struct {
+	// Pattern is the regular expression as tokenizer.json writes it.
+	Pattern string
+	// Timeout is the match time it ran past.
+	Timeout time.Duration
+	// Text is the text it was matching (shortened) and Len that text's length in bytes.
+	Text string
+	Len  int
+	// Probe says that Text is a probe text tried at load.
+	Probe bool
+}
+
+func (e *MatchTimeoutError) Error() string {
+	if e.Probe {
+		return fmt.Sprintf("regular expression %q backtracks catastrophically: matching the %d-byte text %q ran past %v (Hugging Face tokenizers would hang on such text); rewrite the pattern without nested or overlapping repetition",
+			e.Pattern, e.Len, e.Text, e.Timeout)
+	}
+	return fmt.Sprintf("tokenizer: regular expression %q ran past its match time of %v on a %d-byte text starting %q (catastrophic backtracking); rewrite the pattern, or raise HALO_TOKENIZER_MATCH_TIMEOUT",
+		e.Pattern, e.Timeout, e.Len, e.Text)
+}
+
+func shorten(s string) string {
+	const n = 32
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n]) + "..."
 }
 
 func compileRegex(src string) (*regexMatcher, error) {
@@ -62,12 +119,62 @@ func compileRegex(src string) (*regexMatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("regular expression %q does not compile: %v", src, err)
 	}
+	probe := &regexMatcher{src: src, re: re}
+	re.MatchTimeout = probeTimeout
+	for _, text := range probeTexts(src) {
+		if _, err := probe.find(text, nil); err != nil {
+			var te *MatchTimeoutError
+			if errors.As(err, &te) {
+				te.Probe = true
+			}
+			return nil, err
+		}
+	}
+	re.MatchTimeout = matchTimeout()
 	return &regexMatcher{src: src, re: re}, nil
 }
 
+// probeTexts are the texts a pattern is tried on at load: each character that the pattern
+// names literally (and a few of each class: letters, digits, spaces, punctuation, non-ASCII),
+// repeated 48 times and followed by a character that may fail the match. Nested or
+// overlapping repetition of that character then costs 2^48 steps, which probeTimeout stops.
+func probeTexts(src string) []string {
+	chars := []rune{'a', 'A', '0', ' ', '\n', '.', '\'', 'é', '中'}
+	seen := map[rune]bool{}
+	for _, r := range chars {
+		seen[r] = true
+	}
+	for _, r := range src {
+		if len(chars) >= 48 {
+			break
+		}
+		if r > ' ' && r < utf8.RuneSelf && !seen[r] && !strings.ContainsRune(`\()[]{}|*+?^$`, r) {
+			seen[r] = true
+			chars = append(chars, r)
+		}
+	}
+	var out []string
+	for _, r := range chars {
+		run := strings.Repeat(string(r), 48)
+		for _, end := range []string{"!", "\x00", " ", "a"} {
+			out = append(out, run+end)
+		}
+	}
+	return out
+}
+
+// findAll returns the matches; when a match runs past its time it returns those found
+// before (find says why).
 func (m *regexMatcher) findAll(s string, dst []span) []span {
+	dst, _ = m.find(s, dst)
+	return dst
+}
+
+// find appends the matches of m in s to dst. When a match runs past the pattern's match
+// time it returns the matches found before it and a *MatchTimeoutError.
+func (m *regexMatcher) find(s string, dst []span) ([]span, error) {
 	if s == "" {
-		return dst
+		return dst, nil
 	}
 	runes := []rune(s)
 	// byteAt[i] is the byte offset of rune i; the last entry is len(s).
@@ -89,7 +196,11 @@ func (m *regexMatcher) findAll(s string, dst []span) []span {
 	lastEnd, lastMatchEnd := 0, -1
 	for lastEnd <= len(runes) {
 		mt, err := m.re.FindRunesMatchStartingAt(runes, lastEnd)
-		if err != nil || mt == nil {
+		if err != nil {
+			// regexp2's error quotes the whole input; say what happened without it.
+			return dst, &MatchTimeoutError{Pattern: m.src, Timeout: m.re.MatchTimeout, Text: shorten(s[off(lastEnd):]), Len: len(s)}
+		}
+		if mt == nil {
 			break
 		}
 		start, end := mt.Index, mt.Index+mt.Length
@@ -104,7 +215,16 @@ func (m *regexMatcher) findAll(s string, dst []span) []span {
 			lastEnd++
 		}
 	}
-	return dst
+	return dst, nil
+}
+
+// find returns the matches of m in s, and the error of a regular expression that ran past
+// its match time (with the matches found before it).
+func find(m matcher, s string, dst []span) ([]span, error) {
+	if r, ok := m.(*regexMatcher); ok {
+		return r.find(s, dst)
+	}
+	return m.findAll(s, dst), nil
 }
 
 // splitBehavior is Hugging Face's SplitDelimiterBehavior.
@@ -134,13 +254,13 @@ type piece struct {
 
 // splitBy splits s by the matches of m with the given behaviour (NormalizedString::split)
 // and calls emit for every non-empty resulting piece with its byte offset in s. invert swaps
-// matches and the text
-// between them (Split's `invert`).
-func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *[]span, emit func(string, int)) {
+// matches and the text between them (Split's `invert`). When a match runs past its time the
+// text after the matches found so far is one piece, and the error is returned.
+func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *[]span, emit func(string, int)) error {
 	if s == "" {
-		return
+		return nil
 	}
-	matches := m.findAll(s, (*scratch)[:0])
+	matches, err := find(m, s, (*scratch)[:0])
 	*scratch = matches
 	if behavior == behaviorIsolated {
 		// Every match and every gap between matches is its own piece.
@@ -157,7 +277,7 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 		if prev < len(s) {
 			emit(s[prev:], prev)
 		}
-		return
+		return err
 	}
 	// Cover the whole string: matches and the gaps between them.
 	pieces := make([]piece, 0, 2*len(matches)+1)
@@ -228,6 +348,7 @@ func splitBy(s string, m matcher, behavior splitBehavior, invert bool, scratch *
 			emit(s[o.start:o.end], o.start)
 		}
 	}
+	return err
 }
 
 // withHFClasses rewrites \p{X} and \pX for the general categories of hfCategories, \d and \w

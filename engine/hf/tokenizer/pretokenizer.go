@@ -36,6 +36,15 @@ type wordPos struct {
 type scratch struct {
 	spans []span
 	bpe   bpeScratch
+	// err is the first regular expression of this call that ran past its match time.
+	err error
+}
+
+// fail records the first error of the call.
+func (sc *scratch) fail(err error) {
+	if err != nil && sc.err == nil {
+		sc.err = err
+	}
 }
 
 type splitStep struct {
@@ -45,9 +54,9 @@ type splitStep struct {
 }
 
 func (p splitStep) split(s string, _ bool, sc *scratch, emit emitFunc) {
-	splitBy(s, p.m, p.behavior, p.invert, &sc.spans, func(w string, off int) {
+	sc.fail(splitBy(s, p.m, p.behavior, p.invert, &sc.spans, func(w string, off int) {
 		emit(w, wordPos{off: off, n: len(w)})
-	})
+	}))
 }
 
 // byteLevelStep is the ByteLevel pre-tokenizer. The mapping of bytes to the byte-level
@@ -76,7 +85,7 @@ func (p byteLevelStep) split(s string, _ bool, sc *scratch, emit emitFunc) {
 		emit(x, pos)
 	}
 	if p.useRegex != nil {
-		splitBy(s, p.useRegex, behaviorIsolated, false, &sc.spans, out)
+		sc.fail(splitBy(s, p.useRegex, behaviorIsolated, false, &sc.spans, out))
 		return
 	}
 	if s != "" {
@@ -217,7 +226,7 @@ func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) (
 		Delimiter      string            `json:"delimiter"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, false, fmt.Errorf("%s: %v", path, err)
+		return nil, false, fmt.Errorf("%s: %w", path, err)
 	}
 	behavior := func(def splitBehavior) (splitBehavior, error) {
 		if head.Behavior == "" {
@@ -245,7 +254,7 @@ func parsePreTokenizer(raw json.RawMessage, path string, depth int, last bool) (
 	case "Split":
 		m, err := head.Pattern.compile()
 		if err != nil {
-			return nil, false, fmt.Errorf("%s: Split: %v", path, err)
+			return nil, false, fmt.Errorf("%s: Split: %w", path, err)
 		}
 		b, err := behavior(behaviorRemoved)
 		if err != nil {

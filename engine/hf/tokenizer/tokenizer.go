@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -33,6 +34,8 @@ type Tokenizer struct {
 
 	cache   *wordCache
 	scratch sync.Pool
+
+	timeoutOnce sync.Once // the warning of Encode about a pattern past its match time
 }
 
 // maxFileSize bounds the size of a tokenizer.json read from disk.
@@ -142,10 +145,10 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 	}
 	t.model = m
 	if t.normalizer, err = parseNormalizer(f.Normalizer, "normalizer", 0); err != nil {
-		return nil, fail("%v", err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", name, err)
 	}
 	if t.steps, t.byteLevelTail, err = parsePreTokenizer(f.PreTokenizer, "pre_tokenizer", 0, true); err != nil {
-		return nil, fail("%v", err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", name, err)
 	}
 	if t.byteLevelTail && (m.continuingPrefix != "" || m.endSuffix != "") {
 		// The raw-byte fast path does not handle prefixes and suffixes: map in the pre-tokenizer.
@@ -163,7 +166,7 @@ func fromBytes(data []byte, name string) (*Tokenizer, error) {
 		}
 	}
 	if t.decoder, err = parseDecoder(f.Decoder, "decoder", 0); err != nil {
-		return nil, fail("%v", err)
+		return nil, fmt.Errorf("tokenizer: %s: %w", name, err)
 	}
 	if err := t.addTokens(f.AddedTokens); err != nil {
 		return nil, fail("%v", err)
@@ -334,20 +337,56 @@ func (t *Tokenizer) putScratch(s *scratch) { t.scratch.Put(s) }
 // Encode returns the token ids of text, equal to Hugging Face's
 // Tokenizer.encode(text, add_special_tokens=False).ids. Added and special tokens written in
 // the text are recognised. Invalid UTF-8 bytes are first replaced by U+FFFD.
+//
+// Encode always encodes all of text. When a regular expression of the tokenizer runs past
+// its match time (HALO_TOKENIZER_MATCH_TIMEOUT) on it, the rest of that piece is not split or
+// replaced by the pattern, so the ids may differ from Hugging Face's (which would not return
+// at all), and a warning naming the pattern is logged once; EncodeErr returns the error
+// instead.
 func (t *Tokenizer) Encode(text string) []int {
+	ids, err := t.EncodeErr(text)
+	if err != nil {
+		t.timeoutOnce.Do(func() {
+			slog.Warn("tokenizer: encoding went on without a pattern that ran past its match time; later timeouts are not logged", "err", err)
+		})
+	}
+	return ids
+}
+
+// EncodeErr is Encode that returns a *MatchTimeoutError (with the ids Encode would return)
+// when a regular expression of the tokenizer runs past its match time on text.
+func (t *Tokenizer) EncodeErr(text string) ([]int, error) {
 	sc := t.getScratch()
 	ids := t.encode(text, sc, make([]int32, 0, len(text)/3+1))
+	err := sc.err
+	sc.err = nil
 	t.putScratch(sc)
 	out := make([]int, len(ids))
 	for i, id := range ids {
 		out[i] = int(id)
 	}
+	return out, err
+}
+
+// EncodeBatch encodes every text with all available cores, as Encode does; the result is
+// in input order.
+func (t *Tokenizer) EncodeBatch(texts []string) [][]int {
+	out, errs := t.encodeBatch(texts)
+	for _, err := range errs {
+		if err != nil {
+			t.timeoutOnce.Do(func() {
+				slog.Warn("tokenizer: encoding went on without a pattern that ran past its match time; later timeouts are not logged", "err", err)
+			})
+			break
+		}
+	}
 	return out
 }
 
-// EncodeBatch encodes every text with all available cores; the result is in input order.
-func (t *Tokenizer) EncodeBatch(texts []string) [][]int {
+// encodeBatch is EncodeBatch with EncodeErr's error of each text.
+func (t *Tokenizer) encodeBatch(texts []string) ([][]int, []error) {
 	out := make([][]int, len(texts))
+	errs := make([]error, len(texts))
 	workers := min(runtime.GOMAXPROCS(0), len(texts))
 	var next sync.Mutex
 	i := 0
@@ -364,12 +403,12 @@ func (t *Tokenizer) EncodeBatch(texts []string) [][]int {
 				if k >= len(texts) {
 					return
 				}
-				out[k] = t.Encode(texts[k])
+				out[k], errs[k] = t.EncodeErr(texts[k])
 			}
 		}()
 	}
 	wg.Wait()
-	return out
+	return out, errs
 }
 
 func (t *Tokenizer) encode(text string, sc *scratch, dst []int32) []int32 {
@@ -389,7 +428,9 @@ func (t *Tokenizer) encode(text string, sc *scratch, dst []int32) []int32 {
 		}
 		s := seg.text
 		if t.normalizer != nil {
-			s = t.normalizer.normalize(s)
+			var err error
+			s, err = normalizeText(t.normalizer, s)
+			sc.fail(err)
 		}
 		if t.added.norm.empty() {
 			dst = t.encodeText(s, seg.start == 0, sc, dst)
