@@ -112,6 +112,20 @@ func (c *textCodec) ids(s string) []int32 {
 	return out
 }
 
+// idsErr is ids that fails when a regular expression of the tokenizer runs past its match
+// time on s, so that a training document is refused rather than split differently.
+func (c *textCodec) idsErr(s string) ([]int32, error) {
+	ids, err := c.tok.EncodeErr(s)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out, nil
+}
+
 func (c *textCodec) decode(ids []int32) string {
 	v := make([]int, len(ids))
 	for i, id := range ids {
@@ -144,11 +158,19 @@ func (c *textCodec) encoder(method string, vocab int) data.Encoder {
 		if err := c.needTokenizer("a " + string(r.Kind) + " record"); err != nil {
 			return d, err
 		}
+		var encErr error
 		add := func(ids []int32, train bool) {
 			d.Tokens = append(d.Tokens, ids...)
 			for range ids {
 				d.Train = append(d.Train, train)
 			}
+		}
+		text := func(s string) []int32 {
+			ids, err := c.idsErr(s)
+			if encErr == nil {
+				encErr = err
+			}
+			return ids
 		}
 		eos := func(train bool) {
 			if c.eos >= 0 {
@@ -157,11 +179,11 @@ func (c *textCodec) encoder(method string, vocab int) data.Encoder {
 		}
 		switch r.Kind {
 		case data.FormatText:
-			add(c.ids(r.Text), true)
+			add(text(r.Text), true)
 			eos(true)
 		case data.FormatPromptCompletion:
-			add(c.ids(r.Prompt), method == MethodPretrain)
-			add(c.ids(r.Completion), true)
+			add(text(r.Prompt), method == MethodPretrain)
+			add(text(r.Completion), true)
 			eos(true)
 		case data.FormatMessages:
 			if c.chat == nil {
@@ -179,6 +201,9 @@ func (c *textCodec) encoder(method string, vocab int) data.Encoder {
 			}
 		default:
 			return d, fmt.Errorf("record of unknown kind %q", r.Kind)
+		}
+		if encErr != nil {
+			return d, encErr
 		}
 		if len(d.Tokens) == 0 {
 			return d, errors.New("record has no tokens")
