@@ -105,14 +105,15 @@ type Routing struct {
 	Sel     []int32   // [N,K] chosen experts, by decreasing selection score; host path only
 	Weights []float32 // [N,K] routing weights; host path only
 
-	// Device path: counts [E] I32 of the selection, auxCounts [E] I32 of the top-k of the
-	// probabilities alone (only when a balancing bias chose differently), psum [E] F32 the
-	// probabilities summed over the tokens; on b until Fetch.
-	b                       backend.Backend
-	counts, auxCounts, psum T
-	load, auxLoad           []int
-	probSum                 []float64
-	fetched                 bool
+	// Device path: offsets [E+1] I32 of the slots sorted by expert (the loads are their
+	// differences), auxCounts [E] I32 of the top-k of the probabilities alone (only when a
+	// balancing bias chose differently), psum [E] F32 the probabilities summed over the
+	// tokens; on b until Fetch.
+	b                        backend.Backend
+	offsets, auxCounts, psum T
+	load, auxLoad            []int
+	probSum                  []float64
+	fetched                  bool
 }
 
 // Fetch reads the device path's per-expert statistics to the host (one download each, after
@@ -123,7 +124,7 @@ func (r *Routing) Fetch() error {
 		return nil
 	}
 	defer r.drop()
-	c, err := backend.ToInt32(r.b, r.counts)
+	off, err := backend.ToInt32(r.b, r.offsets)
 	if err != nil {
 		return fmt.Errorf("nn: routing statistics: %w", err)
 	}
@@ -133,7 +134,7 @@ func (r *Routing) Fetch() error {
 	}
 	r.load, r.auxLoad, r.probSum = make([]int, r.E), nil, make([]float64, r.E)
 	for e := range r.E {
-		r.load[e], r.probSum[e] = int(c[e]), float64(ps[e])
+		r.load[e], r.probSum[e] = int(off[e+1]-off[e]), float64(ps[e])
 	}
 	if !r.auxCounts.IsNil() {
 		ac, err := backend.ToInt32(r.b, r.auxCounts)
@@ -152,7 +153,7 @@ func (r *Routing) Fetch() error {
 // drop frees the device statistics.
 func (r *Routing) drop() {
 	if r.b != nil {
-		_ = free(r.b, &r.counts, &r.auxCounts, &r.psum)
+		_ = free(r.b, &r.offsets, &r.auxCounts, &r.psum)
 	}
 	r.b = nil
 }

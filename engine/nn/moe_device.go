@@ -23,8 +23,9 @@ import (
 // and the backward in reverse (MoECombineBackward, the grouped input and weight gradients,
 // SwiGLUPackedBackward in place, MoEPermuteBackward, MoERouteBackward, the router's
 // backward). Cached for backward (keep): probs, sel, weights, offsets, slot, xs, gu, act, ys.
-// The per-expert statistics (load counts, the aux loss's counts and probability sums) stay on
-// the device until the model reads them once per forward (Routing.Fetch).
+// The per-expert statistics (the loads, as a copy of the offsets; the aux loss's counts and
+// probability sums) stay on the device until the model reads them once per forward
+// (Routing.Fetch).
 
 // moeDev is the device-path cache of one forward.
 type moeDev struct {
@@ -120,7 +121,7 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	if d.probs, err = p.outF32(n, e); err == nil {
 		if d.sel, err = i32(n, k); err == nil {
 			if d.weights, err = p.outF32(n, k); err == nil {
-				if r.counts, err = i32(e); err == nil {
+				if r.offsets, err = i32(e + 1); err == nil {
 					r.psum, err = p.outF32(e)
 				}
 			}
@@ -132,7 +133,7 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	r.b = p.B
 	route := backend.MoERouting{TopK: k, NormTopK: m.NormTopK}
 	if err = o.MoERoute(backend.MoERouteArgs{MoERouting: route, Logits: logits, Bias: bias, Probs: d.probs, Sel: d.sel,
-		Weights: d.weights, Counts: r.counts, ProbSum: r.psum}); err != nil {
+		Weights: d.weights, ProbSum: r.psum}); err != nil {
 		return T{}, wrap(m.Name+" router", err)
 	}
 	if !bias.IsNil() {
@@ -154,6 +155,10 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	}
 	if err = o.MoEPermute(backend.MoEPermuteArgs{E: e, Sel: d.sel, X: x, Offsets: d.offsets, Order: order, Slot: d.slot, Xs: d.xs}); err != nil {
 		return T{}, wrap(m.Name+" permute", err)
+	}
+	// The expert loads are the offsets' differences: keep a copy for Fetch.
+	if err = p.B.Copy(r.offsets, d.offsets); err != nil {
+		return T{}, wrap(m.Name, err)
 	}
 	_ = free(p.B, &order)
 	if d.gu, err = p.out(s, 2*inter); err != nil {

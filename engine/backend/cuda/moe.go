@@ -119,8 +119,20 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 		if pps == 0 {
 			return nil
 		}
-		return b.d.launchOnThread(moeFile, "moe_prob_sum", [3]uint32{uint32((e + 31) / 32), 1, 1}, [3]uint32{32, 32, 1}, 0,
-			packArgs(pp, pps, int32(n), int32(e))...)
+		// R row chunks of at least 32 rows, at most 128: partial sums, then their sum in order.
+		r := min(128, (n+31)/32)
+		per := (n + r - 1) / r
+		part, err := b.d.allocOnThread(uint64(4 * r * e))
+		if err != nil {
+			return err
+		}
+		defer b.d.alloc.Free(part.ptr) // freed after the kernels: later work is on the same stream
+		if err := b.d.launchOnThread(moeFile, "moe_prob_sum_part", [3]uint32{uint32((e + 31) / 32), uint32(r), 1}, [3]uint32{32, 8, 1}, 0,
+			packArgs(pp, part.ptr, int32(n), int32(e), int32(per))...); err != nil {
+			return err
+		}
+		return b.d.launchOnThread(moeFile, "moe_prob_sum", [3]uint32{uint32((e + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			packArgs(part.ptr, pps, int32(r), int32(e))...)
 	})
 }
 
@@ -172,8 +184,8 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 	})
 }
 
-// MoEPermute implements backend.Optional.MoEPermute: a histogram per chunk of 256 slots, one
-// block that scans them into the offsets and every chunk's base, a scatter of the slots in
+// MoEPermute implements backend.Optional.MoEPermute: a histogram per chunk of 1024 slots, one
+// block that scans them into every chunk's base and the offsets, a scatter of the slots in
 // chunk order, and the row gather.
 func (b *Backend) MoEPermute(a backend.MoEPermuteArgs) error {
 	const op = "MoEPermute"
@@ -210,7 +222,7 @@ func (b *Backend) MoEPermute(a backend.MoEPermuteArgs) error {
 	if err := arg.err(); err != nil {
 		return err
 	}
-	chunks := (s + 255) / 256
+	chunks := (s + 1023) / 1024
 	e := int32(a.E)
 	rowBytes := int64(c) * int64(a.X.DType().Size())
 	gather, unit := "moe_gather_u16", int64(2)
@@ -227,7 +239,7 @@ func (b *Backend) MoEPermute(a backend.MoEPermuteArgs) error {
 		}
 		defer b.d.alloc.Free(hist.ptr) // freed after the kernels: later work is on the same stream
 		if chunks > 0 {
-			if err := b.d.launchOnThread(moeFile, "moe_hist", [3]uint32{uint32(chunks), 1, 1}, [3]uint32{256, 1, 1}, uint32(4*a.E),
+			if err := b.d.launchOnThread(moeFile, "moe_hist", [3]uint32{uint32(chunks), 1, 1}, [3]uint32{1024, 1, 1}, uint32(4*a.E),
 				packArgs(psel, hist.ptr, int32(s), e)...); err != nil {
 				return err
 			}
@@ -239,8 +251,8 @@ func (b *Backend) MoEPermute(a backend.MoEPermuteArgs) error {
 		if chunks == 0 {
 			return nil
 		}
-		if err := b.d.launchOnThread(moeFile, "moe_scatter", [3]uint32{uint32(chunks), 1, 1}, [3]uint32{256, 1, 1}, 0,
-			packArgs(psel, hist.ptr, pord, pslot, int32(s), int32(k), e)...); err != nil {
+		if err := b.d.launchOnThread(moeFile, "moe_scatter", [3]uint32{uint32(chunks), 1, 1}, [3]uint32{1024, 1, 1}, 0,
+			packArgs(psel, hist.ptr, poff, pord, pslot, int32(s), int32(k), e)...); err != nil {
 			return err
 		}
 		units := rowBytes / unit

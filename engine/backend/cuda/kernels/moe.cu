@@ -1,7 +1,8 @@
 // moe.cu: mixture-of-experts routing, permutation, combine and SwiGLU over packed gate|up rows.
 //
 // Letters: N tokens, C hidden size, E experts, K top-k, I expert width, S = N*K routed slots
-// (slot i = n*K + j is token n's j-th choice), CH = ceil(S / 256) chunks of slots.
+// (slot i = n*K + j is token n's j-th choice), CH = ceil(S / 1024) chunks of slots, R row
+// chunks of the probability sum.
 //
 // Router (moe_route_fwd, one warp per token; per warp E floats of probabilities and E of scores
 // in shared memory):
@@ -14,15 +15,17 @@
 //   weights[n,j] = probs[n,sel[n,j]] (/ sum_j probs[n,sel[n,j]] (+1e-20 sigmoid)) * scaling
 //                                                                                   [N,K] F32 =
 //   counts[e]   += tokens choosing e (integer atomics: the result does not depend on order) [E]
-// moe_prob_sum: prob_sum[e] = sum_n probs[n,e], a fixed-order tree per expert      [E] F32 =
+// moe_prob_sum_part, moe_prob_sum: prob_sum[e] = sum_n probs[n,e]: partial sums over R row
+// chunks [R,E] (scratch), then the R partials in order                           [E] F32 =
 // Backward (moe_route_bwd, one warp per token): with g = dweights, s = scaling,
 //   dp[e]  = aux[e] + s*g[j] (sel[n,j] = e), or with norm (s*g[j] - sum_i g[i]*w[i]) / D
 //   dlogits = probs*(dp - dot(probs, dp)) (softmax) or probs*(1-probs)*dp (sigmoid)  [N,E] =
 //
 // Permutation, a stable counting sort by expert in three passes and a gather:
 //   moe_hist     hist[ch,e]  = slots of chunk ch choosing e                    [CH,E] I32 (scratch)
-//   moe_scan     hist[ch,e] <- offsets[e] + slots of chunks before ch choosing e; offsets [E+1] =
-//   moe_scatter  pos = hist[ch,sel] + earlier slots of the chunk choosing the same expert;
+//   moe_scan     hist[ch,e] <- slots of chunks before ch choosing e; offsets [E+1] =
+//   moe_scatter  pos = offsets[sel] + hist[ch,sel] + earlier slots of the chunk choosing the
+//                same expert;
 //                order[pos] = n [S] I32 =, slot[n,j] = pos [N,K] I32 =
 //   moe_gather_* xs[p] = x[order[p]]                                            [S,C] =
 // moe_unpermute_bwd: dx[n] (+)= sum_j dxs[slot[n,j]] in increasing j, fp32      [N,C]
@@ -156,21 +159,30 @@ extern "C" __global__ void moe_route_fwd(const void* logits, int dtl,  // [N,E]
     }
 }
 
-// One block of 32x32 threads per 32 experts: thread (x, y) sums rows y, y+32, ... of expert x,
-// then the 32 partial sums of an expert are added in a fixed tree.
-extern "C" __global__ void moe_prob_sum(const float* probs, float* prob_sum, int N, int E) {
-    __shared__ float part[32][33];
+// Block (x, y) = (32 experts, row chunk y) of 32x8 threads: thread (tx, ty) sums rows
+// lo+ty, lo+ty+8, ... < hi of expert 32x+tx; the 8 partial sums are added in order.
+extern "C" __global__ void moe_prob_sum_part(const float* probs, float* part, int N, int E, int rows_per_chunk) {
+    __shared__ float acc[8][33];
     int e = blockIdx.x * 32 + threadIdx.x;
+    int lo = blockIdx.y * rows_per_chunk, hi = min(N, lo + rows_per_chunk);
     float s = 0.f;
     if (e < E)
-        for (int n = threadIdx.y; n < N; n += 32) s += probs[(long long)n * E + e];
-    part[threadIdx.y][threadIdx.x] = s;
+        for (int n = lo + threadIdx.y; n < hi; n += 8) s += probs[(long long)n * E + e];
+    acc[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
-    if (threadIdx.y == 0) {
+    if (threadIdx.y == 0 && e < E) {
         float t = 0.f;
-        for (int y = 0; y < 32; y++) t += part[y][threadIdx.x];
-        if (e < E) prob_sum[e] = t;
+        for (int y = 0; y < 8; y++) t += acc[y][threadIdx.x];
+        part[(long long)blockIdx.y * E + e] = t;
     }
+}
+
+extern "C" __global__ void moe_prob_sum(const float* part, float* prob_sum, int R, int E) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    float t = 0.f;
+    for (int r = 0; r < R; r++) t += part[(long long)r * E + e];
+    prob_sum[e] = t;
 }
 
 // Shared memory: per warp E floats of dp.
@@ -225,12 +237,12 @@ extern "C" __global__ void moe_route_bwd(const float* probs,    // [N,E]
     }
 }
 
-// 256 threads per chunk of 256 slots; shared memory E ints.
+// 1024 threads per chunk of 1024 slots; shared memory E ints.
 extern "C" __global__ void moe_hist(const int* sel, int* hist, int S, int E) {
     extern __shared__ int moe_h[];
     for (int e = threadIdx.x; e < E; e += blockDim.x) moe_h[e] = 0;
     __syncthreads();
-    int i = blockIdx.x * 256 + threadIdx.x;
+    int i = blockIdx.x * 1024 + threadIdx.x;
     if (i < S) {
         int e = sel[i];
         if (e >= 0 && e < E) atomicAdd(&moe_h[e], 1);
@@ -239,16 +251,22 @@ extern "C" __global__ void moe_hist(const int* sel, int* hist, int S, int E) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) hist[(long long)blockIdx.x * E + e] = moe_h[e];
 }
 
-// One block; shared memory E+1 ints. Thread e scans expert e's column over the chunks, then the
-// expert totals are scanned into offsets and added to every chunk's base.
+// One block; shared memory E+1 ints. Thread e turns expert e's column into its exclusive
+// prefix over the chunks (eight loads in flight at a time), then the expert totals are scanned
+// into offsets.
 extern "C" __global__ void moe_scan(int* hist, int* offsets, int CH, int E) {
     extern __shared__ int moe_t[];
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int run = 0;
-        for (int c = 0; c < CH; c++) {
-            int v = hist[(long long)c * E + e];
-            hist[(long long)c * E + e] = run;
-            run += v;
+        for (int c0 = 0; c0 < CH; c0 += 8) {
+            int v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = c0 + u < CH ? hist[(long long)(c0 + u) * E + e] : 0;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (c0 + u < CH) hist[(long long)(c0 + u) * E + e] = run;
+                run += v[u];
+            }
         }
         moe_t[e] = run;
     }
@@ -256,24 +274,18 @@ extern "C" __global__ void moe_scan(int* hist, int* offsets, int CH, int E) {
     if (threadIdx.x == 0) {
         int run = 0;
         for (int e = 0; e < E; e++) {
-            int v = moe_t[e];
-            moe_t[e] = run;
             offsets[e] = run;
-            run += v;
+            run += moe_t[e];
         }
         offsets[E] = run;
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int base = moe_t[e];
-        for (int c = 0; c < CH; c++) hist[(long long)c * E + e] += base;
-    }
 }
 
-// 256 threads per chunk of 256 slots.
-extern "C" __global__ void moe_scatter(const int* sel, const int* hist, int* order, int* slot, int S, int K, int E) {
-    __shared__ int s[256];
-    int t = threadIdx.x, i = blockIdx.x * 256 + t;
+// 1024 threads per chunk of 1024 slots.
+extern "C" __global__ void moe_scatter(const int* sel, const int* hist, const int* offsets, int* order, int* slot,
+                                       int S, int K, int E) {
+    __shared__ int s[1024];
+    int t = threadIdx.x, i = blockIdx.x * 1024 + t;
     s[t] = i < S ? sel[i] : -1;
     __syncthreads();
     if (i >= S) return;
@@ -284,7 +296,7 @@ extern "C" __global__ void moe_scatter(const int* sel, const int* hist, int* ord
     }
     int rank = 0;
     for (int j = 0; j < t; j++) rank += s[j] == e;
-    int pos = hist[(long long)blockIdx.x * E + e] + rank;
+    int pos = offsets[e] + hist[(long long)blockIdx.x * E + e] + rank;
     order[pos] = i / K;
     slot[i] = pos;
 }
