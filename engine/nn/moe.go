@@ -81,7 +81,8 @@ type MoE struct {
 	// host composition.
 	GateUp, Down Linear
 	// Composed makes the block run the host composition even where the device path could run
-	// (the reference, and a way to compare the two).
+	// (the reference, and a way to compare the two); HALO_MOE_PATH=composed does it for every
+	// block.
 	Composed bool
 
 	r        Routing

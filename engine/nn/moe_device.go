@@ -41,7 +41,7 @@ func (d *moeDev) release(b backend.Backend) {
 // deviceOps reports whether this forward can take the device path, and the ops.
 func (m *MoE) deviceOps(p *Pass, x T) (backend.Optional, bool) {
 	o := p.B.Optional()
-	ok := !m.Composed && m.Runner == nil && x.Rank() == 2 && x.Dim(0) > 0 && m.holdsAll() && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
+	ok := !m.Composed && !swMoEPath.Is("composed") && m.Runner == nil && x.Rank() == 2 && x.Dim(0) > 0 && m.holdsAll() && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
 		o.MoERoute != nil && o.MoERouteBackward != nil && o.MoEPermute != nil && o.MoEPermuteBackward != nil &&
 		o.MoECombine != nil && o.MoECombineBackward != nil && o.SwiGLUPacked != nil && o.SwiGLUPackedBackward != nil &&
 		o.GroupedGEMM != nil

@@ -128,3 +128,27 @@ func TestMoEDevicePathMatchesComposition(t *testing.T) {
 		})
 	}
 }
+
+// TestMoEPathSwitch: HALO_MOE_PATH=composed sends a block that could take the device path
+// through the host composition (whose routing is on the host), device (the default) does not.
+func TestMoEPathSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		value    string
+		wantHost bool
+	}{{"", false}, {"device", false}, {"composed", true}} {
+		t.Run("HALO_MOE_PATH="+tc.value, func(t *testing.T) {
+			t.Setenv("HALO_MOE_PATH", tc.value)
+			e := newEnv(t)
+			m := newStackedMoE(e, 8, 6, 4, 2, true)
+			p := e.pass([]int{5}, 4)
+			out, err := m.Forward(p, e.randn(1, 5, 8), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = e.b.Free(out)
+			if host := m.Routing().Probs != nil; host != tc.wantHost {
+				t.Fatalf("host routing = %v, want %v", host, tc.wantHost)
+			}
+		})
+	}
+}
