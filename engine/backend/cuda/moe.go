@@ -297,8 +297,10 @@ func (b *Backend) MoEPermuteBackward(a backend.MoEPermuteBackwardArgs) error {
 	if err := arg.err(); err != nil {
 		return err
 	}
-	total := int64(n) * int64(c)
-	return b.launch1D(moeFile, "moe_unpermute_bwd", total, pdx, cdx, pdxs, cdxs, pslot, int64(n), int32(c), int32(k), b2i(a.Accumulate))
+	if vec8(int64(c), []int32{cdx, cdxs}, pdx, pdxs) {
+		return b.launch1D(moeFile, "moe_unpermute_bwd_bf16x8", int64(n)*int64(c/8), pdx, pdxs, pslot, int64(n), int32(c/8), int32(k), b2i(a.Accumulate))
+	}
+	return b.launch1D(moeFile, "moe_unpermute_bwd", int64(n)*int64(c), pdx, cdx, pdxs, cdxs, pslot, int64(n), int32(c), int32(k), b2i(a.Accumulate))
 }
 
 // MoECombine implements backend.Optional.MoECombine.
@@ -318,6 +320,9 @@ func (b *Backend) MoECombine(a backend.MoECombineArgs) error {
 	pw := arg.ptr("weights", a.Weights)
 	if err := arg.err(); err != nil {
 		return err
+	}
+	if vec8(int64(c), []int32{co, cy}, po, py) {
+		return b.launch1D(moeFile, "moe_combine_bf16x8", int64(n)*int64(c/8), po, py, pslot, pw, int64(n), int32(c/8), int32(k), b2i(a.Accumulate))
 	}
 	return b.launch1D(moeFile, "moe_combine", int64(n)*int64(c), po, co, py, cy, pslot, pw, int64(n), int32(c), int32(k), b2i(a.Accumulate))
 }
@@ -359,9 +364,13 @@ func (b *Backend) MoECombineBackward(a backend.MoECombineBackwardArgs) error {
 	if c <= 512 {
 		threads = 128
 	}
-	args := packArgs(pdy, cdy, pdw, pdo, cdo, py, cy, pslot, pw, int32(c), int32(k))
+	kernel, args := "moe_combine_bwd", packArgs(pdy, cdy, pdw, pdo, cdo, py, cy, pslot, pw, int32(c), int32(k))
+	if vec8(int64(c), []int32{cdy, cdo, cy}, pdy, pdo, py) {
+		threads = uint32(min(256, max(32, (c/8+31)/32*32)))
+		kernel, args = "moe_combine_bwd_bf16x8", packArgs(pdy, pdw, pdo, py, pslot, pw, int32(c/8), int32(k))
+	}
 	return b.d.Post(func() error {
-		return b.d.launchOnThread(moeFile, "moe_combine_bwd", [3]uint32{uint32(n), 1, 1}, [3]uint32{threads, 1, 1}, 0, args...)
+		return b.d.launchOnThread(moeFile, kernel, [3]uint32{uint32(n), 1, 1}, [3]uint32{threads, 1, 1}, 0, args...)
 	})
 }
 
@@ -391,6 +400,9 @@ func (b *Backend) SwiGLUPacked(out, gateUp T) error {
 	if err := arg.err(); err != nil {
 		return err
 	}
+	if vec8(int64(i), []int32{co, cg}, po, pg) {
+		return b.launch1D(moeFile, "swiglu_packed_fwd_bf16x8", int64(r)*int64(i/8), po, pg, int64(r), int32(i/8))
+	}
 	return b.launch1D(moeFile, "swiglu_packed_fwd", int64(r)*int64(i), po, co, pg, cg, int64(r), int32(i))
 }
 
@@ -410,6 +422,9 @@ func (b *Backend) SwiGLUPackedBackward(dGateUp, dOut, gateUp T) error {
 	pg, cg := arg.float("gateUp", gateUp)
 	if err := arg.err(); err != nil {
 		return err
+	}
+	if vec8(int64(i), []int32{cdg, cd, cg}, pdg, pd, pg) {
+		return b.launch1D(moeFile, "swiglu_packed_bwd_bf16x8", int64(r)*int64(i/8), pdg, pd, pg, int64(r), int32(i/8))
 	}
 	return b.launch1D(moeFile, "swiglu_packed_bwd", int64(r)*int64(i), pdg, cdg, pd, cd, pg, cg, int64(r), int32(i))
 }

@@ -12,7 +12,8 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// GPU tests of kernels/moe.cu against the CPU backend. Tolerances:
+// GPU tests of kernels/moe.cu against the CPU backend, at shapes that take the vectorised bf16
+// kernels (rows a multiple of 8 wide) and the scalar ones. Tolerances:
 //
 //   - router probabilities and weights: 1e-6 + 2e-5*|ref| (fp32 expf against the CPU's fp64
 //     softmax rounded once); the selection must be identical for every token whose CPU scores
@@ -377,7 +378,7 @@ func TestGPUMoECombine(t *testing.T) {
 	for _, s := range []struct {
 		N, K, C int
 		dt      tensor.DType
-	}{{777, 8, 1024, tensor.BF16}, {300, 2, 33, tensor.F32}, {64, 1, 4096, tensor.BF16}, {5, 4, 7, tensor.F32}} {
+	}{{777, 8, 1024, tensor.BF16}, {300, 2, 33, tensor.F32}, {64, 1, 4096, tensor.BF16}, {5, 4, 7, tensor.F32}, {50, 3, 36, tensor.BF16}} {
 		rng := rand.New(rand.NewPCG(uint64(s.N), uint64(s.C)))
 		S := s.N * s.K
 		perm := rng.Perm(S)
