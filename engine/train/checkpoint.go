@@ -1,6 +1,7 @@
 package train
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -112,6 +113,9 @@ func (t *Trainer) Save(dir string) (err error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return fmt.Errorf("train: save: %w", err)
 	}
+	if err := cleanStale(parent, filepath.Base(dir)); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
 	if err != nil {
 		return fmt.Errorf("train: save: %w", err)
@@ -149,10 +153,15 @@ func (t *Trainer) Save(dir string) (err error) {
 	if err := os.WriteFile(filepath.Join(tmp, StateFile), append(js, '\n'), 0o644); err != nil {
 		return fmt.Errorf("train: save %s: %w", dir, err)
 	}
+	// Every file and the directory reach the disk before the rename makes them the
+	// checkpoint, so that a crash never leaves dir with missing or short files.
+	if err := syncTree(tmp); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
 	// Swap: move an old checkpoint aside, move the new one in, then delete the old one.
 	old := ""
 	if _, err := os.Stat(dir); err == nil {
-		old = tmp + ".old"
+		old = tmp + oldSuffix
 		if err := os.Rename(dir, old); err != nil {
 			return fmt.Errorf("train: save %s: %w", dir, err)
 		}
@@ -163,10 +172,141 @@ func (t *Trainer) Save(dir string) (err error) {
 		}
 		return fmt.Errorf("train: save %s: %w", dir, err)
 	}
+	if err := syncDir(parent); err != nil {
+		return fmt.Errorf("train: save %s: %w", dir, err)
+	}
 	if old != "" {
 		_ = os.RemoveAll(old)
 	}
 	return nil
+}
+
+// A checkpoint directory D is written as .D.tmp-XXXX beside it and renamed into place; the
+// previous D is moved to .D.tmp-XXXX.old while the new one takes its name, and a step
+// checkpoint past save_total_limit is renamed .D.tmp-rm-XXXX before it is deleted. So D is
+// always either complete or absent, and what a crash leaves is hidden under those names.
+const (
+	tmpInfix  = ".tmp-"
+	oldSuffix = ".old"
+)
+
+// cleanStale removes what an interrupted save or rotation left in parent: the hidden
+// .NAME.tmp-* directories of the checkpoint NAME, or of every checkpoint-N (and a metrics
+// log being rewritten) when name is "".
+// A previous checkpoint that a crash left moved aside (.NAME.tmp-XXXX.old while NAME is
+// missing) is moved back instead.
+func cleanStale(parent, name string) error {
+	ents, err := os.ReadDir(parent)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		n := e.Name()
+		base, _, ok := strings.Cut(strings.TrimPrefix(n, "."), tmpInfix)
+		if !ok || !strings.HasPrefix(n, ".") {
+			continue
+		}
+		if name == "" && base == MetricsFile && e.Type().IsRegular() {
+			// A metrics log that trimMetrics was rewriting.
+			if err := os.Remove(filepath.Join(parent, n)); err != nil {
+				return err
+			}
+			continue
+		}
+		if !e.IsDir() {
+			continue
+		}
+		if name != "" && base != name || name == "" && !strings.HasPrefix(base, "checkpoint-") {
+			continue
+		}
+		path := filepath.Join(parent, n)
+		if strings.HasSuffix(n, oldSuffix) {
+			if _, err := os.Stat(filepath.Join(parent, base)); errors.Is(err, os.ErrNotExist) {
+				if err := os.Rename(path, filepath.Join(parent, base)); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if err := os.RemoveAll(path); err != nil {
+			return fmt.Errorf("removing what an interrupted save left: %w", err)
+		}
+	}
+	return syncDir(parent)
+}
+
+// removeCheckpoint deletes a checkpoint directory so that a crash part way leaves nothing
+// under its name: it is moved into a hidden .NAME.tmp-rm-* directory first (and that rename
+// made durable), then deleted.
+func removeCheckpoint(dir string) error {
+	parent := filepath.Dir(dir)
+	hidden, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+tmpInfix+"rm-")
+	if err != nil {
+		return err
+	}
+	// Move it into the directory just made, whose unique name is reserved.
+	if err := os.Rename(dir, filepath.Join(hidden, filepath.Base(dir))); err != nil {
+		os.Remove(hidden)
+		return err
+	}
+	if err := syncDir(parent); err != nil {
+		return err
+	}
+	return removeTree(hidden)
+}
+
+// removeTree is os.RemoveAll; tests stop it part way, as a kill would.
+var removeTree = os.RemoveAll
+
+// syncTree flushes every regular file under root and every directory, root last.
+func syncTree(root string) error {
+	var dirs []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			dirs = append(dirs, path)
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		serr := f.Sync()
+		if cerr := f.Close(); serr == nil {
+			serr = cerr
+		}
+		return serr
+	})
+	if err != nil {
+		return err
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := syncDir(dirs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncDir flushes a directory's entries (the names created, renamed or removed in it).
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func stDType(dt tensor.DType) (safetensors.DType, error) {
@@ -345,7 +485,7 @@ func (t *Trainer) SaveStep() (string, error) {
 			return dir, err
 		}
 		for len(ds) > lim {
-			if err := os.RemoveAll(ds[0]); err != nil {
+			if err := removeCheckpoint(ds[0]); err != nil {
 				return dir, fmt.Errorf("train: save_total_limit: %w", err)
 			}
 			ds = ds[1:]
@@ -369,4 +509,72 @@ func (t *Trainer) writeModelFiles(dir string) error {
 		}
 	}
 	return nil
+}
+
+// trimMetrics keeps the rows of the metrics log at path up to step (and drops a torn last
+// line), so that a run resumed from a checkpoint at step does not log again, after the rows
+// it already has, the steps that the interrupted run did past that checkpoint. The log is
+// streamed into a temporary file beside it that replaces it; a missing log is no error.
+func trimMetrics(path string, step int) (err error) {
+	in, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+tmpInfix)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if out != nil {
+			out.Close()
+			os.Remove(out.Name())
+		}
+	}()
+	r := bufio.NewReaderSize(in, 1<<16)
+	w := bufio.NewWriterSize(out, 1<<16)
+	dropped := 0
+	for {
+		line, rerr := r.ReadBytes('\n')
+		if len(line) > 0 {
+			var row struct {
+				Step *int `json:"step"`
+			}
+			if line[len(line)-1] == '\n' && json.Unmarshal(line, &row) == nil && row.Step != nil && *row.Step <= step {
+				if _, err := w.Write(line); err != nil {
+					return err
+				}
+			} else {
+				dropped++
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	if dropped == 0 {
+		return nil
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	name := out.Name()
+	out = nil
+	if err := os.Rename(name, path); err != nil {
+		os.Remove(name)
+		return err
+	}
+	return syncDir(filepath.Dir(path))
 }

@@ -60,9 +60,15 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 		if err := os.MkdirAll(out, 0o755); err != nil {
 			return res, fmt.Errorf("train: output_dir: %w", err)
 		}
+		if err := cleanStale(out, ""); err != nil {
+			return res, fmt.Errorf("train: output_dir: %w", err)
+		}
 		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 		if t.step > 0 {
 			flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+			if err := trimMetrics(filepath.Join(out, MetricsFile), t.step); err != nil {
+				return res, fmt.Errorf("train: %s: %w", MetricsFile, err)
+			}
 		}
 		mf, err := os.OpenFile(filepath.Join(out, MetricsFile), flags, 0o644)
 		if err != nil {
