@@ -84,12 +84,16 @@ func osSearchEnv() searchEnv {
 	return searchEnv{getenv: e.Getenv, glob: e.Glob, exists: e.Exists}
 }
 
+// searchSpec is how spec is searched for: its override variable and file names in the
+// standard folders, then in pip wheels' folders.
+func searchSpec(spec libSpec) libsearch.Spec {
+	return libsearch.Spec{Override: spec.Env, Sonames: spec.Sonames, Dirs: standardLibDirs, Globs: sitePackagesGlobs}
+}
+
 // libCandidates lists, best first, the paths to try for spec. The second result is true when the
 // list comes from the override variable alone (a set variable is never second-guessed).
 func libCandidates(spec libSpec, env searchEnv) ([]string, bool) {
-	return libsearch.Candidates(
-		libsearch.Spec{Override: spec.Env, Sonames: spec.Sonames, Dirs: standardLibDirs, Globs: sitePackagesGlobs},
-		libsearch.Env{Getenv: env.getenv, Glob: env.glob, Exists: env.exists})
+	return libsearch.Candidates(searchSpec(spec), libsearch.Env{Getenv: env.getenv, Glob: env.glob, Exists: env.exists})
 }
 
 // openLibrary dlopens the first candidate that loads and reports what it tried.
@@ -125,7 +129,7 @@ func openLibrary(spec libSpec, env searchEnv) (uintptr, LibraryInfo, error) {
 // preloadNVRTCBuiltins loads libnvrtc-builtins from NVRTC's own folder first, so that NVRTC's later
 // dlopen of it by soname succeeds even when that folder is not on the loader's search path.
 func preloadNVRTCBuiltins(dir string) {
-	m, _ := filepath.Glob(filepath.Join(dir, "libnvrtc-builtins.so.*"))
+	m, _ := filepath.Glob(filepath.Join(dir, nvrtcBuiltinsPattern))
 	sort.Sort(sort.Reverse(sort.StringSlice(m)))
 	for _, p := range m {
 		if _, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {

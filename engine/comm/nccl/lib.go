@@ -59,12 +59,17 @@ func osSearchEnv() searchEnv {
 	return searchEnv{getenv: e.Getenv, glob: e.Glob, exists: e.Exists}
 }
 
+// Search is how NCCL is searched for: HALO_LIBNCCL alone when set, else its file names in
+// LD_LIBRARY_PATH, the standard folders and pip wheels' folders. Packaging (the Dockerfile's
+// test) checks against it.
+func Search() libsearch.Spec {
+	return libsearch.Spec{Override: EnvLibrary, Sonames: sonames, Dirs: standardDirs, Globs: sitePackagesGlobs}
+}
+
 // candidates lists, best first, the paths to try; override is true when they come from
 // HALO_LIBNCCL alone (a set variable is never second-guessed).
 func candidates(env searchEnv) (paths []string, override bool) {
-	return libsearch.Candidates(
-		libsearch.Spec{Override: EnvLibrary, Sonames: sonames, Dirs: standardDirs, Globs: sitePackagesGlobs},
-		libsearch.Env{Getenv: env.getenv, Glob: env.glob, Exists: env.exists})
+	return libsearch.Candidates(Search(), libsearch.Env{Getenv: env.getenv, Glob: env.glob, Exists: env.exists})
 }
 
 // open dlopens the first candidate that loads.
