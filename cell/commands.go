@@ -104,13 +104,17 @@ func init() {
 			check: oneArg("NAME", "the session's name"), run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				return statusCall(func() halo.SessionStatus { return halo.Attach(c.Args[0]) })
 			}},
-		{Name: "load", Usage: "CONFIG.yaml [sft|pretrain]", Summary: "load a model, optimizer and data from a YAML config into the session (method sft by default)", Example: "load examples/quickstart.yaml",
+		{Name: "load", Usage: "[--force] CONFIG.yaml [sft|pretrain]", Summary: "load a model, optimizer and data from a YAML config into the session (method sft by default); --force replaces a model with unsaved steps", Example: "load examples/quickstart.yaml",
 			check: checkLoad, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
+				force, args := loadArgs(c.Args)
 				method := ""
-				if len(c.Args) == 2 {
-					method = c.Args[1]
+				if len(args) == 2 {
+					method = args[1]
 				}
-				return statusCall(func() halo.SessionStatus { return halo.LoadMethod(c.Args[0], method) })
+				if force {
+					return statusCall(func() halo.SessionStatus { return halo.LoadForce(args[0], method) })
+				}
+				return statusCall(func() halo.SessionStatus { return halo.LoadMethod(args[0], method) })
 			}},
 		{Name: "eval", Summary: "compute the held-out loss", Example: "eval",
 			check: noArgs, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
@@ -401,19 +405,37 @@ func checkDoc(c *Command) error {
 	return nil
 }
 
+// loadArgs splits --force from the other words of a load command.
+func loadArgs(words []string) (force bool, args []string) {
+	for _, w := range words {
+		if w == "--force" || w == "-f" {
+			force = true
+			continue
+		}
+		args = append(args, w)
+	}
+	return force, args
+}
+
 func checkLoad(c *Command) error {
-	switch len(c.Args) {
+	_, args := loadArgs(c.Args)
+	for _, w := range args {
+		if strings.HasPrefix(w, "-") {
+			return fmt.Errorf("unknown option %q: the only option is --force", w)
+		}
+	}
+	switch len(args) {
 	case 0:
 		return errors.New("missing CONFIG.yaml (the path of a YAML config)")
 	case 1:
 		return nil
 	case 2:
-		if m := c.Args[1]; m != "sft" && m != "pretrain" {
+		if m := args[1]; m != "sft" && m != "pretrain" {
 			return fmt.Errorf("method %q: want sft or pretrain", m)
 		}
 		return nil
 	}
-	return fmt.Errorf("takes a config and an optional method, got %d words %q", len(c.Args), c.Rest)
+	return fmt.Errorf("takes a config and an optional method, got %d words %q", len(args), strings.Join(args, " "))
 }
 
 // generatedText is what :generate prints for the text s a model generated: s itself, quoted

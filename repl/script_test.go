@@ -170,3 +170,37 @@ fmt.Println(">>")
 		t.Errorf(":generate printed %q, the model generated %q", shown, text)
 	}
 }
+
+// TestLoadRefusesToDiscardUnsavedSteps: :load over a model with trained steps that were not
+// saved is refused and says how to go on; after :save it loads, and --force loads anyway.
+func TestLoadRefusesToDiscardUnsavedSteps(t *testing.T) {
+	sock := startSession(t)
+	ckpt := filepath.Join(t.TempDir(), "ckpt")
+	script := `:load testdata/tiny.yaml
+:step 3
+:load testdata/tiny.yaml
+halo.Status().Step
+:save ` + ckpt + `
+:load testdata/tiny.yaml
+:step 2
+:load --force testdata/tiny.yaml
+halo.Status().Step
+`
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	err := Run(ctx, Options{Session: sock, In: strings.NewReader(script), Out: &out, Err: &errb})
+	if err == nil || !strings.Contains(err.Error(), "1 cell(s) failed") {
+		t.Fatalf("Run err = %v, want 1 failed cell; errors:\n%s", err, errb.String())
+	}
+	e := errb.String()
+	for _, want := range []string{"3 trained step(s) not saved", "step 3, last saved or loaded at step 0", ":save DIR", ":load --force"} {
+		if !strings.Contains(e, want) {
+			t.Errorf("the refused :load does not say %q:\n%s", want, e)
+		}
+	}
+	o := out.String()
+	if !strings.Contains(o, "\n3\n") || !strings.Contains(o, "saved to "+ckpt) || !strings.HasSuffix(o, "\n0\n") {
+		t.Errorf("want step 3 kept by the refusal, the save, and step 0 after --force:\n%s", o)
+	}
+}

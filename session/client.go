@@ -273,22 +273,26 @@ func (c *Client) Ping(ctx context.Context) error {
 // "pretrain"; overrides are --key=value strings) and replaces any loaded model. Over a unix
 // socket a relative configPath is made absolute against this process's directory; relative
 // paths inside the config resolve against the session's working directory, else against the
-// config file's directory.
+// config file's directory. A loaded model with steps not saved since it was loaded or last
+// saved is not replaced (failed_precondition) unless the request forces it (LoadWith).
 func (c *Client) Load(ctx context.Context, configPath, method string, overrides ...string) (*halov1.LoadResponse, error) {
-	if !strings.HasPrefix(c.target, "tcp://") && configPath != "" {
-		// Same machine: a relative path means the caller's directory, not the session's.
-		if abs, err := filepath.Abs(configPath); err == nil {
-			configPath = abs
-		}
-	}
-	r, err := c.rpc.Load(ctx, &halov1.LoadRequest{ConfigPath: configPath, Method: method, Overrides: overrides})
-	c.holdLease(err)
-	return r, err
+	return c.LoadWith(ctx, &halov1.LoadRequest{ConfigPath: configPath, Method: method, Overrides: overrides})
 }
 
 // LoadYAML is Load with the config given inline.
 func (c *Client) LoadYAML(ctx context.Context, yaml, method string, overrides ...string) (*halov1.LoadResponse, error) {
-	r, err := c.rpc.Load(ctx, &halov1.LoadRequest{ConfigYaml: yaml, Method: method, Overrides: overrides})
+	return c.LoadWith(ctx, &halov1.LoadRequest{ConfigYaml: yaml, Method: method, Overrides: overrides})
+}
+
+// LoadWith is Load with every field of the request (Force replaces unsaved steps).
+func (c *Client) LoadWith(ctx context.Context, req *LoadRequest) (*halov1.LoadResponse, error) {
+	if !strings.HasPrefix(c.target, "tcp://") && req.ConfigPath != "" {
+		// Same machine: a relative path means the caller's directory, not the session's.
+		if abs, err := filepath.Abs(req.ConfigPath); err == nil {
+			req.ConfigPath = abs
+		}
+	}
+	r, err := c.rpc.Load(ctx, req)
 	c.holdLease(err)
 	return r, err
 }

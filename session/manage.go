@@ -67,6 +67,38 @@ func statusOf(ctx context.Context, sock string) (*StatusResponse, error) {
 	return c.Status(ctx)
 }
 
+// ErrNotRunning is wrapped by the errors of NotRunning.
+var ErrNotRunning = errors.New("session: no such session is running")
+
+// NotRunning is the error for a session name that nothing answers on: it names the running
+// sessions and says how to start this one.
+func NotRunning(ctx context.Context, name string) error {
+	running := runningNames(ctx)
+	start := "halo-shell session start --name " + name + " --config CONFIG.yaml"
+	if name == DefaultName {
+		start = "halo-shell session start --config CONFIG.yaml"
+	}
+	return &notRunningError{msg: fmt.Sprintf("session: no session named %q is running (%s); start it with `%s`, or attach to a running one", name, running, start)}
+}
+
+// runningNames says which sessions run, for errors.
+func runningNames(ctx context.Context) string {
+	infos, err := List(ctx)
+	if err != nil || len(infos) == 0 {
+		return "no session is running"
+	}
+	names := make([]string, len(infos))
+	for i, in := range infos {
+		names[i] = in.Name
+	}
+	return "running: " + strings.Join(names, ", ")
+}
+
+type notRunningError struct{ msg string }
+
+func (e *notRunningError) Error() string        { return e.msg }
+func (e *notRunningError) Is(target error) bool { return target == ErrNotRunning }
+
 // Stop sends SIGTERM to the named session (which stops at the next step boundary, saving when
 // configured) and waits up to wait for it to exit.
 func Stop(ctx context.Context, name string, wait time.Duration) (*StatusResponse, error) {
@@ -75,6 +107,9 @@ func Stop(ctx context.Context, name string, wait time.Duration) (*StatusResponse
 		return nil, err
 	}
 	st, err := statusOf(ctx, p.Socket)
+	if IsUnavailable(err) {
+		return nil, &notRunningError{msg: fmt.Sprintf("session: no session named %q is running (%s); nothing to stop", name, runningNames(ctx))}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("session: %q does not answer on %s: %w", name, p.Socket, err)
 	}

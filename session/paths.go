@@ -101,6 +101,7 @@ type Paths struct {
 	Pid    string // process id of the session
 	Log    string // log of a detached session
 	TCP    string // the TCP address the session serves, when it does
+	Lock   string // held by Start while it starts the session (one start per name at a time)
 }
 
 // PathsFor returns the file paths of the named session.
@@ -113,5 +114,5 @@ func PathsFor(name string) (Paths, error) {
 		return Paths{}, err
 	}
 	base := filepath.Join(d, name)
-	return Paths{Socket: base + ".sock", Token: base + ".token", Pid: base + ".pid", Log: base + ".log", TCP: base + ".tcp"}, nil
+	return Paths{Socket: base + ".sock", Token: base + ".token", Pid: base + ".pid", Log: base + ".log", TCP: base + ".tcp", Lock: base + ".lock"}, nil
 }

@@ -102,7 +102,10 @@ func (o *StartOptions) command() ([]string, error) {
 
 // Start starts a session in a new detached process (its own process group and session, so
 // signals to the caller's terminal do not reach it), logging to its log file beside the socket,
-// and waits until its socket answers.
+// and waits until its socket answers and, when it loads a config, until the config is loaded.
+// Starts of one name are serialised by a lock file, so that of two concurrent starts one
+// starts the session and the other reports it already running. When the process exits
+// before that (a config that does not load, a name taken), the error quotes the end of its log.
 func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 	if o.Name == "" {
 		o.Name = DefaultName
@@ -119,18 +122,22 @@ func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 		if abs, err := filepath.Abs(o.ConfigPath); err == nil {
 			o.ConfigPath = abs
 		}
+		if fi, err := os.Stat(o.ConfigPath); err != nil {
+			return StartResult{}, fmt.Errorf("session: config %s: %w", o.ConfigPath, errors.Unwrap(err))
+		} else if fi.IsDir() {
+			return StartResult{}, fmt.Errorf("session: config %s is a directory; give the YAML file", o.ConfigPath)
+		}
 	}
 	if _, err := EnsureRuntimeDir(); err != nil {
 		return StartResult{}, err
 	}
-	if c, err := Dial(p.Socket, Options{ClientName: "session-start"}); err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		perr := c.Ping(pctx)
-		cancel()
-		c.Close()
-		if perr == nil {
-			return StartResult{}, fmt.Errorf("session: a session named %q is already running (socket %s); attach to it or stop it first", o.Name, p.Socket)
-		}
+	unlock, err := lockName(ctx, p.Lock)
+	if err != nil {
+		return StartResult{}, err
+	}
+	defer unlock()
+	if _, err := pingStatus(ctx, p.Socket, 2*time.Second); err == nil {
+		return StartResult{}, fmt.Errorf("session: a session named %q is already running (socket %s); attach to it or stop it first", o.Name, p.Socket)
 	}
 	argv, err := o.command()
 	if err != nil {
@@ -141,6 +148,10 @@ func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 		return StartResult{}, fmt.Errorf("session: log file: %w", err)
 	}
 	defer logf.Close()
+	var logStart int64
+	if fi, err := logf.Stat(); err == nil {
+		logStart = fi.Size()
+	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		return StartResult{}, err
@@ -157,30 +168,97 @@ func Start(ctx context.Context, o StartOptions) (StartResult, error) {
 	go func() { exited <- cmd.Wait() }()
 	res := StartResult{Name: o.Name, Socket: p.Socket, Pid: cmd.Process.Pid, Log: p.Log}
 	deadline := time.Now().Add(o.Wait)
+	answered := false
 	for {
 		select {
 		case err := <-exited:
-			return res, fmt.Errorf("session: the session process exited before answering (%v); see its log %s", err, p.Log)
+			return res, fmt.Errorf("session: the session process exited (%v) before it was ready: %s (log %s)", err, exitReason(p.Log, logStart), p.Log)
 		case <-ctx.Done():
 			return res, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		if c, err := Dial(p.Socket, Options{ClientName: "session-start"}); err == nil {
-			pctx, cancel := context.WithTimeout(ctx, time.Second)
-			perr := c.Ping(pctx)
-			cancel()
-			c.Close()
-			if perr == nil {
-				return res, nil
+		st, err := pingStatus(ctx, p.Socket, time.Second)
+		switch {
+		case err != nil:
+			if !answered && time.Now().After(deadline) {
+				return res, fmt.Errorf("session: the session (pid %d) did not answer on %s within %s; see its log %s", res.Pid, p.Socket, o.Wait, p.Log)
 			}
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("session: the session (pid %d) did not answer on %s within %s; see its log %s", res.Pid, p.Socket, o.Wait, p.Log)
+		case int(st.Pid) != res.Pid:
+			// Another process answers on the socket: ours will find the name taken and exit.
+			continue
+		case o.ConfigPath != "" && st.State == StateEmpty:
+			answered = true // loading the config; its failure ends the process
+		default:
+			return res, nil
 		}
 	}
 }
 
-// DialOrStart attaches to the named session, starting it (with so) when none answers.
+// pingStatus dials socket and returns its status within timeout.
+func pingStatus(ctx context.Context, socket string, timeout time.Duration) (*StatusResponse, error) {
+	c, err := Dial(socket, Options{ClientName: "session-start"})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return c.Status(pctx)
+}
+
+// lockName takes the exclusive lock on path, waiting for another Start to release it.
+func lockName(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("session: lock file: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("session: locking %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// exitReason is why a session process that wrote its log from offset from exited: the error
+// it printed last ("halo-shell: ..."), else the last lines of its log.
+func exitReason(path string, from int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil || from > int64(len(b)) {
+		return "(its log cannot be read)"
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b[from:]), "\n") {
+		if l = strings.TrimSpace(l); l == "" {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	for i := len(lines) - 1; i >= 0; i-- {
+		if msg, ok := strings.CutPrefix(lines[i], "halo-shell: "); ok {
+			return msg
+		}
+	}
+	if len(lines) == 0 {
+		return "it wrote nothing"
+	}
+	return strings.Join(lines[max(0, len(lines)-8):], "\n")
+}
+
+// DialOrStart attaches to the named session. When none answers it starts the default
+// session, or a session of another name when so names a config to load (an explicit wish
+// for that session); any other name that does not answer is an error that lists the running
+// sessions (NotRunning), so that a misspelt name never leaves an empty session behind.
 func DialOrStart(ctx context.Context, name string, o Options, so StartOptions) (*Client, error) {
 	if name == "" {
 		name = DefaultName
@@ -196,10 +274,16 @@ func DialOrStart(ctx context.Context, name string, o Options, so StartOptions) (
 		return c, nil
 	}
 	if !IsUnavailable(perr) && !errors.Is(perr, context.DeadlineExceeded) {
+		c.Close()
 		return nil, perr
+	}
+	if name != DefaultName && so.ConfigPath == "" {
+		c.Close()
+		return nil, NotRunning(ctx, name)
 	}
 	so.Name = name
 	if _, err := Start(ctx, so); err != nil {
+		c.Close()
 		return nil, err
 	}
 	return c, nil

@@ -95,16 +95,26 @@ func Release() SessionStatus {
 func Load(config string) SessionStatus { return LoadMethod(config, "") }
 
 // LoadMethod is Load with a training method: "sft" (the default when empty) or "pretrain".
-func LoadMethod(config, method string) SessionStatus {
+// Load and LoadMethod refuse to replace a model with trained steps that were not saved; save
+// them first, or use LoadForce.
+func LoadMethod(config, method string) SessionStatus { return load("halo.Load", config, method, false) }
+
+// LoadForce is LoadMethod that replaces the loaded model even when it has trained steps that
+// were not saved (they are lost).
+func LoadForce(config, method string) SessionStatus {
+	return load("halo.LoadForce", config, method, true)
+}
+
+func load(op, config, method string, force bool) SessionStatus {
 	switch method {
 	case "", "sft", "pretrain":
 	default:
-		fail("halo.Load", fmt.Errorf("method %q: want sft or pretrain", method))
+		fail(op, fmt.Errorf("method %q: want sft or pretrain", method))
 	}
-	c, ctx, _ := client("halo.Load")
-	r, err := c.Load(ctx, config, method)
+	c, ctx, _ := client(op)
+	r, err := c.LoadWith(ctx, &session.LoadRequest{ConfigPath: config, Method: method, Force: force})
 	if err != nil {
-		fail("halo.Load", err)
+		fail(op, err)
 	}
 	if r.Status == nil {
 		return Status()

@@ -105,6 +105,9 @@ saving a checkpoint first when --save-on-stop is set.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
 			defer cancel()
 			st, err := c.Status(ctx)
+			if session.IsUnavailable(err) {
+				return session.NotRunning(cmd.Context(), statusName)
+			}
 			if err != nil {
 				return fmt.Errorf("session %s: %w", statusName, err)
 			}

@@ -29,9 +29,9 @@ func TestSessionCommands(t *testing.T) {
 	}{
 		{[]string{"session", "list"}, []string{"NAME", "cmdtest", "empty", s.Socket()}, ""},
 		{[]string{"session", "status", "--name", "cmdtest"}, []string{"session cmdtest", "empty, step 0"}, ""},
-		{[]string{"session", "status", "--name", "nobody"}, nil, "session nobody"},
+		{[]string{"session", "status", "--name", "nobody"}, nil, `no session named "nobody" is running (running: cmdtest)`},
 		{[]string{"session", "start", "--listen", "http://x:1"}, nil, "want tcp://HOST:PORT"},
-		{[]string{"session", "stop", "--name", "nobody"}, nil, `"nobody" does not answer`},
+		{[]string{"session", "stop", "--name", "nobody"}, nil, `no session named "nobody" is running (running: cmdtest); nothing to stop`},
 		{[]string{"session", "status", "--name", "a/b"}, nil, "not allowed"},
 	}
 	for _, tc := range tests {

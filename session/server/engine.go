@@ -112,6 +112,7 @@ type snapshot struct {
 	hyper   *halov1.Hyper
 	lastErr string
 	last    *halov1.StepMetrics
+	saved   int64 // the step the model was last saved or loaded at
 }
 
 func newEngine(name string, log *slog.Logger, h *hub, saveOnStop string) *engine {
@@ -579,6 +580,12 @@ func (e *engine) cmdLoad(req *halov1.LoadRequest) (any, error) {
 	if e.stepping() {
 		return nil, precondition("load: steps are running; pause first")
 	}
+	if e.t != nil && !req.Force {
+		if saved := e.snapshot().saved; int64(e.t.Steps()) > saved {
+			return nil, precondition("load: the loaded model has %d trained step(s) not saved (step %d, last saved or loaded at step %d) that loading would discard; save them first (:save DIR), or load anyway with :load --force CONFIG (%%load --force in a notebook, halo.LoadForce in a cell)",
+				int64(e.t.Steps())-saved, e.t.Steps(), saved)
+		}
+	}
 	method := req.Method
 	if method == "" {
 		method = train.MethodSFT
@@ -620,7 +627,7 @@ func (e *engine) install(t *train.Trainer) {
 	e.t, e.bg, e.paused, e.fg, e.tok, e.tokDir = t, nil, false, nil, nil, ""
 	e.rec = newRecs(t)
 	e.mu.Lock()
-	e.snap.summary, e.snap.last, e.snap.lastErr = t.Summary(), nil, ""
+	e.snap.summary, e.snap.last, e.snap.lastErr, e.snap.saved = t.Summary(), nil, "", int64(t.Steps())
 	e.mu.Unlock()
 	e.publishState("loaded")
 }
@@ -715,6 +722,9 @@ func (e *engine) cmdSave(dir string) (any, error) {
 	if err := e.t.Save(dir); err != nil {
 		return nil, connect.NewError(connect.CodeInternal, "session: save: "+err.Error())
 	}
+	e.mu.Lock()
+	e.snap.saved = int64(e.t.Steps())
+	e.mu.Unlock()
 	e.logEvent(slog.LevelInfo, fmt.Sprintf("saved step %d to %s", e.t.Steps(), dir))
 	return &halov1.SaveResponse{Dir: dir, Step: int64(e.t.Steps())}, nil
 }
@@ -1019,7 +1029,7 @@ func (e *engine) statusPB() *halov1.StatusResponse {
 	s := e.snapshot()
 	return &halov1.StatusResponse{Name: e.name, State: s.state, Step: s.step, TotalSteps: s.total,
 		ConfigSummary: s.summary, Device: s.device, Hyper: s.hyper, LastError: s.lastErr, LastMetrics: s.last,
-		Layout: s.layout.Layout, Devices: s.layout.Devices}
+		Layout: s.layout.Layout, Devices: s.layout.Devices, SavedStep: s.saved}
 }
 
 func firstNonEmpty(a, b string) string {

@@ -186,18 +186,34 @@ func (s *Server) Token() string { return s.token }
 
 // Serve answers calls and runs the engine until ctx ends or Shutdown is called; then it stops
 // at the next step boundary (saving when SaveOnStop is set), closes the listeners, removes the
-// socket and returns nil.
+// socket and returns nil. When Options.ConfigPath does not load, it stops the same way and
+// returns the load's error.
 func (s *Server) Serve(ctx context.Context) error {
 	go s.eng.loop()
+	var loadErr error
+	loaded := make(chan struct{})
 	if s.o.ConfigPath != "" {
+		// The config loads while the socket answers (observers see the session loading); a
+		// config that does not load stops the session, and Serve returns why.
 		go func() {
+			defer close(loaded)
 			_, err := s.eng.submit(ctx, func(*command) (any, error) {
 				return s.eng.cmdLoad(&halov1.LoadRequest{ConfigPath: s.o.ConfigPath, Method: s.o.Method, Overrides: s.o.Overrides})
 			})
-			if err != nil {
-				s.eng.logEvent(slog.LevelError, fmt.Sprintf("loading %s: %v", s.o.ConfigPath, err))
+			stopping := false
+			select {
+			case <-s.closed:
+				stopping = true
+			default:
+			}
+			if err != nil && ctx.Err() == nil && !stopping {
+				loadErr = fmt.Errorf("session: loading %s: %w", s.o.ConfigPath, err)
+				s.eng.logEvent(slog.LevelError, loadErr.Error())
+				s.Shutdown()
 			}
 		}()
+	} else {
+		close(loaded)
 	}
 	s.startHTTP()
 	select {
@@ -205,7 +221,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-s.closed:
 	}
 	s.finish()
-	return nil
+	<-loaded
+	return loadErr
 }
 
 // Shutdown asks Serve to stop (at the next step boundary).
@@ -339,7 +356,7 @@ func (s *Server) status() *halov1.StatusResponse {
 	snap := s.eng.snapshot()
 	r := &halov1.StatusResponse{Name: s.o.Name, State: snap.state, Step: snap.step, TotalSteps: snap.total,
 		ConfigSummary: snap.summary, Device: snap.device, Hyper: snap.hyper, LastError: snap.lastErr, LastMetrics: snap.last,
-		Pid: int64(os.Getpid()), Layout: snap.layout.Layout, Devices: snap.layout.Devices}
+		Pid: int64(os.Getpid()), Layout: snap.layout.Layout, Devices: snap.layout.Devices, SavedStep: snap.saved}
 	s.mu.Lock()
 	reason := s.expireLocked(time.Now())
 	r.Controller = s.controller

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -127,8 +128,9 @@ func TestServeRunIsAttachable(t *testing.T) {
 	}
 }
 
-// TestDialOrStartStartsDetachedSession auto-starts a session in a new process (this test
-// binary acting as halo-shell), then stops it with SIGTERM through Stop.
+// TestDialOrStartStartsDetachedSession auto-starts the default session in a new process (this
+// test binary acting as halo-shell), refuses to auto-start another name, then stops the
+// session with SIGTERM through Stop.
 func TestDialOrStartStartsDetachedSession(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("HALO_SESSION_DIR", dir)
@@ -137,8 +139,14 @@ func TestDialOrStartStartsDetachedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
-	so := session.StartOptions{Command: []string{exe}, Env: []string{"HALO_SESSION_HELPER=serve", "HALO_SESSION_NAME=auto"}, Wait: 30 * time.Second}
-	c, err := session.DialOrStart(ctx, "auto", session.Options{ClientName: "auto"}, so)
+	so := session.StartOptions{Command: []string{exe}, Env: []string{"HALO_SESSION_HELPER=serve", "HALO_SESSION_NAME=" + session.DefaultName}, Wait: 30 * time.Second}
+	if _, err := session.DialOrStart(ctx, "auto", session.Options{ClientName: "auto"}, so); !errors.Is(err, session.ErrNotRunning) {
+		t.Fatalf("DialOrStart of a name that does not run: %v, want ErrNotRunning", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "auto.sock")); err == nil {
+		t.Fatal("DialOrStart of a name that does not run left a socket")
+	}
+	c, err := session.DialOrStart(ctx, session.DefaultName, session.Options{ClientName: "auto"}, so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,11 +160,11 @@ func TestDialOrStartStartsDetachedSession(t *testing.T) {
 	if sid, err := sessionID(pid); err != nil || sid != pid {
 		t.Fatalf("the session is not detached in its own session: sid %d, %v", sid, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "auto.log")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, session.DefaultName+".log")); err != nil {
 		t.Fatalf("no log beside the socket: %v", err)
 	}
 	// A second DialOrStart attaches to the same process.
-	c2, err := session.DialOrStart(ctx, "auto", session.Options{}, so)
+	c2, err := session.DialOrStart(ctx, session.DefaultName, session.Options{}, so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,12 +172,12 @@ func TestDialOrStartStartsDetachedSession(t *testing.T) {
 	if st2 := status(t, c2); st2.Pid != st.Pid {
 		t.Fatalf("second DialOrStart reached pid %d, want %d", st2.Pid, st.Pid)
 	}
-	if _, err := session.Start(ctx, session.StartOptions{Name: "auto", Command: so.Command, Env: so.Env}); err == nil {
+	if _, err := session.Start(ctx, session.StartOptions{Command: so.Command, Env: so.Env}); err == nil {
 		t.Fatal("Start of a running session succeeded")
 	} else {
 		mustContain(t, err, "already running")
 	}
-	if _, err := session.Stop(ctx, "auto", 30*time.Second); err != nil {
+	if _, err := session.Stop(ctx, session.DefaultName, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the session process to exit", func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH })

@@ -30,6 +30,7 @@ func init() {
 		"InspectGrad":      reflect.ValueOf(halo.InspectGrad),
 		"Layout":           reflect.ValueOf(halo.Layout),
 		"Load":             reflect.ValueOf(halo.Load),
+		"LoadForce":        reflect.ValueOf(halo.LoadForce),
 		"LoadMethod":       reflect.ValueOf(halo.LoadMethod),
 		"Losses":           reflect.ValueOf(halo.Losses),
 		"MaxInspectValues": reflect.ValueOf(constant.MakeFromLiteral("67108864", token.INT, 0)),

@@ -146,7 +146,10 @@ type LoadRequest struct {
 	// method is pretrain or sft; empty means sft.
 	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
 	// overrides are --key=value strings applied after the file, as `launch` takes them.
-	Overrides     []string `protobuf:"bytes,4,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	Overrides []string `protobuf:"bytes,4,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	// force replaces a loaded model that has steps not saved since it was loaded or last saved;
+	// without it such a load is refused (failed_precondition).
+	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +210,13 @@ func (x *LoadRequest) GetOverrides() []string {
 		return x.Overrides
 	}
 	return nil
+}
+
+func (x *LoadRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type LoadResponse struct {
@@ -2100,8 +2110,11 @@ type StatusResponse struct {
 	LastMetrics   *StepMetrics           `protobuf:"bytes,12,opt,name=last_metrics,json=lastMetrics,proto3,oneof" json:"last_metrics,omitempty"`
 	// layout is the parallel layout the next step runs in ("dp=2 fsdp tp=2 cp=1 ep=1 etp=1"),
 	// devices its device list ("cpu:4"); empty when no model is loaded.
-	Layout        string `protobuf:"bytes,13,opt,name=layout,proto3" json:"layout,omitempty"`
-	Devices       string `protobuf:"bytes,14,opt,name=devices,proto3" json:"devices,omitempty"`
+	Layout  string `protobuf:"bytes,13,opt,name=layout,proto3" json:"layout,omitempty"`
+	Devices string `protobuf:"bytes,14,opt,name=devices,proto3" json:"devices,omitempty"`
+	// saved_step is the step the loaded model was last saved (or loaded) at; steps after it
+	// are lost by a forced load.
+	SavedStep     int64 `protobuf:"varint,15,opt,name=saved_step,json=savedStep,proto3" json:"saved_step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2232,6 +2245,13 @@ func (x *StatusResponse) GetDevices() string {
 		return x.Devices
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetSavedStep() int64 {
+	if x != nil {
+		return x.SavedStep
+	}
+	return 0
 }
 
 type EventsRequest struct {
@@ -2876,14 +2896,15 @@ var File_halo_v1_session_proto protoreflect.FileDescriptor
 
 const file_halo_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x15halo/v1/session.proto\x12\ahalo.v1\"\x85\x01\n" +
+	"\x15halo/v1/session.proto\x12\ahalo.v1\"\x9b\x01\n" +
 	"\vLoadRequest\x12\x1f\n" +
 	"\vconfig_path\x18\x01 \x01(\tR\n" +
 	"configPath\x12\x1f\n" +
 	"\vconfig_yaml\x18\x02 \x01(\tR\n" +
 	"configYaml\x12\x16\n" +
 	"\x06method\x18\x03 \x01(\tR\x06method\x12\x1c\n" +
-	"\toverrides\x18\x04 \x03(\tR\toverrides\"Y\n" +
+	"\toverrides\x18\x04 \x03(\tR\toverrides\x12\x14\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\"Y\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\asummary\x18\x01 \x01(\tR\asummary\x12/\n" +
 	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\xeb\x04\n" +
@@ -3051,7 +3072,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"controller\x18\x03 \x01(\bR\n" +
 	"controller\x12*\n" +
 	"\x11connected_unix_ms\x18\x04 \x01(\x03R\x0fconnectedUnixMs\"\x0f\n" +
-	"\rStatusRequest\"\xe5\x03\n" +
+	"\rStatusRequest\"\x84\x04\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12$\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x0e.halo.v1.StateR\x05state\x12\x12\n" +
@@ -3071,7 +3092,9 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tR\tlastError\x12<\n" +
 	"\flast_metrics\x18\f \x01(\v2\x14.halo.v1.StepMetricsH\x00R\vlastMetrics\x88\x01\x01\x12\x16\n" +
 	"\x06layout\x18\r \x01(\tR\x06layout\x12\x18\n" +
-	"\adevices\x18\x0e \x01(\tR\adevicesB\x0f\n" +
+	"\adevices\x18\x0e \x01(\tR\adevices\x12\x1d\n" +
+	"\n" +
+	"saved_step\x18\x0f \x01(\x03R\tsavedStepB\x0f\n" +
 	"\r_last_metrics\"'\n" +
 	"\rEventsRequest\x12\x16\n" +
 	"\x06buffer\x18\x01 \x01(\x05R\x06buffer\"\xa5\x02\n" +
