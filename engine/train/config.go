@@ -240,6 +240,72 @@ var (
 	devices    = []string{"auto", "cpu", "cuda"}
 )
 
+// zeroIsUnset are the keys whose zero value Defaults takes for "not set" and replaces, with
+// the default it puts in. An explicit 0 for one of them is refused rather than silently
+// replaced (per_device_train_batch_size: 0 used to train with batches of 8).
+var zeroIsUnset = map[string]string{
+	"max_length":                     "1024",
+	"per_device_train_batch_size":    "8",
+	"per_device_eval_batch_size":     "per_device_train_batch_size",
+	"gradient_accumulation_steps":    "1",
+	"learning_rate":                  "5e-5",
+	"adam_beta1":                     "0.9",
+	"adam_beta2":                     "0.999",
+	"adam_epsilon":                   "1e-8",
+	"max_steps":                      "-1: num_train_epochs decides",
+	"num_train_epochs":               "3",
+	"logging_steps":                  "10",
+	"generation_eval.max_new_tokens": "16",
+	"dataset.synthetic.seed":         "1",
+	"dataset.synthetic.max_operand":  "99",
+	"dataset.synthetic.train":        "8000",
+	"dataset.synthetic.eval":         "200",
+}
+
+func zeroMsg(key string) string {
+	return fmt.Sprintf("0 would be taken for unset and replaced by the default (%s): give a value in range, or remove the key for the default", zeroIsUnset[key])
+}
+
+// explicitZeros returns a FieldError for every key of zeroIsUnset that the YAML document src
+// sets to 0.
+func explicitZeros(src []byte) []*FieldError {
+	var doc map[string]any
+	if yamlsafe.Unmarshal(src, &doc) != nil {
+		return nil
+	}
+	var errs []*FieldError
+	for key := range zeroIsUnset {
+		var v any = doc
+		for _, part := range strings.Split(key, ".") {
+			m, ok := v.(map[string]any)
+			if !ok {
+				v = nil
+				break
+			}
+			v = m[part]
+		}
+		if isZeroNumber(v) {
+			errs = append(errs, &FieldError{Key: key, Msg: zeroMsg(key)})
+		}
+	}
+	sort.Slice(errs, func(i, j int) bool { return errs[i].Key < errs[j].Key })
+	return errs
+}
+
+func isZeroNumber(v any) bool {
+	switch v := v.(type) {
+	case uint64:
+		return v == 0
+	case int64:
+		return v == 0
+	case int:
+		return v == 0
+	case float64:
+		return v == 0
+	}
+	return false
+}
+
 // Defaults fills every unset field with its documented default.
 func (c *Config) Defaults() {
 	t, f := true, 1.0
@@ -596,6 +662,15 @@ func parseConfig(src []byte, name, baseDir, method string, overrides []string) (
 	if err := decodeStrict(src, &cfg); err != nil {
 		return nil, yamlError(err, name)
 	}
+	if zs := explicitZeros(src); len(zs) > 0 {
+		parts := make([]string, len(zs))
+		for i, fe := range zs {
+			fe.File = name
+			locate(fe, src)
+			parts[i] = fe.Error()
+		}
+		return nil, errors.New(strings.Join(parts, "\n"))
+	}
 	if method != "" {
 		if cfg.Method != "" && cfg.Method != method {
 			fe := &FieldError{File: name, Key: "method", Msg: fmt.Sprintf("the file says %q but the command is `launch %s`", cfg.Method, method)}
@@ -699,7 +774,7 @@ func yamlError(err error, name string) error {
 		if tk := uf.GetToken(); tk != nil {
 			key = tk.Value
 		}
-		fe.Msg = fmt.Sprintf("unknown key %q", key)
+		fe.Msg = fmt.Sprintf("unknown key %q", shortKey(key))
 		if s := closest(key, knownKeys()); s != "" {
 			fe.Msg += fmt.Sprintf(" (did you mean %q?)", s)
 		}
@@ -810,17 +885,32 @@ func knownKeys() []string {
 }
 
 // closest returns the candidate nearest to s by edit distance, or "" when none is close.
+// A candidate whose length differs from s's by more than the distance allowed is skipped
+// unmeasured, so a huge s costs nothing.
 func closest(s string, candidates []string) string {
+	limit := max(2, len(s)/3)
 	best, bestD := "", math.MaxInt
 	for _, c := range candidates {
+		if len(c)-len(s) > limit || len(s)-len(c) > limit {
+			continue
+		}
 		if d := editDistance(strings.ToLower(s), strings.ToLower(c)); d < bestD {
 			best, bestD = c, d
 		}
 	}
-	if bestD > max(2, len(s)/3) {
+	if bestD > limit {
 		return ""
 	}
 	return best
+}
+
+// shortKey shortens a key or value taken from the input for an error message.
+func shortKey(s string) string {
+	const n = 64
+	if len(s) <= n {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:n], len(s))
 }
 
 func editDistance(a, b string) int {
@@ -850,14 +940,14 @@ func (c *Config) Set(override string) error {
 	kv := strings.TrimLeft(override, "-")
 	key, value, ok := strings.Cut(kv, "=")
 	if !ok || key == "" {
-		return &FieldError{File: "command line", Key: override, Msg: "overrides look like --key=value"}
+		return &FieldError{File: "command line", Key: shortKey(override), Msg: "overrides look like --key=value"}
 	}
 	v := reflect.ValueOf(c).Elem()
 	parts := strings.Split(key, ".")
 	for i, part := range parts {
 		f, ok := fieldByKey(v, part)
 		if !ok {
-			fe := &FieldError{File: "command line", Key: key, Msg: "unknown key"}
+			fe := &FieldError{File: "command line", Key: shortKey(key), Msg: "unknown key"}
 			if s := closest(strings.Join(parts[:i+1], "."), knownKeys()); s != "" {
 				fe.Msg += fmt.Sprintf(" (did you mean %q?)", s)
 			}
@@ -866,7 +956,10 @@ func (c *Config) Set(override string) error {
 		if i == len(parts)-1 {
 			w := wrapField(part, f.Type())
 			if err := yamlsafe.Unmarshal([]byte(part+": "+yamlScalar(value)), w.Interface(), yaml.DisallowUnknownField()); err != nil {
-				return &FieldError{File: "command line", Key: key, Msg: fmt.Sprintf("bad value %q: %s", value, typeMsg(err, f.Type()))}
+				return &FieldError{File: "command line", Key: key, Msg: fmt.Sprintf("bad value %q: %s", shortKey(value), typeMsg(err, f.Type()))}
+			}
+			if _, ok := zeroIsUnset[key]; ok && w.Elem().Field(0).IsZero() {
+				return &FieldError{File: "command line", Key: key, Msg: zeroMsg(key)}
 			}
 			f.Set(w.Elem().Field(0))
 			return nil

@@ -121,6 +121,17 @@ func TestParseConfigRefusals(t *testing.T) {
 			[]string{"config: c.yaml: yaml: line 12, column 1: a second YAML document starts here", "remove the \"---\" line"}},
 		{"alias bomb in an override", goodYAML, []string{"--init.overrides=" + flowAliasBomb},
 			[]string{"command line: init.overrides", "yamlsafe MaxNodes"}},
+		{"zero batch size", goodYAML + "per_device_train_batch_size: 0\n", nil,
+			[]string{"c.yaml:12:30: per_device_train_batch_size: 0 would be taken for unset and replaced by the default (8)"}},
+		{"zero max_length", strings.Replace(goodYAML, "max_length: 128", "max_length: 0", 1), nil,
+			[]string{"c.yaml:6:13: max_length: 0 would be taken for unset", "default (1024)"}},
+		{"zero nested key", goodYAML + "generation_eval: {max_new_tokens: 0}\n", nil, []string{"generation_eval.max_new_tokens: 0 would be taken for unset"}},
+		{"zero adam_beta1", goodYAML + "adam_beta1: 0.0\n", nil, []string{"adam_beta1: 0 would be taken for unset and replaced by the default (0.9)"}},
+		{"override zero", goodYAML, []string{"--max_length=0"}, []string{"command line: max_length: 0 would be taken for unset"}},
+		{"override zero max_steps", goodYAML, []string{"--max_steps=0"}, []string{"max_steps: 0 would be taken for unset and replaced by the default (-1: num_train_epochs decides)"}},
+		{"huge unknown override", goodYAML, []string{"--" + strings.Repeat("k", 1<<20) + "=1"}, []string{"command line: kkkk", "(1048576 bytes): unknown key"}},
+		{"huge unknown key in the file", goodYAML + strings.Repeat("k", 60000) + ": 1\n", nil, []string{"unknown key \"kkkk", "(60000 bytes)"}},
+		{"huge bad value", goodYAML, []string{"--max_length=" + strings.Repeat("x", 1<<20)}, []string{"bad value \"xxxx", "(1048576 bytes)"}},
 		{"several errors at once", strings.Replace(goodYAML, "max_length: 128", "max_length: 1", 1) + "adam_beta1: 1\n", nil,
 			[]string{"max_length: 1 must be", "adam_beta1: 1 must be in [0, 1)"}},
 	}
@@ -129,6 +140,9 @@ func TestParseConfigRefusals(t *testing.T) {
 			_, err := ParseConfig([]byte(tc.yaml), "c.yaml", "sft", tc.overrides)
 			if err == nil {
 				t.Fatal("accepted")
+			}
+			if len(err.Error()) > 2000 {
+				t.Errorf("the error is %d bytes long", len(err.Error()))
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {

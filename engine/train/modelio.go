@@ -1,7 +1,9 @@
 package train
 
 import (
+	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
@@ -12,7 +14,9 @@ import (
 
 // InitModelConfig resolves init: {arch, preset, overrides} into a config.json: the preset (or
 // the family's defaults), vocab_size set to the tokenizer's size unless overridden, then the
-// overrides as config.json keys, checked by the config.json parser.
+// overrides as config.json keys, checked by the config.json parser. A key the family's model
+// does not read is refused (a misspelt num_hidden_layers would train the preset's depth and be
+// written into config.json), and so is a vocab_size below the tokenizer's.
 func InitModelConfig(in *InitConfig, tokenizerVocab int) (*config.Config, error) {
 	var base *config.Config
 	var err error
@@ -24,18 +28,39 @@ func InitModelConfig(in *InitConfig, tokenizerVocab int) (*config.Config, error)
 	if err != nil {
 		return nil, fmt.Errorf("train: init: %w", err)
 	}
+	if f := base.Family(); f != nil {
+		keys := make([]string, 0, len(in.Overrides))
+		for k := range in.Overrides {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if f.Understands(k) {
+				continue
+			}
+			msg := fmt.Sprintf("train: init.overrides: unknown key %q: the %s model reads no such config.json key", shortKey(k), f.ModelType)
+			if s := closest(k, f.KnownKeys()); s != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", s)
+			}
+			return nil, errors.New(msg)
+		}
+	}
 	// Override re-validates, applies rope_theta inside rope_parameters and derives
 	// layer_types again for a new depth, exactly as the config package reads config.json.
 	set := make(map[string]any, len(in.Overrides)+1)
 	for k, v := range in.Overrides {
 		set[k] = v
 	}
-	if tokenizerVocab > 0 {
+	_, vocabGiven := set["vocab_size"]
+	if tokenizerVocab > 0 && !vocabGiven {
 		set["vocab_size"] = tokenizerVocab
 	}
 	c, err := base.Override(set, "init.overrides")
 	if err != nil {
 		return nil, fmt.Errorf("train: init.overrides: %w", err)
+	}
+	if vocabGiven && tokenizerVocab > 0 && c.VocabSize < tokenizerVocab {
+		return nil, fmt.Errorf("train: init.overrides: vocab_size %d is smaller than the tokenizer's %d tokens: give at least %d (a larger one pads the embedding), or remove it to use the tokenizer's", c.VocabSize, tokenizerVocab, tokenizerVocab)
 	}
 	if len(c.Architectures) == 0 {
 		if f, err := models.Lookup(in.Arch); err == nil {

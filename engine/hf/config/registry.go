@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -145,6 +146,36 @@ func (f *Family) knows(key string) (canonical string, ok bool) {
 		}
 	}
 	return "", false
+}
+
+// commonKeys are the keys this package reads for every family besides its Keys, Optional
+// and Aliases.
+var commonKeys = []string{"model_type", "architectures", "dtype", "torch_dtype", "transformers_version",
+	"rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"}
+
+// Understands reports whether key is a config.json key that changes the model of family f:
+// one of its Keys, Optional keys or Aliases, a key every family reads (model_type, dtype,
+// rope_theta, ...) or one of transformers' PreTrainedConfig attributes. Other keys are kept
+// in a config.json as transformers keeps them, but nothing reads them: a misspelt key is one.
+func (f *Family) Understands(key string) bool {
+	if _, ok := f.knows(key); ok || slices.Contains(commonKeys, key) {
+		return true
+	}
+	_, ok := baseDefaults[key]
+	return ok
+}
+
+// KnownKeys lists the keys Understands accepts, sorted.
+func (f *Family) KnownKeys() []string {
+	keys := append(append(append([]string{}, f.Keys...), f.Optional...), commonKeys...)
+	for k := range f.Aliases {
+		keys = append(keys, k)
+	}
+	for k := range baseDefaults {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
 }
 
 // New returns the default configuration of modelType, as transformers' config class built with
