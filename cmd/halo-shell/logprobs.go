@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -36,6 +37,9 @@ numerical parity with transformers.`,
 			defer m.Close()
 			lp, err := m.Logprobs(seq)
 			if err != nil {
+				return err
+			}
+			if err := finiteLogprobs(m, lp); err != nil {
 				return err
 			}
 			vals := make([]json.Number, len(lp))
@@ -77,6 +81,42 @@ func parseIDs(s string) ([]int32, error) {
 }
 
 // openModel opens a device and loads a checkpoint onto it.
+// finiteLogprobs returns an error naming the cause when a log-probability is NaN or
+// infinite (JSON has no such numbers): the first weight tensor that holds non-finite values,
+// or, when every weight is finite, an overflow in the forward pass.
+func finiteLogprobs(m *models.Model, lp []float32) error {
+	pos := -1
+	for i, v := range lp {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			pos = i
+			break
+		}
+	}
+	if pos < 0 {
+		return nil
+	}
+	what := fmt.Sprintf("logprobs: the log-probability of ids[%d] is %v", pos+1, lp[pos])
+	for _, s := range m.Specs {
+		vals, err := m.ParamFloat32(s.Name)
+		if err != nil {
+			return fmt.Errorf("%s; reading the weights to find why: %w", what, err)
+		}
+		nan, inf := 0, 0
+		for _, v := range vals {
+			switch {
+			case math.IsNaN(float64(v)):
+				nan++
+			case math.IsInf(float64(v), 0):
+				inf++
+			}
+		}
+		if nan+inf > 0 {
+			return fmt.Errorf("%s: weight %q holds %d NaN and %d infinite values of %d; the checkpoint is damaged", what, s.Name, nan, inf, len(vals))
+		}
+	}
+	return fmt.Errorf("%s although every weight is finite: the forward pass overflowed (with --dtype bf16, try f32)", what)
+}
+
 func openModel(dir, device, dtype string) (*models.Model, backend.Backend, error) {
 	dt, err := tensor.ParseDType(dtype)
 	if err != nil {

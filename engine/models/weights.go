@@ -50,7 +50,22 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 	return unused, nil
 }
 
+// weightDType refuses a stored dtype that is not a floating-point weight: ToFloat32 would
+// turn an integer, boolean or FP8 tensor into numbers without saying so.
+func weightDType(d safetensors.DType) error {
+	switch d {
+	case safetensors.F32, safetensors.BF16, safetensors.F16, safetensors.F64:
+		return nil
+	case safetensors.F8_E4M3, safetensors.F8_E5M2, safetensors.F8_E8M0:
+		return fmt.Errorf("stored as %s: an FP8 checkpoint keeps per-block scales beside its weights that this loader does not apply; dequantize it to BF16 first", d)
+	}
+	return fmt.Errorf("stored as %s: a model weight is a floating-point tensor (F32, BF16, F16 or F64); this looks like a quantized checkpoint or a tensor that is not a weight", d)
+}
+
 func (m *Model) uploadTensor(dst tensor.Tensor, info safetensors.TensorInfo) error {
+	if err := weightDType(info.DType); err != nil {
+		return err
+	}
 	switch {
 	case dst.DType() == tensor.F32 && info.DType == safetensors.F32,
 		dst.DType() == tensor.BF16 && info.DType == safetensors.BF16:

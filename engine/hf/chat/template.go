@@ -96,6 +96,10 @@ func FromSource(src, bos, eos string) (*Template, error) {
 }
 
 func readLimited(path string) ([]byte, error) {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		// Opening a named pipe would wait for a writer; a device never ends.
+		return nil, fmt.Errorf("chat: %s is not a regular file (%v)", path, st.Mode().Type())
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err

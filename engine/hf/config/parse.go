@@ -58,6 +58,10 @@ func Load(pathOrDir string) (*Config, error) {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		path = filepath.Join(path, FileName)
 	}
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		// Opening a named pipe would wait for a writer; a device never ends.
+		return nil, fmt.Errorf("config: %s is not a regular file (%v)", path, st.Mode().Type())
+	}
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		if _, derr := os.Stat(filepath.Dir(path)); path != pathOrDir && derr == nil {

@@ -178,6 +178,9 @@ func readConfig(path string) (*Config, error) {
 			Typed: true,
 		}, nil
 	}
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("inspect: %w", typedErr)
+	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("inspect: %w", err)

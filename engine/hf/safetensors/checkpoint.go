@@ -193,9 +193,9 @@ func openIndexed(indexPath string) (*Checkpoint, error) {
 }
 
 func readLimited(path string, limit int64) ([]byte, error) {
-	fd, err := os.Open(path)
+	fd, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("safetensors: %w", err)
+		return nil, err
 	}
 	defer fd.Close()
 	raw, err := io.ReadAll(io.LimitReader(fd, limit+1))

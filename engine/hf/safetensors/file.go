@@ -48,9 +48,9 @@ type File struct {
 // change, and reading past a truncation kills the process. Save and SaveCheckpoint replace
 // files by renaming, which leaves open mappings of the old file intact.
 func Open(path string) (*File, error) {
-	fd, err := os.Open(path)
+	fd, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("safetensors: %w", err)
+		return nil, err
 	}
 	defer fd.Close()
 	st, err := fd.Stat()
@@ -78,6 +78,38 @@ func Open(path string) (*File, error) {
 	}
 	f.release = release
 	return f, nil
+}
+
+// openRegular opens path for reading after checking that it is a regular file: opening a
+// named pipe blocks until something writes to it, and a device never ends.
+func openRegular(path string) (*os.File, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, formatErr(path, "", "not a regular file (%s); checkpoint files must be regular files", fileKind(st.Mode()))
+	}
+	fd, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	return fd, nil
+}
+
+// fileKind names the type of a file that is not regular.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return m.Type().String()
 }
 
 // Read parses a whole safetensors file held in buf; name is used in errors and TensorInfo.File.

@@ -50,6 +50,10 @@ func FromFile(path string) (*Tokenizer, error) {
 	if st.IsDir() {
 		return nil, fmt.Errorf("tokenizer: %s is a directory; use FromDir or pass the tokenizer.json inside it", path)
 	}
+	if !st.Mode().IsRegular() {
+		// Reading a named pipe would wait for a writer; a device never ends.
+		return nil, fmt.Errorf("tokenizer: %s is not a regular file (%v)", path, st.Mode().Type())
+	}
 	if st.Size() > maxFileSize {
 		return nil, fmt.Errorf("tokenizer: %s: %d bytes is larger than the %d-byte limit", path, st.Size(), maxFileSize)
 	}
