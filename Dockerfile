@@ -5,7 +5,7 @@
 # toolkit. The driver (libcuda.so.1) is not in the image: the NVIDIA container toolkit mounts
 # the host's into /usr/lib/x86_64-linux-gnu when the container starts with GPUs.
 #
-#   docker build -t halo-shell .                          # about 1.0 GB (estimate, README)
+#   docker build -t halo-shell .                          # about 1.1 GB (an estimate: README)
 #   docker build -t halo-shell:jupyter --build-arg JUPYTER=true .
 #   docker run --rm --gpus all halo-shell run cuda-info
 #   docker run --rm -it --gpus all -v "$PWD/out:/home/halo/out" halo-shell \
