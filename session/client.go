@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 	"connectrpc.com/connect/v2/connecthttp"
 	"connectrpc.com/connect/v2/connectproto"
 
+	"github.com/halo-shell/halo-shell/internal/switches"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 	"github.com/halo-shell/halo-shell/session/proto/halo/v1/halov1connect"
 )
@@ -73,6 +76,32 @@ type Options struct {
 	TokenSession string
 	// DialTimeout bounds connecting (default 5 s).
 	DialTimeout time.Duration
+	// CAFile, a PEM file, makes a tcp:// target a TLS connection verified against these
+	// certificate authorities (a session started with --tls-cert). Empty means
+	// HALO_SESSION_CA, and plaintext when that is unset too.
+	CAFile string
+}
+
+var swSessionCA = switches.Register(switches.Switch{Name: "HALO_SESSION_CA", Kind: switches.Path,
+	Doc: "PEM file of the certificate authority of a session served with --tls-cert: clients dialling tcp://HOST:PORT then speak TLS and verify the session against it."})
+
+// tlsClientConfig reads the CA file of a TLS target; nil without one.
+func tlsClientConfig(caFile, host string) (*tls.Config, error) {
+	if caFile == "" {
+		caFile = swSessionCA.Value()
+	}
+	if caFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("session: CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("session: CA file %s holds no PEM certificate", caFile)
+	}
+	return &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}, nil
 }
 
 // maxResponseBytes bounds a reply (Inspect values and profile traces are the largest).
@@ -181,13 +210,18 @@ func Dial(target string, o Options) (*Client, error) {
 		dial    func(ctx context.Context) (net.Conn, error)
 		baseURL = "http://halo-session"
 		token   = o.Token
+		tlsConf *tls.Config
 	)
 	d := net.Dialer{Timeout: o.DialTimeout}
 	switch {
 	case strings.HasPrefix(target, "tcp://"):
 		addr := strings.TrimPrefix(target, "tcp://")
-		if _, _, err := net.SplitHostPort(addr); err != nil {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
 			return nil, fmt.Errorf("session: target %q: want tcp://HOST:PORT: %v", target, err)
+		}
+		if tlsConf, err = tlsClientConfig(o.CAFile, host); err != nil {
+			return nil, err
 		}
 		if token == "" {
 			name := o.TokenSession
@@ -224,6 +258,13 @@ func Dial(target string, o Options) (*Client, error) {
 			return dial(ctx)
 		},
 		MaxIdleConns: 4,
+	}
+	if tlsConf != nil {
+		tp := new(http.Protocols)
+		tp.SetHTTP2(true)
+		tr.Protocols, tr.TLSClientConfig = tp, tlsConf
+		tr.ForceAttemptHTTP2 = true
+		baseURL = "https://" + strings.TrimPrefix(target, "tcp://")
 	}
 	hc := &http.Client{Transport: tr}
 	c := &Client{target: target, id: o.ClientID, name: o.ClientName, http: hc}

@@ -36,6 +36,20 @@ func ParseListen(listen string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// IsLoopback reports whether a host:port from ParseListen binds only this machine's loopback
+// interface (127.0.0.0/8, ::1, localhost).
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // StartOptions say how to start a session process.
 type StartOptions struct {
 	// Name of the session (default DefaultName).
@@ -47,6 +61,10 @@ type StartOptions struct {
 	Overrides []string
 	// Listen is an extra "tcp://HOST:PORT" address to serve (bearer token required).
 	Listen string
+	// AllowRemote lets Listen bind an address other machines can reach; TLSCert and TLSKey
+	// make it serve TLS.
+	AllowRemote     bool
+	TLSCert, TLSKey string
 	// SaveOnStop is a directory where SIGTERM saves a checkpoint before exiting.
 	SaveOnStop string
 	// Command is the argv prefix that runs the halo-shell binary. Empty means this executable
@@ -79,6 +97,15 @@ func (o *StartOptions) args() []string {
 	}
 	if o.Listen != "" {
 		a = append(a, "--listen", o.Listen)
+	}
+	if o.AllowRemote {
+		a = append(a, "--allow-remote")
+	}
+	if o.TLSCert != "" {
+		a = append(a, "--tls-cert", o.TLSCert)
+	}
+	if o.TLSKey != "" {
+		a = append(a, "--tls-key", o.TLSKey)
 	}
 	if o.SaveOnStop != "" {
 		a = append(a, "--save-on-stop", o.SaveOnStop)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -24,7 +25,8 @@ func init() {
 	}
 	var (
 		name, config, method, listen, saveOnStop string
-		foreground                               bool
+		tlsCert, tlsKey                          string
+		foreground, allowRemote                  bool
 		overrides                                []string
 	)
 	start := &cobra.Command{
@@ -36,24 +38,33 @@ returns once the socket answers. SIGTERM (session stop) stops it at the next ste
 saving a checkpoint first when --save-on-stop is set.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			so := server.Options{Name: name, Listen: listen, AllowRemote: allowRemote, TLSCert: tlsCert, TLSKey: tlsKey,
+				SaveOnStop: saveOnStop, ConfigPath: config, Method: method, Overrides: overrides}
+			if listen != "" {
+				warning, err := server.CheckListen(so)
+				if err != nil {
+					return err
+				}
+				if warning != "" && !foreground {
+					fmt.Fprintln(cmd.ErrOrStderr(), "halo-shell: warning:", warning)
+				}
+			} else if allowRemote || tlsCert != "" || tlsKey != "" {
+				return fmt.Errorf("session start: --allow-remote, --tls-cert and --tls-key go with --listen tcp://HOST:PORT")
+			}
 			if foreground {
 				h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
 				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 				defer stop()
-				return server.Serve(ctx, server.Options{Name: name, Listen: listen, SaveOnStop: saveOnStop,
-					ConfigPath: config, Method: method, Overrides: overrides, Logger: slog.New(h)})
-			}
-			if listen != "" {
-				if _, err := session.ParseListen(listen); err != nil {
-					return err
-				}
+				so.Logger = slog.New(h)
+				return server.Serve(ctx, so)
 			}
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("session start: cannot find this program to re-execute: %w", err)
 			}
 			res, err := session.Start(cmd.Context(), session.StartOptions{Name: name, ConfigPath: config, Method: method,
-				Listen: listen, SaveOnStop: saveOnStop, Overrides: overrides, Command: []string{exe}})
+				Listen: listen, AllowRemote: allowRemote, TLSCert: absPath(tlsCert), TLSKey: absPath(tlsKey),
+				SaveOnStop: saveOnStop, Overrides: overrides, Command: []string{exe}})
 			if err != nil {
 				return err
 			}
@@ -66,7 +77,10 @@ saving a checkpoint first when --save-on-stop is set.`,
 	f.StringVar(&config, "config", "", "YAML config to load at start")
 	f.StringVar(&method, "method", "sft", "training method of --config: sft or pretrain")
 	f.StringSliceVar(&overrides, "set", nil, "config overrides for --config, as --set learning_rate=1e-3 (repeatable)")
-	f.StringVar(&listen, "listen", "", "also serve tcp://HOST:PORT (bearer token required; HOST defaults to 127.0.0.1)")
+	f.StringVar(&listen, "listen", "", "also serve tcp://HOST:PORT (bearer token required; HOST defaults to 127.0.0.1; other than loopback needs --allow-remote)")
+	f.BoolVar(&allowRemote, "allow-remote", false, "let --listen bind an address other machines can reach (warns; use --tls-cert/--tls-key, or an SSH tunnel to a loopback address)")
+	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate: serve --listen over TLS (clients set HALO_SESSION_CA to the CA file)")
+	f.StringVar(&tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&saveOnStop, "save-on-stop", "", "directory where stopping saves a checkpoint first")
 	f.BoolVar(&foreground, "foreground", false, "run in this process instead of detaching")
 
@@ -158,6 +172,17 @@ saving a checkpoint first when --save-on-stop is set.`,
 	stop.Flags().DurationVar(&stopWait, "wait", 2*time.Minute, "how long to wait for the session to exit")
 	sessionCmd.AddCommand(start, list, status, stop)
 	rootCmd.AddCommand(sessionCmd)
+}
+
+// absPath makes a path absolute against this process's directory ("" stays "").
+func absPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
 
 func stateWord(s session.State) string {

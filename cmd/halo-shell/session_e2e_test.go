@@ -193,3 +193,20 @@ func TestAttachingByNameNeverCreatesSessions(t *testing.T) {
 		t.Errorf("second stop: %v\n%s", err, out)
 	}
 }
+
+// TestStartRefusesARemoteBindWithoutOptIn: --listen on every interface is refused without
+// --allow-remote; with it the session starts and start warns that it is plaintext.
+func TestStartRefusesARemoteBindWithoutOptIn(t *testing.T) {
+	c := newCLI(t)
+	out, err := c.run("", "session", "start", "--name", "wide", "--listen", "tcp://0.0.0.0:0")
+	if err == nil || !strings.Contains(out, "binds an address other machines can reach; pass --allow-remote") || !strings.Contains(out, "ssh -N -L") {
+		t.Errorf("start --listen tcp://0.0.0.0:0: %v\n%s", err, out)
+	}
+	if s := c.sessions(); len(s) != 0 {
+		t.Errorf("sessions after the refusal: %v", s)
+	}
+	out, err = c.run("", "session", "start", "--name", "wide", "--listen", "tcp://0.0.0.0:0", "--allow-remote")
+	if err != nil || !strings.Contains(out, "warning: serving tcp://0.0.0.0:0 to other machines in plaintext") || !strings.Contains(out, "session wide started") {
+		t.Errorf("start --allow-remote: %v\n%s", err, out)
+	}
+}

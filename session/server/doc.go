@@ -5,8 +5,10 @@
 // A server holds one engine (a train.Trainer: model, optimizer, data) and outlives its
 // clients. It listens on a unix socket (0600, in a 0700 directory) named after the session
 // (session.PathsFor), and optionally on TCP with a bearer token: calls over TCP need
-// "Authorization: Bearer TOKEN"; others are refused with code unauthenticated and logged. It
-// serves halo.v1.SessionService (session/proto/halo/v1); the rules of control and observation
+// "Authorization: Bearer TOKEN"; others are refused with code unauthenticated and logged. TCP
+// binds loopback only unless Options.AllowRemote (then it warns), serves TLS with
+// Options.TLSCert and TLSKey, and confines its clients' Load and Save paths to the session's
+// directories; no error about a file quotes the file's contents (remote.go). It serves halo.v1.SessionService (session/proto/halo/v1); the rules of control and observation
 // are those the session package describes, enforced here.
 //
 // # The engine goroutine

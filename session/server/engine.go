@@ -573,7 +573,9 @@ func (e *engine) needInteractive(what string) error {
 	return nil
 }
 
-func (e *engine) cmdLoad(req *halov1.LoadRequest) (any, error) {
+// cmdLoad builds a trainer from req and installs it. confine, for a remote client, checks the
+// directories the config names (its output_dir) as it checks the config's own path.
+func (e *engine) cmdLoad(req *halov1.LoadRequest, confine func(what, path string) (string, error)) (any, error) {
 	if err := e.needInteractive("load"); err != nil {
 		return nil, err
 	}
@@ -606,6 +608,11 @@ func (e *engine) cmdLoad(req *halov1.LoadRequest) (any, error) {
 	}
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err.Error())
+	}
+	if confine != nil {
+		if _, err := confine("output_dir", cfg.Run.OutputDir); err != nil {
+			return nil, err
+		}
 	}
 	e.logEvent(slog.LevelInfo, "loading "+firstNonEmpty(req.ConfigPath, "inline config"))
 	t, err := NewTrainer(cfg)

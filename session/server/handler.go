@@ -43,9 +43,16 @@ func engineCall[T any](h *handler, ctx context.Context, fn func(c *command) (any
 }
 
 func (h *handler) Load(ctx context.Context, r *halov1.LoadRequest) (*halov1.LoadResponse, error) {
-	resp, err := control[*halov1.LoadResponse](h, ctx, func(*command) (any, error) { return h.s.eng.cmdLoad(r) })
+	var confine func(what, path string) (string, error)
+	if isTCP(ctx) {
+		confine = h.s.confine
+		if _, err := confine("config", r.ConfigPath); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := control[*halov1.LoadResponse](h, ctx, func(*command) (any, error) { return h.s.eng.cmdLoad(r, confine) })
 	if err != nil {
-		return nil, err
+		return nil, scrubError(err)
 	}
 	resp.Status = h.s.status()
 	return resp, nil
@@ -122,6 +129,11 @@ func (h *handler) Generate(ctx context.Context, r *halov1.GenerateRequest, st ha
 }
 
 func (h *handler) Save(ctx context.Context, r *halov1.SaveRequest) (*halov1.SaveResponse, error) {
+	if isTCP(ctx) {
+		if _, err := h.s.confine("save directory", r.Dir); err != nil {
+			return nil, err
+		}
+	}
 	return control[*halov1.SaveResponse](h, ctx, func(*command) (any, error) { return h.s.eng.cmdSave(r.Dir) })
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -34,8 +35,12 @@ type Options struct {
 	// Socket overrides the socket path (tests); empty means Paths.Socket.
 	Socket string
 	// Listen is an extra "tcp://HOST:PORT" address; calls on it need the bearer token.
-	// HOST empty means 127.0.0.1.
+	// HOST empty means 127.0.0.1. An address other machines can reach needs AllowRemote.
 	Listen string
+	// AllowRemote lets Listen bind an address other than loopback (with a warning).
+	AllowRemote bool
+	// TLSCert and TLSKey, PEM files, make the Listen address serve TLS.
+	TLSCert, TLSKey string
 	// SaveOnStop is a directory where stopping (SIGTERM, Stop) saves a checkpoint first.
 	SaveOnStop string
 	// ConfigPath, when set, is loaded at start with Method (default sft) and Overrides.
@@ -52,15 +57,19 @@ type Options struct {
 
 // Server is a running session: the engine goroutine, the RPC handlers and the listeners.
 type Server struct {
-	o      Options
-	log    *slog.Logger
-	hub    *hub
-	eng    *engine
-	paths  session.Paths
-	token  string
-	unixLn net.Listener
-	tcpLn  net.Listener
-	https  []*http.Server
+	o     Options
+	log   *slog.Logger
+	hub   *hub
+	eng   *engine
+	paths session.Paths
+	token string
+	tls   *tls.Config // of the TCP listener; nil for plaintext
+	// workDir is the process's working directory: relative paths resolve against it, and
+	// remote clients may name paths only inside it (and SaveOnStop).
+	workDir string
+	unixLn  net.Listener
+	tcpLn   net.Listener
+	https   []*http.Server
 
 	mu         sync.Mutex
 	controller string
@@ -96,6 +105,10 @@ func New(o Options) (*Server, error) {
 	}
 	s := &Server{o: o, log: o.Logger.With("session", o.Name), hub: newHub(), paths: p, clients: map[string]*clientRec{},
 		lease: controlLease(), janitorEnd: make(chan struct{}), closed: make(chan struct{})}
+	s.workDir = workDirOf()
+	if s.tls, err = tlsConfig(o); err != nil {
+		return nil, err
+	}
 	if s.unixLn, err = listenUnix(p.Socket); err != nil {
 		return nil, err
 	}
@@ -149,6 +162,13 @@ func (s *Server) listenTCP(listen string) error {
 	if err != nil {
 		return err
 	}
+	warning, err := checkBind(listen, addr, s.o)
+	if err != nil {
+		return err
+	}
+	if warning != "" {
+		s.log.Warn(warning)
+	}
 	var tok [32]byte
 	if _, err := rand.Read(tok[:]); err != nil {
 		return fmt.Errorf("session: generating a token: %w", err)
@@ -198,7 +218,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		go func() {
 			defer close(loaded)
 			_, err := s.eng.submit(ctx, func(*command) (any, error) {
-				return s.eng.cmdLoad(&halov1.LoadRequest{ConfigPath: s.o.ConfigPath, Method: s.o.Method, Overrides: s.o.Overrides})
+				return s.eng.cmdLoad(&halov1.LoadRequest{ConfigPath: s.o.ConfigPath, Method: s.o.Method, Overrides: s.o.Overrides}, nil)
 			})
 			stopping := false
 			select {
@@ -254,9 +274,17 @@ func (s *Server) startHTTP() {
 		if tcp {
 			hs.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, keyTCP, true) }
 		}
+		serveFn := hs.Serve
+		if tcp && s.tls != nil {
+			tp := new(http.Protocols)
+			tp.SetHTTP1(true)
+			tp.SetHTTP2(true)
+			hs.Protocols, hs.TLSConfig = tp, s.tls
+			serveFn = func(ln net.Listener) error { return hs.ServeTLS(ln, "", "") }
+		}
 		s.https = append(s.https, hs)
 		go func() {
-			if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := serveFn(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				s.log.Error("serving", "addr", ln.Addr().String(), "err", err)
 			}
 		}()
