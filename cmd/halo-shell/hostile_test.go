@@ -127,3 +127,34 @@ func TestNonFloatWeightsAreRefused(t *testing.T) {
 		})
 	}
 }
+
+func TestDryRunWarnsWhenTheRunCannotFit(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "d.jsonl")
+	os.WriteFile(data, []byte(`{"text":"hello world"}`+"\n"), 0o644)
+	cfg := filepath.Join(dir, "huge.yaml")
+	os.WriteFile(cfg, []byte(`init:
+  arch: qwen3
+  preset: tiny
+  overrides: {hidden_size: 16384, intermediate_size: 65536, num_attention_heads: 128, num_key_value_heads: 8, head_dim: 128, num_hidden_layers: 200}
+tokenizer_name_or_path: ../../examples/quickstart/tokenizer
+dataset: {path: `+data+`}
+device: cpu
+output_dir: `+filepath.Join(dir, "out")+`
+`), 0o644)
+	stdout, stderr, err := runRootErr(t, "", "launch", "pretrain", cfg, "--dry-run")
+	if err != nil {
+		t.Fatalf("a dry run only estimates; it failed: %v", err)
+	}
+	if !strings.Contains(stdout, "memory estimate per device") {
+		t.Errorf("no estimate printed:\n%s", stdout)
+	}
+	if !strings.Contains(stderr, "launch: warning: the run needs about") || !strings.Contains(stderr, "the run would refuse to start") {
+		t.Errorf("no warning on stderr:\n%s", stderr)
+	}
+	// A config that fits gets no warning.
+	stdout, stderr, err = runRootErr(t, "", "launch", "sft", "../../examples/quickstart.yaml", "--dry-run")
+	if err != nil || strings.Contains(stderr, "warning") {
+		t.Errorf("quickstart dry run: %v, stderr:\n%s", err, stderr)
+	}
+}

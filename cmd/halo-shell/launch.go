@@ -19,6 +19,7 @@ import (
 	_ "github.com/halo-shell/halo-shell/engine/backend/cpu" // registers the cpu device
 	"github.com/halo-shell/halo-shell/engine/backend/cuda"
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/parallel"
 	"github.com/halo-shell/halo-shell/engine/train"
 	"github.com/halo-shell/halo-shell/session"
@@ -217,14 +218,41 @@ func dryRun(cmd *cobra.Command, cfg *train.Config, nnodes int) error {
 		if cp := 2 * max(l.CP, 1); w.SeqLen%cp != 0 {
 			w.SeqLen += cp - w.SeqLen%cp // the trainer pads packed rows to the context-parallel chunking
 		}
-		return parallel.DryRun(out, mc, d, l, w)
+		if err := parallel.DryRun(out, mc, d, l, w); err != nil {
+			return err
+		}
+		if nnodes <= 1 {
+			warnMemory(cmd, cfg, mc)
+		}
+		return nil
 	}
 	est, err := train.EstimateMemory(cfg, mc)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, est)
+	warnMemory(cmd, cfg, mc)
 	return nil
+}
+
+// warnMemory warns on stderr when the run's estimate exceeds the host memory available now,
+// for runs on CPU devices (device: auto counts as one where no GPU is usable); the run itself
+// would refuse to start.
+func warnMemory(cmd *cobra.Command, cfg *train.Config, mc *config.Config) {
+	need, err := train.RunMemoryNeed(cfg, mc)
+	if err != nil {
+		return
+	}
+	if !need.Host && !(cfg.Parallel.Devices == "" && cfg.Run.Device == "auto" && cuda.Available() != nil) {
+		return
+	}
+	avail, ok := train.HostMemoryAvailable()
+	if !ok {
+		return
+	}
+	if short := train.MemoryShortfall(need, avail, "host memory"); short != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "launch: warning: %s; the run would refuse to start (HALO_MEMORY_CHECK=warn tries anyway)\n", short)
+	}
 }
 
 // gpuWarning says why the run the config describes cannot start on this machine's GPUs, when

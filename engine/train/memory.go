@@ -2,11 +2,18 @@ package train
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 
+	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/hf/tokenizer"
+	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // MemoryEstimate is the device memory a run needs, per device, in bytes. It is an estimate from
@@ -106,4 +113,146 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	chunk := min(T, 1024)
 	e.LogitsBytes = chunk * V * 4 * 2
 	return e, nil
+}
+
+var swMemoryCheck = switches.Register(switches.Switch{Name: "HALO_MEMORY_CHECK", Kind: switches.Debug,
+	Default: "refuse", Values: []string{"refuse", "warn", "off"},
+	Doc: "What a run does when its memory estimate exceeds the memory available before anything is allocated: refuse to start (default), warn and try, or not check."})
+
+// MemoryNeed is what a run needs in one memory pool: the host's memory (CPU devices, which
+// share it, and the host copy of the model of a GPU plan) or one device's.
+type MemoryNeed struct {
+	// Bytes is the estimate; Exact is its part that does not depend on the activation
+	// estimate (parameters, gradients, optimizer state), which is exact.
+	Bytes, Exact int64
+	// Host says that the pool is host memory; otherwise it is the run's GPU, or each GPU of
+	// a plan (Plan).
+	Host, Plan bool
+	// Detail says how Bytes was counted, e.g. "4 cpu devices x 2.10 GiB".
+	Detail string
+}
+
+// RunMemoryNeed estimates the memory cfg needs for the model mc: EstimateMemory on one
+// device; on a parallel layout mesh.Estimate per device, times the devices when they are CPU
+// devices (they share host memory), plus the single host copy of the model's parameters.
+func RunMemoryNeed(cfg *Config, mc *config.Config) (MemoryNeed, error) {
+	d, l, isParallel, err := cfg.ParallelLayout()
+	if err != nil {
+		return MemoryNeed{}, err
+	}
+	if !isParallel {
+		e, err := EstimateMemory(cfg, mc)
+		if err != nil {
+			return MemoryNeed{}, err
+		}
+		// device: auto is host memory only where no GPU is usable: the caller knows.
+		host := cfg.Parallel.Devices != "" && d.Kind == "cpu" || cfg.Parallel.Devices == "" && cfg.Run.Device == "cpu"
+		return MemoryNeed{Bytes: e.Total(), Exact: e.ParamBytes + e.GradBytes + e.OptimBytes, Host: host, Detail: "one device"}, nil
+	}
+	host := d.Kind == "cpu"
+	a, err := models.ArchFromConfig(mc.Clone())
+	if err != nil {
+		return MemoryNeed{}, err
+	}
+	w := cfg.Workload()
+	m, err := mesh.New(d, l, a.Shape, w.SeqLen)
+	if err != nil {
+		return MemoryNeed{}, err
+	}
+	e := mesh.Estimate(m.Layout, a.Shape, w)
+	hostCopy := a.NumParameters() * int64(w.ParamBytes)
+	if !host {
+		return MemoryNeed{Bytes: e.Total(), Exact: e.Params + e.Grads + e.Optimizer, Plan: true,
+			Detail: fmt.Sprintf("per GPU of %s (the host holds another %s, a copy of the parameters)", d, humanBytes(hostCopy))}, nil
+	}
+	n := int64(d.Len())
+	return MemoryNeed{Bytes: n*e.Total() + hostCopy, Exact: n*(e.Params+e.Grads+e.Optimizer) + hostCopy, Host: true, Plan: true,
+		Detail: fmt.Sprintf("%d cpu devices x %s, plus %s for the host copy of the parameters", n, humanBytes(e.Total()), humanBytes(hostCopy))}, nil
+}
+
+// MemoryShortfall says why need does not fit in available bytes of its pool, or "" when it
+// does. where names the pool ("host memory", "cuda:0").
+func MemoryShortfall(need MemoryNeed, available int64, where string) string {
+	if available <= 0 || need.Bytes <= available {
+		return ""
+	}
+	msg := fmt.Sprintf("the run needs about %s of %s (%s) and %s is available", humanBytes(need.Bytes), where, need.Detail, humanBytes(available))
+	if need.Exact > available {
+		msg += fmt.Sprintf("; its parameters, gradients and optimizer state alone take %s", humanBytes(need.Exact))
+	} else {
+		msg += " (the activation estimate is generous: it may fit)"
+	}
+	return msg + ": lower per_device_train_batch_size or max_length, set gradient_checkpointing: true or bf16: true, or use a smaller model or more devices"
+}
+
+// HostMemoryAvailable returns the bytes of host memory new allocations can take:
+// MemAvailable of /proc/meminfo, lowered to what the cgroup v2 limit leaves when that is
+// smaller. ok is false when neither is known.
+func HostMemoryAvailable() (avail int64, ok bool) {
+	if raw, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(raw), "\n") {
+			fs := strings.Fields(line)
+			if len(fs) >= 2 && fs[0] == "MemAvailable:" {
+				if kb, err := strconv.ParseInt(fs[1], 10, 64); err == nil && kb > 0 {
+					avail, ok = kb*1024, true
+				}
+			}
+		}
+	}
+	read := func(name string) (int64, bool) {
+		raw, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", name))
+		if err != nil {
+			return 0, false
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+		return v, err == nil
+	}
+	if limit, lok := read("memory.max"); lok {
+		if cur, cok := read("memory.current"); cok && (!ok || limit-cur < avail) {
+			avail, ok = max(limit-cur, 0), true
+		}
+	}
+	return avail, ok
+}
+
+// checkMemory compares the run's estimate with the memory of b (host memory for the CPU
+// backend and for CPU plans, the device's capacity otherwise) before anything is allocated,
+// and refuses (or warns, per HALO_MEMORY_CHECK) when it does not fit: past that point an
+// allocation the machine cannot hold ends a CPU run in the Go runtime's out-of-memory abort.
+func checkMemory(cfg *Config, mc *config.Config, b backend.Backend) error {
+	mode := swMemoryCheck.Value()
+	if mode == "off" {
+		return nil
+	}
+	need, err := RunMemoryNeed(cfg, mc)
+	if err != nil {
+		return nil // the layout and model errors are reported where they are built
+	}
+	var avail int64
+	where := "host memory"
+	switch {
+	case need.Plan && !need.Host:
+		return nil // a GPU plan's devices are not open yet; their allocations fail with errors
+	case need.Plan || strings.HasPrefix(b.Name(), "cpu"):
+		a, ok := HostMemoryAvailable()
+		if !ok {
+			return nil
+		}
+		avail = a
+	default:
+		st := b.MemStats()
+		if st.Total <= 0 {
+			return nil
+		}
+		avail, where = st.Total-st.Allocated, b.Name()
+	}
+	short := MemoryShortfall(need, avail, where)
+	if short == "" {
+		return nil
+	}
+	if mode == "warn" {
+		slog.Warn("train: "+short, "HALO_MEMORY_CHECK", mode)
+		return nil
+	}
+	return fmt.Errorf("train: %s (HALO_MEMORY_CHECK=warn tries anyway)", short)
 }

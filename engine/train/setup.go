@@ -90,6 +90,14 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 		}
 		usePlan = true
 	}
+	if nodes == nil {
+		// The estimate is checked against the machine before anything is allocated.
+		if mc, err := modelConfig(cfg, t.tok.vocabSize()); err == nil {
+			if err := checkMemory(cfg, mc, b); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if usePlan {
 		// The layout is checked against config.json before any weight is read.
 		mc, err := modelConfig(cfg, t.tok.vocabSize())
