@@ -101,6 +101,10 @@ type backendOptions struct {
 	// emptyUncleared makes Empty skip the zero fill (the default; HALO_CUDA_EMPTY=cleared turns
 	// it off).
 	emptyUncleared bool
+	// moeKernels makes Optional offer the MoE routing, permutation, combine and packed SwiGLU
+	// ops (HALO_CUDA_MOE_KERNELS=on); without them engine/nn runs MoE blocks as the routed
+	// composition. The methods themselves are always there, for their GPU tests.
+	moeKernels bool
 	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).
 	normBwd normBwdOptions
 	// attnOverride replaces the attention kernels' measured choices (attention.go); the zero

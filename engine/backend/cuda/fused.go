@@ -2,17 +2,17 @@ package cuda
 
 import "github.com/halo-shell/halo-shell/engine/backend"
 
-// Optional implements backend.Backend: the CUDA backend has every optional capability: the fused
-// AddRMSNorm and AdamW kernels, the CUDA-event DeviceTimer (timer.go), the mixture-of-experts
-// routing, permutation and combine kernels (moe.go) and the grouped expert products
-// (grouped_gemm.go).
+// Optional implements backend.Backend: the fused AddRMSNorm and AdamW kernels, the CUDA-event
+// DeviceTimer (timer.go) and the grouped expert products (grouped_gemm.go); with
+// HALO_CUDA_MOE_KERNELS=on also the mixture-of-experts routing, permutation, combine and packed
+// SwiGLU kernels (moe.go), which engine/nn needs, with GroupedGEMM, for its device MoE path.
 func (b *Backend) Optional() backend.Optional {
-	return backend.Optional{
-		AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, Timer: b,
-		MoERoute: b.MoERoute, MoERouteBackward: b.MoERouteBackward,
-		MoEPermute: b.MoEPermute, MoEPermuteBackward: b.MoEPermuteBackward,
-		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
-		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
-		GroupedGEMM: b.GroupedGEMM,
+	o := backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, Timer: b, GroupedGEMM: b.GroupedGEMM}
+	if b.moeKernels {
+		o.MoERoute, o.MoERouteBackward = b.MoERoute, b.MoERouteBackward
+		o.MoEPermute, o.MoEPermuteBackward = b.MoEPermute, b.MoEPermuteBackward
+		o.MoECombine, o.MoECombineBackward = b.MoECombine, b.MoECombineBackward
+		o.SwiGLUPacked, o.SwiGLUPackedBackward = b.SwiGLUPacked, b.SwiGLUPackedBackward
 	}
+	return o
 }

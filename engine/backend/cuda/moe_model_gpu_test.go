@@ -46,6 +46,10 @@ func tinyQwen3MoE(t *testing.T, be backend.Backend, seed uint64) *models.Model {
 // expert GEMM classes.
 func TestGPUMoETrainingMatchesCPU(t *testing.T) {
 	g := gpu(t)
+	if !g.moeKernels {
+		g.moeKernels = true // the device path under test
+		defer func() { g.moeKernels = false }()
+	}
 	ref := cpu.New(cpu.Options{})
 	defer ref.Close()
 	rec := profile.NewRecorder()

@@ -37,6 +37,9 @@ var (
 	swGemmTuneMinFLOPs = switches.Register(switches.Switch{Name: envGemmTuneMinFLOPs, Kind: switches.Tuning,
 		Default: "1e12",
 		Doc:     "GEMMs of at least this many floating-point operations are tuned (timed across candidates) on first use; smaller ones take the heuristic's choice."})
+	swMoEKernels = switches.Register(switches.Switch{Name: "HALO_CUDA_MOE_KERNELS", Kind: switches.Tuning,
+		Default: "off", Values: []string{"off", "on"},
+		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off keeps the routed composition (host routing, one GEMM per expert) on CUDA until those kernels have passed the GPU suite."})
 	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
 		Values: []string{"1"},
 		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})
@@ -58,7 +61,7 @@ var (
 // device of architecture arch ("sm_90"). A value outside a switch's list is an error, not a
 // silent default.
 func optionsFromSwitches(arch string) (backendOptions, error) {
-	for _, s := range []*switches.Switch{swAttention, swAttnBackward, swEmpty, swSplitK, swGemmBeta} {
+	for _, s := range []*switches.Switch{swAttention, swAttnBackward, swEmpty, swSplitK, swGemmBeta, swMoEKernels} {
 		if err := s.Check(); err != nil {
 			return backendOptions{}, fmt.Errorf("cuda: %w", err)
 		}
@@ -71,5 +74,6 @@ func optionsFromSwitches(arch string) (backendOptions, error) {
 	o.emptyUncleared = !swEmpty.Is("cleared")
 	o.noSplitK = swSplitK.Is("off")
 	o.gemmFoldBeta = swGemmBeta.Is("fold")
+	o.moeKernels = swMoEKernels.Is("on")
 	return o, nil
 }

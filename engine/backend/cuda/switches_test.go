@@ -38,6 +38,7 @@ func TestOptionsFromSwitches(t *testing.T) {
 		{"split-K off", "HALO_CUDA_GEMM_SPLITK", "off", "sm_90", with(func(o *backendOptions) { o.noSplitK = true }), ""},
 		{"beta fold", "HALO_CUDA_GEMM_BETA", "fold", "sm_90", with(func(o *backendOptions) { o.gemmFoldBeta = true }), ""},
 		{"beta typo", "HALO_CUDA_GEMM_BETA", "folded", "sm_90", backendOptions{}, "HALO_CUDA_GEMM_BETA"},
+		{"moe kernels", "HALO_CUDA_MOE_KERNELS", "on", "sm_90", with(func(o *backendOptions) { o.moeKernels = true }), ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,5 +133,24 @@ func TestGemmTuneSwitches(t *testing.T) {
 	t.Setenv(envGemmCandidates, "many")
 	if _, err := loadGemmTuneConfig(); err == nil || !strings.Contains(err.Error(), envGemmCandidates) {
 		t.Fatalf("%s=many: err = %v, want one naming the switch", envGemmCandidates, err)
+	}
+}
+
+// TestOptionalMoEKernels: the MoE routing ops are offered only with moeKernels (the grouped
+// GEMM always), and then every one engine/nn's device path needs is there.
+func TestOptionalMoEKernels(t *testing.T) {
+	b := &Backend{}
+	o := b.Optional()
+	if o.GroupedGEMM == nil || o.AddRMSNorm == nil || o.AdamW == nil || o.Timer == nil {
+		t.Fatal("the always-offered capabilities are missing")
+	}
+	if o.MoERoute != nil || o.MoEPermute != nil || o.MoECombine != nil || o.SwiGLUPacked != nil {
+		t.Fatal("MoE routing kernels offered without HALO_CUDA_MOE_KERNELS=on")
+	}
+	b.moeKernels = true
+	o = b.Optional()
+	if o.MoERoute == nil || o.MoERouteBackward == nil || o.MoEPermute == nil || o.MoEPermuteBackward == nil ||
+		o.MoECombine == nil || o.MoECombineBackward == nil || o.SwiGLUPacked == nil || o.SwiGLUPackedBackward == nil {
+		t.Fatalf("with moeKernels some MoE ops are missing: %+v", o)
 	}
 }
