@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"os"
@@ -252,4 +253,36 @@ func TestLargeSignedMessagePassesTheGuard(t *testing.T) {
 	if got != len(big) {
 		t.Fatalf("the cell printed %d bytes, want %d", got, len(big))
 	}
+}
+
+func TestWireLimitSwitch(t *testing.T) {
+	t.Setenv("HALO_KERNEL_MAX_FRAME", "2048")
+	c, k, _ := startKernel(t, &lineInterp{})
+	p := dialRaw(t, k.Conn().ShellPort)
+	p.greet()
+	p.ready(property("Socket-Type", "DEALER"))
+	p.write(longHeader(4096))
+	if err := p.waitClosed(5 * time.Second); err != nil {
+		t.Error(err)
+	}
+	c.alive(t)
+	if got := limitsFrom(WireLimits{MaxFrame: 100}, slog.Default()).MaxFrame; got != 100 {
+		t.Errorf("Config.Limits.MaxFrame 100 gave %d: the Config wins over the switch", got)
+	}
+}
+
+func TestWireMessageLimitSwitch(t *testing.T) {
+	t.Setenv("HALO_KERNEL_MAX_MESSAGE", "5000")
+	c, k, _ := startKernel(t, &lineInterp{})
+	p := dialRaw(t, k.Conn().ShellPort)
+	p.greet()
+	p.ready(property("Socket-Type", "DEALER"))
+	for range 3 { // 6000 bytes in one message, in frames of 2000
+		p.write(append([]byte{0x03}, longHeader(2000)[1:]...))
+		p.write(make([]byte, 2000))
+	}
+	if err := p.waitClosed(5 * time.Second); err != nil {
+		t.Error(err)
+	}
+	c.alive(t)
 }

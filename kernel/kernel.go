@@ -9,11 +9,13 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/halo-shell/halo-shell/internal/switches"
 	"github.com/halo-shell/halo-shell/kernel/internal/wire"
 	"github.com/halo-shell/halo-shell/kernel/internal/zmtpguard"
 )
@@ -42,7 +44,36 @@ type WireLimits = zmtpguard.Limits
 
 // DefaultWireLimits are the limits of a Config that sets none: frames of 64 MiB, messages
 // of 256 MiB and 4096 frames, 10 seconds to finish a handshake, 128 connections per socket.
+// HALO_KERNEL_MAX_FRAME and HALO_KERNEL_MAX_MESSAGE change the first two.
 var DefaultWireLimits = zmtpguard.DefaultLimits
+
+var (
+	swMaxFrame = switches.Register(switches.Switch{Name: "HALO_KERNEL_MAX_FRAME", Kind: switches.Tuning,
+		Doc: "Largest ZeroMQ frame (bytes) a Jupyter kernel peer may send; a peer that declares more is disconnected before anything is allocated (default 64 MiB)."})
+	swMaxMessage = switches.Register(switches.Switch{Name: "HALO_KERNEL_MAX_MESSAGE", Kind: switches.Tuning,
+		Doc: "Largest multipart message (bytes, all frames) a Jupyter kernel peer may send (default 256 MiB)."})
+)
+
+// limitsFrom fills the limits lim leaves at zero from the switches; a value that is not a
+// positive number of bytes is logged and ignored.
+func limitsFrom(lim WireLimits, log *slog.Logger) WireLimits {
+	for _, f := range []struct {
+		sw  *switches.Switch
+		dst *int64
+	}{{swMaxFrame, &lim.MaxFrame}, {swMaxMessage, &lim.MaxMessage}} {
+		v, ok := f.sw.Lookup()
+		if !ok || *f.dst > 0 {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			log.Warn("kernel: ignoring a switch that is not a positive number of bytes", "switch", f.sw.Name, "value", v)
+			continue
+		}
+		*f.dst = n
+	}
+	return lim
+}
 
 // Kernel serves one Jupyter connection. Create it with New and call Run.
 type Kernel struct {
@@ -118,10 +149,11 @@ func New(ctx context.Context, cfg Config) (*Kernel, error) {
 		{"iopub", &k.iopub, zmq4.NewPub, &k.conn.IOPubPort},
 		{"heartbeat", &k.hb, zmq4.NewRep, &k.conn.HBPort},
 	}
+	limits := limitsFrom(cfg.Limits, k.log)
 	for _, s := range socks {
 		// Every socket listens through the guard, which drops a peer whose frame headers
 		// break cfg.Limits before zmq4 allocates their bodies.
-		gctx := zmtpguard.WithLimits(sctx, cfg.Limits, k.log.With("socket", s.name))
+		gctx := zmtpguard.WithLimits(sctx, limits, k.log.With("socket", s.name))
 		zlog := slog.NewLogLogger(k.log.With("socket", s.name).Handler(), slog.LevelDebug)
 		*s.s = s.mk(gctx, zmq4.WithTimeout(30*time.Second), zmq4.WithLogger(zlog))
 		ep := k.conn.Endpoint(*s.port)

@@ -78,3 +78,20 @@ func TestMemoryShortfall(t *testing.T) {
 		t.Errorf("unknown memory: %q", s)
 	}
 }
+
+func TestMemoryCheckSwitch(t *testing.T) {
+	for _, mode := range []string{"warn", "off"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Setenv("HALO_MEMORY_CHECK", mode)
+			tr, err := New(hugeConfig(t))
+			if err == nil {
+				tr.Close()
+				t.Fatal("a run of 650 billion parameters was built")
+			}
+			// The check let it through: the CPU backend's allocator refused the arena.
+			if strings.Contains(err.Error(), "the run needs about") || !strings.Contains(err.Error(), "cpu: out of memory") {
+				t.Fatalf("HALO_MEMORY_CHECK=%s: %v, want the allocator's refusal", mode, err)
+			}
+		})
+	}
+}
