@@ -520,7 +520,13 @@ type EventStream struct {
 // Subscribe opens an event stream; buffer is how many events the session keeps for this
 // observer before dropping the oldest (0: 256). Cancel ctx or call Close to end it.
 func (c *Client) Subscribe(ctx context.Context, buffer int) (*EventStream, error) {
-	st, err := c.rpc.Events(ctx, &halov1.EventsRequest{Buffer: int32(buffer)})
+	return c.SubscribeWithHistory(ctx, buffer, 0)
+}
+
+// SubscribeWithHistory is Subscribe that first receives, after the state event, up to history
+// of the latest steps' metrics of the loaded model, oldest first (the session keeps 4096).
+func (c *Client) SubscribeWithHistory(ctx context.Context, buffer, history int) (*EventStream, error) {
+	st, err := c.rpc.Events(ctx, &halov1.EventsRequest{Buffer: int32(buffer), History: int32(history)})
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +548,13 @@ func (s *EventStream) Close() error {
 // returned function. The channel is unbuffered: the session drops the oldest events (and says
 // so with a DroppedEvent) when the reader falls behind, never the other way round.
 func (c *Client) Events(ctx context.Context, buffer int) (<-chan *Event, func() error, error) {
-	st, err := c.Subscribe(ctx, buffer)
+	return c.EventsWithHistory(ctx, buffer, 0)
+}
+
+// EventsWithHistory is Events preceded by up to history of the latest steps' metrics (see
+// SubscribeWithHistory): what a dashboard that attaches to a running session charts first.
+func (c *Client) EventsWithHistory(ctx context.Context, buffer, history int) (<-chan *Event, func() error, error) {
+	st, err := c.SubscribeWithHistory(ctx, buffer, history)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -40,7 +40,10 @@
 //
 // Events and Subscribe stream per-step metrics, logs, state changes and profiles. The session
 // keeps a bounded buffer per observer; when one falls behind, the oldest events are dropped and
-// a DroppedEvent says how many, so a slow observer never blocks the engine.
+// a DroppedEvent says how many, so a slow observer never blocks the engine. EventsWithHistory
+// and SubscribeWithHistory first send the latest steps' metrics of the loaded model (the
+// session keeps 4096), so that a dashboard attaching to a running session starts with its
+// charts filled.
 //
 // # Processes and files
 //

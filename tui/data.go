@@ -3,6 +3,7 @@ package tui
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -173,12 +174,26 @@ func (d *runData) applyMetrics(m *session.StepMetrics) {
 		d.last = m
 	}
 	d.step = max(d.step, m.Step)
-	if n := len(d.steps); n > 0 && m.Step <= d.steps[n-1] {
+	n := len(d.steps)
+	if n == 0 || m.Step > d.steps[n-1] {
+		d.steps = appendCapped(d.steps, m.Step)
+		d.loss = appendCapped(d.loss, m.Loss)
+		d.lr = appendCapped(d.lr, m.Lr)
 		return
 	}
-	d.steps = appendCapped(d.steps, m.Step)
-	d.loss = appendCapped(d.loss, m.Loss)
-	d.lr = appendCapped(d.lr, m.Lr)
+	// An older step: the history sent on attach, arriving after a status reply's last
+	// metrics. Insert it in step order unless it is charted already or older than a full
+	// chart keeps.
+	i, found := slices.BinarySearch(d.steps, m.Step)
+	if found || (i == 0 && n >= maxHistory) {
+		return
+	}
+	d.steps = slices.Insert(d.steps, i, m.Step)
+	d.loss = slices.Insert(d.loss, i, m.Loss)
+	d.lr = slices.Insert(d.lr, i, m.Lr)
+	if len(d.steps) > maxHistory {
+		d.steps, d.loss, d.lr = d.steps[1:], d.loss[1:], d.lr[1:]
+	}
 }
 
 // applyStatus takes what a Status (or a control call's) reply says; asked is when the request

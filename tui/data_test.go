@@ -29,7 +29,7 @@ func TestApplyMetricsChartsEachStepOnceInOrder(t *testing.T) {
 	}{
 		{"in order", []int64{1, 2, 3}, []int64{1, 2, 3}, 3},
 		{"a repeat from a Step reply", []int64{1, 2, 2, 3}, []int64{1, 2, 3}, 3},
-		{"an older status", []int64{4, 5, 3}, []int64{4, 5}, 5},
+		{"an older step, charted in place", []int64{4, 5, 3}, []int64{3, 4, 5}, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &runData{}
@@ -322,5 +322,25 @@ func TestExpertSummary(t *testing.T) {
 	d.applyMetrics(metricsAt(2))
 	if v := ansi.Strip(s.View()); !strings.Contains(v, "experts worst cv 1.05 (layer 1), 1 dead") || !strings.Contains(v, "aux loss") {
 		t.Fatalf("MoE step lacks its expert load: %q", v)
+	}
+}
+
+// Steps that arrive out of order (the history sent on attach, after a status reply's last
+// metrics) are charted in step order, each once.
+func TestOlderStepsAreChartedInOrder(t *testing.T) {
+	d := &runData{}
+	for _, s := range []int64{10, 3, 5, 3, 11, 10, 4} {
+		d.applyMetrics(&session.StepMetrics{Step: s, Loss: float64(s), Lr: float64(s) / 100})
+	}
+	if want := []int64{3, 4, 5, 10, 11}; !slices.Equal(d.steps, want) || !slices.Equal(d.loss, []float64{3, 4, 5, 10, 11}) || d.last.Step != 11 {
+		t.Fatalf("steps %v loss %v last %d, want %v in order and the last step 11", d.steps, d.loss, d.last.Step, want)
+	}
+	d = &runData{}
+	for s := int64(1); s <= maxHistory+1; s++ {
+		d.applyMetrics(&session.StepMetrics{Step: s + 10})
+	}
+	d.applyMetrics(&session.StepMetrics{Step: 5})
+	if len(d.steps) != maxHistory || d.steps[0] != 12 {
+		t.Fatalf("a full chart took an older step: %d points from step %d", len(d.steps), d.steps[0])
 	}
 }

@@ -32,6 +32,7 @@ type fakeSession struct {
 	// endErr is why the current event stream ended; streamErr, when set, fails Events.
 	endErr, streamErr error
 	subscriptions     int
+	history           int // what the last subscription asked for
 }
 
 func newFake(status *session.StatusResponse) *fakeSession {
@@ -64,10 +65,11 @@ func (f *fakeSession) Status(context.Context) (*session.StatusResponse, error) {
 	return f.status, nil
 }
 
-func (f *fakeSession) Events(context.Context, int) (<-chan *session.Event, func() error, error) {
+func (f *fakeSession) EventsWithHistory(_ context.Context, _, history int) (<-chan *session.Event, func() error, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.subscriptions++
+	f.history = history
 	if f.streamErr != nil {
 		return nil, nil, f.streamErr
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,6 +138,61 @@ func TestLiveSession(t *testing.T) {
 	}
 	if st.State != session.StatePaused || st.Controller != "" {
 		t.Fatalf("after q the session is %v controlled by %q, want paused with control given back", st.State, st.Controller)
+	}
+}
+
+// charted returns the steps the dashboard's charts hold.
+func (h *harness) charted() []int64 {
+	h.t.Helper()
+	reply := make(chan []int64, 1)
+	h.tm.Send(stepsProbe{reply})
+	select {
+	case s := <-reply:
+		return s
+	case <-time.After(waitFor):
+		h.t.Fatal("the program does not answer")
+		return nil
+	}
+}
+
+// A dashboard that attaches to a session that has trained already charts the steps before it
+// attached (the session sends them first), not only the ones after.
+func TestAttachChartsTheStepsSoFar(t *testing.T) {
+	sock := startSession(t)
+	ctx := context.Background()
+	other, err := session.Dial(sock, session.Options{ClientName: "repl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Step(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	me, err := session.Dial(sock, session.Options{ClientName: "tui"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer me.Close()
+	h := attach(t, me, Options{}, 100, 30)
+	h.waitScreen("step 8", contains("step 8/1000"))
+	want := []int64{1, 2, 3, 4, 5, 6, 7, 8}
+	deadline := time.Now().Add(waitFor)
+	for got := h.charted(); !slices.Equal(got, want); got = h.charted() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after attaching at step 8 the charts hold steps %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Steps after the attach extend the same charts.
+	if _, err := other.Step(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, 9, 10)
+	for got := h.charted(); !slices.Equal(got, want); got = h.charted() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after two more steps the charts hold steps %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

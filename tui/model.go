@@ -24,9 +24,10 @@ type Controller interface {
 	// ID is this client's id (to tell whether it controls the session).
 	ID() string
 	Status(ctx context.Context) (*session.StatusResponse, error)
-	// Events delivers the session's events on a channel that closes when the stream ends; the
-	// function returns the error that ended it.
-	Events(ctx context.Context, buffer int) (<-chan *session.Event, func() error, error)
+	// EventsWithHistory delivers the session's events on a channel that closes when the stream
+	// ends, after up to history of the latest steps' metrics (so that the charts of a running
+	// session are not empty on attach); the function returns the error that ended it.
+	EventsWithHistory(ctx context.Context, buffer, history int) (<-chan *session.Event, func() error, error)
 	Run(ctx context.Context, maxSteps int) (*session.StatusResponse, error)
 	Pause(ctx context.Context) (*session.StatusResponse, error)
 	Resume(ctx context.Context) (*session.StatusResponse, error)

@@ -25,11 +25,18 @@ import (
 // program's goroutine, so tests read the model without racing it.
 type probeMsg struct{ reply chan string }
 
+// stepsProbe asks the program for the steps its charts hold.
+type stepsProbe struct{ reply chan []int64 }
+
 type probed struct{ *Model }
 
 func (p probed) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	if pm, ok := msg.(probeMsg); ok {
 		pm.reply <- ansi.Strip(p.render())
+		return p, nil
+	}
+	if sp, ok := msg.(stepsProbe); ok {
+		sp.reply <- slices.Clone(p.d.steps)
 		return p, nil
 	}
 	_, cmd := p.Model.Update(msg)

@@ -94,7 +94,7 @@ func waitEvent(s stream) tea.Cmd {
 func (m *Model) subscribe() tea.Cmd {
 	c, ctx, buf := m.c, m.ctx, m.opts.EventBuffer
 	return func() tea.Msg {
-		ch, end, err := c.Events(ctx, buf)
+		ch, end, err := c.EventsWithHistory(ctx, buf, maxHistory)
 		return subscribedMsg{ch: ch, end: end, err: err}
 	}
 }

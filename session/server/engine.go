@@ -636,7 +636,7 @@ func (e *engine) install(t *train.Trainer) {
 	e.mu.Lock()
 	e.snap.summary, e.snap.last, e.snap.lastErr, e.snap.saved = t.Summary(), nil, "", int64(t.Steps())
 	e.mu.Unlock()
-	e.publishState("loaded")
+	e.publishState(reasonLoaded)
 }
 
 func (e *engine) cmdStep(c *command, n int) (any, error) {

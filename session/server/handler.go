@@ -171,16 +171,22 @@ func (h *handler) Status(ctx context.Context, _ *halov1.StatusRequest) (*halov1.
 }
 
 func (h *handler) Events(ctx context.Context, r *halov1.EventsRequest, st halov1connect.SessionServiceEventsServerStream) error {
-	if r.Buffer < 0 {
-		return connect.Errorf(connect.CodeInvalidArgument, "session: events: buffer must be >= 0, got %d", r.Buffer)
+	if r.Buffer < 0 || r.History < 0 {
+		return connect.Errorf(connect.CodeInvalidArgument, "session: events: buffer and history must be >= 0, got %d and %d", r.Buffer, r.History)
 	}
-	sub := h.s.hub.subscribe(int(r.Buffer))
+	sub, past := h.s.hub.subscribeWithHistory(int(r.Buffer), int(r.History))
 	defer h.s.hub.unsubscribe(sub)
-	// The first event is the current state, so an observer starts from a known place.
+	// The first event is the current state, so an observer starts from a known place; the
+	// history it asked for follows.
 	snap := h.s.eng.snapshot()
 	first := &halov1.Event{Kind: &halov1.Event_State{State: &halov1.StateEvent{State: snap.state, Step: snap.step, Controller: h.s.currentController(), Reason: "attached"}}}
 	if err := st.Send(first); err != nil {
 		return err
+	}
+	for _, ev := range past {
+		if err := st.Send(ev); err != nil {
+			return err
+		}
 	}
 	for {
 		select {

@@ -13,6 +13,14 @@ const DefaultEventBuffer = 256
 // maxEventBuffer bounds what an observer may ask for.
 const maxEventBuffer = 1 << 16
 
+// maxMetricsHistory is how many of the latest metrics events the hub keeps for observers that
+// ask for history when they subscribe.
+const maxMetricsHistory = 4096
+
+// reasonLoaded is the reason of the state event that a newly loaded model publishes; the
+// metrics history starts again from it.
+const reasonLoaded = "loaded"
+
 // hub fans events out to observers. publish never blocks: each observer has a bounded queue
 // that drops its oldest event when full and counts the drops.
 type hub struct {
@@ -20,6 +28,8 @@ type hub struct {
 	seq    int64
 	subs   map[*subscriber]struct{}
 	closed bool
+	// history holds the latest metrics events of the loaded model, oldest first.
+	history []*halov1.Event
 }
 
 type subscriber struct {
@@ -35,6 +45,14 @@ func newHub() *hub { return &hub{subs: map[*subscriber]struct{}{}} }
 
 // subscribe adds an observer with a buffer of n events (DefaultEventBuffer when n <= 0).
 func (h *hub) subscribe(n int) *subscriber {
+	s, _ := h.subscribeWithHistory(n, 0)
+	return s
+}
+
+// subscribeWithHistory is subscribe that also returns up to past of the latest metrics
+// events, oldest first: exactly those published before the subscription, so that none is
+// both in the history and in the subscriber's queue, and none is in neither.
+func (h *hub) subscribeWithHistory(n, past int) (*subscriber, []*halov1.Event) {
 	if n <= 0 {
 		n = DefaultEventBuffer
 	}
@@ -42,13 +60,17 @@ func (h *hub) subscribe(n int) *subscriber {
 	s := &subscriber{max: n, notify: make(chan struct{}, 1)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var hist []*halov1.Event
+	if past > 0 {
+		hist = append(hist, h.history[max(0, len(h.history)-past):]...)
+	}
 	if h.closed {
 		s.closed = true
 		s.wake()
-		return s
+		return s, hist
 	}
 	h.subs[s] = struct{}{}
-	return s
+	return s, hist
 }
 
 func (h *hub) unsubscribe(s *subscriber) {
@@ -75,6 +97,15 @@ func (h *hub) publish(ev *halov1.Event) {
 	h.seq++
 	ev.Seq = h.seq
 	ev.UnixMs = time.Now().UnixMilli()
+	switch {
+	case ev.GetMetrics() != nil:
+		if len(h.history) >= maxMetricsHistory {
+			h.history = append(h.history[:0], h.history[len(h.history)-maxMetricsHistory+1:]...)
+		}
+		h.history = append(h.history, ev)
+	case ev.GetState().GetReason() == reasonLoaded:
+		h.history = nil
+	}
 	subs := make([]*subscriber, 0, len(h.subs))
 	for s := range h.subs {
 		subs = append(subs, s)

@@ -2258,7 +2258,12 @@ type EventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// buffer is how many events may wait for this observer before the oldest are dropped
 	// (0 means 256).
-	Buffer        int32 `protobuf:"varint,1,opt,name=buffer,proto3" json:"buffer,omitempty"`
+	Buffer int32 `protobuf:"varint,1,opt,name=buffer,proto3" json:"buffer,omitempty"`
+	// history asks for up to this many of the latest steps' metrics (of the model loaded now)
+	// before the live events, oldest first, as metrics events: a view that attaches to a
+	// running session starts with its charts filled. The session keeps the last 4096; 0 sends
+	// none.
+	History       int32 `protobuf:"varint,2,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2296,6 +2301,13 @@ func (*EventsRequest) Descriptor() ([]byte, []int) {
 func (x *EventsRequest) GetBuffer() int32 {
 	if x != nil {
 		return x.Buffer
+	}
+	return 0
+}
+
+func (x *EventsRequest) GetHistory() int32 {
+	if x != nil {
+		return x.History
 	}
 	return 0
 }
@@ -3095,9 +3107,10 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\adevices\x18\x0e \x01(\tR\adevices\x12\x1d\n" +
 	"\n" +
 	"saved_step\x18\x0f \x01(\x03R\tsavedStepB\x0f\n" +
-	"\r_last_metrics\"'\n" +
+	"\r_last_metrics\"A\n" +
 	"\rEventsRequest\x12\x16\n" +
-	"\x06buffer\x18\x01 \x01(\x05R\x06buffer\"\xa5\x02\n" +
+	"\x06buffer\x18\x01 \x01(\x05R\x06buffer\x12\x18\n" +
+	"\ahistory\x18\x02 \x01(\x05R\ahistory\"\xa5\x02\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x17\n" +
 	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x120\n" +
