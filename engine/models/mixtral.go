@@ -10,23 +10,9 @@ package models
 // columns and its w2 by rows.
 func init() {
 	Register(&Family{
-		ModelType: "mixtral",
-		Caps:      Caps{SlidingWindow: true, TiedEmbeddings: true},
-		FFN:       &moeFFN{block: "block_sparse_moe", gate: "w1", up: "w3", down: "w2"},
-		Placements: []Placement{
-			{Module: "model.embed_tokens", Split: Replicated},
-			{Module: "model.layers.*.input_layernorm", Split: Replicated},
-			{Module: "model.layers.*.self_attn.q_proj", Split: Column},
-			{Module: "model.layers.*.self_attn.k_proj", Split: Column},
-			{Module: "model.layers.*.self_attn.v_proj", Split: Column},
-			{Module: "model.layers.*.self_attn.o_proj", Split: Row},
-			{Module: "model.layers.*.post_attention_layernorm", Split: Replicated},
-			{Module: "model.layers.*.block_sparse_moe.gate", Split: Replicated},
-			{Module: "model.layers.*.block_sparse_moe.experts.*.w1", Split: Column, Expert: true},
-			{Module: "model.layers.*.block_sparse_moe.experts.*.w3", Split: Column, Expert: true},
-			{Module: "model.layers.*.block_sparse_moe.experts.*.w2", Split: Row, Expert: true},
-			{Module: "model.norm", Split: Replicated},
-			{Module: "lm_head", Split: Replicated},
-		},
+		ModelType:  "mixtral",
+		Caps:       Caps{SlidingWindow: true, TiedEmbeddings: true},
+		FFN:        &moeFFN{block: "block_sparse_moe", gate: "w1", up: "w3", down: "w2"},
+		Placements: decoderPlacements(expertPlacements("block_sparse_moe", "gate", "w1", "w3", "w2")),
 	})
 }

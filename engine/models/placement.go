@@ -205,3 +205,61 @@ func starIndices(module string) string {
 	}
 	return strings.Join(parts, ".")
 }
+
+// decoderPlacements is a family's table from the entries every decoder here shares — the
+// embeddings, both layer norms, the final norm and the LM head whole; q, k and v split by
+// heads (Column) and o_proj by input features (Row), as Megatron splits attention — followed by
+// the family's own entries (its q/k norms and its feed-forward block).
+func decoderPlacements(own ...[]Placement) []Placement {
+	ps := []Placement{
+		{Module: "model.embed_tokens", Split: Replicated},
+		{Module: "model.layers.*.input_layernorm", Split: Replicated},
+		{Module: "model.layers.*.self_attn.q_proj", Split: Column},
+		{Module: "model.layers.*.self_attn.k_proj", Split: Column},
+		{Module: "model.layers.*.self_attn.v_proj", Split: Column},
+		{Module: "model.layers.*.self_attn.o_proj", Split: Row},
+		{Module: "model.layers.*.post_attention_layernorm", Split: Replicated},
+		{Module: "model.norm", Split: Replicated},
+		{Module: "lm_head", Split: Replicated},
+	}
+	for _, o := range own {
+		ps = append(ps, o...)
+	}
+	return ps
+}
+
+// qkNormPlacements places the query and key norms (q_norm, k_norm) with split.
+func qkNormPlacements(split Split) []Placement {
+	return []Placement{
+		{Module: "model.layers.*.self_attn.q_norm", Split: split},
+		{Module: "model.layers.*.self_attn.k_norm", Split: split},
+	}
+}
+
+// denseMLPPlacements places a SwiGLU block's projections under model.layers.*.block with
+// split (Megatron's: gate and up by output features, down by input features, for Column).
+func denseMLPPlacements(block, gate, up, down string, split Split) []Placement {
+	gu, d := split, split
+	if split == Column {
+		d = Row
+	}
+	pre := "model.layers.*." + block + "."
+	return []Placement{
+		{Module: pre + gate, Split: gu},
+		{Module: pre + up, Split: gu},
+		{Module: pre + down, Split: d},
+	}
+}
+
+// expertPlacements places an MoE block: the router whole and each expert's gate and up split
+// by output features, its down projection by input features; the last "*" is the expert index
+// that expert parallelism spreads.
+func expertPlacements(block, router, gate, up, down string) []Placement {
+	pre := "model.layers.*." + block + "."
+	return []Placement{
+		{Module: pre + router, Split: Replicated},
+		{Module: pre + "experts.*." + gate, Split: Column, Expert: true},
+		{Module: pre + "experts.*." + up, Split: Column, Expert: true},
+		{Module: pre + "experts.*." + down, Split: Row, Expert: true},
+	}
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/internal/suggest"
 	"github.com/halo-shell/halo-shell/internal/yamlsafe"
 )
 
@@ -884,25 +885,8 @@ func knownKeys() []string {
 	return keys
 }
 
-// closest returns the candidate nearest to s by edit distance, or "" when none is close.
-// A candidate whose length differs from s's by more than the distance allowed is skipped
-// unmeasured, so a huge s costs nothing.
-func closest(s string, candidates []string) string {
-	limit := max(2, len(s)/3)
-	best, bestD := "", math.MaxInt
-	for _, c := range candidates {
-		if len(c)-len(s) > limit || len(s)-len(c) > limit {
-			continue
-		}
-		if d := editDistance(strings.ToLower(s), strings.ToLower(c)); d < bestD {
-			best, bestD = c, d
-		}
-	}
-	if bestD > limit {
-		return ""
-	}
-	return best
-}
+// closest is the candidate nearest to s, for "did you mean" (internal/suggest).
+func closest(s string, candidates []string) string { return suggest.Closest(s, candidates) }
 
 // shortKey shortens a key or value taken from the input for an error message.
 func shortKey(s string) string {
@@ -911,26 +895,6 @@ func shortKey(s string) string {
 		return s
 	}
 	return fmt.Sprintf("%s... (%d bytes)", s[:n], len(s))
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // Set applies one command-line override "key=value" (leading dashes allowed; key dotted for

@@ -17,6 +17,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/halo-shell/halo-shell/internal/suggest"
 )
 
 // Kind groups switches in the documentation.
@@ -145,8 +147,10 @@ func All() []Switch {
 func Problems(environ []string) []string {
 	all := All()
 	known := make(map[string]*Switch, len(all))
+	names := make([]string, len(all))
 	for i := range all {
 		known[all[i].Name] = &all[i]
+		names[i] = all[i].Name
 	}
 	var out []string
 	for _, kv := range environ {
@@ -157,7 +161,7 @@ func Problems(environ []string) []string {
 		s, ok := known[name]
 		if !ok {
 			msg := fmt.Sprintf("%s is not a halo-shell switch", name)
-			if near := closest(name, all); near != "" {
+			if near := suggest.Closest(name, names); near != "" {
 				msg += fmt.Sprintf(" (did you mean %s?)", near)
 			}
 			out = append(out, msg+"; SWITCHES.md lists them")
@@ -178,35 +182,4 @@ func contains(list []string, v string) bool {
 		}
 	}
 	return false
-}
-
-// closest returns the registered name within edit distance 3 of name, nearest first.
-func closest(name string, all []Switch) string {
-	best, bestD := "", 4
-	for _, s := range all {
-		if d := editDistance(name, s.Name); d < bestD {
-			best, bestD = s.Name, d
-		}
-	}
-	return best
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
