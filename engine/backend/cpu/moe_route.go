@@ -443,27 +443,42 @@ func (b *Backend) MoEPermuteBackward(a backend.MoEPermuteBackwardArgs) error {
 	if err != nil {
 		return err
 	}
+	b.slotSum(n, k, c, slot, nil, dxs, dx, a.Accumulate)
+	flush()
+	return nil
+}
+
+// slotSum sets (or, accumulating, adds to) dst[t] the sum over j < k of w[t*k+j] * src[slot[t*k+j]]
+// for every token t, in fixed j order with fp32 accumulation; nil w weighs every slot 1. It is
+// the combine and the permutation's backward alike.
+func (b *Backend) slotSum(n, k, c int, slot []int32, w, src, dst []float32, accumulate bool) {
 	b.pool.rows(n, 16, func(lo, hi int) {
 		acc := make([]float32, c)
 		for t := lo; t < hi; t++ {
 			clear(acc)
-			for _, p := range slot[t*k : (t+1)*k] {
-				for i, v := range dxs[int(p)*c : int(p+1)*c] {
-					acc[i] += v
+			for j, p := range slot[t*k : (t+1)*k] {
+				row := src[int(p)*c : int(p+1)*c]
+				if w == nil {
+					for i, v := range row {
+						acc[i] += v
+					}
+					continue
+				}
+				wj := w[t*k+j]
+				for i, v := range row {
+					acc[i] += wj * v
 				}
 			}
-			row := dx[t*c : (t+1)*c]
-			if a.Accumulate {
+			out := dst[t*c : (t+1)*c]
+			if accumulate {
 				for i, v := range acc {
-					row[i] += v
+					out[i] += v
 				}
 			} else {
-				copy(row, acc)
+				copy(out, acc)
 			}
 		}
 	})
-	flush()
-	return nil
 }
 
 // MoECombine implements backend.Optional.MoECombine.
@@ -485,26 +500,7 @@ func (b *Backend) MoECombine(a backend.MoECombineArgs) error {
 	if err != nil {
 		return err
 	}
-	b.pool.rows(n, 16, func(lo, hi int) {
-		acc := make([]float32, c)
-		for t := lo; t < hi; t++ {
-			clear(acc)
-			for j, p := range slot[t*k : (t+1)*k] {
-				wj := w[t*k+j]
-				for i, v := range ys[int(p)*c : int(p+1)*c] {
-					acc[i] += wj * v
-				}
-			}
-			row := out[t*c : (t+1)*c]
-			if a.Accumulate {
-				for i, v := range acc {
-					row[i] += v
-				}
-			} else {
-				copy(row, acc)
-			}
-		}
-	})
+	b.slotSum(n, k, c, slot, w, ys, out, a.Accumulate)
 	flush()
 	return nil
 }
