@@ -36,6 +36,12 @@
 //	out, err := m.Generate(prompt, models.GenerateOptions{MaxNewTokens: 64})
 //	err = m.Save(dir, models.SaveOptions{})                // config.json + safetensors
 //
+// LoRA (lora.go): m.AttachLoRA(LoRAConfig{...}) puts PEFT-style adapters on the linear layers
+// that target_modules selects and freezes the base: from then on m.Grads stays nil and the
+// adapters' own arenas (m.LoRA().Specs, Params, Grads) are the only trainable state. Adapters
+// save and load in PEFT's format (adapter_config.json + adapter_model.safetensors), fold into
+// the base with m.MergeLoRA, and can be switched off per pass (m.SetAdaptersEnabled).
+//
 // m.Specs, m.Params and m.Grads (one arena each, a view per spec, in the same order) are what an
 // optimizer, a gradient norm or a checkpoint of trainer state works on.
 //

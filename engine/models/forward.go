@@ -29,6 +29,8 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 		return 0, 0, err
 	}
 	defer p.release(m.b)
+	p.Train, p.DropoutKey = true, m.dropoutKey
+	m.dropoutKey++
 
 	// xs[i] is the input of block i; xs[L] the input of the head.
 	xs := make([]tensor.Tensor, 0, len(m.blocks)+1)

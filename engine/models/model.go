@@ -79,6 +79,13 @@ type Model struct {
 	// fullIndex[i] is the index of Specs[i] in the table of the model holding every expert
 	// (nil when this model holds every expert).
 	fullIndex []int
+
+	// lora holds the attached adapters (nil: none); while set the base is frozen.
+	lora *Adapters
+	// dropoutKey numbers training forwards, selecting each micro-batch's dropout masks.
+	dropoutKey uint64
+	// adaptersOff runs passes without the adapters (SetAdaptersEnabled).
+	adaptersOff bool
 }
 
 // newModel builds a model of family f with architecture a on b. Parameters are zero: load them
@@ -193,6 +200,7 @@ func (m *Model) build() {
 		}
 	}
 	m.bindMoE()
+	m.bindLoRA()
 	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows}
 	if a.Tied {
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
@@ -229,8 +237,21 @@ func (m *Model) SetRecompute(on bool) {
 	}
 }
 
-// EnableGrads allocates the gradient arena (zeroed) if it does not exist yet.
+// EnableGrads allocates the gradient arena (zeroed) if it does not exist yet. With adapters
+// attached it allocates the adapter gradients only: the base is frozen and Grads stays nil.
 func (m *Model) EnableGrads() error {
+	if ad := m.lora; ad != nil {
+		if ad.Grads != nil {
+			return nil
+		}
+		g, err := newArena(m.b, m.opts.DType, ad.Specs)
+		if err != nil {
+			return err
+		}
+		ad.Grads = g
+		m.build()
+		return nil
+	}
 	if m.Grads != nil {
 		return nil
 	}
@@ -245,6 +266,12 @@ func (m *Model) EnableGrads() error {
 
 // ZeroGrads sets every gradient to zero (call at the start of each optimizer step).
 func (m *Model) ZeroGrads() error {
+	if ad := m.lora; ad != nil {
+		if ad.Grads == nil {
+			return m.EnableGrads()
+		}
+		return m.b.Fill(ad.Grads.Flat, 0)
+	}
 	if m.Grads == nil {
 		return m.EnableGrads()
 	}
@@ -255,6 +282,10 @@ func (m *Model) ZeroGrads() error {
 func (m *Model) Close() error {
 	var errs []error
 	errs = append(errs, m.Params.free(m.b), m.Grads.free(m.b))
+	if m.lora != nil {
+		errs = append(errs, m.lora.Params.free(m.b), m.lora.Grads.free(m.b))
+		m.lora = nil
+	}
 	if !m.invFreq.IsNil() {
 		errs = append(errs, m.b.Free(m.invFreq))
 		m.invFreq = tensor.Tensor{}

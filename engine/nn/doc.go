@@ -3,7 +3,8 @@
 // query heads, the SwiGLU MLP, the sparse mixture-of-experts block (softmax top-k router,
 // SwiGLU experts, transformers' load-balancing loss; on the device with grouped GEMMs where the
 // backend has the MoE ops, else composed with per-expert GEMMs and host routing) and the LM
-// head with a fused cross-entropy loss.
+// head with a fused cross-entropy loss. A Linear may carry a LoRA adapter (two small GEMMs,
+// a scale and an add on top of a frozen base weight read through Linear.Weight).
 //
 // Every activation is a row-major [N, ...] tensor where N is the total number of tokens of a
 // packed micro-batch; documents are separated by cumulative sequence lengths and positions

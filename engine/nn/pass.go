@@ -36,6 +36,13 @@ type Pass struct {
 	// values at rows [CacheLen, CacheLen+N) and attends over rows [0, CacheLen+N).
 	Cache    []*KVCache
 	CacheLen int
+	// Train marks a training pass: adapter dropout is active only there.
+	Train bool
+	// DropoutKey selects this micro-batch's dropout masks (the model advances it once per
+	// training forward); a recomputed forward and the backward of the same pass reuse it.
+	DropoutKey uint64
+	// NoAdapters runs every Linear without its LoRA adapter (the base model alone).
+	NoAdapters bool
 }
 
 // alloc returns a zeroed activation of the pass dtype.
