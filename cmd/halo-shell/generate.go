@@ -30,9 +30,9 @@ func chatPrompt(dir, system, prompt string) (string, error) {
 
 func init() {
 	var (
-		modelDir, tokDir, prompt, system, device, dtype string
-		useChat, bos                                    bool
-		o                                               models.GenerateOptions
+		modelDir, adapterDir, tokDir, prompt, system, device, dtype string
+		useChat, bos                                                bool
+		o                                                           models.GenerateOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -58,7 +58,7 @@ eos_token (tokenizer_config.json), or after --max-new-tokens.`,
 					return err
 				}
 			}
-			m, b, err := openModel(modelDir, device, dtype)
+			m, b, err := openModel(modelDir, adapterDir, device, dtype)
 			if err != nil {
 				return err
 			}
@@ -102,6 +102,7 @@ eos_token (tokenizer_config.json), or after --max-new-tokens.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&modelDir, "model", "", "checkpoint directory (config.json + safetensors + tokenizer)")
+	f.StringVar(&adapterDir, "adapter", "", "LoRA adapter directory (PEFT's format) applied over --model")
 	f.StringVar(&tokDir, "tokenizer", "", "tokenizer directory (default: --model)")
 	f.StringVar(&prompt, "prompt", "", "prompt text")
 	f.BoolVar(&useChat, "chat", false, "render the prompt as a user message with the chat template (add_generation_prompt)")

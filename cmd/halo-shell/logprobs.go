@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	var modelDir, ids, device, dtype string
+	var modelDir, adapterDir, ids, device, dtype string
 	cmd := &cobra.Command{
 		Use:   "logprobs",
 		Short: "Print log p(ids[t] | ids[:t]) of a token sequence as JSON",
@@ -29,7 +29,7 @@ numerical parity with transformers.`,
 			if err != nil {
 				return err
 			}
-			m, b, err := openModel(modelDir, device, dtype)
+			m, b, err := openModel(modelDir, adapterDir, device, dtype)
 			if err != nil {
 				return err
 			}
@@ -55,6 +55,7 @@ numerical parity with transformers.`,
 		},
 	}
 	cmd.Flags().StringVar(&modelDir, "model", "", "checkpoint directory (config.json + safetensors)")
+	cmd.Flags().StringVar(&adapterDir, "adapter", "", "LoRA adapter directory (PEFT's adapter_config.json + adapter_model.safetensors) applied over --model")
 	cmd.Flags().StringVar(&ids, "ids", "", `token ids separated by spaces or commas, e.g. "5 17 123"`)
 	cmd.Flags().StringVar(&device, "device", "cpu", "device: cpu, cuda, cuda:N or auto")
 	cmd.Flags().StringVar(&dtype, "dtype", "f32", "compute dtype: f32 or bf16")
@@ -80,7 +81,6 @@ func parseIDs(s string) ([]int32, error) {
 	return ids, nil
 }
 
-// openModel opens a device and loads a checkpoint onto it.
 // finiteLogprobs returns an error naming the cause when a log-probability is NaN or
 // infinite (JSON has no such numbers): the first weight tensor that holds non-finite values,
 // or, when every weight is finite, an overflow in the forward pass.
@@ -117,7 +117,9 @@ func finiteLogprobs(m *models.Model, lp []float32) error {
 	return fmt.Errorf("%s although every weight is finite: the forward pass overflowed (with --dtype bf16, try f32)", what)
 }
 
-func openModel(dir, device, dtype string) (*models.Model, backend.Backend, error) {
+// openModel opens a device and loads a checkpoint onto it, with the LoRA adapter saved in
+// adapter when that is not empty.
+func openModel(dir, adapter, device, dtype string) (*models.Model, backend.Backend, error) {
 	dt, err := tensor.ParseDType(dtype)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--dtype: %w", err)
@@ -137,6 +139,13 @@ func openModel(dir, device, dtype string) (*models.Model, backend.Backend, error
 	if len(m.Unused) > 0 {
 		fmt.Fprintf(rootCmd.ErrOrStderr(), "halo-shell: %s: ignoring %d checkpoint tensors the model does not use (%s)\n",
 			dir, len(m.Unused), strings.Join(m.Unused[:min(len(m.Unused), 5)], ", "))
+	}
+	if adapter != "" {
+		if err := m.LoadAdapter(adapter); err != nil {
+			m.Close()
+			b.Close()
+			return nil, nil, err
+		}
 	}
 	return m, b, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -26,6 +27,9 @@ type LoRAConfig struct {
 	// linear layer's name ("q_proj", "self_attn.o_proj"), or the single entry "all-linear"
 	// (every linear layer except the LM head).
 	Targets []string
+	// TargetPattern is PEFT's other form of target_modules, a regular expression that the
+	// whole module name must match (as re.fullmatch); set instead of Targets.
+	TargetPattern string
 	// RSLoRA is use_rslora: scale by Alpha/sqrt(R) instead of Alpha/R.
 	RSLoRA bool
 	// Seed keys the initialisation of A and the dropout masks.
@@ -52,6 +56,11 @@ func (c LoRAConfig) Validate() error {
 		return fmt.Errorf("models: lora_alpha must be a finite number > 0, got %v", c.Alpha)
 	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return fmt.Errorf("models: lora_dropout must be in [0, 1), got %v", c.Dropout)
+	case c.TargetPattern != "" && len(c.Targets) > 0:
+		return errors.New("models: lora target_modules is either a list of names or a pattern, not both")
+	case c.TargetPattern != "":
+		_, err := targetPattern(c.TargetPattern)
+		return err
 	case len(c.Targets) == 0:
 		return errors.New(`models: lora target_modules is empty: name the linear layers to adapt (for example ["q_proj", "v_proj"]) or use "all-linear"`)
 	}
@@ -140,9 +149,15 @@ func (m *Model) AttachLoRA(c LoRAConfig) error {
 	c.Targets = slices.Clone(c.Targets)
 	ad := &Adapters{Config: c}
 	used := make(map[string]bool)
+	targets := c.Targets
+	var re *regexp.Regexp
+	if c.TargetPattern != "" {
+		re, _ = targetPattern(c.TargetPattern)
+		targets = []string{c.TargetPattern}
+	}
 	for _, l := range m.linearLayers() {
-		for _, t := range c.Targets {
-			if matchTarget(l.Name, t) {
+		for _, t := range targets {
+			if re != nil && re.MatchString(l.Name) || re == nil && matchTarget(l.Name, t) {
 				used[t] = true
 				in, out := l.W.Dim(1), l.W.Dim(0)
 				mod := LoRAModule{Name: l.Name, In: in, Out: out}
@@ -154,7 +169,7 @@ func (m *Model) AttachLoRA(c LoRAConfig) error {
 			}
 		}
 	}
-	for _, t := range c.Targets {
+	for _, t := range targets {
 		if !used[t] {
 			hint := ""
 			if m.Arch.NumExperts() > 0 && (strings.HasSuffix(t, "gate_proj") || strings.HasSuffix(t, "up_proj") || strings.HasSuffix(t, "down_proj") || strings.HasSuffix(t, "gate")) {

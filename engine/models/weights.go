@@ -90,6 +90,12 @@ func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
 	if dt == tensor.Invalid {
 		dt = m.opts.DType
 	}
+	return arenaTensors(m, m.Specs, m.Params, dt)
+}
+
+// arenaTensors returns the views of arena (laid out from specs) as safetensors tensors converted
+// to dt, downloaded lazily.
+func arenaTensors(m *Model, specs []ParamSpec, arena *Arena, dt tensor.DType) ([]safetensors.Tensor, error) {
 	var sdt safetensors.DType
 	switch dt {
 	case tensor.F32:
@@ -101,9 +107,9 @@ func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
 	default:
 		return nil, fmt.Errorf("models: cannot save weights as %s (use f32, bf16 or f16)", dt)
 	}
-	out := make([]safetensors.Tensor, len(m.Specs))
-	for i, s := range m.Specs {
-		view := m.Params.Views[i]
+	out := make([]safetensors.Tensor, len(specs))
+	for i, s := range specs {
+		view := arena.Views[i]
 		out[i] = safetensors.Tensor{Name: s.Name, DType: sdt, Shape: slices.Clone(s.Shape),
 			Load: func() ([]byte, error) {
 				if view.DType() == dt {
