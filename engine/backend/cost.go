@@ -384,3 +384,17 @@ func SwiGLUPackedCost(out, gateUp T) Cost {
 func SwiGLUPackedBackwardCost(dGateUp, dOut, gateUp T) Cost {
 	return Cost{FLOPs: 10 * elems(dOut), Bytes: sizes(dGateUp, dOut, gateUp), Class: profilekeys.ClassMLPActivation}
 }
+
+// DequantNF4Cost is Optional.DequantNF4 (class other: it feeds the product that reads the
+// weight but is no part of it): one multiply per element, two more per block under double
+// quantisation; the packed codes and scales read, the bf16 weight written.
+func DequantNF4Cost(a DequantNF4Args) Cost {
+	n := elems(a.Out)
+	blocks := elems(a.Absmax)
+	c := Cost{FLOPs: n, Bytes: sizes(a.Out, a.Packed, a.Absmax), Class: profilekeys.ClassOther}
+	if a.Nested() {
+		c.FLOPs += 2 * blocks
+		c.Bytes += sizes(a.NestedAbsmax, a.NestedMap)
+	}
+	return c
+}

@@ -110,6 +110,13 @@ func TestCostTable(t *testing.T) {
 		{"Fill", FillCost(small(f32, 10)), Cost{0, 40, profilekeys.ClassOther}},
 		{"Copy", CopyCost(small(bf, 10), small(f32, 10)), Cost{0, 60, profilekeys.ClassOther}},
 		{"Transfer", TransferCost(100), Cost{0, 100, profilekeys.ClassOther}},
+		// 4096x4096 NF4: a multiply per element (2^24); out 2^25, packed 2^23, f32 absmax 4*2^18.
+		{"DequantNF4", DequantNF4Cost(DequantNF4Args{Out: small(bf, 4096, 4096), Packed: small(tensor.U8, 1<<23), Absmax: small(f32, 1<<18)}),
+			Cost{16777216, 42991616, profilekeys.ClassOther}},
+		// nested: 2 more per block (2^18); u8 codes 2^18, nested absmax 4*1024, map 4*256.
+		{"DequantNF4 nested", DequantNF4Cost(DequantNF4Args{Out: small(bf, 4096, 4096), Packed: small(tensor.U8, 1<<23),
+			Absmax: small(tensor.U8, 1<<18), NestedAbsmax: small(f32, 1024), NestedMap: small(f32, 256)}),
+			Cost{17301504, 42210304, profilekeys.ClassOther}},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, tc.got, tc.want)

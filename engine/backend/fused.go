@@ -65,6 +65,14 @@ type Optional struct {
 	//
 	// Fallback: SwiGLUBackward on copies of the halves.
 	SwiGLUPackedBackward func(dGateUp, dOut, gateUp T) error
+
+	// DequantNF4 writes a 4-bit NormalFloat weight (QLoRA's frozen base) into a bf16 tensor
+	// (DequantNF4Args in nf4.go): Out = NF4Code[code] * scale (=). The CPU and CUDA backends
+	// have it.
+	//
+	// Fallback: quant.Weight.DequantizeBF16 on the host and an Upload of the result, one
+	// transfer of the bf16 weight per use.
+	DequantNF4 func(a DequantNF4Args) error
 }
 
 // AdamWArgs describe one AdamW step of one parameter (torch.optim.AdamW semantics):

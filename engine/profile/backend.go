@@ -327,8 +327,8 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 func (b *Backend) Optional() backend.Optional { return b.opt }
 
 // wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
-// recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs), the
-// timer is forwarded.
+// recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs, NF4
+// dequantisation as class other), the timer is forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 	out := backend.Optional{Timer: in.Timer}
 	if f := in.AdamW; f != nil {
@@ -361,6 +361,15 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 				act = a.Out
 			}
 			return b.end(s, err, "GroupedGEMM."+a.Kind.String(), backend.GroupedGEMMCost(a), act)
+		}
+	}
+	if f := in.DequantNF4; f != nil {
+		out.DequantNF4 = func(a backend.DequantNF4Args) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "DequantNF4", backend.DequantNF4Cost(a), a.Out)
 		}
 	}
 	b.wrapMoE(in, &out)

@@ -74,9 +74,10 @@ var (
 	_ tensor.HostBuffer = (*buffer)(nil)
 )
 
-// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW and has
+// Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW, has
 // every mixture-of-experts op (GroupedGEMM, routing, permutation, combine: the reference of the
-// device kernels); it has no device queue to time (ops finish before they return), so no Timer.
+// device kernels) and NF4 dequantisation; it has no device queue to time (ops finish before
+// they return), so no Timer.
 func (b *Backend) Optional() backend.Optional {
 	return backend.Optional{
 		AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, GroupedGEMM: b.GroupedGEMM,
@@ -84,6 +85,7 @@ func (b *Backend) Optional() backend.Optional {
 		MoEPermute: b.MoEPermute, MoEPermuteBackward: b.MoEPermuteBackward,
 		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
+		DequantNF4: b.DequantNF4,
 	}
 }
 

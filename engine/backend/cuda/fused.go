@@ -3,11 +3,12 @@ package cuda
 import "github.com/halo-shell/halo-shell/engine/backend"
 
 // Optional implements backend.Backend: the fused AddRMSNorm and AdamW kernels, the CUDA-event
-// DeviceTimer (timer.go) and the grouped expert products (grouped_gemm.go); with
-// HALO_CUDA_MOE_KERNELS=on also the mixture-of-experts routing, permutation, combine and packed
-// SwiGLU kernels (moe.go), which engine/nn needs, with GroupedGEMM, for its device MoE path.
+// DeviceTimer (timer.go), the grouped expert products (grouped_gemm.go) and NF4
+// dequantisation (nf4.go); with HALO_CUDA_MOE_KERNELS=on also the mixture-of-experts routing,
+// permutation, combine and packed SwiGLU kernels (moe.go), which engine/nn needs, with
+// GroupedGEMM, for its device MoE path.
 func (b *Backend) Optional() backend.Optional {
-	o := backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, Timer: b, GroupedGEMM: b.GroupedGEMM}
+	o := backend.Optional{AddRMSNorm: b.AddRMSNorm, AdamW: b.AdamW, Timer: b, GroupedGEMM: b.GroupedGEMM, DequantNF4: b.DequantNF4}
 	if b.moeKernels {
 		o.MoERoute, o.MoERouteBackward = b.MoERoute, b.MoERouteBackward
 		o.MoEPermute, o.MoEPermuteBackward = b.MoEPermute, b.MoEPermuteBackward
