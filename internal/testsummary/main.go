@@ -1,6 +1,7 @@
 // Command testsummary reads the JSON stream of `go test -json` on stdin and writes what a
 // plain `go test` writes (one line per package, the full output of a failing test), then one
-// line per skipped test with the reason it gave, so that a run says what it did not check.
+// line per package and skip reason naming the tests it skipped, so that a run says what it did
+// not check, and a closing line "tests: N passed, N failed, N skipped".
 // It exits with status 1 when a test or a package failed. scripts/test.sh runs it.
 package main
 
@@ -42,6 +43,7 @@ type skip struct{ pkg, test, reason string }
 func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 	outputs := map[string][]string{} // package + test -> output lines
 	var skips []skip
+	var passed, failedTests int
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<26)
 	for sc.Scan() {
@@ -68,6 +70,9 @@ func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 			}
 			delete(outputs, key)
 		case "pass":
+			if ev.Test != "" {
+				passed++
+			}
 			if ev.Test == "" {
 				fmt.Fprintf(w, "ok  \t%s\t%.3fs\n", ev.Package, ev.Elapsed)
 			}
@@ -75,6 +80,7 @@ func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 		case "fail":
 			failed = true
 			if ev.Test != "" {
+				failedTests++
 				fmt.Fprint(w, strings.Join(outputs[key], ""))
 			} else {
 				// The package's own output: panics, TestMain's output, its FAIL line.
@@ -91,6 +97,8 @@ func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 		return failed, err
 	}
 	writeSkips(w, skips)
+	// The closing line counts tests and subtests.
+	fmt.Fprintf(w, "\ntests: %d passed, %d failed, %d skipped\n", passed, failedTests, len(skips))
 	return failed, nil
 }
 
