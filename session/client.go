@@ -43,6 +43,8 @@ type (
 	GenerateRequest   = halov1.GenerateRequest
 	LoadRequest       = halov1.LoadRequest
 	ProfileResponse   = halov1.ProfileResponse
+	MeasureRequest    = halov1.MeasureRequest
+	MeasureResponse   = halov1.MeasureResponse
 	Event             = halov1.Event
 	State             = halov1.State
 )
@@ -462,6 +464,15 @@ func (c *Client) Inspect(ctx context.Context, req *InspectRequest) (*InspectResp
 // to StepS.
 func (c *Client) Profile(ctx context.Context, k int, trace bool) (*ProfileResponse, error) {
 	r, err := c.rpc.Profile(ctx, &halov1.ProfileRequest{Steps: int32(k), Trace: trace})
+	c.holdLease(err)
+	return r, err
+}
+
+// Measure times one op on the session's device (see halo.v1 MeasureRequest for the ops and
+// their sizes) and returns the per-op times with the work they did. It is a control call: the
+// measurement occupies the device, at a step boundary of a run.
+func (c *Client) Measure(ctx context.Context, req *MeasureRequest) (*MeasureResponse, error) {
+	r, err := c.rpc.Measure(ctx, req)
 	c.holdLease(err)
 	return r, err
 }

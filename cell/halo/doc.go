@@ -2,6 +2,12 @@
 // attached engine session: step, run, pause, profile, inspect tensors, change hyperparameters,
 // save, generate, and plot and display results.
 //
+// It also measures the session's device (measure.go): GEMM, copy bandwidth, the cost of
+// issuing an op, fused against separate elementwise ops, and attention, each timed in the
+// session process through the Measure RPC (so on the GPU when the session runs on one), with
+// the work each op does, published GPU figures to set beside them (Datasheet), and the
+// verdict lines the lecture notebooks print for each claim they check (Verdict, Unknown).
+//
 // It is written for interactive use: functions return plain values (structs, slices, host
 // copies of tensors) and report failure by panicking with an *Error, which the cell
 // interpreter turns into the cell's error message; the session is never affected by a failing

@@ -13,7 +13,7 @@ import (
 	"sync"
 )
 
-//go:embed api.go types.go plot.go docs.go
+//go:embed api.go types.go plot.go docs.go measure.go
 var sources embed.FS
 
 var (

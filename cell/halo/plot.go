@@ -78,7 +78,20 @@ func mustPlot(op, title, xl, yl string, series ...Series) Image {
 
 // Plot draws line series and renders them as PNG and SVG.
 func Plot(title, xLabel, yLabel string, series ...Series) (Image, error) {
+	return PlotScaled(title, xLabel, yLabel, false, false, series...)
+}
+
+// PlotScaled is Plot with a logarithmic x axis when logX is set and a logarithmic y axis when
+// logY is set (a roofline is drawn log-log). Points that a log axis cannot show (zero or
+// negative) are left out.
+func PlotScaled(title, xLabel, yLabel string, logX, logY bool, series ...Series) (Image, error) {
 	p := plot.New()
+	if logX {
+		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	}
+	if logY {
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	}
 	p.Title.Text = title
 	p.X.Label.Text = xLabel
 	p.Y.Label.Text = yLabel
@@ -90,7 +103,8 @@ func Plot(title, xLabel, yLabel string, series ...Series) (Image, error) {
 		}
 		xy := make(plotter.XYs, 0, len(s.X))
 		for j := range s.X {
-			if math.IsNaN(s.Y[j]) || math.IsInf(s.Y[j], 0) || math.IsNaN(s.X[j]) || math.IsInf(s.X[j], 0) {
+			if math.IsNaN(s.Y[j]) || math.IsInf(s.Y[j], 0) || math.IsNaN(s.X[j]) || math.IsInf(s.X[j], 0) ||
+				(logX && s.X[j] <= 0) || (logY && s.Y[j] <= 0) {
 				continue
 			}
 			xy = append(xy, plotter.XY{X: s.X[j], Y: s.Y[j]})

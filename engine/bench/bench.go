@@ -14,6 +14,10 @@
 // laid side by side. Step i trains rows i*batch .. i*batch+batch-1, as a plain PyTorch loop
 // over the same file does.
 //
+// MeasureOp (ops.go) times single backend ops instead (GEMM, copy, an op's issue cost, the
+// fused residual add and RMSNorm against its two-op fallback, attention) with the work each
+// does, for the session's Measure RPC and the lectures built on it.
+//
 // It is not a training driver (no checkpoints, no schedules beyond a constant learning rate,
 // no evaluation) and it does not compare anything itself: it reports figures.
 package bench

@@ -37,6 +37,13 @@
 // over the devices of each op class, collective kind and idle time, and its trace has one
 // process (compute and collective tracks) per device.
 //
+// # Measurements
+//
+// Measure times one op (engine/bench.MeasureOp) on the engine goroutine, between steps: on
+// the loaded model's device, or on a backend it opens for the device asked ("auto" without a
+// model) and keeps for the next measurement until another device is asked or the session
+// stops.
+//
 // # Layouts
 //
 // SetLayout moves the run to another parallel layout at a step boundary (train.SetLayout):

@@ -97,6 +97,9 @@ type engine struct {
 	acts        []*halov1.TensorStats
 	actsStep    int
 	stopping    bool
+	// measureDev is the device Measure opened when no model's device was used (measure.go).
+	measureDev  backend.Backend
+	measureName string
 
 	mu   sync.Mutex
 	snap snapshot
@@ -438,6 +441,7 @@ func (e *engine) endJob(j *job, err error, reason string) {
 // shutdown ends the engine: stop stepping, save when configured, free the trainer.
 func (e *engine) shutdown() {
 	e.stopping = true
+	e.closeMeasure()
 	e.updateSnap()
 	e.publishState("stopping")
 	for _, j := range []*job{e.fg, e.bg} {

@@ -1,7 +1,7 @@
 // The engine session API: one live training engine, one controller, many observers.
 //
 // Control RPCs (Load, Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, SetLayout,
-// Profile) need
+// Profile, Measure) need
 // the caller to be the controller (header "Halo-Client-Id"); read-only RPCs (Status, GetHyper,
 // Inspect, Events) are open to every client. Commands reach the engine only at step boundaries.
 
@@ -2904,6 +2904,227 @@ func (x *NotController) GetControllerName() string {
 	return ""
 }
 
+type MeasureRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// op and its sizes: gemm (M N K: C[M,N] = A[M,K] @ B[K,N]), copy (bytes: a device-to-device
+	// copy), launch (none: one op on a single element), add_rmsnorm (N C: the backend's fused
+	// residual add and RMSNorm), add_then_rmsnorm (N C: Add, then RMSNorm), attention (T NH HD:
+	// causal attention forward over one sequence of T tokens), info (none: the device only, no
+	// timing).
+	Op            string  `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
+	Sizes         []int64 `protobuf:"varint,2,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	Dtype         string  `protobuf:"bytes,3,opt,name=dtype,proto3" json:"dtype,omitempty"`      // element type: f32 (default) or bf16
+	Repeats       int32   `protobuf:"varint,4,opt,name=repeats,proto3" json:"repeats,omitempty"` // timed samples; 0 means 5
+	Device        string  `protobuf:"bytes,5,opt,name=device,proto3" json:"device,omitempty"`    // "" the session's device; else a device name (cpu, cuda:N, auto)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MeasureRequest) Reset() {
+	*x = MeasureRequest{}
+	mi := &file_halo_v1_session_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MeasureRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MeasureRequest) ProtoMessage() {}
+
+func (x *MeasureRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MeasureRequest.ProtoReflect.Descriptor instead.
+func (*MeasureRequest) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *MeasureRequest) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *MeasureRequest) GetSizes() []int64 {
+	if x != nil {
+		return x.Sizes
+	}
+	return nil
+}
+
+func (x *MeasureRequest) GetDtype() string {
+	if x != nil {
+		return x.Dtype
+	}
+	return ""
+}
+
+func (x *MeasureRequest) GetRepeats() int32 {
+	if x != nil {
+		return x.Repeats
+	}
+	return 0
+}
+
+func (x *MeasureRequest) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+type MeasureResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Device        string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"` // the device that ran it, e.g. cpu or cuda:0
+	Op            string                 `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
+	Sizes         []int64                `protobuf:"varint,3,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	Dtype         string                 `protobuf:"bytes,4,opt,name=dtype,proto3" json:"dtype,omitempty"`
+	SampleS       []float64              `protobuf:"fixed64,5,rep,packed,name=sample_s,json=sampleS,proto3" json:"sample_s,omitempty"`          // seconds per op in each timed sample
+	MedianS       float64                `protobuf:"fixed64,6,opt,name=median_s,json=medianS,proto3" json:"median_s,omitempty"`                 // the median of sample_s
+	OpsPerSample  int32                  `protobuf:"varint,7,opt,name=ops_per_sample,json=opsPerSample,proto3" json:"ops_per_sample,omitempty"` // ops run back to back (then one sync) in each sample
+	Flops         float64                `protobuf:"fixed64,8,opt,name=flops,proto3" json:"flops,omitempty"`                                    // floating-point operations of one op
+	Bytes         float64                `protobuf:"fixed64,9,opt,name=bytes,proto3" json:"bytes,omitempty"`                                    // the least bytes one op reads and writes in device memory
+	TflopS        float64                `protobuf:"fixed64,10,opt,name=tflop_s,json=tflopS,proto3" json:"tflop_s,omitempty"`                   // flops / median_s / 1e12
+	GbS           float64                `protobuf:"fixed64,11,opt,name=gb_s,json=gbS,proto3" json:"gb_s,omitempty"`                            // bytes / median_s / 1e9
+	DeviceMemory  int64                  `protobuf:"varint,12,opt,name=device_memory,json=deviceMemory,proto3" json:"device_memory,omitempty"`  // the device's capacity in bytes, 0 when unknown
+	HostThreads   int32                  `protobuf:"varint,13,opt,name=host_threads,json=hostThreads,proto3" json:"host_threads,omitempty"`     // the session process's GOMAXPROCS (the CPU backend's workers)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MeasureResponse) Reset() {
+	*x = MeasureResponse{}
+	mi := &file_halo_v1_session_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MeasureResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MeasureResponse) ProtoMessage() {}
+
+func (x *MeasureResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MeasureResponse.ProtoReflect.Descriptor instead.
+func (*MeasureResponse) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *MeasureResponse) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *MeasureResponse) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *MeasureResponse) GetSizes() []int64 {
+	if x != nil {
+		return x.Sizes
+	}
+	return nil
+}
+
+func (x *MeasureResponse) GetDtype() string {
+	if x != nil {
+		return x.Dtype
+	}
+	return ""
+}
+
+func (x *MeasureResponse) GetSampleS() []float64 {
+	if x != nil {
+		return x.SampleS
+	}
+	return nil
+}
+
+func (x *MeasureResponse) GetMedianS() float64 {
+	if x != nil {
+		return x.MedianS
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetOpsPerSample() int32 {
+	if x != nil {
+		return x.OpsPerSample
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetFlops() float64 {
+	if x != nil {
+		return x.Flops
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetBytes() float64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetTflopS() float64 {
+	if x != nil {
+		return x.TflopS
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetGbS() float64 {
+	if x != nil {
+		return x.GbS
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetDeviceMemory() int64 {
+	if x != nil {
+		return x.DeviceMemory
+	}
+	return 0
+}
+
+func (x *MeasureResponse) GetHostThreads() int32 {
+	if x != nil {
+		return x.HostThreads
+	}
+	return 0
+}
+
 var File_halo_v1_session_proto protoreflect.FileDescriptor
 
 const file_halo_v1_session_proto_rawDesc = "" +
@@ -3155,7 +3376,28 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"controller\x18\x01 \x01(\tR\n" +
 	"controller\x12'\n" +
-	"\x0fcontroller_name\x18\x02 \x01(\tR\x0econtrollerName*x\n" +
+	"\x0fcontroller_name\x18\x02 \x01(\tR\x0econtrollerName\"~\n" +
+	"\x0eMeasureRequest\x12\x0e\n" +
+	"\x02op\x18\x01 \x01(\tR\x02op\x12\x14\n" +
+	"\x05sizes\x18\x02 \x03(\x03R\x05sizes\x12\x14\n" +
+	"\x05dtype\x18\x03 \x01(\tR\x05dtype\x12\x18\n" +
+	"\arepeats\x18\x04 \x01(\x05R\arepeats\x12\x16\n" +
+	"\x06device\x18\x05 \x01(\tR\x06device\"\xe1\x02\n" +
+	"\x0fMeasureResponse\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x0e\n" +
+	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
+	"\x05sizes\x18\x03 \x03(\x03R\x05sizes\x12\x14\n" +
+	"\x05dtype\x18\x04 \x01(\tR\x05dtype\x12\x19\n" +
+	"\bsample_s\x18\x05 \x03(\x01R\asampleS\x12\x19\n" +
+	"\bmedian_s\x18\x06 \x01(\x01R\amedianS\x12$\n" +
+	"\x0eops_per_sample\x18\a \x01(\x05R\fopsPerSample\x12\x14\n" +
+	"\x05flops\x18\b \x01(\x01R\x05flops\x12\x14\n" +
+	"\x05bytes\x18\t \x01(\x01R\x05bytes\x12\x17\n" +
+	"\atflop_s\x18\n" +
+	" \x01(\x01R\x06tflopS\x12\x11\n" +
+	"\x04gb_s\x18\v \x01(\x01R\x03gbS\x12#\n" +
+	"\rdevice_memory\x18\f \x01(\x03R\fdeviceMemory\x12!\n" +
+	"\fhost_threads\x18\r \x01(\x05R\vhostThreads*x\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATE_EMPTY\x10\x01\x12\x0e\n" +
@@ -3168,7 +3410,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x1aCONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CONTROL_ACTION_CLAIM\x10\x01\x12\x1c\n" +
 	"\x18CONTROL_ACTION_TAKE_OVER\x10\x02\x12\x1a\n" +
-	"\x16CONTROL_ACTION_RELEASE\x10\x032\xa5\a\n" +
+	"\x16CONTROL_ACTION_RELEASE\x10\x032\xe3\a\n" +
 	"\x0eSessionService\x123\n" +
 	"\x04Load\x12\x14.halo.v1.LoadRequest\x1a\x15.halo.v1.LoadResponse\x123\n" +
 	"\x04Step\x12\x14.halo.v1.StepRequest\x1a\x15.halo.v1.StepResponse\x120\n" +
@@ -3185,7 +3427,8 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x06Status\x12\x16.halo.v1.StatusRequest\x1a\x17.halo.v1.StatusResponse\x122\n" +
 	"\x06Events\x12\x16.halo.v1.EventsRequest\x1a\x0e.halo.v1.Event0\x01\x12<\n" +
 	"\aControl\x12\x17.halo.v1.ControlRequest\x1a\x18.halo.v1.ControlResponse\x12B\n" +
-	"\tSetLayout\x12\x19.halo.v1.SetLayoutRequest\x1a\x1a.halo.v1.SetLayoutResponseB?Z=github.com/halo-shell/halo-shell/session/proto/halo/v1;halov1b\x06proto3"
+	"\tSetLayout\x12\x19.halo.v1.SetLayoutRequest\x1a\x1a.halo.v1.SetLayoutResponse\x12<\n" +
+	"\aMeasure\x12\x17.halo.v1.MeasureRequest\x1a\x18.halo.v1.MeasureResponseB?Z=github.com/halo-shell/halo-shell/session/proto/halo/v1;halov1b\x06proto3"
 
 var (
 	file_halo_v1_session_proto_rawDescOnce sync.Once
@@ -3200,7 +3443,7 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),                // 0: halo.v1.State
 	(ControlAction)(0),        // 1: halo.v1.ControlAction
@@ -3245,13 +3488,15 @@ var file_halo_v1_session_proto_goTypes = []any{
 	(*ControlRequest)(nil),    // 40: halo.v1.ControlRequest
 	(*ControlResponse)(nil),   // 41: halo.v1.ControlResponse
 	(*NotController)(nil),     // 42: halo.v1.NotController
-	nil,                       // 43: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                       // 44: halo.v1.StepProfile.ComputeSEntry
-	nil,                       // 45: halo.v1.StepProfile.CommSEntry
+	(*MeasureRequest)(nil),    // 43: halo.v1.MeasureRequest
+	(*MeasureResponse)(nil),   // 44: halo.v1.MeasureResponse
+	nil,                       // 45: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                       // 46: halo.v1.StepProfile.ComputeSEntry
+	nil,                       // 47: halo.v1.StepProfile.CommSEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	32, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	43, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	45, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
 	6,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
 	5,  // 3: halo.v1.StepMetrics.expert_load:type_name -> halo.v1.ExpertLoad
 	4,  // 4: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
@@ -3259,8 +3504,8 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	32, // 6: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
 	32, // 7: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
 	24, // 8: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	44, // 9: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	45, // 10: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	46, // 9: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	47, // 10: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
 	4,  // 11: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
 	27, // 12: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
 	0,  // 13: halo.v1.StatusResponse.state:type_name -> halo.v1.State
@@ -3290,24 +3535,26 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	33, // 37: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
 	40, // 38: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
 	38, // 39: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	3,  // 40: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	8,  // 41: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	10, // 42: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	12, // 43: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	14, // 44: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	16, // 45: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	18, // 46: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	20, // 47: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	21, // 48: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	21, // 49: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	26, // 50: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	29, // 51: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	32, // 52: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	34, // 53: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	41, // 54: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	39, // 55: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	40, // [40:56] is the sub-list for method output_type
-	24, // [24:40] is the sub-list for method input_type
+	43, // 40: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
+	3,  // 41: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 42: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 43: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 44: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 45: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 46: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 47: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 48: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 49: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 50: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 51: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	29, // 52: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	32, // 53: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	34, // 54: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	41, // 55: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	39, // 56: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	44, // 57: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
+	41, // [41:58] is the sub-list for method output_type
+	24, // [24:41] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -3334,7 +3581,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   44,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,7 +1,7 @@
 // The engine session API: one live training engine, one controller, many observers.
 //
 // Control RPCs (Load, Step, Run, Pause, Resume, Eval, Generate, Save, SetHyper, SetLayout,
-// Profile) need
+// Profile, Measure) need
 // the caller to be the controller (header "Halo-Client-Id"); read-only RPCs (Status, GetHyper,
 // Inspect, Events) are open to every client. Commands reach the engine only at step boundaries.
 
@@ -63,6 +63,8 @@ const (
 	SessionServiceControlProcedure = "/halo.v1.SessionService/Control"
 	// SessionServiceSetLayoutProcedure is the procedure name of the SessionService's SetLayout RPC.
 	SessionServiceSetLayoutProcedure = "/halo.v1.SessionService/SetLayout"
+	// SessionServiceMeasureProcedure is the procedure name of the SessionService's Measure RPC.
+	SessionServiceMeasureProcedure = "/halo.v1.SessionService/Measure"
 )
 
 var (
@@ -178,6 +180,13 @@ var (
 			Procedure:  SessionServiceSetLayoutProcedure,
 		}
 	})
+	sessionServiceMeasureSpec = sync.OnceValue(func() connect.Spec {
+		return connect.Spec{
+			StreamType: connect.StreamTypeUnary,
+			Schema:     v1.File_halo_v1_session_proto.Services().ByName("SessionService").Methods().ByName("Measure"),
+			Procedure:  SessionServiceMeasureProcedure,
+		}
+	})
 )
 
 // SessionServiceClient is a client for the halo.v1.SessionService service.
@@ -218,6 +227,12 @@ type SessionServiceClient interface {
 	// (invalid_argument, naming the rule and a layout that works) and the run continues in the
 	// old layout.
 	SetLayout(context.Context, *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error)
+	// Measure times one operation on the session's device (the loaded model's device, else
+	// the first that "auto" opens) at the sizes asked, at a step boundary, and returns the
+	// timings and the figures derived from them. It occupies the device, so it is a control
+	// call. An unknown op, wrong sizes or a size the device cannot hold are refused
+	// (invalid_argument); a fused op the backend lacks is refused (failed_precondition).
+	Measure(context.Context, *v1.MeasureRequest) (*v1.MeasureResponse, error)
 }
 
 // NewSessionServiceClient constructs a client for the halo.v1.SessionService service. Multiple
@@ -304,6 +319,12 @@ type SessionServiceHandler interface {
 	// (invalid_argument, naming the rule and a layout that works) and the run continues in the
 	// old layout.
 	SetLayout(context.Context, *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error)
+	// Measure times one operation on the session's device (the loaded model's device, else
+	// the first that "auto" opens) at the sizes asked, at a step boundary, and returns the
+	// timings and the figures derived from them. It occupies the device, so it is a control
+	// call. An unknown op, wrong sizes or a size the device cannot hold are refused
+	// (invalid_argument); a fused op the backend lacks is refused (failed_precondition).
+	Measure(context.Context, *v1.MeasureRequest) (*v1.MeasureResponse, error)
 }
 
 // RegisterSessionServiceHandler registers svc as the halo.v1.SessionService implementation on
@@ -327,6 +348,7 @@ func RegisterSessionServiceHandler(server *connect.Server, svc SessionServiceHan
 		connect.Method{Spec: sessionServiceEventsSpec(), Handler: adapter.events},
 		connect.Method{Spec: sessionServiceControlSpec(), Handler: adapter.control},
 		connect.Method{Spec: sessionServiceSetLayoutSpec(), Handler: adapter.setLayout},
+		connect.Method{Spec: sessionServiceMeasureSpec(), Handler: adapter.measure},
 	)
 }
 
@@ -425,6 +447,10 @@ func (UnimplementedSessionServiceHandler) Control(context.Context, *v1.ControlRe
 
 func (UnimplementedSessionServiceHandler) SetLayout(context.Context, *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.SetLayout is not implemented")
+}
+
+func (UnimplementedSessionServiceHandler) Measure(context.Context, *v1.MeasureRequest) (*v1.MeasureResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.Measure is not implemented")
 }
 
 type sessionServiceClient struct {
@@ -554,6 +580,14 @@ func (c *sessionServiceClient) Control(ctx context.Context, req *v1.ControlReque
 func (c *sessionServiceClient) SetLayout(ctx context.Context, req *v1.SetLayoutRequest) (*v1.SetLayoutResponse, error) {
 	var res v1.SetLayoutResponse
 	if err := c.client.CallUnary(ctx, sessionServiceSetLayoutSpec(), req, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+func (c *sessionServiceClient) Measure(ctx context.Context, req *v1.MeasureRequest) (*v1.MeasureResponse, error) {
+	var res v1.MeasureResponse
+	if err := c.client.CallUnary(ctx, sessionServiceMeasureSpec(), req, &res); err != nil {
 		return nil, err
 	}
 	return &res, nil
@@ -739,6 +773,18 @@ func (h sessionServiceHandler) setLayout(ctx context.Context, _ connect.Spec, st
 		return err
 	}
 	res, err := h.svc.SetLayout(ctx, &req)
+	if err != nil {
+		return err
+	}
+	return stream.Send(res)
+}
+
+func (h sessionServiceHandler) measure(ctx context.Context, _ connect.Spec, stream connect.ServerStream) error {
+	var req v1.MeasureRequest
+	if err := stream.Receive(&req); err != nil {
+		return err
+	}
+	res, err := h.svc.Measure(ctx, &req)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,254 @@
+package halo
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/halo-shell/halo-shell/session"
+)
+
+// Measurement is one op timed on the session's device (the Measure functions). Times are per
+// op: the median over the samples, each sample a batch of ops run back to back and then
+// synchronised, so that the clock and the sync are a small part of it.
+type Measurement struct {
+	Op      string  // gemm, copy, launch, add_rmsnorm, add_then_rmsnorm, attention, info
+	Device  string  // the device that ran it: cpu, cuda:0, ...
+	Sizes   []int64 // the op's sizes, as asked
+	DType   string  // f32 or bf16
+	Seconds float64 // median seconds per op
+	// Samples are the seconds per op of each sample; OpsPerSample the ops in each.
+	Samples      []float64
+	OpsPerSample int
+	// FLOPs and Bytes are the work of one op: floating-point operations, and the least bytes
+	// it reads and writes in device memory (each operand once).
+	FLOPs, Bytes float64
+	TFLOPS       float64 // FLOPs / Seconds / 1e12
+	GBps         float64 // Bytes / Seconds / 1e9
+	// Intensity is FLOPs per byte, the x axis of a roofline (0 for ops without arithmetic).
+	Intensity    float64
+	DeviceMemory int64 // the device's capacity in bytes, 0 when unknown
+	HostThreads  int   // the session's CPU worker threads (GOMAXPROCS)
+}
+
+func (m Measurement) String() string {
+	s := fmt.Sprintf("%s %v %s on %s: %s", m.Op, m.Sizes, m.DType, m.Device, FormatSeconds(m.Seconds))
+	if m.FLOPs > 0 && m.Op != "launch" {
+		s += fmt.Sprintf(", %.4g TFLOP/s", m.TFLOPS)
+	}
+	if m.Bytes > 0 && m.Op != "launch" {
+		s += fmt.Sprintf(", %.4g GB/s", m.GBps)
+	}
+	return s
+}
+
+// Measure times op on the session's device at the given sizes (see Measurement.Op for the
+// ops; the named Measure functions below say what each size is). dtype "" means f32. Measure
+// is a control call: it occupies the device, at a step boundary when a run is going.
+func Measure(op, dtype string, sizes ...int64) Measurement {
+	return measure("halo.Measure", op, dtype, sizes...)
+}
+
+func measure(name, op, dtype string, sizes ...int64) Measurement {
+	c, ctx, _ := client(name)
+	r, err := c.Measure(ctx, &session.MeasureRequest{Op: op, Dtype: dtype, Sizes: sizes})
+	if err != nil {
+		fail(name, err)
+	}
+	return measurementOf(r)
+}
+
+func measurementOf(r *session.MeasureResponse) Measurement {
+	m := Measurement{Op: r.Op, Device: r.Device, Sizes: r.Sizes, DType: r.Dtype, Seconds: r.MedianS,
+		Samples: r.SampleS, OpsPerSample: int(r.OpsPerSample), FLOPs: r.Flops, Bytes: r.Bytes,
+		TFLOPS: r.TflopS, GBps: r.GbS, DeviceMemory: r.DeviceMemory, HostThreads: int(r.HostThreads)}
+	if m.Bytes > 0 && m.Op != "launch" && m.Op != "copy" {
+		m.Intensity = m.FLOPs / m.Bytes
+	}
+	return m
+}
+
+// MeasureGEMM times C[m,n] = A[m,k] @ B[k,n] in dtype (f32 or bf16; "" is f32).
+func MeasureGEMM(m, n, k int, dtype string) Measurement {
+	return measure("halo.MeasureGEMM", "gemm", dtype, int64(m), int64(n), int64(k))
+}
+
+// MeasureCopy times a device-to-device copy of bytes bytes; GBps counts the bytes read and
+// the bytes written (2*bytes per copy), as a bandwidth benchmark does.
+func MeasureCopy(bytes int64) Measurement {
+	return measure("halo.MeasureCopy", "copy", "", bytes)
+}
+
+// MeasureLaunch times the smallest op (a scale of one element): what issuing one op costs,
+// with no work behind it.
+func MeasureLaunch() Measurement { return measure("halo.MeasureLaunch", "launch", "") }
+
+// MeasureAddRMSNorm times the residual add followed by RMSNorm over [n,c] in dtype: fused
+// (the backend's AddRMSNorm, one pass) or not (Add, then RMSNorm: the sum is written and read
+// back). A backend without the fused op refuses fused.
+func MeasureAddRMSNorm(n, c int, dtype string, fused bool) Measurement {
+	op := "add_then_rmsnorm"
+	if fused {
+		op = "add_rmsnorm"
+	}
+	return measure("halo.MeasureAddRMSNorm", op, dtype, int64(n), int64(c))
+}
+
+// MeasureAttention times causal attention forward over one sequence of t tokens with heads
+// heads of headDim (as many key/value heads as query heads).
+func MeasureAttention(t, heads, headDim int, dtype string) Measurement {
+	return measure("halo.MeasureAttention", "attention", dtype, int64(t), int64(heads), int64(headDim))
+}
+
+// DeviceInfo describes the device measurements run on.
+type DeviceInfo struct {
+	Name        string // cpu, cuda:0, ...
+	GPU         bool   // a CUDA device
+	Memory      int64  // capacity in bytes, 0 when unknown
+	HostThreads int    // the session's CPU worker threads
+}
+
+func (d DeviceInfo) String() string {
+	s := d.Name
+	if d.Memory > 0 {
+		s += fmt.Sprintf(", %.1f GiB", float64(d.Memory)/(1<<30))
+	}
+	return s + fmt.Sprintf(", %d host threads", d.HostThreads)
+}
+
+// Device returns the device that measurements run on (nothing is timed).
+func Device() DeviceInfo {
+	m := measure("halo.Device", "info", "")
+	return DeviceInfo{Name: m.Device, GPU: strings.HasPrefix(m.Device, "cuda"), Memory: m.DeviceMemory, HostThreads: m.HostThreads}
+}
+
+// Spec is a GPU's published peak figures, from its datasheet (dense, without sparsity).
+type Spec struct {
+	Name       string
+	BF16TFLOPS float64 // dense BF16 tensor-core peak, TFLOP/s
+	TF32TFLOPS float64 // dense TF32 tensor-core peak
+	FP32TFLOPS float64 // FP32 on the CUDA cores (no tensor cores)
+	HBMTBps    float64 // memory bandwidth, TB/s (1e12 bytes)
+	MemoryGB   float64
+	SMs        int
+	Source     string
+}
+
+// Ridge is the arithmetic intensity (FLOP per byte) above which a BF16 kernel can be compute
+// bound: peak FLOP/s over memory bandwidth.
+func (s Spec) Ridge() float64 { return s.BF16TFLOPS / s.HBMTBps }
+
+var specs = map[string]Spec{
+	"h100": {Name: "H100 SXM", BF16TFLOPS: 989.4, TF32TFLOPS: 494.7, FP32TFLOPS: 66.9, HBMTBps: 3.35, MemoryGB: 80, SMs: 132,
+		Source: "NVIDIA H100 Tensor Core GPU datasheet (SXM column; its tensor-core figures are with sparsity, dense is half)"},
+	"h200": {Name: "H200 SXM", BF16TFLOPS: 989.4, TF32TFLOPS: 494.7, FP32TFLOPS: 66.9, HBMTBps: 4.8, MemoryGB: 141, SMs: 132,
+		Source: "NVIDIA H200 Tensor Core GPU datasheet (SXM column; its tensor-core figures are with sparsity, dense is half)"},
+}
+
+// Datasheet returns the published figures of a GPU: "h100" or "h200" (SXM parts).
+func Datasheet(name string) Spec {
+	s, ok := specs[strings.ToLower(strings.TrimSpace(name))]
+	if !ok {
+		fail("halo.Datasheet", fmt.Errorf("no datasheet for %q (known: h100, h200)", name))
+	}
+	return s
+}
+
+// VerdictUnknownMarker starts the line Unknown prints: a claim this machine could not check.
+// The lecture notebooks' test fails on it.
+const VerdictUnknownMarker = "verdict: unknown"
+
+// Verdict returns the line that states whether a lecture's claim holds on this machine:
+// "verdict: holds here: CLAIM (EVIDENCE)", or "verdict: differs here, because EVIDENCE
+// (claim: CLAIM)". evidence should carry the measured numbers.
+func Verdict(claim string, holds bool, evidence string) string {
+	if holds {
+		return "verdict: holds here: " + claim + " (" + evidence + ")"
+	}
+	return "verdict: differs here, because " + evidence + " (claim: " + claim + ")"
+}
+
+// Unknown returns the verdict line of a claim that could not be checked here, and why
+// ("verdict: unknown: CLAIM (WHY)").
+func Unknown(claim, why string) string {
+	return VerdictUnknownMarker + ": " + claim + " (" + why + ")"
+}
+
+// FormatSeconds writes a duration in the unit that suits it (ns, µs, ms or s).
+func FormatSeconds(s float64) string {
+	switch a := math.Abs(s); {
+	case a == 0:
+		return "0 s"
+	case a < 1e-6:
+		return fmt.Sprintf("%.3g ns", s*1e9)
+	case a < 1e-3:
+		return fmt.Sprintf("%.3g µs", s*1e6)
+	case a < 1:
+		return fmt.Sprintf("%.3g ms", s*1e3)
+	}
+	return fmt.Sprintf("%.3g s", s)
+}
+
+// Fit is a least-squares line through points: y = Slope*x + Intercept.
+type Fit struct {
+	Slope, Intercept float64
+	R2               float64 // coefficient of determination, 1 for a perfect line
+}
+
+// LineFit fits y = a*x + b by least squares; with log set it fits log(y) = a*log(x) + b, so
+// that Slope is the exponent of a power law (2 for time that grows with the square of x).
+// Points with NaN (or, with log, non-positive) values are left out; fewer than two points
+// give a NaN fit.
+func LineFit(x, y []float64, log bool) Fit {
+	var xs, ys []float64
+	for i := range min(len(x), len(y)) {
+		a, b := x[i], y[i]
+		if math.IsNaN(a) || math.IsNaN(b) || (log && (a <= 0 || b <= 0)) {
+			continue
+		}
+		if log {
+			a, b = math.Log(a), math.Log(b)
+		}
+		xs, ys = append(xs, a), append(ys, b)
+	}
+	n := float64(len(xs))
+	if n < 2 {
+		return Fit{Slope: math.NaN(), Intercept: math.NaN(), R2: math.NaN()}
+	}
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
+	}
+	den := n*sxx - sx*sx
+	if den == 0 {
+		return Fit{Slope: math.NaN(), Intercept: math.NaN(), R2: math.NaN()}
+	}
+	f := Fit{Slope: (n*sxy - sx*sy) / den}
+	f.Intercept = (sy - f.Slope*sx) / n
+	var ssRes, ssTot float64
+	mean := sy / n
+	for i := range xs {
+		e := ys[i] - (f.Slope*xs[i] + f.Intercept)
+		ssRes += e * e
+		ssTot += (ys[i] - mean) * (ys[i] - mean)
+	}
+	f.R2 = 1
+	if ssTot > 0 {
+		f.R2 = 1 - ssRes/ssTot
+	}
+	return f
+}
+
+// Median returns the median of xs (NaN for none).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
