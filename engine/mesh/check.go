@@ -22,7 +22,22 @@ const (
 	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
 	RuleETP       = "etp"        // ETP is 1 or TP and divides the expert width
 	RuleSupport   = "support"    // the combination is outside the support matrix
+	RuleAdapters  = "adapters"   // LoRA adapters train on one device
 )
+
+// CheckAdapters is the rule for a run that trains LoRA adapters over a frozen base: the
+// adapters live beside the base's layers on one device, and no parallel plan carries them yet
+// (a plan would have to replicate them and reduce only their gradients under DP/FSDP, and
+// split them with their base weights under TP, CP and EP). It refuses any layout over more
+// than one device, or with a degree above 1, naming the rule.
+func CheckAdapters(l Layout, n int) error {
+	l = l.Norm(max(n, 1))
+	if n <= 1 && l.Size() <= 1 && one(l.EP) == 1 && one(l.ETP) == 1 {
+		return nil
+	}
+	return fmt.Errorf("mesh: layout %q on %d devices breaks rule %s: LoRA adapters (use_peft) train on one device; no parallel layout (data, fsdp, tensor, context or expert parallel) carries adapters: run on one device (devices: cuda:0 or cpu)",
+		l.String(), n, RuleAdapters)
+}
 
 // LayoutError is a refused layout: the rule it breaks, what is wrong, and a layout that passes
 // every rule on the same devices (Suggest).

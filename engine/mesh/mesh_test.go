@@ -305,3 +305,24 @@ func FuzzParseDevices(f *testing.F) {
 		}
 	})
 }
+
+func TestCheckAdaptersAllowsOneDeviceOnly(t *testing.T) {
+	for _, c := range []struct {
+		l  Layout
+		n  int
+		ok bool
+	}{
+		{Layout{}, 1, true},
+		{Layout{DP: 1, TP: 1, CP: 1}, 1, true},
+		{Layout{}, 2, false},
+		{Layout{FSDP: true}, 4, false},
+		{Layout{TP: 2}, 2, false},
+		{Layout{CP: 2}, 2, false},
+		{Layout{EP: 2}, 2, false},
+	} {
+		err := CheckAdapters(c.l, c.n)
+		if (err == nil) != c.ok || err != nil && !strings.Contains(err.Error(), "rule "+RuleAdapters) {
+			t.Errorf("layout %+v on %d devices: %v", c.l, c.n, err)
+		}
+	}
+}

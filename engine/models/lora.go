@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
@@ -405,3 +408,100 @@ func (m *Model) SetAdaptersEnabled(on bool) { m.adaptersOff = !on }
 
 // AdaptersEnabled reports whether attached adapters take part in passes.
 func (m *Model) AdaptersEnabled() bool { return m.lora != nil && !m.adaptersOff }
+
+// TrainableGrads is the flat gradient buffer of what trains: the adapters' gradients when
+// adapters are attached, else every parameter's (nil tensor before EnableGrads).
+func (m *Model) TrainableGrads() tensor.Tensor {
+	if m.lora != nil {
+		if m.lora.Grads == nil {
+			return tensor.Tensor{}
+		}
+		return m.lora.Grads.Flat
+	}
+	if m.Grads == nil {
+		return tensor.Tensor{}
+	}
+	return m.Grads.Flat
+}
+
+// DropoutKey is the number of training forwards run so far, which selects the next
+// micro-batch's adapter dropout masks; a checkpoint stores it so that a resumed run draws the
+// masks the uninterrupted run would have.
+func (m *Model) DropoutKey() uint64 { return m.dropoutKey }
+
+// SetDropoutKey restores DropoutKey (resume).
+func (m *Model) SetDropoutKey(k uint64) { m.dropoutKey = k }
+
+// LoadAdapterWeights replaces the attached adapters' values with those saved in dir, keeping
+// their arenas (so an optimizer built over them stays valid). The saved adapter_config.json
+// must describe the same adapters (r, lora_alpha, use_rslora and the adapted modules).
+func (m *Model) LoadAdapterWeights(dir string) error {
+	if m.lora == nil {
+		return errors.New("models: LoadAdapterWeights: no adapters attached")
+	}
+	c, _, err := ReadAdapterConfig(dir)
+	if err != nil {
+		return err
+	}
+	have := m.lora.Config
+	if c.R != have.R || c.Alpha != have.Alpha || c.RSLoRA != have.RSLoRA {
+		return fmt.Errorf("models: adapter %s has r=%d, lora_alpha=%v, use_rslora=%v; the attached adapters have r=%d, lora_alpha=%v, use_rslora=%v",
+			dir, c.R, c.Alpha, c.RSLoRA, have.R, have.Alpha, have.RSLoRA)
+	}
+	path := filepath.Join(dir, AdapterWeightsFile)
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return fmt.Errorf("models: adapter %s: %w", dir, err)
+	}
+	defer f.Close()
+	return m.loadAdapterTensors(f, path)
+}
+
+// LoRAParamCount is the number of adapter parameters c puts on a model of shape s, without
+// building it (for memory estimates). Layers are taken in order with the dense ones first
+// when only some are mixtures of experts, which changes nothing unless TargetPattern names
+// layers by index.
+func LoRAParamCount(s config.Shape, c LoRAConfig) (int64, error) {
+	if err := c.Validate(); err != nil {
+		return 0, err
+	}
+	var re *regexp.Regexp
+	if c.TargetPattern != "" {
+		re, _ = targetPattern(c.TargetPattern)
+	}
+	q, kv := s.QDim(), s.KVDim()
+	dense := s.Layers - s.MoELayers
+	if !s.MoE() {
+		dense = s.Layers
+	}
+	var n int64
+	for i := range s.Layers {
+		mods := []struct {
+			name    string
+			out, in int
+		}{{"self_attn.q_proj", q, s.Hidden}, {"self_attn.k_proj", kv, s.Hidden}, {"self_attn.v_proj", kv, s.Hidden}, {"self_attn.o_proj", s.Hidden, q}}
+		if i < dense {
+			mods = append(mods, struct {
+				name    string
+				out, in int
+			}{"mlp.gate_proj", s.Intermediate, s.Hidden}, struct {
+				name    string
+				out, in int
+			}{"mlp.up_proj", s.Intermediate, s.Hidden}, struct {
+				name    string
+				out, in int
+			}{"mlp.down_proj", s.Hidden, s.Intermediate})
+		}
+		for _, md := range mods {
+			name := layerName(i, md.name)
+			hit := re != nil && re.MatchString(name)
+			for _, t := range c.Targets {
+				hit = hit || matchTarget(name, t)
+			}
+			if hit {
+				n += int64(c.R) * int64(md.in+md.out)
+			}
+		}
+	}
+	return n, nil
+}

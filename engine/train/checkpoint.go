@@ -61,6 +61,9 @@ type trainerState struct {
 	// has the weights but no optimizer state, and cannot be resumed. Checkpoints are no
 	// longer written so.
 	WeightsOnly bool `json:"weights_only,omitempty"`
+	// LoRADropoutKey is the adapters' dropout stream position (models.Model.DropoutKey) of a
+	// run with use_peft, whose checkpoints hold the adapter instead of the model.
+	LoRADropoutKey uint64 `json:"lora_dropout_key,omitempty"`
 }
 
 type stateData struct {
@@ -85,14 +88,20 @@ func (t *Trainer) state() trainerState {
 			BatchSize: t.Cfg.Batch.PerDeviceTrainBatchSize, BatchesPerEpoch: t.loader.BatchesPerEpoch(),
 			Documents: t.Stats.Documents, Tokens: t.Stats.Tokens},
 	}
-	for _, s := range t.model.Specs {
+	specs := t.model.Specs
+	if ad := t.model.LoRA(); ad != nil {
+		specs = ad.Specs // what trains, and what the checkpoint holds
+		st.LoRADropoutKey = t.model.DropoutKey()
+	}
+	for _, s := range specs {
 		st.Params = append(st.Params, stateParam{s.Name, s.Numel()})
 	}
 	st.ExpertBias = t.ExpertBias()
 	return st
 }
 
-// Save writes a checkpoint to dir: the Hugging Face model (config.json, model.safetensors), the
+// Save writes a checkpoint to dir: the Hugging Face model (config.json, model.safetensors; with
+// use_peft the adapter in PEFT's format instead), the
 // tokenizer files, and the trainer state (optimizer moments, data cursor, step, schedule,
 // configuration). Everything is written into a temporary directory beside dir that is renamed
 // into place, so dir holds either the previous checkpoint or the complete new one.
@@ -409,6 +418,7 @@ func (t *Trainer) Resume(dir string) error {
 	if err := loadModelWeights(t.model, dir); err != nil {
 		return fmt.Errorf("train: resume: %w", err)
 	}
+	t.model.SetDropoutKey(st.LoRADropoutKey)
 	if st.ExpertBias != nil && t.model.ExpertBalancing() > 0 {
 		if err := t.model.SetExpertBias(st.ExpertBias); err != nil {
 			return fmt.Errorf("train: resume: %s: expert_bias: %w", filepath.Join(dir, StateFile), err)
@@ -500,7 +510,7 @@ func (t *Trainer) writeModelFiles(dir string) error {
 	if err := t.exec.syncParams(); err != nil {
 		return err
 	}
-	if err := saveModel(t.model, dir); err != nil {
+	if err := saveModel(t.model, dir, adapterBase(t.Cfg)); err != nil {
 		return err
 	}
 	for _, name := range tokenizerFiles {

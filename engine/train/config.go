@@ -43,6 +43,9 @@ type Config struct {
 	// GenerationEval measures exact-match accuracy of greedy generation on held-out chats at
 	// the end of a run (sft with a messages dataset only).
 	GenerationEval GenerationEvalConfig `yaml:"generation_eval" json:"generation_eval"`
+	// PEFT are the LoRA keys (use_peft, lora_r, lora_alpha, lora_dropout,
+	// lora_target_modules, use_rslora); see PEFTConfig.
+	PEFT PEFTConfig `yaml:",inline" json:"peft"`
 }
 
 // ModelConfig says where the model and tokenizer come from.
@@ -399,6 +402,7 @@ func (c *Config) Defaults() {
 	if c.GenerationEval.MaxNewTokens == 0 {
 		c.GenerationEval.MaxNewTokens = 16
 	}
+	c.peftDefaults()
 }
 
 // FieldError is a refused configuration value. Key is the dotted YAML key; Line and Column
@@ -599,6 +603,7 @@ func (c *Config) Validate() error {
 	if g.MaxSamples > 0 && !c.hasEvalData() {
 		bad("generation_eval.max_samples", "generation eval needs held-out data: set dataset.eval_split or dataset.eval_path")
 	}
+	c.validatePEFT(bad)
 	if len(errs) == 0 {
 		return nil
 	}

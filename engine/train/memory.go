@@ -22,6 +22,7 @@ import (
 // backend workspaces.
 type MemoryEstimate struct {
 	Params      int64 // number of parameters
+	Adapters    int64 // number of LoRA adapter parameters (use_peft), in ParamBytes too
 	ParamBytes  int64
 	GradBytes   int64
 	OptimBytes  int64 // AdamW moments (+ fp32 master weights with bf16 and adamw_torch)
@@ -41,7 +42,7 @@ func (m MemoryEstimate) String() string {
 	for _, r := range []struct {
 		name string
 		v    int64
-	}{{fmt.Sprintf("parameters (%.2fM)", float64(m.Params)/1e6), m.ParamBytes}, {"gradients", m.GradBytes},
+	}{{m.paramsLabel(), m.ParamBytes}, {"gradients", m.GradBytes},
 		{"optimizer state", m.OptimBytes}, {"activations", m.ActBytes}, {"loss head logits", m.LogitsBytes}, {"total", m.Total()}} {
 		fmt.Fprintf(&b, "  %-22s %10s\n", r.name, humanBytes(r.v))
 	}
@@ -90,14 +91,24 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	if cfg.Run.BF16 {
 		el = 2
 	}
-	e.ParamBytes, e.GradBytes = e.Params*el, e.Params*el
+	// What trains: every parameter, or with use_peft the adapters only (the frozen base has
+	// no gradients and no optimizer state).
+	trained := e.Params
+	if cfg.PEFT.UsePEFT {
+		n, err := models.LoRAParamCount(a.Shape, cfg.loraConfig())
+		if err != nil {
+			return MemoryEstimate{}, err
+		}
+		e.Adapters, trained = n, n
+	}
+	e.ParamBytes, e.GradBytes = (e.Params+e.Adapters)*el, trained*el
 	switch {
 	case bf16Optim(cfg.Optim.Optim):
-		e.OptimBytes = e.Params * 4
+		e.OptimBytes = trained * 4
 	case cfg.Run.BF16:
-		e.OptimBytes = e.Params * 12
+		e.OptimBytes = trained * 12
 	default:
-		e.OptimBytes = e.Params * 8
+		e.OptimBytes = trained * 8
 	}
 	T := int64(cfg.Batch.PerDeviceTrainBatchSize * cfg.Batch.MaxLength)
 	e.Tokens = int(T)

@@ -70,13 +70,18 @@ func InitModelConfig(in *InitConfig, tokenizerVocab int) (*config.Config, error)
 	return c, nil
 }
 
-// buildModel loads model_name_or_path, or builds and randomly initialises init with seed.
+// buildModel loads model_name_or_path, or builds and randomly initialises init with seed;
+// with use_peft it attaches the run's LoRA adapters, freezing the base.
 func buildModel(cfg *Config, b backend.Backend, dt tensor.DType, tokenizerVocab int) (*models.Model, error) {
 	opts := models.Options{DType: dt, Recompute: cfg.Run.GradientCheckpointing}
 	if cfg.Model.Init == nil {
 		m, err := models.Load(cfg.Model.ModelNameOrPath, b, opts)
 		if err != nil {
 			return nil, fmt.Errorf("train: model_name_or_path: %w", err)
+		}
+		if err := attachPEFT(cfg, m); err != nil {
+			m.Close()
+			return nil, err
 		}
 		return m, nil
 	}
@@ -92,16 +97,28 @@ func buildModel(cfg *Config, b backend.Backend, dt tensor.DType, tokenizerVocab 
 		m.Close()
 		return nil, fmt.Errorf("train: init: %w", err)
 	}
+	if err := attachPEFT(cfg, m); err != nil {
+		m.Close()
+		return nil, err
+	}
 	return m, nil
 }
 
-// saveModel writes the Hugging Face model files into dir (weights in the model's dtype).
-func saveModel(m *models.Model, dir string) error {
+// saveModel writes the Hugging Face model files into dir (weights in the model's dtype), or,
+// when m carries LoRA adapters, the adapter in PEFT's format naming base as its base model.
+func saveModel(m *models.Model, dir, base string) error {
+	if m.LoRA() != nil {
+		return m.SaveAdapter(dir, base)
+	}
 	return m.Save(dir, models.SaveOptions{})
 }
 
-// loadModelWeights replaces the model's parameters with a checkpoint's.
+// loadModelWeights replaces the model's parameters with a checkpoint's (the adapters' with
+// a checkpoint of a run with use_peft).
 func loadModelWeights(m *models.Model, dir string) error {
+	if m.LoRA() != nil {
+		return m.LoadAdapterWeights(dir)
+	}
 	ck, err := safetensors.OpenCheckpoint(dir)
 	if err != nil {
 		return err

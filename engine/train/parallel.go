@@ -293,6 +293,11 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	if err := checkLayout(d, l, parallel.ShapeOf(t.model), t.hyper.GradientAccumulationSteps); err != nil {
 		return 0, err
 	}
+	if t.model.LoRA() != nil {
+		if err := mesh.CheckAdapters(l, d.Len()); err != nil {
+			return 0, fmt.Errorf("train: layout: %w", err)
+		}
+	}
 	// One device of the trainer's own kind runs the single model; anything else (several
 	// devices, or a GPU while the single model is in host memory) runs a plan.
 	needPlan := wantsPlan(d, l) || d.Kind != t.hostKind()

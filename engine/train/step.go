@@ -166,7 +166,7 @@ func (d *deviceSteps) step(ctx context.Context, batches []data.Batch, total int,
 		auxSum += d.m.AuxLoss()
 	}
 	out.loss = lossSum / float64(total)
-	norm, err := optim.GradNorm(d.b, []backend.T{d.m.Grads.Flat})
+	norm, err := optim.GradNorm(d.b, []backend.T{d.m.TrainableGrads()})
 	if err != nil {
 		return out, true, err
 	}
