@@ -62,7 +62,7 @@ func Resolve(device string) (Backend, string, error) {
 			}
 			b, err := f(0)
 			if err == nil {
-				return b, "", nil
+				return capped(b)
 			}
 			notes = append(notes, fmt.Sprintf("%s unavailable: %v", kind, err))
 		}
@@ -71,6 +71,10 @@ func Resolve(device string) (Backend, string, error) {
 			return nil, "", fmt.Errorf("backend: device auto: no backend registered (import engine/backend/cpu)")
 		}
 		b, err := f(0)
+		if err != nil {
+			return nil, "", err
+		}
+		b, _, err = capped(b)
 		return b, strings.Join(notes, "; ") + "; using cpu", err
 	}
 	kind, idx := device, 0
@@ -90,6 +94,15 @@ func Resolve(device string) (Backend, string, error) {
 	b, err := f(idx)
 	if err != nil {
 		return nil, "", fmt.Errorf("backend: device %q: %w", device, err)
+	}
+	return capped(b)
+}
+
+// capped applies HALO_DEVICE_MEMORY_GIB to a device just opened, closing it on failure.
+func capped(b Backend) (Backend, string, error) {
+	if err := envMemoryCap(b); err != nil {
+		_ = b.Close()
+		return nil, "", err
 	}
 	return b, "", nil
 }

@@ -190,6 +190,11 @@ type RunConfig struct {
 	GradientCheckpointing bool `yaml:"gradient_checkpointing" json:"gradient_checkpointing"`
 	// Device is auto (default: CUDA when available, else CPU), cpu or cuda.
 	Device string `yaml:"device" json:"device"`
+	// MaxDeviceMemoryGiB caps what each device may allocate, in GiB, so that a run sized for a
+	// smaller GPU (a 24 GB card: 22) can be tried on a larger one or on the CPU: an allocation
+	// past it fails with the out-of-memory error. 0 (default) means the device's own memory,
+	// or HALO_DEVICE_MEMORY_GIB when that is set.
+	MaxDeviceMemoryGiB float64 `yaml:"max_device_memory_gib,omitempty" json:"max_device_memory_gib,omitempty"`
 	// ResumeFromCheckpoint is a checkpoint directory to resume from.
 	ResumeFromCheckpoint string `yaml:"resume_from_checkpoint,omitempty" json:"resume_from_checkpoint,omitempty"`
 }
@@ -582,6 +587,9 @@ func (c *Config) Validate() error {
 		bad("eval_steps", "evaluation needs held-out data: set dataset.eval_split or dataset.eval_path")
 	}
 	check(oneOf("device", r.Device, devices))
+	if !(r.MaxDeviceMemoryGiB >= 0 && r.MaxDeviceMemoryGiB < 1<<24) {
+		bad("max_device_memory_gib", "%v must be a number of GiB >= 0 (0: no cap)", r.MaxDeviceMemoryGiB)
+	}
 	if d, l, err := c.Parallel.Resolve(); err != nil {
 		bad("devices", "%v", err)
 	} else if c.Parallel.Devices != "" && r.Device != "" && r.Device != "auto" && r.Device != d.Kind {

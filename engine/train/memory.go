@@ -250,6 +250,11 @@ func checkMemory(cfg *Config, mc *config.Config, b backend.Backend) error {
 			return nil
 		}
 		avail = a
+		// A single CPU device capped below the host's memory (max_device_memory_gib,
+		// HALO_DEVICE_MEMORY_GIB) is checked against its cap.
+		if st := b.MemStats(); !need.Plan && st.Total > 0 && st.Total-st.Allocated < avail {
+			avail, where = st.Total-st.Allocated, b.Name()+" memory (capped)"
+		}
 	default:
 		st := b.MemStats()
 		if st.Total <= 0 {

@@ -95,3 +95,48 @@ func TestMemoryCheckSwitch(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxDeviceMemoryGiB: the run key caps the device, so that a run which fits the machine
+// is refused against the cap before anything is allocated, and a bad value is a config error.
+func TestMaxDeviceMemoryGiB(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(4))
+	y := fmt.Sprintf(`init:
+  arch: qwen3
+  preset: tiny
+  overrides: {hidden_size: 1024, intermediate_size: 4096, num_attention_heads: 8, num_key_value_heads: 8, head_dim: 128, num_hidden_layers: 8}
+tokenizer_name_or_path: %s
+dataset: {path: %s}
+max_length: 64
+per_device_train_batch_size: 1
+max_steps: 1
+device: cpu
+max_device_memory_gib: %%s
+output_dir: %s
+`, quickTok, path, filepath.Join(t.TempDir(), "out"))
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(y, "0.25")), "capped.yaml", MethodPretrain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(cfg)
+	if err == nil {
+		tr.Close()
+		t.Fatal("a run of about 1.5 GiB was accepted under a 0.25 GiB cap")
+	}
+	for _, w := range []string{"train: the run needs about", "of cpu memory (capped)", "and 256.0 MiB is available"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q lacks %q", err, w)
+		}
+	}
+	t.Setenv("HALO_MEMORY_CHECK", "off")
+	tr, err = New(cfg)
+	if err == nil {
+		tr.Close()
+		t.Fatal("with the check off, the capped allocator accepted the run")
+	}
+	if !strings.Contains(err.Error(), "out of memory") || !strings.Contains(err.Error(), "max_device_memory_gib") {
+		t.Errorf("with the check off: %v, want the allocator's refusal naming max_device_memory_gib", err)
+	}
+	if _, err := ParseConfig([]byte(fmt.Sprintf(y, "-1")), "capped.yaml", MethodPretrain, nil); err == nil || !strings.Contains(err.Error(), "max_device_memory_gib") {
+		t.Errorf("a negative cap: %v", err)
+	}
+}

@@ -193,6 +193,11 @@ func (t *Trainer) startNodePlan(d mesh.Devices, l mesh.Layout) error {
 	devs := make([]backend.Backend, k)
 	for i := range devs {
 		b, err := openRank("cpu", i, recs, i)
+		if err == nil {
+			if err = capMemory(b, t.Cfg.Run.MaxDeviceMemoryGiB); err != nil {
+				_ = b.Close()
+			}
+		}
 		if err != nil {
 			return err
 		}

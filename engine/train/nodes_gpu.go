@@ -78,6 +78,11 @@ func (t *Trainer) startGPUNodePlan(d mesh.Devices, l mesh.Layout) error {
 	var cannot error
 	for i, id := range local.IDs {
 		b, err := ops.open(id, recs, i)
+		if err == nil {
+			if err = capMemory(b, t.Cfg.Run.MaxDeviceMemoryGiB); err != nil {
+				_ = b.Close()
+			}
+		}
 		if err != nil {
 			cannot = fmt.Errorf("opening cuda:%d: %w", id, err)
 			break

@@ -128,6 +128,12 @@ func (t *Trainer) planOptions(d mesh.Devices) (parallel.Options, []*profile.Reco
 	devs := make([]backend.Backend, d.Len())
 	o.NewBackend = func(r int) (backend.Backend, error) {
 		b, err := openRank(kind, ids[r], recs, r)
+		if err == nil {
+			if err = capMemory(b, t.Cfg.Run.MaxDeviceMemoryGiB); err != nil {
+				_ = b.Close()
+				b = nil
+			}
+		}
 		devs[r] = b
 		return b, err
 	}

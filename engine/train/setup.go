@@ -14,6 +14,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/parallel"
+	"github.com/halo-shell/halo-shell/engine/profile"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -45,6 +46,10 @@ func NewWrapped(cfg *Config, wrap func(backend.Backend) backend.Backend) (*Train
 	b, note, err := backend.Resolve(dev)
 	if err != nil {
 		return nil, fmt.Errorf("train: device %s: %w", cfg.Run.Device, err)
+	}
+	if err := capMemory(b, cfg.Run.MaxDeviceMemoryGiB); err != nil {
+		_ = b.Close()
+		return nil, err
 	}
 	if wrap != nil {
 		b = wrap(b)
@@ -355,3 +360,18 @@ func (t *Trainer) Complete(prompt string, chat bool, maxNewTokens int) (string, 
 
 // Backend is the device the trainer runs on (memory statistics, synchronisation).
 func (t *Trainer) Backend() backend.Backend { return t.b }
+
+// capMemory applies max_device_memory_gib (when set) to a device just opened, through the
+// profiling wrapper if it has one.
+func capMemory(b backend.Backend, gib float64) error {
+	if gib == 0 {
+		return nil
+	}
+	if _, inner, ok := profile.Unwrap(b); ok {
+		b = inner
+	}
+	if err := backend.LimitMemory(b, gib, "max_device_memory_gib"); err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	return nil
+}

@@ -45,9 +45,10 @@ type Options struct {
 
 // Backend is the CPU implementation of backend.Backend.
 type Backend struct {
-	pool   *pool
-	limit  int64
-	poison bool // Options.PoisonEmpty
+	pool     *pool
+	limit    int64
+	limitWhy string // the setting that capped limit (SetMemoryLimit), for the error message
+	poison   bool   // Options.PoisonEmpty
 
 	mu        sync.Mutex
 	allocated int64
@@ -100,6 +101,23 @@ func New(o Options) *Backend {
 		lim = physicalMemory()
 	}
 	return &Backend{pool: newPool(w), limit: lim, poison: o.PoisonEmpty || swPoisonEmpty.On()}
+}
+
+// SetMemoryLimit implements backend.MemoryLimiter: Alloc refuses past limit bytes from now on.
+func (b *Backend) SetMemoryLimit(limit int64, why string) error {
+	if limit <= 0 {
+		return fmt.Errorf("cpu: %s: memory limit %d bytes must be positive", why, limit)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.allocated > limit {
+		return fmt.Errorf("cpu: %s: cannot cap memory at %d bytes, %d are already allocated", why, limit, b.allocated)
+	}
+	if b.cached > 0 {
+		b.cache, b.cached = nil, 0
+	}
+	b.limit, b.limitWhy = limit, why
+	return nil
 }
 
 var swPoisonEmpty = switches.Register(switches.Switch{Name: "HALO_CPU_POISON_EMPTY", Kind: switches.Debug,
@@ -197,8 +215,12 @@ func (b *Backend) alloc(dt tensor.DType, zero bool, shape []int) (T, error) {
 	if b.allocated+n > b.limit {
 		used := b.allocated
 		b.mu.Unlock()
-		return T{}, fmt.Errorf("cpu: out of memory: alloc %s%v needs %d bytes, %d of the %d byte limit are in use (free tensors or use smaller batches)",
-			dt, shape, n, used, b.limit)
+		why := ""
+		if b.limitWhy != "" {
+			why = " set by " + b.limitWhy
+		}
+		return T{}, fmt.Errorf("cpu: out of memory: alloc %s%v needs %d bytes, %d of the %d byte limit%s are in use (free tensors or use smaller batches)",
+			dt, shape, n, used, b.limit, why)
 	}
 	b.allocated += n
 	if b.allocated > b.peak {

@@ -54,8 +54,28 @@ type cachingAllocator struct {
 	free  map[uint64][]uintptr
 	live  map[uintptr]uint64 // pointer -> size class
 	stats MemStats
-	// limit, when nonzero, caps Reserved (tests and memory budgets).
-	limit uint64
+	// limit, when nonzero, caps Reserved (tests and memory budgets); limitWhy names the
+	// setting that chose it, for the error message.
+	limit    uint64
+	limitWhy string
+}
+
+// memLimit is the cap, 0 for none.
+func (a *cachingAllocator) memLimit() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.limit
+}
+
+// setLimit caps Reserved at limit bytes from now on; it fails if more is already reserved.
+func (a *cachingAllocator) setLimit(limit uint64, why string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stats.Reserved > limit {
+		return fmt.Errorf("cuda: %s: cannot cap memory at %d bytes, %d are already reserved", why, limit, a.stats.Reserved)
+	}
+	a.limit, a.limitWhy = limit, why
+	return nil
 }
 
 func newCachingAllocator(raw rawMemory) *cachingAllocator {
@@ -124,7 +144,11 @@ func (a *cachingAllocator) Cached(n uint64) (uintptr, bool) {
 
 func (a *cachingAllocator) rawAlloc(c uint64) (uintptr, error) {
 	if a.limit > 0 && a.stats.Reserved+c > a.limit {
-		return 0, fmt.Errorf("%w: limit of %d bytes reached", errOutOfMemory, a.limit)
+		why := ""
+		if a.limitWhy != "" {
+			why = " set by " + a.limitWhy
+		}
+		return 0, fmt.Errorf("%w: limit of %d bytes%s reached", errOutOfMemory, a.limit, why)
 	}
 	return a.raw.alloc(c)
 }

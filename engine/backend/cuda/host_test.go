@@ -297,6 +297,33 @@ func TestCachingAllocatorHandsOutCachedBlocksOnAnyGoroutine(t *testing.T) {
 	}
 }
 
+// TestCachingAllocatorCap: a cap set with setLimit (HALO_DEVICE_MEMORY_GIB or the run's
+// max_device_memory_gib) refuses past it with the out-of-memory error naming the setting.
+func TestCachingAllocatorCap(t *testing.T) {
+	a := newCachingAllocator(&fakeMemory{})
+	p, err := a.Alloc(6 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.setLimit(4<<20, "max_device_memory_gib"); err == nil || !strings.Contains(err.Error(), "already reserved") {
+		t.Errorf("a cap below what is reserved: %v", err)
+	}
+	if err := a.setLimit(10<<20, "max_device_memory_gib"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Alloc(2 << 20); err != nil {
+		t.Errorf("an allocation within the cap: %v", err)
+	}
+	_, err = a.Alloc(4 << 20)
+	if !errors.Is(err, errOutOfMemory) || !strings.Contains(err.Error(), "max_device_memory_gib") {
+		t.Errorf("an allocation past the cap: %v, want out of memory naming max_device_memory_gib", err)
+	}
+	a.Free(p)
+	if _, err := a.Alloc(4 << 20); err != nil {
+		t.Errorf("after a free (cache returned to the driver): %v", err)
+	}
+}
+
 func TestCachingAllocatorOutOfMemory(t *testing.T) {
 	raw := &fakeMemory{limit: 8 << 20}
 	a := newCachingAllocator(raw)

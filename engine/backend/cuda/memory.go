@@ -178,7 +178,20 @@ func (b *Backend) Copy(dst, src T) error {
 // MemStats reports the caching allocator's statistics.
 func (b *Backend) MemStats() backend.MemStats {
 	s := b.d.MemStats()
-	return backend.MemStats{Allocated: int64(s.Allocated), Reserved: int64(s.Reserved), Peak: int64(s.PeakAllocated), Total: int64(b.d.info.TotalMem)}
+	total := b.d.info.TotalMem
+	if l := b.d.alloc.memLimit(); l > 0 {
+		total = min(total, l)
+	}
+	return backend.MemStats{Allocated: int64(s.Allocated), Reserved: int64(s.Reserved), Peak: int64(s.PeakAllocated), Total: int64(total)}
+}
+
+// SetMemoryLimit implements backend.MemoryLimiter: the caching allocator refuses to reserve
+// past limit bytes from now on, and MemStats reports the cap as the device's total.
+func (b *Backend) SetMemoryLimit(limit int64, why string) error {
+	if limit <= 0 {
+		return fmt.Errorf("cuda: %s: memory limit %d bytes must be positive", why, limit)
+	}
+	return b.d.alloc.setLimit(uint64(limit), why)
 }
 
 // ResetPeak sets the peak to the current allocation.
