@@ -64,6 +64,22 @@ func (e *Error) Error() string {
 	return e.Message + "\n" + strings.Join(e.Trace, "\n")
 }
 
+// Evaluator is what the front ends use of an interpreter: an *Interpreter in their own
+// process, or a *Supervised one in a child process that a crashing cell cannot take down.
+type Evaluator interface {
+	Eval(ctx context.Context, src string) (Result, error)
+	Complete(src string, cursor int) (start int, candidates []string)
+	Inspect(src string, cursor int) (doc string, ok bool)
+	Session() (*session.Client, error)
+	Attached() (bool, string)
+	Close() error
+}
+
+var (
+	_ Evaluator = (*Interpreter)(nil)
+	_ Evaluator = (*Supervised)(nil)
+)
+
 // Dialer attaches to a session by name or address.
 type Dialer func(ctx context.Context, target string) (*session.Client, error)
 

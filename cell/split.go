@@ -203,3 +203,32 @@ func IsComplete(src string) bool {
 	}
 	return true
 }
+
+// Definitions returns the imports and the function, method, type and constant declarations
+// of a cell (its command lines and other statements left out), for a new interpreter to
+// replay: they have no effects of their own, unlike variables' initialisers and statements.
+func Definitions(src string) string {
+	var code strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, ":") || strings.HasPrefix(t, "%") {
+			code.WriteString("\n")
+			continue
+		}
+		code.WriteString(line + "\n")
+	}
+	chunks, err := splitCell(code.String())
+	if err != nil {
+		return ""
+	}
+	var out []string
+	for _, c := range chunks {
+		switch {
+		case c.kind == importChunk:
+			out = append(out, c.src)
+		case c.kind == declChunk && !strings.HasPrefix(strings.TrimSpace(c.src), "var"):
+			out = append(out, c.src)
+		}
+	}
+	return strings.Join(out, "\n")
+}

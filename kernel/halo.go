@@ -26,6 +26,9 @@ type HaloOptions struct {
 	ClientID string
 	// Start says how to start a session that is not running.
 	Start session.StartOptions
+	// WorkerCommand runs the cells' interpreter process (default: this executable with the
+	// argument cell-worker).
+	WorkerCommand []string
 }
 
 // StableClientID derives a session client id from a connection file's key: Jupyter keeps the
@@ -48,7 +51,7 @@ func StableClientID(key string) string {
 // follows the background run until it stops, and interrupting the cell stops the following,
 // not the run (use %pause for that).
 type Halo struct {
-	it  *cell.Interpreter
+	it  cell.Evaluator
 	opt HaloOptions
 
 	mu  sync.Mutex
@@ -64,10 +67,11 @@ func NewHalo(o HaloOptions) (*Halo, error) {
 		o.ClientID = session.NewClientID()
 	}
 	h := &Halo{opt: o}
-	it, err := cell.New(cell.Options{
+	// Cells run in a child process, so that one that overflows its stack or its memory ends
+	// the child (reported as the cell's error, and replaced) while the kernel goes on.
+	it, err := cell.NewSupervised(cell.SupervisedOptions{Options: cell.Options{
 		Session:    o.Session,
 		ClientName: "kernel",
-		Dial:       h.dial,
 		Stdout:     routeWriter{h, false},
 		Stderr:     routeWriter{h, true},
 		OnDisplay: func(b cell.Bundle) {
@@ -75,7 +79,7 @@ func NewHalo(o HaloOptions) (*Halo, error) {
 				out.Display(Bundle(b), "")
 			}
 		},
-	})
+	}, ClientID: o.ClientID, Start: o.Start, Command: o.WorkerCommand})
 	if err != nil {
 		return nil, fmt.Errorf("kernel: %w", err)
 	}
@@ -104,27 +108,6 @@ func (w routeWriter) Write(p []byte) (int, error) {
 		return out.Stderr().Write(p)
 	}
 	return out.Stdout().Write(p)
-}
-
-// dial attaches to target with this kernel's client id, starting a named session that does
-// not answer.
-func (h *Halo) dial(ctx context.Context, target string) (*session.Client, error) {
-	o := session.Options{ClientID: h.opt.ClientID, ClientName: "kernel"}
-	if target == "" {
-		target = session.DefaultName
-	}
-	if strings.Contains(target, "/") || strings.HasPrefix(target, "tcp://") {
-		c, err := session.Dial(target, o)
-		if err != nil {
-			return nil, err
-		}
-		if err := c.Ping(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, nil
-	}
-	return session.DialOrStart(ctx, target, o, h.opt.Start)
 }
 
 // Execute runs one cell.
@@ -180,6 +163,7 @@ func cellError(err error) error {
 		cell.KindPanic:       "Panic",
 		cell.KindAPI:         "SessionError",
 		cell.KindInterrupted: "Interrupted",
+		cell.KindCrash:       "InterpreterCrash",
 	}[ce.Kind]
 	if name == "" {
 		name = "Error"
@@ -234,6 +218,8 @@ func (h *Halo) Shutdown(restart bool) {
 		return
 	}
 	if c, err := h.it.Session(); err == nil {
+		// The interpreter first, so that nothing renews control after it is released.
+		h.it.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = c.Release(ctx)

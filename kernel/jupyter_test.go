@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/halo-shell/halo-shell/cell"
 	"github.com/halo-shell/halo-shell/session"
 )
 
@@ -83,6 +84,9 @@ func haloBinary(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "cell-worker" {
+		os.Exit(cell.WorkerMain())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -476,4 +480,35 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestCrashingCellsLeaveTheKernelServing runs, through jupyter-client, a cell of unbounded
+// recursion and one allocating more than the machine has: each gets an error reply naming the
+// cause, the heartbeat goes on echoing, and the next cell runs with the earlier functions.
+func TestCrashingCellsLeaveTheKernelServing(t *testing.T) {
+	needJupyter(t)
+	env, _ := jupyterEnv(t)
+	env = append(env, "HALO_CELL_MAX_STACK=64MiB")
+	script, _ := filepath.Abs("testdata/crash.py")
+	var r struct {
+		Cells []struct {
+			Status, Ename, Evalue, Heartbeat, After string
+		} `json:"cells"`
+		Alive bool `json:"alive"`
+	}
+	if err := json.Unmarshal(lastJSONLine(runPython(t, env, repoRoot(t), 5*time.Minute, script)), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Cells) != 2 || !r.Alive {
+		t.Fatalf("report %+v", r)
+	}
+	for i, want := range []string{"stack overflow", "out of memory"} {
+		c := r.Cells[i]
+		if c.Status != "error" || c.Ename != "InterpreterCrash" || !strings.Contains(c.Evalue, want) {
+			t.Errorf("cell %d: %s %s %q, want an InterpreterCrash error naming %q", i, c.Status, c.Ename, c.Evalue, want)
+		}
+		if c.Heartbeat != "ping" || c.After != "42" {
+			t.Errorf("after cell %d: heartbeat %q, next cell %q; want ping and 42", i, c.Heartbeat, c.After)
+		}
+	}
 }

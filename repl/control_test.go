@@ -83,3 +83,27 @@ func TestKilledREPLLosesControl(t *testing.T) {
 	p2.expect("is controlled by client")
 	p2.expect(Prompt)
 }
+
+// TestCrashingCellsLeaveTheREPLRunning runs unbounded recursion and an impossible allocation
+// in a REPL on a pty: each is reported as an error naming its cause and the REPL goes on,
+// with the functions of earlier lines.
+func TestCrashingCellsLeaveTheREPLRunning(t *testing.T) {
+	t.Setenv("HALO_CELL_MAX_STACK", "64MiB")
+	sock := startSession(t)
+	p := startPTY(t, sock, filepath.Join(t.TempDir(), "history"))
+	p.expect(Prompt)
+	p.send("func twice(n int) int { return 2 * n }\r")
+	p.expect(Prompt)
+	p.send("func down(n int) int { return down(n+1) + 1 }; down(0)\r")
+	p.expect("stack overflow")
+	p.expect(Prompt)
+	p.send("twice(21)\r")
+	p.expect("42")
+	p.expect(Prompt)
+	p.send("b := make([]byte, 1<<40); b[0] = 1\r")
+	p.expect("out of memory")
+	p.expect(Prompt)
+	p.send("twice(4) + 1\r")
+	p.expect("9")
+	p.expect(Prompt)
+}

@@ -10,12 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/halo-shell/halo-shell/cell"
 	"github.com/halo-shell/halo-shell/session"
 	"github.com/halo-shell/halo-shell/session/server"
 )
 
 // TestMain lets the test binary run as the REPL process of the pty test.
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "cell-worker" {
+		os.Exit(cell.WorkerMain())
+	}
 	if os.Getenv("HALO_REPL_HELPER") == "1" {
 		err := Run(context.Background(), Options{Session: os.Getenv("HALO_REPL_SESSION"), TakeOver: os.Getenv("HALO_REPL_TAKEOVER") == "1"})
 		if err != nil {

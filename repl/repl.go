@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/halo-shell/halo-shell/cell"
+	"github.com/halo-shell/halo-shell/session"
 )
 
 // Prompts.
@@ -30,8 +31,12 @@ type Options struct {
 	// Session to attach to (a name, a socket path or tcp://HOST:PORT); empty means the
 	// default session, started when none runs.
 	Session string
-	// Dial overrides how sessions are attached (nil: cell.DialOrStart).
+	// Dial overrides how sessions are attached, and then cells run in this process; nil means
+	// they run in a supervised child process (cell.Supervised) that attaches with
+	// cell.DialOrStart's rules.
 	Dial cell.Dialer
+	// WorkerCommand runs that child (default: this executable with the argument cell-worker).
+	WorkerCommand []string
 	// In, Out and Err default to the process's standard streams. In is read as a terminal
 	// when it is an *os.File on a terminal, else as a script.
 	In       io.Reader
@@ -58,9 +63,20 @@ func Run(ctx context.Context, o Options) error {
 		o.Err = os.Stderr
 	}
 	r := &repl{o: o, out: &lockedWriter{w: o.Out}, errw: &lockedWriter{w: o.Err}}
-	it, err := cell.New(cell.Options{Session: o.Session, Dial: o.Dial, ClientName: "repl",
+	co := cell.Options{Session: o.Session, Dial: o.Dial, ClientName: "repl",
 		Stdout: r.out, Stderr: r.errw, Background: r.out,
-		OnDisplay: func(b cell.Bundle) { r.printBundle(b) }})
+		OnDisplay: func(b cell.Bundle) { r.printBundle(b) }}
+	var (
+		it  cell.Evaluator
+		err error
+	)
+	if o.Dial != nil {
+		it, err = cell.New(co)
+	} else {
+		// Cells run in a child process, so that one that overflows its stack or its memory
+		// ends the child (reported, and replaced) instead of the REPL.
+		it, err = cell.NewSupervised(cell.SupervisedOptions{Options: co, Command: o.WorkerCommand})
+	}
 	if err != nil {
 		return err
 	}
@@ -80,7 +96,7 @@ func Run(ctx context.Context, o Options) error {
 type repl struct {
 	o         Options
 	images    int // images saved so far
-	it        *cell.Interpreter
+	it        cell.Evaluator
 	out, errw *lockedWriter
 	failed    int
 }
@@ -106,14 +122,17 @@ func (l *lockedWriter) set(w io.Writer) {
 // detach gives up control of the session (so that another client can take it without
 // taking over) and closes the connection; the session keeps running.
 func (r *repl) detach() {
+	var c *session.Client
 	if ok, _ := r.it.Attached(); ok {
-		if c, err := r.it.Session(); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			c.Release(ctx)
-			cancel()
-		}
+		c, _ = r.it.Session()
 	}
+	// The interpreter first, so that nothing renews control after it is released.
 	r.it.Close()
+	if c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c.Release(ctx)
+		cancel()
+	}
 }
 
 func (r *repl) printBundle(b cell.Bundle) {
