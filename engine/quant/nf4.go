@@ -1,8 +1,9 @@
 // Package quant stores weights in 4-bit NormalFloat (NF4) exactly as bitsandbytes does, so that
 // a QLoRA base can be quantised at load or read from a bitsandbytes 4-bit checkpoint, and turned
-// back into bf16 on the host. It is the format and its host arithmetic only: the device op that
-// dequantises into a scratch tensor is backend.Optional.DequantNF4, and the layer that owns a
-// quantised weight lives in engine/nn.
+// back into bf16 on the host; it reads and writes bitsandbytes' checkpoint layout (bnb.go) and
+// the load_in_4bit request (config.go). It is the format and its host arithmetic only: the
+// device op that dequantises into a scratch tensor is backend.Optional.DequantNF4, and the
+// layer that owns a quantised weight lives in engine/nn.
 //
 // The layout, for a weight of N elements (any shape, flattened row-major):
 //
