@@ -204,7 +204,7 @@ func Help(prefix string, names ...string) string {
 			}
 			fmt.Fprintf(&b, "  %-26s %s\n", use, c.Summary)
 		}
-		fmt.Fprintf(&b, "Type %shelp COMMAND for an example. Go API: halo.Step(n), halo.Run(), halo.Pause(), halo.Status(), halo.TakeOver(), halo.Metrics(), halo.Profile(k), halo.Inspect(name), halo.Set(key, value), halo.Layout(spec), halo.Save(dir), halo.Generate(prompt), halo.PlotLoss(), halo.Display(v).", prefix)
+		fmt.Fprintf(&b, "Type %shelp COMMAND for an example. Go API: halo.Step(n), halo.Run(), halo.Pause(), halo.Status(), halo.TakeOver(), halo.Metrics(), halo.Profile(k), halo.Inspect(name), halo.Set(key, value), halo.Layout(spec), halo.Save(dir), halo.Generate(prompt), halo.GenerateBase(prompt, n), halo.Adapters(), halo.PlotLoss(), halo.Display(v).", prefix)
 		return b.String()
 	}
 	for i, n := range names {

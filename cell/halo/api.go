@@ -201,6 +201,36 @@ func GenerateN(prompt string, maxNewTokens int) string {
 	return s
 }
 
+// GenerateBase is GenerateN with the run's LoRA adapters off for this call: the base model's
+// greedy continuation, to compare with what GenerateN gives with the adapters (use_peft).
+func GenerateBase(prompt string, maxNewTokens int) string {
+	if maxNewTokens < 1 {
+		fail("halo.GenerateBase", fmt.Errorf("maxNewTokens = %d: want at least 1", maxNewTokens))
+	}
+	c, ctx, _ := client("halo.GenerateBase")
+	s, err := c.Generate(ctx, &session.GenerateRequest{Prompt: prompt, MaxNewTokens: int32(maxNewTokens), WithoutAdapter: true}, nil)
+	if err != nil {
+		fail("halo.GenerateBase", err)
+	}
+	return s
+}
+
+// Adapters returns the norms of every LoRA adapter of a run with use_peft, one row per
+// adapted module: ||A||, ||B|| and ||scale * B @ A||, the size of the update each adds to its
+// base weight (zero at the start, since B starts at zero).
+func Adapters() AdapterNorms {
+	c, ctx, _ := client("halo.Adapters")
+	r, err := c.Inspect(ctx, &session.InspectRequest{Kind: "adapter"})
+	if err != nil {
+		fail("halo.Adapters", err)
+	}
+	out := AdapterNorms{Step: r.Step}
+	for _, a := range r.Adapters {
+		out.Modules = append(out.Modules, AdapterNorm{Module: a.Module, Layer: int(a.Layer), A: a.ANorm, B: a.BNorm, Delta: a.DeltaNorm})
+	}
+	return out
+}
+
 // Save writes a checkpoint into dir on the session's machine and returns the directory.
 func Save(dir string) string {
 	if strings.TrimSpace(dir) == "" {

@@ -482,3 +482,31 @@ func (im Image) Bundle() Bundle {
 	}
 	return b
 }
+
+// AdapterNorm is one LoRA-adapted module: the Frobenius norms of its A [r,in] and B [out,r]
+// and of the update it adds to the base weight, scale * B @ A.
+type AdapterNorm struct {
+	Module      string // e.g. model.layers.0.self_attn.q_proj
+	Layer       int
+	A, B, Delta float64
+}
+
+// AdapterNorms are a run's adapters at a step (halo.Adapters).
+type AdapterNorms struct {
+	Step    int64
+	Modules []AdapterNorm
+}
+
+// Table lists one module per row.
+func (a AdapterNorms) Table() Table {
+	t := Table{Title: fmt.Sprintf("LoRA adapters at step %d", a.Step), Header: []string{"module", "|A|", "|B|", "|scale B A|"}}
+	for _, m := range a.Modules {
+		t.Rows = append(t.Rows, []string{m.Module, fmt.Sprintf("%.4g", m.A), fmt.Sprintf("%.4g", m.B), fmt.Sprintf("%.4g", m.Delta)})
+	}
+	return t
+}
+
+func (a AdapterNorms) String() string { return a.Table().String() }
+
+// Bundle renders the table as text and HTML.
+func (a AdapterNorms) Bundle() Bundle { return a.Table().Bundle() }

@@ -845,8 +845,11 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 	if kind == "" {
 		kind = "param"
 	}
-	if kind != "param" && kind != "grad" && kind != "activation" {
-		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: inspect: kind %q: want param, grad or activation", kind)
+	if kind != "param" && kind != "grad" && kind != "activation" && kind != "adapter" {
+		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: inspect: kind %q: want param, grad, activation or adapter", kind)
+	}
+	if kind == "adapter" {
+		return e.inspectAdapters()
 	}
 	if kind == "activation" && r.Name != "" {
 		for _, a := range e.acts {
@@ -920,6 +923,27 @@ func (e *engine) cmdInspect(r *halov1.InspectRequest) (any, error) {
 		}
 		end := min(int64(len(v)), r.Offset+r.Count)
 		resp.Values = v[r.Offset:end]
+	}
+	return resp, nil
+}
+
+// inspectAdapters returns the norms of every LoRA adapter of the run.
+func (e *engine) inspectAdapters() (any, error) {
+	m, err := e.t.HostModel()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, "session: inspect: "+err.Error())
+	}
+	if m.LoRA() == nil {
+		return nil, precondition("inspect: kind adapter: the run has no LoRA adapters (set use_peft: true to train some)")
+	}
+	norms, err := m.AdapterNorms()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, "session: inspect: "+err.Error())
+	}
+	resp := &halov1.InspectResponse{Step: int64(e.t.Steps())}
+	for _, n := range norms {
+		resp.Adapters = append(resp.Adapters, &halov1.AdapterNorm{Module: n.Module, Layer: layerOf(n.Module + "."),
+			ANorm: n.A, BNorm: n.B, DeltaNorm: n.Delta})
 	}
 	return resp, nil
 }
@@ -1000,6 +1024,13 @@ func (e *engine) cmdGenerate(r *halov1.GenerateRequest, out chan<- *halov1.Gener
 	m, err := e.t.HostModel()
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, "session: generate: "+err.Error())
+	}
+	if r.WithoutAdapter {
+		if m.LoRA() == nil {
+			return nil, precondition("generate: without_adapter: the run has no LoRA adapters (set use_peft: true to train some)")
+		}
+		m.SetAdaptersEnabled(false)
+		defer m.SetAdaptersEnabled(true)
 	}
 	o := models.GenerateOptions{MaxNewTokens: int(r.MaxNewTokens), Temperature: r.Temperature, TopK: int(r.TopK), TopP: r.TopP, Seed: r.Seed}
 	if cfg := m.Config(); cfg != nil {

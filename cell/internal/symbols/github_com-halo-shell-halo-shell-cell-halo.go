@@ -12,6 +12,7 @@ import (
 func init() {
 	Symbols["github.com/halo-shell/halo-shell/cell/halo/halo"] = map[string]reflect.Value{
 		// function, constant and variable definitions
+		"Adapters":             reflect.ValueOf(halo.Adapters),
 		"Attach":               reflect.ValueOf(halo.Attach),
 		"BundleOf":             reflect.ValueOf(halo.BundleOf),
 		"Context":              reflect.ValueOf(halo.Context),
@@ -24,6 +25,7 @@ func init() {
 		"ExpertLoad":           reflect.ValueOf(halo.ExpertLoad),
 		"FormatSeconds":        reflect.ValueOf(halo.FormatSeconds),
 		"Generate":             reflect.ValueOf(halo.Generate),
+		"GenerateBase":         reflect.ValueOf(halo.GenerateBase),
 		"GenerateN":            reflect.ValueOf(halo.GenerateN),
 		"GoPanic":              reflect.ValueOf(halo.GoPanic),
 		"Hyper":                reflect.ValueOf(halo.Hyper),
@@ -73,6 +75,8 @@ func init() {
 		"WorstLayer":           reflect.ValueOf(halo.WorstLayer),
 
 		// type definitions
+		"AdapterNorm":   reflect.ValueOf((*halo.AdapterNorm)(nil)),
+		"AdapterNorms":  reflect.ValueOf((*halo.AdapterNorms)(nil)),
 		"Bundle":        reflect.ValueOf((*halo.Bundle)(nil)),
 		"DeviceInfo":    reflect.ValueOf((*halo.DeviceInfo)(nil)),
 		"Displayer":     reflect.ValueOf((*halo.Displayer)(nil)),

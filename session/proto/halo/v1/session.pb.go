@@ -1035,13 +1035,16 @@ type GenerateRequest struct {
 	Prompt       string                 `protobuf:"bytes,1,opt,name=prompt,proto3" json:"prompt,omitempty"`
 	MaxNewTokens int32                  `protobuf:"varint,2,opt,name=max_new_tokens,json=maxNewTokens,proto3" json:"max_new_tokens,omitempty"`
 	// chat wraps the prompt as one user message and renders the model's chat template.
-	Chat          bool    `protobuf:"varint,3,opt,name=chat,proto3" json:"chat,omitempty"`
-	Temperature   float64 `protobuf:"fixed64,4,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	TopK          int32   `protobuf:"varint,5,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	TopP          float64 `protobuf:"fixed64,6,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
-	Seed          uint64  `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Chat        bool    `protobuf:"varint,3,opt,name=chat,proto3" json:"chat,omitempty"`
+	Temperature float64 `protobuf:"fixed64,4,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopK        int32   `protobuf:"varint,5,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	TopP        float64 `protobuf:"fixed64,6,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	Seed        uint64  `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`
+	// without_adapter generates with the base model alone: the run's LoRA adapters are off for
+	// this call (to compare generations with and without them).
+	WithoutAdapter bool `protobuf:"varint,8,opt,name=without_adapter,json=withoutAdapter,proto3" json:"without_adapter,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -1121,6 +1124,13 @@ func (x *GenerateRequest) GetSeed() uint64 {
 		return x.Seed
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetWithoutAdapter() bool {
+	if x != nil {
+		return x.WithoutAdapter
+	}
+	return false
 }
 
 type GenerateResponse struct {
@@ -1636,7 +1646,9 @@ type InspectRequest struct {
 	// name selects one tensor (a parameter name, or an activation name from a previous Inspect);
 	// empty lists statistics for every parameter and gradient, and the last captured activations.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // param (default), grad or activation (statistics only, no values)
+	// param (default), grad, activation (statistics only, no values) or adapter (the norms of
+	// every LoRA adapter of a run with use_peft, in InspectResponse.adapters).
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// offset and count select a slice of the flattened tensor's values; count 0 returns none.
 	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
 	Count  int64 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
@@ -1719,6 +1731,7 @@ type InspectResponse struct {
 	Stats         []*TensorStats         `protobuf:"bytes,1,rep,name=stats,proto3" json:"stats,omitempty"`
 	Values        []float32              `protobuf:"fixed32,2,rep,packed,name=values,proto3" json:"values,omitempty"`
 	Step          int64                  `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Adapters      []*AdapterNorm         `protobuf:"bytes,4,rep,name=adapters,proto3" json:"adapters,omitempty"` // kind adapter
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1774,6 +1787,91 @@ func (x *InspectResponse) GetStep() int64 {
 	return 0
 }
 
+func (x *InspectResponse) GetAdapters() []*AdapterNorm {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// AdapterNorm is one adapted module's LoRA adapter: Frobenius norms of A [r,in] and B [out,r],
+// and of the update it adds to the base weight, scale * B @ A.
+type AdapterNorm struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Module        string                 `protobuf:"bytes,1,opt,name=module,proto3" json:"module,omitempty"` // HF module name, e.g. model.layers.0.self_attn.q_proj
+	Layer         int64                  `protobuf:"varint,2,opt,name=layer,proto3" json:"layer,omitempty"`
+	ANorm         float64                `protobuf:"fixed64,3,opt,name=a_norm,json=aNorm,proto3" json:"a_norm,omitempty"`
+	BNorm         float64                `protobuf:"fixed64,4,opt,name=b_norm,json=bNorm,proto3" json:"b_norm,omitempty"`
+	DeltaNorm     float64                `protobuf:"fixed64,5,opt,name=delta_norm,json=deltaNorm,proto3" json:"delta_norm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterNorm) Reset() {
+	*x = AdapterNorm{}
+	mi := &file_halo_v1_session_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterNorm) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterNorm) ProtoMessage() {}
+
+func (x *AdapterNorm) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterNorm.ProtoReflect.Descriptor instead.
+func (*AdapterNorm) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *AdapterNorm) GetModule() string {
+	if x != nil {
+		return x.Module
+	}
+	return ""
+}
+
+func (x *AdapterNorm) GetLayer() int64 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *AdapterNorm) GetANorm() float64 {
+	if x != nil {
+		return x.ANorm
+	}
+	return 0
+}
+
+func (x *AdapterNorm) GetBNorm() float64 {
+	if x != nil {
+		return x.BNorm
+	}
+	return 0
+}
+
+func (x *AdapterNorm) GetDeltaNorm() float64 {
+	if x != nil {
+		return x.DeltaNorm
+	}
+	return 0
+}
+
 type StepProfile struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Step  int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
@@ -1794,7 +1892,7 @@ type StepProfile struct {
 
 func (x *StepProfile) Reset() {
 	*x = StepProfile{}
-	mi := &file_halo_v1_session_proto_msgTypes[25]
+	mi := &file_halo_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1904,7 @@ func (x *StepProfile) String() string {
 func (*StepProfile) ProtoMessage() {}
 
 func (x *StepProfile) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[25]
+	mi := &file_halo_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1917,7 @@ func (x *StepProfile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepProfile.ProtoReflect.Descriptor instead.
 func (*StepProfile) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StepProfile) GetStep() int64 {
@@ -1896,7 +1994,7 @@ type ProfileRequest struct {
 
 func (x *ProfileRequest) Reset() {
 	*x = ProfileRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[26]
+	mi := &file_halo_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2006,7 @@ func (x *ProfileRequest) String() string {
 func (*ProfileRequest) ProtoMessage() {}
 
 func (x *ProfileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[26]
+	mi := &file_halo_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1921,7 +2019,7 @@ func (x *ProfileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProfileRequest.ProtoReflect.Descriptor instead.
 func (*ProfileRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProfileRequest) GetSteps() int32 {
@@ -1948,7 +2046,7 @@ type ProfileResponse struct {
 
 func (x *ProfileResponse) Reset() {
 	*x = ProfileResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[27]
+	mi := &file_halo_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2058,7 @@ func (x *ProfileResponse) String() string {
 func (*ProfileResponse) ProtoMessage() {}
 
 func (x *ProfileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[27]
+	mi := &file_halo_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2071,7 @@ func (x *ProfileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProfileResponse.ProtoReflect.Descriptor instead.
 func (*ProfileResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ProfileResponse) GetSteps() []*StepProfile {
@@ -2002,7 +2100,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_halo_v1_session_proto_msgTypes[28]
+	mi := &file_halo_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2112,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[28]
+	mi := &file_halo_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2125,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClientInfo) GetId() string {
@@ -2066,7 +2164,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[29]
+	mi := &file_halo_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2176,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[29]
+	mi := &file_halo_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2189,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 type StatusResponse struct {
@@ -2121,7 +2219,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[30]
+	mi := &file_halo_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2231,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[30]
+	mi := &file_halo_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2244,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StatusResponse) GetName() string {
@@ -2270,7 +2368,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[31]
+	mi := &file_halo_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2380,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[31]
+	mi := &file_halo_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2393,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EventsRequest) GetBuffer() int32 {
@@ -2330,7 +2428,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_halo_v1_session_proto_msgTypes[32]
+	mi := &file_halo_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2440,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[32]
+	mi := &file_halo_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2453,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -2468,7 +2566,7 @@ type LogEvent struct {
 
 func (x *LogEvent) Reset() {
 	*x = LogEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[33]
+	mi := &file_halo_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2578,7 @@ func (x *LogEvent) String() string {
 func (*LogEvent) ProtoMessage() {}
 
 func (x *LogEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[33]
+	mi := &file_halo_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2591,7 @@ func (x *LogEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEvent.ProtoReflect.Descriptor instead.
 func (*LogEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LogEvent) GetLevel() string {
@@ -2522,7 +2620,7 @@ type StateEvent struct {
 
 func (x *StateEvent) Reset() {
 	*x = StateEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[34]
+	mi := &file_halo_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2632,7 @@ func (x *StateEvent) String() string {
 func (*StateEvent) ProtoMessage() {}
 
 func (x *StateEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[34]
+	mi := &file_halo_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2645,7 @@ func (x *StateEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateEvent.ProtoReflect.Descriptor instead.
 func (*StateEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StateEvent) GetState() State {
@@ -2588,7 +2686,7 @@ type DroppedEvent struct {
 
 func (x *DroppedEvent) Reset() {
 	*x = DroppedEvent{}
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2698,7 @@ func (x *DroppedEvent) String() string {
 func (*DroppedEvent) ProtoMessage() {}
 
 func (x *DroppedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[35]
+	mi := &file_halo_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2711,7 @@ func (x *DroppedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DroppedEvent.ProtoReflect.Descriptor instead.
 func (*DroppedEvent) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DroppedEvent) GetCount() int64 {
@@ -2635,7 +2733,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[36]
+	mi := &file_halo_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +2745,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[36]
+	mi := &file_halo_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +2758,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetLayoutRequest) GetLayout() string {
@@ -2683,7 +2781,7 @@ type SetLayoutResponse struct {
 
 func (x *SetLayoutResponse) Reset() {
 	*x = SetLayoutResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[37]
+	mi := &file_halo_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2793,7 @@ func (x *SetLayoutResponse) String() string {
 func (*SetLayoutResponse) ProtoMessage() {}
 
 func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[37]
+	mi := &file_halo_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2806,7 @@ func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutResponse.ProtoReflect.Descriptor instead.
 func (*SetLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SetLayoutResponse) GetLayout() string {
@@ -2756,7 +2854,7 @@ type ControlRequest struct {
 
 func (x *ControlRequest) Reset() {
 	*x = ControlRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[38]
+	mi := &file_halo_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2768,7 +2866,7 @@ func (x *ControlRequest) String() string {
 func (*ControlRequest) ProtoMessage() {}
 
 func (x *ControlRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[38]
+	mi := &file_halo_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2781,7 +2879,7 @@ func (x *ControlRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRequest.ProtoReflect.Descriptor instead.
 func (*ControlRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ControlRequest) GetAction() ControlAction {
@@ -2808,7 +2906,7 @@ type ControlResponse struct {
 
 func (x *ControlResponse) Reset() {
 	*x = ControlResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[39]
+	mi := &file_halo_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2918,7 @@ func (x *ControlResponse) String() string {
 func (*ControlResponse) ProtoMessage() {}
 
 func (x *ControlResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[39]
+	mi := &file_halo_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2931,7 @@ func (x *ControlResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlResponse.ProtoReflect.Descriptor instead.
 func (*ControlResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ControlResponse) GetController() string {
@@ -2862,7 +2960,7 @@ type NotController struct {
 
 func (x *NotController) Reset() {
 	*x = NotController{}
-	mi := &file_halo_v1_session_proto_msgTypes[40]
+	mi := &file_halo_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +2972,7 @@ func (x *NotController) String() string {
 func (*NotController) ProtoMessage() {}
 
 func (x *NotController) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[40]
+	mi := &file_halo_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +2985,7 @@ func (x *NotController) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotController.ProtoReflect.Descriptor instead.
 func (*NotController) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NotController) GetController() string {
@@ -2922,7 +3020,7 @@ type MeasureRequest struct {
 
 func (x *MeasureRequest) Reset() {
 	*x = MeasureRequest{}
-	mi := &file_halo_v1_session_proto_msgTypes[41]
+	mi := &file_halo_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2934,7 +3032,7 @@ func (x *MeasureRequest) String() string {
 func (*MeasureRequest) ProtoMessage() {}
 
 func (x *MeasureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[41]
+	mi := &file_halo_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2947,7 +3045,7 @@ func (x *MeasureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeasureRequest.ProtoReflect.Descriptor instead.
 func (*MeasureRequest) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *MeasureRequest) GetOp() string {
@@ -3006,7 +3104,7 @@ type MeasureResponse struct {
 
 func (x *MeasureResponse) Reset() {
 	*x = MeasureResponse{}
-	mi := &file_halo_v1_session_proto_msgTypes[42]
+	mi := &file_halo_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3116,7 @@ func (x *MeasureResponse) String() string {
 func (*MeasureResponse) ProtoMessage() {}
 
 func (x *MeasureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_halo_v1_session_proto_msgTypes[42]
+	mi := &file_halo_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3129,7 @@ func (x *MeasureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeasureResponse.ProtoReflect.Descriptor instead.
 func (*MeasureResponse) Descriptor() ([]byte, []int) {
-	return file_halo_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MeasureResponse) GetDevice() string {
@@ -3202,7 +3300,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\vEvalRequest\"6\n" +
 	"\fEvalResponse\x12\x12\n" +
 	"\x04loss\x18\x01 \x01(\x01R\x04loss\x12\x12\n" +
-	"\x04step\x18\x02 \x01(\x03R\x04step\"\xc3\x01\n" +
+	"\x04step\x18\x02 \x01(\x03R\x04step\"\xec\x01\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12$\n" +
 	"\x0emax_new_tokens\x18\x02 \x01(\x05R\fmaxNewTokens\x12\x12\n" +
@@ -3210,7 +3308,8 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\vtemperature\x18\x04 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_k\x18\x05 \x01(\x05R\x04topK\x12\x13\n" +
 	"\x05top_p\x18\x06 \x01(\x01R\x04topP\x12\x12\n" +
-	"\x04seed\x18\a \x01(\x04R\x04seed\"R\n" +
+	"\x04seed\x18\a \x01(\x04R\x04seed\x12'\n" +
+	"\x0fwithout_adapter\x18\b \x01(\bR\x0ewithoutAdapter\"R\n" +
 	"\x10GenerateResponse\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\bR\x04done\x12\x16\n" +
@@ -3268,11 +3367,19 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x14\n" +
 	"\x05count\x18\x04 \x01(\x03R\x05count\x12 \n" +
-	"\vactivations\x18\x05 \x01(\bR\vactivations\"i\n" +
+	"\vactivations\x18\x05 \x01(\bR\vactivations\"\x9b\x01\n" +
 	"\x0fInspectResponse\x12*\n" +
 	"\x05stats\x18\x01 \x03(\v2\x14.halo.v1.TensorStatsR\x05stats\x12\x16\n" +
 	"\x06values\x18\x02 \x03(\x02R\x06values\x12\x12\n" +
-	"\x04step\x18\x03 \x01(\x03R\x04step\"\xad\x03\n" +
+	"\x04step\x18\x03 \x01(\x03R\x04step\x120\n" +
+	"\badapters\x18\x04 \x03(\v2\x14.halo.v1.AdapterNormR\badapters\"\x88\x01\n" +
+	"\vAdapterNorm\x12\x16\n" +
+	"\x06module\x18\x01 \x01(\tR\x06module\x12\x14\n" +
+	"\x05layer\x18\x02 \x01(\x03R\x05layer\x12\x15\n" +
+	"\x06a_norm\x18\x03 \x01(\x01R\x05aNorm\x12\x15\n" +
+	"\x06b_norm\x18\x04 \x01(\x01R\x05bNorm\x12\x1d\n" +
+	"\n" +
+	"delta_norm\x18\x05 \x01(\x01R\tdeltaNorm\"\xad\x03\n" +
 	"\vStepProfile\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x15\n" +
 	"\x06step_s\x18\x02 \x01(\x01R\x05stepS\x12?\n" +
@@ -3443,7 +3550,7 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),                // 0: halo.v1.State
 	(ControlAction)(0),        // 1: halo.v1.ControlAction
@@ -3472,92 +3579,94 @@ var file_halo_v1_session_proto_goTypes = []any{
 	(*TensorStats)(nil),       // 24: halo.v1.TensorStats
 	(*InspectRequest)(nil),    // 25: halo.v1.InspectRequest
 	(*InspectResponse)(nil),   // 26: halo.v1.InspectResponse
-	(*StepProfile)(nil),       // 27: halo.v1.StepProfile
-	(*ProfileRequest)(nil),    // 28: halo.v1.ProfileRequest
-	(*ProfileResponse)(nil),   // 29: halo.v1.ProfileResponse
-	(*ClientInfo)(nil),        // 30: halo.v1.ClientInfo
-	(*StatusRequest)(nil),     // 31: halo.v1.StatusRequest
-	(*StatusResponse)(nil),    // 32: halo.v1.StatusResponse
-	(*EventsRequest)(nil),     // 33: halo.v1.EventsRequest
-	(*Event)(nil),             // 34: halo.v1.Event
-	(*LogEvent)(nil),          // 35: halo.v1.LogEvent
-	(*StateEvent)(nil),        // 36: halo.v1.StateEvent
-	(*DroppedEvent)(nil),      // 37: halo.v1.DroppedEvent
-	(*SetLayoutRequest)(nil),  // 38: halo.v1.SetLayoutRequest
-	(*SetLayoutResponse)(nil), // 39: halo.v1.SetLayoutResponse
-	(*ControlRequest)(nil),    // 40: halo.v1.ControlRequest
-	(*ControlResponse)(nil),   // 41: halo.v1.ControlResponse
-	(*NotController)(nil),     // 42: halo.v1.NotController
-	(*MeasureRequest)(nil),    // 43: halo.v1.MeasureRequest
-	(*MeasureResponse)(nil),   // 44: halo.v1.MeasureResponse
-	nil,                       // 45: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                       // 46: halo.v1.StepProfile.ComputeSEntry
-	nil,                       // 47: halo.v1.StepProfile.CommSEntry
+	(*AdapterNorm)(nil),       // 27: halo.v1.AdapterNorm
+	(*StepProfile)(nil),       // 28: halo.v1.StepProfile
+	(*ProfileRequest)(nil),    // 29: halo.v1.ProfileRequest
+	(*ProfileResponse)(nil),   // 30: halo.v1.ProfileResponse
+	(*ClientInfo)(nil),        // 31: halo.v1.ClientInfo
+	(*StatusRequest)(nil),     // 32: halo.v1.StatusRequest
+	(*StatusResponse)(nil),    // 33: halo.v1.StatusResponse
+	(*EventsRequest)(nil),     // 34: halo.v1.EventsRequest
+	(*Event)(nil),             // 35: halo.v1.Event
+	(*LogEvent)(nil),          // 36: halo.v1.LogEvent
+	(*StateEvent)(nil),        // 37: halo.v1.StateEvent
+	(*DroppedEvent)(nil),      // 38: halo.v1.DroppedEvent
+	(*SetLayoutRequest)(nil),  // 39: halo.v1.SetLayoutRequest
+	(*SetLayoutResponse)(nil), // 40: halo.v1.SetLayoutResponse
+	(*ControlRequest)(nil),    // 41: halo.v1.ControlRequest
+	(*ControlResponse)(nil),   // 42: halo.v1.ControlResponse
+	(*NotController)(nil),     // 43: halo.v1.NotController
+	(*MeasureRequest)(nil),    // 44: halo.v1.MeasureRequest
+	(*MeasureResponse)(nil),   // 45: halo.v1.MeasureResponse
+	nil,                       // 46: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                       // 47: halo.v1.StepProfile.ComputeSEntry
+	nil,                       // 48: halo.v1.StepProfile.CommSEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
-	32, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	45, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	33, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
+	46, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
 	6,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
 	5,  // 3: halo.v1.StepMetrics.expert_load:type_name -> halo.v1.ExpertLoad
 	4,  // 4: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
-	32, // 5: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
-	32, // 6: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
-	32, // 7: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
+	33, // 5: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
+	33, // 6: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
+	33, // 7: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
 	24, // 8: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	46, // 9: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	47, // 10: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
-	4,  // 11: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
-	27, // 12: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
-	0,  // 13: halo.v1.StatusResponse.state:type_name -> halo.v1.State
-	30, // 14: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
-	21, // 15: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
-	4,  // 16: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
-	4,  // 17: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
-	35, // 18: halo.v1.Event.log:type_name -> halo.v1.LogEvent
-	36, // 19: halo.v1.Event.state:type_name -> halo.v1.StateEvent
-	37, // 20: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
-	27, // 21: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
-	0,  // 22: halo.v1.StateEvent.state:type_name -> halo.v1.State
-	1,  // 23: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	2,  // 24: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	7,  // 25: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	9,  // 26: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	11, // 27: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	13, // 28: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	15, // 29: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	17, // 30: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	19, // 31: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	22, // 32: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	23, // 33: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	25, // 34: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	28, // 35: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	31, // 36: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	33, // 37: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	40, // 38: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	38, // 39: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	43, // 40: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
-	3,  // 41: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	8,  // 42: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	10, // 43: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	12, // 44: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	14, // 45: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	16, // 46: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	18, // 47: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	20, // 48: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	21, // 49: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	21, // 50: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	26, // 51: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	29, // 52: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	32, // 53: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	34, // 54: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	41, // 55: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	39, // 56: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	44, // 57: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
-	41, // [41:58] is the sub-list for method output_type
-	24, // [24:41] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	27, // 9: halo.v1.InspectResponse.adapters:type_name -> halo.v1.AdapterNorm
+	47, // 10: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	48, // 11: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	4,  // 12: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
+	28, // 13: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
+	0,  // 14: halo.v1.StatusResponse.state:type_name -> halo.v1.State
+	31, // 15: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
+	21, // 16: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
+	4,  // 17: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
+	4,  // 18: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
+	36, // 19: halo.v1.Event.log:type_name -> halo.v1.LogEvent
+	37, // 20: halo.v1.Event.state:type_name -> halo.v1.StateEvent
+	38, // 21: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
+	28, // 22: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
+	0,  // 23: halo.v1.StateEvent.state:type_name -> halo.v1.State
+	1,  // 24: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
+	2,  // 25: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	7,  // 26: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	9,  // 27: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	11, // 28: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	13, // 29: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	15, // 30: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	17, // 31: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	19, // 32: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	22, // 33: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	23, // 34: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	25, // 35: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	29, // 36: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	32, // 37: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	34, // 38: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	41, // 39: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	39, // 40: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	44, // 41: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
+	3,  // 42: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 43: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 44: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 45: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 46: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 47: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 48: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 49: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 50: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 51: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 52: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	30, // 53: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	33, // 54: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	35, // 55: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	42, // 56: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	40, // 57: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	45, // 58: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
+	42, // [42:59] is the sub-list for method output_type
+	25, // [25:42] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -3567,8 +3676,8 @@ func file_halo_v1_session_proto_init() {
 	}
 	file_halo_v1_session_proto_msgTypes[2].OneofWrappers = []any{}
 	file_halo_v1_session_proto_msgTypes[21].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[30].OneofWrappers = []any{}
-	file_halo_v1_session_proto_msgTypes[32].OneofWrappers = []any{
+	file_halo_v1_session_proto_msgTypes[31].OneofWrappers = []any{}
+	file_halo_v1_session_proto_msgTypes[33].OneofWrappers = []any{
 		(*Event_Metrics)(nil),
 		(*Event_Log)(nil),
 		(*Event_State)(nil),
@@ -3581,7 +3690,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
