@@ -4,7 +4,9 @@
 // SwiGLU experts, transformers' load-balancing loss; on the device with grouped GEMMs where the
 // backend has the MoE ops, else composed with per-expert GEMMs and host routing) and the LM
 // head with a fused cross-entropy loss. A Linear may carry a LoRA adapter (two small GEMMs,
-// a scale and an add on top of a frozen base weight read through Linear.Weight).
+// a scale and an add on top of a frozen base weight read through Linear.Weight), and that base
+// may be stored in 4-bit NF4 (QuantWeight, QLoRA), dequantised into a WeightScratch shared by
+// the layers right before each product.
 //
 // Every activation is a row-major [N, ...] tensor where N is the total number of tokens of a
 // packed micro-batch; documents are separated by cumulative sequence lengths and positions

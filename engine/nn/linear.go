@@ -4,21 +4,27 @@ package nn
 // (optional); GW, GB are the gradient views (optional: nil gradients mean the weight is
 // frozen, as the base of a LoRA model always is).
 //
-// The base weight is read only through Weight, the seam for a base stored in another form
-// (a quantised base produces the weight to multiply with there, for example by dequantising
-// into a scratch buffer shared by the layers of a pass); everything else in the layer works
-// on the tensor Weight returns.
+// The base weight is read only through Weight, the seam for a base stored in another form:
+// a layer with Quant set (a QLoRA base in NF4, W unset) dequantises it into the pass's
+// WeightScratch, the buffer shared by the layers of a model; everything else in the layer
+// works on the tensor Weight returns.
 type Linear struct {
 	Name    string // HF prefix, e.g. "model.layers.0.self_attn.q_proj"
 	W, B    T
 	GW, GB  T
-	Adapter *LoRA // optional low-rank adapter (nil: none)
+	Adapter *LoRA        // optional low-rank adapter (nil: none)
+	Quant   *QuantWeight // optional 4-bit base (frozen: GW must be unset)
 }
 
 // Weight returns the base weight [O,I] to multiply with in this pass, in the activation dtype.
 // The tensor is valid until the next call of Weight on any layer of the pass and is not to be
 // freed by the caller.
-func (l *Linear) Weight(p *Pass) (T, error) { return l.W, nil }
+func (l *Linear) Weight(p *Pass) (T, error) {
+	if l.Quant != nil {
+		return l.quantWeight(p)
+	}
+	return l.W, nil
+}
 
 // adapted reports whether the adapter runs in this pass.
 func (l *Linear) adapted(p *Pass) bool { return l.Adapter != nil && !p.NoAdapters }

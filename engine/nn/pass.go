@@ -43,6 +43,9 @@ type Pass struct {
 	DropoutKey uint64
 	// NoAdapters runs every Linear without its LoRA adapter (the base model alone).
 	NoAdapters bool
+	// Scratch receives the bf16 weights of quantised linears (Linear.Quant); the model owns it
+	// and shares it across its layers and passes. Required only when a layer is quantised.
+	Scratch *WeightScratch
 }
 
 // alloc returns a zeroed activation of the pass dtype.
