@@ -1,14 +1,18 @@
 package server
 
 import (
+	"errors"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/halo-shell/halo-shell/session"
+	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 )
 
 // startHelper runs a helper process of kind against socket and waits for it to print want.
@@ -157,4 +161,72 @@ func TestOneShotClientsLeaveTheTable(t *testing.T) {
 		}
 		return st.Controller == c.ID()
 	})
+}
+
+// TestObserversOfAStoppingSessionEndCleanly: when a session process is stopped (SIGTERM)
+// while it runs, each observer gets a stopping state event with its reason and then the end of
+// its stream, not an error.
+func TestObserversOfAStoppingSessionEndCleanly(t *testing.T) {
+	dir := t.TempDir()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "HALO_SESSION_HELPER=serve", "HALO_SESSION_DIR="+dir, "HALO_SESSION_NAME=obs")
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sock := filepath.Join(dir, "obs.sock")
+	var c *session.Client
+	waitFor(t, "the session to load", func() bool {
+		if c == nil {
+			c, _ = session.Dial(sock, session.Options{})
+		}
+		if c == nil {
+			return false
+		}
+		st, err := c.Status(t.Context())
+		return err == nil && st.State == session.StateIdle
+	})
+	defer c.Close()
+	ctx := ctxT(t)
+	if _, err := c.Run(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	var streams []*session.EventStream
+	for range 3 {
+		st, err := dial(t, sock, "observer").Subscribe(ctx, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range streams {
+		var last *halov1.StateEvent
+		for {
+			ev, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("observer %d: the stream ended with %v, want its end (EOF)", i, err)
+			}
+			if se := ev.GetState(); se != nil {
+				last = se
+			}
+		}
+		if last == nil || last.State != session.StateStopping || !strings.Contains(last.Reason, "stopping") {
+			t.Errorf("observer %d: last state event %v, want stopping with a reason", i, last)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the session exited with %v:\n%s", err, out.String())
+	}
 }

@@ -100,6 +100,9 @@ type engine struct {
 	// measureDev is the device Measure opened when no model's device was used (measure.go).
 	measureDev  backend.Backend
 	measureName string
+	// repauseAfterProfile pauses a batch run again once the profile asked for while it was
+	// paused is taken.
+	repauseAfterProfile bool
 
 	mu   sync.Mutex
 	snap snapshot
@@ -407,6 +410,12 @@ func (e *engine) afterStep(pm *halov1.StepMetrics, ps *profile.Step) {
 	p.remaining--
 	if p.remaining <= 0 {
 		e.prof = nil
+		if e.repauseAfterProfile {
+			// The batch run was paused when the profile was asked for: pause it again
+			// (before replying, so that the caller's next Status sees it paused).
+			e.repauseAfterProfile, e.paused = false, true
+			e.publishState(fmt.Sprintf("paused after profiling %d step(s)", len(p.steps)))
+		}
 		p.waiter.reply(e.profileResponse(p), nil)
 	}
 }
@@ -823,8 +832,14 @@ func (e *engine) cmdProfile(c *command, k int, trace bool) (any, error) {
 		return nil, precondition("profile: a profile is already being taken")
 	}
 	e.prof = &profPlan{remaining: k, trace: trace, waiter: c}
-	if !e.launch && !e.stepping() {
+	switch {
+	case !e.launch && !e.stepping():
 		e.fg = &job{target: e.t.Steps() + k, forProfile: true}
+	case e.launch && e.paused:
+		// A paused batch run steps k more steps for the profile, then pauses again; without
+		// this the profile would wait for a resume that its caller cannot give while it waits.
+		e.paused, e.repauseAfterProfile = false, true
+		e.publishState(fmt.Sprintf("profiling %d step(s) of the paused run", k))
 	}
 	return deferred{}, nil
 }

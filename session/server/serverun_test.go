@@ -75,6 +75,20 @@ func TestServeRunIsAttachable(t *testing.T) {
 	if _, err := c.SetLR(ctx, 1e-3); err != nil {
 		t.Fatal(err)
 	}
+	// A profile asked for while the run is paused (the TUI's p then f) steps the run for it
+	// and pauses it again, instead of waiting for a resume that never comes.
+	pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+	pp, err := c.Profile(pctx, 3, false)
+	pcancel()
+	if err != nil {
+		t.Fatalf("profile of the paused run: %v", err)
+	}
+	if len(pp.Steps) != 3 {
+		t.Fatalf("profile of the paused run has %d steps, want 3", len(pp.Steps))
+	}
+	if s := status(t, c); s.State != session.StatePaused || s.Step != at+3 {
+		t.Fatalf("after profiling the paused run: %v at step %d, want paused at %d", s.State, s.Step, at+3)
+	}
 	if _, err := c.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
