@@ -125,6 +125,9 @@ type SaveOptions struct {
 // files (tokenizer, trainer state) are kept. To replace a whole checkpoint atomically, Save
 // into a temporary directory and rename it.
 func (m *Model) Save(dir string, o SaveOptions) error {
+	if m.quant != nil {
+		return fmt.Errorf("models: Save %s: the base is quantised to 4 bits; save the adapter (SaveAdapter), whose base is the original checkpoint", dir)
+	}
 	if m.cfg == nil {
 		return fmt.Errorf("models: Save %s: the model was not built from a config.json", dir)
 	}

@@ -162,7 +162,7 @@ func (m *Model) AttachLoRA(c LoRAConfig) error {
 		for _, t := range targets {
 			if re != nil && re.MatchString(l.Name) || re == nil && matchTarget(l.Name, t) {
 				used[t] = true
-				in, out := l.W.Dim(1), l.W.Dim(0)
+				out, in := l.Shape()
 				mod := LoRAModule{Name: l.Name, In: in, Out: out}
 				ad.Modules = append(ad.Modules, mod)
 				ad.Specs = append(ad.Specs,
@@ -242,6 +242,9 @@ func (m *Model) MergeLoRA() error {
 	ad := m.lora
 	if ad == nil {
 		return errors.New("models: no adapters to merge")
+	}
+	if m.quant != nil {
+		return errors.New("models: merge: the base is quantised to 4 bits; merge the adapter into the original bf16 checkpoint (merge-lora --base that checkpoint)")
 	}
 	scale := float32(ad.Config.Scale())
 	for i, mod := range ad.Modules {

@@ -82,6 +82,8 @@ type Model struct {
 
 	// lora holds the attached adapters (nil: none); while set the base is frozen.
 	lora *Adapters
+	// quant holds the 4-bit base (QuantizeBase; nil: none).
+	quant *quantState
 	// dropoutKey numbers training forwards, selecting each micro-batch's dropout masks.
 	dropoutKey uint64
 	// adaptersOff runs passes without the adapters (SetAdaptersEnabled).
@@ -201,6 +203,7 @@ func (m *Model) build() {
 	}
 	m.bindMoE()
 	m.bindLoRA()
+	m.bindQuant()
 	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows}
 	if a.Tied {
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
@@ -225,6 +228,9 @@ func (m *Model) NumParams() int {
 	n := 0
 	for _, s := range m.Specs {
 		n += s.Numel()
+	}
+	if m.quant != nil {
+		n += m.quant.params
 	}
 	return n
 }
@@ -281,7 +287,7 @@ func (m *Model) ZeroGrads() error {
 // Close frees the parameter and gradient arenas and the RoPE table.
 func (m *Model) Close() error {
 	var errs []error
-	errs = append(errs, m.Params.free(m.b), m.Grads.free(m.b))
+	errs = append(errs, m.Params.free(m.b), m.Grads.free(m.b), m.freeQuant())
 	if m.lora != nil {
 		errs = append(errs, m.lora.Params.free(m.b), m.lora.Grads.free(m.b))
 		m.lora = nil

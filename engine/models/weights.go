@@ -20,6 +20,9 @@ import (
 // Mixture-of-experts weights load from the Hub layout (one tensor per expert) or from
 // transformers 5's fused in-memory layout (mlp.experts.gate_up_proj, mlp.experts.down_proj).
 func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error) {
+	if m.quant != nil {
+		return nil, fmt.Errorf("models: LoadWeights: the base is quantised to 4 bits; load the checkpoint into a new model and quantise that")
+	}
 	if f, ok := m.Family.FFN.(*moeFFN); ok {
 		src = withFusedExperts(src, f)
 	}

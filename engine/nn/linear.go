@@ -26,6 +26,14 @@ func (l *Linear) Weight(p *Pass) (T, error) {
 	return l.W, nil
 }
 
+// Shape is the base weight's [O, I], whether it is stored in W or quantised.
+func (l *Linear) Shape() (o, i int) {
+	if l.Quant != nil {
+		return l.Quant.O, l.Quant.I
+	}
+	return l.W.Dim(0), l.W.Dim(1)
+}
+
 // adapted reports whether the adapter runs in this pass.
 func (l *Linear) adapted(p *Pass) bool { return l.Adapter != nil && !p.NoAdapters }
 

@@ -1,0 +1,155 @@
+package models
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/nn"
+	"github.com/halo-shell/halo-shell/engine/quant"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// quantState holds a model's 4-bit base (QLoRA): the NF4 weights by parameter name and the
+// scratch their layers dequantise into, one buffer for the whole model.
+type quantState struct {
+	config  quant.Config
+	weights map[string]*nn.QuantWeight // by weight name ("...q_proj.weight")
+	params  int                        // elements they hold
+	scratch nn.WeightScratch
+}
+
+// QuantizeBase stores the weights of the linear layers c selects (every one but the LM head,
+// as transformers' load_in_4bit does; routed experts are not linear layers here) in NF4 and
+// frees their full-precision copies: the parameter arena is rebuilt without them. The base
+// becomes frozen for good: a quantised model trains adapters only (AttachLoRA) and is not
+// saved, merged or loaded into again (its adapter is saved). Passes then dequantise each
+// weight into one scratch buffer shared by the layers.
+func (m *Model) QuantizeBase(c quant.Config) error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("models: %w", err)
+	}
+	if !c.LoadIn4bit {
+		return nil
+	}
+	if m.quant != nil {
+		return errors.New("models: the base is already quantised")
+	}
+	if m.fullIndex != nil {
+		return errors.New("models: a model holding a subset of the experts cannot be quantised (quantise the whole model on one device)")
+	}
+	if m.Grads != nil {
+		return errors.New("models: the base has gradients; a quantised base is frozen: quantise before enabling gradients, and train adapters (use_peft)")
+	}
+	q := &quantState{config: c, weights: map[string]*nn.QuantWeight{}}
+	fail := func(err error) error {
+		for _, w := range q.weights {
+			w.Free(m.b)
+		}
+		return fmt.Errorf("models: quantising the base: %w", err)
+	}
+	for _, l := range m.linearLayers() {
+		if !c.Quantizes(l.Name) || l.W.IsNil() {
+			continue
+		}
+		vals, err := backend.ToFloat32(m.b, l.W)
+		if err != nil {
+			return fail(err)
+		}
+		w, err := quant.QuantizeNF4(vals, l.W.Shape(), quant.Options{DoubleQuant: c.DoubleQuant})
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", l.Name, err))
+		}
+		qw, err := nn.NewQuantWeight(m.b, w)
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", l.Name, err))
+		}
+		q.weights[l.Name+".weight"] = qw
+		q.params += w.N()
+	}
+	// The arena without the quantised weights: the others are copied over and the old one freed.
+	var keep []ParamSpec
+	for _, s := range m.Specs {
+		if _, ok := q.weights[s.Name]; !ok {
+			keep = append(keep, s)
+		}
+	}
+	arena, err := newArena(m.b, m.opts.DType, keep)
+	if err != nil {
+		return fail(err)
+	}
+	for i, s := range keep {
+		old, _ := m.Params.Get(s.Name)
+		if err := m.b.Copy(arena.Views[i], old); err != nil {
+			_ = arena.free(m.b)
+			return fail(err)
+		}
+	}
+	if err := m.Params.free(m.b); err != nil {
+		_ = arena.free(m.b)
+		return fail(err)
+	}
+	m.Params, m.Specs, m.quant = arena, keep, q
+	m.build()
+	return nil
+}
+
+// Quantized reports whether the base is stored in 4 bits, and the bytes its NF4 weights and
+// the shared scratch take on the device.
+func (m *Model) Quantized() (ok bool, weightBytes, scratchBytes int64) {
+	if m.quant == nil {
+		return false, 0, 0
+	}
+	for _, w := range m.quant.weights {
+		weightBytes += w.Bytes()
+	}
+	return true, weightBytes, m.quant.scratch.Bytes()
+}
+
+// QuantizedNames lists the weights stored in NF4, sorted.
+func (m *Model) QuantizedNames() []string {
+	if m.quant == nil {
+		return nil
+	}
+	var out []string
+	for n := range m.quant.weights {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// bindQuant gives the quantised linears their NF4 weights (build leaves their W unset: the
+// arena no longer holds them).
+func (m *Model) bindQuant() {
+	if m.quant == nil {
+		return
+	}
+	for _, l := range m.linearLayers() {
+		if w, ok := m.quant.weights[l.Name+".weight"]; ok {
+			l.Quant, l.W, l.GW = w, tensor.Tensor{}, tensor.Tensor{}
+		}
+	}
+}
+
+// scratch is the pass's weight scratch (nil for a model without a quantised base).
+func (m *Model) scratch() *nn.WeightScratch {
+	if m.quant == nil {
+		return nil
+	}
+	return &m.quant.scratch
+}
+
+// freeQuant releases the NF4 weights and the scratch.
+func (m *Model) freeQuant() error {
+	if m.quant == nil {
+		return nil
+	}
+	for _, w := range m.quant.weights {
+		w.Free(m.b)
+	}
+	err := m.quant.scratch.Free(m.b)
+	m.quant = nil
+	return err
+}
