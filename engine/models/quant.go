@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/quant"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -152,4 +153,42 @@ func (m *Model) freeQuant() error {
 	err := m.quant.scratch.Free(m.b)
 	m.quant = nil
 	return err
+}
+
+// QuantizedParamCount is what QuantizeBase with c stores in NF4 for a model of shape s: the
+// elements of the quantised weights, their device bytes (quant.StorageBytes each) and the
+// largest one's elements (the scratch). The linears are linearLayers': the attention
+// projections of every layer and the MLP projections of the dense layers.
+func QuantizedParamCount(s config.Shape, c quant.Config) (params, bytes, largest int64, err error) {
+	if err := c.Validate(); err != nil {
+		return 0, 0, 0, fmt.Errorf("models: %w", err)
+	}
+	if !c.LoadIn4bit {
+		return 0, 0, 0, nil
+	}
+	q, kv := s.QDim(), s.KVDim()
+	dense := s.Layers - s.MoELayers
+	if !s.MoE() {
+		dense = s.Layers
+	}
+	type mod struct {
+		name    string
+		out, in int
+	}
+	for i := range s.Layers {
+		mods := []mod{{"self_attn.q_proj", q, s.Hidden}, {"self_attn.k_proj", kv, s.Hidden}, {"self_attn.v_proj", kv, s.Hidden}, {"self_attn.o_proj", s.Hidden, q}}
+		if i < dense {
+			mods = append(mods, mod{"mlp.gate_proj", s.Intermediate, s.Hidden}, mod{"mlp.up_proj", s.Intermediate, s.Hidden}, mod{"mlp.down_proj", s.Hidden, s.Intermediate})
+		}
+		for _, md := range mods {
+			if !c.Quantizes(layerName(i, md.name)) {
+				continue
+			}
+			n := int64(md.out) * int64(md.in)
+			params += n
+			bytes += quant.StorageBytes(n, c.DoubleQuant)
+			largest = max(largest, n)
+		}
+	}
+	return params, bytes, largest, nil
 }

@@ -55,6 +55,13 @@ func TestQuantizeBase(t *testing.T) {
 		if got := q.Params.Flat.Numel(); got != total-quantised {
 			t.Errorf("the arena holds %d elements, want %d without the quantised weights", got, total-quantised)
 		}
+		qp, qb, largest, err := QuantizedParamCount(a.Shape, quant.Config{LoadIn4bit: true, DoubleQuant: nested})
+		if err != nil || qp != int64(quantised) || largest != int64(a.Intermediate*a.Hidden) {
+			t.Errorf("QuantizedParamCount = %d, %d, %d, %v; want %d quantised, largest %d", qp, qb, largest, err, quantised, a.Intermediate*a.Hidden)
+		}
+		if _, wb, _ := q.Quantized(); wb != qb {
+			t.Errorf("the NF4 weights take %d bytes, QuantizedParamCount says %d", wb, qb)
+		}
 		if q.NumParams() != total {
 			t.Errorf("NumParams = %d, want %d", q.NumParams(), total)
 		}

@@ -282,12 +282,13 @@ func (w *Weight) Bytes() int64 {
 
 // StorageBytes is the size of an NF4 weight of n elements: n/2 bytes of codes plus 4 bytes of
 // absmax per 64 elements, or with double quantisation 1 byte per 64 elements, 4 bytes per
-// 256 blocks and the 256-entry fp32 map.
+// 256 blocks and the 256-entry fp32 map (the offset is a scalar, held with the weight's
+// metadata, not in device memory).
 func StorageBytes(n int64, nested bool) int64 {
 	blocks := (n + Blocksize - 1) / Blocksize
 	b := (n + 1) / 2
 	if !nested {
 		return b + 4*blocks
 	}
-	return b + blocks + 4*((blocks+NestedBlocksize-1)/NestedBlocksize) + 4*256 + 4
+	return b + blocks + 4*((blocks+NestedBlocksize-1)/NestedBlocksize) + 4*256
 }

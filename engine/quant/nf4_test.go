@@ -278,7 +278,7 @@ func TestStorageBytes(t *testing.T) {
 		t.Errorf("plain = %d, want %d", plain, want)
 	}
 	nested := StorageBytes(n, true)
-	if want := n/2 + n/64 + 4*(n/64/256) + 4*257; nested != want {
+	if want := n/2 + n/64 + 4*(n/64/256) + 4*256; nested != want {
 		t.Errorf("nested = %d, want %d", nested, want)
 	}
 	if bpp := float64(nested) / float64(n); bpp < 0.5 || bpp > 0.52 {

@@ -46,6 +46,10 @@ type Config struct {
 	// PEFT are the LoRA keys (use_peft, lora_r, lora_alpha, lora_dropout,
 	// lora_target_modules, use_rslora); see PEFTConfig.
 	PEFT PEFTConfig `yaml:",inline" json:"peft"`
+	// Quant are the 4-bit base keys (load_in_4bit, bnb_4bit_quant_type,
+	// bnb_4bit_use_double_quant or use_bnb_nested_quant, bnb_4bit_compute_dtype); see
+	// QuantConfig.
+	Quant QuantConfig `yaml:",inline" json:"quant"`
 }
 
 // ModelConfig says where the model and tokenizer come from.
@@ -612,6 +616,7 @@ func (c *Config) Validate() error {
 		bad("generation_eval.max_samples", "generation eval needs held-out data: set dataset.eval_split or dataset.eval_path")
 	}
 	c.validatePEFT(bad)
+	c.validateQuant(bad)
 	if len(errs) == 0 {
 		return nil
 	}

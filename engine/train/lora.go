@@ -104,10 +104,14 @@ func (c *Config) validatePEFT(bad func(key, format string, args ...any)) {
 	}
 }
 
-// attachPEFT puts the run's adapters on m (use_peft), freezing its base.
+// attachPEFT puts the run's adapters on m (use_peft), freezing its base, after storing the
+// base in 4 bits with load_in_4bit.
 func attachPEFT(cfg *Config, m *models.Model) error {
 	if !cfg.PEFT.UsePEFT {
 		return nil
+	}
+	if err := quantizeBase(cfg, m); err != nil {
+		return err
 	}
 	if err := m.AttachLoRA(cfg.loraConfig()); err != nil {
 		return fmt.Errorf("train: use_peft: %w", err)
@@ -139,6 +143,9 @@ func init() {
 // paramsLabel names the parameters row of the memory estimate: the model's count, and the
 // adapters' (the only trained parameters) under use_peft.
 func (m MemoryEstimate) paramsLabel() string {
+	if m.Quantized > 0 {
+		return fmt.Sprintf("parameters (%.2fM, %.2fM in NF4, + %.2fM LoRA)", float64(m.Params)/1e6, float64(m.Quantized)/1e6, float64(m.Adapters)/1e6)
+	}
 	if m.Adapters > 0 {
 		return fmt.Sprintf("parameters (%.2fM + %.2fM LoRA)", float64(m.Params)/1e6, float64(m.Adapters)/1e6)
 	}

@@ -21,19 +21,24 @@ import (
 // tensors each layer keeps for backward at one micro-batch and ignore allocator overhead and
 // backend workspaces.
 type MemoryEstimate struct {
-	Params      int64 // number of parameters
-	Adapters    int64 // number of LoRA adapter parameters (use_peft), in ParamBytes too
-	ParamBytes  int64
-	GradBytes   int64
-	OptimBytes  int64 // AdamW moments (+ fp32 master weights with bf16 and adamw_torch)
-	ActBytes    int64 // activations kept for backward at one micro-batch
-	LogitsBytes int64 // the loss head's working logits
-	Tokens      int   // tokens per micro-batch
+	Params   int64 // number of parameters
+	Adapters int64 // number of LoRA adapter parameters (use_peft), in ParamBytes too
+	// Quantized is the number of parameters stored in NF4 (load_in_4bit), counted in
+	// ParamBytes at their NF4 size (0.5 byte each plus the block scales); ScratchBytes is the
+	// buffer they are dequantised into, the largest such weight in bf16 (and f32 for f32 runs).
+	Quantized    int64
+	ScratchBytes int64
+	ParamBytes   int64
+	GradBytes    int64
+	OptimBytes   int64 // AdamW moments (+ fp32 master weights with bf16 and adamw_torch)
+	ActBytes     int64 // activations kept for backward at one micro-batch
+	LogitsBytes  int64 // the loss head's working logits
+	Tokens       int   // tokens per micro-batch
 }
 
 // Total is the sum of every part.
 func (m MemoryEstimate) Total() int64 {
-	return m.ParamBytes + m.GradBytes + m.OptimBytes + m.ActBytes + m.LogitsBytes
+	return m.ParamBytes + m.ScratchBytes + m.GradBytes + m.OptimBytes + m.ActBytes + m.LogitsBytes
 }
 
 func (m MemoryEstimate) String() string {
@@ -42,8 +47,11 @@ func (m MemoryEstimate) String() string {
 	for _, r := range []struct {
 		name string
 		v    int64
-	}{{m.paramsLabel(), m.ParamBytes}, {"gradients", m.GradBytes},
+	}{{m.paramsLabel(), m.ParamBytes}, {"nf4 weight scratch", m.ScratchBytes}, {"gradients", m.GradBytes},
 		{"optimizer state", m.OptimBytes}, {"activations", m.ActBytes}, {"loss head logits", m.LogitsBytes}, {"total", m.Total()}} {
+		if r.name == "nf4 weight scratch" && m.Quantized == 0 {
+			continue
+		}
 		fmt.Fprintf(&b, "  %-22s %10s\n", r.name, humanBytes(r.v))
 	}
 	return strings.TrimRight(b.String(), "\n")
@@ -102,6 +110,18 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 		e.Adapters, trained = n, n
 	}
 	e.ParamBytes, e.GradBytes = (e.Params+e.Adapters)*el, trained*el
+	if cfg.Quant.LoadIn4bit {
+		n, nf4, largest, err := models.QuantizedParamCount(a.Shape, cfg.quantConfig())
+		if err != nil {
+			return MemoryEstimate{}, err
+		}
+		e.Quantized = n
+		e.ParamBytes += nf4 - n*el
+		e.ScratchBytes = largest * 2
+		if el == 4 {
+			e.ScratchBytes += largest * 4
+		}
+	}
 	switch {
 	case bf16Optim(cfg.Optim.Optim):
 		e.OptimBytes = trained * 4
