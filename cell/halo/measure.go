@@ -21,6 +21,9 @@ type Measurement struct {
 	// Samples are the seconds per op of each sample; OpsPerSample the ops in each.
 	Samples      []float64
 	OpsPerSample int
+	// Fastest is the fastest sample's seconds per op: what the device can do when other work
+	// on the machine slows some samples down (the median includes them).
+	Fastest float64
 	// FLOPs and Bytes are the work of one op: floating-point operations, and the least bytes
 	// it reads and writes in device memory (each operand once).
 	FLOPs, Bytes float64
@@ -41,6 +44,22 @@ func (m Measurement) String() string {
 		s += fmt.Sprintf(", %.4g GB/s", m.GBps)
 	}
 	return s
+}
+
+// FastTFLOPS is FLOPs per Fastest, in TFLOP/s (0 without samples).
+func (m Measurement) FastTFLOPS() float64 {
+	if m.Fastest <= 0 {
+		return 0
+	}
+	return m.FLOPs / m.Fastest / 1e12
+}
+
+// FastGBps is Bytes per Fastest, in GB/s (0 without samples).
+func (m Measurement) FastGBps() float64 {
+	if m.Fastest <= 0 {
+		return 0
+	}
+	return m.Bytes / m.Fastest / 1e9
 }
 
 // Measure times op on the session's device at the given sizes (see Measurement.Op for the
@@ -65,6 +84,11 @@ func measurementOf(r *session.MeasureResponse) Measurement {
 		TFLOPS: r.TflopS, GBps: r.GbS, DeviceMemory: r.DeviceMemory, HostThreads: int(r.HostThreads)}
 	if m.Bytes > 0 && m.Op != "launch" && m.Op != "copy" {
 		m.Intensity = m.FLOPs / m.Bytes
+	}
+	for i, s := range m.Samples {
+		if i == 0 || s < m.Fastest {
+			m.Fastest = s
+		}
 	}
 	return m
 }

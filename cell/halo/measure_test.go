@@ -46,8 +46,8 @@ func TestVerdictLines(t *testing.T) {
 
 func TestMeasurementOf(t *testing.T) {
 	m := measurementOf(&session.MeasureResponse{Device: "cpu", Op: "gemm", Sizes: []int64{2, 2, 2}, Dtype: "f32",
-		MedianS: 2e-6, Flops: 16, Bytes: 48, TflopS: 8e-6, GbS: 0.024})
-	if m.Intensity != 16.0/48 || m.Seconds != 2e-6 {
+		MedianS: 2e-6, SampleS: []float64{3e-6, 1e-6, 2e-6}, Flops: 16, Bytes: 48, TflopS: 8e-6, GbS: 0.024})
+	if m.Intensity != 16.0/48 || m.Seconds != 2e-6 || m.Fastest != 1e-6 || m.FastTFLOPS() != 16e-12/1e-6 || m.FastGBps() != 48e-9/1e-6 {
 		t.Errorf("gemm: %+v", m)
 	}
 	if s := m.String(); !strings.Contains(s, "gemm [2 2 2] f32 on cpu: 2 µs") || !strings.Contains(s, "TFLOP/s") {
