@@ -1,0 +1,108 @@
+package kernel
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/halo-shell/halo-shell/cell/halo"
+)
+
+// lectureNotebookLimit bounds one lecture notebook's run; they are written to finish in well
+// under 90 seconds on a 2-core CPU.
+const lectureNotebookLimit = 4 * time.Minute
+
+// TestLectureNotebooks runs every notebooks/NN-*.ipynb headless with nbclient against a session
+// on this machine's device and fails on a cell error, on a claim whose verdict could not be
+// computed (halo.VerdictUnknownMarker), and on a notebook that checks no claim at all.
+func TestLectureNotebooks(t *testing.T) {
+	needJupyter(t)
+	root := repoRoot(t)
+	nbs, err := filepath.Glob(filepath.Join(root, "notebooks", "[0-9][0-9]-*.ipynb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nbs) == 0 {
+		t.Fatal("no lecture notebooks (notebooks/NN-*.ipynb)")
+	}
+	env, tmp := jupyterEnv(t)
+	script, _ := filepath.Abs("testdata/run_notebook.py")
+	for _, nbPath := range nbs {
+		name := strings.TrimSuffix(filepath.Base(nbPath), ".ipynb")
+		t.Run(name, func(t *testing.T) {
+			executed := filepath.Join(tmp, name+".executed.ipynb")
+			start := time.Now()
+			runPython(t, env, root, lectureNotebookLimit, script, nbPath, executed, root)
+			t.Logf("%s ran in %.1fs", name, time.Since(start).Seconds())
+			b, err := os.ReadFile(executed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range lectureProblems(b) {
+				t.Error(p)
+			}
+		})
+	}
+}
+
+// lectureProblems lists what is wrong with an executed lecture notebook: failed cells,
+// verdicts that could not be computed, and no verdict at all.
+func lectureProblems(executed []byte) []string {
+	var nb notebook
+	if err := json.Unmarshal(executed, &nb); err != nil {
+		return []string{"reading the executed notebook: " + err.Error()}
+	}
+	var problems []string
+	verdicts := 0
+	for _, c := range nb.Cells {
+		if c.CellType != "code" {
+			continue
+		}
+		first := strings.SplitN(joined(c.Source), "\n", 2)[0]
+		for _, o := range c.Outputs {
+			if o.OutputType == "error" {
+				problems = append(problems, fmt.Sprintf("cell %q failed: %s: %s", first, o.Ename, o.Evalue))
+			}
+			text := joined(o.Text)
+			if v, ok := o.Data["text/plain"]; ok {
+				text += "\n" + joined(v)
+			}
+			for _, line := range strings.Split(text, "\n") {
+				switch {
+				case strings.HasPrefix(line, halo.VerdictUnknownMarker):
+					problems = append(problems, fmt.Sprintf("cell %q could not compute a verdict: %s", first, line))
+				case strings.HasPrefix(line, "verdict: holds here: "), strings.HasPrefix(line, "verdict: differs here, because "):
+					verdicts++
+				}
+			}
+		}
+	}
+	if verdicts == 0 {
+		problems = append(problems, "the notebook printed no verdict: every lecture checks its claims on the reader's machine")
+	}
+	return problems
+}
+
+// TestLectureProblems checks the checker on hand-made executed notebooks.
+func TestLectureProblems(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		outputs  string
+		problems int
+	}{
+		{"verdicts", `[{"output_type":"stream","name":"stdout","text":["verdict: holds here: x (1)\n","verdict: differs here, because y (claim: z)\n"]}]`, 0},
+		{"unknown", `[{"output_type":"stream","name":"stdout","text":"verdict: holds here: x\nverdict: unknown: y (no samples)\n"}]`, 1},
+		{"error", `[{"output_type":"stream","name":"stdout","text":"verdict: holds here: x\n"},{"output_type":"error","ename":"SessionError","evalue":"boom"}]`, 1},
+		{"no verdict", `[{"output_type":"execute_result","data":{"text/plain":"42"}}]`, 1},
+		{"unreadable", `[`, 1},
+	} {
+		nb := `{"cells":[{"cell_type":"code","source":"fmt.Println()","outputs":` + tc.outputs + `}]}`
+		if got := lectureProblems([]byte(nb)); len(got) != tc.problems {
+			t.Errorf("%s: problems %q, want %d", tc.name, got, tc.problems)
+		}
+	}
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Executes every lecture notebook (notebooks/NN-*.ipynb) headless on this machine's GPU and
+# writes the executed notebooks, with their measurements, plots and verdicts, to
+# notebooks/executed/<gpu>/ (<gpu> from nvidia-smi, e.g. nvidia-h200), plus verdicts.txt there:
+# every verdict line of every notebook and how long each notebook took.
+#
+#   CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell     # on the build machine
+#   scripts/gpu/lectures.sh                                       # on the GPU machine, repo root
+#
+# Needs python3 with nbclient and nbformat (Debian: python3-nbclient python3-nbformat
+# jupyter-client; or pip install nbclient nbformat). The notebooks' kernel starts its own
+# session, which opens the first GPU ("auto") for its measurements; the script gives it a
+# private session directory and Jupyter paths, and stops it at the end.
+# HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); OUT the
+# output directory (notebooks/executed/<gpu>).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root="$(pwd)"
+bin="${HALO_BIN:-bin/halo-shell}"
+py="${PYTHON:-python3}"
+[ -x "$bin" ] || { echo "lectures.sh: $bin not found: build it first (CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell)" >&2; exit 1; }
+"$py" -c 'import nbclient, nbformat' 2>/dev/null || { echo "lectures.sh: $py lacks nbclient/nbformat (pip install nbclient nbformat)" >&2; exit 1; }
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr '[:upper:] ' '[:lower:]-' | tr -cd 'a-z0-9-')"
+[ -n "$gpu" ] || { echo "lectures.sh: no GPU found by nvidia-smi; the notebooks would measure the CPU (run them with kernel/lectures_test.go instead)" >&2; exit 1; }
+out="${OUT:-notebooks/executed/$gpu}"
+mkdir -p "$out"
+work="$(mktemp -d /tmp/hl.XXXXXX)"
+export JUPYTER_PATH="$work/prefix/share/jupyter" JUPYTER_DATA_DIR="$work/data" JUPYTER_RUNTIME_DIR="$work/runtime" \
+  JUPYTER_CONFIG_DIR="$work/config" JUPYTER_PLATFORM_DIRS=1 HALO_SESSION_DIR="$work/s" PYDEVD_DISABLE_FILE_VALIDATION=1
+cleanup() {
+  "$bin" session stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+"$bin" kernel install --prefix "$work/prefix" >/dev/null
+summary="$out/verdicts.txt"
+{ echo "# lectures on $gpu, $(date -u +%Y-%m-%dT%H:%M:%SZ), revision $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; } >"$summary"
+status=0
+for nb in notebooks/[0-9][0-9]-*.ipynb; do
+  name="$(basename "$nb" .ipynb)"
+  start=$(date +%s.%N)
+  if "$py" kernel/testdata/run_notebook.py "$nb" "$out/$name.ipynb" "$root"; then
+    result=ok
+  else
+    result=FAILED
+    status=1
+  fi
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  echo "## $name: $result in ${secs}s" | tee -a "$summary"
+  if [ -f "$out/$name.ipynb" ]; then
+    "$py" - "$out/$name.ipynb" <<'PY' | tee -a "$summary"
+import json, sys
+nb = json.load(open(sys.argv[1]))
+for c in nb["cells"]:
+    for o in c.get("outputs", []):
+        text = o.get("text", "")
+        text = "".join(text) if isinstance(text, list) else text
+        for line in text.splitlines():
+            if line.startswith("verdict: "):
+                print(line)
+PY
+  fi
+done
+if grep -q '^verdict: unknown' "$summary"; then status=1; fi
+echo "executed notebooks and verdicts.txt in $out"
+exit $status
