@@ -14,8 +14,11 @@
 //
 // Dial takes a session name ("default", "exp1"), a unix socket path (absolute, or
 // "unix:///path") or "tcp://HOST:PORT", which needs the session's bearer token (Options.Token,
-// else the token file of Options.TokenSession in RuntimeDir). DialOrStart attaches to a named
-// session and starts it when none answers.
+// else the token file of Options.TokenSession in RuntimeDir), and speaks TLS when a CA file is
+// given (Options.CAFile or HALO_SESSION_CA) for a session started with --tls-cert. DialOrStart
+// attaches to a named session and starts the default one when none answers; another name
+// that nothing answers on is an error naming the running sessions (ErrNotRunning, NotRunning).
+// Start serialises starts of one name with a lock file and waits for the config to load.
 //
 // # Control and observation
 //

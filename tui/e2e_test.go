@@ -320,3 +320,80 @@ func TestKilledTUILosesControl(t *testing.T) {
 		t.Fatalf("status after the claim: %v, %v; want %s controlling", st, err, other.ID())
 	}
 }
+
+// TestProfileOfAPausedLaunchRun: on a `halo-shell launch` run, p pauses it and f profiles 3
+// steps, which run for the profile (the pane shows them) before the run pauses again.
+func TestProfileOfAPausedLaunchRun(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux is not installed (apt-get install -y tmux); the end-to-end test needs it")
+	}
+	bin := binary(t)
+	dir, err := os.MkdirTemp("", "halo-e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sessions := filepath.Join(dir, "sessions")
+	t.Setenv("HALO_SESSION_DIR", sessions)
+	config, _ := filepath.Abs(tinyConfig)
+	launch := exec.Command(bin, "launch", "sft", config, "--max_steps=1000000", "--save_steps=0", "--output_dir="+filepath.Join(dir, "run"))
+	var out syncWriter
+	launch.Stdout, launch.Stderr = &out, &out
+	if err := launch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { launch.Process.Kill(); launch.Wait() })
+	const name = "launch-run"
+	var c *session.Client
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if c == nil {
+			c, _ = session.Dial(name, session.Options{ClientName: "test"})
+		}
+		if c != nil {
+			if st, err := c.Status(context.Background()); err == nil && st.State == session.StateRunning {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the launch run did not answer as %s; it wrote:\n%s", name, out.String())
+		}
+	}
+	defer c.Close()
+	x := &tmux{t: t, sock: filepath.Join(dir, "tmux.sock")}
+	cmd := fmt.Sprintf("exec env HALO_SESSION_DIR=%s TERM=xterm-256color %s tui --session %s --no-start --status-every 200ms", sessions, bin, name)
+	if out, err := x.run("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", cmd); err != nil {
+		t.Fatalf("tmux new-session: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { x.run("kill-server") })
+	x.waitPane("the run", contains("│ running │"))
+	x.key("p")
+	x.waitPane("the pause", contains("│ paused │"))
+	before, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.key("f")
+	x.waitPane("the profile", contains("profiled steps"))
+	st, err := c.Status(context.Background())
+	if err != nil || st.State != session.StatePaused || st.Step != before.Step+3 {
+		t.Fatalf("after the profile: %v, %v; want paused at step %d", st, err, before.Step+3)
+	}
+}
+
+// syncWriter is a strings.Builder safe for concurrent writers.
+type syncWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
