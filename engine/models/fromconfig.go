@@ -84,17 +84,28 @@ func Load(dir string, b backend.Backend, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := New(cfg, b, o)
-	if err != nil {
-		return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
-	}
 	ck, err := safetensors.OpenCheckpoint(dir)
 	if err != nil {
-		m.Close()
 		return nil, err
 	}
 	defer ck.Close()
-	if m.Unused, err = m.LoadWeights(ck); err != nil {
+	q, err := readPrequantized(cfg, ck, b)
+	if err != nil {
+		return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
+	}
+	o.prequant = q
+	m, err := New(cfg, b, o)
+	if err != nil {
+		if q != nil {
+			q.free(b)
+		}
+		return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
+	}
+	if err := m.checkPrequantized(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
+	}
+	if m.Unused, err = m.loadWeights(ck); err != nil {
 		m.Close()
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package models
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
@@ -26,6 +27,10 @@ type Options struct {
 	// every expert, so it computes only under an expert-parallel plan that sets their runners.
 	// Dense models accept only the zero value.
 	Experts ExpertRange
+
+	// prequant, set by Load for a bitsandbytes 4-bit checkpoint, holds the NF4 weights read
+	// from it: the arena is built without them.
+	prequant *quantState
 }
 
 // ExpertRange is the half-open range [Lo, Hi) of global expert ids. The zero value means every
@@ -121,6 +126,13 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 	}
 	m := &Model{Family: f, Arch: a, cfg: cfg, opts: o, b: b}
 	m.Specs = specsFor(f, &m.Arch)
+	if q := o.prequant; q != nil {
+		if a.HeldExperts.Len() != a.NumExperts() {
+			return nil, errors.New("models: a 4-bit checkpoint loads into a model holding every expert")
+		}
+		m.Specs = slices.DeleteFunc(m.Specs, func(s ParamSpec) bool { return q.weights[s.Name] != nil })
+		m.quant, m.opts.prequant = q, nil
+	}
 	if a.HeldExperts.Len() != a.NumExperts() {
 		// Random init draws each parameter from the stream of its index in the full table,
 		// so a model holding a subset starts from the same values as the full model.
@@ -260,6 +272,9 @@ func (m *Model) EnableGrads() error {
 	}
 	if m.Grads != nil {
 		return nil
+	}
+	if m.quant != nil {
+		return errors.New("models: the base is stored in 4 bits and cannot be trained: attach LoRA adapters (use_peft) and train those")
 	}
 	g, err := newArena(m.b, m.opts.DType, m.Specs)
 	if err != nil {

@@ -1,12 +1,15 @@
 package models
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/quant"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -191,4 +194,101 @@ func QuantizedParamCount(s config.Shape, c quant.Config) (params, bytes, largest
 		}
 	}
 	return params, bytes, largest, nil
+}
+
+// readPrequantized reads the NF4 weights of a bitsandbytes 4-bit checkpoint (its config.json
+// has a bitsandbytes quantization_config, its linears a quant_state) and uploads them to b; nil
+// for any other checkpoint.
+func readPrequantized(cfg *config.Config, ck safetensors.Source, b backend.Backend) (*quantState, error) {
+	names := quant.QuantizedWeights(ck)
+	raw, has := cfg.Extra("quantization_config")
+	var qc *quant.Config
+	if has {
+		var probe struct {
+			Method string `json:"quant_method"`
+		}
+		if json.Unmarshal(raw, &probe) == nil && probe.Method == "bitsandbytes" {
+			var err error
+			if qc, err = quant.FromHFConfig(raw); err != nil {
+				return nil, fmt.Errorf("models: %w", err)
+			}
+		}
+	}
+	if len(names) == 0 {
+		if qc != nil {
+			return nil, errors.New("models: config.json asks for bitsandbytes 4-bit weights but no tensor has a quant_state.bitsandbytes__nf4 beside it")
+		}
+		return nil, nil
+	}
+	q := &quantState{weights: map[string]*nn.QuantWeight{}}
+	if qc != nil {
+		q.config = *qc
+	}
+	for _, n := range names {
+		w, err := quant.ReadBitsandbytes(ck, n)
+		if err == nil {
+			var qw *nn.QuantWeight
+			if qw, err = nn.NewQuantWeight(b, w); err == nil {
+				q.weights[n] = qw
+				q.params += w.N()
+				continue
+			}
+		}
+		q.free(b)
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	return q, nil
+}
+
+// checkPrequantized refuses NF4 weights that are not linear layers of the model.
+func (m *Model) checkPrequantized() error {
+	if m.quant == nil {
+		return nil
+	}
+	bound := map[string]bool{}
+	for _, l := range m.linearLayers() {
+		if l.Quant != nil {
+			bound[l.Name+".weight"] = true
+		}
+	}
+	for n, w := range m.quant.weights {
+		if !bound[n] {
+			return fmt.Errorf("models: %s is stored in 4 bits but is not a linear layer of %s that this package can quantise (attention and dense MLP projections)", n, m.Arch.ModelType)
+		}
+		if s, ok := m.specShape(n); ok && (s[0] != w.O || s[1] != w.I) {
+			return fmt.Errorf("models: %s has shape [%d %d] in its quant_state, config.json implies %v", n, w.O, w.I, s)
+		}
+	}
+	return nil
+}
+
+// specShape is the shape config.json implies for parameter name.
+func (m *Model) specShape(name string) ([]int, bool) {
+	for _, s := range specsFor(m.Family, &m.Arch) {
+		if s.Name == name {
+			return s.Shape, true
+		}
+	}
+	return nil, false
+}
+
+// holds reports whether tensor name of a checkpoint belongs to one of the NF4 weights (the
+// packed weight or one of its state tensors).
+func (q *quantState) holds(name string) bool {
+	if q == nil {
+		return false
+	}
+	for n := range q.weights {
+		if name == n || strings.HasPrefix(name, n+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// free releases the NF4 weights (of a state not yet owned by a model).
+func (q *quantState) free(b backend.Backend) {
+	for _, w := range q.weights {
+		w.Free(b)
+	}
 }

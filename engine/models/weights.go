@@ -23,6 +23,12 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 	if m.quant != nil {
 		return nil, fmt.Errorf("models: LoadWeights: the base is quantised to 4 bits; load the checkpoint into a new model and quantise that")
 	}
+	return m.loadWeights(src)
+}
+
+// loadWeights is LoadWeights for the model's arena; the tensors of its NF4 weights (read by
+// Load from a bitsandbytes checkpoint) are not reported unused.
+func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error) {
 	if f, ok := m.Family.FFN.(*moeFFN); ok {
 		src = withFusedExperts(src, f)
 	}
@@ -42,7 +48,7 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 	}
 	held := m.Arch.HeldExperts
 	for _, n := range src.Names() {
-		if want[n] {
+		if want[n] || m.quant.holds(n) {
 			continue
 		}
 		if x, ok := m.ExpertOf(n); ok && !held.Contains(x) && x < m.Arch.NumExperts() {

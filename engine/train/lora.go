@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -108,6 +109,9 @@ func (c *Config) validatePEFT(bad func(key, format string, args ...any)) {
 // base in 4 bits with load_in_4bit.
 func attachPEFT(cfg *Config, m *models.Model) error {
 	if !cfg.PEFT.UsePEFT {
+		if ok, _, _ := m.Quantized(); ok {
+			return errors.New("train: the checkpoint is stored in 4 bits (bitsandbytes) and its base cannot be trained: set use_peft: true to train LoRA adapters over it")
+		}
 		return nil
 	}
 	if err := quantizeBase(cfg, m); err != nil {

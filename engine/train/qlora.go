@@ -53,8 +53,8 @@ func (c *Config) validateQuant(bad func(key, format string, args ...any)) {
 
 // quantizeBase stores the base's linears in NF4 (load_in_4bit), before the adapters attach.
 func quantizeBase(cfg *Config, m *models.Model) error {
-	if !cfg.Quant.LoadIn4bit {
-		return nil
+	if ok, _, _ := m.Quantized(); ok || !cfg.Quant.LoadIn4bit {
+		return nil // a bitsandbytes 4-bit checkpoint arrives quantised
 	}
 	if err := m.QuantizeBase(cfg.quantConfig()); err != nil {
 		return fmt.Errorf("train: load_in_4bit: %w", err)

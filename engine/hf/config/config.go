@@ -311,6 +311,17 @@ func (c *Config) Unknown() []string {
 	return out
 }
 
+// Extra returns a top-level key of the source file that this package keeps as read (for
+// example quantization_config), and whether it is present.
+func (c *Config) Extra(key string) (json.RawMessage, bool) {
+	for _, kv := range c.extra {
+		if kv.Key == key {
+			return slices.Clone(kv.Value), true
+		}
+	}
+	return nil, false
+}
+
 // Dropped lists the generation parameters (max_length, temperature, ...) found in the source
 // file: transformers moves them out of the model config on load, and they are not written back.
 // They belong in generation_config.json.
