@@ -161,7 +161,11 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 	if err := t.SaveModel(out); err != nil {
 		return res, err
 	}
-	logf("wrote the Hugging Face model to %s", out)
+	if t.model.LoRA() != nil {
+		logf("wrote the LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors) to %s", out)
+	} else {
+		logf("wrote the Hugging Face model to %s", out)
+	}
 	if g := cfg.GenerationEval; g.MaxSamples > 0 {
 		gr, err := t.EvalGeneration(ctx, g.MaxSamples, g.MaxNewTokens)
 		if err != nil {
