@@ -9,6 +9,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/quant"
 )
 
 // loraCases are one tiny model of every registered family with the targets that family
@@ -322,5 +323,22 @@ func TestLoRARefusesBadConfigs(t *testing.T) {
 				t.Fatal("a refused config left adapters attached")
 			}
 		})
+	}
+}
+
+func TestLoRAMergeRefusesAnNF4Base(t *testing.T) {
+	m := newTiny(t, newCPU(), tinyArch("qwen3", nil), Options{}, 3)
+	if err := m.QuantizeBase(quant.Config{LoadIn4bit: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.AttachLoRA(LoRAConfig{R: 2, Alpha: 4, Targets: []string{AllLinear}, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	err := m.MergeLoRA()
+	if err == nil || !strings.Contains(err.Error(), "quantised to 4 bits") {
+		t.Fatalf("merge over an NF4 base: %v", err)
+	}
+	if m.LoRA() == nil {
+		t.Fatal("a refused merge detached the adapters")
 	}
 }
