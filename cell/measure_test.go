@@ -31,6 +31,14 @@ fmt.Sprintf("%v|%v|%v|%v|%v", c.Bytes, l.Seconds > 0, u.Bytes > f.Bytes, a.Op, a
 	if got := plain(r.Value); got != `"131072|true|true|attention|true"` {
 		t.Fatalf("copy, launch, fusion, attention: %s", got)
 	}
+	// The memory estimate needs a model: the loaded run's estimate beside its device's use.
+	evalT(t, it, ":load testdata/tiny.yaml")
+	evalT(t, it, ":step 1")
+	r = evalT(t, it, `mem := halo.MeasureMemory()
+fmt.Sprintf("%s|%v|%v", mem.Device, mem.Total == mem.Params+mem.Grads+mem.Optimizer+mem.Activations+mem.Logits+mem.Scratch, mem.Params > 0 && mem.Peak > 0)`)
+	if got := plain(r.Value); got != `"cpu|true|true"` {
+		t.Fatalf("memory: %s", got)
+	}
 	// A bad request is the cell's error, naming the call and what is wrong.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -13,7 +13,7 @@ import (
 // op: the median over the samples, each sample a batch of ops run back to back and then
 // synchronised, so that the clock and the sync are a small part of it.
 type Measurement struct {
-	Op      string  // gemm, copy, launch, add_rmsnorm, add_then_rmsnorm, attention, info
+	Op      string  // gemm, copy, launch, add_rmsnorm, add_then_rmsnorm, attention, info (memory: MeasureMemory)
 	Device  string  // the device that ran it: cpu, cuda:0, ...
 	Sizes   []int64 // the op's sizes, as asked
 	DType   string  // f32 or bf16
@@ -70,12 +70,16 @@ func Measure(op, dtype string, sizes ...int64) Measurement {
 }
 
 func measure(name, op, dtype string, sizes ...int64) Measurement {
+	return measurementOf(measureRaw(name, op, dtype, sizes...))
+}
+
+func measureRaw(name, op, dtype string, sizes ...int64) *session.MeasureResponse {
 	c, ctx, _ := client(name)
 	r, err := c.Measure(ctx, &session.MeasureRequest{Op: op, Dtype: dtype, Sizes: sizes})
 	if err != nil {
 		fail(name, err)
 	}
-	return measurementOf(r)
+	return r
 }
 
 func measurementOf(r *session.MeasureResponse) Measurement {
@@ -123,6 +127,34 @@ func MeasureAddRMSNorm(n, c int, dtype string, fused bool) Measurement {
 // heads of headDim (as many key/value heads as query heads).
 func MeasureAttention(t, heads, headDim int, dtype string) Measurement {
 	return measure("halo.MeasureAttention", "attention", dtype, int64(t), int64(heads), int64(headDim))
+}
+
+// MemoryEstimate is the loaded run's memory estimate for one device (what `halo-shell launch
+// --dry-run` prints), beside what its device holds now. Bytes.
+type MemoryEstimate struct {
+	Device                                string
+	Params, Grads, Optimizer, Activations int64
+	Logits, Scratch, Total                int64
+	Allocated, Peak                       int64 // measured on the device: live now, and the high-water mark
+	DeviceMemory                          int64 // the device's capacity, 0 when unknown
+}
+
+func (m MemoryEstimate) String() string {
+	mib := func(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+	return fmt.Sprintf("estimate on %s: params %s, grads %s, optimizer %s, activations %s, logits %s, scratch %s, total %s; measured: allocated %s, peak %s",
+		m.Device, mib(m.Params), mib(m.Grads), mib(m.Optimizer), mib(m.Activations), mib(m.Logits), mib(m.Scratch), mib(m.Total),
+		mib(m.Allocated), mib(m.Peak))
+}
+
+// MeasureMemory returns the loaded run's memory estimate and its device's measured use (the
+// peak covers the steps run so far; run one to compare the estimate with a real step). It
+// needs a loaded model.
+func MeasureMemory() MemoryEstimate {
+	m := measureRaw("halo.MeasureMemory", "memory", "")
+	b := m.MemoryBytes
+	return MemoryEstimate{Device: m.Device, Params: b["params"], Grads: b["grads"], Optimizer: b["optimizer"],
+		Activations: b["activations"], Logits: b["logits"], Scratch: b["scratch"], Total: b["total"],
+		Allocated: b["allocated"], Peak: b["peak"], DeviceMemory: m.DeviceMemory}
 }
 
 // DeviceInfo describes the device measurements run on.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 
 	"connectrpc.com/connect/v2"
@@ -11,6 +12,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/bench"
 	"github.com/halo-shell/halo-shell/engine/tensor"
+	"github.com/halo-shell/halo-shell/engine/train"
 	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 )
 
@@ -46,6 +48,9 @@ func measureRequest(r *halov1.MeasureRequest) (bench.OpRequest, error) {
 // model is loaded, else on a backend opened for device ("auto" when empty) and kept for the
 // next measurement on the same device.
 func (e *engine) cmdMeasure(ctx context.Context, device string, req bench.OpRequest) (any, error) {
+	if req.Op == opMemory {
+		return e.measureMemory(req)
+	}
 	b, err := e.measureBackend(device)
 	if err != nil {
 		return nil, err
@@ -67,6 +72,37 @@ func (e *engine) cmdMeasure(ctx context.Context, device string, req bench.OpRequ
 		out.SampleS = append(out.SampleS, s.Seconds())
 	}
 	return out, nil
+}
+
+// opMemory is the Measure op that reports the loaded model's memory estimate; it times
+// nothing, so it lives here rather than in engine/bench.
+const opMemory = "memory"
+
+// measureMemory returns the one-device memory estimate of the loaded run (train.EstimateMemory,
+// what `launch --dry-run` prints) with its device's measured use.
+func (e *engine) measureMemory(req bench.OpRequest) (any, error) {
+	if len(req.Sizes) != 0 {
+		return nil, connect.Errorf(connect.CodeInvalidArgument, "session: measure: op memory takes no sizes, got %v", req.Sizes)
+	}
+	if err := e.needTrainer(); err != nil {
+		return nil, err
+	}
+	mc, err := train.ModelConfigFor(e.t.Cfg)
+	if err != nil {
+		return nil, fmt.Errorf("session: measure: memory: %w", err)
+	}
+	est, err := train.EstimateMemory(e.t.Cfg, mc)
+	if err != nil {
+		return nil, fmt.Errorf("session: measure: memory: %w", err)
+	}
+	b := e.t.Backend()
+	ms := b.MemStats()
+	return &halov1.MeasureResponse{Device: b.Name(), Op: opMemory, DeviceMemory: ms.Total, HostThreads: int32(runtime.GOMAXPROCS(0)),
+		MemoryBytes: map[string]int64{
+			"params": est.ParamBytes, "grads": est.GradBytes, "optimizer": est.OptimBytes, "activations": est.ActBytes,
+			"logits": est.LogitsBytes, "scratch": est.ScratchBytes, "total": est.Total(),
+			"allocated": ms.Allocated, "peak": ms.Peak,
+		}}, nil
 }
 
 // measureBackend picks the backend a measurement runs on.

@@ -70,3 +70,34 @@ func TestMeasureRefusals(t *testing.T) {
 		t.Errorf("measure by a non-controller: %v", err)
 	}
 }
+
+func TestMeasureMemoryEstimatesTheLoadedRun(t *testing.T) {
+	s := startServer(t, Options{})
+	c := dial(t, s.Socket(), "measurer")
+	ctx := ctxT(t)
+	_, err := c.Measure(ctx, &session.MeasureRequest{Op: "memory"})
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("memory before a load: %v", err)
+	}
+	mustContain(t, err, "no model is loaded")
+	if _, err := c.Load(ctx, tinyConfig, "sft"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Step(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Measure(ctx, &session.MeasureRequest{Op: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := r.MemoryBytes
+	if b["params"] <= 0 || b["grads"] <= 0 || b["activations"] <= 0 || b["peak"] <= 0 || b["allocated"] <= 0 {
+		t.Fatalf("memory: %v", b)
+	}
+	if sum := b["params"] + b["grads"] + b["optimizer"] + b["activations"] + b["logits"] + b["scratch"]; b["total"] != sum {
+		t.Errorf("total %d, want the sum of the parts %d", b["total"], sum)
+	}
+	if _, err := c.Measure(ctx, &session.MeasureRequest{Op: "memory", Sizes: []int64{1}}); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("memory with sizes: %v", err)
+	}
+}

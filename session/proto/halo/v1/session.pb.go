@@ -3008,7 +3008,8 @@ type MeasureRequest struct {
 	// copy), launch (none: one op on a single element), add_rmsnorm (N C: the backend's fused
 	// residual add and RMSNorm), add_then_rmsnorm (N C: Add, then RMSNorm), attention (T NH HD:
 	// causal attention forward over one sequence of T tokens), info (none: the device only, no
-	// timing).
+	// timing), memory (none: the loaded model's memory estimate, as `launch --dry-run` prints it
+	// for one device, beside the device's measured use; needs a model).
 	Op            string  `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
 	Sizes         []int64 `protobuf:"varint,2,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
 	Dtype         string  `protobuf:"bytes,3,opt,name=dtype,proto3" json:"dtype,omitempty"`      // element type: f32 (default) or bf16
@@ -3084,20 +3085,23 @@ func (x *MeasureRequest) GetDevice() string {
 }
 
 type MeasureResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Device        string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"` // the device that ran it, e.g. cpu or cuda:0
-	Op            string                 `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
-	Sizes         []int64                `protobuf:"varint,3,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
-	Dtype         string                 `protobuf:"bytes,4,opt,name=dtype,proto3" json:"dtype,omitempty"`
-	SampleS       []float64              `protobuf:"fixed64,5,rep,packed,name=sample_s,json=sampleS,proto3" json:"sample_s,omitempty"`          // seconds per op in each timed sample
-	MedianS       float64                `protobuf:"fixed64,6,opt,name=median_s,json=medianS,proto3" json:"median_s,omitempty"`                 // the median of sample_s
-	OpsPerSample  int32                  `protobuf:"varint,7,opt,name=ops_per_sample,json=opsPerSample,proto3" json:"ops_per_sample,omitempty"` // ops run back to back (then one sync) in each sample
-	Flops         float64                `protobuf:"fixed64,8,opt,name=flops,proto3" json:"flops,omitempty"`                                    // floating-point operations of one op
-	Bytes         float64                `protobuf:"fixed64,9,opt,name=bytes,proto3" json:"bytes,omitempty"`                                    // the least bytes one op reads and writes in device memory
-	TflopS        float64                `protobuf:"fixed64,10,opt,name=tflop_s,json=tflopS,proto3" json:"tflop_s,omitempty"`                   // flops / median_s / 1e12
-	GbS           float64                `protobuf:"fixed64,11,opt,name=gb_s,json=gbS,proto3" json:"gb_s,omitempty"`                            // bytes / median_s / 1e9
-	DeviceMemory  int64                  `protobuf:"varint,12,opt,name=device_memory,json=deviceMemory,proto3" json:"device_memory,omitempty"`  // the device's capacity in bytes, 0 when unknown
-	HostThreads   int32                  `protobuf:"varint,13,opt,name=host_threads,json=hostThreads,proto3" json:"host_threads,omitempty"`     // the session process's GOMAXPROCS (the CPU backend's workers)
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Device       string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"` // the device that ran it, e.g. cpu or cuda:0
+	Op           string                 `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
+	Sizes        []int64                `protobuf:"varint,3,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	Dtype        string                 `protobuf:"bytes,4,opt,name=dtype,proto3" json:"dtype,omitempty"`
+	SampleS      []float64              `protobuf:"fixed64,5,rep,packed,name=sample_s,json=sampleS,proto3" json:"sample_s,omitempty"`          // seconds per op in each timed sample
+	MedianS      float64                `protobuf:"fixed64,6,opt,name=median_s,json=medianS,proto3" json:"median_s,omitempty"`                 // the median of sample_s
+	OpsPerSample int32                  `protobuf:"varint,7,opt,name=ops_per_sample,json=opsPerSample,proto3" json:"ops_per_sample,omitempty"` // ops run back to back (then one sync) in each sample
+	Flops        float64                `protobuf:"fixed64,8,opt,name=flops,proto3" json:"flops,omitempty"`                                    // floating-point operations of one op
+	Bytes        float64                `protobuf:"fixed64,9,opt,name=bytes,proto3" json:"bytes,omitempty"`                                    // the least bytes one op reads and writes in device memory
+	TflopS       float64                `protobuf:"fixed64,10,opt,name=tflop_s,json=tflopS,proto3" json:"tflop_s,omitempty"`                   // flops / median_s / 1e12
+	GbS          float64                `protobuf:"fixed64,11,opt,name=gb_s,json=gbS,proto3" json:"gb_s,omitempty"`                            // bytes / median_s / 1e9
+	DeviceMemory int64                  `protobuf:"varint,12,opt,name=device_memory,json=deviceMemory,proto3" json:"device_memory,omitempty"`  // the device's capacity in bytes, 0 when unknown
+	HostThreads  int32                  `protobuf:"varint,13,opt,name=host_threads,json=hostThreads,proto3" json:"host_threads,omitempty"`     // the session process's GOMAXPROCS (the CPU backend's workers)
+	// memory_bytes, for op memory: the estimate's parts (params, grads, optimizer, activations,
+	// logits, scratch, total) and the device's measured allocated and peak bytes.
+	MemoryBytes   map[string]int64 `protobuf:"bytes,14,rep,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3221,6 +3225,13 @@ func (x *MeasureResponse) GetHostThreads() int32 {
 		return x.HostThreads
 	}
 	return 0
+}
+
+func (x *MeasureResponse) GetMemoryBytes() map[string]int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return nil
 }
 
 var File_halo_v1_session_proto protoreflect.FileDescriptor
@@ -3489,7 +3500,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x05sizes\x18\x02 \x03(\x03R\x05sizes\x12\x14\n" +
 	"\x05dtype\x18\x03 \x01(\tR\x05dtype\x12\x18\n" +
 	"\arepeats\x18\x04 \x01(\x05R\arepeats\x12\x16\n" +
-	"\x06device\x18\x05 \x01(\tR\x06device\"\xe1\x02\n" +
+	"\x06device\x18\x05 \x01(\tR\x06device\"\xef\x03\n" +
 	"\x0fMeasureResponse\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
@@ -3504,7 +3515,11 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	" \x01(\x01R\x06tflopS\x12\x11\n" +
 	"\x04gb_s\x18\v \x01(\x01R\x03gbS\x12#\n" +
 	"\rdevice_memory\x18\f \x01(\x03R\fdeviceMemory\x12!\n" +
-	"\fhost_threads\x18\r \x01(\x05R\vhostThreads*x\n" +
+	"\fhost_threads\x18\r \x01(\x05R\vhostThreads\x12L\n" +
+	"\fmemory_bytes\x18\x0e \x03(\v2).halo.v1.MeasureResponse.MemoryBytesEntryR\vmemoryBytes\x1a>\n" +
+	"\x10MemoryBytesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01*x\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATE_EMPTY\x10\x01\x12\x0e\n" +
@@ -3550,7 +3565,7 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),                // 0: halo.v1.State
 	(ControlAction)(0),        // 1: halo.v1.ControlAction
@@ -3601,6 +3616,7 @@ var file_halo_v1_session_proto_goTypes = []any{
 	nil,                       // 46: halo.v1.StepMetrics.TimeByOpSEntry
 	nil,                       // 47: halo.v1.StepProfile.ComputeSEntry
 	nil,                       // 48: halo.v1.StepProfile.CommSEntry
+	nil,                       // 49: halo.v1.MeasureResponse.MemoryBytesEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	33, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
@@ -3628,45 +3644,46 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	28, // 22: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
 	0,  // 23: halo.v1.StateEvent.state:type_name -> halo.v1.State
 	1,  // 24: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	2,  // 25: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	7,  // 26: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	9,  // 27: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	11, // 28: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	13, // 29: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	15, // 30: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	17, // 31: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	19, // 32: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	22, // 33: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	23, // 34: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	25, // 35: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	29, // 36: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	32, // 37: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	34, // 38: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	41, // 39: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	39, // 40: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	44, // 41: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
-	3,  // 42: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	8,  // 43: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	10, // 44: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	12, // 45: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	14, // 46: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	16, // 47: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	18, // 48: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	20, // 49: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	21, // 50: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	21, // 51: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	26, // 52: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	30, // 53: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	33, // 54: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	35, // 55: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	42, // 56: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	40, // 57: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	45, // 58: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
-	42, // [42:59] is the sub-list for method output_type
-	25, // [25:42] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	49, // 25: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
+	2,  // 26: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	7,  // 27: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	9,  // 28: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	11, // 29: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	13, // 30: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	15, // 31: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	17, // 32: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	19, // 33: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	22, // 34: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	23, // 35: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	25, // 36: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	29, // 37: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	32, // 38: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	34, // 39: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	41, // 40: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	39, // 41: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	44, // 42: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
+	3,  // 43: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 44: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 45: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 46: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 47: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 48: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 49: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 50: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 51: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 52: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 53: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	30, // 54: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	33, // 55: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	35, // 56: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	42, // 57: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	40, // 58: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	45, // 59: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
+	43, // [43:60] is the sub-list for method output_type
+	26, // [26:43] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -3690,7 +3707,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
