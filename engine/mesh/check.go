@@ -22,21 +22,22 @@ const (
 	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
 	RuleETP       = "etp"        // ETP is 1 or TP and divides the expert width
 	RuleSupport   = "support"    // the combination is outside the support matrix
-	RuleAdapters  = "adapters"   // LoRA adapters train on one device
+	RuleAdapters  = "adapters"   // LoRA adapters train under plain data parallelism only
 )
 
 // CheckAdapters is the rule for a run that trains LoRA adapters over a frozen base: the
-// adapters live beside the base's layers on one device, and no parallel plan carries them yet
-// (a plan would have to replicate them and reduce only their gradients under DP/FSDP, and
-// split them with their base weights under TP, CP and EP). It refuses any layout over more
-// than one device, or with a degree above 1, naming the rule.
+// adapters are replicated with the base on every data-parallel rank and only their gradients
+// are all-reduced, so plain data parallelism carries them. FSDP (whose shards are laid out over
+// the base's arena), tensor, context and expert parallelism (which would split the adapters
+// with their base weights) do not yet; it refuses those, naming the rule and the layout that
+// works (the same devices in plain data parallelism).
 func CheckAdapters(l Layout, n int) error {
 	l = l.Norm(max(n, 1))
-	if n <= 1 && l.Size() <= 1 && one(l.EP) == 1 && one(l.ETP) == 1 {
+	if !l.FSDP && one(l.TP) == 1 && one(l.CP) == 1 && one(l.EP) == 1 && one(l.ETP) == 1 {
 		return nil
 	}
-	return fmt.Errorf("mesh: layout %q on %d devices breaks rule %s: LoRA adapters (use_peft) train on one device; no parallel layout (data, fsdp, tensor, context or expert parallel) carries adapters: run on one device (devices: cuda:0 or cpu)",
-		l.String(), n, RuleAdapters)
+	return fmt.Errorf("mesh: layout %q on %d devices breaks rule %s: LoRA adapters (use_peft) train under plain data parallelism only (no fsdp, tensor, context or expert parallel degree); a layout that works: %q",
+		l.String(), n, RuleAdapters, Layout{DP: max(n, 1)}.Norm(max(n, 1)).String())
 }
 
 // LayoutError is a refused layout: the rule it breaks, what is wrong, and a layout that passes

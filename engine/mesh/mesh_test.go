@@ -306,7 +306,7 @@ func FuzzParseDevices(f *testing.F) {
 	})
 }
 
-func TestCheckAdaptersAllowsOneDeviceOnly(t *testing.T) {
+func TestCheckAdaptersAllowsPlainDataParallelOnly(t *testing.T) {
 	for _, c := range []struct {
 		l  Layout
 		n  int
@@ -314,7 +314,8 @@ func TestCheckAdaptersAllowsOneDeviceOnly(t *testing.T) {
 	}{
 		{Layout{}, 1, true},
 		{Layout{DP: 1, TP: 1, CP: 1}, 1, true},
-		{Layout{}, 2, false},
+		{Layout{}, 2, true},
+		{Layout{DP: 4}, 4, true},
 		{Layout{FSDP: true}, 4, false},
 		{Layout{TP: 2}, 2, false},
 		{Layout{CP: 2}, 2, false},

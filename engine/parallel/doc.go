@@ -85,6 +85,12 @@
 // are collectives too when an expert group spans processes; Relayout is refused (LocalRanks
 // says more).
 //
+// A model with LoRA adapters (models.Model.AttachLoRA) is laid out under plain data parallelism
+// in one process (rule mesh.RuleAdapters refuses the rest): every rank holds the frozen base
+// and the adapters, only the adapters' gradients are all-reduced and only they have optimizer
+// state; row i of a step draws the dropout masks of micro-batch i on one device, so a plan
+// follows the single-device run (lora.go).
+//
 // The package is not a trainer (engine/train owns schedules, data and checkpoints) and does not
 // choose layouts (engine/mesh checks and suggests them).
 package parallel

@@ -77,6 +77,8 @@ type Plan struct {
 	load [][]int
 	// mp is set when the plan drives only some ranks of its mesh (Options.Local).
 	mp *multiProc
+	// lora is set when the model carries LoRA adapters (lora.go).
+	lora *loraPlan
 }
 
 type rank struct {
@@ -114,7 +116,13 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		return nil, err
 	}
 	l = ms.Layout
+	if err := checkLoRA(src, l, devices.Len(), o); err != nil {
+		return nil, err
+	}
 	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placed{}, dtype: src.DType(), shape: shape}
+	if ad := src.LoRA(); ad != nil {
+		p.lora = &loraPlan{cfg: ad.Config, specs: ad.Specs, dropoutKey: src.DropoutKey()}
+	}
 	if err := p.placeAll(src); err != nil {
 		return nil, err
 	}
@@ -206,6 +214,9 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 			return nil, fmt.Errorf("parallel: rank %d: %w", rk.id, err)
 		}
 		err = p.bind(rk, full, src)
+		if err == nil {
+			err = p.attachLoRA(rk, src)
+		}
 		if err == nil {
 			err = rk.m.EnableGrads()
 		}
@@ -374,7 +385,9 @@ func (p *Plan) setupOptimizer(rk *rank, oc optim.Config) error {
 		pl := p.place[name].split
 		return pl == models.Column || pl == models.Row || rk.c.TP == 0
 	}
-	if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
+	if p.lora != nil {
+		p.setupLoRAOptimizer(rk)
+	} else if !p.Mesh.Layout.FSDP || rk.dataN == 1 {
 		for i, s := range m.Specs {
 			first := rk.dataRank == 0
 			if _, ok := p.expertHolder(s.Name); ok {
@@ -547,7 +560,11 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 			rk.m.SetAuxLossScale(p.auxCoef / float64(len(rows)))
 			rk.m.TakeExpertLoad() // count this step's rows only
 		}
-		for _, b := range rows[rk.c.DP*per : (rk.c.DP+1)*per] {
+		for j, b := range rows[rk.c.DP*per : (rk.c.DP+1)*per] {
+			if p.lora != nil {
+				// Row i of the step draws the dropout masks of micro-batch i on one device.
+				rk.m.SetDropoutKey(p.lora.dropoutKey + uint64(rk.c.DP*per+j))
+			}
 			lb := b
 			rk.rb.geom = nil
 			if l.CP > 1 {
@@ -602,6 +619,9 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		return 0, 0, err
 	}
 	p.aux = aux / float64(len(rows))
+	if p.lora != nil {
+		p.lora.dropoutKey += uint64(len(rows))
+	}
 	return sum / float64(nTargets), nTargets, nil
 }
 
@@ -666,6 +686,9 @@ func (p *Plan) reduceGrads(rk *rank) error {
 	}
 	if rk.dataN == 1 {
 		return nil
+	}
+	if p.lora != nil {
+		return rk.data.AllReduce(m.TrainableGrads(), comm.Sum)
 	}
 	if !rk.shard.on {
 		if p.Mesh.Layout.EP > 1 {
@@ -745,10 +768,14 @@ func (p *Plan) Params() (map[string][]float32, error) {
 	return p.collect(func(m *models.Model, name string) ([]float32, error) { return m.ParamFloat32(name) })
 }
 
-// Grads returns every reduced gradient of the full model by HF name (after ForwardBackward).
+// Grads returns every reduced gradient of the full model by HF name (after ForwardBackward);
+// of a model with LoRA adapters, the adapters' (AdapterGrads).
 // On a plan over several processes it is a collective under FSDP or when an expert group
 // spans processes.
 func (p *Plan) Grads() (map[string][]float32, error) {
+	if p.lora != nil {
+		return p.AdapterGrads() // the frozen base has none
+	}
 	if p.Mesh.Layout.FSDP {
 		// Bring the reduced shards back into each rank's full gradient arena.
 		if err := p.spmd(func(rk *rank) error {
@@ -836,6 +863,9 @@ func (p *Plan) Gather(dst *models.Model) error {
 	}
 	if err := copyBalancing(dst, p.ranks[0].m); err != nil {
 		return fmt.Errorf("parallel: gather: expert balancing: %w", err)
+	}
+	if err := p.gatherLoRA(dst); err != nil {
+		return fmt.Errorf("parallel: gather: adapters: %w", err)
 	}
 	return nil
 }

@@ -51,10 +51,7 @@ func (p *Plan) OptimizerState() (step int, out []optim.StateTensor, err error) {
 		for _, t := range ts {
 			byName[t.Name] = t
 		}
-		size := make(map[string]int, len(rk.m.Specs))
-		for _, s := range rk.m.Specs {
-			size[s.Name] = s.Numel()
-		}
+		size := p.sizesOf(rk.m)
 		for i, op := range rk.optParams {
 			for _, suf := range stateSuffixes {
 				t, ok := byName[op.Name+suf]
@@ -87,7 +84,7 @@ type state struct {
 // assembleState joins every tensor rank's slices into the layout-free state.
 func (p *Plan) assembleState(step int, local []map[string]*state, kinds map[string]bool) (_ int, out []optim.StateTensor, _ error) {
 	ntp := p.Mesh.Layout.TP
-	for _, fs := range p.specs {
+	for _, fs := range p.trainedSpecs() {
 		for _, suf := range stateSuffixes {
 			if !kinds[suf] {
 				continue
@@ -120,8 +117,8 @@ func (p *Plan) LoadOptimizerState(step int, ts []optim.StateTensor) error {
 	for _, t := range ts {
 		full[t.Name] = t
 	}
-	specs := make(map[string]models.ParamSpec, len(p.specs))
-	for _, s := range p.specs {
+	specs := make(map[string]models.ParamSpec, len(p.trainedSpecs()))
+	for _, s := range p.trainedSpecs() {
 		specs[s.Name] = s
 	}
 	ntp := p.Mesh.Layout.TP

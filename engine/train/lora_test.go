@@ -127,7 +127,8 @@ func TestLoRAConfigKeys(t *testing.T) {
 		{"dropout 1", []string{"--use_peft=true", "--lora_dropout=1"}, "lora_dropout: 1 must be in [0, 1)"},
 		{"all-linear with names", []string{"--use_peft=true", "--lora_target_modules=[all-linear, q_proj]"}, "stands alone"},
 		{"lm head", []string{"--use_peft=true", "--lora_target_modules=lm_head"}, "LM head"},
-		{"data parallel", []string{"--use_peft=true", "--devices=cpu:2"}, "rule adapters"},
+		{"data parallel", []string{"--use_peft=true", "--devices=cpu:2", "--gradient_accumulation_steps=2"}, ""},
+		{"fsdp", []string{"--use_peft=true", "--devices=cpu:2", "--fsdp=true"}, "rule adapters"},
 		{"tensor parallel", []string{"--use_peft=true", "--devices=cpu:2", "--tensor_parallel_size=2"}, "rule adapters"},
 		{"misspelt", []string{"--use_peft=true", "--lora_rank=8"}, "lora_r"},
 	} {
@@ -172,5 +173,36 @@ func TestLoRAMemoryEstimate(t *testing.T) {
 	ef, _ := EstimateMemory(full, mc)
 	if !(e.GradBytes < ef.GradBytes/10) {
 		t.Fatalf("LoRA gradients %d bytes vs full fine-tuning %d", e.GradBytes, ef.GradBytes)
+	}
+}
+
+// TestLoRADataParallelRunMatchesOneDevice trains adapters (with dropout) on two simulated
+// devices: the losses follow the single-device run, a checkpoint saved from the plan holds the
+// adapter, and resuming it on two devices continues on the same track.
+func TestLoRADataParallelRunMatchesOneDevice(t *testing.T) {
+	dir := t.TempDir()
+	path := writeJSONL(t, dir, "d.jsonl", pcRecords(40))
+	extra := []string{"--use_peft=true", "--lora_r=4", "--lora_target_modules=all-linear", "--lora_dropout=0.1",
+		"--learning_rate=1e-2", "--gradient_accumulation_steps=2"}
+	one := steps(t, newTrainer(t, tinyConfig(t, path, extra...)), 6)
+	dp := tinyConfig(t, path, append(extra, "--devices=cpu:2")...)
+	first := newTrainer(t, dp)
+	got := steps(t, first, 3)
+	ck := filepath.Join(dir, "ck")
+	if err := first.Save(ck); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(ck, models.AdapterWeightsFile)); err != nil {
+		t.Fatalf("checkpoint of the plan: %v", err)
+	}
+	second := newTrainer(t, dp)
+	if err := second.Resume(ck); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, steps(t, second, 3)...)
+	for i := range one {
+		if math.Abs(got[i]-one[i]) > 1e-5*math.Abs(one[i]) {
+			t.Fatalf("step %d: loss on 2 devices %v, on one %v (all: %v vs %v)", i+1, got[i], one[i], got, one)
+		}
 	}
 }

@@ -191,6 +191,17 @@ func RunMemoryNeed(cfg *Config, mc *config.Config) (MemoryNeed, error) {
 		return MemoryNeed{}, err
 	}
 	e := mesh.Estimate(m.Layout, a.Shape, w)
+	if cfg.PEFT.UsePEFT {
+		// Data parallelism over a frozen base: every rank holds the base and the adapters,
+		// and gradients and optimizer state for the adapters only.
+		n, err := models.LoRAParamCount(a.Shape, cfg.loraConfig())
+		if err != nil {
+			return MemoryNeed{}, err
+		}
+		pb := int64(w.ParamBytes)
+		e.Params += n * pb
+		e.Grads, e.Optimizer = n*pb, n*int64(w.OptimizerBytes)
+	}
 	hostCopy := a.NumParameters() * int64(w.ParamBytes)
 	if !host {
 		return MemoryNeed{Bytes: e.Total(), Exact: e.Params + e.Grads + e.Optimizer, Plan: true,

@@ -149,12 +149,20 @@ func (ps *planSteps) syncGrads() error {
 		return fmt.Errorf("train: gather gradients: %w", err)
 	}
 	b := ps.host.Backend()
-	for i, s := range ps.host.Specs {
+	specs, grads := ps.host.Specs, ps.host.Grads
+	if ad := ps.host.LoRA(); ad != nil {
+		// Only the adapters have gradients.
+		if err := ps.host.EnableGrads(); err != nil {
+			return err
+		}
+		specs, grads = ad.Specs, ad.Grads
+	}
+	for i, s := range specs {
 		v, ok := gs[s.Name]
 		if !ok {
 			return fmt.Errorf("train: gather gradients: the plan has no gradient of %q", s.Name)
 		}
-		g := ps.host.Grads.Views[i]
+		g := grads.Views[i]
 		raw, err := tensor.EncodeFloat32(g.DType(), v)
 		if err != nil {
 			return fmt.Errorf("train: gather gradients: %q: %w", s.Name, err)
