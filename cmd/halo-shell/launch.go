@@ -221,6 +221,11 @@ func dryRun(cmd *cobra.Command, cfg *train.Config, nnodes int) error {
 		if err := parallel.DryRun(out, mc, d, l, w); err != nil {
 			return err
 		}
+		if line, err := train.PEFTEstimateLine(cfg, mc); err != nil {
+			return err
+		} else if line != "" {
+			fmt.Fprintln(out, line)
+		}
 		if nnodes <= 1 {
 			warnMemory(cmd, cfg, mc)
 		}

@@ -123,3 +123,19 @@ func TestGenerateWithAdapter(t *testing.T) {
 		t.Fatal("an adapter of another model's shapes was accepted")
 	}
 }
+
+// TestLoRADryRunOnALayout checks that a dry run of a use_peft run on a parallel layout says
+// what it needs with the base frozen, and that a sharded layout is refused with the rule.
+func TestLoRADryRunOnALayout(t *testing.T) {
+	out, err := runRoot(t, "launch", "sft", "../../examples/quickstart.yaml", "--dry-run", "--use_peft=true", "--devices=cpu:2", "--gradient_accumulation_steps=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "use_peft: with the base frozen") {
+		t.Fatalf("dry run lacks the LoRA estimate:\n%s", out)
+	}
+	_, err = runRoot(t, "launch", "sft", "../../examples/quickstart.yaml", "--dry-run", "--use_peft=true", "--devices=cpu:2", "--fsdp=true", "--gradient_accumulation_steps=2")
+	if err == nil || !strings.Contains(err.Error(), "rule adapters") {
+		t.Fatalf("fsdp with use_peft: %v", err)
+	}
+}

@@ -36,7 +36,7 @@ func CheckAdapters(l Layout, n int) error {
 	if !l.FSDP && one(l.TP) == 1 && one(l.CP) == 1 && one(l.EP) == 1 && one(l.ETP) == 1 {
 		return nil
 	}
-	return fmt.Errorf("mesh: layout %q on %d devices breaks rule %s: LoRA adapters (use_peft) train under plain data parallelism only (no fsdp, tensor, context or expert parallel degree); a layout that works: %q",
+	return fmt.Errorf("mesh: layout %q on %d devices breaks rule %s: LoRA adapters (use_peft) train under plain data parallelism only: fsdp shards gradients and optimizer state, which the frozen base has none of (plain dp already keeps them for the adapters alone), and tensor, context and expert parallelism would split the adapters with their base weights, which is not implemented; a layout that works: %q",
 		l.String(), n, RuleAdapters, Layout{DP: max(n, 1)}.Norm(max(n, 1)).String())
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
 )
@@ -154,4 +155,18 @@ func (m MemoryEstimate) paramsLabel() string {
 		return fmt.Sprintf("parameters (%.2fM + %.2fM LoRA)", float64(m.Params)/1e6, float64(m.Adapters)/1e6)
 	}
 	return fmt.Sprintf("parameters (%.2fM)", float64(m.Params)/1e6)
+}
+
+// PEFTEstimateLine is the line a dry run of a parallel layout adds under use_peft, whose mesh
+// estimate counts every parameter as trained: what the run needs with the base frozen
+// (gradients and optimizer state for the adapters only). "" without use_peft.
+func PEFTEstimateLine(cfg *Config, mc *config.Config) (string, error) {
+	if !cfg.PEFT.UsePEFT {
+		return "", nil
+	}
+	need, err := RunMemoryNeed(cfg, mc)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("use_peft: with the base frozen (gradients and optimizer state for the LoRA adapters only) the run needs %s, %s", humanBytes(need.Bytes), need.Detail), nil
 }
