@@ -586,8 +586,29 @@ func (e *engine) needInteractive(what string) error {
 	return nil
 }
 
-// cmdLoad builds a trainer from req and installs it. confine, for a remote client, checks the
-// directories the config names (its output_dir) as it checks the config's own path.
+// configPath is one file or directory a config names, for confinement.
+type configPath struct{ what, path string }
+
+// configPaths lists every file and directory cfg reads or writes: the model, the tokenizer,
+// the datasets, the checkpoint to resume from and the output directory.
+func configPaths(cfg *train.Config) []configPath {
+	ps := []configPath{
+		{"model_name_or_path", cfg.Model.ModelNameOrPath},
+		{"tokenizer_name_or_path", cfg.Model.TokenizerNameOrPath},
+		{"resume_from_checkpoint", cfg.Run.ResumeFromCheckpoint},
+		{"output_dir", cfg.Run.OutputDir},
+	}
+	for _, p := range cfg.Dataset.Path {
+		ps = append(ps, configPath{"dataset.path", p})
+	}
+	for _, p := range cfg.Dataset.EvalPath {
+		ps = append(ps, configPath{"dataset.eval_path", p})
+	}
+	return ps
+}
+
+// cmdLoad builds a trainer from req and installs it. confine, for a remote client, checks
+// every path the config names (configPaths) as it checks the config's own path.
 func (e *engine) cmdLoad(req *halov1.LoadRequest, confine func(what, path string) (string, error)) (any, error) {
 	if err := e.needInteractive("load"); err != nil {
 		return nil, err
@@ -623,8 +644,10 @@ func (e *engine) cmdLoad(req *halov1.LoadRequest, confine func(what, path string
 		return nil, connect.NewError(connect.CodeInvalidArgument, err.Error())
 	}
 	if confine != nil {
-		if _, err := confine("output_dir", cfg.Run.OutputDir); err != nil {
-			return nil, err
+		for _, p := range configPaths(cfg) {
+			if _, err := confine(p.what, p.path); err != nil {
+				return nil, err
+			}
 		}
 	}
 	e.logEvent(slog.LevelInfo, "loading "+firstNonEmpty(req.ConfigPath, "inline config"))

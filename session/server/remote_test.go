@@ -19,6 +19,7 @@ import (
 
 	"connectrpc.com/connect/v2"
 
+	"github.com/halo-shell/halo-shell/engine/train"
 	"github.com/halo-shell/halo-shell/session"
 )
 
@@ -138,7 +139,12 @@ func TestRemoteClientsAreConfined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _ := filepath.Abs("../../examples/quickstart/tokenizer")
+	// The tokenizer a remote config names must lie inside the session's directories too.
+	tok := filepath.Join(work, "tokenizer")
+	if err := os.CopyFS(tok, os.DirFS("../../examples/quickstart/tokenizer")); err != nil {
+		t.Fatal(err)
+	}
+	outsideTok, _ := filepath.Abs("../../examples/quickstart/tokenizer")
 	cfg := strings.ReplaceAll(string(raw), "../../examples/quickstart/tokenizer", tok)
 	cfg = strings.ReplaceAll(cfg, "/tmp/halo-session-test-out", "out")
 	if err := os.WriteFile(filepath.Join(work, "tiny.yaml"), []byte(cfg), 0o600); err != nil {
@@ -165,6 +171,8 @@ func TestRemoteClientsAreConfined(t *testing.T) {
 		{"../tiny.yaml", nil, "is outside"},
 		{"escape/tiny.yaml", nil, "is outside"},
 		{"tiny.yaml", []string{"--output_dir=" + outside}, `output_dir "` + outside + `" is outside`},
+		{"tiny.yaml", []string{"--tokenizer_name_or_path=" + outsideTok}, `tokenizer_name_or_path "` + outsideTok + `" is outside`},
+		{"tiny.yaml", []string{"--resume_from_checkpoint=/etc"}, `resume_from_checkpoint "/etc" is outside`},
 		{"tiny.yaml", nil, ""},
 	} {
 		_, err := remote.Load(ctx, tc.path, "sft", tc.overrides...)
@@ -244,5 +252,22 @@ func TestScrubContents(t *testing.T) {
 		if got := scrubContents(tc.in); got != tc.want {
 			t.Errorf("scrubContents(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestConfigPathsListsEveryPath: confinement sees each file and directory a config names.
+func TestConfigPathsListsEveryPath(t *testing.T) {
+	var cfg train.Config
+	cfg.Model.ModelNameOrPath, cfg.Model.TokenizerNameOrPath = "/m", "/tok"
+	cfg.Dataset.Path = train.StringList{"/d1", "/d2"}
+	cfg.Dataset.EvalPath = train.StringList{"/e"}
+	cfg.Run.ResumeFromCheckpoint, cfg.Run.OutputDir = "/ck", "/out"
+	var got []string
+	for _, p := range configPaths(&cfg) {
+		got = append(got, p.what+"="+p.path)
+	}
+	want := "model_name_or_path=/m tokenizer_name_or_path=/tok resume_from_checkpoint=/ck output_dir=/out dataset.path=/d1 dataset.path=/d2 dataset.eval_path=/e"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("configPaths = %s\nwant %s", strings.Join(got, " "), want)
 	}
 }
