@@ -8,9 +8,10 @@
 #   scripts/gpu/lectures.sh                                       # on the GPU machine, repo root
 #
 # Needs python3 with nbclient and nbformat (Debian: python3-nbclient python3-nbformat
-# jupyter-client; or pip install nbclient nbformat). The notebooks' kernel starts its own
-# session, which opens the first GPU ("auto") for its measurements; the script gives it a
-# private session directory and Jupyter paths, and stops it at the end.
+# jupyter-client; or pip install nbclient nbformat). Each notebook's kernel starts a session of
+# its own (a private session directory per notebook, so that no notebook waits for control
+# held by the previous one's kernel), which opens the first GPU ("auto") for its measurements;
+# the script stops it after the notebook.
 # HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); OUT the
 # output directory (notebooks/executed/<gpu>).
 set -euo pipefail
@@ -38,6 +39,7 @@ summary="$out/verdicts.txt"
 status=0
 for nb in notebooks/[0-9][0-9]-*.ipynb; do
   name="$(basename "$nb" .ipynb)"
+  export HALO_SESSION_DIR="$work/s-$name"
   start=$(date +%s.%N)
   if "$py" kernel/testdata/run_notebook.py "$nb" "$out/$name.ipynb" "$root"; then
     result=ok
@@ -46,6 +48,7 @@ for nb in notebooks/[0-9][0-9]-*.ipynb; do
     status=1
   fi
   secs=$(echo "$(date +%s.%N) - $start" | bc)
+  "$bin" session stop >/dev/null 2>&1 || true
   echo "## $name: $result in ${secs}s" | tee -a "$summary"
   if [ -f "$out/$name.ipynb" ]; then
     "$py" - "$out/$name.ipynb" <<'PY' | tee -a "$summary"
