@@ -1,6 +1,9 @@
 package backend
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Mixture-of-experts routing, permutation and combine: the argument types of the optional
 // capabilities that route tokens to experts, sort them by expert and combine the experts'
@@ -201,4 +204,21 @@ type MoECombineBackwardArgs struct {
 
 func opErr(op, format string, a ...any) error {
 	return fmt.Errorf("backend: %s: "+format, append([]any{op}, a...)...)
+}
+
+// Softmax64 writes softmax(z) into p, accumulating in fp64 and rounding once to fp32: the
+// router probabilities of the host composition (engine/nn) and of the CPU oracle, which must
+// agree bit for bit.
+func Softmax64(p, z []float32) {
+	mx := math.Inf(-1)
+	for _, v := range z {
+		mx = math.Max(mx, float64(v))
+	}
+	s := 0.0
+	for _, v := range z {
+		s += math.Exp(float64(v) - mx)
+	}
+	for i, v := range z {
+		p[i] = float32(math.Exp(float64(v)-mx) / s)
+	}
 }

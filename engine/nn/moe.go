@@ -227,7 +227,7 @@ func (m *MoE) route(logits []float32, n int) error {
 	for t := 0; t < n; t++ {
 		row := logits[t*e : (t+1)*e]
 		pr := r.Probs[t*e : (t+1)*e]
-		softmax32(pr, row)
+		backend.Softmax64(pr, row)
 		for j := range score {
 			score[j] = float64(pr[j])
 			if m.Bias != nil {
@@ -252,21 +252,6 @@ func (m *MoE) route(logits []float32, n int) error {
 		}
 	}
 	return nil
-}
-
-// softmax32 writes softmax(z) into p, accumulating in fp64 and rounding once to fp32.
-func softmax32(p, z []float32) {
-	mx := math.Inf(-1)
-	for _, v := range z {
-		mx = math.Max(mx, float64(v))
-	}
-	s := 0.0
-	for _, v := range z {
-		s += math.Exp(float64(v) - mx)
-	}
-	for i, v := range z {
-		p[i] = float32(math.Exp(float64(v)-mx) / s)
-	}
 }
 
 // topK writes the indices of the len(sel) largest scores into sel, largest first; ties go to

@@ -152,7 +152,7 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 					p[j] = float32(1 / (1 + math.Exp(-float64(v))))
 				}
 			} else {
-				softmax64(p, z)
+				backend.Softmax64(p, z)
 			}
 			nan := false
 			for j, v := range p {
@@ -208,21 +208,6 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 		}
 	}
 	return nil
-}
-
-// softmax64 writes softmax(z) into p, accumulating in fp64 and rounding once to fp32.
-func softmax64(p, z []float32) {
-	mx := math.Inf(-1)
-	for _, v := range z {
-		mx = math.Max(mx, float64(v))
-	}
-	s := 0.0
-	for _, v := range z {
-		s += math.Exp(float64(v) - mx)
-	}
-	for i, v := range z {
-		p[i] = float32(math.Exp(float64(v)-mx) / s)
-	}
 }
 
 // MoERouteBackward implements backend.Optional.MoERouteBackward, in fp64.

@@ -199,7 +199,7 @@ func TestMoERouteMatchesHostRouting(t *testing.T) {
 	w, _ := backend.ToFloat32(b, a.Weights)
 	for tok := range n {
 		p := make([]float32, e)
-		softmax64(p, logits[tok*e:(tok+1)*e])
+		backend.Softmax64(p, logits[tok*e:(tok+1)*e])
 		var sum float32
 		for j := range k {
 			sum += p[sel[tok*k+j]]
