@@ -91,11 +91,11 @@ func TestGPUGroupedGEMM(t *testing.T) {
 		{"G8", groupRows(8, 8, 600), 256, 128},
 		{"G64", groupRows(64, 64, 2000), 128, 200},
 		{"G128", groupRows(128, 128, 3000), 64, 136},
-		// Qwen3-30B-A3B: C=2048, I=768, E=128, top-8, 512 tokens: gate|up [2I, C] and down [C, I].
-		{"qwen3_30b_a3b_gateup", groupRows(3, 128, 512*8), 2 * 768, 2048},
-		{"qwen3_30b_a3b_down", groupRows(3, 128, 512*8), 2048, 768},
-		// OLMoE-1B-7B: C=2048, I=1024, E=64, top-8, 256 tokens.
-		{"olmoe_gateup", groupRows(4, 64, 256*8), 2 * 1024, 2048},
+		// Qwen3-30B-A3B: C=2048, I=768, E=128, top-8, 128 tokens: gate|up [2I, C] and down [C, I].
+		{"qwen3_30b_a3b_gateup", groupRows(3, 128, 128*8), 2 * 768, 2048},
+		{"qwen3_30b_a3b_down", groupRows(3, 128, 128*8), 2048, 768},
+		// OLMoE-1B-7B: C=2048, I=1024, E=64, top-8, 128 tokens.
+		{"olmoe_gateup", groupRows(4, 64, 128*8), 2 * 1024, 2048},
 	}
 	for _, s := range shapes {
 		for _, kind := range groupedKindList {
