@@ -107,9 +107,21 @@ func runRoute(t *testing.T, be backend.Backend, c routeCase, logits, bias []floa
 
 func within(a, b float64, abs, rel float64) bool { return math.Abs(a-b) <= abs+rel*math.Abs(b) }
 
+// moeGPU is the GPU backend with the MoE routing kernels offered (HALO_CUDA_MOE_KERNELS=on) for
+// the duration of the test, whatever the environment says.
+func moeGPU(t *testing.T) *Backend {
+	t.Helper()
+	g := gpu(t)
+	if !g.moeKernels {
+		g.moeKernels = true
+		t.Cleanup(func() { g.moeKernels = false })
+	}
+	return g
+}
+
 // TestGPUMoERoute compares the router with the CPU's on the routings of the supported families.
 func TestGPUMoERoute(t *testing.T) {
-	g := gpu(t)
+	g := moeGPU(t)
 	ref := cpu.New(cpu.Options{})
 	defer ref.Close()
 	for _, c := range gpuRouteCases {
@@ -226,7 +238,7 @@ func nearTie(z, p, bias []float32, sel []int32, r backend.MoERouting) bool {
 
 // TestGPUMoERouteBackward feeds both backends the CPU forward's routing and compares dlogits.
 func TestGPUMoERouteBackward(t *testing.T) {
-	g := gpu(t)
+	g := moeGPU(t)
 	for _, c := range gpuRouteCases {
 		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
 			k := c.r.TopK
@@ -291,8 +303,16 @@ func TestGPUMoERouteBackward(t *testing.T) {
 }
 
 // moeSel draws an uneven routing of n tokens over e experts, K distinct experts per token,
-// with expert `empty` never chosen and low experts favoured.
+// with expert `empty` never chosen (none when empty < 0) and low experts favoured. It panics
+// when k distinct experts cannot be drawn, rather than loop for ever.
 func moeSel(rng *rand.Rand, n, e, k, empty int) []int32 {
+	avail := e
+	if empty >= 0 && empty < e {
+		avail--
+	}
+	if k > avail {
+		panic(fmt.Sprintf("moeSel: %d distinct experts of %d with one kept empty", k, e))
+	}
 	sel := make([]int32, 0, n*k)
 	for range n {
 		chosen := map[int]bool{}
@@ -313,7 +333,7 @@ func moeSel(rng *rand.Rand, n, e, k, empty int) []int32 {
 
 // TestGPUMoEPermute compares the counting sort and gather (exactly) and the gather's backward.
 func TestGPUMoEPermute(t *testing.T) {
-	g := gpu(t)
+	g := moeGPU(t)
 	for _, s := range []struct {
 		N, E, K, C int
 		dt         tensor.DType
@@ -325,10 +345,11 @@ func TestGPUMoEPermute(t *testing.T) {
 		{2048, 128, 8, 256, tensor.BF16},
 	} {
 		rng := rand.New(rand.NewPCG(uint64(s.N), uint64(s.C)))
-		sel := moeSel(rng, s.N, s.E, s.K, s.E/2)
+		empty := s.E / 2
 		if s.K == s.E {
-			sel = moeSel(rng, s.N, s.E, s.K, -1)
+			empty = -1 // every expert is chosen: none can stay empty
 		}
+		sel := moeSel(rng, s.N, s.E, s.K, empty)
 		S := s.N * s.K
 		rel := 1e-6
 		if s.dt == tensor.BF16 {
@@ -374,7 +395,7 @@ func TestGPUMoEPermute(t *testing.T) {
 
 // TestGPUMoECombine compares the weighted combine and its backward.
 func TestGPUMoECombine(t *testing.T) {
-	g := gpu(t)
+	g := moeGPU(t)
 	for _, s := range []struct {
 		N, K, C int
 		dt      tensor.DType
@@ -426,7 +447,7 @@ func TestGPUMoECombine(t *testing.T) {
 
 // TestGPUSwiGLUPacked compares SwiGLU over packed gate|up rows, forward and in-place backward.
 func TestGPUSwiGLUPacked(t *testing.T) {
-	g := gpu(t)
+	g := moeGPU(t)
 	for _, s := range []struct {
 		R, I int
 		dt   tensor.DType

@@ -45,11 +45,7 @@ func tinyQwen3MoE(t *testing.T, be backend.Backend, seed uint64) *models.Model {
 // statistics, after the backward), and the profile must show the router, permute, combine and
 // expert GEMM classes.
 func TestGPUMoETrainingMatchesCPU(t *testing.T) {
-	g := gpu(t)
-	if !g.moeKernels {
-		g.moeKernels = true // the device path under test
-		defer func() { g.moeKernels = false }()
-	}
+	g := moeGPU(t) // the device path under test
 	ref := cpu.New(cpu.Options{})
 	defer ref.Close()
 	rec := profile.NewRecorder()
