@@ -102,7 +102,7 @@ type backendOptions struct {
 	// it off).
 	emptyUncleared bool
 	// moeKernels makes Optional offer the MoE routing, permutation, combine and packed SwiGLU
-	// ops (HALO_CUDA_MOE_KERNELS=on); without them engine/nn runs MoE blocks as the routed
+	// ops (unless HALO_CUDA_MOE_KERNELS=off); without them engine/nn runs MoE blocks as the routed
 	// composition. The methods themselves are always there, for their GPU tests.
 	moeKernels bool
 	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).
@@ -115,7 +115,7 @@ type backendOptions struct {
 // defaultBackendOptions are the choices with every switch unset, on a device of architecture
 // arch ("sm_90").
 func defaultBackendOptions(arch string) backendOptions {
-	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, normBwd: defaultNormBwdOptions()}
+	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, moeKernels: true, normBwd: defaultNormBwdOptions()}
 }
 
 // Device returns the underlying device (for diagnostics and events).

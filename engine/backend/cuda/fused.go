@@ -4,7 +4,7 @@ import "github.com/halo-shell/halo-shell/engine/backend"
 
 // Optional implements backend.Backend: the fused AddRMSNorm and AdamW kernels, the CUDA-event
 // DeviceTimer (timer.go), the grouped expert products (grouped_gemm.go) and NF4
-// dequantisation (nf4.go); with HALO_CUDA_MOE_KERNELS=on also the mixture-of-experts routing,
+// dequantisation (nf4.go); unless HALO_CUDA_MOE_KERNELS=off also the mixture-of-experts routing,
 // permutation, combine and packed SwiGLU kernels (moe.go), which engine/nn needs, with
 // GroupedGEMM, for its device MoE path.
 func (b *Backend) Optional() backend.Optional {

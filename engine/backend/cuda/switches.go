@@ -38,8 +38,8 @@ var (
 		Default: "1e12",
 		Doc:     "GEMMs of at least this many floating-point operations are tuned (timed across candidates) on first use; smaller ones take the heuristic's choice."})
 	swMoEKernels = switches.Register(switches.Switch{Name: "HALO_CUDA_MOE_KERNELS", Kind: switches.Tuning,
-		Default: "off", Values: []string{"off", "on"},
-		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off keeps the routed composition (host routing, one GEMM per expert) on CUDA until those kernels have passed the GPU suite."})
+		Default: "on", Values: []string{"off", "on"},
+		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off falls back to the routed composition (host routing, one GEMM per expert), for comparison and diagnosis."})
 	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
 		Values: []string{"1"},
 		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})
@@ -74,6 +74,6 @@ func optionsFromSwitches(arch string) (backendOptions, error) {
 	o.emptyUncleared = !swEmpty.Is("cleared")
 	o.noSplitK = swSplitK.Is("off")
 	o.gemmFoldBeta = swGemmBeta.Is("fold")
-	o.moeKernels = swMoEKernels.Is("on")
+	o.moeKernels = !swMoEKernels.Is("off")
 	return o, nil
 }

@@ -20,8 +20,8 @@ func TestOptionsFromSwitches(t *testing.T) {
 		return o
 	}
 	def := with(func(*backendOptions) {})
-	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta {
-		t.Fatalf("sm_90 defaults %+v: want tensor-core and warpgroup attention, the split backward, uncleared Empty, split-K, direct Beta", def)
+	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta || !def.moeKernels {
+		t.Fatalf("sm_90 defaults %+v: want tensor-core and warpgroup attention, the split backward, uncleared Empty, split-K, direct Beta, the MoE kernels", def)
 	}
 	cases := []struct {
 		name, env, val, arch string
@@ -38,7 +38,9 @@ func TestOptionsFromSwitches(t *testing.T) {
 		{"split-K off", "HALO_CUDA_GEMM_SPLITK", "off", "sm_90", with(func(o *backendOptions) { o.noSplitK = true }), ""},
 		{"beta fold", "HALO_CUDA_GEMM_BETA", "fold", "sm_90", with(func(o *backendOptions) { o.gemmFoldBeta = true }), ""},
 		{"beta typo", "HALO_CUDA_GEMM_BETA", "folded", "sm_90", backendOptions{}, "HALO_CUDA_GEMM_BETA"},
-		{"moe kernels", "HALO_CUDA_MOE_KERNELS", "on", "sm_90", with(func(o *backendOptions) { o.moeKernels = true }), ""},
+		{"moe kernels on", "HALO_CUDA_MOE_KERNELS", "on", "sm_90", def, ""},
+		{"moe kernels off", "HALO_CUDA_MOE_KERNELS", "off", "sm_90", with(func(o *backendOptions) { o.moeKernels = false }), ""},
+		{"moe kernels typo", "HALO_CUDA_MOE_KERNELS", "yes", "sm_90", backendOptions{}, "HALO_CUDA_MOE_KERNELS"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -145,7 +147,7 @@ func TestOptionalMoEKernels(t *testing.T) {
 		t.Fatal("the always-offered capabilities are missing")
 	}
 	if o.MoERoute != nil || o.MoEPermute != nil || o.MoECombine != nil || o.SwiGLUPacked != nil {
-		t.Fatal("MoE routing kernels offered without HALO_CUDA_MOE_KERNELS=on")
+		t.Fatal("MoE routing kernels offered with moeKernels off (HALO_CUDA_MOE_KERNELS=off)")
 	}
 	b.moeKernels = true
 	o = b.Optional()
