@@ -332,6 +332,7 @@ var kindTitle = [...]string{
 	Path:     "Paths and libraries",
 	Plumbing: "Plumbing (set by halo-shell for the processes it starts)",
 	Testing:  "Test suites",
+	Script:   "Scripts (read by the scripts under scripts/, not by the program)",
 }
 
 // ModuleRoot walks up from dir to the directory holding go.mod.

@@ -38,9 +38,13 @@ const (
 	Plumbing
 	// Testing switches change what the test suites do (fail instead of skip, write reports).
 	Testing
+	// Script switches are read by the shell and Python scripts under scripts/, not by the
+	// program; they are declared so that the program knows them (no warning when a script's
+	// caller sets one) and SWITCHES.md lists them.
+	Script
 )
 
-var kindNames = [...]string{Tuning: "tuning", Debug: "debug", Path: "path", Plumbing: "plumbing", Testing: "testing"}
+var kindNames = [...]string{Tuning: "tuning", Debug: "debug", Path: "path", Plumbing: "plumbing", Testing: "testing", Script: "script"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {

@@ -150,7 +150,25 @@ func TestEveryNameIsRegistered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The scripts' variables: every HALO_* word in scripts/ is declared, and a Script switch
+	// is read by some script (that is its exercise).
+	scriptText, err := scriptSources(filepath.Join(root, "scripts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`\bHALO_[A-Z0-9_]*[A-Z0-9]\b`).FindAllString(scriptText, -1) {
+		if _, ok := declared[m]; !ok {
+			t.Errorf("scripts/ use %s, which is not declared: add a switches.Register (Kind Script if only scripts read it)", m)
+			declared[m] = Declared{} // once
+		}
+	}
 	for _, d := range decls {
+		if d.Kind == Script {
+			if !strings.Contains(scriptText, d.Name) {
+				t.Errorf("%s (%s) is a Script switch that no script under scripts/ reads", d.Name, d.Pos)
+			}
+			continue
+		}
 		if strings.Contains(all.String(), `"`+d.Name) {
 			continue
 		}
@@ -182,6 +200,26 @@ func TestEveryNameIsRegistered(t *testing.T) {
 	if string(old) != page {
 		t.Errorf("SWITCHES.md is out of date with the declarations: go test ./internal/switches -update")
 	}
+}
+
+// scriptSources concatenates the shell and Python scripts under dir.
+func scriptSources(dir string) (string, error) {
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if strings.HasSuffix(path, ".sh") || strings.HasSuffix(path, ".py") {
+			text, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			b.Write(text)
+			b.WriteByte('\n')
+		}
+		return nil
+	})
+	return b.String(), err
 }
 
 func basicLit(s string) *ast.BasicLit { return &ast.BasicLit{Kind: token.STRING, Value: s} }

@@ -17,7 +17,7 @@
    loaded in transformers, with PEFT's merge_and_unload.
 
 Usage (from the repository root):
-    python3 scripts/gpu/peft_check.py HALO_BINARY OUT_DIR
+    python3 scripts/gpu/peft_check.py bin/halo-shell OUT_DIR
 Writes OUT_DIR/peft_check.json; the exit status is 1 if any check fails.
 """
 import json
