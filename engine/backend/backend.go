@@ -220,6 +220,12 @@ type Ops interface {
 	SwiGLU(out, gate, up T) error
 	// SwiGLUBackward: dGate =, dUp = from dOut, gate and up (dGate may alias gate, dUp may alias up).
 	SwiGLUBackward(dGate, dUp, dOut, gate, up T) error
+	// GeGLU: out = gelu_tanh(gate) * up, the tanh approximation of GELU (transformers'
+	// gelu_pytorch_tanh): gelu_tanh(g) = g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3))).
+	// out [N,F] =; gate [N,F]; up [N,F]. Nothing is cached.
+	GeGLU(out, gate, up T) error
+	// GeGLUBackward: dGate =, dUp = from dOut, gate and up (dGate may alias gate, dUp may alias up).
+	GeGLUBackward(dGate, dUp, dOut, gate, up T) error
 
 	// ---- LM head + loss ----
 
@@ -229,6 +235,8 @@ type Ops interface {
 	// and no gradient. With DHidden and/or DWeight set it also runs backward for
 	// dL/dloss[n] = GradScale: dHidden[n] = GradScale * (softmax - onehot(t)) @ Weight (=), and
 	// dWeight += GradScale * sum_n (softmax - onehot)^T Hidden[n] (+=).
+	// With Softcap > 0 the logits are capped first, logits = Softcap * tanh(logits / Softcap)
+	// (final_logit_softcapping), and the gradient passes through the cap's derivative.
 	// Tokens are processed ChunkRows at a time so full [N, V] fp32 logits never exist at once.
 	// DHidden may not overlap Hidden.
 	CrossEntropy(a CrossEntropyArgs) error
@@ -315,4 +323,5 @@ type CrossEntropyArgs struct {
 	DWeight   T       // [V,C] +=; optional (backward when set)
 	GradScale float32 // dL/dloss per non-ignored token (e.g. 1 / non-ignored tokens of the whole optimizer step)
 	ChunkRows int     // tokens per chunk; 0 = backend default
+	Softcap   float32 // tanh cap of the logits (Softcap * tanh(logit / Softcap)); 0 = none
 }

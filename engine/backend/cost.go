@@ -286,6 +286,18 @@ func SwiGLUBackwardCost(dGate, dUp, dOut, gate, up T) Cost {
 	return Cost{FLOPs: 10 * elems(dOut), Bytes: sizes(dGate, dUp, dOut, gate, up), Class: profilekeys.ClassMLPActivation}
 }
 
+// GeGLUCost is Ops.GeGLU: 12 FLOPs per element (the cubic, the tanh counted as an exponential,
+// addition and division, three products); gate and up read, out written.
+func GeGLUCost(out, gate, up T) Cost {
+	return Cost{FLOPs: 12 * elems(out), Bytes: sizes(out, gate, up), Class: profilekeys.ClassMLPActivation}
+}
+
+// GeGLUBackwardCost is Ops.GeGLUBackward: 20 FLOPs per element; dOut, gate and up read, dGate
+// and dUp written.
+func GeGLUBackwardCost(dGate, dUp, dOut, gate, up T) Cost {
+	return Cost{FLOPs: 20 * elems(dOut), Bytes: sizes(dGate, dUp, dOut, gate, up), Class: profilekeys.ClassMLPActivation}
+}
+
 // CrossEntropyCost is Ops.CrossEntropy, the fused LM head and loss (class loss): MatmulFLOPs
 // [N,C]x[C,V] for the logits, and again for DHidden and for DWeight when set (the softmax is not
 // counted); Hidden, Weight and Targets read, Loss, LogProb and DHidden written, DWeight read

@@ -312,6 +312,22 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", backend.SwiGLUBackwardCost(dGate, dUp, dOut, gate, up), T{})
 }
 
+func (b *Backend) GeGLU(out, gate, up T) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.GeGLU(out, gate, up)
+	}
+	s := b.begin()
+	return b.end(s, b.in.GeGLU(out, gate, up), "GeGLU", backend.GeGLUCost(out, gate, up), out)
+}
+
+func (b *Backend) GeGLUBackward(dGate, dUp, dOut, gate, up T) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.GeGLUBackward(dGate, dUp, dOut, gate, up)
+	}
+	s := b.begin()
+	return b.end(s, b.in.GeGLUBackward(dGate, dUp, dOut, gate, up), "GeGLUBackward", backend.GeGLUBackwardCost(dGate, dUp, dOut, gate, up), T{})
+}
+
 // CrossEntropy is the fused LM head and loss: class loss (its GEMMs included).
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	if b.rec.mode.Load() == 0 {

@@ -34,6 +34,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 				op, i, t, v, backend.IgnoreIndex)
 		}
 	}
+	if a.Softcap < 0 || math.IsNaN(float64(a.Softcap)) || math.IsInf(float64(a.Softcap), 0) {
+		return fmt.Errorf("cpu: %s: Softcap %v must be a positive cap or 0 for none", op, a.Softcap)
+	}
 	var loss, logp []float32
 	if !a.Loss.IsNil() {
 		if err := numel(op, "Loss", a.Loss, n, "N"); err != nil {
@@ -94,6 +97,11 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		lg := logits[:m*v]
 		b.sgemm(false, true, m, v, c, 1, hs[lo*c:hi*c], c, ws, c, 0, lg, v)
 		b.pool.rows(m, 4, func(rlo, rhi int) {
+			var capBuf *[]float32
+			if a.Softcap > 0 {
+				capBuf = getScratch(v)
+				defer putScratch(capBuf)
+			}
 			for r := rlo; r < rhi; r++ {
 				row := lg[r*v : (r+1)*v]
 				t := tg[lo+r]
@@ -108,6 +116,12 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 						clear(row)
 					}
 					continue
+				}
+				// The cap's derivative 1 - tanh^2 per logit, kept for the backward.
+				var capD []float32
+				if a.Softcap > 0 {
+					capD = *capBuf
+					softcapRow(row, capD, a.Softcap)
 				}
 				mx := float32(math.Inf(-1))
 				for _, x := range row {
@@ -136,6 +150,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 						row[j] *= k
 					}
 					row[t] -= a.GradScale
+					for j, d := range capD {
+						row[j] *= d
+					}
 				}
 			}
 		})
@@ -149,4 +166,15 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	flushH()
 	flushW()
 	return nil
+}
+
+// softcapRow caps one row of logits in place, x = c * tanh(x / c) (in float64, rounded once),
+// and writes d[j] = 1 - tanh^2, the derivative of the cap at each logit.
+func softcapRow(row, d []float32, c float32) {
+	cf := float64(c)
+	for j, x := range row {
+		t := math.Tanh(float64(x) / cf)
+		row[j] = float32(cf * t)
+		d[j] = float32(1 - t*t)
+	}
 }

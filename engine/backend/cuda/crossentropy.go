@@ -71,6 +71,9 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	if !a.LogProb.IsNil() && (a.LogProb.DType() != tensor.F32 || a.LogProb.Numel() != N) {
 		return fmt.Errorf("cuda: %s: LogProb %v must be f32 [%d]", op, a.LogProb, N)
 	}
+	if !(a.Softcap >= 0) || math.IsInf(float64(a.Softcap), 0) {
+		return fmt.Errorf("cuda: %s: Softcap %v must be a positive cap or 0 for none", op, a.Softcap)
+	}
 	arg := b.args(op)
 	pt := arg.i32("Targets", a.Targets)
 	pLoss := arg.opt("Loss", a.Loss)
@@ -164,7 +167,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		if backward {
 			dlp = pDL
 		}
-		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr())
+		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr(), a.Softcap)
 		if err := b.d.Post(func() error {
 			return b.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(r), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
 		}); err != nil {

@@ -10,6 +10,9 @@
 //   dlogits[r, v] = scale * (softmax[r, v] - [v == t])   (=, written when dlogits is not null)
 // Rows whose target is ignore_index get loss = logprob = 0 and zero gradient. A target outside
 // [0, V) that is not ignore_index records the smallest bad n in *bad (initialised to N).
+// With cap > 0 every logit is first capped, x = cap * tanh(x / cap) (final_logit_softcapping),
+// and dlogits carries the cap's derivative: scale * (softmax - onehot) * (1 - tanh^2); the
+// capped logits are recomputed on each read and never stored.
 // Each logit is read once for lse (a running max and rescaled sum) and once more for dlogits;
 // with V a multiple of 4 the reads are 16-byte and the bf16 dlogits stores 8-byte. dlogits may
 // alias logits when both are fp32 (each thread rewrites only what it read).
@@ -58,14 +61,26 @@ __device__ __forceinline__ float ce_block_lse(float m, float s) {
     return m + logf(s);
 }
 
-__device__ __forceinline__ float ce_grad(float x, float lse, float scale, int v, int t, bool ignored) {
+// ce_cap returns the capped logit (x itself when cap is 0).
+__device__ __forceinline__ float ce_cap(float x, float cap) {
+    return cap > 0.f ? cap * tanhf(x / cap) : x;
+}
+
+// ce_grad is the gradient of the loss at raw logit x (the cap's derivative included).
+__device__ __forceinline__ float ce_grad(float x, float lse, float scale, int v, int t, bool ignored, float cap) {
     if (ignored) return 0.f;
-    return scale * (expf(x - lse) - (v == t ? 1.f : 0.f));
+    float d = 1.f;
+    if (cap > 0.f) {
+        float th = tanhf(x / cap);
+        x = cap * th;
+        d = 1.f - th * th;
+    }
+    return scale * (expf(x - lse) - (v == t ? 1.f : 0.f)) * d;
 }
 
 extern "C" __global__ void ce_rows(const float* logits, const int* targets, float* loss, float* logprob,
                                    void* dlogits, int dtdl, float scale, long long row0, int V,
-                                   int ignore_index, int* bad) {
+                                   int ignore_index, int* bad, float cap) {
     long long r = blockIdx.x;
     long long n = row0 + r;
     const float* lr = logits + r * (long long)V;
@@ -82,17 +97,17 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
         const ce_f4* l4 = (const ce_f4*)lr;
         for (int k = threadIdx.x; k < V4; k += blockDim.x) {
             ce_f4 x = l4[k];
-            ce_add(m, s, x.x);
-            ce_add(m, s, x.y);
-            ce_add(m, s, x.z);
-            ce_add(m, s, x.w);
+            ce_add(m, s, ce_cap(x.x, cap));
+            ce_add(m, s, ce_cap(x.y, cap));
+            ce_add(m, s, ce_cap(x.z, cap));
+            ce_add(m, s, ce_cap(x.w, cap));
         }
     } else {
-        for (int v = threadIdx.x; v < V; v += blockDim.x) ce_add(m, s, lr[v]);
+        for (int v = threadIdx.x; v < V; v += blockDim.x) ce_add(m, s, ce_cap(lr[v], cap));
     }
     float lse = ce_block_lse(m, s);
     if (threadIdx.x == 0) {
-        float lp = ignored ? 0.f : lr[t] - lse;
+        float lp = ignored ? 0.f : ce_cap(lr[t], cap) - lse;
         if (loss) loss[n] = -lp;
         if (logprob) logprob[n] = lp;
     }
@@ -104,10 +119,10 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
         for (int k = threadIdx.x; k < V4; k += blockDim.x) {
             ce_f4 x = l4[k];
             int v = 4 * k;
-            float g0 = ce_grad(x.x, lse, scale, v, t, ignored);
-            float g1 = ce_grad(x.y, lse, scale, v + 1, t, ignored);
-            float g2 = ce_grad(x.z, lse, scale, v + 2, t, ignored);
-            float g3 = ce_grad(x.w, lse, scale, v + 3, t, ignored);
+            float g0 = ce_grad(x.x, lse, scale, v, t, ignored, cap);
+            float g1 = ce_grad(x.y, lse, scale, v + 1, t, ignored, cap);
+            float g2 = ce_grad(x.z, lse, scale, v + 2, t, ignored, cap);
+            float g3 = ce_grad(x.w, lse, scale, v + 3, t, ignored, cap);
             if (dtdl == DT_F32) {
                 ce_out4 o = {g0, g1, g2, g3};
                 ((ce_out4*)dlogits)[r * V4 + k] = o;
@@ -119,6 +134,6 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
         }
     } else {
         for (int v = threadIdx.x; v < V; v += blockDim.x)
-            stf(dlogits, dtdl, r * (long long)V + v, ce_grad(lr[v], lse, scale, v, t, ignored));
+            stf(dlogits, dtdl, r * (long long)V + v, ce_grad(lr[v], lse, scale, v, t, ignored, cap));
     }
 }
