@@ -34,6 +34,7 @@
 //	sum, n, err := m.Forward(batch)                        // evaluation
 //	lp, err := m.Logprobs(ids)                             // log p(ids[t] | ids[:t])
 //	out, err := m.Generate(prompt, models.GenerateOptions{MaxNewTokens: 64})
+//	outs, err := m.GenerateBatch(prompts, models.BatchGenerateOptions{...}) // rows decoded together
 //	err = m.Save(dir, models.SaveOptions{})                // config.json + safetensors
 //
 // LoRA (lora.go): m.AttachLoRA(LoRAConfig{...}) puts PEFT-style adapters on the linear layers

@@ -37,7 +37,7 @@ func TestRecomputeLowersPeakMemory(t *testing.T) {
 	}
 }
 
-// TestNoLeaksInInferencePaths checks that Forward, Logprobs and Generate free every tensor
+// TestNoLeaksInInferencePaths checks that Forward, Logprobs, Generate and GenerateBatch free every tensor
 // they allocate.
 func TestNoLeaksInInferencePaths(t *testing.T) {
 	b := newCPU()
@@ -51,6 +51,10 @@ func TestNoLeaksInInferencePaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := m.Generate(batch.Tokens[:4], GenerateOptions{MaxNewTokens: 5}); err != nil {
+		t.Fatal(err)
+	}
+	stopped := BatchGenerateOptions{GenerateOptions: GenerateOptions{MaxNewTokens: 5, Temperature: 1, Seed: 1, StopIDs: []int32{batch.Tokens[2]}}}
+	if _, err := m.GenerateBatch([][]int32{batch.Tokens[:4], batch.Tokens[4:6], {1}}, stopped); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := m.Forward(Batch{Tokens: []int32{1, 99}, Targets: []int32{1, 1}}); err == nil {

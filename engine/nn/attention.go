@@ -7,9 +7,11 @@ import (
 )
 
 // KVCache holds one layer's rotated keys and values for incremental decoding.
-// K, V [MaxLen, NKV*HD] in the activation dtype.
+// K, V [MaxLen, NKV*HD] in the activation dtype. K2 and V2, of the same shape, are needed only
+// by passes with Pass.CacheGather: the gather writes into them and then trades them with K and V.
 type KVCache struct {
-	K, V T
+	K, V   T
+	K2, V2 T
 }
 
 // Attention is the self-attention of a Llama-style decoder layer: q/k/v projections, optional
@@ -133,6 +135,11 @@ func (a *Attention) appendCache(p *Pass) (k, v T, err error) {
 			return T{}, T{}, wrap(a.Name+" kv cache", err)
 		}
 	}
+	if !p.CacheGather.IsNil() {
+		if hi, err = a.gatherCache(p, kv, hi); err != nil {
+			return T{}, T{}, err
+		}
+	}
 	if k, err = kv.K.Rows(0, hi); err != nil {
 		return T{}, T{}, wrap(a.Name, err)
 	}
@@ -140,6 +147,34 @@ func (a *Attention) appendCache(p *Pass) (k, v T, err error) {
 		return T{}, T{}, wrap(a.Name, err)
 	}
 	return k, v, nil
+}
+
+// gatherCache rewrites the first hi cached rows as rows CacheGather of them (in the spare
+// buffers, which then become K and V) and returns the new row count.
+func (a *Attention) gatherCache(p *Pass, kv *KVCache, hi int) (int, error) {
+	nk := p.CacheGather.Numel()
+	if kv.K2.IsNil() || kv.V2.IsNil() {
+		return 0, fmt.Errorf("nn: %s: a gathered KV cache needs spare buffers K2 and V2", a.Name)
+	}
+	if nk > kv.K2.Dim(0) {
+		return 0, fmt.Errorf("nn: %s: KV cache holds %d tokens, the gather writes %d", a.Name, kv.K2.Dim(0), nk)
+	}
+	for _, pair := range [][2]T{{kv.K2, kv.K}, {kv.V2, kv.V}} {
+		src, err := pair[1].Rows(0, hi)
+		if err != nil {
+			return 0, wrap(a.Name, err)
+		}
+		dst, err := pair[0].Rows(0, nk)
+		if err != nil {
+			return 0, wrap(a.Name, err)
+		}
+		if err := p.B.Embedding(dst, src, p.CacheGather); err != nil {
+			return 0, wrap(a.Name+" kv cache gather", err)
+		}
+	}
+	kv.K, kv.K2 = kv.K2, kv.K
+	kv.V, kv.V2 = kv.V2, kv.V
+	return nk, nil
 }
 
 // Backward returns a new dx [N,C] (=) for dy [N,C] and accumulates every parameter gradient

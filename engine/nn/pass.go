@@ -36,6 +36,12 @@ type Pass struct {
 	// values at rows [CacheLen, CacheLen+N) and attends over rows [0, CacheLen+N).
 	Cache    []*KVCache
 	CacheLen int
+	// CacheGather [Nk] I32, optional with Cache: after appending, attention gathers rows
+	// CacheGather[j] of [0, CacheLen+N) into the cache's spare buffers (row j), swaps them in and
+	// attends over rows [0, Nk), with CuSeqlensK giving each document's keys. Batched decoding
+	// uses it to keep every sequence's keys contiguous (old rows, then its new one) and to drop
+	// finished sequences, in one gather per layer.
+	CacheGather T
 	// Train marks a training pass: adapter dropout is active only there.
 	Train bool
 	// DropoutKey selects this micro-batch's dropout masks (the model advances it once per
