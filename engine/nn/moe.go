@@ -43,7 +43,9 @@ type Expert struct {
 //
 // The experts are computed here unless Runner is set: a parallel plan then receives the
 // routing and the input rows and returns the combined expert output (and its backward), and the
-// block keeps the router and its gradient.
+// block keeps the router and its gradient. A Runner that is also a SortedRunner keeps the block
+// on the device path: the block routes, sorts and combines on the device and the runner
+// computes the experts over the sorted rows.
 //
 // The auxiliary load-balancing loss couples every MoE layer of a model (transformers computes it
 // over all layers' router logits concatenated), so it is computed by the model from each
@@ -303,6 +305,23 @@ type ExpertRunner interface {
 	Backward(p *Pass, m *MoE, dy T) (dx T, dw []float64, err error)
 	// Release drops the caches of a Forward.
 	Release(p *Pass)
+}
+
+// SortedRunner is an ExpertRunner that also computes the experts of the device path
+// (moe_device.go): it receives the block's rows sorted by expert and returns the experts'
+// outputs in the same order, so that routing, sort and combine stay on the device. An
+// expert-parallel plan implements it with the all-to-all. Its methods are called from the
+// goroutine that runs the block, ForwardSorted then BackwardSorted (or Release).
+type SortedRunner interface {
+	ExpertRunner
+	// ForwardSorted returns a new ys [S,C] (the caller owns it) with ys[r] = Expert_e(xs[r]) for
+	// the rows [offsets[e], offsets[e+1]) of xs [S,C] that chose expert e; offsets [E+1] and
+	// counts [E] (the rows of each expert) are I32 on the device. With keep it caches what
+	// BackwardSorted needs.
+	ForwardSorted(p *Pass, m *MoE, xs, offsets, counts T, keep bool) (T, error)
+	// BackwardSorted takes dys [S,C], adds the experts' parameter gradients to their GW, and
+	// returns a new dxs [S,C]. It releases the runner's caches.
+	BackwardSorted(p *Pass, m *MoE, dys T) (T, error)
 }
 
 // ExpertGroup computes a set of experts over rows grouped by expert, the compute shared by
@@ -682,7 +701,7 @@ func (m *MoE) Release(p *Pass) {
 		m.Runner.Release(p)
 	}
 	m.g.Release(p)
-	m.d.release(p.B)
+	m.d.release(p)
 	m.x, m.dev, m.onDev = T{}, false, false
 }
 

@@ -15,15 +15,18 @@ import (
 //	logits = Router(x)                                   [N,E]
 //	MoERoute:     probs [N,E], sel [N,K], weights [N,K], per-expert counts and prob sums [E]
 //	MoEPermute:   offsets [E+1], slot [N,K], xs [S,C] (the rows sorted by expert)
-//	GroupedGEMM:  gu = xs · GateUp_e^T                   [S,2I]
-//	SwiGLUPacked: act = silu(gu[:, :I]) * gu[:, I:]      [S,I]
-//	GroupedGEMM:  ys = act · Down_e^T                    [S,C]
+//	experts:      ys [S,C] = Expert_e(xs) for the rows of each expert (GroupedExperts: two
+//	              grouped GEMMs and the packed SwiGLU), or, under a SortedRunner (expert
+//	              parallelism), the same on the experts' owners
 //	MoECombine:   out[n] = sum_k weights[n,k] * ys[slot[n,k]]   [N,C]
 //
-// and the backward in reverse (MoECombineBackward, the grouped input and weight gradients,
-// SwiGLUPackedBackward in place, MoEPermuteBackward, MoERouteBackward, the router's
-// backward). Cached for backward (keep): probs, sel, weights, offsets, slot, xs, gu, act, ys.
-// The per-expert statistics (the loads, as a copy of the offsets; the aux loss's counts and
+// and the backward in reverse (MoECombineBackward, the experts' backward, MoEPermuteBackward,
+// MoERouteBackward, the router's backward). Cached for backward (keep): probs [N,E] F32, sel,
+// weights and slot [N,K], offsets [E+1], ys [S,C], and the experts' gate|up rows gu [S,2I]
+// (MoEKeptBytes counts them). The sorted rows xs [S,C] and the SwiGLU output act [S,I] are not
+// kept: the backward sorts x again (MoEPermute, a gather) and recomputes act from gu (one
+// elementwise pass), which saves K*(C+I) activation elements per token and layer. The
+// per-expert statistics (the loads, as a copy of the offsets; the aux loss's counts and
 // probability sums) stay on the device until the model reads them once per forward
 // (Routing.Fetch).
 
@@ -31,26 +34,169 @@ import (
 type moeDev struct {
 	probs, sel, weights T // [N,E] F32, [N,K] I32, [N,K] F32
 	offsets, slot       T // [E+1] I32, [N,K] I32
-	xs, gu, act, ys     T // [S,C], [S,2I], [S,I], [S,C]
+	ys                  T // [S,C]
+	experts             GroupedExperts
+	sorted              SortedRunner // the runner that computed the experts, if any
 }
 
-func (d *moeDev) release(b backend.Backend) {
-	_ = free(b, &d.probs, &d.sel, &d.weights, &d.offsets, &d.slot, &d.xs, &d.gu, &d.act, &d.ys)
+func (d *moeDev) release(p *Pass) {
+	d.experts.Release(p.B)
+	_ = free(p.B, &d.probs, &d.sel, &d.weights, &d.offsets, &d.slot, &d.ys)
+	d.sorted = nil
 }
 
-// deviceOps reports whether this forward can take the device path, and the ops.
+// MoEKeptBytes is the device memory a device-path MoE block keeps from a training forward for
+// its backward, for n tokens of hidden size c, e experts, top-k k and expert width inter, with
+// activations of el bytes: probs [N,E] F32; sel, weights and slot [N,K] of 4 bytes; offsets
+// [E+1] I32; gate|up [S,2I] and the experts' outputs [S,C] in the activation dtype (S = N*K).
+// The routing statistics (offsets [E+1] I32 and probability sums [E] F32) are apart: they live
+// until the model reads them after the forward. Not kept, and so not counted: the sorted rows
+// [S,C] and the SwiGLU output [S,I] (MoERecomputedBytes).
+func MoEKeptBytes(n, c, e, k, inter, el int) int64 {
+	n64, s := int64(n), int64(n)*int64(k)
+	return n64*int64(e)*4 + 3*s*4 + int64(e+1)*4 + s*int64(2*inter+c)*int64(el)
+}
+
+// MoERecomputedBytes is what the device path's backward recomputes rather than keeps: the
+// sorted rows [S,C] and the SwiGLU output [S,I], K*(C+I)*el bytes per token.
+func MoERecomputedBytes(n, c, k, inter, el int) int64 {
+	return int64(n) * int64(k) * int64(c+inter) * int64(el)
+}
+
+// GroupedExperts computes stacked SwiGLU experts over rows sorted by expert, one grouped GEMM
+// per projection, for the rows [offsets[g], offsets[g+1]) of each expert g:
+//
+//	gu  = xs · GateUp_g^T         [M,2I]   (gate rows, then up rows)
+//	act = silu(gu[:, :I]) * gu[:, I:]   [M,I]
+//	ys  = act · Down_g^T          [M,C]
+//
+// Cached for backward (keep): gu only, and a reference to offsets (the caller keeps it
+// alive). The backward recomputes act from gu and takes the input rows from its caller. The
+// parameter gradients GateUp.GW and Down.GW are "+="; a zero GW skips that gradient.
+type GroupedExperts struct {
+	Name         string
+	GateUp, Down Linear // W [G,2I,C] and [G,C,I]
+
+	gu, offsets T
+}
+
+// Forward returns ys [M,C] (new; the caller owns it) for xs [M,C] and offsets [G+1] I32.
+func (g *GroupedExperts) Forward(p *Pass, o backend.Optional, xs, offsets T, keep bool) (ys T, err error) {
+	if !g.gu.IsNil() {
+		return T{}, fmt.Errorf("nn: %s: grouped experts Forward called twice without Backward or Release", g.Name)
+	}
+	s, c := xs.Dim(0), xs.Dim(1)
+	inter := g.GateUp.W.Dim(1) / 2
+	var gu, act T
+	defer func() {
+		_ = free(p.B, &act)
+		if err != nil {
+			_ = free(p.B, &gu, &ys)
+		}
+	}()
+	if gu, err = p.out(s, 2*inter); err != nil {
+		return T{}, wrap(g.Name, err)
+	}
+	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedForward, A: xs, B: g.GateUp.W, Out: gu, Offsets: offsets}); err != nil {
+		return T{}, wrap(g.GateUp.Name, err)
+	}
+	if act, err = p.out(s, inter); err != nil {
+		return T{}, wrap(g.Name, err)
+	}
+	if err = o.SwiGLUPacked(act, gu); err != nil {
+		return T{}, wrap(g.Name+" swiglu", err)
+	}
+	if ys, err = p.out(s, c); err != nil {
+		return T{}, wrap(g.Name, err)
+	}
+	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedForward, A: act, B: g.Down.W, Out: ys, Offsets: offsets}); err != nil {
+		return T{}, wrap(g.Down.Name, err)
+	}
+	if keep {
+		g.gu, g.offsets = gu, offsets
+	} else {
+		_ = free(p.B, &gu)
+	}
+	return ys, nil
+}
+
+// Backward takes dys [M,C] and the forward's input rows xs [M,C], adds the parameter
+// gradients, and returns dxs [M,C] (new; the caller owns it). It releases the cache.
+func (g *GroupedExperts) Backward(p *Pass, o backend.Optional, dys, xs T) (dxs T, err error) {
+	if g.gu.IsNil() {
+		return T{}, fmt.Errorf("nn: %s: grouped experts Backward without a cached Forward", g.Name)
+	}
+	defer g.Release(p.B)
+	s, inter := g.gu.Dim(0), g.gu.Dim(1)/2
+	var dact, act T
+	defer func() {
+		_ = free(p.B, &dact, &act)
+		if err != nil {
+			_ = free(p.B, &dxs)
+		}
+	}()
+	if dact, err = p.out(s, inter); err != nil {
+		return T{}, wrap(g.Name, err)
+	}
+	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: dys, B: g.Down.W, Out: dact, Offsets: g.offsets}); err != nil {
+		return T{}, wrap(g.Down.Name, err)
+	}
+	if !g.Down.GW.IsNil() {
+		// The SwiGLU output was not kept: recompute it from gu for the weight gradient.
+		if act, err = p.out(s, inter); err != nil {
+			return T{}, wrap(g.Name, err)
+		}
+		if err = o.SwiGLUPacked(act, g.gu); err != nil {
+			return T{}, wrap(g.Name+" swiglu", err)
+		}
+		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: dys, B: act, Out: g.Down.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
+			return T{}, wrap(g.Down.Name, err)
+		}
+		_ = free(p.B, &act)
+	}
+	// gu becomes its own gradient.
+	if err = o.SwiGLUPackedBackward(g.gu, dact, g.gu); err != nil {
+		return T{}, wrap(g.Name+" swiglu", err)
+	}
+	_ = free(p.B, &dact)
+	if dxs, err = p.out(s, xs.Dim(1)); err != nil {
+		return T{}, wrap(g.Name, err)
+	}
+	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: g.gu, B: g.GateUp.W, Out: dxs, Offsets: g.offsets}); err != nil {
+		return T{}, wrap(g.GateUp.Name, err)
+	}
+	if !g.GateUp.GW.IsNil() {
+		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: g.gu, B: xs, Out: g.GateUp.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
+			return T{}, wrap(g.GateUp.Name, err)
+		}
+	}
+	return dxs, nil
+}
+
+// Release drops the cache of a Forward.
+func (g *GroupedExperts) Release(b backend.Backend) {
+	_ = free(b, &g.gu)
+	g.offsets = T{}
+}
+
+// deviceOps reports whether this forward can take the device path, and the ops. A block
+// holding every expert computes them itself; one with a SortedRunner (expert parallelism)
+// hands the sorted rows to it.
 func (m *MoE) deviceOps(p *Pass, x T) (backend.Optional, bool) {
 	o := p.B.Optional()
-	ok := !m.Composed && !swMoEPath.Is("composed") && m.Runner == nil && x.Rank() == 2 && x.Dim(0) > 0 && m.holdsAll() && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
+	_, sorted := m.Runner.(SortedRunner)
+	experts := (m.Runner == nil && m.holdsAll()) || sorted
+	ok := !m.Composed && !swMoEPath.Is("composed") && experts && x.Rank() == 2 && x.Dim(0) > 0 && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
 		o.MoERoute != nil && o.MoERouteBackward != nil && o.MoEPermute != nil && o.MoEPermuteBackward != nil &&
 		o.MoECombine != nil && o.MoECombineBackward != nil && o.SwiGLUPacked != nil && o.SwiGLUPackedBackward != nil &&
 		o.GroupedGEMM != nil
 	return o, ok
 }
 
-// checkStacked checks the stacked weights against the block: GateUp [E,2I,C], Down [E,C,I].
+// checkStacked checks the stacked weights of the held experts against the block: GateUp
+// [E_held,2I,C], Down [E_held,C,I].
 func (m *MoE) checkStacked(c int) (inter int, err error) {
-	e := m.Routed()
+	e := len(m.Experts)
 	gu, dn := m.GateUp.W, m.Down.W
 	if gu.Rank() != 3 || gu.Dim(0) != e || gu.Dim(1)%2 != 0 || gu.Dim(2) != c {
 		return 0, fmt.Errorf("nn: %s: stacked gate_up weight %v must be [E=%d, 2I, C=%d]", m.Name, gu, e, c)
@@ -94,18 +240,18 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	if m.Bias != nil && len(m.Bias) != e {
 		return T{}, fmt.Errorf("nn: %s: balancing bias has %d entries for %d experts", m.Name, len(m.Bias), e)
 	}
-	inter, err := m.checkStacked(c)
-	if err != nil {
+	if _, err := m.checkStacked(c); err != nil {
 		return T{}, err
 	}
+	sr, _ := m.Runner.(SortedRunner)
 	s := n * k
 	d := &m.d
 	r := &m.r
 	r.reset()
 	r.N, r.E, r.K = n, e, k
-	var logits, order T
+	var logits, order, counts, xs T
 	defer func() {
-		_ = free(p.B, &logits, &order)
+		_ = free(p.B, &logits, &order, &counts, &xs)
 		if err != nil {
 			_ = free(p.B, &out)
 		}
@@ -122,7 +268,9 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 		if d.sel, err = i32(n, k); err == nil {
 			if d.weights, err = p.outF32(n, k); err == nil {
 				if r.offsets, err = i32(e + 1); err == nil {
-					r.psum, err = p.outF32(e)
+					if r.psum, err = p.outF32(e); err == nil && sr != nil {
+						counts, err = i32(e) // zero: MoERoute adds to it
+					}
 				}
 			}
 		}
@@ -133,7 +281,7 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	r.b = p.B
 	route := backend.MoERouting{TopK: k, NormTopK: m.NormTopK}
 	if err = o.MoERoute(backend.MoERouteArgs{MoERouting: route, Logits: logits, Bias: bias, Probs: d.probs, Sel: d.sel,
-		Weights: d.weights, ProbSum: r.psum}); err != nil {
+		Weights: d.weights, ProbSum: r.psum, Counts: counts}); err != nil {
 		return T{}, wrap(m.Name+" router", err)
 	}
 	if !bias.IsNil() {
@@ -146,14 +294,14 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	if d.offsets, err = i32(e + 1); err == nil {
 		if order, err = i32(s); err == nil {
 			if d.slot, err = i32(n, k); err == nil {
-				d.xs, err = p.out(s, c)
+				xs, err = p.out(s, c)
 			}
 		}
 	}
 	if err != nil {
 		return T{}, wrap(m.Name, err)
 	}
-	if err = o.MoEPermute(backend.MoEPermuteArgs{E: e, Sel: d.sel, X: x, Offsets: d.offsets, Order: order, Slot: d.slot, Xs: d.xs}); err != nil {
+	if err = o.MoEPermute(backend.MoEPermuteArgs{E: e, Sel: d.sel, X: x, Offsets: d.offsets, Order: order, Slot: d.slot, Xs: xs}); err != nil {
 		return T{}, wrap(m.Name+" permute", err)
 	}
 	// The expert loads are the offsets' differences: keep a copy for Fetch.
@@ -161,24 +309,17 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 		return T{}, wrap(m.Name, err)
 	}
 	_ = free(p.B, &order)
-	if d.gu, err = p.out(s, 2*inter); err != nil {
-		return T{}, wrap(m.Name, err)
+	if sr != nil {
+		d.sorted = sr
+		d.ys, err = sr.ForwardSorted(p, m, xs, d.offsets, counts, keep)
+	} else {
+		d.experts = GroupedExperts{Name: m.Name, GateUp: m.GateUp, Down: m.Down}
+		d.ys, err = d.experts.Forward(p, o, xs, d.offsets, keep)
 	}
-	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedForward, A: d.xs, B: m.GateUp.W, Out: d.gu, Offsets: d.offsets}); err != nil {
-		return T{}, wrap(m.GateUp.Name, err)
+	if err != nil {
+		return T{}, err
 	}
-	if d.act, err = p.out(s, inter); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	if err = o.SwiGLUPacked(d.act, d.gu); err != nil {
-		return T{}, wrap(m.Name+" swiglu", err)
-	}
-	if d.ys, err = p.out(s, c); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedForward, A: d.act, B: m.Down.W, Out: d.ys, Offsets: d.offsets}); err != nil {
-		return T{}, wrap(m.Down.Name, err)
-	}
+	_ = free(p.B, &xs, &counts)
 	if out, err = p.out(n, c); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
@@ -208,15 +349,41 @@ func (m *MoE) unbiasedCounts(p *Pass, o backend.Optional, route backend.MoERouti
 	return wrap(m.Name+" router", o.MoERoute(backend.MoERouteArgs{MoERouting: route, Logits: logits, Probs: probs, Sel: sel, Weights: w, Counts: m.r.auxCounts}))
 }
 
+// sortAgain writes the rows of x sorted by expert into a new xs [S,C], as the forward's
+// MoEPermute did (the backward's input rows of the experts, not kept by the forward).
+func (m *MoE) sortAgain(p *Pass, o backend.Optional) (xs T, err error) {
+	d := &m.d
+	n, e, k := m.r.N, m.r.E, m.r.K
+	var off, order, slot T
+	defer func() {
+		_ = free(p.B, &off, &order, &slot)
+		if err != nil {
+			_ = free(p.B, &xs)
+		}
+	}()
+	i32 := func(shape ...int) (T, error) { return p.B.Empty(tensor.I32, shape...) }
+	if off, err = i32(e + 1); err == nil {
+		if order, err = i32(n * k); err == nil {
+			if slot, err = i32(n, k); err == nil {
+				xs, err = p.out(n*k, m.x.Dim(1))
+			}
+		}
+	}
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	return xs, wrap(m.Name+" permute", o.MoEPermute(backend.MoEPermuteArgs{E: e, Sel: d.sel, X: m.x, Offsets: off, Order: order, Slot: slot, Xs: xs}))
+}
+
 func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error) {
 	d := &m.d
 	r := &m.r
 	n, e, k := r.N, r.E, r.K
 	c := dy.Dim(1)
 	s := n * k
-	var dys, dw, dact, dxs, aux, dlogits T
+	var dys, dw, dxs, xs, aux, dlogits T
 	defer func() {
-		_ = free(p.B, &dys, &dw, &dact, &dxs, &aux, &dlogits)
+		_ = free(p.B, &dys, &dw, &dxs, &xs, &aux, &dlogits)
 		if err != nil {
 			_ = free(p.B, &dx)
 		}
@@ -234,36 +401,18 @@ func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error
 		return T{}, wrap(m.Name+" combine", err)
 	}
 	_ = free(p.B, &d.ys)
-	inter := d.act.Dim(1)
-	if dact, err = p.out(s, inter); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: dys, B: m.Down.W, Out: dact, Offsets: d.offsets}); err != nil {
-		return T{}, wrap(m.Down.Name, err)
-	}
-	if !m.Down.GW.IsNil() {
-		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: dys, B: d.act, Out: m.Down.GW, Offsets: d.offsets, Accumulate: true}); err != nil {
-			return T{}, wrap(m.Down.Name, err)
+	if d.sorted != nil {
+		dxs, err = d.sorted.BackwardSorted(p, m, dys)
+	} else {
+		if xs, err = m.sortAgain(p, o); err != nil {
+			return T{}, err
 		}
+		dxs, err = d.experts.Backward(p, o, dys, xs)
 	}
-	_ = free(p.B, &dys, &d.act)
-	// gu becomes its own gradient.
-	if err = o.SwiGLUPackedBackward(d.gu, dact, d.gu); err != nil {
-		return T{}, wrap(m.Name+" swiglu", err)
+	if err != nil {
+		return T{}, err
 	}
-	_ = free(p.B, &dact)
-	if dxs, err = p.out(s, c); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: d.gu, B: m.GateUp.W, Out: dxs, Offsets: d.offsets}); err != nil {
-		return T{}, wrap(m.GateUp.Name, err)
-	}
-	if !m.GateUp.GW.IsNil() {
-		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: d.gu, B: d.xs, Out: m.GateUp.GW, Offsets: d.offsets, Accumulate: true}); err != nil {
-			return T{}, wrap(m.GateUp.Name, err)
-		}
-	}
-	_ = free(p.B, &d.gu, &d.xs)
+	_ = free(p.B, &dys, &xs)
 	if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: dxs, Slot: d.slot, DX: dx}); err != nil {
 		return T{}, wrap(m.Name+" permute", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/hf/tokenizer"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/models"
+	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
@@ -132,13 +133,29 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	}
 	T := int64(cfg.Batch.PerDeviceTrainBatchSize * cfg.Batch.MaxLength)
 	e.Tokens = int(T)
-	// Kept per layer: input, two norm outputs, q, k, v, attention output, gate, up, SwiGLU
-	// output (dtype), plus fp32 rstd and attention log-sum-exp rows.
-	layerAct := T*(4*C+2*q+2*kv+3*I)*el + T*4*(2+int64(a.Heads))
+	// Kept per layer: input, two norm outputs, q, k, v, attention output (dtype), plus fp32
+	// rstd and attention log-sum-exp rows; then the feed-forward's: a dense MLP's gate, up and
+	// SwiGLU output, or what a mixture-of-experts layer's device path keeps (nn.MoEKeptBytes:
+	// router probabilities, the routing, gate|up and the experts' outputs per routed slot).
+	layerAct := T*(4*C+2*q+2*kv)*el + T*4*(2+int64(a.Heads))
+	denseFFN := T * 3 * I * el
+	moeFFN, moeLayers := int64(0), int64(0)
+	if a.Experts > 0 {
+		moeFFN = nn.MoEKeptBytes(int(T), int(C), a.Experts, a.TopK, a.ExpertIntermediate, int(el))
+		for i := range a.Layers {
+			if mc.IsMoELayer(i) {
+				moeLayers++
+			}
+		}
+	}
 	if cfg.Run.GradientCheckpointing {
-		e.ActBytes = L*T*C*el + layerAct
+		ffn := denseFFN
+		if moeLayers > 0 {
+			ffn = max(moeFFN, denseFFN*min(L-moeLayers, 1))
+		}
+		e.ActBytes = L*T*C*el + layerAct + ffn
 	} else {
-		e.ActBytes = L * layerAct
+		e.ActBytes = L*layerAct + (L-moeLayers)*denseFFN + moeLayers*moeFFN
 	}
 	e.ActBytes += T * C * el // final hidden state
 	chunk := min(T, 1024)

@@ -1,0 +1,114 @@
+package nn
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/profile"
+)
+
+// TestMoEDeviceForwardKeepsWhatItCounts: after a training forward of the device path (and the
+// model's read of the routing statistics), the block holds exactly MoEKeptBytes beyond its
+// output: the sorted rows and the SwiGLU output are not kept.
+func TestMoEDeviceForwardKeepsWhatItCounts(t *testing.T) {
+	const C, F = 12, 10
+	for _, tc := range []struct{ e, k, n int }{{5, 2, 9}, {4, 4, 7}, {16, 2, 3}} {
+		t.Run(fmt.Sprintf("E%d_K%d_N%d", tc.e, tc.k, tc.n), func(t *testing.T) {
+			e := newEnv(t)
+			m := newStackedMoE(e, C, F, tc.e, tc.k, true)
+			p := e.pass([]int{tc.n}, 4)
+			x := e.randn(1, tc.n, C)
+			before := e.b.MemStats().Allocated
+			out, err := m.Forward(p, x, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Routing().Fetch(); err != nil {
+				t.Fatal(err)
+			}
+			kept := e.b.MemStats().Allocated - before - out.Bytes()
+			want := MoEKeptBytes(tc.n, C, tc.e, tc.k, F, 4)
+			if kept != want {
+				t.Fatalf("the forward keeps %d bytes, MoEKeptBytes counts %d", kept, want)
+			}
+			if saved := MoERecomputedBytes(tc.n, C, tc.k, F, 4); saved != int64(tc.n*tc.k*(C+F)*4) {
+				t.Fatalf("recomputed bytes %d, want N*K*(C+I)*4 = %d", saved, tc.n*tc.k*(C+F)*4)
+			}
+			dx, err := m.Backward(p, e.randn(1, tc.n, C))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left := e.b.MemStats().Allocated - before - out.Bytes() - dx.Bytes() - int64(tc.n*C*4); left != 0 {
+				t.Fatalf("%d bytes still held after the backward", left)
+			}
+		})
+	}
+}
+
+// moeLaunchBudget is the most backend ops (each one launch of a fused op or GEMM on a device
+// backend, or one transfer) one device-path MoE layer may issue in a training forward and its
+// backward, with the aux gradient on and no balancing bias. Forward: router GEMM, MoERoute,
+// MoEPermute, the statistics copy, two grouped GEMMs, SwiGLUPacked, MoECombine (8). Backward:
+// MoECombineBackward, the re-sort (MoEPermute), four grouped GEMMs, the SwiGLU recompute and
+// its backward, MoEPermuteBackward, the aux gradient's upload, MoERouteBackward and the
+// router's LinearBackward (12). The statistics read (Routing.Fetch) adds two downloads.
+const (
+	moeForwardOps   = 8
+	moeBackwardOps  = 12
+	moeHostReadsFwd = 2
+)
+
+// TestMoEDeviceLayerLaunchBudget counts the ops of one device-path MoE layer through the
+// profiling wrapper: the count does not grow with the experts (no per-expert op), stays within
+// moeLaunchBudget, and the only host reads are Fetch's.
+func TestMoEDeviceLayerLaunchBudget(t *testing.T) {
+	const C, F, N = 12, 10, 9
+	for _, experts := range []int{4, 16} {
+		t.Run(fmt.Sprintf("E%d", experts), func(t *testing.T) {
+			e := newEnv(t)
+			m := newStackedMoE(e, C, F, experts, 2, true)
+			rec := profile.NewRecorder()
+			rec.Enable(true, true)
+			p := e.pass([]int{N}, 4)
+			p.B = profile.Wrap(e.b, rec)
+			x := e.randn(1, N, C)
+			dy := e.randn(1, N, C)
+			count := func(phase string, run func() error) (ops, reads int) {
+				t.Helper()
+				rec.BeginStep(1)
+				if err := run(); err != nil {
+					t.Fatalf("%s: %v", phase, err)
+				}
+				st, ok := rec.EndStep()
+				if !ok {
+					t.Fatal("no step recorded")
+				}
+				for _, sp := range st.Spans {
+					if sp.Name == "Download" {
+						reads++
+					}
+				}
+				return st.Ops, reads
+			}
+			var out, dx T
+			fwd, fr := count("forward", func() (err error) {
+				out, err = m.Forward(p, x, true)
+				return err
+			})
+			_, reads := count("fetch", func() error { return m.Routing().Fetch() })
+			m.AuxGrad = make([]float64, experts)
+			bwd, br := count("backward", func() (err error) {
+				dx, err = m.Backward(p, dy)
+				return err
+			})
+			_ = free(e.b, &out, &dx)
+			t.Logf("forward %d ops, backward %d ops, statistics %d reads", fwd, bwd, reads)
+			if fwd != moeForwardOps || bwd != moeBackwardOps {
+				t.Errorf("forward %d ops, backward %d: the budget is %d and %d", fwd, bwd, moeForwardOps, moeBackwardOps)
+			}
+			if fr != 0 || br != 0 || reads != moeHostReadsFwd {
+				t.Errorf("host reads: forward %d, backward %d, statistics %d; want 0, 0 and %d", fr, br, reads, moeHostReadsFwd)
+			}
+		})
+	}
+}
