@@ -109,6 +109,9 @@ type Config struct {
 	// Rope describes the rotary position embedding.
 	Rope Rope
 
+	// Features holds the keys of the families that depart from Llama's decoder (features.go).
+	Features
+
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.
 	// Default: qwen3_moe 128; mixtral 8; olmoe 64.
@@ -291,6 +294,9 @@ func (c *Config) QKNorm() bool { return c.QKNormKind() != NoQKNorm }
 // QKNormKind returns how the family normalises queries and keys.
 func (c *Config) QKNormKind() QKNorm {
 	if f := c.Family(); f != nil {
+		if f.QKNormOf != nil {
+			return f.QKNormOf(c)
+		}
 		return f.QKNorm
 	}
 	return NoQKNorm
@@ -348,6 +354,7 @@ func (c *Config) Clone() *Config {
 	n.extra = cloneRaw(c.extra)
 	n.dropped = slices.Clone(c.dropped)
 	n.Rope = c.Rope.clone()
+	n.Features = c.Features.clone()
 	return &n
 }
 

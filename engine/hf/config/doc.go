@@ -1,6 +1,6 @@
 // Package config reads and writes Hugging Face config.json files for the decoder families that
-// halo-shell trains: llama, mistral, qwen2, qwen3 (dense) and qwen3_moe, mixtral, olmoe (mixture
-// of experts).
+// halo-shell trains: llama, mistral, qwen2, qwen3, olmo2, olmo3, phi3, granite, smollm3, glm4
+// (dense) and qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe (mixture of experts).
 //
 // Parse and Load turn a config.json into a typed Config with Hugging Face's defaults filled in
 // for absent keys, exactly as transformers 5.17 resolves them for that model_type. Both dialects
@@ -17,7 +17,10 @@
 //
 // Each family is one small file that registers a Family (names, keys, defaults, validation,
 // presets) and the structural rules of its models: which attention projections carry biases,
-// whether and how queries and keys are normalised, which layers are mixtures of experts. These
+// whether and how queries and keys are normalised, where the layer norms sit, which weights are
+// fused, which layers are mixtures of experts and whether they have shared experts. Keys of the
+// families that depart from Llama's decoder (multipliers, NoPE layers, expert groups) are the
+// Features embedded in Config. These
 // files are the one place where a family's structure is written. Preset returns a tiny debug
 // configuration per family and the real shapes used in benchmarks; Override changes keys of a
 // Config as a file edit would.

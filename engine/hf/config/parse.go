@@ -526,7 +526,7 @@ func (c *Config) resolve() error {
 		if c.NumAttentionHeads <= 0 {
 			return fmt.Errorf("num_attention_heads (%d) must be positive", c.NumAttentionHeads)
 		}
-		if c.HiddenSize%c.NumAttentionHeads != 0 {
+		if c.HiddenSize%c.NumAttentionHeads != 0 && !f.HeadDimFloor {
 			return fmt.Errorf("hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is not set: set head_dim, or make hidden_size a multiple of %d",
 				c.HiddenSize, c.NumAttentionHeads, c.NumAttentionHeads)
 		}
@@ -550,10 +550,16 @@ func (c *Config) resolve() error {
 // that is exactly what the rule gives (transformers 5 writes the derived list); any other list
 // read from the file or set by the caller is kept as it is.
 func deriveLayerTypes(c *Config) {
+	deriveLayerTypesBy(c, func(i int) bool { return c.SlidingWindow > 0 && i >= c.MaxWindowLayers })
+}
+
+// deriveLayerTypesBy is deriveLayerTypes for a family's own rule: layer i is sliding when
+// sliding(i) holds.
+func deriveLayerTypesBy(c *Config, sliding func(i int) bool) {
 	lt := make([]string, c.NumHiddenLayers)
 	for i := range lt {
 		lt[i] = FullAttention
-		if c.SlidingWindow > 0 && i >= c.MaxWindowLayers {
+		if sliding(i) {
 			lt[i] = SlidingAttention
 		}
 	}

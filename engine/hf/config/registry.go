@@ -31,6 +31,10 @@ type Family struct {
 	// HeadDimNullWhenDerived: head_dim is a field that transformers leaves null when it equals
 	// hidden_size / num_attention_heads and the file did not set it (mixtral).
 	HeadDimNullWhenDerived bool
+	// HeadDimFloor: an absent head_dim is hidden_size // num_attention_heads even when the
+	// heads do not divide the width (glm4_moe's attention takes getattr(config, "head_dim",
+	// hidden_size // num_attention_heads)).
+	HeadDimFloor bool
 	// Aliases maps accepted input keys to the canonical key in Keys (qwen3_moe reads
 	// num_experts as num_local_experts).
 	Aliases map[string]string
@@ -50,6 +54,16 @@ type Family struct {
 	QKVBias, OProjBias func(*Config) bool
 	// QKNorm says whether and how queries and keys are RMS-normalised before RoPE.
 	QKNorm QKNorm
+	// QKNormOf, when set, decides QKNorm from the config (glm4_moe's use_qk_norm).
+	QKNormOf func(*Config) QKNorm
+	// Norms is where each layer's RMSNorms sit around attention and feed-forward.
+	Norms LayerNorms
+	// FusedQKV: q, k and v are one qkv_proj weight; FusedGateUp: the dense MLP's gate and up
+	// are one gate_up_proj weight (phi3, glm4).
+	FusedQKV, FusedGateUp bool
+	// SharedExpert returns the width of the shared-expert SwiGLU MLP beside the routed experts
+	// of every MoE layer (0: none) and whether a sigmoid gate scales it; nil means none.
+	SharedExpert func(*Config) (width int, gated bool)
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }
@@ -66,6 +80,30 @@ const (
 	// the whole k projection (kv_heads*head_dim) (olmoe).
 	QKNormProjection
 )
+
+// LayerNorms is the arrangement of a decoder layer's RMSNorms.
+type LayerNorms int
+
+const (
+	// PreNorms: input_layernorm before attention and post_attention_layernorm before the
+	// feed-forward block (Llama).
+	PreNorms LayerNorms = iota
+	// PostNorms: no norm on the blocks' inputs; post_attention_layernorm on the attention
+	// output and post_feedforward_layernorm on the feed-forward output, before each residual
+	// add (olmo2, olmo3).
+	PostNorms
+	// SandwichNorms: Llama's two pre-norms plus post_self_attn_layernorm on the attention
+	// output and post_mlp_layernorm on the feed-forward output (glm4).
+	SandwichNorms
+)
+
+// PerLayer is the number of hidden-width RMSNorm weights a layer has.
+func (n LayerNorms) PerLayer() int {
+	if n == SandwichNorms {
+		return 4
+	}
+	return 2
+}
 
 var (
 	registryMu sync.RWMutex

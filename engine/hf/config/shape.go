@@ -32,6 +32,15 @@ type Shape struct {
 	Experts, ExpertIntermediate, TopK int
 	// MoELayers is the number of mixture-of-experts layers (the family's MoELayer rule).
 	MoELayers int
+	// Norms is the arrangement of each layer's RMSNorms (PreNorms for Llama).
+	Norms LayerNorms
+	// FusedQKV: q, k and v are one qkv_proj weight [QDim+2·KVDim, C]; FusedGateUp: the dense
+	// MLP's gate and up are one gate_up_proj weight [2·Intermediate, C].
+	FusedQKV, FusedGateUp bool
+	// SharedExpert is the width of the shared-expert SwiGLU MLP of every MoE layer (0: none);
+	// SharedExpertGate: a sigmoid gate [1, C] scales its output (qwen2_moe).
+	SharedExpert     int
+	SharedExpertGate bool
 }
 
 // Shape resolves the model structure c describes. A config that was edited in code without
@@ -44,6 +53,12 @@ func (c *Config) Shape() Shape {
 		Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim,
 		Tied: c.TieWordEmbeddings, QKVBias: c.QKVBias(), OBias: c.OProjBias(), MLPBias: c.MLPBias,
 		QKNorm: c.QKNormKind(),
+	}
+	if f := c.Family(); f != nil {
+		s.Norms, s.FusedQKV, s.FusedGateUp = f.Norms, f.FusedQKV, f.FusedGateUp
+		if f.SharedExpert != nil {
+			s.SharedExpert, s.SharedExpertGate = f.SharedExpert(c)
+		}
 	}
 	if s.KVHeads == 0 {
 		s.KVHeads = s.Heads
@@ -111,7 +126,7 @@ func (s Shape) countParameters(active bool) int64 {
 		return p
 	}
 	layers, moe := int64(s.Layers), int64(s.MoELayers)
-	n += layers * (attn + 2*h) // with the input and post-attention norms
+	n += layers * (attn + int64(s.Norms.PerLayer())*h) // with the layer's norms
 	n += (layers - moe) * mlp(int64(s.Intermediate), s.MLPBias)
 	if moe > 0 {
 		experts := int64(s.Experts)
@@ -119,6 +134,12 @@ func (s Shape) countParameters(active bool) int64 {
 			experts = int64(s.TopK)
 		}
 		n += moe * (h*int64(s.Experts) + experts*mlp(int64(s.ExpertIntermediate), false))
+		if s.SharedExpert > 0 {
+			n += moe * mlp(int64(s.SharedExpert), false)
+			if s.SharedExpertGate {
+				n += moe * h
+			}
+		}
 	}
 	return n
 }

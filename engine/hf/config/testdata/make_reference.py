@@ -29,7 +29,8 @@ import tempfile
 import transformers
 from transformers import AutoConfig, CONFIG_MAPPING
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe",
+            "olmo2", "olmo3", "phi3", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
