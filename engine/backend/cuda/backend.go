@@ -105,6 +105,9 @@ type backendOptions struct {
 	// ops (unless HALO_CUDA_MOE_KERNELS=off); without them engine/nn runs MoE blocks as the routed
 	// composition. The methods themselves are always there, for their GPU tests.
 	moeKernels bool
+	// groupedWG runs the grouped expert GEMMs on the Hopper warpgroup-MMA kernels
+	// (HALO_CUDA_GROUPED_GEMM=wg, sm_90 only); otherwise on the mma.sync ones.
+	groupedWG bool
 	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).
 	normBwd normBwdOptions
 	// attnOverride replaces the attention kernels' measured choices (attention.go); the zero

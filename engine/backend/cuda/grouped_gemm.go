@@ -7,7 +7,8 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
-// Host launcher of kernels/grouped_gemm.cu: backend.Optional.GroupedGEMM.
+// Host launcher of kernels/grouped_gemm.cu and, on Hopper, kernels/grouped_gemm_wg.cu:
+// backend.Optional.GroupedGEMM.
 
 const groupedFile = "grouped_gemm.cu"
 
@@ -18,6 +19,18 @@ const (
 	groupedTile   = 128
 	groupedShared = 2 * 4 * groupedTile * (32 + 8) * 2
 )
+
+// groupedWGShared is the dynamic shared memory of the warpgroup-MMA kernels (GW_SHARED in
+// grouped_gemm_wg.cu: four stages of two 16 KiB operand tiles, and 1 KiB for alignment).
+const groupedWGShared = 2*4*16384 + 1024
+
+// groupedWGKernels are the warpgroup-MMA kernels per kind; they take the same arguments and
+// grid as the mma.sync ones (the same 128 x 128 tiles).
+var groupedWGKernels = [...]string{
+	backend.GroupedForward:    "grouped_gemm_wg_fwd",
+	backend.GroupedInputGrad:  "grouped_gemm_wg_dx",
+	backend.GroupedWeightGrad: "grouped_gemm_wg_dw",
+}
 
 // groupedMMAKernels are the mma.sync kernels per kind.
 var groupedMMAKernels = [...]string{
@@ -54,7 +67,8 @@ func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims) ([3]uint32, er
 
 // GroupedGEMM implements backend.Optional.GroupedGEMM: one launch for all groups, the groups'
 // rows found on the device from Offsets (never read here). bf16 operands with 16-byte aligned
-// rows take the tensor-core kernels; other float operands the scalar kernel.
+// rows take the tensor-core kernels (warpgroup MMAs with groupedWG, else mma.sync); other
+// float operands the scalar kernel.
 func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 	d, err := a.Dims()
 	if err != nil {
@@ -85,9 +99,12 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 			return fmt.Errorf("cuda: %s: %w", op, err)
 		}
 		args := packArgs(po, co, pa, pb, poff, int32(d.G), int32(d.N), int32(d.K), acc)
-		name := groupedMMAKernels[a.Kind]
+		file, name, shared := groupedFile, groupedMMAKernels[a.Kind], uint32(groupedShared)
+		if b.groupedWG {
+			file, name, shared = groupedWGFile, groupedWGKernels[a.Kind], groupedWGShared
+		}
 		return b.d.Post(func() error {
-			return b.d.launchOnThread(groupedFile, name, grid, [3]uint32{256, 1, 1}, groupedShared, args...)
+			return b.d.launchOnThread(file, name, grid, [3]uint32{256, 1, 1}, shared, args...)
 		})
 	}
 	n := int64(a.Out.Numel())

@@ -74,9 +74,30 @@ func groupedCase(kind backend.GroupedKind, name string, rows []int, n, k int, in
 
 var groupedKindList = []backend.GroupedKind{backend.GroupedForward, backend.GroupedInputGrad, backend.GroupedWeightGrad}
 
-// TestGPUGroupedGEMM compares the three kinds with the CPU oracle: uneven, empty and one-row
-// groups, partial tiles, G = 8, 64 and 128, and the expert shapes of Qwen3-30B-A3B and OLMoE at
-// a reduced token count (the full ones are in TestGPUGroupedGEMMThroughput).
+// forGroupedImpls runs f as a subtest per tensor-core implementation the GPU has: "mma"
+// (mma.sync, every arch) and, on sm_90, "wg" (warpgroup MMAs), with g set to use it.
+func forGroupedImpls(t *testing.T, g *Backend, f func(t *testing.T)) {
+	impls := []struct {
+		name string
+		wg   bool
+	}{{"mma", false}}
+	if wgArch(g.d.info.Arch) {
+		impls = append(impls, struct {
+			name string
+			wg   bool
+		}{"wg", true})
+	}
+	defer func(v bool) { g.groupedWG = v }(g.groupedWG)
+	for _, im := range impls {
+		g.groupedWG = im.wg
+		t.Run(im.name, f)
+	}
+}
+
+// TestGPUGroupedGEMM compares the three kinds with the CPU oracle, for each tensor-core
+// implementation (subtests mma and, on Hopper, wg): uneven, empty and one-row groups, partial
+// tiles, G = 8, 64 and 128, and the expert shapes of Qwen3-30B-A3B and OLMoE at a reduced token
+// count (the full ones are in TestGPUGroupedGEMMThroughput).
 func TestGPUGroupedGEMM(t *testing.T) {
 	g := gpu(t)
 	type shape struct {
@@ -99,39 +120,41 @@ func TestGPUGroupedGEMM(t *testing.T) {
 		// OLMoE-1B-7B: C=2048, I=1024, E=64, top-8, 128 tokens.
 		{"olmoe_gateup", groupRows(4, 64, 128*8), 2 * 1024, 2048},
 	}
-	for i, s := range shapes {
-		for _, kind := range groupedKindList {
-			if i >= firstExpertShape {
-				// The expert shapes' outputs are large (a weight gradient of 400M elements) and
-				// their host oracle slow: one variant each, accumulating for the weight gradient.
-				c := groupedCase(kind, s.name, s.rows, s.n, s.k, tensor.BF16, tensor.BF16, kind == backend.GroupedWeightGrad)
-				t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
-				continue
-			}
-			for _, acc := range []bool{false, true} {
-				c := groupedCase(kind, s.name, s.rows, s.n, s.k, tensor.BF16, tensor.BF16, acc)
-				t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
-			}
-			c := groupedCase(kind, s.name, s.rows, s.n, s.k, tensor.BF16, tensor.F32, kind == backend.GroupedWeightGrad)
-			t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
-		}
-	}
-	// The scalar kernel: f32 operands, and bf16 ones whose rows are not 16-byte aligned.
-	for _, s := range []shape{
-		{"f32_uneven", []int{3, 0, 17, 1}, 24, 40},
-		{"bf16_unaligned", []int{5, 0, 9, 1}, 21, 13},
-	} {
-		in := tensor.F32
-		if s.name == "bf16_unaligned" {
-			in = tensor.BF16
-		}
-		for _, kind := range groupedKindList {
-			for _, acc := range []bool{false, true} {
-				c := groupedCase(kind, s.name, s.rows, s.n, s.k, in, tensor.F32, acc)
+	forGroupedImpls(t, g, func(t *testing.T) {
+		for i, s := range shapes {
+			for _, kind := range groupedKindList {
+				if i >= firstExpertShape {
+					// The expert shapes' outputs are large (a weight gradient of 400M elements) and
+					// their host oracle slow: one variant each, accumulating for the weight gradient.
+					c := groupedCase(kind, s.name, s.rows, s.n, s.k, tensor.BF16, tensor.BF16, kind == backend.GroupedWeightGrad)
+					t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+					continue
+				}
+				for _, acc := range []bool{false, true} {
+					c := groupedCase(kind, s.name, s.rows, s.n, s.k, tensor.BF16, tensor.BF16, acc)
+					t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+				}
+				c := groupedCase(kind, s.name, s.rows, s.n, s.k, tensor.BF16, tensor.F32, kind == backend.GroupedWeightGrad)
 				t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
 			}
 		}
-	}
+		// The scalar kernel: f32 operands, and bf16 ones whose rows are not 16-byte aligned.
+		for _, s := range []shape{
+			{"f32_uneven", []int{3, 0, 17, 1}, 24, 40},
+			{"bf16_unaligned", []int{5, 0, 9, 1}, 21, 13},
+		} {
+			in := tensor.F32
+			if s.name == "bf16_unaligned" {
+				in = tensor.BF16
+			}
+			for _, kind := range groupedKindList {
+				for _, acc := range []bool{false, true} {
+					c := groupedCase(kind, s.name, s.rows, s.n, s.k, in, tensor.F32, acc)
+					t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
+				}
+			}
+		}
+	})
 }
 
 // TestGPUGroupedGEMMDoesNotSynchronise checks that a grouped product never makes the host wait
@@ -203,8 +226,9 @@ func fastRandomBF16(t *testing.T, g *Backend, seed uint64, scale float32, shape 
 }
 
 // TestGPUGroupedGEMMThroughput logs TFLOP/s of the grouped products at full MoE layer shapes
-// (8192 tokens routed at random, so groups are uneven) next to one cuBLASLt GEMM of the same
-// total FLOPs, the dense equivalent. It reports; it asserts no timing.
+// (8192 tokens routed at random, so groups are uneven), for each tensor-core implementation,
+// next to one cuBLASLt GEMM of the same total FLOPs, the dense equivalent. It reports; it
+// asserts no timing.
 func TestGPUGroupedGEMMThroughput(t *testing.T) {
 	g := gpu(t)
 	const tokens = 8192
@@ -249,14 +273,27 @@ func TestGPUGroupedGEMMThroughput(t *testing.T) {
 			} {
 				a := kc.args
 				a.Kind, a.Offsets = kc.kind, off
-				ms := timeIt(t, g, 5, func() error { return g.GroupedGEMM(a) })
 				dense := kc.dense
 				dms := timeIt(t, g, 5, func() error { return g.GEMM(dense) })
-				tf, dtf := flops/(ms*1e-3)/1e12, flops/(dms*1e-3)/1e12
-				values["tflops_"+kc.kind.String()] = tf
+				dtf := flops / (dms * 1e-3) / 1e12
 				values["dense_tflops_"+kc.kind.String()] = dtf
-				t.Logf("%s %s %-11s S=%d N_=%d K_=%d G=%d: grouped %.3f ms %.1f TFLOP/s; dense cuBLASLt %.3f ms %.1f TFLOP/s (%.0f%%)",
-					m.name, p.name, kc.kind, s, p.n, p.k, m.e, ms, tf, dms, dtf, 100*tf/dtf)
+				for _, wg := range []bool{false, true} {
+					if wg && !wgArch(g.d.info.Arch) {
+						continue
+					}
+					impl := "mma"
+					if wg {
+						impl = "wg"
+					}
+					prev := g.groupedWG
+					g.groupedWG = wg
+					ms := timeIt(t, g, 5, func() error { return g.GroupedGEMM(a) })
+					g.groupedWG = prev
+					tf := flops / (ms * 1e-3) / 1e12
+					values["tflops_"+impl+"_"+kc.kind.String()] = tf
+					t.Logf("%s %s %-11s S=%d N_=%d K_=%d G=%d: grouped %s %.3f ms %.1f TFLOP/s; dense cuBLASLt %.3f ms %.1f TFLOP/s (%.0f%%)",
+						m.name, p.name, kc.kind, s, p.n, p.k, m.e, impl, ms, tf, dms, dtf, 100*tf/dtf)
+				}
 			}
 			report.addBench(benchmark{Name: fmt.Sprintf("grouped_gemm_%s_%s_%dtok", m.name, p.name, tokens), Values: values,
 				Note: "bf16 in, fp32 accumulate; forward and input grad bf16 out, weight grad f32 +=; random routing; dense = one cuBLASLt GEMM of the same sizes; median of 5 x 5 calls timed with CUDA events"})

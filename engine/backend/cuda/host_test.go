@@ -403,7 +403,7 @@ func TestKernelCacheDirOverride(t *testing.T) {
 }
 
 // TestKernelTargets checks which architecture each kernel file is compiled for: the Hopper
-// attention kernels only on sm_90, as sm_90a (wgmma exists nowhere else); every other file on
+// attention and grouped GEMM kernels only on sm_90, as sm_90a (wgmma exists nowhere else); every other file on
 // every device, for the device's own architecture.
 func TestKernelTargets(t *testing.T) {
 	for _, c := range []struct {
@@ -414,6 +414,9 @@ func TestKernelTargets(t *testing.T) {
 		{"attention_wg.cu", "sm_80", "", false},
 		{"attention_wg.cu", "sm_89", "", false},
 		{"attention_wg.cu", "sm_100", "", false},
+		{"grouped_gemm_wg.cu", "sm_90", "sm_90a", true},
+		{"grouped_gemm_wg.cu", "sm_86", "", false},
+		{"grouped_gemm.cu", "sm_90", "sm_90", true},
 		{"attention_tc.cu", "sm_90", "sm_90", true},
 		{"rmsnorm.cu", "sm_86", "sm_86", true},
 	} {
@@ -464,7 +467,7 @@ func TestWGKernelsFitTheirBlocks(t *testing.T) {
 
 func TestEmbeddedKernels(t *testing.T) {
 	files := KernelFiles()
-	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_tc.cu", "attention_wg.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "geglu.cu", "grouped_gemm.cu", "moe.cu", "nf4.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
+	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_tc.cu", "attention_wg.cu", "crossentropy.cu", "elementwise.cu", "embedding.cu", "geglu.cu", "grouped_gemm.cu", "grouped_gemm_wg.cu", "moe.cu", "nf4.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu"}
 	if strings.Join(files, ",") != strings.Join(want, ",") {
 		t.Errorf("embedded kernel files = %v, want %v", files, want)
 	}

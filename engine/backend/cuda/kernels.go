@@ -26,22 +26,26 @@ const commonHeaderFile = "kernels/common.cuh"
 var kernelHeaders = map[string][]string{
 	"attention_tc.cu":    {"attention_mma.cuh"},
 	"attention_fused.cu": {"attention_mma.cuh"},
-	"attention_wg.cu":    {"attention_mma.cuh"},
-	"grouped_gemm.cu":    {"attention_mma.cuh"},
+	"attention_wg.cu":    {"attention_mma.cuh", "wgmma.cuh"},
+	"grouped_gemm.cu":    {"attention_mma.cuh", "grouped.cuh"},
+	"grouped_gemm_wg.cu": {"attention_mma.cuh", "wgmma.cuh", "grouped.cuh"},
 }
 
 // kernelTarget is the NVRTC architecture that file is compiled for on a device of arch, and
-// whether it is built there at all: attention_wg.cu uses Hopper's warpgroup MMAs, which exist
-// only on sm_90 and only in the sm_90a target.
+// whether it is built there at all: the warpgroup-MMA files use Hopper's wgmma instructions,
+// which exist only on sm_90 and only in the sm_90a target.
 func kernelTarget(file, arch string) (string, bool) {
-	if file == wgKernelFile {
+	if file == wgKernelFile || file == groupedWGFile {
 		return arch + "a", wgArch(arch)
 	}
 	return arch, true
 }
 
-// wgKernelFile holds the Hopper attention kernels.
-const wgKernelFile = "attention_wg.cu"
+// wgKernelFile holds the Hopper attention kernels, groupedWGFile the Hopper grouped GEMMs.
+const (
+	wgKernelFile  = "attention_wg.cu"
+	groupedWGFile = "grouped_gemm_wg.cu"
+)
 
 // wgArch reports whether a device of arch runs wgKernelFile.
 func wgArch(arch string) bool { return arch == "sm_90" }

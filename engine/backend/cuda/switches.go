@@ -40,6 +40,9 @@ var (
 	swMoEKernels = switches.Register(switches.Switch{Name: "HALO_CUDA_MOE_KERNELS", Kind: switches.Tuning,
 		Default: "on", Values: []string{"off", "on"},
 		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off falls back to the routed composition (host routing, one GEMM per expert), for comparison and diagnosis."})
+	swGrouped = switches.Register(switches.Switch{Name: "HALO_CUDA_GROUPED_GEMM", Kind: switches.Tuning,
+		Default: "mma", Values: []string{"mma", "wg"},
+		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: mma the mma.sync ones (kernels/grouped_gemm.cu, every arch from sm_80); wg the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu) on sm_90, mma.sync elsewhere. The default stays mma until the wg kernels have passed the GPU suite."})
 	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
 		Values: []string{"1"},
 		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})
@@ -61,7 +64,7 @@ var (
 // device of architecture arch ("sm_90"). A value outside a switch's list is an error, not a
 // silent default.
 func optionsFromSwitches(arch string) (backendOptions, error) {
-	for _, s := range []*switches.Switch{swAttention, swAttnBackward, swEmpty, swSplitK, swGemmBeta, swMoEKernels} {
+	for _, s := range []*switches.Switch{swAttention, swAttnBackward, swEmpty, swSplitK, swGemmBeta, swMoEKernels, swGrouped} {
 		if err := s.Check(); err != nil {
 			return backendOptions{}, fmt.Errorf("cuda: %w", err)
 		}
@@ -75,5 +78,6 @@ func optionsFromSwitches(arch string) (backendOptions, error) {
 	o.noSplitK = swSplitK.Is("off")
 	o.gemmFoldBeta = swGemmBeta.Is("fold")
 	o.moeKernels = !swMoEKernels.Is("off")
+	o.groupedWG = swGrouped.Is("wg") && wgArch(arch)
 	return o, nil
 }

@@ -40,6 +40,9 @@ func TestOptionsFromSwitches(t *testing.T) {
 		{"beta typo", "HALO_CUDA_GEMM_BETA", "folded", "sm_90", backendOptions{}, "HALO_CUDA_GEMM_BETA"},
 		{"moe kernels on", "HALO_CUDA_MOE_KERNELS", "on", "sm_90", def, ""},
 		{"moe kernels off", "HALO_CUDA_MOE_KERNELS", "off", "sm_90", with(func(o *backendOptions) { o.moeKernels = false }), ""},
+		{"grouped wg on sm_90", "HALO_CUDA_GROUPED_GEMM", "wg", "sm_90", with(func(o *backendOptions) { o.groupedWG = true }), ""},
+		{"grouped wg on sm_89", "HALO_CUDA_GROUPED_GEMM", "wg", "sm_89", with(func(o *backendOptions) { o.attnWG = false }), ""},
+		{"grouped typo", "HALO_CUDA_GROUPED_GEMM", "wgmma", "sm_90", backendOptions{}, "HALO_CUDA_GROUPED_GEMM"},
 		{"moe kernels typo", "HALO_CUDA_MOE_KERNELS", "yes", "sm_90", backendOptions{}, "HALO_CUDA_MOE_KERNELS"},
 	}
 	for _, c := range cases {

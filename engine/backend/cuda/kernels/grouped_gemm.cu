@@ -1,6 +1,6 @@
 // grouped_gemm.cu: the grouped expert products of a mixture-of-experts layer
 // (backend.Optional.GroupedGEMM, engine/backend/moe.go). Prepended with attention_mma.cuh for the
-// mma.sync, ldmatrix and cp.async helpers (kernels.go).
+// mma.sync, ldmatrix and cp.async helpers and grouped.cuh for the row-tile search (kernels.go).
 //
 // Letters: G groups (experts), S rows of the row-stacked operands (routed slots, sorted by group),
 // N_ and K_ the sizes of one group's weight B_g [N_, K_]. off [G+1] i32 gives group g the rows
@@ -31,6 +31,7 @@
 //     The fallback for what the mma kernels do not take.
 
 #define GG_BM 128
+static_assert(GG_BM == GG_ROWS, "a row tile is grouped.cuh's GG_ROWS rows");
 #define GG_BN 128
 #define GG_BK 32
 #define GG_THREADS 256
@@ -42,10 +43,6 @@
 // Dynamic shared memory of the mma kernels: GG_STAGES buffers of each operand (80 KiB; two CTAs
 // fit on an sm_80 or later multiprocessor).
 #define GG_SHARED (2 * GG_STAGES * GG_TILE_ELEMS * 2)
-
-// cp_wait_n waits until at most N of this thread's cp.async groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_wait_n() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // gg_load starts copying an R x CC tile of a row-major bf16 matrix g (row stride ld elements) at
 // (row0, col0) into sm with row stride CC + 8; rows >= row_end or columns >= col_end read as zero.
@@ -161,40 +158,6 @@ __device__ __forceinline__ void gg_store(void* out, int co, long long ldo, float
                     stf(out, co, i, v);
                 }
         }
-}
-
-// gg_find_row_tile sets *g, *m0 and *m_end for row tile t of the concatenated per-group tiles
-// (group g has ceil(M_g / GG_BM) of them), or *g = -1 when t is past the last. Warp 0 scans the
-// offsets 32 groups at a time; the results are in shared memory after the barrier.
-__device__ __forceinline__ void gg_find_row_tile(const int* off, int G, int t, int* g, int* m0, int* m_end) {
-    if (threadIdx.x == 0) *g = -1;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        int base = 0;
-        for (int c = 0; c < G; c += 32) {
-            int gi = c + lane;
-            int n = gi < G ? (off[gi + 1] - off[gi] + GG_BM - 1) / GG_BM : 0;
-            int incl = n;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            int lo = base + incl - n;
-            unsigned hit = __ballot_sync(0xffffffffu, n > 0 && lo <= t && t < base + incl);
-            if (hit) {
-                if (lane == __ffs(hit) - 1) {
-                    *g = gi;
-                    *m0 = off[gi] + (t - lo) * GG_BM;
-                    *m_end = off[gi + 1];
-                }
-                break;
-            }
-            base += __shfl_sync(0xffffffffu, incl, 31);
-        }
-    }
-    __syncthreads();
 }
 
 // Forward: out [S, N_] rows of group g = a [S, K_] rows · b_g^T, b [G, N_, K_]. Grid
