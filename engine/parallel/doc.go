@@ -39,7 +39,13 @@
 //     (nn.ExpertRunner) that sends every token's rows to its experts' owners (ExpertRoute:
 //     dispatch by uneven all-to-all), computes them there grouped by expert (nn.ExpertGroup,
 //     global ids mapped to the rank's slots), and brings the results back (combine), where
-//     they are weighted and summed; the backward runs the same exchanges in reverse. Expert
+//     they are weighted and summed; the backward runs the same exchanges in reverse. Where the
+//     device has the MoE ops and grouped GEMM (and experts are whole, ETP = 1), the runner is an
+//     nn.SortedRunner and the block stays on the device path: routing, the sort by expert and
+//     the weighted combine are the device ops, the block's sorted rows go to their owners in
+//     one all-to-all (after one of the per-expert counts and one host read of the split sizes,
+//     the only one of the layer), are sorted there by local expert with MoEPermute, run as
+//     grouped GEMMs, and come back in one all-to-all; the backward reuses the splits. Expert
 //     gradients are summed over the expert's replicas (the expert-data group, DP·CP/EP ranks),
 //     since the expert group's tokens already reached them through the dispatch; the other
 //     parameters keep their data-group treatment. With FSDP the arena is sharded in two parts:

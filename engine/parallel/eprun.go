@@ -24,7 +24,8 @@ type epRunner struct {
 	c     comm.Communicator // the expert group
 	g     nn.ExpertGroup
 	route *ExpertRoute
-	back  []float32 // [N·K·C] Combine's output
+	back  []float32    // [N·K·C] Combine's output
+	dev   *sortedRoute // the device path's cache (ForwardSorted)
 }
 
 var _ nn.ExpertRunner = (*epRunner)(nil)
@@ -149,6 +150,10 @@ func (r *epRunner) Backward(p *nn.Pass, m *nn.MoE, dy T) (dx T, dw []float64, er
 func (r *epRunner) Release(p *nn.Pass) {
 	r.g.Release(p)
 	r.route, r.back = nil, nil
+	if r.dev != nil {
+		r.dev.release(p.B)
+		r.dev = nil
+	}
 }
 
 func upload(b backend.Backend, dst T, v []float32) error {
@@ -250,4 +255,243 @@ func (p *Plan) reduceExpertGrads(rk *rank) error {
 		off += s.Numel()
 	}
 	return flush(cur, lo, off)
+}
+
+// The device path under expert parallelism (nn.SortedRunner). The block routes and sorts its
+// N tokens' S = N·K slots by global expert on the device (MoERoute, MoEPermute); experts are
+// owned in contiguous blocks of E_l = E/EP, so the sorted rows are also grouped by owner. The
+// runner then:
+//
+//	counts [E] --all-to-all--> recvCounts [EP, E_l]   rows of each local expert from each rank
+//	one download of counts and recvCounts             the only host read of the layer
+//	xs [S,C] --all-to-all (dispatch)--> recv [M,C]    grouped by source rank, then expert
+//	MoEPermute(E_l, rsel, recv) -> rxs [M,C]           by local expert, then source rank
+//	GroupedExperts(rxs) -> rys [M,C]
+//	MoEPermuteBackward(rys, rslot) -> back [M,C]       source-rank order again
+//	back --all-to-all (combine)--> ys [S,C]            the block's sorted order
+//
+// rsel [M,1] I32 (each received row's local expert) is made on the host from recvCounts and
+// uploaded. The backward runs the same exchanges for the gradients, with the split sizes of
+// the forward: no host read. Cached for backward (keep): the splits, rsel, rslot, the local
+// offsets and the received rows rxs (M·C), plus the experts' gate|up rows.
+type sortedRoute struct {
+	send, recv []int // rows to and from each rank of the expert group
+	m          int   // rows received (M)
+	rsel       T     // [M,1] I32 local expert of each received row, in arrival order
+	roff, rslt T     // [E_l+1] I32 offsets of rxs; [M,1] I32 position of each received row in rxs
+	rxs        T     // [M,C] received rows sorted by local expert
+	experts    nn.GroupedExperts
+}
+
+func (s *sortedRoute) release(b backend.Backend) {
+	s.experts.Release(b)
+	freeAll(b, &s.rsel, &s.roff, &s.rslt, &s.rxs)
+}
+
+// freeAll frees tensors and zeroes them; zero tensors are skipped.
+func freeAll(b backend.Backend, ts ...*T) {
+	for _, t := range ts {
+		if !t.IsNil() {
+			_ = b.Free(*t)
+		}
+		*t = T{}
+	}
+}
+
+var _ nn.SortedRunner = (*epRunner)(nil)
+
+// splits reads this rank's per-expert counts and the counts the other ranks send it (one
+// download) and returns the row splits of the exchange and the received rows' local experts.
+func (r *epRunner) splits(p *nn.Pass, m *nn.MoE, counts T) (send, recv []int, rsel []int32, err error) {
+	b, ep, e := p.B, r.c.Size(), m.Routed()
+	el := e / ep
+	stat, err := b.Alloc(tensor.I32, 2*e)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer b.Free(stat)
+	mine, _ := stat.View(0, e)
+	theirs, _ := stat.View(e, e, 1)
+	if err = b.Copy(mine, counts); err != nil {
+		return nil, nil, nil, err
+	}
+	src, err := counts.Reshape(e, 1)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	per := make([]int, ep)
+	for j := range per {
+		per[j] = el
+	}
+	if err = r.c.AllToAll(theirs, src, per, per, comm.Dispatch); err != nil {
+		return nil, nil, nil, fmt.Errorf("expert counts: %w", err)
+	}
+	v, err := backend.ToInt32(b, stat)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	send, recv = make([]int, ep), make([]int, ep)
+	for x := range e {
+		send[x/el] += int(v[x])
+	}
+	for i := range ep {
+		for l := range el {
+			c := int(v[e+i*el+l])
+			if c < 0 {
+				return nil, nil, nil, fmt.Errorf("rank %d sends %d rows for expert %d", i, c, m.FirstExpert+l)
+			}
+			recv[i] += c
+			for range c {
+				rsel = append(rsel, int32(l))
+			}
+		}
+	}
+	return send, recv, rsel, nil
+}
+
+// ForwardSorted implements nn.SortedRunner.
+func (r *epRunner) ForwardSorted(p *nn.Pass, m *nn.MoE, xs, offsets, counts T, keep bool) (ys T, err error) {
+	if r.dev != nil {
+		return T{}, fmt.Errorf("parallel: %s: expert ForwardSorted called twice without BackwardSorted or Release", m.Name)
+	}
+	ep, e := r.c.Size(), m.Routed()
+	if e%ep != 0 || len(m.Experts) != e/ep || m.FirstExpert != r.c.Rank()*(e/ep) {
+		return T{}, fmt.Errorf("parallel: %s: expert rank %d of %d holds experts [%d,%d) of %d; it should own [%d,%d)",
+			m.Name, r.c.Rank(), ep, m.FirstExpert, m.FirstExpert+len(m.Experts), e, r.c.Rank()*(e/ep), (r.c.Rank()+1)*(e/ep))
+	}
+	b, o := p.B, p.B.Optional()
+	s, c := xs.Dim(0), xs.Dim(1)
+	send, recv, rsel, err := r.splits(p, m, counts)
+	if err != nil {
+		return T{}, fmt.Errorf("parallel: %s: %w", m.Name, err)
+	}
+	sr := &sortedRoute{send: send, recv: recv, m: len(rsel),
+		experts: nn.GroupedExperts{Name: m.Name, GateUp: m.GateUp, Down: m.Down}}
+	var rcv, rorder, rys, back T
+	defer func() {
+		freeAll(b, &rcv, &rorder, &rys, &back)
+		if err != nil || !keep {
+			sr.release(b)
+		}
+		if err != nil {
+			freeAll(b, &ys)
+		}
+	}()
+	fail := func(what string, err error) (T, error) {
+		return T{}, fmt.Errorf("parallel: %s: %s: %w", m.Name, what, err)
+	}
+	mr := sr.m
+	if rcv, err = b.Empty(xs.DType(), max(mr, 1), c); err != nil {
+		return fail("dispatch", err)
+	}
+	rv, _ := rcv.Rows(0, mr)
+	if err = r.c.AllToAll(rv, xs, send, recv, comm.Dispatch); err != nil {
+		return fail("dispatch", err)
+	}
+	if back, err = b.Empty(xs.DType(), max(mr, 1), c); err != nil {
+		return fail("combine", err)
+	}
+	if mr > 0 {
+		el := len(m.Experts)
+		if sr.rsel, err = backend.FromInt32(b, rsel, mr, 1); err != nil {
+			return fail("dispatch", err)
+		}
+		i32 := func(shape ...int) (T, error) { return b.Empty(tensor.I32, shape...) }
+		if sr.roff, err = i32(el + 1); err == nil {
+			if rorder, err = i32(mr); err == nil {
+				if sr.rslt, err = i32(mr, 1); err == nil {
+					sr.rxs, err = b.Empty(xs.DType(), mr, c)
+				}
+			}
+		}
+		if err != nil {
+			return fail("dispatch", err)
+		}
+		if err = o.MoEPermute(backend.MoEPermuteArgs{E: el, Sel: sr.rsel, X: rv, Offsets: sr.roff, Order: rorder, Slot: sr.rslt, Xs: sr.rxs}); err != nil {
+			return fail("sort of the received rows", err)
+		}
+		freeAll(b, &rcv, &rorder)
+		if rys, err = sr.experts.Forward(p, o, sr.rxs, sr.roff, keep); err != nil {
+			return T{}, err
+		}
+		if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: rys, Slot: sr.rslt, DX: back}); err != nil {
+			return fail("order of the results", err)
+		}
+	}
+	if ys, err = b.Empty(xs.DType(), s, c); err != nil {
+		return fail("combine", err)
+	}
+	bk, _ := back.Rows(0, mr)
+	if err = r.c.AllToAll(ys, bk, recv, send, comm.Combine); err != nil {
+		return fail("combine", err)
+	}
+	if keep {
+		r.dev = sr
+	}
+	return ys, nil
+}
+
+// BackwardSorted implements nn.SortedRunner.
+func (r *epRunner) BackwardSorted(p *nn.Pass, m *nn.MoE, dys T) (dxs T, err error) {
+	sr := r.dev
+	defer r.Release(p)
+	if sr == nil {
+		return T{}, fmt.Errorf("parallel: %s: expert BackwardSorted without a cached ForwardSorted", m.Name)
+	}
+	b, o := p.B, p.B.Optional()
+	s, c, mr := dys.Dim(0), dys.Dim(1), sr.m
+	var drcv, drys, drxs, dsrc, off, order, slot T
+	defer func() {
+		freeAll(b, &drcv, &drys, &drxs, &dsrc, &off, &order, &slot)
+		if err != nil {
+			freeAll(b, &dxs)
+		}
+	}()
+	fail := func(what string, err error) (T, error) {
+		return T{}, fmt.Errorf("parallel: %s: %s: %w", m.Name, what, err)
+	}
+	if drcv, err = b.Empty(dys.DType(), max(mr, 1), c); err != nil {
+		return fail("combine backward", err)
+	}
+	dv, _ := drcv.Rows(0, mr)
+	if err = r.c.AllToAll(dv, dys, sr.send, sr.recv, comm.Dispatch); err != nil {
+		return fail("combine backward", err)
+	}
+	if dsrc, err = b.Empty(dys.DType(), max(mr, 1), c); err != nil {
+		return fail("dispatch backward", err)
+	}
+	if mr > 0 {
+		// The gradients of the results arrive in source-rank order: sort them by local expert
+		// as the forward sorted the rows.
+		el := len(m.Experts)
+		i32 := func(shape ...int) (T, error) { return b.Empty(tensor.I32, shape...) }
+		if off, err = i32(el + 1); err == nil {
+			if order, err = i32(mr); err == nil {
+				if slot, err = i32(mr, 1); err == nil {
+					drys, err = b.Empty(dys.DType(), mr, c)
+				}
+			}
+		}
+		if err != nil {
+			return fail("combine backward", err)
+		}
+		if err = o.MoEPermute(backend.MoEPermuteArgs{E: el, Sel: sr.rsel, X: dv, Offsets: off, Order: order, Slot: slot, Xs: drys}); err != nil {
+			return fail("sort of the received gradients", err)
+		}
+		freeAll(b, &drcv)
+		if drxs, err = sr.experts.Backward(p, o, drys, sr.rxs); err != nil {
+			return T{}, err
+		}
+		if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: drxs, Slot: sr.rslt, DX: dsrc}); err != nil {
+			return fail("order of the row gradients", err)
+		}
+	}
+	if dxs, err = b.Empty(dys.DType(), s, c); err != nil {
+		return fail("dispatch backward", err)
+	}
+	ds, _ := dsrc.Rows(0, mr)
+	if err = r.c.AllToAll(dxs, ds, sr.recv, sr.send, comm.Combine); err != nil {
+		return fail("dispatch backward", err)
+	}
+	return dxs, nil
 }
