@@ -39,6 +39,38 @@ fmt.Sprintf("%s|%v|%v", mem.Device, mem.Total == mem.Params+mem.Grads+mem.Optimi
 	if got := plain(r.Value); got != `"cpu|true|true"` {
 		t.Fatalf("memory: %s", got)
 	}
+	// Collectives on simulated devices: the buffer, the ring's bytes per rank and a time.
+	r = evalT(t, it, `ar := halo.MeasureCollective("all_reduce", 1<<16, 4, "")
+rs := halo.MeasureCollectiveOn("cpu", "reduce_scatter", 1<<16, 4, "bf16")
+fmt.Sprintf("%s|%v|%v|%v|%v|%v", ar.Device, ar.Bytes, ar.WireBytes, rs.WireBytes, ar.Seconds > 0 && ar.BusGBps > ar.AlgGBps, halo.BusFactor("all_reduce", 4))`)
+	if got := plain(r.Value); got != `"cpu:4 (simulated)|65536|98304|49152|true|1.5"` {
+		t.Fatalf("collectives: %s", got)
+	}
+	// Nearest rounding loses updates under half a bf16 unit; stochastic rounding keeps them
+	// in the mean; the optimizer state is 12 bytes per weight with an fp32 master, 4 without.
+	r = evalT(t, it, `near := halo.MeasureAdamW("adamw_bf16_nearest", 4096, 20, 1e-4, 1)
+sr := halo.MeasureAdamW("adamw_bf16", 4096, 20, 1e-4, 1)
+ms := halo.MeasureAdamW("adamw", 4096, 20, 1e-4, 1)
+fmt.Sprintf("%v|%v|%v|%v|%v|%v", near.StaleFraction, near.MeanChange, sr.MeanChange < 0 && sr.StaleFraction < 1, ms.BytesPerParam(), sr.BytesPerParam(), near.ULP)`)
+	if got := plain(r.Value); got != `"1|0|true|16|8|0.00390625"` {
+		t.Fatalf("adamw rounding: %s", got)
+	}
+	r = evalT(t, it, `tf := halo.MeasureRoPE(4096, 16, "tf32")
+f := halo.MeasureRoPE(4096, 16, "f32")
+fmt.Sprintf("%d|%d|%d|%d", tf.TableFirst, tf.TableMerged, f.TableMerged, tf.EngineMerged)`)
+	if got := plain(r.Value); got != `"2050|1023|0|0"` {
+		t.Fatalf("rope: %s", got)
+	}
+	// On a parallel layout: the layout's estimate, each rank's peak and the step's bytes on
+	// the wire by collective kind.
+	evalT(t, it, `halo.Set("grad_accum", 2)`)
+	evalT(t, it, `halo.Layout("dp=2 devices=cpu:2")`)
+	r = evalT(t, it, `p := halo.Profile(1)
+mem2 := halo.MeasureMemory()
+fmt.Sprintf("%v|%d|%v", mem2.Layout != nil && mem2.Layout.Total > 0, len(mem2.RankPeak), p.Steps[0].CommBytes["all_reduce"] > 0)`)
+	if got := plain(r.Value); got != `"true|2|true"` {
+		t.Fatalf("layout memory and comm bytes: %s", got)
+	}
 	// A bad request is the cell's error, naming the call and what is wrong.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -3,8 +3,10 @@
 // save, generate, and plot and display results.
 //
 // It also measures the session's device (measure.go): GEMM, copy bandwidth, the cost of
-// issuing an op, fused against separate elementwise ops, and attention, each timed in the
-// session process through the Measure RPC (so on the GPU when the session runs on one), with
+// issuing an op, fused against separate elementwise ops, attention, collectives over several
+// simulated devices or GPUs, AdamW's rounding of small updates, RoPE at reduced precision and
+// the memory estimate of the loaded run beside its measured peaks, each run in the session
+// process through the Measure RPC (so on the GPU when the session runs on one), with
 // the work each op does, published GPU figures to set beside them (Datasheet), and the
 // verdict lines the lecture notebooks print for each claim they check (Verdict, Unknown).
 //

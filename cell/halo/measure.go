@@ -33,6 +33,9 @@ type Measurement struct {
 	Intensity    float64
 	DeviceMemory int64 // the device's capacity in bytes, 0 when unknown
 	HostThreads  int   // the session's CPU worker threads (GOMAXPROCS)
+	// Values are what a collective or a numerics experiment found, by name (see the
+	// Measure functions that return them).
+	Values map[string]float64
 }
 
 func (m Measurement) String() string {
@@ -74,8 +77,12 @@ func measure(name, op, dtype string, sizes ...int64) Measurement {
 }
 
 func measureRaw(name, op, dtype string, sizes ...int64) *session.MeasureResponse {
+	return measureReq(name, &session.MeasureRequest{Op: op, Dtype: dtype, Sizes: sizes})
+}
+
+func measureReq(name string, req *session.MeasureRequest) *session.MeasureResponse {
 	c, ctx, _ := client(name)
-	r, err := c.Measure(ctx, &session.MeasureRequest{Op: op, Dtype: dtype, Sizes: sizes})
+	r, err := c.Measure(ctx, req)
 	if err != nil {
 		fail(name, err)
 	}
@@ -85,7 +92,7 @@ func measureRaw(name, op, dtype string, sizes ...int64) *session.MeasureResponse
 func measurementOf(r *session.MeasureResponse) Measurement {
 	m := Measurement{Op: r.Op, Device: r.Device, Sizes: r.Sizes, DType: r.Dtype, Seconds: r.MedianS,
 		Samples: r.SampleS, OpsPerSample: int(r.OpsPerSample), FLOPs: r.Flops, Bytes: r.Bytes,
-		TFLOPS: r.TflopS, GBps: r.GbS, DeviceMemory: r.DeviceMemory, HostThreads: int(r.HostThreads)}
+		TFLOPS: r.TflopS, GBps: r.GbS, DeviceMemory: r.DeviceMemory, HostThreads: int(r.HostThreads), Values: r.Values}
 	if m.Bytes > 0 && m.Op != "launch" && m.Op != "copy" {
 		m.Intensity = m.FLOPs / m.Bytes
 	}
@@ -137,6 +144,18 @@ type MemoryEstimate struct {
 	Logits, Scratch, Total                int64
 	Allocated, Peak                       int64 // measured on the device: live now, and the high-water mark
 	DeviceMemory                          int64 // the device's capacity, 0 when unknown
+	// Layout is the per-device estimate of the parallel layout in force (what `launch
+	// --dry-run` prints for it), nil on one device; RankAllocated and RankPeak are each
+	// rank's device, measured.
+	Layout                  *LayoutMemory
+	RankAllocated, RankPeak []int64
+}
+
+// LayoutMemory is the memory estimate of one device of a parallel layout, in bytes.
+type LayoutMemory struct {
+	Params, Grads, Optimizer, Activations int64
+	Comm                                  int64 // collective staging and persistent FSDP buffers
+	Total                                 int64
 }
 
 func (m MemoryEstimate) String() string {
@@ -152,9 +171,22 @@ func (m MemoryEstimate) String() string {
 func MeasureMemory() MemoryEstimate {
 	m := measureRaw("halo.MeasureMemory", "memory", "")
 	b := m.MemoryBytes
-	return MemoryEstimate{Device: m.Device, Params: b["params"], Grads: b["grads"], Optimizer: b["optimizer"],
+	out := MemoryEstimate{Device: m.Device, Params: b["params"], Grads: b["grads"], Optimizer: b["optimizer"],
 		Activations: b["activations"], Logits: b["logits"], Scratch: b["scratch"], Total: b["total"],
 		Allocated: b["allocated"], Peak: b["peak"], DeviceMemory: m.DeviceMemory}
+	if _, ok := b["layout_total"]; ok {
+		out.Layout = &LayoutMemory{Params: b["layout_params"], Grads: b["layout_grads"], Optimizer: b["layout_optimizer"],
+			Activations: b["layout_activations"], Comm: b["layout_comm"], Total: b["layout_total"]}
+	}
+	for r := 0; ; r++ {
+		p, ok := b[fmt.Sprintf("rank%d_peak", r)]
+		if !ok {
+			break
+		}
+		out.RankPeak = append(out.RankPeak, p)
+		out.RankAllocated = append(out.RankAllocated, b[fmt.Sprintf("rank%d_allocated", r)])
+	}
+	return out
 }
 
 // DeviceInfo describes the device measurements run on.
@@ -163,6 +195,7 @@ type DeviceInfo struct {
 	GPU         bool   // a CUDA device
 	Memory      int64  // capacity in bytes, 0 when unknown
 	HostThreads int    // the session's CPU worker threads
+	GPUs        int    // the CUDA devices the session's machine has (0 without a usable driver)
 }
 
 func (d DeviceInfo) String() string {
@@ -176,7 +209,147 @@ func (d DeviceInfo) String() string {
 // Device returns the device that measurements run on (nothing is timed).
 func Device() DeviceInfo {
 	m := measure("halo.Device", "info", "")
-	return DeviceInfo{Name: m.Device, GPU: strings.HasPrefix(m.Device, "cuda"), Memory: m.DeviceMemory, HostThreads: m.HostThreads}
+	return DeviceInfo{Name: m.Device, GPU: strings.HasPrefix(m.Device, "cuda"), Memory: m.DeviceMemory, HostThreads: m.HostThreads,
+		GPUs: int(m.Values["gpus"])}
+}
+
+// Collective is a collective timed over several devices (MeasureCollective).
+type Collective struct {
+	Measurement // Op, Device (e.g. "cpu:4 (simulated)", "cuda:0-1"), Seconds per call, Bytes = S
+	Ranks       int
+	// WireBytes is what each rank sends through its link per call in a bandwidth-optimal
+	// (ring) implementation: BusFactor(Op, Ranks) · S.
+	WireBytes float64
+	// AlgGBps is S per call time; BusGBps WireBytes per call time (the nccl-tests figure),
+	// both GB/s over the median time.
+	AlgGBps, BusGBps float64
+}
+
+func (c Collective) String() string {
+	return fmt.Sprintf("%s of %.4g MB over %s: %s, algbw %.4g GB/s, busbw %.4g GB/s", c.Op, c.Bytes/1e6, c.Device,
+		FormatSeconds(c.Seconds), c.AlgGBps, c.BusGBps)
+}
+
+// BusFactor is the bytes each rank sends per byte of the buffer in a ring: 2(n-1)/n for
+// all_reduce (a reduce-scatter, then an all-gather), (n-1)/n for reduce_scatter, all_gather
+// and all_to_all.
+func BusFactor(op string, ranks int) float64 {
+	if ranks <= 1 {
+		return 0
+	}
+	f := float64(ranks-1) / float64(ranks)
+	if op == "all_reduce" {
+		return 2 * f
+	}
+	return f
+}
+
+// MeasureCollective times op (all_reduce, reduce_scatter, all_gather, all_to_all) over ranks
+// devices with a buffer of bytes (S, as nccl-tests counts it: the all-reduce operand, the
+// reduce-scatter input and all-gather output, each rank's all-to-all send buffer) in dtype
+// ("" is f32): on GPUs through NCCL when the session runs on a GPU and the machine has ranks
+// of them, else on ranks simulated CPU devices in the session process.
+func MeasureCollective(op string, bytes int64, ranks int, dtype string) Collective {
+	return MeasureCollectiveOn("", op, bytes, ranks, dtype)
+}
+
+// MeasureCollectiveOn is MeasureCollective on the devices named: "cpu" (simulated devices),
+// "cuda" (GPUs 0 .. ranks-1) or "" (as MeasureCollective chooses).
+func MeasureCollectiveOn(device, op string, bytes int64, ranks int, dtype string) Collective {
+	r := measureReq("halo.MeasureCollective", &session.MeasureRequest{Op: op, Dtype: dtype, Device: device,
+		Sizes: []int64{bytes, int64(ranks)}})
+	m := measurementOf(r)
+	return Collective{Measurement: m, Ranks: int(m.Values["ranks"]), WireBytes: m.Values["wire_bytes"],
+		AlgGBps: m.Values["alg_gbps"], BusGBps: m.Values["bus_gbps"]}
+}
+
+// Rounding is what an AdamW rounding experiment found (MeasureAdamW).
+type Rounding struct {
+	Mode   string // adamw, adamw_bf16 or adamw_bf16_nearest
+	Device string
+	N      int
+	Steps  int
+	LR, W0 float64
+	ULP    float64 // spacing of bf16 numbers just below W0
+	// StaleFraction is the fraction of bf16 weights the first step left unchanged.
+	StaleFraction float64
+	// MeanChange is the mean over weights of w - W0 after Steps steps (bf16 weights read
+	// back); ExpectedChange is -Steps·LR, exact arithmetic's answer.
+	MeanChange, ExpectedChange float64
+	// WeightBytes, GradBytes and StateBytes are measured on the device's allocator: the bf16
+	// weights, their bf16 gradients, and what the optimizer allocated.
+	WeightBytes, GradBytes, StateBytes int64
+	// StepSeconds is the median time of one optimizer step; StepBytes the least bytes it
+	// moves; GBps their ratio.
+	StepSeconds, StepBytes, GBps float64
+}
+
+// BytesPerParam is the weights, gradients and optimizer state per parameter.
+func (r Rounding) BytesPerParam() float64 {
+	return float64(r.WeightBytes+r.GradBytes+r.StateBytes) / float64(r.N)
+}
+
+func (r Rounding) String() string {
+	return fmt.Sprintf("%s on %s: %d weights at %g, lr %g x %d steps: stale after step 1 %.1f%%, mean change %.4g (exact %.4g); %.3g bytes/param, step %s",
+		r.Mode, r.Device, r.N, r.W0, r.LR, r.Steps, 100*r.StaleFraction, r.MeanChange, r.ExpectedChange, r.BytesPerParam(), FormatSeconds(r.StepSeconds))
+}
+
+// roundingModes are MeasureAdamW's modes, in the order the Measure RPC numbers them.
+var roundingModes = []string{"adamw", "adamw_bf16", "adamw_bf16_nearest"}
+
+// MeasureAdamW trains n bf16 weights, all w0, for steps AdamW steps with learning rate lr and
+// the gradient 1 everywhere, on the session's device, and reports how much of the update the
+// weights kept. With a constant gradient Adam's update is lr per step, so exact arithmetic
+// moves every weight by -steps·lr. mode is adamw (an fp32 master copy and fp32 moments, what
+// optim adamw_torch keeps for bf16 weights), adamw_bf16 (bf16 weights and moments, stochastic
+// rounding) or adamw_bf16_nearest (the same, rounded to nearest, as torch.optim.AdamW does
+// with bf16 parameters).
+func MeasureAdamW(mode string, n, steps int, lr, w0 float64) Rounding {
+	idx := -1
+	for i, m := range roundingModes {
+		if m == mode {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		fail("halo.MeasureAdamW", fmt.Errorf("mode %q: want %s", mode, strings.Join(roundingModes, ", ")))
+	}
+	r := measureReq("halo.MeasureAdamW", &session.MeasureRequest{Op: "adamw_rounding", Sizes: []int64{int64(n), int64(steps)},
+		Args: []float64{float64(idx), lr, w0}})
+	v := r.Values
+	return Rounding{Mode: mode, Device: r.Device, N: n, Steps: steps, LR: lr, W0: v["w0"], ULP: v["ulp"],
+		StaleFraction: v["stale_fraction"], MeanChange: v["mean_change"], ExpectedChange: v["expected_change"],
+		WeightBytes: int64(v["weight_bytes"]), GradBytes: int64(v["grad_bytes"]), StateBytes: int64(v["state_bytes"]),
+		StepSeconds: r.MedianS, StepBytes: r.Bytes, GBps: r.GbS}
+}
+
+// RoPEMerge is what a RoPE precision experiment found (MeasureRoPE). A position merges when
+// all its angles equal those of the position before: attention cannot tell the two apart.
+type RoPEMerge struct {
+	Device    string
+	T, R      int
+	Precision string // f32, bf16 or tf32
+	// TableMerged counts the positions whose angle table pos·inv_freq, computed as the Hugging
+	// Face rotary embedding does (an outer product through a GEMM on the device, inputs in
+	// Precision), merges with the one before; TableFirst is the first (-1: none).
+	TableMerged, TableFirst int
+	// EngineMerged and EngineFirst are the same for the engine's own RoPE op.
+	EngineMerged, EngineFirst int
+}
+
+func (m RoPEMerge) String() string {
+	return fmt.Sprintf("rope over %d positions, %d dims, %s on %s: angle table merges %d positions (first %d); engine RoPE merges %d (first %d)",
+		m.T, m.R, m.Precision, m.Device, m.TableMerged, m.TableFirst, m.EngineMerged, m.EngineFirst)
+}
+
+// MeasureRoPE computes RoPE angles for positions 0 .. t-1 of r rotated dims (rope_theta
+// 10000) at precision f32, bf16 or tf32 (the tensor cores' rounding of fp32 inputs, applied
+// to the GEMM's inputs) on the session's device, and counts the positions that merge.
+func MeasureRoPE(t, r int, precision string) RoPEMerge {
+	resp := measureReq("halo.MeasureRoPE", &session.MeasureRequest{Op: "rope_angles", Dtype: precision, Sizes: []int64{int64(t), int64(r)}})
+	v := resp.Values
+	return RoPEMerge{Device: resp.Device, T: t, R: r, Precision: resp.Dtype, TableMerged: int(v["table_merged"]),
+		TableFirst: int(v["table_first_merged"]), EngineMerged: int(v["engine_merged"]), EngineFirst: int(v["engine_first_merged"])}
 }
 
 // Spec is a GPU's published peak figures, from its datasheet (dense, without sparsity).

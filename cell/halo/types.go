@@ -306,6 +306,9 @@ type StepProfile struct {
 	Ops      int64
 	FLOPs    float64
 	Bytes    float64
+	// CommBytes is the bytes of each device's operands in the step's collectives, by kind
+	// (what one device contributes; a mean over devices; empty on one device).
+	CommBytes map[string]float64
 }
 
 // ProfileReport is the result of profiling some steps.
@@ -371,7 +374,7 @@ func profileOf(r *session.ProfileResponse) ProfileReport {
 	out := ProfileReport{Trace: r.TraceJson}
 	for _, s := range r.Steps {
 		out.Steps = append(out.Steps, StepProfile{Step: s.Step, StepTime: s.StepS, Compute: s.ComputeS, Comm: s.CommS,
-			Host: s.HostS, Ops: s.Ops, FLOPs: s.Flops, Bytes: s.Bytes})
+			Host: s.HostS, Ops: s.Ops, FLOPs: s.Flops, Bytes: s.Bytes, CommBytes: s.CommBytes})
 	}
 	return out
 }

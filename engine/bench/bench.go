@@ -16,7 +16,11 @@
 //
 // MeasureOp (ops.go) times single backend ops instead (GEMM, copy, an op's issue cost, the
 // fused residual add and RMSNorm against its two-op fallback, attention) with the work each
-// does, for the session's Measure RPC and the lectures built on it.
+// does, for the session's Measure RPC and the lectures built on it. MeasureCollective
+// (collective.go) times a collective over several simulated CPU devices or GPUs with the bytes
+// a ring sends per rank; MeasureRounding and MeasureRoPE (numerics.go) are experiments whose
+// findings are values: how much of a small AdamW update bf16 weights keep under each rounding,
+// and which RoPE positions merge at reduced precision.
 //
 // It is not a training driver (no checkpoints, no schedules beyond a constant learning rate,
 // no evaluation) and it does not compare anything itself: it reports figures.

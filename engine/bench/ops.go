@@ -62,6 +62,9 @@ type OpRequest struct {
 	// MaxTotal bounds the timed part of the measurement (default 2s): fewer samples are taken
 	// when one op is slower than MaxTotal/Repeats.
 	MaxTotal time.Duration
+	// Args are real-valued arguments, for the callers that route the numerics experiments
+	// (MeasureRounding, MeasureRoPE) through one request; MeasureOp ignores them.
+	Args []float64
 }
 
 // OpResult is what a measurement found. Times are per op.

@@ -68,11 +68,14 @@ type Step struct {
 	Wall    time.Duration            // measured wall time of the step
 	Compute map[string]time.Duration // by op class
 	Comm    map[string]time.Duration // by collective kind (empty on one device)
-	Host    time.Duration            // Wall minus every span: host work and idle
-	Ops     int
-	Bytes   int64
-	FLOPs   int64
-	Spans   []Span // kept only when the recorder keeps spans (for traces)
+	// CommBytes is the bytes of this device's operands in each collective kind (what it
+	// contributes, as comm.Stats counts them; empty on one device).
+	CommBytes map[string]int64
+	Host      time.Duration // Wall minus every span: host work and idle
+	Ops       int
+	Bytes     int64
+	FLOPs     int64
+	Spans     []Span // kept only when the recorder keeps spans (for traces)
 	// DroppedSpans counts spans not kept because the step had more than MaxSpans.
 	DroppedSpans int
 }
@@ -216,7 +219,7 @@ func (r *Recorder) BeginStep(n int) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.cur = &Step{Step: n, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}}
+	r.cur = &Step{Step: n, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}, CommBytes: map[string]int64{}}
 	r.releaseMarksLocked()
 	if b := r.timer.Load(); b != nil {
 		if m, err := b.t.Mark(); err == nil {
@@ -339,6 +342,10 @@ func (r *Recorder) addLocked(sp Span, at time.Duration) {
 	}
 	if sp.Comm {
 		s.Comm[sp.Class] += sp.Dur
+		if s.CommBytes == nil {
+			s.CommBytes = map[string]int64{}
+		}
+		s.CommBytes[sp.Class] += sp.Bytes
 	} else {
 		s.Compute[sp.Class] += sp.Dur
 	}
@@ -565,15 +572,15 @@ func (r *Recorder) addActivation(op, class string, shape []int, v []float32) {
 }
 
 // MeanSteps merges one step's accounting from several devices (the ranks of a parallel plan):
-// wall, host, per-class compute and per-kind communication times are the means over devices,
-// op, byte and FLOP counts the sums, and the spans (and their drop count) the first device's.
+// wall, host, per-class compute and per-kind communication times and bytes are the means over
+// devices, op, byte and FLOP counts the sums, and the spans (and their drop count) the first device's.
 // One step is returned as it is.
 func MeanSteps(steps []Step) Step {
 	if len(steps) == 1 {
 		return steps[0]
 	}
 	n := time.Duration(len(steps))
-	out := Step{Step: steps[0].Step, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{},
+	out := Step{Step: steps[0].Step, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}, CommBytes: map[string]int64{},
 		Spans: steps[0].Spans, DroppedSpans: steps[0].DroppedSpans}
 	for _, s := range steps {
 		out.Wall += s.Wall
@@ -583,6 +590,9 @@ func MeanSteps(steps []Step) Step {
 		}
 		for k, d := range s.Comm {
 			out.Comm[k] += d
+		}
+		for k, b := range s.CommBytes {
+			out.CommBytes[k] += b
 		}
 		out.Ops += s.Ops
 		out.Bytes += s.Bytes
@@ -595,6 +605,9 @@ func MeanSteps(steps []Step) Step {
 	}
 	for k := range out.Comm {
 		out.Comm[k] /= n
+	}
+	for k := range out.CommBytes {
+		out.CommBytes[k] /= int64(len(steps))
 	}
 	return out
 }

@@ -1157,6 +1157,12 @@ func stepProfilePB(s profile.Step, m *halov1.StepMetrics) *halov1.StepProfile {
 	for k, d := range s.Comm {
 		p.CommS[k] = d.Seconds()
 	}
+	if len(s.CommBytes) > 0 {
+		p.CommBytes = map[string]float64{}
+		for k, b := range s.CommBytes {
+			p.CommBytes[k] = float64(b)
+		}
+	}
 	return p
 }
 

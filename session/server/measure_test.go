@@ -56,6 +56,11 @@ func TestMeasureRefusals(t *testing.T) {
 		{"wrong sizes", &session.MeasureRequest{Op: "gemm", Sizes: []int64{4}}, connect.CodeInvalidArgument, []string{"M N K"}},
 		{"dtype", &session.MeasureRequest{Op: "copy", Sizes: []int64{64}, Dtype: "i32"}, connect.CodeInvalidArgument, []string{"f32 or bf16"}},
 		{"device", &session.MeasureRequest{Op: "info", Device: "tpu"}, connect.CodeInvalidArgument, []string{"tpu"}},
+		{"collective sizes", &session.MeasureRequest{Op: "all_reduce", Sizes: []int64{64}}, connect.CodeInvalidArgument, []string{"bytes ranks"}},
+		{"collective ranks", &session.MeasureRequest{Op: "all_gather", Sizes: []int64{64, 1}}, connect.CodeInvalidArgument, []string{"ranks 1", "2 .. 64"}},
+		{"rounding args", &session.MeasureRequest{Op: "adamw_rounding", Sizes: []int64{64, 2}}, connect.CodeInvalidArgument, []string{"mode lr w0"}},
+		{"rounding mode", &session.MeasureRequest{Op: "adamw_rounding", Sizes: []int64{64, 2}, Args: []float64{1.5, 1e-3, 1}}, connect.CodeInvalidArgument, []string{"mode 1.5"}},
+		{"rope precision", &session.MeasureRequest{Op: "rope_angles", Sizes: []int64{64, 16}, Dtype: "f16"}, connect.CodeInvalidArgument, []string{"f32, bf16 or tf32"}},
 	} {
 		_, err := c.Measure(ctx, tc.req)
 		if connect.CodeOf(err) != tc.code {

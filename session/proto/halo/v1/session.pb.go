@@ -1880,12 +1880,15 @@ type StepProfile struct {
 	// optimizer, other.
 	ComputeS map[string]float64 `protobuf:"bytes,3,rep,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	// comm_s by collective kind (empty on one device).
-	CommS         map[string]float64 `protobuf:"bytes,4,rep,name=comm_s,json=commS,proto3" json:"comm_s,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	HostS         float64            `protobuf:"fixed64,5,opt,name=host_s,json=hostS,proto3" json:"host_s,omitempty"` // host work and idle: step_s minus every span
-	Ops           int64              `protobuf:"varint,6,opt,name=ops,proto3" json:"ops,omitempty"`
-	Flops         float64            `protobuf:"fixed64,7,opt,name=flops,proto3" json:"flops,omitempty"`
-	Bytes         float64            `protobuf:"fixed64,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Metrics       *StepMetrics       `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	CommS   map[string]float64 `protobuf:"bytes,4,rep,name=comm_s,json=commS,proto3" json:"comm_s,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	HostS   float64            `protobuf:"fixed64,5,opt,name=host_s,json=hostS,proto3" json:"host_s,omitempty"` // host work and idle: step_s minus every span
+	Ops     int64              `protobuf:"varint,6,opt,name=ops,proto3" json:"ops,omitempty"`
+	Flops   float64            `protobuf:"fixed64,7,opt,name=flops,proto3" json:"flops,omitempty"`
+	Bytes   float64            `protobuf:"fixed64,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Metrics *StepMetrics       `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	// comm_bytes by collective kind: the bytes of this device's operands in the step's
+	// collectives (what it contributes; empty on one device), a mean over devices.
+	CommBytes     map[string]float64 `protobuf:"bytes,10,rep,name=comm_bytes,json=commBytes,proto3" json:"comm_bytes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1979,6 +1982,13 @@ func (x *StepProfile) GetBytes() float64 {
 func (x *StepProfile) GetMetrics() *StepMetrics {
 	if x != nil {
 		return x.Metrics
+	}
+	return nil
+}
+
+func (x *StepProfile) GetCommBytes() map[string]float64 {
+	if x != nil {
+		return x.CommBytes
 	}
 	return nil
 }
@@ -3010,11 +3020,20 @@ type MeasureRequest struct {
 	// causal attention forward over one sequence of T tokens), info (none: the device only, no
 	// timing), memory (none: the loaded model's memory estimate, as `launch --dry-run` prints it
 	// for one device, beside the device's measured use; needs a model).
-	Op            string  `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
-	Sizes         []int64 `protobuf:"varint,2,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
-	Dtype         string  `protobuf:"bytes,3,opt,name=dtype,proto3" json:"dtype,omitempty"`      // element type: f32 (default) or bf16
-	Repeats       int32   `protobuf:"varint,4,opt,name=repeats,proto3" json:"repeats,omitempty"` // timed samples; 0 means 5
-	Device        string  `protobuf:"bytes,5,opt,name=device,proto3" json:"device,omitempty"`    // "" the session's device; else a device name (cpu, cuda:N, auto)
+	// Collectives over several devices: all_reduce, reduce_scatter, all_gather, all_to_all
+	// (bytes ranks: each rank's operand of bytes, over ranks devices: simulated CPU devices, or
+	// GPUs through NCCL when the session's device is a GPU and there are as many).
+	// Numerics experiments, whose findings come back in values: adamw_rounding (N steps; args
+	// mode (0 adamw with an fp32 master, 1 adamw_bf16 stochastic, 2 adamw_bf16_nearest), lr, w0:
+	// N bf16 weights at w0 trained with a constant gradient), rope_angles (T R; dtype f32, bf16
+	// or tf32: the angle table pos*inv_freq of T positions as a GEMM, as Hugging Face computes
+	// it, and the engine's own RoPE, counting positions that merge with the one before).
+	Op            string    `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
+	Sizes         []int64   `protobuf:"varint,2,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	Dtype         string    `protobuf:"bytes,3,opt,name=dtype,proto3" json:"dtype,omitempty"`        // element type: f32 (default) or bf16
+	Repeats       int32     `protobuf:"varint,4,opt,name=repeats,proto3" json:"repeats,omitempty"`   // timed samples; 0 means 5
+	Device        string    `protobuf:"bytes,5,opt,name=device,proto3" json:"device,omitempty"`      // "" the session's device; else a device name (cpu, cuda:N, auto)
+	Args          []float64 `protobuf:"fixed64,6,rep,packed,name=args,proto3" json:"args,omitempty"` // real-valued arguments of the experiments (see op)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3084,6 +3103,13 @@ func (x *MeasureRequest) GetDevice() string {
 	return ""
 }
 
+func (x *MeasureRequest) GetArgs() []float64 {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
 type MeasureResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Device       string                 `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"` // the device that ran it, e.g. cpu or cuda:0
@@ -3101,7 +3127,9 @@ type MeasureResponse struct {
 	HostThreads  int32                  `protobuf:"varint,13,opt,name=host_threads,json=hostThreads,proto3" json:"host_threads,omitempty"`     // the session process's GOMAXPROCS (the CPU backend's workers)
 	// memory_bytes, for op memory: the estimate's parts (params, grads, optimizer, activations,
 	// logits, scratch, total) and the device's measured allocated and peak bytes.
-	MemoryBytes   map[string]int64 `protobuf:"bytes,14,rep,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	MemoryBytes map[string]int64 `protobuf:"bytes,14,rep,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// values: what a numerics experiment or a collective found (names per op; see engine/bench).
+	Values        map[string]float64 `protobuf:"bytes,15,rep,name=values,proto3" json:"values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3230,6 +3258,13 @@ func (x *MeasureResponse) GetHostThreads() int32 {
 func (x *MeasureResponse) GetMemoryBytes() map[string]int64 {
 	if x != nil {
 		return x.MemoryBytes
+	}
+	return nil
+}
+
+func (x *MeasureResponse) GetValues() map[string]float64 {
+	if x != nil {
+		return x.Values
 	}
 	return nil
 }
@@ -3390,7 +3425,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x06a_norm\x18\x03 \x01(\x01R\x05aNorm\x12\x15\n" +
 	"\x06b_norm\x18\x04 \x01(\x01R\x05bNorm\x12\x1d\n" +
 	"\n" +
-	"delta_norm\x18\x05 \x01(\x01R\tdeltaNorm\"\xad\x03\n" +
+	"delta_norm\x18\x05 \x01(\x01R\tdeltaNorm\"\xaf\x04\n" +
 	"\vStepProfile\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x15\n" +
 	"\x06step_s\x18\x02 \x01(\x01R\x05stepS\x12?\n" +
@@ -3400,12 +3435,18 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x03ops\x18\x06 \x01(\x03R\x03ops\x12\x14\n" +
 	"\x05flops\x18\a \x01(\x01R\x05flops\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x01R\x05bytes\x12.\n" +
-	"\ametrics\x18\t \x01(\v2\x14.halo.v1.StepMetricsR\ametrics\x1a;\n" +
+	"\ametrics\x18\t \x01(\v2\x14.halo.v1.StepMetricsR\ametrics\x12B\n" +
+	"\n" +
+	"comm_bytes\x18\n" +
+	" \x03(\v2#.halo.v1.StepProfile.CommBytesEntryR\tcommBytes\x1a;\n" +
 	"\rComputeSEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a8\n" +
 	"\n" +
 	"CommSEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a<\n" +
+	"\x0eCommBytesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"<\n" +
 	"\x0eProfileRequest\x12\x14\n" +
@@ -3494,13 +3535,14 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"controller\x18\x01 \x01(\tR\n" +
 	"controller\x12'\n" +
-	"\x0fcontroller_name\x18\x02 \x01(\tR\x0econtrollerName\"~\n" +
+	"\x0fcontroller_name\x18\x02 \x01(\tR\x0econtrollerName\"\x92\x01\n" +
 	"\x0eMeasureRequest\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\tR\x02op\x12\x14\n" +
 	"\x05sizes\x18\x02 \x03(\x03R\x05sizes\x12\x14\n" +
 	"\x05dtype\x18\x03 \x01(\tR\x05dtype\x12\x18\n" +
 	"\arepeats\x18\x04 \x01(\x05R\arepeats\x12\x16\n" +
-	"\x06device\x18\x05 \x01(\tR\x06device\"\xef\x03\n" +
+	"\x06device\x18\x05 \x01(\tR\x06device\x12\x12\n" +
+	"\x04args\x18\x06 \x03(\x01R\x04args\"\xe8\x04\n" +
 	"\x0fMeasureResponse\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
@@ -3516,10 +3558,14 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x04gb_s\x18\v \x01(\x01R\x03gbS\x12#\n" +
 	"\rdevice_memory\x18\f \x01(\x03R\fdeviceMemory\x12!\n" +
 	"\fhost_threads\x18\r \x01(\x05R\vhostThreads\x12L\n" +
-	"\fmemory_bytes\x18\x0e \x03(\v2).halo.v1.MeasureResponse.MemoryBytesEntryR\vmemoryBytes\x1a>\n" +
+	"\fmemory_bytes\x18\x0e \x03(\v2).halo.v1.MeasureResponse.MemoryBytesEntryR\vmemoryBytes\x12<\n" +
+	"\x06values\x18\x0f \x03(\v2$.halo.v1.MeasureResponse.ValuesEntryR\x06values\x1a>\n" +
 	"\x10MemoryBytesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01*x\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
+	"\vValuesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01*x\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATE_EMPTY\x10\x01\x12\x0e\n" +
@@ -3565,7 +3611,7 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),                // 0: halo.v1.State
 	(ControlAction)(0),        // 1: halo.v1.ControlAction
@@ -3616,7 +3662,9 @@ var file_halo_v1_session_proto_goTypes = []any{
 	nil,                       // 46: halo.v1.StepMetrics.TimeByOpSEntry
 	nil,                       // 47: halo.v1.StepProfile.ComputeSEntry
 	nil,                       // 48: halo.v1.StepProfile.CommSEntry
-	nil,                       // 49: halo.v1.MeasureResponse.MemoryBytesEntry
+	nil,                       // 49: halo.v1.StepProfile.CommBytesEntry
+	nil,                       // 50: halo.v1.MeasureResponse.MemoryBytesEntry
+	nil,                       // 51: halo.v1.MeasureResponse.ValuesEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	33, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
@@ -3632,58 +3680,60 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	47, // 10: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
 	48, // 11: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
 	4,  // 12: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
-	28, // 13: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
-	0,  // 14: halo.v1.StatusResponse.state:type_name -> halo.v1.State
-	31, // 15: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
-	21, // 16: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
-	4,  // 17: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
-	4,  // 18: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
-	36, // 19: halo.v1.Event.log:type_name -> halo.v1.LogEvent
-	37, // 20: halo.v1.Event.state:type_name -> halo.v1.StateEvent
-	38, // 21: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
-	28, // 22: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
-	0,  // 23: halo.v1.StateEvent.state:type_name -> halo.v1.State
-	1,  // 24: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	49, // 25: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
-	2,  // 26: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	7,  // 27: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	9,  // 28: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	11, // 29: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	13, // 30: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	15, // 31: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	17, // 32: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	19, // 33: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	22, // 34: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	23, // 35: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	25, // 36: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	29, // 37: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	32, // 38: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	34, // 39: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	41, // 40: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	39, // 41: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	44, // 42: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
-	3,  // 43: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	8,  // 44: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	10, // 45: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	12, // 46: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	14, // 47: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	16, // 48: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	18, // 49: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	20, // 50: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	21, // 51: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	21, // 52: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	26, // 53: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	30, // 54: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	33, // 55: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	35, // 56: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	42, // 57: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	40, // 58: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	45, // 59: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
-	43, // [43:60] is the sub-list for method output_type
-	26, // [26:43] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	49, // 13: halo.v1.StepProfile.comm_bytes:type_name -> halo.v1.StepProfile.CommBytesEntry
+	28, // 14: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
+	0,  // 15: halo.v1.StatusResponse.state:type_name -> halo.v1.State
+	31, // 16: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
+	21, // 17: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
+	4,  // 18: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
+	4,  // 19: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
+	36, // 20: halo.v1.Event.log:type_name -> halo.v1.LogEvent
+	37, // 21: halo.v1.Event.state:type_name -> halo.v1.StateEvent
+	38, // 22: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
+	28, // 23: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
+	0,  // 24: halo.v1.StateEvent.state:type_name -> halo.v1.State
+	1,  // 25: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
+	50, // 26: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
+	51, // 27: halo.v1.MeasureResponse.values:type_name -> halo.v1.MeasureResponse.ValuesEntry
+	2,  // 28: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	7,  // 29: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	9,  // 30: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	11, // 31: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	13, // 32: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	15, // 33: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	17, // 34: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	19, // 35: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	22, // 36: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	23, // 37: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	25, // 38: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	29, // 39: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	32, // 40: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	34, // 41: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	41, // 42: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	39, // 43: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	44, // 44: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
+	3,  // 45: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 46: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 47: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 48: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 49: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 50: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 51: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 52: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 53: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 54: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 55: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	30, // 56: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	33, // 57: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	35, // 58: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	42, // 59: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	40, // 60: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	45, // 61: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
+	45, // [45:62] is the sub-list for method output_type
+	28, // [28:45] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -3707,7 +3757,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
