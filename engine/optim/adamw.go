@@ -87,7 +87,77 @@ type AdamW struct {
 	masterFlat   tensor.Tensor
 	fused        func(backend.AdamWArgs) error // b's optional AdamW; nil: host fallback
 	host         *cpu.Backend                  // the host fallback's backend
+	runs         []run                         // blocks of slots updated by one call each
 }
+
+// run is a block of consecutive parameters that one AdamW call updates: their values,
+// gradients, fp32 masters and moments each lie back to back in one buffer (parameters of one
+// arena do, in table order), and they share the weight decay. AdamW is elementwise, so the
+// block's update equals its parameters' updates one by one, bit for bit. Only the stochastic
+// rounding of BF16 mode keys its random stream on the parameter index, so there every
+// parameter is its own run. A mixture-of-experts layer's hundreds of expert tensors are one
+// run: one launch instead of one per tensor.
+type run struct {
+	first, n                  int // slots [first, first+n)
+	value, grad, master, m, v tensor.Tensor
+}
+
+// adjacent reports whether b starts where a ends, in the same buffer and dtype.
+func adjacent(a, b tensor.Tensor) bool {
+	if a.IsNil() || b.IsNil() {
+		return a.IsNil() && b.IsNil()
+	}
+	return a.Buffer() == b.Buffer() && a.DType() == b.DType() && b.Offset() == a.Offset()+a.Bytes()
+}
+
+// span returns the 1-D view of n elements starting at t.
+func span(t tensor.Tensor, n int) tensor.Tensor {
+	if t.IsNil() {
+		return t
+	}
+	v, err := tensor.New(t.Buffer(), t.Offset(), t.DType(), n)
+	if err != nil {
+		return tensor.Tensor{}
+	}
+	return v
+}
+
+// planRuns groups the slots into runs (see run); merge false keeps one slot per run.
+func (o *AdamW) planRuns(merge bool) {
+	o.runs = o.runs[:0]
+	for i := 0; i < len(o.slots); {
+		j := i + 1
+		for merge && j < len(o.slots) {
+			a, b := o.slots[j-1], o.slots[j]
+			if a.p.NoDecay != b.p.NoDecay || !adjacent(a.p.Value, b.p.Value) || !adjacent(a.p.Grad, b.p.Grad) ||
+				!adjacent(a.master, b.master) || !adjacent(a.m, b.m) || !adjacent(a.v, b.v) {
+				break
+			}
+			j++
+		}
+		r := run{first: i, n: j - i}
+		if r.n == 1 {
+			s := o.slots[i]
+			r.value, r.grad, r.master, r.m, r.v = s.p.Value, s.p.Grad, s.master, s.m, s.v
+		} else {
+			n := 0
+			for _, s := range o.slots[i:j] {
+				n += s.p.Value.Numel()
+			}
+			s := o.slots[i]
+			r.value, r.grad, r.master, r.m, r.v = span(s.p.Value, n), span(s.p.Grad, n), span(s.master, n), span(s.m, n), span(s.v, n)
+			if r.value.IsNil() || r.grad.IsNil() || r.m.IsNil() || r.v.IsNil() || r.master.IsNil() != s.master.IsNil() {
+				// Not expressible as one view: keep the first slot alone and go on.
+				r, j = run{first: i, n: 1, value: s.p.Value, grad: s.p.Grad, master: s.master, m: s.m, v: s.v}, i+1
+			}
+		}
+		o.runs = append(o.runs, r)
+		i = j
+	}
+}
+
+// Launches is the number of AdamW calls one Step makes (one per run of parameters).
+func (o *AdamW) Launches() int { return len(o.runs) }
 
 // NewAdamW allocates optimizer state on b for params. Parameter names must be unique; in BF16
 // mode every Value must be BF16.
@@ -156,6 +226,7 @@ func NewAdamW(b backend.Backend, params []Param, cfg Config) (*AdamW, error) {
 	if o.fused = b.Optional().AdamW; o.fused == nil {
 		o.host = cpu.New(cpu.Options{})
 	}
+	o.planRuns(!o.stochastic())
 	return o, nil
 }
 
@@ -191,6 +262,9 @@ func (o *AdamW) Free() {
 	}
 }
 
+// stochastic reports whether the update rounds bf16 stores stochastically.
+func (o *AdamW) stochastic() bool { return o.cfg.Mode == BF16 && !o.cfg.Nearest }
+
 // Steps returns the number of updates taken.
 func (o *AdamW) Steps() int { return o.step }
 
@@ -210,23 +284,27 @@ func (o *AdamW) Step(lr, gradScale float64) error {
 		return fmt.Errorf("optim: step %d: gradient scale %v must be finite and > 0 (skip the step when the gradient norm is not finite)", o.step+1, gradScale)
 	}
 	step := o.step + 1
-	for i, s := range o.slots {
+	for _, r := range o.runs {
+		first := o.slots[r.first]
 		wd := o.cfg.WeightDecay
-		if s.p.NoDecay {
+		if first.p.NoDecay {
 			wd = 0
 		}
 		a := backend.AdamWArgs{
-			Param: s.p.Value, Grad: s.p.Grad, M: s.m, V: s.v,
+			Param: r.value, Grad: r.grad, M: r.m, V: r.v,
 			LR: float32(lr), Beta1: float32(o.cfg.Beta1), Beta2: float32(o.cfg.Beta2), Eps: float32(o.cfg.Eps),
 			WeightDecay: float32(wd), GradScale: float32(gradScale), Step: step,
-			Stochastic: o.cfg.Mode == BF16 && !o.cfg.Nearest, Seed: o.cfg.Seed, ParamIndex: uint32(i),
+			Stochastic: o.stochastic(), Seed: o.cfg.Seed, ParamIndex: uint32(r.first),
 		}
 		FillPrecise(&a, lr, o.cfg.Beta1, o.cfg.Beta2, wd)
-		if !s.master.IsNil() {
-			a.Param, a.Shadow = s.master, s.p.Value
+		if !r.master.IsNil() {
+			a.Param, a.Shadow = r.master, r.value
 		}
 		if err := o.apply(a); err != nil {
-			return fmt.Errorf("optim: step %d: parameter %q: %w", step, s.p.Name, err)
+			if r.n > 1 {
+				return fmt.Errorf("optim: step %d: parameters %q to %q: %w", step, first.p.Name, o.slots[r.first+r.n-1].p.Name, err)
+			}
+			return fmt.Errorf("optim: step %d: parameter %q: %w", step, first.p.Name, err)
 		}
 	}
 	o.step = step
