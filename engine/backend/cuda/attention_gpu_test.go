@@ -51,8 +51,8 @@ func TestGPUAttentionTiles(t *testing.T) {
 	}
 	// The Hopper warpgroup kernels, on the devices that build them.
 	g.attnFused, g.attnOverride.tiles = false, nil
-	if !wgArch(g.d.info.Arch) {
-		t.Logf("no warpgroup kernels on %s (sm_90 only)", g.d.info.Arch)
+	if !wgArch(g.d.info.KernelArch) {
+		t.Logf("no warpgroup kernels when building for %s (sm_90 only)", g.d.info.KernelArch)
 		return
 	}
 	g.attnWG = true
@@ -194,7 +194,7 @@ func TestGPUAttentionDecode(t *testing.T) {
 func TestGPUAttentionThroughput(t *testing.T) {
 	g := gpu(t)
 	g.attnMMA = true
-	wg := g.attnWG && wgArch(g.d.info.Arch)
+	wg := g.attnWG && wgArch(g.d.info.KernelArch)
 	defer func() { g.attnWG = wg; g.attnOverride.bwdOnly = "" }()
 	const B, T = 4, 4096
 	for _, s := range benchAttentionShapes {
@@ -428,8 +428,8 @@ func attentionBench(t *testing.T, g *Backend, B, T, NH, NKV, HD int) (fwd, bwd f
 // in both).
 func TestGPUAttentionWGSweep(t *testing.T) {
 	g := gpu(t)
-	if !wgArch(g.d.info.Arch) {
-		t.Skipf("no warpgroup kernels on %s (sm_90 only)", g.d.info.Arch)
+	if !wgArch(g.d.info.KernelArch) {
+		t.Skipf("no warpgroup kernels when building for %s (sm_90 only)", g.d.info.KernelArch)
 	}
 	wg := g.attnWG
 	g.attnMMA, g.attnWG = true, true

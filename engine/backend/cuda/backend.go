@@ -68,7 +68,7 @@ func New(index int) (*Backend, error) {
 		d.Close()
 		return nil, err
 	}
-	o, err := optionsFromSwitches(d.info.Arch)
+	o, err := optionsFromSwitches(d.info.KernelArch)
 	if err != nil {
 		flag.Free()
 		d.Close()

@@ -18,6 +18,9 @@ type Device struct {
 	drv  *driverAPI
 	dev  int32
 	ctx  uintptr
+	// emulated: the kernels are built as PTX for the older info.KernelArch (HALO_CUDA_ARCH),
+	// whose limits launches are held to (arch.go).
+	emulated bool
 	// q carries work to the device goroutine (queue.go).
 	q    *cmdQueue
 	once sync.Once
@@ -50,7 +53,12 @@ func Open(ordinal int) (*Device, error) {
 	if info.Major < 8 {
 		return nil, fmt.Errorf("cuda: device %d (%s) is %s; halo-shell's kernels need sm_80 or newer (A100, RTX 30xx/40xx, H100/H200)", ordinal, info.Name, info.Arch)
 	}
-	d := &Device{info: info, libs: l, drv: l.drv, modules: map[string]*module{}}
+	karch, emulated, err := kernelArch(info.Arch, swArch.Value())
+	if err != nil {
+		return nil, err
+	}
+	info.KernelArch = karch
+	d := &Device{info: info, libs: l, drv: l.drv, modules: map[string]*module{}, emulated: emulated}
 	d.q = newCmdQueue(fmt.Sprintf("device %d", ordinal), func() bool { return d.closed })
 	ready := make(chan error, 1)
 	go d.loop(ready)

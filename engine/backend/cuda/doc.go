@@ -32,6 +32,11 @@
 // to 256, fp32 or bf16), which HALO_CUDA_ATTENTION=simt forces. A file that cannot be built on the
 // device falls back to the next, with the reason logged once.
 //
+// HALO_CUDA_ARCH=sm_80, sm_86 or sm_89 builds and selects the kernels as for that older
+// architecture on a newer device (arch.go): PTX for it, JIT-compiled by the driver, no Hopper-only
+// kernels, and its shared-memory limit per block enforced at launch, so that the code paths of
+// an A100 or an RTX 3090/4090 are tested and timed on an H200 (scripts/gpu/consumer-arch.sh).
+//
 // The backend implements engine/backend's DeviceTimer with CUDA events, so engine/profile can time
 // each op on the GPU without making it wait (bench-train's profiled step).
 //

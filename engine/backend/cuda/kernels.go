@@ -212,9 +212,12 @@ func (d *Device) moduleOnThread(file string) (*module, error) {
 	if err != nil {
 		return nil, err
 	}
-	arch, ok := kernelTarget(file, d.info.Arch)
+	arch, ok := kernelTarget(file, d.info.KernelArch)
 	if !ok {
-		return nil, fmt.Errorf("cuda: %s is built only for sm_90 (Hopper); this device is %s", file, d.info.Arch)
+		return nil, fmt.Errorf("cuda: %s is built only for sm_90 (Hopper); the kernels are built for %s", file, d.info.KernelArch)
+	}
+	if d.emulated {
+		arch = ptxTarget(arch) // PTX, which the driver compiles for the newer device
 	}
 	dir, _ := KernelCacheDir()
 	nv := d.libs.nvrtc
@@ -251,7 +254,7 @@ func (d *Device) PrepareKernels() (fromCache int, err error) {
 	err = d.Do(func() error {
 		var errs []error
 		for _, f := range KernelFiles() {
-			if _, ok := kernelTarget(f, d.info.Arch); !ok {
+			if _, ok := kernelTarget(f, d.info.KernelArch); !ok {
 				continue
 			}
 			m, err := d.moduleOnThread(f)
@@ -273,6 +276,9 @@ func (d *Device) PrepareKernels() (fromCache int, err error) {
 func (d *Device) launchOnThread(file, name string, grid, block [3]uint32, shared uint32, args ...unsafe.Pointer) error {
 	f, err := d.function(file, name)
 	if err != nil {
+		return err
+	}
+	if err := d.checkShared(name, shared); err != nil {
 		return err
 	}
 	if shared > 48<<10 {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -35,11 +36,37 @@ func clangForCUDA() (string, bool) {
 	return "", false
 }
 
+// clangArchs returns the architectures of kernelArchs (and Hopper's sm_90a) that clang's CUDA
+// front end knows: clang 14 stops at sm_86, later versions know sm_89 and sm_90a.
+func clangArchs(t *testing.T, clang, builtins string) []string {
+	t.Helper()
+	probe := filepath.Join(t.TempDir(), "probe.cu")
+	if err := os.WriteFile(probe, []byte(`extern "C" __global__ void k(float* x) { x[0] = 1; }`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range append(slices.Clone(kernelArchs), "sm_90a") {
+		if err := exec.Command(clang, clangArgs(a, builtins, probe)...).Run(); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// clangArgs is a device-side syntax check of path for arch.
+func clangArgs(arch, builtins, path string) []string {
+	return []string{"-x", "cuda", "--cuda-gpu-arch=" + arch, "--cuda-device-only", "-nocudainc", "-nocudalib",
+		"-fsyntax-only", "-include", builtins, path}
+}
+
 // TestKernelsParseAsCUDA checks every kernel file, exactly as kernelSource hands it to NVRTC,
-// with clang's CUDA front end (device side, sm_80, -fsyntax-only): syntax, types and every
-// template instantiation, so that a kernel edit that would not compile is caught without a GPU.
-// Inline PTX is not checked (ptxas does that, on the GPU machine). Skipped without clang,
-// except under HALO_CI=1 (CI installs it).
+// with clang's CUDA front end (device side, -fsyntax-only) for every architecture the file is
+// built for that clang knows (sm_80 and sm_86 with clang 14; sm_89 and sm_90a with newer ones):
+// syntax, types and every template instantiation, so that a kernel edit that would not compile
+// for an A100 or a consumer card is caught without a GPU. A Hopper-only file is checked for
+// sm_90a, or for sm_80 where clang does not know sm_90a. Inline PTX is not checked (ptxas does
+// that: TestNVRTCCompilesEveryArch on the GPU machine). Skipped without clang, except under
+// HALO_CI=1 (CI installs it).
 func TestKernelsParseAsCUDA(t *testing.T) {
 	clang, ok := clangForCUDA()
 	if !ok {
@@ -50,6 +77,11 @@ func TestKernelsParseAsCUDA(t *testing.T) {
 	}
 	dir := t.TempDir()
 	builtins := writeBuiltins(t, dir)
+	archs := clangArchs(t, clang, builtins)
+	if !slices.Contains(archs, "sm_80") || !slices.Contains(archs, "sm_86") {
+		t.Fatalf("%s knows only %v of the CUDA architectures; the check needs at least sm_80 and sm_86 (clang 14 or newer)", clang, archs)
+	}
+	t.Logf("%s checks %v", clang, archs)
 	for _, f := range KernelFiles() {
 		src, err := kernelSource(f)
 		if err != nil {
@@ -59,10 +91,23 @@ func TestKernelsParseAsCUDA(t *testing.T) {
 		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(clang, "-x", "cuda", "--cuda-gpu-arch=sm_80", "--cuda-device-only", "-nocudainc", "-nocudalib",
-			"-fsyntax-only", "-include", builtins, path).CombinedOutput()
-		if err != nil {
-			t.Errorf("%s does not parse as CUDA: %v\n%s", f, err, strings.TrimSpace(string(out)))
+		var targets []string
+		for _, a := range archs {
+			if a == "sm_90a" {
+				continue
+			}
+			if target, ok := kernelTarget(f, a); ok && slices.Contains(archs, target) {
+				targets = append(targets, target)
+			}
+		}
+		if len(targets) == 0 { // a Hopper-only file and a clang without sm_90a
+			targets = []string{"sm_80"}
+		}
+		for _, a := range targets {
+			out, err := exec.Command(clang, clangArgs(a, builtins, path)...).CombinedOutput()
+			if err != nil {
+				t.Errorf("%s does not parse as CUDA for %s: %v\n%s", f, a, err, strings.TrimSpace(string(out)))
+			}
 		}
 	}
 }
@@ -90,8 +135,7 @@ func TestKernelSyntaxCheckCatchesErrors(t *testing.T) {
 		if err := os.WriteFile(path, append(hdr, body...), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(clang, "-x", "cuda", "--cuda-gpu-arch=sm_80", "--cuda-device-only", "-nocudainc", "-nocudalib",
-			"-fsyntax-only", "-include", builtins, path).CombinedOutput()
+		out, err := exec.Command(clang, clangArgs("sm_86", builtins, path)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "error") {
 			t.Errorf("%s: clang accepted a broken kernel (%v): %s", name, err, out)
 		}

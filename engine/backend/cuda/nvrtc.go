@@ -19,6 +19,8 @@ type nvrtcAPI struct {
 	nvrtcGetProgramLog     func(prog uintptr, log *byte) int32
 	nvrtcGetCUBINSize      func(prog uintptr, n *uint64) int32
 	nvrtcGetCUBIN          func(prog uintptr, cubin *byte) int32
+	nvrtcGetPTXSize        func(prog uintptr, n *uint64) int32
+	nvrtcGetPTX            func(prog uintptr, ptx *byte) int32
 	nvrtcDestroyProgram    func(prog *uintptr) int32
 
 	major, minor int32
@@ -39,6 +41,8 @@ func loadNVRTC(env searchEnv) (*nvrtcAPI, error) {
 	s.bind(&n.nvrtcGetProgramLog, "nvrtcGetProgramLog")
 	s.bind(&n.nvrtcGetCUBINSize, "nvrtcGetCUBINSize")
 	s.bind(&n.nvrtcGetCUBIN, "nvrtcGetCUBIN")
+	s.bind(&n.nvrtcGetPTXSize, "nvrtcGetPTXSize")
+	s.bind(&n.nvrtcGetPTX, "nvrtcGetPTX")
 	s.bind(&n.nvrtcDestroyProgram, "nvrtcDestroyProgram")
 	if err := s.err(); err != nil {
 		n.info.Err = err.Error()
@@ -60,7 +64,8 @@ func (n *nvrtcAPI) errString(r int32) string {
 	return fmt.Sprintf("NVRTC error %d", r)
 }
 
-// compile compiles CUDA C source to a CUBIN for arch ("sm_90"). name names the source in
+// compile compiles CUDA C source to a CUBIN for arch ("sm_90"), or to PTX (NUL-terminated, as
+// cuModuleLoadData wants it) for a virtual architecture ("compute_86"). name names the source in
 // messages. On a compile error the message carries NVRTC's log.
 func (n *nvrtcAPI) compile(name, src, arch string, extraOpts []string) ([]byte, error) {
 	var prog uintptr
@@ -80,6 +85,16 @@ func (n *nvrtcAPI) compile(name, src, arch string, extraOpts []string) ([]byte, 
 		return nil, fmt.Errorf("cuda: nvrtc %s: compiling %s for %s (%s): %s\n%s", n.Version(), name, arch, strings.Join(opts, " "), n.errString(r), log)
 	}
 	var size uint64
+	if strings.HasPrefix(arch, "compute_") {
+		if r := n.nvrtcGetPTXSize(prog, &size); r != 0 || size == 0 {
+			return nil, fmt.Errorf("cuda: nvrtc: %s: no PTX for %s (%s)", name, arch, n.errString(r))
+		}
+		ptx := make([]byte, size)
+		if r := n.nvrtcGetPTX(prog, &ptx[0]); r != 0 {
+			return nil, fmt.Errorf("cuda: nvrtc: %s: get PTX: %s", name, n.errString(r))
+		}
+		return ptx, nil
+	}
 	if r := n.nvrtcGetCUBINSize(prog, &size); r != 0 || size == 0 {
 		return nil, fmt.Errorf("cuda: nvrtc: %s: no CUBIN for %s (%s); NVRTC %s may not know this architecture", name, arch, n.errString(r), n.Version())
 	}

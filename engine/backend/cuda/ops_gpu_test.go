@@ -906,7 +906,7 @@ func TestGPUKernelCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		arch = d.info.Arch
+		arch = d.info.KernelArch
 		n, err := d.PrepareKernels()
 		d.Close()
 		if err != nil {

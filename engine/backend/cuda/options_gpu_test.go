@@ -66,10 +66,10 @@ func TestGPUAttentionBackwardPartsRunAlone(t *testing.T) {
 	}
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
-			if f.wg && !wgArch(g.d.info.Arch) {
-				t.Skipf("no warpgroup kernels on %s (sm_90 only)", g.d.info.Arch)
+			if f.wg && !wgArch(g.d.info.KernelArch) {
+				t.Skipf("no warpgroup kernels when building for %s (sm_90 only)", g.d.info.KernelArch)
 			}
-			g.backendOptions = defaultBackendOptions(g.d.info.Arch)
+			g.backendOptions = defaultBackendOptions(g.d.info.KernelArch)
 			g.attnWG = f.wg
 			if err := g.Attention(backend.AttentionArgs{AttentionShape: sh, Out: out, LSE: lse, Q: q, K: k, V: v}); err != nil {
 				t.Fatal(err)

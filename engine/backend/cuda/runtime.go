@@ -88,7 +88,10 @@ type DeviceInfo struct {
 	Ordinal int    `json:"ordinal"`
 	Name    string `json:"name"`
 	// Arch is the NVRTC target, e.g. "sm_90".
-	Arch               string `json:"arch"`
+	Arch string `json:"arch"`
+	// KernelArch is the architecture the kernels are built for: Arch, or the older one
+	// HALO_CUDA_ARCH names (arch.go).
+	KernelArch         string `json:"kernel_arch,omitempty"`
 	Major              int    `json:"cc_major"`
 	Minor              int    `json:"cc_minor"`
 	SMs                int    `json:"multiprocessors"`
