@@ -49,6 +49,16 @@ func LimitMemory(b Backend, gib float64, why string) error {
 	return l.SetMemoryLimit(int64(gib*(1<<30)), why)
 }
 
+// EnvMemoryCap is the cap HALO_DEVICE_MEMORY_GIB sets, in bytes: 0 when it is unset or not a
+// number of GiB (opening a device reports the bad value).
+func EnvMemoryCap() int64 {
+	n, err := ParseGiB(swDeviceMemory.Value())
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 // envMemoryCap applies HALO_DEVICE_MEMORY_GIB to a device just opened.
 func envMemoryCap(b Backend) error {
 	s := swDeviceMemory.Value()

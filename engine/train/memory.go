@@ -158,8 +158,16 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 		e.ActBytes = L*layerAct + (L-moeLayers)*denseFFN + moeLayers*moeFFN
 	}
 	e.ActBytes += T * C * el // final hidden state
-	chunk := min(T, 1024)
-	e.LogitsBytes = chunk * V * 4 * 2
+	// The loss head's chunk buffers, as the CUDA backend sizes them (engine/backend's
+	// CrossEntropyBudget): smaller chunks for a frozen head and under a memory cap, and an fp32
+	// accumulator for a trained bf16 head's gradient.
+	memCap := int64(cfg.Run.MaxDeviceMemoryGiB * (1 << 30))
+	if memCap == 0 {
+		memCap = backend.EnvMemoryCap()
+	}
+	trainsHead := !cfg.PEFT.UsePEFT
+	rows := backend.CrossEntropyChunkRows(int(T), int(V), backend.CrossEntropyBudget(trainsHead, memCap))
+	e.LogitsBytes = backend.CrossEntropyScratch(rows, int(V), int(C), true, int(el), trainsHead && el < 4)
 	return e, nil
 }
 

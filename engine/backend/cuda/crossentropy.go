@@ -11,44 +11,13 @@ import (
 // Host launchers of kernels/crossentropy.cu: the fused LM head and cross-entropy, chunked over
 // tokens so that the full logits are never materialised.
 
-// crossEntropyChunkBytes bounds the fp32 logits of one chunk. With backward and a bf16 weight
-// the chunk's dlogits (bf16) add half as much again: at most 3 GiB of chunk buffers, which for a
-// 152k vocabulary is 3328 rows.
-const crossEntropyChunkBytes = 2 << 30
-
-// crossEntropyChunkRowAlign is the row multiple of a chunk: the dWeight GEMM has K = rows, and
-// cuBLASLt's tiles want K a multiple of 256.
-const crossEntropyChunkRowAlign = 256
-
-// crossEntropyChunkRows picks the rows per chunk for N tokens and vocabulary V: the chunks are as
-// few as crossEntropyChunkBytes allows and as even as a multiple of 256 rows allows (16384
-// tokens of a 152k vocabulary give 5 chunks of 3328 rows and a last one of 3072). It never
-// exceeds N, and is at least one row.
-func crossEntropyChunkRows(N, V int) int {
-	if N <= 0 || V <= 0 {
-		return 1
-	}
-	maxRows := crossEntropyChunkBytes / (4 * V)
-	if maxRows >= crossEntropyChunkRowAlign {
-		maxRows -= maxRows % crossEntropyChunkRowAlign
-	}
-	maxRows = max(maxRows, 1)
-	if N <= maxRows {
-		return N
-	}
-	chunks := (N + maxRows - 1) / maxRows
-	rows := (N + chunks - 1) / chunks
-	if maxRows >= crossEntropyChunkRowAlign {
-		rows = (rows + crossEntropyChunkRowAlign - 1) / crossEntropyChunkRowAlign * crossEntropyChunkRowAlign
-	}
-	return min(rows, maxRows, N)
-}
-
-// CrossEntropy is the fused LM head and cross-entropy, chunked over tokens (crossEntropyChunkRows:
-// multiples of 256 rows, at most 2 GiB of fp32 logits). Scratch memory while it runs: the chunk's
-// fp32 logits, with backward its dlogits in the weight's dtype (at most 3 GiB together), and
-// with a bf16 DWeight an fp32 [V, C] accumulator (0.6 GiB for a 152k x 1024 head) that is added
-// to DWeight once at the end.
+// CrossEntropy is the fused LM head and cross-entropy, chunked over tokens
+// (backend.CrossEntropyChunkRows under backend.CrossEntropyBudget: multiples of 256 rows, at
+// most 2 GiB of fp32 logits when the head trains, 512 MiB when it is frozen, and 1/32 of the
+// device's memory cap when one is set). Scratch memory while it runs
+// (backend.CrossEntropyScratch): the chunk's fp32 logits, with backward its dlogits in the
+// weight's dtype, and with a bf16 DWeight an fp32 [V, C] accumulator (0.6 GiB for a 152k x 1024
+// head) that is added to DWeight once at the end.
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	const op = "CrossEntropy"
 	if a.Weight.Rank() != 2 {
@@ -98,7 +67,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	}
 	rows := a.ChunkRows
 	if rows <= 0 {
-		rows = crossEntropyChunkRows(N, V)
+		rows = backend.CrossEntropyChunkRows(N, V, backend.CrossEntropyBudget(!a.DWeight.IsNil(), int64(b.d.alloc.memLimit())))
 	}
 	rows = min(rows, N)
 	hidden2D, err := a.Hidden.Reshape(N, C)

@@ -220,31 +220,6 @@ func TestEmbeddingBackwardMeta(t *testing.T) {
 	}
 }
 
-func TestCrossEntropyChunkRows(t *testing.T) {
-	tests := []struct {
-		N, V, want int
-	}{
-		{16384, 151936, 3328}, // 5 chunks: 4 x 3328 + 3072
-		{100, 151936, 100},    // all rows in one chunk
-		{3533, 151936, 1792},  // just over one chunk's limit: two even chunks
-		{40, 1000, 40},
-		{1 << 20, 32000, 16384}, // 64 even chunks under the 16640-row limit
-		{10, 1 << 30, 1},        // a vocabulary too large for 256 rows still makes progress
-	}
-	for _, tc := range tests {
-		got := crossEntropyChunkRows(tc.N, tc.V)
-		if got != tc.want {
-			t.Errorf("crossEntropyChunkRows(%d, %d) = %d, want %d", tc.N, tc.V, got, tc.want)
-		}
-		if got > tc.N || got < 1 {
-			t.Errorf("crossEntropyChunkRows(%d, %d) = %d is outside [1, N]", tc.N, tc.V, got)
-		}
-		if float64(got)*4*float64(tc.V) > crossEntropyChunkBytes && got > 1 {
-			t.Errorf("crossEntropyChunkRows(%d, %d) = %d exceeds %d bytes of logits", tc.N, tc.V, got, crossEntropyChunkBytes)
-		}
-	}
-}
-
 func TestOpFromFrames(t *testing.T) {
 	tests := []struct {
 		frames []string

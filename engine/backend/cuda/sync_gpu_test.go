@@ -349,12 +349,12 @@ func TestGPULayerGEMMThroughput(t *testing.T) {
 		{"gemm_qwen3_0.6b_layer_16384_tokens", []gemmBenchLinear{
 			{"q_proj", 2048, 1024, M}, {"k_proj", 1024, 1024, M}, {"v_proj", 1024, 1024, M}, {"o_proj", 1024, 2048, M},
 			{"gate_proj", 3072, 1024, M}, {"up_proj", 3072, 1024, M}, {"down_proj", 1024, 3072, M},
-			{"lm_head_chunk", 151936, 1024, crossEntropyChunkRows(M, 151936)},
+			{"lm_head_chunk", 151936, 1024, backend.CrossEntropyChunkRows(M, 151936, backend.CrossEntropyChunkBytes)},
 		}},
 		{"gemm_llama3.2_1b_layer_16384_tokens", []gemmBenchLinear{
 			{"q_proj", 2048, 2048, M}, {"k_proj", 512, 2048, M}, {"v_proj", 512, 2048, M}, {"o_proj", 2048, 2048, M},
 			{"gate_proj", 8192, 2048, M}, {"up_proj", 8192, 2048, M}, {"down_proj", 2048, 8192, M},
-			{"lm_head_chunk", 128256, 2048, crossEntropyChunkRows(M, 128256)},
+			{"lm_head_chunk", 128256, 2048, backend.CrossEntropyChunkRows(M, 128256, backend.CrossEntropyChunkBytes)},
 		}},
 	} {
 		t.Run(m.bench, func(t *testing.T) { benchLayerGEMMs(t, g, m.bench, m.lins) })
@@ -513,7 +513,7 @@ func TestGPUCrossEntropyThroughput(t *testing.T) {
 	fwdBwd := timeIt(t, g, 1, func() error { return g.CrossEntropy(fwdBwdArgs) })
 	scratch := float64(g.MemStats().Peak-base) / (1 << 30)
 	fwd := timeIt(t, g, 1, func() error { return g.CrossEntropy(fwdArgs) })
-	rows := crossEntropyChunkRows(N, V)
+	rows := backend.CrossEntropyChunkRows(N, V, backend.CrossEntropyChunkBytes)
 	logits := randomTensor(t, g, 5, tensor.F32, 3, rows, V)
 	dl, _ := g.Alloc(tensor.BF16, rows, V)
 	defer g.Free(logits)

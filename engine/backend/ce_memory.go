@@ -1,0 +1,85 @@
+package backend
+
+// The memory of Ops.CrossEntropy, the fused LM head and loss.
+//
+// An unfused head computes logits = hidden @ W^T for the whole micro-batch and keeps them, in
+// fp32, with their gradient beside them: 8·V bytes per token (1.16 MiB per token for Qwen3's
+// V = 151,936, so 4.6 GiB at 4096 tokens; transformers' loss path holds more, as it also keeps
+// the bf16 logits and the log-softmax). The fused op computes the logits a chunk of rows at a
+// time, folds them into the loss and (backward) into dHidden and dWeight at once, and reuses one
+// chunk buffer: its scratch is rows·V·(4 + dlogits bytes) whatever N, plus, when a bf16 head
+// trains, one fp32 [V, C] accumulator for dWeight (CrossEntropyScratch). Chunks hold at most
+// CrossEntropyBudget bytes of fp32 logits: with the default budgets and V = 151,936 a frozen
+// head (LoRA, QLoRA, evaluation) runs 768-row chunks, 0.65 GiB of scratch with bf16 dlogits
+// (0.16 MiB per token of a 4096-token micro-batch, against 1.16 MiB unfused); a trained head
+// 3328-row chunks (2.83 GiB with bf16 dlogits).
+
+const (
+	// CrossEntropyChunkBytes bounds the fp32 logits of one chunk when the head's weight trains:
+	// its gradient GEMM has K = rows, which wants large chunks to run at full speed.
+	CrossEntropyChunkBytes = 2 << 30
+	// CrossEntropyFrozenChunkBytes bounds them when it does not (a frozen head, or no
+	// backward): the remaining GEMMs have M = rows, already efficient at a few hundred rows.
+	CrossEntropyFrozenChunkBytes = 512 << 20
+	// CrossEntropyCapShare is the share of a device memory cap a chunk's logits may take at
+	// most (1/32: 704 MiB under a 22 GiB cap).
+	CrossEntropyCapShare = 32
+	// crossEntropyRowAlign is the row multiple of a chunk: the dWeight GEMM has K = rows, and
+	// cuBLASLt's tiles want K a multiple of 256.
+	crossEntropyRowAlign = 256
+)
+
+// CrossEntropyBudget is the fp32 logit bytes one chunk of Ops.CrossEntropy may hold:
+// CrossEntropyChunkBytes when the head's weight gradient is computed, else
+// CrossEntropyFrozenChunkBytes; under a device memory cap of memCap bytes (0: none) at most
+// memCap/CrossEntropyCapShare.
+func CrossEntropyBudget(trainsHead bool, memCap int64) int64 {
+	b := int64(CrossEntropyFrozenChunkBytes)
+	if trainsHead {
+		b = CrossEntropyChunkBytes
+	}
+	if memCap > 0 {
+		b = min(b, memCap/CrossEntropyCapShare)
+	}
+	return b
+}
+
+// CrossEntropyChunkRows picks the rows per chunk for N tokens and vocabulary V under a budget of
+// fp32 logit bytes per chunk: the chunks are as few as the budget allows and as even as a
+// multiple of 256 rows allows (16384 tokens of a 152k vocabulary under 2 GiB give 5 chunks of
+// 3328 rows and a last one of 3072). It never exceeds N, and is at least one row.
+func CrossEntropyChunkRows(N, V int, budget int64) int {
+	if N <= 0 || V <= 0 {
+		return 1
+	}
+	maxRows := int(min(budget/(4*int64(V)), int64(N)+crossEntropyRowAlign))
+	if maxRows >= crossEntropyRowAlign {
+		maxRows -= maxRows % crossEntropyRowAlign
+	}
+	maxRows = max(maxRows, 1)
+	if N <= maxRows {
+		return N
+	}
+	chunks := (N + maxRows - 1) / maxRows
+	rows := (N + chunks - 1) / chunks
+	if maxRows >= crossEntropyRowAlign {
+		rows = (rows + crossEntropyRowAlign - 1) / crossEntropyRowAlign * crossEntropyRowAlign
+	}
+	return min(rows, maxRows, N)
+}
+
+// CrossEntropyScratch is the device memory a chunked CrossEntropy of rows-row chunks holds
+// besides its operands, as the CUDA backend lays it out: the chunk's fp32 logits [rows, V]; with
+// backward and a weight of elemBytes < 4 its dlogits [rows, V] in the weight's dtype (fp32
+// dlogits overwrite the logits); and when a DWeight of fewer than 4 bytes per element is
+// accumulated, an fp32 [V, C] buffer the chunks add into.
+func CrossEntropyScratch(rows, V, C int, backward bool, elemBytes int, bf16DWeight bool) int64 {
+	n := int64(rows) * int64(V) * 4
+	if backward && elemBytes < 4 {
+		n += int64(rows) * int64(V) * int64(elemBytes)
+	}
+	if bf16DWeight {
+		n += int64(V) * int64(C) * 4
+	}
+	return n
+}
