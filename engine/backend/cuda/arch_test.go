@@ -88,7 +88,8 @@ func TestCheckSharedHoldsLaunchesToTheEmulatedArch(t *testing.T) {
 // size depends on a compiled shape (each tensor-core attention variant, the scalar attention
 // at the head dims models use, the grouped GEMM, the MoE router at 256 experts) and checks it
 // against the smallest limit of the architectures the kernel runs on: 99 KiB (sm_86, sm_89)
-// for everything but the Hopper-only warpgroup kernels, which must fit sm_90's 227 KiB.
+// for everything but the Hopper-only warpgroup kernels (attention and grouped GEMM), which
+// must fit sm_90's 227 KiB.
 func TestKernelSharedMemoryFitsEveryArch(t *testing.T) {
 	consumer := archMaxShared["sm_86"]
 	check := func(what string, n, limit uint32) {
@@ -121,4 +122,5 @@ func TestKernelSharedMemoryFitsEveryArch(t *testing.T) {
 	for _, k := range wgDefault {
 		check(k.Name(), k.Shared(), archMaxShared["sm_90"])
 	}
+	check("grouped GEMM (warpgroup MMA)", groupedWGShared, archMaxShared["sm_90"])
 }

@@ -81,7 +81,7 @@ func forGroupedImpls(t *testing.T, g *Backend, f func(t *testing.T)) {
 		name string
 		wg   bool
 	}{{"mma", false}}
-	if wgArch(g.d.info.Arch) {
+	if wgArch(g.d.info.KernelArch) {
 		impls = append(impls, struct {
 			name string
 			wg   bool
@@ -278,7 +278,7 @@ func TestGPUGroupedGEMMThroughput(t *testing.T) {
 				dtf := flops / (dms * 1e-3) / 1e12
 				values["dense_tflops_"+kc.kind.String()] = dtf
 				for _, wg := range []bool{false, true} {
-					if wg && !wgArch(g.d.info.Arch) {
+					if wg && !wgArch(g.d.info.KernelArch) {
 						continue
 					}
 					impl := "mma"
