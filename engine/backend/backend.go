@@ -213,6 +213,13 @@ type Ops interface {
 	// also accepts a separate CuSeqlensK. None of dQ, dK, dV may overlap an input.
 	AttentionBackward(a AttentionBackwardArgs) error
 
+	// ---- column blocks ----
+
+	// CopyColumns copies blocks of columns between two matrices with the same rows, with
+	// per-group strides, broadcasting or summing groups (ColumnCopyArgs in columns.go).
+	// Dst = or += as Accumulate says; only the blocks are written. Nothing is cached.
+	CopyColumns(a ColumnCopyArgs) error
+
 	// ---- MLP ----
 
 	// SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g).

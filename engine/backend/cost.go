@@ -120,6 +120,30 @@ func TransferCost(n int) Cost { return Cost{Bytes: int64(n), Class: profilekeys.
 // CopyCost is Memory.Copy: src read, dst written.
 func CopyCost(dst, src T) Cost { return Cost{Bytes: sizes(dst, src), Class: profilekeys.ClassOther} }
 
+// CopyColumnsCost is Ops.CopyColumns: the blocks' elements read from Src, and written to Dst
+// (read as well when accumulating or summing groups); one addition per summed or accumulated
+// element.
+func CopyColumnsCost(a ColumnCopyArgs) Cost {
+	rows := int64(0)
+	if !a.Dst.IsNil() && a.Dst.Rank() > 0 {
+		rows = int64(a.Dst.Dim(0))
+	}
+	moved := rows * int64(a.Groups) * int64(a.Width)
+	written := moved
+	if a.DstStride == 0 && a.Groups > 1 {
+		written = rows * int64(a.Width)
+	}
+	c := Cost{Bytes: moved*int64(a.Src.DType().Size()) + written*int64(a.Dst.DType().Size()), Class: profilekeys.ClassOther}
+	if a.Accumulate {
+		c.Bytes += written * int64(a.Dst.DType().Size())
+		c.FLOPs = written
+	}
+	if written < moved {
+		c.FLOPs += moved - written
+	}
+	return c
+}
+
 // FillCost is Ops.Fill: t written.
 func FillCost(t T) Cost { return Cost{Bytes: size(t), Class: profilekeys.ClassOther} }
 

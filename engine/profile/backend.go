@@ -312,6 +312,14 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 	return b.end(s, b.in.SwiGLUBackward(dGate, dUp, dOut, gate, up), "SwiGLUBackward", backend.SwiGLUBackwardCost(dGate, dUp, dOut, gate, up), T{})
 }
 
+func (b *Backend) CopyColumns(a backend.ColumnCopyArgs) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.CopyColumns(a)
+	}
+	s := b.begin()
+	return b.end(s, b.in.CopyColumns(a), "CopyColumns", backend.CopyColumnsCost(a), a.Dst)
+}
+
 func (b *Backend) GeGLU(out, gate, up T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.GeGLU(out, gate, up)
