@@ -191,8 +191,8 @@ type Ops interface {
 	// RoPE rotates the first R dims of each head by the angle pos*inv_freq using the HF
 	// rotate-half convention: for i < R/2, with c = cos(p*f_i)*s, sn = sin(p*f_i)*s
 	// (s = AttentionScaling), out[i] = x[i]*c - x[i+R/2]*sn and out[i+R/2] = x[i+R/2]*c + x[i]*sn;
-	// dims R..HD-1 pass through. The angle is computed in fp32 as float32(pos)*inv_freq[i],
-	// exactly as HF does.
+	// dims R..HD-1 pass through. With Interleaved the pair is (2i, 2i+1) instead of (i, i+R/2).
+	// The angle is computed in fp32 as float32(pos)*inv_freq[i], exactly as HF does.
 	// out [N, H*HD] =; x [N, H*HD] (out may alias x: in place). Nothing is cached.
 	RoPE(out, x T, a RoPEArgs) error
 	// RoPEBackward: dX = R(-angle) dY (the transpose rotation, same scaling). dX may alias dY.
@@ -286,6 +286,9 @@ type RoPEArgs struct {
 	HeadDim          int     // HD
 	RotaryDim        int     // R: rotated dims per head; 0 means HD
 	AttentionScaling float32 // multiplies cos and sin (yarn/longrope); 0 means 1
+	// Interleaved rotates the pairs (2i, 2i+1) of the first R dims by the angle of frequency i
+	// instead of the pairs (i, i+R/2) (GLM's convention); the arithmetic is the same.
+	Interleaved bool
 }
 
 // AttentionShape is the geometry shared by Attention and AttentionBackward.

@@ -28,6 +28,9 @@ type RoPEConfig struct {
 	MScaleAllDim                  float64 // yarn mscale_all_dim; 0 = unset
 	AttentionFactor               float64 // yarn attention_factor; 0 = computed
 	NoTruncate                    bool    // yarn truncate=false (HF default truncates)
+	// ShortFactor and LongFactor are longrope's per-frequency divisors [R/2]: the long ones
+	// apply once the sequence is longer than OriginalMaxPositionEmbeddings.
+	ShortFactor, LongFactor []float64
 }
 
 // maxHeadDim bounds head_dim read from a config so a corrupt value cannot ask for a huge table.
@@ -44,7 +47,13 @@ func (c RoPEConfig) RotaryDim() int {
 
 // DependsOnLength reports whether Compute's result changes with the sequence length (dynamic
 // NTK scaling), so callers recompute it per micro-batch instead of once.
-func (c RoPEConfig) DependsOnLength() bool { return c.Type == "dynamic" }
+func (c RoPEConfig) DependsOnLength() bool { return c.Type == "dynamic" || c.Type == "longrope" }
+
+// LongRoPE reports whether longrope uses its long factors for a sequence of seqLen tokens
+// (seqLen > original_max_position_embeddings, as transformers switches them).
+func (c RoPEConfig) LongRoPE(seqLen int) bool {
+	return c.Type == "longrope" && seqLen > c.OriginalMaxPositionEmbeddings
+}
 
 // Compute returns inv_freq [R/2] and the attention scaling (multiplier of cos and sin) exactly as
 // Hugging Face transformers' ROPE_INIT_FUNCTIONS compute them (in float64, rounded to float32).
@@ -195,8 +204,42 @@ func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling flo
 			extra := 1 - ramp // inv_freq_extrapolation_factor
 			inv[i] = (1/(factor*p))*(1-extra) + (1/p)*extra
 		}
+	case "longrope":
+		// transformers' _compute_longrope_parameters: inv_freq = 1 / (ext * base^(2i/R)) with
+		// ext the short factors, or the long ones past the original context; the attention
+		// factor is sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings / original
+		// (1 when s <= 1) unless given.
+		orig := c.OriginalMaxPositionEmbeddings
+		if orig <= 0 || c.MaxPositionEmbeddings <= 0 {
+			return nil, 0, fmt.Errorf("rope: longrope needs original_max_position_embeddings and max_position_embeddings > 0")
+		}
+		ext := c.ShortFactor
+		if c.LongRoPE(seqLen) {
+			ext = c.LongFactor
+		}
+		if len(c.ShortFactor) != dim/2 || len(c.LongFactor) != dim/2 {
+			return nil, 0, fmt.Errorf("rope: longrope needs short_factor and long_factor of %d entries (rotary dim / 2), got %d and %d",
+				dim/2, len(c.ShortFactor), len(c.LongFactor))
+		}
+		scale = c.AttentionFactor
+		if scale == 0 {
+			s := c.Factor
+			if s == 0 {
+				s = float64(c.MaxPositionEmbeddings) / float64(orig)
+			}
+			scale = 1
+			if s > 1 {
+				scale = math.Sqrt(1 + math.Log(s)/math.Log(float64(orig)))
+			}
+		}
+		for i, p := range pow(base) {
+			if !(ext[i] > 0) || math.IsInf(ext[i], 0) {
+				return nil, 0, fmt.Errorf("rope: longrope factor %d is %v; the factors must be finite and positive", i, ext[i])
+			}
+			inv[i] = 1 / (ext[i] * p)
+		}
 	default:
-		return nil, 0, fmt.Errorf("rope: unsupported rope_type %q (supported: default, linear, dynamic, llama3, yarn)", c.Type)
+		return nil, 0, fmt.Errorf("rope: unsupported rope_type %q (supported: default, linear, dynamic, llama3, yarn, longrope)", c.Type)
 	}
 	invFreq = make([]float32, len(inv))
 	for i, v := range inv {

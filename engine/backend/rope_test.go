@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -161,4 +162,38 @@ func FuzzRoPEConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// longrope's inverse frequencies and attention factor, computed by hand from transformers'
+// formula: inv[i] = 1 / (ext[i] * theta^(2i/R)), ext the short factors up to the original
+// context and the long ones past it, factor sqrt(1 + ln(max/orig) / ln(orig)).
+func TestLongRoPE(t *testing.T) {
+	c := backend.RoPEConfig{Type: "longrope", Theta: 100, HeadDim: 8, PartialRotaryFactor: 0.5,
+		MaxPositionEmbeddings: 64, OriginalMaxPositionEmbeddings: 16,
+		ShortFactor: []float64{1, 2}, LongFactor: []float64{4, 8}}
+	if !c.DependsOnLength() || c.LongRoPE(16) || !c.LongRoPE(17) {
+		t.Fatalf("longrope switches past the original context: %v %v", c.LongRoPE(16), c.LongRoPE(17))
+	}
+	wantScale := math.Sqrt(1 + math.Log(4)/math.Log(16))
+	for _, tc := range []struct {
+		seq  int
+		want []float64
+	}{{16, []float64{1 / 1.0, 1 / (2 * 10.0)}}, {17, []float64{1 / 4.0, 1 / (8 * 10.0)}}} {
+		inv, scale, err := c.Compute(tc.seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range tc.want {
+			if math.Abs(float64(inv[i])-w) > 1e-7 {
+				t.Errorf("seq %d: inv_freq[%d] = %v, want %v", tc.seq, i, inv[i], w)
+			}
+		}
+		if math.Abs(float64(scale)-wantScale) > 1e-6 {
+			t.Errorf("seq %d: attention factor %v, want %v", tc.seq, scale, wantScale)
+		}
+	}
+	c.LongFactor = c.LongFactor[:1]
+	if _, _, err := c.Compute(1); err == nil || !strings.Contains(err.Error(), "2 entries") {
+		t.Errorf("short long_factor: %v", err)
+	}
 }

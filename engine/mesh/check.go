@@ -18,6 +18,7 @@ const (
 	RuleTPHeads   = "tp-heads"   // TP divides heads and KV heads
 	RuleTPWidth   = "tp-width"   // TP divides the MLP width
 	RuleTPQKNorm  = "tp-qknorm"  // q/k norms over the whole projection are not split
+	RuleTPFused   = "tp-fused"   // fused qkv_proj / gate_up_proj weights are not split
 	RuleCPSeq     = "cp-seqlen"  // 2·CP divides the sequence length
 	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
 	RuleETP       = "etp"        // ETP is 1 or TP and divides the expert width
@@ -102,6 +103,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		}
 		if !m.MoE() && m.Intermediate > 0 && m.Intermediate%l.TP != 0 {
 			return RuleTPWidth, fmt.Sprintf("tensor_parallel_size %d must divide the MLP width (intermediate_size %d)", l.TP, m.Intermediate)
+		}
+		if m.FusedQKV || m.FusedGateUp {
+			return RuleTPFused, fmt.Sprintf("this model fuses q/k/v into qkv_proj or gate and up into gate_up_proj, whose parts tensor_parallel_size %d would have to split separately, which is not implemented; use tensor_parallel_size 1", l.TP)
 		}
 		if m.QKNorm == config.QKNormProjection {
 			return RuleTPQKNorm, fmt.Sprintf("this model normalises q and k over the whole projection (not per head), which tensor_parallel_size %d would split; use tensor_parallel_size 1", l.TP)

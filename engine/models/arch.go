@@ -28,6 +28,15 @@ type Arch struct {
 	// Config is the config.json the architecture came from (nil when built by hand); the
 	// mixture-of-experts hooks read the per-layer rule and the router settings from it.
 	Config *config.Config
+
+	// NoRoPE[i] marks layer i as a NoPE layer (smollm3); nil means every layer rotates.
+	NoRoPE []bool
+	// InterleavedRoPE rotates pairs (2i, 2i+1) (glm4), from the family.
+	InterleavedRoPE bool
+	// EmbedScale multiplies the embeddings, ResidualScale each branch before its residual
+	// add, AttnScale replaces 1/sqrt(head_dim) and LogitScale multiplies the logits (granite;
+	// 0 means the plain decoder).
+	EmbedScale, ResidualScale, AttnScale, LogitScale float32
 }
 
 // Validate checks the sizes (the router settings first) so that layer construction cannot

@@ -29,6 +29,9 @@ type Family struct {
 	// FFN replaces the dense SwiGLU MLP of some layers (mixture-of-experts families). Nil means
 	// every layer is dense.
 	FFN FFNHooks
+	// InterleavedRoPE: the family rotates the pairs (2i, 2i+1) of each head's rotary dims
+	// (GLM's convention) instead of (i, i+R/2).
+	InterleavedRoPE bool
 	// Placements is the family's tensor-parallel table: for each module that holds parameters,
 	// how they are laid out over the tensor group and, for routed experts, over the expert
 	// group. Every parameter of every model of the family matches exactly one entry (Place);
@@ -53,6 +56,8 @@ type Caps struct {
 	SlidingWindow bool
 	// TiedEmbeddings: lm_head may share the embedding matrix.
 	TiedEmbeddings bool
+	// RopeTypes, when set, are the only rope_type values the family's model implements.
+	RopeTypes []string
 	// Reason explains the family's limits in refusals (optional).
 	Reason string
 }

@@ -27,6 +27,12 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c.ClipQKV != 0 {
 		return Arch{}, fmt.Errorf("models: %s: clip_qkv is not supported yet; remove it from config.json", c.ModelType)
 	}
+	if c.ResidPdrop != 0 || c.EmbdPdrop != 0 {
+		return Arch{}, fmt.Errorf("models: %s: resid_pdrop %v and embd_pdrop %v are not supported (no dropout on the residual stream or the embeddings is implemented); set them to 0 in config.json", c.ModelType, c.ResidPdrop, c.EmbdPdrop)
+	}
+	if c.NumNextNPredictLayers != 0 {
+		return Arch{}, fmt.Errorf("models: %s: num_nextn_predict_layers %d is not supported (multi-token-prediction layers are not built); set it to 0 in config.json", c.ModelType, c.NumNextNPredictLayers)
+	}
 	if c.RouterJitterNoise != 0 {
 		return Arch{}, fmt.Errorf("models: %s: router_jitter_noise %v is not supported (training would not match transformers); set it to 0 in config.json", c.ModelType, c.RouterJitterNoise)
 	}
@@ -42,6 +48,17 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		if c.IsSlidingLayer(i) {
 			a.Windows[i] = c.SlidingWindow
 		}
+		if !c.UsesRoPE(i) {
+			if a.NoRoPE == nil {
+				a.NoRoPE = make([]bool, c.NumHiddenLayers)
+			}
+			a.NoRoPE[i] = true
+		}
+	}
+	a.EmbedScale, a.ResidualScale = float32(c.EmbeddingMultiplier), float32(c.ResidualMultiplier)
+	a.AttnScale = float32(c.AttentionMultiplier)
+	if c.LogitsScaling != 0 {
+		a.LogitScale = float32(1 / c.LogitsScaling)
 	}
 	r := c.Rope
 	theta := r.Theta
@@ -55,9 +72,7 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		LowFreqFactor:                 r.LowFreqFactor, HighFreqFactor: r.HighFreqFactor,
 		BetaFast: r.BetaFast, BetaSlow: r.BetaSlow, MScale: r.MScale, MScaleAllDim: r.MScaleAllDim,
 		AttentionFactor: r.AttentionFactor, NoTruncate: r.Truncate != nil && !*r.Truncate,
-	}
-	if r.Type == "longrope" {
-		return Arch{}, fmt.Errorf("models: %s: rope_type longrope is not supported yet (supported: default, linear, dynamic, llama3, yarn)", c.ModelType)
+		ShortFactor: r.ShortFactor, LongFactor: r.LongFactor,
 	}
 	return a, nil
 }

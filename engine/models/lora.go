@@ -146,6 +146,9 @@ func (m *Model) AttachLoRA(c LoRAConfig) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	if m.Arch.FusedQKV || m.Arch.FusedGateUp {
+		return fmt.Errorf("models: LoRA on %s is not supported: its qkv_proj / gate_up_proj are fused weights that run as separate parts here, and an adapter on a fused module would have to span its parts; train the full model instead", m.Arch.ModelType)
+	}
 	if !m.Arch.HeldExperts.All() && m.Arch.HeldExperts.Len() != m.Arch.NumExperts() {
 		return errors.New("models: LoRA on a model holding a subset of the experts (expert parallelism) is not supported")
 	}

@@ -19,6 +19,9 @@ func loraCases(t *testing.T) map[string]func(t *testing.T, o Options) *Model {
 	cases := map[string]func(t *testing.T, o Options) *Model{}
 	for _, fam := range Families() {
 		f, _ := Lookup(fam)
+		if loraRefused(fam) {
+			continue // TestLoRARefusedOnFusedWeights
+		}
 		if f.FFN != nil {
 			cases[fam] = func(t *testing.T, o Options) *Model {
 				// Without the aux loss, whose gradient Forward's loss does not include.
@@ -340,5 +343,31 @@ func TestLoRAMergeRefusesAnNF4Base(t *testing.T) {
 	}
 	if m.LoRA() == nil {
 		t.Fatal("a refused merge detached the adapters")
+	}
+}
+
+// loraRefused reports whether fam's model fuses weights that LoRA would have to span.
+func loraRefused(fam string) bool {
+	c, err := config.Preset(fam, "tiny")
+	if err != nil {
+		panic(err)
+	}
+	s := c.Shape()
+	return s.FusedQKV || s.FusedGateUp
+}
+
+func TestLoRARefusedOnFusedWeights(t *testing.T) {
+	for _, fam := range []string{"phi3", "glm4"} {
+		if !loraRefused(fam) {
+			t.Fatalf("%s is expected to fuse weights", fam)
+		}
+		m := newTiny(t, newCPU(), tinyArch(fam, nil), Options{}, 3)
+		err := m.AttachLoRA(LoRAConfig{R: 2, Alpha: 3, Targets: []string{AllLinear}})
+		if err == nil || !strings.Contains(err.Error(), "fused") {
+			t.Errorf("%s: AttachLoRA = %v, want a refusal naming the fused weights", fam, err)
+		}
+		if m.LoRA() != nil {
+			t.Errorf("%s: adapters attached after the refusal", fam)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
@@ -107,6 +108,7 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 	if o.DType != tensor.F32 && o.DType != tensor.BF16 {
 		return nil, fmt.Errorf("models: dtype %s is not supported for parameters (use f32 or bf16)", o.DType)
 	}
+	a.InterleavedRoPE = f.InterleavedRoPE
 	if err := a.Validate(); err != nil {
 		return nil, err
 	}
@@ -120,6 +122,9 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 					f.ModelType, i, w, f.Caps.Reason)
 			}
 		}
+	}
+	if rt := a.Rope.Type; f.Caps.RopeTypes != nil && !slices.Contains(f.Caps.RopeTypes, rt) && !(rt == "" && slices.Contains(f.Caps.RopeTypes, "default")) {
+		return nil, fmt.Errorf("models: %s does not support rope_type %q (supported: %s) %s", f.ModelType, rt, strings.Join(f.Caps.RopeTypes, ", "), f.Caps.Reason)
 	}
 	if a.Tied && !f.Caps.TiedEmbeddings {
 		return nil, fmt.Errorf("models: %s does not support tie_word_embeddings=true %s", f.ModelType, f.Caps.Reason)
@@ -178,11 +183,24 @@ func (m *Model) build() {
 		return nn.Linear{Name: prefix, W: p(prefix + ".weight"), B: p(prefix + ".bias"),
 			GW: g(prefix + ".weight"), GB: g(prefix + ".bias")}
 	}
+	// part is rows [lo, hi) of a fused linear (qkv_proj, gate_up_proj): views of its weight,
+	// bias and their gradients, so the parts share the fused parameter's memory.
+	part := func(prefix, tag string, lo, hi int) nn.Linear {
+		l := lin(prefix)
+		l.Name = prefix + "[" + tag + "]"
+		for _, t := range []*tensor.Tensor{&l.W, &l.B, &l.GW, &l.GB} {
+			if !t.IsNil() {
+				*t, _ = t.Rows(lo, hi)
+			}
+		}
+		return l
+	}
 	norm := func(name string) nn.RMSNorm {
 		return nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps}
 	}
-	m.embed = nn.Embedding{Name: "model.embed_tokens", W: p(nameEmbed), GW: g(nameEmbed)}
+	m.embed = nn.Embedding{Name: "model.embed_tokens", W: p(nameEmbed), GW: g(nameEmbed), Scale: a.EmbedScale}
 	m.blocks = make([]*nn.Block, a.Layers)
+	qd, kvd, f := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim, a.Intermediate
 	for i := range m.blocks {
 		pre := fmt.Sprintf("model.layers.%d.", i)
 		at := &nn.Attention{
@@ -191,6 +209,11 @@ func (m *Model) build() {
 			V: lin(pre + "self_attn.v_proj"), O: lin(pre + "self_attn.o_proj"),
 			NH: a.Heads, NKV: a.KVHeads, HD: a.HeadDim, RotaryDim: a.Rope.RotaryDim(),
 			Window: a.Windows[i], Layer: i,
+			NoRoPE: a.NoRoPE != nil && a.NoRoPE[i], Interleaved: a.InterleavedRoPE, Scale: a.AttnScale,
+		}
+		if a.FusedQKV {
+			qkv := pre + "self_attn.qkv_proj"
+			at.Q, at.K, at.V = part(qkv, "q", 0, qd), part(qkv, "k", qd, qd+kvd), part(qkv, "v", qd+kvd, qd+2*kvd)
 		}
 		if a.QKNorm != config.NoQKNorm {
 			qn, kn := norm(pre+"self_attn.q_norm"), norm(pre+"self_attn.k_norm")
@@ -201,22 +224,36 @@ func (m *Model) build() {
 			ffn = m.Family.FFN.Build(a, i, p, g)
 		}
 		if ffn == nil {
-			ffn = &nn.MLP{Name: pre + "mlp", Gate: lin(pre + "mlp.gate_proj"),
+			mlp := &nn.MLP{Name: pre + "mlp", Gate: lin(pre + "mlp.gate_proj"),
 				Up: lin(pre + "mlp.up_proj"), Down: lin(pre + "mlp.down_proj")}
+			if a.FusedGateUp {
+				gu := pre + "mlp.gate_up_proj"
+				mlp.Gate, mlp.Up = part(gu, "gate", 0, f), part(gu, "up", f, 2*f)
+			}
+			ffn = mlp
 		}
-		m.blocks[i] = &nn.Block{
-			Name:      pre[:len(pre)-1],
-			Norm1:     norm(pre + "input_layernorm"),
-			Attn:      at,
-			Norm2:     norm(pre + "post_attention_layernorm"),
-			FFN:       ffn,
-			Recompute: m.opts.Recompute,
+		preAttn, preFFN, postAttn, postFFN := layerNormRoles(a.Norms)
+		blk := &nn.Block{
+			Name:          pre[:len(pre)-1],
+			Attn:          at,
+			FFN:           ffn,
+			Recompute:     m.opts.Recompute,
+			NoPreNorms:    preAttn == "",
+			ResidualScale: a.ResidualScale,
 		}
+		if preAttn != "" {
+			blk.Norm1, blk.Norm2 = norm(pre+preAttn), norm(pre+preFFN)
+		}
+		if postAttn != "" {
+			pa, pf := norm(pre+postAttn), norm(pre+postFFN)
+			blk.PostAttnNorm, blk.PostFFNNorm = &pa, &pf
+		}
+		m.blocks[i] = blk
 	}
 	m.bindMoE()
 	m.bindLoRA()
 	m.bindQuant()
-	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows}
+	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows, LogitScale: a.LogitScale}
 	if a.Tied {
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
 	} else {
@@ -370,7 +407,15 @@ func (m *Model) ropeFor(seqLen int) error {
 	if m.invFreq.IsNil() {
 		want = r.MaxPositionEmbeddings
 	}
-	if r.DependsOnLength() {
+	switch {
+	case r.Type == "longrope":
+		// transformers' longrope update: the long factors once the batch is longer than the
+		// original context, the short ones otherwise.
+		want = 0
+		if r.LongRoPE(seqLen) {
+			want = r.OriginalMaxPositionEmbeddings + 1
+		}
+	case r.DependsOnLength():
 		orig := r.MaxPositionEmbeddings
 		if seqLen > m.ropeCached {
 			want, m.ropeCached = seqLen, seqLen

@@ -28,6 +28,25 @@ var familyCases = []struct {
 	})},
 	{"qwen3_qknorm_headdim", tinyArch("qwen3", func(a *Arch) { a.HeadDim = 8; a.Heads = 2; a.KVHeads = 1; a.Windows = []int{0, 4} })},
 	{"qwen3_partial_rotary", tinyArch("qwen3", func(a *Arch) { a.HeadDim = 8; a.Rope.PartialRotaryFactor = 0.5 })},
+	// Norms on the branch outputs only, q/k norms over the whole projections.
+	{"olmo2_post_norms", tinyArch("olmo2", nil)},
+	{"olmo3_window", tinyArch("olmo3", func(a *Arch) { a.Windows = []int{3, 0} })},
+	// Fused qkv_proj and gate_up_proj; longrope over half of each head, with the long factors
+	// (every document of the tests is longer than the original context of 2; a batch's factors
+	// depend on its longest document, so packing documents on both sides of it would change
+	// them, as in transformers).
+	{"phi3_fused_longrope", tinyArch("phi3", func(a *Arch) {
+		a.HeadDim = 8
+		a.Rope = backend.RoPEConfig{Type: "longrope", Theta: 10000, MaxPositionEmbeddings: 64, PartialRotaryFactor: 0.5,
+			OriginalMaxPositionEmbeddings: 2, ShortFactor: []float64{1, 1.5}, LongFactor: []float64{2, 5}}
+	})},
+	{"granite_multipliers", tinyArch("granite", func(a *Arch) {
+		a.EmbedScale, a.ResidualScale, a.AttnScale, a.LogitScale = 3, 0.5, 0.3, 0.25
+	})},
+	{"smollm3_nope_layer", tinyArch("smollm3", func(a *Arch) { a.NoRoPE = []bool{false, true}; a.Windows = []int{0, 3} })},
+	// Four norms per layer, q/k/v biases, fused gate_up_proj, interleaved rotation of half
+	// of each head.
+	{"glm4_sandwich_interleaved", tinyArch("glm4", func(a *Arch) { a.HeadDim = 8; a.Rope.PartialRotaryFactor = 0.5 })},
 }
 
 // TestGradientMatchesFiniteDifferences checks every parameter's gradient of the whole model

@@ -20,7 +20,8 @@ var structuralVariants = []struct {
 	{"attention_bias", true},
 	{"mlp_bias", true},
 	{"tie_word_embeddings", true},
-	{"mlp_only_layers", []int{0}}, // a dense layer in a mixture of experts
+	{"tie_word_embeddings", false}, // families tied by default (smollm3)
+	{"mlp_only_layers", []int{0}},  // a dense layer in a mixture of experts
 }
 
 // variant is one structural variant of a family's tiny model.

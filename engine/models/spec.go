@@ -94,10 +94,20 @@ func layerName(i int, suffix string) string {
 func attentionSpecs(a *Arch, i int) []ParamSpec {
 	q, kv := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
 	var s []ParamSpec
+	if a.FusedQKV {
+		// phi3: one qkv_proj [q+2kv, C], rows q then k then v.
+		s = append(s, matrix(layerName(i, "self_attn.qkv_proj.weight"), q+2*kv, a.Hidden))
+		if a.QKVBias {
+			s = append(s, bias(layerName(i, "self_attn.qkv_proj.bias"), q+2*kv))
+		}
+	}
 	for _, p := range []struct {
 		name string
 		out  int
 	}{{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}} {
+		if a.FusedQKV {
+			break
+		}
 		s = append(s, matrix(layerName(i, "self_attn."+p.name+".weight"), p.out, a.Hidden))
 		if a.QKVBias {
 			s = append(s, bias(layerName(i, "self_attn."+p.name+".bias"), p.out))
@@ -120,6 +130,11 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 
 // mlpSpecs lists the SwiGLU MLP parameters of layer i.
 func mlpSpecs(a *Arch, i int) []ParamSpec {
+	if a.FusedGateUp {
+		// phi3, glm4: one gate_up_proj [2F, C], gate rows then up rows.
+		return []ParamSpec{matrix(layerName(i, "mlp.gate_up_proj.weight"), 2*a.Intermediate, a.Hidden),
+			matrix(layerName(i, "mlp.down_proj.weight"), a.Hidden, a.Intermediate)}
+	}
 	var s []ParamSpec
 	for _, p := range []struct {
 		name    string
@@ -133,12 +148,38 @@ func mlpSpecs(a *Arch, i int) []ParamSpec {
 	return s
 }
 
-// layerNormSpecs lists the two RMSNorm weights of layer i.
+// layerNormSpecs lists the RMSNorm weights of layer i (layerNormNames).
 func layerNormSpecs(a *Arch, i int) []ParamSpec {
-	return []ParamSpec{
-		normWeight(layerName(i, "input_layernorm.weight"), a.Hidden),
-		normWeight(layerName(i, "post_attention_layernorm.weight"), a.Hidden),
+	var s []ParamSpec
+	for _, n := range layerNormNames(a.Norms) {
+		s = append(s, normWeight(layerName(i, n+".weight"), a.Hidden))
 	}
+	return s
+}
+
+// layerNormRoles names the modules of a layer's RMSNorms: the pre-attention norm, the
+// pre-feed-forward norm, the attention output norm and the feed-forward output norm, where
+// they exist ("" where not), in that order.
+func layerNormRoles(n config.LayerNorms) (preAttn, preFFN, postAttn, postFFN string) {
+	switch n {
+	case config.PostNorms:
+		return "", "", "post_attention_layernorm", "post_feedforward_layernorm"
+	case config.SandwichNorms:
+		return "input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"
+	}
+	return "input_layernorm", "post_attention_layernorm", "", ""
+}
+
+// layerNormNames lists the norms layerNormRoles names, in transformers' state_dict order.
+func layerNormNames(n config.LayerNorms) []string {
+	var out []string
+	pa, pf, qa, qf := layerNormRoles(n)
+	for _, s := range []string{pa, pf, qa, qf} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // specsFor is the parameter table of family f (nil: dense), in transformers' state_dict order

@@ -15,7 +15,8 @@ type KVCache struct {
 }
 
 // Attention is the self-attention of a Llama-style decoder layer: q/k/v projections, optional
-// per-head RMSNorm of queries and keys (Qwen3, applied before RoPE), rotary embedding, causal
+// per-head RMSNorm of queries and keys (Qwen3, applied before RoPE), rotary embedding (rotate-half
+// or interleaved pairs, or none on a NoPE layer), causal
 // GQA attention over packed documents with an optional sliding window, and the output
 // projection.
 //
@@ -30,6 +31,12 @@ type Attention struct {
 	RotaryDim    int // R; 0 means HD
 	Window       int // sliding window in tokens; 0 = full causal
 	Layer        int // index into Pass.Cache
+	// NoRoPE leaves queries and keys unrotated (smollm3's NoPE layers).
+	NoRoPE bool
+	// Interleaved rotates the pairs (2i, 2i+1) instead of (i, i+R/2) (glm4).
+	Interleaved bool
+	// Scale is the score scale; 0 means 1/sqrt(HD) (granite's attention_multiplier).
+	Scale float32
 
 	c attnCache
 }
@@ -45,14 +52,14 @@ type attnCache struct {
 func (a *Attention) shape(p *Pass) backend.AttentionShape {
 	return backend.AttentionShape{
 		CuSeqlens: p.CuSeqlens, CuSeqlensK: p.CuSeqlensK, MaxSeqLen: p.MaxSeqLen,
-		NH: a.NH, NKV: a.NKV, HD: a.HD, Window: a.Window,
+		NH: a.NH, NKV: a.NKV, HD: a.HD, Window: a.Window, Scale: a.Scale,
 	}
 }
 
 func (a *Attention) rope(p *Pass, heads int) backend.RoPEArgs {
 	return backend.RoPEArgs{
 		Positions: p.Positions, InvFreq: p.InvFreq, Heads: heads, HeadDim: a.HD,
-		RotaryDim: a.RotaryDim, AttentionScaling: p.AttentionScaling,
+		RotaryDim: a.RotaryDim, AttentionScaling: p.AttentionScaling, Interleaved: a.Interleaved,
 	}
 }
 
@@ -89,11 +96,13 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, err
 		}
 	}
-	if err = p.B.RoPE(c.q, c.q, a.rope(p, a.NH)); err != nil {
-		return T{}, wrap(a.Name+" rope q", err)
-	}
-	if err = p.B.RoPE(c.k, c.k, a.rope(p, a.NKV)); err != nil {
-		return T{}, wrap(a.Name+" rope k", err)
+	if !a.NoRoPE {
+		if err = p.B.RoPE(c.q, c.q, a.rope(p, a.NH)); err != nil {
+			return T{}, wrap(a.Name+" rope q", err)
+		}
+		if err = p.B.RoPE(c.k, c.k, a.rope(p, a.NKV)); err != nil {
+			return T{}, wrap(a.Name+" rope k", err)
+		}
 	}
 	c.kAll, c.vAll = c.k, c.v
 	if p.Cache != nil {
@@ -208,11 +217,13 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	}); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if err = p.B.RoPEBackward(dq, dq, a.rope(p, a.NH)); err != nil {
-		return T{}, wrap(a.Name+" rope q", err)
-	}
-	if err = p.B.RoPEBackward(dk, dk, a.rope(p, a.NKV)); err != nil {
-		return T{}, wrap(a.Name+" rope k", err)
+	if !a.NoRoPE {
+		if err = p.B.RoPEBackward(dq, dq, a.rope(p, a.NH)); err != nil {
+			return T{}, wrap(a.Name+" rope q", err)
+		}
+		if err = p.B.RoPEBackward(dk, dk, a.rope(p, a.NKV)); err != nil {
+			return T{}, wrap(a.Name+" rope k", err)
+		}
 	}
 	if a.QNorm != nil {
 		if dqPre, err = p.out(c.qPre.Shape()...); err != nil {

@@ -11,6 +11,13 @@ import "fmt"
 // Backward re-runs the forward of the layer before differentiating it: the same ops on the same
 // inputs, so gradients are bit-identical to the stored-activation path while activation memory
 // drops to one [N,C] tensor per layer.
+//
+// Variants (block_variants.go) put RMSNorms on the outputs of the attention and feed-forward
+// blocks (PostAttnNorm, PostFFNNorm: GLM-4's sandwich with the pre-norms kept, OLMo 2's with
+// NoPreNorms), and scale both branches before their residual adds (ResidualScale: Granite):
+//
+//	mid = x + s * PostAttnNorm(Attn(Norm1(x)))
+//	y   = mid + s * PostFFNNorm(FFN(Norm2(mid)))
 type Block struct {
 	Name      string
 	Norm1     RMSNorm
@@ -19,7 +26,15 @@ type Block struct {
 	FFN       FFN
 	Recompute bool
 
+	// NoPreNorms: Norm1 and Norm2 are not applied (the blocks see x and mid themselves).
+	NoPreNorms bool
+	// PostAttnNorm and PostFFNNorm, when set, normalise each branch's output.
+	PostAttnNorm, PostFFNNorm *RMSNorm
+	// ResidualScale multiplies each branch before its residual add; 0 means 1.
+	ResidualScale float32
+
 	x, h1, r1, mid, h2, r2 T
+	v                      variantCache
 	state                  blockState
 }
 
@@ -51,6 +66,9 @@ func (b *Block) Forward(p *Pass, x T, train bool) (y T, err error) {
 }
 
 func (b *Block) forward(p *Pass, x T, keep bool) (y T, err error) {
+	if b.variant() {
+		return b.forwardVariant(p, x, keep)
+	}
 	b.x = x
 	defer func() {
 		if err != nil || !keep {
@@ -96,6 +114,9 @@ func (b *Block) Backward(p *Pass, dy T) (T, error) {
 	}
 	b.state = blockIdle
 	defer b.release(p)
+	if b.variant() {
+		return b.backwardVariant(p, dy)
+	}
 	dh2, err := b.FFN.Backward(p, dy)
 	if err != nil {
 		return T{}, err
@@ -127,5 +148,6 @@ func (b *Block) Release(p *Pass) {
 
 func (b *Block) release(p *Pass) {
 	_ = free(p.B, &b.h1, &b.r1, &b.mid, &b.h2, &b.r2)
+	b.v.release(p)
 	b.x = T{}
 }

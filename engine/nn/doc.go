@@ -3,7 +3,10 @@
 // query heads, the SwiGLU MLP, the sparse mixture-of-experts block (softmax top-k router,
 // SwiGLU experts, transformers' load-balancing loss; on the device with grouped GEMMs where the
 // backend has the MoE ops, else composed with per-expert GEMMs and host routing) and the LM
-// head with a fused cross-entropy loss. A Linear may carry a LoRA adapter (two small GEMMs,
+// head with a fused cross-entropy loss. A decoder layer (Block) is pre-norm, or has norms on
+// its branch outputs with or without the pre-norms (OLMo 2, GLM-4) and a residual scale
+// (Granite); attention may skip RoPE (NoPE layers), rotate interleaved pairs (GLM) or take its
+// own score scale. A Linear may carry a LoRA adapter (two small GEMMs,
 // a scale and an add on top of a frozen base weight read through Linear.Weight), and that base
 // may be stored in 4-bit NF4 (QuantWeight, QLoRA), dequantised into a WeightScratch shared by
 // the layers right before each product.

@@ -7,12 +7,20 @@ import (
 // Head is the final RMSNorm and the LM head with the fused causal-LM cross-entropy. W is
 // lm_head.weight [V,C], or the embedding table when embeddings are tied (then GW is the
 // embedding gradient, so both uses accumulate into one gradient).
+//
+// With LogitScale set the logits are multiplied by it (granite divides them by
+// logits_scaling): the normed hidden states are scaled before the LM head, which is the same
+// product, and their gradient by the same factor.
 type Head struct {
-	Name      string
-	Norm      RMSNorm
-	W, GW     T
-	ChunkRows int // tokens per cross-entropy chunk; 0 = backend default
+	Name       string
+	Norm       RMSNorm
+	W, GW      T
+	ChunkRows  int     // tokens per cross-entropy chunk; 0 = backend default
+	LogitScale float32 // 0 means 1
 }
+
+// scaled reports whether the logits are scaled.
+func (h *Head) scaled() bool { return h.LogitScale != 0 && h.LogitScale != 1 }
 
 // Loss runs the head on x [N,C] with targets [N] I32 (IgnoreIndex skips a token), writing
 // per-token loss and target logprob (both [N] F32, optional). With train set it also returns a
@@ -25,6 +33,11 @@ func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale 
 	}
 	var dh T
 	defer func() { _ = free(p.B, &hid, &rstd, &dh) }()
+	if h.scaled() {
+		if err = p.B.Scale(hid, h.LogitScale); err != nil {
+			return T{}, wrap(h.Name, err)
+		}
+	}
 	args := backend.CrossEntropyArgs{
 		Hidden: hid, Weight: h.W, Targets: targets, Loss: loss, LogProb: logprob,
 		GradScale: gradScale, ChunkRows: h.ChunkRows,
@@ -40,6 +53,11 @@ func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale 
 	}
 	if !train {
 		return T{}, nil
+	}
+	if h.scaled() {
+		if err = p.B.Scale(dh, h.LogitScale); err != nil {
+			return T{}, wrap(h.Name, err)
+		}
 	}
 	if dx, err = p.out(x.Shape()...); err != nil {
 		return T{}, wrap(h.Name, err)
@@ -59,6 +77,11 @@ func (h *Head) Logits(p *Pass, x T) (T, error) {
 		return T{}, err
 	}
 	defer func() { _ = free(p.B, &hid, &rstd) }()
+	if h.scaled() {
+		if err = p.B.Scale(hid, h.LogitScale); err != nil {
+			return T{}, wrap(h.Name, err)
+		}
+	}
 	lin := Linear{Name: h.Name, W: h.W}
 	return lin.Forward(p, hid)
 }

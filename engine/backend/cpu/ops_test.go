@@ -333,17 +333,26 @@ func TestAddRMSNormMatchesUnfused(t *testing.T) {
 }
 
 func refRoPE(x []float64, pos []int32, inv []float64, scale float64, n, h, hd, rd int, sign float64) []float64 {
+	return refRoPEPairs(x, pos, inv, scale, n, h, hd, rd, sign, false)
+}
+
+// refRoPEPairs rotates the pairs (i, i+R/2), or (2i, 2i+1) when interleaved.
+func refRoPEPairs(x []float64, pos []int32, inv []float64, scale float64, n, h, hd, rd int, sign float64, inter bool) []float64 {
 	out := append([]float64(nil), x...)
 	half := rd / 2
+	j1, j2 := func(i int) int { return i }, func(i int) int { return i + half }
+	if inter {
+		j1, j2 = func(i int) int { return 2 * i }, func(i int) int { return 2*i + 1 }
+	}
 	for t := 0; t < n; t++ {
 		for hh := 0; hh < h; hh++ {
 			base := t*h*hd + hh*hd
 			for i := 0; i < half; i++ {
 				ang := float64(float32(pos[t]) * float32(inv[i]))
 				c, s := math.Cos(ang)*scale, sign*math.Sin(ang)*scale
-				x1, x2 := x[base+i], x[base+i+half]
-				out[base+i] = x1*c - x2*s
-				out[base+i+half] = x2*c + x1*s
+				x1, x2 := x[base+j1(i)], x[base+j2(i)]
+				out[base+j1(i)] = x1*c - x2*s
+				out[base+j2(i)] = x2*c + x1*s
 			}
 		}
 	}
@@ -358,13 +367,16 @@ func TestRoPEForwardBackward(t *testing.T) {
 		h, hd, rd int
 		scale     float32
 		inPlace   bool
+		inter     bool
 	}{
-		{[]int32{0}, 1, 2, 0, 0, false},
-		{[]int32{0, 1, 2, 0, 1, 0, 1, 2, 3}, 2, 8, 0, 0, false}, // three packed documents
-		{[]int32{0, 1, 2, 3, 4}, 3, 10, 4, 1.3, false},          // partial rotary + attention scaling
-		{[]int32{5, 900, 7}, 2, 6, 6, 0, true},                  // positions larger than N, in place
+		{[]int32{0}, 1, 2, 0, 0, false, false},
+		{[]int32{0, 1, 2, 0, 1, 0, 1, 2, 3}, 2, 8, 0, 0, false, false}, // three packed documents
+		{[]int32{0, 1, 2, 3, 4}, 3, 10, 4, 1.3, false, false},          // partial rotary + attention scaling
+		{[]int32{5, 900, 7}, 2, 6, 6, 0, true, false},                  // positions larger than N, in place
+		{[]int32{0, 1, 2, 3, 0, 1}, 3, 10, 6, 1.1, false, true},        // interleaved pairs (GLM), partial
+		{[]int32{3, 1, 4}, 2, 8, 0, 0, true, true},                     // interleaved, whole head, in place
 	} {
-		t.Run(fmt.Sprintf("n%d_h%d_hd%d_rd%d", len(tc.pos), tc.h, tc.hd, tc.rd), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n%d_h%d_hd%d_rd%d_inter%v", len(tc.pos), tc.h, tc.hd, tc.rd, tc.inter), func(t *testing.T) {
 			rd := tc.rd
 			if rd == 0 {
 				rd = tc.hd
@@ -379,7 +391,7 @@ func TestRoPEForwardBackward(t *testing.T) {
 			n := len(tc.pos)
 			x := randn(r, n*tc.h*tc.hd, 1)
 			args := backend.RoPEArgs{Positions: upInts(t, b, tc.pos, n), InvFreq: up(t, b, inv, tensor.F32, len(inv)),
-				Heads: tc.h, HeadDim: tc.hd, RotaryDim: tc.rd, AttentionScaling: tc.scale}
+				Heads: tc.h, HeadDim: tc.hd, RotaryDim: tc.rd, AttentionScaling: tc.scale, Interleaved: tc.inter}
 			sc := float64(tc.scale)
 			if sc == 0 {
 				sc = 1
@@ -390,11 +402,13 @@ func TestRoPEForwardBackward(t *testing.T) {
 				out = zeros(t, b, tensor.F32, n, tc.h*tc.hd)
 			}
 			must(t, b.RoPE(out, X, args))
-			approx(t, "out", down(t, b, out), refRoPE(x, tc.pos, inv, sc, n, tc.h, tc.hd, rd, 1), 1e-5, 1e-5)
+			approx(t, "out", down(t, b, out), refRoPEPairs(x, tc.pos, inv, sc, n, tc.h, tc.hd, rd, 1, tc.inter), 1e-5, 1e-5)
 			g := randn(r, len(x), 1)
 			dX := zeros(t, b, tensor.F32, n, tc.h*tc.hd)
 			must(t, b.RoPEBackward(dX, up(t, b, g, tensor.F32, n, tc.h*tc.hd), args))
-			f := func(in [][]float64) []float64 { return refRoPE(in[0], tc.pos, inv, sc, n, tc.h, tc.hd, rd, 1) }
+			f := func(in [][]float64) []float64 {
+				return refRoPEPairs(in[0], tc.pos, inv, sc, n, tc.h, tc.hd, rd, 1, tc.inter)
+			}
 			approx(t, "dX", down(t, b, dX), fdGrad(f, [][]float64{x}, g, 0), 1e-5, 1e-4)
 		})
 	}

@@ -112,6 +112,11 @@ func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) er
 		return err
 	}
 	half := r / 2
+	// Pair i is (i, i+R/2), or (2i, 2i+1) when interleaved.
+	first, second, step := 0, half, 1
+	if a.Interleaved {
+		first, second, step = 0, 1, 2
+	}
 	b.pool.rows(n, 64, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			k := int(row[t])
@@ -123,9 +128,10 @@ func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) er
 				ov := os[base : base+hd]
 				for i := 0; i < half; i++ {
 					c, s := cs[i], sign*sn[i]
-					x1, x2 := xv[i], xv[i+half]
-					ov[i] = x1*c - x2*s
-					ov[i+half] = x2*c + x1*s
+					j1, j2 := first+step*i, second+step*i
+					x1, x2 := xv[j1], xv[j2]
+					ov[j1] = x1*c - x2*s
+					ov[j2] = x2*c + x1*s
 				}
 				copy(ov[r:], xv[r:])
 			}

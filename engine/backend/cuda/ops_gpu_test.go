@@ -542,11 +542,18 @@ func TestGPURoPE(t *testing.T) {
 		name     string
 		H, HD, R int
 		cfg      backend.RoPEConfig
+		inter    bool
 	}{
-		{"default", 4, 64, 64, backend.RoPEConfig{Theta: 10000, HeadDim: 64}},
-		{"partial_linear", 3, 128, 64, backend.RoPEConfig{Type: "linear", Theta: 1e6, HeadDim: 128, PartialRotaryFactor: 0.5, Factor: 4}},
-		{"yarn", 2, 64, 64, backend.RoPEConfig{Type: "yarn", Theta: 10000, HeadDim: 64, Factor: 4, MaxPositionEmbeddings: 4096, OriginalMaxPositionEmbeddings: 1024}},
-		{"llama3", 2, 128, 128, backend.RoPEConfig{Type: "llama3", Theta: 500000, HeadDim: 128, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}},
+		{"default", 4, 64, 64, backend.RoPEConfig{Theta: 10000, HeadDim: 64}, false},
+		{"partial_linear", 3, 128, 64, backend.RoPEConfig{Type: "linear", Theta: 1e6, HeadDim: 128, PartialRotaryFactor: 0.5, Factor: 4}, false},
+		{"yarn", 2, 64, 64, backend.RoPEConfig{Type: "yarn", Theta: 10000, HeadDim: 64, Factor: 4, MaxPositionEmbeddings: 4096, OriginalMaxPositionEmbeddings: 1024}, false},
+		{"llama3", 2, 128, 128, backend.RoPEConfig{Type: "llama3", Theta: 500000, HeadDim: 128, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}, false},
+		// GLM's interleaved pairs over half of each head, and the same on a whole head, where
+		// the bf16 fast path must not be taken.
+		{"interleaved_partial", 3, 128, 64, backend.RoPEConfig{Theta: 10000, HeadDim: 128, PartialRotaryFactor: 0.5}, true},
+		{"interleaved_whole", 2, 64, 64, backend.RoPEConfig{Theta: 10000, HeadDim: 64}, true},
+		{"longrope_long", 2, 64, 48, backend.RoPEConfig{Type: "longrope", Theta: 10000, HeadDim: 64, PartialRotaryFactor: 0.75,
+			MaxPositionEmbeddings: 128, OriginalMaxPositionEmbeddings: 16, ShortFactor: ramp(24, 1, 2), LongFactor: ramp(24, 2, 9)}, false},
 	} {
 		inv, scaling, err := s.cfg.Compute(N)
 		if err != nil {
@@ -564,7 +571,7 @@ func TestGPURoPE(t *testing.T) {
 					if err := be.Upload(ts["inv"], mustEncode(tensor.F32, inv)); err != nil {
 						return err
 					}
-					a := backend.RoPEArgs{Positions: ts["pos"], InvFreq: ts["inv"], Heads: s.H, HeadDim: s.HD, RotaryDim: s.R, AttentionScaling: scaling}
+					a := backend.RoPEArgs{Positions: ts["pos"], InvFreq: ts["inv"], Heads: s.H, HeadDim: s.HD, RotaryDim: s.R, AttentionScaling: scaling, Interleaved: s.inter}
 					if dir == "forward" {
 						return be.RoPE(ts["x"], ts["x"], a) // in place
 					}
@@ -574,6 +581,15 @@ func TestGPURoPE(t *testing.T) {
 			t.Run(c.Name, func(t *testing.T) { runCase(t, g, c) })
 		}
 	}
+}
+
+// ramp returns n values from lo to hi in equal steps (longrope factors).
+func ramp(n int, lo, hi float64) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = lo + (hi-lo)*float64(i)/float64(n-1)
+	}
+	return out
 }
 
 func mustEncode(dt tensor.DType, v []float32) []byte {

@@ -48,9 +48,13 @@ func (b *Backend) rope(op string, out, x T, a backend.RoPEArgs, sign float32) er
 	if s == 0 {
 		s = 1
 	}
-	if R == HD && (HD/2)%4 == 0 && co == int32(tensor.BF16) && cx == int32(tensor.BF16) && po%8 == 0 && px%8 == 0 {
+	inter := int32(0)
+	if a.Interleaved {
+		inter = 1
+	}
+	if !a.Interleaved && R == HD && (HD/2)%4 == 0 && co == int32(tensor.BF16) && cx == int32(tensor.BF16) && po%8 == 0 && px%8 == 0 {
 		return b.launch1D("rope.cu", "rope_bf16x4", int64(N)*int64(HD/8), po, px, pp, pf, int64(N), int32(H), int32(HD), s, sign)
 	}
 	total := int64(N) * int64(H) * int64(HD-R/2)
-	return b.launch1D("rope.cu", "rope", total, po, co, px, cx, pp, pf, int64(N), int32(H), int32(HD), int32(R), s, sign)
+	return b.launch1D("rope.cu", "rope", total, po, co, px, cx, pp, pf, int64(N), int32(H), int32(HD), int32(R), s, sign, inter)
 }

@@ -5,11 +5,13 @@
 //   c = cos(angle) * s, sn = sin(angle) * s:
 //   out[i] = x[i]*c - x[i+R/2]*sn;  out[i+R/2] = x[i+R/2]*c + x[i]*sn;  dims R..HD-1 copied (=).
 // Backward (sign = -1) is the transpose rotation, dx = R(-angle) dy, same scaling s.
+// With inter = 1 the pair of frequency i is (2i, 2i+1) instead of (i, i+R/2) (GLM's interleaved
+// convention); the arithmetic is the same.
 // Gradient contract: dx = (overwritten). Nothing is cached.
 
 extern "C" __global__ void rope(void* out, int dto, const void* x, int dtx, const int* pos,
                                 const float* inv_freq, long long N, int H, int HD, int R,
-                                float s, float sign) {
+                                float s, float sign, int inter) {
     int half = R / 2;
     int per_head = HD - half;  // threads per head: half rotation pairs + pass-through dims
     long long total = N * H * per_head;
@@ -23,9 +25,11 @@ extern "C" __global__ void rope(void* out, int dto, const void* x, int dtx, cons
             sincosf((float)pos[n] * inv_freq[i], &sn, &c);
             c *= s;
             sn *= s * sign;
-            float x1 = ldf(x, dtx, base + i), x2 = ldf(x, dtx, base + i + half);
-            stf(out, dto, base + i, x1 * c - x2 * sn);
-            stf(out, dto, base + i + half, x2 * c + x1 * sn);
+            long long j1 = inter ? base + 2 * i : base + i;
+            long long j2 = inter ? j1 + 1 : base + i + half;
+            float x1 = ldf(x, dtx, j1), x2 = ldf(x, dtx, j2);
+            stf(out, dto, j1, x1 * c - x2 * sn);
+            stf(out, dto, j2, x2 * c + x1 * sn);
         } else {
             int d = i + half;  // R .. HD-1
             stf(out, dto, base + d, ldf(x, dtx, base + d));
