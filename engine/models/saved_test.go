@@ -25,6 +25,14 @@ var savedCases = []struct {
 	{"mistral_window", "mistral", []string{"sliding_window=4"}},
 	{"qwen2", "qwen2", nil},
 	{"qwen3_bf16", "qwen3", []string{`rope_parameters={"rope_type":"linear","factor":2.0,"rope_theta":1000000.0}`}},
+	{"olmo2", "olmo2", nil},
+	{"olmo3_window", "olmo3", []string{"sliding_window=4"}},
+	// 12 ids past the original context of 8: the long factors apply.
+	{"phi3_longrope", "phi3", []string{"original_max_position_embeddings=8", "sliding_window=6",
+		`rope_parameters={"rope_type":"longrope","rope_theta":10000.0,"partial_rotary_factor":0.5,"short_factor":[1.0,1.5],"long_factor":[2.0,4.0]}`}},
+	{"granite", "granite", []string{"attention_bias=true", "mlp_bias=true"}},
+	{"smollm3_nope", "smollm3", []string{"no_rope_layers=[1,0]", "use_sliding_window=true", "sliding_window=5"}},
+	{"glm4", "glm4", nil},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

@@ -20,7 +20,7 @@ steps 1, 2 and 3 (for MoE cases the objective is CE + 2 * coef * aux_loss, see a
 
 Everything runs on the CPU in float32 with deterministic algorithms, so no TF32 enters.
 
-Usage: python3 make_fixtures.py OUTDIR
+Usage: python3 make_fixtures.py OUTDIR [CASE ...]   (every case when none is named)
 """
 import json
 import math
@@ -153,9 +153,59 @@ CASES = [
     ),
 ]
 
+# The families whose decoders depart from Llama's, in odd shapes (widths that are not powers of
+# two, q width != hidden width, one KV head) with every feature their config has switched on.
+ODD = dict(vocab_size=251, hidden_size=48, intermediate_size=72, num_attention_heads=6, num_key_value_heads=2)
+
+CASES += [
+    # Post-norms, q/k norms over the whole projections (a single KV head: k_norm of 8).
+    case("olmo2", "olmo2", **dict(ODD, hidden_size=40, num_attention_heads=5, num_key_value_heads=1),
+         tie_word_embeddings=False),
+    # OLMo 2 plus the 3-in-4 sliding pattern over 4 layers.
+    case("olmo3", "olmo3", **ODD, num_hidden_layers=4, sliding_window=5, tie_word_embeddings=False),
+    # Fused qkv_proj and gate_up_proj; longrope over 3/4 of each head with T = 16 past the
+    # original context of 8 (so the long factors and the attention factor sqrt(2) apply, for
+    # the packed documents too: both are longer than 8); a sliding window on every layer.
+    case("phi3_longrope", "phi3", **dict(ODD, num_attention_heads=3, num_key_value_heads=1),
+         max_position_embeddings=64, original_max_position_embeddings=8, sliding_window=11,
+         tie_word_embeddings=False,
+         rope_parameters={
+             "rope_type": "longrope",
+             "rope_theta": 10000.0,
+             "partial_rotary_factor": 0.75,
+             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+             "long_factor": [1.5, 2.0, 3.0, 4.5, 7.0, 11.0],
+         }),
+    # Every multiplier away from 1; biases on attention and MLP.
+    case("granite", "granite", **ODD, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+         embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0),
+    # NoPE on layers 1 and 3, which use a sliding window; attention and MLP biases; tied.
+    case("smollm3", "smollm3", **dict(ODD, num_key_value_heads=3), num_hidden_layers=4,
+         no_rope_layers=[1, 0, 1, 0], use_sliding_window=True, sliding_window=5,
+         attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    # Four norms per layer, q/k/v biases, fused gate_up_proj, interleaved rotation of half of
+    # each 12-wide head (3 pairs); q width 48 on a hidden width of 40.
+    case("glm4", "glm4", **dict(ODD, hidden_size=40, num_attention_heads=4), head_dim=12,
+         attention_bias=True, tie_word_embeddings=False),
+    # Gated shared expert of 40 beside 6 experts of 24 (top 2), layer 1 dense, q/k/v biases.
+    case("qwen2_moe", "qwen2_moe", **ODD, num_hidden_layers=3, num_experts=6, num_experts_per_tok=2,
+         moe_intermediate_size=24, shared_expert_intermediate_size=40, decoder_sparse_step=1,
+         mlp_only_layers=[1], norm_topk_prob=False, qkv_bias=True, output_router_logits=True,
+         router_aux_loss_coef=0.01, tie_word_embeddings=False),
+    # Sigmoid router with a (perturbed) correction bias and group-limited top-k (4 groups of 2,
+    # best 2), scaled weights, one shared expert, a dense first layer, per-head q/k norms,
+    # partial rotary (0.5 of 16).
+    case("glm4_moe", "glm4_moe", **dict(ODD, num_attention_heads=4), head_dim=16, num_hidden_layers=3,
+         n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+         n_shared_experts=1, first_k_dense_replace=1, moe_intermediate_size=24, norm_topk_prob=True,
+         use_qk_norm=True, attention_bias=True, tie_word_embeddings=False),
+]
+
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
+
 
 def perturb(model, seed):
-    """Make norms and biases non-trivial so the fixtures exercise them."""
+    """Make norms, biases and routing-correction buffers non-trivial so the fixtures exercise them."""
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -164,6 +214,9 @@ def perturb(model, seed):
                     p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
                 else:
                     p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=g))
 
 
 def token_logprobs(logits, ids):
@@ -186,7 +239,7 @@ def make(outdir, name, model_type, cfg_kw, seed):
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
     perturb(model, seed)
     model.eval()
-    is_moe = model_type in ("qwen3_moe", "mixtral", "olmoe")
+    is_moe = model_type in MOE_FAMILIES
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)

@@ -167,7 +167,17 @@ func TestDefaultsMatchTransformers(t *testing.T) {
 				t.Skipf("no transformers reference for %s yet: run testdata/make_reference.py with transformers 5.17 to write %s", mt, path)
 			}
 			want := readFile(t, path)
-			if got := mustMarshal(t, c); !bytes.Equal(got, want) {
+			// Without Validate: a class's defaults need not describe a buildable model
+			// (glm4_moe's head_dim 4096 // 96 = 42 rotates 21 dims).
+			obj, err := c.toPy()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := encodePy(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
 				t.Errorf("defaults differ from transformers' at %s", diffLines(got, want))
 			}
 		})
