@@ -222,3 +222,64 @@ func Softmax64(p, z []float32) {
 		p[i] = float32(math.Exp(float64(v)-mx) / s)
 	}
 }
+
+// Sigmoid64 writes sigmoid(z) into p, computed in fp64 and rounded once to fp32: the sigmoid
+// router's probabilities of the host composition (engine/nn) and of the CPU oracle.
+func Sigmoid64(p, z []float32) {
+	for i, v := range z {
+		p[i] = float32(1 / (1 + math.Exp(-float64(v))))
+	}
+}
+
+// RouteTopK writes the indices of the len(sel) largest scores into sel, largest first; ties go
+// to the lower index; experts with keep[e] false (when keep is set) are skipped. Scores must not
+// be NaN. It keeps sel sorted while scanning, O(E*K) at worst. The host composition (engine/nn)
+// and the CPU oracle select with it.
+func RouteTopK(sel []int32, score []float64, keep []bool) {
+	k, n := len(sel), 0
+	for i, s := range score {
+		if keep != nil && !keep[i] {
+			continue
+		}
+		if n == k && !(s > score[sel[k-1]]) {
+			continue
+		}
+		j := min(n, k-1)
+		for j > 0 && s > score[sel[j-1]] {
+			sel[j] = sel[j-1]
+			j--
+		}
+		sel[j] = int32(i)
+		n = min(n+1, k)
+	}
+}
+
+// KeepGroups marks in keep [E] the experts of the len(gsel) best of len(gscore) groups of
+// consecutive experts, a group scored by the sum of its two largest scores (its one score when
+// it holds one expert), ties to the lower group: MoERouting's group-limited selection. gscore
+// and gsel are scratch of NGroup and TopKGroup entries.
+func KeepGroups(keep []bool, score []float64, gscore []float64, gsel []int32) {
+	ngroup := len(gscore)
+	per := len(score) / ngroup
+	for g := range ngroup {
+		a, b := math.Inf(-1), math.Inf(-1)
+		for _, s := range score[g*per : (g+1)*per] {
+			if s > a {
+				a, b = s, a
+			} else if s > b {
+				b = s
+			}
+		}
+		if per == 1 {
+			b = 0
+		}
+		gscore[g] = a + b
+	}
+	RouteTopK(gsel, gscore, nil)
+	clear(keep)
+	for _, g := range gsel {
+		for e := int(g) * per; e < int(g+1)*per; e++ {
+			keep[e] = true
+		}
+	}
+}

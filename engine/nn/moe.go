@@ -15,14 +15,16 @@ type Expert struct {
 	Gate, Up, Down Linear
 }
 
-// MoE is a sparse mixture-of-experts feed-forward block with a softmax top-k router, as in
-// transformers' Qwen3-MoE, Mixtral and OLMoE blocks:
+// MoE is a sparse mixture-of-experts feed-forward block with a top-k router, as in
+// transformers' Qwen3-MoE, Mixtral and OLMoE blocks (softmax) and DeepSeek-V3's (sigmoid, with a
+// correction bias, group-limited selection, scaled weights and shared experts):
 //
 //	logits = x @ Router^T                      [N,E]
-//	p      = softmax(logits) in fp32           [N,E]
-//	S_n    = the TopK experts of token n by p[n] (+ Bias for selection only, when set)
-//	w_n,e  = p[n,e], divided by sum_{S_n} p when NormTopK
-//	out[n] = sum_{e in S_n} w_n,e * Expert_e(x[n])
+//	p      = softmax(logits) or sigmoid(logits) in fp32      [N,E]
+//	S_n    = the TopK experts of token n by p[n] (+ ScoreBias + Bias for selection only, when
+//	         set), among the TopKGroup best of NGroup expert groups when NGroup > 1
+//	w_n,e  = p[n,e], divided by sum_{S_n} p when NormTopK (+1e-20 for sigmoid), * RoutedScaling
+//	out[n] = sum_{e in S_n} w_n,e * Expert_e(x[n])  (+ Shared(x[n]) when set)
 //
 // Letters: E experts, K = TopK, I the expert width, M_e the tokens routed to expert e.
 //
@@ -72,6 +74,20 @@ type MoE struct {
 	// AuxGrad, when non-nil ([E]), is c with d(aux objective)/d(p[n,e]) = c[e] for every token
 	// n (see LoadBalancingLoss).
 	AuxGrad []float64
+	// Score is the router's score function (softmax by default, or sigmoid).
+	Score backend.RouterScore
+	// NGroup and TopKGroup limit the selection to the TopKGroup best of NGroup groups of
+	// consecutive experts (backend.MoERouting); NGroup 0 or 1 means no limit.
+	NGroup, TopKGroup int
+	// RoutedScaling multiplies the routing weights after the normalisation; 0 means 1.
+	RoutedScaling float32
+	// ScoreBias, when set ([E], a float tensor on the block's backend), is a selection-only
+	// bias of the checkpoint (DeepSeek-V3's e_score_correction_bias), added to the scores with
+	// Bias; it has no gradient.
+	ScoreBias T
+	// Shared, when set, is a dense SwiGLU MLP on the same input whose output is added to the
+	// routed experts' (DeepSeek-V3's shared experts).
+	Shared *MLP
 
 	// Runner, when set, computes the experts (an expert-parallel plan); nil computes them
 	// here, on the rows of this block.
@@ -210,14 +226,32 @@ func (m *MoE) Routed() int {
 // holdsAll reports whether the block holds every routed expert.
 func (m *MoE) holdsAll() bool { return m.FirstExpert == 0 && len(m.Experts) == m.Routed() }
 
-// route computes probabilities, top-k selection and weights on the host from logits [N,E].
-func (m *MoE) route(logits []float32, n int) error {
+// routing is the block's routing choices as the backend's MoE ops take them.
+func (m *MoE) routing() backend.MoERouting {
+	return backend.MoERouting{Score: m.Score, TopK: m.TopK, NormTopK: m.NormTopK, RoutedScaling: m.RoutedScaling,
+		NGroup: m.NGroup, TopKGroup: m.TopKGroup}
+}
+
+// route computes probabilities, top-k selection and weights on the host from logits [N,E], as
+// the backend's MoERoute does (the CPU oracle computes the same numbers).
+func (m *MoE) route(p *Pass, logits []float32, n int) error {
 	e, k := m.Routed(), m.TopK
-	if k <= 0 || k > e {
-		return fmt.Errorf("nn: %s: top-k %d must be in [1, %d experts]", m.Name, k, e)
+	rt := m.routing()
+	if err := rt.Check("route", e); err != nil {
+		return fmt.Errorf("nn: %s: %w", m.Name, err)
 	}
 	if m.Bias != nil && len(m.Bias) != e {
 		return fmt.Errorf("nn: %s: balancing bias has %d entries for %d experts", m.Name, len(m.Bias), e)
+	}
+	var sbias []float32
+	if !m.ScoreBias.IsNil() {
+		var err error
+		if sbias, err = backend.ToFloat32(p.B, m.ScoreBias); err != nil {
+			return wrap(m.Name+" score bias", err)
+		}
+		if len(sbias) != e {
+			return fmt.Errorf("nn: %s: score correction bias has %d entries for %d experts", m.Name, len(sbias), e)
+		}
 	}
 	r := &m.r
 	r.reset()
@@ -226,53 +260,61 @@ func (m *MoE) route(logits []float32, n int) error {
 	r.Sel = resizeI(r.Sel, n*k)
 	r.Weights = resize(r.Weights, n*k)
 	score := make([]float64, e)
+	var keep []bool
+	var gscore []float64
+	var gsel []int32
+	if rt.Grouped() {
+		keep, gscore, gsel = make([]bool, e), make([]float64, rt.NGroup), make([]int32, rt.TopKGroup)
+	}
+	scale := rt.Scaling()
 	for t := 0; t < n; t++ {
 		row := logits[t*e : (t+1)*e]
 		pr := r.Probs[t*e : (t+1)*e]
-		backend.Softmax64(pr, row)
+		if m.Score == backend.RouterSigmoid {
+			backend.Sigmoid64(pr, row)
+		} else {
+			backend.Softmax64(pr, row)
+		}
 		for j := range score {
-			score[j] = float64(pr[j])
-			if m.Bias != nil {
-				score[j] += float64(m.Bias[j])
+			// Bias terms in the order the backend adds them: one combined fp32 bias.
+			var b float32
+			if sbias != nil {
+				b = sbias[j]
 			}
+			if m.Bias != nil {
+				b += m.Bias[j]
+			}
+			score[j] = float64(pr[j]) + float64(b)
 			if math.IsNaN(score[j]) {
 				return fmt.Errorf("nn: %s: router output of token %d is NaN", m.Name, t)
 			}
 		}
+		if keep != nil {
+			backend.KeepGroups(keep, score, gscore, gsel)
+		}
 		sel := r.Sel[t*k : (t+1)*k]
-		topK(sel, score)
+		backend.RouteTopK(sel, score, keep)
 		w := r.Weights[t*k : (t+1)*k]
 		var sum float32
 		for j, s := range sel {
 			w[j] = pr[s]
 			sum += pr[s]
 		}
-		if m.NormTopK {
-			for j := range w {
+		if m.Score == backend.RouterSigmoid {
+			sum += 1e-20
+		}
+		for j := range w {
+			if m.NormTopK {
 				w[j] /= sum
 			}
+			w[j] *= scale
 		}
 	}
 	return nil
 }
 
-// topK writes the indices of the len(sel) largest scores into sel, largest first; ties go to
-// the lower index; scores must not be NaN. It keeps sel sorted while scanning, O(E*K) at worst.
-func topK(sel []int32, score []float64) {
-	k, n := len(sel), 0
-	for i, s := range score {
-		if n == k && !(s > score[sel[k-1]]) {
-			continue
-		}
-		j := min(n, k-1)
-		for j > 0 && s > score[sel[j-1]] {
-			sel[j] = sel[j-1]
-			j--
-		}
-		sel[j] = int32(i)
-		n = min(n+1, k)
-	}
-}
+// topK writes the indices of the len(sel) largest scores into sel (backend.RouteTopK).
+func topK(sel []int32, score []float64) { backend.RouteTopK(sel, score, nil) }
 
 func resize(v []float32, n int) []float32 {
 	if cap(v) < n {
@@ -400,6 +442,23 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 			m.Release(p)
 		}
 	}()
+	if out, err = m.forwardRouted(p, x, keep); err != nil || m.Shared == nil {
+		return out, err
+	}
+	ys, err := m.Shared.Forward(p, x, keep)
+	if err == nil {
+		err = wrap(m.Name+" shared experts", p.B.Add(out, out, ys))
+		_ = free(p.B, &ys)
+	}
+	if err != nil {
+		_ = free(p.B, &out)
+		return T{}, err
+	}
+	return out, nil
+}
+
+// forwardRouted computes the routed experts' output (Forward without the shared experts).
+func (m *MoE) forwardRouted(p *Pass, x T, keep bool) (out T, err error) {
 	if o, ok := m.deviceOps(p, x); ok {
 		m.onDev = true
 		return m.deviceForward(p, o, x, keep)
@@ -414,7 +473,7 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 	if err != nil {
 		return T{}, wrap(m.Name+" router", err)
 	}
-	if err = m.route(lv, n); err != nil {
+	if err = m.route(p, lv, n); err != nil {
 		return T{}, err
 	}
 	if m.Runner != nil {
@@ -554,6 +613,23 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
+	if dx, err = m.backwardRouted(p, dy); err != nil || m.Shared == nil {
+		return dx, err
+	}
+	dxs, err := m.Shared.Backward(p, dy)
+	if err == nil {
+		err = wrap(m.Name+" shared experts", p.B.Add(dx, dx, dxs))
+		_ = free(p.B, &dxs)
+	}
+	if err != nil {
+		_ = free(p.B, &dx)
+		return T{}, err
+	}
+	return dx, nil
+}
+
+// backwardRouted is Backward through the router and the routed experts.
+func (m *MoE) backwardRouted(p *Pass, dy T) (dx T, err error) {
 	if m.onDev {
 		o, ok := m.deviceOps(p, m.x)
 		if !ok {
@@ -580,9 +656,12 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 	if len(dw) != n*k {
 		return T{}, fmt.Errorf("nn: %s: the expert runner returned %d weight gradients for %d tokens x %d slots", m.Name, len(dw), n, k)
 	}
-	// Router: d objective / d p, then through the softmax.
+	// Router: d objective / d p (w = scale * p / D with D the sum of the chosen p when
+	// NormTopK), then through the softmax or the sigmoid.
 	dz := make([]float32, n*e)
 	dp := make([]float64, e)
+	scale := float64(m.routing().Scaling())
+	sigmoid := m.Score == backend.RouterSigmoid
 	for t := 0; t < n; t++ {
 		clear(dp)
 		pr := r.Probs[t*e : (t+1)*e]
@@ -595,16 +674,26 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 				s += float64(pr[x])
 				dot += g[j] * float64(w[j])
 			}
+			if sigmoid {
+				s += 1e-20
+			}
 			for j, x := range sel {
-				dp[x] += (g[j] - dot) / s
+				dp[x] += (scale*g[j] - dot) / s
 			}
 		} else {
 			for j, x := range sel {
-				dp[x] += g[j]
+				dp[x] += scale * g[j]
 			}
 		}
 		for j, c := range m.AuxGrad {
 			dp[j] += c
+		}
+		if sigmoid {
+			for j, v := range pr {
+				pv := float64(v)
+				dz[t*e+j] = float32(pv * (1 - pv) * dp[j])
+			}
+			continue
 		}
 		dot := 0.0
 		for j, v := range pr {
@@ -699,6 +788,9 @@ func (g *ExpertGroup) Release(p *Pass) {
 func (m *MoE) Release(p *Pass) {
 	if m.Runner != nil {
 		m.Runner.Release(p)
+	}
+	if m.Shared != nil {
+		m.Shared.Release(p)
 	}
 	m.g.Release(p)
 	m.d.release(p)

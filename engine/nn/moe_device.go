@@ -240,6 +240,9 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	if m.Bias != nil && len(m.Bias) != e {
 		return T{}, fmt.Errorf("nn: %s: balancing bias has %d entries for %d experts", m.Name, len(m.Bias), e)
 	}
+	if !m.ScoreBias.IsNil() && m.ScoreBias.Numel() != e {
+		return T{}, fmt.Errorf("nn: %s: score correction bias %v has %d entries for %d experts", m.Name, m.ScoreBias, m.ScoreBias.Numel(), e)
+	}
 	if _, err := m.checkStacked(c); err != nil {
 		return T{}, err
 	}
@@ -249,9 +252,9 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	r := &m.r
 	r.reset()
 	r.N, r.E, r.K = n, e, k
-	var logits, order, counts, xs T
+	var logits, order, counts, xs, sbias T
 	defer func() {
-		_ = free(p.B, &logits, &order, &counts, &xs)
+		_ = free(p.B, &logits, &order, &counts, &xs, &sbias)
 		if err != nil {
 			_ = free(p.B, &out)
 		}
@@ -262,6 +265,19 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	bias, err := m.deviceBias(p)
 	if err != nil {
 		return T{}, err
+	}
+	if !m.ScoreBias.IsNil() {
+		// The checkpoint's correction bias in fp32, plus the balancing bias when set.
+		if sbias, err = p.outF32(e); err == nil {
+			err = p.B.Copy(sbias, m.ScoreBias)
+		}
+		if err == nil && !bias.IsNil() {
+			err = p.B.Add(sbias, sbias, bias)
+		}
+		if err != nil {
+			return T{}, wrap(m.Name+" score bias", err)
+		}
+		bias = sbias
 	}
 	i32 := func(shape ...int) (T, error) { return p.B.Alloc(tensor.I32, shape...) }
 	if d.probs, err = p.outF32(n, e); err == nil {
@@ -279,13 +295,14 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 		return T{}, wrap(m.Name, err)
 	}
 	r.b = p.B
-	route := backend.MoERouting{TopK: k, NormTopK: m.NormTopK}
+	route := m.routing()
 	if err = o.MoERoute(backend.MoERouteArgs{MoERouting: route, Logits: logits, Bias: bias, Probs: d.probs, Sel: d.sel,
 		Weights: d.weights, ProbSum: r.psum, Counts: counts}); err != nil {
 		return T{}, wrap(m.Name+" router", err)
 	}
-	if !bias.IsNil() {
-		// The load-balancing loss counts the top-k of the probabilities alone.
+	if !bias.IsNil() || route.Grouped() {
+		// The load-balancing loss counts the top-k of the probabilities alone, over every
+		// expert.
 		if err = m.unbiasedCounts(p, o, route, logits); err != nil {
 			return T{}, err
 		}
@@ -329,8 +346,8 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	return out, nil
 }
 
-// unbiasedCounts routes the logits again without the balancing bias, keeping only the
-// per-expert counts (the aux loss's F term; transformers' top-k of the probabilities).
+// unbiasedCounts routes the logits again without the biases and the group limit, keeping only
+// the per-expert counts (the aux loss's F term; transformers' top-k of the probabilities).
 func (m *MoE) unbiasedCounts(p *Pass, o backend.Optional, route backend.MoERouting, logits T) (err error) {
 	n, e, k := logits.Dim(0), m.Routed(), m.TopK
 	var probs, sel, w T
@@ -346,6 +363,7 @@ func (m *MoE) unbiasedCounts(p *Pass, o backend.Optional, route backend.MoERouti
 	if err != nil {
 		return wrap(m.Name, err)
 	}
+	route.NGroup, route.TopKGroup = 0, 0
 	return wrap(m.Name+" router", o.MoERoute(backend.MoERouteArgs{MoERouting: route, Logits: logits, Probs: probs, Sel: sel, Weights: w, Counts: m.r.auxCounts}))
 }
 
@@ -431,7 +449,7 @@ func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error
 	if dlogits, err = p.out(n, e); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
-	if err = o.MoERouteBackward(backend.MoERouteBackwardArgs{MoERouting: backend.MoERouting{TopK: k, NormTopK: m.NormTopK},
+	if err = o.MoERouteBackward(backend.MoERouteBackwardArgs{MoERouting: m.routing(),
 		Probs: d.probs, Sel: d.sel, Weights: d.weights, DWeights: dw, AuxGrad: aux, DLogits: dlogits}); err != nil {
 		return T{}, wrap(m.Name+" router", err)
 	}

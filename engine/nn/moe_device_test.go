@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
 // newStackedMoE is newMoE with the experts' weights and gradients laid out as the stacked
@@ -43,15 +45,21 @@ func TestMoEDevicePathMatchesComposition(t *testing.T) {
 		norm    bool
 		bias    bool
 		aux     bool
+		deep    bool // sigmoid, score bias, 2-of-NGroup groups, scaling 2.5, shared expert
 	}{
-		{5, 2, 9, true, false, false},
-		{5, 1, 9, false, false, true},
-		{4, 4, 7, true, false, false},
-		{6, 3, 11, true, true, true},
-		{16, 2, 3, false, false, false}, // 6 slots over 16 experts: most have no token
+		{5, 2, 9, true, false, false, false},
+		{5, 1, 9, false, false, true, false},
+		{4, 4, 7, true, false, false, false},
+		{6, 3, 11, true, true, true, false},
+		{16, 2, 3, false, false, false, false}, // 6 slots over 16 experts: most have no token
+		// DeepSeek-V3's router: sigmoid scores, a correction bias, groups, scaled weights and a
+		// shared expert.
+		{6, 2, 9, true, false, false, true},
+		{8, 3, 11, false, true, false, true},
+		{8, 2, 7, true, true, true, true},
 	}
 	for _, tc := range cases {
-		name := fmt.Sprintf("E%d_K%d_N%d_norm=%v_bias=%v_aux=%v", tc.e, tc.k, tc.n, tc.norm, tc.bias, tc.aux)
+		name := fmt.Sprintf("E%d_K%d_N%d_norm=%v_bias=%v_aux=%v_deepseek=%v", tc.e, tc.k, tc.n, tc.norm, tc.bias, tc.aux, tc.deep)
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			m := newStackedMoE(e, C, F, tc.e, tc.k, tc.norm)
@@ -61,10 +69,14 @@ func TestMoEDevicePathMatchesComposition(t *testing.T) {
 					m.Bias[j] = float32(0.05 * e.rng.NormFloat64())
 				}
 			}
+			params := []T{m.Router.GW, m.GateUp.GW, m.Down.GW}
+			if tc.deep {
+				deepseekRouter(e, m, C, F, tc.e/2)
+				params = append(params, m.Shared.Gate.GW, m.Shared.Down.GW)
+			}
 			p := e.pass([]int{tc.n}, 4)
 			x := e.randn(1, tc.n, C)
 			dy := e.randn(1, tc.n, C)
-			params := []T{m.Router.GW, m.GateUp.GW, m.Down.GW}
 			type result struct {
 				out, dx []float32
 				grads   [][]float32
@@ -116,7 +128,7 @@ func TestMoEDevicePathMatchesComposition(t *testing.T) {
 			}
 			cmp("out", got.out, want.out)
 			cmp("dx", got.dx, want.dx)
-			for i, n := range []string{"router grad", "gate_up grad", "down grad"} {
+			for i, n := range []string{"router grad", "gate_up grad", "down grad", "shared gate grad", "shared down grad"}[:len(params)] {
 				cmp(n, got.grads[i], want.grads[i])
 			}
 			if fmt.Sprint(got.load) != fmt.Sprint(want.load) {
@@ -151,4 +163,15 @@ func TestMoEPathSwitch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// deepseekRouter turns m into a DeepSeek-V3 block: sigmoid scores, a correction bias, the best
+// 2 of ngroup expert groups, weights scaled by 2.5 and a shared SwiGLU expert of width f.
+func deepseekRouter(e *env, m *MoE, c, f, ngroup int) {
+	m.Score, m.NGroup, m.TopKGroup, m.RoutedScaling = backend.RouterSigmoid, ngroup, 2, 2.5
+	m.ScoreBias = e.randn(0.05, m.Routed())
+	m.Shared = &MLP{Name: "shared",
+		Gate: Linear{W: e.randn(0.3, f, c), GW: e.zeros(f, c)},
+		Up:   Linear{W: e.randn(0.3, f, c), GW: e.zeros(f, c)},
+		Down: Linear{W: e.randn(0.3, c, f), GW: e.zeros(c, f)}}
 }

@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -159,7 +160,7 @@ func TestRouting(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &MoE{Name: "moe", Experts: make([]Expert, 4), TopK: 2, NormTopK: tc.norm, Bias: tc.bias}
-			if err := m.route(logits, 2); err != nil {
+			if err := m.route(nil, logits, 2); err != nil {
 				t.Fatal(err)
 			}
 			r := m.Routing()
@@ -181,11 +182,11 @@ func TestRouting(t *testing.T) {
 		})
 	}
 	m := &MoE{Name: "moe", Experts: make([]Expert, 4), TopK: 5}
-	if err := m.route(logits, 2); err == nil {
+	if err := m.route(nil, logits, 2); err == nil {
 		t.Error("top-5 of 4 experts accepted")
 	}
 	m = &MoE{Name: "moe", Experts: make([]Expert, 4), TopK: 2, Bias: []float32{1}}
-	if err := m.route(logits, 2); err == nil {
+	if err := m.route(nil, logits, 2); err == nil {
 		t.Error("bias of the wrong length accepted")
 	}
 }
@@ -238,7 +239,7 @@ func FuzzRoute(f *testing.F) {
 			logits[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
 		}
 		m := &MoE{Name: "moe", Experts: make([]Expert, e), TopK: int(k % 18), NormTopK: norm}
-		if err := m.route(logits, n); err != nil {
+		if err := m.route(nil, logits, n); err != nil {
 			return
 		}
 		r := m.Routing()
@@ -476,5 +477,49 @@ func TestMoEHoldingSomeExperts(t *testing.T) {
 	}
 	if _, err := g.Forward(p, x, []int32{0}, []int32{1}, nil, false); err == nil || !strings.Contains(err.Error(), "names expert 1; this group holds experts [2,4)") {
 		t.Errorf("assignment to an expert the group does not hold: got %v", err)
+	}
+}
+
+// TestMoESigmoidGradients checks dx, the router's, an expert's and the shared expert's
+// gradients of a DeepSeek-V3 block (sigmoid scores, a correction bias, 2 of 3 expert groups,
+// weights scaled by 2.5, a shared expert) against central differences, with and without the
+// renormalisation of the top-k weights, on both paths. The tokens' expert scores are
+// well-spaced levels so that no perturbation changes the groups or the top-k.
+func TestMoESigmoidGradients(t *testing.T) {
+	const C, F, E = 12, 10, 6
+	for _, norm := range []bool{true, false} {
+		for _, composed := range []bool{true, false} {
+			t.Run(fmt.Sprintf("norm=%v/composed=%v", norm, composed), func(t *testing.T) {
+				e := newEnv(t)
+				p := e.pass([]int{6, 5}, 4)
+				m := newStackedMoE(e, C, F, E, 2, norm)
+				m.Composed = composed
+				deepseekRouter(e, m, C, F, 3)
+				e.set(m.ScoreBias, []float32{0.01, -0.02, 0, 0.015, -0.01, 0.005})
+				w := e.get(m.Router.W)
+				for i := range w {
+					w[i] *= 0.05
+				}
+				for x := 0; x < E; x++ {
+					w[x*C+x] += 2
+				}
+				e.set(m.Router.W, w)
+				xv := e.get(e.randn(1, p.N, C))
+				for n := 0; n < p.N; n++ {
+					for j, v := range e.rng.Perm(E) {
+						xv[n*C+j] = 0.4*float32(v) - 0.6 + float32(0.01*e.rng.NormFloat64())
+					}
+				}
+				x := e.zeros(p.N, C)
+				e.set(x, xv)
+				l := layer{
+					fwd:   func(p *Pass, x T, keep bool) (T, error) { return m.Forward(p, x, keep) },
+					bwd:   func(p *Pass, _ T, dy T) (T, error) { return m.Backward(p, dy) },
+					param: []T{m.Router.W, m.GateUp.W, m.Down.W, m.Shared.Up.W},
+					grad:  []T{m.Router.GW, m.GateUp.GW, m.Down.GW, m.Shared.Up.GW},
+				}
+				checkGradients(t, e, p, x, l)
+			})
+		}
 	}
 }

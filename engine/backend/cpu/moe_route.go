@@ -38,54 +38,6 @@ func i32Matrix(op, name string, t T, rows, cols int) ([]int32, error) {
 	return ints(op, name, t)
 }
 
-// routeTopK writes the indices of the len(sel) largest scores into sel, largest first; ties go
-// to the lower index; experts with keep[e] false (when keep is set) are skipped.
-func routeTopK(sel []int32, score []float64, keep []bool) {
-	k, n := len(sel), 0
-	for i, s := range score {
-		if keep != nil && !keep[i] {
-			continue
-		}
-		if n == k && !(s > score[sel[k-1]]) {
-			continue
-		}
-		j := min(n, k-1)
-		for j > 0 && s > score[sel[j-1]] {
-			sel[j] = sel[j-1]
-			j--
-		}
-		sel[j] = int32(i)
-		n = min(n+1, k)
-	}
-}
-
-// keepGroups marks the experts of the TopKGroup best groups of score (a group scored by the sum
-// of its two largest scores) in keep.
-func keepGroups(keep []bool, score []float64, gscore []float64, gsel []int32, ngroup int) {
-	per := len(score) / ngroup
-	for g := range ngroup {
-		a, b := math.Inf(-1), math.Inf(-1)
-		for _, s := range score[g*per : (g+1)*per] {
-			if s > a {
-				a, b = s, a
-			} else if s > b {
-				b = s
-			}
-		}
-		if per == 1 {
-			b = 0
-		}
-		gscore[g] = a + b
-	}
-	routeTopK(gsel, gscore, nil)
-	clear(keep)
-	for _, g := range gsel {
-		for e := int(g) * per; e < int(g+1)*per; e++ {
-			keep[e] = true
-		}
-	}
-}
-
 // MoERoute implements backend.Optional.MoERoute.
 func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 	const op = "moe-route"
@@ -148,9 +100,7 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 			z := logits[t*e : (t+1)*e]
 			p := probs[t*e : (t+1)*e]
 			if a.Score == backend.RouterSigmoid {
-				for j, v := range z {
-					p[j] = float32(1 / (1 + math.Exp(-float64(v))))
-				}
+				backend.Sigmoid64(p, z)
 			} else {
 				backend.Softmax64(p, z)
 			}
@@ -167,10 +117,10 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 				return
 			}
 			if keep != nil {
-				keepGroups(keep, score, gscore, gsel, a.NGroup)
+				backend.KeepGroups(keep, score, gscore, gsel)
 			}
 			s := sel[t*k : (t+1)*k]
-			routeTopK(s, score, keep)
+			backend.RouteTopK(s, score, keep)
 			w := weights[t*k : (t+1)*k]
 			var sum float32
 			for j, x := range s {
