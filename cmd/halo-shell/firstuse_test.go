@@ -136,7 +136,7 @@ func TestLaunchHelpListsFlagsOnce(t *testing.T) {
 	if n := strings.Count(out, "Flags:"); n != 1 {
 		t.Fatalf("launch --help has %d \"Flags:\" sections, want 1:\n%s", n, out)
 	}
-	for _, w := range []string{"--trace=FILE", "--dry-run", "Usage:\n  halo-shell launch pretrain|sft CONFIG.yaml"} {
+	for _, w := range []string{"--trace=FILE", "--dry-run", "Usage:\n  halo-shell launch METHOD CONFIG.yaml"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("launch --help lacks %q:\n%s", w, out)
 		}

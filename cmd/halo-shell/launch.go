@@ -26,13 +26,15 @@ import (
 	"github.com/halo-shell/halo-shell/session/server"
 )
 
-const launchHelp = `Trains with a YAML config whose keys follow Hugging Face TrainingArguments
+const launchHelp = `Trains with METHOD and a YAML config whose keys follow Hugging Face TrainingArguments
 (model_name_or_path or init, dataset, max_length, packing, per_device_train_batch_size,
 gradient_accumulation_steps, learning_rate, lr_scheduler_type, warmup_steps, max_steps,
 num_train_epochs, weight_decay, max_grad_norm, seed, output_dir, save_steps, logging_steps,
 eval_steps, optim, bf16, device, ...). Unknown keys, wrong types and impossible values are
 refused before any work, naming the key, line and column.
 
+Methods:
+` + "{{methods}}" + `
 Any key can be overridden after the config file: --learning_rate=1e-3, --init.preset=tiny,
 --dataset.eval_split=0.1 (or --learning_rate 1e-3: the next argument is the value).
 --resume_from_checkpoint=DIR continues a run exactly.
@@ -65,9 +67,9 @@ Flags:
 
 func init() {
 	cmd := &cobra.Command{
-		Use:                "launch pretrain|sft CONFIG.yaml [--key=value ...] [--dry-run]",
+		Use:                "launch METHOD CONFIG.yaml [--key=value ...] [--dry-run]",
 		Short:              "Train from a YAML config (batch run with a progress bar and metrics.jsonl)",
-		Long:               launchHelp,
+		Long:               strings.Replace(launchHelp, "{{methods}}", train.MethodSummaries(), 1),
 		DisableFlagParsing: true,
 		// The flags are listed in launchHelp (they are parsed by parseLaunchArgs), so the
 		// usage shows the command line only, not cobra's own flag section.
@@ -82,8 +84,8 @@ func init() {
 			}
 			pos, overrides, lo, dry := la.pos, la.overrides, la.opts, la.dry
 			method := pos[0]
-			if method != train.MethodPretrain && method != train.MethodSFT {
-				return fmt.Errorf("launch: unknown method %q (use pretrain or sft)", method)
+			if _, err := train.LookupMethod(method); err != nil {
+				return fmt.Errorf("launch: %w", err)
 			}
 			cfg, err := train.LoadConfig(pos[1], method, overrides)
 			if err != nil {
@@ -172,7 +174,7 @@ func parseLaunchArgs(args []string) (launchArgs, error) {
 		if len(la.pos) > 0 {
 			got = fmt.Sprintf("%d arguments: %s", len(la.pos), strings.Join(la.pos, " "))
 		}
-		return la, fmt.Errorf("launch: want a method and a config file, then overrides: launch pretrain|sft CONFIG.yaml [--key=value ...] (got %s)", got)
+		return la, fmt.Errorf("launch: want a method and a config file, then overrides: launch METHOD CONFIG.yaml [--key=value ...], METHOD one of %s (got %s)", strings.Join(train.Methods(), ", "), got)
 	}
 	return la, nil
 }

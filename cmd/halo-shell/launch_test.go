@@ -86,7 +86,7 @@ func TestLaunchDryRunAndRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"launch", "dpo", "x.yaml"}, `unknown method "dpo"`},
+		{[]string{"launch", "dop", "x.yaml"}, `unknown method "dop"`},
 		{[]string{"launch", "sft"}, "want a method and a config file"},
 		{append(quickstartArgs(out), "--learning_rat=1"), `did you mean "learning_rate"?`},
 		{append(quickstartArgs(out), "--max_steps=-3"), "max_steps: -3 must be positive"},

@@ -240,8 +240,10 @@ type Ops interface {
 	// target t = Targets[n] != IgnoreIndex: logits = Hidden[n] @ Weight^T (fp32), logprob[n] =
 	// logits[t] - logsumexp(logits), loss[n] = -logprob[n]; ignored tokens get loss = logprob = 0
 	// and no gradient. With DHidden and/or DWeight set it also runs backward for
-	// dL/dloss[n] = GradScale: dHidden[n] = GradScale * (softmax - onehot(t)) @ Weight (=), and
-	// dWeight += GradScale * sum_n (softmax - onehot)^T Hidden[n] (+=).
+	// dL/dloss[n] = s[n] = GradScale (times TokenScale[n] when TokenScale is set):
+	// dHidden[n] = s[n] * (softmax - onehot(t)) @ Weight (=), and
+	// dWeight += sum_n s[n] * (softmax - onehot)^T Hidden[n] (+=). A per-token scale is how
+	// sequence-level losses (DPO, KTO, ...) reach the tokens: s[n] = -dL/dlogprob[n].
 	// With Softcap > 0 the logits are capped first, logits = Softcap * tanh(logits / Softcap)
 	// (final_logit_softcapping), and the gradient passes through the cap's derivative.
 	// Tokens are processed ChunkRows at a time so full [N, V] fp32 logits never exist at once.
@@ -324,14 +326,15 @@ type AttentionBackwardArgs struct {
 
 // CrossEntropyArgs are the operands of Ops.CrossEntropy.
 type CrossEntropyArgs struct {
-	Hidden    T       // [N,C] final hidden states (after the final norm)
-	Weight    T       // [V,C] LM head (the embedding table when tied)
-	Targets   T       // [N] I32 target ids; IgnoreIndex skips; any other value outside [0,V) is an error
-	Loss      T       // [N] F32 =; optional
-	LogProb   T       // [N] F32 =; optional
-	DHidden   T       // [N,C] =; optional (backward when set)
-	DWeight   T       // [V,C] +=; optional (backward when set)
-	GradScale float32 // dL/dloss per non-ignored token (e.g. 1 / non-ignored tokens of the whole optimizer step)
-	ChunkRows int     // tokens per chunk; 0 = backend default
-	Softcap   float32 // tanh cap of the logits (Softcap * tanh(logit / Softcap)); 0 = none
+	Hidden     T       // [N,C] final hidden states (after the final norm)
+	Weight     T       // [V,C] LM head (the embedding table when tied)
+	Targets    T       // [N] I32 target ids; IgnoreIndex skips; any other value outside [0,V) is an error
+	Loss       T       // [N] F32 =; optional
+	LogProb    T       // [N] F32 =; optional
+	DHidden    T       // [N,C] =; optional (backward when set)
+	DWeight    T       // [V,C] +=; optional (backward when set)
+	GradScale  float32 // dL/dloss per non-ignored token (e.g. 1 / non-ignored tokens of the whole optimizer step)
+	TokenScale T       // [N] F32; optional: multiplies GradScale token by token (backward only)
+	ChunkRows  int     // tokens per chunk; 0 = backend default
+	Softcap    float32 // tanh cap of the logits (Softcap * tanh(logit / Softcap)); 0 = none
 }

@@ -17,16 +17,86 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 	if b.Targets == nil {
 		return 0, 0, errors.New("models: ForwardBackward needs Batch.Targets")
 	}
-	if err := m.EnableGrads(); err != nil {
+	var loss tensor.Tensor
+	defer func() {
+		if !loss.IsNil() {
+			_ = m.b.Free(loss)
+		}
+	}()
+	r, err := m.forwardBackward(b, func(p *pass, x tensor.Tensor) (tensor.Tensor, error) {
+		var err error
+		if loss, err = m.b.Alloc(tensor.F32, p.N); err != nil {
+			return tensor.Tensor{}, err
+		}
+		return m.head.Loss(&p.Pass, x, p.targets, loss, tensor.Tensor{}, true, lossScale)
+	})
+	if err != nil {
 		return 0, 0, err
+	}
+	return m.sumLoss(loss, r.targets)
+}
+
+// ForwardBackwardWeighted runs the model on a packed micro-batch with targets and lets the
+// caller weigh each token's gradient after seeing the log-probs: weigh receives
+// logprob[n] = log p(Targets[n] | document up to n) for every position (0 where the target
+// is ignored) and returns scale [N], and the gradient of sum_n scale[n] * loss[n] (loss[n] =
+// -logprob[n]), plus AuxLossScale() * AuxLoss() for mixture-of-experts models, accumulates
+// into the gradient arena (+=). For a sequence-level loss L of the log-probs, scale[n] =
+// -dL/dlogprob[n]. The blocks run forward once; the head runs twice (log-probs, then the
+// weighted backward), which costs one more LM-head GEMM.
+func (m *Model) ForwardBackwardWeighted(b Batch, weigh func(logprob []float32) ([]float32, error)) error {
+	if b.Targets == nil {
+		return errors.New("models: ForwardBackwardWeighted needs Batch.Targets")
+	}
+	var lpt, st tensor.Tensor
+	defer func() {
+		for _, t := range []tensor.Tensor{lpt, st} {
+			if !t.IsNil() {
+				_ = m.b.Free(t)
+			}
+		}
+	}()
+	_, err := m.forwardBackward(b, func(p *pass, x tensor.Tensor) (tensor.Tensor, error) {
+		var err error
+		if lpt, err = m.b.Alloc(tensor.F32, p.N); err != nil {
+			return tensor.Tensor{}, err
+		}
+		if _, err = m.head.Loss(&p.Pass, x, p.targets, tensor.Tensor{}, lpt, false, 0); err != nil {
+			return tensor.Tensor{}, err
+		}
+		lp, err := backend.ToFloat32(m.b, lpt)
+		if err != nil {
+			return tensor.Tensor{}, err
+		}
+		scale, err := weigh(lp)
+		if err != nil {
+			return tensor.Tensor{}, err
+		}
+		if len(scale) != p.N {
+			return tensor.Tensor{}, fmt.Errorf("models: ForwardBackwardWeighted: weigh returned %d scales for %d tokens", len(scale), p.N)
+		}
+		if st, err = backend.FromFloat32(m.b, scale, tensor.F32, p.N); err != nil {
+			return tensor.Tensor{}, err
+		}
+		return m.head.LossScaled(&p.Pass, x, p.targets, st, tensor.Tensor{}, tensor.Tensor{}, true, 1)
+	})
+	return err
+}
+
+// forwardBackward runs the blocks forward with their caches, hands the head's input to head
+// (which returns the new gradient dx [N,C] of the objective with respect to it, and
+// accumulates the head's own gradients), then runs the blocks and the embedding backward.
+func (m *Model) forwardBackward(b Batch, head func(p *pass, x tensor.Tensor) (tensor.Tensor, error)) (*resolved, error) {
+	if err := m.EnableGrads(); err != nil {
+		return nil, err
 	}
 	r, err := m.resolve(&b)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	p, err := m.newPass(r)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer p.release(m.b)
 	p.Train, p.DropoutKey = true, m.dropoutKey
@@ -34,7 +104,7 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 
 	// xs[i] is the input of block i; xs[L] the input of the head.
 	xs := make([]tensor.Tensor, 0, len(m.blocks)+1)
-	var dx, loss tensor.Tensor
+	var dx tensor.Tensor
 	defer func() {
 		for i := range m.blocks {
 			m.blocks[i].Release(&p.Pass)
@@ -47,19 +117,16 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 		if !dx.IsNil() {
 			_ = m.b.Free(dx)
 		}
-		if !loss.IsNil() {
-			_ = m.b.Free(loss)
-		}
 	}()
 	x, err := m.embed.Forward(&p.Pass, p.ids)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	xs = append(xs, x)
 	for _, blk := range m.blocks {
 		y, err := blk.Forward(&p.Pass, xs[len(xs)-1], true)
 		if err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		xs = append(xs, y)
 	}
@@ -69,26 +136,23 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 	early := m.moe.auxScale != 0
 	if early {
 		if err = m.moeAfterForward(true); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 	} else {
 		m.clearAuxGrad()
 	}
-	if loss, err = m.b.Alloc(tensor.F32, p.N); err != nil {
-		return 0, 0, err
-	}
-	if dx, err = m.head.Loss(&p.Pass, xs[len(m.blocks)], p.targets, loss, tensor.Tensor{}, true, lossScale); err != nil {
-		return 0, 0, err
+	if dx, err = head(p, xs[len(m.blocks)]); err != nil {
+		return nil, err
 	}
 	for i := len(m.blocks) - 1; i >= 0; i-- {
 		if dx, err = m.blocks[i].Backward(&p.Pass, dx); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		_ = m.b.Free(xs[i+1])
 		xs[i+1] = tensor.Tensor{}
 	}
 	if err = m.embed.Backward(&p.Pass, dx, p.ids); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	if early {
 		// Recomputation re-ran the routing in the backward: read its (equal) statistics.
@@ -97,9 +161,9 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 		err = m.moeAfterForward(true)
 	}
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	return m.sumLoss(loss, r.targets)
+	return r, nil
 }
 
 func (m *Model) sumLoss(loss tensor.Tensor, targets []int32) (float64, int, error) {

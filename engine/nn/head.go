@@ -27,6 +27,14 @@ func (h *Head) scaled() bool { return h.LogitScale != 0 && h.LogitScale != 1 }
 // new dx [N,C] (=) for d(gradScale * sum of losses)/dx and accumulates GW and the norm weight
 // gradient (+=); otherwise dx is the zero tensor.
 func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale float32) (dx T, err error) {
+	return h.LossScaled(p, x, targets, T{}, loss, logprob, train, gradScale)
+}
+
+// LossScaled is Loss with a per-token gradient scale: with tokenScale [N] F32 set, dx is
+// d(gradScale * sum_n tokenScale[n] * loss[n])/dx (and GW and the norm weight gradient
+// accumulate the same), so a sequence-level objective weighs each token by its own
+// -dL/dlogprob.
+func (h *Head) LossScaled(p *Pass, x, targets, tokenScale, loss, logprob T, train bool, gradScale float32) (dx T, err error) {
 	hid, rstd, err := h.Norm.Forward(p, x)
 	if err != nil {
 		return T{}, err
@@ -40,7 +48,7 @@ func (h *Head) Loss(p *Pass, x, targets, loss, logprob T, train bool, gradScale 
 	}
 	args := backend.CrossEntropyArgs{
 		Hidden: hid, Weight: h.W, Targets: targets, Loss: loss, LogProb: logprob,
-		GradScale: gradScale, ChunkRows: h.ChunkRows,
+		GradScale: gradScale, TokenScale: tokenScale, ChunkRows: h.ChunkRows,
 	}
 	if train {
 		if dh, err = p.out(hid.Shape()...); err != nil {

@@ -25,9 +25,13 @@ import (
 // TrainingArguments where one exists. Zero values are replaced by the defaults named in each
 // field's comment (see Defaults).
 type Config struct {
-	// Method is the training method: "pretrain" (every token is a target) or "sft" (only
-	// assistant / completion tokens are targets). Set by `launch pretrain|sft`.
+	// Method is the training method: "pretrain" (every token is a target), "sft" (only
+	// assistant / completion tokens are targets) or another registered method (Methods).
+	// Set by `launch METHOD`.
 	Method string `yaml:"method" json:"method"`
+	// Objective are the method's own keys (beta, loss_type, ...), TRL's names; a key that
+	// the method does not read is refused. See ObjectiveConfig.
+	Objective ObjectiveConfig `yaml:",inline" json:"objective"`
 
 	Model   ModelConfig    `yaml:",inline" json:"model"`
 	Dataset DatasetConfig  `yaml:"dataset" json:"dataset"`
@@ -247,7 +251,6 @@ const (
 
 // Choices of the enumerated keys.
 var (
-	methods    = []string{MethodPretrain, MethodSFT}
 	optims     = []string{"adamw_torch", "adamw_bf16", "adamw_bf16_nearest"}
 	schedulers = []string{"linear", "cosine", "constant", "constant_with_warmup"}
 	devices    = []string{"auto", "cpu", "cuda"}
@@ -412,6 +415,9 @@ func (c *Config) Defaults() {
 		c.GenerationEval.MaxNewTokens = 16
 	}
 	c.peftDefaults()
+	if spec, ok := methodRegistry[c.Method]; ok && spec.Defaults != nil {
+		spec.Defaults(c)
+	}
 }
 
 // FieldError is a refused configuration value. Key is the dotted YAML key; Line and Column
@@ -468,7 +474,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, e)
 		}
 	}
-	check(oneOf("method", c.Method, methods))
+	if spec, ok := methodRegistry[c.Method]; !ok {
+		check(oneOf("method", c.Method, Methods()))
+	} else {
+		c.validateObjective(spec, bad)
+	}
 	m := c.Model
 	switch {
 	case m.ModelNameOrPath == "" && m.Init == nil:

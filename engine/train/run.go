@@ -110,12 +110,18 @@ func Run(ctx context.Context, t *Trainer, o RunOptions) (RunResult, error) {
 			return res, err
 		}
 		if t.HasEval() && ((cfg.Run.EvalSteps > 0 && t.step%cfg.Run.EvalSteps == 0) || t.Done()) {
-			el, err := t.Eval(ctx)
+			el, ems, err := t.evalAll(ctx)
 			if err != nil {
 				bar.finish()
 				return res, err
 			}
 			m.EvalLoss = &el
+			for k, v := range ems.Values() {
+				if m.Method == nil {
+					m.Method = map[string]float64{}
+				}
+				m.Method["eval_"+k] = v
+			}
 		}
 		if enc != nil {
 			if err := enc.Encode(m); err != nil {

@@ -70,6 +70,10 @@ func NewOn(cfg *Config, b backend.Backend) (*Trainer, error) {
 func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Trainer, error) {
 	var err error
 	t := &Trainer{Cfg: cfg, b: b, hyper: hyperFrom(cfg), deviceNote: note, nodes: nodes}
+	if t.method, err = LookupMethod(cfg.Method); err != nil {
+		_ = b.Close()
+		return nil, err
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -94,6 +98,9 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 			return nil, err
 		}
 		usePlan = true
+	}
+	if usePlan && !t.method.Parallel {
+		return nil, fmt.Errorf("train: method %s runs on one device; devices %s asks for a parallel layout: set devices to one device (e.g. cuda:0), or remove devices and the parallel sizes", cfg.Method, cfg.Parallel.Devices)
 	}
 	if nodes == nil {
 		// The estimate is checked against the machine before anything is allocated.
@@ -126,7 +133,7 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 	if err := t.setupMoE(); err != nil {
 		return nil, err
 	}
-	if err := t.setupData(); err != nil {
+	if t.obj, err = t.method.Setup(t); err != nil {
 		return nil, err
 	}
 	if t.opt, err = newOptimizer(t.model, cfg); err != nil {

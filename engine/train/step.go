@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -48,6 +47,9 @@ type stepOut struct {
 	// per MoE layer and expert; both unset for dense models.
 	aux  float64
 	load [][]int
+	// metrics are the method's metric sums over the step's micro-batches (nil for pretrain
+	// and sft).
+	metrics Metrics
 }
 
 // Step runs one optimizer step: gradient_accumulation_steps micro-batches whose summed
@@ -76,11 +78,11 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 			return fail(err)
 		}
 		batches[i] = b
-		total += b.NumTargets()
+		total += t.obj.Units(b)
 		tokens += b.Len()
 	}
 	if total == 0 {
-		return fail(errors.New("train: the step's micro-batches have no target tokens"))
+		return fail(fmt.Errorf("train: the step's micro-batches have nothing to train on (method %s)", t.Cfg.Method))
 	}
 	lr := t.schedule(h).At(min(t.step, t.totalSteps))
 	out, retry, err := t.exec.step(ctx, batches, total, h, lr, t.step+1)
@@ -105,6 +107,7 @@ func (t *Trainer) stepMetrics(el time.Duration, o stepOut, lr float64, tokens, t
 		TokensPerS: float64(tokens) / el.Seconds(), StepTimeS: el.Seconds(),
 		Epoch: float64(c.Epoch) + float64(c.Index)/float64(t.loader.BatchesPerEpoch()),
 	}
+	m.Method = o.metrics.Values()
 	if t.model.IsMoE() {
 		aux := o.aux
 		m.AuxLoss = &aux
@@ -129,11 +132,13 @@ type deviceSteps struct {
 	b       backend.Backend
 	auxCoef float64   // the objective's aux-loss weight (MoE models)
 	ots     []OpTimer // b, when it times its ops
+	obj     Objective // the method's loss
+	total   int       // the run's planned steps (for StepAt)
 }
 
 // deviceStepper returns the stepper of the single model on the trainer's backend.
 func (t *Trainer) deviceStepper() *deviceSteps {
-	d := &deviceSteps{m: t.model, opt: t.opt, b: t.b, auxCoef: t.auxCoef}
+	d := &deviceSteps{m: t.model, opt: t.opt, b: t.b, auxCoef: t.auxCoef, obj: t.obj, total: t.totalSteps}
 	if ot, ok := t.b.(OpTimer); ok {
 		d.ots = []OpTimer{ot}
 	}
@@ -145,7 +150,6 @@ func (d *deviceSteps) step(ctx context.Context, batches []data.Batch, total int,
 	if err := d.m.ZeroGrads(); err != nil {
 		return out, true, err
 	}
-	scale := float32(1 / float64(total))
 	moe := d.m.IsMoE()
 	if moe {
 		// The objective is the mean over micro-batches of CE + coef * aux, so each
@@ -154,16 +158,23 @@ func (d *deviceSteps) step(ctx context.Context, batches []data.Batch, total int,
 		d.m.TakeExpertLoad() // count this step's micro-batches only
 	}
 	lossSum, auxSum := 0.0, 0.0
+	at := StepAt{Step: n, Total: d.total}
 	for i, b := range batches {
 		if err := ctx.Err(); err != nil {
 			return out, true, err
 		}
-		s, _, err := d.m.ForwardBackward(toModelBatch(b), scale)
+		s, ms, err := d.obj.ForwardBackward(d.m, b, total, at)
 		if err != nil {
 			return out, true, fmt.Errorf("train: step %d micro-batch %d: %w", n, i, err)
 		}
 		lossSum += s
 		auxSum += d.m.AuxLoss()
+		if len(ms) > 0 {
+			if out.metrics == nil {
+				out.metrics = Metrics{}
+			}
+			out.metrics.Merge(ms)
+		}
 	}
 	out.loss = lossSum / float64(total)
 	norm, err := optim.GradNorm(d.b, []backend.T{d.m.TrainableGrads()})

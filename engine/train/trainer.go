@@ -81,6 +81,11 @@ type StepMetrics struct {
 	// each expert summed over every micro-batch (and, on a parallel plan, every data and
 	// context rank), then max, min, coefficient of variation and dead experts of those sums.
 	ExpertLoad []models.ExpertLoad `json:"expert_load,omitempty"`
+	// Method holds the method's own measurements under TRL's names (rewards/chosen,
+	// rewards/rejected, rewards/accuracies, rewards/margins, kl, ...; held-out ones prefixed
+	// eval_), each the mean over the step's units; empty for pretrain and sft. In JSON they
+	// are top-level keys beside the fields above.
+	Method map[string]float64 `json:"-"`
 }
 
 // OpTimer is an optional backend capability: time spent per op class since the last reset.
@@ -113,6 +118,8 @@ type Trainer struct {
 	opt         *optim.AdamW
 	hyper       Hyper
 	exec        stepper // runs the steps: deviceSteps on one device, planSteps on a plan
+	method      *MethodSpec
+	obj         Objective // the method's loss, called by the stepper for each micro-batch
 	step        int
 	totalSteps  int
 	warmup      int
@@ -167,28 +174,38 @@ func toModelBatch(b data.Batch) models.Batch {
 // HasEval reports whether there is held-out data.
 func (t *Trainer) HasEval() bool { return len(t.evalBatches) > 0 }
 
-// Eval returns the mean cross-entropy over every target token of the held-out data, computed
-// by the single model (brought up to date first on a parallel plan).
+// Eval returns the method's mean loss over the held-out data (for pretrain and sft the mean
+// cross-entropy over every target token), computed by the single model (brought up to date
+// first on a parallel plan).
 func (t *Trainer) Eval(ctx context.Context) (float64, error) {
+	l, _, err := t.evalAll(ctx)
+	return l, err
+}
+
+// evalAll is Eval with the method's held-out metrics.
+func (t *Trainer) evalAll(ctx context.Context) (float64, Metrics, error) {
 	if len(t.evalBatches) == 0 {
-		return 0, errors.New("train: no held-out data: set dataset.eval_split or dataset.eval_path")
+		return 0, nil, errors.New("train: no held-out data: set dataset.eval_split or dataset.eval_path")
 	}
 	if err := t.exec.syncParams(); err != nil {
-		return 0, fmt.Errorf("train: eval: %w", err)
+		return 0, nil, fmt.Errorf("train: eval: %w", err)
 	}
 	sum, n := 0.0, 0
+	ms := Metrics{}
+	at := StepAt{Step: t.step + 1, Total: t.totalSteps}
 	for _, b := range t.evalBatches {
 		if err := ctx.Err(); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
-		s, k, err := t.model.Forward(toModelBatch(b))
+		s, k, bm, err := t.obj.Eval(t.model, b, at)
 		if err != nil {
-			return 0, fmt.Errorf("train: eval: %w", err)
+			return 0, nil, fmt.Errorf("train: eval: %w", err)
 		}
 		sum += s
 		n += k
+		ms.Merge(bm)
 	}
-	return sum / float64(max(1, n)), nil
+	return sum / float64(max(1, n)), ms, nil
 }
 
 // Close frees the model, the optimizer state and the backend.

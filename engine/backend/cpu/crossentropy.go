@@ -54,6 +54,15 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			return err
 		}
 	}
+	var tscale []float32
+	if !a.TokenScale.IsNil() {
+		if err := numel(op, "TokenScale", a.TokenScale, n, "N"); err != nil {
+			return err
+		}
+		if tscale, err = f32only(op, "TokenScale", a.TokenScale); err != nil {
+			return err
+		}
+	}
 	hs, err := b.in(op, "Hidden", a.Hidden)
 	if err != nil {
 		return err
@@ -145,11 +154,15 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 					logp[lo+r] = lp
 				}
 				if dh != nil || dw != nil {
-					k := a.GradScale / float32(s)
+					g := a.GradScale
+					if tscale != nil {
+						g *= tscale[lo+r]
+					}
+					k := g / float32(s)
 					for j := range row {
 						row[j] *= k
 					}
-					row[t] -= a.GradScale
+					row[t] -= g
 					for j, d := range capD {
 						row[j] *= d
 					}

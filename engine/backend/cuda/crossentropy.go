@@ -47,6 +47,10 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	pt := arg.i32("Targets", a.Targets)
 	pLoss := arg.opt("Loss", a.Loss)
 	pLP := arg.opt("LogProb", a.LogProb)
+	if !a.TokenScale.IsNil() && (a.TokenScale.DType() != tensor.F32 || a.TokenScale.Numel() != N) {
+		return fmt.Errorf("cuda: %s: TokenScale %v must be f32 [%d]", op, a.TokenScale, N)
+	}
+	pTS := arg.opt("TokenScale", a.TokenScale)
 	if err := arg.err(); err != nil {
 		return err
 	}
@@ -136,7 +140,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		if backward {
 			dlp = pDL
 		}
-		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr(), a.Softcap)
+		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, pTS, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr(), a.Softcap)
 		if err := b.d.Post(func() error {
 			return b.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(r), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
 		}); err != nil {

@@ -669,6 +669,35 @@ func TestGPUCrossEntropy(t *testing.T) {
 	}
 }
 
+// TestGPUCrossEntropyTokenScale checks the per-token gradient scale of sequence-level losses
+// against the CPU: signed scales, ignored tokens, two chunks.
+func TestGPUCrossEntropyTokenScale(t *testing.T) {
+	g := gpu(t)
+	const N, C, V = 96, 64, 1000
+	targets := ints(N, func(i int) int32 {
+		if i%5 == 0 {
+			return backend.IgnoreIndex
+		}
+		return int32((i * 37) % V)
+	})
+	c := opCase{
+		Name: "cross_entropy_token_scale/bf16",
+		Tensors: []tspec{
+			{Name: "h", DType: tensor.BF16, Shape: []int{N, C}, Gen: gen{Scale: 1}},
+			{Name: "w", DType: tensor.BF16, Shape: []int{V, C}, Gen: gen{Scale: 0.2}},
+			{Name: "targets", DType: tensor.I32, Shape: []int{N}, Gen: gen{Ints: targets}},
+			{Name: "ts", DType: tensor.F32, Shape: []int{N}, Gen: gen{Scale: 1}},
+			{Name: "dh", DType: tensor.BF16, Shape: []int{N, C}, Out: true, AbsFrac: 1e-2, Rel: 2 * bf16Eps},
+			{Name: "dw", DType: tensor.F32, Shape: []int{V, C}, Gen: gen{Scale: 0.01}, Out: true, AbsFrac: 1e-2, Rel: 2 * bf16Eps},
+		},
+		Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+			return be.CrossEntropy(backend.CrossEntropyArgs{Hidden: ts["h"], Weight: ts["w"], Targets: ts["targets"],
+				DHidden: ts["dh"], DWeight: ts["dw"], GradScale: 0.5, TokenScale: ts["ts"], ChunkRows: 64})
+		},
+	}
+	runCase(t, g, c)
+}
+
 func TestGPUCrossEntropyRejectsBadTarget(t *testing.T) {
 	g := gpu(t)
 	h, _ := g.Alloc(tensor.BF16, 3, 8)

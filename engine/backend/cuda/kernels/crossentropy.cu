@@ -7,7 +7,8 @@
 //
 // ce_rows, one block per row r of the chunk (global row n = row0 + r):
 //   lse = log(sum_v exp(logits[r, v]));  logprob[n] = logits[r, t] - lse;  loss[n] = -logprob[n]
-//   dlogits[r, v] = scale * (softmax[r, v] - [v == t])   (=, written when dlogits is not null)
+//   dlogits[r, v] = s * (softmax[r, v] - [v == t])   (=, written when dlogits is not null)
+//   with s = scale * token_scale[n] when token_scale is not null, else scale
 // Rows whose target is ignore_index get loss = logprob = 0 and zero gradient. A target outside
 // [0, V) that is not ignore_index records the smallest bad n in *bad (initialised to N).
 // With cap > 0 every logit is first capped, x = cap * tanh(x / cap) (final_logit_softcapping),
@@ -79,8 +80,8 @@ __device__ __forceinline__ float ce_grad(float x, float lse, float scale, int v,
 }
 
 extern "C" __global__ void ce_rows(const float* logits, const int* targets, float* loss, float* logprob,
-                                   void* dlogits, int dtdl, float scale, long long row0, int V,
-                                   int ignore_index, int* bad, float cap) {
+                                   void* dlogits, int dtdl, float scale, const float* token_scale,
+                                   long long row0, int V, int ignore_index, int* bad, float cap) {
     long long r = blockIdx.x;
     long long n = row0 + r;
     const float* lr = logits + r * (long long)V;
@@ -112,6 +113,7 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
         if (logprob) logprob[n] = lp;
     }
     if (!dlogits) return;
+    if (token_scale) scale *= token_scale[n];
     // fp32 dlogits may alias logits: no thread may store before thread 0 has read lr[t].
     __syncthreads();
     if (vec) {
