@@ -275,6 +275,10 @@ func (s *stats) View() string {
 	if p := d.profile; p != nil && p.stepS > 0 && p.flops > 0 {
 		items = append(items, item("FLOP/s", fmtSI(p.flops/p.stepS)))
 	}
+	if p := d.profile; p != nil && p.ops > 0 {
+		// The host's part: ops it queued and the times it waited for the device.
+		items = append(items, item("ops/syncs", fmt.Sprintf("%.0f/%.0f", p.ops, p.syncs)))
+	}
 	return flow(items, st.Muted.Render("  "), s.Width, s.Height)
 }
 

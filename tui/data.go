@@ -63,6 +63,8 @@ type profileView struct {
 	comm    map[string]float64 // seconds by collective kind
 	hostS   float64            // host work and idle
 	flops   float64            // floating-point operations of the step
+	ops     float64            // ops (kernel launches and transfers) of the step
+	syncs   float64            // host waits for the device in the step
 }
 
 // spanSum is the sum of every part of the breakdown.
@@ -79,7 +81,7 @@ func (p *profileView) spanSum() float64 {
 
 func profileFromStep(p *session.StepProfile) *profileView {
 	return &profileView{label: fmt.Sprintf("step %d", p.Step), stepS: p.StepS, compute: copyMap(p.ComputeS),
-		comm: copyMap(p.CommS), hostS: p.HostS, flops: p.Flops}
+		comm: copyMap(p.CommS), hostS: p.HostS, flops: p.Flops, ops: float64(p.Ops), syncs: float64(p.Syncs)}
 }
 
 // meanProfile averages the steps of a profile; nil when there are none.
@@ -97,6 +99,8 @@ func meanProfile(steps []*session.StepProfile) *profileView {
 		v.stepS += s.StepS / n
 		v.hostS += s.HostS / n
 		v.flops += s.Flops / n
+		v.ops += float64(s.Ops) / n
+		v.syncs += float64(s.Syncs) / n
 		for k, x := range s.ComputeS {
 			v.compute[k] += x / n
 		}

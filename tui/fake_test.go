@@ -188,13 +188,15 @@ func metricsAt(s int64) *session.StepMetrics {
 // aux is the scripted MoE load-balancing loss.
 var aux = 1.0312
 
-// stepProfile is a scripted breakdown of step s on two devices: compute by class, three
-// collective kinds and host time, adding up to the step time.
+// stepProfile is a scripted breakdown of a MoE step s on two devices: compute by class (the
+// MoE layer's router, permute, expert GEMM and combine among them), three collective kinds and
+// host time, adding up to the step time, with its ops and host syncs.
 func stepProfile(s int64) *session.StepProfile {
 	p := &session.StepProfile{Step: s, StepS: 0.060,
-		ComputeS: map[string]float64{"matmul": 0.027, "attention": 0.009, "norm": 0.003, "optimizer": 0.004, "loss": 0.002},
-		CommS:    map[string]float64{"all_to_all_dispatch": 0.004, "all_to_all_combine": 0.003, "all_reduce": 0.002},
-		HostS:    0.006, Ops: 900, Flops: 1.2e9, Bytes: 3e8, Metrics: metricsAt(s)}
+		ComputeS: map[string]float64{"matmul": 0.015, "expert_gemm": 0.008, "router": 0.002, "permute": 0.001, "combine": 0.001,
+			"attention": 0.009, "norm": 0.003, "optimizer": 0.004, "loss": 0.002},
+		CommS: map[string]float64{"all_to_all_dispatch": 0.004, "all_to_all_combine": 0.003, "all_reduce": 0.002},
+		HostS: 0.006, Ops: 900, Syncs: 14, Flops: 1.2e9, Bytes: 3e8, Metrics: metricsAt(s)}
 	return p
 }
 

@@ -161,7 +161,7 @@ func TestScreenShowsTheRun(t *testing.T) {
 		"MFU – (peak unknown)",                          // a profile on a device of unknown peak
 		"FLOP/s " + fmtSI(1.2e9/0.060),
 		"step time 60.0 ms step 20: compute 75%  comm 15%  idle 10%", // breakdown title
-		"matmul 45%", "a2a dispatch 7%", "a2a combine 5%", "all-reduce 3%", "idle/host 10%", // legend
+		"matmul 25%", "expert gemm 13%", "router 3%", "permute 2%", "combine 2%", "ops/syncs 900/14", "a2a dispatch 7%", "a2a combine 5%", "all-reduce 3%", "idle/host 10%", // legend
 		"gradient norm 9.1 clipped to 1.0", // log tail
 		"12:00:02 running to step 1000",
 		"mem cuda:0 21.0 GiB (peak 23.0 GiB of 140.0 GiB)", "mem cuda:1 20.0 GiB", // memory per device

@@ -304,8 +304,10 @@ type StepProfile struct {
 	Comm     map[string]float64
 	Host     float64
 	Ops      int64
-	FLOPs    float64
-	Bytes    float64
+	// Syncs counts the host's waits for the device in the step (summed over devices, like Ops).
+	Syncs int64
+	FLOPs float64
+	Bytes float64
 	// CommBytes is the bytes of each device's operands in the step's collectives, by kind
 	// (what one device contributes; a mean over devices; empty on one device).
 	CommBytes map[string]float64
@@ -362,6 +364,16 @@ func (p ProfileReport) Table() Table {
 	t.Rows = append(t.Rows, []string{"host/idle", fmt.Sprintf("%.6f", host/n), share(host)})
 	t.Rows = append(t.Rows, []string{"sum of parts", fmt.Sprintf("%.6f", parts/n), share(parts)})
 	t.Rows = append(t.Rows, []string{"step time", fmt.Sprintf("%.6f", step/n), share(step)})
+	// What the host did to feed the device: ops (kernel launches and transfers) and waits.
+	var ops, syncs float64
+	for _, s := range p.Steps {
+		ops += float64(s.Ops)
+		syncs += float64(s.Syncs)
+	}
+	if ops > 0 {
+		t.Rows = append(t.Rows, []string{"ops per step", fmt.Sprintf("%.0f", ops/n), "-"},
+			[]string{"host syncs per step", fmt.Sprintf("%.0f", syncs/n), "-"})
+	}
 	return t
 }
 
@@ -374,7 +386,7 @@ func profileOf(r *session.ProfileResponse) ProfileReport {
 	out := ProfileReport{Trace: r.TraceJson}
 	for _, s := range r.Steps {
 		out.Steps = append(out.Steps, StepProfile{Step: s.Step, StepTime: s.StepS, Compute: s.ComputeS, Comm: s.CommS,
-			Host: s.HostS, Ops: s.Ops, FLOPs: s.Flops, Bytes: s.Bytes, CommBytes: s.CommBytes})
+			Host: s.HostS, Ops: s.Ops, Syncs: s.Syncs, FLOPs: s.Flops, Bytes: s.Bytes, CommBytes: s.CommBytes})
 	}
 	return out
 }

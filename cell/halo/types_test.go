@@ -70,3 +70,30 @@ func TestMetricsCarryExpertLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestProfileTableShowsMoEClassesAndHostWork: the breakdown table lists every class a MoE step
+// splits into (router, permute, expert GEMM, combine, the expert all-to-alls) and ends with
+// the step's ops and host syncs, so the host's share can be read beside the times.
+func TestProfileTableShowsMoEClassesAndHostWork(t *testing.T) {
+	r := ProfileReport{Steps: []StepProfile{
+		{Step: 1, StepTime: 0.1, Host: 0.02, Ops: 400, Syncs: 6,
+			Compute: map[string]float64{"router": 0.01, "permute": 0.01, "expert_gemm": 0.03, "combine": 0.01, "matmul": 0.01},
+			Comm:    map[string]float64{"all_to_all_dispatch": 0.005, "all_to_all_combine": 0.005}},
+		{Step: 2, StepTime: 0.1, Host: 0.02, Ops: 402, Syncs: 8,
+			Compute: map[string]float64{"router": 0.01, "permute": 0.01, "expert_gemm": 0.03, "combine": 0.01, "matmul": 0.01},
+			Comm:    map[string]float64{"all_to_all_dispatch": 0.005, "all_to_all_combine": 0.005}},
+	}}
+	rows := map[string]string{}
+	for _, row := range r.Table().Rows {
+		rows[row[0]] = row[1]
+	}
+	for _, k := range []string{"compute/router", "compute/permute", "compute/expert_gemm", "compute/combine",
+		"comm/all_to_all_dispatch", "comm/all_to_all_combine"} {
+		if _, ok := rows[k]; !ok {
+			t.Errorf("the table has no row %s: %v", k, rows)
+		}
+	}
+	if rows["ops per step"] != "401" || rows["host syncs per step"] != "7" {
+		t.Fatalf("ops %q and host syncs %q per step, want 401 and 7", rows["ops per step"], rows["host syncs per step"])
+	}
+}

@@ -40,6 +40,12 @@ type Optional struct {
 	// Fallback: the host clock after a Sync of each op (engine/profile).
 	Timer DeviceTimer
 
+	// Syncs counts the host's waits for the device (SyncCounter): the CUDA backend has it.
+	//
+	// Fallback: engine/profile counts the downloads and Syncs that pass through its wrapper,
+	// which misses the waits inside ops.
+	Syncs SyncCounter
+
 	// MoERoute, MoERouteBackward, MoEPermute, MoEPermuteBackward, MoECombine and
 	// MoECombineBackward route the tokens of a mixture-of-experts layer, sort them by expert and
 	// combine the experts' outputs on the device (moe_route.go), so that a layer reads nothing

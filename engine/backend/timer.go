@@ -21,3 +21,12 @@ type DeviceTimer interface {
 
 // TimeMark is a point in a device's queue (DeviceTimer); zero is no mark.
 type TimeMark uintptr
+
+// SyncCounter is the Optional.Syncs of backends that count the times the host waited for the
+// device (the CUDA backend): stream, context and event synchronisations, the waits of downloads
+// and of ops that read device data on the host. HostSyncs returns the total since the backend
+// was opened; it may be called from any goroutine. A training step that lets the host run ahead
+// of the device makes few: engine/profile reports the difference over each profiled step.
+type SyncCounter interface {
+	HostSyncs() int64
+}

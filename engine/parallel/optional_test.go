@@ -42,7 +42,16 @@ var interfaceMembers = map[reflect.Type]struct {
 		make: func(record func()) any { return fakeTimer{record} },
 		call: func(v any) error { _, err := v.(backend.DeviceTimer).Mark(); return err },
 	},
+	reflect.TypeFor[backend.SyncCounter](): {
+		make: func(record func()) any { return fakeSyncs{record} },
+		call: func(v any) error { v.(backend.SyncCounter).HostSyncs(); return nil },
+	},
 }
+
+// fakeSyncs is a SyncCounter that records its calls.
+type fakeSyncs struct{ record func() }
+
+func (s fakeSyncs) HostSyncs() int64 { s.record(); return 0 }
 
 // allCapabilities is a CPU backend with every member of backend.Optional present, so that a
 // member added to the struct is covered without editing this test: func members are made by

@@ -33,6 +33,9 @@ func Wrap(in backend.Backend, rec *Recorder) *Backend {
 	}
 	b := &Backend{in: in, rec: rec}
 	b.opt = b.wrapOptional(in.Optional())
+	if c := b.opt.Syncs; c != nil && rec.syncs.Load() == nil {
+		rec.CountSyncs(c)
+	}
 	return b
 }
 
@@ -111,7 +114,7 @@ func (b *Backend) end(s opStart, err error, name string, c backend.Cost, out T) 
 // ---- backend.Backend and Memory: forwarded; transfers are spans of class other ----
 
 func (b *Backend) Name() string { return b.in.Name() }
-func (b *Backend) Sync() error  { return b.in.Sync() }
+func (b *Backend) Sync() error  { b.rec.noteWait(); return b.in.Sync() }
 func (b *Backend) Close() error { return b.in.Close() }
 
 func (b *Backend) Alloc(dt tensor.DType, shape ...int) (T, error) { return b.in.Alloc(dt, shape...) }
@@ -132,6 +135,7 @@ func (b *Backend) Download(dst []byte, src T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.Download(dst, src)
 	}
+	b.rec.noteWait()
 	s := b.begin()
 	return b.end(s, b.in.Download(dst, src), "Download", backend.TransferCost(len(dst)), T{})
 }
@@ -354,7 +358,7 @@ func (b *Backend) Optional() backend.Optional { return b.opt }
 // recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs, NF4
 // dequantisation as class other), the timer is forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
-	out := backend.Optional{Timer: in.Timer}
+	out := backend.Optional{Timer: in.Timer, Syncs: in.Syncs}
 	if f := in.AdamW; f != nil {
 		out.AdamW = func(a backend.AdamWArgs) error {
 			if b.rec.mode.Load() == 0 {

@@ -73,9 +73,15 @@ type Step struct {
 	CommBytes map[string]int64
 	Host      time.Duration // Wall minus every span: host work and idle
 	Ops       int
-	Bytes     int64
-	FLOPs     int64
-	Spans     []Span // kept only when the recorder keeps spans (for traces)
+	// Syncs counts the times the host waited for the device during the step: the device's
+	// own count when its backend has a SyncCounter (Optional.Syncs: every stream, event and
+	// download wait), else the downloads and Syncs that passed through the wrapper. Waits of
+	// the profiler itself (the fallback's Sync after each op, reading the device times at
+	// EndStep) are not counted.
+	Syncs int64
+	Bytes int64
+	FLOPs int64
+	Spans []Span // kept only when the recorder keeps spans (for traces)
 	// DroppedSpans counts spans not kept because the step had more than MaxSpans.
 	DroppedSpans int
 }
@@ -112,6 +118,13 @@ type Recorder struct {
 	stepMark backend.TimeMark
 	marked   []markedSpan
 
+	// syncs, when set (Wrap found an Optional.Syncs), is the device's count of host waits;
+	// syncsAt is its value when the current step began. waits counts the downloads and Syncs
+	// through the wrapper during the current step (the fallback).
+	syncs   atomic.Pointer[syncCounterBox]
+	syncsAt int64
+	waits   atomic.Int64
+
 	mu      sync.Mutex
 	cur     *Step
 	start   time.Time
@@ -125,6 +138,26 @@ const (
 )
 
 type deviceTimerBox struct{ t backend.DeviceTimer }
+
+type syncCounterBox struct{ c backend.SyncCounter }
+
+// CountSyncs makes the recorder report each step's host waits from c (a device's own count,
+// backend.Optional.Syncs); nil counts the downloads and Syncs through the wrapper instead.
+// Wrap calls it when the inner backend has a SyncCounter and the recorder has none yet.
+func (r *Recorder) CountSyncs(c backend.SyncCounter) {
+	if c == nil {
+		r.syncs.Store(nil)
+		return
+	}
+	r.syncs.Store(&syncCounterBox{c})
+}
+
+// noteWait counts one host wait of the wrapper (a download or a Sync) in the current step.
+func (r *Recorder) noteWait() {
+	if r.mode.Load()&modeRecord != 0 && r.syncs.Load() == nil {
+		r.waits.Add(1)
+	}
+}
 
 // markedSpan is a span whose duration lies between two device marks.
 type markedSpan struct {
@@ -220,6 +253,10 @@ func (r *Recorder) BeginStep(n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur = &Step{Step: n, Compute: map[string]time.Duration{}, Comm: map[string]time.Duration{}, CommBytes: map[string]int64{}}
+	r.waits.Store(0)
+	if c := r.syncs.Load(); c != nil {
+		r.syncsAt = c.c.HostSyncs()
+	}
 	r.releaseMarksLocked()
 	if b := r.timer.Load(); b != nil {
 		if m, err := b.t.Mark(); err == nil {
@@ -288,8 +325,13 @@ func (r *Recorder) EndStep() (Step, bool) {
 		r.releaseMarksLocked()
 		return Step{}, false
 	}
+	syncs := r.waits.Load()
+	if c := r.syncs.Load(); c != nil {
+		syncs = c.c.HostSyncs() - r.syncsAt // before the waits of reading the marks
+	}
 	end := r.resolveMarksLocked() // reading the marks afterwards is not part of the step
 	s := *r.cur
+	s.Syncs = syncs
 	r.cur = nil
 	s.Wall = end.Sub(r.start)
 	var covered time.Duration
@@ -573,7 +615,7 @@ func (r *Recorder) addActivation(op, class string, shape []int, v []float32) {
 
 // MeanSteps merges one step's accounting from several devices (the ranks of a parallel plan):
 // wall, host, per-class compute and per-kind communication times and bytes are the means over
-// devices, op, byte and FLOP counts the sums, and the spans (and their drop count) the first device's.
+// devices, op, sync, byte and FLOP counts the sums, and the spans (and their drop count) the first device's.
 // One step is returned as it is.
 func MeanSteps(steps []Step) Step {
 	if len(steps) == 1 {
@@ -595,6 +637,7 @@ func MeanSteps(steps []Step) Step {
 			out.CommBytes[k] += b
 		}
 		out.Ops += s.Ops
+		out.Syncs += s.Syncs
 		out.Bytes += s.Bytes
 		out.FLOPs += s.FLOPs
 	}

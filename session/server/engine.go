@@ -1146,7 +1146,7 @@ func hyperPB(h train.Hyper) *halov1.Hyper {
 }
 
 func stepProfilePB(s profile.Step, m *halov1.StepMetrics) *halov1.StepProfile {
-	p := &halov1.StepProfile{Step: int64(s.Step), StepS: s.Wall.Seconds(), HostS: s.Host.Seconds(), Ops: int64(s.Ops),
+	p := &halov1.StepProfile{Step: int64(s.Step), StepS: s.Wall.Seconds(), HostS: s.Host.Seconds(), Ops: int64(s.Ops), Syncs: s.Syncs,
 		Flops: float64(s.FLOPs), Bytes: float64(s.Bytes), Metrics: m, ComputeS: map[string]float64{}, CommS: map[string]float64{}}
 	for _, c := range profile.Classes {
 		p.ComputeS[c] = s.Compute[c].Seconds()

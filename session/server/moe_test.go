@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 )
@@ -53,5 +54,66 @@ func TestStepMetricsCarryExpertLoad(t *testing.T) {
 	}
 	if ms[0].AuxLoss != nil || ms[0].ExpertLoad != nil {
 		t.Fatalf("dense model reports aux loss %v and expert load %v", ms[0].AuxLoss, ms[0].ExpertLoad)
+	}
+}
+
+// TestProfileOfAMoEStepSplitsTheLayer: a profiled MoE step's breakdown splits the layer into
+// router, permute, expert GEMM and combine (the device path of the CPU backend), under expert
+// parallelism also into the dispatch and combine all-to-alls; it counts the step's ops and host
+// syncs, and its trace carries spans of each of those classes.
+func TestProfileOfAMoEStepSplitsTheLayer(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		comm  []string
+	}{
+		{"one device", nil, nil},
+		{"ep=2 on cpu:2", []string{"--devices=cpu:2", "--expert_parallel_size=2"}, []string{"all_to_all_dispatch", "all_to_all_combine"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, Options{})
+			c := dial(t, s.Socket(), "controller")
+			if _, err := c.Load(ctxT(t), "testdata/tiny_moe.yaml", "sft", tc.flags...); err != nil {
+				t.Fatal(err)
+			}
+			r, err := c.Profile(ctxT(t), 1, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Steps) != 1 {
+				t.Fatalf("Profile(1) returned %d steps", len(r.Steps))
+			}
+			p := r.Steps[0]
+			for _, class := range []string{"router", "permute", "expert_gemm", "combine"} {
+				if p.ComputeS[class] <= 0 {
+					t.Errorf("no time in %s: %v", class, p.ComputeS)
+				}
+			}
+			for _, kind := range tc.comm {
+				if p.CommS[kind] <= 0 {
+					t.Errorf("no time in %s: %v", kind, p.CommS)
+				}
+			}
+			if p.Ops <= 0 || p.Syncs <= 0 {
+				t.Errorf("ops %d and host syncs %d: want both counted", p.Ops, p.Syncs)
+			}
+			var tr struct {
+				TraceEvents []struct {
+					Cat string `json:"cat"`
+				} `json:"traceEvents"`
+			}
+			if err := json.Unmarshal(r.TraceJson, &tr); err != nil {
+				t.Fatal(err)
+			}
+			cats := map[string]bool{}
+			for _, e := range tr.TraceEvents {
+				cats[e.Cat] = true
+			}
+			for _, cat := range append([]string{"router", "permute", "expert_gemm", "combine"}, tc.comm...) {
+				if !cats[cat] {
+					t.Errorf("the trace has no span of class %s (classes %v)", cat, cats)
+				}
+			}
+		})
 	}
 }

@@ -59,6 +59,15 @@ func (d *Device) Syncs() SyncStats { return d.syncs.stats() }
 // Syncs is the device's synchronisation count (see Device.Syncs).
 func (b *Backend) Syncs() SyncStats { return b.d.Syncs() }
 
+// HostSyncs implements backend.SyncCounter (Optional.Syncs): the total of Syncs, without the
+// per-op map.
+func (b *Backend) HostSyncs() int64 {
+	c := &b.d.syncs
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total
+}
+
 const pkgPath = "github.com/halo-shell/halo-shell/engine/backend/cuda."
 
 // syncCaller names the operation on the current goroutine's stack that asked for a wait.

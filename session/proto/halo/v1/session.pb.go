@@ -1888,7 +1888,11 @@ type StepProfile struct {
 	Metrics *StepMetrics       `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	// comm_bytes by collective kind: the bytes of this device's operands in the step's
 	// collectives (what it contributes; empty on one device), a mean over devices.
-	CommBytes     map[string]float64 `protobuf:"bytes,10,rep,name=comm_bytes,json=commBytes,proto3" json:"comm_bytes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	CommBytes map[string]float64 `protobuf:"bytes,10,rep,name=comm_bytes,json=commBytes,proto3" json:"comm_bytes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// syncs counts the host's waits for the device in the step (the device's own count where it
+	// keeps one, the CUDA backend; else the downloads and syncs through the profiler), summed
+	// over devices like ops. With ops it shows how much of host_s is the host feeding the device.
+	Syncs         int64 `protobuf:"varint,11,opt,name=syncs,proto3" json:"syncs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1991,6 +1995,13 @@ func (x *StepProfile) GetCommBytes() map[string]float64 {
 		return x.CommBytes
 	}
 	return nil
+}
+
+func (x *StepProfile) GetSyncs() int64 {
+	if x != nil {
+		return x.Syncs
+	}
+	return 0
 }
 
 type ProfileRequest struct {
@@ -3425,7 +3436,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x06a_norm\x18\x03 \x01(\x01R\x05aNorm\x12\x15\n" +
 	"\x06b_norm\x18\x04 \x01(\x01R\x05bNorm\x12\x1d\n" +
 	"\n" +
-	"delta_norm\x18\x05 \x01(\x01R\tdeltaNorm\"\xaf\x04\n" +
+	"delta_norm\x18\x05 \x01(\x01R\tdeltaNorm\"\xc5\x04\n" +
 	"\vStepProfile\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x15\n" +
 	"\x06step_s\x18\x02 \x01(\x01R\x05stepS\x12?\n" +
@@ -3438,7 +3449,8 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\ametrics\x18\t \x01(\v2\x14.halo.v1.StepMetricsR\ametrics\x12B\n" +
 	"\n" +
 	"comm_bytes\x18\n" +
-	" \x03(\v2#.halo.v1.StepProfile.CommBytesEntryR\tcommBytes\x1a;\n" +
+	" \x03(\v2#.halo.v1.StepProfile.CommBytesEntryR\tcommBytes\x12\x14\n" +
+	"\x05syncs\x18\v \x01(\x03R\x05syncs\x1a;\n" +
 	"\rComputeSEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a8\n" +
