@@ -111,6 +111,8 @@ type Config struct {
 
 	// Features holds the keys of the families that depart from Llama's decoder (features.go).
 	Features
+	// Latent holds the keys of multi-head latent attention (latent.go).
+	Latent
 
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.
@@ -355,6 +357,7 @@ func (c *Config) Clone() *Config {
 	n.dropped = slices.Clone(c.dropped)
 	n.Rope = c.Rope.clone()
 	n.Features = c.Features.clone()
+	n.Latent = c.Latent.clone()
 	return &n
 }
 

@@ -41,6 +41,9 @@ type Shape struct {
 	// SharedExpertGate: a sigmoid gate [1, C] scales its output (qwen2_moe).
 	SharedExpert     int
 	SharedExpertGate bool
+	// Latent is the multi-head latent attention of deepseek_v3 and glm4_moe_lite (zero for
+	// the other families); HeadDim is then its rotary width.
+	Latent LatentShape
 }
 
 // Shape resolves the model structure c describes. A config that was edited in code without
@@ -59,6 +62,9 @@ func (c *Config) Shape() Shape {
 		if f.SharedExpert != nil {
 			s.SharedExpert, s.SharedExpertGate = f.SharedExpert(c)
 		}
+	}
+	if c.IsLatent() {
+		s.Latent = LatentShape{QRank: c.QLoRARank, KVRank: c.KVLoRARank, Nope: c.QKNopeHeadDim, Rope: c.QKRopeHeadDim, V: c.VHeadDim}
 	}
 	if s.KVHeads == 0 {
 		s.KVHeads = s.Heads
@@ -111,6 +117,9 @@ func (s Shape) countParameters(active bool) int64 {
 	}
 	if s.OBias {
 		attn += h
+	}
+	if s.Latent.KVRank > 0 {
+		attn = s.Latent.parameters(h, int64(s.Heads), s.QKVBias, s.OBias)
 	}
 	switch s.QKNorm {
 	case QKNormPerHead:
