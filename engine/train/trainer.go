@@ -125,6 +125,8 @@ type Trainer struct {
 	warmup      int
 	auxCoef     float64   // the objective's aux-loss weight (router_aux_loss_coef or the model's; 0 when dense)
 	nodes       *nodeSpec // how this process joined a run across nodes; nil on one node
+	// clientReward is GRPO's reward function "client" (SetClientReward); nil when none.
+	clientReward RewardFunc
 }
 
 // Steps returns the number of optimizer steps done.
