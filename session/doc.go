@@ -48,6 +48,16 @@
 // session keeps 4096), so that a dashboard attaching to a running session starts with its
 // charts filled.
 //
+// # Rewards from the client
+//
+// A GRPO run whose config names reward function "client" asks its controlling client for
+// rewards: ScoreRollouts opens the Rollouts stream and answers every RolloutBatch (a step's
+// prompts, completions and reference answers) with a ScoreFunc, under the batch's timeout.
+// A ScoreFunc that fails, panics, returns the wrong number of rewards or an infinite one
+// sends the error instead, and the step is retried or skipped as the run's config says; a
+// client that never answers or disconnects costs the step its timeout at most, and the
+// session stays usable.
+//
 // # Processes and files
 //
 // Start runs `halo-shell session start --foreground` (this executable when it is halo-shell,

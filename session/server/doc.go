@@ -44,6 +44,13 @@
 // model) and keeps for the next measurement until another device is asked or the session
 // stops.
 //
+// # Rewards from the client
+//
+// GRPO's reward function "client" is the engine's rewardHub (rewards.go): a step hands it the
+// rollouts, the hub sends them on the controlling client's Rollouts stream and waits for
+// SubmitRewards, the step's timeout or the stream's end, whichever is first. A client that
+// never answers, answers garbage or disconnects gives the step an error, never a hang.
+//
 // # Layouts
 //
 // SetLayout moves the run to another parallel layout at a step boundary (train.SetLayout):

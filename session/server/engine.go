@@ -104,6 +104,9 @@ type engine struct {
 	// paused is taken.
 	repauseAfterProfile bool
 
+	// rewards asks the scoring client for the rewards of GRPO's reward function "client".
+	rewards *rewardHub
+
 	mu   sync.Mutex
 	snap snapshot
 }
@@ -123,7 +126,7 @@ type snapshot struct {
 
 func newEngine(name string, log *slog.Logger, h *hub, saveOnStop string) *engine {
 	e := &engine{name: name, log: log, hub: h, cmds: make(chan *command), quit: make(chan struct{}),
-		done: make(chan struct{}), saveOnStop: saveOnStop}
+		done: make(chan struct{}), saveOnStop: saveOnStop, rewards: newRewardHub()}
 	e.snap.state = halov1.State_STATE_EMPTY
 	return e
 }
@@ -668,6 +671,7 @@ func (e *engine) install(t *train.Trainer) {
 		}
 	}
 	e.t, e.bg, e.paused, e.fg, e.tok, e.tokDir = t, nil, false, nil, nil, ""
+	t.SetClientReward(e.rewards)
 	e.rec = newRecs(t)
 	e.mu.Lock()
 	e.snap.summary, e.snap.last, e.snap.lastErr, e.snap.saved = t.Summary(), nil, "", int64(t.Steps())

@@ -73,6 +73,20 @@ func helperMain(kind string) int {
 				return 0
 			}
 		}
+	case "score-and-hang":
+		// Scores rollouts but never answers: its reward function blocks until the process is
+		// killed.
+		c, err := session.Dial(os.Getenv("HALO_SOCKET"), session.Options{ClientName: "hanging scorer"})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		err = c.ScoreRollouts(ctx, func(context.Context, *session.RolloutBatch) ([]float64, error) {
+			fmt.Println("got a batch")
+			select {}
+		}, nil)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper", kind)
 	return 2

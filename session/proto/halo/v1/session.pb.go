@@ -3280,6 +3280,291 @@ func (x *MeasureResponse) GetValues() map[string]float64 {
 	return nil
 }
 
+type RolloutsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutsRequest) Reset() {
+	*x = RolloutsRequest{}
+	mi := &file_halo_v1_session_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutsRequest) ProtoMessage() {}
+
+func (x *RolloutsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutsRequest.ProtoReflect.Descriptor instead.
+func (*RolloutsRequest) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{44}
+}
+
+// Rollout is one sampled completion of a prompt.
+type Rollout struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prompt        string                 `protobuf:"bytes,1,opt,name=prompt,proto3" json:"prompt,omitempty"`         // the prompt as the model saw it (chat template applied)
+	Question      string                 `protobuf:"bytes,2,opt,name=question,proto3" json:"question,omitempty"`     // the last user message, or the record's prompt
+	Completion    string                 `protobuf:"bytes,3,opt,name=completion,proto3" json:"completion,omitempty"` // the decoded completion, without its stop token
+	Answer        string                 `protobuf:"bytes,4,opt,name=answer,proto3" json:"answer,omitempty"`         // the dataset's reference completion ("" when none)
+	Group         int32                  `protobuf:"varint,5,opt,name=group,proto3" json:"group,omitempty"`          // the prompt's index within the step: a group shares a prompt
+	Truncated     bool                   `protobuf:"varint,6,opt,name=truncated,proto3" json:"truncated,omitempty"`  // no stop token within max_completion_length
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rollout) Reset() {
+	*x = Rollout{}
+	mi := &file_halo_v1_session_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rollout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rollout) ProtoMessage() {}
+
+func (x *Rollout) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
+func (*Rollout) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *Rollout) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *Rollout) GetQuestion() string {
+	if x != nil {
+		return x.Question
+	}
+	return ""
+}
+
+func (x *Rollout) GetCompletion() string {
+	if x != nil {
+		return x.Completion
+	}
+	return ""
+}
+
+func (x *Rollout) GetAnswer() string {
+	if x != nil {
+		return x.Answer
+	}
+	return ""
+}
+
+func (x *Rollout) GetGroup() int32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *Rollout) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type RolloutBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`     // answer with SubmitRewards(id)
+	Step          int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"` // the optimizer step being prepared (1 for the first)
+	Rollouts      []*Rollout             `protobuf:"bytes,3,rep,name=rollouts,proto3" json:"rollouts,omitempty"`
+	TimeoutS      float64                `protobuf:"fixed64,4,opt,name=timeout_s,json=timeoutS,proto3" json:"timeout_s,omitempty"` // how long the session waits for the rewards (0: no limit)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutBatch) Reset() {
+	*x = RolloutBatch{}
+	mi := &file_halo_v1_session_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutBatch) ProtoMessage() {}
+
+func (x *RolloutBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutBatch.ProtoReflect.Descriptor instead.
+func (*RolloutBatch) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RolloutBatch) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *RolloutBatch) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *RolloutBatch) GetRollouts() []*Rollout {
+	if x != nil {
+		return x.Rollouts
+	}
+	return nil
+}
+
+func (x *RolloutBatch) GetTimeoutS() float64 {
+	if x != nil {
+		return x.TimeoutS
+	}
+	return 0
+}
+
+type SubmitRewardsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Rewards       []float64              `protobuf:"fixed64,2,rep,packed,name=rewards,proto3" json:"rewards,omitempty"` // one per rollout, in order; NaN for no reward
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`              // set instead of rewards when the reward function failed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitRewardsRequest) Reset() {
+	*x = SubmitRewardsRequest{}
+	mi := &file_halo_v1_session_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitRewardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitRewardsRequest) ProtoMessage() {}
+
+func (x *SubmitRewardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitRewardsRequest.ProtoReflect.Descriptor instead.
+func (*SubmitRewardsRequest) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *SubmitRewardsRequest) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SubmitRewardsRequest) GetRewards() []float64 {
+	if x != nil {
+		return x.Rewards
+	}
+	return nil
+}
+
+func (x *SubmitRewardsRequest) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type SubmitRewardsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitRewardsResponse) Reset() {
+	*x = SubmitRewardsResponse{}
+	mi := &file_halo_v1_session_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitRewardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitRewardsResponse) ProtoMessage() {}
+
+func (x *SubmitRewardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_halo_v1_session_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitRewardsResponse.ProtoReflect.Descriptor instead.
+func (*SubmitRewardsResponse) Descriptor() ([]byte, []int) {
+	return file_halo_v1_session_proto_rawDescGZIP(), []int{48}
+}
+
 var File_halo_v1_session_proto protoreflect.FileDescriptor
 
 const file_halo_v1_session_proto_rawDesc = "" +
@@ -3577,7 +3862,27 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
 	"\vValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01*x\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x11\n" +
+	"\x0fRolloutsRequest\"\xa9\x01\n" +
+	"\aRollout\x12\x16\n" +
+	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x1a\n" +
+	"\bquestion\x18\x02 \x01(\tR\bquestion\x12\x1e\n" +
+	"\n" +
+	"completion\x18\x03 \x01(\tR\n" +
+	"completion\x12\x16\n" +
+	"\x06answer\x18\x04 \x01(\tR\x06answer\x12\x14\n" +
+	"\x05group\x18\x05 \x01(\x05R\x05group\x12\x1c\n" +
+	"\ttruncated\x18\x06 \x01(\bR\ttruncated\"}\n" +
+	"\fRolloutBatch\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x03R\x04step\x12,\n" +
+	"\brollouts\x18\x03 \x03(\v2\x10.halo.v1.RolloutR\brollouts\x12\x1b\n" +
+	"\ttimeout_s\x18\x04 \x01(\x01R\btimeoutS\"V\n" +
+	"\x14SubmitRewardsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x18\n" +
+	"\arewards\x18\x02 \x03(\x01R\arewards\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x17\n" +
+	"\x15SubmitRewardsResponse*x\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATE_EMPTY\x10\x01\x12\x0e\n" +
@@ -3590,7 +3895,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x1aCONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CONTROL_ACTION_CLAIM\x10\x01\x12\x1c\n" +
 	"\x18CONTROL_ACTION_TAKE_OVER\x10\x02\x12\x1a\n" +
-	"\x16CONTROL_ACTION_RELEASE\x10\x032\xe3\a\n" +
+	"\x16CONTROL_ACTION_RELEASE\x10\x032\xf2\b\n" +
 	"\x0eSessionService\x123\n" +
 	"\x04Load\x12\x14.halo.v1.LoadRequest\x1a\x15.halo.v1.LoadResponse\x123\n" +
 	"\x04Step\x12\x14.halo.v1.StepRequest\x1a\x15.halo.v1.StepResponse\x120\n" +
@@ -3608,7 +3913,9 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x06Events\x12\x16.halo.v1.EventsRequest\x1a\x0e.halo.v1.Event0\x01\x12<\n" +
 	"\aControl\x12\x17.halo.v1.ControlRequest\x1a\x18.halo.v1.ControlResponse\x12B\n" +
 	"\tSetLayout\x12\x19.halo.v1.SetLayoutRequest\x1a\x1a.halo.v1.SetLayoutResponse\x12<\n" +
-	"\aMeasure\x12\x17.halo.v1.MeasureRequest\x1a\x18.halo.v1.MeasureResponseB?Z=github.com/halo-shell/halo-shell/session/proto/halo/v1;halov1b\x06proto3"
+	"\aMeasure\x12\x17.halo.v1.MeasureRequest\x1a\x18.halo.v1.MeasureResponse\x12=\n" +
+	"\bRollouts\x12\x18.halo.v1.RolloutsRequest\x1a\x15.halo.v1.RolloutBatch0\x01\x12N\n" +
+	"\rSubmitRewards\x12\x1d.halo.v1.SubmitRewardsRequest\x1a\x1e.halo.v1.SubmitRewardsResponseB?Z=github.com/halo-shell/halo-shell/session/proto/halo/v1;halov1b\x06proto3"
 
 var (
 	file_halo_v1_session_proto_rawDescOnce sync.Once
@@ -3623,64 +3930,69 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_halo_v1_session_proto_goTypes = []any{
-	(State)(0),                // 0: halo.v1.State
-	(ControlAction)(0),        // 1: halo.v1.ControlAction
-	(*LoadRequest)(nil),       // 2: halo.v1.LoadRequest
-	(*LoadResponse)(nil),      // 3: halo.v1.LoadResponse
-	(*StepMetrics)(nil),       // 4: halo.v1.StepMetrics
-	(*ExpertLoad)(nil),        // 5: halo.v1.ExpertLoad
-	(*DeviceMemory)(nil),      // 6: halo.v1.DeviceMemory
-	(*StepRequest)(nil),       // 7: halo.v1.StepRequest
-	(*StepResponse)(nil),      // 8: halo.v1.StepResponse
-	(*RunRequest)(nil),        // 9: halo.v1.RunRequest
-	(*RunResponse)(nil),       // 10: halo.v1.RunResponse
-	(*PauseRequest)(nil),      // 11: halo.v1.PauseRequest
-	(*PauseResponse)(nil),     // 12: halo.v1.PauseResponse
-	(*ResumeRequest)(nil),     // 13: halo.v1.ResumeRequest
-	(*ResumeResponse)(nil),    // 14: halo.v1.ResumeResponse
-	(*EvalRequest)(nil),       // 15: halo.v1.EvalRequest
-	(*EvalResponse)(nil),      // 16: halo.v1.EvalResponse
-	(*GenerateRequest)(nil),   // 17: halo.v1.GenerateRequest
-	(*GenerateResponse)(nil),  // 18: halo.v1.GenerateResponse
-	(*SaveRequest)(nil),       // 19: halo.v1.SaveRequest
-	(*SaveResponse)(nil),      // 20: halo.v1.SaveResponse
-	(*Hyper)(nil),             // 21: halo.v1.Hyper
-	(*GetHyperRequest)(nil),   // 22: halo.v1.GetHyperRequest
-	(*SetHyperRequest)(nil),   // 23: halo.v1.SetHyperRequest
-	(*TensorStats)(nil),       // 24: halo.v1.TensorStats
-	(*InspectRequest)(nil),    // 25: halo.v1.InspectRequest
-	(*InspectResponse)(nil),   // 26: halo.v1.InspectResponse
-	(*AdapterNorm)(nil),       // 27: halo.v1.AdapterNorm
-	(*StepProfile)(nil),       // 28: halo.v1.StepProfile
-	(*ProfileRequest)(nil),    // 29: halo.v1.ProfileRequest
-	(*ProfileResponse)(nil),   // 30: halo.v1.ProfileResponse
-	(*ClientInfo)(nil),        // 31: halo.v1.ClientInfo
-	(*StatusRequest)(nil),     // 32: halo.v1.StatusRequest
-	(*StatusResponse)(nil),    // 33: halo.v1.StatusResponse
-	(*EventsRequest)(nil),     // 34: halo.v1.EventsRequest
-	(*Event)(nil),             // 35: halo.v1.Event
-	(*LogEvent)(nil),          // 36: halo.v1.LogEvent
-	(*StateEvent)(nil),        // 37: halo.v1.StateEvent
-	(*DroppedEvent)(nil),      // 38: halo.v1.DroppedEvent
-	(*SetLayoutRequest)(nil),  // 39: halo.v1.SetLayoutRequest
-	(*SetLayoutResponse)(nil), // 40: halo.v1.SetLayoutResponse
-	(*ControlRequest)(nil),    // 41: halo.v1.ControlRequest
-	(*ControlResponse)(nil),   // 42: halo.v1.ControlResponse
-	(*NotController)(nil),     // 43: halo.v1.NotController
-	(*MeasureRequest)(nil),    // 44: halo.v1.MeasureRequest
-	(*MeasureResponse)(nil),   // 45: halo.v1.MeasureResponse
-	nil,                       // 46: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                       // 47: halo.v1.StepProfile.ComputeSEntry
-	nil,                       // 48: halo.v1.StepProfile.CommSEntry
-	nil,                       // 49: halo.v1.StepProfile.CommBytesEntry
-	nil,                       // 50: halo.v1.MeasureResponse.MemoryBytesEntry
-	nil,                       // 51: halo.v1.MeasureResponse.ValuesEntry
+	(State)(0),                    // 0: halo.v1.State
+	(ControlAction)(0),            // 1: halo.v1.ControlAction
+	(*LoadRequest)(nil),           // 2: halo.v1.LoadRequest
+	(*LoadResponse)(nil),          // 3: halo.v1.LoadResponse
+	(*StepMetrics)(nil),           // 4: halo.v1.StepMetrics
+	(*ExpertLoad)(nil),            // 5: halo.v1.ExpertLoad
+	(*DeviceMemory)(nil),          // 6: halo.v1.DeviceMemory
+	(*StepRequest)(nil),           // 7: halo.v1.StepRequest
+	(*StepResponse)(nil),          // 8: halo.v1.StepResponse
+	(*RunRequest)(nil),            // 9: halo.v1.RunRequest
+	(*RunResponse)(nil),           // 10: halo.v1.RunResponse
+	(*PauseRequest)(nil),          // 11: halo.v1.PauseRequest
+	(*PauseResponse)(nil),         // 12: halo.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 13: halo.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 14: halo.v1.ResumeResponse
+	(*EvalRequest)(nil),           // 15: halo.v1.EvalRequest
+	(*EvalResponse)(nil),          // 16: halo.v1.EvalResponse
+	(*GenerateRequest)(nil),       // 17: halo.v1.GenerateRequest
+	(*GenerateResponse)(nil),      // 18: halo.v1.GenerateResponse
+	(*SaveRequest)(nil),           // 19: halo.v1.SaveRequest
+	(*SaveResponse)(nil),          // 20: halo.v1.SaveResponse
+	(*Hyper)(nil),                 // 21: halo.v1.Hyper
+	(*GetHyperRequest)(nil),       // 22: halo.v1.GetHyperRequest
+	(*SetHyperRequest)(nil),       // 23: halo.v1.SetHyperRequest
+	(*TensorStats)(nil),           // 24: halo.v1.TensorStats
+	(*InspectRequest)(nil),        // 25: halo.v1.InspectRequest
+	(*InspectResponse)(nil),       // 26: halo.v1.InspectResponse
+	(*AdapterNorm)(nil),           // 27: halo.v1.AdapterNorm
+	(*StepProfile)(nil),           // 28: halo.v1.StepProfile
+	(*ProfileRequest)(nil),        // 29: halo.v1.ProfileRequest
+	(*ProfileResponse)(nil),       // 30: halo.v1.ProfileResponse
+	(*ClientInfo)(nil),            // 31: halo.v1.ClientInfo
+	(*StatusRequest)(nil),         // 32: halo.v1.StatusRequest
+	(*StatusResponse)(nil),        // 33: halo.v1.StatusResponse
+	(*EventsRequest)(nil),         // 34: halo.v1.EventsRequest
+	(*Event)(nil),                 // 35: halo.v1.Event
+	(*LogEvent)(nil),              // 36: halo.v1.LogEvent
+	(*StateEvent)(nil),            // 37: halo.v1.StateEvent
+	(*DroppedEvent)(nil),          // 38: halo.v1.DroppedEvent
+	(*SetLayoutRequest)(nil),      // 39: halo.v1.SetLayoutRequest
+	(*SetLayoutResponse)(nil),     // 40: halo.v1.SetLayoutResponse
+	(*ControlRequest)(nil),        // 41: halo.v1.ControlRequest
+	(*ControlResponse)(nil),       // 42: halo.v1.ControlResponse
+	(*NotController)(nil),         // 43: halo.v1.NotController
+	(*MeasureRequest)(nil),        // 44: halo.v1.MeasureRequest
+	(*MeasureResponse)(nil),       // 45: halo.v1.MeasureResponse
+	(*RolloutsRequest)(nil),       // 46: halo.v1.RolloutsRequest
+	(*Rollout)(nil),               // 47: halo.v1.Rollout
+	(*RolloutBatch)(nil),          // 48: halo.v1.RolloutBatch
+	(*SubmitRewardsRequest)(nil),  // 49: halo.v1.SubmitRewardsRequest
+	(*SubmitRewardsResponse)(nil), // 50: halo.v1.SubmitRewardsResponse
+	nil,                           // 51: halo.v1.StepMetrics.TimeByOpSEntry
+	nil,                           // 52: halo.v1.StepProfile.ComputeSEntry
+	nil,                           // 53: halo.v1.StepProfile.CommSEntry
+	nil,                           // 54: halo.v1.StepProfile.CommBytesEntry
+	nil,                           // 55: halo.v1.MeasureResponse.MemoryBytesEntry
+	nil,                           // 56: halo.v1.MeasureResponse.ValuesEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	33, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
-	46, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
+	51, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
 	6,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
 	5,  // 3: halo.v1.StepMetrics.expert_load:type_name -> halo.v1.ExpertLoad
 	4,  // 4: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
@@ -3689,10 +4001,10 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	33, // 7: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
 	24, // 8: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
 	27, // 9: halo.v1.InspectResponse.adapters:type_name -> halo.v1.AdapterNorm
-	47, // 10: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	48, // 11: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	52, // 10: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	53, // 11: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
 	4,  // 12: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
-	49, // 13: halo.v1.StepProfile.comm_bytes:type_name -> halo.v1.StepProfile.CommBytesEntry
+	54, // 13: halo.v1.StepProfile.comm_bytes:type_name -> halo.v1.StepProfile.CommBytesEntry
 	28, // 14: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
 	0,  // 15: halo.v1.StatusResponse.state:type_name -> halo.v1.State
 	31, // 16: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
@@ -3705,47 +4017,52 @@ var file_halo_v1_session_proto_depIdxs = []int32{
 	28, // 23: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
 	0,  // 24: halo.v1.StateEvent.state:type_name -> halo.v1.State
 	1,  // 25: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	50, // 26: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
-	51, // 27: halo.v1.MeasureResponse.values:type_name -> halo.v1.MeasureResponse.ValuesEntry
-	2,  // 28: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	7,  // 29: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	9,  // 30: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	11, // 31: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	13, // 32: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	15, // 33: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	17, // 34: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	19, // 35: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	22, // 36: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	23, // 37: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	25, // 38: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	29, // 39: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	32, // 40: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	34, // 41: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	41, // 42: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	39, // 43: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	44, // 44: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
-	3,  // 45: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	8,  // 46: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	10, // 47: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	12, // 48: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	14, // 49: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	16, // 50: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	18, // 51: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	20, // 52: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	21, // 53: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	21, // 54: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	26, // 55: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	30, // 56: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	33, // 57: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	35, // 58: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	42, // 59: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	40, // 60: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	45, // 61: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
-	45, // [45:62] is the sub-list for method output_type
-	28, // [28:45] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	55, // 26: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
+	56, // 27: halo.v1.MeasureResponse.values:type_name -> halo.v1.MeasureResponse.ValuesEntry
+	47, // 28: halo.v1.RolloutBatch.rollouts:type_name -> halo.v1.Rollout
+	2,  // 29: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	7,  // 30: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	9,  // 31: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	11, // 32: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	13, // 33: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	15, // 34: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	17, // 35: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	19, // 36: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	22, // 37: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	23, // 38: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	25, // 39: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	29, // 40: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	32, // 41: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	34, // 42: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	41, // 43: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	39, // 44: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	44, // 45: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
+	46, // 46: halo.v1.SessionService.Rollouts:input_type -> halo.v1.RolloutsRequest
+	49, // 47: halo.v1.SessionService.SubmitRewards:input_type -> halo.v1.SubmitRewardsRequest
+	3,  // 48: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 49: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 50: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 51: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 52: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 53: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 54: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 55: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 56: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 57: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 58: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	30, // 59: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	33, // 60: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	35, // 61: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	42, // 62: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	40, // 63: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	45, // 64: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
+	48, // 65: halo.v1.SessionService.Rollouts:output_type -> halo.v1.RolloutBatch
+	50, // 66: halo.v1.SessionService.SubmitRewards:output_type -> halo.v1.SubmitRewardsResponse
+	48, // [48:67] is the sub-list for method output_type
+	29, // [29:48] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -3769,7 +4086,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   50,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

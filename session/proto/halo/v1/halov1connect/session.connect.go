@@ -65,6 +65,11 @@ const (
 	SessionServiceSetLayoutProcedure = "/halo.v1.SessionService/SetLayout"
 	// SessionServiceMeasureProcedure is the procedure name of the SessionService's Measure RPC.
 	SessionServiceMeasureProcedure = "/halo.v1.SessionService/Measure"
+	// SessionServiceRolloutsProcedure is the procedure name of the SessionService's Rollouts RPC.
+	SessionServiceRolloutsProcedure = "/halo.v1.SessionService/Rollouts"
+	// SessionServiceSubmitRewardsProcedure is the procedure name of the SessionService's SubmitRewards
+	// RPC.
+	SessionServiceSubmitRewardsProcedure = "/halo.v1.SessionService/SubmitRewards"
 )
 
 var (
@@ -187,6 +192,20 @@ var (
 			Procedure:  SessionServiceMeasureProcedure,
 		}
 	})
+	sessionServiceRolloutsSpec = sync.OnceValue(func() connect.Spec {
+		return connect.Spec{
+			StreamType: connect.StreamTypeServer,
+			Schema:     v1.File_halo_v1_session_proto.Services().ByName("SessionService").Methods().ByName("Rollouts"),
+			Procedure:  SessionServiceRolloutsProcedure,
+		}
+	})
+	sessionServiceSubmitRewardsSpec = sync.OnceValue(func() connect.Spec {
+		return connect.Spec{
+			StreamType: connect.StreamTypeUnary,
+			Schema:     v1.File_halo_v1_session_proto.Services().ByName("SessionService").Methods().ByName("SubmitRewards"),
+			Procedure:  SessionServiceSubmitRewardsProcedure,
+		}
+	})
 )
 
 // SessionServiceClient is a client for the halo.v1.SessionService service.
@@ -233,6 +252,16 @@ type SessionServiceClient interface {
 	// call. An unknown op, wrong sizes or a size the device cannot hold are refused
 	// (invalid_argument); a fused op the backend lacks is refused (failed_precondition).
 	Measure(context.Context, *v1.MeasureRequest) (*v1.MeasureResponse, error)
+	// Rollouts makes the caller the session's reward scorer: while the stream is open, every
+	// GRPO step whose config names reward function "client" sends its rollouts here as one
+	// RolloutBatch, and waits (up to the batch's timeout) for SubmitRewards with the batch's
+	// id. A control call; a second Rollouts stream replaces the first, which ends. When the
+	// stream ends, batches waiting for it fail at once.
+	Rollouts(context.Context, *v1.RolloutsRequest) (SessionServiceRolloutsClientStream, error)
+	// SubmitRewards answers a RolloutBatch: one reward per rollout (NaN for none), or the
+	// error of the client's reward function. A control call; an id that no batch waits for
+	// (answered already, or timed out) is refused with not_found.
+	SubmitRewards(context.Context, *v1.SubmitRewardsRequest) (*v1.SubmitRewardsResponse, error)
 }
 
 // NewSessionServiceClient constructs a client for the halo.v1.SessionService service. Multiple
@@ -281,6 +310,26 @@ func (s SessionServiceEventsClientStream) Close() error {
 	return s.stream.Close()
 }
 
+// SessionServiceRolloutsClientStream is the client stream for the SessionService's Rollouts RPC.
+type SessionServiceRolloutsClientStream struct {
+	stream connect.ClientStream
+}
+
+// Receive returns the next response message from the server.
+func (s SessionServiceRolloutsClientStream) Receive() (*v1.RolloutBatch, error) {
+	var res v1.RolloutBatch
+	if err := s.stream.Receive(&res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// Close releases the stream's resources. It is idempotent and is typically deferred to clean up a
+// stream abandoned before io.EOF.
+func (s SessionServiceRolloutsClientStream) Close() error {
+	return s.stream.Close()
+}
+
 // SessionServiceHandler is an implementation of the halo.v1.SessionService service.
 type SessionServiceHandler interface {
 	// Load builds a trainer from a YAML config (a path on the session's machine or inline YAML)
@@ -325,6 +374,16 @@ type SessionServiceHandler interface {
 	// call. An unknown op, wrong sizes or a size the device cannot hold are refused
 	// (invalid_argument); a fused op the backend lacks is refused (failed_precondition).
 	Measure(context.Context, *v1.MeasureRequest) (*v1.MeasureResponse, error)
+	// Rollouts makes the caller the session's reward scorer: while the stream is open, every
+	// GRPO step whose config names reward function "client" sends its rollouts here as one
+	// RolloutBatch, and waits (up to the batch's timeout) for SubmitRewards with the batch's
+	// id. A control call; a second Rollouts stream replaces the first, which ends. When the
+	// stream ends, batches waiting for it fail at once.
+	Rollouts(context.Context, *v1.RolloutsRequest, SessionServiceRolloutsServerStream) error
+	// SubmitRewards answers a RolloutBatch: one reward per rollout (NaN for none), or the
+	// error of the client's reward function. A control call; an id that no batch waits for
+	// (answered already, or timed out) is refused with not_found.
+	SubmitRewards(context.Context, *v1.SubmitRewardsRequest) (*v1.SubmitRewardsResponse, error)
 }
 
 // RegisterSessionServiceHandler registers svc as the halo.v1.SessionService implementation on
@@ -349,6 +408,8 @@ func RegisterSessionServiceHandler(server *connect.Server, svc SessionServiceHan
 		connect.Method{Spec: sessionServiceControlSpec(), Handler: adapter.control},
 		connect.Method{Spec: sessionServiceSetLayoutSpec(), Handler: adapter.setLayout},
 		connect.Method{Spec: sessionServiceMeasureSpec(), Handler: adapter.measure},
+		connect.Method{Spec: sessionServiceRolloutsSpec(), Handler: adapter.rollouts},
+		connect.Method{Spec: sessionServiceSubmitRewardsSpec(), Handler: adapter.submitRewards},
 	)
 }
 
@@ -379,6 +440,21 @@ func (s SessionServiceEventsServerStream) SendHeaders() error {
 
 // Send sends a response message to the client.
 func (s SessionServiceEventsServerStream) Send(res *v1.Event) error {
+	return s.stream.Send(res)
+}
+
+// SessionServiceRolloutsServerStream is the server stream for the SessionService's Rollouts RPC.
+type SessionServiceRolloutsServerStream struct {
+	stream connect.ServerStream
+}
+
+// SendHeaders flushes the response headers without a message. The first Send does this implicitly.
+func (s SessionServiceRolloutsServerStream) SendHeaders() error {
+	return s.stream.SendHeaders()
+}
+
+// Send sends a response message to the client.
+func (s SessionServiceRolloutsServerStream) Send(res *v1.RolloutBatch) error {
 	return s.stream.Send(res)
 }
 
@@ -451,6 +527,14 @@ func (UnimplementedSessionServiceHandler) SetLayout(context.Context, *v1.SetLayo
 
 func (UnimplementedSessionServiceHandler) Measure(context.Context, *v1.MeasureRequest) (*v1.MeasureResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.Measure is not implemented")
+}
+
+func (UnimplementedSessionServiceHandler) Rollouts(context.Context, *v1.RolloutsRequest, SessionServiceRolloutsServerStream) error {
+	return connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.Rollouts is not implemented")
+}
+
+func (UnimplementedSessionServiceHandler) SubmitRewards(context.Context, *v1.SubmitRewardsRequest) (*v1.SubmitRewardsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, "halo.v1.SessionService.SubmitRewards is not implemented")
 }
 
 type sessionServiceClient struct {
@@ -588,6 +672,22 @@ func (c *sessionServiceClient) SetLayout(ctx context.Context, req *v1.SetLayoutR
 func (c *sessionServiceClient) Measure(ctx context.Context, req *v1.MeasureRequest) (*v1.MeasureResponse, error) {
 	var res v1.MeasureResponse
 	if err := c.client.CallUnary(ctx, sessionServiceMeasureSpec(), req, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+func (c *sessionServiceClient) Rollouts(ctx context.Context, req *v1.RolloutsRequest) (SessionServiceRolloutsClientStream, error) {
+	stream, err := c.client.CallServerStream(ctx, sessionServiceRolloutsSpec(), req)
+	if err != nil {
+		return SessionServiceRolloutsClientStream{}, err
+	}
+	return SessionServiceRolloutsClientStream{stream: stream}, nil
+}
+
+func (c *sessionServiceClient) SubmitRewards(ctx context.Context, req *v1.SubmitRewardsRequest) (*v1.SubmitRewardsResponse, error) {
+	var res v1.SubmitRewardsResponse
+	if err := c.client.CallUnary(ctx, sessionServiceSubmitRewardsSpec(), req, &res); err != nil {
 		return nil, err
 	}
 	return &res, nil
@@ -785,6 +885,26 @@ func (h sessionServiceHandler) measure(ctx context.Context, _ connect.Spec, stre
 		return err
 	}
 	res, err := h.svc.Measure(ctx, &req)
+	if err != nil {
+		return err
+	}
+	return stream.Send(res)
+}
+
+func (h sessionServiceHandler) rollouts(ctx context.Context, _ connect.Spec, stream connect.ServerStream) error {
+	var req v1.RolloutsRequest
+	if err := stream.Receive(&req); err != nil {
+		return err
+	}
+	return h.svc.Rollouts(ctx, &req, SessionServiceRolloutsServerStream{stream: stream})
+}
+
+func (h sessionServiceHandler) submitRewards(ctx context.Context, _ connect.Spec, stream connect.ServerStream) error {
+	var req v1.SubmitRewardsRequest
+	if err := stream.Receive(&req); err != nil {
+		return err
+	}
+	res, err := h.svc.SubmitRewards(ctx, &req)
 	if err != nil {
 		return err
 	}
