@@ -31,6 +31,9 @@ type Attention struct {
 	RotaryDim    int // R; 0 means HD
 	Window       int // sliding window in tokens; 0 = full causal
 	Layer        int // index into Pass.Cache
+	// Latent, when set, is the layer's multi-head latent attention (MLA), which Forward,
+	// Backward and Release run in place of the projections above.
+	Latent *MLA
 	// NoRoPE leaves queries and keys unrotated (smollm3's NoPE layers).
 	NoRoPE bool
 	// Interleaved rotates the pairs (2i, 2i+1) instead of (i, i+R/2) (glm4).
@@ -66,6 +69,9 @@ func (a *Attention) rope(p *Pass, heads int) backend.RoPEArgs {
 // Forward returns a new y [N,C] for x [N,C] (the normed hidden states). When keep is true the
 // activations are cached for Backward; otherwise they are released before returning.
 func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
+	if a.Latent != nil {
+		return a.Latent.Forward(p, x, keep)
+	}
 	if a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", a.Name)
 	}
@@ -189,6 +195,9 @@ func (a *Attention) gatherCache(p *Pass, kv *KVCache, hi int) (int, error) {
 // Backward returns a new dx [N,C] (=) for dy [N,C] and accumulates every parameter gradient
 // (+=); it releases the cache.
 func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
+	if a.Latent != nil {
+		return a.Latent.Backward(p, dy)
+	}
 	if !a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", a.Name)
 	}
@@ -258,6 +267,10 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 
 // Release frees the cached activations without a backward (evaluation, abandoned steps).
 func (a *Attention) Release(p *Pass) {
+	if a.Latent != nil {
+		a.Latent.Release(p)
+		return
+	}
 	c := &a.c
 	_ = free(p.B, &c.qPre, &c.kPre, &c.qRs, &c.kRs, &c.q, &c.k, &c.v, &c.out, &c.lse)
 	*c = attnCache{}
