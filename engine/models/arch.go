@@ -5,6 +5,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/nn"
 )
 
 // Arch is what the model code needs from config.json: the structure of the model as its
@@ -22,6 +23,15 @@ type Arch struct {
 	PadID int
 	// Rope is the rotary embedding configuration.
 	Rope backend.RoPEConfig
+	// SlidingRope, when set, is the rotary embedding of the sliding-attention layers
+	// (families whose rope_parameters are per layer type); nil means Rope everywhere.
+	SlidingRope *backend.RoPEConfig
+	// LocalRope[i] marks layer i as rotating with SlidingRope (nil when SlidingRope is nil).
+	LocalRope []bool
+	// Act is the MLP gate (hidden_act: silu or gelu_pytorch_tanh).
+	Act nn.Activation
+	// LogitSoftcap caps the LM head's logits with tanh (final_logit_softcapping); 0 = none.
+	LogitSoftcap float32
 	// HeldExperts is the range of routed experts the model holds in each MoE layer ([0, E)
 	// unless Options.Experts names a subset; zero for dense models).
 	HeldExperts ExpertRange
@@ -35,7 +45,7 @@ type Arch struct {
 	InterleavedRoPE bool
 	// EmbedScale multiplies the embeddings, ResidualScale each branch before its residual
 	// add, AttnScale replaces 1/sqrt(head_dim) and LogitScale multiplies the logits (granite;
-	// 0 means the plain decoder).
+	// AttnScale is also Gemma's query_pre_attn_scalar^-0.5; 0 means the plain decoder).
 	EmbedScale, ResidualScale, AttnScale, LogitScale float32
 }
 
@@ -77,6 +87,17 @@ func (a *Arch) Validate() error {
 	}
 	if _, _, err := a.Rope.Compute(1); err != nil {
 		return fmt.Errorf("models: %s: %w", a.ModelType, err)
+	}
+	if a.SlidingRope != nil {
+		if _, _, err := a.SlidingRope.Compute(1); err != nil {
+			return fmt.Errorf("models: %s: sliding layers: %w", a.ModelType, err)
+		}
+		if a.SlidingRope.DependsOnLength() {
+			return fmt.Errorf("models: %s: rope_type %q on the sliding-attention layers is not supported (their table is computed once); use a length-independent type there", a.ModelType, a.SlidingRope.Type)
+		}
+		if len(a.LocalRope) != a.Layers {
+			return fmt.Errorf("models: %s: %d local-rope flags for %d layers", a.ModelType, len(a.LocalRope), a.Layers)
+		}
 	}
 	return nil
 }

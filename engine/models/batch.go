@@ -108,6 +108,7 @@ func (m *Model) newPass(r *resolved) (*pass, error) {
 	p := &pass{Pass: nn.Pass{
 		B: m.b, DType: m.opts.DType, N: len(r.tokens), MaxSeqLen: r.maxLen,
 		InvFreq: m.invFreq, AttentionScaling: m.attnScale, NoAdapters: m.adaptersOff,
+		LocalInvFreq: m.localInvFreq, LocalAttentionScaling: m.localScale,
 		Scratch: m.scratch(),
 	}}
 	var err error

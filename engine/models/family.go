@@ -37,6 +37,16 @@ type Family struct {
 	// group. Every parameter of every model of the family matches exactly one entry (Place);
 	// engine/parallel lays the weights out by it and checks it against the weight shapes.
 	Placements []Placement
+	// LayerNorms names each layer's RMSNorms (under model.layers.<i>.) by where they sit, for
+	// a family whose names differ from those layerNormRoles gives its config arrangement
+	// (Gemma's sandwich); the zero value keeps those.
+	LayerNorms LayerNorms
+	// NormOffset is added to every RMSNorm weight before it scales (Gemma: 1, the norm
+	// multiplies by 1 + w and its weights start at zero); 0 for the Llama convention.
+	NormOffset float32
+	// ScaleEmbeddings multiplies the embedding rows by sqrt(hidden_size), rounded to the
+	// parameter dtype (Gemma's scaled word embedding).
+	ScaleEmbeddings bool
 }
 
 // FFNHooks let a family give a layer its own feed-forward block. Both hooks are called for
@@ -113,4 +123,41 @@ func Families() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// LayerNorms are the names of a layer's RMSNorms by position: Input before attention, PostAttn
+// on the attention output, PreFFN before the feed-forward block and PostFFN on its output. An
+// empty name is a norm the layer does not have. The names are listed in the checkpoint in
+// this order.
+type LayerNorms struct {
+	Input, PostAttn, PreFFN, PostFFN string
+}
+
+// gemmaNorms are Gemma's four: post_attention_layernorm normalises the attention output.
+var gemmaNorms = LayerNorms{Input: "input_layernorm", PostAttn: "post_attention_layernorm",
+	PreFFN: "pre_feedforward_layernorm", PostFFN: "post_feedforward_layernorm"}
+
+// normRoles names the modules of a layer's RMSNorms (pre-attention, pre-feed-forward,
+// attention output, feed-forward output; "" where absent): f's own LayerNorms when it has
+// them, else the names layerNormRoles gives the config's arrangement n.
+func (f *Family) normRoles(n config.LayerNorms) (preAttn, preFFN, postAttn, postFFN string) {
+	if f != nil && f.LayerNorms != (LayerNorms{}) {
+		l := f.LayerNorms
+		return l.Input, l.PreFFN, l.PostAttn, l.PostFFN
+	}
+	return layerNormRoles(n)
+}
+
+// normNames lists a layer's norms in transformers' state_dict order.
+func (f *Family) normNames(n config.LayerNorms) []string {
+	if f == nil || f.LayerNorms == (LayerNorms{}) {
+		return layerNormNames(n)
+	}
+	var out []string
+	for _, s := range []string{f.LayerNorms.Input, f.LayerNorms.PostAttn, f.LayerNorms.PreFFN, f.LayerNorms.PostFFN} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

@@ -2,12 +2,14 @@ package models
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -21,8 +23,19 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c == nil {
 		return Arch{}, fmt.Errorf("models: nil config")
 	}
-	if c.HiddenAct != "" && c.HiddenAct != "silu" && c.HiddenAct != "swish" {
-		return Arch{}, fmt.Errorf("models: %s: hidden_act %q is not supported (the MLP is SwiGLU: use \"silu\")", c.ModelType, c.HiddenAct)
+	act := nn.SiLU
+	switch c.HiddenAct {
+	case "", "silu", "swish":
+	case "gelu_pytorch_tanh":
+		act = nn.GELUTanh
+	default:
+		return Arch{}, fmt.Errorf("models: %s: hidden_act %q is not supported (the MLP gates with silu or gelu_pytorch_tanh)", c.ModelType, c.HiddenAct)
+	}
+	if c.AttnLogitSoftcapping != 0 {
+		return Arch{}, fmt.Errorf("models: %s: attn_logit_softcapping %v is not supported (the fused attention does not cap scores); set it to null", c.ModelType, c.AttnLogitSoftcapping)
+	}
+	if c.UseBidirectionalAttention {
+		return Arch{}, fmt.Errorf("models: %s: use_bidirectional_attention is not supported (attention is causal); set it to false", c.ModelType)
 	}
 	if c.ClipQKV != 0 {
 		return Arch{}, fmt.Errorf("models: %s: clip_qkv is not supported yet; remove it from config.json", c.ModelType)
@@ -38,7 +51,7 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	}
 	a := Arch{
 		Shape: c.Shape(), NormEps: float32(c.RMSNormEps), InitStd: c.InitializerRange,
-		PadID: -1, Config: c,
+		PadID: -1, Config: c, Act: act, LogitSoftcap: float32(c.FinalLogitSoftcapping),
 	}
 	if c.PadTokenID != nil {
 		a.PadID = *c.PadTokenID
@@ -60,19 +73,32 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c.LogitsScaling != 0 {
 		a.LogitScale = float32(1 / c.LogitsScaling)
 	}
-	r := c.Rope
-	theta := r.Theta
-	if theta == 0 {
-		theta = 10000
+	if c.QueryPreAttnScalar > 0 {
+		a.AttnScale = float32(math.Pow(c.QueryPreAttnScalar, -0.5))
 	}
-	a.Rope = backend.RoPEConfig{
-		Type: r.Type, Theta: theta, HeadDim: a.HeadDim, PartialRotaryFactor: r.PartialRotaryFactor,
-		MaxPositionEmbeddings: c.MaxPositionEmbeddings, Factor: r.Factor,
-		OriginalMaxPositionEmbeddings: r.OriginalMaxPositionEmbeddings,
-		LowFreqFactor:                 r.LowFreqFactor, HighFreqFactor: r.HighFreqFactor,
-		BetaFast: r.BetaFast, BetaSlow: r.BetaSlow, MScale: r.MScale, MScaleAllDim: r.MScaleAllDim,
-		AttentionFactor: r.AttentionFactor, NoTruncate: r.Truncate != nil && !*r.Truncate,
-		ShortFactor: r.ShortFactor, LongFactor: r.LongFactor,
+	rope := func(r config.Rope) backend.RoPEConfig {
+		theta := r.Theta
+		if theta == 0 {
+			theta = 10000
+		}
+		return backend.RoPEConfig{
+			Type: r.Type, Theta: theta, HeadDim: a.HeadDim, PartialRotaryFactor: r.PartialRotaryFactor,
+			MaxPositionEmbeddings: c.MaxPositionEmbeddings, Factor: r.Factor,
+			OriginalMaxPositionEmbeddings: r.OriginalMaxPositionEmbeddings,
+			LowFreqFactor:                 r.LowFreqFactor, HighFreqFactor: r.HighFreqFactor,
+			BetaFast: r.BetaFast, BetaSlow: r.BetaSlow, MScale: r.MScale, MScaleAllDim: r.MScaleAllDim,
+			AttentionFactor: r.AttentionFactor, NoTruncate: r.Truncate != nil && !*r.Truncate,
+			ShortFactor: r.ShortFactor, LongFactor: r.LongFactor,
+		}
+	}
+	a.Rope = rope(c.Rope)
+	if f := c.Family(); f != nil && f.RopePerLayerType {
+		sr := rope(c.SlidingRope)
+		a.SlidingRope = &sr
+		a.LocalRope = make([]bool, c.NumHiddenLayers)
+		for i := range a.LocalRope {
+			a.LocalRope[i] = i < len(c.LayerTypes) && c.LayerTypes[i] == config.SlidingAttention
+		}
 	}
 	return a, nil
 }

@@ -323,6 +323,7 @@ func (m *Model) rowLogits(p *nn.Pass, x tensor.Tensor, rows []int32) ([][]float3
 	if err != nil {
 		return nil, err
 	}
+	m.head.SoftcapLogits(flat)
 	v := len(flat) / len(rows)
 	out := make([][]float32, len(rows))
 	for i := range out {

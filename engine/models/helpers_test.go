@@ -33,6 +33,12 @@ func tinyArch(family string, mod func(*Arch)) Arch {
 		mod(&a)
 	}
 	a.Rope.HeadDim = a.HeadDim
+	if a.SlidingRope != nil {
+		a.SlidingRope.HeadDim = a.HeadDim
+		if len(a.LocalRope) != a.Layers {
+			a.LocalRope = make([]bool, a.Layers)
+		}
+	}
 	return a
 }
 

@@ -158,7 +158,7 @@ func ApplyOverrides(cfg *config.Config, sets []string) (*config.Config, error) {
 	// layer_types is derived from these keys; drop the written one so it is derived again
 	// unless it was set explicitly.
 	if !setKeys["layer_types"] && (setKeys["num_hidden_layers"] || setKeys["sliding_window"] ||
-		setKeys["use_sliding_window"] || setKeys["max_window_layers"]) {
+		setKeys["use_sliding_window"] || setKeys["max_window_layers"] || setKeys["sliding_window_pattern"]) {
 		delete(obj, "layer_types")
 	}
 	var buf bytes.Buffer

@@ -3,6 +3,7 @@ package models
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -76,10 +77,14 @@ type Model struct {
 
 	// RoPE tables: invFreq is uploaded once unless the rope type depends on the length
 	// (dynamic), in which case rope tracks transformers' cached-length state.
-	invFreq    tensor.Tensor
-	attnScale  float32
-	ropeCached int // dynamic rope: longest length the current table was built for
-	ropeLen    int // dynamic rope: length invFreq was computed for
+	invFreq   tensor.Tensor
+	attnScale float32
+	// localInvFreq and localScale are the sliding layers' table (Arch.SlidingRope), computed
+	// once; zero when the family has one rotary embedding.
+	localInvFreq tensor.Tensor
+	localScale   float32
+	ropeCached   int // dynamic rope: longest length the current table was built for
+	ropeLen      int // dynamic rope: length invFreq was computed for
 
 	moe moeState // mixture-of-experts layers, aux loss and balancing (empty when dense)
 	// fullIndex[i] is the index of Specs[i] in the table of the model holding every expert
@@ -165,6 +170,12 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 		m.Close()
 		return nil, err
 	}
+	if a.SlidingRope != nil {
+		if m.localInvFreq, m.localScale, err = uploadRope(b, *a.SlidingRope); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("models: %s: sliding layers: %w", a.ModelType, err)
+		}
+	}
 	return m, nil
 }
 
@@ -196,9 +207,12 @@ func (m *Model) build() {
 		return l
 	}
 	norm := func(name string) nn.RMSNorm {
-		return nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps}
+		return nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps, Offset: m.Family.NormOffset}
 	}
 	m.embed = nn.Embedding{Name: "model.embed_tokens", W: p(nameEmbed), GW: g(nameEmbed), Scale: a.EmbedScale}
+	if m.Family.ScaleEmbeddings {
+		m.embed.Scale = embedScale(a.Hidden, m.opts.DType)
+	}
 	m.blocks = make([]*nn.Block, a.Layers)
 	qd, kvd, f := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim, a.Intermediate
 	for i := range m.blocks {
@@ -210,6 +224,9 @@ func (m *Model) build() {
 			NH: a.Heads, NKV: a.KVHeads, HD: a.HeadDim, RotaryDim: a.Rope.RotaryDim(),
 			Window: a.Windows[i], Layer: i,
 			NoRoPE: a.NoRoPE != nil && a.NoRoPE[i], Interleaved: a.InterleavedRoPE, Scale: a.AttnScale,
+		}
+		if a.SlidingRope != nil && a.LocalRope[i] {
+			at.LocalRope, at.RotaryDim = true, a.SlidingRope.RotaryDim()
 		}
 		if a.FusedQKV {
 			qkv := pre + "self_attn.qkv_proj"
@@ -225,14 +242,14 @@ func (m *Model) build() {
 		}
 		if ffn == nil {
 			mlp := &nn.MLP{Name: pre + "mlp", Gate: lin(pre + "mlp.gate_proj"),
-				Up: lin(pre + "mlp.up_proj"), Down: lin(pre + "mlp.down_proj")}
+				Up: lin(pre + "mlp.up_proj"), Down: lin(pre + "mlp.down_proj"), Act: a.Act}
 			if a.FusedGateUp {
 				gu := pre + "mlp.gate_up_proj"
 				mlp.Gate, mlp.Up = part(gu, "gate", 0, f), part(gu, "up", f, 2*f)
 			}
 			ffn = mlp
 		}
-		preAttn, preFFN, postAttn, postFFN := layerNormRoles(a.Norms)
+		preAttn, preFFN, postAttn, postFFN := m.Family.normRoles(a.Norms)
 		blk := &nn.Block{
 			Name:          pre[:len(pre)-1],
 			Attn:          at,
@@ -253,7 +270,7 @@ func (m *Model) build() {
 	m.bindMoE()
 	m.bindLoRA()
 	m.bindQuant()
-	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows, LogitScale: a.LogitScale}
+	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows, LogitScale: a.LogitScale, Softcap: a.LogitSoftcap}
 	if a.Tied {
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
 	} else {
@@ -347,6 +364,10 @@ func (m *Model) Close() error {
 	if !m.invFreq.IsNil() {
 		errs = append(errs, m.b.Free(m.invFreq))
 		m.invFreq = tensor.Tensor{}
+	}
+	if !m.localInvFreq.IsNil() {
+		errs = append(errs, m.b.Free(m.localInvFreq))
+		m.localInvFreq = tensor.Tensor{}
 	}
 	return errors.Join(errs...)
 }
@@ -445,4 +466,35 @@ func (m *Model) ropeFor(seqLen int) error {
 	}
 	m.attnScale, m.ropeLen = scale, want
 	return nil
+}
+
+// uploadRope computes a length-independent rotary table and uploads it.
+func uploadRope(b backend.Backend, r backend.RoPEConfig) (tensor.Tensor, float32, error) {
+	inv, scale, err := r.Compute(r.MaxPositionEmbeddings)
+	if err != nil {
+		return tensor.Tensor{}, 0, err
+	}
+	t, err := b.Alloc(tensor.F32, len(inv))
+	if err != nil {
+		return tensor.Tensor{}, 0, err
+	}
+	raw, err := tensor.EncodeFloat32(tensor.F32, inv)
+	if err == nil {
+		err = b.Upload(t, raw)
+	}
+	if err != nil {
+		_ = b.Free(t)
+		return tensor.Tensor{}, 0, err
+	}
+	return t, scale, nil
+}
+
+// embedScale is Gemma's embedding multiplier sqrt(hidden), in the parameter dtype as
+// transformers holds it (the float32 value rounded to bf16 for a bf16 model).
+func embedScale(hidden int, dt tensor.DType) float32 {
+	s := float32(math.Sqrt(float64(hidden)))
+	if dt == tensor.BF16 {
+		s = tensor.BF16ToF32(tensor.F32ToBF16(s))
+	}
+	return s
 }

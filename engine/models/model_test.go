@@ -47,6 +47,16 @@ var familyCases = []struct {
 	// Four norms per layer, q/k/v biases, fused gate_up_proj, interleaved rotation of half
 	// of each head.
 	{"glm4_sandwich_interleaved", tinyArch("glm4", func(a *Arch) { a.HeadDim = 8; a.Rope.PartialRotaryFactor = 0.5 })},
+	// Gemma 3 with every feature on: sandwich norms with 1 + w gains, scaled embeddings, GeGLU,
+	// a sliding layer with its own RoPE base beside a full one with linear scaling, the
+	// query_pre_attn_scalar score scale and final-logit softcapping at a cap that bends.
+	{"gemma3_all_features", tinyArch("gemma3_text", func(a *Arch) {
+		a.Windows = []int{3, 0}
+		a.LocalRope = []bool{true, false}
+		a.SlidingRope = &backend.RoPEConfig{Theta: 100, MaxPositionEmbeddings: 64}
+		a.Rope = backend.RoPEConfig{Type: "linear", Factor: 2, Theta: 10000, MaxPositionEmbeddings: 64}
+		a.AttnScale, a.LogitSoftcap = 0.3, 2
+	})},
 }
 
 // TestGradientMatchesFiniteDifferences checks every parameter's gradient of the whole model

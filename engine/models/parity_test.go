@@ -47,7 +47,8 @@ type parityReference struct {
 // reference.json is checked too (parityDirs).
 var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_yarn", "qwen3", "qwen3_dynamic",
 	"qwen3_moe", "qwen3_moe_sparse", "mixtral", "olmoe",
-	"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe"}
+	"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe",
+	"gemma3_text"}
 
 // parityDirs returns parityCases followed by every other fixture directory found under
 // testdata/parity, sorted.

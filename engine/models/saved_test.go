@@ -33,6 +33,8 @@ var savedCases = []struct {
 	{"granite", "granite", []string{"attention_bias=true", "mlp_bias=true"}},
 	{"smollm3_nope", "smollm3", []string{"no_rope_layers=[1,0]", "use_sliding_window=true", "sliding_window=5"}},
 	{"glm4", "glm4", nil},
+	{"gemma3_softcap", "gemma3_text", []string{"final_logit_softcapping=3.0", "sliding_window=4", "query_pre_attn_scalar=12",
+		`rope_parameters={"full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":1000.0}}`}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

@@ -149,9 +149,9 @@ func mlpSpecs(a *Arch, i int) []ParamSpec {
 }
 
 // layerNormSpecs lists the RMSNorm weights of layer i (layerNormNames).
-func layerNormSpecs(a *Arch, i int) []ParamSpec {
+func layerNormSpecs(f *Family, a *Arch, i int) []ParamSpec {
 	var s []ParamSpec
-	for _, n := range layerNormNames(a.Norms) {
+	for _, n := range f.normNames(a.Norms) {
 		s = append(s, normWeight(layerName(i, n+".weight"), a.Hidden))
 	}
 	return s
@@ -203,11 +203,19 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 			ffn = mlpSpecs(a, i)
 		}
 		s = append(s, ffn...)
-		s = append(s, layerNormSpecs(a, i)...)
+		s = append(s, layerNormSpecs(f, a, i)...)
 	}
 	s = append(s, normWeight(nameFinalNorm, a.Hidden))
 	if !a.Tied {
 		s = append(s, matrix(nameLMHead, a.Vocab, a.Hidden))
+	}
+	if f != nil && f.NormOffset != 0 {
+		// The norms multiply by NormOffset + w: transformers starts w at zero (Gemma).
+		for i := range s {
+			if s[i].Init == InitOnes {
+				s[i].Init = InitZeros
+			}
+		}
 	}
 	return s
 }

@@ -38,8 +38,12 @@ type Attention struct {
 	NoRoPE bool
 	// Interleaved rotates the pairs (2i, 2i+1) instead of (i, i+R/2) (glm4).
 	Interleaved bool
-	// Scale is the score scale; 0 means 1/sqrt(HD) (granite's attention_multiplier).
+	// Scale is the score scale; 0 means 1/sqrt(HD) (granite's attention_multiplier, Gemma's
+	// query_pre_attn_scalar^-0.5).
 	Scale float32
+	// LocalRope rotates with the pass's local table (Pass.LocalInvFreq: the sliding layers of
+	// families with a second RoPE base) instead of its main one.
+	LocalRope bool
 
 	c attnCache
 }
@@ -60,9 +64,13 @@ func (a *Attention) shape(p *Pass) backend.AttentionShape {
 }
 
 func (a *Attention) rope(p *Pass, heads int) backend.RoPEArgs {
+	inv, scaling := p.InvFreq, p.AttentionScaling
+	if a.LocalRope {
+		inv, scaling = p.LocalInvFreq, p.LocalAttentionScaling
+	}
 	return backend.RoPEArgs{
-		Positions: p.Positions, InvFreq: p.InvFreq, Heads: heads, HeadDim: a.HD,
-		RotaryDim: a.RotaryDim, AttentionScaling: p.AttentionScaling, Interleaved: a.Interleaved,
+		Positions: p.Positions, InvFreq: inv, Heads: heads, HeadDim: a.HD,
+		RotaryDim: a.RotaryDim, AttentionScaling: scaling, Interleaved: a.Interleaved,
 	}
 }
 

@@ -1,6 +1,8 @@
 package nn
 
 import (
+	"math"
+
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
@@ -17,6 +19,9 @@ type Head struct {
 	W, GW      T
 	ChunkRows  int     // tokens per cross-entropy chunk; 0 = backend default
 	LogitScale float32 // 0 means 1
+	// Softcap caps the logits after LogitScale, Softcap * tanh(logit / Softcap)
+	// (final_logit_softcapping); 0 = none. Logits leaves them uncapped: see Logits.
+	Softcap float32
 }
 
 // scaled reports whether the logits are scaled.
@@ -48,7 +53,7 @@ func (h *Head) LossScaled(p *Pass, x, targets, tokenScale, loss, logprob T, trai
 	}
 	args := backend.CrossEntropyArgs{
 		Hidden: hid, Weight: h.W, Targets: targets, Loss: loss, LogProb: logprob,
-		GradScale: gradScale, TokenScale: tokenScale, ChunkRows: h.ChunkRows,
+		GradScale: gradScale, TokenScale: tokenScale, ChunkRows: h.ChunkRows, Softcap: h.Softcap,
 	}
 	if train {
 		if dh, err = p.out(hid.Shape()...); err != nil {
@@ -78,7 +83,8 @@ func (h *Head) LossScaled(p *Pass, x, targets, tokenScale, loss, logprob T, trai
 }
 
 // Logits returns new logits [M,V] for the hidden states x [M,C] (typically the last position
-// of each sequence during generation), in the activation dtype.
+// of each sequence during generation), in the activation dtype, before Softcap: the caller
+// caps them (SoftcapLogits) where it reads them.
 func (h *Head) Logits(p *Pass, x T) (T, error) {
 	hid, rstd, err := h.Norm.Forward(p, x)
 	if err != nil {
@@ -92,4 +98,15 @@ func (h *Head) Logits(p *Pass, x T) (T, error) {
 	}
 	lin := Linear{Name: h.Name, W: h.W}
 	return lin.Forward(p, hid)
+}
+
+// SoftcapLogits applies the head's cap to logits read on the host, in place.
+func (h *Head) SoftcapLogits(logits []float32) {
+	if h.Softcap == 0 {
+		return
+	}
+	c := float64(h.Softcap)
+	for i, x := range logits {
+		logits[i] = float32(c * math.Tanh(float64(x)/c))
+	}
 }

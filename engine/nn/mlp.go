@@ -15,11 +15,23 @@ type FFN interface {
 	Release(p *Pass)
 }
 
-// MLP is the SwiGLU feed-forward of Llama-style decoders: down(silu(gate(x)) * up(x)).
+// Activation is the gate of a gated MLP.
+type Activation uint8
+
+const (
+	// SiLU gates with silu (SwiGLU: Llama, Qwen, Mistral, ...).
+	SiLU Activation = iota
+	// GELUTanh gates with the tanh approximation of GELU (GeGLU: Gemma's gelu_pytorch_tanh).
+	GELUTanh
+)
+
+// MLP is the gated feed-forward of Llama-style decoders: down(act(gate(x)) * up(x)), SwiGLU
+// (act = silu, the zero value) or GeGLU (Act GELUTanh).
 // Cached for backward: x (not owned), gate [N,F], up [N,F] and their product [N,F].
 type MLP struct {
 	Name           string
 	Gate, Up, Down Linear
+	Act            Activation
 
 	x, g, u, a T
 	live       bool
@@ -47,7 +59,12 @@ func (m *MLP) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if m.a, err = p.out(m.g.Shape()...); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
-	if err = p.B.SwiGLU(m.a, m.g, m.u); err != nil {
+	if m.Act == GELUTanh {
+		err = p.B.GeGLU(m.a, m.g, m.u)
+	} else {
+		err = p.B.SwiGLU(m.a, m.g, m.u)
+	}
+	if err != nil {
 		return T{}, wrap(m.Name, err)
 	}
 	return m.Down.Forward(p, m.a)
@@ -68,7 +85,12 @@ func (m *MLP) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, err
 	}
 	// dGate and dUp overwrite the cached gate and up (allowed by the op contract).
-	if err = p.B.SwiGLUBackward(m.g, m.u, da, m.g, m.u); err != nil {
+	if m.Act == GELUTanh {
+		err = p.B.GeGLUBackward(m.g, m.u, da, m.g, m.u)
+	} else {
+		err = p.B.SwiGLUBackward(m.g, m.u, da, m.g, m.u)
+	}
+	if err != nil {
 		return T{}, wrap(m.Name, err)
 	}
 	if dx, err = p.out(m.x.Shape()...); err != nil {

@@ -1,14 +1,42 @@
 package nn
 
-import "github.com/halo-shell/halo-shell/engine/backend"
+import (
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
 
 // RMSNorm is an HF LlamaRMSNorm over the last dimension: y = x * rstd * W. W [C]; GW [C]
 // (optional). Used on [N,C] hidden states and, as q/k norm, on [N*H, HD] head rows.
+//
+// With Offset set the gain is Offset + W (Gemma's RMSNorm multiplies by 1 + w, its weights
+// starting at zero): each call builds the gain once in F32 ([C], freed before it returns), so
+// the backend ops see an ordinary weight; dW is unchanged, since d(Offset + W)/dW = 1.
 type RMSNorm struct {
-	Name string
-	W    T
-	GW   T
-	Eps  float32
+	Name   string
+	W      T
+	GW     T
+	Eps    float32
+	Offset float32
+}
+
+// gain returns the weight the backend ops multiply by: W, or Offset + W in a new F32 tensor
+// that done frees.
+func (n *RMSNorm) gain(p *Pass) (w T, done func(), err error) {
+	if n.Offset == 0 {
+		return n.W, func() {}, nil
+	}
+	if w, err = p.B.Empty(tensor.F32, n.W.Shape()...); err != nil {
+		return T{}, nil, wrap(n.Name, err)
+	}
+	done = func() { _ = p.B.Free(w) }
+	if err = p.B.Fill(w, n.Offset); err == nil {
+		err = p.B.Axpy(w, 1, n.W)
+	}
+	if err != nil {
+		done()
+		return T{}, nil, wrap(n.Name+" gain", err)
+	}
+	return w, done, nil
 }
 
 // Forward returns out (same shape as x, rows = x.Numel()/C) and rstd [rows] F32 for backward.
@@ -17,7 +45,13 @@ func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
 	if err != nil {
 		return T{}, T{}, err
 	}
-	if err := p.B.RMSNorm(v.out, rstd, v.x, n.W, n.Eps); err != nil {
+	w, done, err := n.gain(p)
+	if err != nil {
+		_ = free(p.B, &out, &rstd)
+		return T{}, T{}, err
+	}
+	defer done()
+	if err := p.B.RMSNorm(v.out, rstd, v.x, w, n.Eps); err != nil {
 		_ = free(p.B, &out, &rstd)
 		return T{}, T{}, wrap(n.Name, err)
 	}
@@ -39,9 +73,15 @@ func (n *RMSNorm) AddForward(p *Pass, x, residual T) (out, rstd T, err error) {
 	if err != nil {
 		return T{}, T{}, err
 	}
+	w, done, err := n.gain(p)
+	if err != nil {
+		_ = free(p.B, &out, &rstd)
+		return T{}, T{}, err
+	}
+	defer done()
 	res, err := residual.Reshape(v.x.Shape()...)
 	if err == nil {
-		err = fused(res, v.out, rstd, v.x, res, n.W, n.Eps)
+		err = fused(res, v.out, rstd, v.x, res, w, n.Eps)
 	}
 	if err != nil {
 		_ = free(p.B, &out, &rstd)
@@ -78,7 +118,12 @@ func (n *RMSNorm) Backward(p *Pass, dx, dy, x, rstd T, accumulate bool) error {
 	c := n.W.Dim(0)
 	rows := x.Numel() / c
 	v := func(t T) T { r, _ := t.Reshape(rows, c); return r }
+	w, done, err := n.gain(p)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return wrap(n.Name, p.B.RMSNormBackward(backend.RMSNormBackwardArgs{
-		DX: v(dx), DW: n.GW, DY: v(dy), X: v(x), W: n.W, RStd: rstd, AccumulateDX: accumulate,
+		DX: v(dx), DW: n.GW, DY: v(dy), X: v(x), W: w, RStd: rstd, AccumulateDX: accumulate,
 	}))
 }

@@ -32,6 +32,11 @@ type Pass struct {
 	// InvFreq [R/2] F32 and AttentionScaling are the rotary tables of this micro-batch.
 	InvFreq          T
 	AttentionScaling float32
+	// LocalInvFreq [R/2] F32 and LocalAttentionScaling are the rotary tables of the layers
+	// with Attention.LocalRope (sliding layers of families with a second RoPE base); zero
+	// otherwise.
+	LocalInvFreq          T
+	LocalAttentionScaling float32
 	// Cache, when set, holds per-layer key/value caches: attention appends this pass's keys and
 	// values at rows [CacheLen, CacheLen+N) and attends over rows [0, CacheLen+N).
 	Cache    []*KVCache

@@ -151,6 +151,31 @@ CASES = [
         router_aux_loss_coef=0.01,
         tie_word_embeddings=False,
     ),
+    # Gemma 3 with every feature on, at odd sizes: 3 heads of 24 over 1 KV head, an MLP of 100,
+    # a vocabulary of 263, explicit layer types with a window of 5 tokens on the sliding
+    # layers (shorter than T), a local RoPE base beside a linearly scaled global one, a
+    # query_pre_attn_scalar that is not head_dim, and a final-logit cap that bends the logits.
+    case(
+        "gemma3_text",
+        "gemma3_text",
+        vocab_size=263,
+        hidden_size=72,
+        intermediate_size=100,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=24,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        sliding_window=5,
+        query_pre_attn_scalar=20,
+        final_logit_softcapping=3.0,
+        attn_logit_softcapping=None,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        tie_word_embeddings=True,
+    ),
 ]
 
 # The families whose decoders depart from Llama's, in odd shapes (widths that are not powers of
@@ -210,7 +235,10 @@ def perturb(model, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
-                if "norm" in name:
+                if "norm" in name and not p.any():
+                    # Gemma's norms scale by 1 + w and start at zero: give w its own noise.
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+                elif "norm" in name:
                     p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
                 else:
                     p.copy_(0.1 * torch.randn(p.shape, generator=g))

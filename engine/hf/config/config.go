@@ -142,6 +142,28 @@ type Config struct {
 	// (mixtral). Default 0.0.
 	RouterJitterNoise float64
 
+	// QueryPreAttnScalar: attention scores are scaled by QueryPreAttnScalar^-0.5 instead of
+	// head_dim^-0.5 (gemma3_text; default 256).
+	QueryPreAttnScalar float64
+	// FinalLogitSoftcapping caps the LM head's logits, c * tanh(logit / c); 0 means none
+	// (null). Default: gemma3_text none.
+	FinalLogitSoftcapping float64
+	// AttnLogitSoftcapping caps the attention scores the same way; 0 means none (null).
+	AttnLogitSoftcapping float64
+	// UseBidirectionalAttention makes every token attend both ways (gemma3_text; default
+	// false).
+	UseBidirectionalAttention bool
+	// SlidingWindowPattern: when layer_types is absent, every SlidingWindowPattern-th layer
+	// (1-based) is full attention and the others sliding (gemma3_text; default 6).
+	SlidingWindowPattern int
+	// CacheImplementation is the generation cache class (gemma3_text 4.x files write
+	// "hybrid"); informational for training.
+	CacheImplementation string
+	// SlidingRope is the rotary embedding of the sliding-attention layers for families whose
+	// rope_parameters are given per layer type (Family.RopePerLayerType: gemma3_text, where
+	// Rope is that of the full-attention layers). Zero otherwise.
+	SlidingRope Rope
+
 	family *Family
 	// src records the canonical keys present in the source file.
 	src map[string]bool
@@ -314,7 +336,14 @@ func (c *Config) Unknown() []string {
 		}
 	}
 	for _, kv := range c.Rope.extra {
-		out = append(out, "rope_parameters."+kv.Key)
+		prefix := "rope_parameters."
+		if c.Family() != nil && c.Family().RopePerLayerType {
+			prefix += FullAttention + "."
+		}
+		out = append(out, prefix+kv.Key)
+	}
+	for _, kv := range c.SlidingRope.extra {
+		out = append(out, "rope_parameters."+SlidingAttention+"."+kv.Key)
 	}
 	return out
 }
@@ -358,6 +387,7 @@ func (c *Config) Clone() *Config {
 	n.Rope = c.Rope.clone()
 	n.Features = c.Features.clone()
 	n.Latent = c.Latent.clone()
+	n.SlidingRope = c.SlidingRope.clone()
 	return &n
 }
 

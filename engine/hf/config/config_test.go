@@ -128,7 +128,7 @@ func TestResolvedValuesMatchTransformers(t *testing.T) {
 				}
 				checked++
 			}
-			rope, err := c.Rope.toPy(c.intLit)
+			rope, err := c.Rope.toPy(c.intLit, "rope_parameters")
 			if err != nil {
 				t.Fatal(err)
 			}

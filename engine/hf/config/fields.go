@@ -68,6 +68,14 @@ var fields = map[string]field{
 	"output_router_logits":    {kBool, false, func(c *Config) any { return &c.OutputRouterLogits }},
 	"router_aux_loss_coef":    {kFloat, false, func(c *Config) any { return &c.RouterAuxLossCoef }},
 	"router_jitter_noise":     {kFloat, false, func(c *Config) any { return &c.RouterJitterNoise }},
+	// Gemma's keys (gemma.go).
+	"hidden_activation":           {kString, false, func(c *Config) any { return &c.HiddenAct }},
+	"query_pre_attn_scalar":       {kFloat, false, func(c *Config) any { return &c.QueryPreAttnScalar }},
+	"final_logit_softcapping":     {kFloat, true, func(c *Config) any { return &c.FinalLogitSoftcapping }},
+	"attn_logit_softcapping":      {kFloat, true, func(c *Config) any { return &c.AttnLogitSoftcapping }},
+	"use_bidirectional_attention": {kBool, true, func(c *Config) any { return &c.UseBidirectionalAttention }},
+	"sliding_window_pattern":      {kInt, false, func(c *Config) any { return &c.SlidingWindowPattern }},
+	"cache_implementation":        {kString, true, func(c *Config) any { return &c.CacheImplementation }},
 }
 
 // typeError is a key holding the wrong JSON type.
@@ -208,6 +216,10 @@ func (c *Config) setField(key string, f field, raw []byte) error {
 			*f.ptr(c).(*[]int) = nil
 		case kStringList:
 			*f.ptr(c).(*[]string) = nil
+		case kString:
+			*f.ptr(c).(*string) = ""
+		case kBool:
+			*f.ptr(c).(*bool) = false
 		}
 		return nil
 	}
@@ -267,7 +279,11 @@ func (c *Config) fieldValue(key string) pyValue {
 	case kBool:
 		return *f.ptr(c).(*bool)
 	case kString:
-		return *f.ptr(c).(*string)
+		v := *f.ptr(c).(*string)
+		if f.nullable && v == "" {
+			return nil
+		}
+		return v
 	case kOptInt:
 		p := *f.ptr(c).(**int)
 		if p == nil {

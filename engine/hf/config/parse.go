@@ -125,7 +125,7 @@ func parse(data []byte) (*Config, error) {
 	c.src = map[string]bool{}
 	c.intLit = map[string]bool{}
 
-	var ropeScaling, ropeParams, ropeTheta, topPartial []byte
+	var ropeScaling, ropeParams, ropeTheta, topPartial, localTheta []byte
 	for _, kv := range kvs {
 		key, raw := kv.Key, kv.Value
 		switch key {
@@ -173,6 +173,14 @@ func parse(data []byte) (*Config, error) {
 				ropeTheta = raw
 			}
 			continue
+		case "rope_local_base_freq":
+			if f.RopePerLayerType {
+				// 4.x files: the sliding layers' rope_theta (transformers consumes the key).
+				if !isNull(raw) {
+					localTheta = raw
+				}
+				continue
+			}
 		case "partial_rotary_factor":
 			// transformers copies it into rope_parameters and also keeps the attribute.
 			if !isNull(raw) {
@@ -220,7 +228,7 @@ func parse(data []byte) (*Config, error) {
 			return nil, fmt.Errorf("key %q: %v", kv.Key, err)
 		}
 	}
-	if err := c.readRope(ropeScaling, ropeParams, ropeTheta, topPartial); err != nil {
+	if err := c.readRope(ropeScaling, ropeParams, ropeTheta, topPartial, localTheta); err != nil {
 		return nil, err
 	}
 	if err := c.resolve(); err != nil {
@@ -364,37 +372,87 @@ var ropeKinds = map[string]kind{
 // readRope builds Rope the way transformers 5.17 standardises it: rope_scaling (4.x) wins over
 // rope_parameters (5.x); rope_theta comes from the dictionary, else the top-level rope_theta,
 // else the family default; the type from rope_type, else the legacy "type", else "default".
-func (c *Config) readRope(scaling, params, topTheta, topPartial []byte) error {
+//
+// For a family with RopePerLayerType, rope_parameters holds one dictionary per layer type:
+// full_attention into Rope, sliding_attention into SlidingRope. A 4.x file's rope_scaling
+// updates the full-attention parameters, its rope_theta is theirs and rope_local_base_freq
+// (localTheta) is the sliding layers' theta.
+func (c *Config) readRope(scaling, params, topTheta, topPartial, localTheta []byte) error {
 	r := &c.Rope
 	r.src = map[string]bool{}
+	perType := c.family != nil && c.family.RopePerLayerType
+	if perType {
+		c.SlidingRope.src = map[string]bool{}
+	}
 	name := "rope_parameters"
 	raw := params
 	if scaling != nil {
 		name, raw = "rope_scaling", scaling
 	}
 	if raw != nil {
-		t := bytes.TrimSpace(raw)
-		if len(t) == 0 || t[0] != '{' {
-			return typeError(name, "an object (or null)", raw)
-		}
-		kvs, err := topLevel(t)
+		kvs, err := ropeDict(name, raw)
 		if err != nil {
-			return fmt.Errorf("key %q: %w", name, err)
+			return err
 		}
+		nested := false
 		for _, kv := range kvs {
 			if kv.Key == FullAttention || kv.Key == SlidingAttention {
-				return fmt.Errorf("key %q: per-layer-type rope parameters (%q) are not supported for model_type %s; give one set of parameters", name, kv.Key, c.ModelType)
+				nested = true
 			}
 		}
-		for _, kv := range kvs {
-			if err := c.setRopeKey(name, kv.Key, kv.Value); err != nil {
-				return err
+		switch {
+		case nested && !perType:
+			return fmt.Errorf("key %q: per-layer-type rope parameters (%q) are not supported for model_type %s; give one set of parameters", name, FullAttention, c.ModelType)
+		case nested:
+			for _, kv := range kvs {
+				target, prefix := r, "rope_parameters."+FullAttention
+				switch kv.Key {
+				case FullAttention:
+				case SlidingAttention:
+					target, prefix = &c.SlidingRope, "rope_parameters."+SlidingAttention
+				default:
+					return fmt.Errorf("key %q: %q is not a layer type; model_type %s gives one dictionary per layer type (%q, %q)",
+						name, kv.Key, c.ModelType, FullAttention, SlidingAttention)
+				}
+				if isNull(kv.Value) {
+					continue
+				}
+				sub, err := ropeDict(name+"."+kv.Key, kv.Value)
+				if err != nil {
+					return err
+				}
+				for _, e := range sub {
+					if err := c.setRopeKey(target, prefix, name+"."+kv.Key, e.Key, e.Value); err != nil {
+						return err
+					}
+				}
+			}
+		case perType && name == "rope_parameters":
+			return fmt.Errorf("key \"rope_parameters\": model_type %s gives one dictionary per layer type: {%q: {...}, %q: {...}}", c.ModelType, FullAttention, SlidingAttention)
+		default:
+			prefix := "rope_parameters"
+			if perType {
+				prefix += "." + FullAttention
+			}
+			for _, kv := range kvs {
+				if err := c.setRopeKey(r, prefix, name, kv.Key, kv.Value); err != nil {
+					return err
+				}
 			}
 		}
 	}
+	fullPrefix := "rope_parameters"
+	if perType {
+		fullPrefix += "." + FullAttention
+	}
 	if !r.src["rope_theta"] && topTheta != nil {
-		if err := c.setRopeKey("", "rope_theta", topTheta); err != nil {
+		if err := c.setRopeKey(r, fullPrefix, "", "rope_theta", topTheta); err != nil {
 			return err
+		}
+	}
+	if perType && !c.SlidingRope.src["rope_theta"] && localTheta != nil {
+		if err := c.setRopeKey(&c.SlidingRope, "rope_parameters."+SlidingAttention, "", "rope_theta", localTheta); err != nil {
+			return fmt.Errorf("rope_local_base_freq: %w", err)
 		}
 	}
 	if !r.src["partial_rotary_factor"] && topPartial != nil {
@@ -404,16 +462,34 @@ func (c *Config) readRope(scaling, params, topTheta, topPartial []byte) error {
 		}
 		r.PartialRotaryFactor = v
 		r.src["partial_rotary_factor"] = true
-		c.intLit["rope_parameters.partial_rotary_factor"] = isIntLiteral(string(bytes.TrimSpace(topPartial)))
+		c.intLit[fullPrefix+".partial_rotary_factor"] = isIntLiteral(string(bytes.TrimSpace(topPartial)))
 	}
 	if r.Type == "" {
 		r.Type = "default"
 	}
+	if perType && c.SlidingRope.Type == "" {
+		c.SlidingRope.Type = "default"
+	}
 	return nil
 }
 
-func (c *Config) setRopeKey(dict, key string, raw []byte) error {
-	r := &c.Rope
+// ropeDict splits a rope dictionary (name is its key, for errors) into its entries.
+func ropeDict(name string, raw []byte) ([]rawKey, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return nil, typeError(name, "an object (or null)", raw)
+	}
+	kvs, err := topLevel(t)
+	if err != nil {
+		return nil, fmt.Errorf("key %q: %w", name, err)
+	}
+	return kvs, nil
+}
+
+// setRopeKey sets one rope parameter on r. prefix is the output path of r's dictionary
+// ("rope_parameters", or "rope_parameters.<layer type>"), for the integer-literal record;
+// dict names the source dictionary in errors ("" for a top-level key).
+func (c *Config) setRopeKey(r *Rope, prefix, dict, key string, raw []byte) error {
 	k, ok := ropeKinds[key]
 	name := key
 	if dict != "" {
@@ -473,7 +549,7 @@ func (c *Config) setRopeKey(dict, key string, raw []byte) error {
 			return err
 		}
 		*r.floatPtr(key) = v
-		c.intLit["rope_parameters."+key] = isInt
+		c.intLit[prefix+"."+key] = isInt
 	}
 	r.src[key] = true
 	return nil
@@ -535,10 +611,12 @@ func (c *Config) resolve() error {
 	if f.Resolve != nil {
 		f.Resolve(c)
 	}
-	switch c.Rope.Type {
-	case "llama3", "yarn", "longrope":
-		if c.Rope.OriginalMaxPositionEmbeddings == 0 {
-			c.Rope.OriginalMaxPositionEmbeddings = c.MaxPositionEmbeddings
+	for _, r := range []*Rope{&c.Rope, &c.SlidingRope} {
+		switch r.Type {
+		case "llama3", "yarn", "longrope":
+			if r.OriginalMaxPositionEmbeddings == 0 {
+				r.OriginalMaxPositionEmbeddings = c.MaxPositionEmbeddings
+			}
 		}
 	}
 	return nil

@@ -64,6 +64,12 @@ type Family struct {
 	// SharedExpert returns the width of the shared-expert SwiGLU MLP beside the routed experts
 	// of every MoE layer (0: none) and whether a sigmoid gate scales it; nil means none.
 	SharedExpert func(*Config) (width int, gated bool)
+	// RopePerLayerType: rope_parameters holds one set of parameters per layer type
+	// ({"full_attention": {...}, "sliding_attention": {...}}; Config.Rope and
+	// Config.SlidingRope), as gemma3_text writes it.
+	RopePerLayerType bool
+	// DefaultSlidingRopeTheta is SlidingRope's rope_theta when the file has none.
+	DefaultSlidingRopeTheta float64
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }
@@ -92,8 +98,10 @@ const (
 	// output and post_feedforward_layernorm on the feed-forward output, before each residual
 	// add (olmo2, olmo3).
 	PostNorms
-	// SandwichNorms: Llama's two pre-norms plus post_self_attn_layernorm on the attention
-	// output and post_mlp_layernorm on the feed-forward output (glm4).
+	// SandwichNorms: Llama's two pre-norms plus a norm on the attention output and one on the
+	// feed-forward output (glm4: post_self_attn_layernorm and post_mlp_layernorm; gemma3_text:
+	// post_attention_layernorm on the attention output, pre_feedforward_layernorm before the
+	// MLP and post_feedforward_layernorm after it).
 	SandwichNorms
 )
 
@@ -199,6 +207,9 @@ func (f *Family) Understands(key string) bool {
 	if _, ok := f.knows(key); ok || slices.Contains(commonKeys, key) {
 		return true
 	}
+	if f.RopePerLayerType && key == "rope_local_base_freq" {
+		return true
+	}
 	_, ok := baseDefaults[key]
 	return ok
 }
@@ -239,6 +250,10 @@ func newDefaults(f *Family) *Config {
 	f.Defaults(c)
 	c.Rope.Type = "default"
 	c.Rope.Theta = f.DefaultRopeTheta
+	if f.RopePerLayerType {
+		c.SlidingRope.Type = "default"
+		c.SlidingRope.Theta = f.DefaultSlidingRopeTheta
+	}
 	return c
 }
 

@@ -140,7 +140,27 @@ func (c *Config) validateMoE() error {
 }
 
 func (c *Config) validateRope() error {
-	r := &c.Rope
+	if f := c.Family(); f != nil && f.RopePerLayerType {
+		if err := c.validateRopeOf(&c.Rope); err != nil {
+			return fmt.Errorf("rope_parameters.%s: %w", FullAttention, err)
+		}
+		if err := c.validateRopeOf(&c.SlidingRope); err != nil {
+			return fmt.Errorf("rope_parameters.%s: %w", SlidingAttention, err)
+		}
+		return nil
+	}
+	return c.validateRopeOf(&c.Rope)
+}
+
+// ropeRotaryDim is RotaryDim for the rope r.
+func (c *Config) ropeRotaryDim(r *Rope) int {
+	if r.PartialRotaryFactor == 0 {
+		return c.HeadDim
+	}
+	return int(float64(c.HeadDim) * r.PartialRotaryFactor)
+}
+
+func (c *Config) validateRopeOf(r *Rope) error {
 	if !slices.Contains(RopeTypes, r.Type) {
 		return fmt.Errorf("rope_type %q is not supported; use one of %s", r.Type, strings.Join(RopeTypes, ", "))
 	}
@@ -150,7 +170,7 @@ func (c *Config) validateRope() error {
 	if r.PartialRotaryFactor < 0 || r.PartialRotaryFactor > 1 {
 		return fmt.Errorf("partial_rotary_factor (%g) must be in (0, 1]", r.PartialRotaryFactor)
 	}
-	if rd := c.RotaryDim(); rd < 2 || rd%2 != 0 {
+	if rd := c.ropeRotaryDim(r); rd < 2 || rd%2 != 0 {
 		return fmt.Errorf("rotary dimension head_dim * partial_rotary_factor = %d must be even and at least 2: change partial_rotary_factor or head_dim", rd)
 	}
 	needFactor := func() error {
@@ -173,7 +193,7 @@ func (c *Config) validateRope() error {
 				r.LowFreqFactor, r.HighFreqFactor)
 		}
 	case "longrope":
-		want := c.RotaryDim() / 2
+		want := c.ropeRotaryDim(r) / 2
 		if len(r.ShortFactor) != want || len(r.LongFactor) != want {
 			return fmt.Errorf("rope_type \"longrope\" needs short_factor and long_factor with %d entries each (rotary dimension / 2), got %d and %d",
 				want, len(r.ShortFactor), len(r.LongFactor))

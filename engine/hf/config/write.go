@@ -87,7 +87,19 @@ func (c *Config) toPy() (pyObject, error) {
 	if f.HeadDimNullWhenDerived && (!c.src["head_dim"] || c.src["null:head_dim"]) && c.HeadDim == c.HiddenSize/c.NumAttentionHeads {
 		out["head_dim"] = nil
 	}
-	rope, err := c.Rope.toPy(c.intLit)
+	if f.RopePerLayerType {
+		full, err := c.Rope.toPy(c.intLit, "rope_parameters."+FullAttention)
+		if err != nil {
+			return nil, err
+		}
+		sliding, err := c.SlidingRope.toPy(c.intLit, "rope_parameters."+SlidingAttention)
+		if err != nil {
+			return nil, err
+		}
+		out["rope_parameters"] = pyObject{FullAttention: full, SlidingAttention: sliding}
+		return out, nil
+	}
+	rope, err := c.Rope.toPy(c.intLit, "rope_parameters")
 	if err != nil {
 		return nil, err
 	}
@@ -95,24 +107,25 @@ func (c *Config) toPy() (pyObject, error) {
 	return out, nil
 }
 
-func (r *Rope) toPy(intLit map[string]bool) (pyObject, error) {
+// toPy writes one rope dictionary; prefix is its output path, for the integer-literal record.
+func (r *Rope) toPy(intLit map[string]bool, prefix string) (pyObject, error) {
 	out := pyObject{}
 	for _, kv := range r.extra {
 		v, err := decodePy(kv.Value)
 		if err != nil {
-			return nil, fmt.Errorf("key \"rope_parameters.%s\": %w", kv.Key, err)
+			return nil, fmt.Errorf("key \"%s.%s\": %w", prefix, kv.Key, err)
 		}
 		out[kv.Key] = v
 	}
 	out["rope_type"] = r.Type
-	out["rope_theta"] = floatValue(r.Theta, intLit["rope_parameters.rope_theta"])
+	out["rope_theta"] = floatValue(r.Theta, intLit[prefix+".rope_theta"])
 	if r.legacyType != "" {
 		out["type"] = r.Type // transformers keeps the 4.x key; it follows rope_type
 	}
 	for _, k := range []string{"factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
 		"attention_factor", "mscale", "mscale_all_dim", "partial_rotary_factor"} {
 		if v := *r.floatPtr(k); v != 0 || r.src[k] {
-			out[k] = floatValue(v, intLit["rope_parameters."+k])
+			out[k] = floatValue(v, intLit[prefix+"."+k])
 		}
 	}
 	if r.OriginalMaxPositionEmbeddings != 0 || r.src["original_max_position_embeddings"] {
