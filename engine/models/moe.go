@@ -417,13 +417,16 @@ func (m *Model) moeAfterForward(train bool) error {
 	return nil
 }
 
-// moeFetch reads the routing statistics that device-path layers keep on the device (once per
-// forward; nothing for host-path layers or statistics already read).
+// moeFetch reads the routing statistics that device-path layers keep on the device, all
+// layers' with one download (once per forward; nothing for host-path layers or statistics
+// already read).
 func (m *Model) moeFetch() error {
+	rs := make([]*nn.Routing, len(m.moe.layers))
 	for j, l := range m.moe.layers {
-		if err := l.Routing().Fetch(); err != nil {
-			return fmt.Errorf("models: %s: layer %d: %w", m.Arch.ModelType, m.moe.index[j], err)
-		}
+		rs[j] = l.Routing()
+	}
+	if err := nn.FetchRoutings(rs); err != nil {
+		return fmt.Errorf("models: %s: %w", m.Arch.ModelType, err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -137,35 +138,123 @@ type Routing struct {
 
 // Fetch reads the device path's per-expert statistics to the host (one download each, after
 // the whole forward) and frees them; it does nothing after a host-path forward or a previous
-// Fetch. Load and LoadBalancingLoss need it after a device-path forward.
-func (r *Routing) Fetch() error {
-	if r.b == nil {
-		return nil
+// Fetch. Load and LoadBalancingLoss need it after a device-path forward. FetchRoutings reads
+// several layers' at once.
+func (r *Routing) Fetch() error { return FetchRoutings([]*Routing{r}) }
+
+// pending reports whether the routing's statistics are still on the device.
+func (r *Routing) pending() bool { return r.b != nil }
+
+// statParts are the device statistics of a routing in the order FetchRoutings stages them:
+// offsets [E+1] I32, the probability sums [E] F32, and the unbiased counts [E] I32 when a
+// balancing bias chose.
+func (r *Routing) statParts() []T {
+	ts := []T{r.offsets, r.psum}
+	if !r.auxCounts.IsNil() {
+		ts = append(ts, r.auxCounts)
 	}
-	defer r.drop()
-	off, err := backend.ToInt32(r.b, r.offsets)
-	if err != nil {
-		return fmt.Errorf("nn: routing statistics: %w", err)
-	}
-	ps, err := backend.ToFloat32(r.b, r.psum)
-	if err != nil {
-		return fmt.Errorf("nn: routing statistics: %w", err)
-	}
-	r.load, r.auxLoad, r.probSum = make([]int, r.E), nil, make([]float64, r.E)
-	for e := range r.E {
-		r.load[e], r.probSum[e] = int(off[e+1]-off[e]), float64(ps[e])
+	return ts
+}
+
+// fill sets the host statistics from the staged words of statParts.
+func (r *Routing) fill(words []uint32) {
+	e := r.E
+	r.load, r.auxLoad, r.probSum = make([]int, e), nil, make([]float64, e)
+	off, ps := words[:e+1], words[e+1:2*e+1]
+	for x := range e {
+		r.load[x] = int(int32(off[x+1]) - int32(off[x]))
+		r.probSum[x] = float64(math.Float32frombits(ps[x]))
 	}
 	if !r.auxCounts.IsNil() {
-		ac, err := backend.ToInt32(r.b, r.auxCounts)
-		if err != nil {
-			return fmt.Errorf("nn: routing statistics: %w", err)
-		}
-		r.auxLoad = make([]int, r.E)
-		for e, v := range ac {
-			r.auxLoad[e] = int(v)
+		r.auxLoad = make([]int, e)
+		for x, v := range words[2*e+1 : 3*e+1] {
+			r.auxLoad[x] = int(int32(v))
 		}
 	}
 	r.fetched = true
+}
+
+// FetchRoutings reads the device-path statistics of the routings rs (the MoE layers of one
+// forward) with one download per backend: each layer's are copied on the device into one
+// staging buffer (a few small copies per layer), which is read at once, so a forward of L
+// layers waits for the device once rather than 2L times. Routings of host-path forwards, or
+// already read, are skipped. The device statistics are freed, also on an error.
+func FetchRoutings(rs []*Routing) (err error) {
+	var todo []*Routing
+	for _, r := range rs {
+		if r.pending() {
+			todo = append(todo, r)
+		}
+	}
+	defer func() {
+		for _, r := range todo {
+			r.drop()
+		}
+	}()
+	for len(todo) > 0 {
+		b := todo[0].b
+		var mine, rest []*Routing
+		words := 0
+		for _, r := range todo {
+			if r.b != b {
+				rest = append(rest, r)
+				continue
+			}
+			mine = append(mine, r)
+			for _, t := range r.statParts() {
+				words += t.Numel()
+			}
+		}
+		if err = fetchOn(b, mine, words); err != nil {
+			todo = append(mine, rest...)
+			return fmt.Errorf("nn: routing statistics: %w", err)
+		}
+		for _, r := range mine {
+			r.drop()
+		}
+		todo = rest
+	}
+	return nil
+}
+
+// fetchOn stages the statistics of rs (all on b, words 4-byte elements in all) and reads them.
+func fetchOn(b backend.Backend, rs []*Routing, words int) error {
+	stage, err := b.Empty(tensor.I32, words)
+	if err != nil {
+		return err
+	}
+	defer b.Free(stage)
+	at := 0
+	for _, r := range rs {
+		for _, t := range r.statParts() {
+			// A view of t's dtype over the staging bytes, so that Copy moves the bits.
+			v, err := tensor.New(stage.Buffer(), stage.Offset()+int64(4*at), t.DType(), t.Numel())
+			if err != nil {
+				return err
+			}
+			if err := b.Copy(v, t); err != nil {
+				return err
+			}
+			at += t.Numel()
+		}
+	}
+	raw := make([]byte, 4*words)
+	if err := b.Download(raw, stage); err != nil {
+		return err
+	}
+	all := make([]uint32, words)
+	for i := range all {
+		all[i] = binary.LittleEndian.Uint32(raw[4*i:])
+	}
+	at = 0
+	for _, r := range rs {
+		n := 0
+		for _, t := range r.statParts() {
+			n += t.Numel()
+		}
+		r.fill(all[at : at+n])
+		at += n
+	}
 	return nil
 }
 

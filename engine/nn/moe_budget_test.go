@@ -51,11 +51,12 @@ func TestMoEDeviceForwardKeepsWhatItCounts(t *testing.T) {
 // MoEPermute, the statistics copy, two grouped GEMMs, SwiGLUPacked, MoECombine (8). Backward:
 // MoECombineBackward, the re-sort (MoEPermute), four grouped GEMMs, the SwiGLU recompute and
 // its backward, MoEPermuteBackward, the aux gradient's upload, MoERouteBackward and the
-// router's LinearBackward (12). The statistics read (Routing.Fetch) adds two downloads.
+// router's LinearBackward (12). The statistics read (Routing.Fetch) stages the offsets and
+// probability sums with two copies and reads them with one download.
 const (
-	moeForwardOps   = 8
-	moeBackwardOps  = 12
-	moeHostReadsFwd = 2
+	moeForwardOps  = 8
+	moeBackwardOps = 12
+	moeFetchOps    = 3
 )
 
 // TestMoEDeviceLayerLaunchBudget counts the ops of one device-path MoE layer through the
@@ -95,7 +96,7 @@ func TestMoEDeviceLayerLaunchBudget(t *testing.T) {
 				out, err = m.Forward(p, x, true)
 				return err
 			})
-			_, reads := count("fetch", func() error { return m.Routing().Fetch() })
+			fetch, reads := count("fetch", func() error { return m.Routing().Fetch() })
 			m.AuxGrad = make([]float64, experts)
 			bwd, br := count("backward", func() (err error) {
 				dx, err = m.Backward(p, dy)
@@ -106,9 +107,77 @@ func TestMoEDeviceLayerLaunchBudget(t *testing.T) {
 			if fwd != moeForwardOps || bwd != moeBackwardOps {
 				t.Errorf("forward %d ops, backward %d: the budget is %d and %d", fwd, bwd, moeForwardOps, moeBackwardOps)
 			}
-			if fr != 0 || br != 0 || reads != moeHostReadsFwd {
-				t.Errorf("host reads: forward %d, backward %d, statistics %d; want 0, 0 and %d", fr, br, reads, moeHostReadsFwd)
+			if fr != 0 || br != 0 || reads != 1 || fetch != moeFetchOps {
+				t.Errorf("host reads: forward %d, backward %d, statistics %d in %d ops; want 0, 0 and 1 in %d", fr, br, reads, fetch, moeFetchOps)
 			}
 		})
+	}
+}
+
+// TestFetchRoutingsReadsEveryLayerAtOnce: the statistics of several device-path layers (one
+// with a balancing bias, whose unbiased counts come along) are read with one download and equal
+// what each layer's own Fetch reads.
+func TestFetchRoutingsReadsEveryLayerAtOnce(t *testing.T) {
+	const C, F, N = 12, 10, 9
+	e := newEnv(t)
+	layers := []*MoE{newStackedMoE(e, C, F, 5, 2, true), newStackedMoE(e, C, F, 5, 2, false), newStackedMoE(e, C, F, 6, 3, true)}
+	layers[1].Bias = []float32{0.3, -0.2, 0, 0.1, -0.4}
+	rec := profile.NewRecorder()
+	rec.Enable(true, true)
+	p := e.pass([]int{N}, 4)
+	p.B = profile.Wrap(e.b, rec)
+	x := e.randn(1, N, C)
+	type stats struct {
+		load []int
+		aux  float64
+	}
+	read := func(together bool) (got []stats, downloads int) {
+		var rs []*Routing
+		for _, m := range layers {
+			out, err := m.Forward(p, x, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = free(e.b, &out)
+			rs = append(rs, m.Routing())
+		}
+		rec.BeginStep(1)
+		if together {
+			if err := FetchRoutings(rs); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			for _, r := range rs {
+				if err := r.Fetch(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		st, _ := rec.EndStep()
+		for _, sp := range st.Spans {
+			if sp.Name == "Download" {
+				downloads++
+			}
+		}
+		for _, r := range rs {
+			aux, _, err := LoadBalancingLoss([]*Routing{r}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, stats{r.Load(), aux})
+		}
+		return got, downloads
+	}
+	want, _ := read(false)
+	before := e.b.MemStats().Allocated // the bias's device copy stays with its layer
+	got, downloads := read(true)
+	if downloads != 1 {
+		t.Fatalf("%d downloads for %d layers, want one", downloads, len(layers))
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("statistics read together %v, one by one %v", got, want)
+	}
+	if left := e.b.MemStats().Allocated - before; left != 0 {
+		t.Fatalf("%d bytes of statistics left on the device", left)
 	}
 }
