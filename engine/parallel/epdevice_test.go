@@ -110,6 +110,9 @@ func TestExpertParallelDevicePathReadsSplitsOncePerLayer(t *testing.T) {
 				if reads-refReads != layers {
 					t.Errorf("rank %d: %d host reads under %s, %d under %q: want one more per MoE layer (%d)", r, reads, tc.layout, refReads, dataLayout, layers)
 				}
+				if r == 0 {
+					t.Logf("host reads per forward and backward: %d under %s, %d under %q", reads, tc.layout, refReads, dataLayout)
+				}
 				a2a := 0
 				for _, sp := range st.Spans {
 					if sp.Comm && (sp.Class == profile.CommAllToAllDispatch || sp.Class == profile.CommAllToAllCombine) {

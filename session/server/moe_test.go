@@ -97,6 +97,7 @@ func TestProfileOfAMoEStepSplitsTheLayer(t *testing.T) {
 			if p.Ops <= 0 || p.Syncs <= 0 {
 				t.Errorf("ops %d and host syncs %d: want both counted", p.Ops, p.Syncs)
 			}
+			t.Logf("%s: %d ops and %d host syncs in the step", tc.name, p.Ops, p.Syncs)
 			var tr struct {
 				TraceEvents []struct {
 					Cat string `json:"cat"`
