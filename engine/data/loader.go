@@ -66,6 +66,11 @@ func NewLoader(docs []Document, opts LoaderOptions) (*Loader, error) {
 		if len(d.Tokens) > opts.MaxLength || len(d.Tokens) == 0 {
 			return nil, fmt.Errorf("data: document %d has %d tokens: must be in [1, max_length %d]", i, len(d.Tokens), opts.MaxLength)
 		}
+		for k, s := range d.Segments {
+			if (k == 0 && s != 0) || (k > 0 && s <= d.Segments[k-1]) || int(s) >= len(d.Tokens) {
+				return nil, fmt.Errorf("data: document %d: segment starts %v must begin at 0 and increase below its %d tokens", i, d.Segments, len(d.Tokens))
+			}
+		}
 	}
 	l := &Loader{docs: docs, opts: opts, epoch: -1}
 	if err := l.plan(0); err != nil {

@@ -15,11 +15,18 @@ const IgnoreIndex = -100
 // convention). Positions restart at 0 in every document. Targets[i] is the token the model is
 // trained to predict after position i: Tokens[i+1] when i+1 lies in the same document and is a
 // trained token, IgnoreIndex otherwise (always at a document's last position).
+//
+// When a document has Segments, each segment is a document of the batch (its own DocStarts
+// entry, positions restarting at 0), and Sources and Segs say where sequence d came from:
+// Sources[d] is the index of its Document (as given to Assemble or the Loader) and Segs[d]
+// its segment number. Both are nil when no document of the batch has segments.
 type Batch struct {
 	Tokens    []int32
 	Positions []int32
 	DocStarts []int32
 	Targets   []int32
+	Sources   []int32
+	Segs      []int32
 }
 
 // Len is the number of tokens T.
@@ -51,18 +58,36 @@ func Assemble(docs []Document, idx []int) Batch {
 		DocStarts: make([]int32, 1, len(idx)+1),
 		Targets:   make([]int32, 0, total),
 	}
+	segmented := false
+	for _, i := range idx {
+		segmented = segmented || docs[i].Segments != nil
+	}
 	for _, i := range idx {
 		d := docs[i]
-		for p, tok := range d.Tokens {
-			b.Tokens = append(b.Tokens, tok)
-			b.Positions = append(b.Positions, int32(p))
-			if p+1 < len(d.Tokens) && d.Train[p+1] {
-				b.Targets = append(b.Targets, d.Tokens[p+1])
-			} else {
-				b.Targets = append(b.Targets, IgnoreIndex)
+		segs := d.Segments
+		if segs == nil {
+			segs = []int32{0}
+		}
+		for k, lo := range segs {
+			hi := int32(len(d.Tokens))
+			if k+1 < len(segs) {
+				hi = segs[k+1]
+			}
+			for p := lo; p < hi; p++ {
+				b.Tokens = append(b.Tokens, d.Tokens[p])
+				b.Positions = append(b.Positions, p-lo)
+				if p+1 < hi && d.Train[p+1] {
+					b.Targets = append(b.Targets, d.Tokens[p+1])
+				} else {
+					b.Targets = append(b.Targets, IgnoreIndex)
+				}
+			}
+			b.DocStarts = append(b.DocStarts, int32(len(b.Tokens)))
+			if segmented {
+				b.Sources = append(b.Sources, int32(i))
+				b.Segs = append(b.Segs, int32(k))
 			}
 		}
-		b.DocStarts = append(b.DocStarts, int32(len(b.Tokens)))
 	}
 	return b
 }

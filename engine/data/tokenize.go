@@ -10,9 +10,16 @@ import (
 //
 // Tokens are the ids in order. Train[i] says whether token i is a prediction target: the model
 // is trained to predict Tokens[i] from Tokens[:i]. Train[0] is ignored (nothing precedes it).
+//
+// Segments, when set, cut the document into sequences that the model sees apart, as if
+// they were documents of their own but always in the same micro-batch: Segments[k] is the
+// offset where sequence k starts (Segments[0] = 0, increasing). A preference pair is one
+// document of two segments (prompt+chosen, prompt+rejected), so both halves of the pair
+// meet in one forward pass. Train is ignored at every segment's first token.
 type Document struct {
-	Tokens []int32
-	Train  []bool
+	Tokens   []int32
+	Train    []bool
+	Segments []int32
 }
 
 // Targets counts the tokens that are trained on (positions 1..n-1 with Train set).

@@ -7,9 +7,14 @@
 // stepper does the device work (the single model on one device, or a parallel.Plan), and one
 // builder turns what it measured into StepMetrics. Run is the one batch loop, on every node.
 //
-// Methods: pretrain (every token is a target) and sft (only assistant or completion tokens are
-// targets). The loss of an optimizer step is the mean over all non-ignored target tokens of all
-// its micro-batches, so gradient accumulation does not change the result.
+// Methods are registered MethodSpecs, each an Objective called by the one step loop (see
+// method.go): pretrain (every token is a target) and sft (only assistant or completion tokens
+// are targets), whose step loss is the mean over all non-ignored target tokens of all its
+// micro-batches, so gradient accumulation does not change the result; and the preference
+// methods dpo, smpo and kto (pref.go, formulas in docs/methods.md), whose step loss is the
+// mean over the step's pairs or examples, with the gradient reaching the tokens through
+// per-token scales (models.ForwardBackwardWeighted). The preference methods run on one
+// device.
 //
 // Parallel layouts: the config keys devices (cpu:4, cuda:0-7), tensor_parallel_size,
 // context_parallel_size, expert_parallel_size, expert_tensor_parallel_size and fsdp (the

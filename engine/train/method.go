@@ -95,6 +95,13 @@ func (ms Metrics) Values() map[string]float64 {
 			out[k] = v.Value()
 		}
 	}
+	// Where chosen and rejected were measured on different examples (KTO), the margin is
+	// the difference of their means, as TRL logs it.
+	c, okc := out["rewards/chosen"]
+	r, okr := out["rewards/rejected"]
+	if _, ok := out["rewards/margins"]; !ok && okc && okr {
+		out["rewards/margins"] = c - r
+	}
 	return out
 }
 

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/halo-shell/halo-shell/engine/data"
 )
 
 // MetricsFile is the per-step metrics log in output_dir: one JSON object per optimizer step.
@@ -230,6 +232,9 @@ func (t *Trainer) Summary() string {
 	}
 	if t.HasEval() {
 		fmt.Fprintf(&b, "; held out: %d documents", t.EvalStats.Documents)
+	}
+	if s := data.SummarizeBadRows(t.badRows, t.badTotal); s != "" {
+		fmt.Fprintf(&b, "\ndata: %s", s)
 	}
 	fmt.Fprintf(&b, "\nplan: %s, %d steps of %d micro-batches (%d per epoch, packing=%v, %d tokens each), lr %g %s, warmup %d",
 		c.Method, t.totalSteps, t.hyper.GradientAccumulationSteps, t.loader.BatchesPerEpoch(), *c.Batch.Packing,

@@ -209,6 +209,14 @@ func (t *Trainer) setupData() error {
 		t.evalRecords = evalRecs
 	}
 	t.trainAnswer = mostFrequentAnswer(trainRecs)
+	t.planLength()
+	return nil
+}
+
+// planLength plans the run's steps from the loader: max_steps, or num_train_epochs over its
+// micro-batches; and the warmup.
+func (t *Trainer) planLength() {
+	cfg := t.Cfg
 	perEpoch := t.loader.BatchesPerEpoch()
 	accum := cfg.Batch.GradientAccumulationSteps
 	if s := cfg.Sched.MaxSteps; s > 0 {
@@ -217,7 +225,6 @@ func (t *Trainer) setupData() error {
 		t.totalSteps = max(1, int(math.Ceil(cfg.Sched.NumTrainEpochs*float64(perEpoch)/float64(accum))))
 	}
 	t.warmup = warmupSteps(cfg.Sched, t.totalSteps)
-	return nil
 }
 
 // mostFrequentAnswer is the most common final assistant reply of chat records, or completion

@@ -120,11 +120,17 @@ type Trainer struct {
 	exec        stepper // runs the steps: deviceSteps on one device, planSteps on a plan
 	method      *MethodSpec
 	obj         Objective // the method's loss, called by the stepper for each micro-batch
-	step        int
-	totalSteps  int
-	warmup      int
-	auxCoef     float64   // the objective's aux-loss weight (router_aux_loss_coef or the model's; 0 when dense)
-	nodes       *nodeSpec // how this process joined a run across nodes; nil on one node
+	// Preference methods: the training and held-out documents (pairs or examples), the rows
+	// left out of them and the number of rows read, and what Close must free besides.
+	prefDocs, prefEvalDocs []data.Document
+	badRows                []data.BadRow
+	badTotal               int
+	closers                []func() error
+	step                   int
+	totalSteps             int
+	warmup                 int
+	auxCoef                float64   // the objective's aux-loss weight (router_aux_loss_coef or the model's; 0 when dense)
+	nodes                  *nodeSpec // how this process joined a run across nodes; nil on one node
 	// clientReward is GRPO's reward function "client" (SetClientReward); nil when none.
 	clientReward RewardFunc
 }
@@ -213,6 +219,10 @@ func (t *Trainer) evalAll(ctx context.Context) (float64, Metrics, error) {
 // Close frees the model, the optimizer state and the backend.
 func (t *Trainer) Close() error {
 	var errs []error
+	for _, c := range t.closers {
+		errs = append(errs, c())
+	}
+	t.closers = nil
 	if t.exec != nil {
 		errs = append(errs, t.exec.close())
 		t.exec = nil
