@@ -181,3 +181,35 @@ func TestFetchRoutingsReadsEveryLayerAtOnce(t *testing.T) {
 		t.Fatalf("%d bytes of statistics left on the device", left)
 	}
 }
+
+// TestMoEDeviceBackwardPeak: the device path's backward frees each buffer once its last use is
+// queued, so beyond what the forward kept it holds at most dx, the weights' gradient and the
+// larger of (dys, dact, act) and (dxs, the re-sorted rows and the sort's indices).
+func TestMoEDeviceBackwardPeak(t *testing.T) {
+	const C, F, N, E, K = 12, 10, 9, 5, 2
+	e := newEnv(t)
+	m := newStackedMoE(e, C, F, E, K, true)
+	p := e.pass([]int{N}, 4)
+	x := e.randn(1, N, C)
+	dy := e.randn(1, N, C)
+	out, err := m.Forward(p, x, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Routing().Fetch(); err != nil {
+		t.Fatal(err)
+	}
+	before := e.b.MemStats().Allocated
+	e.b.ResetPeak()
+	dx, err := m.Backward(p, dy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = free(e.b, &out, &dx)
+	const S = N * K
+	experts := max(S*C+2*S*F, 2*S*C+(E+1)+S+N*K)
+	bound := int64(4 * (N*C + N*K + experts))
+	if grew := e.b.MemStats().Peak - before; grew > bound {
+		t.Fatalf("the backward's peak is %d bytes above the forward's cache, want at most %d", grew, bound)
+	}
+}

@@ -120,21 +120,28 @@ func (g *GroupedExperts) Forward(p *Pass, o backend.Optional, xs, offsets T, kee
 	return ys, nil
 }
 
-// Backward takes dys [M,C] and the forward's input rows xs [M,C], adds the parameter
-// gradients, and returns dxs [M,C] (new; the caller owns it). It releases the cache.
-func (g *GroupedExperts) Backward(p *Pass, o backend.Optional, dys, xs T) (dxs T, err error) {
-	if g.gu.IsNil() {
-		return T{}, fmt.Errorf("nn: %s: grouped experts Backward without a cached Forward", g.Name)
-	}
-	defer g.Release(p.B)
-	s, inter := g.gu.Dim(0), g.gu.Dim(1)/2
-	var dact, act T
+// Backward takes dys [M,C], which it frees (the caller hands it over), and rows, which returns
+// the forward's input rows xs [M,C] when the last weight gradient needs them (owned: Backward
+// frees them after that use); it adds the parameter gradients and returns dxs [M,C] (new; the
+// caller owns it), and releases the cache. Each buffer is freed once its last use is queued, so
+// the backward holds at most max(dys + gu + two [M,I], gu + dxs + xs) at once.
+func (g *GroupedExperts) Backward(p *Pass, o backend.Optional, dys T, rows func() (xs T, owned bool, err error)) (dxs T, err error) {
+	var dact, act, xs T
+	owned := false
 	defer func() {
-		_ = free(p.B, &dact, &act)
+		_ = free(p.B, &dys, &dact, &act)
+		if owned {
+			_ = free(p.B, &xs)
+		}
 		if err != nil {
 			_ = free(p.B, &dxs)
 		}
 	}()
+	if g.gu.IsNil() {
+		return T{}, fmt.Errorf("nn: %s: grouped experts Backward without a cached Forward", g.Name)
+	}
+	defer g.Release(p.B)
+	s, inter, c := g.gu.Dim(0), g.gu.Dim(1)/2, dys.Dim(1)
 	if dact, err = p.out(s, inter); err != nil {
 		return T{}, wrap(g.Name, err)
 	}
@@ -152,20 +159,23 @@ func (g *GroupedExperts) Backward(p *Pass, o backend.Optional, dys, xs T) (dxs T
 		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: dys, B: act, Out: g.Down.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
 			return T{}, wrap(g.Down.Name, err)
 		}
-		_ = free(p.B, &act)
 	}
+	_ = free(p.B, &act, &dys)
 	// gu becomes its own gradient.
 	if err = o.SwiGLUPackedBackward(g.gu, dact, g.gu); err != nil {
 		return T{}, wrap(g.Name+" swiglu", err)
 	}
 	_ = free(p.B, &dact)
-	if dxs, err = p.out(s, xs.Dim(1)); err != nil {
+	if dxs, err = p.out(s, c); err != nil {
 		return T{}, wrap(g.Name, err)
 	}
 	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: g.gu, B: g.GateUp.W, Out: dxs, Offsets: g.offsets}); err != nil {
 		return T{}, wrap(g.GateUp.Name, err)
 	}
 	if !g.GateUp.GW.IsNil() {
+		if xs, owned, err = rows(); err != nil {
+			return T{}, err
+		}
 		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: g.gu, B: xs, Out: g.GateUp.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
 			return T{}, wrap(g.GateUp.Name, err)
 		}
@@ -399,9 +409,9 @@ func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error
 	n, e, k := r.N, r.E, r.K
 	c := dy.Dim(1)
 	s := n * k
-	var dys, dw, dxs, xs, aux, dlogits T
+	var dys, dw, dxs, aux, dlogits T
 	defer func() {
-		_ = free(p.B, &dys, &dw, &dxs, &xs, &aux, &dlogits)
+		_ = free(p.B, &dys, &dw, &dxs, &aux, &dlogits)
 		if err != nil {
 			_ = free(p.B, &dx)
 		}
@@ -422,15 +432,17 @@ func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error
 	if d.sorted != nil {
 		dxs, err = d.sorted.BackwardSorted(p, m, dys)
 	} else {
-		if xs, err = m.sortAgain(p, o); err != nil {
-			return T{}, err
-		}
-		dxs, err = d.experts.Backward(p, o, dys, xs)
+		// The experts' backward frees dys early and asks for the re-sorted rows late.
+		dxs, err = d.experts.Backward(p, o, dys, func() (T, bool, error) {
+			xs, err := m.sortAgain(p, o)
+			return xs, true, err
+		})
+		dys = T{}
 	}
 	if err != nil {
 		return T{}, err
 	}
-	_ = free(p.B, &dys, &xs)
+	_ = free(p.B, &dys)
 	if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: dxs, Slot: d.slot, DX: dx}); err != nil {
 		return T{}, wrap(m.Name+" permute", err)
 	}

@@ -479,7 +479,9 @@ func (r *epRunner) BackwardSorted(p *nn.Pass, m *nn.MoE, dys T) (dxs T, err erro
 			return fail("sort of the received gradients", err)
 		}
 		freeAll(b, &drcv)
-		if drxs, err = sr.experts.Backward(p, o, drys, sr.rxs); err != nil {
+		drxs, err = sr.experts.Backward(p, o, drys, func() (T, bool, error) { return sr.rxs, false, nil })
+		drys = T{} // freed by the experts' backward
+		if err != nil {
 			return T{}, err
 		}
 		if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: drxs, Slot: sr.rslt, DX: dsrc}); err != nil {
