@@ -114,6 +114,19 @@ type Options struct {
 	PeakTFLOPS float64
 	// Progress, when set, is called after every step (the profiled one too).
 	Progress func(StepResult)
+
+	// LoRARank, when positive, trains LoRA adapters of that rank over a frozen base instead of
+	// the whole model (use_peft), with LoRAAlpha (default 2x the rank), no dropout, on
+	// LoRATargets (default all-linear). LoadIn4bit stores the base's linears in NF4 with double
+	// quantisation (QLoRA; needs LoRARank).
+	LoRARank    int
+	LoRAAlpha   float64
+	LoRATargets []string
+	LoadIn4bit  bool
+	// GradientCheckpointing recomputes each layer's activations in backward.
+	GradientCheckpointing bool
+	// MaxDeviceMemoryGiB caps the device's allocator (max_device_memory_gib; 0: no cap).
+	MaxDeviceMemoryGiB float64
 }
 
 func (o *Options) defaults() {
@@ -222,6 +235,26 @@ func (o Options) Config() (*train.Config, error) {
 		// The trainer writes nothing by itself; output_dir is only required by the config.
 		Run: train.RunConfig{Seed: &seed, OutputDir: filepath.Join(os.TempDir(), "halo-shell-bench"),
 			SaveSteps: &zero, BF16: !o.FP32, Device: o.Device},
+	}
+	cfg.Run.GradientCheckpointing = o.GradientCheckpointing
+	cfg.Run.MaxDeviceMemoryGiB = o.MaxDeviceMemoryGiB
+	if o.LoRARank > 0 {
+		dropout := 0.0
+		alpha := o.LoRAAlpha
+		if alpha == 0 {
+			alpha = 2 * float64(o.LoRARank)
+		}
+		targets := o.LoRATargets
+		if len(targets) == 0 {
+			targets = []string{"all-linear"}
+		}
+		cfg.PEFT = train.PEFTConfig{UsePEFT: true, LoRAR: o.LoRARank, LoRAAlpha: alpha, LoRADropout: &dropout,
+			LoRATargetModules: train.StringList(targets)}
+	} else if o.LoadIn4bit {
+		return nil, fmt.Errorf("bench: a 4-bit base (--load-in-4bit) trains adapters only: set --lora-r")
+	}
+	if o.LoadIn4bit {
+		cfg.Quant = train.QuantConfig{LoadIn4bit: true, QuantType: "nf4", NestedQuant: true}
 	}
 	if lay.parallel {
 		cfg.Run.Device = lay.devices.Kind

@@ -383,3 +383,31 @@ func TestRunWritesTheProfiledStepTrace(t *testing.T) {
 		t.Fatalf("trace has %d op events; breakdown %+v", ops, r.Breakdown)
 	}
 }
+
+// TestQLoRAOptions: --lora-r and --load-in-4bit make the benchmark's run a QLoRA run (adapters
+// of that rank on every linear layer, the base in NF4, gradient checkpointing), which trains;
+// a 4-bit base without adapters is refused.
+func TestQLoRAOptions(t *testing.T) {
+	o := tinyOptions(t)
+	o.LoRARank, o.LoadIn4bit, o.GradientCheckpointing, o.NoProfile = 4, true, true, true
+	cfg, err := o.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.PEFT.UsePEFT || cfg.PEFT.LoRAR != 4 || cfg.PEFT.LoRAAlpha != 8 || !cfg.Quant.LoadIn4bit || !cfg.Run.GradientCheckpointing ||
+		len(cfg.PEFT.LoRATargetModules) != 1 || cfg.PEFT.LoRATargetModules[0] != "all-linear" {
+		t.Fatalf("config %+v %+v %+v: want r 4, alpha 8, all-linear, NF4, checkpointing", cfg.PEFT, cfg.Quant, cfg.Run)
+	}
+	r, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Losses) != 3 || !(r.Losses[2] < r.Losses[0]) {
+		t.Fatalf("QLoRA losses %v: want 3 falling losses", r.Losses)
+	}
+	o = tinyOptions(t)
+	o.LoadIn4bit = true
+	if _, err := o.Config(); err == nil || !strings.Contains(err.Error(), "--lora-r") {
+		t.Fatalf("a 4-bit base without adapters: %v, want a refusal naming --lora-r", err)
+	}
+}

@@ -134,6 +134,11 @@ func Load(dir string, b backend.Backend, o Options) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
 	}
+	if c := o.QuantizeOnLoad; q == nil && c != nil && c.LoadIn4bit {
+		if q, err = quantizeOnLoad(cfg, ck, b, o.DType, *c); err != nil {
+			return nil, fmt.Errorf("%w (checkpoint %s)", err, dir)
+		}
+	}
 	o.prequant = q
 	m, err := New(cfg, b, o)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/nn"
+	"github.com/halo-shell/halo-shell/engine/quant"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -29,6 +30,14 @@ type Options struct {
 	// every expert, so it computes only under an expert-parallel plan that sets their runners.
 	// Dense models accept only the zero value.
 	Experts ExpertRange
+
+	// QuantizeOnLoad, with LoadIn4bit set, makes Load store the linear weights it selects in
+	// NF4 as it reads them (what QuantizeBase would do after loading), so that the
+	// full-precision copies of those layers never reach the device: loading a bf16 4B model for
+	// QLoRA peaks at its NF4 size (about 2.6 GiB with the bf16 embedding) instead of 7.5 GiB
+	// plus the NF4 copy. The values are rounded to DType first, so the codes equal
+	// QuantizeBase's. A checkpoint that is already 4-bit (bitsandbytes) ignores it.
+	QuantizeOnLoad *quant.Config
 
 	// prequant, set by Load for a bitsandbytes 4-bit checkpoint, holds the NF4 weights read
 	// from it: the arena is built without them.

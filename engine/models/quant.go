@@ -240,6 +240,89 @@ func readPrequantized(cfg *config.Config, ck safetensors.Source, b backend.Backe
 	return q, nil
 }
 
+// quantizeOnLoad reads from ck, one at a time on the host, the weights of the linear layers c
+// selects (the attention projections of every layer and the projections of dense MLPs, as
+// QuantizeBase), rounds them to dt (the model's dtype: F32 when Invalid), and stores them in
+// NF4 on b. The model is then built without them, as for a pre-quantised checkpoint.
+func quantizeOnLoad(cfg *config.Config, ck safetensors.Source, b backend.Backend, dt tensor.DType, c quant.Config) (*quantState, error) {
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	f, err := Lookup(cfg.ModelType)
+	if err != nil {
+		return nil, err
+	}
+	a, err := ArchFromConfig(cfg.Clone())
+	if err != nil {
+		return nil, err
+	}
+	if dt == tensor.Invalid {
+		dt = tensor.F32
+	}
+	inSpecs := map[string][]int{}
+	for _, s := range specsFor(f, &a) {
+		inSpecs[s.Name] = s.Shape
+	}
+	q := &quantState{config: c, weights: map[string]*nn.QuantWeight{}}
+	fail := func(name string, err error) (*quantState, error) {
+		q.free(b)
+		return nil, fmt.Errorf("models: load_in_4bit: %s: %w", name, err)
+	}
+	for i := 0; i < a.Layers; i++ {
+		var modules []string
+		for _, p := range []string{"q_proj", "k_proj", "v_proj", "o_proj"} {
+			modules = append(modules, fmt.Sprintf("model.layers.%d.self_attn.%s", i, p))
+		}
+		for _, p := range []string{"gate_proj", "up_proj", "down_proj"} {
+			modules = append(modules, fmt.Sprintf("model.layers.%d.mlp.%s", i, p))
+		}
+		for _, mod := range modules {
+			name := mod + ".weight"
+			shape, ok := inSpecs[name]
+			if !ok || !c.Quantizes(mod) {
+				continue // not a layer of this model (an MoE layer's MLP), or not selected
+			}
+			info, ok := ck.Tensor(name)
+			if !ok {
+				return fail(name, errors.New("the checkpoint has no such tensor"))
+			}
+			if !slices.Equal(info.Shape, shape) {
+				return fail(name, fmt.Errorf("shape %v in %s, config.json implies %v", info.Shape, info.File, shape))
+			}
+			if err := weightDType(info.DType); err != nil {
+				return fail(name, err)
+			}
+			vals, err := safetensors.ToFloat32(info)
+			if err != nil {
+				return fail(name, err)
+			}
+			if dt != tensor.F32 { // the values the model would hold, as QuantizeBase reads them
+				raw, err := tensor.EncodeFloat32(dt, vals)
+				if err == nil {
+					vals, err = tensor.DecodeFloat32(dt, raw)
+				}
+				if err != nil {
+					return fail(name, err)
+				}
+			}
+			w, err := quant.QuantizeNF4(vals, shape, quant.Options{DoubleQuant: c.DoubleQuant})
+			if err != nil {
+				return fail(name, err)
+			}
+			qw, err := nn.NewQuantWeight(b, w)
+			if err != nil {
+				return fail(name, err)
+			}
+			q.weights[name] = qw
+			q.params += w.N()
+		}
+	}
+	if len(q.weights) == 0 {
+		return nil, nil
+	}
+	return q, nil
+}
+
 // checkPrequantized refuses NF4 weights that are not linear layers of the model.
 func (m *Model) checkPrequantized() error {
 	if m.quant == nil {

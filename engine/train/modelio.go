@@ -74,6 +74,11 @@ func InitModelConfig(in *InitConfig, tokenizerVocab int) (*config.Config, error)
 // with use_peft it attaches the run's LoRA adapters, freezing the base.
 func buildModel(cfg *Config, b backend.Backend, dt tensor.DType, tokenizerVocab int) (*models.Model, error) {
 	opts := models.Options{DType: dt, Recompute: cfg.Run.GradientCheckpointing}
+	if cfg.PEFT.UsePEFT && cfg.Quant.LoadIn4bit {
+		// Quantise while reading: the full-precision base never reaches the device whole.
+		qc := cfg.quantConfig()
+		opts.QuantizeOnLoad = &qc
+	}
 	if cfg.Model.Init == nil {
 		m, err := models.Load(cfg.Model.ModelNameOrPath, b, opts)
 		if err != nil {
