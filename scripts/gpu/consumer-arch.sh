@@ -14,7 +14,7 @@
 #    TestGPUEmulatedArch, which checks that the emulation is in effect -> OUTDIR/sm_86.log.
 #    sm_89 compiles the same source to the same paths (no kernel reads __CUDA_ARCH__), and sm_80
 #    differs only in its larger shared-memory limit, so sm_86 stands for all three.
-# 3. With bin/traintest: TestLoRAOnGPUMatchesCPU under HALO_CUDA_ARCH=sm_86 -> OUTDIR/train-sm_86.log.
+# 3. With bin/traintest: TestLoRAOnGPUMatchesCPU and TestQLoRAOnGPUMatchesCPU under HALO_CUDA_ARCH=sm_86 -> OUTDIR/train-sm_86.log.
 #
 # ARCH overrides the emulated architecture (sm_86); CUDATEST_TIMEOUT the test binary's timeout.
 set -uo pipefail
@@ -34,12 +34,12 @@ rc=0
 (cd engine/backend/cuda && ../../../bin/cudatest -test.v -test.timeout 300s -test.run '^TestNVRTCCompilesEveryArch$') \
 	>"$out/nvrtc-archs.log" 2>&1 || rc=1
 tail -3 "$out/nvrtc-archs.log"
-ops='^(TestGPUEmulatedArch|TestGPUGEMM|TestGPULinear|TestGPURMSNorm|TestGPURMSNormVectorised|TestGPUEmbedding|TestGPURoPE|TestGPUSwiGLU|TestGPUSwiGLUPacked|TestGPUCrossEntropy|TestGPUCrossEntropyPaths|TestGPUCrossEntropyUnderCap|TestGPUAttention|TestGPUAttentionTiles|TestGPUAttentionDecode|TestGPUAdamW|TestGPUElementwise|TestGPUAddVectorised|TestGPUDequantNF4|TestGPULoRALinear|TestGPUGroupedGEMM|TestGPUMoERoute|TestGPUMoERouteBackward|TestGPUMoEPermute|TestGPUMoECombine|TestGPUModelParity|TestGPUEmptyUnclearedMatchesAlloc|TestGPUKernelCache)$'
+ops='^(TestGPUEmulatedArch|TestGPUGEMM|TestGPULinear|TestGPURMSNorm|TestGPURMSNormVectorised|TestGPUEmbedding|TestGPURoPE|TestGPUSwiGLU|TestGPUSwiGLUPacked|TestGPUCrossEntropy|TestGPUCrossEntropyPaths|TestGPUCrossEntropyScratch|TestGPUAttention|TestGPUAttentionTiles|TestGPUAttentionDecode|TestGPUAdamW|TestGPUElementwise|TestGPUAddVectorised|TestGPUDequantNF4|TestGPUGroupedGEMM|TestGPUMoERoute|TestGPUMoERouteBackward|TestGPUMoEPermute|TestGPUMoECombine|TestGPUModelParity|TestGPUEmptyUnclearedMatchesAlloc|TestGPUKernelCache)$'
 (cd engine/backend/cuda && HALO_CUDA_ARCH=$arch ../../../bin/cudatest -test.v -test.timeout ${CUDATEST_TIMEOUT:-420s} -test.run "$ops") \
 	>"$out/$arch.log" 2>&1 || rc=1
 grep -E '^(--- FAIL|--- SKIP|FAIL|ok|PASS)' "$out/$arch.log" | tail -30
 if [ -x bin/traintest ]; then
-	(cd engine/train && HALO_CUDA_ARCH=$arch ../../bin/traintest -test.v -test.timeout 300s -test.run '^TestLoRAOnGPUMatchesCPU$') \
+	(cd engine/train && HALO_CUDA_ARCH=$arch ../../bin/traintest -test.v -test.timeout 300s -test.run '^(TestLoRAOnGPUMatchesCPU|TestQLoRAOnGPUMatchesCPU)$') \
 		>"$out/train-$arch.log" 2>&1 || rc=1
 	tail -3 "$out/train-$arch.log"
 fi
