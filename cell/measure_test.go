@@ -39,6 +39,19 @@ fmt.Sprintf("%s|%v|%v", mem.Device, mem.Total == mem.Params+mem.Grads+mem.Optimi
 	if got := plain(r.Value); got != `"cpu|true|true"` {
 		t.Fatalf("memory: %s", got)
 	}
+	// A step's metrics carry its own memory peak and its model FLOPs.
+	r = evalT(t, it, `sm := halo.Metrics()
+last := sm[len(sm)-1]
+fmt.Sprintf("%d|%v|%v", len(last.Memory), last.Memory[0].Peak > last.Memory[0].Allocated && last.Memory[0].Allocated > 0, last.ModelFLOPs > 0 && last.TFLOPS > 0)`)
+	if got := plain(r.Value); got != `"1|true|true"` {
+		t.Fatalf("step memory and flops: %s", got)
+	}
+	// A timed continuation counts its new tokens.
+	r = evalT(t, it, `g := halo.GenerateTimed("What is 2+3?", 4)
+fmt.Sprintf("%v|%v", g.Tokens >= 1 && g.Tokens <= 4, g.Seconds > 0 && g.TokensPerS() > 0)`)
+	if got := plain(r.Value); got != `"true|true"` {
+		t.Fatalf("generate timed: %s", got)
+	}
 	// Collectives on simulated devices: the buffer, the ring's bytes per rank and a time.
 	r = evalT(t, it, `ar := halo.MeasureCollective("all_reduce", 1<<16, 4, "")
 rs := halo.MeasureCollectiveOn("cpu", "reduce_scatter", 1<<16, 4, "bf16")

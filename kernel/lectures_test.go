@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,10 @@ import (
 
 	"github.com/halo-shell/halo-shell/cell/halo"
 )
+
+// lecturesOut, when set, is a directory each executed lecture notebook is copied into, to read
+// its measurements and verdicts: go test ./kernel -run TestLectureNotebooks -lectures-out DIR.
+var lecturesOut = flag.String("lectures-out", "", "copy each executed lecture notebook into this directory")
 
 // lectureNotebookLimit bounds one lecture notebook's run; they are written to finish in well
 // under 90 seconds on a 2-core CPU.
@@ -43,6 +48,14 @@ func TestLectureNotebooks(t *testing.T) {
 			b, err := os.ReadFile(executed)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if *lecturesOut != "" {
+				if err := os.MkdirAll(*lecturesOut, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(*lecturesOut, name+".ipynb"), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 			for _, p := range lectureProblems(b) {
 				t.Error(p)

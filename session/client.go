@@ -396,23 +396,31 @@ func (c *Client) Eval(ctx context.Context) (float64, error) {
 // Generate continues req.Prompt and returns the generated text; onPiece, when not nil,
 // receives each piece of text as it is produced.
 func (c *Client) Generate(ctx context.Context, req *GenerateRequest, onPiece func(string)) (string, error) {
+	s, _, err := c.GenerateCount(ctx, req, onPiece)
+	return s, err
+}
+
+// GenerateCount is Generate that also returns the number of new tokens the session generated.
+func (c *Client) GenerateCount(ctx context.Context, req *GenerateRequest, onPiece func(string)) (string, int, error) {
 	st, err := c.rpc.Generate(ctx, req)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer st.Close()
 	var b strings.Builder
+	tokens := 0
 	for first := true; ; first = false {
 		m, err := st.Receive()
 		if first {
 			c.holdLease(err)
 		}
 		if errors.Is(err, io.EOF) {
-			return b.String(), nil
+			return b.String(), tokens, nil
 		}
 		if err != nil {
-			return b.String(), err
+			return b.String(), tokens, err
 		}
+		tokens = max(tokens, int(m.Tokens))
 		b.WriteString(m.Text)
 		if onPiece != nil && m.Text != "" {
 			onPiece(m.Text)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/halo-shell/halo-shell/cell/internal/hostenv"
 	"github.com/halo-shell/halo-shell/session"
@@ -199,6 +200,40 @@ func GenerateN(prompt string, maxNewTokens int) string {
 		fail("halo.Generate", err)
 	}
 	return s
+}
+
+// Generation is a timed greedy continuation (GenerateTimed).
+type Generation struct {
+	Text    string
+	Tokens  int     // new tokens generated
+	Seconds float64 // wall time of the call, prompt processing included
+}
+
+// TokensPerS is the new tokens per second of the call (0 without tokens).
+func (g Generation) TokensPerS() float64 {
+	if g.Seconds <= 0 {
+		return 0
+	}
+	return float64(g.Tokens) / g.Seconds
+}
+
+func (g Generation) String() string {
+	return fmt.Sprintf("%d tokens in %s (%.4g tok/s): %q", g.Tokens, FormatSeconds(g.Seconds), g.TokensPerS(), g.Text)
+}
+
+// GenerateTimed is GenerateN that also counts the new tokens and times the call: a rollout's
+// decoding cost, one sequence at a time.
+func GenerateTimed(prompt string, maxNewTokens int) Generation {
+	if maxNewTokens < 1 {
+		fail("halo.GenerateTimed", fmt.Errorf("maxNewTokens = %d: want at least 1", maxNewTokens))
+	}
+	c, ctx, _ := client("halo.GenerateTimed")
+	start := time.Now()
+	s, n, err := c.GenerateCount(ctx, &session.GenerateRequest{Prompt: prompt, MaxNewTokens: int32(maxNewTokens)}, nil)
+	if err != nil {
+		fail("halo.GenerateTimed", err)
+	}
+	return Generation{Text: s, Tokens: n, Seconds: time.Since(start).Seconds()}
 }
 
 // GenerateBase is GenerateN with the run's LoRA adapters off for this call: the base model's

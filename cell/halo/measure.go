@@ -142,11 +142,14 @@ type MemoryEstimate struct {
 	Device                                string
 	Params, Grads, Optimizer, Activations int64
 	Logits, Scratch, Total                int64
-	Allocated, Peak                       int64 // measured on the device: live now, and the high-water mark
-	DeviceMemory                          int64 // the device's capacity, 0 when unknown
+	// Allocated and Peak are measured on the device: live now, and the high-water mark since
+	// the last step ended (the session starts each step's peak afresh; a step's own peak is
+	// in its StepMetrics.Memory).
+	Allocated, Peak int64
+	DeviceMemory    int64 // the device's capacity, 0 when unknown
 	// Layout is the per-device estimate of the parallel layout in force (what `launch
 	// --dry-run` prints for it), nil on one device; RankAllocated and RankPeak are each
-	// rank's device, measured.
+	// rank's device, measured as Allocated and Peak are.
 	Layout                  *LayoutMemory
 	RankAllocated, RankPeak []int64
 }
@@ -165,9 +168,9 @@ func (m MemoryEstimate) String() string {
 		mib(m.Allocated), mib(m.Peak))
 }
 
-// MeasureMemory returns the loaded run's memory estimate and its device's measured use (the
-// peak covers the steps run so far; run one to compare the estimate with a real step). It
-// needs a loaded model.
+// MeasureMemory returns the loaded run's memory estimate and its device's measured use now.
+// Compare the estimate with a real step's peak: StepMetrics.Memory of the step. It needs a
+// loaded model.
 func MeasureMemory() MemoryEstimate {
 	m := measureRaw("halo.MeasureMemory", "memory", "")
 	b := m.MemoryBytes
@@ -359,6 +362,7 @@ type Spec struct {
 	TF32TFLOPS float64 // dense TF32 tensor-core peak
 	FP32TFLOPS float64 // FP32 on the CUDA cores (no tensor cores)
 	HBMTBps    float64 // memory bandwidth, TB/s (1e12 bytes)
+	NVLinkGBps float64 // NVLink bandwidth per GPU, both directions together, GB/s
 	MemoryGB   float64
 	SMs        int
 	Source     string
@@ -369,9 +373,9 @@ type Spec struct {
 func (s Spec) Ridge() float64 { return s.BF16TFLOPS / s.HBMTBps }
 
 var specs = map[string]Spec{
-	"h100": {Name: "H100 SXM", BF16TFLOPS: 989.4, TF32TFLOPS: 494.7, FP32TFLOPS: 66.9, HBMTBps: 3.35, MemoryGB: 80, SMs: 132,
+	"h100": {Name: "H100 SXM", BF16TFLOPS: 989.4, TF32TFLOPS: 494.7, FP32TFLOPS: 66.9, HBMTBps: 3.35, NVLinkGBps: 900, MemoryGB: 80, SMs: 132,
 		Source: "NVIDIA H100 Tensor Core GPU datasheet (SXM column; its tensor-core figures are with sparsity, dense is half)"},
-	"h200": {Name: "H200 SXM", BF16TFLOPS: 989.4, TF32TFLOPS: 494.7, FP32TFLOPS: 66.9, HBMTBps: 4.8, MemoryGB: 141, SMs: 132,
+	"h200": {Name: "H200 SXM", BF16TFLOPS: 989.4, TF32TFLOPS: 494.7, FP32TFLOPS: 66.9, HBMTBps: 4.8, NVLinkGBps: 900, MemoryGB: 141, SMs: 132,
 		Source: "NVIDIA H200 Tensor Core GPU datasheet (SXM column; its tensor-core figures are with sparsity, dense is half)"},
 }
 

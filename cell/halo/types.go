@@ -49,6 +49,20 @@ type StepMetrics struct {
 	// ExpertLoad is the routing load of each MoE layer over the whole step (nil for dense
 	// models).
 	ExpertLoad []LayerLoad
+	// ModelFLOPs is the step's model FLOPs by the formula the session counts with (6 per
+	// parameter a token uses and per token, plus causal attention), TFLOPS those per second
+	// of step time.
+	ModelFLOPs, TFLOPS float64
+	// Memory is each device's memory during the step (one entry per rank on a parallel
+	// layout): Peak is the step's own high-water mark.
+	Memory []DeviceMemory
+}
+
+// DeviceMemory is one device's memory in a step, in bytes.
+type DeviceMemory struct {
+	Device                    string // e.g. cpu, cuda:0, "cpu rank 1" on a layout
+	Allocated, Reserved, Peak int64  // live after the step; held by the allocator; high-water mark of the step
+	Total                     int64  // capacity, 0 when unknown
 }
 
 func (m StepMetrics) String() string {
@@ -105,7 +119,12 @@ func DeadExperts(ls []LayerLoad) int {
 
 func metricsOf(m *session.StepMetrics) StepMetrics {
 	out := StepMetrics{Step: m.Step, Loss: m.Loss, GradNorm: m.GradNorm, LR: m.Lr, Tokens: m.Tokens,
-		TokensPerS: m.TokensPerS, StepTime: m.StepTimeS, EvalLoss: math.NaN(), AuxLoss: math.NaN()}
+		TokensPerS: m.TokensPerS, StepTime: m.StepTimeS, EvalLoss: math.NaN(), AuxLoss: math.NaN(),
+		ModelFLOPs: m.ModelFlops, TFLOPS: m.Tflops}
+	for _, d := range m.Memory {
+		out.Memory = append(out.Memory, DeviceMemory{Device: d.Device, Allocated: d.AllocatedBytes, Reserved: d.ReservedBytes,
+			Peak: d.PeakBytes, Total: d.TotalBytes})
+	}
 	if m.EvalLoss != nil {
 		out.EvalLoss = *m.EvalLoss
 	}

@@ -300,7 +300,10 @@ func (e *engine) step(ctx context.Context) (*halov1.StepMetrics, error) {
 func (e *engine) addDeviceMetrics(pm *halov1.StepMetrics) {
 	a := e.t.Arch()
 	tokens := float64(pm.Tokens)
-	pm.ModelFlops = backend.TrainingFLOPsPerToken(int64(e.t.NumParams()), a.Layers, e.t.Cfg.Batch.MaxLength, a.Heads, a.HeadDim) * tokens
+	// A token passes through the top-k experts of each MoE layer only: the experts it skips
+	// do no work for it and are not model FLOPs (for dense models the two counts agree).
+	params := int64(e.t.NumParams()) - (a.Shape.NumParameters() - a.Shape.ActiveParameters())
+	pm.ModelFlops = backend.TrainingFLOPsPerToken(params, a.Layers, e.t.Cfg.Batch.MaxLength, a.Heads, a.HeadDim) * tokens
 	if pm.StepTimeS > 0 {
 		pm.Tflops = pm.ModelFlops / pm.StepTimeS / 1e12
 	}

@@ -2,8 +2,12 @@ package server
 
 import (
 	"encoding/json"
+	"math"
 	"slices"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	halov1 "github.com/halo-shell/halo-shell/session/proto/halo/v1"
 )
 
 // TestStepMetricsCarryExpertLoad checks that a MoE run's step metrics carry the aux loss and
@@ -116,5 +120,44 @@ func TestProfileOfAMoEStepSplitsTheLayer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMoEModelFLOPsCountActiveParameters checks that a MoE step's model FLOPs count the top-k
+// experts a token passes through, not every expert: with 4 experts, top-2, hidden 32, expert
+// width 16 and 2 layers, the two skipped experts of each layer (3·32·16 weights each) are not
+// model FLOPs.
+func TestMoEModelFLOPsCountActiveParameters(t *testing.T) {
+	s := startServer(t, Options{})
+	c := dial(t, s.Socket(), "controller")
+	if _, err := c.Load(ctxT(t), "testdata/tiny_moe.yaml", "sft"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Inspect(ctxT(t), &halov1.InspectRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, p := range st.Stats {
+		if p.Kind != "param" {
+			continue
+		}
+		n := int64(1)
+		for _, d := range p.Shape {
+			n *= d
+		}
+		total += n
+	}
+	ms, err := c.Step(ctxT(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := ms[0]
+	const skipped = 2 * 2 * 3 * 32 * 16 // layers x skipped experts x (gate, up, down) x hidden x width
+	// Attention: 6·L·NH·HD·max_length/2·... as backend.TrainingFLOPsPerToken counts it.
+	attn := backend.TrainingFLOPsPerToken(0, 2, 32, 2, 16)
+	want := (6*float64(total-skipped) + attn) * float64(m.Tokens)
+	if math.Abs(m.ModelFlops-want) > 1e-9*want {
+		t.Errorf("model flops %g, want %g: 6 x (%d parameters - %d in skipped experts) + attention, per token", m.ModelFlops, want, total, skipped)
 	}
 }

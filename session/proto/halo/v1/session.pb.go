@@ -286,7 +286,8 @@ type StepMetrics struct {
 	TimeByOpS map[string]float64 `protobuf:"bytes,10,rep,name=time_by_op_s,json=timeByOpS,proto3" json:"time_by_op_s,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	EvalLoss  *float64           `protobuf:"fixed64,11,opt,name=eval_loss,json=evalLoss,proto3,oneof" json:"eval_loss,omitempty"`
 	// model_flops counts the step's model FLOPs: 6 * parameters * tokens plus causal attention
-	// 6 * layers * hidden * max_length * tokens (an upper bound with packing).
+	// 6 * layers * hidden * max_length * tokens (an upper bound with packing); for a mixture of
+	// experts the parameters are the active ones (the top-k experts of each MoE layer).
 	ModelFlops float64 `protobuf:"fixed64,12,opt,name=model_flops,json=modelFlops,proto3" json:"model_flops,omitempty"`
 	// tflops is model_flops over the step time, in TFLOP/s.
 	Tflops float64 `protobuf:"fixed64,13,opt,name=tflops,proto3" json:"tflops,omitempty"`
