@@ -173,21 +173,28 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	if m.QKNorm != config.NoQKNorm {
 		attn += qh*hd + kvh*hd // pre-norm q and k
 	}
-	block := 4*c + attn // x, h1, mid, h2
-	var ffn int64
+	block := 4*c + attn                                 // x, h1, mid, h2
+	denseFFN := n * 3 * int64(m.Intermediate) / tp * pb // gate, up and SwiGLU output
+	var moeFFN, moeLayers int64
 	if m.MoE() {
-		k := int64(max(m.TopK, 1))
-		ffn = k*3*int64(m.ExpertIntermediate) + 2*c + int64(m.Experts) // routed copies, gate/up/act per choice, router logits
-	} else {
-		ffn = 3 * int64(m.Intermediate) / tp
+		// What a MoE layer's device path keeps (engine/nn's MoEKeptBytes): router
+		// probabilities [n,E] F32, the selection, weights and slots [n,K] (4 bytes each), the
+		// expert offsets, and per routed slot the gate|up rows and the expert's output.
+		k, ei := int64(max(m.TopK, 1)), int64(m.ExpertIntermediate)/int64(one(l.ETP))
+		moeFFN = n*int64(m.Experts)*4 + 3*n*k*4 + int64(m.Experts+1)*4 + n*k*(2*ei+c)*pb
+		moeLayers = int64(m.MoELayers)
 	}
-	perLayer := n * (block + ffn) * pb
+	perLayer := n * block * pb
 	stats := n * (2 + qh) * 4 // rstd x2 and lse, f32
 	layers := int64(m.Layers)
 	if w.Recompute {
-		mem.Activations = layers*n*c*pb + perLayer + stats
+		ffn := moeFFN
+		if moeLayers < layers {
+			ffn = max(ffn, denseFFN)
+		}
+		mem.Activations = layers*n*c*pb + perLayer + ffn + stats
 	} else {
-		mem.Activations = layers * (perLayer + stats)
+		mem.Activations = layers*(perLayer+stats) + (layers-moeLayers)*denseFFN + moeLayers*moeFFN
 	}
 	mem.Activations += n * c * pb // head input
 

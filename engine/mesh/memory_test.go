@@ -3,6 +3,8 @@ package mesh
 import (
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/nn"
 )
 
 func TestEstimateScalesWithLayout(t *testing.T) {
@@ -77,5 +79,26 @@ func TestEstimateDividesExpertsOverTheExpertGroup(t *testing.T) {
 		if !tc.l.FSDP && e.Optimizer != base.Optimizer-(experts-experts/tc.held)*8 {
 			t.Errorf("%s: optimizer %d bytes, want %d", tc.name, e.Optimizer, base.Optimizer-(experts-experts/tc.held)*8)
 		}
+	}
+}
+
+// TestEstimateCountsWhatAMoELayerKeeps: the activations of a MoE model count, per sparse layer,
+// the bytes the MoE block's device path keeps for its backward (nn.MoEKeptBytes), and a dense
+// MLP's for each dense layer.
+func TestEstimateCountsWhatAMoELayerKeeps(t *testing.T) {
+	shape := func(topK, moeLayers int) ModelShape {
+		return ModelShape{Hidden: 64, Intermediate: 256, Heads: 8, KVHeads: 8, HeadDim: 8, Layers: 6, Vocab: 100,
+			Experts: 16, ExpertIntermediate: 32, TopK: topK, MoELayers: moeLayers}
+	}
+	w := Workload{Rows: 2, SeqLen: 128, ParamBytes: 2}
+	n := w.Rows * w.SeqLen
+	kept := func(k int) int64 { return nn.MoEKeptBytes(n, 64, 16, k, 32, 2) }
+	a, b := Estimate(Layout{DP: 1}, shape(2, 4), w), Estimate(Layout{DP: 1}, shape(3, 4), w)
+	if got, want := b.Activations-a.Activations, 4*(kept(3)-kept(2)); got != want {
+		t.Fatalf("top-3 instead of top-2 adds %d activation bytes, want 4 layers x %d", got, want/4)
+	}
+	c := Estimate(Layout{DP: 1}, shape(2, 3), w)
+	if got, want := c.Activations-a.Activations, int64(n)*3*256*2-kept(2); got != want {
+		t.Fatalf("one MoE layer fewer changes the activations by %d bytes, want a dense MLP's minus a MoE layer's, %d", got, want)
 	}
 }
