@@ -212,6 +212,17 @@ type Ops interface {
 	// forward and dOut. Backends need only support CuSeqlensK unset (training); the CPU backend
 	// also accepts a separate CuSeqlensK. None of dQ, dK, dV may overlap an input.
 	AttentionBackward(a AttentionBackwardArgs) error
+	// AttentionSinks folds learned per-head sink logits (gpt-oss) into a finished attention:
+	// each head's softmax also runs over one extra logit sinks[h] whose value is zero, so for
+	// every token n and head h lse' = log(exp(LSE[n,h]) + exp(sinks[h])), Out[n,h,:] *=
+	// exp(LSE[n,h] - lse') and LSE[n,h] = lse'. Out [N, NH*HD] (in place); LSE [N, NH] F32 (in
+	// place); sinks [NH]. AttentionBackward then takes the updated Out and LSE unchanged: the
+	// sink holds no value, so the query, key and value gradients need nothing more.
+	AttentionSinks(out, lse, sinks T) error
+	// AttentionSinksBackward accumulates the sinks' gradient: dSinks[h] += -sum_n
+	// exp(sinks[h] - LSE[n,h]) * sum_d dOut[n,h,d] * Out[n,h,d], with Out and LSE as
+	// AttentionSinks left them. dSinks [NH] +=; dOut, Out [N, NH*HD]; LSE [N, NH] F32.
+	AttentionSinksBackward(dSinks, dOut, out, lse, sinks T) error
 
 	// ---- column blocks ----
 

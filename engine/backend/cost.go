@@ -310,6 +310,18 @@ func SwiGLUBackwardCost(dGate, dUp, dOut, gate, up T) Cost {
 	return Cost{FLOPs: 10 * elems(dOut), Bytes: sizes(dGate, dUp, dOut, gate, up), Class: profilekeys.ClassMLPActivation}
 }
 
+// AttentionSinksCost is Ops.AttentionSinks: per token and head a log-add-exp and HD
+// products; Out read and written, LSE read and written, the sinks read.
+func AttentionSinksCost(out, lse, sinks T) Cost {
+	return Cost{FLOPs: elems(out) + 4*elems(lse), Bytes: 2*size(out) + 2*size(lse) + size(sinks), Class: profilekeys.ClassAttention}
+}
+
+// AttentionSinksBackwardCost is Ops.AttentionSinksBackward: a dot product of HD per token and
+// head and one exponential; dOut, Out and LSE read, dSinks read and written.
+func AttentionSinksBackwardCost(dSinks, dOut, out, lse T) Cost {
+	return Cost{FLOPs: 2*elems(out) + 3*elems(lse), Bytes: sizes(dOut, out, lse) + 2*size(dSinks), Class: profilekeys.ClassAttention}
+}
+
 // GeGLUCost is Ops.GeGLU: 12 FLOPs per element (the cubic, the tanh counted as an exponential,
 // addition and division, three products); gate and up read, out written.
 func GeGLUCost(out, gate, up T) Cost {

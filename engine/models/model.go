@@ -234,6 +234,9 @@ func (m *Model) build() {
 			Window: a.Windows[i], Layer: i,
 			NoRoPE: a.NoRoPE != nil && a.NoRoPE[i], Interleaved: a.InterleavedRoPE, Scale: a.AttnScale,
 		}
+		if a.Sinks {
+			at.Sinks, at.GSinks = p(pre+"self_attn.sinks"), g(pre+"self_attn.sinks")
+		}
 		if a.SlidingRope != nil && a.LocalRope[i] {
 			at.LocalRope, at.RotaryDim = true, a.SlidingRope.RotaryDim()
 		}

@@ -50,6 +50,11 @@ var familyCases = []struct {
 	// Gemma 3 with every feature on: sandwich norms with 1 + w gains, scaled embeddings, GeGLU,
 	// a sliding layer with its own RoPE base beside a full one with linear scaling, the
 	// query_pre_attn_scalar score scale and final-logit softcapping at a cap that bends.
+	// gpt-oss's attention: per-head sinks in the softmax, q/k/v/o biases, a sliding layer.
+	{"mistral_sinks_window", tinyArch("mistral", func(a *Arch) {
+		a.Sinks, a.QKVBias, a.OBias = true, true, true
+		a.Windows = []int{3, 0}
+	})},
 	{"gemma3_all_features", tinyArch("gemma3_text", func(a *Arch) {
 		a.Windows = []int{3, 0}
 		a.LocalRope = []bool{true, false}

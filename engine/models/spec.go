@@ -117,6 +117,10 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 	if a.OBias {
 		s = append(s, bias(layerName(i, "self_attn.o_proj.bias"), a.Hidden))
 	}
+	if a.Sinks {
+		// Normal like a weight, without decay (1-D).
+		s = append(s, ParamSpec{Name: layerName(i, "self_attn.sinks"), Shape: []int{a.Heads}, Init: InitNormal, ZeroRow: -1})
+	}
 	switch a.QKNorm {
 	case config.QKNormProjection:
 		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), q),

@@ -20,6 +20,9 @@ type KVCache struct {
 // GQA attention over packed documents with an optional sliding window, and the output
 // projection.
 //
+// With Sinks set the attention output and log-sum-exp are those of the softmax that includes
+// the sinks (backend AttentionSinks), which the backward reads as they are.
+//
 // Cached for backward (between Forward and Backward): the input x (not owned: the caller keeps
 // it alive), q and k after norm and rotation, v, the attention output and its log-sum-exp, and
 // with q/k norm the pre-norm q and k with their rstd.
@@ -41,6 +44,9 @@ type Attention struct {
 	// Scale is the score scale; 0 means 1/sqrt(HD) (granite's attention_multiplier, Gemma's
 	// query_pre_attn_scalar^-0.5).
 	Scale float32
+	// Sinks [NH], optional, are learned per-head logits that join every query's softmax
+	// without a value (gpt-oss); GSinks is their gradient (+=).
+	Sinks, GSinks T
 	// LocalRope rotates with the pass's local table (Pass.LocalInvFreq: the sliding layers of
 	// families with a second RoPE base) instead of its main one.
 	LocalRope bool
@@ -135,6 +141,11 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	}); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
+	if !a.Sinks.IsNil() {
+		if err = p.B.AttentionSinks(c.out, c.lse, a.Sinks); err != nil {
+			return T{}, wrap(a.Name+" sinks", err)
+		}
+	}
 	return a.O.Forward(p, c.out)
 }
 
@@ -227,6 +238,11 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	}
 	if dv, err = p.out(c.v.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
+	}
+	if !a.Sinks.IsNil() && !a.GSinks.IsNil() {
+		if err = p.B.AttentionSinksBackward(a.GSinks, dattn, c.out, c.lse, a.Sinks); err != nil {
+			return T{}, wrap(a.Name+" sinks", err)
+		}
 	}
 	if err = p.B.AttentionBackward(backend.AttentionBackwardArgs{
 		AttentionShape: a.shape(p), DQ: dq, DK: dk, DV: dv, DOut: dattn,

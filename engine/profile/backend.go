@@ -324,6 +324,22 @@ func (b *Backend) CopyColumns(a backend.ColumnCopyArgs) error {
 	return b.end(s, b.in.CopyColumns(a), "CopyColumns", backend.CopyColumnsCost(a), a.Dst)
 }
 
+func (b *Backend) AttentionSinks(out, lse, sinks T) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.AttentionSinks(out, lse, sinks)
+	}
+	s := b.begin()
+	return b.end(s, b.in.AttentionSinks(out, lse, sinks), "AttentionSinks", backend.AttentionSinksCost(out, lse, sinks), out)
+}
+
+func (b *Backend) AttentionSinksBackward(dSinks, dOut, out, lse, sinks T) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.AttentionSinksBackward(dSinks, dOut, out, lse, sinks)
+	}
+	s := b.begin()
+	return b.end(s, b.in.AttentionSinksBackward(dSinks, dOut, out, lse, sinks), "AttentionSinksBackward", backend.AttentionSinksBackwardCost(dSinks, dOut, out, lse), T{})
+}
+
 func (b *Backend) GeGLU(out, gate, up T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.GeGLU(out, gate, up)
