@@ -19,6 +19,7 @@ const (
 	RuleTPWidth   = "tp-width"   // TP divides the MLP width
 	RuleTPQKNorm  = "tp-qknorm"  // q/k norms over the whole projection are not split
 	RuleTPFused   = "tp-fused"   // fused qkv_proj / gate_up_proj weights are not split
+	RuleTPLatent  = "tp-latent"  // multi-head latent attention is not split
 	RuleCPSeq     = "cp-seqlen"  // 2·CP divides the sequence length
 	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
 	RuleETP       = "etp"        // ETP is 1 or TP and divides the expert width
@@ -106,6 +107,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		}
 		if m.FusedQKV || m.FusedGateUp {
 			return RuleTPFused, fmt.Sprintf("this model fuses q/k/v into qkv_proj or gate and up into gate_up_proj, whose parts tensor_parallel_size %d would have to split separately, which is not implemented; use tensor_parallel_size 1", l.TP)
+		}
+		if m.Latent.KVRank > 0 {
+			return RuleTPLatent, fmt.Sprintf("this model's latent attention (deepseek_v3, glm4_moe_lite) projects every head from shared low-rank q and kv projections, whose split over tensor_parallel_size %d is not implemented; use tensor_parallel_size 1 (data, fsdp and expert parallelism work)", l.TP)
 		}
 		if m.QKNorm == config.QKNormProjection {
 			return RuleTPQKNorm, fmt.Sprintf("this model normalises q and k over the whole projection (not per head), which tensor_parallel_size %d would split; use tensor_parallel_size 1", l.TP)

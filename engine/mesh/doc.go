@@ -42,7 +42,8 @@
 //
 //   - every degree is >= 1 and TP·CP divides the device count (DP = devices / (TP·CP));
 //   - TP divides the attention heads, the key/value heads and the MLP width, and q/k norms
-//     over the whole projection (not per head) are not split (TP = 1 then);
+//     over the whole projection (not per head), fused projections and multi-head latent
+//     attention are not split (TP = 1 then);
 //   - CP splits every sequence into 2·CP equal chunks (load balancing of causal attention), so
 //     2·CP divides the sequence length;
 //   - EP divides the number of experts and DP·CP; ETP is 1 or TP and divides the expert width.

@@ -155,6 +155,9 @@ func (m *Model) newDecoder(prompts [][]int32, maxNew int) (*decoder, error) {
 	}
 	d := &decoder{m: m, caches: make([]*nn.KVCache, len(m.blocks))}
 	kvw := m.Arch.KVHeads * m.Arch.HeadDim
+	if l := m.Arch.Latent; l.KVRank > 0 {
+		kvw = m.Arch.Heads * max(l.QKHead(), l.V) // nn.MLA's cached heads
+	}
 	spare := len(prompts) > 1
 	for i := range d.caches {
 		c := &nn.KVCache{}

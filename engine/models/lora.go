@@ -120,7 +120,11 @@ func (a *Adapters) NumParams() int {
 func (m *Model) linearLayers() []*nn.Linear {
 	var ls []*nn.Linear
 	for _, b := range m.blocks {
-		ls = append(ls, &b.Attn.Q, &b.Attn.K, &b.Attn.V, &b.Attn.O)
+		if la := b.Attn.Latent; la != nil {
+			ls = append(ls, la.Linears()...)
+		} else {
+			ls = append(ls, &b.Attn.Q, &b.Attn.K, &b.Attn.V, &b.Attn.O)
+		}
 		if mlp, ok := b.FFN.(*nn.MLP); ok {
 			ls = append(ls, &mlp.Gate, &mlp.Up, &mlp.Down)
 		}

@@ -248,6 +248,9 @@ func (m *Model) build() {
 			qn, kn := norm(pre+"self_attn.q_norm"), norm(pre+"self_attn.k_norm")
 			at.QNorm, at.KNorm = &qn, &kn
 		}
+		if a.Latent.KVRank > 0 {
+			at = &nn.Attention{Name: pre + "self_attn", Layer: i, Latent: latentAttention(a, i, lin, norm)}
+		}
 		var ffn nn.FFN
 		if m.Family.FFN != nil {
 			ffn = m.Family.FFN.Build(a, i, p, g)

@@ -31,6 +31,19 @@ type moeFFN struct {
 
 func (f *moeFFN) prefix(i int) string { return layerName(i, f.block) }
 
+// experts returns the hooks themselves; families that extend moeFFN by embedding it (sigmoidMoE)
+// are found through it.
+func (f *moeFFN) experts() *moeFFN { return f }
+
+// expertHooks returns the expert layout of family fam (moeFFN or a type embedding it), or nil
+// for dense families.
+func expertHooks(fam *Family) *moeFFN {
+	if h, ok := fam.FFN.(interface{ experts() *moeFFN }); ok {
+		return h.experts()
+	}
+	return nil
+}
+
 // Specs implements FFNHooks.
 func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
 	c := a.Config
@@ -149,8 +162,8 @@ func (f *moeFFN) expertOf(name string) (int, bool) {
 // ExpertOf returns the global expert id of a routed expert's parameter (by its HF name) and
 // true, or false for every other parameter (routers included) and for dense families.
 func (m *Model) ExpertOf(name string) (int, bool) {
-	f, ok := m.Family.FFN.(*moeFFN)
-	if !ok {
+	f := expertHooks(m.Family)
+	if f == nil {
 		return 0, false
 	}
 	return f.expertOf(name)

@@ -96,7 +96,8 @@ type ParamPlacement struct {
 // place every parameter exactly once.
 func (f *Family) Place(name string) (ParamPlacement, error) {
 	module, kind, ok := cutLast(name)
-	if !ok || (kind != "weight" && kind != "bias") {
+	// A router's selection bias (DeepSeek's e_score_correction_bias) is placed with its module.
+	if !ok || (kind != "weight" && kind != "bias" && kind != "e_score_correction_bias") {
 		return ParamPlacement{}, fmt.Errorf("models: %s: parameter %q is not a module's weight or bias", f.ModelType, name)
 	}
 	var found *Placement

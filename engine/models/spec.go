@@ -198,7 +198,11 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 	}
 	s := []ParamSpec{emb}
 	for i := 0; i < a.Layers; i++ {
-		s = append(s, attentionSpecs(a, i)...)
+		if a.Latent.KVRank > 0 {
+			s = append(s, latentSpecs(a, i)...)
+		} else {
+			s = append(s, attentionSpecs(a, i)...)
+		}
 		var ffn []ParamSpec
 		if f != nil && f.FFN != nil {
 			ffn = f.FFN.Specs(a, i)

@@ -29,7 +29,7 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 // loadWeights is LoadWeights for the model's arena; the tensors of its NF4 weights (read by
 // Load from a bitsandbytes checkpoint) are not reported unused.
 func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error) {
-	if f, ok := m.Family.FFN.(*moeFFN); ok {
+	if f := expertHooks(m.Family); f != nil {
 		src = withFusedExperts(src, f)
 	}
 	want := make(map[string]bool, len(m.Specs))

@@ -52,6 +52,9 @@ type MLA struct {
 	Interleaved bool
 	// Scale is the softmax scale; 0 means 1/sqrt(QK).
 	Scale float32
+	// Layer is the index into Pass.Cache: decoding caches the heads' keys and values at width
+	// D ([MaxLen, NH*D] each), as the attention op reads them.
+	Layer int
 
 	c mlaCache
 }
@@ -93,9 +96,6 @@ func (a *MLA) cols(p *Pass, what string, dst, src T, groups, width, dOff, dStrid
 func (a *MLA) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", a.Name)
-	}
-	if p.Cache != nil {
-		return T{}, fmt.Errorf("nn: %s: decoding with a KV cache is not supported for latent attention; generate without a cache", a.Name)
 	}
 	c := &a.c
 	c.x, c.live = x, true
@@ -186,7 +186,17 @@ func (a *MLA) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if c.lse, err = p.outF32(n, nh); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if err = p.B.Attention(backend.AttentionArgs{AttentionShape: a.shape(p), Out: c.attn, LSE: c.lse, Q: c.q, K: c.k, V: c.v}); err != nil {
+	k, v := c.k, c.v
+	if p.Cache != nil {
+		// The KV cache takes the heads as the attention op reads them (Attention's own
+		// bookkeeping of the cache rows, on this layer's keys and values).
+		kc := &Attention{Name: a.Name, Layer: a.Layer}
+		kc.c.k, kc.c.v = c.k, c.v
+		if k, v, err = kc.appendCache(p); err != nil {
+			return T{}, err
+		}
+	}
+	if err = p.B.Attention(backend.AttentionArgs{AttentionShape: a.shape(p), Out: c.attn, LSE: c.lse, Q: c.q, K: k, V: v}); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
 	out := c.attn
@@ -335,4 +345,13 @@ func (a *MLA) Release(p *Pass) {
 	c := &a.c
 	_ = free(p.B, &c.qa, &c.qan, &c.qars, &c.ckv, &c.ckvn, &c.ckvrs, &c.q, &c.k, &c.v, &c.attn, &c.lse, &c.vo)
 	*c = mlaCache{}
+}
+
+// Linears returns the block's linear layers that exist (q_proj or q_a_proj and q_b_proj,
+// kv_a_proj_with_mqa, kv_b_proj, o_proj), for adapters and quantisation to reach them.
+func (a *MLA) Linears() []*Linear {
+	if a.QRank > 0 {
+		return []*Linear{&a.QA, &a.QB, &a.KVA, &a.KVB, &a.O}
+	}
+	return []*Linear{&a.Q, &a.KVA, &a.KVB, &a.O}
 }

@@ -69,7 +69,7 @@ func init() {
 
 // tinyLatent is the tiny preset of the latent-attention families: hidden 64, 2 layers (the
 // first dense), 4 heads of 16+8 query/key dims and 12 value dims, q rank 24, kv rank 32, 8
-// experts of 32 in 4 groups (best 2), top-2, one shared expert.
+// experts of 32 in 2 groups (the best one kept), top-2, one shared expert.
 func tinyLatent(c *Config) {
 	c.VocabSize = TinyVocab
 	c.HiddenSize = 64
@@ -83,7 +83,7 @@ func tinyLatent(c *Config) {
 	c.QLoRARank, c.KVLoRARank = 24, 32
 	c.QKNopeHeadDim, c.QKRopeHeadDim, c.VHeadDim = 16, 8, 12
 	c.NumExperts, c.NumExpertsPerTok, c.MoEIntermediateSize = 8, 2, 32
-	c.NGroup, c.TopKGroup = 4, 2
+	c.NGroup, c.TopKGroup = 2, 1
 	c.NSharedExperts = 1
 	c.FirstKDenseReplace = 1
 	c.MLPLayerTypes = nil

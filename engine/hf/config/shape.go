@@ -64,7 +64,9 @@ func (c *Config) Shape() Shape {
 		}
 	}
 	if c.IsLatent() {
+		// Latent attention has one key and value per query head; head_dim is its rotary width.
 		s.Latent = LatentShape{QRank: c.QLoRARank, KVRank: c.KVLoRARank, Nope: c.QKNopeHeadDim, Rope: c.QKRopeHeadDim, V: c.VHeadDim}
+		s.KVHeads, s.HeadDim = s.Heads, c.QKRopeHeadDim
 	}
 	if s.KVHeads == 0 {
 		s.KVHeads = s.Heads
