@@ -460,6 +460,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return nil, fmt.Errorf("bench: device %s: %w", dev, err)
 		}
 		note = n
+		if o.MaxDeviceMemoryGiB > 0 {
+			// train.New caps the devices it opens; this one is opened here.
+			if err := backend.LimitMemory(b, o.MaxDeviceMemoryGiB, "--max-device-memory-gib"); err != nil {
+				_ = b.Close()
+				return nil, fmt.Errorf("bench: %w", err)
+			}
+		}
 		if !o.NoProfile {
 			// The profile wrapper is what a session puts around every device; while off it
 			// costs one atomic load per op.

@@ -386,7 +386,7 @@ func TestRunWritesTheProfiledStepTrace(t *testing.T) {
 
 // TestQLoRAOptions: --lora-r and --load-in-4bit make the benchmark's run a QLoRA run (adapters
 // of that rank on every linear layer, the base in NF4, gradient checkpointing), which trains;
-// a 4-bit base without adapters is refused.
+// a 4-bit base without adapters is refused, and the device memory cap is applied.
 func TestQLoRAOptions(t *testing.T) {
 	o := tinyOptions(t)
 	o.LoRARank, o.LoadIn4bit, o.GradientCheckpointing, o.NoProfile = 4, true, true, true
@@ -404,6 +404,15 @@ func TestQLoRAOptions(t *testing.T) {
 	}
 	if len(r.Losses) != 3 || !(r.Losses[2] < r.Losses[0]) {
 		t.Fatalf("QLoRA losses %v: want 3 falling losses", r.Losses)
+	}
+	// The memory cap reaches the device: a few KiB cannot hold the model.
+	o.MaxDeviceMemoryGiB = 4.0 / (1 << 20)
+	if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "4.0 KiB is available") {
+		t.Fatalf("a 4 KiB cap: %v, want the run refused for the 4 KiB available", err)
+	}
+	t.Setenv("HALO_MEMORY_CHECK", "off") // past the estimate, the allocator itself refuses
+	if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--max-device-memory-gib") {
+		t.Fatalf("a 4 KiB cap without the estimate's check: %v, want the allocator's refusal naming --max-device-memory-gib", err)
 	}
 	o = tinyOptions(t)
 	o.LoadIn4bit = true
