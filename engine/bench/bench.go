@@ -357,6 +357,9 @@ type Breakdown struct {
 	Fraction map[string]float64 `json:"fraction"`
 	HostS    float64            `json:"host_s"`
 	Ops      int                `json:"ops"`
+	// Syncs is the host's waits for the device in the step (profile.Step.Syncs: the device's
+	// own count on a GPU), summed over devices like Ops.
+	Syncs int64 `json:"syncs"`
 	// CountedGFLOP is the work the profiler counts per op (attention is not counted).
 	CountedGFLOP float64 `json:"counted_gflop"`
 	// Comm is the collectives of the profiled step on a parallel layout (nil on one device).
@@ -654,7 +657,7 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 		timing = "device"
 	}
 	bd := &Breakdown{Step: n, Timing: timing, WallS: ps.Wall.Seconds(), ByClassS: map[string]float64{}, Fraction: map[string]float64{},
-		HostS: ps.Host.Seconds(), Ops: ps.Ops, CountedGFLOP: float64(ps.FLOPs) / 1e9}
+		HostS: ps.Host.Seconds(), Ops: ps.Ops, Syncs: ps.Syncs, CountedGFLOP: float64(ps.FLOPs) / 1e9}
 	for k, d := range ps.Compute {
 		bd.ByClassS[k] = d.Seconds()
 	}

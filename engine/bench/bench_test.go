@@ -114,7 +114,7 @@ func TestRunTrainsAndReports(t *testing.T) {
 		t.Fatalf("memory %+v", r.Memory)
 	}
 	bd := r.Breakdown
-	if bd == nil || bd.Step != 4 || bd.Ops == 0 || bd.ByClassS["matmul"] <= 0 || bd.ByClassS["optimizer"] <= 0 {
+	if bd == nil || bd.Step != 4 || bd.Ops == 0 || bd.Syncs == 0 || bd.ByClassS["matmul"] <= 0 || bd.ByClassS["optimizer"] <= 0 {
 		t.Fatalf("breakdown %+v", bd)
 	}
 	sum := 0.0

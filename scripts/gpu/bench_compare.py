@@ -264,6 +264,8 @@ def main(argv):
             print("  ours by op class (%s timing): " % timing + ", ".join("%s %.0f%%" % (label(k), 100 * v) for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v >= 0.005))
             if hb.get("by_class_s"):
                 print("    ms: " + ", ".join("%s %.1f" % (k, 1e3 * v) for k, v in sorted(hb["by_class_s"].items(), key=lambda kv: -kv[1])))
+            if hb.get("ops"):
+                print("    host work: %d ops, %d host syncs in the profiled step" % (hb["ops"], hb.get("syncs", 0)))
         tb = (t.get("breakdown") or {}).get("fraction")
         if tb:
             print("  torch by kernel class: " + ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in sorted(tb.items(), key=lambda kv: -kv[1]) if v >= 0.005))
