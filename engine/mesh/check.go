@@ -136,6 +136,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		if l.ETP != l.TP {
 			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d must be 1 or equal tensor_parallel_size %d", l.ETP, l.TP)
 		}
+		if m.SharedExpert > 0 {
+			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d would split the routed experts but not this model's shared experts, which is not implemented; use expert_tensor_parallel_size 1", l.ETP)
+		}
 		if m.ExpertIntermediate%l.ETP != 0 {
 			return RuleETP, fmt.Sprintf("expert_tensor_parallel_size %d must divide the expert width %d (moe_intermediate_size)", l.ETP, m.ExpertIntermediate)
 		}

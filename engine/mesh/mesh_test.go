@@ -141,6 +141,7 @@ func TestCheckRefusesWithRuleAndWorkingSuggestion(t *testing.T) {
 		{"tp does not divide mlp width", "tp=4", 4, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 50}, 0, RuleTPWidth, "intermediate_size 50"},
 		{"full qk norm", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, QKNorm: config.QKNormProjection}, 0, RuleTPQKNorm, "whole projection"},
 		{"latent attention", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Latent: config.LatentShape{KVRank: 16, Rope: 4, V: 8}}, 0, RuleTPLatent, "latent attention"},
+		{"etp with shared experts", "tp=2 etp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Experts: 4, MoELayers: 1, ExpertIntermediate: 8, TopK: 2, SharedExpert: 16}, 0, RuleETP, "shared experts"},
 		{"fused qkv", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, FusedQKV: true}, 0, RuleTPFused, "qkv_proj"},
 		{"fused gate_up", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, FusedGateUp: true}, 0, RuleTPFused, "gate_up_proj"},
 		{"cp needs even chunks", "cp=4", 4, dense, 12, RuleCPSeq, "multiple of 8"},

@@ -27,7 +27,7 @@ func init() {
 	Register(&Family{
 		ModelType:  "deepseek_v3",
 		Caps:       Caps{TiedEmbeddings: true, Reason: "(DeepSeek-V3 attention has no sliding window)"},
-		FFN:        &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj"}},
+		FFN:        &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts"}},
 		Placements: latentPlacements(),
 	})
 }
@@ -120,6 +120,7 @@ func latentAttention(a *Arch, i int, lin func(string) nn.Linear, norm func(strin
 //	<block>.shared_experts.{gate,up,down}_proj   one SwiGLU MLP of the shared width
 //
 // and the router's sigmoid scores, expert groups, renormalisation and scaling from config.json.
+// The shared experts are moeFFN's (shared: "shared_experts").
 type sigmoidMoE struct{ moeFFN }
 
 // Specs implements FFNHooks.
@@ -129,14 +130,8 @@ func (f *sigmoidMoE) Specs(a *Arch, i int) []ParamSpec {
 		return nil
 	}
 	pre := f.prefix(i)
-	// After the router weight: the correction bias, then the experts, then the shared MLP.
-	out := append([]ParamSpec{s[0], bias(pre+".gate.e_score_correction_bias", a.Experts)}, s[1:]...)
-	if w := a.SharedExpert; w > 0 {
-		sp := pre + ".shared_experts."
-		out = append(out, matrix(sp+"gate_proj.weight", w, a.Hidden), matrix(sp+"up_proj.weight", w, a.Hidden),
-			matrix(sp+"down_proj.weight", a.Hidden, w))
-	}
-	return out
+	// After the router weight: the correction bias, then the experts and the shared MLP.
+	return append([]ParamSpec{s[0], bias(pre+".gate."+scoreBiasName, a.Experts)}, s[1:]...)
 }
 
 // Build implements FFNHooks.
@@ -150,13 +145,6 @@ func (f *sigmoidMoE) Build(a *Arch, i int, param, grad func(string) tensor.Tenso
 	pre := f.prefix(i)
 	m.Score, m.NGroup, m.TopKGroup = backend.RouterSigmoid, c.NGroup, c.TopKGroup
 	m.RoutedScaling = float32(c.RoutedScalingFactor)
-	m.ScoreBias = param(pre + ".gate.e_score_correction_bias")
-	if a.SharedExpert > 0 {
-		lin := func(name string) nn.Linear {
-			return nn.Linear{Name: name, W: param(name + ".weight"), GW: grad(name + ".weight")}
-		}
-		sp := pre + ".shared_experts."
-		m.Shared = &nn.MLP{Name: pre + ".shared_experts", Gate: lin(sp + "gate_proj"), Up: lin(sp + "up_proj"), Down: lin(sp + "down_proj")}
-	}
+	m.ScoreBias = param(pre + ".gate." + scoreBiasName)
 	return m
 }

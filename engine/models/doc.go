@@ -9,7 +9,8 @@
 // one self-registering file here (llama.go, mistral.go, qwen2.go, qwen3.go, qwen3_moe.go,
 // mixtral.go, olmoe.go; the decoders that move or add layer norms, fuse projections, skip RoPE
 // on some layers or scale their branches, olmo2, olmo3, phi3, granite, smollm3 and glm4, in
-// dense_variants.go) that declares only what the model code adds: capabilities, the
+// dense_variants.go; qwen2_moe and glm4_moe, whose layers add shared experts and a
+// DeepSeek-style sigmoid router, in moe_shared.go) that declares only what the model code adds: capabilities, the
 // tensor-parallel table (Placements: module path -> column, row, replicated or per-head, and
 // which modules are routed experts), and for the mixture-of-experts families the Hub weight
 // layout of their experts (one tensor per expert, laid out in the arenas so that they are also

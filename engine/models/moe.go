@@ -27,6 +27,10 @@ import (
 type moeFFN struct {
 	block          string // "mlp" (qwen3_moe, olmoe) or "block_sparse_moe" (mixtral)
 	gate, up, down string // per-expert projection names
+	// shared is the module of the shared-expert SwiGLU MLP beside the routed experts
+	// ("shared_experts", "shared_expert"; "" for none), sharedGate the [1,C] linear whose
+	// sigmoid scales it (qwen2_moe's "shared_expert_gate"; "" for none); moe_shared.go.
+	shared, sharedGate string
 }
 
 func (f *moeFFN) prefix(i int) string { return layerName(i, f.block) }
@@ -60,7 +64,7 @@ func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
 	for x := a.HeldExperts.Lo; x < a.HeldExperts.Hi; x++ {
 		s = append(s, matrix(fmt.Sprintf("%s.experts.%d.%s.weight", pre, x, f.down), a.Hidden, in))
 	}
-	return s
+	return append(s, f.extraSpecs(a, pre)...)
 }
 
 // Build implements FFNHooks.
@@ -83,6 +87,7 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 		m.Experts[j] = nn.Expert{Gate: lin(ep + f.gate), Up: lin(ep + f.up), Down: lin(ep + f.down)}
 	}
 	m.GateUp, m.Down = stackExperts(m)
+	f.buildExtra(a, m, pre, lin)
 	return m
 }
 

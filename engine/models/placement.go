@@ -119,7 +119,7 @@ func (f *Family) Place(name string) (ParamPlacement, error) {
 			f.ModelType, name, starIndices(module))
 	}
 	pp := ParamPlacement{Split: found.Split, Expert: -1, Module: found.Module}
-	if found.Split == Row && kind == "bias" {
+	if found.Split == Row && kind != "weight" {
 		pp.Split = Replicated
 	}
 	if found.Expert {

@@ -89,6 +89,9 @@ type MoE struct {
 	// Shared, when set, is a dense SwiGLU MLP on the same input whose output is added to the
 	// routed experts' (DeepSeek-V3's shared experts).
 	Shared *MLP
+	// SharedGate, when set with Shared (W [1,C]), scales the shared output of each token by
+	// sigmoid(x @ W^T) (Qwen2-MoE's shared_expert_gate; moe_shared_gate.go).
+	SharedGate *Linear
 
 	// Runner, when set, computes the experts (an expert-parallel plan); nil computes them
 	// here, on the rows of this block.
@@ -105,6 +108,7 @@ type MoE struct {
 	Composed bool
 
 	r        Routing
+	sg       sharedGateCache
 	g        ExpertGroup
 	d        moeDev // device-path cache
 	onDev    bool   // the cached forward took the device path
@@ -534,7 +538,7 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 	if out, err = m.forwardRouted(p, x, keep); err != nil || m.Shared == nil {
 		return out, err
 	}
-	ys, err := m.Shared.Forward(p, x, keep)
+	ys, err := m.sharedForward(p, x, keep)
 	if err == nil {
 		err = wrap(m.Name+" shared experts", p.B.Add(out, out, ys))
 		_ = free(p.B, &ys)
@@ -705,7 +709,7 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 	if dx, err = m.backwardRouted(p, dy); err != nil || m.Shared == nil {
 		return dx, err
 	}
-	dxs, err := m.Shared.Backward(p, dy)
+	dxs, err := m.sharedBackward(p, dy)
 	if err == nil {
 		err = wrap(m.Name+" shared experts", p.B.Add(dx, dx, dxs))
 		_ = free(p.B, &dxs)
@@ -881,6 +885,7 @@ func (m *MoE) Release(p *Pass) {
 	if m.Shared != nil {
 		m.Shared.Release(p)
 	}
+	m.sg.release(p)
 	m.g.Release(p)
 	m.d.release(p)
 	m.x, m.dev, m.onDev = T{}, false, false

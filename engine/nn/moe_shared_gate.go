@@ -1,0 +1,134 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// The shared expert of a MoE block, optionally gated (Qwen2-MoE):
+//
+//	s[n]   = sigmoid(x[n] @ SharedGate^T)      [N] (fp32, computed on the host)
+//	out[n] = s[n] * Shared(x[n])               [N,C]
+//
+// Backward: ds[n] = dout[n] . Shared(x[n]) (RowDot), dz = s(1-s) ds into SharedGate, and
+// s[n] * dout[n] into Shared. Cached for backward (keep): s [N] F32 on the device and the
+// ungated Shared output [N,C]; Shared caches its own activations.
+
+type sharedGateCache struct {
+	s T // [N] F32 gate values
+	y T // [N,C] ungated shared output (kept for the gate's gradient)
+	x T // [N,C] the block input (not owned)
+}
+
+func (c *sharedGateCache) release(p *Pass) {
+	_ = free(p.B, &c.s, &c.y)
+	c.x = T{}
+}
+
+// sharedForward returns the (gated) shared expert output [N,C], a new tensor.
+func (m *MoE) sharedForward(p *Pass, x T, keep bool) (ys T, err error) {
+	if ys, err = m.Shared.Forward(p, x, keep); err != nil || m.SharedGate == nil {
+		return ys, err
+	}
+	c := &m.sg
+	defer func() {
+		if err != nil {
+			_ = free(p.B, &ys)
+			c.release(p)
+		} else if !keep {
+			c.release(p)
+		}
+	}()
+	z, err := m.SharedGate.Forward(p, x)
+	if err != nil {
+		return T{}, err
+	}
+	zv, err := backend.ToFloat32(p.B, z)
+	_ = free(p.B, &z)
+	if err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	if len(zv) != x.Dim(0) {
+		return T{}, fmt.Errorf("nn: %s: shared expert gate gives %d values for %d tokens; its weight must be [1, C]", m.Name, len(zv), x.Dim(0))
+	}
+	sv := make([]float32, len(zv))
+	for i, v := range zv {
+		sv[i] = float32(1 / (1 + math.Exp(-float64(v))))
+	}
+	if c.s, err = backend.FromFloat32(p.B, sv, tensor.F32, len(sv)); err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	if keep {
+		c.x = x
+		if c.y, err = p.out(ys.Shape()...); err == nil {
+			err = p.B.Copy(c.y, ys)
+		}
+		if err != nil {
+			return T{}, wrap(m.Name+" shared gate", err)
+		}
+	}
+	if err = p.B.ScaleRows(ys, c.s); err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	return ys, nil
+}
+
+// sharedBackward returns a new dx [N,C] through the (gated) shared expert and accumulates its
+// parameter gradients (and the gate's).
+func (m *MoE) sharedBackward(p *Pass, dy T) (dx T, err error) {
+	if m.SharedGate == nil {
+		return m.Shared.Backward(p, dy)
+	}
+	c := &m.sg
+	defer c.release(p)
+	if c.s.IsNil() || c.y.IsNil() {
+		return T{}, fmt.Errorf("nn: %s: shared gate Backward without a cached Forward", m.Name)
+	}
+	n := dy.Dim(0)
+	var ds, dys, dz T
+	defer func() { _ = free(p.B, &ds, &dys, &dz) }()
+	if ds, err = p.allocF32(n); err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	if err = p.B.RowDot(ds, dy, c.y); err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	dsv, err := backend.ToFloat32(p.B, ds)
+	if err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	sv, err := backend.ToFloat32(p.B, c.s)
+	if err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	dzv := make([]float32, n)
+	for i := range dzv {
+		s := float64(sv[i])
+		dzv[i] = float32(s * (1 - s) * float64(dsv[i]))
+	}
+	if dz, err = p.alloc(n, 1); err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	if err = upload(p.B, dz, dzv); err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	if dys, err = p.out(dy.Shape()...); err == nil {
+		if err = p.B.Copy(dys, dy); err == nil {
+			err = p.B.ScaleRows(dys, c.s)
+		}
+	}
+	if err != nil {
+		return T{}, wrap(m.Name+" shared gate", err)
+	}
+	if dx, err = m.Shared.Backward(p, dys); err != nil {
+		return T{}, err
+	}
+	if err = m.SharedGate.Backward(p, dx, dz, c.x, true); err != nil {
+		_ = free(p.B, &dx)
+		return T{}, err
+	}
+	return dx, nil
+}
