@@ -238,6 +238,15 @@ type Ops interface {
 	SwiGLU(out, gate, up T) error
 	// SwiGLUBackward: dGate =, dUp = from dOut, gate and up (dGate may alias gate, dUp may alias up).
 	SwiGLUBackward(dGate, dUp, dOut, gate, up T) error
+	// SwiGLUClamped is gpt-oss's expert activation over interleaved gate|up columns: gateUp
+	// [R, 2I] holds gate_i at column 2i and up_i at 2i+1; with g = min(gate, limit), u =
+	// clamp(up, -limit, limit), out[r,i] = (u + 1) * g * sigmoid(alpha * g). out [R, I] =.
+	// Nothing is cached.
+	SwiGLUClamped(out, gateUp T, alpha, limit float32) error
+	// SwiGLUClampedBackward writes dGateUp [R, 2I] (=) from dOut [R, I] and the forward's
+	// gateUp; a clamped input gets no gradient (the clamps pass it where gate <= limit and
+	// -limit <= up <= limit, as torch.clamp does). dGateUp may be gateUp itself.
+	SwiGLUClampedBackward(dGateUp, dOut, gateUp T, alpha, limit float32) error
 	// GeGLU: out = gelu_tanh(gate) * up, the tanh approximation of GELU (transformers'
 	// gelu_pytorch_tanh): gelu_tanh(g) = g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3))).
 	// out [N,F] =; gate [N,F]; up [N,F]. Nothing is cached.

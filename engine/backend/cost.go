@@ -322,6 +322,18 @@ func AttentionSinksBackwardCost(dSinks, dOut, out, lse T) Cost {
 	return Cost{FLOPs: 2*elems(out) + 3*elems(lse), Bytes: sizes(dOut, out, lse) + 2*size(dSinks), Class: profilekeys.ClassAttention}
 }
 
+// SwiGLUClampedCost is Ops.SwiGLUClamped: 8 FLOPs per output (two clamps, the sigmoid, three
+// products and an addition); gateUp read, out written.
+func SwiGLUClampedCost(out, gateUp T) Cost {
+	return Cost{FLOPs: 8 * elems(out), Bytes: sizes(out, gateUp), Class: profilekeys.ClassMLPActivation}
+}
+
+// SwiGLUClampedBackwardCost is Ops.SwiGLUClampedBackward: 14 FLOPs per output; dOut and gateUp
+// read, dGateUp written.
+func SwiGLUClampedBackwardCost(dGateUp, dOut, gateUp T) Cost {
+	return Cost{FLOPs: 14 * elems(dOut), Bytes: sizes(dGateUp, dOut, gateUp), Class: profilekeys.ClassMLPActivation}
+}
+
 // GeGLUCost is Ops.GeGLU: 12 FLOPs per element (the cubic, the tanh counted as an exponential,
 // addition and division, three products); gate and up read, out written.
 func GeGLUCost(out, gate, up T) Cost {

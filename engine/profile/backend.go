@@ -340,6 +340,22 @@ func (b *Backend) AttentionSinksBackward(dSinks, dOut, out, lse, sinks T) error 
 	return b.end(s, b.in.AttentionSinksBackward(dSinks, dOut, out, lse, sinks), "AttentionSinksBackward", backend.AttentionSinksBackwardCost(dSinks, dOut, out, lse), T{})
 }
 
+func (b *Backend) SwiGLUClamped(out, gateUp T, alpha, limit float32) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.SwiGLUClamped(out, gateUp, alpha, limit)
+	}
+	s := b.begin()
+	return b.end(s, b.in.SwiGLUClamped(out, gateUp, alpha, limit), "SwiGLUClamped", backend.SwiGLUClampedCost(out, gateUp), out)
+}
+
+func (b *Backend) SwiGLUClampedBackward(dGateUp, dOut, gateUp T, alpha, limit float32) error {
+	if b.rec.mode.Load() == 0 {
+		return b.in.SwiGLUClampedBackward(dGateUp, dOut, gateUp, alpha, limit)
+	}
+	s := b.begin()
+	return b.end(s, b.in.SwiGLUClampedBackward(dGateUp, dOut, gateUp, alpha, limit), "SwiGLUClampedBackward", backend.SwiGLUClampedBackwardCost(dGateUp, dOut, gateUp), T{})
+}
+
 func (b *Backend) GeGLU(out, gate, up T) error {
 	if b.rec.mode.Load() == 0 {
 		return b.in.GeGLU(out, gate, up)

@@ -49,3 +49,36 @@ func (b *Backend) SwiGLUBackward(dGate, dUp, dOut, gate, up T) error {
 	}
 	return b.launch1D("swiglu.cu", "swiglu_bwd", n, pdg, cdg, pdu, cdu, pdo, cdo, pg, cg, pu, cu, n)
 }
+
+// SwiGLUClamped implements backend.Ops.SwiGLUClamped (gpt-oss's expert activation).
+func (b *Backend) SwiGLUClamped(out, gateUp T, alpha, limit float32) error {
+	const op = "SwiGLUClamped"
+	if gateUp.Rank() != 2 || gateUp.Dim(1)%2 != 0 || out.Numel()*2 != gateUp.Numel() {
+		return fmt.Errorf("cuda: %s: gateUp %v must be [R, 2I] and out %v [R, I]", op, gateUp, out)
+	}
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	pg, cg := arg.float("gateUp", gateUp)
+	if err := arg.err(); err != nil {
+		return err
+	}
+	n := int64(out.Numel())
+	return b.launch1D("swiglu.cu", "swiglu_clamped_fwd", n, po, co, pg, cg, alpha, limit, n)
+}
+
+// SwiGLUClampedBackward implements backend.Ops.SwiGLUClampedBackward.
+func (b *Backend) SwiGLUClampedBackward(dGateUp, dOut, gateUp T, alpha, limit float32) error {
+	const op = "SwiGLUClampedBackward"
+	if gateUp.Rank() != 2 || gateUp.Dim(1)%2 != 0 || dOut.Numel()*2 != gateUp.Numel() || dGateUp.Numel() != gateUp.Numel() {
+		return fmt.Errorf("cuda: %s: gateUp %v and dGateUp %v must be [R, 2I] and dOut %v [R, I]", op, gateUp, dGateUp, dOut)
+	}
+	arg := b.args(op)
+	pdg, cdg := arg.float("dGateUp", dGateUp)
+	pd, cd := arg.float("dOut", dOut)
+	pg, cg := arg.float("gateUp", gateUp)
+	if err := arg.err(); err != nil {
+		return err
+	}
+	n := int64(dOut.Numel())
+	return b.launch1D("swiglu.cu", "swiglu_clamped_bwd", n, pdg, cdg, pd, cd, pg, cg, alpha, limit, n)
+}

@@ -159,6 +159,13 @@ type Config struct {
 	// CacheImplementation is the generation cache class (gemma3_text 4.x files write
 	// "hybrid"); informational for training.
 	CacheImplementation string
+	// SwigluLimit clamps gpt_oss's expert gate (above) and up projection (both sides) before
+	// the gated activation; SwigluAlpha is the sigmoid's gain there. Default 7.0 and 1.702.
+	SwigluLimit, SwigluAlpha float64
+	// ExpertsPerToken and InitialContextLength are keys of the original gpt-oss release that
+	// its Hub config.json keeps (num_experts_per_tok and the yarn original context in
+	// transformers' terms); informational, written back when read.
+	ExpertsPerToken, InitialContextLength int
 	// SlidingRope is the rotary embedding of the sliding-attention layers for families whose
 	// rope_parameters are given per layer type (Family.RopePerLayerType: gemma3_text, where
 	// Rope is that of the full-attention layers). Zero otherwise.

@@ -76,6 +76,11 @@ var fields = map[string]field{
 	"use_bidirectional_attention": {kBool, true, func(c *Config) any { return &c.UseBidirectionalAttention }},
 	"sliding_window_pattern":      {kInt, false, func(c *Config) any { return &c.SlidingWindowPattern }},
 	"cache_implementation":        {kString, true, func(c *Config) any { return &c.CacheImplementation }},
+	// gpt_oss's keys (gpt_oss.go).
+	"swiglu_limit":           {kFloat, false, func(c *Config) any { return &c.SwigluLimit }},
+	"swiglu_alpha":           {kFloat, false, func(c *Config) any { return &c.SwigluAlpha }},
+	"experts_per_token":      {kInt, false, func(c *Config) any { return &c.ExpertsPerToken }},
+	"initial_context_length": {kInt, false, func(c *Config) any { return &c.InitialContextLength }},
 }
 
 // typeError is a key holding the wrong JSON type.

@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"math"
-	"strings"
 )
 
 // gemma3_text: Gemma3TextConfig, the decoder of Gemma 3 (Gemma3ForCausalLM checkpoints such as
@@ -90,9 +89,8 @@ func init() {
 
 // validateGemma checks gemma3_text's own keys, and refuses keys it does not know.
 func validateGemma(c *Config) error {
-	if u := c.Unknown(); len(u) > 0 {
-		return fmt.Errorf("key %q is not a %s key (known: %s): remove it, or check its spelling", u[0], c.ModelType,
-			strings.Join(c.Family().KnownKeys(), ", "))
+	if err := refuseUnknown(c); err != nil {
+		return err
 	}
 	if !(c.QueryPreAttnScalar > 0) || math.IsInf(c.QueryPreAttnScalar, 0) {
 		return fmt.Errorf("query_pre_attn_scalar (%g) must be positive (scores are scaled by its inverse square root; Gemma 3 uses head_dim)", c.QueryPreAttnScalar)

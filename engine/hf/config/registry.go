@@ -64,6 +64,9 @@ type Family struct {
 	// SharedExpert returns the width of the shared-expert SwiGLU MLP beside the routed experts
 	// of every MoE layer (0: none) and whether a sigmoid gate scales it; nil means none.
 	SharedExpert func(*Config) (width int, gated bool)
+	// Sinks: every attention layer has learned per-head sink logits; ExpertBias: the router
+	// and the routed experts carry biases (gpt_oss).
+	Sinks, ExpertBias bool
 	// RopePerLayerType: rope_parameters holds one set of parameters per layer type
 	// ({"full_attention": {...}, "sliding_attention": {...}}; Config.Rope and
 	// Config.SlidingRope), as gemma3_text writes it.

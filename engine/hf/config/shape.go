@@ -41,6 +41,9 @@ type Shape struct {
 	// SharedExpertGate: a sigmoid gate [1, C] scales its output (qwen2_moe).
 	SharedExpert     int
 	SharedExpertGate bool
+	// Sinks: each attention layer has a learned sink logit per query head (gpt_oss);
+	// ExpertBias: the router and the routed experts' projections carry biases (gpt_oss).
+	Sinks, ExpertBias bool
 	// Latent is the multi-head latent attention of deepseek_v3 and glm4_moe_lite (zero for
 	// the other families); HeadDim is then its rotary width.
 	Latent LatentShape
@@ -58,6 +61,7 @@ func (c *Config) Shape() Shape {
 		QKNorm: c.QKNormKind(),
 	}
 	if f := c.Family(); f != nil {
+		s.Sinks, s.ExpertBias = f.Sinks, f.ExpertBias
 		s.Norms, s.FusedQKV, s.FusedGateUp = f.Norms, f.FusedQKV, f.FusedGateUp
 		if f.SharedExpert != nil {
 			s.SharedExpert, s.SharedExpertGate = f.SharedExpert(c)
@@ -123,6 +127,9 @@ func (s Shape) countParameters(active bool) int64 {
 	if s.Latent.KVRank > 0 {
 		attn = s.Latent.parameters(h, int64(s.Heads), s.QKVBias, s.OBias)
 	}
+	if s.Sinks {
+		attn += int64(s.Heads)
+	}
 	switch s.QKNorm {
 	case QKNormPerHead:
 		attn += 2 * int64(s.HeadDim)
@@ -144,7 +151,10 @@ func (s Shape) countParameters(active bool) int64 {
 		if active {
 			experts = int64(s.TopK)
 		}
-		n += moe * (h*int64(s.Experts) + experts*mlp(int64(s.ExpertIntermediate), false))
+		n += moe * (h*int64(s.Experts) + experts*mlp(int64(s.ExpertIntermediate), s.ExpertBias))
+		if s.ExpertBias {
+			n += moe * int64(s.Experts) // the router's bias
+		}
 		if s.SharedExpert > 0 {
 			n += moe * mlp(int64(s.SharedExpert), false)
 			if s.SharedExpertGate {

@@ -78,3 +78,39 @@ extern "C" __global__ void swiglu_bwd_bf16x8(sw_bf8* dgate, sw_bf8* dup, const s
         dup[i] = du;
     }
 }
+
+// gpt-oss's clamped SwiGLU over interleaved gate|up columns.
+// Shapes: gu, dgu [R, 2I] (gate_i at column 2i, up_i at 2i+1); out, dout [R, I]; n = R*I.
+// Forward:  g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha g)   (=)
+// Backward: dgate = dout * (u + 1) * (s + alpha g s (1 - s)) where gate <= limit, else 0          (=)
+//           dup   = dout * g * s where -limit <= up <= limit, else 0; dgu may alias gu.
+__device__ __forceinline__ void swc_eval(float gate, float up, float alpha, float limit, float* y, float* dg, float* du) {
+    float g = gate, pg = 1.f;
+    if (g > limit) { g = limit; pg = 0.f; }
+    float u = up, pu = 1.f;
+    if (u > limit) { u = limit; pu = 0.f; } else if (u < -limit) { u = -limit; pu = 0.f; }
+    float s = 1.f / (1.f + expf(-alpha * g));
+    *y = (u + 1.f) * g * s;
+    *dg = pg * (u + 1.f) * (s + alpha * g * s * (1.f - s));
+    *du = pu * g * s;
+}
+
+extern "C" __global__ void swiglu_clamped_fwd(void* out, int dto, const void* gu, int dtg, float alpha, float limit, long long n) {
+    GRID_STRIDE(k, n) {
+        float y, dg, du;
+        swc_eval(ldf(gu, dtg, 2 * k), ldf(gu, dtg, 2 * k + 1), alpha, limit, &y, &dg, &du);
+        stf(out, dto, k, y);
+    }
+}
+
+extern "C" __global__ void swiglu_clamped_bwd(void* dgu, int dtdg, const void* dout, int dtdo, const void* gu, int dtg,
+                                              float alpha, float limit, long long n) {
+    GRID_STRIDE(k, n) {
+        float y, dg, du;
+        swc_eval(ldf(gu, dtg, 2 * k), ldf(gu, dtg, 2 * k + 1), alpha, limit, &y, &dg, &du);
+        float d = ldf(dout, dtdo, k);
+        // both inputs of pair k were read above: dgu may alias gu
+        stf(dgu, dtdg, 2 * k, d * dg);
+        stf(dgu, dtdg, 2 * k + 1, d * du);
+    }
+}
