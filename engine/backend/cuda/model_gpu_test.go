@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -136,6 +137,10 @@ func runFixture(t *testing.T, be backend.Backend, dir string, ref parityRef, dt 
 	return r
 }
 
+// laterDenseFixtures are the dense parity cases of the families added after the first GPU
+// runs (made by scripts/gpu/family-fixtures.sh); a missing one is skipped.
+var laterDenseFixtures = []string{"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4"}
+
 // TestGPUModelParity runs every dense parity fixture on the GPU in float32 and bfloat16.
 // float32 must meet the CPU backend's own bar against transformers (logprobs 1e-4 absolute, loss
 // 1e-5 relative, gradients 1e-3 relative); bfloat16 is compared with the CPU backend running the
@@ -144,11 +149,14 @@ func runFixture(t *testing.T, be backend.Backend, dir string, ref parityRef, dt 
 func TestGPUModelParity(t *testing.T) {
 	g := gpu(t)
 	root := repoRoot(t)
-	for _, name := range []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_yarn", "qwen3", "qwen3_dynamic"} {
+	for _, name := range append([]string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_yarn", "qwen3", "qwen3_dynamic"}, laterDenseFixtures...) {
 		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
 			t.Run(name+"/"+dt.String(), func(t *testing.T) {
 				dir := filepath.Join(root, "engine", "models", "testdata", "parity", name)
 				raw, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+				if os.IsNotExist(err) && slices.Contains(laterDenseFixtures, name) {
+					t.Skipf("no fixture %s yet (scripts/gpu/family-fixtures.sh makes it)", dir)
+				}
 				if err != nil {
 					t.Fatalf("fixture: %v", err)
 				}
