@@ -121,3 +121,50 @@ func TestLectureProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestLecturesHaveNotebooks checks that every lecture text (lectures/NN-name.md) has its notebook
+// (notebooks/NN-name.ipynb) and the other way round, that each text links its notebook, and that
+// the lectures' README lists every lecture.
+func TestLecturesHaveNotebooks(t *testing.T) {
+	root := repoRoot(t)
+	names := func(pattern, ext string) map[string]bool {
+		files, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, f := range files {
+			out[strings.TrimSuffix(filepath.Base(f), ext)] = true
+		}
+		return out
+	}
+	texts := names("lectures/[0-9][0-9]-*.md", ".md")
+	nbs := names("notebooks/[0-9][0-9]-*.ipynb", ".ipynb")
+	if len(texts) == 0 {
+		t.Fatal("no lectures (lectures/NN-*.md)")
+	}
+	index, err := os.ReadFile(filepath.Join(root, "lectures", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range texts {
+		if !nbs[name] {
+			t.Errorf("lectures/%s.md has no notebook notebooks/%s.ipynb", name, name)
+		}
+		text, err := os.ReadFile(filepath.Join(root, "lectures", name+".md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(text), "../notebooks/"+name+".ipynb") {
+			t.Errorf("lectures/%s.md does not link its notebook ../notebooks/%s.ipynb", name, name)
+		}
+		if !strings.Contains(string(index), "("+name+".md)") {
+			t.Errorf("lectures/README.md does not list %s.md", name)
+		}
+	}
+	for name := range nbs {
+		if !texts[name] {
+			t.Errorf("notebooks/%s.ipynb has no lecture text lectures/%s.md", name, name)
+		}
+	}
+}

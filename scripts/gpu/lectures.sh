@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Executes every lecture notebook (notebooks/NN-*.ipynb) headless on this machine's GPU and
 # writes the executed notebooks, with their measurements, plots and verdicts, to
-# notebooks/executed/<gpu>/ (<gpu> from nvidia-smi, e.g. nvidia-h200), plus verdicts.txt there:
-# every verdict line of every notebook and how long each notebook took.
+# notebooks/executed/<gpu>/ (<gpu> from nvidia-smi without the vendor, e.g. h200 for an NVIDIA
+# H200), plus verdicts.txt there: every verdict line of every notebook and how long each
+# notebook took. Lectures 08-11 lay runs out over two devices: GPUs when the machine has two or
+# more, otherwise two simulated CPU devices (their verdicts say which).
 #
 #   CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell     # on the build machine
 #   scripts/gpu/lectures.sh                                       # on the GPU machine, repo root
@@ -22,6 +24,7 @@ py="${PYTHON:-python3}"
 [ -x "$bin" ] || { echo "lectures.sh: $bin not found: build it first (CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell)" >&2; exit 1; }
 "$py" -c 'import nbclient, nbformat' 2>/dev/null || { echo "lectures.sh: $py lacks nbclient/nbformat (pip install nbclient nbformat)" >&2; exit 1; }
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr '[:upper:] ' '[:lower:]-' | tr -cd 'a-z0-9-')"
+gpu="${gpu#nvidia-}"
 [ -n "$gpu" ] || { echo "lectures.sh: no GPU found by nvidia-smi; the notebooks would measure the CPU (run them with kernel/lectures_test.go instead)" >&2; exit 1; }
 out="${OUT:-notebooks/executed/$gpu}"
 mkdir -p "$out"
