@@ -296,7 +296,9 @@ func quantizeOnLoad(cfg *config.Config, ck safetensors.Source, b backend.Backend
 			if err != nil {
 				return fail(name, err)
 			}
-			if dt != tensor.F32 { // the values the model would hold, as QuantizeBase reads them
+			if dt != tensor.F32 && !(dt == tensor.BF16 && info.DType == safetensors.BF16) {
+				// The values the model would hold, as QuantizeBase reads them (a bf16 tensor
+				// loaded as bf16 already is).
 				raw, err := tensor.EncodeFloat32(dt, vals)
 				if err == nil {
 					vals, err = tensor.DecodeFloat32(dt, raw)

@@ -8,20 +8,23 @@ import (
 )
 
 // TestQuantizeOnLoad: Load with QuantizeOnLoad stores the same NF4 weights as Load followed by
-// QuantizeBase (same loss to the bit, in f32 and in bf16, nested or not), and the device never
-// holds the full-precision linears: its peak stays below the plain load's. A Qwen3-MoE model
-// quantises its attention projections only (its MLPs are routed experts).
+// QuantizeBase (same loss to the bit, from f32 and bf16 checkpoints into f32 and bf16 models,
+// nested or not), and the device never holds the full-precision linears: its peak stays below
+// the plain load's. A Qwen3-MoE model quantises its attention projections only (its MLPs are
+// routed experts).
 func TestQuantizeOnLoad(t *testing.T) {
 	for _, tc := range []struct {
 		family string
+		saved  tensor.DType // the checkpoint's dtype
 		dt     tensor.DType
 		nested bool
 		want   int // NF4 weights per layer
 	}{
-		{"qwen3", tensor.F32, true, 7},
-		{"qwen3", tensor.BF16, false, 7},
-		{"llama", tensor.BF16, true, 7},
-		{"qwen3_moe", tensor.BF16, true, 4},
+		{"qwen3", tensor.F32, tensor.F32, true, 7},
+		{"qwen3", tensor.F32, tensor.BF16, false, 7},
+		{"qwen3", tensor.BF16, tensor.BF16, true, 7},
+		{"llama", tensor.BF16, tensor.BF16, true, 7},
+		{"qwen3_moe", tensor.F32, tensor.BF16, true, 4},
 	} {
 		src, err := New(tinyConfig(t, tc.family), newCPU(), Options{})
 		if err != nil {
@@ -32,7 +35,7 @@ func TestQuantizeOnLoad(t *testing.T) {
 		}
 		perturb(t, src, 31)
 		dir := t.TempDir()
-		if err := src.Save(dir, SaveOptions{}); err != nil {
+		if err := src.Save(dir, SaveOptions{DType: tc.saved}); err != nil {
 			t.Fatal(err)
 		}
 		src.Close()

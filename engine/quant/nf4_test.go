@@ -285,3 +285,31 @@ func TestStorageBytes(t *testing.T) {
 		t.Errorf("nested NF4 costs %.4f bytes per parameter, want about 0.516", bpp)
 	}
 }
+
+// TestCodeSearchCountsMidpoints checks the four-comparison search of QuantizeNF4Value against
+// its definition, the number of midpoints below the value: on every midpoint, the fp32
+// neighbours of each, the code values, ±1, beyond ±1, zeros, infinities and NaN (code 0).
+func TestCodeSearchCountsMidpoints(t *testing.T) {
+	count := func(x float32) uint8 {
+		var c uint8
+		for _, m := range nf4Mid {
+			if x > m {
+				c++
+			}
+		}
+		return c
+	}
+	xs := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 1.5, -1.5, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	for _, m := range nf4Mid {
+		xs = append(xs, m, math.Nextafter32(m, 2), math.Nextafter32(m, -2))
+	}
+	xs = append(xs, NF4Code[:]...)
+	for i := 0; i <= 4000; i++ {
+		xs = append(xs, float32(i-2000)/1999)
+	}
+	for _, x := range xs {
+		if got, want := QuantizeNF4Value(x), count(x); got != want {
+			t.Errorf("QuantizeNF4Value(%v) = %d, want %d (midpoints below it)", x, got, want)
+		}
+	}
+}
