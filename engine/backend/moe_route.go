@@ -59,8 +59,9 @@ type MoERouting struct {
 	// NGroup and TopKGroup limit the selection to groups (DeepSeek-V3): the E experts form
 	// NGroup groups of E/NGroup consecutive experts; a group's score is the sum of its two
 	// largest biased scores (its one score when a group holds one expert); the TopKGroup best
-	// groups (ties to the lower group) are kept and the top-k is taken among their experts
-	// only. NGroup 0 or 1 means no group limit. NGroup must divide E, TopKGroup be in
+	// groups (ties to the lower group) are kept, the experts of the others score 0 (as
+	// transformers' masked_fill sets them: they are chosen only where kept experts' biased
+	// scores fall below 0) and the top-k is taken over all. NGroup 0 or 1 means no group limit. NGroup must divide E, TopKGroup be in
 	// [1, NGroup] and the kept groups hold at least K experts.
 	NGroup, TopKGroup int
 }
@@ -256,8 +257,9 @@ func RouteTopK(sel []int32, score []float64, keep []bool) {
 
 // KeepGroups marks in keep [E] the experts of the len(gsel) best of len(gscore) groups of
 // consecutive experts, a group scored by the sum of its two largest scores (its one score when
-// it holds one expert), ties to the lower group: MoERouting's group-limited selection. gscore
-// and gsel are scratch of NGroup and TopKGroup entries.
+// it holds one expert), ties to the lower group, and sets the score of every other expert to 0
+// (transformers' masked_fill): MoERouting's group-limited selection, whose top-k is then taken
+// over all the scores. gscore and gsel are scratch of NGroup and TopKGroup entries.
 func KeepGroups(keep []bool, score []float64, gscore []float64, gsel []int32) {
 	ngroup := len(gscore)
 	per := len(score) / ngroup
@@ -280,6 +282,11 @@ func KeepGroups(keep []bool, score []float64, gscore []float64, gsel []int32) {
 	for _, g := range gsel {
 		for e := int(g) * per; e < int(g+1)*per; e++ {
 			keep[e] = true
+		}
+	}
+	for e, k := range keep {
+		if !k {
+			score[e] = 0
 		}
 	}
 }

@@ -386,7 +386,7 @@ func (m *MoE) route(p *Pass, logits []float32, n int) error {
 			backend.KeepGroups(keep, score, gscore, gsel)
 		}
 		sel := r.Sel[t*k : (t+1)*k]
-		backend.RouteTopK(sel, score, keep)
+		backend.RouteTopK(sel, score, nil)
 		w := r.Weights[t*k : (t+1)*k]
 		var sum float32
 		for j, s := range sel {

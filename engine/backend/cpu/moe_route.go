@@ -120,7 +120,7 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 				backend.KeepGroups(keep, score, gscore, gsel)
 			}
 			s := sel[t*k : (t+1)*k]
-			backend.RouteTopK(s, score, keep)
+			backend.RouteTopK(s, score, nil)
 			w := weights[t*k : (t+1)*k]
 			var sum float32
 			for j, x := range s {

@@ -56,16 +56,21 @@ func refRoute(logits []float64, n, e int, r backend.MoERouting, bias []float64) 
 				}
 			}
 			sort.SliceStable(gi, func(a, b int) bool { return gs[gi[a]] > gs[gi[b]] })
+			// transformers' masked_fill: the other groups' experts score 0.
+			kept := make([]bool, e)
 			for _, g := range gi[:r.TopKGroup] {
 				for j := g * per; j < (g+1)*per; j++ {
-					cand = append(cand, j)
+					kept[j] = true
 				}
 			}
-			sort.Ints(cand)
-		} else {
-			for j := range e {
-				cand = append(cand, j)
+			for j := range score {
+				if !kept[j] {
+					score[j] = 0
+				}
 			}
+		}
+		for j := range e {
+			cand = append(cand, j)
 		}
 		sort.SliceStable(cand, func(a, b int) bool { return score[cand[a]] > score[cand[b]] })
 		sum := 0.0
@@ -482,5 +487,23 @@ func TestMoEOpErrors(t *testing.T) {
 		if tc.err == nil || !strings.Contains(tc.err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one containing %q", tc.name, tc.err, tc.want)
 		}
+	}
+}
+
+// TestMoERouteMaskedGroupsScoreZero: as transformers masks the experts of the groups it does not
+// keep with 0 (not -inf), such an expert outranks a kept expert whose biased score is below 0.
+func TestMoERouteMaskedGroupsScoreZero(t *testing.T) {
+	b := newTestBackend(t)
+	// sigmoid(4, -3, -1, -1) = 0.982, 0.047, 0.269, 0.269; with the bias 0.982, -0.053, 0.269,
+	// 0.269: group 0 scores 0.929 and is kept over group 1 (0.538); the top-2 over
+	// (0.982, -0.053, 0, 0) is expert 0, then expert 2 (a masked 0 above -0.053; ties to the
+	// lower index).
+	r := backend.MoERouting{Score: backend.RouterSigmoid, TopK: 2, NGroup: 2, TopKGroup: 1, NormTopK: true}
+	logits := up(t, b, []float64{4, -3, -1, -1}, tensor.F32, 1, 4)
+	bias := up(t, b, []float64{0, -0.1, 0, 0}, tensor.F32, 4)
+	probs, sel, w := zeros(t, b, tensor.F32, 1, 4), zeros(t, b, tensor.I32, 1, 2), zeros(t, b, tensor.F32, 1, 2)
+	must(t, b.MoERoute(backend.MoERouteArgs{MoERouting: r, Logits: logits, Bias: bias, Probs: probs, Sel: sel, Weights: w}))
+	if got := ints32(t, b, sel); !slices.Equal(got, []int32{0, 2}) {
+		t.Fatalf("selection %v, want [0 2]", got)
 	}
 }

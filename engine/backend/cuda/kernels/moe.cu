@@ -10,8 +10,8 @@
 //   score[n,e]   = probs[n,e] + bias[e]   (bias optional; NaN ranks below every number)
 //   groups       = the topk_group best of n_group groups of E/n_group experts, a group scored by
 //                  its two largest scores (one when a group holds one expert); ties to the lower
-//   sel[n]       = the K largest scores among the kept experts, largest first, ties to the lower
-//                  expert                                                           [N,K] I32 =
+//                  (the other groups' experts score 0, as transformers' masked_fill sets them)
+//   sel[n]       = the K largest scores, largest first, ties to the lower expert     [N,K] I32 =
 //   weights[n,j] = probs[n,sel[n,j]] (/ sum_j probs[n,sel[n,j]] (+1e-20 sigmoid)) * scaling
 //                                                                                   [N,K] F32 =
 //   counts[e]   += tokens choosing e (integer atomics: the result does not depend on order) [E]
@@ -126,13 +126,13 @@ extern "C" __global__ void moe_route_fwd(const void* logits, int dtl,  // [N,E]
                 gs[g] = per == 1 ? a : a + b;
             }
             __syncwarp();
-            // Pick the kept groups (marked NaN in gs), then remove the experts of the others.
+            // Pick the kept groups (marked NaN in gs), then score the experts of the others 0.
             for (int t = 0; t < topk_group; t++) {
                 int g = moe_pick(gs, n_group, lane);
                 (void)g;
             }
             for (int e = lane; e < E; e += 32)
-                if (gs[e / per] == gs[e / per]) sc[e] = MOE_NAN;
+                if (gs[e / per] == gs[e / per]) sc[e] = 0.f;
             __syncwarp();
         }
         float sum = 0.f;
