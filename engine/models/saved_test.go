@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
@@ -33,6 +34,13 @@ var savedCases = []struct {
 	{"granite", "granite", []string{"attention_bias=true", "mlp_bias=true"}},
 	{"smollm3_nope", "smollm3", []string{"no_rope_layers=[1,0]", "use_sliding_window=true", "sliding_window=5"}},
 	{"glm4", "glm4", nil},
+	// Latent attention with q LoRA, interleaved rotary dims, yarn with mscale_all_dim (so the
+	// softmax scale moves too) and attention biases; a sigmoid-routed MoE layer after a dense
+	// one, with a non-zero correction bias.
+	{"deepseek_v3_yarn", "deepseek_v3", []string{"attention_bias=true",
+		`rope_parameters={"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":8,"mscale":1.0,"mscale_all_dim":0.8,"rope_theta":10000.0}`}},
+	// A plain q_proj, rotate-half rotary dims, a sparse layer before a dense one.
+	{"glm4_moe_lite_qproj", "glm4_moe_lite", []string{"q_lora_rank=null", "rope_interleave=false", `mlp_layer_types=["sparse","dense"]`}},
 	{"gemma3_softcap", "gemma3_text", []string{"final_logit_softcapping=3.0", "sliding_window=4", "query_pre_attn_scalar=12",
 		`rope_parameters={"full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":1000.0}}`}},
 }
@@ -108,6 +116,18 @@ func writeSavedCheckpoints(t *testing.T) {
 		}
 		if err := m.InitRandom(11); err != nil {
 			t.Fatal(err)
+		}
+		for _, s := range m.Specs {
+			// Routers' correction biases start at zero; give them values to carry.
+			if strings.HasSuffix(s.Name, ".e_score_correction_bias") {
+				v := make([]float32, s.Numel())
+				for i := range v {
+					v[i] = 0.01 * float32(i%5-2)
+				}
+				if err := m.SetParam(s.Name, v); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 		batch := packedBatch(cfg.VocabSize, []int{12, 9}, 12)
 		for step := 0; step < 5; step++ {

@@ -224,9 +224,37 @@ CASES += [
          n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
          n_shared_experts=1, first_k_dense_replace=1, moe_intermediate_size=24, norm_topk_prob=True,
          use_qk_norm=True, attention_bias=True, tie_word_embeddings=False),
+    # Multi-head latent attention: q LoRA, interleaved rotary dims, yarn with mscale_all_dim (so
+    # the softmax scale carries mscale^2 and cos/sin the mscale ratio), values narrower than the
+    # query/key heads (7 < 10 + 6), attention biases; the sigmoid router over 8 experts in 4
+    # groups (best 2) with a perturbed correction bias, top 3, renormalised and scaled weights,
+    # two shared experts, two dense layers first.
+    case("deepseek_v3", "deepseek_v3", **dict(ODD, num_attention_heads=3, num_key_value_heads=3),
+         num_hidden_layers=4, max_position_embeddings=64,
+         q_lora_rank=20, kv_lora_rank=14, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=7,
+         n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+         n_shared_experts=2, first_k_dense_replace=2, moe_intermediate_size=12, norm_topk_prob=True,
+         attention_bias=True, rope_interleave=True, tie_word_embeddings=False,
+         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                          "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                          "mscale": 1.0, "mscale_all_dim": 0.7}),
+    # A plain q_proj, rotate-half rotary dims, values wider than the query/key heads (13 > 4 + 6),
+    # no expert groups, raw (not renormalised) scaled weights, one dense layer.
+    case("deepseek_v3_qproj", "deepseek_v3", **dict(ODD, num_attention_heads=5, num_key_value_heads=5),
+         num_hidden_layers=3, q_lora_rank=None, kv_lora_rank=9, qk_nope_head_dim=4, qk_rope_head_dim=6,
+         v_head_dim=13, n_routed_experts=6, num_experts_per_tok=2, n_group=1, topk_group=1,
+         routed_scaling_factor=1.5, n_shared_experts=1, first_k_dense_replace=1, moe_intermediate_size=16,
+         norm_topk_prob=False, rope_interleave=False, tie_word_embeddings=False),
+    # GLM-4.7-Flash: mlp_layer_types with a dense layer between sparse ones, q LoRA, values as
+    # wide as the query/key heads, 2 groups of 4 (best 1).
+    case("glm4_moe_lite", "glm4_moe_lite", **dict(ODD, num_attention_heads=4, num_key_value_heads=4),
+         num_hidden_layers=4, mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+         q_lora_rank=18, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
+         n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=1.8,
+         n_shared_experts=1, moe_intermediate_size=20, norm_topk_prob=True, tie_word_embeddings=False),
 ]
 
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite")
 
 
 def perturb(model, seed):
