@@ -133,6 +133,16 @@ func validateLatent(c *Config) error {
 			return errorf("%s %s is not supported: %s computes %s = %s (remove the key or set it to that)", k.key, strings.TrimSpace(string(raw)), c.ModelType, k.key, k.want)
 		}
 	}
+	// DeepSeek-V3's published weights are fp8 blocks with per-block scales (weight_scale_inv),
+	// which nothing here reads: loading them as plain floats would be another model.
+	if raw, ok := c.Extra("quantization_config"); ok && !isNull(raw) {
+		var q struct {
+			Method string `json:"quant_method"`
+		}
+		if err := json.Unmarshal(raw, &q); err != nil || q.Method != "bitsandbytes" {
+			return errorf("quantization_config with quant_method %q is not supported for %s (fp8 block-quantised weights are not read): convert the checkpoint to bf16 and remove quantization_config", q.Method, c.ModelType)
+		}
+	}
 	return nil
 }
 
