@@ -49,6 +49,48 @@ type ObjectiveConfig struct {
 	// CenterRewardsCoefficient adds coef * mean((r_chosen + r_rejected)^2) to the reward
 	// model's loss, which keeps its scores centred on 0 (TRL's RewardConfig). Default 0.
 	CenterRewardsCoefficient *float64 `yaml:"center_rewards_coefficient,omitempty" json:"center_rewards_coefficient,omitempty"`
+
+	// GRPO's keys (TRL's GRPOConfig). beta is the weight of the KL to the reference (default 0:
+	// no reference is built) and loss_type one of grpo, bnpo, dr_grpo, dapo (default dapo).
+	// per_device_train_batch_size counts completions; a step samples
+	// per_device_train_batch_size * gradient_accumulation_steps completions,
+	// num_generations per prompt, and max_length bounds the prompts.
+
+	// NumGenerations is the number of completions sampled per prompt (G), at least 2.
+	// Default 8.
+	NumGenerations *int `yaml:"num_generations,omitempty" json:"num_generations,omitempty"`
+	// MaxCompletionLength is the most tokens a completion may have. Default 256.
+	MaxCompletionLength *int `yaml:"max_completion_length,omitempty" json:"max_completion_length,omitempty"`
+	// Temperature, TopP and TopK are the sampling settings of the completions. Defaults 1,
+	// 1 (off) and 0 (off).
+	Temperature *float64 `yaml:"temperature,omitempty" json:"temperature,omitempty"`
+	TopP        *float64 `yaml:"top_p,omitempty" json:"top_p,omitempty"`
+	TopK        *int     `yaml:"top_k,omitempty" json:"top_k,omitempty"`
+	// Epsilon and EpsilonHigh are the clip range of the importance ratio, [1-epsilon,
+	// 1+epsilon_high]. Defaults 0.2 and epsilon (DAPO uses 0.28).
+	Epsilon     *float64 `yaml:"epsilon,omitempty" json:"epsilon,omitempty"`
+	EpsilonHigh *float64 `yaml:"epsilon_high,omitempty" json:"epsilon_high,omitempty"`
+	// ScaleRewards divides the advantages by the rewards' standard deviation within each
+	// group (group, the default), over the step (batch), or not at all (none).
+	ScaleRewards string `yaml:"scale_rewards,omitempty" json:"scale_rewards,omitempty"`
+	// NumIterations is the number of optimizer steps taken on each generation batch (mu).
+	// Default 1.
+	NumIterations *int `yaml:"num_iterations,omitempty" json:"num_iterations,omitempty"`
+	// MaskTruncatedCompletions leaves completions that hit max_completion_length without a
+	// stop token out of the loss.
+	MaskTruncatedCompletions bool `yaml:"mask_truncated_completions,omitempty" json:"mask_truncated_completions,omitempty"`
+	// RewardFuncs are the reward functions, summed with their weights. Required.
+	RewardFuncs []RewardSpec `yaml:"reward_funcs,omitempty" json:"reward_funcs,omitempty"`
+	// RewardTimeout is how long one call of a reward function may take, in seconds. Default
+	// 60.
+	RewardTimeout *float64 `yaml:"reward_timeout,omitempty" json:"reward_timeout,omitempty"`
+	// RewardRetries is how many more times a failed reward call is made. Default 1.
+	RewardRetries *int `yaml:"reward_retries,omitempty" json:"reward_retries,omitempty"`
+	// RewardFailure says what a step does when its rewards still fail after the retries:
+	// retry (the default: the step fails with the error, nothing is updated and the data
+	// stays where it was, so running the step again retries it) or skip (the step's prompts
+	// are dropped, no update is made, and the step counts as done with metric skipped = 1).
+	RewardFailure string `yaml:"reward_failure,omitempty" json:"reward_failure,omitempty"`
 }
 
 // setObjectiveKeys lists the keys of Config.Objective that c sets (non-zero).

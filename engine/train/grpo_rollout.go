@@ -129,6 +129,9 @@ func (rr rewardRunner) score(ctx context.Context, rs []Rollout) (sum []float64, 
 				break
 			}
 			lastErr = err
+			if errors.Is(err, ErrNoClientReward) {
+				break // asking again cannot help
+			}
 		}
 		if lastErr != nil {
 			return nil, nil, fmt.Errorf("train: grpo: reward function %s failed after %d attempts: %w", f.Name(), rr.retries+1, lastErr)

@@ -242,6 +242,9 @@ func (t *Trainer) Summary() string {
 	if t.step > 0 {
 		fmt.Fprintf(&b, "; resuming after step %d", t.step)
 	}
+	if n, ok := t.obj.(interface{ note() string }); ok && n.note() != "" {
+		fmt.Fprintf(&b, "\n%s", n.note())
+	}
 	if t.model.IsMoE() {
 		bal := "off"
 		if r := t.model.ExpertBalancing(); r > 0 {

@@ -58,6 +58,9 @@ type stepOut struct {
 // total are allowed (the schedule stays at its final value). ctx is checked between
 // micro-batches.
 func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
+	if r, ok := t.obj.(stepRunner); ok {
+		return r.runStep(ctx)
+	}
 	start := time.Now()
 	timers := t.exec.timers()
 	for _, ot := range timers {
@@ -94,6 +97,12 @@ func (t *Trainer) Step(ctx context.Context) (StepMetrics, error) {
 	}
 	t.step++
 	return t.stepMetrics(time.Since(start), out, lr, tokens, total, timers), nil
+}
+
+// stepRunner is a method that makes its own micro-batches each step (GRPO samples them from
+// the policy) before the common device work; Step hands the whole step to it.
+type stepRunner interface {
+	runStep(ctx context.Context) (StepMetrics, error)
 }
 
 // stepMetrics builds the metrics of the step just done (t.step) from what its device work
