@@ -104,7 +104,7 @@ func init() {
 			check: oneArg("NAME", "the session's name"), run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				return statusCall(func() halo.SessionStatus { return halo.Attach(c.Args[0]) })
 			}},
-		{Name: "load", Usage: "[--force] CONFIG.yaml [sft|pretrain]", Summary: "load a model, optimizer and data from a YAML config into the session (method sft by default); --force replaces a model with unsaved steps", Example: "load examples/quickstart.yaml",
+		{Name: "load", Usage: "[--force] CONFIG.yaml [METHOD]", Summary: "load a model, optimizer and data from a YAML config into the session with a training method (sft by default; pretrain, grpo, ... as the session's halo-shell offers them); --force replaces a model with unsaved steps", Example: "load examples/quickstart.yaml",
 			check: checkLoad, run: func(ctx context.Context, it *Interpreter, c *Command) (Bundle, error) {
 				force, args := loadArgs(c.Args)
 				method := ""
@@ -430,10 +430,7 @@ func checkLoad(c *Command) error {
 	case 1:
 		return nil
 	case 2:
-		if m := args[1]; m != "sft" && m != "pretrain" {
-			return fmt.Errorf("method %q: want sft or pretrain", m)
-		}
-		return nil
+		return halo.CheckMethodName(args[1])
 	}
 	return fmt.Errorf("takes a config and an optional method, got %d words %q", len(args), strings.Join(args, " "))
 }

@@ -95,7 +95,9 @@ func Release() SessionStatus {
 // machine; method sft) in the session, replacing what was loaded, and returns the status.
 func Load(config string) SessionStatus { return LoadMethod(config, "") }
 
-// LoadMethod is Load with a training method: "sft" (the default when empty) or "pretrain".
+// LoadMethod is Load with a training method: "sft" (the default when empty), "pretrain",
+// "grpo" or another method of the session's halo-shell (`halo-shell launch --help` lists them;
+// the session refuses one it does not know, naming those it does).
 // Load and LoadMethod refuse to replace a model with trained steps that were not saved; save
 // them first, or use LoadForce.
 func LoadMethod(config, method string) SessionStatus { return load("halo.Load", config, method, false) }
@@ -107,10 +109,10 @@ func LoadForce(config, method string) SessionStatus {
 }
 
 func load(op, config, method string, force bool) SessionStatus {
-	switch method {
-	case "", "sft", "pretrain":
-	default:
-		fail(op, fmt.Errorf("method %q: want sft or pretrain", method))
+	if method != "" {
+		if err := CheckMethodName(method); err != nil {
+			fail(op, err)
+		}
 	}
 	c, ctx, _ := client(op)
 	r, err := c.LoadWith(ctx, &session.LoadRequest{ConfigPath: config, Method: method, Force: force})
@@ -573,4 +575,17 @@ func GoPanic(v interface{}) {
 		return
 	}
 	fmt.Fprintf(e.Stdout(), "panic in a goroutine started by a cell: %v\n", v)
+}
+
+// CheckMethodName refuses a word that cannot name a training method (lower-case letters,
+// digits and underscores, starting with a letter); which methods exist the session decides.
+func CheckMethodName(m string) error {
+	ok := m != "" && m[0] >= 'a' && m[0] <= 'z'
+	for _, r := range m {
+		ok = ok && (r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_')
+	}
+	if !ok {
+		return fmt.Errorf("method %q: a method is a lower-case name such as sft, pretrain or grpo", m)
+	}
+	return nil
 }

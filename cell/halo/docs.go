@@ -13,7 +13,7 @@ import (
 	"sync"
 )
 
-//go:embed api.go types.go plot.go docs.go measure.go
+//go:embed api.go types.go plot.go docs.go measure.go rewards.go
 var sources embed.FS
 
 var (

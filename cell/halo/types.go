@@ -56,6 +56,9 @@ type StepMetrics struct {
 	// Memory is each device's memory during the step (one entry per rank on a parallel
 	// layout): Peak is the step's own high-water mark.
 	Memory []DeviceMemory
+	// Method holds the training method's own metrics under TRL's names (GRPO: "reward",
+	// "rewards/NAME/mean", "kl", "completions/mean_length", ...); nil for pretrain and sft.
+	Method map[string]float64
 }
 
 // DeviceMemory is one device's memory in a step, in bytes.
@@ -75,6 +78,12 @@ func (m StepMetrics) String() string {
 	}
 	if w, ok := WorstLayer(m.ExpertLoad); ok {
 		s += fmt.Sprintf("  experts: worst cv %.2f (layer %d)  dead %d", w.CV, w.Layer, DeadExperts(m.ExpertLoad))
+	}
+	if v, ok := m.Method["reward"]; ok {
+		s += fmt.Sprintf("  reward %.3f", v)
+	}
+	if v, ok := m.Method["kl"]; ok {
+		s += fmt.Sprintf("  kl %.4f", v)
 	}
 	return s
 }
@@ -130,6 +139,12 @@ func metricsOf(m *session.StepMetrics) StepMetrics {
 	}
 	if m.AuxLoss != nil {
 		out.AuxLoss = *m.AuxLoss
+	}
+	if len(m.Method) > 0 {
+		out.Method = make(map[string]float64, len(m.Method))
+		for k, v := range m.Method {
+			out.Method[k] = v
+		}
 	}
 	for _, l := range m.ExpertLoad {
 		out.ExpertLoad = append(out.ExpertLoad, LayerLoad{Layer: int(l.Layer), Tokens: append([]int64(nil), l.Tokens...),

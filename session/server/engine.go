@@ -1135,6 +1135,9 @@ func metricsPB(m train.StepMetrics) *halov1.StepMetrics {
 		pm.TimeByOpS = m.TimeByOpS
 	}
 	pm.AuxLoss = m.AuxLoss
+	if len(m.Method) > 0 {
+		pm.Method = m.Method
+	}
 	for _, l := range m.ExpertLoad {
 		el := &halov1.ExpertLoad{Layer: int32(l.Layer), Max: int64(l.Max), Min: int64(l.Min), Cv: l.CV, Dead: int32(l.Dead),
 			Tokens: make([]int64, len(l.Tokens))}

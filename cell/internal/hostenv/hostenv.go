@@ -29,6 +29,9 @@ type Env struct {
 	display func(map[string][]byte)
 	history []*session.StepMetrics // sorted by step, one entry per step
 	stopEv  context.CancelFunc
+	// scorer stops the background reward scorer; rewardErrs are its errors.
+	scorer     context.CancelFunc
+	rewardErrs []string
 }
 
 var current atomic.Pointer[Env]
@@ -173,11 +176,14 @@ func (e *Env) watch(c *session.Client) {
 // Close stops watching events and closes the client.
 func (e *Env) Close() {
 	e.mu.Lock()
-	c, stop := e.client, e.stopEv
-	e.client, e.stopEv = nil, nil
+	c, stop, scorer := e.client, e.stopEv, e.scorer
+	e.client, e.stopEv, e.scorer = nil, nil, nil
 	e.mu.Unlock()
 	if stop != nil {
 		stop()
+	}
+	if scorer != nil {
+		scorer()
 	}
 	if c != nil {
 		c.Close()
@@ -213,4 +219,40 @@ func (e *Env) History() []*session.StepMetrics {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]*session.StepMetrics(nil), e.history...)
+}
+
+// SetScorer records the cancel function of the background reward scorer (halo.SetReward),
+// cancelling the previous one; nil just cancels. The scorer outlives evaluations: it runs
+// until replaced, cleared or the Env is closed.
+func (e *Env) SetScorer(cancel context.CancelFunc) {
+	e.mu.Lock()
+	old := e.scorer
+	e.scorer = cancel
+	e.mu.Unlock()
+	if old != nil {
+		old()
+	}
+}
+
+// maxRewardErrors bounds the reward errors kept.
+const maxRewardErrors = 100
+
+// RewardError records an error of the background reward scorer and writes it to the
+// output of the evaluation in progress, if any.
+func (e *Env) RewardError(msg string) {
+	e.mu.Lock()
+	e.rewardErrs = append(e.rewardErrs, msg)
+	if n := len(e.rewardErrs); n > maxRewardErrors {
+		e.rewardErrs = e.rewardErrs[n-maxRewardErrors:]
+	}
+	w := e.stdout
+	e.mu.Unlock()
+	fmt.Fprintln(w, "reward function:", msg)
+}
+
+// RewardErrors returns the recorded reward errors, oldest first.
+func (e *Env) RewardErrors() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.rewardErrs...)
 }

@@ -298,7 +298,11 @@ type StepMetrics struct {
 	AuxLoss *float64 `protobuf:"fixed64,15,opt,name=aux_loss,json=auxLoss,proto3,oneof" json:"aux_loss,omitempty"`
 	// expert_load is the routing load of each MoE layer over the whole step (every micro-batch,
 	// every data and context rank); empty for dense models.
-	ExpertLoad    []*ExpertLoad `protobuf:"bytes,16,rep,name=expert_load,json=expertLoad,proto3" json:"expert_load,omitempty"`
+	ExpertLoad []*ExpertLoad `protobuf:"bytes,16,rep,name=expert_load,json=expertLoad,proto3" json:"expert_load,omitempty"`
+	// method holds the training method's own metrics under TRL's names (GRPO: reward,
+	// rewards/NAME/mean, kl, clip_ratio/region_mean, completions/mean_length, ...; the
+	// preference methods: rewards/accuracies, ...); empty for pretrain and sft.
+	Method        map[string]float64 `protobuf:"bytes,17,rep,name=method,proto3" json:"method,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -441,6 +445,13 @@ func (x *StepMetrics) GetAuxLoss() float64 {
 func (x *StepMetrics) GetExpertLoad() []*ExpertLoad {
 	if x != nil {
 		return x.ExpertLoad
+	}
+	return nil
+}
+
+func (x *StepMetrics) GetMethod() map[string]float64 {
+	if x != nil {
+		return x.Method
 	}
 	return nil
 }
@@ -3581,7 +3592,7 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x05force\x18\x05 \x01(\bR\x05force\"Y\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\asummary\x18\x01 \x01(\tR\asummary\x12/\n" +
-	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\xeb\x04\n" +
+	"\x06status\x18\x02 \x01(\v2\x17.halo.v1.StatusResponseR\x06status\"\xe0\x05\n" +
 	"\vStepMetrics\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x1b\n" +
@@ -3602,8 +3613,12 @@ const file_halo_v1_session_proto_rawDesc = "" +
 	"\x06memory\x18\x0e \x03(\v2\x15.halo.v1.DeviceMemoryR\x06memory\x12\x1e\n" +
 	"\baux_loss\x18\x0f \x01(\x01H\x01R\aauxLoss\x88\x01\x01\x124\n" +
 	"\vexpert_load\x18\x10 \x03(\v2\x13.halo.v1.ExpertLoadR\n" +
-	"expertLoad\x1a<\n" +
+	"expertLoad\x128\n" +
+	"\x06method\x18\x11 \x03(\v2 .halo.v1.StepMetrics.MethodEntryR\x06method\x1a<\n" +
 	"\x0eTimeByOpSEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a9\n" +
+	"\vMethodEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
 	"\n" +
@@ -3931,7 +3946,7 @@ func file_halo_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_halo_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_halo_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_halo_v1_session_proto_goTypes = []any{
 	(State)(0),                    // 0: halo.v1.State
 	(ControlAction)(0),            // 1: halo.v1.ControlAction
@@ -3985,85 +4000,87 @@ var file_halo_v1_session_proto_goTypes = []any{
 	(*SubmitRewardsRequest)(nil),  // 49: halo.v1.SubmitRewardsRequest
 	(*SubmitRewardsResponse)(nil), // 50: halo.v1.SubmitRewardsResponse
 	nil,                           // 51: halo.v1.StepMetrics.TimeByOpSEntry
-	nil,                           // 52: halo.v1.StepProfile.ComputeSEntry
-	nil,                           // 53: halo.v1.StepProfile.CommSEntry
-	nil,                           // 54: halo.v1.StepProfile.CommBytesEntry
-	nil,                           // 55: halo.v1.MeasureResponse.MemoryBytesEntry
-	nil,                           // 56: halo.v1.MeasureResponse.ValuesEntry
+	nil,                           // 52: halo.v1.StepMetrics.MethodEntry
+	nil,                           // 53: halo.v1.StepProfile.ComputeSEntry
+	nil,                           // 54: halo.v1.StepProfile.CommSEntry
+	nil,                           // 55: halo.v1.StepProfile.CommBytesEntry
+	nil,                           // 56: halo.v1.MeasureResponse.MemoryBytesEntry
+	nil,                           // 57: halo.v1.MeasureResponse.ValuesEntry
 }
 var file_halo_v1_session_proto_depIdxs = []int32{
 	33, // 0: halo.v1.LoadResponse.status:type_name -> halo.v1.StatusResponse
 	51, // 1: halo.v1.StepMetrics.time_by_op_s:type_name -> halo.v1.StepMetrics.TimeByOpSEntry
 	6,  // 2: halo.v1.StepMetrics.memory:type_name -> halo.v1.DeviceMemory
 	5,  // 3: halo.v1.StepMetrics.expert_load:type_name -> halo.v1.ExpertLoad
-	4,  // 4: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
-	33, // 5: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
-	33, // 6: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
-	33, // 7: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
-	24, // 8: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
-	27, // 9: halo.v1.InspectResponse.adapters:type_name -> halo.v1.AdapterNorm
-	52, // 10: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
-	53, // 11: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
-	4,  // 12: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
-	54, // 13: halo.v1.StepProfile.comm_bytes:type_name -> halo.v1.StepProfile.CommBytesEntry
-	28, // 14: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
-	0,  // 15: halo.v1.StatusResponse.state:type_name -> halo.v1.State
-	31, // 16: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
-	21, // 17: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
-	4,  // 18: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
-	4,  // 19: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
-	36, // 20: halo.v1.Event.log:type_name -> halo.v1.LogEvent
-	37, // 21: halo.v1.Event.state:type_name -> halo.v1.StateEvent
-	38, // 22: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
-	28, // 23: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
-	0,  // 24: halo.v1.StateEvent.state:type_name -> halo.v1.State
-	1,  // 25: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
-	55, // 26: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
-	56, // 27: halo.v1.MeasureResponse.values:type_name -> halo.v1.MeasureResponse.ValuesEntry
-	47, // 28: halo.v1.RolloutBatch.rollouts:type_name -> halo.v1.Rollout
-	2,  // 29: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
-	7,  // 30: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
-	9,  // 31: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
-	11, // 32: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
-	13, // 33: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
-	15, // 34: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
-	17, // 35: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
-	19, // 36: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
-	22, // 37: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
-	23, // 38: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
-	25, // 39: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
-	29, // 40: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
-	32, // 41: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
-	34, // 42: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
-	41, // 43: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
-	39, // 44: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
-	44, // 45: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
-	46, // 46: halo.v1.SessionService.Rollouts:input_type -> halo.v1.RolloutsRequest
-	49, // 47: halo.v1.SessionService.SubmitRewards:input_type -> halo.v1.SubmitRewardsRequest
-	3,  // 48: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
-	8,  // 49: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
-	10, // 50: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
-	12, // 51: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
-	14, // 52: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
-	16, // 53: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
-	18, // 54: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
-	20, // 55: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
-	21, // 56: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
-	21, // 57: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
-	26, // 58: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
-	30, // 59: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
-	33, // 60: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
-	35, // 61: halo.v1.SessionService.Events:output_type -> halo.v1.Event
-	42, // 62: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
-	40, // 63: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
-	45, // 64: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
-	48, // 65: halo.v1.SessionService.Rollouts:output_type -> halo.v1.RolloutBatch
-	50, // 66: halo.v1.SessionService.SubmitRewards:output_type -> halo.v1.SubmitRewardsResponse
-	48, // [48:67] is the sub-list for method output_type
-	29, // [29:48] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	52, // 4: halo.v1.StepMetrics.method:type_name -> halo.v1.StepMetrics.MethodEntry
+	4,  // 5: halo.v1.StepResponse.metrics:type_name -> halo.v1.StepMetrics
+	33, // 6: halo.v1.RunResponse.status:type_name -> halo.v1.StatusResponse
+	33, // 7: halo.v1.PauseResponse.status:type_name -> halo.v1.StatusResponse
+	33, // 8: halo.v1.ResumeResponse.status:type_name -> halo.v1.StatusResponse
+	24, // 9: halo.v1.InspectResponse.stats:type_name -> halo.v1.TensorStats
+	27, // 10: halo.v1.InspectResponse.adapters:type_name -> halo.v1.AdapterNorm
+	53, // 11: halo.v1.StepProfile.compute_s:type_name -> halo.v1.StepProfile.ComputeSEntry
+	54, // 12: halo.v1.StepProfile.comm_s:type_name -> halo.v1.StepProfile.CommSEntry
+	4,  // 13: halo.v1.StepProfile.metrics:type_name -> halo.v1.StepMetrics
+	55, // 14: halo.v1.StepProfile.comm_bytes:type_name -> halo.v1.StepProfile.CommBytesEntry
+	28, // 15: halo.v1.ProfileResponse.steps:type_name -> halo.v1.StepProfile
+	0,  // 16: halo.v1.StatusResponse.state:type_name -> halo.v1.State
+	31, // 17: halo.v1.StatusResponse.clients:type_name -> halo.v1.ClientInfo
+	21, // 18: halo.v1.StatusResponse.hyper:type_name -> halo.v1.Hyper
+	4,  // 19: halo.v1.StatusResponse.last_metrics:type_name -> halo.v1.StepMetrics
+	4,  // 20: halo.v1.Event.metrics:type_name -> halo.v1.StepMetrics
+	36, // 21: halo.v1.Event.log:type_name -> halo.v1.LogEvent
+	37, // 22: halo.v1.Event.state:type_name -> halo.v1.StateEvent
+	38, // 23: halo.v1.Event.dropped:type_name -> halo.v1.DroppedEvent
+	28, // 24: halo.v1.Event.profile:type_name -> halo.v1.StepProfile
+	0,  // 25: halo.v1.StateEvent.state:type_name -> halo.v1.State
+	1,  // 26: halo.v1.ControlRequest.action:type_name -> halo.v1.ControlAction
+	56, // 27: halo.v1.MeasureResponse.memory_bytes:type_name -> halo.v1.MeasureResponse.MemoryBytesEntry
+	57, // 28: halo.v1.MeasureResponse.values:type_name -> halo.v1.MeasureResponse.ValuesEntry
+	47, // 29: halo.v1.RolloutBatch.rollouts:type_name -> halo.v1.Rollout
+	2,  // 30: halo.v1.SessionService.Load:input_type -> halo.v1.LoadRequest
+	7,  // 31: halo.v1.SessionService.Step:input_type -> halo.v1.StepRequest
+	9,  // 32: halo.v1.SessionService.Run:input_type -> halo.v1.RunRequest
+	11, // 33: halo.v1.SessionService.Pause:input_type -> halo.v1.PauseRequest
+	13, // 34: halo.v1.SessionService.Resume:input_type -> halo.v1.ResumeRequest
+	15, // 35: halo.v1.SessionService.Eval:input_type -> halo.v1.EvalRequest
+	17, // 36: halo.v1.SessionService.Generate:input_type -> halo.v1.GenerateRequest
+	19, // 37: halo.v1.SessionService.Save:input_type -> halo.v1.SaveRequest
+	22, // 38: halo.v1.SessionService.GetHyper:input_type -> halo.v1.GetHyperRequest
+	23, // 39: halo.v1.SessionService.SetHyper:input_type -> halo.v1.SetHyperRequest
+	25, // 40: halo.v1.SessionService.Inspect:input_type -> halo.v1.InspectRequest
+	29, // 41: halo.v1.SessionService.Profile:input_type -> halo.v1.ProfileRequest
+	32, // 42: halo.v1.SessionService.Status:input_type -> halo.v1.StatusRequest
+	34, // 43: halo.v1.SessionService.Events:input_type -> halo.v1.EventsRequest
+	41, // 44: halo.v1.SessionService.Control:input_type -> halo.v1.ControlRequest
+	39, // 45: halo.v1.SessionService.SetLayout:input_type -> halo.v1.SetLayoutRequest
+	44, // 46: halo.v1.SessionService.Measure:input_type -> halo.v1.MeasureRequest
+	46, // 47: halo.v1.SessionService.Rollouts:input_type -> halo.v1.RolloutsRequest
+	49, // 48: halo.v1.SessionService.SubmitRewards:input_type -> halo.v1.SubmitRewardsRequest
+	3,  // 49: halo.v1.SessionService.Load:output_type -> halo.v1.LoadResponse
+	8,  // 50: halo.v1.SessionService.Step:output_type -> halo.v1.StepResponse
+	10, // 51: halo.v1.SessionService.Run:output_type -> halo.v1.RunResponse
+	12, // 52: halo.v1.SessionService.Pause:output_type -> halo.v1.PauseResponse
+	14, // 53: halo.v1.SessionService.Resume:output_type -> halo.v1.ResumeResponse
+	16, // 54: halo.v1.SessionService.Eval:output_type -> halo.v1.EvalResponse
+	18, // 55: halo.v1.SessionService.Generate:output_type -> halo.v1.GenerateResponse
+	20, // 56: halo.v1.SessionService.Save:output_type -> halo.v1.SaveResponse
+	21, // 57: halo.v1.SessionService.GetHyper:output_type -> halo.v1.Hyper
+	21, // 58: halo.v1.SessionService.SetHyper:output_type -> halo.v1.Hyper
+	26, // 59: halo.v1.SessionService.Inspect:output_type -> halo.v1.InspectResponse
+	30, // 60: halo.v1.SessionService.Profile:output_type -> halo.v1.ProfileResponse
+	33, // 61: halo.v1.SessionService.Status:output_type -> halo.v1.StatusResponse
+	35, // 62: halo.v1.SessionService.Events:output_type -> halo.v1.Event
+	42, // 63: halo.v1.SessionService.Control:output_type -> halo.v1.ControlResponse
+	40, // 64: halo.v1.SessionService.SetLayout:output_type -> halo.v1.SetLayoutResponse
+	45, // 65: halo.v1.SessionService.Measure:output_type -> halo.v1.MeasureResponse
+	48, // 66: halo.v1.SessionService.Rollouts:output_type -> halo.v1.RolloutBatch
+	50, // 67: halo.v1.SessionService.SubmitRewards:output_type -> halo.v1.SubmitRewardsResponse
+	49, // [49:68] is the sub-list for method output_type
+	30, // [30:49] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_halo_v1_session_proto_init() }
@@ -4087,7 +4104,7 @@ func file_halo_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_halo_v1_session_proto_rawDesc), len(file_halo_v1_session_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   55,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
