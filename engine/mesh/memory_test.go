@@ -86,6 +86,7 @@ func TestEstimateDividesExpertsOverTheExpertGroup(t *testing.T) {
 // the bytes the MoE block's device path keeps for its backward (nn.MoEKeptBytes), and a dense
 // MLP's for each dense layer.
 func TestEstimateCountsWhatAMoELayerKeeps(t *testing.T) {
+	t.Setenv("HALO_MOE_EXPERT_OUTPUTS", "keep") // the experts' outputs are among the kept bytes
 	shape := func(topK, moeLayers int) ModelShape {
 		return ModelShape{Hidden: 64, Intermediate: 256, Heads: 8, KVHeads: 8, HeadDim: 8, Layers: 6, Vocab: 100,
 			Experts: 16, ExpertIntermediate: 32, TopK: topK, MoELayers: moeLayers}

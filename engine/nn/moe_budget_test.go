@@ -53,10 +53,15 @@ func TestMoEDeviceForwardKeepsWhatItCounts(t *testing.T) {
 // its backward, MoEPermuteBackward, the aux gradient's upload, MoERouteBackward and the
 // router's LinearBackward (12). The statistics read (Routing.Fetch) stages the offsets and
 // probability sums with two copies and reads them with one download.
+//
+// With HALO_MOE_EXPERT_OUTPUTS=recompute the backward replaces MoECombineBackward by the
+// unweighted gather of the output gradient and of the weights (two MoEPermute), the weights'
+// row dot product, two ScaleRows and the gather of their gradient (MoEPermuteBackward): 17.
 const (
-	moeForwardOps  = 8
-	moeBackwardOps = 12
-	moeFetchOps    = 3
+	moeForwardOps           = 8
+	moeBackwardOps          = 12
+	moeBackwardRecomputeOps = 17
+	moeFetchOps             = 3
 )
 
 // TestMoEDeviceLayerLaunchBudget counts the ops of one device-path MoE layer through the
@@ -64,8 +69,14 @@ const (
 // moeLaunchBudget, and the only host reads are Fetch's.
 func TestMoEDeviceLayerLaunchBudget(t *testing.T) {
 	const C, F, N = 12, 10, 9
-	for _, experts := range []int{4, 16} {
-		t.Run(fmt.Sprintf("E%d", experts), func(t *testing.T) {
+	for _, tc := range []struct {
+		outputs  string
+		experts  int
+		backward int
+	}{{"keep", 4, moeBackwardOps}, {"keep", 16, moeBackwardOps}, {"recompute", 4, moeBackwardRecomputeOps}, {"recompute", 16, moeBackwardRecomputeOps}} {
+		experts := tc.experts
+		t.Run(fmt.Sprintf("outputs=%s/E%d", tc.outputs, experts), func(t *testing.T) {
+			t.Setenv("HALO_MOE_EXPERT_OUTPUTS", tc.outputs)
 			e := newEnv(t)
 			m := newStackedMoE(e, C, F, experts, 2, true)
 			rec := profile.NewRecorder()
@@ -104,8 +115,8 @@ func TestMoEDeviceLayerLaunchBudget(t *testing.T) {
 			})
 			_ = free(e.b, &out, &dx)
 			t.Logf("forward %d ops, backward %d ops, statistics %d reads", fwd, bwd, reads)
-			if fwd != moeForwardOps || bwd != moeBackwardOps {
-				t.Errorf("forward %d ops, backward %d: the budget is %d and %d", fwd, bwd, moeForwardOps, moeBackwardOps)
+			if fwd != moeForwardOps || bwd != tc.backward {
+				t.Errorf("forward %d ops, backward %d: the budget is %d and %d", fwd, bwd, moeForwardOps, tc.backward)
 			}
 			if fr != 0 || br != 0 || reads != 1 || fetch != moeFetchOps {
 				t.Errorf("host reads: forward %d, backward %d, statistics %d in %d ops; want 0, 0 and 1 in %d", fr, br, reads, fetch, moeFetchOps)
@@ -186,6 +197,17 @@ func TestFetchRoutingsReadsEveryLayerAtOnce(t *testing.T) {
 // queued, so beyond what the forward kept it holds at most dx, the weights' gradient and the
 // larger of (dys, dact, act) and (dxs, the re-sorted rows and the sort's indices).
 func TestMoEDeviceBackwardPeak(t *testing.T) {
+	for _, outputs := range []string{"keep", "recompute"} {
+		t.Run("outputs="+outputs, func(t *testing.T) {
+			t.Setenv("HALO_MOE_EXPERT_OUTPUTS", outputs)
+			backwardPeak(t, outputs == "recompute")
+		})
+	}
+}
+
+// backwardPeak is TestMoEDeviceBackwardPeak in one mode; without kept outputs the down
+// projection's phase also holds the sorted weights and their gradient [S] F32.
+func backwardPeak(t *testing.T, recompute bool) {
 	const C, F, N, E, K = 12, 10, 9, 5, 2
 	e := newEnv(t)
 	m := newStackedMoE(e, C, F, E, K, true)
@@ -207,7 +229,11 @@ func TestMoEDeviceBackwardPeak(t *testing.T) {
 	}
 	_ = free(e.b, &out, &dx)
 	const S = N * K
-	experts := max(S*C+2*S*F, 2*S*C+(E+1)+S+N*K)
+	down := S*C + 2*S*F
+	if recompute {
+		down += 2 * S
+	}
+	experts := max(down, 2*S*C+(E+1)+S+N*K)
 	bound := int64(4 * (N*C + N*K + experts))
 	if grew := e.b.MemStats().Peak - before; grew > bound {
 		t.Fatalf("the backward's peak is %d bytes above the forward's cache, want at most %d", grew, bound)

@@ -52,8 +52,14 @@ func (d *moeDev) release(p *Pass) {
 // The routing statistics (offsets [E+1] I32 and probability sums [E] F32) are apart: they live
 // until the model reads them after the forward. Not kept, and so not counted: the sorted rows
 // [S,C] and the SwiGLU output [S,I] (MoERecomputedBytes).
+//
+// With HALO_MOE_EXPERT_OUTPUTS=recompute the experts' outputs are not kept either (a block
+// holding its experts; under expert parallelism they are): K*C*el bytes per token fewer.
 func MoEKeptBytes(n, c, e, k, inter, el int) int64 {
 	n64, s := int64(n), int64(n)*int64(k)
+	if swMoEOutputs.Is("recompute") {
+		c = 0
+	}
 	return n64*int64(e)*4 + 3*s*4 + int64(e+1)*4 + s*int64(2*inter+c)*int64(el)
 }
 
@@ -126,7 +132,16 @@ func (g *GroupedExperts) Forward(p *Pass, o backend.Optional, xs, offsets T, kee
 // caller owns it), and releases the cache. Each buffer is freed once its last use is queued, so
 // the backward holds at most max(dys + gu + two [M,I], gu + dxs + xs) at once.
 func (g *GroupedExperts) Backward(p *Pass, o backend.Optional, dys T, rows func() (xs T, owned bool, err error)) (dxs T, err error) {
-	var dact, act, xs T
+	dxs, _, err = g.backward(p, o, dys, T{}, rows)
+	return dxs, err
+}
+
+// backward is Backward, and with ws [M,1] F32 set, the backward of ys weighted by ws without
+// ys: dys is then the unweighted gradient dyu, and it also returns dws [M] F32 (new) with
+// dws[r] = dot(dyu[r] · Down_g, act[r]), the gradient of the weight of row r; the weighted
+// gradients are dyu and its input gradient scaled by ws.
+func (g *GroupedExperts) backward(p *Pass, o backend.Optional, dys, ws T, rows func() (xs T, owned bool, err error)) (dxs, dws T, err error) {
+	var dact, act, xs, w T
 	owned := false
 	defer func() {
 		_ = free(p.B, &dys, &dact, &act)
@@ -134,53 +149,72 @@ func (g *GroupedExperts) Backward(p *Pass, o backend.Optional, dys T, rows func(
 			_ = free(p.B, &xs)
 		}
 		if err != nil {
-			_ = free(p.B, &dxs)
+			_ = free(p.B, &dxs, &dws)
 		}
 	}()
 	if g.gu.IsNil() {
-		return T{}, fmt.Errorf("nn: %s: grouped experts Backward without a cached Forward", g.Name)
+		return T{}, T{}, fmt.Errorf("nn: %s: grouped experts Backward without a cached Forward", g.Name)
 	}
 	defer g.Release(p.B)
 	s, inter, c := g.gu.Dim(0), g.gu.Dim(1)/2, dys.Dim(1)
 	if dact, err = p.out(s, inter); err != nil {
-		return T{}, wrap(g.Name, err)
+		return T{}, T{}, wrap(g.Name, err)
 	}
 	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: dys, B: g.Down.W, Out: dact, Offsets: g.offsets}); err != nil {
-		return T{}, wrap(g.Down.Name, err)
+		return T{}, T{}, wrap(g.Down.Name, err)
 	}
-	if !g.Down.GW.IsNil() {
-		// The SwiGLU output was not kept: recompute it from gu for the weight gradient.
+	if !g.Down.GW.IsNil() || !ws.IsNil() {
+		// The SwiGLU output was not kept: recompute it from gu for the weight gradients.
 		if act, err = p.out(s, inter); err != nil {
-			return T{}, wrap(g.Name, err)
+			return T{}, T{}, wrap(g.Name, err)
 		}
 		if err = o.SwiGLUPacked(act, g.gu); err != nil {
-			return T{}, wrap(g.Name+" swiglu", err)
+			return T{}, T{}, wrap(g.Name+" swiglu", err)
 		}
+	}
+	if !ws.IsNil() {
+		if w, err = ws.Reshape(s); err != nil {
+			return T{}, T{}, wrap(g.Name, err)
+		}
+		if dws, err = p.outF32(s); err != nil {
+			return T{}, T{}, wrap(g.Name, err)
+		}
+		if err = p.B.RowDot(dws, dact, act); err != nil {
+			return T{}, T{}, wrap(g.Name+" weight gradient", err)
+		}
+		if err = p.B.ScaleRows(dys, w); err != nil {
+			return T{}, T{}, wrap(g.Name+" weights", err)
+		}
+		if err = p.B.ScaleRows(dact, w); err != nil {
+			return T{}, T{}, wrap(g.Name+" weights", err)
+		}
+	}
+	if !g.Down.GW.IsNil() {
 		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: dys, B: act, Out: g.Down.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
-			return T{}, wrap(g.Down.Name, err)
+			return T{}, T{}, wrap(g.Down.Name, err)
 		}
 	}
 	_ = free(p.B, &act, &dys)
 	// gu becomes its own gradient.
 	if err = o.SwiGLUPackedBackward(g.gu, dact, g.gu); err != nil {
-		return T{}, wrap(g.Name+" swiglu", err)
+		return T{}, T{}, wrap(g.Name+" swiglu", err)
 	}
 	_ = free(p.B, &dact)
 	if dxs, err = p.out(s, c); err != nil {
-		return T{}, wrap(g.Name, err)
+		return T{}, T{}, wrap(g.Name, err)
 	}
 	if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedInputGrad, A: g.gu, B: g.GateUp.W, Out: dxs, Offsets: g.offsets}); err != nil {
-		return T{}, wrap(g.GateUp.Name, err)
+		return T{}, T{}, wrap(g.GateUp.Name, err)
 	}
 	if !g.GateUp.GW.IsNil() {
 		if xs, owned, err = rows(); err != nil {
-			return T{}, err
+			return T{}, T{}, err
 		}
 		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: g.gu, B: xs, Out: g.GateUp.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
-			return T{}, wrap(g.GateUp.Name, err)
+			return T{}, T{}, wrap(g.GateUp.Name, err)
 		}
 	}
-	return dxs, nil
+	return dxs, dws, nil
 }
 
 // Release drops the cache of a Forward.
@@ -353,6 +387,10 @@ func (m *MoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out T,
 	if err = o.MoECombine(backend.MoECombineArgs{Ys: d.ys, Slot: d.slot, Weights: d.weights, Out: out}); err != nil {
 		return T{}, wrap(m.Name+" combine", err)
 	}
+	if sr == nil && swMoEOutputs.Is("recompute") {
+		// The backward takes the weights' gradient without the outputs (deviceBackward).
+		_ = free(p.B, &d.ys)
+	}
 	return out, nil
 }
 
@@ -379,9 +417,16 @@ func (m *MoE) unbiasedCounts(p *Pass, o backend.Optional, route backend.MoERouti
 
 // sortAgain writes the rows of x sorted by expert into a new xs [S,C], as the forward's
 // MoEPermute did (the backward's input rows of the experts, not kept by the forward).
-func (m *MoE) sortAgain(p *Pass, o backend.Optional) (xs T, err error) {
-	d := &m.d
-	n, e, k := m.r.N, m.r.E, m.r.K
+func (m *MoE) sortAgain(p *Pass, o backend.Optional) (T, error) {
+	return m.sortBy(p, o, m.d.sel, m.x)
+}
+
+// sortBy gathers the rows of x [R,C'] in the order MoEPermute sorts sel [R,K'] by expert:
+// a new [R*K', C'] tensor of x's dtype. With sel the forward's [N,K] and x [N,·] it is the
+// forward's sort; with sel viewed as [S,1] and x [S,·] (one row per slot) it sorts per-slot
+// values, such as the routing weights, into the slots' sorted order.
+func (m *MoE) sortBy(p *Pass, o backend.Optional, sel, x T) (xs T, err error) {
+	rows, k := sel.Dim(0), sel.Dim(1)
 	var off, order, slot T
 	defer func() {
 		_ = free(p.B, &off, &order, &slot)
@@ -390,17 +435,98 @@ func (m *MoE) sortAgain(p *Pass, o backend.Optional) (xs T, err error) {
 		}
 	}()
 	i32 := func(shape ...int) (T, error) { return p.B.Empty(tensor.I32, shape...) }
-	if off, err = i32(e + 1); err == nil {
-		if order, err = i32(n * k); err == nil {
-			if slot, err = i32(n, k); err == nil {
-				xs, err = p.out(n*k, m.x.Dim(1))
+	if off, err = i32(m.r.E + 1); err == nil {
+		if order, err = i32(rows * k); err == nil {
+			if slot, err = i32(rows, k); err == nil {
+				xs, err = p.B.Empty(x.DType(), rows*k, x.Dim(1))
 			}
 		}
 	}
 	if err != nil {
 		return T{}, wrap(m.Name, err)
 	}
-	return xs, wrap(m.Name+" permute", o.MoEPermute(backend.MoEPermuteArgs{E: e, Sel: d.sel, X: m.x, Offsets: off, Order: order, Slot: slot, Xs: xs}))
+	return xs, wrap(m.Name+" permute", o.MoEPermute(backend.MoEPermuteArgs{E: m.r.E, Sel: sel, X: x, Offsets: off, Order: order, Slot: slot, Xs: xs}))
+}
+
+// unweightedBackward is the experts' backward without their kept outputs
+// (HALO_MOE_EXPERT_OUTPUTS=recompute): the output gradient goes into the slots unweighted,
+// dyu[p] = dy[n] for the slot p of (n,j), and with ws[p] = weights[n,j] sorted the same way,
+//
+//	d weights[n,j] = dot(dy[n], ys[p]) = dot(dyu[p] · Down_e, act[p])
+//
+// which GroupedExperts' backward computes beside the gradients (it scales dyu and its input
+// gradient by ws where the weighted ones are needed). It writes dw [N,K] and returns dxs.
+func (m *MoE) unweightedBackward(p *Pass, o backend.Optional, dy, dw T) (dxs T, err error) {
+	d := &m.d
+	s := m.r.N * m.r.K
+	var dyu, ws, dws T
+	defer func() { _ = free(p.B, &dyu, &ws, &dws) }()
+	if dyu, err = m.sortBy(p, o, d.sel, dy); err != nil {
+		return T{}, err
+	}
+	sel1, err := d.sel.Reshape(s, 1)
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	w1, err := d.weights.Reshape(s, 1)
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	if ws, err = m.sortBy(p, o, sel1, w1); err != nil {
+		return T{}, err
+	}
+	dxs, dws, err = d.experts.backward(p, o, dyu, ws, func() (T, bool, error) {
+		xs, err := m.sortAgain(p, o)
+		return xs, true, err
+	})
+	dyu = T{} // freed by the experts' backward
+	if err != nil {
+		return T{}, err
+	}
+	// dw[n,j] = dws[slot[n,j]]: the permute's backward with one slot per row.
+	slot1, err := d.slot.Reshape(s, 1)
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	dw1, err := dw.Reshape(s, 1)
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	dws1, err := dws.Reshape(s, 1)
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: dws1, Slot: slot1, DX: dw1}); err != nil {
+		_ = free(p.B, &dxs)
+		return T{}, wrap(m.Name+" combine", err)
+	}
+	return dxs, nil
+}
+
+// weightedBackward is the experts' backward with their kept outputs: the combine's backward
+// weights the output gradient into the slots and takes the weights' gradient dw [N,K] against
+// ys; the experts (here or on their owners) take the slots' gradient back to dxs.
+func (m *MoE) weightedBackward(p *Pass, o backend.Optional, dy, dw T) (dxs T, err error) {
+	d := &m.d
+	dys, err := p.out(m.r.N*m.r.K, dy.Dim(1))
+	if err != nil {
+		return T{}, wrap(m.Name, err)
+	}
+	defer func() { _ = free(p.B, &dys) }()
+	if err = o.MoECombineBackward(backend.MoECombineBackwardArgs{DOut: dy, Ys: d.ys, Slot: d.slot, Weights: d.weights, DYs: dys, DWeights: dw}); err != nil {
+		return T{}, wrap(m.Name+" combine", err)
+	}
+	_ = free(p.B, &d.ys)
+	if d.sorted != nil {
+		return d.sorted.BackwardSorted(p, m, dys)
+	}
+	// The experts' backward frees dys early and asks for the re-sorted rows late.
+	g := dys
+	dys = T{}
+	return d.experts.Backward(p, o, g, func() (T, bool, error) {
+		xs, err := m.sortAgain(p, o)
+		return xs, true, err
+	})
 }
 
 func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error) {
@@ -408,10 +534,9 @@ func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error
 	r := &m.r
 	n, e, k := r.N, r.E, r.K
 	c := dy.Dim(1)
-	s := n * k
-	var dys, dw, dxs, aux, dlogits T
+	var dw, dxs, aux, dlogits T
 	defer func() {
-		_ = free(p.B, &dys, &dw, &dxs, &aux, &dlogits)
+		_ = free(p.B, &dw, &dxs, &aux, &dlogits)
 		if err != nil {
 			_ = free(p.B, &dx)
 		}
@@ -422,27 +547,15 @@ func (m *MoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error
 	if dw, err = p.outF32(n, k); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
-	if dys, err = p.out(s, c); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	if err = o.MoECombineBackward(backend.MoECombineBackwardArgs{DOut: dy, Ys: d.ys, Slot: d.slot, Weights: d.weights, DYs: dys, DWeights: dw}); err != nil {
-		return T{}, wrap(m.Name+" combine", err)
-	}
-	_ = free(p.B, &d.ys)
-	if d.sorted != nil {
-		dxs, err = d.sorted.BackwardSorted(p, m, dys)
+	if d.ys.IsNil() && d.sorted == nil {
+		// The forward did not keep the experts' outputs (HALO_MOE_EXPERT_OUTPUTS=recompute).
+		dxs, err = m.unweightedBackward(p, o, dy, dw)
 	} else {
-		// The experts' backward frees dys early and asks for the re-sorted rows late.
-		dxs, err = d.experts.Backward(p, o, dys, func() (T, bool, error) {
-			xs, err := m.sortAgain(p, o)
-			return xs, true, err
-		})
-		dys = T{}
+		dxs, err = m.weightedBackward(p, o, dy, dw)
 	}
 	if err != nil {
 		return T{}, err
 	}
-	_ = free(p.B, &dys)
 	if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: dxs, Slot: d.slot, DX: dx}); err != nil {
 		return T{}, wrap(m.Name+" permute", err)
 	}

@@ -58,86 +58,89 @@ func TestMoEDevicePathMatchesComposition(t *testing.T) {
 		{8, 3, 11, false, true, false, true},
 		{8, 2, 7, true, true, true, true},
 	}
-	for _, tc := range cases {
-		name := fmt.Sprintf("E%d_K%d_N%d_norm=%v_bias=%v_aux=%v_deepseek=%v", tc.e, tc.k, tc.n, tc.norm, tc.bias, tc.aux, tc.deep)
-		t.Run(name, func(t *testing.T) {
-			e := newEnv(t)
-			m := newStackedMoE(e, C, F, tc.e, tc.k, tc.norm)
-			if tc.bias {
-				m.Bias = make([]float32, tc.e)
-				for j := range m.Bias {
-					m.Bias[j] = float32(0.05 * e.rng.NormFloat64())
+	for _, outputs := range []string{"keep", "recompute"} {
+		for _, tc := range cases {
+			name := fmt.Sprintf("outputs=%s/E%d_K%d_N%d_norm=%v_bias=%v_aux=%v_deepseek=%v", outputs, tc.e, tc.k, tc.n, tc.norm, tc.bias, tc.aux, tc.deep)
+			t.Run(name, func(t *testing.T) {
+				t.Setenv("HALO_MOE_EXPERT_OUTPUTS", outputs)
+				e := newEnv(t)
+				m := newStackedMoE(e, C, F, tc.e, tc.k, tc.norm)
+				if tc.bias {
+					m.Bias = make([]float32, tc.e)
+					for j := range m.Bias {
+						m.Bias[j] = float32(0.05 * e.rng.NormFloat64())
+					}
 				}
-			}
-			params := []T{m.Router.GW, m.GateUp.GW, m.Down.GW}
-			if tc.deep {
-				deepseekRouter(e, m, C, F, tc.e/2)
-				params = append(params, m.Shared.Gate.GW, m.Shared.Down.GW)
-			}
-			p := e.pass([]int{tc.n}, 4)
-			x := e.randn(1, tc.n, C)
-			dy := e.randn(1, tc.n, C)
-			type result struct {
-				out, dx []float32
-				grads   [][]float32
-				load    []int
-				aux     float64
-			}
-			run := func(composed bool) result {
-				m.Composed = composed
-				for _, g := range params {
-					if err := p.B.Fill(g, 0); err != nil {
+				params := []T{m.Router.GW, m.GateUp.GW, m.Down.GW}
+				if tc.deep {
+					deepseekRouter(e, m, C, F, tc.e/2)
+					params = append(params, m.Shared.Gate.GW, m.Shared.Down.GW)
+				}
+				p := e.pass([]int{tc.n}, 4)
+				x := e.randn(1, tc.n, C)
+				dy := e.randn(1, tc.n, C)
+				type result struct {
+					out, dx []float32
+					grads   [][]float32
+					load    []int
+					aux     float64
+				}
+				run := func(composed bool) result {
+					m.Composed = composed
+					for _, g := range params {
+						if err := p.B.Fill(g, 0); err != nil {
+							t.Fatal(err)
+						}
+					}
+					out, err := m.Forward(p, x, true)
+					if err != nil {
 						t.Fatal(err)
 					}
+					r := m.Routing()
+					if err := r.Fetch(); err != nil {
+						t.Fatal(err)
+					}
+					aux, c, err := LoadBalancingLoss([]*Routing{r}, 0.3)
+					if err != nil {
+						t.Fatal(err)
+					}
+					m.AuxGrad = nil
+					if tc.aux {
+						m.AuxGrad = c
+					}
+					dx, err := m.Backward(p, dy)
+					if err != nil {
+						t.Fatal(err)
+					}
+					res := result{out: e.get(out), dx: e.get(dx), load: r.Load(), aux: aux}
+					for _, g := range params {
+						res.grads = append(res.grads, e.get(g))
+					}
+					return res
 				}
-				out, err := m.Forward(p, x, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := m.Routing()
-				if err := r.Fetch(); err != nil {
-					t.Fatal(err)
-				}
-				aux, c, err := LoadBalancingLoss([]*Routing{r}, 0.3)
-				if err != nil {
-					t.Fatal(err)
-				}
-				m.AuxGrad = nil
-				if tc.aux {
-					m.AuxGrad = c
-				}
-				dx, err := m.Backward(p, dy)
-				if err != nil {
-					t.Fatal(err)
-				}
-				res := result{out: e.get(out), dx: e.get(dx), load: r.Load(), aux: aux}
-				for _, g := range params {
-					res.grads = append(res.grads, e.get(g))
-				}
-				return res
-			}
-			want := run(true)
-			got := run(false)
-			cmp := func(name string, g, w []float32) {
-				t.Helper()
-				for i := range w {
-					if d := math.Abs(float64(g[i] - w[i])); d > 1e-5+1e-4*math.Abs(float64(w[i])) {
-						t.Fatalf("%s[%d] = %g on the device path, %g composed", name, i, g[i], w[i])
+				want := run(true)
+				got := run(false)
+				cmp := func(name string, g, w []float32) {
+					t.Helper()
+					for i := range w {
+						if d := math.Abs(float64(g[i] - w[i])); d > 1e-5+1e-4*math.Abs(float64(w[i])) {
+							t.Fatalf("%s[%d] = %g on the device path, %g composed", name, i, g[i], w[i])
+						}
 					}
 				}
-			}
-			cmp("out", got.out, want.out)
-			cmp("dx", got.dx, want.dx)
-			for i, n := range []string{"router grad", "gate_up grad", "down grad", "shared gate grad", "shared down grad"}[:len(params)] {
-				cmp(n, got.grads[i], want.grads[i])
-			}
-			if fmt.Sprint(got.load) != fmt.Sprint(want.load) {
-				t.Fatalf("load %v on the device path, %v composed", got.load, want.load)
-			}
-			if math.Abs(got.aux-want.aux) > 1e-6*math.Abs(want.aux) {
-				t.Fatalf("aux loss %v on the device path, %v composed", got.aux, want.aux)
-			}
-		})
+				cmp("out", got.out, want.out)
+				cmp("dx", got.dx, want.dx)
+				for i, n := range []string{"router grad", "gate_up grad", "down grad", "shared gate grad", "shared down grad"}[:len(params)] {
+					cmp(n, got.grads[i], want.grads[i])
+				}
+				if fmt.Sprint(got.load) != fmt.Sprint(want.load) {
+					t.Fatalf("load %v on the device path, %v composed", got.load, want.load)
+				}
+				if math.Abs(got.aux-want.aux) > 1e-6*math.Abs(want.aux) {
+					t.Fatalf("aux loss %v on the device path, %v composed", got.aux, want.aux)
+				}
+			})
+		}
 	}
 }
 

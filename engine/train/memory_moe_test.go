@@ -14,6 +14,7 @@ import (
 // against the block's real allocations) instead of a dense MLP; a dense layer (mlp_only_layers)
 // keeps its MLP's gate, up and SwiGLU output.
 func TestMemoryEstimateCountsMoEActivations(t *testing.T) {
+	t.Setenv("HALO_MOE_EXPERT_OUTPUTS", "keep") // the experts' outputs are among the kept bytes
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
 	cfg := tinyConfig(t, path)
 	const C, I, EI, E, K, L = 32, 64, 24, 8, 2, 3
