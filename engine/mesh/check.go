@@ -109,7 +109,7 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 			return RuleTPFused, fmt.Sprintf("this model fuses q/k/v into qkv_proj or gate and up into gate_up_proj, whose parts tensor_parallel_size %d would have to split separately, which is not implemented; use tensor_parallel_size 1", l.TP)
 		}
 		if m.Latent.KVRank > 0 {
-			return RuleTPLatent, fmt.Sprintf("this model's latent attention (deepseek_v3, glm4_moe_lite) projects every head from shared low-rank q and kv projections, whose split over tensor_parallel_size %d is not implemented; use tensor_parallel_size 1 (data, fsdp and expert parallelism work)", l.TP)
+			return RuleTPLatent, fmt.Sprintf("this model's latent attention (deepseek_v3, glm4_moe_lite) projects every head from shared low-rank q and kv projections and one rotary key whose gradient sums over all heads; its split over tensor_parallel_size %d is not implemented: use tensor_parallel_size 1 (data, fsdp and expert parallelism work)", l.TP)
 		}
 		if m.QKNorm == config.QKNormProjection {
 			return RuleTPQKNorm, fmt.Sprintf("this model normalises q and k over the whole projection (not per head), which tensor_parallel_size %d would split; use tensor_parallel_size 1", l.TP)
