@@ -2,9 +2,13 @@ package models
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // logprobsOf runs m on ids and returns its logprobs.
@@ -138,5 +142,58 @@ func TestFusedWeightsAreHFTensors(t *testing.T) {
 		if _, ok := names[gone]; ok {
 			t.Errorf("%s exists beside the fused weight", gone)
 		}
+	}
+}
+
+// GLM-4.5-Air's checkpoint carries a multi-token-prediction layer (num_nextn_predict_layers 1,
+// at layer index num_hidden_layers): the model is built without it, its weights are reported
+// unused, and a save says num_nextn_predict_layers 0, as its weights are not in it.
+func TestGLM4MoEMultiTokenPredictionLayerIsLeftOut(t *testing.T) {
+	c, err := config.Preset("glm4_moe", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.NumNextNPredictLayers = 1
+	m, err := New(c, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.InitRandom(3); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := m.Save(dir, SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := config.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saved.NumNextNPredictLayers != 0 {
+		t.Errorf("saved num_nextn_predict_layers %d, want 0", saved.NumNextNPredictLayers)
+	}
+	// The checkpoint as the Hub has it: the MTP layer's weights beside the model's.
+	ts, err := m.WeightTensors(tensor.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mtp := "model.layers.2.eh_proj.weight"
+	ts = append(ts, safetensors.Tensor{Name: mtp, DType: safetensors.F32, Shape: []int{2}, Load: func() ([]byte, error) { return make([]byte, 8), nil }})
+	if _, err := safetensors.SaveCheckpoint(dir, ts, safetensors.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hub := c.Clone()
+	hub.Architectures = []string{"Glm4MoeForCausalLM"}
+	if err := hub.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Load(dir, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	if !slices.Contains(back.Unused, mtp) {
+		t.Errorf("unused tensors %v, want %s among them", back.Unused, mtp)
 	}
 }

@@ -43,9 +43,6 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c.ResidPdrop != 0 || c.EmbdPdrop != 0 {
 		return Arch{}, fmt.Errorf("models: %s: resid_pdrop %v and embd_pdrop %v are not supported (no dropout on the residual stream or the embeddings is implemented); set them to 0 in config.json", c.ModelType, c.ResidPdrop, c.EmbdPdrop)
 	}
-	if c.NumNextNPredictLayers != 0 {
-		return Arch{}, fmt.Errorf("models: %s: num_nextn_predict_layers %d is not supported (multi-token-prediction layers are not built); set it to 0 in config.json", c.ModelType, c.NumNextNPredictLayers)
-	}
 	if c.RouterJitterNoise != 0 {
 		return Arch{}, fmt.Errorf("models: %s: router_jitter_noise %v is not supported (training would not match transformers); set it to 0 in config.json", c.ModelType, c.RouterJitterNoise)
 	}
@@ -196,6 +193,9 @@ func (m *Model) Save(dir string, o SaveOptions) error {
 		dt = m.opts.DType
 	}
 	cfg := m.cfg.Clone()
+	// Multi-token-prediction layers (glm4_moe's num_nextn_predict_layers) are not built, so
+	// their weights are not saved, and the config says so (transformers then ignores them too).
+	cfg.NumNextNPredictLayers = 0
 	switch dt {
 	case tensor.F32:
 		cfg.DType = "float32"

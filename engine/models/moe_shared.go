@@ -75,8 +75,9 @@ func init() {
 // (use_qk_norm) and partial rotary; dense first_k_dense_replace layers, then sparse layers
 // with DeepSeek-V3's mixture of experts (sigmoidMoE: the sigmoid, group-limited router with
 // e_score_correction_bias, n_group, topk_group, routed_scaling_factor) and n_shared_experts
-// shared experts. num_nextn_predict_layers is
-// refused by ArchFromConfig (the multi-token-prediction layers are not built).
+// shared experts. The multi-token-prediction layers of num_nextn_predict_layers are not built:
+// their checkpoint weights (model.layers.L for L >= num_hidden_layers) are reported unused, and
+// Save writes num_nextn_predict_layers 0.
 func init() {
 	Register(&Family{
 		ModelType: "glm4_moe",

@@ -144,3 +144,24 @@ func TestFeatureFamiliesParameters(t *testing.T) {
 		}
 	}
 }
+
+// Keys a family does not know are refused with the key named, as they could change the model;
+// metadata keys are not.
+func TestFeatureFamiliesRefuseUnknownKeys(t *testing.T) {
+	for _, fam := range []string{"olmo2", "olmo3", "phi3", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe"} {
+		extra := ""
+		if fam == "glm4_moe" {
+			extra = `, "head_dim": 128`
+		}
+		_, err := Parse([]byte(`{"model_type": "`+fam+`"`+extra+`, "use_post_norm": true}`), "cfg.json")
+		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
+			t.Errorf("%s: unknown key: %v", fam, err)
+		}
+		if _, err := Parse([]byte(`{"model_type": "`+fam+`"`+extra+`, "auto_map": {"AutoConfig": "x.Y"}}`), "cfg.json"); err != nil {
+			t.Errorf("%s: auto_map refused: %v", fam, err)
+		}
+	}
+	if _, err := Parse([]byte(`{"model_type": "phi3", "attention_bias": false}`), "cfg.json"); err != nil {
+		t.Errorf("phi3 attention_bias (Phi-3.5 files) refused: %v", err)
+	}
+}

@@ -35,6 +35,7 @@ func init() {
 			}
 			keepTopLevelPartialRotary(c)
 		},
+		Validate:    refuseUnknown,
 		OProjBias:   never,
 		Norms:       SandwichNorms,
 		FusedGateUp: true,

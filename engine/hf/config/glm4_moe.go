@@ -50,6 +50,9 @@ func init() {
 			keepTopLevelPartialRotary(c)
 		},
 		Validate: func(c *Config) error {
+			if err := refuseUnknown(c); err != nil {
+				return err
+			}
 			switch {
 			case c.NGroup < 1 || c.NumExperts%c.NGroup != 0:
 				return errorf("n_group (%d) must be at least 1 and divide n_routed_experts (%d)", c.NGroup, c.NumExperts)

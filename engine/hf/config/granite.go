@@ -30,6 +30,9 @@ func init() {
 			c.LogitsScaling = 1.0
 		},
 		Validate: func(c *Config) error {
+			if err := refuseUnknown(c); err != nil {
+				return err
+			}
 			return positiveFloats("embedding_multiplier", c.EmbeddingMultiplier, "residual_multiplier", c.ResidualMultiplier,
 				"attention_multiplier", c.AttentionMultiplier, "logits_scaling", c.LogitsScaling)
 		},

@@ -16,6 +16,7 @@ func init() {
 		Optional:         []string{"head_dim"},
 		DefaultRopeTheta: 10000.0,
 		Defaults:         olmoDefaults,
+		Validate:         refuseUnknown,
 		QKNorm:           QKNormProjection,
 		Norms:            PostNorms,
 		Presets:          map[string]func(*Config){"tiny": tiny},
@@ -56,6 +57,9 @@ func init() {
 			deriveLayerTypesBy(c, func(i int) bool { return (i+1)%4 != 0 })
 		},
 		Validate: func(c *Config) error {
+			if err := refuseUnknown(c); err != nil {
+				return err
+			}
 			if c.SlidingWindow <= 0 {
 				return fmt.Errorf("sliding_window must be a positive number of tokens for olmo3 (its sliding_attention layers use it)")
 			}

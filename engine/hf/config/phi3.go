@@ -15,7 +15,9 @@ func init() {
 			"num_attention_heads", "num_hidden_layers", "num_key_value_heads", "original_max_position_embeddings",
 			"pad_token_id", "resid_pdrop", "rms_norm_eps", "sliding_window", "tie_word_embeddings", "use_cache",
 			"vocab_size"},
-		Optional:         []string{"head_dim"},
+		// attention_bias appears in Phi-3.5 files; transformers' Phi3 has no biases whatever it
+		// says, and neither does the model here (QKVBias, OProjBias).
+		Optional:         []string{"attention_bias", "head_dim"},
 		DefaultRopeTheta: 10000.0,
 		Defaults: func(c *Config) {
 			c.VocabSize = 32064
@@ -44,6 +46,9 @@ func init() {
 			}
 		},
 		Validate: func(c *Config) error {
+			if err := refuseUnknown(c); err != nil {
+				return err
+			}
 			if c.Rope.Type != "default" && c.Rope.Type != "longrope" {
 				return fmt.Errorf("rope_type %q is not one phi3 has; use \"default\" or \"longrope\"", c.Rope.Type)
 			}

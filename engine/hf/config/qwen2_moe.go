@@ -50,6 +50,9 @@ func init() {
 			})
 		},
 		Validate: func(c *Config) error {
+			if err := refuseUnknown(c); err != nil {
+				return err
+			}
 			if err := validateSparseStep(c); err != nil {
 				return err
 			}

@@ -44,6 +44,9 @@ func init() {
 			})
 		},
 		Validate: func(c *Config) error {
+			if err := refuseUnknown(c); err != nil {
+				return err
+			}
 			if c.NoRopeLayerInterval <= 0 {
 				return fmt.Errorf("no_rope_layer_interval (%d) must be at least 1", c.NoRopeLayerInterval)
 			}
