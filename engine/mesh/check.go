@@ -14,17 +14,18 @@ type ModelShape = config.Shape
 
 // Rule names, as they appear in LayoutError.Rule.
 const (
-	RuleDegrees   = "degrees"    // every degree >= 1, TP·CP divides the devices, DP·TP·CP = devices
-	RuleTPHeads   = "tp-heads"   // TP divides heads and KV heads
-	RuleTPWidth   = "tp-width"   // TP divides the MLP width
-	RuleTPQKNorm  = "tp-qknorm"  // q/k norms over the whole projection are not split
-	RuleTPFused   = "tp-fused"   // fused qkv_proj / gate_up_proj weights are not split
-	RuleTPLatent  = "tp-latent"  // multi-head latent attention is not split
-	RuleCPSeq     = "cp-seqlen"  // 2·CP divides the sequence length
-	RuleEPExperts = "ep-experts" // EP divides the experts and DP·CP
-	RuleETP       = "etp"        // ETP is 1 or TP and divides the expert width
-	RuleSupport   = "support"    // the combination is outside the support matrix
-	RuleAdapters  = "adapters"   // LoRA adapters train under plain data parallelism only
+	RuleDegrees    = "degrees"     // every degree >= 1, TP·CP divides the devices, DP·TP·CP = devices
+	RuleTPHeads    = "tp-heads"    // TP divides heads and KV heads
+	RuleTPWidth    = "tp-width"    // TP divides the MLP width
+	RuleTPQKNorm   = "tp-qknorm"   // q/k norms over the whole projection are not split
+	RuleTPFused    = "tp-fused"    // fused qkv_proj / gate_up_proj weights are not split
+	RuleTPLatent   = "tp-latent"   // multi-head latent attention is not split
+	RuleCPSeq      = "cp-seqlen"   // 2·CP divides the sequence length
+	RuleEPExperts  = "ep-experts"  // EP divides the experts and DP·CP
+	RuleETP        = "etp"         // ETP is 1 or TP and divides the expert width
+	RuleSupport    = "support"     // the combination is outside the support matrix
+	RuleExpertBias = "expert-bias" // experts with biases in the checkpoint's layout (gpt_oss) are not split
+	RuleAdapters   = "adapters"    // LoRA adapters train under plain data parallelism only
 )
 
 // CheckAdapters is the rule for a run that trains LoRA adapters over a frozen base: the
@@ -97,6 +98,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 	}
 	if l.DP*l.TP*l.CP != n {
 		return RuleDegrees, fmt.Sprintf("dp %d × tp %d × cp %d = %d, but there are %d devices (leave dp out to fill the devices)", l.DP, l.TP, l.CP, l.DP*l.TP*l.CP, n)
+	}
+	if m.ExpertBias && (l.TP > 1 || l.EP > 1) {
+		return RuleExpertBias, fmt.Sprintf("this model's experts (gpt_oss) are held in the checkpoint's layout with biases, whose split over tensor_parallel_size %d or expert_parallel_size %d is not implemented; use data parallelism or fsdp", l.TP, l.EP)
 	}
 	if l.TP > 1 {
 		if m.Heads%l.TP != 0 || m.KVHeads%l.TP != 0 {

@@ -142,6 +142,8 @@ func TestCheckRefusesWithRuleAndWorkingSuggestion(t *testing.T) {
 		{"full qk norm", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, QKNorm: config.QKNormProjection}, 0, RuleTPQKNorm, "whole projection"},
 		{"latent attention", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Latent: config.LatentShape{KVRank: 16, Rope: 4, V: 8}}, 0, RuleTPLatent, "latent attention"},
 		{"etp with shared experts", "tp=2 etp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Experts: 4, MoELayers: 1, ExpertIntermediate: 8, TopK: 2, SharedExpert: 16}, 0, RuleETP, "shared experts"},
+		{"gpt-oss experts under tp", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Experts: 4, TopK: 2, MoELayers: 2, ExpertIntermediate: 8, ExpertBias: true}, 0, RuleExpertBias, "gpt_oss"},
+		{"gpt-oss experts under ep", "ep=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Experts: 4, TopK: 2, MoELayers: 2, ExpertIntermediate: 8, ExpertBias: true}, 0, RuleExpertBias, "expert_parallel_size 2"},
 		{"fused qkv", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, FusedQKV: true}, 0, RuleTPFused, "qkv_proj"},
 		{"fused gate_up", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, FusedGateUp: true}, 0, RuleTPFused, "gate_up_proj"},
 		{"cp needs even chunks", "cp=4", 4, dense, 12, RuleCPSeq, "multiple of 8"},

@@ -30,9 +30,6 @@ type Arch struct {
 	LocalRope []bool
 	// Act is the MLP gate (hidden_act: silu or gelu_pytorch_tanh).
 	Act nn.Activation
-	// Sinks: every attention layer has learned per-head sink logits (self_attn.sinks [NH],
-	// gpt-oss).
-	Sinks bool
 	// LogitSoftcap caps the LM head's logits with tanh (final_logit_softcapping); 0 = none.
 	LogitSoftcap float32
 	// HeldExperts is the range of routed experts the model holds in each MoE layer ([0, E)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
@@ -36,6 +37,9 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	}
 	if c.UseBidirectionalAttention {
 		return Arch{}, fmt.Errorf("models: %s: use_bidirectional_attention is not supported (attention is causal); set it to false", c.ModelType)
+	}
+	if err := ossConfigCheck(c); err != nil {
+		return Arch{}, err
 	}
 	if c.ClipQKV != 0 {
 		return Arch{}, fmt.Errorf("models: %s: clip_qkv is not supported yet; remove it from config.json", c.ModelType)
@@ -216,6 +220,9 @@ func (m *Model) Save(dir string, o SaveOptions) error {
 	}
 	if _, err := safetensors.SaveCheckpoint(dir, tensors, safetensors.CheckpointOptions{MaxShardSize: o.MaxShardSize}); err != nil {
 		return fmt.Errorf("models: Save %s: %w", dir, err)
+	}
+	if raw, ok := cfg.Extra("quantization_config"); ok && strings.Contains(string(raw), `"mxfp4"`) {
+		cfg.RemoveExtra("quantization_config") // the experts were dequantised on load
 	}
 	if err := cfg.Write(filepath.Join(dir, "config.json")); err != nil {
 		return fmt.Errorf("models: Save %s: %w", dir, err)

@@ -55,6 +55,13 @@ var familyCases = []struct {
 		a.Sinks, a.QKVBias, a.OBias = true, true, true
 		a.Windows = []int{3, 0}
 	})},
+	// gpt-oss: sinks, biases, a sliding layer and its expert block (router bias, expert
+	// biases, clamped SwiGLU), 4 experts of 6, top-2.
+	{"gpt_oss_experts", tinyArch("gpt_oss", func(a *Arch) {
+		a.Windows = []int{3, 0}
+		a.Experts, a.TopK, a.ExpertIntermediate = 4, 2, 6
+		a.Rope = backend.RoPEConfig{Type: "yarn", Theta: 10000, MaxPositionEmbeddings: 64, Factor: 4, OriginalMaxPositionEmbeddings: 16}
+	})},
 	{"gemma3_all_features", tinyArch("gemma3_text", func(a *Arch) {
 		a.Windows = []int{3, 0}
 		a.LocalRope = []bool{true, false}

@@ -91,13 +91,18 @@ type ParamPlacement struct {
 	Module string
 }
 
+// paramKinds are the last components of the parameter names Place resolves.
+var paramKinds = map[string]bool{"weight": true, "bias": true, "e_score_correction_bias": true, "sinks": true,
+	"gate_up_proj": true, "gate_up_proj_bias": true, "down_proj": true, "down_proj_bias": true}
+
 // Place resolves the placement of parameter name (an HF name ending in .weight or .bias) from
 // the family's table. It is an error when no entry or more than one matches: the table must
 // place every parameter exactly once.
 func (f *Family) Place(name string) (ParamPlacement, error) {
 	module, kind, ok := cutLast(name)
-	// A router's selection bias (DeepSeek's e_score_correction_bias) is placed with its module.
-	if !ok || (kind != "weight" && kind != "bias" && kind != "e_score_correction_bias") {
+	// A router's selection bias (DeepSeek's e_score_correction_bias), gpt-oss's attention sinks
+	// and its stacked experts' tensors are placed with their modules.
+	if !ok || !paramKinds[kind] {
 		return ParamPlacement{}, fmt.Errorf("models: %s: parameter %q is not a module's weight or bias", f.ModelType, name)
 	}
 	var found *Placement

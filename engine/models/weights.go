@@ -32,6 +32,9 @@ func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error)
 	if f := expertHooks(m.Family); f != nil {
 		src = withFusedExperts(src, f)
 	}
+	if _, ok := m.Family.FFN.(ossFFN); ok {
+		src = withMXFP4(src)
+	}
 	want := make(map[string]bool, len(m.Specs))
 	for i, s := range m.Specs {
 		want[s.Name] = true

@@ -30,7 +30,7 @@ out="$(cd "$out" && pwd)"
 "$py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee "$out/versions.txt"
 cases=("$@")
 if [ ${#cases[@]} -eq 0 ]; then
-	cases=(olmo2 olmo3 phi3_longrope granite smollm3 glm4 qwen2_moe glm4_moe deepseek_v3 deepseek_v3_qproj glm4_moe_lite)
+	cases=(olmo2 olmo3 phi3_longrope granite smollm3 glm4 qwen2_moe glm4_moe deepseek_v3 deepseek_v3_qproj glm4_moe_lite gemma3_text gpt_oss)
 fi
 work="$(mktemp -d /tmp/ff.XXXXXX)"
 status=0

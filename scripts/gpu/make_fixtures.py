@@ -254,7 +254,22 @@ CASES += [
          n_shared_experts=1, moe_intermediate_size=20, norm_topk_prob=True, tie_word_embeddings=False),
 ]
 
+# gpt-oss with every feature on, at odd sizes: 6 heads of 10 over 2 KV heads, 5 experts of 20
+# (top 2), alternating sliding (window 5, shorter than T) and full layers over 3 layers, yarn
+# RoPE without truncation, attention sinks and biases, the router's and the experts' biases,
+# and a swiglu_limit of 1.0 so that the clamps act on random weights.
+CASES += [
+    case("gpt_oss", "gpt_oss", vocab_size=251, hidden_size=48, intermediate_size=20, num_hidden_layers=3,
+         num_attention_heads=6, num_key_value_heads=2, head_dim=10, num_local_experts=5, num_experts_per_tok=2,
+         sliding_window=5, swiglu_limit=1.0, attention_bias=True, output_router_logits=False,
+         rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                          "original_max_position_embeddings": 8, "rope_theta": 10000.0, "truncate": False},
+         tie_word_embeddings=False),
+]
+
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite")
+# Families whose experts need transformers' eager experts implementation in float64.
+EAGER_EXPERTS = MOE_FAMILIES + ("gpt_oss",)
 
 
 def perturb(model, seed):
@@ -270,6 +285,9 @@ def perturb(model, seed):
                     p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
                 else:
                     p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("_bias"):
+                # gpt-oss's stacked expert biases [E, 2I] and [E, C] start at zero.
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.05 * torch.randn(b.shape, generator=g))
@@ -341,7 +359,7 @@ def make(outdir, name, model_type, cfg_kw, seed):
 
     # Float64 logprobs of the same weights, for diagnosing precision questions.
     # (MoE experts need the eager experts implementation: grouped_mm has no float64 kernel.)
-    extra64 = {"experts_implementation": "eager"} if is_moe else {}
+    extra64 = {"experts_implementation": "eager"} if model_type in EAGER_EXPERTS else {}
     m64 = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float64, **extra64)
     m64.eval()
     with torch.no_grad():
