@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/train"
 )
 
 // runRoot runs the halo-shell command line with args and returns what it wrote to stdout.
@@ -107,7 +109,12 @@ func TestExamplesWorkAsTheyAre(t *testing.T) {
 	}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			stdout, err := runRoot(t, "launch", "sft", f, "--dry-run")
+			// An example named METHOD-*.yaml is for that method; the others are for sft.
+			args := []string{"launch", "sft", f, "--dry-run"}
+			if m, _, _ := strings.Cut(filepath.Base(f), "-"); m == train.MethodGRPO {
+				args[1] = m
+			}
+			stdout, err := runRoot(t, args...)
 			if err != nil {
 				t.Fatal(err)
 			}
