@@ -458,3 +458,9 @@ func DequantNF4Cost(a DequantNF4Args) Cost {
 	}
 	return c
 }
+
+// DropoutCost is Optional.Dropout (class other): one multiply per element (the hash that draws
+// the mask is not counted); X read, Out written.
+func DropoutCost(a DropoutArgs) Cost {
+	return Cost{FLOPs: elems(a.X), Bytes: sizes(a.X, a.Out), Class: profilekeys.ClassOther}
+}

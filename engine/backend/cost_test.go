@@ -117,6 +117,9 @@ func TestCostTable(t *testing.T) {
 		{"DequantNF4 nested", DequantNF4Cost(DequantNF4Args{Out: small(bf, 4096, 4096), Packed: small(tensor.U8, 1<<23),
 			Absmax: small(tensor.U8, 1<<18), NestedAbsmax: small(f32, 1024), NestedMap: small(f32, 256)}),
 			Cost{17301504, 42210304, profilekeys.ClassOther}},
+		// a bf16 [4096, 2560] input and output: 2^20*10 elements, 2 bytes each, read and written.
+		{"Dropout", DropoutCost(DropoutArgs{Out: small(bf, 4096, 2560), X: small(bf, 4096, 2560), P: 0.1}),
+			Cost{10485760, 41943040, profilekeys.ClassOther}},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, tc.got, tc.want)

@@ -79,6 +79,13 @@ type Optional struct {
 	// Fallback: quant.Weight.DequantizeBF16 on the host and an Upload of the result, one
 	// transfer of the bf16 weight per use.
 	DequantNF4 func(a DequantNF4Args) error
+
+	// Dropout is inverted dropout with a keep mask drawn on the device from (Seed, Key,
+	// element) (DropoutArgs in dropout.go): Out = X * (keep ? 1/(1-P) : 0) (=). The CPU and
+	// CUDA backends have it.
+	//
+	// Fallback: backend.DropoutMask on the host, uploaded, and ScaleRows (the same bits).
+	Dropout func(a DropoutArgs) error
 }
 
 // AdamWArgs describe one AdamW step of one parameter (torch.optim.AdamW semantics):

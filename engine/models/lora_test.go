@@ -386,3 +386,37 @@ func TestLoRARefusedOnFusedWeights(t *testing.T) {
 		}
 	}
 }
+
+// withoutDropoutOp hides the backend's Dropout op, so that LoRA dropout takes its fallback
+// (the host mask through ScaleRows).
+type withoutDropoutOp struct{ backend.Backend }
+
+func (w withoutDropoutOp) Optional() backend.Optional {
+	o := w.Backend.Optional()
+	o.Dropout = nil
+	return o
+}
+
+// TestLoRADropoutFallbackMatchesTheOp: adapters trained with dropout on a backend whose
+// Dropout op draws the mask and on one that builds it on the host get the same gradients to
+// the bit, with and without recomputation.
+func TestLoRADropoutFallbackMatchesTheOp(t *testing.T) {
+	run := func(b backend.Backend, rec bool) []float32 {
+		m := newTiny(t, b, tinyArch("qwen3", nil), Options{Recompute: rec}, 3)
+		if err := m.AttachLoRA(LoRAConfig{R: 3, Alpha: 6, Dropout: 0.2, Targets: []string{AllLinear}, Seed: 7}); err != nil {
+			t.Fatal(err)
+		}
+		randomizeB(t, m, 2)
+		if _, _, err := m.ForwardBackward(packedBatch(m.Arch.Vocab, []int{6, 5}, 2), 1); err != nil {
+			t.Fatal(err)
+		}
+		g, _ := m.backendFlat(m.LoRA().Grads)
+		return g
+	}
+	for _, rec := range []bool{false, true} {
+		op, host := run(newCPU(), rec), run(withoutDropoutOp{newCPU()}, rec)
+		if !slices.Equal(op, host) {
+			t.Fatalf("recompute %v: gradients with the Dropout op differ from the host mask's", rec)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package nn
 
 import (
 	"hash/fnv"
-	"math/rand/v2"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/tensor"
@@ -17,11 +16,12 @@ import (
 // lora_alpha/sqrt(r) with rsLoRA.
 //
 // Dropout (probability Dropout, applied to the adapter input only, never to the base path) is
-// active only in passes with Pass.Train set. Its keep mask is drawn on the host from a stream
-// keyed by (Seed, Pass.DropoutKey, layer name), so the same micro-batch draws the same mask in
-// its forward, in a recomputed forward and in the backward: dropout is deterministic, and
-// recomputation stays bit-identical. The mask is uploaded as [M*I] F32 scales (0 or 1/(1-p))
-// and applied with ScaleRows over x viewed as [M*I, 1]; it lives only for the op that uses it.
+// active only in passes with Pass.Train set. Its keep mask comes from the backend's Dropout op
+// (backend.DropoutBits keyed by Seed mixed with the layer name, and Pass.DropoutKey): drawn on
+// the device, never stored or uploaded, and the same for the same micro-batch in its forward,
+// in a recomputed forward and in the backward, so dropout is deterministic and recomputation
+// bit-identical. A backend without the op gets the same mask from the host (DropoutMask,
+// uploaded and applied with ScaleRows).
 //
 // Nothing is cached: Backward recomputes h = dropout(x) @ A^T ([M,R], cheap since R is small)
 // from the x that the caller keeps alive for the base backward anyway.
@@ -33,54 +33,58 @@ type LoRA struct {
 	Seed    uint64
 }
 
-// input returns the adapter input: x itself, or (training with dropout) a new masked copy and
-// the mask, which the caller frees.
-func (a *LoRA) input(p *Pass, name string, x T) (xd, mask T, err error) {
+// dropout returns this layer's dropout in pass p (operands unset) and whether it is active.
+func (a *LoRA) dropout(p *Pass, name string) (backend.DropoutArgs, bool) {
 	if !p.Train || a.Dropout <= 0 {
-		return x, T{}, nil
+		return backend.DropoutArgs{}, false
 	}
-	mask, err = a.mask(p, name, x.Numel())
-	if err != nil {
-		return T{}, T{}, err
-	}
-	if xd, err = p.out(x.Shape()...); err == nil {
-		if err = p.B.Copy(xd, x); err == nil {
-			err = scaleElems(p.B, xd, mask)
-		}
-	}
-	if err != nil {
-		_ = free(p.B, &xd, &mask)
-		return T{}, T{}, err
-	}
-	return xd, mask, nil
-}
-
-// mask draws the keep mask of this layer and pass: n F32 values, 0 with probability Dropout,
-// else 1/(1-Dropout) (inverted dropout, as torch.nn.Dropout).
-func (a *LoRA) mask(p *Pass, name string, n int) (T, error) {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(name))
-	rng := rand.New(rand.NewPCG(a.Seed^h.Sum64(), p.DropoutKey))
-	keep := 1 / (1 - a.Dropout)
-	vals := make([]float32, n)
-	for i := range vals {
-		if rng.Float32() >= a.Dropout {
-			vals[i] = keep
+	return backend.DropoutArgs{P: a.Dropout, Seed: a.Seed ^ h.Sum64(), Key: p.DropoutKey}, true
+}
+
+// applyDropout writes out = dropout(x) (out may be x) with the backend's Dropout, or else
+// through the host mask and ScaleRows, which give the same bits.
+func applyDropout(b backend.Backend, d backend.DropoutArgs, out, x T) error {
+	d.Out, d.X = out, x
+	if f := b.Optional().Dropout; f != nil {
+		return f(d)
+	}
+	raw, err := tensor.EncodeFloat32(tensor.F32, backend.DropoutMask(d.Seed, d.Key, x.Numel(), d.P))
+	if err != nil {
+		return err
+	}
+	mask, err := b.Empty(tensor.F32, x.Numel())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = b.Free(mask) }()
+	if err := b.Upload(mask, raw); err != nil {
+		return err
+	}
+	if out.Buffer() != x.Buffer() || out.Offset() != x.Offset() {
+		if err := b.Copy(out, x); err != nil {
+			return err
 		}
 	}
-	raw, err := tensor.EncodeFloat32(tensor.F32, vals)
-	if err != nil {
-		return T{}, err
+	return scaleElems(b, out, mask)
+}
+
+// input returns the adapter input: x itself, or (training with dropout) a new dropped-out copy
+// that the caller frees (owned).
+func (a *LoRA) input(p *Pass, name string, x T) (xd T, owned bool, err error) {
+	d, on := a.dropout(p, name)
+	if !on {
+		return x, false, nil
 	}
-	m, err := p.B.Empty(tensor.F32, n)
-	if err != nil {
-		return T{}, err
+	if xd, err = p.out(x.Shape()...); err != nil {
+		return T{}, false, err
 	}
-	if err := p.B.Upload(m, raw); err != nil {
-		_ = p.B.Free(m)
-		return T{}, err
+	if err = applyDropout(p.B, d, xd, x); err != nil {
+		_ = free(p.B, &xd)
+		return T{}, false, err
 	}
-	return m, nil
+	return xd, true, nil
 }
 
 // scaleElems computes t *= mask elementwise: t viewed as [numel, 1] rows scaled by mask [numel].
@@ -94,13 +98,13 @@ func scaleElems(b backend.Backend, t, mask T) error {
 
 // forward adds the adapter's contribution to out [M,O] (+=).
 func (a *LoRA) forward(p *Pass, name string, out, x T) error {
-	xd, mask, err := a.input(p, name, x)
+	xd, owned, err := a.input(p, name, x)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if !mask.IsNil() {
-			_ = free(p.B, &xd, &mask)
+		if owned {
+			_ = free(p.B, &xd)
 		}
 	}()
 	h, err := p.out(x.Dim(0), a.A.Dim(0))
@@ -121,17 +125,17 @@ func (a *LoRA) forward(p *Pass, name string, out, x T) error {
 //	GB += Scale * dy^T @ h [O,R]
 //	dh = Scale * dy @ B    [M,R]
 //	GA += dh^T @ xd        [R,I]
-//	dx += mask * (dh @ A)  [M,I]
+//	dx += dropout(dh @ A)  [M,I] (the forward's mask and scale)
 func (a *LoRA) backward(p *Pass, name string, dx, dy, x T) error {
-	xd, mask, err := a.input(p, name, x)
+	xd, owned, err := a.input(p, name, x)
 	if err != nil {
 		return err
 	}
 	var h, dh, dxa T
 	defer func() {
 		_ = free(p.B, &h, &dh, &dxa)
-		if !mask.IsNil() {
-			_ = free(p.B, &xd, &mask)
+		if owned {
+			_ = free(p.B, &xd)
 		}
 	}()
 	m, r := x.Dim(0), a.A.Dim(0)
@@ -163,7 +167,8 @@ func (a *LoRA) backward(p *Pass, name string, dx, dy, x T) error {
 	if dx.IsNil() {
 		return nil
 	}
-	if mask.IsNil() {
+	d, on := a.dropout(p, name)
+	if !on {
 		return p.B.GEMM(backend.GEMMArgs{A: dh, B: a.A, C: dx, Alpha: 1, Beta: 1})
 	}
 	if dxa, err = p.out(dx.Shape()...); err != nil {
@@ -172,7 +177,7 @@ func (a *LoRA) backward(p *Pass, name string, dx, dy, x T) error {
 	if err = p.B.GEMM(backend.GEMMArgs{A: dh, B: a.A, C: dxa, Alpha: 1}); err != nil {
 		return err
 	}
-	if err = scaleElems(p.B, dxa, mask); err != nil {
+	if err = applyDropout(p.B, d, dxa, dxa); err != nil {
 		return err
 	}
 	return p.B.Add(dx, dx, dxa)

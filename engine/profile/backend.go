@@ -388,7 +388,7 @@ func (b *Backend) Optional() backend.Optional { return b.opt }
 
 // wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
 // recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs, NF4
-// dequantisation as class other), the timer is forwarded.
+// dequantisation and dropout as class other), the timer is forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 	out := backend.Optional{Timer: in.Timer, Syncs: in.Syncs}
 	if f := in.AdamW; f != nil {
@@ -430,6 +430,15 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			}
 			s := b.begin()
 			return b.end(s, f(a), "DequantNF4", backend.DequantNF4Cost(a), a.Out)
+		}
+	}
+	if f := in.Dropout; f != nil {
+		out.Dropout = func(a backend.DropoutArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "Dropout", backend.DropoutCost(a), a.Out)
 		}
 	}
 	b.wrapMoE(in, &out)

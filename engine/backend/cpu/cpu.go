@@ -77,7 +77,7 @@ var (
 
 // Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW, has
 // every mixture-of-experts op (GroupedGEMM, routing, permutation, combine: the reference of the
-// device kernels) and NF4 dequantisation; it has no device queue to time (ops finish before
+// device kernels), NF4 dequantisation and dropout; it has no device queue to time (ops finish before
 // they return), so no Timer.
 func (b *Backend) Optional() backend.Optional {
 	return backend.Optional{
@@ -86,7 +86,7 @@ func (b *Backend) Optional() backend.Optional {
 		MoEPermute: b.MoEPermute, MoEPermuteBackward: b.MoEPermuteBackward,
 		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
-		DequantNF4: b.DequantNF4,
+		DequantNF4: b.DequantNF4, Dropout: b.Dropout,
 	}
 }
 
