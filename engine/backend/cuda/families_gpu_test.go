@@ -32,6 +32,14 @@ var familyCases = []struct {
 	{"glm4", "glm4", nil, false},
 	{"qwen2_moe", "qwen2_moe", []string{"output_router_logits=true"}, true},
 	{"glm4_moe", "glm4_moe", nil, true},
+	// Gemma 3: sandwich norms with 1 + w gains, scaled embeddings, GeGLU, a sliding layer with
+	// its own RoPE base beside a linearly scaled full one, query_pre_attn_scalar, final-logit
+	// softcapping (the CE kernel's cap).
+	{"gemma3_softcap", "gemma3_text", []string{"final_logit_softcapping=3.0", "query_pre_attn_scalar=12",
+		`rope_parameters={"full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":1000.0}}`}, false},
+	// gpt-oss: attention sinks and biases, alternating windows, the expert block with clamps
+	// that hold (routing on the host; float32 only, as the other MoE cases).
+	{"gpt_oss_clamped", "gpt_oss", []string{"swiglu_limit=1.0"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the
