@@ -67,6 +67,11 @@ func LocalParams(l Layout, m ModelShape) int64 {
 	}
 	whole += c // final norm
 	for i := 0; i < m.Layers; i++ {
+		if m.Latent.KVRank > 0 {
+			// Latent attention is whole on every rank (rule tp-latent).
+			whole += m.Latent.Parameters(c, int64(m.Heads), m.QKVBias, m.OBias) + 2*c
+			continue
+		}
 		split += q*c + 2*kv*c + c*q
 		if m.QKVBias {
 			split += q + 2*kv
@@ -91,6 +96,13 @@ func LocalParams(l Layout, m ModelShape) int64 {
 	if m.MoE() {
 		whole += dense * mlp                               // the plan does not split the MLPs of MoE models
 		whole += int64(m.MoELayers) * int64(m.Experts) * c // routers
+		whole += int64(m.MoELayers) * 3 * c * int64(m.SharedExpert)
+		if m.SharedExpertGate {
+			whole += int64(m.MoELayers) * c
+		}
+		if m.RouterBias {
+			whole += int64(m.MoELayers) * int64(m.Experts) // correction biases
+		}
 	} else {
 		split += dense * mlp
 	}
@@ -173,6 +185,9 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	if m.QKNorm != config.NoQKNorm {
 		attn += qh*hd + kvh*hd // pre-norm q and k
 	}
+	if m.Latent.KVRank > 0 {
+		attn = m.Latent.ActivationsPerToken(m.Heads)
+	}
 	block := 4*c + attn                                 // x, h1, mid, h2
 	denseFFN := n * 3 * int64(m.Intermediate) / tp * pb // gate, up and SwiGLU output
 	var moeFFN, moeLayers int64
@@ -187,6 +202,9 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	}
 	perLayer := n * block * pb
 	stats := n * (2 + qh) * 4 // rstd x2 and lse, f32
+	if m.Latent.KVRank > 0 {
+		stats += n * 2 * 4 // the latent projections' rstd
+	}
 	layers := int64(m.Layers)
 	if w.Recompute {
 		ffn := moeFFN

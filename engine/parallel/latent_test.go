@@ -7,6 +7,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
 // The latent-attention families (deepseek_v3, glm4_moe_lite): 8 heads with q rank 6 (or a
@@ -83,6 +84,38 @@ func TestLatentLayoutsRefused(t *testing.T) {
 		}
 		if opened != 0 {
 			t.Errorf("%s: %d devices were opened before the refusal", tc.layout, opened)
+		}
+	}
+}
+
+// TestLatentMemoryEstimateMatchesAllocatedState: mesh.Estimate's parameters, gradients and
+// optimizer state for the latent families (whole latent attention, shared experts, the
+// routers' correction biases) equal what each rank allocates.
+func TestLatentMemoryEstimateMatchesAllocatedState(t *testing.T) {
+	for _, family := range []string{"deepseek_v3", "glm4_moe_lite", "deepseek_v3_dense"} {
+		src := tinyModel(t, family, 1)
+		layouts := []struct {
+			n      int
+			layout string
+		}{{1, ""}, {2, "fsdp"}, {8, "fsdp"}}
+		if src.IsMoE() {
+			layouts = append(layouts, []struct {
+				n      int
+				layout string
+			}{{2, "ep=2"}, {4, "ep=4"}, {4, "ep=2 fsdp"}}...)
+		}
+		for _, tc := range layouts {
+			p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
+			est := mesh.Estimate(p.Mesh.Layout, ShapeOf(src), mesh.Workload{SeqLen: 16})
+			want := est.Params + est.Grads + est.Optimizer
+			for _, rk := range p.ranks {
+				got := rk.dev.MemStats().Allocated - rk.shard.pack.Bytes()
+				// The rank also holds its RoPE table (a few bytes); under FSDP the last rank's
+				// shard may be a few elements shorter than the even share the estimate counts.
+				if d := got - want; d < -256 || d > 256 {
+					t.Errorf("%s %d %q rank %d: allocated %d bytes, estimate of params+grads+optimizer %d (%s)", family, tc.n, tc.layout, rk.id, got, want, est)
+				}
+			}
 		}
 	}
 }

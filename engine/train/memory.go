@@ -137,7 +137,11 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	// rstd and attention log-sum-exp rows; then the feed-forward's: a dense MLP's gate, up and
 	// SwiGLU output, or what a mixture-of-experts layer's device path keeps (nn.MoEKeptBytes:
 	// router probabilities, the routing, gate|up and the experts' outputs per routed slot).
-	layerAct := T*(4*C+2*q+2*kv)*el + T*4*(2+int64(a.Heads))
+	attnAct := 2*q + 2*kv
+	if l := a.Latent; l.KVRank > 0 {
+		attnAct = l.ActivationsPerToken(a.Heads) // nn.MLA's heads at the attention width
+	}
+	layerAct := T*(4*C+attnAct)*el + T*4*(2+int64(a.Heads))
 	denseFFN := T * 3 * I * el
 	moeFFN, moeLayers := int64(0), int64(0)
 	if a.Experts > 0 {

@@ -303,7 +303,10 @@ func (e *engine) addDeviceMetrics(pm *halov1.StepMetrics) {
 	// A token passes through the top-k experts of each MoE layer only: the experts it skips
 	// do no work for it and are not model FLOPs (for dense models the two counts agree).
 	params := int64(e.t.NumParams()) - (a.Shape.NumParameters() - a.Shape.ActiveParameters())
-	pm.ModelFlops = backend.TrainingFLOPsPerToken(params, a.Layers, e.t.Cfg.Batch.MaxLength, a.Heads, a.HeadDim) * tokens
+	// Scores take the query/key width, outputs the value width (they differ under latent
+	// attention); the pair cost counts their mean twice.
+	qk, v := a.Shape.AttentionDims()
+	pm.ModelFlops = backend.TrainingFLOPsPerToken(params, a.Layers, e.t.Cfg.Batch.MaxLength, a.Heads, (qk+v)/2) * tokens
 	if pm.StepTimeS > 0 {
 		pm.Tflops = pm.ModelFlops / pm.StepTimeS / 1e12
 	}

@@ -270,6 +270,7 @@ func TestTinyPresetShape(t *testing.T) {
 			want.Experts, want.ExpertIntermediate, want.TopK, want.MoELayers = 8, 32, 2, 2
 			if mt == "glm4_moe" {
 				want.MoELayers = 1 // the first layer is dense (first_k_dense_replace)
+				want.RouterBias = true
 			}
 			if f.SharedExpert != nil {
 				want.SharedExpert, want.SharedExpertGate = f.SharedExpert(c)

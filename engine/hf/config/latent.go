@@ -170,10 +170,27 @@ type LatentShape struct {
 // QKHead is a query or key head's width, Nope + Rope.
 func (l LatentShape) QKHead() int { return l.Nope + l.Rope }
 
-// parameters counts one layer's attention parameters for h hidden and nh heads: q_a_proj,
+// AttentionWidth is the head width the attention op runs at, max(QKHead, V) (nn.MLA pads the
+// narrower heads with zeros).
+func (l LatentShape) AttentionWidth() int { return max(l.QKHead(), l.V) }
+
+// ActivationsPerToken is the activation elements one latent-attention layer keeps per token
+// for nh heads (nn.MLA's cache): the query projection and its norm (2 QRank), the compressed kv
+// and its norm (2 KVRank), q, k, v and the attention output at the attention width, and the
+// output at the value width when it differs.
+func (l LatentShape) ActivationsPerToken(nh int) int64 {
+	d, n := int64(l.AttentionWidth()), int64(nh)
+	a := 2*int64(l.QRank) + 2*int64(l.KVRank) + 4*n*d
+	if l.V != l.AttentionWidth() {
+		a += n * int64(l.V)
+	}
+	return a
+}
+
+// Parameters counts one layer's attention parameters for h hidden and nh heads: q_a_proj,
 // q_a_layernorm and q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj and
 // o_proj, with the biases of q_a_proj and kv_a_proj_with_mqa (bias) and o_proj (obias).
-func (l LatentShape) parameters(h, nh int64, bias, obias bool) int64 {
+func (l LatentShape) Parameters(h, nh int64, bias, obias bool) int64 {
 	qk, kvr, qr, rope, v := int64(l.QKHead()), int64(l.KVRank), int64(l.QRank), int64(l.Rope), int64(l.V)
 	var n int64
 	if qr > 0 {

@@ -21,7 +21,7 @@ func TestLatentTinyShape(t *testing.T) {
 		if want := (LatentShape{QRank: 24, KVRank: 32, Nope: 16, Rope: 8, V: 12}); s.Latent != want {
 			t.Errorf("%s: latent shape %+v, want %+v", mt, s.Latent, want)
 		}
-		if s.MoELayers != 1 || c.IsMoELayer(0) || !c.IsMoELayer(1) || s.SharedExpert != 32 {
+		if s.MoELayers != 1 || c.IsMoELayer(0) || !c.IsMoELayer(1) || s.SharedExpert != 32 || !s.RouterBias {
 			t.Errorf("%s: MoE layers %d (layer 0 %v, layer 1 %v), shared %d; want layer 1 only, shared 32", mt, s.MoELayers, c.IsMoELayer(0), c.IsMoELayer(1), s.SharedExpert)
 		}
 		// Per layer: q_a 64*24 + norm 24 + q_b 24*4*24, kv_a 64*40 + norm 32, kv_b 32*4*28,

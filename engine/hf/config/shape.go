@@ -41,12 +41,24 @@ type Shape struct {
 	// SharedExpertGate: a sigmoid gate [1, C] scales its output (qwen2_moe).
 	SharedExpert     int
 	SharedExpertGate bool
+	// RouterBias: each MoE layer's router has DeepSeek's selection-only correction bias [E]
+	// (the families with n_group), a checkpoint buffer that NumParameters does not count.
+	RouterBias bool
 	// Sinks: each attention layer has a learned sink logit per query head (gpt_oss);
 	// ExpertBias: the router and the routed experts' projections carry biases (gpt_oss).
 	Sinks, ExpertBias bool
 	// Latent is the multi-head latent attention of deepseek_v3 and glm4_moe_lite (zero for
 	// the other families); HeadDim is then its rotary width.
 	Latent LatentShape
+}
+
+// AttentionDims are the widths of a query/key head and of a value head (HeadDim for both but
+// under latent attention), for counting attention FLOPs.
+func (s Shape) AttentionDims() (qk, v int) {
+	if s.Latent.KVRank > 0 {
+		return s.Latent.QKHead(), s.Latent.V
+	}
+	return s.HeadDim, s.HeadDim
 }
 
 // Shape resolves the model structure c describes. A config that was edited in code without
@@ -85,6 +97,7 @@ func (c *Config) Shape() Shape {
 	}
 	if s.MoELayers > 0 {
 		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
+		s.RouterBias = c.NGroup > 0
 	}
 	return s
 }
@@ -125,7 +138,7 @@ func (s Shape) countParameters(active bool) int64 {
 		attn += h
 	}
 	if s.Latent.KVRank > 0 {
-		attn = s.Latent.parameters(h, int64(s.Heads), s.QKVBias, s.OBias)
+		attn = s.Latent.Parameters(h, int64(s.Heads), s.QKVBias, s.OBias)
 	}
 	if s.Sinks {
 		attn += int64(s.Heads)
