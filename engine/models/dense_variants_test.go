@@ -3,6 +3,7 @@ package models
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -195,5 +196,24 @@ func TestGLM4MoEMultiTokenPredictionLayerIsLeftOut(t *testing.T) {
 	defer back.Close()
 	if !slices.Contains(back.Unused, mtp) {
 		t.Errorf("unused tensors %v, want %s among them", back.Unused, mtp)
+	}
+}
+
+// Dropout that the model code does not implement is refused, naming the key.
+func TestUnimplementedDropoutIsRefused(t *testing.T) {
+	for _, tc := range []struct{ family, key string }{
+		{"granite", "attention_dropout"}, {"phi3", "resid_pdrop"}, {"phi3", "embd_pdrop"}, {"llama", "attention_dropout"},
+	} {
+		c, err := config.Preset(tc.family, "tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err = ApplyOverrides(c, []string{tc.key + "=0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = New(c, newCPU(), Options{})
+		if err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%s %s=0.1: %v, want a refusal naming %s", tc.family, tc.key, err, tc.key)
+		}
 	}
 }

@@ -44,6 +44,9 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c.ClipQKV != 0 {
 		return Arch{}, fmt.Errorf("models: %s: clip_qkv is not supported yet; remove it from config.json", c.ModelType)
 	}
+	if c.AttentionDropout != 0 {
+		return Arch{}, fmt.Errorf("models: %s: attention_dropout %v is not supported (no dropout on the attention weights is implemented, so training would not match transformers); set it to 0.0 in config.json", c.ModelType, c.AttentionDropout)
+	}
 	if c.ResidPdrop != 0 || c.EmbdPdrop != 0 {
 		return Arch{}, fmt.Errorf("models: %s: resid_pdrop %v and embd_pdrop %v are not supported (no dropout on the residual stream or the embeddings is implemented); set them to 0 in config.json", c.ModelType, c.ResidPdrop, c.EmbdPdrop)
 	}

@@ -34,6 +34,15 @@ func hubFiles(t testing.TB) []string {
 	return names
 }
 
+// needReference skips a test whose transformers reference has not been made yet (a file or
+// family added since make_reference.py last ran).
+func needReference(t *testing.T, path string) {
+	t.Helper()
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("no transformers reference %s yet: run testdata/make_reference.py with transformers 5.17", path)
+	}
+}
+
 func readFile(t testing.TB, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -85,6 +94,7 @@ func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 func TestWritesWhatTransformersWrites(t *testing.T) {
 	for _, name := range hubFiles(t) {
 		t.Run(name, func(t *testing.T) {
+			needReference(t, "testdata/transformers/saved/"+name+".json")
 			want := readFile(t, "testdata/transformers/saved/"+name+".json")
 			got := mustMarshal(t, mustParse(t, "testdata/hub/"+name+".json"))
 			if !bytes.Equal(got, want) {
@@ -103,6 +113,7 @@ func TestWritesWhatTransformersWrites(t *testing.T) {
 func TestResolvedValuesMatchTransformers(t *testing.T) {
 	for _, name := range hubFiles(t) {
 		t.Run(name, func(t *testing.T) {
+			needReference(t, "testdata/transformers/full/"+name+".json")
 			c := mustParse(t, "testdata/hub/"+name+".json")
 			var full map[string]json.RawMessage
 			if err := json.Unmarshal(readFile(t, "testdata/transformers/full/"+name+".json"), &full); err != nil {
