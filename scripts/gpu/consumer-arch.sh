@@ -34,7 +34,7 @@ rc=0
 (cd engine/backend/cuda && ../../../bin/cudatest -test.v -test.timeout 300s -test.run '^TestNVRTCCompilesEveryArch$') \
 	>"$out/nvrtc-archs.log" 2>&1 || rc=1
 tail -3 "$out/nvrtc-archs.log"
-ops='^(TestGPUEmulatedArch|TestGPUGEMM|TestGPULinear|TestGPURMSNorm|TestGPURMSNormVectorised|TestGPUEmbedding|TestGPURoPE|TestGPUSwiGLU|TestGPUSwiGLUPacked|TestGPUCrossEntropy|TestGPUCrossEntropyPaths|TestGPUCrossEntropyScratch|TestGPUAttention|TestGPUAttentionTiles|TestGPUAttentionDecode|TestGPUAdamW|TestGPUElementwise|TestGPUAddVectorised|TestGPUDequantNF4|TestGPUGroupedGEMM|TestGPUMoERoute|TestGPUMoERouteBackward|TestGPUMoEPermute|TestGPUMoECombine|TestGPUModelParity|TestGPUEmptyUnclearedMatchesAlloc|TestGPUKernelCache)$'
+ops='^(TestGPUEmulatedArch|TestGPUGEMM|TestGPULinear|TestGPURMSNorm|TestGPURMSNormVectorised|TestGPUEmbedding|TestGPURoPE|TestGPUSwiGLU|TestGPUSwiGLUPacked|TestGPUCrossEntropy|TestGPUCrossEntropyPaths|TestGPUCrossEntropyScratch|TestGPUAttention|TestGPUAttentionTiles|TestGPUAttentionDecode|TestGPUAdamW|TestGPUElementwise|TestGPUAddVectorised|TestGPUDequantNF4|TestGPUDropout|TestGPUGroupedGEMM|TestGPUMoERoute|TestGPUMoERouteBackward|TestGPUMoEPermute|TestGPUMoECombine|TestGPUModelParity|TestGPUEmptyUnclearedMatchesAlloc|TestGPUKernelCache)$'
 (cd engine/backend/cuda && HALO_CUDA_ARCH=$arch ../../../bin/cudatest -test.v -test.timeout ${CUDATEST_TIMEOUT:-420s} -test.run "$ops") \
 	>"$out/$arch.log" 2>&1 || rc=1
 grep -E '^(--- FAIL|--- SKIP|FAIL|ok|PASS)' "$out/$arch.log" | tail -30
