@@ -60,6 +60,11 @@ func TestFeatureFamiliesDerive(t *testing.T) {
 				t.Errorf("experts %d qk norm %v", c.NumExperts, c.QKNormKind())
 			}
 		}},
+		{"qwen2_moe unused window", `{"model_type":"qwen2_moe"}`, func(t *testing.T, c *Config) {
+			if c.SlidingWindow != 0 || c.IsSlidingLayer(0) || !strings.Contains(string(mustMarshal(t, c)), `"sliding_window": 0,`) {
+				t.Errorf("window %d, written as 0 expected:\n%s", c.SlidingWindow, mustMarshal(t, c))
+			}
+		}},
 		{"qwen2_moe sliding on odd layers", `{"model_type":"qwen2_moe","num_hidden_layers":6,"max_window_layers":4,"use_sliding_window":true}`, func(t *testing.T, c *Config) {
 			want := []string{"sliding_attention", "full_attention", "sliding_attention", "full_attention", "full_attention", "full_attention"}
 			if !slices.Equal(c.LayerTypes, want) || !c.QKVBias() || c.OProjBias() {

@@ -61,9 +61,10 @@ func init() {
 			}
 			return nil
 		},
-		MoELayer:  qwen3MoELayer,
-		QKVBias:   func(c *Config) bool { return c.QKVBiasKey },
-		OProjBias: never,
+		SlidingWindowZero: true,
+		MoELayer:          qwen3MoELayer,
+		QKVBias:           func(c *Config) bool { return c.QKVBiasKey },
+		OProjBias:         never,
 		SharedExpert: func(c *Config) (int, bool) {
 			return c.SharedExpertIntermediateSize, c.SharedExpertIntermediateSize > 0
 		},

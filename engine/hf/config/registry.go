@@ -31,6 +31,9 @@ type Family struct {
 	// HeadDimNullWhenDerived: head_dim is a field that transformers leaves null when it equals
 	// hidden_size / num_attention_heads and the file did not set it (mixtral).
 	HeadDimNullWhenDerived bool
+	// SlidingWindowZero: transformers writes an unused sliding_window as 0, not null
+	// (qwen2_moe's __post_init__ sets it to 0 without use_sliding_window).
+	SlidingWindowZero bool
 	// HeadDimFloor: an absent head_dim is hidden_size // num_attention_heads even when the
 	// heads do not divide the width (glm4_moe's attention takes getattr(config, "head_dim",
 	// hidden_size // num_attention_heads)).

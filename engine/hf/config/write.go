@@ -84,6 +84,9 @@ func (c *Config) toPy() (pyObject, error) {
 			out[k] = c.fieldValue(k)
 		}
 	}
+	if f.SlidingWindowZero && c.SlidingWindow == 0 {
+		out["sliding_window"] = intValue(0)
+	}
 	if f.HeadDimNullWhenDerived && (!c.src["head_dim"] || c.src["null:head_dim"]) && c.HeadDim == c.HiddenSize/c.NumAttentionHeads {
 		out["head_dim"] = nil
 	}
