@@ -168,3 +168,22 @@ func TestMLPLayerTypesFollowLayers(t *testing.T) {
 		t.Errorf("explicit mlp_layer_types: MoE layers %d", c.Shape().MoELayers)
 	}
 }
+
+// TestLatentSummary: the summary names the latent ranks and head dims and the router, and
+// counts DeepSeek-V3's 671B parameters, 37.6B of them active per token.
+func TestLatentSummary(t *testing.T) {
+	c, err := Preset("deepseek_v3", "deepseek-v3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := c.WriteSummary(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"671.03B", "37.55B", "latent         q rank 1536, kv rank 512, query/key heads 128 + 64 rotary (interleaved true), value heads 128",
+		"sigmoid router with correction bias, best 4 of 8 groups, weights x 2.5, shared expert width 2048"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
+}

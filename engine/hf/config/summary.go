@@ -46,6 +46,14 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		p(" (%s)", strings.Join(feats, ", "))
 	}
 	p("\n")
+	if l := d.Latent; l.KVRank > 0 {
+		q := fmt.Sprintf("q rank %d", l.QRank)
+		if l.QRank == 0 {
+			q = "plain q_proj"
+		}
+		p("latent         %s, kv rank %d, query/key heads %d + %d rotary (interleaved %v), value heads %d\n",
+			q, l.KVRank, l.Nope, l.Rope, c.RopeInterleave, l.V)
+	}
 	if c.SlidingWindow > 0 {
 		n := 0
 		for i := 0; i < c.NumHiddenLayers; i++ {
@@ -73,6 +81,12 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		p("experts        %d per layer, top-%d, width %d, on %d of %d layers", d.Experts, d.TopK, d.ExpertIntermediate, d.MoELayers, d.Layers)
 		if c.NormTopKProb {
 			p(", renormalised")
+		}
+		if d.RouterBias {
+			p(", sigmoid router with correction bias, best %d of %d groups, weights x %g", c.TopKGroup, c.NGroup, c.RoutedScalingFactor)
+		}
+		if d.SharedExpert > 0 {
+			p(", shared expert width %d", d.SharedExpert)
 		}
 		p(", aux loss coef %g\n", c.RouterAuxLossCoef)
 	}
