@@ -317,7 +317,9 @@ func (m *Model) rowLogits(p *nn.Pass, x tensor.Tensor, rows []int32) ([][]float3
 			return nil, fmt.Errorf("models: gather last tokens: %w", err)
 		}
 	}
-	lg, err := m.head.Logits(p, sel)
+	h := m.head // with the model's own logit scale, whatever SetLossTemperature set
+	h.LogitScale = m.Arch.LogitScale
+	lg, err := h.Logits(p, sel)
 	if err != nil {
 		return nil, err
 	}
@@ -520,4 +522,25 @@ func kthLargest(v []float32, k int) float32 {
 		}
 	}
 	return a[want]
+}
+
+// SetLossTemperature makes the losses and log-probs of Forward, ForwardBackward,
+// ForwardBackwardWeighted and TokenLogprobs those of the logits divided by t, as GRPO scores
+// completions sampled at temperature t (TRL divides the logits by the sampling temperature
+// before its log-softmax); 1 restores the model's own. Generation is not affected: it applies
+// its own temperature. A family that caps its logits (final_logit_softcapping) would cap them
+// after the division, where TRL divides the capped logits, so t != 1 is refused there.
+func (m *Model) SetLossTemperature(t float64) error {
+	if !(t > 0) || math.IsInf(t, 0) {
+		return fmt.Errorf("models: loss temperature %v must be a positive number", t)
+	}
+	if t != 1 && m.Arch.LogitSoftcap != 0 {
+		return fmt.Errorf("models: loss temperature %v: the logits of %s are soft-capped, and the division would come before the cap", t, m.Arch.ModelType)
+	}
+	base := m.Arch.LogitScale
+	if base == 0 {
+		base = 1
+	}
+	m.head.LogitScale = base / float32(t)
+	return nil
 }

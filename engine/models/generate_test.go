@@ -282,3 +282,44 @@ func TestKthLargest(t *testing.T) {
 		}
 	}
 }
+
+// TestLossTemperature checks that after SetLossTemperature(t) the token log-probs are those of
+// log_softmax(logits / t), from the uncached logits, that 1 restores them, and that the
+// logits generation samples from do not change.
+func TestLossTemperature(t *testing.T) {
+	m := newTiny(t, newCPU(), familyCases[0].arch, Options{}, 4)
+	ids := []int32{3, 9, 1, 22, 5}
+	lg, err := m.NextLogits(ids[:4])
+	if err != nil {
+		t.Fatal(err)
+	}
+	lpAt := func(temp float64) float64 {
+		mx := math.Inf(-1)
+		for _, v := range lg {
+			mx = math.Max(mx, float64(v)/temp)
+		}
+		z := 0.0
+		for _, v := range lg {
+			z += math.Exp(float64(v)/temp - mx)
+		}
+		return float64(lg[ids[4]])/temp - mx - math.Log(z)
+	}
+	for _, temp := range []float64{0.7, 1.6, 1} {
+		if err := m.SetLossTemperature(temp); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := m.NextLogits(ids[:4]); err != nil || got[7] != lg[7] {
+			t.Errorf("temperature %v changed the generation logits: %v, was %v (%v)", temp, got[7], lg[7], err)
+		}
+		lp, err := m.Logprobs(ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := float64(lp[3]), lpAt(temp); math.Abs(got-want) > 1e-5 {
+			t.Errorf("temperature %v: log-prob %v, want %v", temp, got, want)
+		}
+	}
+	if err := m.SetLossTemperature(0); err == nil {
+		t.Error("temperature 0 accepted")
+	}
+}

@@ -253,9 +253,16 @@ func newGRPO(t *Trainer) (Objective, error) {
 		t.totalSteps = max(1, int(math.Ceil(cfg.Sched.NumTrainEpochs*float64(t.loader.BatchesPerEpoch()*g.iters))))
 	}
 	t.warmup = warmupSteps(cfg.Sched, t.totalSteps)
+	// The loss scores completions at the temperature they were sampled at, as TRL does.
+	if err := t.model.SetLossTemperature(g.sample.Temperature); err != nil {
+		return nil, fmt.Errorf("train: grpo: temperature: %w", err)
+	}
 	if g.loss.Beta > 0 && t.model.LoRA() == nil {
 		if g.ref, err = frozenCopy(t.model); err != nil {
 			return nil, fmt.Errorf("train: grpo: the reference model: %w", err)
+		}
+		if err := g.ref.SetLossTemperature(g.sample.Temperature); err != nil {
+			return nil, fmt.Errorf("train: grpo: temperature: %w", err)
 		}
 		t.closers = append(t.closers, g.close)
 	}

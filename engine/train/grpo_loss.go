@@ -13,7 +13,8 @@ import (
 // where std is the unbiased standard deviation of the group's rewards (scale_rewards group),
 // of all the step's rewards (batch), or 1 without the division (none). Each of its tokens t
 // with log-prob lp under the current policy, lp_old under the policy that sampled it and
-// lp_ref under the reference contributes
+// lp_ref under the reference (all of the logits divided by the sampling temperature, as TRL
+// computes them) contributes
 //
 //	ratio = exp(lp - lp_old),  clipped = clamp(ratio, 1 - epsilon, 1 + epsilon_high)
 //	l_t   = -min(ratio A_i, clipped A_i) + beta (exp(lp_ref - lp) - (lp_ref - lp) - 1)

@@ -115,9 +115,10 @@ func TestGRPOIterationsAndKL(t *testing.T) {
 // TestGRPOGradientMatchesFiniteDifferences checks the whole objective's gradient, as the
 // per-token scales reach the model, against central differences of the loss along a random
 // direction of one weight: off-policy old log-probs (so ratios leave the clip range), a
-// reference, and the dapo normalisation.
+// reference, the dapo normalisation and a sampling temperature of 0.7 (the log-probs are
+// those of logits / 0.7).
 func TestGRPOGradientMatchesFiniteDifferences(t *testing.T) {
-	tr := newTrainer(t, grpoConfig(t, `[{name: format, pattern: '\d'}]`, "--beta=0.1", "--max_completion_length=3", "--epsilon=0.1"))
+	tr := newTrainer(t, grpoConfig(t, `[{name: format, pattern: '\d'}]`, "--beta=0.1", "--max_completion_length=3", "--epsilon=0.1", "--temperature=0.7"))
 	g := tr.obj.(*grpo)
 	roll, err := g.makeRollouts(context.Background())
 	if err != nil {
