@@ -21,6 +21,11 @@ type Arch struct {
 	Windows []int
 	// PadID is pad_token_id (its embedding row starts at zero), or -1.
 	PadID int
+	// NumLabels > 0 makes the model a sequence classifier (transformers'
+	// AutoModelForSequenceClassification): a score head score.weight [NumLabels, C] on the
+	// final norm's output, pooled at each sequence's last token that is not PadID, instead
+	// of the LM head. 0 for a causal LM.
+	NumLabels int
 	// Rope is the rotary embedding configuration.
 	Rope backend.RoPEConfig
 	// SlidingRope, when set, is the rotary embedding of the sliding-attention layers

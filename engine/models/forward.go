@@ -17,13 +17,16 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 	if b.Targets == nil {
 		return 0, 0, errors.New("models: ForwardBackward needs Batch.Targets")
 	}
+	if err := m.lmOnly("ForwardBackward"); err != nil {
+		return 0, 0, err
+	}
 	var loss tensor.Tensor
 	defer func() {
 		if !loss.IsNil() {
 			_ = m.b.Free(loss)
 		}
 	}()
-	r, err := m.forwardBackward(b, func(p *pass, x tensor.Tensor) (tensor.Tensor, error) {
+	r, err := m.forwardBackward(b, func(p *pass, _ *resolved, x tensor.Tensor) (tensor.Tensor, error) {
 		var err error
 		if loss, err = m.b.Alloc(tensor.F32, p.N); err != nil {
 			return tensor.Tensor{}, err
@@ -48,6 +51,9 @@ func (m *Model) ForwardBackwardWeighted(b Batch, weigh func(logprob []float32) (
 	if b.Targets == nil {
 		return errors.New("models: ForwardBackwardWeighted needs Batch.Targets")
 	}
+	if err := m.lmOnly("ForwardBackwardWeighted"); err != nil {
+		return err
+	}
 	var lpt, st tensor.Tensor
 	defer func() {
 		for _, t := range []tensor.Tensor{lpt, st} {
@@ -56,7 +62,7 @@ func (m *Model) ForwardBackwardWeighted(b Batch, weigh func(logprob []float32) (
 			}
 		}
 	}()
-	_, err := m.forwardBackward(b, func(p *pass, x tensor.Tensor) (tensor.Tensor, error) {
+	_, err := m.forwardBackward(b, func(p *pass, _ *resolved, x tensor.Tensor) (tensor.Tensor, error) {
 		var err error
 		if lpt, err = m.b.Alloc(tensor.F32, p.N); err != nil {
 			return tensor.Tensor{}, err
@@ -86,7 +92,7 @@ func (m *Model) ForwardBackwardWeighted(b Batch, weigh func(logprob []float32) (
 // forwardBackward runs the blocks forward with their caches, hands the head's input to head
 // (which returns the new gradient dx [N,C] of the objective with respect to it, and
 // accumulates the head's own gradients), then runs the blocks and the embedding backward.
-func (m *Model) forwardBackward(b Batch, head func(p *pass, x tensor.Tensor) (tensor.Tensor, error)) (*resolved, error) {
+func (m *Model) forwardBackward(b Batch, head func(p *pass, r *resolved, x tensor.Tensor) (tensor.Tensor, error)) (*resolved, error) {
 	if err := m.EnableGrads(); err != nil {
 		return nil, err
 	}
@@ -141,7 +147,7 @@ func (m *Model) forwardBackward(b Batch, head func(p *pass, x tensor.Tensor) (te
 	} else {
 		m.clearAuxGrad()
 	}
-	if dx, err = head(p, xs[len(m.blocks)]); err != nil {
+	if dx, err = head(p, r, xs[len(m.blocks)]); err != nil {
 		return nil, err
 	}
 	for i := len(m.blocks) - 1; i >= 0; i-- {
@@ -228,6 +234,9 @@ func (m *Model) Logprobs(ids []int32) ([]float32, error) {
 
 // evalTokens runs an inference forward and returns per-token loss and/or logprob.
 func (m *Model) evalTokens(b Batch, wantLoss, wantLP bool) (loss, lp []float32, err error) {
+	if err := m.lmOnly("a language-model forward"); err != nil {
+		return nil, nil, err
+	}
 	r, err := m.resolve(&b)
 	if err != nil {
 		return nil, nil, err

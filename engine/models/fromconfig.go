@@ -214,6 +214,9 @@ func (m *Model) Save(dir string, o SaveOptions) error {
 	if len(cfg.Architectures) == 0 {
 		cfg.Architectures = []string{m.Family.Architectures[0]}
 	}
+	if m.IsClassifier() {
+		m.classifierConfig(cfg)
+	}
 	tensors, err := m.WeightTensors(dt)
 	if err != nil {
 		return err

@@ -43,6 +43,9 @@ func (m *Model) Generate(prompt []int32, o GenerateOptions) ([]int32, error) {
 	if len(prompt) == 0 {
 		return nil, errors.New("models: Generate needs a non-empty prompt")
 	}
+	if err := m.lmOnly("Generate"); err != nil {
+		return nil, err
+	}
 	var bo BatchGenerateOptions
 	bo.GenerateOptions = o
 	if o.OnToken != nil {
@@ -86,6 +89,9 @@ func rowRNG(seed uint64, row int) *rand.Rand {
 func (m *Model) GenerateBatch(prompts [][]int32, o BatchGenerateOptions) ([][]int32, error) {
 	if len(prompts) == 0 {
 		return nil, errors.New("models: GenerateBatch needs at least one prompt")
+	}
+	if err := m.lmOnly("GenerateBatch"); err != nil {
+		return nil, err
 	}
 	for r, p := range prompts {
 		if len(p) == 0 {

@@ -24,6 +24,11 @@ type Options struct {
 	Recompute bool
 	// ChunkRows is the number of tokens per cross-entropy chunk (0 = backend default).
 	ChunkRows int
+	// NumLabels > 0 builds a sequence classifier with that many labels (a score head in
+	// place of the LM head; see Arch.NumLabels), whatever config.json's architectures say.
+	// 0: a classifier when architectures names a *ForSequenceClassification class, with its
+	// num_labels (or id2label), else a causal LM.
+	NumLabels int
 	// Experts is the range of routed experts the model holds in every mixture-of-experts
 	// layer (the zero value: all of them). A model holding a subset allocates parameters and
 	// gradients for those experts only, under their HF names; its MoE blocks still route over
@@ -76,6 +81,9 @@ type Model struct {
 	Grads  *Arena
 	// Unused lists checkpoint tensors that Load found but the model does not use.
 	Unused []string
+	// Initialized lists parameters that loading drew at random because the checkpoint has
+	// none (the score head of a classifier made from a causal LM).
+	Initialized []string
 
 	cfg    configSource
 	opts   Options
@@ -83,6 +91,7 @@ type Model struct {
 	embed  nn.Embedding
 	blocks []*nn.Block
 	head   nn.Head
+	score  nn.Linear // the score head of a sequence classifier (Arch.NumLabels > 0)
 
 	// RoPE tables: invFreq is uploaded once unless the rope type depends on the length
 	// (dynamic), in which case rope tracks transformers' cached-length state.
@@ -142,6 +151,16 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 	}
 	if a.Tied && !f.Caps.TiedEmbeddings {
 		return nil, fmt.Errorf("models: %s does not support tie_word_embeddings=true %s", f.ModelType, f.Caps.Reason)
+	}
+	if o.NumLabels == 0 && cfg != nil {
+		o.NumLabels = classifierLabels(cfg)
+	}
+	if o.NumLabels < 0 || o.NumLabels > 1<<16 {
+		return nil, fmt.Errorf("models: num_labels %d must be in [1, 65536]", o.NumLabels)
+	}
+	if o.NumLabels > 0 {
+		// A classifier has no LM head for the embedding to be tied to.
+		a.NumLabels, a.Tied = o.NumLabels, false
 	}
 	m := &Model{Family: f, Arch: a, cfg: cfg, opts: o, b: b}
 	m.Specs = specsFor(f, &m.Arch)
@@ -286,9 +305,12 @@ func (m *Model) build() {
 	m.bindLoRA()
 	m.bindQuant()
 	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows, LogitScale: a.LogitScale, Softcap: a.LogitSoftcap}
-	if a.Tied {
+	switch {
+	case a.NumLabels > 0:
+		m.score = nn.Linear{Name: "score", W: p(nameScore), GW: g(nameScore)}
+	case a.Tied:
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
-	} else {
+	default:
 		m.head.W, m.head.GW = p(nameLMHead), g(nameLMHead)
 	}
 }

@@ -83,6 +83,7 @@ const (
 	nameEmbed     = "model.embed_tokens.weight"
 	nameFinalNorm = "model.norm.weight"
 	nameLMHead    = "lm_head.weight"
+	nameScore     = "score.weight"
 )
 
 // layerName returns "model.layers.<i>.<suffix>".
@@ -214,7 +215,10 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 		s = append(s, layerNormSpecs(f, a, i)...)
 	}
 	s = append(s, normWeight(nameFinalNorm, a.Hidden))
-	if !a.Tied {
+	switch {
+	case a.NumLabels > 0:
+		s = append(s, matrix(nameScore, a.NumLabels, a.Hidden))
+	case !a.Tied:
 		s = append(s, matrix(nameLMHead, a.Vocab, a.Hidden))
 	}
 	if f != nil && f.NormOffset != 0 {

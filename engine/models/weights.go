@@ -39,6 +39,15 @@ func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error)
 	for i, s := range m.Specs {
 		want[s.Name] = true
 		info, ok := src.Tensor(s.Name)
+		if !ok && s.Name == nameScore {
+			// A classifier made from a causal LM: transformers initialises the new head
+			// from normal(0, initializer_range), as InitRandom does.
+			if err := m.initParam(i, 0); err != nil {
+				return nil, err
+			}
+			m.Initialized = append(m.Initialized, s.Name)
+			continue
+		}
 		if !ok {
 			return nil, fmt.Errorf("models: checkpoint has no tensor %q (needed by %s; shape %v)", s.Name, m.Arch.ModelType, s.Shape)
 		}

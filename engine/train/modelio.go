@@ -79,6 +79,9 @@ func buildModel(cfg *Config, b backend.Backend, dt tensor.DType, tokenizerVocab 
 		qc := cfg.quantConfig()
 		opts.QuantizeOnLoad = &qc
 	}
+	if cfg.Method == MethodReward {
+		opts.NumLabels = 1 // a reward model: the score head replaces the LM head
+	}
 	if cfg.Model.Init == nil {
 		m, err := models.Load(cfg.Model.ModelNameOrPath, b, opts)
 		if err != nil {

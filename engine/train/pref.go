@@ -300,6 +300,7 @@ func init() {
 		Validate: func(c *Config, bad func(key, format string, args ...any)) {
 			o := c.Objective
 			validateBeta(o.Beta, bad)
+			noGenerationEval(c, bad)
 			if e := oneOf("loss_type", o.LossType, []string{"sigmoid", "ipo"}); e != nil {
 				bad(e.Key, "%s", e.Msg)
 			}
@@ -329,6 +330,7 @@ func init() {
 		Validate: func(c *Config, bad func(key, format string, args ...any)) {
 			o := c.Objective
 			validateBeta(o.Beta, bad)
+			noGenerationEval(c, bad)
 			if v := *o.TargetMargin; !(v >= 0) || math.IsInf(v, 0) {
 				bad("target_margin", "%v must be a finite number >= 0", v)
 			}
@@ -363,6 +365,7 @@ func init() {
 		Validate: func(c *Config, bad func(key, format string, args ...any)) {
 			o := c.Objective
 			validateBeta(o.Beta, bad)
+			noGenerationEval(c, bad)
 			if e := oneOf("loss_type", o.LossType, []string{"kto"}); e != nil {
 				bad(e.Key, "%s", e.Msg)
 			}
@@ -381,6 +384,14 @@ func init() {
 			return t.setupRefObjective(data.Unpaired, ktoLoss(*o.Beta, *o.DesirableWeight, *o.UndesirableWeight))
 		},
 	})
+}
+
+// noGenerationEval refuses generation_eval for methods whose held-out data are pairs or
+// examples, not chats with a reference answer.
+func noGenerationEval(c *Config, bad func(key, format string, args ...any)) {
+	if c.GenerationEval.MaxSamples > 0 {
+		bad("generation_eval.max_samples", "method %s has no held-out chats to generate for (its held-out data are preference rows): remove generation_eval, or set it to 0", c.Method)
+	}
 }
 
 func validateBeta(b *float64, bad func(key, format string, args ...any)) {

@@ -430,3 +430,18 @@ func (r *reference) refSums(b data.Batch, side prefSet) ([]float64, error) {
 }
 
 var errNoSegments = errors.New("train: a preference micro-batch without segment sources (internal)")
+
+// EncodeCompletion tokenizes a prompt and its completion with the tokenizer in dir exactly as
+// the preference methods and reward models do for training (see encodeTurns), for scoring a
+// text with a trained reward model.
+func EncodeCompletion(dir string, prompt, completion data.Turns) ([]int32, error) {
+	c, err := loadCodec(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	e, err := c.encodeTurns(prompt, completion)
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	return append(e.prompt, e.completion...), nil
+}

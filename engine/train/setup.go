@@ -127,6 +127,11 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 	if t.model, err = buildModel(cfg, b, dt, t.tok.vocabSize()); err != nil {
 		return nil, err
 	}
+	if t.model.IsClassifier() && t.model.Arch.PadID < 0 && t.tok.eos >= 0 {
+		// The score is pooled at the last token that is not pad_token_id; without one in
+		// config.json the eos token takes its place, and the saved config says so.
+		t.model.Arch.PadID = int(t.tok.eos)
+	}
 	if t.model.Arch.Vocab < t.tok.vocabSize() {
 		return nil, fmt.Errorf("train: the model's vocab_size %d is smaller than the tokenizer's %d tokens", t.model.Arch.Vocab, t.tok.vocabSize())
 	}

@@ -366,6 +366,18 @@ func (c *Config) Extra(key string) (json.RawMessage, bool) {
 	return nil, false
 }
 
+// SetExtra sets a top-level key that this package keeps as read (replacing it when present),
+// to be written back by Write: e.g. id2label of a sequence classifier. value must be JSON.
+func (c *Config) SetExtra(key string, value json.RawMessage) {
+	for i, kv := range c.extra {
+		if kv.Key == key {
+			c.extra[i].Value = slices.Clone(value)
+			return
+		}
+	}
+	c.extra = append(c.extra, rawKey{Key: key, Value: slices.Clone(value)})
+}
+
 // Dropped lists the generation parameters (max_length, temperature, ...) found in the source
 // file: transformers moves them out of the model config on load, and they are not written back.
 // They belong in generation_config.json.
