@@ -93,6 +93,11 @@ func latentScale(c *config.Config) float32 {
 	return float32(s)
 }
 
+// latentNormEps is the epsilon of q_a_layernorm and kv_a_layernorm: DeepseekV3Attention and
+// Glm4MoeLiteAttention construct them without rms_norm_eps, so they keep the RMSNorm default
+// (GLM-4.7-Flash's rms_norm_eps is 1e-5; these two norms use 1e-6).
+const latentNormEps = 1e-6
+
 // latentAttention builds layer i's nn.MLA from the parameter views.
 func latentAttention(a *Arch, i int, lin func(string) nn.Linear, norm func(string) nn.RMSNorm) *nn.MLA {
 	l := a.Latent
@@ -105,6 +110,8 @@ func latentAttention(a *Arch, i int, lin func(string) nn.Linear, norm func(strin
 	} else {
 		m.Q = lin(pre + "q_proj")
 	}
+	// transformers builds the latent norms with RMSNorm's default epsilon, not rms_norm_eps.
+	m.QANorm.Eps, m.KVANorm.Eps = latentNormEps, latentNormEps
 	if c := a.Config; c != nil {
 		m.Interleaved, m.Scale = c.RopeInterleave, latentScale(c)
 	}

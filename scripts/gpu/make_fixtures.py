@@ -246,8 +246,10 @@ CASES += [
          routed_scaling_factor=1.5, n_shared_experts=1, first_k_dense_replace=1, moe_intermediate_size=16,
          norm_topk_prob=False, rope_interleave=False, tie_word_embeddings=False),
     # GLM-4.7-Flash: mlp_layer_types with a dense layer between sparse ones, q LoRA, values as
-    # wide as the query/key heads, 2 groups of 4 (best 1).
+    # wide as the query/key heads, 2 groups of 4 (best 1); rms_norm_eps 1e-5 as the Hub model's,
+    # which the latent norms do not take (they keep 1e-6).
     case("glm4_moe_lite", "glm4_moe_lite", **dict(ODD, num_attention_heads=4, num_key_value_heads=4),
+         rms_norm_eps=1e-5,
          num_hidden_layers=4, mlp_layer_types=["dense", "sparse", "dense", "sparse"],
          q_lora_rank=18, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
          n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=1.8,
