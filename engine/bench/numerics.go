@@ -268,12 +268,16 @@ func MeasureRoPE(ctx context.Context, b backend.Backend, r RoPERequest) (RoPERes
 	defer o.free()
 	half := r.R / 2
 
-	// The table: C[T, R/2] = pos[T, 1] @ inv_freq[1, R/2].
-	pos := make([]float32, r.T)
-	for i := range pos {
-		pos[i] = float32(i)
+	// The table: C[T, R/2] = pos[T, K] @ inv_freq[K, R/2], an outer product padded with zeros
+	// to K = 8 (column 0 of pos and row 0 of inv_freq hold the values), so that the GEMM meets
+	// every backend's alignment rules; the zeros add nothing.
+	const k = 8
+	pos := make([]float32, r.T*k)
+	for i := range r.T {
+		pos[i*k] = float32(i)
 	}
-	freq := slices.Clone(inv)
+	freq := make([]float32, k*half)
+	copy(freq, inv)
 	dt := tensor.F32
 	switch r.Precision {
 	case RoPEBF16:
@@ -286,11 +290,11 @@ func MeasureRoPE(ctx context.Context, b backend.Backend, r RoPERequest) (RoPERes
 			freq[i] = RoundTF32(freq[i])
 		}
 	}
-	a, err := o.tensor(OpRoPEAngles, dt, 0, r.T, 1)
+	a, err := o.tensor(OpRoPEAngles, dt, 0, r.T, k)
 	if err != nil {
 		return RoPEResult{}, err
 	}
-	f, err := o.tensor(OpRoPEAngles, dt, 0, 1, half)
+	f, err := o.tensor(OpRoPEAngles, dt, 0, k, half)
 	if err != nil {
 		return RoPEResult{}, err
 	}
