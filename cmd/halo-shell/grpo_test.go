@@ -18,6 +18,9 @@ func TestLaunchGRPORewardRises(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
+	if !strings.Contains(stderr, " reward 0.500") { // the format reward at weight 0.5
+		t.Errorf("the progress lines do not show the reward:\n%s", stderr)
+	}
 	raw, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
 	if err != nil {
 		t.Fatal(err)

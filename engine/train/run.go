@@ -290,6 +290,12 @@ func (p *progress) update(m StepMetrics) {
 	if m.EvalLoss != nil {
 		line += fmt.Sprintf(" eval %.4f", *m.EvalLoss)
 	}
+	if r, ok := m.Method["reward"]; ok { // GRPO: the loss says little, the reward does
+		line += fmt.Sprintf(" reward %.3f", r)
+	}
+	if m.Method["skipped"] == 1 {
+		line += " (skipped: no rewards)"
+	}
 	if p.tty {
 		// Redraw at most ten times a second, but always the last step and eval results.
 		if time.Since(p.last) >= 100*time.Millisecond || m.Step >= p.total || m.EvalLoss != nil {
