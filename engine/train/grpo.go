@@ -552,8 +552,17 @@ func (g *grpo) logprobs(m *models.Model, roll *grpoRollouts, set func(*grpoSampl
 	return nil
 }
 
-// note is the summary's line about dropped prompts ("" when none was).
-func (g *grpo) note() string { return g.dropNote }
+// note is the summary's line about the method: what a step samples, the reward functions,
+// and the prompts dropped, if any.
+func (g *grpo) note() string {
+	perStep := g.t.Cfg.Batch.PerDeviceTrainBatchSize * g.t.Cfg.Batch.GradientAccumulationSteps / g.sample.G
+	s := fmt.Sprintf("grpo: %d prompts x %d completions per step (max_completion_length %d, temperature %g), loss %s, beta %g, rewards %s",
+		perStep, g.sample.G, g.sample.MaxCompletionLen, g.sample.Temperature, g.loss.Type, g.loss.Beta, strings.Join(g.names, " + "))
+	if g.dropNote != "" {
+		s += "\n" + g.dropNote
+	}
+	return s
+}
 
 // close frees the reference model.
 func (g *grpo) close() error {

@@ -62,6 +62,9 @@ func TestGRPORewardRises(t *testing.T) {
 		}
 		rewards = append(rewards, r)
 	}
+	if sum := tr.Summary(); !strings.Contains(sum, "grpo: 4 prompts x 8 completions per step (max_completion_length 1, temperature 1), loss dapo, beta 0, rewards format") {
+		t.Errorf("the summary does not describe the GRPO step:\n%s", sum)
+	}
 	first, last := mean(rewards[:5]), mean(rewards[25:])
 	t.Logf("reward: first 5 steps %.3f, last 5 %.3f (%v)", first, last, rewards)
 	if last < first+0.3 {
