@@ -269,3 +269,32 @@ func TestGRPOConfigRefusals(t *testing.T) {
 		t.Errorf("sft with reward_funcs: %v", err)
 	}
 }
+
+// TestGRPOWithLoRA runs GRPO steps on LoRA adapters with a KL term: the reference is the base
+// with the adapters off (no second model), the KL is 0 before the first update and positive
+// after, and the base stays frozen.
+func TestGRPOWithLoRA(t *testing.T) {
+	tr := newTrainer(t, grpoConfig(t, `[{name: format, pattern: '\d'}]`, "--use_peft=true", "--lora_r=4", "--beta=0.04"))
+	if tr.obj.(*grpo).ref != nil {
+		t.Fatal("a reference model was built under LoRA")
+	}
+	base0, _ := tr.model.ParamFloat32("model.layers.0.self_attn.q_proj.weight")
+	var kls []float64
+	for range 3 {
+		m, err := tr.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		kls = append(kls, m.Method["kl"])
+	}
+	if math.Abs(kls[0]) > 1e-6 || kls[2] <= 0 {
+		t.Errorf("kl per step %v: want 0 at the start, > 0 after updates", kls)
+	}
+	base1, _ := tr.model.ParamFloat32("model.layers.0.self_attn.q_proj.weight")
+	if fmt.Sprint(base0) != fmt.Sprint(base1) {
+		t.Error("GRPO under LoRA changed the frozen base")
+	}
+	if !tr.model.AdaptersEnabled() {
+		t.Error("the adapters stayed off after the reference log-probs")
+	}
+}
