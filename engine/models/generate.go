@@ -116,12 +116,10 @@ func (m *Model) GenerateBatch(prompts [][]int32, o BatchGenerateOptions) ([][]in
 	out := make([][]int32, len(prompts))
 	logits, err := d.prefill(prompts)
 	for step := 0; err == nil; step++ {
-		for i, lg := range logits {
-			if slices.ContainsFunc(lg, func(x float32) bool { return x != x }) {
-				return out, fmt.Errorf("models: Generate: row %d has NaN logits at new token %d: the weights or activations are not finite", d.rows[i], step)
-			}
+		ids, bad := sampleRows(logits, d.rows, o.GenerateOptions, rngs)
+		if bad >= 0 {
+			return out, fmt.Errorf("models: Generate: row %d has NaN logits at new token %d: the weights or activations are not finite", d.rows[bad], step)
 		}
-		ids := sampleRows(logits, d.rows, o.GenerateOptions, rngs)
 		var keep []int
 		var next []int32
 		for i, r := range d.rows {
@@ -384,30 +382,37 @@ func Argmax(v []float32) int32 {
 
 // sampleRows samples the next token of every running row (rows[i] names the row whose logits
 // are logits[i]) from that row's stream, the rows in parallel: each stream is used by one row
-// only, so the result does not depend on scheduling.
-func sampleRows(logits [][]float32, rows []int, o GenerateOptions, rngs []*rand.Rand) []int32 {
-	ids := make([]int32, len(logits))
-	if o.Temperature == 0 || len(logits) == 1 {
-		for i, lg := range logits {
-			ids[i] = sample(lg, o, rngs[rows[i]])
+// only, so the result does not depend on scheduling. bad is the first i whose logits hold a
+// NaN (its token is not to be used), -1 when none does.
+func sampleRows(logits [][]float32, rows []int, o GenerateOptions, rngs []*rand.Rand) (ids []int32, bad int) {
+	ids = make([]int32, len(logits))
+	nan := make([]bool, len(logits))
+	one := func(i int) {
+		if slices.ContainsFunc(logits[i], func(x float32) bool { return x != x }) {
+			nan[i] = true
+			return
 		}
-		return ids
+		ids[i] = sample(logits[i], o, rngs[rows[i]])
 	}
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range min(runtime.GOMAXPROCS(0), len(logits)) {
-		wg.Go(func() {
-			for i := range next {
-				ids[i] = sample(logits[i], o, rngs[rows[i]])
-			}
-		})
+	if len(logits) == 1 {
+		one(0)
+	} else {
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for range min(runtime.GOMAXPROCS(0), len(logits)) {
+			wg.Go(func() {
+				for i := range next {
+					one(i)
+				}
+			})
+		}
+		for i := range logits {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
 	}
-	for i := range logits {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return ids
+	return ids, slices.Index(nan, true)
 }
 
 // sample picks the next token: greedy at temperature 0, else softmax(logits/T) restricted by

@@ -323,3 +323,23 @@ func TestLossTemperature(t *testing.T) {
 		t.Error("temperature 0 accepted")
 	}
 }
+
+// TestSampleRowsReportsNaN checks that a row of NaN logits is reported (and the others are
+// sampled), greedy and sampled.
+func TestSampleRowsReportsNaN(t *testing.T) {
+	nan := float32(math.NaN())
+	logits := [][]float32{{0, 5, 1}, {1, nan, 0}, {9, 0, 0}}
+	rngs := []*rand.Rand{rowRNG(1, 0), rowRNG(1, 1), rowRNG(1, 2)}
+	for _, o := range []GenerateOptions{{}, {Temperature: 1, TopK: 2}} {
+		ids, bad := sampleRows(logits, []int{0, 1, 2}, o, rngs)
+		if bad != 1 {
+			t.Errorf("%+v: bad row %d, want 1", o, bad)
+		}
+		if o.Temperature == 0 && (ids[0] != 1 || ids[2] != 0) {
+			t.Errorf("greedy ids %v, want 1 and 0 for the good rows", ids)
+		}
+	}
+	if _, bad := sampleRows(logits[:1], []int{0}, GenerateOptions{}, rngs); bad != -1 {
+		t.Errorf("no NaN: bad %d", bad)
+	}
+}
