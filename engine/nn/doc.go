@@ -1,9 +1,12 @@
 // Package nn holds the layers of a decoder-only transformer with explicit Forward and Backward
 // methods over packed token rows: linear, embedding, RMSNorm, rotary attention with grouped
-// query heads, the SwiGLU MLP, the sparse mixture-of-experts block (softmax top-k router,
-// SwiGLU experts, transformers' load-balancing loss; on the device with grouped GEMMs where the
-// backend has the MoE ops, else composed with per-expert GEMMs and host routing) and the LM
-// head with a fused cross-entropy loss. A decoder layer (Block) is pre-norm, or has norms on
+// query heads, multi-head latent attention (MLA: DeepSeek-V3's low-rank query and key/value
+// projections with a shared rotary key, run through the same attention op), the SwiGLU MLP,
+// the sparse mixture-of-experts block (softmax top-k router, or DeepSeek's sigmoid router with
+// a correction bias, expert groups and shared experts; SwiGLU experts, transformers'
+// load-balancing loss; on the device with grouped GEMMs where the backend has the MoE ops, else
+// composed with per-expert GEMMs and host routing) and the LM head with a fused cross-entropy
+// loss. A decoder layer (Block) is pre-norm, or has norms on
 // its branch outputs with or without the pre-norms (OLMo 2, GLM-4) and a residual scale
 // (Granite); attention may skip RoPE (NoPE layers), rotate interleaved pairs (GLM) or take its
 // own score scale. A Linear may carry a LoRA adapter (two small GEMMs,
