@@ -336,3 +336,33 @@ output_dir: %s
 		})
 	}
 }
+
+// TestReferencePrecomputedOrNotGiveTheSameRun checks that reference log-probs computed once
+// before training and those computed every micro-batch (a frozen copy of the starting model,
+// or under LoRA the base with the adapters off) give the same losses step for step.
+func TestReferencePrecomputedOrNotGiveTheSameRun(t *testing.T) {
+	p := prefRows(t, t.TempDir(), 12)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"full model", nil},
+		{"lora", []string{"use_peft=true", "lora_r=4", "lora_alpha=8", "lora_dropout=0", "learning_rate=3e-2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs [2][]float64
+			for i, pre := range []string{"true", "false"} {
+				cfg := prefConfig(t, MethodDPO, p, append([]string{"precompute_ref_log_probs=" + pre, "max_steps=4", "beta=0.5"}, tc.extra...)...)
+				runs[i] = steps(t, newTrainer(t, cfg), 4)
+			}
+			for s := range runs[0] {
+				if !near(runs[0][s], runs[1][s], 1e-5) {
+					t.Fatalf("step %d: loss %v with precomputed reference log-probs, %v without", s+1, runs[0][s], runs[1][s])
+				}
+			}
+			if runs[0][3] == runs[0][0] {
+				t.Fatalf("the loss never moved (%v): the test shows nothing", runs[0])
+			}
+		})
+	}
+}
