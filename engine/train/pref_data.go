@@ -296,6 +296,15 @@ func (t *Trainer) setupPref(kind data.PrefKind) (train, eval prefSet, err error)
 	return tr.side, eval, nil
 }
 
+// seqsPerDoc is the number of sequences of a training document: 2 for the preference
+// methods' pairs and examples (the loader's budget is twice max_length per one), else 1.
+func (t *Trainer) seqsPerDoc() int {
+	if t.prefDocs != nil {
+		return 2
+	}
+	return 1
+}
+
 // seqLogps sums, per sequence d of a batch, the log-probs lp of its target tokens, and
 // counts them.
 func seqLogps(b data.Batch, lp []float32) (sums []float64, counts []int) {

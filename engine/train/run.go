@@ -238,7 +238,7 @@ func (t *Trainer) Summary() string {
 	}
 	fmt.Fprintf(&b, "\nplan: %s, %d steps of %d micro-batches (%d per epoch, packing=%v, %d tokens each), lr %g %s, warmup %d",
 		c.Method, t.totalSteps, t.hyper.GradientAccumulationSteps, t.loader.BatchesPerEpoch(), *c.Batch.Packing,
-		c.Batch.PerDeviceTrainBatchSize*c.Batch.MaxLength, t.hyper.LearningRate, t.hyper.LRSchedulerType, t.warmup)
+		c.Batch.PerDeviceTrainBatchSize*c.Batch.MaxLength*t.seqsPerDoc(), t.hyper.LearningRate, t.hyper.LRSchedulerType, t.warmup)
 	if t.step > 0 {
 		fmt.Fprintf(&b, "; resuming after step %d", t.step)
 	}
