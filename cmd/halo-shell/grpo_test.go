@@ -8,6 +8,18 @@ import (
 	"testing"
 )
 
+// sftCheckpoint trains the shrunken quickstart for a few steps and returns its output
+// directory: a Hugging Face checkpoint with its tokenizer, for the examples that start from
+// another run's output.
+func sftCheckpoint(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "sft")
+	if _, _, err := runRootErr(t, "", quickstartArgs(out, "--generation_eval.max_samples=0")...); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // TestLaunchGRPORewardRises runs `launch grpo` on the bundled example as it is (on the CPU,
 // with a short held-out eval): metrics.jsonl has one line per step with the GRPO metrics, and
 // the format reward of the last steps is clearly above that of the first, as the example says.

@@ -107,12 +107,20 @@ func TestExamplesWorkAsTheyAre(t *testing.T) {
 	if err != nil || len(files) < 2 {
 		t.Fatalf("examples: %v %v", files, err)
 	}
+	var ckpt string // a checkpoint for the examples that start from another run's output
+	parent := t
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			// An example named METHOD-*.yaml is for that method; the others are for sft.
 			args := []string{"launch", "sft", f, "--dry-run"}
 			if m, _, _ := strings.Cut(filepath.Base(f), "-"); m == train.MethodGRPO {
 				args[1] = m
+			}
+			if raw, _ := os.ReadFile(f); strings.Contains(string(raw), "\nmodel_name_or_path: out/") {
+				if ckpt == "" {
+					ckpt = sftCheckpoint(parent) // lives until the whole test ends
+				}
+				args = append(args, "--model_name_or_path="+ckpt)
 			}
 			stdout, err := runRoot(t, args...)
 			if err != nil {
