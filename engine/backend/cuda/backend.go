@@ -105,8 +105,8 @@ type backendOptions struct {
 	// ops (unless HALO_CUDA_MOE_KERNELS=off); without them engine/nn runs MoE blocks as the routed
 	// composition. The methods themselves are always there, for their GPU tests.
 	moeKernels bool
-	// groupedWG runs the grouped expert GEMMs on the Hopper warpgroup-MMA kernels
-	// (HALO_CUDA_GROUPED_GEMM=wg, sm_90 only); otherwise on the mma.sync ones.
+	// groupedWG runs the grouped expert GEMMs on the Hopper warpgroup-MMA kernels (sm_90,
+	// unless HALO_CUDA_GROUPED_GEMM=mma); otherwise on the mma.sync ones.
 	groupedWG bool
 	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).
 	normBwd normBwdOptions
@@ -118,7 +118,7 @@ type backendOptions struct {
 // defaultBackendOptions are the choices with every switch unset, on a device of architecture
 // arch ("sm_90").
 func defaultBackendOptions(arch string) backendOptions {
-	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, moeKernels: true, normBwd: defaultNormBwdOptions()}
+	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, moeKernels: true, groupedWG: wgArch(arch), normBwd: defaultNormBwdOptions()}
 }
 
 // Device returns the underlying device (for diagnostics and events).

@@ -41,8 +41,8 @@ var (
 		Default: "on", Values: []string{"off", "on"},
 		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off falls back to the routed composition (host routing, one GEMM per expert), for comparison and diagnosis."})
 	swGrouped = switches.Register(switches.Switch{Name: "HALO_CUDA_GROUPED_GEMM", Kind: switches.Tuning,
-		Default: "mma", Values: []string{"mma", "wg"},
-		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: mma the mma.sync ones (kernels/grouped_gemm.cu, every arch from sm_80); wg the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu) on sm_90, mma.sync elsewhere. The default stays mma until the wg kernels have passed the GPU suite."})
+		Default: "auto", Values: []string{"auto", "mma"},
+		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: auto the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu) on sm_90 and the mma.sync ones (kernels/grouped_gemm.cu) elsewhere; mma the mma.sync ones everywhere."})
 	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
 		Values: []string{"1"},
 		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})
@@ -78,6 +78,6 @@ func optionsFromSwitches(arch string) (backendOptions, error) {
 	o.noSplitK = swSplitK.Is("off")
 	o.gemmFoldBeta = swGemmBeta.Is("fold")
 	o.moeKernels = !swMoEKernels.Is("off")
-	o.groupedWG = swGrouped.Is("wg") && wgArch(arch)
+	o.groupedWG = !swGrouped.Is("mma") && wgArch(arch)
 	return o, nil
 }
