@@ -156,6 +156,12 @@ type Config struct {
 	// SlidingWindowPattern: when layer_types is absent, every SlidingWindowPattern-th layer
 	// (1-based) is full attention and the others sliding (gemma3_text; default 6).
 	SlidingWindowPattern int
+	// SavedSlidingWindowPattern is _sliding_window_pattern, the private attribute transformers
+	// (5.x) keeps and writes for gemma3_text: sliding_window_pattern when the source had it,
+	// else 6, unless the file holds _sliding_window_pattern itself. It never decides the
+	// layers (layer_types, or sliding_window_pattern when that is absent, does), so it is only
+	// carried so that what is written is what transformers writes.
+	SavedSlidingWindowPattern int
 	// CacheImplementation is the generation cache class (gemma3_text 4.x files write
 	// "hybrid"); informational for training.
 	CacheImplementation string

@@ -75,6 +75,7 @@ var fields = map[string]field{
 	"attn_logit_softcapping":      {kFloat, true, func(c *Config) any { return &c.AttnLogitSoftcapping }},
 	"use_bidirectional_attention": {kBool, true, func(c *Config) any { return &c.UseBidirectionalAttention }},
 	"sliding_window_pattern":      {kInt, false, func(c *Config) any { return &c.SlidingWindowPattern }},
+	"_sliding_window_pattern":     {kInt, false, func(c *Config) any { return &c.SavedSlidingWindowPattern }},
 	"cache_implementation":        {kString, true, func(c *Config) any { return &c.CacheImplementation }},
 	// gpt_oss's keys (gpt_oss.go).
 	"swiglu_limit":           {kFloat, false, func(c *Config) any { return &c.SwigluLimit }},

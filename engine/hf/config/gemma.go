@@ -21,7 +21,7 @@ func init() {
 	Register(Family{
 		ModelType:     "gemma3_text",
 		Architectures: []string{"Gemma3ForCausalLM", "Gemma3TextModel"},
-		Keys: []string{"attention_bias", "attention_dropout", "attn_logit_softcapping", "bos_token_id",
+		Keys: []string{"_sliding_window_pattern", "attention_bias", "attention_dropout", "attn_logit_softcapping", "bos_token_id",
 			"eos_token_id", "final_logit_softcapping", "head_dim", "hidden_activation", "hidden_size",
 			"initializer_range", "intermediate_size", "layer_types", "max_position_embeddings",
 			"num_attention_heads", "num_hidden_layers", "num_key_value_heads", "pad_token_id",
@@ -54,6 +54,9 @@ func init() {
 		},
 		Resolve: func(c *Config) {
 			p := c.SlidingWindowPattern
+			if !c.src["_sliding_window_pattern"] || c.src["sliding_window_pattern"] {
+				c.SavedSlidingWindowPattern = p
+			}
 			deriveLayerTypesBy(c, func(i int) bool { return p > 0 && (i+1)%p != 0 })
 		},
 		Validate: validateGemma,
@@ -102,6 +105,9 @@ func validateGemma(c *Config) error {
 		if v.v < 0 || math.IsInf(v.v, 0) || math.IsNaN(v.v) {
 			return fmt.Errorf("%s (%g) must be a positive cap, or null for none", v.key, v.v)
 		}
+	}
+	if c.SavedSlidingWindowPattern < 0 {
+		return fmt.Errorf("_sliding_window_pattern (%d) must be positive", c.SavedSlidingWindowPattern)
 	}
 	if c.SlidingWindowPattern < 0 {
 		return fmt.Errorf("sliding_window_pattern (%d) must be positive", c.SlidingWindowPattern)
