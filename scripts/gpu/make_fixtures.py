@@ -13,10 +13,14 @@ checkpoint (config.json + model.safetensors, float32) and records transformers' 
                      router_aux_loss_coef * aux_loss when output_router_logits is set, so "loss"
                      and grads.safetensors are of CE + coef * aux, and "loss_total",
                      grads_total.safetensors and the AdamW objective are of CE + 2 * coef * aux.
+                     MoE families whose transformers model computes no load-balancing loss
+                     (deepseek_v3, glm4_moe, glm4_moe_lite: out.aux_loss is None) are plain CE
+                     throughout: no aux_loss, no grads_total.safetensors, AdamW objective "ce".
 
 AdamW: torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8), weight decay 0.1 on parameters
 with ndim >= 2 and 0 on the rest, no clipping; "losses" holds the objective before step 1 and after
-steps 1, 2 and 3 (for MoE cases the objective is CE + 2 * coef * aux_loss, see above).
+steps 1, 2 and 3 (for MoE cases with an aux loss the objective is CE + 2 * coef * aux_loss, see
+above).
 
 Everything runs on the CPU in float32 with deterministic algorithms, so no TF32 enters.
 
@@ -337,20 +341,22 @@ def make(outdir, name, model_type, cfg_kw, seed):
     # Float32 forward: per-token logprobs and the loss.
     model.zero_grad(set_to_none=True)
     ce, total, aux = objective(model, ids, is_moe)
+    # The aux-loss objective only where transformers computes one, not for every MoE family.
+    has_aux = aux is not None
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     ref["logprobs"] = token_logprobs(logits, ids).tolist()
     ref["loss"] = ce.item()
-    if aux is not None:
+    if has_aux:
         ref["aux_loss"] = aux.item()
         ref["router_aux_loss_coef"] = model.config.router_aux_loss_coef
         ref["loss_total"] = total.item()
 
-    # Gradients of the cross-entropy (and of the total objective for MoE).
-    ce.backward(retain_graph=is_moe)
+    # Gradients of the cross-entropy (and of the total objective where there is an aux loss).
+    ce.backward(retain_graph=has_aux)
     grads = {n: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
     save_file(grads, os.path.join(d, "grads.safetensors"), metadata={"format": "pt"})
-    if is_moe:
+    if has_aux:
         model.zero_grad(set_to_none=True)
         _, total, _ = objective(model, ids, is_moe)
         total.backward()
@@ -398,7 +404,7 @@ def make(outdir, name, model_type, cfg_kw, seed):
             opt.step()
     ref["adamw"] = {
         "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1,
-        "decay": "ndim>=2", "objective": "ce+aux" if is_moe else "ce", "losses": losses,
+        "decay": "ndim>=2", "objective": "ce+aux" if has_aux else "ce", "losses": losses,
     }
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(ref, f)

@@ -9,11 +9,13 @@ package config
 // e_score_correction_bias chooses only, limited to the topk_group best of n_group expert groups,
 // with weights renormalised (norm_topk_prob) and scaled by routed_scaling_factor, plus
 // n_shared_experts shared experts as one MLP of n_shared_experts * moe_intermediate_size.
+// num_nextn_predict_layers (default 1, as transformers writes it) counts the
+// multi-token-prediction layers after the decoder, which transformers does not build.
 func init() {
 	Register(Family{
 		ModelType:        "deepseek_v3",
 		Architectures:    []string{"DeepseekV3ForCausalLM", "DeepseekV3Model"},
-		Keys:             append([]string{"first_k_dense_replace"}, latentKeys...),
+		Keys:             append([]string{"first_k_dense_replace", "head_dim", "num_nextn_predict_layers"}, latentKeys...),
 		Aliases:          map[string]string{"num_local_experts": "n_routed_experts"},
 		HeadDimFloor:     true,
 		DefaultRopeTheta: 10000.0,
@@ -38,11 +40,15 @@ func init() {
 			c.BOSTokenID, c.EOSTokenIDs = IntPtr(0), []int{1}
 			c.PretrainingTP = 1
 			c.RopeInterleave = true
+			c.NumNextNPredictLayers = 1
 		},
 		Resolve: resolveLatent,
 		Validate: func(c *Config) error {
 			if c.FirstKDenseReplace < 0 {
 				return errorf("first_k_dense_replace (%d) must not be negative", c.FirstKDenseReplace)
+			}
+			if c.NumNextNPredictLayers < 0 {
+				return errorf("num_nextn_predict_layers (%d) must not be negative", c.NumNextNPredictLayers)
 			}
 			return validateLatent(c)
 		},

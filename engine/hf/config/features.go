@@ -55,8 +55,9 @@ type Features struct {
 	// FirstKDenseReplace: glm4_moe's first FirstKDenseReplace layers have a dense MLP.
 	// Default 1.
 	FirstKDenseReplace int
-	// NumNextNPredictLayers is glm4_moe's number of multi-token-prediction layers after the
-	// decoder (0: none). Default 0.
+	// NumNextNPredictLayers is glm4_moe's and deepseek_v3's number of multi-token-prediction
+	// layers after the decoder (0: none), which transformers keeps but does not build.
+	// Default 1.
 	NumNextNPredictLayers int
 	// UseQKNorm: glm4_moe normalises each query and key head (RMSNorm of head_dim). Default
 	// false.

@@ -42,6 +42,7 @@ func init() {
 			c.FirstKDenseReplace = 1
 			c.NormTopKProb = true
 			c.Rope.PartialRotaryFactor = 0.5
+			c.NumNextNPredictLayers = 1
 		},
 		Resolve: func(c *Config) {
 			if c.Rope.PartialRotaryFactor == 0 {
@@ -88,6 +89,7 @@ func init() {
 				c.RoutedScalingFactor = 2.5
 				c.UseQKNorm = true
 				c.AttentionBias = true
+				c.NumNextNPredictLayers = 0
 			},
 		},
 	})

@@ -10,9 +10,12 @@ import "slices"
 // refused.
 func init() {
 	Register(Family{
-		ModelType:        "glm4_moe_lite",
-		Architectures:    []string{"Glm4MoeLiteForCausalLM", "Glm4MoeLiteModel"},
+		ModelType:     "glm4_moe_lite",
+		Architectures: []string{"Glm4MoeLiteForCausalLM", "Glm4MoeLiteModel"},
+		// transformers' Glm4MoeLiteConfig has no head_dim: it writes one only when the file
+		// gave it (which Validate checks equals qk_rope_head_dim).
 		Keys:             append([]string{"mlp_layer_types"}, latentKeys...),
+		Optional:         []string{"head_dim"},
 		Aliases:          map[string]string{"num_local_experts": "n_routed_experts"},
 		HeadDimFloor:     true,
 		DefaultRopeTheta: 10000.0,

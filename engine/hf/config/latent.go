@@ -61,9 +61,10 @@ var _ = addFields(map[string]field{
 	"mlp_layer_types":  {kStringList, true, func(c *Config) any { return &c.MLPLayerTypes }},
 })
 
-// latentKeys are the keys both latent-attention families have.
+// latentKeys are the keys both latent-attention families have (head_dim only deepseek_v3 writes
+// always).
 var latentKeys = []string{"attention_bias", "attention_dropout", "bos_token_id", "eos_token_id",
-	"head_dim", "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "kv_lora_rank",
+	"hidden_act", "hidden_size", "initializer_range", "intermediate_size", "kv_lora_rank",
 	"max_position_embeddings", "moe_intermediate_size", "n_group", "n_routed_experts", "n_shared_experts",
 	"norm_topk_prob", "num_attention_heads", "num_experts_per_tok", "num_hidden_layers",
 	"num_key_value_heads", "pad_token_id", "pretraining_tp", "q_lora_rank", "qk_head_dim",

@@ -87,7 +87,7 @@ func TestDeepseekHubConfig(t *testing.T) {
 		t.Errorf("%d parameters, want about 671e9", n)
 	}
 	u := strings.Join(c.Unknown(), ",")
-	for _, k := range []string{"scoring_func", "topk_method", "moe_layer_freq", "quantization_config", "num_nextn_predict_layers"} {
+	for _, k := range []string{"scoring_func", "topk_method", "moe_layer_freq", "quantization_config"} {
 		if !strings.Contains(u, k) {
 			t.Errorf("unknown keys %s lack %s (kept as read)", u, k)
 		}

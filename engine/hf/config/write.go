@@ -80,7 +80,9 @@ func (c *Config) toPy() (pyObject, error) {
 		out[k] = c.fieldValue(k)
 	}
 	for _, k := range f.Optional {
-		if c.src[k] || (k == "head_dim" && c.HeadDim != c.HiddenSize/c.NumAttentionHeads) {
+		// A head_dim other than hidden_size / num_attention_heads is written even when derived;
+		// latent attention's head_dim (the rotary width) only when the file gave it.
+		if c.src[k] || (k == "head_dim" && !c.IsLatent() && c.HeadDim != c.HiddenSize/c.NumAttentionHeads) {
 			out[k] = c.fieldValue(k)
 		}
 	}
