@@ -139,10 +139,9 @@ func TestResolvedValuesMatchTransformers(t *testing.T) {
 				}
 				checked++
 			}
-			rope, err := c.Rope.toPy(c.intLit, "rope_parameters")
-			if err != nil {
-				t.Fatal(err)
-			}
+			// written holds rope_parameters as the family writes it: one dictionary, or one per
+			// layer type (Family.RopePerLayerType).
+			rope := written["rope_parameters"]
 			want, _ := decodePy(full["rope_parameters"])
 			if !pyEqual(rope, want) {
 				t.Errorf("rope_parameters: got %s, transformers %s", pyString(rope), full["rope_parameters"])

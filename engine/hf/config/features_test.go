@@ -20,6 +20,31 @@ func TestFeatureFamiliesDerive(t *testing.T) {
 				t.Errorf("layer_types %v window %d", c.LayerTypes, c.SlidingWindow)
 			}
 		}},
+		{"olmo3 4.x rope", `{"model_type":"olmo3","rope_theta":10000,
+			"rope_scaling":{"rope_type":"yarn","factor":8.0,"original_max_position_embeddings":8192}}`, func(t *testing.T, c *Config) {
+			// Olmo3Config.convert_rope_params_to_dict: rope_scaling and the popped rope_theta go to
+			// full_attention; sliding_attention keeps the default type and default_theta.
+			if c.Rope.Type != "yarn" || c.Rope.Theta != 10000 || c.Rope.Factor != 8 {
+				t.Errorf("full-attention rope %+v", c.Rope)
+			}
+			if c.SlidingRope.Type != "default" || c.SlidingRope.Theta != 500000 {
+				t.Errorf("sliding-attention rope %+v", c.SlidingRope)
+			}
+		}},
+		{"olmo3 rope per layer type", `{"model_type":"olmo3","rope_parameters":{"full_attention":{"rope_type":"default","rope_theta":1e6},"sliding_attention":{"rope_type":"default","rope_theta":1e4}}}`, func(t *testing.T, c *Config) {
+			if c.Rope.Theta != 1e6 || c.SlidingRope.Theta != 1e4 {
+				t.Errorf("full theta %g sliding theta %g", c.Rope.Theta, c.SlidingRope.Theta)
+			}
+		}},
+		{"smollm3 kept keys", `{"model_type":"smollm3","max_window_layers":28,"pretraining_tp":2}`, func(t *testing.T, c *Config) {
+			if u := c.Unknown(); len(u) != 0 {
+				t.Errorf("not understood %v", u)
+			}
+			out := string(mustMarshal(t, c))
+			if !strings.Contains(out, `"max_window_layers": 28`) || !strings.Contains(out, `"pretraining_tp": 2`) {
+				t.Errorf("max_window_layers and pretraining_tp are written back as read:\n%s", out)
+			}
+		}},
 		{"smollm3 nope layers", `{"model_type":"smollm3","num_hidden_layers":8,"use_sliding_window":true,"sliding_window":16}`, func(t *testing.T, c *Config) {
 			if want := []int{1, 1, 1, 0, 1, 1, 1, 0}; !slices.Equal(c.NoRopeLayers, want) {
 				t.Errorf("no_rope_layers %v, want %v", c.NoRopeLayers, want)
@@ -108,6 +133,7 @@ func TestFeatureFamiliesRefuse(t *testing.T) {
 		{"smollm3 sliding without switch", `{"model_type":"smollm3","num_hidden_layers":2,"sliding_window":8,"layer_types":["full_attention","sliding_attention"]}`, "use_sliding_window is false"},
 		{"glm4_moe groups", `{"model_type":"glm4_moe","head_dim":128,"n_group":3}`, "n_group (3) must be at least 1 and divide n_routed_experts (128)"},
 		{"glm4_moe topk groups", `{"model_type":"glm4_moe","head_dim":128,"n_routed_experts":8,"num_experts_per_tok":4,"n_group":4,"topk_group":1}`, "hold fewer than num_experts_per_tok"},
+		{"olmo3 local base freq", `{"model_type":"olmo3","rope_local_base_freq":10000}`, `key "rope_local_base_freq" is not a olmo3 key`},
 		{"olmo3 no window", `{"model_type":"olmo3","sliding_window":null}`, "sliding_window must be a positive number"},
 		{"qwen2_moe bad mlp_only", `{"model_type":"qwen2_moe","num_hidden_layers":2,"mlp_only_layers":[5]}`, "mlp_only_layers[0] = 5"},
 	} {

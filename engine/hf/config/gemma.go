@@ -31,6 +31,7 @@ func init() {
 		DefaultRopeTheta:        1e6,
 		RopePerLayerType:        true,
 		DefaultSlidingRopeTheta: 1e4,
+		SlidingRopeThetaKey:     "rope_local_base_freq",
 		Norms:                   SandwichNorms,
 		QKNorm:                  QKNormPerHead,
 		Defaults: func(c *Config) {

@@ -38,7 +38,10 @@ func olmoDefaults(c *Config) {
 
 // olmo3: Olmo3Config. OLMo 2's decoder with sliding-window attention on the layers layer_types
 // marks sliding_attention (by default three of every four: layer i is full when (i+1) % 4 ==
-// 0).
+// 0). rope_parameters holds one dictionary per layer type, as transformers 5.17 writes it; a
+// 4.x file's rope_scaling and rope_theta are the full-attention layers' (its sliding layers
+// rotate with the default type), and a sliding_attention rope_theta the file does not give is
+// 500000, the class default, as transformers 5.17 standardises it.
 func init() {
 	Register(Family{
 		ModelType:     "olmo3",
@@ -47,8 +50,10 @@ func init() {
 			"hidden_size", "initializer_range", "intermediate_size", "layer_types", "max_position_embeddings",
 			"num_attention_heads", "num_hidden_layers", "num_key_value_heads", "pad_token_id", "rms_norm_eps",
 			"sliding_window", "tie_word_embeddings", "use_cache", "vocab_size"},
-		Optional:         []string{"head_dim"},
-		DefaultRopeTheta: 10000.0,
+		Optional:                []string{"head_dim"},
+		DefaultRopeTheta:        500000.0,
+		RopePerLayerType:        true,
+		DefaultSlidingRopeTheta: 500000.0,
 		Defaults: func(c *Config) {
 			olmoDefaults(c)
 			c.SlidingWindow = 4096

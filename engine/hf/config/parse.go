@@ -174,7 +174,7 @@ func parse(data []byte) (*Config, error) {
 			}
 			continue
 		case "rope_local_base_freq":
-			if f.RopePerLayerType {
+			if key == f.SlidingRopeThetaKey {
 				// 4.x files: the sliding layers' rope_theta (transformers consumes the key).
 				if !isNull(raw) {
 					localTheta = raw
@@ -196,6 +196,10 @@ func parse(data []byte) (*Config, error) {
 			if !jsonEqual(raw, []byte(def)) {
 				c.extra = append(c.extra, rawKey{Key: key, Value: raw, understood: true})
 			}
+			continue
+		}
+		if slices.Contains(f.Kept, key) {
+			c.extra = append(c.extra, rawKey{Key: key, Value: raw, understood: true})
 			continue
 		}
 		canon, ok := f.knows(key)

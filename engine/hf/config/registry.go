@@ -76,6 +76,14 @@ type Family struct {
 	RopePerLayerType bool
 	// DefaultSlidingRopeTheta is SlidingRope's rope_theta when the file has none.
 	DefaultSlidingRopeTheta float64
+	// SlidingRopeThetaKey is the top-level key of 4.x files that holds the sliding layers'
+	// rope_theta (gemma3_text: rope_local_base_freq, which transformers consumes); empty when
+	// the family has none.
+	SlidingRopeThetaKey string
+	// Kept are keys transformers keeps as plain attributes that the family's model never reads
+	// (smollm3's Hub files carry Qwen2's max_window_layers and pretraining_tp): written back as
+	// read, neither refused nor reported as not understood.
+	Kept []string
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }
@@ -213,7 +221,7 @@ func (f *Family) Understands(key string) bool {
 	if _, ok := f.knows(key); ok || slices.Contains(commonKeys, key) {
 		return true
 	}
-	if f.RopePerLayerType && key == "rope_local_base_freq" {
+	if (f.SlidingRopeThetaKey != "" && key == f.SlidingRopeThetaKey) || slices.Contains(f.Kept, key) {
 		return true
 	}
 	_, ok := baseDefaults[key]
@@ -222,7 +230,7 @@ func (f *Family) Understands(key string) bool {
 
 // KnownKeys lists the keys Understands accepts, sorted.
 func (f *Family) KnownKeys() []string {
-	keys := append(append(append([]string{}, f.Keys...), f.Optional...), commonKeys...)
+	keys := append(append(append(append([]string{}, f.Keys...), f.Optional...), f.Kept...), commonKeys...)
 	for k := range f.Aliases {
 		keys = append(keys, k)
 	}

@@ -14,7 +14,10 @@ func init() {
 			"mlp_bias", "no_rope_layer_interval", "no_rope_layers", "num_attention_heads", "num_hidden_layers",
 			"num_key_value_heads", "pad_token_id", "rms_norm_eps", "sliding_window", "tie_word_embeddings",
 			"use_cache", "use_sliding_window", "vocab_size"},
-		Optional:         []string{"head_dim"},
+		Optional: []string{"head_dim"},
+		// SmolLM3's Hub configs carry Qwen2's max_window_layers and pretraining_tp, which
+		// transformers keeps and SmolLM3's model does not read.
+		Kept:             []string{"max_window_layers", "pretraining_tp"},
 		DefaultRopeTheta: 2000000.0,
 		Defaults: func(c *Config) {
 			c.VocabSize = 128256
