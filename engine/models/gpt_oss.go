@@ -41,6 +41,14 @@ func init() {
 	})
 }
 
+// The clamped SwiGLU's gain and clamp. transformers' GptOssExperts applies these constants
+// and never reads the config's swiglu_alpha or swiglu_limit, so a checkpoint computes here
+// what it computes there whatever those keys hold (they are read and written back only).
+const (
+	ossSwigluAlpha = 1.702
+	ossSwigluLimit = 7.0
+)
+
 // ossFFN builds nn.OSSMoE in every layer.
 type ossFFN struct{}
 
@@ -65,11 +73,6 @@ func (ossFFN) Specs(a *Arch, i int) []ParamSpec {
 // Build implements FFNHooks.
 func (ossFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) nn.FFN {
 	pre := layerName(i, "mlp.")
-	c := a.Config
-	alpha, limit := 1.702, 7.0
-	if c != nil {
-		alpha, limit = c.SwigluAlpha, c.SwigluLimit
-	}
 	return &nn.OSSMoE{
 		Name: pre + "experts",
 		Router: nn.Linear{Name: pre + "router", W: param(pre + "router.weight"), B: param(pre + "router.bias"),
@@ -78,7 +81,7 @@ func (ossFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) nn.F
 		Down: param(pre + "experts.down_proj"), DownBias: param(pre + "experts.down_proj_bias"),
 		GGateUp: grad(pre + "experts.gate_up_proj"), GGateUpBias: grad(pre + "experts.gate_up_proj_bias"),
 		GDown: grad(pre + "experts.down_proj"), GDownBias: grad(pre + "experts.down_proj_bias"),
-		TopK: a.TopK, Alpha: float32(alpha), Limit: float32(limit),
+		TopK: a.TopK, Alpha: ossSwigluAlpha, Limit: ossSwigluLimit,
 	}
 }
 

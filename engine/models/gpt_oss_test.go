@@ -182,15 +182,15 @@ func (g ossRef) logprobs(ids []int32) []float64 {
 	return out
 }
 
-// tinyOSS is gpt_oss's tiny preset with a small clamp, so that the clamps act on random
-// weights, built on the CPU with non-trivial norms, biases and sinks.
-func tinyOSS(t *testing.T, limit float64) *Model {
+// tinyOSS is gpt_oss's tiny preset with weights drawn with standard deviation initRange
+// (when large enough, the expert projections pass the clamp at 7.0), built on the CPU with
+// non-trivial norms, biases and sinks.
+func tinyOSS(t *testing.T, initRange float64) *Model {
 	cfg, err := config.Preset("gpt_oss", "tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.SwigluLimit = limit
-	cfg.InitializerRange = 0.2
+	cfg.InitializerRange = initRange
 	m, err := New(cfg, newCPU(), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -219,28 +219,61 @@ func float64s(t *testing.T, m *Model) func(string) []float64 {
 
 // TestGptOssMatchesReference: the model's logprobs equal the float64 reference decoder's on a
 // document longer than the sliding window, with yarn RoPE, sinks, biases, the router bias and
-// clamps that hold (limit 0.5); a larger limit changes them, so the clamps are exercised.
+// weights large enough that the clamps at 7.0 hold; without the clamps the reference differs,
+// so they are exercised. swiglu_limit is set far from 7.0 and changes nothing, as in
+// transformers, whose experts clamp at 7.0 whatever the config says.
 func TestGptOssMatchesReference(t *testing.T) {
-	m := tinyOSS(t, 0.5)
+	m := tinyOSS(t, 0.4)
 	ids := []int32{3, 17, 0, 36, 5, 5, 21, 9, 30, 200, 255, 1, 7}
 	got, err := m.Logprobs(ids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := ossRef{m: m, p: float64s(t, m), alpha: 1.702, limit: 0.5}
+	ref := ossRef{m: m, p: float64s(t, m), alpha: 1.702, limit: 7}
 	want := ref.logprobs(ids)
 	for i := range want {
-		if d := math.Abs(float64(got[i]) - want[i]); d > 2e-5 {
+		// The large weights give logprobs of -10 and below: float32's relative error counts.
+		if d := math.Abs(float64(got[i]) - want[i]); d > 2e-5+2e-6*math.Abs(want[i]) {
 			t.Errorf("logprob %d: model %.7f, reference %.7f", i, got[i], want[i])
 		}
 	}
-	ref.limit = 7
+	ref.limit = math.Inf(1)
 	diff := 0.0
 	for i, v := range ref.logprobs(ids) {
 		diff = math.Max(diff, math.Abs(v-want[i]))
 	}
 	if diff < 1e-4 {
-		t.Errorf("the clamp at 0.5 moved no logprob by 1e-4 (max %g): the case does not exercise it", diff)
+		t.Errorf("the clamp at 7.0 moved no logprob by 1e-4 (max %g): the case does not exercise it", diff)
+	}
+
+	// The same weights under a config with swiglu_limit 0.5 give the same logprobs.
+	cfg := m.Config().Clone()
+	cfg.SwigluLimit = 0.5
+	m2, err := New(cfg, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	dir := t.TempDir()
+	if err := m.Save(dir, SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := m2.LoadWeights(f); err != nil {
+		t.Fatal(err)
+	}
+	got2, err := m2.Logprobs(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got2[i] != got[i] {
+			t.Errorf("logprob %d: %.7f with swiglu_limit 0.5, %.7f with 7.0", i, got2[i], got[i])
+		}
 	}
 }
 
@@ -279,7 +312,7 @@ func TestDequantMXFP4(t *testing.T) {
 // Hub layout) loads with the experts dequantised, and Save writes them back as plain tensors
 // without the quantization_config.
 func TestGptOssLoadsMXFP4(t *testing.T) {
-	m := tinyOSS(t, 7)
+	m := tinyOSS(t, 0.2)
 	dir := t.TempDir()
 	if err := m.Save(dir, SaveOptions{}); err != nil {
 		t.Fatal(err)

@@ -41,6 +41,7 @@ var savedCases = []struct {
 		`rope_parameters={"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":8,"mscale":1.0,"mscale_all_dim":0.8,"rope_theta":10000.0}`}},
 	// A plain q_proj, rotate-half rotary dims, a sparse layer before a dense one.
 	{"glm4_moe_lite_qproj", "glm4_moe_lite", []string{"q_lora_rank=null", "rope_interleave=false", `mlp_layer_types=["sparse","dense"]`}},
+	// swiglu_limit 1.0, which transformers' experts ignore (they clamp at 7.0), as the model does.
 	{"gpt_oss_clamped", "gpt_oss", []string{"swiglu_limit=1.0", "sliding_window=4", "initializer_range=0.2"}},
 	{"gemma3_softcap", "gemma3_text", []string{"final_logit_softcapping=3.0", "sliding_window=4", "query_pre_attn_scalar=12",
 		`rope_parameters={"full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":1000.0}}`}},

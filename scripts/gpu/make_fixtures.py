@@ -263,7 +263,8 @@ CASES += [
 # gpt-oss with every feature on, at odd sizes: 6 heads of 10 over 2 KV heads, 5 experts of 20
 # (top 2), alternating sliding (window 5, shorter than T) and full layers over 3 layers, yarn
 # RoPE without truncation, attention sinks and biases, the router's and the experts' biases,
-# and a swiglu_limit of 1.0 so that the clamps act on random weights.
+# and a swiglu_limit of 1.0, which transformers' experts do not read (they clamp at 7.0): the
+# case checks that the model ignores it likewise.
 CASES += [
     case("gpt_oss", "gpt_oss", vocab_size=251, hidden_size=48, intermediate_size=20, num_hidden_layers=3,
          num_attention_heads=6, num_key_value_heads=2, head_dim=10, num_local_experts=5, num_experts_per_tok=2,

@@ -10,8 +10,11 @@ import (
 // (layer_types; when absent, even layers slide); yarn RoPE (factor 32 over 4096 positions,
 // truncate false) by default; a mixture of num_local_experts experts in every layer, routed by
 // a linear router with a bias (softmax over the top num_experts_per_tok logits), whose experts
-// apply a clamped SwiGLU with biases: gate clamped above at swiglu_limit, up clamped to
-// ±swiglu_limit, out = (up + 1) * gate * sigmoid(swiglu_alpha * gate).
+// apply a clamped SwiGLU with biases: gate clamped above at 7.0, up clamped to ±7.0, out =
+// (up + 1) * gate * sigmoid(1.702 * gate). swiglu_limit (in the Hub's files) and swiglu_alpha
+// are kept and written back when the source has them, as transformers 5.x does (its config has
+// no such attributes); its model applies those constants whatever the keys hold, and so does
+// engine/models.
 //
 // The Hub's config.json also carries experts_per_token and initial_context_length from the
 // original release, read as informational keys; other unknown keys are refused.
@@ -23,9 +26,9 @@ func init() {
 			"hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
 			"max_position_embeddings", "num_attention_heads", "num_experts_per_tok", "num_hidden_layers",
 			"num_key_value_heads", "num_local_experts", "output_router_logits", "pad_token_id",
-			"rms_norm_eps", "router_aux_loss_coef", "sliding_window", "swiglu_limit",
-			"tie_word_embeddings", "use_cache", "vocab_size"},
-		Optional:         []string{"swiglu_alpha", "experts_per_token", "initial_context_length"},
+			"rms_norm_eps", "router_aux_loss_coef", "sliding_window", "tie_word_embeddings",
+			"use_cache", "vocab_size"},
+		Optional:         []string{"swiglu_limit", "swiglu_alpha", "experts_per_token", "initial_context_length"},
 		Aliases:          map[string]string{"num_experts": "num_local_experts"},
 		DefaultRopeTheta: 150000,
 		Sinks:            true,
@@ -75,6 +78,7 @@ func init() {
 			"tiny": func(c *Config) {
 				tiny(c)
 				c.SlidingWindow = 8
+				c.src["swiglu_limit"] = true // written, as the Hub's files do
 			},
 			// openai/gpt-oss-20b
 			"gpt-oss-20b": func(c *Config) {
@@ -84,7 +88,7 @@ func init() {
 				c.PadTokenID = IntPtr(199999)
 				c.RouterAuxLossCoef = 0.9
 				c.ExpertsPerToken, c.InitialContextLength = 4, 4096
-				c.src["experts_per_token"], c.src["initial_context_length"] = true, true
+				c.src["experts_per_token"], c.src["initial_context_length"], c.src["swiglu_limit"] = true, true, true
 				c.DType = "bfloat16"
 				c.Rope.Theta = 150000
 				c.setIntLiteral("rope_parameters.rope_theta")
