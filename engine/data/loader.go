@@ -167,6 +167,11 @@ func (l *Loader) All(epoch int) ([]Batch, error) {
 // one when fraction > 0, chosen by seed; both parts keep the input order. It refuses a split
 // that would leave either part empty.
 func Split(recs []Record, fraction float64, seed uint64) (train, eval []Record, err error) {
+	return splitHeld(recs, fraction, seed, "records")
+}
+
+// splitHeld is Split over rows of any kind; unit names them in errors.
+func splitHeld[T any](recs []T, fraction float64, seed uint64, unit string) (train, eval []T, err error) {
 	if fraction <= 0 {
 		return recs, nil, nil
 	}
@@ -175,7 +180,7 @@ func Split(recs []Record, fraction float64, seed uint64) (train, eval []Record, 
 	}
 	nEval := max(1, int(math.Round(fraction*float64(len(recs)))))
 	if nEval >= len(recs) {
-		return nil, nil, fmt.Errorf("data: eval_split %v of %d records leaves nothing to train on", fraction, len(recs))
+		return nil, nil, fmt.Errorf("data: eval_split %v of %d %s leaves nothing to train on", fraction, len(recs), unit)
 	}
 	perm := rand.New(rand.NewPCG(seed, 0x5ee4_5b11)).Perm(len(recs))
 	held := make([]bool, len(recs))

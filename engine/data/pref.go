@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
 	"os"
 	"sort"
 	"strings"
@@ -362,27 +360,5 @@ func shortJSON(v []byte) string {
 // SplitPreference sets aside a deterministic held-out part of recs, as Split does for
 // records: round(fraction*len) rows, at least one when fraction > 0, chosen by seed.
 func SplitPreference(recs []PrefRecord, fraction float64, seed uint64) (train, eval []PrefRecord, err error) {
-	if fraction <= 0 {
-		return recs, nil, nil
-	}
-	if fraction >= 1 || math.IsNaN(fraction) {
-		return nil, nil, fmt.Errorf("data: eval_split %v: must be in [0, 1)", fraction)
-	}
-	nEval := max(1, int(math.Round(fraction*float64(len(recs)))))
-	if nEval >= len(recs) {
-		return nil, nil, fmt.Errorf("data: eval_split %v of %d rows leaves nothing to train on", fraction, len(recs))
-	}
-	perm := rand.New(rand.NewPCG(seed, 0x5ee4_5b11)).Perm(len(recs))
-	held := make([]bool, len(recs))
-	for _, i := range perm[:nEval] {
-		held[i] = true
-	}
-	for i, r := range recs {
-		if held[i] {
-			eval = append(eval, r)
-		} else {
-			train = append(train, r)
-		}
-	}
-	return train, eval, nil
+	return splitHeld(recs, fraction, seed, "rows")
 }
