@@ -54,12 +54,44 @@ func (s *scorer) end(why error) {
 type rewardHub struct {
 	mu      sync.Mutex
 	cur     *scorer
+	changed chan struct{} // closed (and replaced) when a scorer attaches
 	nextID  int64
 	pending map[int64]chan rewardReply
 }
 
 func newRewardHub() *rewardHub {
-	return &rewardHub{pending: map[int64]chan rewardReply{}}
+	return &rewardHub{pending: map[int64]chan rewardReply{}, changed: make(chan struct{})}
+}
+
+// attachGrace is how long a batch waits for a scorer when none is attached, or when the one it
+// chose is replaced before taking the batch: a client that sets a new reward function closes
+// its Rollouts stream and opens the next, and a step in between must not fail for that.
+const attachGrace = 2 * time.Second
+
+// scorerFor returns the attached scorer, waiting up to the grace deadline for one to attach.
+func (h *rewardHub) scorerFor(ctx context.Context, deadline time.Time) (*scorer, error) {
+	for {
+		h.mu.Lock()
+		sc, ch := h.cur, h.changed
+		h.mu.Unlock()
+		if sc != nil {
+			return sc, nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, train.ErrNoClientReward
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return nil, train.ErrNoClientReward
+		}
+	}
 }
 
 var _ train.RewardFunc = (*rewardHub)(nil)
@@ -71,12 +103,12 @@ var errScorerEnded = errors.New("its Rollouts stream ended (the client disconnec
 
 // Rewards sends rs to the scorer and waits for its answer.
 func (h *rewardHub) Rewards(ctx context.Context, rs []train.Rollout) ([]float64, error) {
-	h.mu.Lock()
-	sc := h.cur
-	if sc == nil {
-		h.mu.Unlock()
-		return nil, train.ErrNoClientReward
+	grace := time.Now().Add(attachGrace)
+	sc, err := h.scorerFor(ctx, grace)
+	if err != nil {
+		return nil, err
 	}
+	h.mu.Lock()
 	h.nextID++
 	id := h.nextID
 	reply := make(chan rewardReply, 1)
@@ -102,12 +134,23 @@ func (h *rewardHub) Rewards(ctx context.Context, rs []train.Rollout) ([]float64,
 		}
 		return ctx.Err()
 	}
-	select {
-	case sc.batches <- b:
-	case <-sc.done:
-		return nil, fmt.Errorf("session: client %s stopped scoring rollouts: %w", sc.client, sc.why)
-	case <-ctx.Done():
-		return nil, wait()
+	for sent := false; !sent; {
+		select {
+		case sc.batches <- b:
+			sent = true
+		case <-sc.done:
+			h.mu.Lock()
+			replaced := h.cur != nil && h.cur != sc
+			h.mu.Unlock()
+			if !replaced || time.Now().After(grace) {
+				return nil, fmt.Errorf("session: client %s stopped scoring rollouts: %w", sc.client, sc.why)
+			}
+			if sc, err = h.scorerFor(ctx, grace); err != nil {
+				return nil, err
+			}
+		case <-ctx.Done():
+			return nil, wait()
+		}
 	}
 	select {
 	case r := <-reply:
@@ -125,6 +168,8 @@ func (h *rewardHub) attach(client string) *scorer {
 	h.mu.Lock()
 	old := h.cur
 	h.cur = sc
+	close(h.changed)
+	h.changed = make(chan struct{})
 	h.mu.Unlock()
 	if old != nil {
 		old.end(fmt.Errorf("replaced by a newer Rollouts stream of client %s", client))
