@@ -274,7 +274,64 @@ CASES += [
          tie_word_embeddings=False),
 ]
 
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite")
+# Gemma 4's text decoder at odd sizes with what the first case's model implements switched on:
+# sliding layers (window 5) with heads of 16 beside full layers with heads of 24 (global_head_dim)
+# over one shared key/value projection (attention_k_eq_v, num_global_key_value_heads), q/k norms
+# and the unscaled value norm, proportional RoPE over half of each global head, a final-logit
+# cap, and no per-layer inputs. The second case turns on the rest of the decoder: per-layer
+# input embeddings, the last two layers reading the keys and values of earlier ones
+# (num_kv_shared_layers) with double-wide MLPs, and the MoE block beside the dense MLP.
+GEMMA4_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1000000.0},
+}
+CASES += [
+    case("gemma4_text", "gemma4_text", vocab_size=263, hidden_size=64, intermediate_size=100,
+         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+         global_head_dim=24, num_global_key_value_heads=1, attention_k_eq_v=True,
+         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+         sliding_window=5, final_logit_softcapping=3.0, hidden_size_per_layer_input=0,
+         num_kv_shared_layers=0, enable_moe_block=False, use_double_wide_mlp=False,
+         rope_parameters=GEMMA4_ROPE, tie_word_embeddings=True),
+    case("gemma4_text_ple", "gemma4_text", vocab_size=263, hidden_size=64, intermediate_size=100,
+         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+         global_head_dim=24, attention_k_eq_v=False,
+         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+         sliding_window=5, final_logit_softcapping=3.0, hidden_size_per_layer_input=8,
+         vocab_size_per_layer_input=263, num_kv_shared_layers=2, use_double_wide_mlp=True,
+         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24,
+         rope_parameters=GEMMA4_ROPE, tie_word_embeddings=True),
+]
+
+# LFM2-MoE: short-convolution layers (depthwise causal conv of conv_L_cache taps between the
+# B/C gates of in_proj) beside attention layers with per-head q/k layernorms; dense SwiGLU
+# feed-forward in the first num_dense_layers layers and, after them, a sigmoid router whose
+# expert_bias buffer (perturbed) only chooses, renormalised and scaled weights. The first case
+# has every switch on (conv biases, expert bias, renormalisation, a scaling factor, tied
+# embeddings); the second the other side of each (a 4-tap conv without biases, raw weights,
+# every layer sparse, an untied head). norm_eps replaces BASE's rms_norm_eps.
+LFM2 = dict(BASE, vocab_size=251, hidden_size=64, intermediate_size=100, num_attention_heads=4,
+            num_key_value_heads=2, norm_eps=1e-5)
+del LFM2["rms_norm_eps"]
+CASES += [
+    ("lfm2_moe", "lfm2_moe", dict(LFM2, num_hidden_layers=4,
+                                  layer_types=["conv", "full_attention", "conv", "full_attention"],
+                                  conv_bias=True, conv_L_cache=3, num_dense_layers=1, num_experts=6,
+                                  num_experts_per_tok=2, moe_intermediate_size=24, use_expert_bias=True,
+                                  routed_scaling_factor=1.5, norm_topk_prob=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                                  tie_word_embeddings=True)),
+    ("lfm2_moe_raw", "lfm2_moe", dict(LFM2, num_hidden_layers=3,
+                                      layer_types=["full_attention", "conv", "conv"],
+                                      conv_bias=False, conv_L_cache=4, num_dense_layers=0, num_experts=5,
+                                      num_experts_per_tok=3, moe_intermediate_size=20, use_expert_bias=False,
+                                      routed_scaling_factor=1.0, norm_topk_prob=False,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                                      tie_word_embeddings=False)),
+]
+
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
+                "lfm2_moe")
 # Families whose experts need transformers' eager experts implementation in float64.
 EAGER_EXPERTS = MOE_FAMILIES + ("gpt_oss",)
 
@@ -296,8 +353,12 @@ def perturb(model, seed):
                 # gpt-oss's stacked expert biases [E, 2I] and [E, C] start at zero.
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith("e_score_correction_bias") or name.endswith("expert_bias"):
+                # Selection-only router biases (DeepSeek's, LFM2-MoE's).
                 b.copy_(0.05 * torch.randn(b.shape, generator=g))
+            elif name.endswith("layer_scalar"):
+                # Gemma 4's per-layer output scale, a checkpoint buffer of ones.
+                b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=g))
 
 
 def token_logprobs(logits, ids):
@@ -368,7 +429,8 @@ def make(outdir, name, model_type, cfg_kw, seed):
 
     # Float64 logprobs of the same weights, for diagnosing precision questions.
     # (MoE experts need the eager experts implementation: grouped_mm has no float64 kernel.)
-    extra64 = {"experts_implementation": "eager"} if model_type in EAGER_EXPERTS else {}
+    eager = model_type in EAGER_EXPERTS or cfg_kw.get("enable_moe_block")
+    extra64 = {"experts_implementation": "eager"} if eager else {}
     m64 = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float64, **extra64)
     m64.eval()
     with torch.no_grad():
