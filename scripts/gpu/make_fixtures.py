@@ -330,8 +330,45 @@ CASES += [
                                       tie_word_embeddings=False)),
 ]
 
+# Gated delta-net linear attention beside gated full attention, at odd sizes. qwen3_next:
+# explicit layer types (linear, full, linear, full); 2 key heads of 12 serving 4 value heads of
+# 10 (each key head feeds 2 consecutive value heads), a conv kernel of 3; full attention of 3
+# heads of 20 over 1 KV head with its sigmoid output gate, per-head q/k norms, biases, rotary
+# over half of each head; 6 experts of 24 (top 2, not renormalised) plus a gated shared expert
+# of 40, with layer 2 dense (mlp_only_layers).
+CASES += [
+    case("qwen3_next", "qwen3_next", vocab_size=251, hidden_size=64, intermediate_size=72, num_hidden_layers=4,
+         num_attention_heads=3, num_key_value_heads=1, head_dim=20, attention_bias=True,
+         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=12, linear_value_head_dim=10,
+         linear_conv_kernel_dim=3, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
+         shared_expert_intermediate_size=40, decoder_sparse_step=1, mlp_only_layers=[2], norm_topk_prob=False,
+         output_router_logits=True, router_aux_loss_coef=0.01, tie_word_embeddings=False, partial_rotary_factor=0.5,
+         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+]
+# Qwen3.5-MoE's text model: layer types from full_attention_interval 2 (linear, full, linear,
+# full), 2 key heads of 8 serving 6 value heads of 14 (3 each), the default conv kernel of 4 and
+# the default partial rotary factor 0.25 (4 of 16 dims), the Hub's mrope keys (text positions
+# make them plain RoPE), 5 experts of 20 (top 3, always renormalised) plus a gated shared expert
+# of 28 in every layer, tied embeddings.
+CASES += [
+    case("qwen3_5_moe_text", "qwen3_5_moe_text", vocab_size=263, hidden_size=64, num_hidden_layers=4,
+         num_attention_heads=4, num_key_value_heads=2, head_dim=16, full_attention_interval=2,
+         linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=14,
+         num_experts=5, num_experts_per_tok=3, moe_intermediate_size=20, shared_expert_intermediate_size=28,
+         output_router_logits=True, router_aux_loss_coef=0.02, tie_word_embeddings=True,
+         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0],
+                          "mrope_interleaved": True}),
+]
+# Keys of BASE that a family's config does not have (transformers would keep them as extra
+# attributes and write them to config.json).
+NOT_KEYS = {"qwen3_5_moe_text": ("intermediate_size",)}
+CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())}) for n, mt, kw in CASES]
+
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
-                "lfm2_moe")
+                "lfm2_moe", "qwen3_next", "qwen3_5_moe_text")
+# Families with gated delta-net layers (torch_linear_attention).
+LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.
 EAGER_EXPERTS = MOE_FAMILIES + ("gpt_oss",)
 
@@ -361,6 +398,23 @@ def perturb(model, seed):
                 b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=g))
 
 
+def torch_linear_attention(model):
+    """Make gated delta-net layers use transformers' torch fallbacks (the causal conv1d and the
+    chunked gated delta rule written in torch), whatever kernels the machine has installed: the
+    references are of that path, in float32 on the CPU."""
+    import importlib
+    mod = importlib.import_module(type(model).__module__)
+    chunk = getattr(mod, "torch_chunk_gated_delta_rule", None)
+    recurrent = getattr(mod, "torch_recurrent_gated_delta_rule", None)
+    for m in model.modules():
+        if hasattr(m, "causal_conv1d_fn"):
+            m.causal_conv1d_fn = None
+        if chunk is not None and hasattr(m, "chunk_gated_delta_rule"):
+            m.chunk_gated_delta_rule = chunk
+        if recurrent is not None and hasattr(m, "recurrent_gated_delta_rule"):
+            m.recurrent_gated_delta_rule = recurrent
+
+
 def token_logprobs(logits, ids):
     lp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
     return lp[:, :-1, :].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
@@ -379,6 +433,8 @@ def make(outdir, name, model_type, cfg_kw, seed):
     config = transformers.AutoConfig.for_model(model_type, **cfg_kw)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    if model_type in LINEAR_ATTENTION:
+        torch_linear_attention(model)
     perturb(model, seed)
     model.eval()
     is_moe = model_type in MOE_FAMILIES
@@ -432,6 +488,8 @@ def make(outdir, name, model_type, cfg_kw, seed):
     eager = model_type in EAGER_EXPERTS or cfg_kw.get("enable_moe_block")
     extra64 = {"experts_implementation": "eager"} if eager else {}
     m64 = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float64, **extra64)
+    if model_type in LINEAR_ATTENTION:
+        torch_linear_attention(m64)
     m64.eval()
     with torch.no_grad():
         ref["logprobs_f64"] = token_logprobs(m64(input_ids=ids).logits, ids).tolist()
