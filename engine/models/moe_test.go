@@ -69,6 +69,8 @@ var moeCases = []struct {
 	{"qwen3_moe_mlp_only", "qwen3_moe", func(c *config.Config) { c.MLPOnlyLayers = []int{0} }},
 	{"mixtral", "mixtral", nil},
 	{"olmoe", "olmoe", nil},
+	// OLMo 2's post-norms and projection-wide q/k norms around OLMoE's experts.
+	{"flex_olmo", "flex_olmo", nil},
 	// Latent attention with q LoRA, interleaved rotary dims, sigmoid routing over 2 groups of 3
 	// with a correction bias, scaled weights and a shared expert; the first layer dense.
 	{"deepseek_v3", "deepseek_v3", latentMoE(nil)},

@@ -48,7 +48,8 @@ type parityReference struct {
 var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_yarn", "qwen3", "qwen3_dynamic",
 	"qwen3_moe", "qwen3_moe_sparse", "mixtral", "olmoe",
 	"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe",
-	"gemma3_text", "deepseek_v3", "deepseek_v3_qproj", "glm4_moe_lite", "gpt_oss"}
+	"gemma3_text", "deepseek_v3", "deepseek_v3_qproj", "glm4_moe_lite", "gpt_oss",
+	"flex_olmo"}
 
 // parityDirs returns parityCases followed by every other fixture directory found under
 // testdata/parity, sorted.

@@ -45,6 +45,8 @@ var savedCases = []struct {
 	{"gpt_oss_clamped", "gpt_oss", []string{"swiglu_limit=1.0", "sliding_window=4", "initializer_range=0.2"}},
 	{"gemma3_softcap", "gemma3_text", []string{"final_logit_softcapping=3.0", "sliding_window=4", "query_pre_attn_scalar=12",
 		`rope_parameters={"full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":1000.0}}`}},
+	// Post-norms and projection-wide q/k norms around renormalised experts, attention biases.
+	{"flex_olmo", "flex_olmo", []string{"attention_bias=true", "norm_topk_prob=true"}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

@@ -360,13 +360,24 @@ CASES += [
          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0],
                           "mrope_interleaved": True}),
 ]
+# More MoE families built from the blocks above, in odd shapes with every feature on.
+CASES += [
+    # FlexOlmo: OLMo 2's post-norms and projection-wide q/k norms (6 heads of 8, attention
+    # biases) around OLMoE's experts: 5 of 24, top 2, renormalised, with the aux loss.
+    # num_key_value_heads=None: FlexOlmoConfig.__post_init__ fills it from the heads.
+    case("flex_olmo", "flex_olmo", **dict(ODD, num_key_value_heads=None, intermediate_size=24),
+         num_hidden_layers=2, num_experts=5, num_experts_per_tok=2, norm_topk_prob=True,
+         attention_bias=True, output_router_logits=True, router_aux_loss_coef=0.02,
+         tie_word_embeddings=False),
+]
+
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
 # attributes and write them to config.json).
 NOT_KEYS = {"qwen3_5_moe_text": ("intermediate_size",)}
 CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())}) for n, mt, kw in CASES]
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
-                "lfm2_moe", "qwen3_next", "qwen3_5_moe_text")
+                "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.

@@ -1,0 +1,56 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// Parameter counts of the tiny presets of further MoE families, from the shapes of
+// transformers' modules.
+func TestMoEFamiliesParameters(t *testing.T) {
+	h, v, q, kv := int64(64), int64(256), int64(64), int64(32)
+	attn := h*q + 2*h*kv + q*h
+	for _, tc := range []struct {
+		family string
+		want   int64
+	}{
+		// embed, lm_head, final norm; per layer attention, q/k norms over the projections, two
+		// post-norms, router and 8 experts of 32
+		{"flex_olmo", 2*v*h + h + 2*(attn+q+kv+2*h+h*8+8*3*h*32)},
+	} {
+		c, err := Preset(tc.family, "tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.NumParameters(); got != tc.want {
+			t.Errorf("%s tiny: %d parameters, want %d", tc.family, got, tc.want)
+		}
+	}
+}
+
+// The further MoE families refuse keys they do not know, naming the key, and read the
+// aliases transformers' attribute_map declares.
+func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
+	for _, fam := range []string{"flex_olmo"} {
+		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
+		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
+			t.Errorf("%s: unknown key: %v", fam, err)
+		}
+	}
+	c, err := Parse([]byte(`{"model_type": "flex_olmo", "num_local_experts": 3, "num_experts_per_tok": 2}`), "cfg.json")
+	if err != nil || c.NumExperts != 3 {
+		t.Fatalf("flex_olmo num_local_experts: %v, %+v", err, c)
+	}
+}
+
+// Defaults as the transformers config classes have them (without arguments).
+func TestMoEFamiliesDefaults(t *testing.T) {
+	c, err := New("flex_olmo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumExperts != 7 || c.NumExpertsPerTok != 5 || c.Rope.Theta != 500000 || c.NumKeyValueHeads != 32 ||
+		*c.PadTokenID != 100277 || c.BOSTokenID != nil || c.NormTopKProb || c.RouterAuxLossCoef != 0.01 {
+		t.Errorf("flex_olmo defaults: %+v", c)
+	}
+}

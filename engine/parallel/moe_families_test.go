@@ -1,0 +1,41 @@
+package parallel
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/mesh"
+)
+
+// Tiny models of further MoE families: flex_olmo (OLMo 2's post-norms and projection-wide q/k
+// norms around OLMoE's experts, renormalised top 2 of 4).
+func init() {
+	tinyConfigs["flex_olmo"] = `{"model_type": "flex_olmo", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true, "output_router_logits": true,
+		"router_aux_loss_coef": 0.05, "attention_bias": true,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+}
+
+// TestFlexOlmoLayoutsMatchSingleDevice: data parallelism, FSDP and expert parallelism give the
+// single device's loss, aux loss and gradients.
+func TestFlexOlmoLayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"flex_olmo"}, []struct {
+		n      int
+		layout string
+	}{{2, ""}, {2, "fsdp"}, {2, "ep=2"}, {4, "ep=4"}, {4, "ep=2 fsdp"}})
+}
+
+// TestFlexOlmoTensorParallelIsRefused: the projection-wide q/k norms cannot follow a split of
+// the heads, so tensor parallelism is refused by rule tp-qknorm.
+func TestFlexOlmoTensorParallelIsRefused(t *testing.T) {
+	l, err := mesh.ParseLayout("tp=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(tinyModel(t, "flex_olmo", 1), cpuDevices(2), l, Options{})
+	var le *mesh.LayoutError
+	if !errors.As(err, &le) || le.Rule != mesh.RuleTPQKNorm {
+		t.Errorf("flex_olmo tp=2: got %v, want refusal by rule %s", err, mesh.RuleTPQKNorm)
+	}
+}
