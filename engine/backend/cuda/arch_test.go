@@ -122,5 +122,13 @@ func TestKernelSharedMemoryFitsEveryArch(t *testing.T) {
 	for _, k := range wgDefault {
 		check(k.Name(), k.Shared(), archMaxShared["sm_90"])
 	}
-	check("grouped GEMM (warpgroup MMA)", groupedWGShared, archMaxShared["sm_90"])
+	for name, v := range groupedWGVariants {
+		check("grouped GEMM (warpgroup MMA "+name+")", v.shared, archMaxShared["sm_90"])
+	}
+	// An sm_90 multiprocessor has 228 KiB of shared memory, of which the system reserves 1 KiB
+	// per resident block.
+	const hopperSharedPerSM = 228 << 10
+	if v := groupedWGVariants["wg-n128x2"]; 2*(v.shared+1024) > hopperSharedPerSM {
+		t.Errorf("grouped GEMM wg-n128x2: two CTAs of %d bytes (and 1 KiB reserved each) exceed a multiprocessor's %d", v.shared, hopperSharedPerSM)
+	}
 }

@@ -105,9 +105,10 @@ type backendOptions struct {
 	// ops (unless HALO_CUDA_MOE_KERNELS=off); without them engine/nn runs MoE blocks as the routed
 	// composition. The methods themselves are always there, for their GPU tests.
 	moeKernels bool
-	// groupedWG runs the grouped expert GEMMs on the Hopper warpgroup-MMA kernels (sm_90,
-	// unless HALO_CUDA_GROUPED_GEMM=mma); otherwise on the mma.sync ones.
-	groupedWG bool
+	// groupedWG names the Hopper warpgroup-MMA variant (a key of groupedWGVariants) that runs
+	// the grouped expert GEMMs: "wg" on sm_90 unless HALO_CUDA_GROUPED_GEMM says otherwise;
+	// empty runs them on the mma.sync kernels.
+	groupedWG string
 	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).
 	normBwd normBwdOptions
 	// attnOverride replaces the attention kernels' measured choices (attention.go); the zero
@@ -118,7 +119,7 @@ type backendOptions struct {
 // defaultBackendOptions are the choices with every switch unset, on a device of architecture
 // arch ("sm_90").
 func defaultBackendOptions(arch string) backendOptions {
-	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, moeKernels: true, groupedWG: wgArch(arch), normBwd: defaultNormBwdOptions()}
+	return backendOptions{attnMMA: true, attnWG: wgArch(arch), emptyUncleared: true, moeKernels: true, groupedWG: defaultGroupedWG(arch), normBwd: defaultNormBwdOptions()}
 }
 
 // Device returns the underlying device (for diagnostics and events).

@@ -20,12 +20,36 @@ const (
 	groupedShared = 2 * 4 * groupedTile * (32 + 8) * 2
 )
 
-// groupedWGShared is the dynamic shared memory of the warpgroup-MMA kernels (GW_SHARED in
-// grouped_gemm_wg.cu: four stages of two 16 KiB operand tiles, and 1 KiB for alignment).
-const groupedWGShared = 2*4*16384 + 1024
+// groupedWGVariant is one variant of the warpgroup-MMA kernels (GW_KERNELS in
+// grouped_gemm_wg.cu): the kernels' name suffix, the tile's columns and the dynamic shared memory
+// (stages of a 16 KiB A tile and a cols x 64 bf16 B tile, and 1 KiB for alignment). Every
+// variant takes the mma.sync kernels' arguments; the row tiles are 128 as theirs.
+type groupedWGVariant struct {
+	suffix string
+	cols   int
+	shared uint32
+}
 
-// groupedWGKernels are the warpgroup-MMA kernels per kind; they take the same arguments and
-// grid as the mma.sync ones (the same 128 x 128 tiles).
+func wgShared(stages, cols int) uint32 { return uint32(stages*(16384+cols*128) + 1024) }
+
+// groupedWGVariants are the variants by their HALO_CUDA_GROUPED_GEMM names.
+var groupedWGVariants = map[string]groupedWGVariant{
+	"wg":        {"", 128, wgShared(4, 128)},
+	"wg-n128":   {"_n128", 128, wgShared(5, 128)},
+	"wg-n256":   {"_n256", 256, wgShared(4, 256)},
+	"wg-n128x2": {"_n128x2", 128, wgShared(3, 128)},
+}
+
+// defaultGroupedWG is the variant that runs the grouped GEMMs on a device of arch when
+// HALO_CUDA_GROUPED_GEMM is auto: "wg" on sm_90, none (mma.sync) elsewhere.
+func defaultGroupedWG(arch string) string {
+	if wgArch(arch) {
+		return "wg"
+	}
+	return ""
+}
+
+// groupedWGKernels are the warpgroup-MMA kernels' names per kind, before the variant's suffix.
 var groupedWGKernels = [...]string{
 	backend.GroupedForward:    "grouped_gemm_wg_fwd",
 	backend.GroupedInputGrad:  "grouped_gemm_wg_dx",
@@ -45,19 +69,20 @@ func groupedMMA(d backend.GroupedDims, ca, cb int32, pa, pb uintptr) bool {
 	return d.N%8 == 0 && vec8(int64(d.K), []int32{ca, cb}, pa, pb)
 }
 
-// groupedGrid is the launch grid of the mma.sync kernel of kind for sizes d: column tiles in x;
-// row tiles in y, for the bound ceil(S/128) + G on the per-group tiles of the row kinds, or the
-// N_ tiles with the groups in z for the weight gradient.
-func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims) ([3]uint32, error) {
-	tiles := func(n int) int64 { return (int64(n) + groupedTile - 1) / groupedTile }
+// groupedGrid is the launch grid of a tensor-core kernel of kind for sizes d, whose tiles have
+// 128 rows and cols columns: column tiles in x; row tiles in y, for the bound ceil(S/128) + G on
+// the per-group tiles of the row kinds, or the N_ tiles with the groups in z for the weight
+// gradient.
+func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims, cols int) ([3]uint32, error) {
+	tiles := func(n, t int) int64 { return (int64(n) + int64(t) - 1) / int64(t) }
 	var g [3]int64
 	switch kind {
 	case backend.GroupedForward:
-		g = [3]int64{tiles(d.N), tiles(d.S) + int64(d.G), 1}
+		g = [3]int64{tiles(d.N, cols), tiles(d.S, groupedTile) + int64(d.G), 1}
 	case backend.GroupedInputGrad:
-		g = [3]int64{tiles(d.K), tiles(d.S) + int64(d.G), 1}
+		g = [3]int64{tiles(d.K, cols), tiles(d.S, groupedTile) + int64(d.G), 1}
 	default:
-		g = [3]int64{tiles(d.K), tiles(d.N), int64(d.G)}
+		g = [3]int64{tiles(d.K, cols), tiles(d.N, groupedTile), int64(d.G)}
 	}
 	if g[0] > math.MaxInt32 || g[1] > 65535 || g[2] > 65535 {
 		return [3]uint32{}, fmt.Errorf("grid %v exceeds the launch limits (2^31-1, 65535, 65535)", g)
@@ -67,7 +92,7 @@ func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims) ([3]uint32, er
 
 // GroupedGEMM implements backend.Optional.GroupedGEMM: one launch for all groups, the groups'
 // rows found on the device from Offsets (never read here). bf16 operands with 16-byte aligned
-// rows take the tensor-core kernels (warpgroup MMAs with groupedWG, else mma.sync); other
+// rows take the tensor-core kernels (the warpgroup-MMA variant groupedWG names, else mma.sync); other
 // float operands the scalar kernel.
 func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 	d, err := a.Dims()
@@ -94,15 +119,19 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		acc = 1
 	}
 	if groupedMMA(d, ca, cb, pa, pb) {
-		grid, err := groupedGrid(a.Kind, d)
+		file, name, shared, cols := groupedFile, groupedMMAKernels[a.Kind], uint32(groupedShared), groupedTile
+		if b.groupedWG != "" {
+			v, ok := groupedWGVariants[b.groupedWG]
+			if !ok {
+				return fmt.Errorf("cuda: %s: no warpgroup-MMA variant %q", op, b.groupedWG)
+			}
+			file, name, shared, cols = groupedWGFile, groupedWGKernels[a.Kind]+v.suffix, v.shared, v.cols
+		}
+		grid, err := groupedGrid(a.Kind, d, cols)
 		if err != nil {
 			return fmt.Errorf("cuda: %s: %w", op, err)
 		}
 		args := packArgs(po, co, pa, pb, poff, int32(d.G), int32(d.N), int32(d.K), acc)
-		file, name, shared := groupedFile, groupedMMAKernels[a.Kind], uint32(groupedShared)
-		if b.groupedWG {
-			file, name, shared = groupedWGFile, groupedWGKernels[a.Kind], groupedWGShared
-		}
 		return b.d.Post(func() error {
 			return b.d.launchOnThread(file, name, grid, [3]uint32{256, 1, 1}, shared, args...)
 		})

@@ -74,23 +74,27 @@ func groupedCase(kind backend.GroupedKind, name string, rows []int, n, k int, in
 
 var groupedKindList = []backend.GroupedKind{backend.GroupedForward, backend.GroupedInputGrad, backend.GroupedWeightGrad}
 
-// forGroupedImpls runs f as a subtest per tensor-core implementation the GPU has: "mma"
-// (mma.sync, every arch) and, on sm_90, "wg" (warpgroup MMAs), with g set to use it.
-func forGroupedImpls(t *testing.T, g *Backend, f func(t *testing.T)) {
-	impls := []struct {
-		name string
-		wg   bool
-	}{{"mma", false}}
-	if wgArch(g.d.info.KernelArch) {
-		impls = append(impls, struct {
-			name string
-			wg   bool
-		}{"wg", true})
+// groupedImpls are the tensor-core implementations of the grouped products a GPU of arch has:
+// "mma" (mma.sync, every arch) and, on sm_90, every warpgroup-MMA variant, in a fixed order.
+func groupedImpls(arch string) []string {
+	impls := []string{"mma"}
+	if wgArch(arch) {
+		for _, v := range []string{"wg", "wg-n128", "wg-n256", "wg-n128x2"} {
+			impls = append(impls, v)
+		}
 	}
-	defer func(v bool) { g.groupedWG = v }(g.groupedWG)
-	for _, im := range impls {
-		g.groupedWG = im.wg
-		t.Run(im.name, f)
+	return impls
+}
+
+// forGroupedImpls runs f as a subtest per implementation of groupedImpls, with g set to use it.
+func forGroupedImpls(t *testing.T, g *Backend, f func(t *testing.T)) {
+	defer func(v string) { g.groupedWG = v }(g.groupedWG)
+	for _, im := range groupedImpls(g.d.info.KernelArch) {
+		g.groupedWG = im
+		if im == "mma" {
+			g.groupedWG = ""
+		}
+		t.Run(im, f)
 	}
 }
 
@@ -277,16 +281,12 @@ func TestGPUGroupedGEMMThroughput(t *testing.T) {
 				dms := timeIt(t, g, 5, func() error { return g.GEMM(dense) })
 				dtf := flops / (dms * 1e-3) / 1e12
 				values["dense_tflops_"+kc.kind.String()] = dtf
-				for _, wg := range []bool{false, true} {
-					if wg && !wgArch(g.d.info.KernelArch) {
-						continue
-					}
-					impl := "mma"
-					if wg {
-						impl = "wg"
-					}
+				for _, impl := range groupedImpls(g.d.info.KernelArch) {
 					prev := g.groupedWG
-					g.groupedWG = wg
+					g.groupedWG = impl
+					if impl == "mma" {
+						g.groupedWG = ""
+					}
 					ms := timeIt(t, g, 5, func() error { return g.GroupedGEMM(a) })
 					g.groupedWG = prev
 					tf := flops / (ms * 1e-3) / 1e12

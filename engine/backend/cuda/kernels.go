@@ -285,9 +285,10 @@ func (d *Device) launchOnThread(file, name string, grid, block [3]uint32, shared
 		if err := d.drv.check("cuFuncSetAttribute", d.drv.cuFuncSetAttribute(f, funcAttrMaxDynamicShared, int32(shared))); err != nil {
 			return fmt.Errorf("cuda: kernel %s: %d bytes of shared memory: %w", name, shared, err)
 		}
-		if file == wgKernelFile {
-			// Two blocks of the Hopper attention kernels (up to 113 KiB each) share a
-			// multiprocessor only with all of its L1 given to shared memory.
+		if file == wgKernelFile || file == groupedWGFile {
+			// Two blocks of the Hopper attention kernels (up to 113 KiB each), or of the grouped
+			// GEMM's two-CTA variant (97 KiB), share a multiprocessor only with all of its L1
+			// given to shared memory.
 			if err := d.drv.check("cuFuncSetAttribute", d.drv.cuFuncSetAttribute(f, funcAttrSharedCarveout, 100)); err != nil {
 				return fmt.Errorf("cuda: kernel %s: shared memory carveout: %w", name, err)
 			}

@@ -20,7 +20,7 @@ func TestOptionsFromSwitches(t *testing.T) {
 		return o
 	}
 	def := with(func(*backendOptions) {})
-	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta || !def.moeKernels || !def.groupedWG {
+	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta || !def.moeKernels || def.groupedWG != "wg" {
 		t.Fatalf("sm_90 defaults %+v: want tensor-core and warpgroup attention, the split backward, uncleared Empty, split-K, direct Beta, the MoE kernels, warpgroup grouped GEMMs", def)
 	}
 	cases := []struct {
@@ -29,7 +29,7 @@ func TestOptionsFromSwitches(t *testing.T) {
 		err                  string
 	}{
 		{"defaults on sm_90", "", "", "sm_90", def, ""},
-		{"defaults on sm_89", "", "", "sm_89", with(func(o *backendOptions) { o.attnWG, o.groupedWG = false, false }), ""},
+		{"defaults on sm_89", "", "", "sm_89", with(func(o *backendOptions) { o.attnWG, o.groupedWG = false, "" }), ""},
 		{"attention mma", "HALO_CUDA_ATTENTION", "mma", "sm_90", with(func(o *backendOptions) { o.attnWG = false }), ""},
 		{"attention simt", "HALO_CUDA_ATTENTION", "simt", "sm_90", with(func(o *backendOptions) { o.attnMMA, o.attnWG = false, false }), ""},
 		{"attention typo", "HALO_CUDA_ATTENTION", "smit", "sm_90", backendOptions{}, `HALO_CUDA_ATTENTION="smit" is not one of auto, mma, simt`},
@@ -40,9 +40,11 @@ func TestOptionsFromSwitches(t *testing.T) {
 		{"beta typo", "HALO_CUDA_GEMM_BETA", "folded", "sm_90", backendOptions{}, "HALO_CUDA_GEMM_BETA"},
 		{"moe kernels on", "HALO_CUDA_MOE_KERNELS", "on", "sm_90", def, ""},
 		{"moe kernels off", "HALO_CUDA_MOE_KERNELS", "off", "sm_90", with(func(o *backendOptions) { o.moeKernels = false }), ""},
-		{"grouped mma on sm_90", "HALO_CUDA_GROUPED_GEMM", "mma", "sm_90", with(func(o *backendOptions) { o.groupedWG = false }), ""},
-		{"grouped auto on sm_89", "HALO_CUDA_GROUPED_GEMM", "auto", "sm_89", with(func(o *backendOptions) { o.attnWG, o.groupedWG = false, false }), ""},
-		{"grouped typo", "HALO_CUDA_GROUPED_GEMM", "wg", "sm_90", backendOptions{}, "HALO_CUDA_GROUPED_GEMM"},
+		{"grouped mma on sm_90", "HALO_CUDA_GROUPED_GEMM", "mma", "sm_90", with(func(o *backendOptions) { o.groupedWG = "" }), ""},
+		{"grouped wg-n256 on sm_90", "HALO_CUDA_GROUPED_GEMM", "wg-n256", "sm_90", with(func(o *backendOptions) { o.groupedWG = "wg-n256" }), ""},
+		{"grouped wg-n128x2 on sm_89", "HALO_CUDA_GROUPED_GEMM", "wg-n128x2", "sm_89", with(func(o *backendOptions) { o.attnWG, o.groupedWG = false, "" }), ""},
+		{"grouped auto on sm_89", "HALO_CUDA_GROUPED_GEMM", "auto", "sm_89", with(func(o *backendOptions) { o.attnWG, o.groupedWG = false, "" }), ""},
+		{"grouped typo", "HALO_CUDA_GROUPED_GEMM", "wg-n512", "sm_90", backendOptions{}, "HALO_CUDA_GROUPED_GEMM"},
 		{"moe kernels typo", "HALO_CUDA_MOE_KERNELS", "yes", "sm_90", backendOptions{}, "HALO_CUDA_MOE_KERNELS"},
 	}
 	for _, c := range cases {

@@ -16,6 +16,17 @@
 // group's end and columns past the reduction's end are copied as zeros, so partial tiles need
 // no masking in the products; the store masks rows and columns. Every output element is
 // written by one thread: no atomics, deterministic results.
+//
+// The kernels come in variants of one template (gw_tile): BN the tile's columns (128, or 256
+// with each warpgroup one m64n256 accumulator of 128 registers a thread), S the shared-memory
+// stages, and PIPE the schedule. Without PIPE (the unsuffixed kernels) a warpgroup waits for its
+// step's products before the next barrier and the ring runs S - 1 steps ahead. With PIPE a
+// warpgroup keeps its last step's products in flight while it waits at the barrier and issues
+// the next (wgmma.wait_group 1): the stage a step refills is then the one read two steps back,
+// so the ring runs S - 2 steps ahead; the store writes two adjacent columns per instruction.
+// Suffixes (kernel names and grouped_gemm.go's groupedWGVariants): _n128 (BN 128, 5 stages),
+// _n256 (BN 256, 4 stages, 193 KiB of shared memory), _n128x2 (BN 128, 3 stages, 97 KiB, two
+// CTAs a multiprocessor, so that one's prologue and store overlap the other's products).
 
 #define GW_TILE_BYTES 16384 // one operand's stage: 128 x 64 or 64 x 128 bf16
 #define GW_STAGES 4
@@ -25,14 +36,15 @@
 // to the swizzle's 1024-byte period (wg_tile_base).
 #define GW_SHARED (2 * GW_STAGES * GW_TILE_BYTES + 1024)
 
-// gw_load_k starts copying a K-major tile: rows [row0, row0 + 128) of a row-major bf16 matrix g
+// gw_load_k starts copying a K-major tile: rows [row0, row0 + R) of a row-major bf16 matrix g
 // (row stride ld) by columns [col0, col0 + 64), rows >= row_end and columns >= col_end as zeros
 // (col_end and ld are multiples of 8, so a 16-byte chunk is wholly inside or outside).
+template <int R>
 __device__ __forceinline__ void gw_load_k(unsigned base, const bf16* g, long long ld, long long row0, long long row_end,
                                           long long col0, long long col_end) {
 #pragma unroll
-    for (int it = 0; it < 4; it++) {
-        int e = threadIdx.x + it * GW_THREADS; // 1024 chunks: 128 rows x 8
+    for (int it = 0; it < R / 32; it++) {
+        int e = threadIdx.x + it * GW_THREADS; // R rows x 8 chunks
         int r = e >> 3, c = e & 7;
         long long row = row0 + r, col = col0 + c * 8;
         bool ok = row < row_end && col < col_end;
@@ -41,14 +53,15 @@ __device__ __forceinline__ void gw_load_k(unsigned base, const bf16* g, long lon
 }
 
 // gw_load_mn starts copying an MN-major tile: rows [row0, row0 + 64) (the reduction) by columns
-// [col0, col0 + 128) into two panels of 64 rows x 128 bytes; out-of-range rows and columns as
+// [col0, col0 + C) into C / 64 panels of 64 rows x 128 bytes; out-of-range rows and columns as
 // in gw_load_k.
+template <int C>
 __device__ __forceinline__ void gw_load_mn(unsigned base, const bf16* g, long long ld, long long row0, long long row_end,
                                            long long col0, long long col_end) {
 #pragma unroll
-    for (int it = 0; it < 4; it++) {
-        int e = threadIdx.x + it * GW_THREADS; // 1024 chunks: 64 rows x 16
-        int r = e >> 4, c = e & 15;
+    for (int it = 0; it < C / 32; it++) {
+        int e = threadIdx.x + it * GW_THREADS; // 64 rows x C / 8 chunks
+        int r = e / (C / 8), c = e % (C / 8);
         long long row = row0 + r, col = col0 + c * 8;
         bool ok = row < row_end && col < col_end;
         cp16(base + (c >> 3) * (64 * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), g + (ok ? row * ld + col : 0), ok);
@@ -65,11 +78,27 @@ __device__ __forceinline__ void gw_load_mn(unsigned base, const bf16* g, long lo
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-// gw_mma: d (64 x 128, fp32) += A . B for one 16-deep slice, both operands in shared memory
-// (descriptors da, db; scale-d is true, so it always adds: gw_tile zeroes d first); TA and TB
-// say the operand is MN-major (wgmma's transpose flags).
-template <bool TA, bool TB>
-__device__ __forceinline__ void gw_mma(float* d, unsigned long long da, unsigned long long db) {
+#define GW_ACC128(d) \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+// GW_MMA_ASM and GW_MMA256_ASM: d (64 x 128 or 64 x 256, fp32) += A . B for one 16-deep slice,
+// both operands in shared memory (descriptors da, db; scale-d is true, so it always adds: gw_tile
+// zeroes d first); TRANS the transpose flags of A and B ("1" for an MN-major operand).
 #define GW_MMA_ASM(TRANS)                                                                                          \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                      \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " \
@@ -79,135 +108,233 @@ __device__ __forceinline__ void gw_mma(float* d, unsigned long long da, unsigned
                  "1, " TRANS ";\n}\n"                                                                             \
                  : GW_ACC64(d)                                                                                      \
                  : "l"(da), "l"(db), "r"(1))
-    if (TA && TB) GW_MMA_ASM("1, 1");
-    else if (TB) GW_MMA_ASM("0, 1");
-    else if (TA) GW_MMA_ASM("1, 0");
-    else GW_MMA_ASM("0, 0");
-#undef GW_MMA_ASM
-}
+#define GW_MMA256_ASM(TRANS)                                                                                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"                                         \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "  \
+                 "%128, %129, p, 1, 1, " TRANS ";\n}\n"                                                            \
+                 : GW_ACC128(d)                                                                                     \
+                 : "l"(da), "l"(db), "r"(1))
 
-// gw_tile computes the CTA's 128 x 128 tile of C = A . B^T over the reduction [k0, k_end), in the
+// gw_mma<BN>::run<TA, TB>: the product of one slice into a 64 x BN accumulator (BN / 2 registers a
+// thread); TA and TB say the operand is MN-major (wgmma's transpose flags). A struct per width,
+// so that each instantiation holds only the instruction of its width.
+template <int BN>
+struct gw_mma;
+template <>
+struct gw_mma<128> {
+    template <bool TA, bool TB>
+    static __device__ __forceinline__ void run(float* d, unsigned long long da, unsigned long long db) {
+        if (TA && TB) GW_MMA_ASM("1, 1");
+        else if (TB) GW_MMA_ASM("0, 1");
+        else if (TA) GW_MMA_ASM("1, 0");
+        else GW_MMA_ASM("0, 0");
+    }
+};
+template <>
+struct gw_mma<256> {
+    template <bool TA, bool TB>
+    static __device__ __forceinline__ void run(float* d, unsigned long long da, unsigned long long db) {
+        if (TA && TB) GW_MMA256_ASM("1, 1");
+        else if (TB) GW_MMA256_ASM("0, 1");
+        else if (TA) GW_MMA256_ASM("1, 0");
+        else GW_MMA256_ASM("0, 0");
+    }
+};
+#undef GW_MMA_ASM
+#undef GW_MMA256_ASM
+
+// gw_tile computes the CTA's 128 x BN tile of C = A . B^T over the reduction [k0, k_end), in the
 // product's terms A [m, k] and B [n, k]: TA says A is stored MN-major (a[k * lda + m]) rather than
 // K-major (a[m * lda + k]), TB likewise for B. Rows m0 .. below m_end, columns n0 .. below n_end.
-// acc is this thread's share of its warpgroup's 64 x 128 accumulator (wgmma.cuh's layout).
-template <bool TA, bool TB>
+// acc is this thread's share of its warpgroup's 64 x BN accumulator (wgmma.cuh's layout), BN / 2
+// registers. S stages of A (128 x 64) and B (BN x 64) tiles; PIPE the schedule of the file's
+// header.
+template <int BN, int S, bool PIPE, bool TA, bool TB>
 __device__ __forceinline__ void gw_tile(float* acc, unsigned sbase, const bf16* a, long long lda, long long m0,
                                         long long m_end, const bf16* b, long long ldb, long long n0, long long n_end,
                                         long long k0, long long k_end) {
+    constexpr int NA = BN / 2, BBYTES = BN * 128;
+    // The steps the ring runs ahead: without PIPE the stage refilled at step i is the one read
+    // at step i - 1 (finished by every warpgroup before the barrier); with PIPE step i - 1 may
+    // still run, so the refill takes the stage of step i - 2.
+    constexpr int D = PIPE ? S - 2 : S - 1;
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    for (int i = 0; i < NA; i++) acc[i] = 0.f;
     const int nk = (int)((k_end - k0 + GW_BK - 1) / GW_BK);
     if (nk <= 0) return;
-    const unsigned sa = sbase, sb = sbase + GW_STAGES * GW_TILE_BYTES;
+    const unsigned sa = sbase, sb = sbase + S * GW_TILE_BYTES;
     auto load = [&](int st, long long kt) {
-        if (TA) gw_load_mn(sa + st * GW_TILE_BYTES, a, lda, kt, k_end, m0, m_end);
-        else gw_load_k(sa + st * GW_TILE_BYTES, a, lda, m0, m_end, kt, k_end);
-        if (TB) gw_load_mn(sb + st * GW_TILE_BYTES, b, ldb, kt, k_end, n0, n_end);
-        else gw_load_k(sb + st * GW_TILE_BYTES, b, ldb, n0, n_end, kt, k_end);
+        if (TA) gw_load_mn<128>(sa + st * GW_TILE_BYTES, a, lda, kt, k_end, m0, m_end);
+        else gw_load_k<128>(sa + st * GW_TILE_BYTES, a, lda, m0, m_end, kt, k_end);
+        if (TB) gw_load_mn<BN>(sb + st * BBYTES, b, ldb, kt, k_end, n0, n_end);
+        else gw_load_k<BN>(sb + st * BBYTES, b, ldb, n0, n_end, kt, k_end);
     };
     // Warpgroup w's 64 rows of A: rows [64w, 64w + 64) of a K-major tile, or panel w of an
     // MN-major one; both start 64 x 128 bytes in.
     const unsigned aoff = (threadIdx.x >> 7) * (64 * 128);
-    // One commit group per step (empty past the last), so that waiting for GW_STAGES - 2
-    // pending groups means "step i has landed".
+    // One commit group per step (empty past the last), so that waiting for D - 1 pending
+    // groups means "step i has landed".
 #pragma unroll
-    for (int st = 0; st < GW_STAGES - 1; st++) {
+    for (int st = 0; st < D; st++) {
         if (st < nk) load(st, k0 + (long long)st * GW_BK);
         cp_commit();
     }
     for (int i = 0; i < nk; i++) {
-        cp_wait_n<GW_STAGES - 2>();
+        cp_wait_n<D - 1>();
         // The copies are read by wgmma (the async proxy); the barrier also tells every thread
-        // that both warpgroups are done with step i - 1, whose stage the copy below refills.
+        // that both warpgroups are done with the stage the copy below refills (step i - 1's
+        // without PIPE, step i - 2's with it: each warpgroup waited for it last iteration).
         wg_fence_proxy();
         __syncthreads();
-        if (i + GW_STAGES - 1 < nk) load((i + GW_STAGES - 1) % GW_STAGES, k0 + (long long)(i + GW_STAGES - 1) * GW_BK);
+        if (i + D < nk) load((i + D) % S, k0 + (long long)(i + D) * GW_BK);
         cp_commit();
-        const int st = i % GW_STAGES;
-        const unsigned ta = sa + st * GW_TILE_BYTES + aoff, tb = sb + st * GW_TILE_BYTES;
+        const int st = i % S;
+        const unsigned ta = sa + st * GW_TILE_BYTES + aoff, tb = sb + st * BBYTES;
         const unsigned long long da = TA ? wg_desc_mn<64>(ta) : wg_desc_k(ta);
         const unsigned long long db = TB ? wg_desc_mn<64>(tb) : wg_desc_k(tb);
+        wg_hold<NA>(acc);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < GW_BK / 16; kk++)
-            gw_mma<TA, TB>(acc, TA ? wg_mnstep(da, kk) : wg_kstep<128>(da, kk), TB ? wg_mnstep(db, kk) : wg_kstep<128>(db, kk));
+            gw_mma<BN>::template run<TA, TB>(acc, TA ? wg_mnstep(da, kk) : wg_kstep<128>(da, kk), TB ? wg_mnstep(db, kk) : wg_kstep<BN>(db, kk));
         wg_commit();
+        if (PIPE) wg_wait_1();
+        else wg_wait_all();
+        wg_hold<NA>(acc);
+    }
+    if (PIPE) {
         wg_wait_all();
-        wg_hold<64>(acc);
+        wg_hold<NA>(acc);
     }
     cp_wait_n<0>();
 }
 
 // gw_store writes the CTA's accumulators into out (row stride ldo, dtype code co): rows m0 ..
 // below m_end, columns n0 .. below n_end; with accumulate, adds the old value first (one
-// rounding).
+// rounding). Without VEC each element is its own access; with VEC the two adjacent columns a
+// thread holds are one 8-byte (fp32) or 4-byte (bf16) access, which needs ldo, n_end and n0
+// even and out aligned to the pair (the launcher's N_ and K_ are multiples of 8).
+struct __attribute__((aligned(8))) gw_f2 {
+    float x, y;
+};
+template <int BN, bool VEC>
 __device__ __forceinline__ void gw_store(void* out, int co, long long ldo, const float* acc, long long m0, long long m_end,
                                          long long n0, long long n_end, int accumulate) {
     const int lane = threadIdx.x & 31;
     const long long row0 = m0 + (threadIdx.x >> 7) * 64 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            long long row = row0 + (e >> 1) * 8, col = n0 + 8 * j + 2 * (lane & 3) + (e & 1);
-            if (row >= m_end || col >= n_end) continue;
+        for (int h = 0; h < 2; h++) {
+            long long row = row0 + h * 8, col = n0 + 8 * j + 2 * (lane & 3);
+            if (row >= m_end) continue;
+            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
             long long i = row * ldo + col;
-            float v = acc[4 * j + e];
-            if (accumulate) v += ldf(out, co, i);
-            stf(out, co, i, v);
+            if (!VEC) {
+                if (col < n_end) stf(out, co, i, accumulate ? v0 + ldf(out, co, i) : v0);
+                if (col + 1 < n_end) stf(out, co, i + 1, accumulate ? v1 + ldf(out, co, i + 1) : v1);
+                continue;
+            }
+            if (col >= n_end) continue;
+            if (co == DT_F32) {
+                gw_f2* p = (gw_f2*)((float*)out + i);
+                if (accumulate) {
+                    gw_f2 o = *p;
+                    v0 += o.x;
+                    v1 += o.y;
+                }
+                gw_f2 w;
+                w.x = v0;
+                w.y = v1;
+                *p = w;
+            } else {
+                unsigned* p = (unsigned*)((bf16*)out + i);
+                if (accumulate) {
+                    unsigned o = *p;
+                    v0 += bf2f((bf16)(o & 0xffffu));
+                    v1 += bf2f((bf16)(o >> 16));
+                }
+                *p = (unsigned)f2bf(v0) | ((unsigned)f2bf(v1) << 16);
+            }
         }
 }
 
-// Forward: out [S, N_] rows of group g = a [S, K_] rows . b_g^T, b [G, N_, K_]. Grid
-// (ceil(N_/128), ceil(S/128) + G).
-extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) grouped_gemm_wg_fwd(
-    void* out, int co,        // [S, N_] f32 or bf16
-    const bf16* a,            // [S, K_]
-    const bf16* b,            // [G, N_, K_]
-    const int* off,           // [G+1]
-    int G, int N, int K, int accumulate) {
-    extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[]; // GW_SHARED bytes
+// The three products of one variant. Forward: out [S, N_] rows of group g = a [S, K_] rows .
+// b_g^T, b [G, N_, K_], grid (ceil(N_/BN), ceil(S/128) + G). Input grad: out [S, K_] rows of
+// group g = a [S, N_] rows . b_g, grid (ceil(K_/BN), ceil(S/128) + G). Weight grad: out_g
+// [N_, K_] = a_g^T . b_g over the rows of group g, a [S, N_] = dY, b [S, K_] = X, grid
+// (ceil(K_/BN), ceil(N_/128), G).
+template <int BN, int S, bool PIPE>
+__device__ __forceinline__ void gw_fwd(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
+                                       int G, int N, int K, int accumulate) {
     __shared__ int sg, sm0, send;
     gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
     if (sg < 0) return;
-    long long n0 = (long long)blockIdx.x * 128;
-    float acc[64];
-    gw_tile<false, false>(acc, wg_tile_base(gw_smem), a, K, sm0, send, b + (long long)sg * N * K, K, n0, N, 0, K);
-    gw_store(out, co, N, acc, sm0, send, n0, N, accumulate);
+    long long n0 = (long long)blockIdx.x * BN;
+    float acc[BN / 2];
+    gw_tile<BN, S, PIPE, false, false>(acc, wg_tile_base(smem), a, K, sm0, send, b + (long long)sg * N * K, K, n0, N, 0, K);
+    gw_store<BN, PIPE>(out, co, N, acc, sm0, send, n0, N, accumulate);
 }
 
-// Input grad: out [S, K_] rows of group g = a [S, N_] rows . b_g, b [G, N_, K_]. Grid
-// (ceil(K_/128), ceil(S/128) + G).
-extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) grouped_gemm_wg_dx(
-    void* out, int co,        // [S, K_] f32 or bf16
-    const bf16* a,            // [S, N_] = dY
-    const bf16* b,            // [G, N_, K_]
-    const int* off,           // [G+1]
-    int G, int N, int K, int accumulate) {
-    extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[]; // GW_SHARED bytes
+template <int BN, int S, bool PIPE>
+__device__ __forceinline__ void gw_dx(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
+                                      int G, int N, int K, int accumulate) {
     __shared__ int sg, sm0, send;
     gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
     if (sg < 0) return;
-    long long n0 = (long long)blockIdx.x * 128;
-    float acc[64];
+    long long n0 = (long long)blockIdx.x * BN;
+    float acc[BN / 2];
     // C [rows, K_] = A [rows, N_] . B_g [N_, K_]: B is MN-major in the product's terms.
-    gw_tile<false, true>(acc, wg_tile_base(gw_smem), a, N, sm0, send, b + (long long)sg * N * K, K, n0, K, 0, N);
-    gw_store(out, co, K, acc, sm0, send, n0, K, accumulate);
+    gw_tile<BN, S, PIPE, false, true>(acc, wg_tile_base(smem), a, N, sm0, send, b + (long long)sg * N * K, K, n0, K, 0, N);
+    gw_store<BN, PIPE>(out, co, K, acc, sm0, send, n0, K, accumulate);
 }
 
-// Weight grad: out_g [N_, K_] = a_g^T . b_g over the rows of group g, a [S, N_] = dY, b [S, K_] =
-// X. Grid (ceil(K_/128), ceil(N_/128), G).
-extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) grouped_gemm_wg_dw(
-    void* out, int co,        // [G, N_, K_] f32 or bf16
-    const bf16* a,            // [S, N_] = dY
-    const bf16* b,            // [S, K_] = X
-    const int* off,           // [G+1]
-    int G, int N, int K, int accumulate) {
-    extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[]; // GW_SHARED bytes
+template <int BN, int S, bool PIPE>
+__device__ __forceinline__ void gw_dw(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
+                                      int G, int N, int K, int accumulate) {
     const int g = blockIdx.z;
-    long long m0 = (long long)blockIdx.y * 128, n0 = (long long)blockIdx.x * 128;
-    float acc[64];
+    long long m0 = (long long)blockIdx.y * 128, n0 = (long long)blockIdx.x * BN;
+    float acc[BN / 2];
     // C [N_, K_] = A [N_, rows] . B [rows, K_]: both stored with the reduction (rows) outermost.
-    gw_tile<true, true>(acc, wg_tile_base(gw_smem), a, N, m0, N, b, K, n0, K, off[g], off[g + 1]);
-    gw_store((char*)out + (long long)g * N * K * (co == DT_F32 ? 4 : 2), co, K, acc, m0, N, n0, K, accumulate);
+    gw_tile<BN, S, PIPE, true, true>(acc, wg_tile_base(smem), a, N, m0, N, b, K, n0, K, off[g], off[g + 1]);
+    gw_store<BN, PIPE>((char*)out + (long long)g * N * K * (co == DT_F32 ? 4 : 2), co, K, acc, m0, N, n0, K, accumulate);
 }
+
+// GW_KERNELS defines the three kernels of one variant, named grouped_gemm_wg_{fwd,dx,dw}SUF,
+// with MINB CTAs a multiprocessor in __launch_bounds__. Arguments: out (f32 or bf16, dtype code
+// co), a, b (bf16), off [G+1] (the groups' row offsets), G, N_, K_, accumulate.
+#define GW_KERNELS(SUF, BN, S, PIPE, MINB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB)                                                   \
+        grouped_gemm_wg_fwd##SUF(void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K, \
+                                 int accumulate) {                                                                   \
+        extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                      \
+        gw_fwd<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                       \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB)                                                   \
+        grouped_gemm_wg_dx##SUF(void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K,  \
+                                int accumulate) {                                                                    \
+        extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                      \
+        gw_dx<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                        \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB)                                                   \
+        grouped_gemm_wg_dw##SUF(void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K,  \
+                                int accumulate) {                                                                    \
+        extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                      \
+        gw_dw<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                        \
+    }
+
+// Dynamic shared memory of a variant: S stages of a 16 KiB A tile and a BN x 64 B tile, plus
+// 1024 bytes to align the first tile to the swizzle's 1024-byte period (wg_tile_base).
+// grouped_gemm.go's groupedWGVariants repeats these sizes.
+GW_KERNELS(, 128, GW_STAGES, false, 1)   // 4 x 32 KiB + 1 KiB
+GW_KERNELS(_n128, 128, 5, true, 1)       // 5 x 32 KiB + 1 KiB
+GW_KERNELS(_n256, 256, 4, true, 1)       // 4 x 48 KiB + 1 KiB
+GW_KERNELS(_n128x2, 128, 3, true, 2)     // 3 x 32 KiB + 1 KiB
