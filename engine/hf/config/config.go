@@ -113,6 +113,8 @@ type Config struct {
 	Features
 	// Latent holds the keys of multi-head latent attention (latent.go).
 	Latent
+	// Linear holds the keys of gated delta-net linear attention (linear.go).
+	Linear
 
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.
@@ -349,6 +351,9 @@ func (c *Config) Unknown() []string {
 		}
 	}
 	for _, kv := range c.Rope.extra {
+		if kv.understood {
+			continue
+		}
 		prefix := "rope_parameters."
 		if c.Family() != nil && c.Family().RopePerLayerType {
 			prefix += FullAttention + "."

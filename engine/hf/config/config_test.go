@@ -286,6 +286,11 @@ func TestTinyPresetShape(t *testing.T) {
 				want.SharedExpert, want.SharedExpertGate = f.SharedExpert(c)
 			}
 		}
+		if f.AttnOutputGate {
+			// qwen3_next, qwen3_5_moe_text: 4 layers alternating linear and full attention.
+			want.Layers, want.MoELayers, want.AttnOutputGate = 4, 4, true
+			want.Linear = LinearShape{Layers: 2, KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 16, Conv: 4}
+		}
 		if s != want {
 			t.Errorf("%s tiny: shape %+v, want %+v", mt, s, want)
 		}

@@ -503,7 +503,8 @@ func (c *Config) setRopeKey(r *Rope, prefix, dict, key string, raw []byte) error
 		if _, err := decodePy(raw); err != nil {
 			return fmt.Errorf("key %q: %v", name, err)
 		}
-		r.extra = append(r.extra, rawKey{Key: key, Value: raw})
+		kept := c.family != nil && slices.Contains(c.family.RopeKept, key)
+		r.extra = append(r.extra, rawKey{Key: key, Value: raw, understood: kept})
 		return nil
 	}
 	if isNull(raw) {
@@ -638,12 +639,20 @@ func deriveLayerTypes(c *Config) {
 // deriveLayerTypesBy is deriveLayerTypes for a family's own rule: layer i is sliding when
 // sliding(i) holds.
 func deriveLayerTypesBy(c *Config, sliding func(i int) bool) {
+	deriveLayerTypesAs(c, func(i int) string {
+		if sliding(i) {
+			return SlidingAttention
+		}
+		return FullAttention
+	})
+}
+
+// deriveLayerTypesAs is deriveLayerTypesBy for families with other layer types: layer i's
+// type is kind(i).
+func deriveLayerTypesAs(c *Config, kind func(i int) string) {
 	lt := make([]string, c.NumHiddenLayers)
 	for i := range lt {
-		lt[i] = FullAttention
-		if sliding(i) {
-			lt[i] = SlidingAttention
-		}
+		lt[i] = kind(i)
 	}
 	fromFile := c.layerTypesFromFile
 	c.layerTypesFromFile = false

@@ -84,6 +84,17 @@ type Family struct {
 	// (smollm3's Hub files carry Qwen2's max_window_layers and pretraining_tp): written back as
 	// read, neither refused nor reported as not understood.
 	Kept []string
+	// LayerTypes are the layer_types values the family's layers take; nil means
+	// full_attention and sliding_attention.
+	LayerTypes []string
+	// RopeKept are rope_parameters keys transformers keeps that the family's model does not
+	// read (qwen3_5_moe_text's mrope_section and mrope_interleaved, which text positions make
+	// no-ops): written back as read, neither refused nor reported as not understood.
+	RopeKept []string
+	// AttnOutputGate: q_proj also projects a per-head output gate (its rows alternate a head's
+	// queries and its gate), and sigmoid(gate) scales the attention output before o_proj
+	// (qwen3_next, qwen3_5_moe_text).
+	AttnOutputGate bool
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }

@@ -50,6 +50,35 @@ type Shape struct {
 	// Latent is the multi-head latent attention of deepseek_v3 and glm4_moe_lite (zero for
 	// the other families); HeadDim is then its rotary width.
 	Latent LatentShape
+	// AttnOutputGate: q_proj projects each head's queries and then its output gate (2·QDim
+	// rows), and sigmoid(gate) scales the attention output (qwen3_next, qwen3_5_moe_text).
+	AttnOutputGate bool
+	// Linear is the gated delta-net attention of the linear-attention layers (zero when no
+	// layer is one).
+	Linear LinearShape
+}
+
+// LinearShape is the structure of the gated delta-net layers of a model.
+type LinearShape struct {
+	// Layers is the number of linear-attention layers.
+	Layers int
+	// KeyHeads query/key heads of KeyDim serve ValueHeads value heads of ValueDim.
+	KeyHeads, ValueHeads, KeyDim, ValueDim int
+	// Conv is the causal convolution's kernel size.
+	Conv int
+}
+
+// ConvDim is the number of channels of the causal convolution: queries, keys and values.
+func (l LinearShape) ConvDim() int { return 2*l.KeyHeads*l.KeyDim + l.ValueHeads*l.ValueDim }
+
+// Parameters is one linear-attention layer's parameter count for model width h: the
+// convolution, the q/k/v/z and beta/alpha projections, dt_bias and A_log, the gated norm and
+// out_proj.
+func (l LinearShape) Parameters(h int64) int64 {
+	vd := int64(l.ValueHeads * l.ValueDim)
+	conv := int64(l.ConvDim())
+	return conv*int64(l.Conv) + h*(conv+vd) + h*2*int64(l.ValueHeads) + 2*int64(l.ValueHeads) +
+		int64(l.ValueDim) + vd*h
 }
 
 // AttentionDims are the widths of a query/key head and of a value head (HeadDim for both but
@@ -78,6 +107,16 @@ func (c *Config) Shape() Shape {
 		if f.SharedExpert != nil {
 			s.SharedExpert, s.SharedExpertGate = f.SharedExpert(c)
 		}
+		s.AttnOutputGate = f.AttnOutputGate
+	}
+	for i := 0; i < c.NumHiddenLayers; i++ {
+		if c.IsLinearLayer(i) {
+			s.Linear.Layers++
+		}
+	}
+	if s.Linear.Layers > 0 {
+		s.Linear.KeyHeads, s.Linear.ValueHeads = c.LinearNumKeyHeads, c.LinearNumValueHeads
+		s.Linear.KeyDim, s.Linear.ValueDim, s.Linear.Conv = c.LinearKeyHeadDim, c.LinearValueHeadDim, c.LinearConvKernelDim
 	}
 	if c.IsLatent() {
 		// Latent attention has one key and value per query head; head_dim is its rotary width.
@@ -134,6 +173,12 @@ func (s Shape) countParameters(active bool) int64 {
 	if s.QKVBias {
 		attn += q + 2*kv
 	}
+	if s.AttnOutputGate {
+		attn += h * q // the gate rows of q_proj
+		if s.QKVBias {
+			attn += q
+		}
+	}
 	if s.OBias {
 		attn += h
 	}
@@ -157,7 +202,9 @@ func (s Shape) countParameters(active bool) int64 {
 		return p
 	}
 	layers, moe := int64(s.Layers), int64(s.MoELayers)
-	n += layers * (attn + int64(s.Norms.PerLayer())*h) // with the layer's norms
+	lin := int64(s.Linear.Layers)
+	n += (layers-lin)*attn + lin*s.Linear.Parameters(h)
+	n += layers * int64(s.Norms.PerLayer()) * h // the layers' norms
 	n += (layers - moe) * mlp(int64(s.Intermediate), s.MLPBias)
 	if moe > 0 {
 		experts := int64(s.Experts)

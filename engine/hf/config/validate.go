@@ -52,6 +52,9 @@ func (c *Config) validate() error {
 		{"head_dim", c.HeadDim},
 		{"max_position_embeddings", c.MaxPositionEmbeddings},
 	} {
+		if _, has := f.knows(s.key); !has && s.key == "intermediate_size" {
+			continue // no dense MLP (qwen3_5_moe_text)
+		}
 		if s.v <= 0 {
 			return fmt.Errorf("%s (%d) must be positive", s.key, s.v)
 		}
@@ -100,9 +103,13 @@ func (c *Config) validate() error {
 		if len(c.LayerTypes) != c.NumHiddenLayers {
 			return fmt.Errorf("layer_types has %d entries but num_hidden_layers is %d: give one entry per layer", len(c.LayerTypes), c.NumHiddenLayers)
 		}
+		kinds := []string{FullAttention, SlidingAttention}
+		if f.LayerTypes != nil {
+			kinds = f.LayerTypes
+		}
 		for i, t := range c.LayerTypes {
-			if t != FullAttention && t != SlidingAttention {
-				return fmt.Errorf("layer_types[%d] is %q; use %q or %q", i, t, FullAttention, SlidingAttention)
+			if !slices.Contains(kinds, t) {
+				return fmt.Errorf("layer_types[%d] is %q; use one of %q", i, t, kinds)
 			}
 		}
 	}
