@@ -31,9 +31,32 @@ type moeFFN struct {
 	// ("shared_experts", "shared_expert"; "" for none), sharedGate the [1,C] linear whose
 	// sigmoid scales it (qwen2_moe's "shared_expert_gate"; "" for none); moe_shared.go.
 	shared, sharedGate string
+	// router is the router's module under the block ("" for "gate"; granitemoe's
+	// "router.layer").
+	router string
+	// fused names the tensors under the block that hold every expert of a layer in the
+	// family's checkpoints, when they are not one tensor per expert (granitemoe's
+	// input_linear [E,2I,C] and output_linear [E,C,I]); the zero value for the Hub layout
+	// above. The experts keep their per-expert names in the parameter table; Load splits the
+	// fused tensors into them and Save writes them fused (moe_weights.go).
+	fused fusedNames
+}
+
+// fusedNames are a family's fused expert tensors under the MoE block: GateUp [E,2I,C] (each
+// expert's gate rows, then its up rows) and Down [E,C,I].
+type fusedNames struct {
+	GateUp, Down string
 }
 
 func (f *moeFFN) prefix(i int) string { return layerName(i, f.block) }
+
+// routerName is the router's module under the block.
+func (f *moeFFN) routerName() string {
+	if f.router == "" {
+		return "gate"
+	}
+	return f.router
+}
 
 // experts returns the hooks themselves; families that extend moeFFN by embedding it (sigmoidMoE)
 // are found through it.
@@ -56,7 +79,7 @@ func (f *moeFFN) Specs(a *Arch, i int) []ParamSpec {
 	}
 	e, in := a.Experts, a.ExpertIntermediate
 	pre := f.prefix(i)
-	s := []ParamSpec{matrix(pre+".gate.weight", e, a.Hidden)}
+	s := []ParamSpec{matrix(pre+"."+f.routerName()+".weight", e, a.Hidden)}
 	for x := a.HeldExperts.Lo; x < a.HeldExperts.Hi; x++ {
 		ep := fmt.Sprintf("%s.experts.%d.", pre, x)
 		s = append(s, matrix(ep+f.gate+".weight", in, a.Hidden), matrix(ep+f.up+".weight", in, a.Hidden))
@@ -78,7 +101,7 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 		return nn.Linear{Name: name, W: param(name + ".weight"), GW: grad(name + ".weight")}
 	}
 	held := a.HeldExperts
-	m := &nn.MoE{Name: pre, Router: lin(pre + ".gate"), TopK: a.TopK,
+	m := &nn.MoE{Name: pre, Router: lin(pre + "." + f.routerName()), TopK: a.TopK,
 		NormTopK: c.NormTopKProb, Experts: make([]nn.Expert, held.Len()),
 		NumExperts: a.Experts, FirstExpert: held.Lo}
 	for j := range m.Experts {

@@ -71,6 +71,8 @@ var moeCases = []struct {
 	{"olmoe", "olmoe", nil},
 	// OLMo 2's post-norms and projection-wide q/k norms around OLMoE's experts.
 	{"flex_olmo", "flex_olmo", nil},
+	// Granite's multipliers around experts that the checkpoint holds fused; attention biases.
+	{"granitemoe", "granitemoe", func(c *config.Config) { c.AttentionBias = true }},
 	// Latent attention with q LoRA, interleaved rotary dims, sigmoid routing over 2 groups of 3
 	// with a correction bias, scaled weights and a shared expert; the first layer dense.
 	{"deepseek_v3", "deepseek_v3", latentMoE(nil)},

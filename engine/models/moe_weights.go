@@ -5,8 +5,10 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // fusedExpertName matches transformers 5's in-memory (fused) expert tensors.
@@ -49,6 +51,9 @@ func withFusedExperts(src safetensors.Source, f *moeFFN) safetensors.Source {
 			continue
 		}
 		sm := fusedExpertName.FindStringSubmatch(name)
+		if sm == nil {
+			sm = f.ownFused(name)
+		}
 		if sm == nil {
 			continue
 		}
@@ -105,4 +110,77 @@ func (fe *fusedExperts) Tensor(name string) (safetensors.TensorInfo, bool) {
 		info.Shape = slices.Clone(info.Shape)
 	}
 	return info, ok
+}
+
+// ownFused matches name against the family's own fused expert tensors (moeFFN.fused) and
+// returns it as fusedExpertName's submatches would (name, layer, "gate_up_proj" or
+// "down_proj"), or nil.
+func (f *moeFFN) ownFused(name string) []string {
+	if f.fused == (fusedNames{}) {
+		return nil
+	}
+	rest, ok := strings.CutPrefix(name, "model.layers.")
+	if !ok {
+		return nil
+	}
+	num, tail, ok := strings.Cut(rest, ".")
+	if !ok {
+		return nil
+	}
+	if _, err := strconv.Atoi(num); err != nil {
+		return nil
+	}
+	switch tail {
+	case f.block + "." + f.fused.GateUp:
+		return []string{name, num, "gate_up_proj"}
+	case f.block + "." + f.fused.Down:
+		return []string{name, num, "down_proj"}
+	}
+	return nil
+}
+
+// fuseExperts replaces, in a checkpoint's tensors (WeightTensors' list, in spec order), each
+// layer's per-expert tensors by the family's fused ones (moeFFN.fused): GateUp [E,2I,C] over
+// every expert's gate and up, Down [E,C,I] over every down, as views of the arena (the parameter
+// table lays them out so). A model holding a subset of the experts is left alone: its fused
+// tensors would span experts it does not hold: its tensors stay per expert, under the names of
+// the parameter table (its part of a checkpoint, which Save refuses to write alone).
+func (m *Model) fuseExperts(ts []safetensors.Tensor, dt tensor.DType) ([]safetensors.Tensor, error) {
+	f := expertHooks(m.Family)
+	if f == nil || f.fused == (fusedNames{}) || len(m.moe.layers) == 0 || m.Arch.HeldExperts.Len() != m.Arch.NumExperts() {
+		return ts, nil
+	}
+	fusedAt := map[string]safetensors.Tensor{} // first per-expert name of a run -> fused tensor
+	drop := map[string]bool{}
+	for j, blk := range m.moe.layers {
+		pre := layerName(m.moe.index[j], f.block) + "."
+		gu, dn := blk.GateUp, blk.Down
+		if gu.W.IsNil() || dn.W.IsNil() {
+			return nil, fmt.Errorf("models: %s layer %d: the experts are not laid out as one tensor; cannot write %s", m.Family.ModelType, m.moe.index[j], f.fused.GateUp)
+		}
+		specs := []ParamSpec{{Name: pre + f.fused.GateUp, Shape: gu.W.Shape()}, {Name: pre + f.fused.Down, Shape: dn.W.Shape()}}
+		fused, err := arenaTensors(m, specs, &Arena{Views: []tensor.Tensor{gu.W, dn.W}}, dt)
+		if err != nil {
+			return nil, err
+		}
+		for x := range blk.Experts {
+			ep := fmt.Sprintf("%sexperts.%d.", pre, blk.FirstExpert+x)
+			for _, p := range []string{f.gate, f.up, f.down} {
+				drop[ep+p+".weight"] = true
+			}
+		}
+		fusedAt[fmt.Sprintf("%sexperts.%d.%s.weight", pre, blk.FirstExpert, f.gate)] = fused[0]
+		fusedAt[fmt.Sprintf("%sexperts.%d.%s.weight", pre, blk.FirstExpert, f.down)] = fused[1]
+	}
+	out := make([]safetensors.Tensor, 0, len(ts))
+	for _, t := range ts {
+		if ft, ok := fusedAt[t.Name]; ok {
+			out = append(out, ft)
+			continue
+		}
+		if !drop[t.Name] {
+			out = append(out, t)
+		}
+	}
+	return out, nil
 }

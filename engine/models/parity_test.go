@@ -381,7 +381,11 @@ func transformersGrad(gf *safetensors.File, s ParamSpec) ([]float32, error) {
 	}
 	all, err := get("model.layers." + sm[1] + ".mlp.experts." + fused)
 	if err != nil {
-		return nil, err
+		// granitemoe's own fused tensors.
+		own := map[string]string{"gate_up_proj": "input_linear", "down_proj": "output_linear"}[fused]
+		if all, err = get("model.layers." + sm[1] + ".block_sparse_moe." + own + ".weight"); err != nil {
+			return nil, err
+		}
 	}
 	if off+n > len(all) {
 		return nil, fmt.Errorf("%s: fused tensor too small for expert %d", s.Name, x)

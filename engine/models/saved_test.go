@@ -47,6 +47,9 @@ var savedCases = []struct {
 		`rope_parameters={"full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":1000.0}}`}},
 	// Post-norms and projection-wide q/k norms around renormalised experts, attention biases.
 	{"flex_olmo", "flex_olmo", []string{"attention_bias=true", "norm_topk_prob=true"}},
+	// Granite's multipliers (the tiny preset's) and experts written fused (input_linear,
+	// output_linear), attention biases.
+	{"granitemoe", "granitemoe", []string{"attention_bias=true"}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

@@ -111,7 +111,11 @@ func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
 	if dt == tensor.Invalid {
 		dt = m.opts.DType
 	}
-	return arenaTensors(m, m.Specs, m.Params, dt)
+	ts, err := arenaTensors(m, m.Specs, m.Params, dt)
+	if err != nil {
+		return nil, err
+	}
+	return m.fuseExperts(ts, dt)
 }
 
 // arenaTensors returns the views of arena (laid out from specs) as safetensors tensors converted

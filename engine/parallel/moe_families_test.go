@@ -8,13 +8,26 @@ import (
 )
 
 // Tiny models of further MoE families: flex_olmo (OLMo 2's post-norms and projection-wide q/k
-// norms around OLMoE's experts, renormalised top 2 of 4).
+// norms around OLMoE's experts, renormalised top 2 of 4) and granitemoe (Granite's multipliers
+// around experts its checkpoints hold fused, attention biases).
 func init() {
 	tinyConfigs["flex_olmo"] = `{"model_type": "flex_olmo", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true, "output_router_logits": true,
 		"router_aux_loss_coef": 0.05, "attention_bias": true,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+	tinyConfigs["granitemoe"] = `{"model_type": "granitemoe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": true, "router_aux_loss_coef": 0.05,
+		"attention_bias": true, "embedding_multiplier": 3.0, "residual_multiplier": 0.4, "attention_multiplier": 0.3,
+		"logits_scaling": 2.0,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+}
+
+// TestGraniteMoELayoutsMatchSingleDevice: every MoE layout Mixtral supports (dp, fsdp, tp, ep,
+// etp and their mixes) gives the single device's loss, aux loss and gradients.
+func TestGraniteMoELayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"granitemoe"}, supportedMoE)
 }
 
 // TestFlexOlmoLayoutsMatchSingleDevice: data parallelism, FSDP and expert parallelism give the

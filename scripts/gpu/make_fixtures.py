@@ -369,6 +369,12 @@ CASES += [
          num_hidden_layers=2, num_experts=5, num_experts_per_tok=2, norm_topk_prob=True,
          attention_bias=True, output_router_logits=True, router_aux_loss_coef=0.02,
          tie_word_embeddings=False),
+    # Granite MoE: every multiplier away from 1, attention biases, 5 experts of 24 (top 2, the
+    # softmax over the two logits) held fused (input_linear, output_linear), with the aux loss.
+    case("granitemoe", "granitemoe", **dict(ODD, intermediate_size=24), num_hidden_layers=2,
+         num_local_experts=5, num_experts_per_tok=2, attention_bias=True, embedding_multiplier=6.0,
+         residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0,
+         output_router_logits=True, router_aux_loss_coef=0.02, tie_word_embeddings=False),
 ]
 
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
@@ -377,7 +383,8 @@ NOT_KEYS = {"qwen3_5_moe_text": ("intermediate_size",)}
 CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())}) for n, mt, kw in CASES]
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
-                "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo")
+                "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
+                "granitemoe")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.
@@ -498,13 +505,28 @@ def make(outdir, name, model_type, cfg_kw, seed):
     # (MoE experts need the eager experts implementation: grouped_mm has no float64 kernel.)
     eager = model_type in EAGER_EXPERTS or cfg_kw.get("enable_moe_block")
     extra64 = {"experts_implementation": "eager"} if eager else {}
-    m64 = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float64, **extra64)
-    if model_type in LINEAR_ATTENTION:
-        torch_linear_attention(m64)
-    m64.eval()
-    with torch.no_grad():
-        ref["logprobs_f64"] = token_logprobs(m64(input_ids=ids).logits, ids).tolist()
-    del m64
+
+    def logprobs64(**kw):
+        m64 = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float64, **kw)
+        if model_type in LINEAR_ATTENTION:
+            torch_linear_attention(m64)
+        m64.eval()
+        with torch.no_grad():
+            return token_logprobs(m64(input_ids=ids).logits, ids).tolist()
+
+    try:
+        ref["logprobs_f64"] = logprobs64(**extra64)
+    except Exception as e:
+        # Experts without transformers' experts-implementation switch (granitemoe's input_linear)
+        # may refuse it: load them as they are. The float64 logprobs are a diagnostic, so a
+        # second failure is recorded rather than losing the case.
+        if not extra64:
+            raise
+        print(f"{name}: float64 with {extra64} failed: {e!r}; again without it", file=sys.stderr)
+        try:
+            ref["logprobs_f64"] = logprobs64()
+        except Exception as e2:
+            ref["logprobs_f64_error"] = repr(e2)
 
     # Packed documents: the reference is each document run on its own.
     gp = torch.Generator().manual_seed(seed + 2)

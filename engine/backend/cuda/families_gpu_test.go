@@ -42,6 +42,8 @@ var familyCases = []struct {
 	{"gpt_oss_clamped", "gpt_oss", []string{"swiglu_limit=1.0"}, true},
 	// FlexOlmo: post-norms and projection-wide q/k norms around renormalised experts.
 	{"flex_olmo", "flex_olmo", []string{"attention_bias=true", "norm_topk_prob=true", "output_router_logits=true"}, true},
+	// Granite MoE: the four multipliers around experts held fused in the checkpoint.
+	{"granitemoe", "granitemoe", []string{"attention_bias=true", "output_router_logits=true"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

@@ -17,6 +17,8 @@ func TestMoEFamiliesParameters(t *testing.T) {
 		// embed, lm_head, final norm; per layer attention, q/k norms over the projections, two
 		// post-norms, router and 8 experts of 32
 		{"flex_olmo", 2*v*h + h + 2*(attn+q+kv+2*h+h*8+8*3*h*32)},
+		// Llama's layers with a router and 8 experts of 32 in place of the MLP
+		{"granitemoe", 2*v*h + h + 2*(attn+2*h+h*8+8*3*h*32)},
 	} {
 		c, err := Preset(tc.family, "tiny")
 		if err != nil {
@@ -31,7 +33,7 @@ func TestMoEFamiliesParameters(t *testing.T) {
 // The further MoE families refuse keys they do not know, naming the key, and read the
 // aliases transformers' attribute_map declares.
 func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
-	for _, fam := range []string{"flex_olmo"} {
+	for _, fam := range []string{"flex_olmo", "granitemoe"} {
 		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
 		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
 			t.Errorf("%s: unknown key: %v", fam, err)
@@ -52,5 +54,13 @@ func TestMoEFamiliesDefaults(t *testing.T) {
 	if c.NumExperts != 7 || c.NumExpertsPerTok != 5 || c.Rope.Theta != 500000 || c.NumKeyValueHeads != 32 ||
 		*c.PadTokenID != 100277 || c.BOSTokenID != nil || c.NormTopKProb || c.RouterAuxLossCoef != 0.01 {
 		t.Errorf("flex_olmo defaults: %+v", c)
+	}
+	c, err = New("granitemoe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumExperts != 8 || c.NumExpertsPerTok != 2 || c.NumKeyValueHeads != 32 || !c.NormTopKProb ||
+		c.RouterAuxLossCoef != 0.001 || c.RMSNormEps != 1e-6 || c.EmbeddingMultiplier != 1 || c.Rope.Theta != 10000 {
+		t.Errorf("granitemoe defaults: %+v", c)
 	}
 }
