@@ -46,6 +46,10 @@ type driverAPI struct {
 	cuFuncSetAttribute   func(fn uintptr, attr int32, v int32) int32
 	cuGetErrorString     func(res int32, s **byte) int32
 	cuGetErrorName       func(res int32, s **byte) int32
+	// cuTensorMapEncodeTiled (CUDA 12.0) encodes the TMA descriptors of the Hopper grouped
+	// GEMM's TMA variant; nil when the driver lacks it, and that variant is then refused.
+	cuTensorMapEncodeTiled func(tmap unsafe.Pointer, dtype int32, rank uint32, addr uintptr, dims, strides *uint64,
+		box, elemStrides *uint32, interleave, swizzle, l2Promotion, oobFill int32) int32
 
 	// cuLaunchKernel is called through SyscallN: it is the hot path.
 	cuLaunchKernel uintptr
@@ -109,6 +113,7 @@ func loadDriver(env searchEnv) (*driverAPI, error) {
 	s.bind(&d.cuFuncSetAttribute, "cuFuncSetAttribute")
 	s.bind(&d.cuGetErrorString, "cuGetErrorString")
 	s.bind(&d.cuGetErrorName, "cuGetErrorName")
+	s.bindOptional(&d.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")
 	d.cuLaunchKernel = s.addr("cuLaunchKernel")
 	if err := s.err(); err != nil {
 		d.info.Err = err.Error()

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
@@ -28,16 +29,20 @@ type groupedWGVariant struct {
 	suffix string
 	cols   int
 	shared uint32
+	// tma marks the TMA variant: 384 threads (a loading warpgroup and two multiplying ones),
+	// the A and B operands passed as tensor maps (groupedTMAMaps).
+	tma bool
 }
 
 func wgShared(stages, cols int) uint32 { return uint32(stages*(16384+cols*128) + 1024) }
 
 // groupedWGVariants are the variants by their HALO_CUDA_GROUPED_GEMM names.
 var groupedWGVariants = map[string]groupedWGVariant{
-	"wg":        {"", 128, wgShared(4, 128)},
-	"wg-n128":   {"_n128", 128, wgShared(5, 128)},
-	"wg-n256":   {"_n256", 256, wgShared(4, 256)},
-	"wg-n128x2": {"_n128x2", 128, wgShared(3, 128)},
+	"wg":        {suffix: "", cols: 128, shared: wgShared(4, 128)},
+	"wg-n128":   {suffix: "_n128", cols: 128, shared: wgShared(5, 128)},
+	"wg-n256":   {suffix: "_n256", cols: 256, shared: wgShared(4, 256)},
+	"wg-n128x2": {suffix: "_n128x2", cols: 128, shared: wgShared(3, 128)},
+	"wg-tma":    {suffix: "_tma", cols: 256, shared: wgShared(4, 256), tma: true},
 }
 
 // defaultGroupedWG is the variant that runs the grouped GEMMs on a device of arch when
@@ -130,6 +135,21 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		grid, err := groupedGrid(a.Kind, d, cols)
 		if err != nil {
 			return fmt.Errorf("cuda: %s: %w", op, err)
+		}
+		if b.groupedWG != "" && groupedWGVariants[b.groupedWG].tma {
+			sa, sb := groupedTMAMaps(a.Kind, d)
+			return b.d.Post(func() error {
+				ma, err := b.d.drv.encodeTMA(sa, pa)
+				if err != nil {
+					return fmt.Errorf("cuda: %s: A: %w", op, err)
+				}
+				mb, err := b.d.drv.encodeTMA(sb, pb)
+				if err != nil {
+					return fmt.Errorf("cuda: %s: B: %w", op, err)
+				}
+				args := append([]unsafe.Pointer{ma.ptr(), mb.ptr()}, packArgs(po, co, poff, int32(d.G), int32(d.N), int32(d.K), acc)...)
+				return b.d.launchOnThread(file, name, grid, [3]uint32{384, 1, 1}, shared, args...)
+			})
 		}
 		args := packArgs(po, co, pa, pb, poff, int32(d.G), int32(d.N), int32(d.K), acc)
 		return b.d.Post(func() error {

@@ -79,7 +79,7 @@ var groupedKindList = []backend.GroupedKind{backend.GroupedForward, backend.Grou
 func groupedImpls(arch string) []string {
 	impls := []string{"mma"}
 	if wgArch(arch) {
-		for _, v := range []string{"wg", "wg-n128", "wg-n256", "wg-n128x2"} {
+		for _, v := range []string{"wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma"} {
 			impls = append(impls, v)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"unsafe"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
@@ -51,6 +52,26 @@ func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 			t.Errorf("variant %s: host gives %d bytes of shared memory, the kernels' %d stages need %d", name, v.shared, stages, want)
 		}
 	}
+	// The TMA variant's kernels are GW_TMA_KERNEL lines, 256 columns in GW_TMA_STAGES stages.
+	for n, v := range groupedWGVariants {
+		if !v.tma {
+			continue
+		}
+		for _, k := range groupedWGKernels {
+			if !regexp.MustCompile(`(?m)^GW_TMA_KERNEL\(` + k + v.suffix + `, \d\)`).MatchString(src) {
+				t.Errorf("variant %s: grouped_gemm_wg.cu has no GW_TMA_KERNEL line for %s%s", n, k, v.suffix)
+			}
+		}
+		m := regexp.MustCompile(`(?m)^#define GW_TMA_STAGES (\d+)`).FindStringSubmatch(src)
+		if m == nil {
+			t.Fatal("grouped_gemm_wg.cu does not define GW_TMA_STAGES")
+		}
+		stages, _ := strconv.Atoi(m[1])
+		if want := wgShared(stages, 256); v.cols != 256 || v.shared != want {
+			t.Errorf("variant %s: host tiles of %d columns and %d bytes; the kernels use 256 columns in %d stages, %d bytes", n, v.cols, v.shared, stages, want)
+		}
+		seen[n] = true
+	}
 	var values []string
 	for n := range groupedWGVariants {
 		if !seen[n] {
@@ -93,5 +114,51 @@ func TestGroupedGridFollowsTheTile(t *testing.T) {
 	}
 	if _, err := groupedGrid(backend.GroupedWeightGrad, backend.GroupedDims{G: 70000, S: 1, N: 8, K: 8}, 128); err == nil {
 		t.Error("a weight gradient of 70000 groups fits a launch grid; want the 65535 limit named")
+	}
+}
+
+// TestGroupedTMAMaps checks the tensor maps of each kind against the boxes gw_tma_body copies:
+// sizes innermost first, byte strides of bf16 rows, 64-element inner boxes, and the weights as
+// one 3-D map per call so that no box reaches another expert's rows.
+func TestGroupedTMAMaps(t *testing.T) {
+	d := backend.GroupedDims{G: 128, S: 65536, N: 1536, K: 2048}
+	cases := []struct {
+		kind backend.GroupedKind
+		a, b tmaSpec
+	}{
+		{backend.GroupedForward,
+			tmaSpec{rank: 2, dims: [3]uint64{2048, 65536}, strides: [2]uint64{4096}, box: [3]uint32{64, 128}},
+			tmaSpec{rank: 3, dims: [3]uint64{2048, 1536, 128}, strides: [2]uint64{4096, 1536 * 4096}, box: [3]uint32{64, 256, 1}}},
+		{backend.GroupedInputGrad,
+			tmaSpec{rank: 2, dims: [3]uint64{1536, 65536}, strides: [2]uint64{3072}, box: [3]uint32{64, 128}},
+			tmaSpec{rank: 3, dims: [3]uint64{2048, 1536, 128}, strides: [2]uint64{4096, 1536 * 4096}, box: [3]uint32{64, 64, 1}}},
+		{backend.GroupedWeightGrad,
+			tmaSpec{rank: 2, dims: [3]uint64{1536, 65536}, strides: [2]uint64{3072}, box: [3]uint32{64, 64}},
+			tmaSpec{rank: 2, dims: [3]uint64{2048, 65536}, strides: [2]uint64{4096}, box: [3]uint32{64, 64}}},
+	}
+	for _, c := range cases {
+		a, b := groupedTMAMaps(c.kind, d)
+		if a != c.a || b != c.b {
+			t.Errorf("%s: maps\n A %+v\n B %+v\nwant\n A %+v\n B %+v", c.kind, a, b, c.a, c.b)
+		}
+		for _, m := range []tmaSpec{a, b} {
+			for i := 0; i < m.rank-1; i++ {
+				if m.strides[i]%16 != 0 {
+					t.Errorf("%s: stride %d of %+v is not a multiple of 16 bytes", c.kind, m.strides[i], m)
+				}
+			}
+		}
+	}
+}
+
+// TestTensorMapIsAligned checks that a tensor map's 128 bytes start on a 64-byte boundary and lie
+// inside its array, wherever Go places the array.
+func TestTensorMapIsAligned(t *testing.T) {
+	for range 64 {
+		m := new(tensorMap)
+		p, base := uintptr(m.ptr()), uintptr(unsafe.Pointer(&m.raw[0]))
+		if p%64 != 0 || p < base || p+128 > base+uintptr(len(m.raw))*8 {
+			t.Fatalf("tensor map at %#x (array %#x, %d bytes): want 64-byte aligned, 128 bytes inside", p, base, len(m.raw)*8)
+		}
 	}
 }

@@ -148,25 +148,35 @@ type symbolTable struct {
 // bind points fn (a pointer to a func variable) at the first of names the library exports.
 // Missing symbols are collected and reported together by err.
 func (s *symbolTable) bind(fn any, names ...string) {
-	for _, n := range names {
-		addr, err := purego.Dlsym(s.lib, n)
-		if err == nil && addr != 0 {
-			purego.RegisterFunc(fn, addr)
-			return
-		}
+	if addr := s.addr(names...); addr != 0 {
+		purego.RegisterFunc(fn, addr)
 	}
-	s.errors = append(s.errors, strings.Join(names, " or "))
+}
+
+// bindOptional binds fn to the first of names the library exports, and leaves it nil, without
+// recording an error, when it exports none: for entry points that only some features need.
+func (s *symbolTable) bindOptional(fn any, names ...string) {
+	if addr := s.lookup(names...); addr != 0 {
+		purego.RegisterFunc(fn, addr)
+	}
 }
 
 // addr returns the address of the first of names the library exports, or records it missing.
 func (s *symbolTable) addr(names ...string) uintptr {
+	addr := s.lookup(names...)
+	if addr == 0 {
+		s.errors = append(s.errors, strings.Join(names, " or "))
+	}
+	return addr
+}
+
+// lookup returns the address of the first of names the library exports, or 0.
+func (s *symbolTable) lookup(names ...string) uintptr {
 	for _, n := range names {
-		addr, err := purego.Dlsym(s.lib, n)
-		if err == nil && addr != 0 {
+		if addr, err := purego.Dlsym(s.lib, n); err == nil && addr != 0 {
 			return addr
 		}
 	}
-	s.errors = append(s.errors, strings.Join(names, " or "))
 	return 0
 }
 

@@ -41,8 +41,8 @@ var (
 		Default: "on", Values: []string{"off", "on"},
 		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off falls back to the routed composition (host routing, one GEMM per expert), for comparison and diagnosis."})
 	swGrouped = switches.Register(switches.Switch{Name: "HALO_CUDA_GROUPED_GEMM", Kind: switches.Tuning,
-		Default: "auto", Values: []string{"auto", "mma", "wg", "wg-n128", "wg-n256", "wg-n128x2"},
-		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: auto the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu, variant wg) on sm_90 and the mma.sync ones (kernels/grouped_gemm.cu) elsewhere; mma the mma.sync ones everywhere; wg, wg-n128, wg-n256 and wg-n128x2 one warpgroup-MMA variant on sm_90 (mma.sync elsewhere): wg 128 x 128 tiles, each step's products finished before the next; the others keep a step's products in flight, with 128-column tiles in 5 stages, 256-column tiles in 4, or 128-column tiles in 3 stages and two CTAs a multiprocessor."})
+		Default: "auto", Values: []string{"auto", "mma", "wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma"},
+		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: auto the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu, variant wg) on sm_90 and the mma.sync ones (kernels/grouped_gemm.cu) elsewhere; mma the mma.sync ones everywhere; wg, wg-n128, wg-n256 and wg-n128x2 one warpgroup-MMA variant on sm_90 (mma.sync elsewhere): wg 128 x 128 tiles, each step's products finished before the next; the others keep a step's products in flight, with 128-column tiles in 5 stages, 256-column tiles in 4, or 128-column tiles in 3 stages and two CTAs a multiprocessor; wg-tma 256-column tiles whose operands a loading warpgroup copies with the tensor memory accelerator."})
 	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
 		Values: []string{"1"},
 		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})

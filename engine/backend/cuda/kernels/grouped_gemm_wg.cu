@@ -221,15 +221,17 @@ __device__ __forceinline__ void gw_tile(float* acc, unsigned sbase, const bf16* 
 // below m_end, columns n0 .. below n_end; with accumulate, adds the old value first (one
 // rounding). Without VEC each element is its own access; with VEC the two adjacent columns a
 // thread holds are one 8-byte (fp32) or 4-byte (bf16) access, which needs ldo, n_end and n0
-// even and out aligned to the pair (the launcher's N_ and K_ are multiples of 8).
+// even and out aligned to the pair (the launcher's N_ and K_ are multiples of 8). tid is the
+// thread's index among the CTA's two consuming warpgroups (threadIdx.x, or threadIdx.x - 128
+// in the TMA kernels, whose first warpgroup loads).
 struct __attribute__((aligned(8))) gw_f2 {
     float x, y;
 };
 template <int BN, bool VEC>
 __device__ __forceinline__ void gw_store(void* out, int co, long long ldo, const float* acc, long long m0, long long m_end,
-                                         long long n0, long long n_end, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const long long row0 = m0 + (threadIdx.x >> 7) * 64 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
+                                         long long n0, long long n_end, int accumulate, int tid) {
+    const int lane = tid & 31;
+    const long long row0 = m0 + (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2);
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -281,7 +283,7 @@ __device__ __forceinline__ void gw_fwd(unsigned char* smem, void* out, int co, c
     long long n0 = (long long)blockIdx.x * BN;
     float acc[BN / 2];
     gw_tile<BN, S, PIPE, false, false>(acc, wg_tile_base(smem), a, K, sm0, send, b + (long long)sg * N * K, K, n0, N, 0, K);
-    gw_store<BN, PIPE>(out, co, N, acc, sm0, send, n0, N, accumulate);
+    gw_store<BN, PIPE>(out, co, N, acc, sm0, send, n0, N, accumulate, threadIdx.x);
 }
 
 template <int BN, int S, bool PIPE>
@@ -294,7 +296,7 @@ __device__ __forceinline__ void gw_dx(unsigned char* smem, void* out, int co, co
     float acc[BN / 2];
     // C [rows, K_] = A [rows, N_] . B_g [N_, K_]: B is MN-major in the product's terms.
     gw_tile<BN, S, PIPE, false, true>(acc, wg_tile_base(smem), a, N, sm0, send, b + (long long)sg * N * K, K, n0, K, 0, N);
-    gw_store<BN, PIPE>(out, co, K, acc, sm0, send, n0, K, accumulate);
+    gw_store<BN, PIPE>(out, co, K, acc, sm0, send, n0, K, accumulate, threadIdx.x);
 }
 
 template <int BN, int S, bool PIPE>
@@ -305,7 +307,8 @@ __device__ __forceinline__ void gw_dw(unsigned char* smem, void* out, int co, co
     float acc[BN / 2];
     // C [N_, K_] = A [N_, rows] . B [rows, K_]: both stored with the reduction (rows) outermost.
     gw_tile<BN, S, PIPE, true, true>(acc, wg_tile_base(smem), a, N, m0, N, b, K, n0, K, off[g], off[g + 1]);
-    gw_store<BN, PIPE>((char*)out + (long long)g * N * K * (co == DT_F32 ? 4 : 2), co, K, acc, m0, N, n0, K, accumulate);
+    gw_store<BN, PIPE>((char*)out + (long long)g * N * K * (co == DT_F32 ? 4 : 2), co, K, acc, m0, N, n0, K, accumulate,
+                       threadIdx.x);
 }
 
 // GW_KERNELS defines the three kernels of one variant, named grouped_gemm_wg_{fwd,dx,dw}SUF,
@@ -338,3 +341,183 @@ GW_KERNELS(, 128, GW_STAGES, false, 1)   // 4 x 32 KiB + 1 KiB
 GW_KERNELS(_n128, 128, 5, true, 1)       // 5 x 32 KiB + 1 KiB
 GW_KERNELS(_n256, 256, 4, true, 1)       // 4 x 48 KiB + 1 KiB
 GW_KERNELS(_n128x2, 128, 3, true, 2)     // 3 x 32 KiB + 1 KiB
+
+// ---------------------------------------------------------------------------------------------
+// The TMA variant (suffix _tma, grouped_gemm.go's "wg-tma"): 384 threads, of which the first
+// warpgroup loads and the other two multiply, 128 x 256 tiles in four stages. Thread 0 fills
+// the stages with the tensor memory accelerator (cp.async.bulk.tensor): each TMA copies one box
+// of a tensor map that the host encoded for the product (grouped_gemm.go's groupedTMAMaps) into
+// the 128-byte swizzled layout of wgmma.cuh, zeros past the tensor's bounds, and counts its
+// bytes on the stage's "full" mbarrier. A consuming warpgroup waits on "full", issues the
+// step's wgmmas, keeps them in flight while it waits for the previous step's, and then arrives
+// on that step's "empty" mbarrier, which the loader waits on before it refills the stage: no
+// CTA-wide barrier inside the loop, and the loads run four steps ahead of the products.
+//
+// Bounds: the weights are 3-D maps [G, N_, K_], so a box never reads another expert's rows.
+// The row-stacked operands are 2-D maps over all S rows: rows past a group's end are the next
+// group's. In the forward and input grad they only reach output rows that the store masks; in
+// the weight grad they would enter the reduction, so the consumers zero those rows of the last
+// step's stage before its products.
+
+#define GW_TMA_STAGES 4
+#define GW_TMA_THREADS 384
+
+struct __attribute__((aligned(64))) gw_tmap {
+    unsigned long long v[16]; // CUtensorMap, opaque
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// mbar_fence_init makes the initialised mbarriers visible to the async proxy (the TMA unit).
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// mbar_expect_tx arrives on bar and adds bytes to the transactions its phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// mbar_wait returns once the phase of bar with the given parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    }
+}
+// tma_2d and tma_3d copy the box of map at coordinates (innermost first) into shared memory at
+// dst, completing their bytes on bar.
+__device__ __forceinline__ void tma_2d(unsigned dst, const gw_tmap* map, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void tma_3d(unsigned dst, const gw_tmap* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void st_shared_zero16(unsigned addr) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+// gw_consumers_sync is a barrier of the two consuming warpgroups only (barrier 1; the loading
+// warpgroup has exited by then).
+__device__ __forceinline__ void gw_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// gw_tma_body is one product of the TMA variant; KIND 0 the forward, 1 the input grad, 2 the
+// weight grad, with the grids and operands of gw_fwd, gw_dx and gw_dw. The maps (boxes of 64
+// bf16 along the innermost dimension): forward A = X [S, K_] (box 64 x 128) and B = W [G, N_,
+// K_] (box 64 x 256 x 1); input grad A = dY [S, N_] (64 x 128) and B = W (64 x 64 x 1, one
+// panel of the MN-major tile per copy); weight grad A = dY (64 x 64) and B = X (64 x 64).
+template <int KIND>
+__device__ __forceinline__ void gw_tma_body(const gw_tmap* ma, const gw_tmap* mb, unsigned char* smem, void* out, int co,
+                                            const int* off, int G, int N, int K, int accumulate) {
+    constexpr int S = GW_TMA_STAGES, BN = 256, NA = BN / 2;
+    constexpr unsigned ABYTES = GW_TILE_BYTES, BBYTES = BN * 128, PANEL = 64 * 128;
+    constexpr bool TA = KIND == 2, TB = KIND != 0;
+    __shared__ unsigned long long full[S], empty[S];
+    __shared__ int sg, sm0, send;
+    int g;
+    long long m0, m_end, n_end, k0, k_end;
+    const long long n0 = (long long)blockIdx.x * BN;
+    if (KIND == 2) {
+        g = blockIdx.z;
+        m0 = (long long)blockIdx.y * 128, m_end = N, n_end = K, k0 = off[g], k_end = off[g + 1];
+    } else {
+        gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
+        if (sg < 0) return;
+        g = sg, m0 = sm0, m_end = send, n_end = KIND == 0 ? N : K, k0 = 0, k_end = KIND == 0 ? K : N;
+    }
+    const unsigned sa = wg_tile_base(smem), sb = sa + S * ABYTES;
+    const unsigned bfull = smem_addr(&full[0]), bempty = smem_addr(&empty[0]);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(bfull + 8 * s, 1);
+            mbar_init(bempty + 8 * s, 2); // one arrival per consuming warpgroup
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const int nk = (int)((k_end - k0 + GW_BK - 1) / GW_BK);
+    if (threadIdx.x < 128) {
+        if (threadIdx.x != 0) return;
+        for (int i = 0; i < nk; i++) {
+            const int s = i % S;
+            if (i >= S) mbar_wait(bempty + 8 * s, ((i / S) - 1) & 1);
+            const unsigned fb = bfull + 8 * s, da = sa + s * ABYTES, db = sb + s * BBYTES;
+            const int kt = (int)(k0 + (long long)i * GW_BK);
+            mbar_expect_tx(fb, ABYTES + BBYTES);
+            if (KIND == 0) {
+                tma_2d(da, ma, kt, (int)m0, fb);
+                tma_3d(db, mb, kt, (int)n0, g, fb);
+            } else if (KIND == 1) {
+                tma_2d(da, ma, kt, (int)m0, fb);
+                for (int p = 0; p < BN / 64; p++) tma_3d(db + p * PANEL, mb, (int)n0 + 64 * p, kt, g, fb);
+            } else {
+                for (int p = 0; p < 2; p++) tma_2d(da + p * PANEL, ma, (int)m0 + 64 * p, kt, fb);
+                for (int p = 0; p < BN / 64; p++) tma_2d(db + p * PANEL, mb, (int)n0 + 64 * p, kt, fb);
+            }
+        }
+        return;
+    }
+    const int ct = threadIdx.x - 128, cw = ct >> 7;
+    float acc[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++) acc[i] = 0.f;
+    for (int i = 0; i < nk; i++) {
+        const int s = i % S;
+        mbar_wait(bfull + 8 * s, (i / S) & 1);
+        if (KIND == 2) {
+            const int rem = (int)(k_end - (k0 + (long long)i * GW_BK));
+            if (rem < GW_BK) {
+                // The last step of a group that does not fill it: zero the next group's rows
+                // [rem, 64) of the A panels (2) and B panels (4), 128 bytes a row each.
+                const int rows = GW_BK - rem, chunks = 6 * rows * 8;
+                for (int e = ct; e < chunks; e += 256) {
+                    const int pnl = e / (rows * 8), r = rem + (e >> 3) % rows, c = e & 7;
+                    const unsigned tile = pnl < 2 ? sa + s * ABYTES + pnl * PANEL : sb + s * BBYTES + (pnl - 2) * PANEL;
+                    st_shared_zero16(tile + r * 128 + c * 16);
+                }
+                wg_fence_proxy();
+                gw_consumers_sync();
+            }
+        }
+        const unsigned ta = sa + s * ABYTES + cw * PANEL, tb = sb + s * BBYTES;
+        const unsigned long long da = TA ? wg_desc_mn<64>(ta) : wg_desc_k(ta);
+        const unsigned long long db = TB ? wg_desc_mn<64>(tb) : wg_desc_k(tb);
+        wg_hold<NA>(acc);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < GW_BK / 16; kk++)
+            gw_mma<BN>::template run<TA, TB>(acc, TA ? wg_mnstep(da, kk) : wg_kstep<128>(da, kk), TB ? wg_mnstep(db, kk) : wg_kstep<BN>(db, kk));
+        wg_commit();
+        wg_wait_1();
+        wg_hold<NA>(acc);
+        // Step i - 1's products are done: its stage may be refilled.
+        if (i > 0 && (ct & 127) == 0) mbar_arrive(bempty + 8 * ((i - 1) % S));
+    }
+    wg_wait_all();
+    wg_hold<NA>(acc);
+    if (KIND == 0) gw_store<BN, true>(out, co, N, acc, m0, m_end, n0, n_end, accumulate, ct);
+    else if (KIND == 1) gw_store<BN, true>(out, co, K, acc, m0, m_end, n0, n_end, accumulate, ct);
+    else gw_store<BN, true>((char*)out + (long long)g * N * K * (co == DT_F32 ? 4 : 2), co, K, acc, m0, m_end, n0, n_end, accumulate, ct);
+}
+
+// The TMA kernels: the two tensor maps by value (__grid_constant__, so that their parameter-space
+// address is what the TMA reads), then the other kernels' arguments less a and b. Dynamic shared
+// memory: four stages of 16 + 32 KiB and 1 KiB for alignment.
+#define GW_TMA_KERNEL(NAME, KIND)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(GW_TMA_THREADS, 1)                                                     \
+        NAME(const __grid_constant__ gw_tmap ma, const __grid_constant__ gw_tmap mb, void* out, int co, const int* off, \
+             int G, int N, int K, int accumulate) {                                                                     \
+        extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                         \
+        gw_tma_body<KIND>(&ma, &mb, gw_smem, out, co, off, G, N, K, accumulate);                                        \
+    }
+GW_TMA_KERNEL(grouped_gemm_wg_fwd_tma, 0)
+GW_TMA_KERNEL(grouped_gemm_wg_dx_tma, 1)
+GW_TMA_KERNEL(grouped_gemm_wg_dw_tma, 2)

@@ -9,6 +9,8 @@
 #define __host__ __attribute__((host))
 #define __forceinline__ __attribute__((always_inline))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+// NVRTC marks by-value kernel parameters whose address is taken (TMA descriptors) with it.
+#define __grid_constant__
 __device__ float __uint_as_float(unsigned int);
 __device__ unsigned int __float_as_uint(float);
 __device__ float __int_as_float(int);
