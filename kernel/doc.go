@@ -25,5 +25,6 @@
 //
 // The package is not the engine session (package session, the client; session/server, the
 // server) and not the cell language (package cell); the wire format lives in
-// kernel/internal/wire. It links no engine: the session's engine runs in the session process.
+// kernel/internal/wire; kernel/nbrun is a client of this kernel that executes notebooks headless
+// (halo-shell notebook run). It links no engine: the session's engine runs in the session process.
 package kernel

@@ -1,12 +1,16 @@
 package kernel
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,15 +21,50 @@ import (
 // its measurements and verdicts: go test ./kernel -run TestLectureNotebooks -lectures-out DIR.
 var lecturesOut = flag.String("lectures-out", "", "copy each executed lecture notebook into this directory")
 
+// lecturesExecutor picks what executes the lecture notebooks: Python's nbclient, halo-shell's
+// own executor (halo-shell notebook run, package kernel/nbrun), or auto: nbclient where
+// python3 has it, else halo-shell's.
+var lecturesExecutor = flag.String("lectures-executor", "auto", "execute the lecture notebooks with nbclient, go (halo-shell notebook run) or auto (nbclient when python3 has it)")
+
+var (
+	nbclientOnce sync.Once
+	nbclientOK   bool
+)
+
+// lectureExecutor resolves -lectures-executor.
+func lectureExecutor(t *testing.T) string {
+	t.Helper()
+	switch *lecturesExecutor {
+	case "nbclient":
+		needJupyter(t)
+		return "nbclient"
+	case "go":
+		return "go"
+	case "auto":
+		nbclientOnce.Do(func() {
+			nbclientOK = exec.Command(python, "-c", "import nbclient, nbformat").Run() == nil
+		})
+		if nbclientOK {
+			return "nbclient"
+		}
+		return "go"
+	}
+	t.Fatalf("-lectures-executor %q: want nbclient, go or auto", *lecturesExecutor)
+	return ""
+}
+
 // lectureNotebookLimit bounds one lecture notebook's run; they are written to finish in well
 // under 90 seconds on a 2-core CPU.
 const lectureNotebookLimit = 4 * time.Minute
 
-// TestLectureNotebooks runs every notebooks/NN-*.ipynb headless with nbclient against a session
-// on this machine's device and fails on a cell error, on a claim whose verdict could not be
-// computed (halo.VerdictUnknownMarker), and on a notebook that checks no claim at all.
+// TestLectureNotebooks runs every notebooks/NN-*.ipynb headless against a session on this
+// machine's device, with nbclient where python3 has it and with `halo-shell notebook run`
+// otherwise (-lectures-executor chooses), and fails on a cell error, on a claim whose verdict
+// could not be computed (halo.VerdictUnknownMarker), and on a notebook that checks no claim
+// at all.
 func TestLectureNotebooks(t *testing.T) {
-	needJupyter(t)
+	executor := lectureExecutor(t)
+	t.Logf("executing the lecture notebooks with %s", executor)
 	root := repoRoot(t)
 	nbs, err := filepath.Glob(filepath.Join(root, "notebooks", "[0-9][0-9]-*.ipynb"))
 	if err != nil {
@@ -43,7 +82,11 @@ func TestLectureNotebooks(t *testing.T) {
 			env, tmp := jupyterEnv(t)
 			executed := filepath.Join(tmp, name+".executed.ipynb")
 			start := time.Now()
-			runPython(t, env, root, lectureNotebookLimit, script, nbPath, executed, root)
+			if executor == "nbclient" {
+				runPython(t, env, root, lectureNotebookLimit, script, nbPath, executed, root)
+			} else {
+				runNotebookCommand(t, env, root, nbPath, executed)
+			}
 			t.Logf("%s ran in %.1fs", name, time.Since(start).Seconds())
 			b, err := os.ReadFile(executed)
 			if err != nil {
@@ -61,6 +104,31 @@ func TestLectureNotebooks(t *testing.T) {
 				t.Error(p)
 			}
 		})
+	}
+}
+
+// runNotebookCommand executes nbPath into executed with `halo-shell notebook run`. A run that
+// fails still writes the notebook up to the failing cell, whose error lectureProblems reports;
+// the command's own message is reported when the notebook names no problem.
+func runNotebookCommand(t *testing.T, env []string, root, nbPath, executed string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), lectureNotebookLimit+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, haloBinary(t), "notebook", "run", nbPath, "--out", executed,
+		"--timeout", lectureNotebookLimit.String(), "--dir", root)
+	cmd.Env, cmd.Dir = env, root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if testing.Verbose() || err != nil {
+		t.Logf("halo-shell notebook run: %v\n%s", err, stderr.String())
+	}
+	b, rerr := os.ReadFile(executed)
+	if rerr != nil {
+		t.Fatalf("halo-shell notebook run wrote no notebook (%v): %v\n%s", rerr, err, stderr.String())
+	}
+	if err != nil && len(lectureProblems(b)) == 0 {
+		t.Errorf("halo-shell notebook run failed: %v\n%s", err, stderr.String())
 	}
 }
 

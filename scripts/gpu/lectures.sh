@@ -9,20 +9,30 @@
 #   CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell     # on the build machine
 #   scripts/gpu/lectures.sh                                       # on the GPU machine, repo root
 #
-# Needs python3 with nbclient and nbformat (Debian: python3-nbclient python3-nbformat
-# jupyter-client; or pip install nbclient nbformat). Each notebook's kernel starts a session of
+# Notebooks run with python3's nbclient where it has nbclient and nbformat, else with
+# `halo-shell notebook run` (the same kernel over the same wire protocol; no Python needed), and
+# the verdicts are read with `halo-shell notebook outputs`. Each notebook's kernel starts a session of
 # its own (a private session directory per notebook, so that no notebook waits for control
 # held by the previous one's kernel), which opens the first GPU ("auto") for its measurements;
 # the script stops it after the notebook.
-# HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); OUT the
-# output directory (notebooks/executed/<gpu>).
+# HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); EXECUTOR
+# picks nbclient or halo (default: nbclient when PYTHON has it); CELL_TIMEOUT bounds one cell
+# under halo (default 10m); OUT the output directory (notebooks/executed/<gpu>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root="$(pwd)"
 bin="${HALO_BIN:-bin/halo-shell}"
 py="${PYTHON:-python3}"
 [ -x "$bin" ] || { echo "lectures.sh: $bin not found: build it first (CGO_ENABLED=0 go build -o bin/halo-shell ./cmd/halo-shell)" >&2; exit 1; }
-"$py" -c 'import nbclient, nbformat' 2>/dev/null || { echo "lectures.sh: $py lacks nbclient/nbformat (pip install nbclient nbformat)" >&2; exit 1; }
+executor="${EXECUTOR:-}"
+if [ -z "$executor" ]; then
+  if "$py" -c 'import nbclient, nbformat' >/dev/null 2>&1; then executor=nbclient; else executor=halo; fi
+fi
+case "$executor" in
+  nbclient) "$py" -c 'import nbclient, nbformat' >/dev/null 2>&1 || { echo "lectures.sh: EXECUTOR=nbclient but $py lacks nbclient/nbformat (pip install nbclient nbformat, or EXECUTOR=halo)" >&2; exit 1; } ;;
+  halo) ;;
+  *) echo "lectures.sh: EXECUTOR=$executor: want nbclient or halo" >&2; exit 1 ;;
+esac
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr '[:upper:] ' '[:lower:]-' | tr -cd 'a-z0-9-')"
 gpu="${gpu#nvidia-}"
 [ -n "$gpu" ] || { echo "lectures.sh: no GPU found by nvidia-smi; the notebooks would measure the CPU (run them with kernel/lectures_test.go instead)" >&2; exit 1; }
@@ -38,33 +48,29 @@ cleanup() {
 trap cleanup EXIT
 "$bin" kernel install --prefix "$work/prefix" >/dev/null
 summary="$out/verdicts.txt"
-{ echo "# lectures on $gpu, $(date -u +%Y-%m-%dT%H:%M:%SZ), revision $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; } >"$summary"
+{ echo "# lectures on $gpu, $(date -u +%Y-%m-%dT%H:%M:%SZ), revision $(git rev-parse --short HEAD 2>/dev/null || echo unknown), executed by $executor"; } >"$summary"
 status=0
 for nb in notebooks/[0-9][0-9]-*.ipynb; do
   name="$(basename "$nb" .ipynb)"
   export HALO_SESSION_DIR="$work/s-$name"
-  start=$(date +%s.%N)
-  if "$py" kernel/testdata/run_notebook.py "$nb" "$out/$name.ipynb" "$root"; then
+  start=$(date +%s%N)
+  if [ "$executor" = nbclient ]; then
+    run=("$py" kernel/testdata/run_notebook.py "$nb" "$out/$name.ipynb" "$root")
+  else
+    run=("$bin" notebook run "$nb" --out "$out/$name.ipynb" --dir "$root" --timeout "${CELL_TIMEOUT:-10m}" --verbose)
+  fi
+  if "${run[@]}"; then
     result=ok
   else
     result=FAILED
     status=1
   fi
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  secs=$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))
   "$bin" session stop >/dev/null 2>&1 || true
   echo "## $name: $result in ${secs}s" | tee -a "$summary"
   if [ -f "$out/$name.ipynb" ]; then
-    "$py" - "$out/$name.ipynb" <<'PY' | tee -a "$summary"
-import json, sys
-nb = json.load(open(sys.argv[1]))
-for c in nb["cells"]:
-    for o in c.get("outputs", []):
-        text = o.get("text", "")
-        text = "".join(text) if isinstance(text, list) else text
-        for line in text.splitlines():
-            if line.startswith("verdict: "):
-                print(line)
-PY
+    { "$bin" notebook outputs "$out/$name.ipynb" | grep '^verdict: ' || true; } | tee -a "$summary"
   fi
 done
 if grep -q '^verdict: unknown' "$summary"; then status=1; fi
