@@ -48,6 +48,10 @@ type Arch struct {
 	NoRoPE []bool
 	// InterleavedRoPE rotates pairs (2i, 2i+1) (glm4), from the family.
 	InterleavedRoPE bool
+	// QKNormAfterRoPE and QKNormNames are the family's (Family.QKNormAfterRoPE,
+	// Family.QKNormNames).
+	QKNormAfterRoPE bool
+	QKNormNames     [2]string
 	// EmbedScale multiplies the embeddings, ResidualScale each branch before its residual
 	// add, AttnScale replaces 1/sqrt(head_dim) and LogitScale multiplies the logits (granite;
 	// AttnScale is also Gemma's query_pre_attn_scalar^-0.5; 0 means the plain decoder).
@@ -125,4 +129,12 @@ func (a *Arch) holdExperts(r ExpertRange) error {
 	}
 	a.HeldExperts = r
 	return nil
+}
+
+// qkNormNames returns the modules of the query and key norms under self_attn.
+func (a *Arch) qkNormNames() (q, k string) {
+	if a.QKNormNames != ([2]string{}) {
+		return a.QKNormNames[0], a.QKNormNames[1]
+	}
+	return "q_norm", "k_norm"
 }

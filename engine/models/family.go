@@ -32,6 +32,12 @@ type Family struct {
 	// InterleavedRoPE: the family rotates the pairs (2i, 2i+1) of each head's rotary dims
 	// (GLM's convention) instead of (i, i+R/2).
 	InterleavedRoPE bool
+	// QKNormAfterRoPE: the query and key norms apply to the rotated queries and keys
+	// (HunYuan) instead of before RoPE.
+	QKNormAfterRoPE bool
+	// QKNormNames are the modules of the query and key norms under self_attn; the zero value
+	// is q_norm and k_norm (HunYuan: query_layernorm, key_layernorm).
+	QKNormNames [2]string
 	// Placements is the family's tensor-parallel table: for each module that holds parameters,
 	// how they are laid out over the tensor group and, for routed experts, over the expert
 	// group. Every parameter of every model of the family matches exactly one entry (Place);

@@ -132,6 +132,7 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 		return nil, fmt.Errorf("models: dtype %s is not supported for parameters (use f32 or bf16)", o.DType)
 	}
 	a.InterleavedRoPE = f.InterleavedRoPE
+	a.QKNormAfterRoPE, a.QKNormNames = f.QKNormAfterRoPE, f.QKNormNames
 	if err := a.Validate(); err != nil {
 		return nil, err
 	}
@@ -264,8 +265,10 @@ func (m *Model) build() {
 			at.Q, at.K, at.V = part(qkv, "q", 0, qd), part(qkv, "k", qd, qd+kvd), part(qkv, "v", qd+kvd, qd+2*kvd)
 		}
 		if a.QKNorm != config.NoQKNorm {
-			qn, kn := norm(pre+"self_attn.q_norm"), norm(pre+"self_attn.k_norm")
+			qName, kName := a.qkNormNames()
+			qn, kn := norm(pre+"self_attn."+qName), norm(pre+"self_attn."+kName)
 			at.QNorm, at.KNorm = &qn, &kn
+			at.NormAfterRoPE = a.QKNormAfterRoPE
 		}
 		if a.Latent.KVRank > 0 {
 			at = &nn.Attention{Name: pre + "self_attn", Layer: i, Latent: latentAttention(a, i, lin, norm)}

@@ -73,6 +73,8 @@ var moeCases = []struct {
 	{"flex_olmo", "flex_olmo", nil},
 	// Granite's multipliers around experts that the checkpoint holds fused; attention biases.
 	{"granitemoe", "granitemoe", func(c *config.Config) { c.AttentionBias = true }},
+	// Per-head q/k norms after RoPE, a shared MLP beside the experts.
+	{"hunyuan_v1_moe", "hunyuan_v1_moe", nil},
 	// Latent attention with q LoRA, interleaved rotary dims, sigmoid routing over 2 groups of 3
 	// with a correction bias, scaled weights and a shared expert; the first layer dense.
 	{"deepseek_v3", "deepseek_v3", latentMoE(nil)},

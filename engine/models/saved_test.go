@@ -50,6 +50,8 @@ var savedCases = []struct {
 	// Granite's multipliers (the tiny preset's) and experts written fused (input_linear,
 	// output_linear), attention biases.
 	{"granitemoe", "granitemoe", []string{"attention_bias=true"}},
+	// Per-head q/k norms after RoPE, a shared MLP beside the experts, attention biases.
+	{"hunyuan_v1_moe", "hunyuan_v1_moe", []string{"attention_bias=true"}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

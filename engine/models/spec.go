@@ -122,13 +122,14 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 		// Normal like a weight, without decay (1-D).
 		s = append(s, ParamSpec{Name: layerName(i, "self_attn.sinks"), Shape: []int{a.Heads}, Init: InitNormal, ZeroRow: -1})
 	}
+	qn, kn := a.qkNormNames()
 	switch a.QKNorm {
 	case config.QKNormProjection:
-		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), q),
-			normWeight(layerName(i, "self_attn.k_norm.weight"), kv))
+		s = append(s, normWeight(layerName(i, "self_attn."+qn+".weight"), q),
+			normWeight(layerName(i, "self_attn."+kn+".weight"), kv))
 	case config.QKNormPerHead:
-		s = append(s, normWeight(layerName(i, "self_attn.q_norm.weight"), a.HeadDim),
-			normWeight(layerName(i, "self_attn.k_norm.weight"), a.HeadDim))
+		s = append(s, normWeight(layerName(i, "self_attn."+qn+".weight"), a.HeadDim),
+			normWeight(layerName(i, "self_attn."+kn+".weight"), a.HeadDim))
 	}
 	return s
 }

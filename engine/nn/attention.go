@@ -25,7 +25,7 @@ type KVCache struct {
 //
 // Cached for backward (between Forward and Backward): the input x (not owned: the caller keeps
 // it alive), q and k after norm and rotation, v, the attention output and its log-sum-exp, and
-// with q/k norm the pre-norm q and k with their rstd.
+// with q/k norm the pre-norm q and k (rotated with NormAfterRoPE) with their rstd.
 type Attention struct {
 	Name         string
 	Q, K, V, O   Linear
@@ -39,6 +39,9 @@ type Attention struct {
 	Latent *MLA
 	// NoRoPE leaves queries and keys unrotated (smollm3's NoPE layers).
 	NoRoPE bool
+	// NormAfterRoPE applies QNorm and KNorm to the rotated queries and keys (HunYuan) instead
+	// of rotating the normalised ones.
+	NormAfterRoPE bool
 	// Interleaved rotates the pairs (2i, 2i+1) instead of (i, i+R/2) (glm4).
 	Interleaved bool
 	// Scale is the score scale; 0 means 1/sqrt(HD) (granite's attention_multiplier, Gemma's
@@ -106,6 +109,11 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if c.v, err = a.V.Forward(p, x); err != nil {
 		return T{}, err
 	}
+	if a.NormAfterRoPE {
+		if err = a.ropeForward(p); err != nil {
+			return T{}, err
+		}
+	}
 	if a.QNorm != nil {
 		c.qPre, c.kPre = c.q, c.k
 		c.q, c.k = T{}, T{}
@@ -116,12 +124,9 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, err
 		}
 	}
-	if !a.NoRoPE {
-		if err = p.B.RoPE(c.q, c.q, a.rope(p, a.NH)); err != nil {
-			return T{}, wrap(a.Name+" rope q", err)
-		}
-		if err = p.B.RoPE(c.k, c.k, a.rope(p, a.NKV)); err != nil {
-			return T{}, wrap(a.Name+" rope k", err)
+	if !a.NormAfterRoPE {
+		if err = a.ropeForward(p); err != nil {
+			return T{}, err
 		}
 	}
 	c.kAll, c.vAll = c.k, c.v
@@ -147,6 +152,35 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 		}
 	}
 	return a.O.Forward(p, c.out)
+}
+
+// ropeForward rotates the cached queries and keys in place (unless NoRoPE).
+func (a *Attention) ropeForward(p *Pass) error {
+	if a.NoRoPE {
+		return nil
+	}
+	if err := p.B.RoPE(a.c.q, a.c.q, a.rope(p, a.NH)); err != nil {
+		return wrap(a.Name+" rope q", err)
+	}
+	if err := p.B.RoPE(a.c.k, a.c.k, a.rope(p, a.NKV)); err != nil {
+		return wrap(a.Name+" rope k", err)
+	}
+	return nil
+}
+
+// ropeBackward turns dq and dk, gradients with respect to the rotated queries and keys, into
+// gradients with respect to the unrotated ones, in place (unless NoRoPE).
+func (a *Attention) ropeBackward(p *Pass, dq, dk T) error {
+	if a.NoRoPE {
+		return nil
+	}
+	if err := p.B.RoPEBackward(dq, dq, a.rope(p, a.NH)); err != nil {
+		return wrap(a.Name+" rope q", err)
+	}
+	if err := p.B.RoPEBackward(dk, dk, a.rope(p, a.NKV)); err != nil {
+		return wrap(a.Name+" rope k", err)
+	}
+	return nil
 }
 
 // appendCache writes this pass's keys and values into the layer's KV cache and returns views of
@@ -250,12 +284,9 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	}); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if !a.NoRoPE {
-		if err = p.B.RoPEBackward(dq, dq, a.rope(p, a.NH)); err != nil {
-			return T{}, wrap(a.Name+" rope q", err)
-		}
-		if err = p.B.RoPEBackward(dk, dk, a.rope(p, a.NKV)); err != nil {
-			return T{}, wrap(a.Name+" rope k", err)
+	if !a.NormAfterRoPE {
+		if err = a.ropeBackward(p, dq, dk); err != nil {
+			return T{}, err
 		}
 	}
 	if a.QNorm != nil {
@@ -273,6 +304,11 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		}
 		dq, dqPre = dqPre, dq
 		dk, dkPre = dkPre, dk
+	}
+	if a.NormAfterRoPE {
+		if err = a.ropeBackward(p, dq, dk); err != nil {
+			return T{}, err
+		}
 	}
 	if dx, err = p.out(c.x.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)

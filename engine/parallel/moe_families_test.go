@@ -9,7 +9,8 @@ import (
 
 // Tiny models of further MoE families: flex_olmo (OLMo 2's post-norms and projection-wide q/k
 // norms around OLMoE's experts, renormalised top 2 of 4) and granitemoe (Granite's multipliers
-// around experts its checkpoints hold fused, attention biases).
+// around experts its checkpoints hold fused, attention biases) and hunyuan_v1_moe (per-head q/k
+// norms after RoPE, a shared MLP beside the experts).
 func init() {
 	tinyConfigs["flex_olmo"] = `{"model_type": "flex_olmo", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true, "output_router_logits": true,
@@ -22,6 +23,16 @@ func init() {
 		"logits_scaling": 2.0,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+	tinyConfigs["hunyuan_v1_moe"] = `{"model_type": "hunyuan_v1_moe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_experts": 4, "moe_topk": 2, "attention_bias": true,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+}
+
+// TestHunYuanMoELayoutsMatchSingleDevice: the MoE layouts without expert-tensor parallelism
+// (refused for shared experts) give the single device's loss and gradients.
+func TestHunYuanMoELayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"hunyuan_v1_moe"}, sharedExpertLayouts())
 }
 
 // TestGraniteMoELayoutsMatchSingleDevice: every MoE layout Mixtral supports (dp, fsdp, tp, ep,

@@ -375,6 +375,11 @@ CASES += [
          num_local_experts=5, num_experts_per_tok=2, attention_bias=True, embedding_multiplier=6.0,
          residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0,
          output_router_logits=True, router_aux_loss_coef=0.02, tie_word_embeddings=False),
+    # HunYuan MoE: per-head q/k norms after RoPE, heads of 12 on a width of 48 (head_dim given:
+    # transformers' attention does not derive it), attention biases, 5 experts of 24 (top 2,
+    # renormalised) beside a shared MLP of 24; no aux loss in transformers.
+    case("hunyuan_v1_moe", "hunyuan_v1_moe", **dict(ODD, intermediate_size=24), head_dim=12,
+         num_hidden_layers=2, num_experts=5, moe_topk=2, attention_bias=True, tie_word_embeddings=False),
 ]
 
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
@@ -384,7 +389,7 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
-                "granitemoe")
+                "granitemoe", "hunyuan_v1_moe")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.

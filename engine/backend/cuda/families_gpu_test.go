@@ -44,6 +44,8 @@ var familyCases = []struct {
 	{"flex_olmo", "flex_olmo", []string{"attention_bias=true", "norm_topk_prob=true", "output_router_logits=true"}, true},
 	// Granite MoE: the four multipliers around experts held fused in the checkpoint.
 	{"granitemoe", "granitemoe", []string{"attention_bias=true", "output_router_logits=true"}, true},
+	// HunYuan MoE: per-head q/k norms after RoPE, a shared MLP beside the experts.
+	{"hunyuan_v1_moe", "hunyuan_v1_moe", []string{"attention_bias=true"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

@@ -115,6 +115,8 @@ type Config struct {
 	Latent
 	// Linear holds the keys of gated delta-net linear attention (linear.go).
 	Linear
+	// MoEKeys holds keys of further mixture-of-experts families (moe_keys.go).
+	MoEKeys
 
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.
@@ -416,6 +418,7 @@ func (c *Config) Clone() *Config {
 	n.dropped = slices.Clone(c.dropped)
 	n.Rope = c.Rope.clone()
 	n.Features = c.Features.clone()
+	n.MoEKeys = c.MoEKeys.clone()
 	n.Latent = c.Latent.clone()
 	n.SlidingRope = c.SlidingRope.clone()
 	return &n

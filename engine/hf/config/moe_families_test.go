@@ -19,6 +19,8 @@ func TestMoEFamiliesParameters(t *testing.T) {
 		{"flex_olmo", 2*v*h + h + 2*(attn+q+kv+2*h+h*8+8*3*h*32)},
 		// Llama's layers with a router and 8 experts of 32 in place of the MLP
 		{"granitemoe", 2*v*h + h + 2*(attn+2*h+h*8+8*3*h*32)},
+		// per-head q/k norms (16), a router, 8 experts of 32 and a shared MLP of 32
+		{"hunyuan_v1_moe", 2*v*h + h + 2*(attn+2*16+2*h+h*8+8*3*h*32+3*h*32)},
 	} {
 		c, err := Preset(tc.family, "tiny")
 		if err != nil {
@@ -33,7 +35,7 @@ func TestMoEFamiliesParameters(t *testing.T) {
 // The further MoE families refuse keys they do not know, naming the key, and read the
 // aliases transformers' attribute_map declares.
 func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
-	for _, fam := range []string{"flex_olmo", "granitemoe"} {
+	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe"} {
 		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
 		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
 			t.Errorf("%s: unknown key: %v", fam, err)
@@ -42,6 +44,15 @@ func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
 	c, err := Parse([]byte(`{"model_type": "flex_olmo", "num_local_experts": 3, "num_experts_per_tok": 2}`), "cfg.json")
 	if err != nil || c.NumExperts != 3 {
 		t.Fatalf("flex_olmo num_local_experts: %v, %+v", err, c)
+	}
+	c, err = Parse([]byte(`{"model_type": "hunyuan_v1_moe", "num_local_experts": 6, "num_experts_per_tok": 3}`), "cfg.json")
+	if err != nil || c.NumExperts != 6 || c.NumExpertsPerTok != 3 {
+		t.Fatalf("hunyuan_v1_moe aliases: %v, %+v", err, c)
+	}
+	// Per-layer lists of moe_topk are not read: the error names the key.
+	_, err = Parse([]byte(`{"model_type": "hunyuan_v1_moe", "num_experts": 4, "moe_topk": [2, 2]}`), "cfg.json")
+	if err == nil || !strings.Contains(err.Error(), "moe_topk") {
+		t.Errorf("hunyuan_v1_moe moe_topk list: %v", err)
 	}
 }
 
@@ -62,5 +73,13 @@ func TestMoEFamiliesDefaults(t *testing.T) {
 	if c.NumExperts != 8 || c.NumExpertsPerTok != 2 || c.NumKeyValueHeads != 32 || !c.NormTopKProb ||
 		c.RouterAuxLossCoef != 0.001 || c.RMSNormEps != 1e-6 || c.EmbeddingMultiplier != 1 || c.Rope.Theta != 10000 {
 		t.Errorf("granitemoe defaults: %+v", c)
+	}
+	c, err = New("hunyuan_v1_moe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumExperts != 1 || c.NumExpertsPerTok != 1 || c.NumKeyValueHeads != 32 || !c.NormTopKProb ||
+		c.RMSNormEps != 1e-5 || *c.PadTokenID != 0 || *c.EODTokenID != 3 || *c.SEPTokenID != 4 || c.Shape().SharedExpert != 11008 {
+		t.Errorf("hunyuan_v1_moe defaults: %+v", c)
 	}
 }
