@@ -57,6 +57,10 @@ a cell that runs past --timeout is interrupted and the run fails naming it. The 
 			if err != nil {
 				return fmt.Errorf("notebook run: %s: %w", src, err)
 			}
+			stderr := cmd.ErrOrStderr()
+			if name := nb.KernelName(); name != "" && name != kernel.SpecName {
+				fmt.Fprintf(stderr, "notebook run: warning: %s names the kernel %q; its cells run on the %s kernel (Go cells) all the same\n", src, name, kernel.SpecName)
+			}
 			dst := out
 			if dst == "" {
 				dst = strings.TrimSuffix(src, filepath.Ext(src)) + ".executed.ipynb"
@@ -74,7 +78,6 @@ a cell that runs past --timeout is interrupted and the run fails naming it. The 
 					argv[i] = nbrun.ConnectionFileArg
 				}
 			}
-			stderr := cmd.ErrOrStderr()
 			o := nbrun.Options{Kernel: argv, KernelName: kernel.SpecName, Dir: dir, Timeout: timeout, AllowErrors: allowErrors}
 			if kernelLog != "" {
 				f, err := os.Create(kernelLog)

@@ -6,7 +6,8 @@
 // updates applied in place, clear_output honoured) and error with ename, evalue and traceback,
 // plus each cell's execution_count. It stops at the first failing cell unless told to go on,
 // interrupts a cell that runs past its timeout (interrupt_request on the control channel) and
-// then fails naming the cell, and writes the executed notebook as nbformat does (one-space
+// then fails naming the cell, honours nbclient's cell tags (skip-execution, raises-exception)
+// and records its per-cell timings, and writes the executed notebook as nbformat does (one-space
 // indent, sorted keys, multiline strings as lists of lines), keeping the notebook's and cells'
 // metadata and ids.
 //

@@ -38,6 +38,13 @@ type Cell struct {
 	// reset the cell (every code cell of a notebook given to Run).
 	Outputs        []*Output
 	ExecutionCount *int
+	// Timing holds, once the cell has run, when the kernel's messages about it were sent
+	// (their header dates), under nbclient's names: iopub.status.busy, iopub.execute_input,
+	// shell.execute_reply, iopub.status.idle. It is written as the metadata's "execution".
+	Timing map[string]string
+	// Tags are the cell's metadata tags: "skip-execution" skips the cell and
+	// "raises-exception" lets it fail without stopping the run, as with nbclient.
+	Tags []string
 	// fields are the cell's JSON fields as read.
 	fields map[string]json.RawMessage
 	// reset says that Outputs and ExecutionCount replace the fields read.
@@ -182,6 +189,11 @@ func parseCell(raw json.RawMessage) (*Cell, error) {
 		if err := json.Unmarshal(rm, &m); err != nil || m == nil {
 			return nil, fmt.Errorf("\"metadata\" is %s, want an object", clip(rm))
 		}
+		if rt, ok := m["tags"]; ok {
+			if err := json.Unmarshal(rt, &c.Tags); err != nil {
+				return nil, fmt.Errorf("metadata \"tags\" is %s, want a list of strings", clip(rt))
+			}
+		}
 	}
 	return c, nil
 }
@@ -252,9 +264,19 @@ func (c *Cell) object() map[string]any {
 	if c.ID != "" {
 		m["id"] = c.ID
 	}
-	if _, ok := m["metadata"]; !ok {
-		m["metadata"] = map[string]any{}
+	meta := map[string]json.RawMessage{}
+	if rm, ok := c.fields["metadata"]; ok {
+		_ = json.Unmarshal(rm, &meta) // an object: Parse checked it
 	}
+	if c.reset {
+		// This run's timings replace an earlier run's.
+		delete(meta, "execution")
+		if c.Timing != nil {
+			t, _ := json.Marshal(c.Timing)
+			meta["execution"] = t
+		}
+	}
+	m["metadata"] = meta
 	m["source"] = lines(c.Source)
 	if c.Type == "code" {
 		if c.reset {
@@ -348,7 +370,18 @@ func (nb *Notebook) Runnable() int {
 	return n
 }
 
-func (c *Cell) runnable() bool { return c.Type == "code" && strings.TrimSpace(c.Source) != "" }
+func (c *Cell) runnable() bool {
+	return c.Type == "code" && strings.TrimSpace(c.Source) != "" && !c.tagged("skip-execution")
+}
+
+func (c *Cell) tagged(tag string) bool {
+	for _, t := range c.Tags {
+		if t == tag {
+			return true
+		}
+	}
+	return false
+}
 
 // CellOutputs returns the outputs of code cell c: this run's once a run has reset it, else
 // those read from the notebook (an output that is not an object is an error).
@@ -414,4 +447,15 @@ func (o *Output) PlainText() string {
 		return s
 	}
 	return ""
+}
+
+// KernelName is the name of the notebook's kernelspec (metadata.kernelspec.name), or "".
+func (nb *Notebook) KernelName() string {
+	var ks struct {
+		Name string `json:"name"`
+	}
+	if raw, ok := nb.Metadata["kernelspec"]; ok {
+		_ = json.Unmarshal(raw, &ks)
+	}
+	return ks.Name
 }

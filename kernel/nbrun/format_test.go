@@ -40,6 +40,7 @@ func TestParseRefusesWhatIsNotANotebook(t *testing.T) {
 		{"source of numbers", cell(`{"cell_type": "code", "id": "a", "source": [1]}`), ErrNotNotebook, "neither a string nor a list of strings"},
 		{"empty id", cell(`{"cell_type": "code", "id": "", "source": ""}`), ErrNotNotebook, `"id" is ""`},
 		{"cell metadata a string", cell(`{"cell_type": "code", "id": "a", "source": "", "metadata": "x"}`), ErrNotNotebook, `"metadata" is "x"`},
+		{"tags not a list", cell(`{"cell_type": "code", "id": "a", "source": "", "metadata": {"tags": "x"}}`), ErrNotNotebook, `metadata "tags" is "x"`},
 		{"repeated id", cell(`{"cell_type": "code", "id": "a", "source": ""}, {"cell_type": "markdown", "id": "a", "source": ""}`),
 			ErrNotNotebook, `cell 2: id "a" is cell 1's too`},
 	}

@@ -111,7 +111,7 @@ func Run(ctx context.Context, nb *Notebook, o Options) (*Result, error) {
 	start := time.Now()
 	for _, c := range nb.Cells {
 		if c.Type == "code" {
-			c.reset, c.Outputs, c.ExecutionCount = true, nil, nil
+			c.reset, c.Outputs, c.ExecutionCount, c.Timing = true, nil, nil, nil
 		}
 	}
 	res := &Result{}
@@ -132,6 +132,10 @@ func Run(ctx context.Context, nb *Notebook, o Options) (*Result, error) {
 		cerr, err := r.execute(ctx, i, c)
 		res.Ran++
 		var reported error
+		if cerr != nil && c.tagged("raises-exception") && cerr.Timeout == 0 {
+			// The cell is meant to fail: its error is in its outputs, and the run goes on.
+			cerr = nil
+		}
 		if cerr != nil {
 			res.Failed = append(res.Failed, cerr)
 			reported = cerr
@@ -168,8 +172,9 @@ func (r *runner) execute(ctx context.Context, i int, c *Cell) (*CellError, error
 	k := r.k
 	id, err := k.send(k.shell, "execute_request", map[string]any{
 		"code": c.Source, "silent": false, "store_history": true, "user_expressions": map[string]any{},
-		"allow_stdin": false, "stop_on_error": !r.o.AllowErrors,
+		"allow_stdin": false, "stop_on_error": !r.o.AllowErrors && !c.tagged("raises-exception"),
 	})
+	c.Timing = map[string]string{}
 	if err != nil {
 		return nil, err
 	}
@@ -198,12 +203,19 @@ func (r *runner) execute(ctx context.Context, i int, c *Cell) (*CellError, error
 			if p, _ := m.ParentHeader(); p.MsgID != id {
 				continue
 			}
-			if m.Header.MsgType == "status" {
+			switch m.Header.MsgType {
+			case "status":
 				var s struct {
 					State string `json:"execution_state"`
 				}
 				_ = json.Unmarshal(m.Content, &s)
+				if s.State == "busy" || s.State == "idle" {
+					c.Timing["iopub.status."+s.State] = m.Header.Date
+				}
 				idle = idle || s.State == "idle"
+				continue
+			case "execute_input":
+				c.Timing["iopub.execute_input"] = m.Header.Date
 				continue
 			}
 			r.apply(c, m, &clearOnNext)
@@ -212,6 +224,7 @@ func (r *runner) execute(ctx context.Context, i int, c *Cell) (*CellError, error
 				continue
 			}
 			reply = &executeReply{}
+			c.Timing["shell.execute_reply"] = m.Header.Date
 			if err := json.Unmarshal(m.Content, reply); err != nil {
 				e := cellErr()
 				e.Detail = fmt.Sprintf("the kernel's execute_reply is not readable: %v", err)

@@ -114,9 +114,9 @@ func readNotebook(t *testing.T, path string) *Notebook {
 
 // TestRunSmallNotebookMatchesGolden runs testdata/small.ipynb on the halo kernel: stdout,
 // stderr, an execute_result, a display with PNG and SVG, markdown and raw cells and their
-// metadata kept, an empty code cell skipped and its stale output cleared. The written
-// notebook is compared with testdata/small.golden.ipynb (images and the Go version replaced
-// by descriptions), and, where Python's nbformat is installed, validated by it and found to
+// metadata kept, an empty code cell skipped and its stale output cleared, timings recorded.
+// The written notebook is compared with testdata/small.golden.ipynb (images, the Go version
+// and timings replaced by descriptions), and, where Python's nbformat is installed, validated by it and found to
 // be written exactly as nbformat writes it.
 func TestRunSmallNotebookMatchesGolden(t *testing.T) {
 	o := kernelOptions(t)
@@ -137,7 +137,7 @@ func TestRunSmallNotebookMatchesGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkWithNbformat(t, out)
-	got := describeImages(t, out)
+	got := normalize(t, out)
 	golden := "testdata/small.golden.ipynb"
 	if *update {
 		if err := os.WriteFile(golden, got, 0o644); err != nil {
@@ -153,9 +153,10 @@ func TestRunSmallNotebookMatchesGolden(t *testing.T) {
 	}
 }
 
-// describeImages replaces the executed notebook's PNG and SVG data by a line saying what
-// they are (a PNG's size, an SVG's root element), and the kernel's Go version by "GO".
-func describeImages(t *testing.T, b []byte) []byte {
+// normalize replaces the executed notebook's PNG and SVG data by a line saying what they are
+// (a PNG's size, an SVG's root element), the kernel's Go version by "GO" and the cells'
+// execution timings by "date".
+func normalize(t *testing.T, b []byte) []byte {
 	t.Helper()
 	var nb map[string]any
 	if err := json.Unmarshal(b, &nb); err != nil {
@@ -197,6 +198,20 @@ func describeImages(t *testing.T, b []byte) []byte {
 	}
 	li := nb["metadata"].(map[string]any)["language_info"].(map[string]any)
 	li["version"] = "GO"
+	// Timings are the kernel's clock: each is replaced by the word "date" once checked.
+	for _, c := range nb["cells"].([]any) {
+		meta := c.(map[string]any)["metadata"].(map[string]any)
+		ex, ok := meta["execution"].(map[string]any)
+		if !ok {
+			continue
+		}
+		for k, v := range ex {
+			if _, err := time.Parse(time.RFC3339Nano, v.(string)); err != nil {
+				t.Errorf("execution %s = %q is not a date", k, v)
+			}
+			ex[k] = "date"
+		}
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -402,5 +417,42 @@ func TestApplyDisplayUpdatesAndClears(t *testing.T) {
 	r.apply(b, msg("stream", `not json`), &clear)
 	if outputTypes(b) != "error" || b.Outputs[0].Ename != "E" {
 		t.Errorf("after an error and a malformed message: %+v", b.Outputs)
+	}
+}
+
+// TestRunHonoursCellTags: a cell tagged skip-execution is not run, one tagged
+// raises-exception fails without stopping the run or counting as failed, and every cell run
+// records nbclient's four timings.
+func TestRunHonoursCellTags(t *testing.T) {
+	o := kernelOptions(t)
+	nb, err := Parse([]byte(`{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+	 {"cell_type": "code", "id": "skip", "metadata": {"tags": ["skip-execution"]}, "source": "fmt.Println(\"skipped\")", "outputs": [], "execution_count": null},
+	 {"cell_type": "code", "id": "raises", "metadata": {"tags": ["raises-exception"], "execution": {"old": "x"}}, "source": "undefinedThing", "outputs": [], "execution_count": null},
+	 {"cell_type": "code", "id": "last", "metadata": {}, "source": "fmt.Println(\"after\")", "outputs": [], "execution_count": null}
+	]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(context.Background(), nb, o)
+	if err != nil || res.Ran != 2 || len(res.Failed) != 0 {
+		t.Fatalf("Run = %+v, %v; want 2 cells run, none failed", res, err)
+	}
+	skip, raises, last := nb.Cells[0], nb.Cells[1], nb.Cells[2]
+	if len(skip.Outputs) != 0 || skip.ExecutionCount != nil || skip.Timing != nil {
+		t.Errorf("the skip-execution cell ran: %q", outputTypes(skip))
+	}
+	if outputTypes(raises) != "error" || outputTypes(last) != "stream" || *last.ExecutionCount != 2 {
+		t.Errorf("outputs %q and %q", outputTypes(raises), outputTypes(last))
+	}
+	for _, c := range []*Cell{raises, last} {
+		for _, k := range []string{"iopub.status.busy", "iopub.execute_input", "shell.execute_reply", "iopub.status.idle"} {
+			if c.Timing[k] == "" {
+				t.Errorf("cell %s: no %s timing in %v", c.ID, k, c.Timing)
+			}
+		}
+	}
+	out, _ := nb.Marshal()
+	if bytes.Contains(out, []byte(`"old"`)) {
+		t.Error("an earlier run's timings were kept")
 	}
 }
