@@ -152,6 +152,16 @@ func ApplyOverrides(cfg *config.Config, sets []string) (*config.Config, error) {
 		if !json.Valid(raw) {
 			raw, _ = json.Marshal(v)
 		}
+		// An override by another name of a field (num_experts for num_local_experts) replaces
+		// the written key rather than colliding with it.
+		if f := cfg.Family(); f != nil {
+			for _, syn := range f.Synonyms(k) {
+				if setKeys[syn] {
+					return nil, fmt.Errorf("models: --set %s and --set %s name the same field; keep one", syn, k)
+				}
+				delete(obj, syn)
+			}
+		}
 		obj[k] = raw
 		setKeys[k] = true
 	}

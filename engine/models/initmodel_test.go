@@ -101,3 +101,25 @@ func TestApplyOverridesKeepsOtherKeys(t *testing.T) {
 		t.Errorf("sliding_window %d rope %+v hidden %d", got.SlidingWindow, got.Rope, got.HiddenSize)
 	}
 }
+
+// TestApplyOverridesByAlias checks that --set by another name of a field replaces the preset's
+// value (qwen3_moe's config.json writes num_local_experts; transformers also reads num_experts),
+// and that naming both names in one call is still refused.
+func TestApplyOverridesByAlias(t *testing.T) {
+	c, err := config.Preset("qwen3_moe", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"num_experts", "num_local_experts"} {
+		got, err := ApplyOverrides(c, []string{key + "=12"})
+		if err != nil {
+			t.Fatalf("--set %s=12: %v", key, err)
+		}
+		if got.NumExperts != 12 {
+			t.Errorf("--set %s=12: %d experts, want 12", key, got.NumExperts)
+		}
+	}
+	if _, err := ApplyOverrides(c, []string{"num_experts=12", "num_local_experts=6"}); err == nil || !strings.Contains(err.Error(), "keep one") {
+		t.Errorf("two names of one field in one call: got %v, want the both-set refusal", err)
+	}
+}

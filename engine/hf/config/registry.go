@@ -219,6 +219,26 @@ func (f *Family) knows(key string) (canonical string, ok bool) {
 	return "", false
 }
 
+// Synonyms returns the other config.json keys of family f that set the same field as key (its
+// canonical name and its aliases), or nil when key is not one of the family's keys.
+func (f *Family) Synonyms(key string) []string {
+	canon, ok := f.knows(key)
+	if !ok {
+		return nil
+	}
+	var out []string
+	if canon != key {
+		out = append(out, canon)
+	}
+	for a, c := range f.Aliases {
+		if c == canon && a != key {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // commonKeys are the keys this package reads for every family besides its Keys, Optional
 // and Aliases.
 var commonKeys = []string{"model_type", "architectures", "dtype", "torch_dtype", "transformers_version",
