@@ -20,6 +20,8 @@ const (
 	RuleTPQKNorm   = "tp-qknorm"   // q/k norms over the whole projection are not split
 	RuleTPFused    = "tp-fused"    // fused qkv_proj / gate_up_proj weights are not split
 	RuleTPLatent   = "tp-latent"   // multi-head latent attention is not split
+	RuleTPLinear   = "tp-linear"   // gated delta-net (linear attention) layers are not split
+	RuleCPLinear   = "cp-linear"   // gated delta-net layers run over whole sequences
 	RuleCPSeq      = "cp-seqlen"   // 2·CP divides the sequence length
 	RuleEPExperts  = "ep-experts"  // EP divides the experts and DP·CP
 	RuleETP        = "etp"         // ETP is 1 or TP and divides the expert width
@@ -115,9 +117,15 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		if m.Latent.KVRank > 0 {
 			return RuleTPLatent, fmt.Sprintf("this model's latent attention (deepseek_v3, glm4_moe_lite) projects every head from shared low-rank q and kv projections and one rotary key whose gradient sums over all heads; its split over tensor_parallel_size %d is not implemented: use tensor_parallel_size 1 (data, fsdp and expert parallelism work)", l.TP)
 		}
+		if m.Linear.Layers > 0 {
+			return RuleTPLinear, fmt.Sprintf("this model's gated delta-net (linear attention) layers (qwen3_next, qwen3_5_moe_text) run their conv, recurrence and gated norm whole, and their split over tensor_parallel_size %d is not implemented: use tensor_parallel_size 1 (data, fsdp and expert parallelism work)", l.TP)
+		}
 		if m.QKNorm == config.QKNormProjection {
 			return RuleTPQKNorm, fmt.Sprintf("this model normalises q and k over the whole projection (not per head), which tensor_parallel_size %d would split; use tensor_parallel_size 1", l.TP)
 		}
+	}
+	if l.CP > 1 && m.Linear.Layers > 0 {
+		return RuleCPLinear, fmt.Sprintf("context_parallel_size %d would split sequences, but this model's gated delta-net layers carry a recurrent state from each token to the next over the whole sequence, which is not passed between ranks: use context_parallel_size 1", l.CP)
 	}
 	if l.CP > 1 && seqLen > 0 && seqLen%(2*l.CP) != 0 {
 		return RuleCPSeq, fmt.Sprintf("context_parallel_size %d splits each sequence into %d equal chunks, so the sequence length %d must be a multiple of %d", l.CP, 2*l.CP, seqLen, 2*l.CP)

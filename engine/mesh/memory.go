@@ -72,9 +72,21 @@ func LocalParams(l Layout, m ModelShape) int64 {
 			whole += m.Latent.Parameters(c, int64(m.Heads), m.QKVBias, m.OBias) + 2*c
 			continue
 		}
+		if i < m.Linear.Layers {
+			// Gated delta-net layers are whole on every rank (rule tp-linear); which layers
+			// they are does not change the count.
+			whole += m.Linear.Parameters(c) + 2*c
+			continue
+		}
 		split += q*c + 2*kv*c + c*q
 		if m.QKVBias {
 			split += q + 2*kv
+		}
+		if m.AttnOutputGate {
+			split += q * c // the gate rows of q_proj
+			if m.QKVBias {
+				split += q
+			}
 		}
 		if m.OBias {
 			whole += c

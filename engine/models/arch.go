@@ -46,6 +46,9 @@ type Arch struct {
 
 	// NoRoPE[i] marks layer i as a NoPE layer (smollm3); nil means every layer rotates.
 	NoRoPE []bool
+	// LinearLayers[i] marks layer i as a gated delta-net (linear attention) layer
+	// (qwen3_next, qwen3_5_moe_text); nil means none.
+	LinearLayers []bool
 	// InterleavedRoPE rotates pairs (2i, 2i+1) (glm4), from the family.
 	InterleavedRoPE bool
 	// QKNormAfterRoPE and QKNormNames are the family's (Family.QKNormAfterRoPE,
@@ -69,10 +72,17 @@ func (a *Arch) Validate() error {
 			return fmt.Errorf("models: %s: the expert width must be > 0, got %d (moe_intermediate_size or intermediate_size)", a.ModelType, a.ExpertIntermediate)
 		}
 	}
+	dense := a.Intermediate
+	if a.MoELayers == a.Layers && a.Experts > 0 && dense == 0 {
+		dense = 1 // no dense MLP to size (qwen3_5_moe_text)
+	}
+	if a.LinearLayers != nil && len(a.LinearLayers) != a.Layers {
+		return fmt.Errorf("models: %s: %d linear-attention flags for %d layers", a.ModelType, len(a.LinearLayers), a.Layers)
+	}
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"vocab_size", a.Vocab}, {"hidden_size", a.Hidden}, {"intermediate_size", a.Intermediate},
+	}{{"vocab_size", a.Vocab}, {"hidden_size", a.Hidden}, {"intermediate_size", dense},
 		{"num_hidden_layers", a.Layers}, {"num_attention_heads", a.Heads},
 		{"num_key_value_heads", a.KVHeads}, {"head_dim", a.HeadDim}} {
 		if f.v <= 0 {
@@ -110,6 +120,9 @@ func (a *Arch) Validate() error {
 	}
 	return nil
 }
+
+// IsLinear reports whether layer i is a gated delta-net (linear attention) layer.
+func (a *Arch) IsLinear(i int) bool { return i < len(a.LinearLayers) && a.LinearLayers[i] }
 
 // NumExperts is the number of routed experts per MoE layer (0 for dense models).
 func (a *Arch) NumExperts() int { return a.Experts }

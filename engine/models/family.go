@@ -53,6 +53,9 @@ type Family struct {
 	// ScaleEmbeddings multiplies the embedding rows by sqrt(hidden_size), rounded to the
 	// parameter dtype (Gemma's scaled word embedding).
 	ScaleEmbeddings bool
+	// GatedDeltaNet is how the family stores the input projections of its gated delta-net
+	// (linear attention) layers (qwen3_next.go); GDNNone for families without them.
+	GatedDeltaNet GDNLayout
 }
 
 // FFNHooks let a family give a layer its own feed-forward block. Both hooks are called for

@@ -61,6 +61,12 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		a.PadID = *c.PadTokenID
 	}
 	a.Windows = make([]int, c.NumHiddenLayers)
+	if a.Linear.Layers > 0 {
+		a.LinearLayers = make([]bool, c.NumHiddenLayers)
+		for i := range a.LinearLayers {
+			a.LinearLayers[i] = c.IsLinearLayer(i)
+		}
+	}
 	for i := range a.Windows {
 		if c.IsSlidingLayer(i) {
 			a.Windows[i] = c.SlidingWindow

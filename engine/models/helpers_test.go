@@ -75,7 +75,7 @@ func perturb(t testing.TB, m *Model, seed uint64) {
 			t.Fatal(err)
 		}
 		for i := range v {
-			if s.Init == InitOnes {
+			if s.Init == InitOnes || s.Init == InitUnit {
 				v[i] = 1 + 0.2*float32(rng.NormFloat64())
 			} else {
 				v[i] = 0.2 * float32(rng.NormFloat64())

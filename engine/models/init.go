@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 )
 
@@ -46,9 +47,18 @@ func (m *Model) initParam(i int, seed uint64) error {
 			cols := s.Shape[1]
 			clear(vals[s.ZeroRow*cols : (s.ZeroRow+1)*cols])
 		}
-	case InitOnes:
+	case InitOnes, InitUnit:
 		for j := range vals {
 			vals[j] = 1
+		}
+	case InitLogUniform:
+		k := i
+		if m.fullIndex != nil {
+			k = m.fullIndex[i]
+		}
+		rng := rand.New(rand.NewPCG(seed, uint64(k)+1))
+		for j := range vals {
+			vals[j] = float32(math.Log(16 * (1 - rng.Float64())))
 		}
 	case InitZeros:
 	default:

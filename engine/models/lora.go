@@ -122,6 +122,8 @@ func (m *Model) linearLayers() []*nn.Linear {
 	for _, b := range m.blocks {
 		if la := b.Attn.Latent; la != nil {
 			ls = append(ls, la.Linears()...)
+		} else if ln := b.Attn.Linear; ln != nil {
+			ls = append(ls, ln.Linears()...)
 		} else {
 			ls = append(ls, &b.Attn.Q, &b.Attn.K, &b.Attn.V, &b.Attn.O)
 		}

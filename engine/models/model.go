@@ -253,6 +253,7 @@ func (m *Model) build() {
 			NH: a.Heads, NKV: a.KVHeads, HD: a.HeadDim, RotaryDim: a.Rope.RotaryDim(),
 			Window: a.Windows[i], Layer: i,
 			NoRoPE: a.NoRoPE != nil && a.NoRoPE[i], Interleaved: a.InterleavedRoPE, Scale: a.AttnScale,
+			OutGate: a.AttnOutputGate,
 		}
 		if a.Sinks {
 			at.Sinks, at.GSinks = p(pre+"self_attn.sinks"), g(pre+"self_attn.sinks")
@@ -272,6 +273,9 @@ func (m *Model) build() {
 		}
 		if a.Latent.KVRank > 0 {
 			at = &nn.Attention{Name: pre + "self_attn", Layer: i, Latent: latentAttention(a, i, lin, norm)}
+		}
+		if a.IsLinear(i) {
+			at = &nn.Attention{Name: pre + "linear_attn", Layer: i, Linear: linearAttention(m.Family, a, i, lin, p, g)}
 		}
 		var ffn nn.FFN
 		if m.Family.FFN != nil {

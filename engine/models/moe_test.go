@@ -44,6 +44,9 @@ func tinyMoEWith(t testing.TB, fam string, mod func(*config.Config), o Options) 
 	if c.SharedExpertIntermediateSize > 0 {
 		c.SharedExpertIntermediateSize = 20
 	}
+	if f := c.Rope.PartialRotaryFactor; f != 0 && int(float64(c.HeadDim)*f) < 2 {
+		c.Rope.PartialRotaryFactor = 0.5 // two rotary dims of the heads of 4
+	}
 	if mod != nil {
 		mod(c)
 	}

@@ -52,6 +52,13 @@ var savedCases = []struct {
 	{"granitemoe", "granitemoe", []string{"attention_bias=true"}},
 	// Per-head q/k norms after RoPE, a shared MLP beside the experts, attention biases.
 	{"hunyuan_v1_moe", "hunyuan_v1_moe", []string{"attention_bias=true"}},
+	// Gated delta-net layers (grouped in_proj_qkvz / in_proj_ba) beside gated attention with
+	// biases; layer 1 dense.
+	{"qwen3_next", "qwen3_next", []string{"attention_bias=true", "mlp_only_layers=[1]"}},
+	// The split projections (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a), tied embeddings,
+	// layer types given explicitly.
+	{"qwen3_5_moe_text", "qwen3_5_moe_text", []string{"tie_word_embeddings=true",
+		`layer_types=["full_attention","linear_attention","linear_attention","full_attention"]`}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

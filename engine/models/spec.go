@@ -17,6 +17,11 @@ const (
 	InitOnes
 	// InitZeros fills with 0 (biases).
 	InitZeros
+	// InitUnit fills with 1 whatever the family's NormOffset (the gated norm and dt_bias of
+	// gated delta-net layers, whose RMSNorm has no 1 + w offset).
+	InitUnit
+	// InitLogUniform draws log(u), u uniform in (0, 16] (A_log of gated delta-net layers).
+	InitLogUniform
 )
 
 func (i Init) String() string {
@@ -27,6 +32,10 @@ func (i Init) String() string {
 		return "ones"
 	case InitZeros:
 		return "zeros"
+	case InitUnit:
+		return "unit"
+	case InitLogUniform:
+		return "log-uniform"
 	}
 	return fmt.Sprintf("Init(%d)", uint8(i))
 }
@@ -94,6 +103,10 @@ func layerName(i int, suffix string) string {
 // attentionSpecs lists the attention parameters of layer i, in transformers' state_dict order.
 func attentionSpecs(a *Arch, i int) []ParamSpec {
 	q, kv := a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+	qOut := q
+	if a.AttnOutputGate {
+		qOut = 2 * q // each head's queries, then its output gate
+	}
 	var s []ParamSpec
 	if a.FusedQKV {
 		// phi3: one qkv_proj [q+2kv, C], rows q then k then v.
@@ -105,7 +118,7 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 	for _, p := range []struct {
 		name string
 		out  int
-	}{{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}} {
+	}{{"q_proj", qOut}, {"k_proj", kv}, {"v_proj", kv}} {
 		if a.FusedQKV {
 			break
 		}
@@ -202,6 +215,8 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 	for i := 0; i < a.Layers; i++ {
 		if a.Latent.KVRank > 0 {
 			s = append(s, latentSpecs(a, i)...)
+		} else if a.IsLinear(i) {
+			s = append(s, linearSpecs(f, a, i)...)
 		} else {
 			s = append(s, attentionSpecs(a, i)...)
 		}

@@ -53,6 +53,12 @@ type Attention struct {
 	// LocalRope rotates with the pass's local table (Pass.LocalInvFreq: the sliding layers of
 	// families with a second RoPE base) instead of its main one.
 	LocalRope bool
+	// OutGate: Q also projects a per-head output gate that scales the attention output by its
+	// sigmoid before O (attention_gate.go; qwen3_next, qwen3_5_moe_text).
+	OutGate bool
+	// Linear, when set, is the layer's gated delta-net linear attention, which Forward,
+	// Backward and Release run in place of everything above.
+	Linear *GatedDeltaNet
 
 	c attnCache
 }
@@ -61,6 +67,7 @@ type attnCache struct {
 	x                    T
 	qPre, kPre, qRs, kRs T
 	q, k, v, out, lse    T
+	gate, gated          T // the output gate's values and the gated output (OutGate)
 	kAll, vAll           T // keys/values attended over (views of the KV cache when decoding)
 	live                 bool
 }
@@ -89,6 +96,9 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if a.Latent != nil {
 		return a.Latent.Forward(p, x, keep)
 	}
+	if a.Linear != nil {
+		return a.Linear.Forward(p, x, keep)
+	}
 	if a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", a.Name)
 	}
@@ -102,6 +112,14 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	}()
 	if c.q, err = a.Q.Forward(p, x); err != nil {
 		return T{}, err
+	}
+	if a.OutGate {
+		qg := c.q
+		c.q, c.gate, err = a.splitGate(p, qg)
+		_ = free(p.B, &qg)
+		if err != nil {
+			return T{}, err
+		}
 	}
 	if c.k, err = a.K.Forward(p, x); err != nil {
 		return T{}, err
@@ -150,6 +168,12 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 		if err = p.B.AttentionSinks(c.out, c.lse, a.Sinks); err != nil {
 			return T{}, wrap(a.Name+" sinks", err)
 		}
+	}
+	if a.OutGate {
+		if c.gated, err = a.applyGate(p, c.out, c.gate); err != nil {
+			return T{}, err
+		}
+		return a.O.Forward(p, c.gated)
 	}
 	return a.O.Forward(p, c.out)
 }
@@ -251,6 +275,9 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	if a.Latent != nil {
 		return a.Latent.Backward(p, dy)
 	}
+	if a.Linear != nil {
+		return a.Linear.Backward(p, dy)
+	}
 	if !a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", a.Name)
 	}
@@ -261,7 +288,19 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	if dattn, err = p.out(p.N, a.NH*a.HD); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
-	if err = a.O.Backward(p, dattn, dy, c.out, false); err != nil {
+	var dgate T
+	defer func() { _ = free(p.B, &dgate) }()
+	if a.OutGate {
+		if err = a.O.Backward(p, dattn, dy, c.gated, false); err != nil {
+			return T{}, err
+		}
+		dgated := dattn
+		dattn, dgate, err = a.gateBackward(p, dgated, c.out, c.gate)
+		_ = free(p.B, &dgated)
+		if err != nil {
+			return T{}, err
+		}
+	} else if err = a.O.Backward(p, dattn, dy, c.out, false); err != nil {
 		return T{}, err
 	}
 	if dq, err = p.out(c.q.Shape()...); err != nil {
@@ -310,6 +349,14 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 			return T{}, err
 		}
 	}
+	if a.OutGate {
+		dqg, err := a.joinGate(p, dq, dgate)
+		if err != nil {
+			return T{}, err
+		}
+		_ = free(p.B, &dq)
+		dq = dqg
+	}
 	if dx, err = p.out(c.x.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
@@ -331,7 +378,11 @@ func (a *Attention) Release(p *Pass) {
 		a.Latent.Release(p)
 		return
 	}
+	if a.Linear != nil {
+		a.Linear.Release(p)
+		return
+	}
 	c := &a.c
-	_ = free(p.B, &c.qPre, &c.kPre, &c.qRs, &c.kRs, &c.q, &c.k, &c.v, &c.out, &c.lse)
+	_ = free(p.B, &c.qPre, &c.kPre, &c.qRs, &c.kRs, &c.q, &c.k, &c.v, &c.out, &c.lse, &c.gate, &c.gated)
 	*c = attnCache{}
 }

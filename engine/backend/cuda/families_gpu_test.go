@@ -46,6 +46,12 @@ var familyCases = []struct {
 	{"granitemoe", "granitemoe", []string{"attention_bias=true", "output_router_logits=true"}, true},
 	// HunYuan MoE: per-head q/k norms after RoPE, a shared MLP beside the experts.
 	{"hunyuan_v1_moe", "hunyuan_v1_moe", []string{"attention_bias=true"}, true},
+	// Gated delta-net layers (their conv, recurrence and gated norm run on the host) beside
+	// gated full attention with partial rotary and per-head q/k norms, experts with a gated
+	// shared expert; qwen3_next with attention biases and a dense layer, qwen3_5_moe_text with
+	// tied embeddings.
+	{"qwen3_next", "qwen3_next", []string{"attention_bias=true", "mlp_only_layers=[2]", "output_router_logits=true"}, true},
+	{"qwen3_5_moe_text", "qwen3_5_moe_text", []string{"tie_word_embeddings=true", "output_router_logits=true"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the
@@ -131,7 +137,7 @@ func randomCheckpoint(t *testing.T, c *config.Config, dir string, seed uint64) p
 		v := make([]float32, s.Numel())
 		for i := range v {
 			v[i] = 0.1 * float32(rng.NormFloat64())
-			if s.Init == models.InitOnes {
+			if s.Init == models.InitOnes || s.Init == models.InitUnit {
 				v[i]++
 			}
 		}

@@ -21,6 +21,22 @@ from transformers import AutoModelForCausalLM
 torch.use_deterministic_algorithms(True)
 
 
+def torch_linear_attention(model):
+    """Run gated delta-net layers (qwen3_next, qwen3_5_moe_text) on transformers' torch
+    fallbacks, whatever kernels the machine has: the model runs on the CPU."""
+    import importlib
+    mod = importlib.import_module(type(model).__module__)
+    chunk = getattr(mod, "torch_chunk_gated_delta_rule", None)
+    recurrent = getattr(mod, "torch_recurrent_gated_delta_rule", None)
+    for m in model.modules():
+        if hasattr(m, "causal_conv1d_fn"):
+            m.causal_conv1d_fn = None
+        if chunk is not None and hasattr(m, "chunk_gated_delta_rule"):
+            m.chunk_gated_delta_rule = chunk
+        if recurrent is not None and hasattr(m, "recurrent_gated_delta_rule"):
+            m.recurrent_gated_delta_rule = recurrent
+
+
 def main(root):
     summary = []
     for name in sorted(os.listdir(root)):
@@ -30,6 +46,8 @@ def main(root):
         ids = json.load(open(os.path.join(d, "ids.json")))["input_ids"]
         model, info = AutoModelForCausalLM.from_pretrained(
             d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        if model.config.model_type in ("qwen3_next", "qwen3_5_moe_text"):
+            torch_linear_attention(model)
         model.eval()
         x = torch.tensor([ids])
         with torch.no_grad():

@@ -1,0 +1,386 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"testing"
+)
+
+// gdnCase is one shape of gated delta-net under test.
+type gdnCase struct {
+	kh, vh, kd, vd, k int
+	grouped           bool
+}
+
+func (c gdnCase) String() string {
+	return fmt.Sprintf("KH%d_VH%d_KD%d_VD%d_K%d_grouped=%v", c.kh, c.vh, c.kd, c.vd, c.k, c.grouped)
+}
+
+var gdnCases = []gdnCase{
+	{kh: 2, vh: 4, kd: 5, vd: 3, k: 3, grouped: true},
+	{kh: 1, vh: 3, kd: 4, vd: 6, k: 4},
+	{kh: 2, vh: 2, kd: 4, vd: 3, k: 2, grouped: true},
+}
+
+func newGDN(e *env, cc int, c gdnCase) *GatedDeltaNet {
+	lin := func(out, in int) Linear { return Linear{W: e.randn(0.3, out, in), GW: e.zeros(out, in)} }
+	d, vd := 2*c.kh*c.kd+c.vh*c.vd, c.vh*c.vd
+	l := &GatedDeltaNet{Name: "gdn", Grouped: c.grouped, KH: c.kh, VH: c.vh, KD: c.kd, VD: c.vd, K: c.k, Eps: 1e-6,
+		Out:  lin(cc, vd),
+		Conv: e.randn(0.3, d, 1, c.k), GConv: e.zeros(d, 1, c.k),
+		DtBias: e.randn(0.5, c.vh), GDtBias: e.zeros(c.vh),
+		ALog: e.randn(0.5, c.vh), GALog: e.zeros(c.vh),
+		NormW: e.ones(0.2, c.vd), GNormW: e.zeros(c.vd)}
+	if c.grouped {
+		l.QKVZ, l.BA = lin(d+vd, cc), lin(2*c.vh, cc)
+	} else {
+		l.QKV, l.Z, l.B, l.A = lin(d, cc), lin(vd, cc), lin(c.vh, cc), lin(c.vh, cc)
+	}
+	return l
+}
+
+func gdnLayer(l *GatedDeltaNet) layer {
+	out := layer{
+		fwd: func(p *Pass, x T, keep bool) (T, error) { return l.Forward(p, x, keep) },
+		bwd: func(p *Pass, _ T, dy T) (T, error) { return l.Backward(p, dy) },
+	}
+	for _, lin := range []*Linear{&l.QKVZ, &l.BA, &l.QKV, &l.Z, &l.B, &l.A, &l.Out} {
+		if !lin.W.IsNil() {
+			out.param, out.grad = append(out.param, lin.W), append(out.grad, lin.GW)
+		}
+	}
+	out.param = append(out.param, l.Conv, l.DtBias, l.ALog, l.NormW)
+	out.grad = append(out.grad, l.GConv, l.GDtBias, l.GALog, l.GNormW)
+	return out
+}
+
+// refGDN computes the layer in float64 the way transformers' torch path writes it: the
+// projections split as fix_query_key_value_ordering (grouped) or in_proj_qkv/z/b/a lay them
+// out, F.conv1d with padding K-1 cut to the sequence, silu, the gates, and
+// torch_chunk_gated_delta_rule (chunks of 64: the UT transform by forward substitution, then
+// the scan over chunks) per document, then the gated RMSNorm and out_proj.
+func refGDN(e *env, l *GatedDeltaNet, x []float32, lens []int, cc int) []float64 {
+	f64 := func(t T) []float64 {
+		v := e.get(t)
+		out := make([]float64, len(v))
+		for i, x := range v {
+			out[i] = float64(x)
+		}
+		return out
+	}
+	matvec := func(w []float64, out, in int, row []float32) []float64 {
+		y := make([]float64, out)
+		for o := range out {
+			for i := range in {
+				y[o] += w[o*in+i] * float64(row[i])
+			}
+		}
+		return y
+	}
+	kh, vh, kd, vd, K := l.KH, l.VH, l.KD, l.VD, l.K
+	r := vh / kh
+	d := 2*kh*kd + vh*vd
+	n := len(x) / cc
+	mixed := make([][]float64, n)
+	z, b, a := make([][]float64, n), make([][]float64, n), make([][]float64, n)
+	for t := range n {
+		row := x[t*cc : (t+1)*cc]
+		if l.Grouped {
+			qkvz := matvec(f64(l.QKVZ.W), d+vh*vd, cc, row)
+			ba := matvec(f64(l.BA.W), 2*vh, cc, row)
+			q, k, v, zz, bb, aa := []float64{}, []float64{}, []float64{}, []float64{}, []float64{}, []float64{}
+			per := 2*kd + 2*r*vd
+			for g := range kh {
+				blk := qkvz[g*per : (g+1)*per]
+				q = append(q, blk[:kd]...)
+				k = append(k, blk[kd:2*kd]...)
+				v = append(v, blk[2*kd:2*kd+r*vd]...)
+				zz = append(zz, blk[2*kd+r*vd:]...)
+				bb = append(bb, ba[g*2*r:g*2*r+r]...)
+				aa = append(aa, ba[g*2*r+r:(g+1)*2*r]...)
+			}
+			mixed[t] = append(append(q, k...), v...)
+			z[t], b[t], a[t] = zz, bb, aa
+		} else {
+			mixed[t] = matvec(f64(l.QKV.W), d, cc, row)
+			z[t], b[t], a[t] = matvec(f64(l.Z.W), vh*vd, cc, row), matvec(f64(l.B.W), vh, cc, row), matvec(f64(l.A.W), vh, cc, row)
+		}
+	}
+	conv, dt, alog, nw := f64(l.Conv), f64(l.DtBias), f64(l.ALog), f64(l.NormW)
+	core := make([]float64, n*vh*vd)
+	start := 0
+	for _, ln := range lens {
+		// Conv over the document, silu.
+		u := make([][]float64, ln)
+		for t := range ln {
+			u[t] = make([]float64, d)
+			for ch := range d {
+				s := 0.0
+				for j := range K {
+					if src := t + j - (K - 1); src >= 0 {
+						s += conv[ch*K+j] * mixed[start+src][ch]
+					}
+				}
+				u[t][ch] = s / (1 + math.Exp(-s))
+			}
+		}
+		l2 := func(v []float64) []float64 {
+			ss := 0.0
+			for _, x := range v {
+				ss += x * x
+			}
+			out := make([]float64, len(v))
+			for i, x := range v {
+				out[i] = x / math.Sqrt(ss+1e-6)
+			}
+			return out
+		}
+		const C = 64
+		nc := (ln + C - 1) / C
+		for h := range vh {
+			g := h / r
+			// Per token: q̂ (scaled), k̂, v, β, decay log.
+			Q, Kk, V := make([][]float64, nc*C), make([][]float64, nc*C), make([][]float64, nc*C)
+			beta, gl := make([]float64, nc*C), make([]float64, nc*C)
+			for t := range nc * C {
+				Q[t], Kk[t], V[t] = make([]float64, kd), make([]float64, kd), make([]float64, vd)
+				if t >= ln {
+					continue // padding: zeros
+				}
+				q := l2(u[t][g*kd : (g+1)*kd])
+				for i := range q {
+					Q[t][i] = q[i] / math.Sqrt(float64(kd))
+				}
+				Kk[t] = l2(u[t][kh*kd+g*kd : kh*kd+(g+1)*kd])
+				copy(V[t], u[t][2*kh*kd+h*vd:2*kh*kd+(h+1)*vd])
+				beta[t] = 1 / (1 + math.Exp(-b[start+t][h]))
+				sp := math.Log1p(math.Exp(a[start+t][h] + dt[h]))
+				gl[t] = -math.Exp(alog[h]) * sp
+			}
+			S := make([]float64, kd*vd)
+			for c := range nc {
+				o := c * C
+				G := make([]float64, C)
+				acc := 0.0
+				for i := range C {
+					acc += gl[o+i]
+					G[i] = acc
+				}
+				// attn = -(k_beta kᵀ ⊙ decay), strictly lower; forward substitution; + I.
+				A := make([][]float64, C)
+				for i := range C {
+					A[i] = make([]float64, C)
+					for j := range i {
+						s := 0.0
+						for m := range kd {
+							s += Kk[o+i][m] * beta[o+i] * Kk[o+j][m]
+						}
+						A[i][j] = -s * math.Exp(G[i]-G[j])
+					}
+				}
+				for i := 1; i < C; i++ {
+					row := append([]float64(nil), A[i][:i]...)
+					for j := range i {
+						s := row[j]
+						for m := range i {
+							s += row[m] * A[m][j]
+						}
+						A[i][j] = s
+					}
+				}
+				for i := range C {
+					A[i][i] = 1
+				}
+				value := make([][]float64, C)
+				kcum := make([][]float64, C)
+				for i := range C {
+					value[i], kcum[i] = make([]float64, vd), make([]float64, kd)
+					for j := range C {
+						for m := range vd {
+							value[i][m] += A[i][j] * V[o+j][m] * beta[o+j]
+						}
+						for m := range kd {
+							kcum[i][m] += A[i][j] * Kk[o+j][m] * beta[o+j] * math.Exp(G[j])
+						}
+					}
+				}
+				vnew := make([][]float64, C)
+				for i := range C {
+					vnew[i] = make([]float64, vd)
+					for m := range vd {
+						s := 0.0
+						for p := range kd {
+							s += kcum[i][p] * S[p*vd+m]
+						}
+						vnew[i][m] = value[i][m] - s
+					}
+				}
+				for i := range C {
+					t := o + i
+					if t >= ln {
+						break
+					}
+					for m := range vd {
+						s := 0.0
+						for p := range kd {
+							s += Q[t][p] * math.Exp(G[i]) * S[p*vd+m]
+						}
+						for j := 0; j <= i; j++ {
+							qk := 0.0
+							for p := range kd {
+								qk += Q[t][p] * Kk[o+j][p]
+							}
+							s += qk * math.Exp(G[i]-G[j]) * vnew[j][m]
+						}
+						core[(start+t)*vh*vd+h*vd+m] = s
+					}
+				}
+				last := G[C-1]
+				for p := range kd {
+					for m := range vd {
+						s := S[p*vd+m] * math.Exp(last)
+						for j := range C {
+							s += Kk[o+j][p] * math.Exp(last-G[j]) * vnew[j][m]
+						}
+						S[p*vd+m] = s
+					}
+				}
+			}
+		}
+		start += ln
+	}
+	// Gated RMSNorm and out_proj.
+	wo := f64(l.Out.W)
+	y := make([]float64, n*cc)
+	for t := range n {
+		normed := make([]float64, vh*vd)
+		for h := range vh {
+			o := core[t*vh*vd+h*vd : t*vh*vd+(h+1)*vd]
+			ss := 0.0
+			for _, x := range o {
+				ss += x * x
+			}
+			rs := 1 / math.Sqrt(ss/float64(vd)+float64(l.Eps))
+			for j := range vd {
+				zz := z[t][h*vd+j]
+				normed[h*vd+j] = o[j] * rs * nw[j] * zz / (1 + math.Exp(-zz))
+			}
+		}
+		for c := range cc {
+			for i := range vh * vd {
+				y[t*cc+c] += wo[c*vh*vd+i] * normed[i]
+			}
+		}
+	}
+	return y
+}
+
+// TestGatedDeltaNetMatchesChunkedRule checks the forward against transformers' chunked
+// formulation computed independently, over documents shorter and longer than a chunk (the
+// scan over chunks and the state kept across them).
+func TestGatedDeltaNetMatchesChunkedRule(t *testing.T) {
+	const C = 10
+	lens := []int{5, 1, 70}
+	for _, c := range gdnCases {
+		t.Run(c.String(), func(t *testing.T) {
+			e := newEnv(t)
+			l := newGDN(e, C, c)
+			p := e.pass(lens, 4)
+			x := e.randn(1, p.N, C)
+			y, err := l.Forward(p, x, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, want := e.get(y), refGDN(e, l, e.get(x), lens, C)
+			for i := range want {
+				if d := math.Abs(float64(got[i]) - want[i]); d > 1e-5+1e-5*math.Abs(want[i]) {
+					t.Fatalf("y[%d] = %.7g, transformers' chunked rule gives %.7g", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestGatedDeltaNetGradients checks dx and every parameter gradient of L = Σ y·r against
+// central differences of the float64 reference (refGDN) along random unit directions, with a
+// document longer than stateChunk so that backward recomputes states from more than one kept
+// state. (The layer is curved enough that the float32 differences of checkGradients' step
+// are too coarse.)
+func TestGatedDeltaNetGradients(t *testing.T) {
+	const C = 8
+	lens := []int{4, 1, stateChunk + 6}
+	for _, c := range gdnCases {
+		t.Run(c.String(), func(t *testing.T) {
+			e := newEnv(t)
+			l := newGDN(e, C, c)
+			p := e.pass(lens, 4)
+			x := e.randn(1, p.N, C)
+			lay := gdnLayer(l)
+			y, err := l.Forward(p, x, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := e.randn(1, y.Shape()...)
+			rv := e.get(r)
+			dx, err := l.Backward(p, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			objective := func() float64 {
+				s := 0.0
+				for i, v := range refGDN(e, l, e.get(x), lens, C) {
+					s += v * float64(rv[i])
+				}
+				return s
+			}
+			targets, grads := append([]T{x}, lay.param...), append([]T{dx}, lay.grad...)
+			for i := range targets {
+				v0, g := e.get(targets[i]), e.get(grads[i])
+				dir := make([]float64, len(v0))
+				norm, analytic := 0.0, 0.0
+				for j := range dir {
+					dir[j] = e.rng.NormFloat64()
+					norm += dir[j] * dir[j]
+				}
+				for j := range dir {
+					dir[j] /= math.Sqrt(norm)
+					analytic += dir[j] * float64(g[j])
+				}
+				const h = 1e-3
+				eval := func(s float64) float64 {
+					v := make([]float32, len(v0))
+					for j := range v {
+						v[j] = v0[j] + float32(s*dir[j])
+					}
+					e.set(targets[i], v)
+					return objective()
+				}
+				numeric := (eval(h) - eval(-h)) / (2 * h)
+				e.set(targets[i], v0)
+				if math.Abs(numeric-analytic) > 1e-3+5e-3*math.Abs(numeric) {
+					t.Errorf("target %d (0 is the input): directional derivative %.6g, gradient gives %.6g", i, numeric, analytic)
+				}
+			}
+		})
+	}
+}
+
+// TestGatedDeltaNetShortGradients runs the shared gradient check on short documents, where the
+// layer is gentle enough for its float32 differences.
+func TestGatedDeltaNetShortGradients(t *testing.T) {
+	e := newEnv(t)
+	l := newGDN(e, 6, gdnCases[0])
+	p := e.pass([]int{3, 5}, 4)
+	checkGradients(t, e, p, e.randn(1, p.N, 6), gdnLayer(l))
+}
+
+// TestGatedDeltaNetRefusesDecoding: a pass with a KV cache is refused with the reason.
+func TestGatedDeltaNetRefusesDecoding(t *testing.T) {
+	e := newEnv(t)
+	l := newGDN(e, 6, gdnCases[0])
+	p := e.pass([]int{2}, 4)
+	p.Cache = []*KVCache{{}}
+	if _, err := (&Attention{Name: "attn", Linear: l}).Forward(p, e.randn(1, p.N, 6), false); err == nil {
+		t.Fatal("decoding through a gated delta-net layer was accepted")
+	}
+}
