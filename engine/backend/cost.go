@@ -464,3 +464,24 @@ func DequantNF4Cost(a DequantNF4Args) Cost {
 func DropoutCost(a DropoutArgs) Cost {
 	return Cost{FLOPs: elems(a.X), Bytes: sizes(a.X, a.Out), Class: profilekeys.ClassOther}
 }
+
+// DecodeAttentionCost is Optional.DecodeAttention (class attention): AttentionPairFLOPs(HD) per
+// (row, key) pair and query head, for pairs visible pairs in all (the sum over rows of the keys
+// each attends; 0 when the positions are not known on the host); Q, K, V, the positions and the
+// keys and values read (2*pairs*NKV*HD elements of the caches at Q's element size), Out, LSE and
+// the appended cache rows written.
+func DecodeAttentionCost(a DecodeAttentionArgs, pairs int64) Cost {
+	el := int64(0)
+	if n := a.Q.Numel(); n > 0 {
+		el = a.Q.Bytes() / int64(n)
+	}
+	return Cost{FLOPs: pairs * int64(a.NH) * AttentionPairFLOPs(int64(a.HD)),
+		Bytes: sizes(a.Out, a.LSE, a.Q, a.Positions) + 2*sizes(a.K, a.V) + 2*pairs*int64(a.NKV*a.HD)*el,
+		Class: profilekeys.ClassAttention}
+}
+
+// SampleTokensCost is Optional.SampleTokens (class other): the logits read once (the passes of
+// the top-k and top-p bisections re-read them from cache and are not counted), the ids written.
+func SampleTokensCost(a SampleArgs) Cost {
+	return Cost{FLOPs: elems(a.Logits), Bytes: sizes(a.Logits, a.Out, a.Bad), Class: profilekeys.ClassOther}
+}

@@ -86,6 +86,22 @@ type Optional struct {
 	//
 	// Fallback: backend.DropoutMask on the host, uploaded, and ScaleRows (the same bits).
 	Dropout func(a DropoutArgs) error
+
+	// DecodeAttention is one decoding step of B rows over a slotted KV cache: it appends each
+	// row's new key and value at its position and attends its query over the row's keys
+	// (DecodeAttentionArgs in decode.go). The CPU and CUDA backends have it.
+	//
+	// Fallback: a contiguous cache regathered every step (engine/nn's Pass.CacheGather) and
+	// Attention with separate key boundaries.
+	DecodeAttention func(a DecodeAttentionArgs) error
+
+	// SampleTokens draws one token per row of logits on the device: greedy, or with
+	// temperature, top-k and top-p from a counter-based stream (SampleArgs in decode.go). The
+	// CPU and CUDA backends have it.
+	//
+	// Fallback: the logits downloaded and sampled on the host (engine/models' sampler, with its
+	// own random stream).
+	SampleTokens func(a SampleArgs) error
 }
 
 // AdamWArgs describe one AdamW step of one parameter (torch.optim.AdamW semantics):

@@ -1,7 +1,9 @@
 // Package models builds Hugging Face decoder-only language models on a backend: it turns a
 // config.json into a parameter spec table and a stack of nn layers, loads and saves HF
 // checkpoints (config.json + safetensors), initialises weights the way transformers does, runs
-// forward/backward over packed micro-batches, and generates with a KV cache.
+// forward/backward over packed micro-batches, and generates with a KV cache: on backends with
+// the decoding ops (CUDA) with the cache, the logits and the sampling on the device
+// (generate_device.go), elsewhere with a regathered cache and host sampling (generate.go).
 //
 // A family's structure (which projections carry biases, whether and how queries and keys are
 // normalised, which layers are mixtures of experts) is declared once, by its engine/hf/config

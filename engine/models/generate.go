@@ -82,7 +82,10 @@ func rowRNG(seed uint64, row int) *rand.Rand {
 // stops at one of StopIDs (included in its result) or after MaxNewTokens; stopped rows leave
 // the batch, so later steps cost only the rows still running.
 //
-// The KV cache of each layer keeps every running row's keys contiguous (its older rows, then
+// Where the backend can decode on the device (HALO_GENERATE, generate_device.go), the cache,
+// the logits and the sampling stay there and the host reads the ids every few steps; rows then
+// sample from the backend's counter-based stream (backend.SampleUniform) instead of the host's.
+// Otherwise the KV cache of each layer keeps every running row's keys contiguous (its older rows, then
 // its newest), which is the packed layout the attention op reads; each decoding step appends
 // the new keys and regathers the rows in one Embedding op per buffer, so the cache costs twice
 // sum(len(prompt)) + B*MaxNewTokens rows of NKV*HD per layer.
@@ -103,6 +106,11 @@ func (m *Model) GenerateBatch(prompts [][]int32, o BatchGenerateOptions) ([][]in
 	}
 	if o.Temperature < 0 || math.IsNaN(o.Temperature) || o.TopK < 0 || o.TopP < 0 || o.TopP > 1 || math.IsNaN(o.TopP) {
 		return nil, fmt.Errorf("models: Generate: need temperature >= 0, top_k >= 0 and 0 <= top_p <= 1 (got %v, %d, %v)", o.Temperature, o.TopK, o.TopP)
+	}
+	if dev, err := m.deviceDecoding(); err != nil {
+		return nil, err
+	} else if dev {
+		return m.generateOnDevice(prompts, o)
 	}
 	d, err := m.newDecoder(prompts, o.MaxNewTokens)
 	if err != nil {

@@ -71,20 +71,28 @@ func checkBatchGreedy(t *testing.T, m *Model) {
 // (GQA, MHA, sliding windows, q/k norm, partial rotary, yarn and llama3 rope, biases), that
 // greedy batched decoding with the KV cache equals the argmax of a full uncached forward.
 func TestGenerateBatchGreedyMatchesUncached(t *testing.T) {
-	for _, tc := range familyCases {
-		t.Run(tc.name, func(t *testing.T) {
-			checkBatchGreedy(t, newTiny(t, newCPU(), tc.arch, Options{}, 12))
-		})
+	for _, dec := range decoders {
+		for _, tc := range familyCases {
+			t.Run(dec+"/"+tc.name, func(t *testing.T) {
+				m := newTiny(t, newCPU(), tc.arch, Options{}, 12)
+				useDecoder(t, m, dec)
+				checkBatchGreedy(t, m)
+			})
+		}
 	}
 }
 
 // TestMoEGenerateBatchGreedyMatchesUncached is the same check for the mixture-of-experts
 // families, whose routers see a different set of tokens at every step.
 func TestMoEGenerateBatchGreedyMatchesUncached(t *testing.T) {
-	for _, tc := range moeCases {
-		t.Run(tc.name, func(t *testing.T) {
-			checkBatchGreedy(t, tinyMoE(t, tc.fam, tc.mod))
-		})
+	for _, dec := range decoders {
+		for _, tc := range moeCases {
+			t.Run(dec+"/"+tc.name, func(t *testing.T) {
+				m := tinyMoE(t, tc.fam, tc.mod)
+				useDecoder(t, m, dec)
+				checkBatchGreedy(t, m)
+			})
+		}
 	}
 }
 
@@ -93,7 +101,16 @@ func TestMoEGenerateBatchGreedyMatchesUncached(t *testing.T) {
 // when they stop) leaves it unchanged, a lone Generate equals row 0, the same seed repeats and
 // another seed differs.
 func TestGenerateBatchRowsAreIndependent(t *testing.T) {
-	m := newTiny(t, newCPU(), familyCases[5].arch, Options{}, 21)
+	for _, dec := range decoders {
+		t.Run(dec, func(t *testing.T) {
+			m := newTiny(t, newCPU(), familyCases[5].arch, Options{}, 21)
+			useDecoder(t, m, dec)
+			checkRowsIndependent(t, m)
+		})
+	}
+}
+
+func checkRowsIndependent(t *testing.T, m *Model) {
 	o := BatchGenerateOptions{GenerateOptions: GenerateOptions{MaxNewTokens: 10, Temperature: 1.3, TopK: 20, TopP: 0.95, Seed: 7}}
 	a, err := m.GenerateBatch(batchPrompts, o)
 	if err != nil {

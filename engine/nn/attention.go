@@ -148,6 +148,12 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 		}
 	}
 	c.kAll, c.vAll = c.k, c.v
+	if p.Slots != nil {
+		if err = a.attendSlots(p); err != nil {
+			return T{}, err
+		}
+		return a.O.Forward(p, c.out)
+	}
 	if p.Cache != nil {
 		if c.kAll, c.vAll, err = a.appendCache(p); err != nil {
 			return T{}, err
@@ -203,6 +209,58 @@ func (a *Attention) ropeBackward(p *Pass, dq, dk T) error {
 	}
 	if err := p.B.RoPEBackward(dk, dk, a.rope(p, a.NKV)); err != nil {
 		return wrap(a.Name+" rope k", err)
+	}
+	return nil
+}
+
+// attendSlots is the attention of a pass over a slotted KV cache (Pass.Slots): the prefill
+// pass attends over its own keys and then copies them into the slots; a decoding step appends
+// and attends in one DecodeAttention. It leaves the attention output (with the sinks applied)
+// in the cache's out.
+func (a *Attention) attendSlots(p *Pass) error {
+	c, s := &a.c, p.Slots
+	if a.Layer >= len(s.Layers) || s.Layers[a.Layer] == nil {
+		return fmt.Errorf("nn: %s: no slotted KV cache for layer %d", a.Name, a.Layer)
+	}
+	kv := s.Layers[a.Layer]
+	var err error
+	if c.out, err = p.out(p.N, a.NH*a.HD); err != nil {
+		return wrap(a.Name, err)
+	}
+	prefill := !s.Fill.IsNil()
+	if prefill || !a.Sinks.IsNil() {
+		if c.lse, err = p.outF32(p.N, a.NH); err != nil {
+			return wrap(a.Name, err)
+		}
+	}
+	if prefill {
+		if err = p.B.Attention(backend.AttentionArgs{
+			AttentionShape: a.shape(p), Out: c.out, LSE: c.lse, Q: c.q, K: c.k, V: c.v,
+		}); err != nil {
+			return wrap(a.Name, err)
+		}
+		if err = p.B.Embedding(kv.K, c.k, s.Fill); err != nil {
+			return wrap(a.Name+" kv slots", err)
+		}
+		if err = p.B.Embedding(kv.V, c.v, s.Fill); err != nil {
+			return wrap(a.Name+" kv slots", err)
+		}
+	} else {
+		dec := p.B.Optional().DecodeAttention
+		if dec == nil {
+			return fmt.Errorf("nn: %s: a slotted KV cache needs a backend with DecodeAttention", a.Name)
+		}
+		if err = dec(backend.DecodeAttentionArgs{
+			Out: c.out, LSE: c.lse, Q: c.q, K: c.k, V: c.v, CacheK: kv.K, CacheV: kv.V,
+			Positions: p.Positions, Cap: s.Cap, NH: a.NH, NKV: a.NKV, HD: a.HD, Scale: a.Scale, Window: a.Window,
+		}); err != nil {
+			return wrap(a.Name, err)
+		}
+	}
+	if !a.Sinks.IsNil() {
+		if err = p.B.AttentionSinks(c.out, c.lse, a.Sinks); err != nil {
+			return wrap(a.Name+" sinks", err)
+		}
 	}
 	return nil
 }

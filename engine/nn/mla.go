@@ -187,6 +187,9 @@ func (a *MLA) Forward(p *Pass, x T, keep bool) (y T, err error) {
 		return T{}, wrap(a.Name, err)
 	}
 	k, v := c.k, c.v
+	if p.Slots != nil {
+		return T{}, fmt.Errorf("nn: %s: latent attention has no slotted KV cache; decode with Pass.Cache", a.Name)
+	}
 	if p.Cache != nil {
 		// The KV cache takes the heads as the attention op reads them (Attention's own
 		// bookkeeping of the cache rows, on this layer's keys and values).

@@ -47,6 +47,9 @@ type Pass struct {
 	// uses it to keep every sequence's keys contiguous (old rows, then its new one) and to drop
 	// finished sequences, in one gather per layer.
 	CacheGather T
+	// Slots, when set (instead of Cache), is a slotted KV cache for batched decoding on the
+	// device (SlotCache).
+	Slots *SlotCache
 	// Train marks a training pass: adapter dropout is active only there.
 	Train bool
 	// DropoutKey selects this micro-batch's dropout masks (the model advances it once per
@@ -95,4 +98,20 @@ func wrap(layer string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("nn: %s: %w", layer, err)
+}
+
+// SlotCache is a slotted KV cache for batched decoding on the device (backend
+// Optional.DecodeAttention): row b of the batch owns rows [b*Cap, (b+1)*Cap) of every layer's K
+// and V, its key at position j being row b*Cap+j, so a decoding step appends in place and no
+// row ever moves.
+type SlotCache struct {
+	// Layers holds per layer (indexed by Attention.Layer) K and V [B*Cap, NKV*HD]; K2 and V2
+	// are unused.
+	Layers []*KVCache
+	Cap    int
+	// Fill [B*Cap] I32 marks the prefill pass: attention runs over the pass's packed prompts as
+	// it does without a cache, then cache row i of each layer becomes the pass's key (value) row
+	// Fill[i] (rows past a prompt take any row: they are written before they are read). Without
+	// Fill the pass is a decoding step of one token per row, at Pass.Positions.
+	Fill T
 }

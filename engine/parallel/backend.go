@@ -66,12 +66,19 @@ func newRankBackend(b backend.Backend, tp, cp comm.Communicator) *rankBackend {
 // with one exception: when the experts' weights are split over the tensor group (expert tensor
 // parallelism), GroupedGEMM is dropped, since its partial products would need the collectives
 // that Linear and LinearBackward add for those weights; MoE blocks then run their composition
-// of Linear ops (nn.MoE), which this wrapper completes. A capability that reads across ranks is
+// of Linear ops (nn.MoE), which this wrapper completes. DecodeAttention is dropped under
+// context parallelism for the same reason. A capability that reads across ranks is
 // wrapped here, as Linear and Attention are.
 func (r *rankBackend) Optional() backend.Optional {
 	o := r.Backend.Optional()
 	if r.splitExperts {
 		o.GroupedGEMM = nil
+	}
+	if r.cp != nil && r.cp.Size() > 1 {
+		// A rank holds only its chunk of each document's keys, and DecodeAttention would
+		// attend over those alone; decoding then takes the fallback through Attention, which
+		// this wrapper completes.
+		o.DecodeAttention = nil
 	}
 	return o
 }

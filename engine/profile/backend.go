@@ -388,7 +388,8 @@ func (b *Backend) Optional() backend.Optional { return b.opt }
 
 // wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
 // recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs, NF4
-// dequantisation and dropout as class other), the timer is forwarded.
+// dequantisation, dropout and the decoding sampler as class other, the decoding attention as
+// class attention), the timer is forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 	out := backend.Optional{Timer: in.Timer, Syncs: in.Syncs}
 	if f := in.AdamW; f != nil {
@@ -439,6 +440,24 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			}
 			s := b.begin()
 			return b.end(s, f(a), "Dropout", backend.DropoutCost(a), a.Out)
+		}
+	}
+	if f := in.DecodeAttention; f != nil {
+		out.DecodeAttention = func(a backend.DecodeAttentionArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "DecodeAttention", backend.DecodeAttentionCost(a, 0), a.Out)
+		}
+	}
+	if f := in.SampleTokens; f != nil {
+		out.SampleTokens = func(a backend.SampleArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "SampleTokens", backend.SampleTokensCost(a), T{})
 		}
 	}
 	b.wrapMoE(in, &out)

@@ -13,6 +13,8 @@ var (
 		Doc: "Comma-separated message sizes in bytes for the NCCL bandwidth test (default: its built-in sweep)."})
 	CUDAReport = Register(Switch{Name: "HALO_CUDA_REPORT", Kind: Testing,
 		Doc: "File the CUDA GPU tests write cuda-report.json to (scripts/gpu/cuda-tests.sh sets it)."})
+	GenerateBenchModel = Register(Switch{Name: "HALO_GENERATE_BENCH_MODEL", Kind: Testing,
+		Doc: "Checkpoint directory the CUDA sampling benchmark loads (scripts/gpu/generate-bench.sh sets it to the weights transformers' run saved), instead of random weights."})
 	CUDAReportCommand = Register(Switch{Name: "HALO_CUDA_REPORT_COMMAND", Kind: Testing,
 		Doc: "The command line recorded in cuda-report.json."})
 

@@ -77,7 +77,7 @@ var (
 
 // Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW, has
 // every mixture-of-experts op (GroupedGEMM, routing, permutation, combine: the reference of the
-// device kernels), NF4 dequantisation and dropout; it has no device queue to time (ops finish before
+// device kernels), NF4 dequantisation, dropout, and the decoding ops (slotted-cache attention and sampling); it has no device queue to time (ops finish before
 // they return), so no Timer.
 func (b *Backend) Optional() backend.Optional {
 	return backend.Optional{
@@ -87,6 +87,7 @@ func (b *Backend) Optional() backend.Optional {
 		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
 		DequantNF4: b.DequantNF4, Dropout: b.Dropout,
+		DecodeAttention: b.DecodeAttention, SampleTokens: b.SampleTokens,
 	}
 }
 

@@ -16,8 +16,10 @@ import (
 // wait for every queued kernel. A record is keyed by device address and length and dropped as
 // soon as the memory may change: Free, Alloc of memory that overlaps it, Copy or Fill into it,
 // another Upload over it, or NoteDeviceWrite (for writers outside this package, such as
-// collectives). No kernel of this package writes an I32 tensor. When no record exists (ids made
-// on the device), the ops fall back to checking on the device and reading a flag back.
+// collectives). The one kernel of this package that writes an I32 tensor, SampleTokens', writes
+// ids it guarantees to lie in [0, V), and its launcher records that range (no host copy). When no
+// record exists (ids made on the device otherwise), the ops fall back to checking on the device
+// and reading a flag back.
 
 const (
 	// hostInt32CopyMax is the largest upload (in elements) whose values are kept on the host;
@@ -93,6 +95,11 @@ func (r *i32Records) record(p uintptr, vals []int32) {
 	r.seq++
 	s.seq = r.seq
 	r.recs[p] = &s
+	r.evictLocked()
+}
+
+// evictLocked drops the oldest records past hostInt32MaxRecords.
+func (r *i32Records) evictLocked() {
 	for len(r.recs) > hostInt32MaxRecords {
 		var oldest *i32Summary
 		for _, x := range r.recs {
@@ -102,6 +109,20 @@ func (r *i32Records) record(p uintptr, vals []int32) {
 		}
 		delete(r.recs, oldest.p)
 	}
+}
+
+// recordRange replaces whatever is known about [p, p+4n) with a range and no host copy, for an
+// I32 tensor that a kernel of this package writes with values it guarantees to lie in [lo, hi].
+func (r *i32Records) recordRange(p uintptr, n int, lo, hi int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.invalidateLocked(p, uint64(4*n))
+	if r.recs == nil {
+		r.recs = map[uintptr]*i32Summary{}
+	}
+	r.seq++
+	r.recs[p] = &i32Summary{p: p, n: n, seq: r.seq, min: lo, max: hi, minValid: lo, maxValid: hi, hasValid: n > 0}
+	r.evictLocked()
 }
 
 // invalidate drops every record overlapping [p, p+bytes).
