@@ -90,7 +90,7 @@ func (l *GatedDeltaNet) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if l.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", l.Name)
 	}
-	if p.Cache != nil {
+	if p.Cache != nil || p.Slots != nil {
 		return T{}, fmt.Errorf("nn: %s: decoding with a cache is not supported by gated delta-net layers (they keep no recurrent state between calls); score or train whole sequences instead", l.Name)
 	}
 	if err := l.check(); err != nil {

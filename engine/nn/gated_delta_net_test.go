@@ -3,6 +3,7 @@ package nn
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -374,13 +375,25 @@ func TestGatedDeltaNetShortGradients(t *testing.T) {
 	checkGradients(t, e, p, e.randn(1, p.N, 6), gdnLayer(l))
 }
 
-// TestGatedDeltaNetRefusesDecoding: a pass with a KV cache is refused with the reason.
+// TestGatedDeltaNetRefusesDecoding: a pass with a KV cache (contiguous or slotted) is refused
+// with the reason.
 func TestGatedDeltaNetRefusesDecoding(t *testing.T) {
-	e := newEnv(t)
-	l := newGDN(e, 6, gdnCases[0])
-	p := e.pass([]int{2}, 4)
-	p.Cache = []*KVCache{{}}
-	if _, err := (&Attention{Name: "attn", Linear: l}).Forward(p, e.randn(1, p.N, 6), false); err == nil {
-		t.Fatal("decoding through a gated delta-net layer was accepted")
+	for _, tc := range []struct {
+		name string
+		set  func(p *Pass)
+	}{
+		{"contiguous cache", func(p *Pass) { p.Cache = []*KVCache{{}} }},
+		{"slotted cache", func(p *Pass) { p.Slots = &SlotCache{Layers: []*KVCache{{}}, Cap: 4} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			l := newGDN(e, 6, gdnCases[0])
+			p := e.pass([]int{2}, 4)
+			tc.set(p)
+			_, err := (&Attention{Name: "attn", Linear: l}).Forward(p, e.randn(1, p.N, 6), false)
+			if err == nil || !strings.Contains(err.Error(), "decoding with a cache") {
+				t.Fatalf("decoding through a gated delta-net layer: error %v, want the refusal", err)
+			}
+		})
 	}
 }
