@@ -33,9 +33,13 @@ a = p.parse_args()
 assert torch.cuda.is_available(), "generate_torch.py needs a CUDA GPU"
 
 torch.manual_seed(a.seed)
-cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                  rope_theta=1000000, rms_norm_eps=1e-6, tie_word_embeddings=True)
+shape = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+             num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+             rms_norm_eps=1e-6, tie_word_embeddings=True)
+# transformers 5 takes the RoPE base in rope_parameters, earlier versions as rope_theta.
+cfg = Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **shape)
+if not (isinstance(getattr(cfg, "rope_parameters", None), dict) and cfg.rope_parameters.get("rope_theta") == 1000000.0):
+    cfg = Qwen3Config(rope_theta=1000000.0, **shape)
 with torch.device("cuda"):
     try:
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16)

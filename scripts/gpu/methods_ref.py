@@ -38,11 +38,21 @@ VOCAB = 128
 PAD = 0
 
 
+def qwen3_config(theta, **kw):
+    """Qwen3Config with RoPE base theta: transformers 5 takes it in rope_parameters, earlier
+    versions as rope_theta."""
+    cfg = Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": theta}, **kw)
+    rp = getattr(cfg, "rope_parameters", None)
+    if not (isinstance(rp, dict) and rp.get("rope_theta") == theta):
+        cfg = Qwen3Config(rope_theta=theta, **kw)
+    return cfg
+
+
 def tiny_config():
-    return Qwen3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    return qwen3_config(
+        10000.0, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-        tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, pad_token_id=PAD,
+        tie_word_embeddings=False, rms_norm_eps=1e-6, pad_token_id=PAD,
     )
 
 
