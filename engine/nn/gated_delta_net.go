@@ -3,6 +3,8 @@ package nn
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 )
@@ -27,7 +29,8 @@ import (
 // The recurrence is the plain one of transformers' torch_recurrent_gated_delta_rule; the
 // chunked form transformers runs on a whole sequence computes the same values. The conv,
 // recurrence and gated norm run on the host in float64 (the projections run on the backend),
-// so every backend runs the layer through Download and Upload.
+// so every backend runs the layer through Download and Upload; the recurrence of the key
+// heads' groups of value heads runs on up to GOMAXPROCS goroutines.
 //
 // Gradients: Conv, DtBias, ALog and NormW accumulate (+=) into GConv, GDtBias, GALog and
 // GNormW; the projections' gradients accumulate through Linear.Backward. Cached for backward
@@ -61,11 +64,11 @@ type gdnCache struct {
 	x                   T
 	docs                []int32 // document boundaries [D+1]
 	mixed, pre          []float64
-	z, beta, g, ga      []float64 // z [N,VH·VD]; β, g and a + dt_bias [N,VH]
-	q, k, v             []float64 // q̂ and k̂ [N,KH,KD], v [N,VH,VD]
-	qInv, kInv          []float64 // [N,KH] inverse l2 norms
-	o, rs               []float64 // o [N,VH,VD], rs [N,VH] inverse rms
-	states              map[int][]float64
+	z, beta, g, ga      []float64           // z [N,VH·VD]; β, g and a + dt_bias [N,VH]
+	q, k, v             []float64           // q̂ and k̂ [N,KH,KD], v [N,VH,VD]
+	qInv, kInv          []float64           // [N,KH] inverse l2 norms
+	o, rs               []float64           // o [N,VH,VD], rs [N,VH] inverse rms
+	states              []map[int][]float64 // per value head: S before token t, every stateChunk tokens
 	conv, dt, aLog, nrm []float64
 }
 
@@ -315,32 +318,23 @@ func (l *GatedDeltaNet) mix() []float32 {
 		}
 		copy(c.v[t*l.VH*l.VD:(t+1)*l.VH*l.VD], row[2*kd:])
 	}
-	// The recurrence, per document and value head.
+	// The recurrence, per document and value head; the groups of value heads that share a key
+	// head run in parallel (they write disjoint outputs).
 	vdAll := l.VH * l.VD
 	c.o = make([]float64, n*vdAll)
-	c.states = map[int][]float64{}
+	c.states = make([]map[int][]float64, l.VH)
 	r := l.VH / l.KH
-	for di := 0; di+1 < len(c.docs); di++ {
-		lo, hi := int(c.docs[di]), int(c.docs[di+1])
-		for h := range l.VH {
-			S := make([]float64, l.KD*l.VD)
-			for t := lo; t < hi; t++ {
-				if (t-lo)%stateChunk == 0 {
-					c.states[stateKey(t, h, l.VH)] = append([]float64(nil), S...)
-				}
-				l.step(S, t, h, r)
-				q := c.q[t*kd+(h/r)*l.KD:]
-				o := c.o[t*vdAll+h*l.VD:]
-				for j := range l.VD {
-					s := 0.0
-					for i := range l.KD {
-						s += S[i*l.VD+j] * q[i]
-					}
-					o[j] = s
-				}
+	parallelFor(l.KH, func(kh int) {
+		for h := kh * r; h < (kh+1)*r; h++ {
+			c.states[h] = map[int][]float64{}
+		}
+		for di := 0; di+1 < len(c.docs); di++ {
+			lo, hi := int(c.docs[di]), int(c.docs[di+1])
+			for h := kh * r; h < (kh+1)*r; h++ {
+				l.forwardHead(lo, hi, h)
 			}
 		}
-	}
+	})
 	// Gated RMSNorm per head.
 	out := make([]float32, n*vdAll)
 	c.rs = make([]float64, n*l.VH)
@@ -362,7 +356,55 @@ func (l *GatedDeltaNet) mix() []float32 {
 	return out
 }
 
-func stateKey(t, h, vh int) int { return t*vh + h }
+// forwardHead runs value head h's recurrence over the document [lo, hi), keeping its state at
+// every stateChunk-th token and writing its outputs o.
+func (l *GatedDeltaNet) forwardHead(lo, hi, h int) {
+	c := &l.c
+	kd, vdAll, r := l.KH*l.KD, l.VH*l.VD, l.VH/l.KH
+	S := make([]float64, l.KD*l.VD)
+	for t := lo; t < hi; t++ {
+		if (t-lo)%stateChunk == 0 {
+			c.states[h][t] = append([]float64(nil), S...)
+		}
+		l.step(S, t, h, r)
+		q := c.q[t*kd+(h/r)*l.KD:]
+		o := c.o[t*vdAll+h*l.VD:]
+		for j := range l.VD {
+			s := 0.0
+			for i := range l.KD {
+				s += S[i*l.VD+j] * q[i]
+			}
+			o[j] = s
+		}
+	}
+}
+
+// parallelFor runs f(0), ..., f(n-1) on up to GOMAXPROCS goroutines and waits for them.
+func parallelFor(n int, f func(i int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
 
 // step advances value head h's state S [KD,VD] over token t: S = e^g·S, then the delta-rule
 // update with k̂_t, v_t and β_t.
@@ -457,28 +499,32 @@ func (l *GatedDeltaNet) Backward(p *Pass, dy T) (dx T, err error) {
 	// states.
 	dq, dk, dv := make([]float64, n*kd), make([]float64, n*kd), make([]float64, n*vdAll)
 	dbeta, dg := make([]float64, n*l.VH), make([]float64, n*l.VH)
+	// Key-head groups in parallel: the value heads of one group add into the same dq and dk
+	// rows, so a group runs on one goroutine.
 	r := l.VH / l.KH
-	for di := 0; di+1 < len(c.docs); di++ {
-		lo, hi := int(c.docs[di]), int(c.docs[di+1])
-		for h := range l.VH {
-			dS := make([]float64, l.KD*l.VD)
-			last := lo + (hi-1-lo)/stateChunk*stateChunk
-			for start := last; start >= lo; start -= stateChunk {
-				end := min(start+stateChunk, hi)
-				// States before each token of the chunk: hist[i] = S_{start+i-1}.
-				hist := make([][]float64, end-start+1)
-				hist[0] = append([]float64(nil), c.states[stateKey(start, h, l.VH)]...)
-				for t := start; t < end; t++ {
-					S := append([]float64(nil), hist[t-start]...)
-					l.step(S, t, h, r)
-					hist[t-start+1] = S
-				}
-				for t := end - 1; t >= start; t-- {
-					l.stepBackward(dS, hist[t-start], hist[t-start+1], t, h, r, do, dq, dk, dv, dbeta, dg)
+	parallelFor(l.KH, func(kh int) {
+		for di := 0; di+1 < len(c.docs); di++ {
+			lo, hi := int(c.docs[di]), int(c.docs[di+1])
+			for h := kh * r; h < (kh+1)*r; h++ {
+				dS := make([]float64, l.KD*l.VD)
+				last := lo + (hi-1-lo)/stateChunk*stateChunk
+				for start := last; start >= lo; start -= stateChunk {
+					end := min(start+stateChunk, hi)
+					// States before each token of the chunk: hist[i] = S_{start+i-1}.
+					hist := make([][]float64, end-start+1)
+					hist[0] = append([]float64(nil), c.states[h][start]...)
+					for t := start; t < end; t++ {
+						S := append([]float64(nil), hist[t-start]...)
+						l.step(S, t, h, r)
+						hist[t-start+1] = S
+					}
+					for t := end - 1; t >= start; t-- {
+						l.stepBackward(dS, hist[t-start], hist[t-start+1], t, h, r, do, dq, dk, dv, dbeta, dg)
+					}
 				}
 			}
 		}
-	}
+	})
 
 	// Queries and keys: the l2 norm (and the query scale), summed over each key head's value
 	// heads already; values pass through.
