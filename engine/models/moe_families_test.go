@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -81,5 +82,39 @@ func TestGraniteMoESavesFusedExperts(t *testing.T) {
 	}
 	if !slices.Equal(a, b) {
 		t.Errorf("logprobs after the round trip %v, before %v", b, a)
+	}
+}
+
+// TestErnieCorrectionBiasChoosesOnly: ERNIE 4.5's moe_statics.e_score_correction_bias is added
+// to the router's softmax for the choice of experts only. A large bias on one expert makes every
+// token choose it, while the weights stay the renormalised probabilities.
+func TestErnieCorrectionBiasChoosesOnly(t *testing.T) {
+	m := tinyMoE(t, "ernie4_5_moe", nil)
+	name := "model.layers.1.mlp.gate.moe_statics.e_score_correction_bias"
+	bias := make([]float32, m.Arch.Experts)
+	bias[3] = 10
+	if err := m.SetParam(name, bias); err != nil {
+		t.Fatal(err)
+	}
+	composed(m)
+	if _, _, err := m.Forward(packedBatch(m.Arch.Vocab, []int{5, 4}, 1)); err != nil {
+		t.Fatal(err)
+	}
+	layers := m.MoELayers()
+	r := layers[len(layers)-1].Routing()
+	for tok := 0; tok < r.N; tok++ {
+		sel, w := r.Sel[tok*r.K:(tok+1)*r.K], r.Weights[tok*r.K:(tok+1)*r.K]
+		if !slices.Contains(sel, 3) {
+			t.Fatalf("token %d chose %v; the bias of expert 3 should make it chosen", tok, sel)
+		}
+		var sum float32
+		for _, s := range sel {
+			sum += r.Probs[tok*r.E+int(s)]
+		}
+		for j, s := range sel {
+			if want := r.Probs[tok*r.E+int(s)] / sum; math.Abs(float64(w[j]-want)) > 1e-6 {
+				t.Errorf("token %d expert %d: weight %g, want its renormalised probability %g", tok, s, w[j], want)
+			}
+		}
 	}
 }

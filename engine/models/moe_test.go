@@ -78,6 +78,11 @@ var moeCases = []struct {
 	{"granitemoe", "granitemoe", func(c *config.Config) { c.AttentionBias = true }},
 	// Per-head q/k norms after RoPE, a shared MLP beside the experts.
 	{"hunyuan_v1_moe", "hunyuan_v1_moe", nil},
+	// Interleaved rotary pairs, a dense first layer, softmax routing with a selection-only
+	// correction bias, a shared expert.
+	{"ernie4_5_moe", "ernie4_5_moe", func(c *config.Config) {
+		c.NumHiddenLayers, c.MoELayerStartIndex, c.MoELayerEndIndex = 3, 1, 2
+	}},
 	// Latent attention with q LoRA, interleaved rotary dims, sigmoid routing over 2 groups of 3
 	// with a correction bias, scaled weights and a shared expert; the first layer dense.
 	{"deepseek_v3", "deepseek_v3", latentMoE(nil)},

@@ -59,6 +59,9 @@ var savedCases = []struct {
 	// layer types given explicitly.
 	{"qwen3_5_moe_text", "qwen3_5_moe_text", []string{"tie_word_embeddings=true",
 		`layer_types=["full_attention","linear_attention","linear_attention","full_attention"]`}},
+	// Interleaved rotary pairs, a dense layer before a sparse one with a non-zero correction
+	// bias and a shared expert.
+	{"ernie4_5_moe", "ernie4_5_moe", []string{"moe_layer_start_index=1", "tie_word_embeddings=false"}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

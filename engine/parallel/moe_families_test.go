@@ -10,7 +10,8 @@ import (
 // Tiny models of further MoE families: flex_olmo (OLMo 2's post-norms and projection-wide q/k
 // norms around OLMoE's experts, renormalised top 2 of 4) and granitemoe (Granite's multipliers
 // around experts its checkpoints hold fused, attention biases) and hunyuan_v1_moe (per-head q/k
-// norms after RoPE, a shared MLP beside the experts).
+// norms after RoPE, a shared MLP beside the experts) and ernie4_5_moe (interleaved rotary pairs,
+// a dense first layer, softmax routing with a correction bias, a shared expert).
 func init() {
 	tinyConfigs["flex_olmo"] = `{"model_type": "flex_olmo", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true, "output_router_logits": true,
@@ -27,6 +28,17 @@ func init() {
 		"num_experts": 4, "moe_topk": 2, "attention_bias": true,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+	tinyConfigs["ernie4_5_moe"] = `{"model_type": "ernie4_5_moe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"moe_intermediate_size": 8, "moe_num_experts": 4, "moe_k": 2, "moe_num_shared_experts": 1,
+		"moe_layer_start_index": 1, "output_router_logits": true, "router_aux_loss_coef": 0.05, "tie_word_embeddings": false,
+		"num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+}
+
+// TestErnieMoELayoutsMatchSingleDevice: the MoE layouts without expert-tensor parallelism give
+// the single device's loss, aux loss and gradients.
+func TestErnieMoELayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"ernie4_5_moe"}, sharedExpertLayouts())
 }
 
 // TestHunYuanMoELayoutsMatchSingleDevice: the MoE layouts without expert-tensor parallelism

@@ -380,6 +380,12 @@ CASES += [
     # renormalised) beside a shared MLP of 24; no aux loss in transformers.
     case("hunyuan_v1_moe", "hunyuan_v1_moe", **dict(ODD, intermediate_size=24), head_dim=12,
          num_hidden_layers=2, num_experts=5, moe_topk=2, attention_bias=True, tie_word_embeddings=False),
+    # ERNIE 4.5 MoE: interleaved rotary pairs, a dense first layer (72 wide), then 5 experts of 20
+    # (top 2, softmax plus the perturbed moe_statics correction bias for the choice, renormalised)
+    # beside a shared MLP of 2 x 20, with the aux loss.
+    case("ernie4_5_moe", "ernie4_5_moe", **ODD, num_hidden_layers=3, moe_num_experts=5, moe_k=2,
+         moe_intermediate_size=20, moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=-1,
+         moe_layer_interval=1, output_router_logits=True, router_aux_loss_coef=0.02, tie_word_embeddings=False),
 ]
 
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
@@ -389,7 +395,7 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
-                "granitemoe", "hunyuan_v1_moe")
+                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.

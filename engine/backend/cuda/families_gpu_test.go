@@ -52,6 +52,9 @@ var familyCases = []struct {
 	// tied embeddings.
 	{"qwen3_next", "qwen3_next", []string{"attention_bias=true", "mlp_only_layers=[2]", "output_router_logits=true"}, true},
 	{"qwen3_5_moe_text", "qwen3_5_moe_text", []string{"tie_word_embeddings=true", "output_router_logits=true"}, true},
+	// ERNIE 4.5 MoE: interleaved rotary pairs, a dense layer, softmax routing with a correction
+	// bias, a shared expert.
+	{"ernie4_5_moe", "ernie4_5_moe", []string{"moe_layer_start_index=1", "output_router_logits=true"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

@@ -285,6 +285,8 @@ func TestTinyPresetShape(t *testing.T) {
 			if f.SharedExpert != nil {
 				want.SharedExpert, want.SharedExpertGate = f.SharedExpert(c)
 			}
+			want.RouterBias = want.RouterBias || f.RouterBiasParam // ernie4_5_moe's moe_statics
+			want.RouterBiasParam = f.RouterBiasParam
 		}
 		if f.AttnOutputGate {
 			// qwen3_next, qwen3_5_moe_text: 4 layers alternating linear and full attention.

@@ -21,6 +21,9 @@ func TestMoEFamiliesParameters(t *testing.T) {
 		{"granitemoe", 2*v*h + h + 2*(attn+2*h+h*8+8*3*h*32)},
 		// per-head q/k norms (16), a router, 8 experts of 32 and a shared MLP of 32
 		{"hunyuan_v1_moe", 2*v*h + h + 2*(attn+2*16+2*h+h*8+8*3*h*32+3*h*32)},
+		// tied; per sparse layer a router with its correction bias (a parameter), 8 experts of
+		// 32 and a shared expert of 32
+		{"ernie4_5_moe", v*h + h + 2*(attn+2*h+h*8+8+8*3*h*32+3*h*32)},
 	} {
 		c, err := Preset(tc.family, "tiny")
 		if err != nil {
@@ -35,7 +38,7 @@ func TestMoEFamiliesParameters(t *testing.T) {
 // The further MoE families refuse keys they do not know, naming the key, and read the
 // aliases transformers' attribute_map declares.
 func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
-	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe"} {
+	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe"} {
 		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
 		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
 			t.Errorf("%s: unknown key: %v", fam, err)
@@ -48,6 +51,19 @@ func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
 	c, err = Parse([]byte(`{"model_type": "hunyuan_v1_moe", "num_local_experts": 6, "num_experts_per_tok": 3}`), "cfg.json")
 	if err != nil || c.NumExperts != 6 || c.NumExpertsPerTok != 3 {
 		t.Fatalf("hunyuan_v1_moe aliases: %v, %+v", err, c)
+	}
+	c, err = Parse([]byte(`{"model_type": "ernie4_5_moe", "num_experts": 6, "num_experts_per_tok": 3, "num_hidden_layers": 4, "moe_layer_interval": 2}`), "cfg.json")
+	if err != nil || c.NumExperts != 6 || c.NumExpertsPerTok != 3 || c.MoELayerEndIndex != 3 {
+		t.Fatalf("ernie4_5_moe aliases, end index: %v, %+v", err, c)
+	}
+	// Sparse layers: from moe_layer_start_index 1 to 3, every second one counted from 1.
+	for i, want := range []bool{false, true, false, true} {
+		if c.IsMoELayer(i) != want {
+			t.Errorf("ernie4_5_moe layer %d sparse %v, want %v", i, c.IsMoELayer(i), want)
+		}
+	}
+	if _, err := Parse([]byte(`{"model_type": "ernie4_5_moe", "use_bias": true}`), "cfg.json"); err == nil || !strings.Contains(err.Error(), "use_bias") {
+		t.Errorf("ernie4_5_moe use_bias: %v", err)
 	}
 	// Per-layer lists of moe_topk are not read: the error names the key.
 	_, err = Parse([]byte(`{"model_type": "hunyuan_v1_moe", "num_experts": 4, "moe_topk": [2, 2]}`), "cfg.json")
@@ -81,5 +97,14 @@ func TestMoEFamiliesDefaults(t *testing.T) {
 	if c.NumExperts != 1 || c.NumExpertsPerTok != 1 || c.NumKeyValueHeads != 32 || !c.NormTopKProb ||
 		c.RMSNormEps != 1e-5 || *c.PadTokenID != 0 || *c.EODTokenID != 3 || *c.SEPTokenID != 4 || c.Shape().SharedExpert != 11008 {
 		t.Errorf("hunyuan_v1_moe defaults: %+v", c)
+	}
+	c, err = New("ernie4_5_moe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Shape()
+	if c.NumExperts != 64 || c.NumExpertsPerTok != 6 || c.MoELayerEndIndex != 27 || c.Rope.Theta != 500000 ||
+		!c.TieWordEmbeddings || s.MoELayers != 27 || s.SharedExpert != 2*1536 || c.MoENormMin != 1e-12 {
+		t.Errorf("ernie4_5_moe defaults: %+v", c)
 	}
 }

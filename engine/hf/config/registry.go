@@ -70,6 +70,9 @@ type Family struct {
 	// Sinks: every attention layer has learned per-head sink logits; ExpertBias: the router
 	// and the routed experts carry biases (gpt_oss).
 	Sinks, ExpertBias bool
+	// RouterBiasParam: every MoE layer's router has a selection-only correction bias that
+	// transformers holds as a parameter (ernie4_5_moe's moe_statics).
+	RouterBiasParam bool
 	// RopePerLayerType: rope_parameters holds one set of parameters per layer type
 	// ({"full_attention": {...}, "sliding_attention": {...}}; Config.Rope and
 	// Config.SlidingRope), as gemma3_text writes it.

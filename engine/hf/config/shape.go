@@ -44,6 +44,9 @@ type Shape struct {
 	// RouterBias: each MoE layer's router has DeepSeek's selection-only correction bias [E]
 	// (the families with n_group), a checkpoint buffer that NumParameters does not count.
 	RouterBias bool
+	// RouterBiasParam: that bias is a parameter transformers counts (ERNIE 4.5's
+	// moe_statics.e_score_correction_bias [1, E]), not a buffer.
+	RouterBiasParam bool
 	// Sinks: each attention layer has a learned sink logit per query head (gpt_oss);
 	// ExpertBias: the router and the routed experts' projections carry biases (gpt_oss).
 	Sinks, ExpertBias bool
@@ -137,6 +140,9 @@ func (c *Config) Shape() Shape {
 	if s.MoELayers > 0 {
 		s.Experts, s.ExpertIntermediate, s.TopK = c.NumExperts, c.ExpertIntermediateSize(), c.NumExpertsPerTok
 		s.RouterBias = c.NGroup > 0
+		if f := c.Family(); f != nil && f.RouterBiasParam {
+			s.RouterBias, s.RouterBiasParam = true, true
+		}
 	}
 	return s
 }
@@ -212,7 +218,7 @@ func (s Shape) countParameters(active bool) int64 {
 			experts = int64(s.TopK)
 		}
 		n += moe * (h*int64(s.Experts) + experts*mlp(int64(s.ExpertIntermediate), s.ExpertBias))
-		if s.ExpertBias {
+		if s.ExpertBias || s.RouterBiasParam {
 			n += moe * int64(s.Experts) // the router's bias
 		}
 		if s.SharedExpert > 0 {
