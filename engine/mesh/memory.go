@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/nn"
 )
 
 // Workload is what the memory estimate needs beyond the layout and the model.
@@ -206,10 +207,13 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	if m.MoE() {
 		// What a MoE layer's device path keeps (engine/nn's MoEKeptBytes): router
 		// probabilities [n,E] F32, the selection, weights and slots [n,K] (4 bytes each), the
-		// expert offsets, and per routed slot the gate|up rows and the expert's output (also
-		// counted when HALO_MOE_EXPERT_OUTPUTS=recompute drops it: an upper bound then).
-		k, ei := int64(max(m.TopK, 1)), int64(m.ExpertIntermediate)/int64(one(l.ETP))
-		moeFFN = n*int64(m.Experts)*4 + 3*n*k*4 + int64(m.Experts+1)*4 + n*k*(2*ei+c)*pb
+		// expert offsets, and per routed slot the gate|up rows and, when kept, the expert's
+		// output (always under expert parallelism).
+		k, ei := int64(max(m.TopK, 1)), m.ExpertIntermediate/one(l.ETP)
+		moeFFN = nn.MoEKeptBytes(int(n), int(c), m.Experts, int(k), ei, int(pb))
+		if one(l.EP) > 1 && !nn.MoEKeepsExpertOutputs() {
+			moeFFN += n * k * c * pb
+		}
 		moeLayers = int64(m.MoELayers)
 	}
 	perLayer := n * block * pb

@@ -53,15 +53,21 @@ func (d *moeDev) release(p *Pass) {
 // until the model reads them after the forward. Not kept, and so not counted: the sorted rows
 // [S,C] and the SwiGLU output [S,I] (MoERecomputedBytes).
 //
-// With HALO_MOE_EXPERT_OUTPUTS=recompute the experts' outputs are not kept either (a block
-// holding its experts; under expert parallelism they are): K*C*el bytes per token fewer.
+// With HALO_MOE_EXPERT_OUTPUTS=recompute (the default) the experts' outputs are not kept
+// either (a block holding its experts; under expert parallelism they are): K*C*el bytes per
+// token fewer.
 func MoEKeptBytes(n, c, e, k, inter, el int) int64 {
 	n64, s := int64(n), int64(n)*int64(k)
-	if swMoEOutputs.Is("recompute") {
+	if !MoEKeepsExpertOutputs() {
 		c = 0
 	}
 	return n64*int64(e)*4 + 3*s*4 + int64(e+1)*4 + s*int64(2*inter+c)*int64(el)
 }
+
+// MoEKeepsExpertOutputs reports whether a MoE block holding its experts keeps their outputs
+// ys [S,C] for the backward (HALO_MOE_EXPERT_OUTPUTS=keep). Under expert parallelism the
+// outputs are always kept.
+func MoEKeepsExpertOutputs() bool { return !swMoEOutputs.Is("recompute") }
 
 // MoERecomputedBytes is what the device path's backward recomputes rather than keeps: the
 // sorted rows [S,C] and the SwiGLU output [S,I], K*(C+I)*el bytes per token.

@@ -10,5 +10,5 @@ var swMoEPath = switches.Register(switches.Switch{Name: "HALO_MOE_PATH", Kind: s
 // swMoEOutputs chooses whether the device path of a MoE block keeps its experts' outputs for
 // the backward.
 var swMoEOutputs = switches.Register(switches.Switch{Name: "HALO_MOE_EXPERT_OUTPUTS", Kind: switches.Tuning,
-	Default: "keep", Values: []string{"keep", "recompute"},
-	Doc: "What the device path of a MoE block (experts held on the device, no expert parallelism) does with the experts' outputs ys [S,C] for the combine's weight gradient: keep (held from the forward) or recompute (not kept, K*C activation elements per token and layer fewer; the backward runs the down projection's input gradient on the unweighted output gradient and takes the weights' gradient as its row dot product with the SwiGLU output, five more small ops per layer)."})
+	Default: "recompute", Values: []string{"keep", "recompute"},
+	Doc: "What the device path of a MoE block (experts held on the device, no expert parallelism) does with the experts' outputs ys [S,C] for the combine's weight gradient: recompute (not kept, K*C activation elements per token and layer fewer; the backward runs the down projection's input gradient on the unweighted output gradient and takes the weights' gradient as its row dot product with the SwiGLU output, five more small ops per layer, no GEMM) or keep (held from the forward; the combine's backward reads them)."})
