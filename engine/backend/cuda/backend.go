@@ -106,7 +106,7 @@ type backendOptions struct {
 	// composition. The methods themselves are always there, for their GPU tests.
 	moeKernels bool
 	// groupedWG names the Hopper warpgroup-MMA variant (a key of groupedWGVariants) that runs
-	// the grouped expert GEMMs: "wg" on sm_90 unless HALO_CUDA_GROUPED_GEMM says otherwise;
+	// the grouped expert GEMMs, or "auto" for each kind's of groupedWGAuto (sm_90's default);
 	// empty runs them on the mma.sync kernels.
 	groupedWG string
 	// normBwd sizes the vectorised RMSNorm backward (rmsnorm.go).

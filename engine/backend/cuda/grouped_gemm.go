@@ -45,13 +45,22 @@ var groupedWGVariants = map[string]groupedWGVariant{
 	"wg-tma":    {suffix: "_tma", cols: 256, shared: wgShared(4, 256), tma: true},
 }
 
-// defaultGroupedWG is the variant that runs the grouped GEMMs on a device of arch when
-// HALO_CUDA_GROUPED_GEMM is auto: "wg" on sm_90, none (mma.sync) elsewhere.
+// defaultGroupedWG is the choice of grouped GEMM kernels on a device of arch when
+// HALO_CUDA_GROUPED_GEMM is auto: groupedWGAuto's variant per kind on sm_90, none (mma.sync)
+// elsewhere.
 func defaultGroupedWG(arch string) string {
 	if wgArch(arch) {
-		return "wg"
+		return "auto"
 	}
 	return ""
+}
+
+// groupedWGAuto is the warpgroup-MMA variant each kind runs on by default: the variant that
+// passed TestGPUGroupedGEMM and was fastest in TestGPUGroupedGEMMThroughput for that kind.
+var groupedWGAuto = [...]string{
+	backend.GroupedForward:    "wg",
+	backend.GroupedInputGrad:  "wg",
+	backend.GroupedWeightGrad: "wg",
 }
 
 // groupedWGKernels are the warpgroup-MMA kernels' names per kind, before the variant's suffix.
@@ -125,10 +134,14 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 	}
 	if groupedMMA(d, ca, cb, pa, pb) {
 		file, name, shared, cols := groupedFile, groupedMMAKernels[a.Kind], uint32(groupedShared), groupedTile
-		if b.groupedWG != "" {
-			v, ok := groupedWGVariants[b.groupedWG]
+		variant := b.groupedWG
+		if variant == "auto" {
+			variant = groupedWGAuto[a.Kind]
+		}
+		if variant != "" {
+			v, ok := groupedWGVariants[variant]
 			if !ok {
-				return fmt.Errorf("cuda: %s: no warpgroup-MMA variant %q", op, b.groupedWG)
+				return fmt.Errorf("cuda: %s: no warpgroup-MMA variant %q", op, variant)
 			}
 			file, name, shared, cols = groupedWGFile, groupedWGKernels[a.Kind]+v.suffix, v.shared, v.cols
 		}
@@ -136,7 +149,7 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		if err != nil {
 			return fmt.Errorf("cuda: %s: %w", op, err)
 		}
-		if b.groupedWG != "" && groupedWGVariants[b.groupedWG].tma {
+		if groupedWGVariants[variant].tma {
 			sa, sb := groupedTMAMaps(a.Kind, d)
 			return b.d.Post(func() error {
 				ma, err := b.d.drv.encodeTMA(sa, pa)

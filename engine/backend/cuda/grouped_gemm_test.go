@@ -88,6 +88,15 @@ func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 	}
 }
 
+// TestGroupedWGAutoNamesVariants: every kind's default variant exists.
+func TestGroupedWGAutoNamesVariants(t *testing.T) {
+	for kind, name := range groupedWGAuto {
+		if _, ok := groupedWGVariants[name]; !ok {
+			t.Errorf("groupedWGAuto[%s] = %q is not a variant", backend.GroupedKind(kind), name)
+		}
+	}
+}
+
 // TestGroupedGridFollowsTheTile checks the launch grid for both tile widths: the column tiles
 // (x) are ceil(columns / width), the row tiles 128 rows each.
 func TestGroupedGridFollowsTheTile(t *testing.T) {

@@ -20,7 +20,7 @@ func TestOptionsFromSwitches(t *testing.T) {
 		return o
 	}
 	def := with(func(*backendOptions) {})
-	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta || !def.moeKernels || def.groupedWG != "wg" {
+	if !def.attnMMA || !def.attnWG || def.attnFused || !def.emptyUncleared || def.noSplitK || def.gemmFoldBeta || !def.moeKernels || def.groupedWG != "auto" {
 		t.Fatalf("sm_90 defaults %+v: want tensor-core and warpgroup attention, the split backward, uncleared Empty, split-K, direct Beta, the MoE kernels, warpgroup grouped GEMMs", def)
 	}
 	cases := []struct {
