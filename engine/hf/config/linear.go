@@ -53,8 +53,9 @@ func linearDefaults(c *Config) {
 	c.Rope.PartialRotaryFactor = 0.25
 }
 
-// resolveLinear is the families' __post_init__: it consumes a full_attention_interval key of
-// the file, derives layer_types from it when absent (layer i is full attention when (i+1) is a
+// resolveLinear is the families' __post_init__: it reads a full_attention_interval key of the
+// file (consumed when layer_types is absent, kept beside it), derives layer_types from it when
+// absent (layer i is full attention when (i+1) is a
 // multiple of the interval, else linear) and sets partial_rotary_factor to 0.25 when the file
 // has none, writing it at the top level too as transformers does.
 func resolveLinear(c *Config) {
@@ -65,7 +66,13 @@ func resolveLinear(c *Config) {
 		if v, err := decodeInt("full_attention_interval", kv.Value); err == nil && !isNull(bytes.TrimSpace(kv.Value)) {
 			c.FullAttentionInterval = v
 		}
-		c.extra = slices.Delete(c.extra, i, i+1)
+		if c.LayerTypes == nil {
+			// Consumed: transformers pops it to derive layer_types.
+			c.extra = slices.Delete(c.extra, i, i+1)
+		} else {
+			// Beside layer_types transformers keeps it as an attribute, and writes it back.
+			c.extra[i].understood = true
+		}
 		break
 	}
 	if c.Rope.PartialRotaryFactor == 0 {
@@ -85,6 +92,9 @@ func resolveLinear(c *Config) {
 func validateLinear(c *Config) error {
 	if err := refuseUnknown(c); err != nil {
 		return err
+	}
+	if raw, ok := c.Extra("attn_output_gate"); ok && string(bytes.TrimSpace(raw)) == "false" {
+		return fmt.Errorf("attn_output_gate false is not supported: transformers' %s attention always gates its output (sigmoid of q_proj's gate rows), so the checkpoint's q_proj has those rows; remove the key", c.ModelType)
 	}
 	for _, kv := range []struct {
 		key string

@@ -71,6 +71,7 @@ func init() {
 		LayerTypes:     []string{LinearAttention, FullAttention},
 		AttnOutputGate: true,
 		SharedExpert:   sharedExpertGated,
+		Kept:           linearKept,
 		Presets: map[string]func(*Config){
 			"tiny": tinyLinear,
 			// Qwen/Qwen3-Next-80B-A3B-Instruct
@@ -131,11 +132,21 @@ func init() {
 		RopeKept:       []string{"mrope_section", "mrope_interleaved"},
 		AttnOutputGate: true,
 		SharedExpert:   sharedExpertGated,
+		// Qwen3_5MoeTextConfig drops qwen3_next's dense-MLP keys, which files still carry
+		// (the router always renormalises; every layer is sparse).
+		Kept: append([]string{"decoder_sparse_step", "intermediate_size", "mlp_only_layers", "norm_topk_prob"}, linearKept...),
 		Presets: map[string]func(*Config){
 			"tiny": tinyLinear,
 		},
 	})
 }
+
+// linearKept are keys the Hub's files of these families carry that transformers keeps as
+// attributes and its model does not read: use_sliding_window (Qwen3-Next has no sliding
+// layers), the multi-token-prediction keys (transformers does not build those layers and
+// ignores their mtp.* weights, as the model here does) and attn_output_gate (the attention
+// always gates; Validate refuses false).
+var linearKept = []string{"attn_output_gate", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "use_sliding_window"}
 
 // sharedExpertGated is the Qwen MoE families' shared expert: shared_expert_intermediate_size
 // wide (none at 0), gated by sigmoid(shared_expert_gate(x)).
