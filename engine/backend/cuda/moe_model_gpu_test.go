@@ -14,17 +14,22 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// tinyQwen3MoE is a two-layer qwen3_moe (16 experts, top-4, renormalised) in bf16 on be, with
-// random weights from seed.
-func tinyQwen3MoE(t *testing.T, be backend.Backend, seed uint64) *models.Model {
+// tinyMoE is a two-layer MoE model of family (qwen3_moe, mixtral or olmoe: 16 experts, top-4,
+// qwen3_moe's renormalised) in bf16 on be, with weights drawn from seed, so that two backends
+// start from the same model.
+func tinyMoE(t *testing.T, be backend.Backend, family string, seed uint64) *models.Model {
 	t.Helper()
-	c, err := config.Preset("qwen3_moe", "tiny")
+	c, err := config.Preset(family, "tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.VocabSize, c.HiddenSize, c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim = 512, 128, 4, 2, 32
-	c.IntermediateSize, c.MoEIntermediateSize, c.NumExperts, c.NumExpertsPerTok = 256, 64, 16, 4
-	c.NumHiddenLayers, c.NormTopKProb = 2, true
+	c.IntermediateSize, c.NumExperts, c.NumExpertsPerTok, c.NumHiddenLayers = 256, 16, 4, 2
+	if family == "qwen3_moe" {
+		c.MoEIntermediateSize, c.NormTopKProb = 64, true
+	} else {
+		c.IntermediateSize = 64 // mixtral's and olmoe's experts are intermediate_size wide
+	}
 	m, err := models.New(c, be, models.Options{DType: tensor.BF16})
 	if err != nil {
 		t.Fatal(err)
@@ -36,16 +41,28 @@ func tinyQwen3MoE(t *testing.T, be backend.Backend, seed uint64) *models.Model {
 	return m
 }
 
-// TestGPUMoETrainingMatchesCPU trains a tiny qwen3_moe for a few AdamW steps (with the aux loss
-// in the gradient) on the GPU, where every MoE layer takes the device path (MoE kernels and
-// grouped GEMMs), and on the CPU backend, from the same weights and batches: the losses must
-// agree within 2e-2 relative at every step (bf16 weights and activations on both, different
-// summation orders, routing near-ties allowed to flip), the aux losses within 5e-2 relative.
-// The GPU steps must wait on the host only for downloads (the loss and the routing
+// TestGPUMoETrainingMatchesCPU trains tiny qwen3_moe, mixtral and olmoe models for a few AdamW
+// steps (with the aux loss in the gradient) on the GPU, where every MoE layer takes the device
+// path (MoE kernels and grouped GEMMs), and on the CPU backend, from the same weights and
+// batches, each with the experts' outputs kept and not kept (HALO_MOE_EXPERT_OUTPUTS): the
+// losses must agree within 2e-2 relative at every step (bf16 weights and activations on both,
+// different summation orders, routing near-ties allowed to flip), the aux losses within 5e-2
+// relative. The GPU steps must wait on the host only for downloads (the loss and the routing
 // statistics, after the backward), and the profile must show the router, permute, combine and
 // expert GEMM classes.
 func TestGPUMoETrainingMatchesCPU(t *testing.T) {
 	g := moeGPU(t) // the device path under test
+	for _, family := range []string{"qwen3_moe", "mixtral", "olmoe"} {
+		for _, outputs := range []string{"recompute", "keep"} {
+			t.Run(family+"/"+outputs, func(t *testing.T) {
+				t.Setenv("HALO_MOE_EXPERT_OUTPUTS", outputs)
+				moeTrainingMatchesCPU(t, g, family)
+			})
+		}
+	}
+}
+
+func moeTrainingMatchesCPU(t *testing.T, g *Backend, family string) {
 	ref := cpu.New(cpu.Options{})
 	defer ref.Close()
 	rec := profile.NewRecorder()
@@ -56,7 +73,7 @@ func TestGPUMoETrainingMatchesCPU(t *testing.T) {
 		loss, aux []float64
 	}
 	train := func(be backend.Backend, onGPU bool) run {
-		m := tinyQwen3MoE(t, be, 7)
+		m := tinyMoE(t, be, family, 7)
 		defer m.Close()
 		m.SetAuxLossScale(0.01)
 		if err := m.EnableGrads(); err != nil {
@@ -134,6 +151,6 @@ func TestGPUMoETrainingMatchesCPU(t *testing.T) {
 	if want.loss[steps-1] >= want.loss[0] {
 		t.Errorf("CPU losses %v do not decrease: the comparison says nothing about training", want.loss)
 	}
-	report.addCheck("tiny qwen3_moe trains on the GPU device path like on the CPU", !t.Failed(),
+	report.addCheck("tiny "+t.Name()+" trains on the GPU device path like on the CPU", !t.Failed(),
 		fmt.Sprintf("losses GPU %v, CPU %v; aux GPU %v, CPU %v", got.loss, want.loss, got.aux, want.aux))
 }
