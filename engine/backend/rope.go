@@ -36,8 +36,12 @@ type RoPEConfig struct {
 // maxHeadDim bounds head_dim read from a config so a corrupt value cannot ask for a huge table.
 const maxHeadDim = 1 << 16
 
-// RotaryDim returns R = int(HD * partial_rotary_factor).
+// RotaryDim returns R = int(HD * partial_rotary_factor); HD for "proportional", which rotates
+// pairs across the whole head (its unrotated pairs have frequency 0).
 func (c RoPEConfig) RotaryDim() int {
+	if c.Type == "proportional" {
+		return c.HeadDim
+	}
 	f := c.PartialRotaryFactor
 	if f == 0 {
 		f = 1
@@ -238,12 +242,35 @@ func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling flo
 			}
 			inv[i] = 1 / (ext[i] * p)
 		}
+	case "proportional":
+		// transformers' _compute_proportional_rope_parameters (Gemma 4's full layers): the
+		// first floor(partial_rotary_factor * HD / 2) pairs (i, i + HD/2) rotate with
+		// base^(-2i/HD), the others not at all (frequency 0), all divided by factor (1 when
+		// unset). dim is HD here.
+		f := c.PartialRotaryFactor
+		if f == 0 {
+			f = 1
+		}
+		angles := int(math.Floor(f * float64(dim) / 2))
+		factor := c.Factor
+		if factor == 0 {
+			factor = 1
+		}
+		for i := 0; i < angles; i++ {
+			inv[i] = 1 / math.Pow(base, float64(2*i)/float64(dim)) / factor
+		}
+		if angles < 1 {
+			return nil, 0, fmt.Errorf("rope: proportional: partial_rotary_factor %v of head_dim %d rotates no pair", c.PartialRotaryFactor, c.HeadDim)
+		}
 	default:
-		return nil, 0, fmt.Errorf("rope: unsupported rope_type %q (supported: default, linear, dynamic, llama3, yarn, longrope)", c.Type)
+		return nil, 0, fmt.Errorf("rope: unsupported rope_type %q (supported: default, linear, dynamic, llama3, yarn, longrope, proportional)", c.Type)
 	}
 	invFreq = make([]float32, len(inv))
 	for i, v := range inv {
 		invFreq[i] = float32(v)
+		if v == 0 && c.Type == "proportional" {
+			continue // an unrotated pair
+		}
 		if !(invFreq[i] > 0) || math.IsInf(float64(invFreq[i]), 0) {
 			return nil, 0, fmt.Errorf("rope: %s: computed inv_freq[%d] = %v is not finite and positive; check rope_theta and rope_scaling", c.Type, i, v)
 		}

@@ -197,3 +197,26 @@ func TestLongRoPE(t *testing.T) {
 		t.Errorf("short long_factor: %v", err)
 	}
 }
+
+// TestProportionalRoPE checks Gemma 4's proportional RoPE against values worked by hand: the
+// first floor(0.5 * 8 / 2) = 2 pairs of an 8-wide head rotate at 100^(-2i/8) / factor, the
+// other two not at all, and the rotation spans the whole head.
+func TestProportionalRoPE(t *testing.T) {
+	c := backend.RoPEConfig{Type: "proportional", Theta: 100, HeadDim: 8, PartialRotaryFactor: 0.5, Factor: 2}
+	inv, scale, err := c.Compute(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []float32{0.5, float32(math.Pow(100, -0.25) / 2), 0, 0}
+	if len(inv) != len(want) || scale != 1 || c.RotaryDim() != 8 {
+		t.Fatalf("inv_freq %v (scale %v, rotary dim %d), want %v, 1, 8", inv, scale, c.RotaryDim(), want)
+	}
+	for i := range want {
+		if math.Abs(float64(inv[i]-want[i])) > 1e-7 {
+			t.Errorf("inv_freq[%d] = %v, want %v", i, inv[i], want[i])
+		}
+	}
+	if _, _, err := (backend.RoPEConfig{Type: "proportional", Theta: 100, HeadDim: 8, PartialRotaryFactor: 0.1}).Compute(1); err == nil {
+		t.Error("a factor that rotates no pair was accepted")
+	}
+}

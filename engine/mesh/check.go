@@ -3,6 +3,7 @@ package mesh
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
@@ -22,6 +23,8 @@ const (
 	RuleTPLatent   = "tp-latent"   // multi-head latent attention is not split
 	RuleTPLinear   = "tp-linear"   // gated delta-net (linear attention) layers are not split
 	RuleCPLinear   = "cp-linear"   // gated delta-net layers run over whole sequences
+	RuleTPConv     = "tp-conv"     // short-convolution layers (lfm2_moe) are not split
+	RuleCPConv     = "cp-conv"     // short-convolution layers read across context chunks
 	RuleCPSeq      = "cp-seqlen"   // 2·CP divides the sequence length
 	RuleEPExperts  = "ep-experts"  // EP divides the experts and DP·CP
 	RuleETP        = "etp"         // ETP is 1 or TP and divides the expert width
@@ -108,6 +111,12 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		if m.Heads%l.TP != 0 || m.KVHeads%l.TP != 0 {
 			return RuleTPHeads, fmt.Sprintf("tensor_parallel_size %d must divide the %d attention heads and the %d key/value heads", l.TP, m.Heads, m.KVHeads)
 		}
+		if m.Global.Full != nil && m.Global.KVHeads%l.TP != 0 {
+			return RuleTPHeads, fmt.Sprintf("tensor_parallel_size %d must divide the %d key/value heads of the full-attention layers (num_global_key_value_heads)", l.TP, m.Global.KVHeads)
+		}
+		if m.Conv.Layers != nil {
+			return RuleTPConv, fmt.Sprintf("this model's short-convolution layers (lfm2_moe) hold B, C and x in one in_proj weight, whose parts tensor_parallel_size %d would have to split separately, which is not implemented; use tensor_parallel_size 1 (data, fsdp and expert parallelism work)", l.TP)
+		}
 		if !m.MoE() && m.Intermediate > 0 && m.Intermediate%l.TP != 0 {
 			return RuleTPWidth, fmt.Sprintf("tensor_parallel_size %d must divide the MLP width (intermediate_size %d)", l.TP, m.Intermediate)
 		}
@@ -126,6 +135,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 	}
 	if l.CP > 1 && m.Linear.Layers > 0 {
 		return RuleCPLinear, fmt.Sprintf("context_parallel_size %d would split sequences, but this model's gated delta-net layers carry a recurrent state from each token to the next over the whole sequence, which is not passed between ranks: use context_parallel_size 1", l.CP)
+	}
+	if l.CP > 1 && slices.Contains(m.Conv.Layers, true) {
+		return RuleCPConv, fmt.Sprintf("this model's short-convolution layers (lfm2_moe) read the tokens just before each one, across the boundaries of the %d context chunks, which is not implemented; use context_parallel_size 1", 2*l.CP)
 	}
 	if l.CP > 1 && seqLen > 0 && seqLen%(2*l.CP) != 0 {
 		return RuleCPSeq, fmt.Sprintf("context_parallel_size %d splits each sequence into %d equal chunks, so the sequence length %d must be a multiple of %d", l.CP, 2*l.CP, seqLen, 2*l.CP)

@@ -42,8 +42,10 @@
 //
 //   - every degree is >= 1 and TP·CP divides the device count (DP = devices / (TP·CP));
 //   - TP divides the attention heads, the key/value heads and the MLP width, and q/k norms
-//     over the whole projection (not per head), fused projections and multi-head latent
-//     attention are not split (TP = 1 then);
+//     over the whole projection (not per head), fused projections, multi-head latent
+//     attention and short-convolution layers are not split (TP = 1 then); with Gemma 4's
+//     full-attention layers TP also divides their key/value heads;
+//   - short-convolution layers (lfm2_moe) read the tokens before each one, so CP = 1 for them;
 //   - CP splits every sequence into 2·CP equal chunks (load balancing of causal attention), so
 //     2·CP divides the sequence length;
 //   - EP divides the number of experts and DP·CP; ETP is 1 or TP and divides the expert width.

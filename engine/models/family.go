@@ -56,6 +56,46 @@ type Family struct {
 	// GatedDeltaNet is how the family stores the input projections of its gated delta-net
 	// (linear attention) layers (qwen3_next.go); GDNNone for families without them.
 	GatedDeltaNet GDNLayout
+	// Mixer replaces the attention of some layers (gemma4_text's per-layer head widths,
+	// lfm2_moe's short convolutions). Nil means the Llama attention everywhere.
+	Mixer MixerHooks
+	// FinalNorm is the final RMSNorm's module ("model.norm" when empty; lfm2_moe:
+	// "model.embedding_norm").
+	FinalNorm string
+	// LayerScalar: each layer holds a layer_scalar buffer [1] that multiplies its output
+	// (gemma4_text). It is a checkpoint tensor without a gradient.
+	LayerScalar bool
+}
+
+// MixerHooks let a family give a layer its own token mixer. Both hooks are called for every
+// layer; nil specs and a nil block keep the default attention.
+type MixerHooks interface {
+	// Specs lists layer i's mixer parameters (HF names), or nil for the default attention.
+	Specs(a *Arch, i int) []ParamSpec
+	// Build makes layer i's mixer from the views b gives (nil: the default attention).
+	Build(a *Arch, i int, b *binder) *nn.Attention
+}
+
+// binder hands a family's hooks the parameter and gradient views of a model being built.
+type binder struct {
+	// lin is the nn.Linear of a module (weight, optional bias and their gradients).
+	lin func(module string) nn.Linear
+	// norm is the RMSNorm of a module, with the family's offset and the model's epsilon.
+	norm func(module string) nn.RMSNorm
+	// param and grad look up a parameter and its gradient by HF name (the zero tensor when
+	// absent).
+	param, grad func(name string) tensor.Tensor
+	// ones is a vector of n ones in the model dtype (not a parameter): the gain of a norm
+	// without weights.
+	ones func(n int) tensor.Tensor
+}
+
+// finalNorm is the final norm's module.
+func (f *Family) finalNorm() string {
+	if f != nil && f.FinalNorm != "" {
+		return f.FinalNorm
+	}
+	return "model.norm"
 }
 
 // FFNHooks let a family give a layer its own feed-forward block. Both hooks are called for

@@ -41,6 +41,12 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if err := ossConfigCheck(c); err != nil {
 		return Arch{}, err
 	}
+	if err := gemma4Check(c); err != nil {
+		return Arch{}, err
+	}
+	if err := lfm2Check(c); err != nil {
+		return Arch{}, err
+	}
 	if c.ClipQKV != 0 {
 		return Arch{}, fmt.Errorf("models: %s: clip_qkv is not supported yet; remove it from config.json", c.ModelType)
 	}
@@ -102,6 +108,10 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		}
 	}
 	a.Rope = rope(c.Rope)
+	if a.Global.Full != nil {
+		// gemma4_text: the main table is the full layers', at their head width.
+		a.Rope.HeadDim = a.Global.HeadDim
+	}
 	if f := c.Family(); f != nil && f.RopePerLayerType {
 		sr := rope(c.SlidingRope)
 		a.SlidingRope = &sr

@@ -166,16 +166,21 @@ func (m *Model) newDecoder(prompts [][]int32, maxNew int) (*decoder, error) {
 		total += len(p) + maxNew
 	}
 	d := &decoder{m: m, caches: make([]*nn.KVCache, len(m.blocks))}
-	kvw := m.Arch.KVHeads * m.Arch.HeadDim
-	if l := m.Arch.Latent; l.KVRank > 0 {
-		kvw = m.Arch.Heads * max(l.QKHead(), l.V) // nn.MLA's cached heads
-	}
 	spare := len(prompts) > 1
 	for i := range d.caches {
+		hd, kvh := m.Arch.LayerHeads(i)
+		kvw := kvh * hd
+		if l := m.Arch.Latent; l.KVRank > 0 {
+			kvw = m.Arch.Heads * max(l.QKHead(), l.V) // nn.MLA's cached heads
+		}
+		conv := m.Arch.IsConv(i)
+		if conv {
+			kvw = m.Arch.Hidden // nn.ShortConv caches bx in K alone
+		}
 		c := &nn.KVCache{}
 		d.caches[i] = c
 		for _, t := range []*tensor.Tensor{&c.K, &c.V, &c.K2, &c.V2} {
-			if !spare && (t == &c.K2 || t == &c.V2) {
+			if !spare && (t == &c.K2 || t == &c.V2) || conv && (t == &c.V || t == &c.V2) {
 				continue
 			}
 			var err error

@@ -62,6 +62,8 @@ func (m *Model) deviceDecoding() (bool, error) {
 		why = fmt.Sprintf("backend %s has no DecodeAttention and SampleTokens", m.b.Name())
 	case m.Arch.Latent.KVRank > 0:
 		why = "latent attention (MLA) keeps its own cache layout"
+	case slices.Contains(m.Arch.Conv.Layers, true):
+		why = "short-convolution layers (lfm2_moe) keep their state in the host decoder's cache"
 	}
 	if why != "" {
 		if mode == "device" {
@@ -120,9 +122,10 @@ func (m *Model) newDeviceDecoder(prompts [][]int32, maxNew int) (*deviceDecoder,
 			d.close()
 		}
 	}()
-	kvw := m.Arch.KVHeads * m.Arch.HeadDim
 	d.slots = nn.SlotCache{Layers: make([]*nn.KVCache, len(m.blocks)), Cap: d.cap}
 	for i := range d.slots.Layers {
+		hd, kvh := m.Arch.LayerHeads(i) // gemma4_text's full layers have their own width
+		kvw := kvh * hd
 		c := &nn.KVCache{}
 		var err error
 		if c.K, err = d.keep(m.b.Empty(m.opts.DType, B*d.cap, kvw)); err != nil {

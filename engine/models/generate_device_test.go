@@ -17,11 +17,18 @@ import (
 var decoders = []string{"host", "device"}
 
 // useDecoder selects dec for the rest of the test, skipping the device decoder on a model that
-// cannot use it (latent attention).
+// cannot use it (latent attention, short convolutions).
 func useDecoder(t *testing.T, m *Model, dec string) {
 	t.Helper()
 	if dec == "device" && m.Arch.Latent.KVRank > 0 {
 		t.Skip("latent attention decodes through the host decoder")
+	}
+	if dec == "device" && slices.Contains(m.Arch.Conv.Layers, true) {
+		t.Setenv("HALO_GENERATE", dec)
+		if _, err := m.deviceDecoding(); err == nil || !strings.Contains(err.Error(), "short-convolution") {
+			t.Fatalf("HALO_GENERATE=device on short-convolution layers: got %v, want a refusal naming them", err)
+		}
+		t.Skip("short-convolution layers decode through the host decoder")
 	}
 	t.Setenv("HALO_GENERATE", dec)
 	got, err := m.deviceDecoding()

@@ -21,6 +21,10 @@ func tinyArch(family string, mod func(*Arch)) Arch {
 	}
 	c.VocabSize, c.HiddenSize, c.IntermediateSize, c.NumHiddenLayers = 37, 16, 24, 2
 	c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim = 4, 2, 4
+	if family == "gemma4_text" {
+		// Without the per-layer inputs the model refuses; full layers of 8-wide heads.
+		c.HiddenSizePerLayerInput, c.GlobalHeadDim = 0, 8
+	}
 	a, err := ArchFromConfig(c)
 	if err != nil {
 		panic(err)
@@ -33,6 +37,9 @@ func tinyArch(family string, mod func(*Arch)) Arch {
 		mod(&a)
 	}
 	a.Rope.HeadDim = a.HeadDim
+	if a.Global.Full != nil {
+		a.Rope.HeadDim = a.Global.HeadDim // gemma4_text: the main table is the full layers'
+	}
 	if a.SlidingRope != nil {
 		a.SlidingRope.HeadDim = a.HeadDim
 		if len(a.LocalRope) != a.Layers {

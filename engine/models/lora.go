@@ -115,17 +115,26 @@ func (a *Adapters) NumParams() int {
 }
 
 // linearLayers lists every linear layer an adapter can target, in layer order: the attention
-// projections and the dense MLP projections (routers and routed experts are not linear layers
-// in transformers' MoE blocks, as PEFT sees them: "all-linear" skips them too).
+// projections (or a conv layer's in_proj and out_proj) and the dense MLP projections (routers
+// and routed experts are not linear layers in transformers' MoE blocks, as PEFT sees them:
+// "all-linear" skips them too). A layer without a value projection (Gemma 4's shared
+// key/value layers) lists none.
 func (m *Model) linearLayers() []*nn.Linear {
 	var ls []*nn.Linear
 	for _, b := range m.blocks {
-		if la := b.Attn.Latent; la != nil {
-			ls = append(ls, la.Linears()...)
-		} else if ln := b.Attn.Linear; ln != nil {
-			ls = append(ls, ln.Linears()...)
-		} else {
-			ls = append(ls, &b.Attn.Q, &b.Attn.K, &b.Attn.V, &b.Attn.O)
+		switch at := b.Attn; {
+		case at.Latent != nil:
+			ls = append(ls, at.Latent.Linears()...)
+		case at.Linear != nil:
+			ls = append(ls, at.Linear.Linears()...)
+		case at.Conv != nil:
+			ls = append(ls, &at.Conv.InProj, &at.Conv.OutProj)
+		default:
+			ls = append(ls, &at.Q, &at.K)
+			if !at.KEqV {
+				ls = append(ls, &at.V)
+			}
+			ls = append(ls, &at.O)
 		}
 		if mlp, ok := b.FFN.(*nn.MLP); ok {
 			ls = append(ls, &mlp.Gate, &mlp.Up, &mlp.Down)

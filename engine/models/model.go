@@ -101,8 +101,11 @@ type Model struct {
 	// once; zero when the family has one rotary embedding.
 	localInvFreq tensor.Tensor
 	localScale   float32
-	ropeCached   int // dynamic rope: longest length the current table was built for
-	ropeLen      int // dynamic rope: length invFreq was computed for
+	// ones is a vector of ones in the model dtype, the gain of norms without weights (Gemma
+	// 4's v_norm); allocated by the first onesOf.
+	ones       tensor.Tensor
+	ropeCached int // dynamic rope: longest length the current table was built for
+	ropeLen    int // dynamic rope: length invFreq was computed for
 
 	moe moeState // mixture-of-experts layers, aux loss and balancing (empty when dense)
 	// fullIndex[i] is the index of Specs[i] in the table of the model holding every expert
@@ -238,6 +241,7 @@ func (m *Model) build() {
 	norm := func(name string) nn.RMSNorm {
 		return nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps, Offset: m.Family.NormOffset}
 	}
+	bind := &binder{lin: lin, norm: norm, param: p, grad: g, ones: m.onesOf}
 	m.embed = nn.Embedding{Name: "model.embed_tokens", W: p(nameEmbed), GW: g(nameEmbed), Scale: a.EmbedScale}
 	if m.Family.ScaleEmbeddings {
 		m.embed.Scale = embedScale(a.Hidden, m.opts.DType)
@@ -277,6 +281,11 @@ func (m *Model) build() {
 		if a.IsLinear(i) {
 			at = &nn.Attention{Name: pre + "linear_attn", Layer: i, Linear: linearAttention(m.Family, a, i, lin, p, g)}
 		}
+		if m.Family.Mixer != nil {
+			if mx := m.Family.Mixer.Build(a, i, bind); mx != nil {
+				at = mx
+			}
+		}
 		var ffn nn.FFN
 		if m.Family.FFN != nil {
 			ffn = m.Family.FFN.Build(a, i, p, g)
@@ -306,12 +315,15 @@ func (m *Model) build() {
 			pa, pf := norm(pre+postAttn), norm(pre+postFFN)
 			blk.PostAttnNorm, blk.PostFFNNorm = &pa, &pf
 		}
+		if m.Family.LayerScalar {
+			blk.OutScale = p(pre + layerScalarName)
+		}
 		m.blocks[i] = blk
 	}
 	m.bindMoE()
 	m.bindLoRA()
 	m.bindQuant()
-	m.head = nn.Head{Name: "lm_head", Norm: norm("model.norm"), ChunkRows: m.opts.ChunkRows, LogitScale: a.LogitScale, Softcap: a.LogitSoftcap}
+	m.head = nn.Head{Name: "lm_head", Norm: norm(m.Family.finalNorm()), ChunkRows: m.opts.ChunkRows, LogitScale: a.LogitScale, Softcap: a.LogitSoftcap}
 	switch {
 	case a.NumLabels > 0:
 		m.score = nn.Linear{Name: "score", W: p(nameScore), GW: g(nameScore)}
@@ -412,6 +424,10 @@ func (m *Model) Close() error {
 	if !m.localInvFreq.IsNil() {
 		errs = append(errs, m.b.Free(m.localInvFreq))
 		m.localInvFreq = tensor.Tensor{}
+	}
+	if !m.ones.IsNil() {
+		errs = append(errs, m.b.Free(m.ones))
+		m.ones = tensor.Tensor{}
 	}
 	return errors.Join(errs...)
 }
@@ -541,4 +557,31 @@ func embedScale(hidden int, dt tensor.DType) float32 {
 		s = tensor.BF16ToF32(tensor.F32ToBF16(s))
 	}
 	return s
+}
+
+// onesMax bounds the ones vector: the widest head a norm without weights normalises.
+const onesMax = 1 << 12
+
+// onesOf returns a view of n ones in the model dtype (the zero tensor when n is out of range or
+// the allocation fails, which the norm using it then reports).
+func (m *Model) onesOf(n int) tensor.Tensor {
+	if n <= 0 || n > onesMax {
+		return tensor.Tensor{}
+	}
+	if m.ones.IsNil() {
+		vals := make([]float32, onesMax)
+		for i := range vals {
+			vals[i] = 1
+		}
+		t, err := backend.FromFloat32(m.b, vals, m.opts.DType, onesMax)
+		if err != nil {
+			return tensor.Tensor{}
+		}
+		m.ones = t
+	}
+	v, err := m.ones.Rows(0, n)
+	if err != nil {
+		return tensor.Tensor{}
+	}
+	return v
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
 // familyCases cover every structural variant of the dense families.
@@ -62,6 +63,17 @@ var familyCases = []struct {
 		a.Experts, a.TopK, a.ExpertIntermediate = 4, 2, 6
 		a.Rope = backend.RoPEConfig{Type: "yarn", Theta: 10000, MaxPositionEmbeddings: 64, Factor: 4, OriginalMaxPositionEmbeddings: 16}
 	})},
+	// Gemma 4: a sliding layer of 4-wide heads beside a full layer of 8-wide heads over one
+	// key/value head shared with the values, v_norm, unscaled scores, proportional RoPE over
+	// half of the full heads, w gains, layer scalars (set by perturb), a final-logit cap.
+	{"gemma4_two_head_widths", tinyArch("gemma4_text", func(a *Arch) {
+		a.Windows = []int{3, 0}
+		a.LocalRope = []bool{true, false}
+		a.Global = config.GlobalShape{Full: []bool{false, true}, HeadDim: 8, KVHeads: 1, KEqV: true}
+		a.SlidingRope = &backend.RoPEConfig{Theta: 100, MaxPositionEmbeddings: 64}
+		a.Rope = backend.RoPEConfig{Type: "proportional", PartialRotaryFactor: 0.5, Theta: 10000, MaxPositionEmbeddings: 64}
+		a.LogitSoftcap = 2
+	})},
 	{"gemma3_all_features", tinyArch("gemma3_text", func(a *Arch) {
 		a.Windows = []int{3, 0}
 		a.LocalRope = []bool{true, false}
@@ -100,6 +112,13 @@ func TestGradientMatchesFiniteDifferences(t *testing.T) {
 			}
 			for _, s := range m.Specs {
 				p0, _ := m.ParamFloat32(s.Name)
+				if isBuffer(s.Name) {
+					// A checkpoint buffer (Gemma 4's layer_scalar): no gradient reaches it.
+					if slices.ContainsFunc(grads[s.Name], func(g float32) bool { return g != 0 }) {
+						t.Errorf("%s is a buffer but has a gradient %v", s.Name, grads[s.Name])
+					}
+					continue
+				}
 				// A unit-norm random direction within this parameter.
 				dir := make([]float32, len(p0))
 				norm := 0.0

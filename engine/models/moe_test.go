@@ -100,6 +100,18 @@ var moeCases = []struct {
 	// Sigmoid router with groups and scaling, a dense first layer, one shared expert, per-head
 	// q/k norms, partial rotary; the correction bias is set by perturb.
 	{"glm4_moe_sigmoid_groups", "glm4_moe", func(c *config.Config) { c.NumHiddenLayers = 3 }},
+	// LFM2-MoE: short-convolution layers (3 taps, biases) around an attention layer with
+	// per-head q/k norms, a dense first layer, the sigmoid router with its expert_bias
+	// (set by perturb) and scaled weights.
+	// A smaller init keeps the gated products of the conv layers (cubic in their input) from
+	// saturating the sigmoid router into near-ties.
+	{"lfm2_moe_conv", "lfm2_moe", func(c *config.Config) { c.InitializerRange = 0.15 }},
+	// Four taps without biases, every layer sparse, raw weights, no expert bias.
+	{"lfm2_moe_raw", "lfm2_moe", func(c *config.Config) {
+		c.ConvLCache, c.ConvBias, c.NumDenseLayers, c.NormTopKProb, c.UseExpertBias = 4, false, 0, false, false
+		c.InitializerRange = 0.1
+		c.LayerTypes = []string{config.FullAttention, config.ConvLayer, config.ConvLayer}
+	}},
 }
 
 // latentMoE adjusts tinyMoE's cut of a latent-attention family (deepseek_v3, glm4_moe_lite):
@@ -142,8 +154,8 @@ func TestMoEGradientMatchesFiniteDifferences(t *testing.T) {
 	for _, tc := range moeCases {
 		t.Run(tc.name, func(t *testing.T) {
 			auxScale := 0.1
-			if tc.fam == "glm4_moe" {
-				// transformers' GLM-4.5 has no load-balancing loss, and its top-k of the
+			if tc.fam == "glm4_moe" || tc.fam == "lfm2_moe" {
+				// transformers' GLM-4.5 and LFM2-MoE have no load-balancing loss, and its top-k of the
 				// unbiased scores (which the aux loss counts) is not the routing's, so a flip
 				// of it would go unnoticed by the tie check below.
 				auxScale = 0
@@ -179,7 +191,7 @@ func TestMoEGradientMatchesFiniteDifferences(t *testing.T) {
 			redrawn := 0
 			for _, s := range m.Specs {
 				p0, _ := m.ParamFloat32(s.Name)
-				if strings.HasSuffix(s.Name, ".e_score_correction_bias") {
+				if isBuffer(s.Name) {
 					// It only chooses the experts: the loss is flat in it between top-k
 					// changes, and it gets no gradient.
 					if slices.ContainsFunc(grads[s.Name], func(g float32) bool { return g != 0 }) {

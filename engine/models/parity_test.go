@@ -49,7 +49,8 @@ var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_y
 	"qwen3_moe", "qwen3_moe_sparse", "mixtral", "olmoe",
 	"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe",
 	"gemma3_text", "deepseek_v3", "deepseek_v3_qproj", "glm4_moe_lite", "gpt_oss",
-	"flex_olmo"}
+	"flex_olmo",
+	"gemma4_text", "lfm2_moe", "lfm2_moe_raw"}
 
 // parityDirs returns parityCases followed by every other fixture directory found under
 // testdata/parity, sorted.

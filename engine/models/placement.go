@@ -94,7 +94,8 @@ type ParamPlacement struct {
 // paramKinds are the last components of the parameter names Place resolves.
 var paramKinds = map[string]bool{"weight": true, "bias": true, "e_score_correction_bias": true, "sinks": true,
 	"gate_up_proj": true, "gate_up_proj_bias": true, "down_proj": true, "down_proj_bias": true,
-	"dt_bias": true, "A_log": true}
+	"dt_bias": true, "A_log": true,
+	"expert_bias": true, "layer_scalar": true}
 
 // Place resolves the placement of parameter name (an HF name ending in .weight or .bias) from
 // the family's table. It is an error when no entry or more than one matches: the table must

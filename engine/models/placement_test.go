@@ -74,8 +74,8 @@ func TestSpecTableCountsAsShape(t *testing.T) {
 			n := int64(0)
 			for _, s := range v.specs {
 				// Routers' correction biases are checkpoint buffers, not parameters, to
-				// transformers' count (except ernie4_5_moe's, a parameter).
-				if !strings.HasSuffix(s.Name, ".e_score_correction_bias") || v.cfg.Shape().RouterBiasParam {
+				// transformers' count (except ernie4_5_moe's correction bias, a parameter).
+				if !isBuffer(s.Name) || v.cfg.Shape().RouterBiasParam {
 					n += int64(s.Numel())
 				}
 			}
@@ -279,4 +279,16 @@ func TestRegisterRefusesMalformedTables(t *testing.T) {
 			checkPlacements("test", tc.ps)
 		})
 	}
+}
+
+// isBuffer reports whether a parameter-table entry is a checkpoint buffer transformers does not
+// count as a parameter: a router's selection bias (DeepSeek's e_score_correction_bias,
+// LFM2-MoE's expert_bias) or Gemma 4's layer_scalar.
+func isBuffer(name string) bool {
+	for _, s := range []string{".e_score_correction_bias", ".expert_bias", ".layer_scalar"} {
+		if strings.HasSuffix(name, s) {
+			return true
+		}
+	}
+	return false
 }

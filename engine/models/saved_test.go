@@ -62,6 +62,12 @@ var savedCases = []struct {
 	// Interleaved rotary pairs, a dense layer before a sparse one with a non-zero correction
 	// bias and a shared expert.
 	{"ernie4_5_moe", "ernie4_5_moe", []string{"moe_layer_start_index=1", "tie_word_embeddings=false"}},
+	// Sliding heads of 8 beside full heads of 32 over one key/value projection shared with the
+	// values, proportional RoPE over a quarter of the full heads, layer scalars, a softcap.
+	{"gemma4_kv_shared_proj", "gemma4_text", []string{"final_logit_softcapping=3.0", "sliding_window=4"}},
+	// A conv layer of 3 taps with biases, an attention layer, a conv layer; a dense layer,
+	// then two sigmoid-routed MoE layers with a non-zero expert bias.
+	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.
@@ -137,8 +143,14 @@ func writeSavedCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, s := range m.Specs {
-			// Routers' correction biases start at zero; give them values to carry.
-			if strings.HasSuffix(s.Name, ".e_score_correction_bias") {
+			// Routers' correction biases start at zero and Gemma 4's layer scalars at one;
+			// give them values to carry.
+			if strings.HasSuffix(s.Name, ".layer_scalar") {
+				if err := m.SetParam(s.Name, []float32{0.8}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if strings.HasSuffix(s.Name, ".e_score_correction_bias") || strings.HasSuffix(s.Name, ".expert_bias") {
 				v := make([]float32, s.Numel())
 				for i := range v {
 					v[i] = 0.01 * float32(i%5-2)

@@ -91,8 +91,10 @@ func bias(name string, n int) ParamSpec {
 const (
 	nameEmbed     = "model.embed_tokens.weight"
 	nameFinalNorm = "model.norm.weight"
-	nameLMHead    = "lm_head.weight"
-	nameScore     = "score.weight"
+	// layerScalarName is Gemma 4's per-layer output scale (under model.layers.<i>.).
+	layerScalarName = "layer_scalar"
+	nameLMHead      = "lm_head.weight"
+	nameScore       = "score.weight"
 )
 
 // layerName returns "model.layers.<i>.<suffix>".
@@ -213,11 +215,18 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 	}
 	s := []ParamSpec{emb}
 	for i := 0; i < a.Layers; i++ {
-		if a.Latent.KVRank > 0 {
+		var mix []ParamSpec
+		if f != nil && f.Mixer != nil {
+			mix = f.Mixer.Specs(a, i)
+		}
+		switch {
+		case mix != nil:
+			s = append(s, mix...)
+		case a.Latent.KVRank > 0:
 			s = append(s, latentSpecs(a, i)...)
-		} else if a.IsLinear(i) {
+		case a.IsLinear(i):
 			s = append(s, linearSpecs(f, a, i)...)
-		} else {
+		default:
 			s = append(s, attentionSpecs(a, i)...)
 		}
 		var ffn []ParamSpec
@@ -229,8 +238,12 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 		}
 		s = append(s, ffn...)
 		s = append(s, layerNormSpecs(f, a, i)...)
+		if f != nil && f.LayerScalar {
+			// A buffer of ones in transformers: no decay, and no gradient ever reaches it.
+			s = append(s, ParamSpec{Name: layerName(i, layerScalarName), Shape: []int{1}, Init: InitOnes, ZeroRow: -1})
+		}
 	}
-	s = append(s, normWeight(nameFinalNorm, a.Hidden))
+	s = append(s, normWeight(f.finalNorm()+".weight", a.Hidden))
 	switch {
 	case a.NumLabels > 0:
 		s = append(s, matrix(nameScore, a.NumLabels, a.Hidden))

@@ -59,6 +59,16 @@ type Attention struct {
 	// Linear, when set, is the layer's gated delta-net linear attention, which Forward,
 	// Backward and Release run in place of everything above.
 	Linear *GatedDeltaNet
+	// Conv, when set, is the layer's gated short convolution (LFM2's conv layers), run in
+	// place of attention.
+	Conv *ShortConv
+	// VNorm, when set, RMS-normalises each value head (Gemma 4's v_norm: its W is a ones
+	// vector of HD, not a parameter, and GW is unset).
+	VNorm *RMSNorm
+	// KEqV: the layer has no value projection; the values are the key projection's output
+	// (before the key norm and RoPE), normalised by VNorm when set (Gemma 4's
+	// attention_k_eq_v). Their gradient joins the key projection's.
+	KEqV bool
 
 	c attnCache
 }
@@ -66,6 +76,7 @@ type Attention struct {
 type attnCache struct {
 	x                    T
 	qPre, kPre, qRs, kRs T
+	vPre, vRs            T // the value projection's output before VNorm, and its rstd
 	q, k, v, out, lse    T
 	gate, gated          T // the output gate's values and the gated output (OutGate)
 	kAll, vAll           T // keys/values attended over (views of the KV cache when decoding)
@@ -99,6 +110,9 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if a.Linear != nil {
 		return a.Linear.Forward(p, x, keep)
 	}
+	if a.Conv != nil {
+		return a.Conv.Forward(p, x, keep)
+	}
 	if a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", a.Name)
 	}
@@ -124,7 +138,12 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if c.k, err = a.K.Forward(p, x); err != nil {
 		return T{}, err
 	}
-	if c.v, err = a.V.Forward(p, x); err != nil {
+	if !a.KEqV {
+		if c.v, err = a.V.Forward(p, x); err != nil {
+			return T{}, err
+		}
+	}
+	if err = a.values(p); err != nil {
 		return T{}, err
 	}
 	if a.NormAfterRoPE {
@@ -265,6 +284,69 @@ func (a *Attention) attendSlots(p *Pass) error {
 	return nil
 }
 
+// values makes the attended values from the projections' outputs (before the q/k norms and
+// RoPE): with KEqV a copy of the keys, and with VNorm their per-head norm (the pre-norm values
+// kept in vPre when they are the value projection's own output).
+func (a *Attention) values(p *Pass) (err error) {
+	c := &a.c
+	src := c.v
+	if a.KEqV {
+		src = c.k
+	}
+	switch {
+	case a.VNorm != nil:
+		out, rs, err := a.VNorm.Forward(p, src)
+		if err != nil {
+			return err
+		}
+		if !a.KEqV {
+			c.vPre = c.v
+		}
+		c.v, c.vRs = out, rs
+	case a.KEqV:
+		if c.v, err = p.out(src.Shape()...); err != nil {
+			return wrap(a.Name, err)
+		}
+		if err = p.B.Copy(c.v, src); err != nil {
+			return wrap(a.Name+" values", err)
+		}
+	}
+	return nil
+}
+
+// valuesBackward turns dv (the gradient of the attended values) into the gradient of the
+// value projection's output: through VNorm when set; with KEqV it is added into dkRaw (the
+// gradient of the key projection's output) and nil is returned.
+func (a *Attention) valuesBackward(p *Pass, dv, dkRaw T) (dvIn T, owned bool, err error) {
+	c := &a.c
+	dvIn = dv
+	if a.VNorm != nil {
+		src := c.vPre
+		if a.KEqV {
+			src = c.kPre
+			if a.QNorm == nil || a.NormAfterRoPE {
+				return T{}, false, fmt.Errorf("nn: %s: values shared with the keys need the key norm's cached input", a.Name)
+			}
+		}
+		if dvIn, err = p.out(dv.Shape()...); err != nil {
+			return T{}, false, wrap(a.Name, err)
+		}
+		if err = a.VNorm.Backward(p, dvIn, dv, src, c.vRs, false); err != nil {
+			_ = free(p.B, &dvIn)
+			return T{}, false, err
+		}
+		owned = true
+	}
+	if !a.KEqV {
+		return dvIn, owned, nil
+	}
+	err = p.B.Add(dkRaw, dkRaw, dvIn)
+	if owned {
+		_ = free(p.B, &dvIn)
+	}
+	return T{}, false, wrap(a.Name+" values", err)
+}
+
 // appendCache writes this pass's keys and values into the layer's KV cache and returns views of
 // every cached row so far.
 func (a *Attention) appendCache(p *Pass) (k, v T, err error) {
@@ -335,6 +417,9 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	}
 	if a.Linear != nil {
 		return a.Linear.Backward(p, dy)
+	}
+	if a.Conv != nil {
+		return a.Conv.Backward(p, dy)
 	}
 	if !a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", a.Name)
@@ -415,12 +500,19 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		_ = free(p.B, &dq)
 		dq = dqg
 	}
+	dvIn, dvOwned, err := a.valuesBackward(p, dv, dk)
+	if err != nil {
+		return T{}, err
+	}
+	if dvOwned {
+		defer func() { _ = free(p.B, &dvIn) }()
+	}
 	if dx, err = p.out(c.x.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)
 	}
 	if err = a.Q.Backward(p, dx, dq, c.x, false); err == nil {
-		if err = a.K.Backward(p, dx, dk, c.x, true); err == nil {
-			err = a.V.Backward(p, dx, dv, c.x, true)
+		if err = a.K.Backward(p, dx, dk, c.x, true); err == nil && !a.KEqV {
+			err = a.V.Backward(p, dx, dvIn, c.x, true)
 		}
 	}
 	if err != nil {
@@ -440,7 +532,11 @@ func (a *Attention) Release(p *Pass) {
 		a.Linear.Release(p)
 		return
 	}
+	if a.Conv != nil {
+		a.Conv.Release(p)
+		return
+	}
 	c := &a.c
-	_ = free(p.B, &c.qPre, &c.kPre, &c.qRs, &c.kRs, &c.q, &c.k, &c.v, &c.out, &c.lse, &c.gate, &c.gated)
+	_ = free(p.B, &c.qPre, &c.kPre, &c.qRs, &c.kRs, &c.q, &c.k, &c.v, &c.vPre, &c.vRs, &c.out, &c.lse, &c.gate, &c.gated)
 	*c = attnCache{}
 }

@@ -1,6 +1,10 @@
 package nn
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+)
 
 // Block is one pre-norm decoder layer:
 //
@@ -32,6 +36,10 @@ type Block struct {
 	PostAttnNorm, PostFFNNorm *RMSNorm
 	// ResidualScale multiplies each branch before its residual add; 0 means 1.
 	ResidualScale float32
+	// OutScale, when set, is a [1] tensor that multiplies the block's output y (Gemma 4's
+	// layer_scalar, a checkpoint buffer: it gets no gradient). It is read once per Forward.
+	OutScale T
+	outScale float32
 
 	x, h1, r1, mid, h2, r2 T
 	v                      variantCache
@@ -55,6 +63,21 @@ func (b *Block) Forward(p *Pass, x T, train bool) (y T, err error) {
 	keep := train && !b.Recompute
 	if y, err = b.forward(p, x, keep); err != nil {
 		return T{}, err
+	}
+	if !b.OutScale.IsNil() {
+		s, err := backend.ToFloat32(p.B, b.OutScale)
+		if err == nil && len(s) != 1 {
+			err = fmt.Errorf("output scale %v must hold one value", b.OutScale)
+		}
+		if err == nil {
+			b.outScale = s[0]
+			err = p.B.Scale(y, s[0])
+		}
+		if err != nil {
+			b.Release(p)
+			_ = free(p.B, &y)
+			return T{}, wrap(b.Name+" layer scalar", err)
+		}
 	}
 	switch {
 	case keep:
@@ -114,6 +137,11 @@ func (b *Block) Backward(p *Pass, dy T) (T, error) {
 	}
 	b.state = blockIdle
 	defer b.release(p)
+	if !b.OutScale.IsNil() {
+		if err := p.B.Scale(dy, b.outScale); err != nil {
+			return T{}, wrap(b.Name+" layer scalar", err)
+		}
+	}
 	if b.variant() {
 		return b.backwardVariant(p, dy)
 	}

@@ -10,8 +10,11 @@
 // composed with per-expert GEMMs and host routing) and the LM head with a fused cross-entropy
 // loss. A decoder layer (Block) is pre-norm, or has norms on
 // its branch outputs with or without the pre-norms (OLMo 2, GLM-4) and a residual scale
-// (Granite); attention may skip RoPE (NoPE layers), rotate interleaved pairs (GLM) or take its
-// own score scale. A Linear may carry a LoRA adapter (two small GEMMs,
+// (Granite) and an output scale (Gemma 4's layer_scalar); attention may skip RoPE (NoPE layers),
+// rotate interleaved pairs (GLM), take its own score scale, normalise its values and take them
+// from the key projection (Gemma 4), or give way to LFM2's gated short convolution (ShortConv,
+// whose gating and causal depthwise convolution run on the host between device projections).
+// A Linear may carry a LoRA adapter (two small GEMMs,
 // a scale and an add on top of a frozen base weight read through Linear.Weight), and that base
 // may be stored in 4-bit NF4 (QuantWeight, QLoRA), dequantised into a WeightScratch shared by
 // the layers right before each product.

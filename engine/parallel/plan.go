@@ -134,6 +134,9 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 		local.HeadDim = src.Arch.HeadDim
 		local.NumAttentionHeads = src.Arch.Heads / l.TP
 		local.NumKeyValueHeads = src.Arch.KVHeads / l.TP
+		if local.NumGlobalKeyValueHeads > 0 {
+			local.NumGlobalKeyValueHeads /= l.TP // gemma4_text's full layers (rule tp-heads)
+		}
 		if !shape.MoE() {
 			local.IntermediateSize = src.Arch.Intermediate / l.TP
 		}

@@ -55,6 +55,13 @@ var familyCases = []struct {
 	// ERNIE 4.5 MoE: interleaved rotary pairs, a dense layer, softmax routing with a correction
 	// bias, a shared expert.
 	{"ernie4_5_moe", "ernie4_5_moe", []string{"moe_layer_start_index=1", "output_router_logits=true"}, true},
+	// Gemma 4: sliding heads of 16 beside full heads of 512 (the generic attention kernel) over
+	// one key/value projection shared with the values, v_norm, unscaled scores, proportional
+	// RoPE on the full layers, layer scalars, a final-logit cap.
+	{"gemma4_global512", "gemma4_text", []string{"global_head_dim=512", "final_logit_softcapping=3.0", "sliding_window=5"}, false},
+	// LFM2-MoE: short-convolution layers (their gating and convolution run on the host between
+	// the device projections) around an attention layer, the sigmoid router with expert_bias.
+	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

@@ -117,6 +117,10 @@ type Config struct {
 	Linear
 	// MoEKeys holds keys of further mixture-of-experts families (moe_keys.go).
 	MoEKeys
+	// Gemma4 holds gemma4_text's keys (gemma4.go).
+	Gemma4
+	// LFM2 holds lfm2_moe's keys (lfm2_moe.go).
+	LFM2
 
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.

@@ -293,7 +293,17 @@ func TestTinyPresetShape(t *testing.T) {
 			want.Layers, want.MoELayers, want.AttnOutputGate = 4, 4, true
 			want.Linear = LinearShape{Layers: 2, KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 16, Conv: 4}
 		}
-		if s != want {
+		switch mt {
+		case "gemma4_text":
+			// A sliding layer of 16-wide heads, then a full layer of 32-wide heads over one
+			// shared key/value projection.
+			want.Global = GlobalShape{Full: []bool{false, true}, HeadDim: 32, KVHeads: 1, KEqV: true}
+		case "lfm2_moe":
+			// conv, attention, conv; the first layer dense.
+			want.Layers, want.MoELayers, want.RouterBias = 3, 2, true
+			want.Conv = ConvShape{Layers: []bool{true, false, true}, Taps: 3, Bias: true}
+		}
+		if !reflect.DeepEqual(s, want) {
 			t.Errorf("%s tiny: shape %+v, want %+v", mt, s, want)
 		}
 		rot := 16
@@ -339,7 +349,7 @@ func TestDerivedShape(t *testing.T) {
 		t.Run(tc.file, func(t *testing.T) {
 			c := mustParse(t, "testdata/hub/"+tc.file+".json")
 			s := c.Shape()
-			if s != tc.shape {
+			if !reflect.DeepEqual(s, tc.shape) {
 				t.Errorf("shape %+v\nwant  %+v", s, tc.shape)
 			}
 			if c.QKVBias() != s.QKVBias || c.OProjBias() != s.OBias || c.QKNormKind() != s.QKNorm || c.KVHeads() != s.KVHeads {
@@ -601,7 +611,7 @@ func TestParseErrors(t *testing.T) {
 		{"no experts", `{"model_type":"olmoe","num_experts":0}`, []string{"number of experts (0) must be positive"}},
 		{"sparse step", `{"model_type":"qwen3_moe","decoder_sparse_step":0}`, []string{"decoder_sparse_step (0) must be at least 1"}},
 		{"mlp_only range", `{"model_type":"qwen3_moe","num_hidden_layers":4,"mlp_only_layers":[4]}`, []string{"mlp_only_layers[0] = 4 is not a layer index (0..3)"}},
-		{"rope type", `{"model_type":"llama","rope_scaling":{"rope_type":"mrope","factor":2.0}}`, []string{`rope_type "mrope" is not supported; use one of default, dynamic, linear, llama3, longrope, yarn`}},
+		{"rope type", `{"model_type":"llama","rope_scaling":{"rope_type":"mrope","factor":2.0}}`, []string{`rope_type "mrope" is not supported; use one of default, dynamic, linear, llama3, longrope, proportional, yarn`}},
 		{"rope legacy type", `{"model_type":"llama","rope_scaling":{"type":"su","factor":2.0}}`, []string{`rope_type "su" is not supported`}},
 		{"linear no factor", `{"model_type":"llama","rope_scaling":{"rope_type":"linear"}}`, []string{`rope_type "linear" needs a positive factor`}},
 		{"llama3 bands", `{"model_type":"llama","rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":4.0,"high_freq_factor":1.0}}`, []string{"0 < low_freq_factor < high_freq_factor (got 4 and 1)"}},

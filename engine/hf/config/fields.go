@@ -268,7 +268,7 @@ func (c *Config) setField(key string, f field, raw []byte) error {
 
 // fieldValue returns the value of key on c as it is written.
 func (c *Config) fieldValue(key string) pyValue {
-	f := fields[key]
+	f, _ := c.Family().field(key)
 	switch f.kind {
 	case kInt:
 		v := *f.ptr(c).(*int)

@@ -214,7 +214,8 @@ func parse(data []byte) (*Config, error) {
 		if c.src[canon] {
 			return nil, fmt.Errorf("keys %q and %q both set %s; keep one", key, otherKey(f, canon, key), canon)
 		}
-		if err := c.setField(key, fields[canon], raw); err != nil {
+		fl, _ := f.field(canon)
+		if err := c.setField(key, fl, raw); err != nil {
 			return nil, err
 		}
 		if key != canon {

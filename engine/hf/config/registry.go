@@ -98,6 +98,13 @@ type Family struct {
 	// queries and its gate), and sigmoid(gate) scales the attention output before o_proj
 	// (qwen3_next, qwen3_5_moe_text).
 	AttnOutputGate bool
+	// FieldTypes are the family's own types of keys that other families type differently
+	// (gemma4_text: a nullable num_experts, a string use_bidirectional_attention); nil
+	// means the package's field table.
+	FieldTypes map[string]field
+	// RouterBias, when set, says whether each MoE layer's router has a selection-only bias
+	// [E] (a checkpoint buffer); nil means the families with n_group have one.
+	RouterBias func(*Config) bool
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }
@@ -158,7 +165,7 @@ func Register(f Family) {
 		panic("config: Register: duplicate model_type " + f.ModelType)
 	}
 	for _, k := range append(append([]string{}, f.Keys...), f.Optional...) {
-		if _, ok := fields[k]; !ok {
+		if _, ok := f.field(k); !ok {
 			panic(fmt.Sprintf("config: Register %s: key %q has no field", f.ModelType, k))
 		}
 	}
@@ -296,7 +303,9 @@ func newDefaults(f *Family) *Config {
 	c.InitializerRange = 0.02
 	c.RMSNormEps = 1e-6
 	f.Defaults(c)
-	c.Rope.Type = "default"
+	if c.Rope.Type == "" {
+		c.Rope.Type = "default" // gemma4_text's default is "proportional"
+	}
 	c.Rope.Theta = f.DefaultRopeTheta
 	if f.RopePerLayerType {
 		c.SlidingRope.Type = "default"
@@ -347,4 +356,15 @@ func Preset(modelType, name string) (*Config, error) {
 		return nil, fmt.Errorf("config: preset %s/%s: %w", modelType, name, err)
 	}
 	return c, nil
+}
+
+// field returns the field of key in family f: its own type (FieldTypes) or the package's.
+func (f *Family) field(key string) (field, bool) {
+	if f != nil {
+		if fl, ok := f.FieldTypes[key]; ok {
+			return fl, true
+		}
+	}
+	fl, ok := fields[key]
+	return fl, ok
 }

@@ -59,6 +59,11 @@ type Shape struct {
 	// Linear is the gated delta-net attention of the linear-attention layers (zero when no
 	// layer is one).
 	Linear LinearShape
+	// Global is the full-attention layers' own geometry (gemma4_text; zero for the other
+	// families).
+	Global GlobalShape
+	// Conv is the short convolution of lfm2_moe's conv layers (zero for the other families).
+	Conv ConvShape
 }
 
 // LinearShape is the structure of the gated delta-net layers of a model.
@@ -83,6 +88,37 @@ func (l LinearShape) Parameters(h int64) int64 {
 	return conv*int64(l.Conv) + h*(conv+vd) + h*2*int64(l.ValueHeads) + 2*int64(l.ValueHeads) +
 		int64(l.ValueDim) + vd*h
 }
+
+// GlobalShape is gemma4_text's full-attention geometry: Full[i] marks layer i as a full
+// layer, whose heads are HeadDim wide over KVHeads key/value heads; with KEqV those layers
+// have no v_proj (their values are the k_proj output). Each layer also holds a layer_scalar
+// buffer [1], which NumParameters does not count (transformers counts parameters only).
+type GlobalShape struct {
+	Full             []bool
+	HeadDim, KVHeads int
+	KEqV             bool
+}
+
+// ConvShape is lfm2_moe's short convolution: Layers[i] marks layer i as a conv layer (in_proj
+// [3C, C], conv.weight [C, 1, Taps], out_proj [C, C], each with a bias when Bias) in place of
+// attention.
+type ConvShape struct {
+	Layers []bool
+	Taps   int
+	Bias   bool
+}
+
+// LayerHeads returns layer i's query/key head width and key/value heads: Global's on
+// gemma4_text's full layers, HeadDim and KVHeads elsewhere.
+func (s Shape) LayerHeads(i int) (headDim, kvHeads int) {
+	if i >= 0 && i < len(s.Global.Full) && s.Global.Full[i] {
+		return s.Global.HeadDim, s.Global.KVHeads
+	}
+	return s.HeadDim, s.KVHeads
+}
+
+// IsConv reports whether layer i is a short-convolution layer (lfm2_moe).
+func (s Shape) IsConv(i int) bool { return i >= 0 && i < len(s.Conv.Layers) && s.Conv.Layers[i] }
 
 // AttentionDims are the widths of a query/key head and of a value head (HeadDim for both but
 // under latent attention), for counting attention FLOPs.
@@ -129,6 +165,19 @@ func (c *Config) Shape() Shape {
 	if s.KVHeads == 0 {
 		s.KVHeads = s.Heads
 	}
+	if c.ModelType == "gemma4_text" {
+		s.Global = GlobalShape{Full: make([]bool, c.NumHiddenLayers), HeadDim: c.GlobalHead(),
+			KVHeads: c.GlobalKVHeads(), KEqV: c.AttentionKEqV}
+		for i := range s.Global.Full {
+			s.Global.Full[i] = i < len(c.LayerTypes) && c.LayerTypes[i] == FullAttention
+		}
+	}
+	if c.ModelType == "lfm2_moe" {
+		s.Conv = ConvShape{Layers: make([]bool, c.NumHiddenLayers), Taps: c.ConvLCache, Bias: c.ConvBias}
+		for i := range s.Conv.Layers {
+			s.Conv.Layers[i] = c.IsConvLayer(i)
+		}
+	}
 	if s.HeadDim == 0 && s.Heads > 0 {
 		s.HeadDim = s.Hidden / s.Heads
 	}
@@ -142,6 +191,9 @@ func (c *Config) Shape() Shape {
 		s.RouterBias = c.NGroup > 0
 		if f := c.Family(); f != nil && f.RouterBiasParam {
 			s.RouterBias, s.RouterBiasParam = true, true
+		}
+		if f := c.Family(); f != nil && f.RouterBias != nil {
+			s.RouterBias = f.RouterBias(c)
 		}
 	}
 	return s
@@ -211,6 +263,13 @@ func (s Shape) countParameters(active bool) int64 {
 	lin := int64(s.Linear.Layers)
 	n += (layers-lin)*attn + lin*s.Linear.Parameters(h)
 	n += layers * int64(s.Norms.PerLayer()) * h // the layers' norms
+	if s.Global.Full != nil || s.Conv.Layers != nil {
+		// Layers of two kinds: count each layer's mixer by its own geometry.
+		n -= layers * attn
+		for i := 0; i < s.Layers; i++ {
+			n += s.layerMixer(i)
+		}
+	}
 	n += (layers - moe) * mlp(int64(s.Intermediate), s.MLPBias)
 	if moe > 0 {
 		experts := int64(s.Experts)
@@ -227,6 +286,38 @@ func (s Shape) countParameters(active bool) int64 {
 				n += moe * h
 			}
 		}
+	}
+	return n
+}
+
+// layerMixer counts layer i's attention (or short convolution) parameters for the families
+// whose layers differ (gemma4_text, lfm2_moe).
+func (s Shape) layerMixer(i int) int64 {
+	h := int64(s.Hidden)
+	if s.IsConv(i) {
+		n := 3*h*h + h*int64(s.Conv.Taps) + h*h
+		if s.Conv.Bias {
+			n += 3*h + h + h
+		}
+		return n
+	}
+	hd, kvh := s.LayerHeads(i)
+	q, kv := int64(s.Heads*hd), int64(kvh*hd)
+	n := h*q + h*kv + q*h // q, k, o
+	if s.QKVBias {
+		n += q + kv
+	}
+	if !(s.Global.KEqV && s.Global.Full != nil && s.Global.Full[i]) {
+		n += h * kv // v_proj
+		if s.QKVBias {
+			n += kv
+		}
+	}
+	if s.OBias {
+		n += h
+	}
+	if s.QKNorm == QKNormPerHead {
+		n += 2 * int64(hd)
 	}
 	return n
 }

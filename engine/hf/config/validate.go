@@ -18,7 +18,7 @@ var HiddenActs = []string{"gelu", "gelu_fast", "gelu_new", "gelu_pytorch_tanh", 
 var DTypes = []string{"bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"}
 
 // RopeTypes are the rope_type values accepted.
-var RopeTypes = []string{"default", "dynamic", "linear", "llama3", "longrope", "yarn"}
+var RopeTypes = []string{"default", "dynamic", "linear", "llama3", "longrope", "proportional", "yarn"}
 
 // Validate re-derives computed values (layer_types when it was not given explicitly, head_dim
 // and num_key_value_heads when zero) and checks that the configuration describes a model that
@@ -177,7 +177,7 @@ func (c *Config) validateRopeOf(r *Rope) error {
 	if r.PartialRotaryFactor < 0 || r.PartialRotaryFactor > 1 {
 		return fmt.Errorf("partial_rotary_factor (%g) must be in (0, 1]", r.PartialRotaryFactor)
 	}
-	if rd := c.ropeRotaryDim(r); rd < 2 || rd%2 != 0 {
+	if rd := c.ropeRotaryDim(r); r.Type != "proportional" && (rd < 2 || rd%2 != 0) {
 		return fmt.Errorf("rotary dimension head_dim * partial_rotary_factor = %d must be even and at least 2: change partial_rotary_factor or head_dim", rd)
 	}
 	needFactor := func() error {

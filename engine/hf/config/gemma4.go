@@ -1,0 +1,204 @@
+package config
+
+import (
+	"fmt"
+	"math"
+)
+
+// Gemma4 holds the keys of gemma4_text (Gemma4TextConfig) beyond Gemma 3's: the global layers'
+// own head width and key/value heads, the shared key/value projection of those layers, and
+// the parts of the decoder this package reads but the model refuses (per-layer inputs, shared
+// KV layers, the MoE block).
+type Gemma4 struct {
+	// GlobalHeadDim is the head width of the full-attention layers (global_head_dim); 0 means
+	// head_dim. Default 512.
+	GlobalHeadDim int
+	// NumGlobalKeyValueHeads is the number of key/value heads of the full-attention layers when
+	// AttentionKEqV is set (num_global_key_value_heads); 0 means num_key_value_heads.
+	// Default none.
+	NumGlobalKeyValueHeads int
+	// AttentionKEqV: the full-attention layers have no v_proj; their values are the k_proj
+	// output, normalised without a scale (attention_k_eq_v). Default false.
+	AttentionKEqV bool
+	// HiddenSizePerLayerInput is the width of the per-layer input embeddings (PLE); 0 turns
+	// them off. Default 256.
+	HiddenSizePerLayerInput int
+	// VocabSizePerLayerInput is the vocabulary of the per-layer input embeddings. Default
+	// 262144.
+	VocabSizePerLayerInput int
+	// NumKVSharedLayers: the last NumKVSharedLayers layers reuse the keys and values of the
+	// last earlier layer of their type. Default 0.
+	NumKVSharedLayers int
+	// EnableMoEBlock adds a mixture of experts beside each layer's MLP. Default false.
+	EnableMoEBlock bool
+	// UseDoubleWideMLP doubles the MLP width of the KV-shared layers. Default false.
+	UseDoubleWideMLP bool
+	// TopKExperts is the MoE block's top-k (top_k_experts). Default none.
+	TopKExperts int
+	// Bidirectional is use_bidirectional_attention ("all", "vision" or none).
+	Bidirectional string
+}
+
+// Gemma 4's keys. num_experts is nullable in this family (None unless the MoE block is on),
+// and use_bidirectional_attention is a string there, so both are family field types.
+var _ = addFields(map[string]field{
+	"global_head_dim":             {kInt, true, func(c *Config) any { return &c.GlobalHeadDim }},
+	"num_global_key_value_heads":  {kInt, true, func(c *Config) any { return &c.NumGlobalKeyValueHeads }},
+	"attention_k_eq_v":            {kBool, false, func(c *Config) any { return &c.AttentionKEqV }},
+	"hidden_size_per_layer_input": {kInt, false, func(c *Config) any { return &c.HiddenSizePerLayerInput }},
+	"vocab_size_per_layer_input":  {kInt, false, func(c *Config) any { return &c.VocabSizePerLayerInput }},
+	"num_kv_shared_layers":        {kInt, false, func(c *Config) any { return &c.NumKVSharedLayers }},
+	"enable_moe_block":            {kBool, false, func(c *Config) any { return &c.EnableMoEBlock }},
+	"use_double_wide_mlp":         {kBool, false, func(c *Config) any { return &c.UseDoubleWideMLP }},
+	"top_k_experts":               {kInt, true, func(c *Config) any { return &c.TopKExperts }},
+})
+
+// gemma4Fields are gemma4_text's types of keys other families type differently.
+var gemma4Fields = map[string]field{
+	"num_experts":                 {kInt, true, func(c *Config) any { return &c.NumExperts }},
+	"moe_intermediate_size":       {kInt, true, func(c *Config) any { return &c.MoEIntermediateSize }},
+	"use_bidirectional_attention": {kString, true, func(c *Config) any { return &c.Bidirectional }},
+}
+
+// gemma4_text: Gemma4TextConfig, the text decoder of Gemma 4 (Gemma4ForCausalLM). Layers
+// follow layer_types (when absent every sixth layer, 1-based, is full attention; the last
+// layer is always full attention, as transformers forces it). The sliding layers attend over
+// sliding_window tokens with heads of head_dim; the full layers use heads of global_head_dim
+// and, with attention_k_eq_v, num_global_key_value_heads key/value heads whose values are the
+// keys' projection. Queries and keys are RMS-normalised per head and values without a scale;
+// scores are not scaled (scaling 1.0); every norm multiplies by w itself (weights start at
+// one); embeddings are scaled by sqrt(hidden_size); rope_parameters holds one dictionary per
+// layer type (default: theta 10000 on the sliding layers, proportional RoPE over a quarter of
+// each head with theta 1e6 on the full ones); each layer's output is multiplied by its
+// layer_scalar buffer; final_logit_softcapping caps the logits.
+//
+// Keys this package does not know are refused. The per-layer inputs
+// (hidden_size_per_layer_input, on by default), the shared KV layers, the MoE block and
+// bidirectional attention are read but refused by the model with the key named.
+func init() {
+	Register(Family{
+		ModelType:     "gemma4_text",
+		Architectures: []string{"Gemma4ForCausalLM", "Gemma4TextModel"},
+		Keys: []string{"attention_bias", "attention_dropout", "attention_k_eq_v", "bos_token_id",
+			"enable_moe_block", "eos_token_id", "final_logit_softcapping", "global_head_dim", "head_dim",
+			"hidden_activation", "hidden_size", "hidden_size_per_layer_input", "initializer_range",
+			"intermediate_size", "layer_types", "max_position_embeddings", "moe_intermediate_size",
+			"num_attention_heads", "num_experts", "num_global_key_value_heads", "num_hidden_layers",
+			"num_key_value_heads", "num_kv_shared_layers", "pad_token_id", "rms_norm_eps", "sliding_window",
+			"tie_word_embeddings", "top_k_experts", "use_bidirectional_attention", "use_cache",
+			"use_double_wide_mlp", "vocab_size", "vocab_size_per_layer_input"},
+		FieldTypes:              gemma4Fields,
+		DefaultRopeTheta:        1e6,
+		RopePerLayerType:        true,
+		DefaultSlidingRopeTheta: 1e4,
+		Norms:                   SandwichNorms,
+		QKNorm:                  QKNormPerHead,
+		Defaults: func(c *Config) {
+			c.VocabSize = 262144
+			c.HiddenSize = 2304
+			c.IntermediateSize = 9216
+			c.NumHiddenLayers = 30
+			c.NumAttentionHeads = 8
+			c.NumKeyValueHeads = 4
+			c.HeadDim = 256
+			c.GlobalHeadDim = 512
+			c.HiddenAct = "gelu_pytorch_tanh"
+			c.MaxPositionEmbeddings = 131072
+			c.PadTokenID = IntPtr(0)
+			c.EOSTokenIDs = []int{1}
+			c.BOSTokenID = IntPtr(2)
+			c.TieWordEmbeddings = true
+			c.SlidingWindow = 512
+			c.VocabSizePerLayerInput = 262144
+			c.HiddenSizePerLayerInput = 256
+			c.Rope.Type = "proportional"
+			c.Rope.PartialRotaryFactor = 0.25
+		},
+		Resolve: func(c *Config) {
+			if len(c.Rope.src) > 0 {
+				// A file's full_attention parameters replace the default dictionary whole.
+				if !c.Rope.src["rope_type"] && !c.Rope.src["type"] {
+					c.Rope.Type = "default"
+				}
+				if !c.Rope.src["partial_rotary_factor"] {
+					c.Rope.PartialRotaryFactor = 0
+				}
+			}
+			deriveLayerTypesBy(c, func(i int) bool { return (i+1)%6 != 0 })
+			if n := len(c.LayerTypes); n > 0 && c.LayerTypes[n-1] != FullAttention {
+				// transformers forces the last layer to full attention (with a warning).
+				c.LayerTypes[n-1] = FullAttention
+			}
+		},
+		Validate: validateGemma4,
+		Presets: map[string]func(*Config){
+			// Both head widths, the shared key/value projection on the full layers and a
+			// window shorter than the tiny context.
+			"tiny": func(c *Config) {
+				tiny(c)
+				c.VocabSizePerLayerInput = TinyVocab
+				c.HiddenSizePerLayerInput = 0
+				c.GlobalHeadDim = 32
+				c.NumGlobalKeyValueHeads = 1
+				c.AttentionKEqV = true
+				c.SlidingWindow = 8
+				c.NumHiddenLayers = 2
+				c.LayerTypes = []string{SlidingAttention, FullAttention}
+				c.src["layer_types"] = true
+				c.FinalLogitSoftcapping = 30
+				c.PadTokenID = IntPtr(0)
+			},
+		},
+	})
+}
+
+// validateGemma4 checks gemma4_text's own keys, and refuses keys it does not know.
+func validateGemma4(c *Config) error {
+	if err := refuseUnknown(c); err != nil {
+		return err
+	}
+	v := c.FinalLogitSoftcapping
+	if v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return fmt.Errorf("final_logit_softcapping (%g) must be a positive cap, or null for none", v)
+	}
+	switch c.Bidirectional {
+	case "", "all", "vision":
+	default:
+		return fmt.Errorf("use_bidirectional_attention %q must be \"all\", \"vision\" or null", c.Bidirectional)
+	}
+	for _, s := range []struct {
+		key string
+		v   int
+	}{{"global_head_dim", c.GlobalHeadDim}, {"num_global_key_value_heads", c.NumGlobalKeyValueHeads},
+		{"hidden_size_per_layer_input", c.HiddenSizePerLayerInput}, {"vocab_size_per_layer_input", c.VocabSizePerLayerInput},
+		{"num_kv_shared_layers", c.NumKVSharedLayers}} {
+		if s.v < 0 || s.v > maxDim {
+			return fmt.Errorf("%s (%d) must be in [0, %d]", s.key, s.v, maxDim)
+		}
+	}
+	if c.NumKVSharedLayers >= c.NumHiddenLayers && c.NumKVSharedLayers > 0 {
+		return fmt.Errorf("num_kv_shared_layers (%d) must be below num_hidden_layers (%d): the first layer computes its own keys", c.NumKVSharedLayers, c.NumHiddenLayers)
+	}
+	if kv := c.GlobalKVHeads(); kv <= 0 || c.NumAttentionHeads%kv != 0 {
+		return fmt.Errorf("num_global_key_value_heads (%d) must divide num_attention_heads (%d)", kv, c.NumAttentionHeads)
+	}
+	return nil
+}
+
+// GlobalHead is the head width of gemma4_text's full-attention layers: global_head_dim, or
+// head_dim when it is 0; head_dim for other families.
+func (c *Config) GlobalHead() int {
+	if c.ModelType == "gemma4_text" && c.GlobalHeadDim > 0 {
+		return c.GlobalHeadDim
+	}
+	return c.HeadDim
+}
+
+// GlobalKVHeads is the number of key/value heads of gemma4_text's full-attention layers:
+// num_global_key_value_heads when attention_k_eq_v sets it, else num_key_value_heads.
+func (c *Config) GlobalKVHeads() int {
+	if c.AttentionKEqV && c.NumGlobalKeyValueHeads > 0 {
+		return c.NumGlobalKeyValueHeads
+	}
+	return c.NumKeyValueHeads
+}

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestGemma4Resolves: without layer_types every sixth layer is full and the last is forced to
+// full, as transformers does; the full layers take global_head_dim and, under
+// attention_k_eq_v, num_global_key_value_heads; a file's full_attention rope dictionary
+// replaces the proportional default whole; the string use_bidirectional_attention and a null
+// num_experts are read.
+func TestGemma4Resolves(t *testing.T) {
+	c, err := Parse([]byte(`{"model_type": "gemma4_text", "num_hidden_layers": 8, "head_dim": 64, "global_head_dim": 128,
+		"num_attention_heads": 8, "num_key_value_heads": 4, "num_global_key_value_heads": 2, "attention_k_eq_v": true,
+		"num_experts": null, "use_bidirectional_attention": "vision",
+		"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5000.0}, "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}}`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full []int
+	for i, lt := range c.LayerTypes {
+		if lt == FullAttention {
+			full = append(full, i)
+		}
+	}
+	if !slices.Equal(full, []int{5, 7}) {
+		t.Errorf("full layers %v, want [5 7] (every sixth and the last)", full)
+	}
+	s := c.Shape()
+	if hd, kv := s.LayerHeads(5); hd != 128 || kv != 2 {
+		t.Errorf("full layer: head_dim %d, kv heads %d; want 128, 2", hd, kv)
+	}
+	if hd, kv := s.LayerHeads(0); hd != 64 || kv != 4 {
+		t.Errorf("sliding layer: head_dim %d, kv heads %d; want 64, 4", hd, kv)
+	}
+	if c.Rope.Type != "default" || c.Rope.PartialRotaryFactor != 0 || c.Rope.Theta != 5000 {
+		t.Errorf("full-layer rope %+v: want the file's dictionary alone", c.Rope)
+	}
+	if c.Bidirectional != "vision" || c.NumExperts != 0 {
+		t.Errorf("use_bidirectional_attention %q, num_experts %d", c.Bidirectional, c.NumExperts)
+	}
+	d, err := New("gemma4_text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Rope.Type != "proportional" || d.Rope.PartialRotaryFactor != 0.25 || d.SlidingRope.Theta != 1e4 || d.GlobalHead() != 512 {
+		t.Errorf("defaults: full rope %+v, sliding %+v, global head %d", d.Rope, d.SlidingRope, d.GlobalHead())
+	}
+}
+
+// TestLFM2MoEResolves: conv layers are a layer type of lfm2_moe only; the original release's
+// tie_embedding is read as tie_word_embeddings and written under that name; the MoE layers
+// follow num_dense_layers and the router's bias follows use_expert_bias.
+func TestLFM2MoEResolves(t *testing.T) {
+	c, err := Parse([]byte(`{"model_type": "lfm2_moe", "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1,
+		"num_experts": 4, "num_experts_per_tok": 2, "tie_embedding": false}`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Shape()
+	if !s.IsConv(0) || s.IsConv(1) || !s.IsConv(2) || s.MoELayers != 2 || !s.RouterBias || c.TieWordEmbeddings || s.HeadDim != 8 {
+		t.Errorf("shape %+v, tied %v", s, c.TieWordEmbeddings)
+	}
+	out, err := c.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "tie_embedding\"") || !strings.Contains(string(out), `"tie_word_embeddings": false`) {
+		t.Errorf("written config:\n%s", out)
+	}
+	if _, err := Parse([]byte(`{"model_type": "qwen2", "num_hidden_layers": 1, "layer_types": ["conv"]}`), "t"); err == nil || !strings.Contains(err.Error(), `layer_types[0] is "conv"`) {
+		t.Errorf("qwen2 with a conv layer: %v", err)
+	}
+}
+
+// TestGemma4AndLFM2Refusals: unknown keys and bad values are refused, naming the key.
+func TestGemma4AndLFM2Refusals(t *testing.T) {
+	for _, tc := range []struct{ json, want string }{
+		{`{"model_type": "gemma4_text", "rope_local_base_freq": 10000}`, `key "rope_local_base_freq" is not a gemma4_text key`},
+		{`{"model_type": "gemma4_text", "use_bidirectional_attention": "some"}`, `use_bidirectional_attention "some"`},
+		{`{"model_type": "gemma4_text", "num_hidden_layers": 2, "num_kv_shared_layers": 2}`, "num_kv_shared_layers (2) must be below"},
+		{`{"model_type": "gemma4_text", "attention_k_eq_v": true, "num_global_key_value_heads": 3}`, "num_global_key_value_heads (3) must divide"},
+		{`{"model_type": "lfm2_moe", "rms_norm_eps": 1e-5}`, `key "rms_norm_eps" is not a lfm2_moe key`},
+		{`{"model_type": "lfm2_moe", "conv_L_cache": 0}`, "conv_L_cache (0)"},
+		{`{"model_type": "lfm2_moe", "num_hidden_layers": 2, "layer_types": ["conv", "sliding_attention"]}`, `layer_types[1] is "sliding_attention"`},
+	} {
+		_, err := Parse([]byte(tc.json), "t")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.json, err, tc.want)
+		}
+	}
+}
