@@ -33,9 +33,11 @@ import (
 // before it, across the chunk boundaries).
 func init() {
 	Register(&Family{
-		ModelType:  "lfm2_moe",
-		Caps:       Caps{TiedEmbeddings: true, Reason: "(LFM2-MoE attention has no sliding window)"},
-		FFN:        &lfm2FFN{moeFFN{block: "feed_forward", gate: "w1", up: "w3", down: "w2"}},
+		ModelType: "lfm2_moe",
+		Caps:      Caps{TiedEmbeddings: true, Reason: "(LFM2-MoE attention has no sliding window)"},
+		FFN: &lfm2FFN{moeFFN{block: "feed_forward", gate: "w1", up: "w3", down: "w2",
+			// transformers 5's in-memory layout, which a checkpoint it wrote may hold.
+			fused: fusedNames{GateUp: "experts.gate_up_proj", Down: "experts.down_proj", ReadOnly: true}}},
 		Mixer:      lfm2Mixer{},
 		LayerNorms: LayerNorms{Input: "operator_norm", PreFFN: "ffn_norm"},
 		FinalNorm:  "model.embedding_norm",

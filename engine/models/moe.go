@@ -46,6 +46,9 @@ type moeFFN struct {
 // expert's gate rows, then its up rows) and Down [E,C,I].
 type fusedNames struct {
 	GateUp, Down string
+	// ReadOnly: checkpoints may hold the experts fused (transformers 5's in-memory layout,
+	// lfm2_moe), but the family's Hub layout is per expert, which Save writes.
+	ReadOnly bool
 }
 
 func (f *moeFFN) prefix(i int) string { return layerName(i, f.block) }

@@ -147,7 +147,7 @@ func (f *moeFFN) ownFused(name string) []string {
 // the parameter table (its part of a checkpoint, which Save refuses to write alone).
 func (m *Model) fuseExperts(ts []safetensors.Tensor, dt tensor.DType) ([]safetensors.Tensor, error) {
 	f := expertHooks(m.Family)
-	if f == nil || f.fused == (fusedNames{}) || len(m.moe.layers) == 0 || m.Arch.HeldExperts.Len() != m.Arch.NumExperts() {
+	if f == nil || f.fused == (fusedNames{}) || f.fused.ReadOnly || len(m.moe.layers) == 0 || m.Arch.HeldExperts.Len() != m.Arch.NumExperts() {
 		return ts, nil
 	}
 	fusedAt := map[string]safetensors.Tensor{} // first per-expert name of a run -> fused tensor
