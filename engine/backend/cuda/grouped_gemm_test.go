@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -168,6 +170,33 @@ func TestTensorMapIsAligned(t *testing.T) {
 		p, base := uintptr(m.ptr()), uintptr(unsafe.Pointer(&m.raw[0]))
 		if p%64 != 0 || p < base || p+128 > base+uintptr(len(m.raw))*8 {
 			t.Fatalf("tensor map at %#x (array %#x, %d bytes): want 64-byte aligned, 128 bytes inside", p, base, len(m.raw)*8)
+		}
+	}
+}
+
+// TestGroupedWGKernelsAreDefined preprocesses grouped_gemm_wg.cu (clang -E, as NVRTC's
+// preprocessor would expand its macros) and checks that every kind of every variant the host
+// launches is defined there under the name the host asks for. Skipped without clang.
+func TestGroupedWGKernelsAreDefined(t *testing.T) {
+	clang, ok := clangForCUDA()
+	if !ok {
+		t.Skip("needs clang to preprocess the kernel file")
+	}
+	src, err := kernelSource(groupedWGFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(clang, "-E", "-P", "-x", "c++", "-")
+	cmd.Stdin = strings.NewReader(src)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("clang -E: %v", err)
+	}
+	for name, v := range groupedWGVariants {
+		for _, k := range groupedWGKernels {
+			if !regexp.MustCompile(`__global__[^;{]*\b` + k + v.suffix + `\(`).Match(out) {
+				t.Errorf("variant %s: the kernel file defines no %s%s", name, k, v.suffix)
+			}
 		}
 	}
 }

@@ -311,28 +311,20 @@ __device__ __forceinline__ void gw_dw(unsigned char* smem, void* out, int co, co
                        threadIdx.x);
 }
 
-// GW_KERNELS defines the three kernels of one variant, named grouped_gemm_wg_{fwd,dx,dw}SUF,
-// with MINB CTAs a multiprocessor in __launch_bounds__. Arguments: out (f32 or bf16, dtype code
-// co), a, b (bf16), off [G+1] (the groups' row offsets), G, N_, K_, accumulate.
-#define GW_KERNELS(SUF, BN, S, PIPE, MINB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB)                                                   \
-        grouped_gemm_wg_fwd##SUF(void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K, \
-                                 int accumulate) {                                                                   \
+// GW_KERNEL defines kernel grouped_gemm_wg_KIND SUF running gw_KIND<BN, S, PIPE>, with MINB CTAs
+// a multiprocessor in __launch_bounds__; GW_KERNELS the three kinds of one variant. Arguments:
+// out (f32 or bf16, dtype code co), a, b (bf16), off [G+1] (the groups' row offsets), G, N_,
+// K_, accumulate.
+#define GW_KERNEL(KIND, SUF, BN, S, PIPE, MINB)                                                                       \
+    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB) grouped_gemm_wg_##KIND##SUF(                       \
+        void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K, int accumulate) {      \
         extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                      \
-        gw_fwd<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                       \
-    }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB)                                                   \
-        grouped_gemm_wg_dx##SUF(void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K,  \
-                                int accumulate) {                                                                    \
-        extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                      \
-        gw_dx<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                        \
-    }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(GW_THREADS, MINB)                                                   \
-        grouped_gemm_wg_dw##SUF(void* out, int co, const bf16* a, const bf16* b, const int* off, int G, int N, int K,  \
-                                int accumulate) {                                                                    \
-        extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];                                      \
-        gw_dw<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                        \
+        gw_##KIND<BN, S, PIPE>(gw_smem, out, co, a, b, off, G, N, K, accumulate);                                    \
     }
+#define GW_KERNELS(SUF, BN, S, PIPE, MINB)   \
+    GW_KERNEL(fwd, SUF, BN, S, PIPE, MINB) \
+    GW_KERNEL(dx, SUF, BN, S, PIPE, MINB)  \
+    GW_KERNEL(dw, SUF, BN, S, PIPE, MINB)
 
 // Dynamic shared memory of a variant: S stages of a 16 KiB A tile and a BN x 64 B tile, plus
 // 1024 bytes to align the first tile to the swizzle's 1024-byte period (wg_tile_base).
