@@ -41,7 +41,8 @@ notebook (nbformat 4: streams, results, displays with every MIME type, errors, e
 metadata and cell ids kept). The kernel attaches to the default session (starting it when none
 runs) or to --session, and runs in the current directory (or --dir).
 
-It stops at the first failing cell (the notebook is written up to it) unless --allow-errors;
+It stops at the first failing cell (the notebook is written up to it) unless --allow-errors
+(cells tagged raises-exception may fail; cells tagged skip-execution are skipped);
 a cell that runs past --timeout is interrupted and the run fails naming it. The exit status is
 0 when every cell ran (with --allow-errors, when no cell timed out).`,
 		Example: `  halo-shell notebook run notebooks/01-roofline.ipynb --out /tmp/01.ipynb
@@ -102,6 +103,11 @@ a cell that runs past --timeout is interrupted and the run fails naming it. The 
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			res, runErr := nbrun.Run(ctx, nb, o)
+			if runErr != nil && res.Ran == 0 {
+				// Nothing ran (the kernel did not start): an earlier executed notebook at
+				// the destination is worth more than an empty one.
+				return fmt.Errorf("notebook run: %s: %w", src, runErr)
+			}
 			if err := writeNotebook(dst, nb, cmd.OutOrStdout()); err != nil {
 				if runErr != nil {
 					return fmt.Errorf("notebook run: %v; and writing %s: %w", runErr, dst, err)

@@ -117,6 +117,7 @@ func Run(ctx context.Context, nb *Notebook, o Options) (*Result, error) {
 	res := &Result{}
 	k, err := startKernel(ctx, &o)
 	if err != nil {
+		res.Elapsed = time.Since(start)
 		return res, err
 	}
 	defer k.shutdown(10 * time.Second)
