@@ -3,6 +3,7 @@ package models
 import (
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -115,6 +116,72 @@ func TestErnieCorrectionBiasChoosesOnly(t *testing.T) {
 			if want := r.Probs[tok*r.E+int(s)] / sum; math.Abs(float64(w[j]-want)) > 1e-6 {
 				t.Errorf("token %d expert %d: weight %g, want its renormalised probability %g", tok, s, w[j], want)
 			}
+		}
+	}
+}
+
+// TestMiniMaxM2LoadsTransformersNames: a MiniMax-M2 checkpoint under transformers 5's in-memory
+// names — mlp.gate.weight, mlp.e_score_correction_bias and the fused mlp.experts.gate_up_proj
+// [E,2I,C] and down_proj [E,C,I] — loads into the same model as the Hub names Save writes.
+func TestMiniMaxM2LoadsTransformersNames(t *testing.T) {
+	m := tinyMoE(t, "minimax_m2", nil)
+	dir := t.TempDir()
+	if err := m.Save(dir, SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	e := m.Arch.Experts
+	var out []safetensors.Tensor
+	for l := range m.Arch.Layers {
+		pre := fmt.Sprintf("model.layers.%d.", l)
+		var gu, dn []byte
+		for x := 0; x < e; x++ {
+			for _, p := range []string{"w1", "w3"} {
+				info, _ := ck.Tensor(fmt.Sprintf("%sblock_sparse_moe.experts.%d.%s.weight", pre, x, p))
+				gu = append(gu, info.Data...)
+			}
+			info, _ := ck.Tensor(fmt.Sprintf("%sblock_sparse_moe.experts.%d.w2.weight", pre, x))
+			dn = append(dn, info.Data...)
+		}
+		in, c := m.Arch.ExpertIntermediate, m.Arch.Hidden
+		out = append(out, safetensors.Tensor{Name: pre + "mlp.experts.gate_up_proj", DType: safetensors.F32, Shape: []int{e, 2 * in, c}, Data: gu},
+			safetensors.Tensor{Name: pre + "mlp.experts.down_proj", DType: safetensors.F32, Shape: []int{e, c, in}, Data: dn})
+	}
+	for _, n := range ck.Names() {
+		if strings.Contains(n, ".experts.") {
+			continue
+		}
+		info, _ := ck.Tensor(n)
+		out = append(out, safetensors.Tensor{Name: strings.Replace(n, ".block_sparse_moe.", ".mlp.", 1), DType: info.DType, Shape: info.Shape, Data: info.Data})
+	}
+	fdir := t.TempDir()
+	if err := safetensors.Save(fdir+"/model.safetensors", out, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(dir + "/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fdir+"/config.json", cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Load(fdir, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	if len(back.Unused) != 0 {
+		t.Errorf("tensors not used: %v", back.Unused)
+	}
+	for _, s := range m.Specs {
+		a, _ := m.ParamFloat32(s.Name)
+		b, err := back.ParamFloat32(s.Name)
+		if err != nil || !slices.Equal(a, b) {
+			t.Errorf("%s differs after loading transformers' names (%v)", s.Name, err)
 		}
 	}
 }

@@ -15,8 +15,9 @@ import (
 var fusedExpertName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$`)
 
 // fusedRouterName matches the router under transformers 5's in-memory name (mlp.gate.weight),
-// which Mixtral's Hub layout calls block_sparse_moe.gate.weight.
-var fusedRouterName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.gate\.weight$`)
+// which Mixtral's Hub layout calls block_sparse_moe.gate.weight, and MiniMax-M2's correction
+// bias (mlp.e_score_correction_bias, block_sparse_moe.e_score_correction_bias on the Hub).
+var fusedRouterName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.(gate\.weight|e_score_correction_bias)$`)
 
 // fusedExperts presents a checkpoint whose experts are stored the way transformers 5 holds them
 // in memory — model.layers.L.mlp.experts.gate_up_proj [E, 2I, C] (each expert's gate rows, then
@@ -46,7 +47,7 @@ func withFusedExperts(src safetensors.Source, f *moeFFN) safetensors.Source {
 	for _, name := range src.Names() {
 		if sm := fusedRouterName.FindStringSubmatch(name); sm != nil && f.block != "mlp" {
 			info, _ := src.Tensor(name)
-			add(fmt.Sprintf("model.layers.%s.%s.gate.weight", sm[1], f.block), info, info.Shape, 0, int(info.NumElements()))
+			add(fmt.Sprintf("model.layers.%s.%s.%s", sm[1], f.block, sm[2]), info, info.Shape, 0, int(info.NumElements()))
 			replaced[name] = true
 			continue
 		}

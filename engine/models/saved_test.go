@@ -68,6 +68,8 @@ var savedCases = []struct {
 	// A conv layer of 3 taps with biases, an attention layer, a conv layer; a dense layer,
 	// then two sigmoid-routed MoE layers with a non-zero expert bias.
 	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}},
+	// Projection-wide q/k norms, sigmoid routing with a non-zero correction bias.
+	{"minimax_m2", "minimax_m2", nil},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

@@ -11,7 +11,8 @@ import (
 // norms around OLMoE's experts, renormalised top 2 of 4) and granitemoe (Granite's multipliers
 // around experts its checkpoints hold fused, attention biases) and hunyuan_v1_moe (per-head q/k
 // norms after RoPE, a shared MLP beside the experts) and ernie4_5_moe (interleaved rotary pairs,
-// a dense first layer, softmax routing with a correction bias, a shared expert).
+// a dense first layer, softmax routing with a correction bias, a shared expert) and minimax_m2
+// (projection-wide q/k norms, sigmoid routing with a correction bias).
 func init() {
 	tinyConfigs["flex_olmo"] = `{"model_type": "flex_olmo", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true, "output_router_logits": true,
@@ -33,6 +34,28 @@ func init() {
 		"moe_layer_start_index": 1, "output_router_logits": true, "router_aux_loss_coef": 0.05, "tie_word_embeddings": false,
 		"num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+	tinyConfigs["minimax_m2"] = `{"model_type": "minimax_m2", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
+		"num_local_experts": 4, "num_experts_per_tok": 2,
+		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+}
+
+// TestMiniMaxM2LayoutsMatchSingleDevice: data parallelism, FSDP and expert parallelism give the
+// single device's loss and gradients; tensor parallelism is refused by rule tp-qknorm.
+func TestMiniMaxM2LayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"minimax_m2"}, []struct {
+		n      int
+		layout string
+	}{{2, ""}, {2, "fsdp"}, {2, "ep=2"}, {4, "ep=4"}, {4, "ep=2 fsdp"}})
+	l, err := mesh.ParseLayout("tp=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(tinyModel(t, "minimax_m2", 1), cpuDevices(2), l, Options{})
+	var le *mesh.LayoutError
+	if !errors.As(err, &le) || le.Rule != mesh.RuleTPQKNorm {
+		t.Errorf("minimax_m2 tp=2: got %v, want refusal by rule %s", err, mesh.RuleTPQKNorm)
+	}
 }
 
 // TestErnieMoELayoutsMatchSingleDevice: the MoE layouts without expert-tensor parallelism give

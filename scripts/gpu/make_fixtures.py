@@ -386,6 +386,12 @@ CASES += [
     case("ernie4_5_moe", "ernie4_5_moe", **ODD, num_hidden_layers=3, moe_num_experts=5, moe_k=2,
          moe_intermediate_size=20, moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=-1,
          moe_layer_interval=1, output_router_logits=True, router_aux_loss_coef=0.02, tie_word_embeddings=False),
+    # MiniMax-M2: q/k norms over the whole projections (6 heads of 12 over 2 KV heads), 6 experts
+    # of 24 (top 2) chosen by sigmoid plus the perturbed correction bias and weighted by the
+    # renormalised sigmoids; no aux loss (its softmax over the sigmoid router's logits is not
+    # implemented here).
+    case("minimax_m2", "minimax_m2", **dict(ODD, intermediate_size=24), head_dim=12, num_hidden_layers=2,
+         num_local_experts=6, num_experts_per_tok=2, output_router_logits=False, tie_word_embeddings=False),
 ]
 
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
@@ -395,7 +401,7 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
-                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe")
+                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.

@@ -62,6 +62,8 @@ var familyCases = []struct {
 	// LFM2-MoE: short-convolution layers (their gating and convolution run on the host between
 	// the device projections) around an attention layer, the sigmoid router with expert_bias.
 	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}, true},
+	// MiniMax-M2: projection-wide q/k norms, sigmoid routing with a correction bias.
+	{"minimax_m2", "minimax_m2", nil, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

@@ -24,6 +24,9 @@ func TestMoEFamiliesParameters(t *testing.T) {
 		// tied; per sparse layer a router with its correction bias (a parameter), 8 experts of
 		// 32 and a shared expert of 32
 		{"ernie4_5_moe", v*h + h + 2*(attn+2*h+h*8+8+8*3*h*32+3*h*32)},
+		// q/k norms over the projections, a router and 8 experts of 32 (the correction bias is
+		// a buffer)
+		{"minimax_m2", 2*v*h + h + 2*(attn+q+kv+2*h+h*8+8*3*h*32)},
 	} {
 		c, err := Preset(tc.family, "tiny")
 		if err != nil {
@@ -38,7 +41,7 @@ func TestMoEFamiliesParameters(t *testing.T) {
 // The further MoE families refuse keys they do not know, naming the key, and read the
 // aliases transformers' attribute_map declares.
 func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
-	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe"} {
+	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2"} {
 		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
 		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
 			t.Errorf("%s: unknown key: %v", fam, err)
@@ -64,6 +67,13 @@ func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
 	}
 	if _, err := Parse([]byte(`{"model_type": "ernie4_5_moe", "use_bias": true}`), "cfg.json"); err == nil || !strings.Contains(err.Error(), "use_bias") {
 		t.Errorf("ernie4_5_moe use_bias: %v", err)
+	}
+	if _, err := Parse([]byte(`{"model_type": "minimax_m2", "output_router_logits": true}`), "cfg.json"); err == nil || !strings.Contains(err.Error(), "output_router_logits") {
+		t.Errorf("minimax_m2 output_router_logits: %v", err)
+	}
+	// The Hub file's keys that transformers keeps without reading are kept.
+	if _, err := Parse([]byte(`{"model_type": "minimax_m2", "rotary_dim": 64, "use_qk_norm": true, "qk_norm_type": "per_layer", "scoring_func": "sigmoid", "use_routing_bias": true}`), "cfg.json"); err != nil {
+		t.Errorf("minimax_m2 Hub keys: %v", err)
 	}
 	// Per-layer lists of moe_topk are not read: the error names the key.
 	_, err = Parse([]byte(`{"model_type": "hunyuan_v1_moe", "num_experts": 4, "moe_topk": [2, 2]}`), "cfg.json")
@@ -106,5 +116,13 @@ func TestMoEFamiliesDefaults(t *testing.T) {
 	if c.NumExperts != 64 || c.NumExpertsPerTok != 6 || c.MoELayerEndIndex != 27 || c.Rope.Theta != 500000 ||
 		!c.TieWordEmbeddings || s.MoELayers != 27 || s.SharedExpert != 2*1536 || c.MoENormMin != 1e-12 {
 		t.Errorf("ernie4_5_moe defaults: %+v", c)
+	}
+	c, err = New("minimax_m2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumExperts != 256 || c.NumExpertsPerTok != 8 || c.HeadDim != 128 || c.Rope.Theta != 5000000 ||
+		!c.NormTopKProb || *c.BOSTokenID != 200034 || c.PadTokenID != nil || c.Shape().QKNorm != QKNormProjection {
+		t.Errorf("minimax_m2 defaults: %+v", c)
 	}
 }
