@@ -394,6 +394,29 @@ CASES += [
          num_local_experts=6, num_experts_per_tok=2, output_router_logits=False, tie_word_embeddings=False),
 ]
 
+# DeepSeek-V4, every feature on at tiny sizes, as a reference for the model to be written against
+# (halo-shell does not build this family yet): two hyper-connection streams with 5 Sinkhorn
+# iterations, one layer of each attention type (sliding only; compressed sparse, CSA, every 4
+# tokens with its lightning indexer keeping 2 entries; heavily compressed, HCA, every 8), a
+# sliding window of 6 (shorter than T), one shared KV head of 16 with interleaved rotary dims
+# over half of it and attention sinks, q LoRA of 20, the grouped output projection (2 groups of
+# 12), a hash-routed first layer (tid2eid perturbed to distinct experts) and two sqrtsoftplus
+# routed layers, 6 experts of 16 (top 2, scaled 1.5) plus a shared expert, the SwiGLU clamp at
+# 0.5 so that it bites. BASE's intermediate_size is left out: DeepseekV4Config maps it onto
+# moe_intermediate_size.
+DSV4 = {k: v for k, v in BASE.items() if k != "intermediate_size"}
+DSV4.update(vocab_size=251, hidden_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16, q_lora_rank=20,
+            partial_rotary_factor=0.5, num_experts_per_tok=2, n_routed_experts=6, n_shared_experts=1,
+            scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5,
+            layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            compress_rope_theta=160000.0, rope_theta=10000.0, hc_mult=2, hc_sinkhorn_iters=5,
+            mlp_layer_types=["hash_moe", "moe", "moe"], swiglu_limit=0.5, sliding_window=6,
+            o_groups=2, o_lora_rank=12, index_n_heads=2, index_head_dim=8, index_topk=2,
+            num_nextn_predict_layers=0, output_router_logits=False, tie_word_embeddings=False)
+CASES += [("deepseek_v4", "deepseek_v4", DSV4)]
+
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
 # attributes and write them to config.json).
 NOT_KEYS = {"qwen3_5_moe_text": ("intermediate_size",)}
@@ -401,7 +424,7 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
-                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2")
+                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "deepseek_v4")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.
@@ -431,6 +454,11 @@ def perturb(model, seed):
             elif name.endswith("layer_scalar"):
                 # Gemma 4's per-layer output scale, a checkpoint buffer of ones.
                 b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=g))
+            elif name.endswith("tid2eid"):
+                # DeepSeek-V4's hash routing table [vocab, top_k] starts at zero (every token to
+                # expert 0): give each token top_k distinct experts.
+                e = model.config.n_routed_experts
+                b.copy_(torch.argsort(torch.rand(b.shape[0], e, generator=g), dim=1)[:, : b.shape[1]])
 
 
 def torch_linear_attention(model):
