@@ -179,6 +179,9 @@ func (m *Model) newDecoder(prompts [][]int32, maxNew int) (*decoder, error) {
 		}
 		c := &nn.KVCache{}
 		d.caches[i] = c
+		if m.Arch.IsLinear(i) {
+			continue // a gated delta-net layer keeps its state in c.Linear
+		}
 		for _, t := range []*tensor.Tensor{&c.K, &c.V, &c.K2, &c.V2} {
 			if !spare && (t == &c.K2 || t == &c.V2) || conv && (t == &c.V || t == &c.V2) {
 				continue
@@ -217,7 +220,7 @@ func (d *decoder) prefill(prompts [][]int32) ([][]float32, error) {
 		d.rows = append(d.rows, r)
 		d.lens = append(d.lens, len(p))
 	}
-	logits, err := d.forward(&Batch{Tokens: tokens, DocStarts: cu}, nil, nil, cu[1:])
+	logits, err := d.forward(&Batch{Tokens: tokens, DocStarts: cu}, nil, nil, cu[1:], nil)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +262,7 @@ func (d *decoder) step(keep []int, next []int32) ([][]float32, error) {
 		gather = nil
 	}
 	last := cu[1:]
-	logits, err := d.forward(&Batch{Tokens: next, Positions: pos, DocStarts: cu}, cuK, gather, last)
+	logits, err := d.forward(&Batch{Tokens: next, Positions: pos, DocStarts: cu}, cuK, gather, last, keep)
 	if err != nil {
 		return nil, err
 	}
@@ -269,8 +272,9 @@ func (d *decoder) step(keep []int, next []int32) ([][]float32, error) {
 
 // forward runs one cached pass (keys appended at row d.used; with gather, regathered into the
 // running rows' layout whose boundaries are cuK) and returns the logits of the tokens ending
-// at ends (exclusive offsets).
-func (d *decoder) forward(b *Batch, cuK, gather, ends []int32) ([][]float32, error) {
+// at ends (exclusive offsets). Document j of the pass continues running row stateRows[j] of
+// the previous pass in gated delta-net layers (nil for the prefill).
+func (d *decoder) forward(b *Batch, cuK, gather, ends []int32, stateRows []int) ([][]float32, error) {
 	m := d.m
 	r, err := m.resolve(b)
 	if err != nil {
@@ -288,7 +292,7 @@ func (d *decoder) forward(b *Batch, cuK, gather, ends []int32) ([][]float32, err
 		return nil, err
 	}
 	defer p.release(m.b)
-	p.Cache, p.CacheLen = d.caches, d.used
+	p.Cache, p.CacheLen, p.StateRows = d.caches, d.used, stateRows
 	if cuK != nil {
 		if p.CuSeqlensK, err = backend.FromInt32(m.b, cuK, len(cuK)); err != nil {
 			return nil, err

@@ -64,6 +64,8 @@ func (m *Model) deviceDecoding() (bool, error) {
 		why = "latent attention (MLA) keeps its own cache layout"
 	case slices.Contains(m.Arch.Conv.Layers, true):
 		why = "short-convolution layers (lfm2_moe) keep their state in the host decoder's cache"
+	case m.Arch.Linear.Layers > 0:
+		why = "gated delta-net layers keep their recurrent state on the host"
 	}
 	if why != "" {
 		if mode == "device" {

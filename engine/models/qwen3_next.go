@@ -20,8 +20,9 @@ import (
 // Layouts: data parallelism, FSDP and expert parallelism. Tensor parallelism is refused by
 // engine/mesh (rule tp-linear: the linear layers are not split) and context parallelism too
 // (rule cp-linear: their recurrence runs over whole sequences), as is expert-tensor parallelism
-// (rule etp: the shared expert is not split). Incremental decoding (Generate) is refused by the
-// linear layers, which keep no recurrent state between calls.
+// (rule etp: the shared expert is not split). Generation decodes on the host: the linear
+// layers carry each row's recurrent state and last conv inputs from step to step
+// (nn.LinearState) instead of keys and values.
 func init() {
 	for _, fam := range []struct {
 		modelType string
@@ -105,7 +106,7 @@ func linearAttention(f *Family, a *Arch, i int, lin func(string) nn.Linear, p, g
 	pre := layerName(i, "linear_attn.")
 	l := &nn.GatedDeltaNet{Name: pre[:len(pre)-1], Grouped: f.GatedDeltaNet == GDNGrouped,
 		Out: lin(pre + "out_proj"), KH: s.KeyHeads, VH: s.ValueHeads, KD: s.KeyDim, VD: s.ValueDim, K: s.Conv,
-		Eps:  a.NormEps,
+		Eps: a.NormEps, Layer: i,
 		Conv: p(pre + "conv1d.weight"), DtBias: p(pre + "dt_bias"), ALog: p(pre + "A_log"), NormW: p(pre + "norm.weight"),
 		GConv: g(pre + "conv1d.weight"), GDtBias: g(pre + "dt_bias"), GALog: g(pre + "A_log"), GNormW: g(pre + "norm.weight"),
 	}

@@ -176,3 +176,16 @@ func TestGatedDeltaNetLayersAreBuilt(t *testing.T) {
 		}
 	}
 }
+
+// TestGatedDeltaNetGenerateMatchesUncached: batched greedy decoding, which carries each row's
+// recurrent state and conv inputs from step to step and drops finished rows, gives the tokens
+// of re-running each whole sequence, and rows do not depend on each other.
+func TestGatedDeltaNetGenerateMatchesUncached(t *testing.T) {
+	for _, family := range []string{"qwen3_next", "qwen3_5_moe_text"} {
+		t.Run(family, func(t *testing.T) {
+			m := tinyLinearModel(t, family, func(c *config.Config) { c.NumExpertsPerTok = 2 })
+			checkBatchGreedy(t, m)
+			checkRowsIndependent(t, m)
+		})
+	}
+}

@@ -12,6 +12,8 @@ import (
 type KVCache struct {
 	K, V   T
 	K2, V2 T
+	// Linear is the decoding state of a gated delta-net layer, which has no K and V.
+	Linear *LinearState
 }
 
 // Attention is the self-attention of a Llama-style decoder layer: q/k/v projections, optional

@@ -52,8 +52,18 @@ type GatedDeltaNet struct {
 	GConv, GDtBias, GALog, GNormW T
 	KH, VH, KD, VD, K             int
 	Eps                           float32
+	// Layer indexes Pass.Cache when decoding: the layer's LinearState lives in
+	// Pass.Cache[Layer].Linear.
+	Layer int
 
 	c gdnCache
+}
+
+// LinearState is a gated delta-net layer's decoding state (KVCache.Linear): for each running
+// row, its recurrent states S [VH,KD,VD] after its last token and its last K-1 conv inputs
+// [(K-1), D], oldest first (zeros before the row's first token).
+type LinearState struct {
+	S, Conv [][]float64
 }
 
 // stateChunk is the number of tokens between the recurrent states kept for backward.
@@ -70,6 +80,9 @@ type gdnCache struct {
 	o, rs               []float64           // o [N,VH,VD], rs [N,VH] inverse rms
 	states              []map[int][]float64 // per value head: S before token t, every stateChunk tokens
 	conv, dt, aLog, nrm []float64
+	// Decoding only: per document of the pass, the state it continues (nil: a new row) and
+	// the recurrent states after its last token.
+	hist, s0, final [][]float64
 }
 
 func (l *GatedDeltaNet) convDim() int { return 2*l.KH*l.KD + l.VH*l.VD }
@@ -87,14 +100,20 @@ func (l *GatedDeltaNet) check() error {
 }
 
 // Forward returns a new y [N,C] for x [N,C] (the normed hidden states). With keep the
-// activations are cached for Backward. Incremental decoding (p.Cache) is refused: the layer
-// keeps no recurrent state between passes.
+// activations are cached for Backward. When decoding (p.Cache set), document j of the pass
+// continues row p.StateRows[j] of the layer's LinearState (every document starts a new row
+// when StateRows is nil: the prefill), and the state afterwards holds one row per document in
+// pass order; such a pass cannot be kept for backward. The slotted cache of device decoding
+// (p.Slots) is refused: the state lives on the host.
 func (l *GatedDeltaNet) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if l.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", l.Name)
 	}
-	if p.Cache != nil || p.Slots != nil {
-		return T{}, fmt.Errorf("nn: %s: decoding with a cache is not supported by gated delta-net layers (they keep no recurrent state between calls); score or train whole sequences instead", l.Name)
+	if p.Slots != nil {
+		return T{}, fmt.Errorf("nn: %s: decoding with a slotted (device) cache is not supported by gated delta-net layers, whose recurrent state lives on the host; decode on the host (HALO_GENERATE=host)", l.Name)
+	}
+	if p.Cache != nil && keep {
+		return T{}, fmt.Errorf("nn: %s: a decoding pass (with a cache) has no backward", l.Name)
 	}
 	if err := l.check(); err != nil {
 		return T{}, err
@@ -115,7 +134,16 @@ func (l *GatedDeltaNet) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if err = l.project(p, x); err != nil {
 		return T{}, err
 	}
+	var st *LinearState
+	if p.Cache != nil {
+		if st, err = l.resume(p); err != nil {
+			return T{}, err
+		}
+	}
 	core := l.mix()
+	if st != nil {
+		l.suspend(st)
+	}
 	out, err := backend.FromFloat32(p.B, core, x.DType(), p.N, l.VH*l.VD)
 	if err != nil {
 		return T{}, wrap(l.Name, err)
@@ -262,17 +290,24 @@ func softplus(x float64) float64 {
 func (l *GatedDeltaNet) mix() []float32 {
 	c := &l.c
 	n, d := len(c.mixed)/l.convDim(), l.convDim()
-	// Causal depthwise conv per document, then silu.
+	// Causal depthwise conv per document, then silu. A decoded document's inputs before its
+	// first token are the row's kept conv inputs.
 	c.pre = make([]float64, n*d)
 	u := make([]float64, n*d)
 	for di := 0; di+1 < len(c.docs); di++ {
 		lo, hi := int(c.docs[di]), int(c.docs[di+1])
+		var hist []float64
+		if c.hist != nil {
+			hist = c.hist[di]
+		}
 		for t := lo; t < hi; t++ {
 			for ch := range d {
 				s := 0.0
 				for j := range l.K {
 					if src := t + j - l.K + 1; src >= lo {
 						s += c.conv[ch*l.K+j] * c.mixed[src*d+ch]
+					} else if hist != nil {
+						s += c.conv[ch*l.K+j] * hist[(l.K-1-(lo-src))*d+ch]
 					}
 				}
 				c.pre[t*d+ch] = s
@@ -331,7 +366,7 @@ func (l *GatedDeltaNet) mix() []float32 {
 		for di := 0; di+1 < len(c.docs); di++ {
 			lo, hi := int(c.docs[di]), int(c.docs[di+1])
 			for h := kh * r; h < (kh+1)*r; h++ {
-				l.forwardHead(lo, hi, h)
+				l.forwardHead(di, lo, hi, h)
 			}
 		}
 	})
@@ -356,12 +391,22 @@ func (l *GatedDeltaNet) mix() []float32 {
 	return out
 }
 
-// forwardHead runs value head h's recurrence over the document [lo, hi), keeping its state at
-// every stateChunk-th token and writing its outputs o.
-func (l *GatedDeltaNet) forwardHead(lo, hi, h int) {
+// forwardHead runs value head h's recurrence over document di, tokens [lo, hi), keeping its
+// state at every stateChunk-th token and writing its outputs o (when decoding: from the row's
+// kept state, and keeping the state after the last token).
+func (l *GatedDeltaNet) forwardHead(di, lo, hi, h int) {
 	c := &l.c
 	kd, vdAll, r := l.KH*l.KD, l.VH*l.VD, l.VH/l.KH
-	S := make([]float64, l.KD*l.VD)
+	size := l.KD * l.VD
+	S := make([]float64, size)
+	if c.s0 != nil && c.s0[di] != nil {
+		copy(S, c.s0[di][h*size:(h+1)*size])
+	}
+	defer func() {
+		if c.final != nil {
+			copy(c.final[di][h*size:(h+1)*size], S)
+		}
+	}()
 	for t := lo; t < hi; t++ {
 		if (t-lo)%stateChunk == 0 {
 			c.states[h][t] = append([]float64(nil), S...)
@@ -730,6 +775,62 @@ func (l *GatedDeltaNet) projectBackward(p *Pass, dx T, dmixed, dz, db, da []floa
 		}
 	}
 	return nil
+}
+
+// resume reads the decoding state that each document of the pass continues (p.StateRows)
+// into the cache, and returns the state to update.
+func (l *GatedDeltaNet) resume(p *Pass) (*LinearState, error) {
+	c := &l.c
+	if l.Layer >= len(p.Cache) || p.Cache[l.Layer] == nil {
+		return nil, fmt.Errorf("nn: %s: no decoding cache for layer %d", l.Name, l.Layer)
+	}
+	kv := p.Cache[l.Layer]
+	if kv.Linear == nil {
+		kv.Linear = &LinearState{}
+	}
+	st, docs := kv.Linear, len(c.docs)-1
+	c.final = make([][]float64, docs)
+	for j := range c.final {
+		c.final[j] = make([]float64, l.VH*l.KD*l.VD)
+	}
+	if p.StateRows == nil {
+		return st, nil
+	}
+	if len(p.StateRows) != docs {
+		return nil, fmt.Errorf("nn: %s: %d state rows for %d documents", l.Name, len(p.StateRows), docs)
+	}
+	c.hist, c.s0 = make([][]float64, docs), make([][]float64, docs)
+	for j, r := range p.StateRows {
+		if r < 0 || r >= len(st.S) {
+			return nil, fmt.Errorf("nn: %s: document %d continues state row %d of %d", l.Name, j, r, len(st.S))
+		}
+		c.hist[j], c.s0[j] = st.Conv[r], st.S[r]
+	}
+	return st, nil
+}
+
+// suspend replaces st with one row per document of the pass: its recurrent states after its
+// last token and its last K-1 conv inputs.
+func (l *GatedDeltaNet) suspend(st *LinearState) {
+	c := &l.c
+	d, keep := l.convDim(), l.K-1
+	conv := make([][]float64, len(c.final))
+	for di := range conv {
+		lo, hi := int(c.docs[di]), int(c.docs[di+1])
+		row := make([]float64, keep*d)
+		for k := range keep {
+			src := hi - keep + k // the input position this kept row holds
+			switch {
+			case src >= lo:
+				copy(row[k*d:(k+1)*d], c.mixed[src*d:(src+1)*d])
+			case c.hist != nil:
+				old := keep - (lo - src) // its row among the inputs kept before this pass
+				copy(row[k*d:(k+1)*d], c.hist[di][old*d:(old+1)*d])
+			}
+		}
+		conv[di] = row
+	}
+	st.S, st.Conv = c.final, conv
 }
 
 // Linears lists the layer's linear layers (the input projections of its layout, then

@@ -3,7 +3,6 @@ package nn
 import (
 	"fmt"
 	"math"
-	"strings"
 	"testing"
 )
 
@@ -375,24 +374,87 @@ func TestGatedDeltaNetShortGradients(t *testing.T) {
 	checkGradients(t, e, p, e.randn(1, p.N, 6), gdnLayer(l))
 }
 
-// TestGatedDeltaNetRefusesDecoding: a pass with a KV cache (contiguous or slotted) is refused
-// with the reason.
-func TestGatedDeltaNetRefusesDecoding(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		set  func(p *Pass)
-	}{
-		{"contiguous cache", func(p *Pass) { p.Cache = []*KVCache{{}} }},
-		{"slotted cache", func(p *Pass) { p.Slots = &SlotCache{Layers: []*KVCache{{}}, Cap: 4} }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+// TestGatedDeltaNetDecodingContinuesRows: a prefill of two documents with a cache, then a
+// decoding pass of one token per row in the other order (StateRows), gives each new token
+// the output a whole forward of its extended document gives; the conv inputs kept across the
+// pass (K-1 of them, more than the one new token) and the recurrent state carry over. A
+// slotted cache is refused.
+func TestGatedDeltaNetDecodingContinuesRows(t *testing.T) {
+	const C = 6
+	for _, c := range gdnCases {
+		t.Run(c.String(), func(t *testing.T) {
 			e := newEnv(t)
-			l := newGDN(e, 6, gdnCases[0])
-			p := e.pass([]int{2}, 4)
-			tc.set(p)
-			_, err := (&Attention{Name: "attn", Linear: l}).Forward(p, e.randn(1, p.N, 6), false)
-			if err == nil || !strings.Contains(err.Error(), "decoding with a cache") {
-				t.Fatalf("decoding through a gated delta-net layer: error %v, want the refusal", err)
+			l := newGDN(e, C, c)
+			a, b := e.get(e.randn(1, 5, C)), e.get(e.randn(1, 2, C))
+			na, nb := e.get(e.randn(1, 1, C)), e.get(e.randn(1, 1, C))
+			cache := []*KVCache{{}}
+			pre := e.pass([]int{5, 2}, 4)
+			pre.Cache = cache
+			x := e.randn(0, 7, C)
+			e.set(x, append(append([]float32{}, a...), b...))
+			if _, err := l.Forward(pre, x, false); err != nil {
+				t.Fatal(err)
+			}
+			step := e.pass([]int{1, 1}, 4)
+			step.Cache, step.StateRows = cache, []int{1, 0} // row b's token first
+			xs := e.randn(0, 2, C)
+			e.set(xs, append(append([]float32{}, nb...), na...))
+			y, err := l.Forward(step, xs, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := e.get(y)
+			for j, doc := range [][]float32{append(b, nb...), append(a, na...)} {
+				n := len(doc) / C
+				full := e.pass([]int{n}, 4)
+				xf := e.randn(0, n, C)
+				e.set(xf, doc)
+				yf, err := l.Forward(full, xf, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := e.get(yf)[(n-1)*C:]
+				for i := range want {
+					if d := math.Abs(float64(got[j*C+i] - want[i])); d > 1e-5 {
+						t.Fatalf("row %d output %d: decoded %.6g, whole document %.6g", j, i, got[j*C+i], want[i])
+					}
+				}
+			}
+			if len(cache[0].Linear.S) != 2 {
+				t.Errorf("state holds %d rows after a pass of 2", len(cache[0].Linear.S))
+			}
+			// A second step, rows in the same order: row b's conv now reads inputs from the
+			// prefill and the first step.
+			nb2, na2 := e.get(e.randn(1, 1, C)), e.get(e.randn(1, 1, C))
+			step2 := e.pass([]int{1, 1}, 4)
+			step2.Cache, step2.StateRows = cache, []int{0, 1}
+			x2 := e.randn(0, 2, C)
+			e.set(x2, append(append([]float32{}, nb2...), na2...))
+			y2, err := l.Forward(step2, x2, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got2 := e.get(y2)
+			for j, doc := range [][]float32{append(append(b, nb...), nb2...), append(append(a, na...), na2...)} {
+				n := len(doc) / C
+				full := e.pass([]int{n}, 4)
+				xf := e.randn(0, n, C)
+				e.set(xf, doc)
+				yf, err := l.Forward(full, xf, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := e.get(yf)[(n-1)*C:]
+				for i := range want {
+					if d := math.Abs(float64(got2[j*C+i] - want[i])); d > 1e-5 {
+						t.Fatalf("second step, row %d output %d: decoded %.6g, whole document %.6g", j, i, got2[j*C+i], want[i])
+					}
+				}
+			}
+			slotted := e.pass([]int{1}, 4)
+			slotted.Slots = &SlotCache{}
+			if _, err := l.Forward(slotted, e.randn(1, 1, C), false); err == nil {
+				t.Error("a slotted cache was accepted")
 			}
 		})
 	}

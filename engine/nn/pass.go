@@ -47,6 +47,10 @@ type Pass struct {
 	// uses it to keep every sequence's keys contiguous (old rows, then its new one) and to drop
 	// finished sequences, in one gather per layer.
 	CacheGather T
+	// StateRows, when decoding, maps document j of the pass to the row of the gated delta-net
+	// layers' LinearState it continues (the previous pass's document of that index); nil
+	// starts every document fresh (the prefill).
+	StateRows []int
 	// Slots, when set (instead of Cache), is a slotted KV cache for batched decoding on the
 	// device (SlotCache).
 	Slots *SlotCache
