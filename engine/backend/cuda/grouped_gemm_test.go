@@ -200,3 +200,14 @@ func TestGroupedWGKernelsAreDefined(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodeTMAWithoutTheEntryPoint: a driver without cuTensorMapEncodeTiled refuses the TMA
+// variant with an error that names the entry point and the variant to use instead.
+func TestEncodeTMAWithoutTheEntryPoint(t *testing.T) {
+	var d driverAPI
+	a, _ := groupedTMAMaps(backend.GroupedForward, backend.GroupedDims{G: 2, S: 64, N: 128, K: 64})
+	_, err := d.encodeTMA(a, 0)
+	if err == nil || !strings.Contains(err.Error(), "cuTensorMapEncodeTiled") || !strings.Contains(err.Error(), "HALO_CUDA_GROUPED_GEMM=wg") {
+		t.Fatalf("got %v, want a refusal naming cuTensorMapEncodeTiled and HALO_CUDA_GROUPED_GEMM=wg", err)
+	}
+}
