@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -140,6 +141,23 @@ func ApplyOverrides(cfg *config.Config, sets []string) (*config.Config, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil {
 		return nil, err
+	}
+	if f := cfg.Family(); f != nil && len(f.Consumed) > 0 {
+		// An edit of a key transformers folds into another (gemma4_text's global_head_dim
+		// into per_layer_config) replaces the folded key with the unfolded ones.
+		for _, kv := range sets {
+			k, _, _ := strings.Cut(kv, "=")
+			if !slices.Contains(f.Consumed, strings.TrimSpace(k)) {
+				continue
+			}
+			flat, folded := cfg.UnfoldConsumed()
+			delete(obj, folded)
+			for fk, fv := range flat {
+				raw, _ := json.Marshal(fv)
+				obj[fk] = raw
+			}
+			break
+		}
 	}
 	setKeys := map[string]bool{}
 	for _, kv := range sets {

@@ -1,8 +1,10 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // Gemma4 holds the keys of gemma4_text (Gemma4TextConfig) beyond Gemma 3's: the global layers'
@@ -35,6 +37,12 @@ type Gemma4 struct {
 	UseDoubleWideMLP bool
 	// TopKExperts is the MoE block's top-k (top_k_experts). Default none.
 	TopKExperts int
+	// FullKVHeads is the key/value heads of the full-attention layers when a file overrides
+	// them (per_layer_config's num_key_value_heads, or num_global_key_value_heads under
+	// attention_k_eq_v); 0 means num_key_value_heads.
+	FullKVHeads int
+	// perLayerErr is what was wrong with the file's per_layer_config (Validate returns it).
+	perLayerErr error
 	// Bidirectional is use_bidirectional_attention ("all", "vision" or none).
 	Bidirectional string
 }
@@ -65,7 +73,9 @@ var gemma4Fields = map[string]field{
 // layer is always full attention, as transformers forces it). The sliding layers attend over
 // sliding_window tokens with heads of head_dim; the full layers use heads of global_head_dim
 // and, with attention_k_eq_v, num_global_key_value_heads key/value heads whose values are the
-// keys' projection. Queries and keys are RMS-normalised per head and values without a scale;
+// keys' projection. transformers 5.15 on folds those two keys into per_layer_config
+// ({"<full layer>": {"head_dim", "num_key_value_heads"}}), which is what it writes and what
+// this package writes; both dialects are read. Queries and keys are RMS-normalised per head and values without a scale;
 // scores are not scaled (scaling 1.0); every norm multiplies by w itself (weights start at
 // one); embeddings are scaled by sqrt(hidden_size); rope_parameters holds one dictionary per
 // layer type (default: theta 10000 on the sliding layers, proportional RoPE over a quarter of
@@ -80,13 +90,18 @@ func init() {
 		ModelType:     "gemma4_text",
 		Architectures: []string{"Gemma4ForCausalLM", "Gemma4TextModel"},
 		Keys: []string{"attention_bias", "attention_dropout", "attention_k_eq_v", "bos_token_id",
-			"enable_moe_block", "eos_token_id", "final_logit_softcapping", "global_head_dim", "head_dim",
+			"enable_moe_block", "eos_token_id", "final_logit_softcapping", "head_dim",
 			"hidden_activation", "hidden_size", "hidden_size_per_layer_input", "initializer_range",
 			"intermediate_size", "layer_types", "max_position_embeddings", "moe_intermediate_size",
-			"num_attention_heads", "num_experts", "num_global_key_value_heads", "num_hidden_layers",
+			"num_attention_heads", "num_experts", "num_hidden_layers",
 			"num_key_value_heads", "num_kv_shared_layers", "pad_token_id", "rms_norm_eps", "sliding_window",
 			"tie_word_embeddings", "top_k_experts", "use_bidirectional_attention", "use_cache",
 			"use_double_wide_mlp", "vocab_size", "vocab_size_per_layer_input"},
+		// transformers (5.15 on) folds the flat keys of older files into per_layer_config
+		// and writes only that.
+		Consumed:                []string{"global_head_dim", "num_global_key_value_heads"},
+		Kept:                    []string{"per_layer_config"},
+		WriteExtra:              writeGemma4PerLayer,
 		FieldTypes:              gemma4Fields,
 		DefaultRopeTheta:        1e6,
 		RopePerLayerType:        true,
@@ -129,6 +144,7 @@ func init() {
 				// transformers forces the last layer to full attention (with a warning).
 				c.LayerTypes[n-1] = FullAttention
 			}
+			resolveGemma4PerLayer(c) // after layer_types: its entries are checked against them
 		},
 		Validate: validateGemma4,
 		Presets: map[string]func(*Config){
@@ -156,6 +172,9 @@ func init() {
 func validateGemma4(c *Config) error {
 	if err := refuseUnknown(c); err != nil {
 		return err
+	}
+	if c.perLayerErr != nil {
+		return c.perLayerErr
 	}
 	v := c.FinalLogitSoftcapping
 	if v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
@@ -197,8 +216,119 @@ func (c *Config) GlobalHead() int {
 // GlobalKVHeads is the number of key/value heads of gemma4_text's full-attention layers:
 // num_global_key_value_heads when attention_k_eq_v sets it, else num_key_value_heads.
 func (c *Config) GlobalKVHeads() int {
+	if c.FullKVHeads > 0 {
+		return c.FullKVHeads
+	}
 	if c.AttentionKEqV && c.NumGlobalKeyValueHeads > 0 {
 		return c.NumGlobalKeyValueHeads
 	}
 	return c.NumKeyValueHeads
+}
+
+// resolveGemma4PerLayer reads per_layer_config, transformers' (5.15 on) record of the layers
+// whose attention differs: {"<layer>": {"head_dim": ..., "num_key_value_heads": ...}}. The
+// full-attention layers must agree on one head width and key/value head count, which become
+// GlobalHeadDim and FullKVHeads; a sliding layer may only restate head_dim and
+// num_key_value_heads. The key is then dropped: Write makes it again from the fields
+// (writeGemma4PerLayer). Files without it keep global_head_dim (default 512) and
+// num_global_key_value_heads (under attention_k_eq_v) as transformers synthesises them.
+func resolveGemma4PerLayer(c *Config) {
+	raw, ok := c.Extra("per_layer_config")
+	if !ok {
+		return
+	}
+	c.RemoveExtra("per_layer_config")
+	bad := func(format string, args ...any) {
+		c.perLayerErr = fmt.Errorf("per_layer_config: "+format, args...)
+	}
+	if isNull(raw) {
+		return
+	}
+	var entries map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &entries); err != nil {
+		bad("want an object of layer index -> {head_dim, num_key_value_heads}: %v", err)
+		return
+	}
+	head, kv := 0, 0
+	for k, e := range entries {
+		i, err := strconv.Atoi(k)
+		if err != nil || i < 0 || i >= c.NumHiddenLayers || strconv.Itoa(i) != k {
+			bad("key %q is not a layer index in [0, %d)", k, c.NumHiddenLayers)
+			return
+		}
+		kind := SlidingAttention
+		if i < len(c.LayerTypes) {
+			kind = c.LayerTypes[i]
+		}
+		full := kind == FullAttention
+		for name, v := range e {
+			n, err := decodeInt("per_layer_config."+k+"."+name, v)
+			if err != nil {
+				c.perLayerErr = fmt.Errorf("per_layer_config: %w", err)
+				return
+			}
+			base := map[string]int{"head_dim": c.HeadDim, "num_key_value_heads": c.NumKeyValueHeads, "num_attention_heads": c.NumAttentionHeads}
+			want, known := base[name]
+			switch {
+			case !known:
+				bad("layer %d: %q is not supported (head_dim, num_key_value_heads and num_attention_heads are)", i, name)
+				return
+			case name == "num_attention_heads" && n != want, !full && n != want:
+				bad("layer %d (%s): %s %d differs from the model's %d, which is not supported", i, kind, name, n, want)
+				return
+			case !full:
+			case name == "head_dim":
+				if head != 0 && n != head {
+					bad("the full-attention layers have head_dim %d and %d; one width for all of them is supported", head, n)
+					return
+				}
+				head = n
+			case name == "num_key_value_heads":
+				if kv != 0 && n != kv {
+					bad("the full-attention layers have %d and %d key/value heads; one count for all of them is supported", kv, n)
+					return
+				}
+				kv = n
+			}
+		}
+	}
+	c.GlobalHeadDim = head
+	if head == 0 {
+		c.GlobalHeadDim = c.HeadDim // the full layers keep head_dim
+	}
+	c.FullKVHeads = kv
+}
+
+// writeGemma4PerLayer writes per_layer_config as transformers synthesises it: each
+// full-attention layer's head_dim (global_head_dim) and, when overridden, its
+// num_key_value_heads.
+func writeGemma4PerLayer(c *Config, out pyObject) {
+	per := pyObject{}
+	for i, t := range c.LayerTypes {
+		if t != FullAttention {
+			continue
+		}
+		e := pyObject{"head_dim": intValue(c.GlobalHead())}
+		if kv := c.GlobalKVHeads(); kv != c.NumKeyValueHeads || c.FullKVHeads > 0 || (c.AttentionKEqV && c.NumGlobalKeyValueHeads > 0) {
+			e["num_key_value_heads"] = intValue(kv)
+		}
+		per[strconv.Itoa(i)] = e
+	}
+	out["per_layer_config"] = per
+}
+
+// UnfoldConsumed returns the family's Consumed keys with the values c resolves them to, and
+// the key they are folded into (gemma4_text: global_head_dim and num_global_key_value_heads,
+// folded into per_layer_config); nil for families without such keys. An edit of one of them
+// (models.ApplyOverrides) replaces the folded key with these, so that the edit is not lost to
+// the folded key, which transformers prefers.
+func (c *Config) UnfoldConsumed() (flat map[string]any, folded string) {
+	if c.ModelType != "gemma4_text" {
+		return nil, ""
+	}
+	flat = map[string]any{"global_head_dim": c.GlobalHead()}
+	if kv := c.GlobalKVHeads(); kv != c.NumKeyValueHeads || c.AttentionKEqV {
+		flat["num_global_key_value_heads"] = kv
+	}
+	return flat, "per_layer_config"
 }

@@ -93,3 +93,57 @@ func TestGemma4AndLFM2Refusals(t *testing.T) {
 		}
 	}
 }
+
+// TestGemma4PerLayerConfig: a 5.15+ file's per_layer_config gives the full layers' geometry;
+// a flat (older) file's global_head_dim and num_global_key_value_heads are written back as
+// per_layer_config, as transformers re-saves them; entries the model cannot build are refused.
+func TestGemma4PerLayerConfig(t *testing.T) {
+	c, err := Parse([]byte(`{"model_type": "gemma4_text", "num_hidden_layers": 4, "head_dim": 16,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size_per_layer_input": 0,
+		"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+		"per_layer_config": {"1": {"head_dim": 48, "num_key_value_heads": 1}, "3": {"head_dim": 48, "num_key_value_heads": 1}}}`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, kv := c.Shape().LayerHeads(3); hd != 48 || kv != 1 {
+		t.Errorf("full layer from per_layer_config: head_dim %d, kv heads %d; want 48, 1", hd, kv)
+	}
+	flat, err := Parse([]byte(`{"model_type": "gemma4_text", "num_hidden_layers": 2, "head_dim": 16, "global_head_dim": 64,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "num_global_key_value_heads": 1, "attention_k_eq_v": true,
+		"layer_types": ["sliding_attention", "full_attention"]}`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := flat.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "global_head_dim") || !strings.Contains(string(out), `"per_layer_config": {
+    "1": {
+      "head_dim": 64,
+      "num_key_value_heads": 1
+    }
+  }`) {
+		t.Errorf("flat file written as:\n%s", out)
+	}
+	back, err := Parse(out, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, kv := back.Shape().LayerHeads(1); hd != 64 || kv != 1 {
+		t.Errorf("re-read: full layer head_dim %d, kv heads %d; want 64, 1", hd, kv)
+	}
+	for _, tc := range []struct{ per, want string }{
+		{`{"0": {"head_dim": 32}}`, "layer 0 (sliding_attention): head_dim 32 differs"},
+		{`{"1": {"head_dim": 32}, "3": {"head_dim": 64}}`, "head_dim 32 and 64"},
+		{`{"1": {"sliding_window": 3}}`, `"sliding_window" is not supported`},
+		{`{"7": {"head_dim": 32}}`, `key "7" is not a layer index`},
+	} {
+		_, err := Parse([]byte(`{"model_type": "gemma4_text", "num_hidden_layers": 4, "head_dim": 16,
+			"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+			"per_layer_config": `+tc.per+`}`), "t")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("per_layer_config %s: got %v, want an error containing %q", tc.per, err, tc.want)
+		}
+	}
+}

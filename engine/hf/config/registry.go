@@ -83,6 +83,13 @@ type Family struct {
 	// rope_theta (gemma3_text: rope_local_base_freq, which transformers consumes); empty when
 	// the family has none.
 	SlidingRopeThetaKey string
+	// WriteExtra, when set, adds the family's derived keys to what Write writes
+	// (gemma4_text's per_layer_config).
+	WriteExtra func(c *Config, out pyObject)
+	// Consumed are keys the family reads that transformers folds into other keys on load and
+	// does not write back (gemma4_text's global_head_dim and num_global_key_value_heads, which
+	// become per_layer_config).
+	Consumed []string
 	// Kept are keys transformers keeps as plain attributes that the family's model never reads
 	// (smollm3's Hub files carry Qwen2's max_window_layers and pretraining_tp): written back as
 	// read, neither refused nor reported as not understood.
@@ -164,7 +171,7 @@ func Register(f Family) {
 	if _, dup := registry[f.ModelType]; dup {
 		panic("config: Register: duplicate model_type " + f.ModelType)
 	}
-	for _, k := range append(append([]string{}, f.Keys...), f.Optional...) {
+	for _, k := range append(append(append([]string{}, f.Keys...), f.Optional...), f.Consumed...) {
 		if _, ok := f.field(k); !ok {
 			panic(fmt.Sprintf("config: Register %s: key %q has no field", f.ModelType, k))
 		}
@@ -222,6 +229,11 @@ func (f *Family) knows(key string) (canonical string, ok bool) {
 		}
 	}
 	for _, k := range f.Optional {
+		if k == key {
+			return k, true
+		}
+	}
+	for _, k := range f.Consumed {
 		if k == key {
 			return k, true
 		}

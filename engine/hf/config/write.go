@@ -86,6 +86,9 @@ func (c *Config) toPy() (pyObject, error) {
 			out[k] = c.fieldValue(k)
 		}
 	}
+	if f.WriteExtra != nil {
+		f.WriteExtra(c, out)
+	}
 	if f.SlidingWindowZero && c.SlidingWindow == 0 {
 		out["sliding_window"] = intValue(0)
 	}
