@@ -1,0 +1,354 @@
+package models
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/hf/config"
+)
+
+// moeRefSpec describes, family by family, the decoders of flex_olmo, granitemoe,
+// hunyuan_v1_moe, ernie4_5_moe and minimax_m2 as transformers 5.17's modeling files compute
+// them; moeRef is a float64 decoder written from that description alone (it shares no code
+// with the model but the RoPE frequencies), the oracle of TestMoEFamiliesMatchReference.
+type moeRefSpec struct {
+	postNorms bool // norms on the attention and MLP outputs, none on their inputs (FlexOlmo)
+	// qkNorm is where the q/k RMSNorms sit: "" none, "before" or "after" RoPE. Their width is
+	// their weight's: the whole projection (FlexOlmo, MiniMax-M2) or one head (HunYuan).
+	qkNorm string
+	qName  string // the q/k norm modules under self_attn
+	kName  string
+	// interleaved rotates the pairs (2i, 2i+1) (ERNIE 4.5), not (i, i+R/2).
+	interleaved bool
+	block       string // the MoE block's module
+	router      string // the router's module under block
+	gate, up    string // per-expert projection names
+	down        string
+	sigmoid     bool   // sigmoid scores, else softmax
+	bias        string // the selection-only bias under block ("" none)
+	shared      string // the shared SwiGLU MLP under block ("" none)
+	renorm      bool   // the top-k weights are divided by their sum
+}
+
+var moeRefSpecs = map[string]moeRefSpec{
+	"flex_olmo": {postNorms: true, qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "mlp", router: "gate",
+		gate: "gate_proj", up: "up_proj", down: "down_proj"},
+	"granitemoe": {block: "block_sparse_moe", router: "router.layer", gate: "gate_proj", up: "up_proj", down: "down_proj", renorm: true},
+	"hunyuan_v1_moe": {qkNorm: "after", qName: "query_layernorm", kName: "key_layernorm", block: "mlp", router: "gate.wg",
+		gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_mlp", renorm: true},
+	"ernie4_5_moe": {interleaved: true, block: "mlp", router: "gate", gate: "gate_proj", up: "up_proj", down: "down_proj",
+		bias: "gate.moe_statics.e_score_correction_bias", shared: "shared_experts", renorm: true},
+	"minimax_m2": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "block_sparse_moe", router: "gate",
+		gate: "w1", up: "w3", down: "w2", sigmoid: true, bias: "e_score_correction_bias", renorm: true},
+}
+
+type moeRef struct {
+	s moeRefSpec
+	c *config.Config
+	a Arch
+	p func(name string) []float64
+}
+
+func (r moeRef) rms(x, w []float64) []float64 {
+	c := len(w)
+	out := make([]float64, len(x))
+	for i := 0; i < len(x)/c; i++ {
+		s := 0.0
+		for _, v := range x[i*c : (i+1)*c] {
+			s += v * v
+		}
+		rs := 1 / math.Sqrt(s/float64(c)+r.c.RMSNormEps)
+		for j := 0; j < c; j++ {
+			out[i*c+j] = x[i*c+j] * rs * w[j]
+		}
+	}
+	return out
+}
+
+// proj is x @ W^T (+ b when the module has a bias).
+func (r moeRef) proj(x []float64, module string, in int, bias bool) []float64 {
+	y := lin(x, r.p(module+".weight"), in)
+	if bias {
+		b := r.p(module + ".bias")
+		for i := range y {
+			y[i] += b[i%len(b)]
+		}
+	}
+	return y
+}
+
+func silu(v float64) float64 { return v / (1 + math.Exp(-v)) }
+
+func (r moeRef) swiglu(x []float64, pre, gate, up, down string, in int) []float64 {
+	g, u := r.proj(x, pre+gate, in, false), r.proj(x, pre+up, in, false)
+	for i := range g {
+		g[i] = silu(g[i]) * u[i]
+	}
+	return r.proj(g, pre+down, len(g)/(len(x)/in), false)
+}
+
+func (r moeRef) logprobs(ids []int32) []float64 {
+	a, c := r.a, r.c
+	h, hd, nh, nkv, n := a.Hidden, a.HeadDim, a.Heads, a.KVHeads, len(ids)
+	emb := r.p(nameEmbed)
+	x := make([]float64, n*h)
+	for i, id := range ids {
+		for j := 0; j < h; j++ {
+			x[i*h+j] = emb[int(id)*h+j]
+			if c.EmbeddingMultiplier != 0 {
+				x[i*h+j] *= c.EmbeddingMultiplier
+			}
+		}
+	}
+	inv, _, err := a.Rope.Compute(a.Rope.MaxPositionEmbeddings)
+	if err != nil {
+		panic(err)
+	}
+	rot := func(v []float64, heads int) {
+		half := len(inv)
+		for t := 0; t < n; t++ {
+			for hh := 0; hh < heads; hh++ {
+				row := v[(t*heads+hh)*hd : (t*heads+hh+1)*hd]
+				for i := 0; i < half; i++ {
+					ang := float64(float32(t) * inv[i])
+					co, si := math.Cos(ang), math.Sin(ang)
+					i1, i2 := i, i+half
+					if r.s.interleaved {
+						i1, i2 = 2*i, 2*i+1
+					}
+					x1, x2 := row[i1], row[i2]
+					row[i1], row[i2] = x1*co-x2*si, x2*co+x1*si
+				}
+			}
+		}
+	}
+	resid := 1.0
+	if c.ResidualMultiplier != 0 {
+		resid = c.ResidualMultiplier
+	}
+	scale := 1 / math.Sqrt(float64(hd))
+	if c.AttentionMultiplier != 0 {
+		scale = c.AttentionMultiplier
+	}
+	bias := c.AttentionBias
+	for l := 0; l < a.Layers; l++ {
+		pre := layerName(l, "")
+		in := x
+		if !r.s.postNorms {
+			in = r.rms(x, r.p(pre+"input_layernorm.weight"))
+		}
+		q := r.proj(in, pre+"self_attn.q_proj", h, bias)
+		k := r.proj(in, pre+"self_attn.k_proj", h, bias)
+		v := r.proj(in, pre+"self_attn.v_proj", h, bias)
+		if r.s.qkNorm == "before" {
+			q, k = r.rms(q, r.p(pre+"self_attn."+r.s.qName+".weight")), r.rms(k, r.p(pre+"self_attn."+r.s.kName+".weight"))
+		}
+		rot(q, nh)
+		rot(k, nkv)
+		if r.s.qkNorm == "after" {
+			q, k = r.rms(q, r.p(pre+"self_attn."+r.s.qName+".weight")), r.rms(k, r.p(pre+"self_attn."+r.s.kName+".weight"))
+		}
+		att := make([]float64, n*nh*hd)
+		for t := 0; t < n; t++ {
+			for hh := 0; hh < nh; hh++ {
+				kh := hh / (nh / nkv)
+				sc := make([]float64, t+1)
+				m := math.Inf(-1)
+				for j := 0; j <= t; j++ {
+					s := 0.0
+					for d := 0; d < hd; d++ {
+						s += q[(t*nh+hh)*hd+d] * k[(j*nkv+kh)*hd+d]
+					}
+					sc[j] = s * scale
+					m = math.Max(m, sc[j])
+				}
+				z := 0.0
+				for _, s := range sc {
+					z += math.Exp(s - m)
+				}
+				for j := 0; j <= t; j++ {
+					for d := 0; d < hd; d++ {
+						att[(t*nh+hh)*hd+d] += math.Exp(sc[j]-m) / z * v[(j*nkv+kh)*hd+d]
+					}
+				}
+			}
+		}
+		o := r.proj(att, pre+"self_attn.o_proj", nh*hd, bias)
+		if r.s.postNorms {
+			o = r.rms(o, r.p(pre+"post_attention_layernorm.weight"))
+		}
+		for i := range x {
+			x[i] += resid * o[i]
+		}
+		in = x
+		if !r.s.postNorms {
+			in = r.rms(x, r.p(pre+"post_attention_layernorm.weight"))
+		}
+		var f []float64
+		if c.IsMoELayer(l) {
+			f = r.moe(in, pre+r.s.block+".")
+		} else {
+			f = r.swiglu(in, pre+"mlp.", "gate_proj", "up_proj", "down_proj", h)
+		}
+		if r.s.postNorms {
+			f = r.rms(f, r.p(pre+"post_feedforward_layernorm.weight"))
+		}
+		for i := range x {
+			x[i] += resid * f[i]
+		}
+	}
+	x = r.rms(x, r.p(nameFinalNorm))
+	head := nameLMHead
+	if a.Tied {
+		head = nameEmbed
+	}
+	logits := lin(x, r.p(head), h)
+	out := make([]float64, n-1)
+	v := a.Vocab
+	for t := 0; t < n-1; t++ {
+		row := logits[t*v : (t+1)*v]
+		m := math.Inf(-1)
+		for j := range row {
+			if c.LogitsScaling != 0 {
+				row[j] /= c.LogitsScaling
+			}
+			m = math.Max(m, row[j])
+		}
+		z := 0.0
+		for _, l := range row {
+			z += math.Exp(l - m)
+		}
+		out[t] = row[ids[t+1]] - m - math.Log(z)
+	}
+	return out
+}
+
+// moe is the sparse block at module pre on the normalised rows x.
+func (r moeRef) moe(x []float64, pre string) []float64 {
+	h, e, k, n := r.a.Hidden, r.a.Experts, r.a.TopK, len(x)/r.a.Hidden
+	logits := r.proj(x, pre+r.s.router, h, false)
+	var bias []float64
+	if r.s.bias != "" {
+		bias = r.p(pre + r.s.bias)
+	}
+	out := make([]float64, n*h)
+	for t := 0; t < n; t++ {
+		row := logits[t*e : (t+1)*e]
+		p := make([]float64, e)
+		if r.s.sigmoid {
+			for j, l := range row {
+				p[j] = 1 / (1 + math.Exp(-l))
+			}
+		} else {
+			m := math.Inf(-1)
+			for _, l := range row {
+				m = math.Max(m, l)
+			}
+			z := 0.0
+			for j, l := range row {
+				p[j] = math.Exp(l - m)
+				z += p[j]
+			}
+			for j := range p {
+				p[j] /= z
+			}
+		}
+		score := make([]float64, e)
+		idx := make([]int, e)
+		for j := range p {
+			score[j], idx[j] = p[j], j
+			if bias != nil {
+				score[j] += bias[j]
+			}
+		}
+		sort.SliceStable(idx, func(i, j int) bool { return score[idx[i]] > score[idx[j]] })
+		sel := idx[:k]
+		sum := 0.0
+		for _, s := range sel {
+			sum += p[s]
+		}
+		xt := x[t*h : (t+1)*h]
+		for _, s := range sel {
+			w := p[s]
+			if r.s.renorm {
+				w /= sum
+			}
+			y := r.swiglu(xt, pre+"experts."+strconv.Itoa(s)+".", r.s.gate, r.s.up, r.s.down, h)
+			for j := range y {
+				out[t*h+j] += w * y[j]
+			}
+		}
+		if r.s.shared != "" {
+			y := r.swiglu(xt, pre+r.s.shared+".", "gate_proj", "up_proj", "down_proj", h)
+			for j := range y {
+				out[t*h+j] += y[j]
+			}
+		}
+	}
+	return out
+}
+
+// TestMoEFamiliesMatchReference: each family's logprobs equal the float64 reference decoder's
+// with every feature the family has switched on, and each feature moves the result (the
+// reference without it disagrees), so that every one is checked against its definition, not
+// only against the model's own gradient.
+func TestMoEFamiliesMatchReference(t *testing.T) {
+	for _, tc := range []struct {
+		fam string
+		mod func(*config.Config)
+		// off turns one feature off in the reference, which must then disagree.
+		off func(*moeRef)
+	}{
+		{"flex_olmo", func(c *config.Config) { c.AttentionBias = true },
+			func(r *moeRef) { r.s.qkNorm = "" }},
+		{"granitemoe", func(c *config.Config) { c.AttentionBias = true },
+			func(r *moeRef) { r.c.ResidualMultiplier = 1 }},
+		{"hunyuan_v1_moe", func(c *config.Config) { c.AttentionBias = true },
+			func(r *moeRef) { r.s.qkNorm = "before" }},
+		{"ernie4_5_moe", func(c *config.Config) {
+			c.NumHiddenLayers, c.MoELayerStartIndex, c.MoELayerEndIndex = 3, 1, 2
+		}, func(r *moeRef) { r.s.interleaved = false }},
+		{"minimax_m2", func(c *config.Config) { c.NumExpertsPerTok = 3 },
+			func(r *moeRef) { r.s.bias = "" }},
+	} {
+		t.Run(tc.fam, func(t *testing.T) {
+			m := tinyMoE(t, tc.fam, tc.mod)
+			if tc.fam == "minimax_m2" || tc.fam == "ernie4_5_moe" {
+				// A correction bias large enough to change choices.
+				name := layerName(m.moe.index[len(m.moe.index)-1], moeRefSpecs[tc.fam].block+"."+moeRefSpecs[tc.fam].bias)
+				b := make([]float32, m.Arch.Experts)
+				for i := range b {
+					b[i] = 0.3 * float32(i%3-1)
+				}
+				if err := m.SetParam(name, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ref := moeRef{s: moeRefSpecs[tc.fam], c: m.Config(), a: m.Arch, p: float64s(t, m)}
+			ids := []int32{3, 17, 0, 36, 5, 5, 21, 9, 30, 2, 40}
+			got, err := m.Logprobs(ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := ref.logprobs(ids)
+			for i := range want {
+				if d := math.Abs(float64(got[i]) - want[i]); d > 2e-5 {
+					t.Errorf("logprob %d: model %.7f, reference %.7f", i, got[i], want[i])
+				}
+			}
+			offRef := ref
+			offRef.c = m.Config().Clone()
+			tc.off(&offRef)
+			off := offRef.logprobs(ids)
+			diff := 0.0
+			for i := range off {
+				diff = math.Max(diff, math.Abs(off[i]-want[i]))
+			}
+			if diff < 1e-3 {
+				t.Errorf("turning the feature off moved no logprob by 1e-3 (max %g): the case does not exercise it", diff)
+			}
+		})
+	}
+}
