@@ -75,15 +75,18 @@ func groupedCase(kind backend.GroupedKind, name string, rows []int, n, k int, in
 var groupedKindList = []backend.GroupedKind{backend.GroupedForward, backend.GroupedInputGrad, backend.GroupedWeightGrad}
 
 // groupedImpls are the tensor-core implementations of the grouped products a GPU of arch has:
-// "mma" (mma.sync, every arch) and, on sm_90, every warpgroup-MMA variant, in a fixed order.
+// "mma" (mma.sync, every arch) and, on sm_90, every warpgroup-MMA variant in a fixed order, or
+// only the one HALO_CUDA_GROUPED_GEMM names (so that each variant can be tested in a process of
+// its own).
 func groupedImpls(arch string) []string {
 	impls := []string{"mma"}
-	if wgArch(arch) {
-		for _, v := range []string{"wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma"} {
-			impls = append(impls, v)
-		}
+	if !wgArch(arch) {
+		return impls
 	}
-	return impls
+	if v := swGrouped.Value(); v != "auto" && v != "mma" {
+		return append(impls, v)
+	}
+	return append(impls, "wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma")
 }
 
 // forGroupedImpls runs f as a subtest per implementation of groupedImpls, with g set to use it.
