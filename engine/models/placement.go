@@ -97,9 +97,13 @@ var paramKinds = map[string]bool{"weight": true, "bias": true, "e_score_correcti
 	"dt_bias": true, "A_log": true,
 	"expert_bias": true, "layer_scalar": true}
 
+// classifierHead is the module of a sequence classifier's score head (Arch.NumLabels > 0).
+const classifierHead = "score"
+
 // Place resolves the placement of parameter name (an HF name ending in .weight or .bias) from
 // the family's table. It is an error when no entry or more than one matches: the table must
-// place every parameter exactly once.
+// place every parameter exactly once. A classifier's score head needs no entry: it is whole
+// on every rank.
 func (f *Family) Place(name string) (ParamPlacement, error) {
 	module, kind, ok := cutLast(name)
 	// A router's selection bias (DeepSeek's e_score_correction_bias), gpt-oss's attention sinks
@@ -120,6 +124,11 @@ func (f *Family) Place(name string) (ParamPlacement, error) {
 				f.ModelType, name, found.Module, p.Module)
 		}
 		found, index = p, idx
+	}
+	if found == nil && module == classifierHead {
+		// A sequence classifier's score head, which any family's model can have in place of
+		// its LM head, is whole on every tensor rank, as the LM head is.
+		return ParamPlacement{Split: Replicated, Expert: -1, Module: classifierHead}, nil
 	}
 	if found == nil {
 		return ParamPlacement{}, fmt.Errorf("models: %s: the tensor-parallel table places no module matching parameter %q; add an entry for %q to the family's Placements",

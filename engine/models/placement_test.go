@@ -128,6 +128,13 @@ func TestPlacementsCoverEveryWeight(t *testing.T) {
 				t.Fatal(err)
 			}
 			variants := tinyVariants(t, fam)
+			// A sequence classifier (reward model) has a score head in place of the LM head.
+			cm, err := New(variants["tiny"].cfg, newCPU(), Options{NumLabels: 1})
+			if err != nil {
+				t.Fatalf("%s classifier: %v", fam, err)
+			}
+			variants["classifier"] = variant{variants["tiny"].cfg, cm.Specs}
+			cm.Close()
 			m := &Model{Family: f}
 			if err := checkCoverage(f, variants, m.ExpertOf); err != nil {
 				t.Error(err)

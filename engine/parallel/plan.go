@@ -65,6 +65,9 @@ type Plan struct {
 	ranks []*rank
 	dtype tensor.DType
 	shape mesh.ModelShape // of the full model
+	// labels and padID are the source's classifier labels (0 for a language model) and its
+	// pad id, which a classifier pools by, so that every rank's model is the same kind.
+	labels, padID int
 	// failed is set when a rank failed inside a step: the communicators were aborted so that
 	// no rank waits forever, and only host-side reads (Gather, Params, OptimizerState,
 	// Relayout) remain possible.
@@ -119,7 +122,8 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	if err := checkLoRA(src, l, devices.Len(), o); err != nil {
 		return nil, err
 	}
-	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placed{}, dtype: src.DType(), shape: shape}
+	p := &Plan{Mesh: ms, specs: src.Specs, place: map[string]placed{}, dtype: src.DType(), shape: shape,
+		labels: src.Arch.NumLabels, padID: src.Arch.PadID}
 	if ad := src.LoRA(); ad != nil {
 		p.lora = &loraPlan{cfg: ad.Config, specs: ad.Specs, dropoutKey: src.DropoutKey()}
 	}
@@ -212,10 +216,11 @@ func New(src *models.Model, devices mesh.Devices, l mesh.Layout, o Options) (*Pl
 	}
 	// From here on Close releases everything, devices included.
 	for _, rk := range p.ranks {
-		if rk.m, err = models.New(local, rk.rb, models.Options{DType: src.DType(), Experts: p.heldExperts(rk)}); err != nil {
+		if rk.m, err = models.New(local, rk.rb, models.Options{DType: src.DType(), Experts: p.heldExperts(rk), NumLabels: p.labels}); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("parallel: rank %d: %w", rk.id, err)
 		}
+		rk.m.Arch.PadID = p.padID
 		err = p.bind(rk, full, src)
 		if err == nil {
 			err = p.attachLoRA(rk, src)
@@ -523,20 +528,10 @@ func positions(cu []int32, n int) []int32 {
 // rank, or reduce-scattered into each rank's shard under FSDP). It returns the mean loss and
 // the number of targets.
 func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int, err error) {
-	l := p.Mesh.Layout
-	if len(rows) == 0 || len(rows)%l.DP != 0 {
-		return 0, 0, fmt.Errorf("parallel: %d rows do not split over data_parallel_size %d; give a multiple of %d rows", len(rows), l.DP, l.DP)
+	if err := p.checkRows(rows); err != nil {
+		return 0, 0, err
 	}
-	for i, b := range rows {
-		if b.Targets == nil {
-			return 0, 0, fmt.Errorf("parallel: row %d has no targets", i)
-		}
-		if err := mesh.CheckSeqLen(l, len(b.Tokens)); err != nil {
-			return 0, 0, fmt.Errorf("parallel: row %d: %w", i, err)
-		}
-		if err := p.checkRow(b); err != nil {
-			return 0, 0, fmt.Errorf("parallel: row %d: %w", i, err)
-		}
+	for _, b := range rows {
 		for _, t := range b.Targets {
 			if t != backend.IgnoreIndex {
 				nTargets++
@@ -547,6 +542,72 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		return 0, 0, errors.New("parallel: the rows have no targets to predict (every target is ignored)")
 	}
 	scale := float32(1 / float64(nTargets))
+	sum, err := p.runRows(rows, func(rk *rank, _ int, lb models.Batch) error {
+		s, _, err := rk.m.ForwardBackward(lb, scale)
+		rk.lossSum += s
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return sum / float64(nTargets), nTargets, nil
+}
+
+// RowFunc runs the forward and backward of one row of a step on a rank's model, accumulating
+// (+=) the gradient of the row's share of the step's loss: the caller's own loss, such as a
+// sequence-level loss reached through models.Model.ForwardBackwardWeighted or
+// ForwardBackwardScores. row is the row's index in the step. It is called on the rank's
+// goroutine, concurrently for the rows of different data ranks, and by every tensor rank of a
+// data rank with the same row (their models compute the same outputs); primary is true on
+// exactly one of them (tensor rank 0), which alone should record results such as the loss.
+type RowFunc func(m *models.Model, row int, b models.Batch, primary bool) error
+
+// ForwardBackwardRows is ForwardBackward with the loss of each row computed by fn instead of
+// the mean token cross-entropy: the rows are dealt to the data ranks as there, and the
+// gradients fn accumulates are reduced over the data ranks the same way. Context parallelism
+// splits a row's tokens over ranks, and fn sees whole rows, so it is refused (the caller names
+// its rule); so is a plan that spans several processes.
+func (p *Plan) ForwardBackwardRows(rows []models.Batch, fn RowFunc) error {
+	if l := p.Mesh.Layout; l.CP > 1 {
+		return fmt.Errorf("parallel: a step of row losses needs each row whole on its ranks, and context_parallel_size %d splits rows", l.CP)
+	}
+	if err := p.refuseMulti("a step of row losses (ForwardBackwardRows)"); err != nil {
+		return err
+	}
+	if err := p.checkRows(rows); err != nil {
+		return err
+	}
+	_, err := p.runRows(rows, func(rk *rank, i int, lb models.Batch) error {
+		return fn(rk.m, i, lb, rk.c.TP == 0)
+	})
+	return err
+}
+
+// checkRows validates a step's rows before any rank runs them.
+func (p *Plan) checkRows(rows []models.Batch) error {
+	l := p.Mesh.Layout
+	if len(rows) == 0 || len(rows)%l.DP != 0 {
+		return fmt.Errorf("parallel: %d rows do not split over data_parallel_size %d; give a multiple of %d rows", len(rows), l.DP, l.DP)
+	}
+	for i, b := range rows {
+		if b.Targets == nil {
+			return fmt.Errorf("parallel: row %d has no targets", i)
+		}
+		if err := mesh.CheckSeqLen(l, len(b.Tokens)); err != nil {
+			return fmt.Errorf("parallel: row %d: %w", i, err)
+		}
+		if err := p.checkRow(b); err != nil {
+			return fmt.Errorf("parallel: row %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// runRows deals rows over the data ranks and runs fn on each rank for each of its rows (the
+// rank's chunks of the row under context parallelism), then reduces the gradients. It returns
+// the sum of the ranks' lossSum (each tensor group's rank 0), which fn may add to.
+func (p *Plan) runRows(rows []models.Batch, fn func(rk *rank, row int, lb models.Batch) error) (sum float64, err error) {
+	l := p.Mesh.Layout
 	per := len(rows) / l.DP
 	moe := p.shape.MoE()
 	err = p.spmd(func(rk *rank) error {
@@ -587,12 +648,11 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 				rk.rb.geom = g
 			}
 			clear(rk.rb.pending)
-			s, _, err := rk.m.ForwardBackward(lb, scale)
+			err := fn(rk, rk.c.DP*per+j, lb)
 			rk.rb.geom = nil
 			if err != nil {
 				return err
 			}
-			rk.lossSum += s
 			if moe {
 				rk.auxSum += rk.m.AuxLoss()
 			}
@@ -606,9 +666,9 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		return nil
 	})
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	sum, aux := 0.0, 0.0
+	aux := 0.0
 	for _, rk := range p.ranks {
 		if rk.c.TP == 0 {
 			sum += rk.lossSum
@@ -619,13 +679,13 @@ func (p *Plan) ForwardBackward(rows []models.Batch) (loss float64, nTargets int,
 		// Every process adds every rank's sums and loads, in rank order.
 		sum, aux, p.load = p.worldSums()
 	} else if p.load, err = p.takeLoads(); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	p.aux = aux / float64(len(rows))
 	if p.lora != nil {
 		p.lora.dropoutKey += uint64(len(rows))
 	}
-	return sum / float64(nTargets), nTargets, nil
+	return sum, nil
 }
 
 // checkRow validates a row on the host before any rank runs it, so that bad input is an error

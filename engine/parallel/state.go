@@ -170,10 +170,11 @@ func (p *Plan) Relayout(d mesh.Devices, l mesh.Layout, o Options) (*Plan, error)
 	if err := mesh.Check(l.Norm(d.Len()), d.Len(), p.shape, 0); err != nil {
 		return nil, err
 	}
-	staging, err := models.New(p.cfg, cpu.New(cpu.Options{}), models.Options{DType: p.dtype})
+	staging, err := models.New(p.cfg, cpu.New(cpu.Options{}), models.Options{DType: p.dtype, NumLabels: p.labels})
 	if err != nil {
 		return nil, err
 	}
+	staging.Arch.PadID = p.padID
 	defer func() {
 		b := staging.Backend()
 		staging.Close()

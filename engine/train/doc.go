@@ -15,12 +15,15 @@
 // mean over the step's pairs or examples, with the gradient reaching the tokens through
 // per-token scales (models.ForwardBackwardWeighted); and reward, a one-label sequence
 // classifier (models.ForwardBackwardScores) trained with the Bradley-Terry loss
-// (reward_model.go). The preference methods and reward models run on one device. grpo
+// (reward_model.go). grpo
 // (grpo.go, grpo_loss.go, grpo_rollout.go, reward.go) makes its own micro-batches each step:
 // it samples completions of the step's prompts with the policy (models.GenerateBatch), scores
 // them with reward functions (built-in ones, or the one a session's client supplies through
 // SetClientReward) and trains on them with TRL's clipped surrogate through the same per-token
-// scales and the common device step; it runs on one device too.
+// scales and the common device step. These methods (rowObjective) run on a parallel plan too:
+// each micro-batch is prepared on the trainer's goroutine and run by the data rank that holds
+// it; their losses read whole sequences, so context parallelism is refused (rule
+// cp-sequence-loss).
 //
 // Parallel layouts: the config keys devices (cpu:4, cuda:0-7), tensor_parallel_size,
 // context_parallel_size, expert_parallel_size, expert_tensor_parallel_size and fsdp (the

@@ -34,7 +34,7 @@ func init() {
 	RegisterMethod(&MethodSpec{
 		Name:     MethodGRPO,
 		Summary:  "group relative policy optimisation: sample completions, score them with reward functions, reinforce the better ones",
-		Parallel: false,
+		Parallel: true, WholeSequences: true,
 		Keys: []string{"beta", "loss_type", "ref_model_name_or_path", "num_generations", "max_completion_length", "temperature", "top_p",
 			"top_k", "epsilon", "epsilon_high", "scale_rewards", "num_iterations", "mask_truncated_completions", "reward_funcs",
 			"reward_timeout", "reward_retries", "reward_failure"},
@@ -338,7 +338,18 @@ func (g *grpo) Eval(*models.Model, data.Batch, StepAt) (float64, int, Metrics, e
 // ForwardBackward trains on the current generation batch's micro-batch g.next (the stepper
 // calls it once per micro-batch, in order): the clipped surrogate's per-token gradient
 // scales, from the log-probs of this forward.
-func (g *grpo) ForwardBackward(m *models.Model, b data.Batch, _ int, _ StepAt) (float64, Metrics, error) {
+func (g *grpo) ForwardBackward(m *models.Model, b data.Batch, total int, at StepAt) (float64, Metrics, error) {
+	run, err := g.prepareRow(b, total, at)
+	if err != nil {
+		return 0, nil, err
+	}
+	return run(m, toModelBatch(b))
+}
+
+// prepareRow implements rowObjective: micro-batch b is the next of the rollouts' micro-batches
+// (a step prepares them in order), whose samples carry their advantages, weights and old and
+// reference log-probs.
+func (g *grpo) prepareRow(b data.Batch, _ int, _ StepAt) (rowRun, error) {
 	mi := g.next
 	g.next++
 	roll := g.roll
@@ -348,45 +359,47 @@ func (g *grpo) ForwardBackward(m *models.Model, b data.Batch, _ int, _ StepAt) (
 			idx = append(idx, i)
 		}
 	}
-	lossSum := 0.0
-	var kl, low, high, tokens float64
-	err := m.ForwardBackwardWeighted(toModelBatch(b), func(lp []float32) ([]float32, error) {
-		scale := make([]float32, len(lp))
-		for _, i := range idx {
-			s := &roll.samples[i]
-			w := roll.weights[i]
-			for k := range s.counted {
-				pos := s.offset + k
-				cur := float64(lp[pos])
-				old, ref := cur, cur
-				if s.old != nil {
-					old = float64(s.old[k])
+	return func(m *models.Model, mb models.Batch) (float64, Metrics, error) {
+		lossSum := 0.0
+		var kl, low, high, tokens float64
+		err := m.ForwardBackwardWeighted(mb, func(lp []float32) ([]float32, error) {
+			scale := make([]float32, len(lp))
+			for _, i := range idx {
+				s := &roll.samples[i]
+				w := roll.weights[i]
+				for k := range s.counted {
+					pos := s.offset + k
+					cur := float64(lp[pos])
+					old, ref := cur, cur
+					if s.old != nil {
+						old = float64(s.old[k])
+					}
+					if s.ref != nil {
+						ref = float64(s.ref[k])
+					}
+					term := g.loss.token(cur, old, ref, s.adv)
+					lossSum += w * term.loss
+					scale[pos] = float32(-w * term.dlp)
+					kl += term.kl
+					low += b2f(term.low)
+					high += b2f(term.high)
+					tokens++
 				}
-				if s.ref != nil {
-					ref = float64(s.ref[k])
-				}
-				term := g.loss.token(cur, old, ref, s.adv)
-				lossSum += w * term.loss
-				scale[pos] = float32(-w * term.dlp)
-				kl += term.kl
-				low += b2f(term.low)
-				high += b2f(term.high)
-				tokens++
 			}
+			return scale, nil
+		})
+		if err != nil {
+			return 0, nil, err
 		}
-		return scale, nil
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	ms := Metrics{}
-	ms.Add("clip_ratio/low_mean", low, tokens)
-	ms.Add("clip_ratio/high_mean", high, tokens)
-	ms.Add("clip_ratio/region_mean", low+high, tokens)
-	if g.loss.Beta != 0 {
-		ms.Add("kl", kl, tokens)
-	}
-	return lossSum, ms, nil
+		ms := Metrics{}
+		ms.Add("clip_ratio/low_mean", low, tokens)
+		ms.Add("clip_ratio/high_mean", high, tokens)
+		ms.Add("clip_ratio/region_mean", low+high, tokens)
+		if g.loss.Beta != 0 {
+			ms.Add("kl", kl, tokens)
+		}
+		return lossSum, ms, nil
+	}, nil
 }
 
 // rewardError marks a failure of the reward functions (the one reward_failure applies to).

@@ -37,6 +37,23 @@ type Objective interface {
 	Eval(m *models.Model, b data.Batch, at StepAt) (lossSum float64, units int, ms Metrics, err error)
 }
 
+// rowObjective is an Objective whose loss is not the token cross-entropy that a parallel plan
+// computes by itself (the sequence losses of the preference methods and reward models, GRPO's
+// surrogate), so that it runs on a plan too. A step prepares each micro-batch on the trainer's
+// goroutine, in order (prepareRow: the host-side work, such as a reference model's log-probs),
+// and runs the returned rowRun on the model that holds the micro-batch: the single model, or a
+// data rank's on a plan.
+type rowObjective interface {
+	Objective
+	prepareRow(b data.Batch, total int, at StepAt) (rowRun, error)
+}
+
+// rowRun runs one prepared micro-batch on m (mb is the micro-batch as models reads it),
+// accumulating the gradient of its share of the step's loss, and returns its loss sum and
+// metric sums. It may run on several goroutines at once (the tensor ranks of one data rank,
+// each with its own model), so it keeps its state in its own variables.
+type rowRun func(m *models.Model, mb models.Batch) (lossSum float64, ms Metrics, err error)
+
 // StepAt places a step in the run: Step is the step being computed (1 for the first) and
 // Total the planned number of steps.
 type StepAt struct {
@@ -114,6 +131,10 @@ type MethodSpec struct {
 	// Parallel says whether the method runs on a parallel layout (several devices or
 	// nodes); a method without it is refused there before any weight loads.
 	Parallel bool
+	// WholeSequences says that the loss reads whole sequences (a sum of completion log-probs,
+	// or a classifier's score at a sequence's last token): context parallelism, which splits
+	// sequences over ranks, is refused (rule cp-sequence-loss).
+	WholeSequences bool
 	// Keys are the config keys of Config.Objective this method reads; setting another one
 	// is refused, naming the methods that read it.
 	Keys []string

@@ -87,19 +87,40 @@ func wantsPlan(d mesh.Devices, l mesh.Layout) bool {
 	return d.Len() > 1 || l.Size() > 1 || l.EP > 1 || l.ETP > 1
 }
 
-// checkLayout applies the layout rules (mesh.Check) and the trainer's own: the step's
-// micro-batches are dealt over the data ranks, so their number must divide evenly.
-func checkLayout(d mesh.Devices, l mesh.Layout, shape mesh.ModelShape, accum int) error {
+// RuleCPSequenceLoss is the rule that refuses context parallelism for the methods whose loss
+// reads whole sequences (MethodSpec.WholeSequences), as it appears in mesh.LayoutError.Rule.
+const RuleCPSequenceLoss = "cp-sequence-loss"
+
+// checkLayout applies the layout rules (mesh.Check), the method's (rule cp-sequence-loss) and
+// the trainer's own: the step's micro-batches are dealt over the data ranks, so their number
+// must divide evenly.
+func checkLayout(d mesh.Devices, l mesh.Layout, shape mesh.ModelShape, accum int, method *MethodSpec) error {
 	n := d.Len()
 	if err := mesh.Check(l, n, shape, 0); err != nil {
 		return fmt.Errorf("train: layout: %w", err)
 	}
 	l = l.Norm(n)
+	if method != nil && method.WholeSequences && l.CP > 1 {
+		return fmt.Errorf("train: layout: %w", &mesh.LayoutError{Rule: RuleCPSequenceLoss, Layout: l, Devices: n, Suggest: withoutCP(l, n, shape),
+			Detail: fmt.Sprintf("method %s weighs every token by a loss of its whole sequence (DPO, SMPO and KTO: sums of completion log-probs; reward models: the score at the last token; GRPO: each completion's advantage and length), and context_parallel_size %d splits every sequence over %d ranks; use data, tensor or expert parallelism", method.Name, l.CP, l.CP)})
+	}
 	if accum%l.DP != 0 {
 		return fmt.Errorf("train: layout %s on %s: gradient_accumulation_steps %d micro-batches cannot be dealt over %d data-parallel ranks; use a multiple of %d or a layout with fewer data ranks",
 			l, d, accum, l.DP, l.DP)
 	}
 	return nil
+}
+
+// withoutCP is a layout close to l on n devices without context parallelism that passes the
+// layout rules: mesh.Suggest's from l with its context ranks turned into data ranks, or plain
+// data parallelism.
+func withoutCP(l mesh.Layout, n int, shape mesh.ModelShape) mesh.Layout {
+	c := l
+	c.DP, c.CP = 0, 1
+	if s := mesh.Suggest(c, n, shape, 0); s.CP == 1 {
+		return s
+	}
+	return mesh.Layout{DP: max(n, 1), FSDP: l.FSDP}.Norm(max(n, 1))
 }
 
 func optimConfig(c *Config) optim.Config {
@@ -163,7 +184,7 @@ func openRank(kind string, id int, recs []*profile.Recorder, r int) (backend.Bac
 // drive the steps, and makes each rank's recorder record its collectives too. The host view
 // starts current (the plan was just built from it, or from a plan it was current for).
 func (t *Trainer) adopt(p *parallel.Plan, d mesh.Devices, recs []*profile.Recorder, devs []backend.Backend) *planSteps {
-	ps := &planSteps{p: p, devices: d, recs: recs, devs: devs, host: t.model, opt: t.opt}
+	ps := &planSteps{p: p, devices: d, recs: recs, devs: devs, host: t.model, opt: t.opt, obj: t.obj, total: t.totalSteps}
 	for r, rec := range recs {
 		// Collectives are timed on the host, around their calls; compute ops are then timed
 		// the same way (a Sync after each), so that a rank's parts add up to its wall time.
@@ -296,7 +317,7 @@ func (t *Trainer) SetLayout(spec string) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := checkLayout(d, l, parallel.ShapeOf(t.model), t.hyper.GradientAccumulationSteps); err != nil {
+	if err := checkLayout(d, l, parallel.ShapeOf(t.model), t.hyper.GradientAccumulationSteps, t.method); err != nil {
 		return 0, err
 	}
 	if t.model.LoRA() != nil {

@@ -28,18 +28,27 @@ type planSteps struct {
 	host    *models.Model       // the single model
 	opt     *optim.AdamW        // the single model's optimizer, idle while the plan runs
 
+	obj   Objective // the method's loss
+	total int       // the run's planned steps (for StepAt)
+
 	paramsStale bool // the plan's parameters are newer than host's
 	gradsStale  bool // the plan's gradients are newer than host's
 	gathers     int  // parameter gathers so far
 }
 
 // step is Trainer.Step on the plan: the same micro-batches (padded for context parallelism;
-// the plan deals them over the data ranks), the same mean over the step's targets, the same
-// clipping and schedule.
+// the plan deals them over the data ranks), the same mean over the step's targets (or the
+// method's own loss, rowObjective), the same clipping and schedule.
 func (ps *planSteps) step(ctx context.Context, batches []data.Batch, total int, h Hyper, lr float64, n int) (stepOut, bool, error) {
 	var out stepOut
 	l := ps.p.Mesh.Layout
-	loss, _, err := ps.p.ForwardBackward(planRows(batches, l.CP))
+	var loss float64
+	var err error
+	if ro, ok := ps.obj.(rowObjective); ok {
+		loss, out.metrics, err = ps.rowLosses(ro, batches, total, n)
+	} else {
+		loss, _, err = ps.p.ForwardBackward(planRows(batches, l.CP))
+	}
 	if err != nil {
 		return out, true, fmt.Errorf("train: step %d on %s: %w", n, l, err)
 	}
@@ -66,6 +75,50 @@ func (ps *planSteps) step(ctx context.Context, batches []data.Batch, total int, 
 		out.aux, out.load = ps.p.AuxLoss(), ps.p.ExpertLoad()
 	}
 	return out, false, nil
+}
+
+// rowLosses runs a step of a method with its own loss on the plan: every micro-batch is
+// prepared on this goroutine, in order, then run by the data rank that holds it (by each of its
+// tensor ranks). It returns the step's mean loss and the method's metric sums, merged in
+// micro-batch order as on one device.
+func (ps *planSteps) rowLosses(ro rowObjective, batches []data.Batch, total, n int) (float64, Metrics, error) {
+	at := StepAt{Step: n, Total: ps.total}
+	runs := make([]rowRun, len(batches))
+	rows := make([]models.Batch, len(batches))
+	for i, b := range batches {
+		var err error
+		if runs[i], err = ro.prepareRow(b, total, at); err != nil {
+			return 0, nil, fmt.Errorf("micro-batch %d: %w", i, err)
+		}
+		rows[i] = toModelBatch(b)
+	}
+	sums := make([]float64, len(batches))
+	mss := make([]Metrics, len(batches))
+	err := ps.p.ForwardBackwardRows(rows, func(m *models.Model, i int, mb models.Batch, primary bool) error {
+		s, ms, err := runs[i](m, mb)
+		if err != nil {
+			return fmt.Errorf("micro-batch %d: %w", i, err)
+		}
+		if primary {
+			sums[i], mss[i] = s, ms
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	lossSum := 0.0
+	var metrics Metrics
+	for i := range batches {
+		lossSum += sums[i]
+		if len(mss[i]) > 0 {
+			if metrics == nil {
+				metrics = Metrics{}
+			}
+			metrics.Merge(mss[i])
+		}
+	}
+	return lossSum / float64(total), metrics, nil
 }
 
 // planRows turns the step's micro-batches into the plan's rows, padded for context

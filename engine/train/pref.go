@@ -81,38 +81,50 @@ func examplesOf(b data.Batch, side prefSet, sums []float64, counts []int, refs [
 }
 
 func (o *prefObjective) ForwardBackward(m *models.Model, b data.Batch, total int, at StepAt) (float64, Metrics, error) {
+	run, err := o.prepareRow(b, total, at)
+	if err != nil {
+		return 0, nil, err
+	}
+	return run(m, toModelBatch(b))
+}
+
+// prepareRow implements rowObjective: the reference sums of b (looked up, or computed by the
+// reference model on the trainer's goroutine), then the policy's forward and backward.
+func (o *prefObjective) prepareRow(b data.Batch, total int, at StepAt) (rowRun, error) {
 	var refs []float64
 	if o.ref != nil {
 		var err error
 		if refs, err = o.ref.refSums(b, o.train); err != nil {
-			return 0, nil, err
-		}
-	}
-	var lossSum float64
-	var ms Metrics
-	err := m.ForwardBackwardWeighted(toModelBatch(b), func(lp []float32) ([]float32, error) {
-		sums, counts := seqLogps(b, lp)
-		ex, seqOf, err := examplesOf(b, o.train, sums, counts, refs)
-		if err != nil {
 			return nil, err
 		}
-		var grads []exampleGrad
-		lossSum, grads, ms = o.loss(ex, at)
-		scale := make([]float32, len(lp))
-		for d, se := range seqOf {
-			g := float32(-grads[se[0]][se[1]] / float64(total))
-			for i := b.DocStarts[d]; i < b.DocStarts[d+1]; i++ {
-				if b.Targets[i] != data.IgnoreIndex {
-					scale[i] = g
+	}
+	return func(m *models.Model, mb models.Batch) (float64, Metrics, error) {
+		var lossSum float64
+		var ms Metrics
+		err := m.ForwardBackwardWeighted(mb, func(lp []float32) ([]float32, error) {
+			sums, counts := seqLogps(b, lp)
+			ex, seqOf, err := examplesOf(b, o.train, sums, counts, refs)
+			if err != nil {
+				return nil, err
+			}
+			var grads []exampleGrad
+			lossSum, grads, ms = o.loss(ex, at)
+			scale := make([]float32, len(lp))
+			for d, se := range seqOf {
+				g := float32(-grads[se[0]][se[1]] / float64(total))
+				for i := b.DocStarts[d]; i < b.DocStarts[d+1]; i++ {
+					if b.Targets[i] != data.IgnoreIndex {
+						scale[i] = g
+					}
 				}
 			}
+			return scale, nil
+		})
+		if err != nil {
+			return 0, nil, err
 		}
-		return scale, nil
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	return lossSum, ms, nil
+		return lossSum, ms, nil
+	}, nil
 }
 
 func (o *prefObjective) Eval(m *models.Model, b data.Batch, at StepAt) (float64, int, Metrics, error) {
@@ -289,6 +301,7 @@ func ktoLoss(beta, wd, wu float64) seqLoss {
 func init() {
 	pairKeys := []string{"beta", "loss_type", "label_smoothing", "precompute_ref_log_probs", "ref_model_name_or_path"}
 	RegisterMethod(&MethodSpec{
+		Parallel: true, WholeSequences: true,
 		Name: MethodDPO, Summary: "direct preference optimisation on {prompt, chosen, rejected} pairs against a frozen reference",
 		Keys: pairKeys,
 		Defaults: func(c *Config) {
@@ -318,6 +331,7 @@ func init() {
 		},
 	})
 	RegisterMethod(&MethodSpec{
+		Parallel: true, WholeSequences: true,
 		Name:    MethodSMPO,
 		Summary: "reference-free preference optimisation: squared hinge on the mean log-prob gap plus a cross-entropy anchor",
 		Keys:    []string{"beta", "target_margin", "margin_ramp_ratio", "anchor_weight"},
@@ -351,6 +365,7 @@ func init() {
 		},
 	})
 	RegisterMethod(&MethodSpec{
+		Parallel: true, WholeSequences: true,
 		Name:    MethodKTO,
 		Summary: "Kahneman-Tversky optimisation on unpaired {prompt, completion, label} rows against a frozen reference",
 		Keys:    []string{"beta", "loss_type", "desirable_weight", "undesirable_weight", "precompute_ref_log_probs", "ref_model_name_or_path"},

@@ -67,23 +67,34 @@ func rewardLoss(rc, rr []float64, center float64) (float64, [][2]float64, Metric
 	return sum, grads, ms
 }
 
-func (o rewardObjective) ForwardBackward(m *models.Model, b data.Batch, total int, _ StepAt) (float64, Metrics, error) {
-	var lossSum float64
-	var ms Metrics
-	err := m.ForwardBackwardScores(toModelBatch(b), func(scores []float32) ([]float32, error) {
-		rc, rr, seqOf, err := scorePairs(b, scores)
-		if err != nil {
-			return nil, err
-		}
-		var grads [][2]float64
-		lossSum, grads, ms = rewardLoss(rc, rr, o.center)
-		out := make([]float32, len(scores))
-		for d, se := range seqOf {
-			out[d] = float32(grads[se[0]][se[1]] / float64(total))
-		}
-		return out, nil
-	})
-	return lossSum, ms, err
+func (o rewardObjective) ForwardBackward(m *models.Model, b data.Batch, total int, at StepAt) (float64, Metrics, error) {
+	run, err := o.prepareRow(b, total, at)
+	if err != nil {
+		return 0, nil, err
+	}
+	return run(m, toModelBatch(b))
+}
+
+// prepareRow implements rowObjective: the classifier's forward and backward over b's pairs.
+func (o rewardObjective) prepareRow(b data.Batch, total int, _ StepAt) (rowRun, error) {
+	return func(m *models.Model, mb models.Batch) (float64, Metrics, error) {
+		var lossSum float64
+		var ms Metrics
+		err := m.ForwardBackwardScores(mb, func(scores []float32) ([]float32, error) {
+			rc, rr, seqOf, err := scorePairs(b, scores)
+			if err != nil {
+				return nil, err
+			}
+			var grads [][2]float64
+			lossSum, grads, ms = rewardLoss(rc, rr, o.center)
+			out := make([]float32, len(scores))
+			for d, se := range seqOf {
+				out[d] = float32(grads[se[0]][se[1]] / float64(total))
+			}
+			return out, nil
+		})
+		return lossSum, ms, err
+	}, nil
 }
 
 func (o rewardObjective) Eval(m *models.Model, b data.Batch, _ StepAt) (float64, int, Metrics, error) {
@@ -101,6 +112,7 @@ func (o rewardObjective) Eval(m *models.Model, b data.Batch, _ StepAt) (float64,
 
 func init() {
 	RegisterMethod(&MethodSpec{
+		Parallel: true, WholeSequences: true,
 		Name:    MethodReward,
 		Summary: "reward model: a one-label sequence classifier (score.weight) trained on pairs with the Bradley-Terry loss",
 		Keys:    []string{"center_rewards_coefficient"},

@@ -120,7 +120,7 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 		if err != nil {
 			return nil, fmt.Errorf("train: layout: %w", err)
 		}
-		if err := checkLayout(devs, layout, shape, cfg.Batch.GradientAccumulationSteps); err != nil {
+		if err := checkLayout(devs, layout, shape, cfg.Batch.GradientAccumulationSteps, t.method); err != nil {
 			return nil, err
 		}
 	}
