@@ -27,8 +27,9 @@ import (
 // ArchFromConfig refuses what the model does not build, naming the key: per-layer input
 // embeddings (hidden_size_per_layer_input > 0, which transformers turns on by default: set it
 // to 0), shared KV layers (num_kv_shared_layers > 0), the MoE block (enable_moe_block) and
-// bidirectional attention. use_double_wide_mlp only widens KV-shared layers and is inert
-// without them.
+// bidirectional attention of every token (use_bidirectional_attention "all"; "vision" concerns
+// image tokens only and leaves text causal). use_double_wide_mlp only widens KV-shared layers
+// and is inert without them.
 //
 // Layouts: data parallelism, FSDP, tensor parallelism (q, k, v by heads of each layer's
 // width, o by input features, q/k norms per head; the degree must divide the key/value heads
@@ -65,7 +66,8 @@ func gemma4Check(c *config.Config) error {
 		{c.NumKVSharedLayers > 0, fmt.Sprintf("num_kv_shared_layers %d", c.NumKVSharedLayers),
 			"layers that reuse earlier layers' keys and values are not implemented; set it to 0"},
 		{c.EnableMoEBlock, "enable_moe_block", "the mixture-of-experts block beside the MLP is not implemented; set it to false"},
-		{c.Bidirectional != "", fmt.Sprintf("use_bidirectional_attention %q", c.Bidirectional), "attention is causal; set it to null"},
+		// "vision" makes only image tokens attend both ways: text stays causal.
+		{c.Bidirectional == "all", fmt.Sprintf("use_bidirectional_attention %q", c.Bidirectional), "attention is causal; set it to null (or \"vision\", which leaves text causal)"},
 	} {
 		if r.on {
 			return fmt.Errorf("models: gemma4_text: %s is not supported: %s", r.key, r.why)
