@@ -20,7 +20,9 @@ import (
 //	out[n]  = sum_{e in S_n} w_n,e * y_e[n]
 //
 // GateUp [E,C,2I], GateUpBias [E,2I], Down [E,I,C], DownBias [E,C] (the weights are [in, out],
-// transposed from Linear's). Routing runs on the host (the logits are downloaded); each
+// transposed from Linear's). Where the backend has the MoE ops and the grouped GEMM the block
+// runs on the device path of moe_oss_device.go (no host read inside the layer; HALO_MOE_PATH
+// =composed turns it off). Otherwise routing runs on the host (the logits are downloaded); each
 // expert's rows are gathered with the Embedding op, its biases broadcast to its rows the same
 // way (from a row of zeros ids), its products are GEMMs and its weighted output is
 // scatter-added with EmbeddingBackward. Gradients of the weights and biases accumulate (+=)
@@ -38,7 +40,8 @@ type OSSMoE struct {
 	TopK                                   int
 	Alpha, Limit                           float32
 
-	c ossCache
+	c   ossCache
+	dev ossDev // the device path's cache (moe_oss_device.go)
 }
 
 var _ FFN = (*OSSMoE)(nil)
@@ -91,6 +94,12 @@ func (m *OSSMoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 			m.Release(p)
 		}
 	}()
+	if o, ok := m.deviceOps(p, x); ok {
+		if err := m.checkDevice(); err != nil {
+			return T{}, err
+		}
+		return m.deviceForward(p, o, x, keep)
+	}
 	lg, err := m.Router.Forward(p, x)
 	if err != nil {
 		return T{}, err
@@ -215,6 +224,9 @@ func (m *OSSMoE) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
+	if m.dev.active {
+		return m.deviceBackward(p, p.B.Optional(), dy)
+	}
 	ne, cw, iw := m.dims()
 	n, k := c.n, m.TopK
 	if dx, err = p.alloc(n, cw); err != nil {
@@ -335,4 +347,5 @@ func (m *OSSMoE) Release(p *Pass) {
 	}
 	_ = free(p.B, &m.c.zeros)
 	m.c = ossCache{}
+	m.dev.release(p.B)
 }
