@@ -1,6 +1,10 @@
 package models
 
 import (
+	"sort"
+	"strings"
+
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
 	"github.com/halo-shell/halo-shell/engine/nn"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
@@ -146,4 +150,53 @@ func linearPlacements(l GDNLayout) []Placement {
 	}
 	ps = append(ps, sharedPlacements("shared_expert", "shared_expert_gate")...)
 	return append(ps, expertPlacements("mlp", "gate", "gate_proj", "up_proj", "down_proj")...)
+}
+
+// languageModelPrefix is where Qwen3.5-MoE's vision-language checkpoints hold the text
+// model's weights (Qwen3_5MoeForConditionalGeneration's model.language_model).
+const languageModelPrefix = "model.language_model."
+
+// lmPrefixed presents a checkpoint's model.language_model.* tensors under model.* (the names
+// of Qwen3_5MoeForCausalLM, which loads them so too), where the source has no tensor of that
+// name. The vision tower (model.visual.*) and the multi-token-prediction layers stay under
+// their names and are reported unused.
+type lmPrefixed struct {
+	safetensors.Source
+	alias map[string]string // model.* name -> the source's name
+	names []string
+}
+
+// withLanguageModelPrefix wraps src when it holds model.language_model.* tensors; otherwise
+// it returns src.
+func withLanguageModelPrefix(src safetensors.Source) safetensors.Source {
+	w := &lmPrefixed{Source: src, alias: map[string]string{}}
+	for _, n := range src.Names() {
+		rest, ok := strings.CutPrefix(n, languageModelPrefix)
+		if !ok {
+			w.names = append(w.names, n)
+			continue
+		}
+		if _, has := src.Tensor("model." + rest); has {
+			w.names = append(w.names, n)
+			continue
+		}
+		w.alias["model."+rest] = n
+		w.names = append(w.names, "model."+rest)
+	}
+	if len(w.alias) == 0 {
+		return src
+	}
+	sort.Strings(w.names)
+	return w
+}
+
+func (w *lmPrefixed) Names() []string { return w.names }
+
+func (w *lmPrefixed) Tensor(name string) (safetensors.TensorInfo, bool) {
+	if n, ok := w.alias[name]; ok {
+		info, ok := w.Source.Tensor(n)
+		info.Name = name
+		return info, ok
+	}
+	return w.Source.Tensor(name)
 }

@@ -3,10 +3,14 @@ package models
 import (
 	"math"
 	"math/rand/v2"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // tinyLinearModel builds the tiny preset of a gated delta-net family on the CPU with every
@@ -187,5 +191,46 @@ func TestGatedDeltaNetGenerateMatchesUncached(t *testing.T) {
 			checkBatchGreedy(t, m)
 			checkRowsIndependent(t, m)
 		})
+	}
+}
+
+// TestQwen35LoadsLanguageModelNames: a checkpoint holding the text model under
+// model.language_model.* (the vision-language layout), beside a vision tensor, loads as the
+// same model, and the vision tensor is reported unused.
+func TestQwen35LoadsLanguageModelNames(t *testing.T) {
+	m := tinyLinearModel(t, "qwen3_5_moe_text", nil)
+	ts, err := m.WeightTensors(tensor.Invalid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ts {
+		if rest, ok := strings.CutPrefix(ts[i].Name, "model."); ok {
+			ts[i].Name = "model.language_model." + rest
+		}
+	}
+	ts = append(ts, safetensors.Tensor{Name: "model.visual.patch_embed.proj.bias", DType: ts[0].DType, Shape: []int{1}, Data: make([]byte, ts[0].DType.Size())})
+	dir := t.TempDir()
+	if _, err := safetensors.SaveCheckpoint(dir, ts, safetensors.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Config().Write(filepath.Join(dir, "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Load(dir, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	if !slices.Equal(back.Unused, []string{"model.visual.patch_embed.proj.bias"}) {
+		t.Errorf("unused %v, want the vision tensor alone", back.Unused)
+	}
+	ids := []int32{3, 7, 1, 22, 9}
+	want, _ := m.Logprobs(ids)
+	got, err := back.Logprobs(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxAbsDiff(got, want); d > 0 {
+		t.Errorf("logprobs differ by %g after the renamed checkpoint", d)
 	}
 }

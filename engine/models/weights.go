@@ -29,6 +29,9 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 // loadWeights is LoadWeights for the model's arena; the tensors of its NF4 weights (read by
 // Load from a bitsandbytes checkpoint) are not reported unused.
 func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error) {
+	if m.Family.GatedDeltaNet == GDNSplit {
+		src = withLanguageModelPrefix(src)
+	}
 	if f := expertHooks(m.Family); f != nil {
 		src = withFusedExperts(src, f)
 	}
