@@ -275,6 +275,10 @@ func (m *Model) build() {
 			at.QNorm, at.KNorm = &qn, &kn
 			at.NormAfterRoPE = a.QKNormAfterRoPE
 		}
+		if a.HeadGate {
+			g := lin(pre + "self_attn.g_proj")
+			at.HeadGate = &g
+		}
 		if a.Latent.KVRank > 0 {
 			at = &nn.Attention{Name: pre + "self_attn", Layer: i, Latent: latentAttention(a, i, lin, norm)}
 		}

@@ -30,6 +30,8 @@ type moeRefSpec struct {
 	bias        string // the selection-only bias under block ("" none)
 	shared      string // the shared SwiGLU MLP under block ("" none)
 	renorm      bool   // the top-k weights are divided by their sum
+	// headGate scales each head's attention output by softplus(g_proj(x)) (Laguna).
+	headGate bool
 }
 
 var moeRefSpecs = map[string]moeRefSpec{
@@ -40,6 +42,9 @@ var moeRefSpecs = map[string]moeRefSpec{
 		gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_mlp", renorm: true},
 	"ernie4_5_moe": {interleaved: true, block: "mlp", router: "gate", gate: "gate_proj", up: "up_proj", down: "down_proj",
 		bias: "gate.moe_statics.e_score_correction_bias", shared: "shared_experts", renorm: true},
+	"laguna": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "mlp", router: "gate",
+		gate: "gate_proj", up: "up_proj", down: "down_proj", sigmoid: true, bias: "gate.e_score_correction_bias",
+		shared: "shared_experts", renorm: true, headGate: true},
 	"minimax_m2": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "block_sparse_moe", router: "gate",
 		gate: "w1", up: "w3", down: "w2", sigmoid: true, bias: "e_score_correction_bias", renorm: true},
 }
@@ -102,10 +107,11 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 			}
 		}
 	}
-	inv, _, err := a.Rope.Compute(a.Rope.MaxPositionEmbeddings)
+	mainInv, _, err := a.Rope.Compute(a.Rope.MaxPositionEmbeddings)
 	if err != nil {
 		panic(err)
 	}
+	var inv []float32
 	rot := func(v []float64, heads int) {
 		half := len(inv)
 		for t := 0; t < n; t++ {
@@ -135,6 +141,17 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 	bias := c.AttentionBias
 	for l := 0; l < a.Layers; l++ {
 		pre := layerName(l, "")
+		inv = mainInv
+		if c.IsSlidingLayer(l) && a.SlidingRope != nil {
+			// The sliding layers' own base and rotary width (Laguna).
+			if inv, _, err = a.SlidingRope.Compute(a.Rope.MaxPositionEmbeddings); err != nil {
+				panic(err)
+			}
+		}
+		window := 0
+		if c.IsSlidingLayer(l) {
+			window = c.SlidingWindow
+		}
 		in := x
 		if !r.s.postNorms {
 			in = r.rms(x, r.p(pre+"input_layernorm.weight"))
@@ -156,7 +173,14 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 				kh := hh / (nh / nkv)
 				sc := make([]float64, t+1)
 				m := math.Inf(-1)
-				for j := 0; j <= t; j++ {
+				lo := 0
+				if window > 0 {
+					lo = max(0, t-window+1)
+				}
+				for j := range sc {
+					sc[j] = math.Inf(-1)
+				}
+				for j := lo; j <= t; j++ {
 					s := 0.0
 					for d := 0; d < hd; d++ {
 						s += q[(t*nh+hh)*hd+d] * k[(j*nkv+kh)*hd+d]
@@ -168,9 +192,20 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 				for _, s := range sc {
 					z += math.Exp(s - m)
 				}
-				for j := 0; j <= t; j++ {
+				for j := lo; j <= t; j++ {
 					for d := 0; d < hd; d++ {
 						att[(t*nh+hh)*hd+d] += math.Exp(sc[j]-m) / z * v[(j*nkv+kh)*hd+d]
+					}
+				}
+			}
+		}
+		if r.s.headGate {
+			g := r.proj(in, pre+"self_attn.g_proj", h, false)
+			for t := 0; t < n; t++ {
+				for hh := 0; hh < nh; hh++ {
+					sp := math.Log1p(math.Exp(g[t*nh+hh]))
+					for d := 0; d < hd; d++ {
+						att[(t*nh+hh)*hd+d] *= sp
 					}
 				}
 			}
@@ -275,6 +310,9 @@ func (r moeRef) moe(x []float64, pre string) []float64 {
 			if r.s.renorm {
 				w /= sum
 			}
+			if f := r.c.RoutedScalingFactor; f != 0 {
+				w *= f
+			}
 			y := r.swiglu(xt, pre+"experts."+strconv.Itoa(s)+".", r.s.gate, r.s.up, r.s.down, h)
 			for j := range y {
 				out[t*h+j] += w * y[j]
@@ -310,12 +348,19 @@ func TestMoEFamiliesMatchReference(t *testing.T) {
 		{"ernie4_5_moe", func(c *config.Config) {
 			c.NumHiddenLayers, c.MoELayerStartIndex, c.MoELayerEndIndex = 3, 1, 2
 		}, func(r *moeRef) { r.s.interleaved = false }},
+		{"laguna", func(c *config.Config) {
+			c.NumHiddenLayers, c.RoutedScalingFactor, c.NumExpertsPerTok = 3, 1.7, 3
+			c.LayerTypes = []string{"sliding_attention", "full_attention", "sliding_attention"}
+			c.MLPLayerTypes = []string{"dense", "sparse", "sparse"}
+			c.NumAttentionHeadsPerLayer = []int{4, 4, 4}
+			c.SlidingWindow = 3
+		}, func(r *moeRef) { r.s.headGate = false }},
 		{"minimax_m2", func(c *config.Config) { c.NumExpertsPerTok = 3 },
 			func(r *moeRef) { r.s.bias = "" }},
 	} {
 		t.Run(tc.fam, func(t *testing.T) {
 			m := tinyMoE(t, tc.fam, tc.mod)
-			if tc.fam == "minimax_m2" || tc.fam == "ernie4_5_moe" {
+			if tc.fam == "minimax_m2" || tc.fam == "ernie4_5_moe" || tc.fam == "laguna" {
 				// A correction bias large enough to change choices.
 				name := layerName(m.moe.index[len(m.moe.index)-1], moeRefSpecs[tc.fam].block+"."+moeRefSpecs[tc.fam].bias)
 				b := make([]float32, m.Arch.Experts)

@@ -83,6 +83,16 @@ var moeCases = []struct {
 	// Projection-wide q/k norms, a sigmoid router with a selection-only correction bias (top 3
 	// of 6: at top 2 the sigmoid scores of this tiny model sit within the step of a tie).
 	{"minimax_m2", "minimax_m2", func(c *config.Config) { c.NumExpertsPerTok = 3 }},
+	// Per-head q/k norms and output gates, a sliding layer with its own rotary width, a dense
+	// layer, the sigmoid router with its correction bias, scaled weights, a shared expert.
+	{"laguna", "laguna", func(c *config.Config) {
+		// Top 3 of 6: at top 2 the sigmoid scores of this tiny model sit within the step of a tie.
+		c.NumHiddenLayers, c.RoutedScalingFactor, c.NumExpertsPerTok = 3, 1.7, 3
+		c.LayerTypes = []string{"sliding_attention", "full_attention", "sliding_attention"}
+		c.MLPLayerTypes = []string{"dense", "sparse", "sparse"}
+		c.NumAttentionHeadsPerLayer = []int{4, 4, 4}
+		c.SlidingWindow = 3
+	}},
 	{"ernie4_5_moe", "ernie4_5_moe", func(c *config.Config) {
 		c.NumHiddenLayers, c.MoELayerStartIndex, c.MoELayerEndIndex = 3, 1, 2
 	}},
@@ -157,7 +167,7 @@ func TestMoEGradientMatchesFiniteDifferences(t *testing.T) {
 	for _, tc := range moeCases {
 		t.Run(tc.name, func(t *testing.T) {
 			auxScale := 0.1
-			if tc.fam == "glm4_moe" || tc.fam == "lfm2_moe" || tc.fam == "minimax_m2" {
+			if tc.fam == "glm4_moe" || tc.fam == "lfm2_moe" || tc.fam == "minimax_m2" || tc.fam == "laguna" {
 				// transformers' GLM-4.5 and LFM2-MoE have no load-balancing loss, and its top-k of the
 				// unbiased scores (which the aux loss counts) is not the routing's, so a flip
 				// of it would go unnoticed by the tie check below. MiniMax-M2's is refused

@@ -20,10 +20,11 @@ var structuralVariants = []struct {
 	{"attention_bias", true},
 	{"mlp_bias", true},
 	{"tie_word_embeddings", true},
-	{"tie_word_embeddings", false}, // families tied by default (smollm3)
-	{"mlp_only_layers", []int{0}},  // a dense layer in a mixture of experts
-	{"q_lora_rank", nil},           // latent attention with a plain q_proj
-	{"moe_layer_start_index", 1},   // a dense first layer (ernie4_5_moe)
+	{"tie_word_embeddings", false},                   // families tied by default (smollm3)
+	{"mlp_only_layers", []int{0}},                    // a dense layer in a mixture of experts
+	{"q_lora_rank", nil},                             // latent attention with a plain q_proj
+	{"moe_layer_start_index", 1},                     // a dense first layer (ernie4_5_moe)
+	{"mlp_layer_types", []string{"dense", "sparse"}}, // a dense layer (laguna)
 }
 
 // variant is one structural variant of a family's tiny model.

@@ -70,6 +70,9 @@ var savedCases = []struct {
 	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}},
 	// Projection-wide q/k norms, sigmoid routing with a non-zero correction bias.
 	{"minimax_m2", "minimax_m2", nil},
+	// Per-head q/k norms and output gates, a sliding layer with its own rotary base and width, a
+	// dense layer before a sigmoid-routed one with a non-zero correction bias, a shared expert.
+	{"laguna", "laguna", []string{"mlp_layer_types=[\"dense\",\"sparse\"]", "attention_bias=true"}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.

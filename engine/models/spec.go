@@ -146,6 +146,10 @@ func attentionSpecs(a *Arch, i int) []ParamSpec {
 		s = append(s, normWeight(layerName(i, "self_attn."+qn+".weight"), a.HeadDim),
 			normWeight(layerName(i, "self_attn."+kn+".weight"), a.HeadDim))
 	}
+	if a.HeadGate {
+		// laguna's per-head output gate, after the norms as transformers lists it.
+		s = append(s, matrix(layerName(i, "self_attn.g_proj.weight"), a.Heads, a.Hidden))
+	}
 	return s
 }
 

@@ -55,6 +55,9 @@ type Attention struct {
 	// LocalRope rotates with the pass's local table (Pass.LocalInvFreq: the sliding layers of
 	// families with a second RoPE base) instead of its main one.
 	LocalRope bool
+	// HeadGate, when set (W [NH, C]), scales each head's output by softplus(x · HeadGate^T)
+	// of its own before O (Laguna's g_proj; attention_head_gate.go).
+	HeadGate *Linear
 	// OutGate: Q also projects a per-head output gate that scales the attention output by its
 	// sigmoid before O (attention_gate.go; qwen3_next, qwen3_5_moe_text).
 	OutGate bool
@@ -80,7 +83,7 @@ type attnCache struct {
 	qPre, kPre, qRs, kRs T
 	vPre, vRs            T // the value projection's output before VNorm, and its rstd
 	q, k, v, out, lse    T
-	gate, gated          T // the output gate's values and the gated output (OutGate)
+	gate, gated          T // the output gate's values and the gated output (OutGate, HeadGate)
 	kAll, vAll           T // keys/values attended over (views of the KV cache when decoding)
 	live                 bool
 }
@@ -173,7 +176,7 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 		if err = a.attendSlots(p); err != nil {
 			return T{}, err
 		}
-		return a.O.Forward(p, c.out)
+		return a.project(p, x)
 	}
 	if p.Cache != nil {
 		if c.kAll, c.vAll, err = a.appendCache(p); err != nil {
@@ -196,8 +199,24 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, wrap(a.Name+" sinks", err)
 		}
 	}
+	return a.project(p, x)
+}
+
+// project returns O of the attention output c.out, gated first by the output gate (OutGate) or
+// the per-head gate of x (HeadGate) when the layer has one.
+func (a *Attention) project(p *Pass, x T) (y T, err error) {
+	c := &a.c
 	if a.OutGate {
 		if c.gated, err = a.applyGate(p, c.out, c.gate); err != nil {
+			return T{}, err
+		}
+		return a.O.Forward(p, c.gated)
+	}
+	if a.HeadGate != nil {
+		if c.gate, err = a.HeadGate.Forward(p, x); err != nil {
+			return T{}, err
+		}
+		if c.gated, err = a.applyHeadGate(p, c.out, c.gate); err != nil {
 			return T{}, err
 		}
 		return a.O.Forward(p, c.gated)
@@ -445,6 +464,16 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		if err != nil {
 			return T{}, err
 		}
+	} else if a.HeadGate != nil {
+		if err = a.O.Backward(p, dattn, dy, c.gated, false); err != nil {
+			return T{}, err
+		}
+		dgated := dattn
+		dattn, dgate, err = a.headGateBackward(p, dgated, c.out, c.gate)
+		_ = free(p.B, &dgated)
+		if err != nil {
+			return T{}, err
+		}
 	} else if err = a.O.Backward(p, dattn, dy, c.out, false); err != nil {
 		return T{}, err
 	}
@@ -516,6 +545,9 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		if err = a.K.Backward(p, dx, dk, c.x, true); err == nil && !a.KEqV {
 			err = a.V.Backward(p, dx, dvIn, c.x, true)
 		}
+	}
+	if err == nil && a.HeadGate != nil {
+		err = a.HeadGate.Backward(p, dx, dgate, c.x, true)
 	}
 	if err != nil {
 		_ = free(p.B, &dx)

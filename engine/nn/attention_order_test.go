@@ -52,3 +52,35 @@ func TestAttentionNormAfterRoPE(t *testing.T) {
 	a.NormAfterRoPE = true
 	checkGradients(t, e, p, x, attnLayer(a))
 }
+
+// TestAttentionHeadGate: with HeadGate each head's output is scaled by softplus of its gate
+// logit before O — zero gate weights scale every head by softplus(0) = ln 2, which O's
+// linearity turns into the ungated output times ln 2 (its bias aside: the case has none) — and
+// the gradients, the gate's included, match central differences.
+func TestAttentionHeadGate(t *testing.T) {
+	const C, NH, NKV, HD = 12, 4, 2, 6
+	lens := []int{5, 1, 7}
+	e := newEnv(t)
+	p := e.pass(lens, HD)
+	x := e.randn(1, p.N, C)
+	a := newAttention(e, C, NH, NKV, HD, 0, false)
+	plain, err := a.Forward(p, x, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.HeadGate = &Linear{Name: "g", W: e.zeros(NH, C), GW: e.zeros(NH, C)}
+	gated, err := a.Forward(p, x, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv, gv := e.get(plain), e.get(gated)
+	for i := range pv {
+		if d := math.Abs(float64(gv[i]) - math.Ln2*float64(pv[i])); d > 1e-5 {
+			t.Fatalf("output %d: %g with zero gate weights, want ln 2 × %g", i, gv[i], pv[i])
+		}
+	}
+	e.set(a.HeadGate.W, e.get(e.randn(0.5, NH, C)))
+	l := attnLayer(a)
+	l.param, l.grad = append(l.param, a.HeadGate.W), append(l.grad, a.HeadGate.GW)
+	checkGradients(t, e, p, x, l)
+}

@@ -12,7 +12,9 @@ import (
 // around experts its checkpoints hold fused, attention biases) and hunyuan_v1_moe (per-head q/k
 // norms after RoPE, a shared MLP beside the experts) and ernie4_5_moe (interleaved rotary pairs,
 // a dense first layer, softmax routing with a correction bias, a shared expert) and minimax_m2
-// (projection-wide q/k norms, sigmoid routing with a correction bias).
+// (projection-wide q/k norms, sigmoid routing with a correction bias) and laguna (per-head q/k
+// norms and output gates, a sliding layer with its own rotary base and width, a dense layer,
+// sigmoid routing with a correction bias and scaling, a shared expert).
 func init() {
 	tinyConfigs["flex_olmo"] = `{"model_type": "flex_olmo", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 8,
 		"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true, "output_router_logits": true,
@@ -38,6 +40,19 @@ func init() {
 		"num_local_experts": 4, "num_experts_per_tok": 2,
 		"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
 		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+	tinyConfigs["laguna"] = `{"model_type": "laguna", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"moe_intermediate_size": 8, "shared_expert_intermediate_size": 12, "num_experts": 4, "num_experts_per_tok": 2,
+		"moe_routed_scaling_factor": 1.5, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+		"mlp_layer_types": ["dense", "sparse", "sparse"], "sliding_window": 5, "attention_bias": true,
+		"num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.2}`
+}
+
+// TestLagunaLayoutsMatchSingleDevice: the MoE layouts without expert-tensor parallelism give
+// the single device's loss and gradients; under tensor parallelism each rank gates its own
+// heads with its rows of g_proj.
+func TestLagunaLayoutsMatchSingleDevice(t *testing.T) {
+	checkLayouts(t, []string{"laguna"}, sharedExpertLayouts())
 }
 
 // TestMiniMaxM2LayoutsMatchSingleDevice: data parallelism, FSDP and expert parallelism give the

@@ -392,6 +392,20 @@ CASES += [
     # implemented here).
     case("minimax_m2", "minimax_m2", **dict(ODD, intermediate_size=24), head_dim=12, num_hidden_layers=2,
          num_local_experts=6, num_experts_per_tok=2, output_router_logits=False, tie_word_embeddings=False),
+    # Laguna: per-head q/k norms and softplus output gates (g_proj), sliding (window 5) and full
+    # layers with their own rotary bases and widths (all of each 12-wide head, half of it),
+    # attention biases, a dense first layer (40 wide), then 6 experts of 20 (top 2, sigmoid plus
+    # the perturbed correction bias for the choice, renormalised, scaled 1.5) beside an ungated
+    # shared expert of 28; no aux loss (transformers' takes a softmax over this router's logits).
+    case("laguna", "laguna", **dict(ODD, intermediate_size=40), head_dim=12, num_hidden_layers=3,
+         num_experts=6, num_experts_per_tok=2, moe_intermediate_size=20, shared_expert_intermediate_size=28,
+         moe_routed_scaling_factor=1.5, sliding_window=5, attention_bias=True,
+         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+         mlp_layer_types=["dense", "sparse", "sparse"], output_router_logits=False, tie_word_embeddings=False,
+         rope_parameters={
+             "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+         }),
 ]
 
 # DeepSeek-V4, every feature on at tiny sizes, as a reference for the model to be written against
@@ -424,7 +438,8 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
-                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "deepseek_v4")
+                "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "deepseek_v4",
+                "laguna")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose experts need transformers' eager experts implementation in float64.

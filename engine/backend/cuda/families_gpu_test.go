@@ -64,6 +64,9 @@ var familyCases = []struct {
 	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}, true},
 	// MiniMax-M2: projection-wide q/k norms, sigmoid routing with a correction bias.
 	{"minimax_m2", "minimax_m2", nil, true},
+	// Laguna: per-head q/k norms and softplus output gates, per-layer-type rotary bases and
+	// widths, a sliding layer, sigmoid routing with a correction bias, a shared expert.
+	{"laguna", "laguna", []string{"attention_bias=true"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

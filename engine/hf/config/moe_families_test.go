@@ -27,6 +27,9 @@ func TestMoEFamiliesParameters(t *testing.T) {
 		// q/k norms over the projections, a router and 8 experts of 32 (the correction bias is
 		// a buffer)
 		{"minimax_m2", 2*v*h + h + 2*(attn+q+kv+2*h+h*8+8*3*h*32)},
+		// per-head q/k norms (16), g_proj (4 heads), a router with its correction bias (a
+		// parameter), 8 experts of 32 and a shared expert of 32
+		{"laguna", 2*v*h + h + 2*(attn+2*16+4*h+2*h+h*8+8+8*3*h*32+3*h*32)},
 	} {
 		c, err := Preset(tc.family, "tiny")
 		if err != nil {
@@ -41,7 +44,7 @@ func TestMoEFamiliesParameters(t *testing.T) {
 // The further MoE families refuse keys they do not know, naming the key, and read the
 // aliases transformers' attribute_map declares.
 func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
-	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2"} {
+	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "laguna"} {
 		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
 		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
 			t.Errorf("%s: unknown key: %v", fam, err)
@@ -74,6 +77,22 @@ func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
 	// The Hub file's keys that transformers keeps without reading are kept.
 	if _, err := Parse([]byte(`{"model_type": "minimax_m2", "rotary_dim": 64, "use_qk_norm": true, "qk_norm_type": "per_layer", "scoring_func": "sigmoid", "use_routing_bias": true}`), "cfg.json"); err != nil {
 		t.Errorf("minimax_m2 Hub keys: %v", err)
+	}
+	for _, tc := range []struct{ file, key string }{
+		{`{"model_type": "laguna", "num_hidden_layers": 2, "num_attention_heads_per_layer": [32, 16]}`, "num_attention_heads_per_layer"},
+		{`{"model_type": "laguna", "moe_router_logit_softcapping": 30.0}`, "moe_router_logit_softcapping"},
+		{`{"model_type": "laguna", "moe_apply_router_weight_on_input": true}`, "moe_apply_router_weight_on_input"},
+		{`{"model_type": "laguna", "output_router_logits": true}`, "output_router_logits"},
+		{`{"model_type": "laguna", "num_hidden_layers": 2, "mlp_layer_types": ["dense"]}`, "mlp_layer_types"},
+	} {
+		if _, err := Parse([]byte(tc.file), "cfg.json"); err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("laguna %s: %v, want an error naming %s", tc.file, err, tc.key)
+		}
+	}
+	// A file's rope_parameters replace the defaults whole (partial_rotary_factor 1 where absent).
+	c, err = Parse([]byte(`{"model_type": "laguna", "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000.0}, "sliding_attention": {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.25}}}`), "cfg.json")
+	if err != nil || c.Rope.Theta != 1000 || c.Rope.PartialRotaryFactor != 0 || c.SlidingRope.Theta != 100 || c.SlidingRope.PartialRotaryFactor != 0.25 {
+		t.Errorf("laguna rope_parameters: %v, %+v %+v", err, c.Rope, c.SlidingRope)
 	}
 	// Per-layer lists of moe_topk are not read: the error names the key.
 	_, err = Parse([]byte(`{"model_type": "hunyuan_v1_moe", "num_experts": 4, "moe_topk": [2, 2]}`), "cfg.json")
@@ -124,5 +143,16 @@ func TestMoEFamiliesDefaults(t *testing.T) {
 	if c.NumExperts != 256 || c.NumExpertsPerTok != 8 || c.HeadDim != 128 || c.Rope.Theta != 5000000 ||
 		!c.NormTopKProb || *c.BOSTokenID != 200034 || c.PadTokenID != nil || c.Shape().QKNorm != QKNormProjection {
 		t.Errorf("minimax_m2 defaults: %+v", c)
+	}
+	c, err = New("laguna")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = c.Shape()
+	if c.NumExperts != 256 || c.HeadDim != 128 || len(c.LayerTypes) != 40 || c.IsSlidingLayer(0) ||
+		c.IsMoELayer(0) || !c.IsMoELayer(1) || s.MoELayers != 39 || c.Rope.Theta != 500000 || c.Rope.PartialRotaryFactor != 0.5 ||
+		c.SlidingRope.Theta != 10000 || c.SlidingRope.PartialRotaryFactor != 1 || len(c.NumAttentionHeadsPerLayer) != 40 ||
+		s.SharedExpert != 512 || !s.HeadGate || !s.RouterBiasParam {
+		t.Errorf("laguna defaults: %+v", c)
 	}
 }

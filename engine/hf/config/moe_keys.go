@@ -1,7 +1,10 @@
 package config
 
+import "slices"
+
 // MoEKeys are the config.json keys of further mixture-of-experts families that no other family
-// has: HunYuan's extra token ids and ERNIE 4.5's layer pattern, shared experts and biases.
+// has: HunYuan's extra token ids, ERNIE 4.5's layer pattern, shared experts and biases, and
+// Laguna's per-layer head counts and router options.
 // Config embeds it; a family that lacks a key leaves its field at the zero value, which is not
 // written.
 type MoEKeys struct {
@@ -22,9 +25,25 @@ type MoEKeys struct {
 	// UseBias: ERNIE 4.5's projections (attention, MLPs, the LM head) carry biases. Default
 	// false.
 	UseBias bool
+
+	// NumAttentionHeadsPerLayer is Laguna's query-head count of each layer (derived as
+	// num_attention_heads everywhere when absent; only that uniform form is supported).
+	NumAttentionHeadsPerLayer []int
+	// MoEApplyRouterWeightOnInput: Laguna would weight each expert's input rather than its
+	// output (transformers refuses true). Default false.
+	MoEApplyRouterWeightOnInput bool
+	// MoERouterLogitSoftcapping caps Laguna's router logits with tanh (0: none). Default 0.
+	MoERouterLogitSoftcapping float64
+
+	// headsDerived: NumAttentionHeadsPerLayer was derived (as headsFrom) and follows
+	// num_attention_heads and num_hidden_layers until it is changed.
+	headsDerived bool
+	headsFrom    []int
 }
 
 func (k MoEKeys) clone() MoEKeys {
+	k.NumAttentionHeadsPerLayer = slices.Clone(k.NumAttentionHeadsPerLayer)
+	k.headsFrom = slices.Clone(k.headsFrom)
 	for _, p := range []**int{&k.EODTokenID, &k.SEPTokenID} {
 		if *p != nil {
 			*p = IntPtr(**p)
@@ -49,4 +68,9 @@ var _ = addFields(map[string]field{
 	"moe_layer_interval":     {kInt, false, func(c *Config) any { return &c.MoELayerInterval }},
 	"moe_norm_min":           {kFloat, false, func(c *Config) any { return &c.MoENormMin }},
 	"use_bias":               {kBool, false, func(c *Config) any { return &c.UseBias }},
+	// Laguna's.
+	"num_attention_heads_per_layer":    {kIntList, true, func(c *Config) any { return &c.NumAttentionHeadsPerLayer }},
+	"moe_routed_scaling_factor":        {kFloat, false, func(c *Config) any { return &c.RoutedScalingFactor }},
+	"moe_apply_router_weight_on_input": {kBool, false, func(c *Config) any { return &c.MoEApplyRouterWeightOnInput }},
+	"moe_router_logit_softcapping":     {kFloat, false, func(c *Config) any { return &c.MoERouterLogitSoftcapping }},
 })

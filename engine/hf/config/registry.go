@@ -73,6 +73,9 @@ type Family struct {
 	// RouterBiasParam: every MoE layer's router has a selection-only correction bias that
 	// transformers holds as a parameter (ernie4_5_moe's moe_statics).
 	RouterBiasParam bool
+	// HeadGate: every attention layer scales each head's output by the softplus of its own
+	// gate projection g_proj [heads, C] (laguna).
+	HeadGate bool
 	// RopePerLayerType: rope_parameters holds one set of parameters per layer type
 	// ({"full_attention": {...}, "sliding_attention": {...}}; Config.Rope and
 	// Config.SlidingRope), as gemma3_text writes it.

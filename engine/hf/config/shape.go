@@ -47,6 +47,9 @@ type Shape struct {
 	// RouterBiasParam: that bias is a parameter transformers counts (ERNIE 4.5's
 	// moe_statics.e_score_correction_bias [1, E]), not a buffer.
 	RouterBiasParam bool
+	// HeadGate: each attention layer has g_proj [Heads, C], whose softplus scales each head's
+	// output (laguna).
+	HeadGate bool
 	// Sinks: each attention layer has a learned sink logit per query head (gpt_oss);
 	// ExpertBias: the router and the routed experts' projections carry biases (gpt_oss).
 	Sinks, ExpertBias bool
@@ -147,6 +150,7 @@ func (c *Config) Shape() Shape {
 			s.SharedExpert, s.SharedExpertGate = f.SharedExpert(c)
 		}
 		s.AttnOutputGate = f.AttnOutputGate
+		s.HeadGate = f.HeadGate
 	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsLinearLayer(i) {
@@ -239,6 +243,9 @@ func (s Shape) countParameters(active bool) int64 {
 	}
 	if s.OBias {
 		attn += h
+	}
+	if s.HeadGate {
+		attn += int64(s.Heads) * h // g_proj
 	}
 	if s.Latent.KVRank > 0 {
 		attn = s.Latent.Parameters(h, int64(s.Heads), s.QKVBias, s.OBias)

@@ -1,0 +1,31 @@
+package models
+
+// Laguna (laguna; structure: the laguna family of engine/hf/config): attention with per-head
+// q/k norms before RoPE, rotary bases and widths per layer type (full layers rotate half of each
+// head, sliding layers all of it), sliding windows on the sliding_attention layers and a
+// per-head output gate softplus(g_proj(x)) (nn.Attention.HeadGate); dense SwiGLU layers where
+// mlp_layer_types says dense, and in the sparse ones DeepSeek's sigmoid router with its
+// selection-only correction bias (sigmoidMoE, no expert groups), renormalised and scaled by
+// moe_routed_scaling_factor, beside an ungated shared expert. Checkpoint names are
+// transformers': self_attn.{q,k,v,o}_proj, q_norm, k_norm, g_proj; mlp.gate.weight,
+// mlp.gate.e_score_correction_bias (a parameter without gradient), mlp.experts.* (held fused by
+// transformers 5.17, split on load), mlp.shared_experts.*.
+//
+// Layouts: data parallelism, FSDP, tensor parallelism (heads split with their norms and gate
+// rows; routers, dense MLPs and the shared expert whole) and expert parallelism. Expert-tensor
+// parallelism is refused for models with shared experts (rule etp), context parallelism of MoE
+// models by rule support. Rope types other than default are refused.
+func init() {
+	Register(&Family{
+		ModelType: "laguna",
+		Caps: Caps{SlidingWindow: true, TiedEmbeddings: true, RopeTypes: []string{"default"},
+			Reason: "(Laguna's rope scaling per layer type is not implemented)"},
+		FFN: &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj",
+			shared: "shared_experts"}},
+		Placements: decoderPlacements(qkNormPlacements(PerHead),
+			[]Placement{{Module: "model.layers.*.self_attn.g_proj", Split: Column}},
+			expertPlacements("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
+			denseMLPPlacements("mlp", "gate_proj", "up_proj", "down_proj", Replicated),
+			sharedPlacements("shared_experts", "")),
+	})
+}
