@@ -52,6 +52,10 @@ var gpuRouteCases = []routeCase{
 	{"K=1", backend.MoERouting{TopK: 1}, 65, 16, tensor.BF16, false},
 	{"deepseek_v3 sigmoid E256 K8 groups 8/4", backend.MoERouting{Score: backend.RouterSigmoid, TopK: 8, NormTopK: true, RoutedScaling: 2.5, NGroup: 8, TopKGroup: 4}, 600, 256, tensor.F32, true},
 	{"glm4_moe sigmoid E128 K8 groups 1", backend.MoERouting{Score: backend.RouterSigmoid, TopK: 8, NormTopK: true, RoutedScaling: 1.8, NGroup: 1, TopKGroup: 1}, 400, 128, tensor.BF16, true},
+	// The shared expert's gate (engine/nn): a one-expert sigmoid router gives sigmoid(z).
+	{"shared gate sigmoid E1 K1 bf16", backend.MoERouting{Score: backend.RouterSigmoid, TopK: 1}, 300, 1, tensor.BF16, false},
+	// gpt-oss: softmax over the chosen logits, as a renormalised full softmax.
+	{"gpt_oss E32 K4 norm bf16", backend.MoERouting{TopK: 4, NormTopK: true}, 500, 32, tensor.BF16, false},
 }
 
 type routeOut struct {
