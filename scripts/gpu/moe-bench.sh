@@ -33,6 +33,11 @@
 #   --steps N      timed optimizer steps [20]
 #   --warmup N     leading steps left out of the medians [3]
 #   --lr X         constant learning rate [1e-4]
+#   --variants LIST  also train halo-shell once per HALO_CUDA_GROUPED_GEMM value in LIST (e.g.
+#                  wg,wg-n256,wg-tma) on each case's weights and rows, into halo-<value>.json and
+#                  .log beside halo.json, and write OUTDIR/variants.json: per case and value the
+#                  tokens/s, its ratio to the default run's, peak GiB and the largest loss
+#                  difference from the default run [none]
 #   --eps LIST     also run the expert-parallel sweep (EP sizes of 1, 2, 4, 8, at most the GPUs
 #                  present) of the first case through halo-shell alone, into OUTDIR/ep/
 #                  (moe-ep{N}.json, and moe_shape.py's summary moe-ep-report.json: tokens/s,
@@ -42,12 +47,12 @@
 # HALO_BIN overrides the binary (bin/halo-shell), PYTHON the interpreter (python3),
 # HALO_REVISION the source revision recorded in the report.
 set -uo pipefail
-usage="usage: moe-bench.sh OUTDIR [--cases LIST] [--steps N] [--warmup N] [--lr X] [--eps LIST]"
+usage="usage: moe-bench.sh OUTDIR [--cases LIST] [--steps N] [--warmup N] [--lr X] [--variants LIST] [--eps LIST]"
 out=${1:?$usage}
 shift
 command_line="scripts/gpu/moe-bench.sh $out $*"
 cases=qwen3-30b-a3b:4:4x2048,qwen3-30b-a3b:8:2x4096,olmoe-1b-7b:16:4x2048,mixtral-8x7b:4:4x2048
-steps=20 warmup=3 lr=1e-4 eps=""
+steps=20 warmup=3 lr=1e-4 eps="" variants=""
 while [ $# -gt 0 ]; do
 	case $1 in
 	--cases) cases=${2-} ;;
@@ -55,6 +60,7 @@ while [ $# -gt 0 ]; do
 	--warmup) warmup=${2-} ;;
 	--lr) lr=${2-} ;;
 	--eps) eps=${2-} ;;
+	--variants) variants=${2-} ;;
 	*)
 		echo "moe-bench.sh: unknown option $1; $usage" >&2
 		exit 2
@@ -136,6 +142,13 @@ for i in "${!names[@]}"; do
 	"$bin" run bench-train --model "$d/init" --data "$d/tokens.jsonl" --device cuda --optim adamw_bf16_nearest \
 		"${common[@]}" "${trace_flag[@]}" --out "$d/halo.json" 2>&1 | tee "$d/halo.log"
 	[ "${PIPESTATUS[0]}" -ne 0 ] && echo "== ${names[$i]}: halo-shell failed (see $d/halo.log)"
+	for v in ${variants//,/ }; do
+		echo "== ${names[$i]}: halo-shell, HALO_CUDA_GROUPED_GEMM=$v"
+		HALO_CUDA_GROUPED_GEMM=$v "$bin" run bench-train --model "$d/init" --data "$d/tokens.jsonl" --device cuda \
+			--optim adamw_bf16_nearest "${common[@]}" --out "$d/halo-$v.json" >"$d/halo-$v.log" 2>&1 ||
+			echo "== ${names[$i]}: HALO_CUDA_GROUPED_GEMM=$v failed (see $d/halo-$v.log)"
+		tail -1 "$d/halo-$v.log"
+	done
 	if [ -n "$eps" ] && [ "$i" = 0 ]; then
 		mkdir -p "$out/ep"
 		cp -r "$d/init" "$out/ep/init" && cp "$d/tokens.jsonl" "$out/ep/tokens.jsonl"
@@ -143,6 +156,35 @@ for i in "${!names[@]}"; do
 	[ "${KEEP_WEIGHTS:-0}" = 1 ] || rm -rf "$d/init"
 	echo "== ${names[$i]}: done at $((SECONDS - start)) s"
 done
+if [ -n "$variants" ]; then
+	"$py" - "$out" "$variants" "${names[@]}" <<'PY'
+import json, os, sys
+out, variants, names = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+rows = []
+for name in names:
+    base = load(os.path.join(out, name, "halo.json"))
+    for v in variants:
+        r = load(os.path.join(out, name, f"halo-{v}.json"))
+        row = {"case": name, "variant": v, "ok": r is not None}
+        if r is not None:
+            row["tokens_per_s"] = r["tokens_per_s"]
+            row["peak_allocated_gib"] = r["memory"]["peak_allocated_gib"]
+            if base is not None:
+                row["tokens_per_s_vs_default"] = r["tokens_per_s"] / base["tokens_per_s"]
+                row["loss_max_abs_diff_vs_default"] = max(abs(a - b) for a, b in zip(r["losses"], base["losses"]))
+        rows.append(row)
+with open(os.path.join(out, "variants.json"), "w") as f:
+    json.dump({"variants": rows}, f, indent=1)
+for row in rows:
+    print(json.dumps(row))
+PY
+fi
 rev=${HALO_REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 "$py" "$here/bench_compare.py" "$out" --command "$command_line" --revision "$rev" \
 	--report moe-report.json --target-speed 1.5 --target-memory 0.8
