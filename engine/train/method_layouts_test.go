@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 )
 
@@ -195,5 +197,20 @@ func TestMethodsRefuseContextParallelism(t *testing.T) {
 			}
 			methodSteps(t, tr, 1)
 		})
+	}
+}
+
+// TestMethodsRefuseRunsAcrossNodes: a method that scores whole micro-batches on the process
+// holding the plan is refused across nodes before the rendezvous, naming the method.
+func TestMethodsRefuseRunsAcrossNodes(t *testing.T) {
+	c := methodCases[0]
+	cfg := methodLayoutConfig(t, c, c.data(t, t.TempDir()), "--devices=cpu:1")
+	start := time.Now()
+	_, err := NewOnNodes(context.Background(), cfg, rendezvous.Config{NNodes: 2, Addr: "127.0.0.1:1", Token: "x", Timeout: 20 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "method "+c.method) || !strings.Contains(err.Error(), "one node") {
+		t.Fatalf("dpo across 2 nodes: error %v, want a refusal naming the method", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("the refusal took %s", el)
 	}
 }

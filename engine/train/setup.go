@@ -102,6 +102,11 @@ func newOn(cfg *Config, b backend.Backend, note string, nodes *nodeSpec) (*Train
 	if usePlan && !t.method.Parallel {
 		return nil, fmt.Errorf("train: method %s runs on one device; devices %s asks for a parallel layout: set devices to one device (e.g. cuda:0), or remove devices and the parallel sizes", cfg.Method, cfg.Parallel.Devices)
 	}
+	if nodes != nil && t.method.WholeSequences {
+		// Their micro-batches are prepared and scored by the process that holds the whole
+		// plan (parallel.Plan.ForwardBackwardRows), which one node's process does not.
+		return nil, fmt.Errorf("train: method %s runs on the devices of one node (any layout but context parallelism there); across %d nodes only pretrain and sft run: launch it on one node", cfg.Method, nodes.rc.NNodes)
+	}
 	if nodes == nil {
 		// The estimate is checked against the machine before anything is allocated.
 		if mc, err := modelConfig(cfg, t.tok.vocabSize()); err == nil {
