@@ -303,7 +303,7 @@ func resolveGemma4PerLayer(c *Config) {
 // full-attention layer's head_dim (global_head_dim) and, when overridden, its
 // num_key_value_heads.
 func writeGemma4PerLayer(c *Config, out pyObject) {
-	per := pyObject{}
+	per := pyIntKeys{}
 	for i, t := range c.LayerTypes {
 		if t != FullAttention {
 			continue
@@ -312,7 +312,7 @@ func writeGemma4PerLayer(c *Config, out pyObject) {
 		if kv := c.GlobalKVHeads(); kv != c.NumKeyValueHeads || c.FullKVHeads > 0 || (c.AttentionKEqV && c.NumGlobalKeyValueHeads > 0) {
 			e["num_key_value_heads"] = intValue(kv)
 		}
-		per[strconv.Itoa(i)] = e
+		per[i] = e
 	}
 	out["per_layer_config"] = per
 }

@@ -48,6 +48,15 @@ func TestGemma4Resolves(t *testing.T) {
 	if d.Rope.Type != "proportional" || d.Rope.PartialRotaryFactor != 0.25 || d.SlidingRope.Theta != 1e4 || d.GlobalHead() != 512 {
 		t.Errorf("defaults: full rope %+v, sliding %+v, global head %d", d.Rope, d.SlidingRope, d.GlobalHead())
 	}
+	// per_layer_config's layer indices are ints in transformers: written in numeric order.
+	out, err := d.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i5, i11, i29 := strings.Index(string(out), `"5": {`), strings.Index(string(out), `"11": {`), strings.Index(string(out), `"29": {`)
+	if i5 < 0 || i11 < 0 || i29 < 0 || !(i5 < i11 && i11 < i29) {
+		t.Errorf("per_layer_config of the default 30 layers not in numeric order:\n%s", out)
+	}
 }
 
 // TestLFM2MoEResolves: conv layers are a layer type of lfm2_moe only; the original release's

@@ -28,6 +28,10 @@ type pyInt string
 // pyObject is a JSON object; keys are sorted when written.
 type pyObject map[string]pyValue
 
+// pyIntKeys is a Python dict with int keys (gemma4_text's per_layer_config): written as a JSON
+// object whose keys are sorted as numbers, as json.dumps(sort_keys=True) sorts them.
+type pyIntKeys map[int]pyValue
+
 func intValue(v int) pyValue { return pyInt(strconv.Itoa(v)) }
 
 // floatValue is a float written in Python repr form, or as an integer when the source file wrote
@@ -88,6 +92,33 @@ func writePy(b *bytes.Buffer, v pyValue, depth int) error {
 		}
 		indent(b, depth)
 		b.WriteByte(']')
+	case pyIntKeys:
+		// json.dumps(sort_keys=True) sorts a dict's int keys as numbers, then writes them as
+		// strings.
+		keys := make([]int, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		if len(keys) == 0 {
+			b.WriteString("{}")
+			return nil
+		}
+		sort.Ints(keys)
+		b.WriteString("{\n")
+		for i, k := range keys {
+			indent(b, depth+1)
+			writePyString(b, strconv.Itoa(k))
+			b.WriteString(": ")
+			if err := writePy(b, x[k], depth+1); err != nil {
+				return err
+			}
+			if i < len(keys)-1 {
+				b.WriteByte(',')
+			}
+			b.WriteByte('\n')
+		}
+		indent(b, depth)
+		b.WriteByte('}')
 	case pyObject:
 		if len(x) == 0 {
 			b.WriteString("{}")
