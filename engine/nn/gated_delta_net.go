@@ -72,8 +72,8 @@ const stateChunk = 64
 type gdnCache struct {
 	live                bool
 	x                   T
-	docs                []int32 // document boundaries [D+1]
-	mixed, pre          []float64
+	docs                []int32             // document boundaries (CuSeqlens)
+	mixed, pre          []float64           // conv input and pre-activation [N,D]
 	z, beta, g, ga      []float64           // z [N,VH·VD]; β, g and a + dt_bias [N,VH]
 	q, k, v             []float64           // q̂ and k̂ [N,KH,KD], v [N,VH,VD]
 	qInv, kInv          []float64           // [N,KH] inverse l2 norms
@@ -199,7 +199,7 @@ func download(p *Pass, lin *Linear, x T) ([]float64, error) {
 }
 
 // project runs the input projections and lays them out as mixed [N,D], z [N,VH·VD], b and a
-// [N,VH] (b and a kept in beta and g until gates turns them into β and g).
+// [N,VH] (b and a kept in beta and g until mix turns them into β and g).
 func (l *GatedDeltaNet) project(p *Pass, x T) error {
 	c, n, vd := &l.c, p.N, l.VH*l.VD
 	d := l.convDim()
