@@ -1,10 +1,14 @@
 package config
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 // Gemma4 holds the keys of gemma4_text (Gemma4TextConfig) beyond Gemma 3's: the global layers'
@@ -250,7 +254,24 @@ func resolveGemma4PerLayer(c *Config) {
 		return
 	}
 	head, kv := 0, 0
-	for k, e := range entries {
+	// In layer order (then the keys that are not indices), so that a conflict is reported the
+	// same way every time.
+	keys := slices.SortedFunc(maps.Keys(entries), func(a, b string) int {
+		ia, ea := strconv.Atoi(a)
+		ib, eb := strconv.Atoi(b)
+		switch {
+		case ea == nil && eb == nil && ia != ib:
+			return cmp.Compare(ia, ib)
+		case (ea == nil) != (eb == nil):
+			if ea == nil {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	for _, k := range keys {
+		e := entries[k]
 		i, err := strconv.Atoi(k)
 		if err != nil || i < 0 || i >= c.NumHiddenLayers || strconv.Itoa(i) != k {
 			bad("key %q is not a layer index in [0, %d)", k, c.NumHiddenLayers)
@@ -261,7 +282,8 @@ func resolveGemma4PerLayer(c *Config) {
 			kind = c.LayerTypes[i]
 		}
 		full := kind == FullAttention
-		for name, v := range e {
+		for _, name := range slices.Sorted(maps.Keys(e)) {
+			v := e[name]
 			n, err := decodeInt("per_layer_config."+k+"."+name, v)
 			if err != nil {
 				c.perLayerErr = fmt.Errorf("per_layer_config: %w", err)
