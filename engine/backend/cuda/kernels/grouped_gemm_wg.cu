@@ -274,29 +274,31 @@ __device__ __forceinline__ void gw_store(void* out, int co, long long ldo, const
 // group g = a [S, N_] rows . b_g, grid (ceil(K_/BN), ceil(S/128) + G). Weight grad: out_g
 // [N_, K_] = a_g^T . b_g over the rows of group g, a [S, N_] = dY, b [S, K_] = X, grid
 // (ceil(K_/BN), ceil(N_/128), G).
-template <int BN, int S, bool PIPE>
-__device__ __forceinline__ void gw_fwd(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
-                                       int G, int N, int K, int accumulate) {
+// gw_rows is the forward (DX false) or the input grad (DX true): the products whose rows are a
+// group's rows. The forward reduces over K_ with B_g [N_, K_] K-major and writes N_ columns; the
+// input grad reduces over N_ with B_g MN-major in the product's terms and writes K_ columns.
+template <int BN, int S, bool PIPE, bool DX>
+__device__ __forceinline__ void gw_rows(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
+                                        int G, int N, int K, int accumulate) {
     __shared__ int sg, sm0, send;
     gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
     if (sg < 0) return;
-    long long n0 = (long long)blockIdx.x * BN;
+    const long long n0 = (long long)blockIdx.x * BN, cols = DX ? K : N, red = DX ? N : K;
     float acc[BN / 2];
-    gw_tile<BN, S, PIPE, false, false>(acc, wg_tile_base(smem), a, K, sm0, send, b + (long long)sg * N * K, K, n0, N, 0, K);
-    gw_store<BN, PIPE>(out, co, N, acc, sm0, send, n0, N, accumulate, threadIdx.x);
+    gw_tile<BN, S, PIPE, false, DX>(acc, wg_tile_base(smem), a, red, sm0, send, b + (long long)sg * N * K, K, n0, cols, 0, red);
+    gw_store<BN, PIPE>(out, co, cols, acc, sm0, send, n0, cols, accumulate, threadIdx.x);
+}
+
+template <int BN, int S, bool PIPE>
+__device__ __forceinline__ void gw_fwd(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
+                                       int G, int N, int K, int accumulate) {
+    gw_rows<BN, S, PIPE, false>(smem, out, co, a, b, off, G, N, K, accumulate);
 }
 
 template <int BN, int S, bool PIPE>
 __device__ __forceinline__ void gw_dx(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b, const int* off,
                                       int G, int N, int K, int accumulate) {
-    __shared__ int sg, sm0, send;
-    gg_find_row_tile(off, G, blockIdx.y, &sg, &sm0, &send);
-    if (sg < 0) return;
-    long long n0 = (long long)blockIdx.x * BN;
-    float acc[BN / 2];
-    // C [rows, K_] = A [rows, N_] . B_g [N_, K_]: B is MN-major in the product's terms.
-    gw_tile<BN, S, PIPE, false, true>(acc, wg_tile_base(smem), a, N, sm0, send, b + (long long)sg * N * K, K, n0, K, 0, N);
-    gw_store<BN, PIPE>(out, co, K, acc, sm0, send, n0, K, accumulate, threadIdx.x);
+    gw_rows<BN, S, PIPE, true>(smem, out, co, a, b, off, G, N, K, accumulate);
 }
 
 template <int BN, int S, bool PIPE>
