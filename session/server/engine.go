@@ -137,11 +137,22 @@ var queueTimeout = 10 * time.Minute
 // submit queues fn for the engine goroutine and waits for its result, the caller's context or
 // the engine's end.
 func (e *engine) submit(ctx context.Context, fn func(c *command) (any, error)) (any, error) {
+	c, err := e.enqueue(ctx, fn)
+	if err != nil {
+		return nil, err
+	}
+	return e.await(ctx, c)
+}
+
+// enqueue hands fn to the engine loop and returns once the loop has taken it: a command
+// enqueued before another runs before it.
+func (e *engine) enqueue(ctx context.Context, fn func(c *command) (any, error)) (*command, error) {
 	c := &command{ctx: ctx, fn: fn, done: make(chan cmdResult, 1)}
 	timer := time.NewTimer(queueTimeout)
 	defer timer.Stop()
 	select {
 	case e.cmds <- c:
+		return c, nil
 	case <-ctx.Done():
 		return nil, ctxErr(ctx)
 	case <-e.done:
@@ -149,6 +160,10 @@ func (e *engine) submit(ctx context.Context, fn func(c *command) (any, error)) (
 	case <-timer.C:
 		return nil, connect.Errorf(connect.CodeDeadlineExceeded, "session: the engine did not reach a step boundary within %s (a step or a command is taking that long); try again", queueTimeout)
 	}
+}
+
+// await waits for the result of an enqueued command.
+func (e *engine) await(ctx context.Context, c *command) (any, error) {
 	select {
 	case r := <-c.done:
 		return r.v, r.err

@@ -214,12 +214,17 @@ func (s *Server) Serve(ctx context.Context) error {
 	loaded := make(chan struct{})
 	if s.o.ConfigPath != "" {
 		// The config loads while the socket answers (observers see the session loading); a
-		// config that does not load stops the session, and Serve returns why.
+		// config that does not load stops the session, and Serve returns why. The load is
+		// handed to the engine before the socket opens, so every command a client sends
+		// runs after it (a step sent at once does not find the session without a model).
+		c, err := s.eng.enqueue(ctx, func(*command) (any, error) {
+			return s.eng.cmdLoad(&halov1.LoadRequest{ConfigPath: s.o.ConfigPath, Method: s.o.Method, Overrides: s.o.Overrides}, nil)
+		})
 		go func() {
 			defer close(loaded)
-			_, err := s.eng.submit(ctx, func(*command) (any, error) {
-				return s.eng.cmdLoad(&halov1.LoadRequest{ConfigPath: s.o.ConfigPath, Method: s.o.Method, Overrides: s.o.Overrides}, nil)
-			})
+			if err == nil {
+				_, err = s.eng.await(ctx, c)
+			}
 			stopping := false
 			select {
 			case <-s.closed:
