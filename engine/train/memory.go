@@ -162,6 +162,11 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 		e.ActBytes = L*layerAct + (L-moeLayers)*denseFFN + moeLayers*moeFFN
 	}
 	e.ActBytes += T * C * el // final hidden state
+	if L > moeLayers {
+		// The backward of a dense MLP holds one more [T, I] buffer beside the three it keeps
+		// (mesh.Estimate counts the same).
+		e.ActBytes += T * I * el
+	}
 	// The loss head's chunk buffers, as the CUDA backend sizes them (engine/backend's
 	// CrossEntropyBudget): smaller chunks for a frozen head and under a memory cap, and an fp32
 	// accumulator for a trained bf16 head's gradient.

@@ -42,9 +42,10 @@ func TestMemoryEstimateCountsMoEActivations(t *testing.T) {
 	allSparse, oneDense := est(parse("")), est(parse("1"))
 	moe := nn.MoEKeptBytes(T, C, E, K, EI, 4)
 	dense := int64(T) * 3 * I * 4
-	if got := oneDense.ActBytes - allSparse.ActBytes; got != dense-moe {
-		t.Fatalf("turning one sparse layer dense changes the activations by %d bytes, want the dense MLP's %d minus the MoE layer's %d",
-			got, dense, moe)
+	backward := int64(T) * I * 4 // the dense MLP's backward buffer, counted once there is a dense layer
+	if got := oneDense.ActBytes - allSparse.ActBytes; got != dense-moe+backward {
+		t.Fatalf("turning one sparse layer dense changes the activations by %d bytes, want the dense MLP's %d minus the MoE layer's %d plus the dense backward's %d",
+			got, dense, moe, backward)
 	}
 	// The sorted rows and the SwiGLU output are not among the kept activations.
 	kept := moe - int64(T)*int64(E)*4 - 3*int64(T*K)*4 - (E+1)*4
