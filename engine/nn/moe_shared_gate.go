@@ -138,8 +138,8 @@ func (m *MoE) sharedBackward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: shared gate Backward without a cached Forward", m.Name)
 	}
 	n := dy.Dim(0)
-	var ds, dys, dz T
-	defer func() { _ = free(p.B, &ds, &dys, &dz) }()
+	var ds, dz T
+	defer func() { _ = free(p.B, &ds, &dz) }()
 	if ds, err = p.allocF32(n); err != nil {
 		return T{}, wrap(m.Name, err)
 	}

@@ -15,27 +15,8 @@ func init() {
 			"tie_word_embeddings", "use_cache", "vocab_size"},
 		Optional:         []string{"head_dim"},
 		DefaultRopeTheta: 10000.0,
-		Defaults: func(c *Config) {
-			c.VocabSize = 32000
-			c.HiddenSize = 4096
-			c.IntermediateSize = 11008
-			c.NumHiddenLayers = 32
-			c.NumAttentionHeads = 32
-			c.MaxPositionEmbeddings = 2048
-			c.BOSTokenID = IntPtr(1)
-			c.EOSTokenIDs = []int{2}
-			c.EmbeddingMultiplier = 1.0
-			c.ResidualMultiplier = 1.0
-			c.AttentionMultiplier = 1.0
-			c.LogitsScaling = 1.0
-		},
-		Validate: func(c *Config) error {
-			if err := refuseUnknown(c); err != nil {
-				return err
-			}
-			return positiveFloats("embedding_multiplier", c.EmbeddingMultiplier, "residual_multiplier", c.ResidualMultiplier,
-				"attention_multiplier", c.AttentionMultiplier, "logits_scaling", c.LogitsScaling)
-		},
+		Defaults:         graniteDefaults,
+		Validate:         validateGranite,
 		Presets: map[string]func(*Config){
 			"tiny": func(c *Config) {
 				tiny(c)
@@ -48,4 +29,30 @@ func init() {
 			},
 		},
 	})
+}
+
+// graniteDefaults are GraniteConfig's defaults, which GraniteMoeConfig shares.
+func graniteDefaults(c *Config) {
+	c.VocabSize = 32000
+	c.HiddenSize = 4096
+	c.IntermediateSize = 11008
+	c.NumHiddenLayers = 32
+	c.NumAttentionHeads = 32
+	c.MaxPositionEmbeddings = 2048
+	c.BOSTokenID = IntPtr(1)
+	c.EOSTokenIDs = []int{2}
+	c.EmbeddingMultiplier = 1.0
+	c.ResidualMultiplier = 1.0
+	c.AttentionMultiplier = 1.0
+	c.LogitsScaling = 1.0
+}
+
+// validateGranite refuses unknown keys and multipliers that are not positive (granite and
+// granitemoe).
+func validateGranite(c *Config) error {
+	if err := refuseUnknown(c); err != nil {
+		return err
+	}
+	return positiveFloats("embedding_multiplier", c.EmbeddingMultiplier, "residual_multiplier", c.ResidualMultiplier,
+		"attention_multiplier", c.AttentionMultiplier, "logits_scaling", c.LogitsScaling)
 }

@@ -19,18 +19,7 @@ func init() {
 		Optional:         []string{"head_dim"},
 		DefaultRopeTheta: 10000.0,
 		Defaults: func(c *Config) {
-			c.VocabSize = 32000
-			c.HiddenSize = 4096
-			c.IntermediateSize = 11008
-			c.NumHiddenLayers = 32
-			c.NumAttentionHeads = 32
-			c.MaxPositionEmbeddings = 2048
-			c.BOSTokenID = IntPtr(1)
-			c.EOSTokenIDs = []int{2}
-			c.EmbeddingMultiplier = 1.0
-			c.ResidualMultiplier = 1.0
-			c.AttentionMultiplier = 1.0
-			c.LogitsScaling = 1.0
+			graniteDefaults(c)
 			c.NumExperts = 8
 			c.NumExpertsPerTok = 2
 			c.RouterAuxLossCoef = 0.001
@@ -38,13 +27,7 @@ func init() {
 		Resolve: func(c *Config) {
 			c.NormTopKProb = true // GraniteMoeTopKGating takes the softmax over the top-k logits
 		},
-		Validate: func(c *Config) error {
-			if err := refuseUnknown(c); err != nil {
-				return err
-			}
-			return positiveFloats("embedding_multiplier", c.EmbeddingMultiplier, "residual_multiplier", c.ResidualMultiplier,
-				"attention_multiplier", c.AttentionMultiplier, "logits_scaling", c.LogitsScaling)
-		},
+		Validate: validateGranite,
 		MoELayer: func(c *Config, i int) bool { return c.NumExperts > 0 },
 		Presets: map[string]func(*Config){
 			"tiny": func(c *Config) {
