@@ -55,12 +55,16 @@ func defaultGroupedWG(arch string) string {
 	return ""
 }
 
-// groupedWGAuto is the warpgroup-MMA variant each kind runs on by default: the variant that
-// passed TestGPUGroupedGEMM and was fastest in TestGPUGroupedGEMMThroughput for that kind.
+// groupedWGAuto is the warpgroup-MMA variant each kind runs on by default: of the variants that
+// passed TestGPUGroupedGEMM, the fastest in TestGPUGroupedGEMMThroughput for that kind over the
+// Qwen3-30B-A3B, OLMoE and Mixtral expert shapes (testdata/gpu-run22): 128x256 tiles for the
+// forward, two 128x128 CTAs per multiprocessor for both gradients, whose short reductions (a
+// few hundred rows per expert in the weight gradient) leave one CTA's prologue and store
+// exposed.
 var groupedWGAuto = [...]string{
-	backend.GroupedForward:    "wg",
-	backend.GroupedInputGrad:  "wg",
-	backend.GroupedWeightGrad: "wg",
+	backend.GroupedForward:    "wg-n256",
+	backend.GroupedInputGrad:  "wg-n128x2",
+	backend.GroupedWeightGrad: "wg-n128x2",
 }
 
 // groupedWGKernels are the warpgroup-MMA kernels' names per kind, before the variant's suffix.
@@ -137,6 +141,11 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		variant := b.groupedWG
 		if variant == "auto" {
 			variant = groupedWGAuto[a.Kind]
+		}
+		if groupedWGVariants[variant].tma && d.S == 0 {
+			// A tensor map cannot describe a tensor of no rows; with no rows the weight gradient
+			// is zeros (or Out kept, accumulating), which the pointer-based kernels write.
+			variant = "wg"
 		}
 		if variant != "" {
 			v, ok := groupedWGVariants[variant]
