@@ -17,7 +17,41 @@ import (
 const (
 	attnRows = 8
 	attnTile = 32
+	// attnNarrowMaxHD is the widest head dim of attention.cu's attn_fwd, attn_bwd_dq and
+	// attn_bwd_dkv (MAXD * 32); wider ones take the *_wide kernels.
+	attnNarrowMaxHD = 256
+	// attnMaxHD is the widest head dim any attention kernel takes (WMAXD * 32 in attention.cu).
+	attnMaxHD = 512
+	// attnWideChunk is the head dims per staged chunk of the *_wide kernels (WCH).
+	attnWideChunk = 64
 )
+
+// simtKernels names the SIMT kernels (attention.cu) for one head dim, with the dynamic shared
+// memory of each in bytes.
+type simtKernels struct {
+	fwd, dq, dkv                   string
+	sharedFwd, sharedDQ, sharedDKV uint32
+}
+
+// simtAttention picks the SIMT kernels for head dim hd, false above attnMaxHD. Up to
+// attnNarrowMaxHD, whole fp32 K/V (or Q/dout) tiles of attnTile rows padded to hd + 1 floats,
+// plus the block's rows ([attnRows][hd], one array in the forward, two in the backward); above,
+// one [attnTile][attnWideChunk + 1] staging buffer plus the block's rows.
+func simtAttention(hd int) (simtKernels, bool) {
+	if hd <= 0 || hd > attnMaxHD {
+		return simtKernels{}, false
+	}
+	if hd <= attnNarrowMaxHD {
+		P := hd + 1
+		return simtKernels{fwd: "attn_fwd", dq: "attn_bwd_dq", dkv: "attn_bwd_dkv",
+			sharedFwd: uint32(4 * (2*attnTile*P + attnRows*hd)), sharedDQ: uint32(4 * (2*attnTile*P + 2*attnRows*hd)),
+			sharedDKV: uint32(4 * (2*attnTile*P + 2*attnRows*hd))}, true
+	}
+	stage := attnTile * (attnWideChunk + 1)
+	return simtKernels{fwd: "attn_fwd_wide", dq: "attn_bwd_dq_wide", dkv: "attn_bwd_dkv_wide",
+		sharedFwd: uint32(4 * (stage + attnRows*hd)), sharedDQ: uint32(4 * (stage + 2*attnRows*hd)),
+		sharedDKV: uint32(4 * (stage + 2*attnRows*hd))}, true
+}
 
 type attnGeom struct {
 	N, Nk, D      int
@@ -27,9 +61,7 @@ type attnGeom struct {
 	cuQ, cuK      uintptr
 	dt            int32
 	pq, pk, pv    uintptr
-	sharedFwd     uint32
-	sharedBwdDQ   uint32
-	sharedBwdDKV  uint32
+	simt          simtKernels // the SIMT kernels for HD, where the tensor-core ones do not apply
 	hasSeparateCK bool
 	// cu is a host copy of the query boundaries (nil with separate key boundaries), for the
 	// Hopper kernels' block order (attention_order.go).
@@ -42,9 +74,11 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 	if g.NH <= 0 || g.NKV <= 0 || g.HD <= 0 || g.NH%g.NKV != 0 {
 		return g, fmt.Errorf("cuda: %s: NH=%d, NKV=%d, HD=%d: need positive values with NH a multiple of NKV", op, g.NH, g.NKV, g.HD)
 	}
-	if g.HD > 256 {
-		return g, fmt.Errorf("cuda: %s: head dim %d is above this kernel's 256", op, g.HD)
+	simt, ok := simtAttention(g.HD)
+	if !ok {
+		return g, fmt.Errorf("cuda: %s: head dim %d is above the attention kernels' limit of %d", op, g.HD, attnMaxHD)
 	}
+	g.simt = simt
 	if q.Numel()%(g.NH*g.HD) != 0 {
 		return g, fmt.Errorf("cuda: %s: Q %v must be [N, %d*%d]", op, q, g.NH, g.HD)
 	}
@@ -99,10 +133,6 @@ func (b *Backend) attnGeometry(op string, s backend.AttentionShape, q, k, v T) (
 		g.scale = float32(1 / math.Sqrt(float64(g.HD)))
 	}
 	g.window = int32(min(s.Window, math.MaxInt32))
-	P := g.HD + 1
-	g.sharedFwd = uint32(4 * (2*attnTile*P + attnRows*g.HD))
-	g.sharedBwdDQ = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
-	g.sharedBwdDKV = uint32(4 * (2*attnTile*P + 2*attnRows*g.HD))
 	return g, nil
 }
 
@@ -418,7 +448,7 @@ func (b *Backend) Attention(a backend.AttentionArgs) error {
 	args := packArgs(po, pl, g.pq, g.pk, g.pv, g.dt, g.cuQ, g.cuK, int32(g.D), int64(g.N), int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)
 	grid := [3]uint32{uint32((g.N + attnRows - 1) / attnRows), uint32(g.NH), 1}
 	return b.d.Post(func() error {
-		return b.d.launchOnThread("attention.cu", "attn_fwd", grid, [3]uint32{32 * attnRows, 1, 1}, g.sharedFwd, args...)
+		return b.d.launchOnThread("attention.cu", g.simt.fwd, grid, [3]uint32{32 * attnRows, 1, 1}, g.simt.sharedFwd, args...)
 	})
 }
 
@@ -496,12 +526,12 @@ func (b *Backend) AttentionBackward(a backend.AttentionBackwardArgs) error {
 				mmaSharedDKV(g.HD, t.DKVW, t.DKVBQ), packArgs(append([]any{ptrs["DK"], ptrs["DV"]}, common...)...)...)
 		}
 		rows := uint32((g.N + attnRows - 1) / attnRows)
-		if err := b.d.launchOnThread("attention.cu", "attn_bwd_dq", [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDQ,
+		if err := b.d.launchOnThread("attention.cu", g.simt.dq, [3]uint32{rows, uint32(g.NH), 1}, [3]uint32{32 * attnRows, 1, 1}, g.simt.sharedDQ,
 			packArgs(ptrs["DQ"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
 				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...); err != nil {
 			return err
 		}
-		return b.d.launchOnThread("attention.cu", "attn_bwd_dkv", [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{32 * attnRows, 1, 1}, g.sharedBwdDKV,
+		return b.d.launchOnThread("attention.cu", g.simt.dkv, [3]uint32{rows, uint32(g.NKV), 1}, [3]uint32{32 * attnRows, 1, 1}, g.simt.sharedDKV,
 			packArgs(ptrs["DK"], ptrs["DV"], g.pq, g.pk, g.pv, ptrs["DOut"], g.dt, ptrs["LSE"], dvec.ptr, g.cuQ, int32(g.D), int64(g.N),
 				int32(g.NH), int32(g.NKV), int32(g.HD), g.scale, g.window)...)
 	})

@@ -155,35 +155,69 @@ func attentionTileCases(t *testing.T, g *Backend) {
 	}
 }
 
-// TestGPUAttentionDecode checks the tensor-core forward with separate key boundaries (a KV cache):
-// the queries of each document are the last positions of its keys, including a document with
-// more cached keys than a tile and one whose single query is its only key.
+// TestGPUAttentionDecode checks the forward with separate key boundaries (a KV cache) on the
+// tensor-core kernels (head dim 128) and the chunked SIMT ones (head dim 512): the queries of
+// each document are the last positions of its keys, including a document with more cached keys
+// than a tile and one whose single query is its only key.
 func TestGPUAttentionDecode(t *testing.T) {
 	g := gpu(t)
 	g.attnMMA = true
-	const NH, NKV, HD = 8, 2, 128
-	lensK := []int{200, 1, 77}
-	lensQ := []int{3, 1, 70}
-	Nq, Nk := sum(lensQ...), sum(lensK...)
-	runCase(t, g, opCase{
-		Name: "attention_decode",
-		Tensors: []tspec{
-			{Name: "q", DType: tensor.BF16, Shape: []int{Nq, NH * HD}, Gen: gen{Scale: 1}},
-			{Name: "k", DType: tensor.BF16, Shape: []int{Nk, NKV * HD}, Gen: gen{Scale: 1}},
-			{Name: "v", DType: tensor.BF16, Shape: []int{Nk, NKV * HD}, Gen: gen{Scale: 1}},
-			{Name: "cu", DType: tensor.I32, Shape: []int{len(lensQ) + 1}, Gen: gen{Ints: cuSeqlens(lensQ...)}},
-			{Name: "cuk", DType: tensor.I32, Shape: []int{len(lensK) + 1}, Gen: gen{Ints: cuSeqlens(lensK...)}},
-			{Name: "out", DType: tensor.BF16, Shape: []int{Nq, NH * HD}, Out: true, AbsFrac: mmaTolFactor * attnAbsFrac, Rel: mmaTolFactor * 2 * bf16Eps},
-			{Name: "lse", DType: tensor.F32, Shape: []int{Nq, NH}, Out: true, AbsFrac: 1e-4, Rel: 1e-4},
-		},
-		Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-			sh := backend.AttentionShape{CuSeqlens: ts["cu"], CuSeqlensK: ts["cuk"], NH: NH, NKV: NKV, HD: HD}
-			return be.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ts["out"], LSE: ts["lse"], Q: ts["q"], K: ts["k"], V: ts["v"]})
-		},
-	})
+	for _, c := range []struct {
+		name        string
+		NH, NKV, HD int
+		abs, rel    float64
+	}{
+		{"attention_decode", 8, 2, 128, mmaTolFactor * attnAbsFrac, mmaTolFactor * 2 * bf16Eps},
+		{"attention_decode_hd512", 8, 2, 512, attnAbsFrac, 2 * bf16Eps},
+	} {
+		NH, NKV, HD := c.NH, c.NKV, c.HD
+		lensK := []int{200, 1, 77}
+		lensQ := []int{3, 1, 70}
+		Nq, Nk := sum(lensQ...), sum(lensK...)
+		runCase(t, g, opCase{
+			Name: c.name,
+			Tensors: []tspec{
+				{Name: "q", DType: tensor.BF16, Shape: []int{Nq, NH * HD}, Gen: gen{Scale: 1}},
+				{Name: "k", DType: tensor.BF16, Shape: []int{Nk, NKV * HD}, Gen: gen{Scale: 1}},
+				{Name: "v", DType: tensor.BF16, Shape: []int{Nk, NKV * HD}, Gen: gen{Scale: 1}},
+				{Name: "cu", DType: tensor.I32, Shape: []int{len(lensQ) + 1}, Gen: gen{Ints: cuSeqlens(lensQ...)}},
+				{Name: "cuk", DType: tensor.I32, Shape: []int{len(lensK) + 1}, Gen: gen{Ints: cuSeqlens(lensK...)}},
+				{Name: "out", DType: tensor.BF16, Shape: []int{Nq, NH * HD}, Out: true, AbsFrac: c.abs, Rel: c.rel},
+				{Name: "lse", DType: tensor.F32, Shape: []int{Nq, NH}, Out: true, AbsFrac: 1e-4, Rel: 1e-4},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				sh := backend.AttentionShape{CuSeqlens: ts["cu"], CuSeqlensK: ts["cuk"], NH: NH, NKV: NKV, HD: HD}
+				return be.Attention(backend.AttentionArgs{AttentionShape: sh, Out: ts["out"], LSE: ts["lse"], Q: ts["q"], K: ts["k"], V: ts["v"]})
+			},
+		})
+	}
 	if g.MMAError() != nil {
 		t.Fatalf("tensor-core kernels unavailable: %v", g.MMAError())
 	}
+}
+
+// TestGPUAttentionWideThroughput times the chunked SIMT kernels at Gemma 4's global head dim
+// (512; 8 query heads, 2 key heads) over 2 documents of 4096 tokens and reports TFLOP/s as
+// TestGPUAttentionThroughput counts them.
+func TestGPUAttentionWideThroughput(t *testing.T) {
+	g := gpu(t)
+	const B, T = 2, 4096
+	s := benchAttentionShape{"hd512", 8, 2, 512}
+	fwd, bwd, free := attentionBench(t, g, B, T, s.NH, s.NKV, s.HD)
+	defer free()
+	if err := fwd(); err != nil {
+		t.Fatal(err)
+	}
+	fwdMs, bwdMs := timeIt(t, g, 1, fwd), timeIt(t, g, 1, bwd)
+	flops := s.flops(B, T)
+	vals := map[string]float64{
+		"fwd_ms": fwdMs, "bwd_ms": bwdMs,
+		"fwd_tflops": flops / (fwdMs * 1e-3) / 1e12,
+		"bwd_tflops": backend.AttentionBackwardRatio * flops / (bwdMs * 1e-3) / 1e12,
+	}
+	t.Logf("%s: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s)", s.name, fwdMs, vals["fwd_tflops"], bwdMs, vals["bwd_tflops"])
+	report.addBench(benchmark{Name: "attention_" + s.name + "_b2x4096", Values: vals,
+		Note: "SIMT *_wide kernels of attention.cu (head dims above 256); median of 5 timed repetitions with CUDA events; 4*HD FLOPs per causal pair forward, 2.5x backward"})
 }
 
 // TestGPUAttentionThroughput times the tensor-core attention at the two benchmark shapes

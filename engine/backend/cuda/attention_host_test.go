@@ -3,6 +3,8 @@ package cuda
 import (
 	"fmt"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -76,5 +78,76 @@ func TestAttentionVariantsAreCompiled(t *testing.T) {
 	}
 	if err := checkTiles(128, attnTiles{FwdW: 3, FwdMT: 1, FwdBK: 64, DQW: 4, DQBK: 32, DKVW: 4, DKVBQ: 32}); err == nil {
 		t.Error("checkTiles accepted a forward with 3 warps, which is not compiled")
+	}
+}
+
+// TestSIMTAttentionKernels checks, without a GPU, which SIMT kernels each head dim takes and
+// their shared memory: the whole-tile kernels up to 256 (as before), the chunked *_wide ones
+// from 257 to 512, under 48 KiB so that they need no opt-in and fit every architecture's block,
+// none above 512; that every name is an entry point of attention.cu; and that the Go side's
+// limits and chunk width are the ones attention.cu is compiled with.
+func TestSIMTAttentionKernels(t *testing.T) {
+	src, err := kernelSource("attention.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		hd   int
+		fwd  string
+		wide bool
+		ok   bool
+	}{
+		{1, "attn_fwd", false, true},
+		{96, "attn_fwd", false, true},
+		{256, "attn_fwd", false, true},
+		{257, "attn_fwd_wide", true, true},
+		{300, "attn_fwd_wide", true, true},
+		{320, "attn_fwd_wide", true, true},
+		{512, "attn_fwd_wide", true, true},
+		{513, "", false, false},
+		{1024, "", false, false},
+		{0, "", false, false},
+	} {
+		k, ok := simtAttention(tc.hd)
+		if ok != tc.ok || k.fwd != tc.fwd {
+			t.Errorf("simtAttention(%d) = %q, %v; want %q, %v", tc.hd, k.fwd, ok, tc.fwd, tc.ok)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if tc.wide != strings.HasSuffix(k.dq, "_wide") || tc.wide != strings.HasSuffix(k.dkv, "_wide") {
+			t.Errorf("head dim %d: kernels %q, %q, %q do not all take the same form", tc.hd, k.fwd, k.dq, k.dkv)
+		}
+		rows := uint32(4 * attnRows * tc.hd) // one [attnRows][hd] fp32 array of the block's rows
+		if k.sharedFwd < rows || k.sharedDQ < 2*rows || k.sharedDKV < 2*rows {
+			t.Errorf("head dim %d: shared memory %d, %d, %d cannot hold the block's rows", tc.hd, k.sharedFwd, k.sharedDQ, k.sharedDKV)
+		}
+		if tc.wide {
+			for _, n := range []uint32{k.sharedFwd, k.sharedDQ, k.sharedDKV} {
+				// The dK/dV kernel adds 2 * attnTile floats of static shared memory.
+				if n+4*2*attnTile > 48<<10 {
+					t.Errorf("head dim %d: %d bytes of shared memory is above 48 KiB", tc.hd, n)
+				}
+			}
+		}
+		for _, name := range []string{k.fwd, k.dq, k.dkv} {
+			if !strings.Contains(src, `extern "C" __global__ void `+name+"(") {
+				t.Errorf("head dim %d: %s is not an entry point of attention.cu", tc.hd, name)
+			}
+		}
+	}
+	for macro, want := range map[string]int{"MAXD": attnNarrowMaxHD / 32, "WMAXD": attnMaxHD / 32, "WCH": attnWideChunk, "TILE": attnTile, "ROWS": attnRows} {
+		m := regexp.MustCompile(`(?m)^#define ` + macro + ` ([0-9]+)`).FindStringSubmatch(src)
+		if m == nil {
+			t.Errorf("attention.cu defines no %s", macro)
+			continue
+		}
+		if got, _ := strconv.Atoi(m[1]); got != want {
+			t.Errorf("attention.cu: %s is %d; the Go side assumes %d", macro, got, want)
+		}
+	}
+	if attnWideChunk%32 != 0 || attnMaxHD%attnWideChunk != 0 {
+		t.Errorf("chunk width %d must be a multiple of 32 that divides %d", attnWideChunk, attnMaxHD)
 	}
 }

@@ -29,7 +29,8 @@
 // chosen from measurements); elsewhere, or with HALO_CUDA_ATTENTION=mma, flash-style mma.sync
 // kernels (attention_tc.cu: m16n8k16 with ldmatrix and cp.async, same dtypes and head dims, tile
 // shapes chosen per head dim from measurements); and SIMT kernels (attention.cu: any head dim up
-// to 256, fp32 or bf16), which HALO_CUDA_ATTENTION=simt forces. A file that cannot be built on the
+// to 512, fp32 or bf16; above 256 a form that stages tiles 64 head dims at a time, so that shared
+// memory stays under 48 KiB), which HALO_CUDA_ATTENTION=simt forces. A file that cannot be built on the
 // device falls back to the next, with the reason logged once.
 //
 // HALO_CUDA_ARCH=sm_80, sm_86 or sm_89 builds and selects the kernels as for that older

@@ -727,6 +727,15 @@ func TestGPUAttention(t *testing.T) {
 		{[]int{20, 45}, 6, 3, 96, 0, tensor.F32},
 		{[]int{3, 300, 70, 1, 130}, 8, 4, 128, 0, tensor.BF16},
 		{[]int{200, 57}, 4, 1, 64, 50, tensor.BF16},
+		// Head dims above 256 take the chunked SIMT kernels (attention.cu's *_wide): a chunk
+		// (64 head dims) split by the 32-lane stride (320), a last chunk partly past HD (300),
+		// and Gemma 4's global head dim 512 with full GQA groups, windows shorter and longer
+		// than a 32-key tile, documents of 1 to 150 tokens and a last block past N.
+		{[]int{1, 40, 77}, 4, 2, 320, 0, tensor.BF16},
+		{[]int{50, 20}, 2, 1, 300, 0, tensor.F32},
+		{[]int{90, 33, 1}, 8, 2, 512, 0, tensor.BF16},
+		{[]int{150}, 4, 1, 512, 40, tensor.BF16},
+		{[]int{70, 3}, 2, 2, 512, 5, tensor.F32},
 	} {
 		for _, kernel := range []string{"mma", "simt"} {
 			if kernel == "mma" && (s.dt != tensor.BF16 || (s.HD != 64 && s.HD != 128)) {

@@ -91,8 +91,16 @@ func TestOpsRejectBadArguments(t *testing.T) {
 			return b.Attention(backend.AttentionArgs{AttentionShape: backend.AttentionShape{CuSeqlens: ft(b, i32, 2), NH: 3, NKV: 2, HD: 16}, Out: x, Q: x, K: x, V: x})
 		}, "multiple of NKV"},
 		{"attention head dim", func() error {
+			return b.Attention(backend.AttentionArgs{AttentionShape: backend.AttentionShape{CuSeqlens: ft(b, i32, 2), NH: 1, NKV: 1, HD: 520}, Out: x, Q: x, K: x, V: x})
+		}, "head dim 520 is above the attention kernels' limit of 512"},
+		{"attention backward head dim", func() error {
+			return b.AttentionBackward(backend.AttentionBackwardArgs{AttentionShape: backend.AttentionShape{CuSeqlens: ft(b, i32, 2), NH: 1, NKV: 1, HD: 1024},
+				DQ: x, DK: x, DV: x, DOut: x, Q: x, K: x, V: x, Out: x, LSE: ft(b, f32, 8)})
+		}, "head dim 1024 is above the attention kernels' limit of 512"},
+		{"attention head dim 512 is taken", func() error {
+			// Past the head-dim check, Q's width is what is wrong.
 			return b.Attention(backend.AttentionArgs{AttentionShape: backend.AttentionShape{CuSeqlens: ft(b, i32, 2), NH: 1, NKV: 1, HD: 512}, Out: x, Q: x, K: x, V: x})
-		}, "above this kernel's 256"},
+		}, "must be [N, 1*512]"},
 		{"attention cu_seqlens dtype", func() error {
 			return b.Attention(backend.AttentionArgs{AttentionShape: backend.AttentionShape{CuSeqlens: ft(b, f32, 2), NH: 1, NKV: 1, HD: 16}, Out: x, Q: x, K: x, V: x})
 		}, "must be i32 [D+1]"},
