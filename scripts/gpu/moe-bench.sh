@@ -33,11 +33,14 @@
 #   --steps N      timed optimizer steps [20]
 #   --warmup N     leading steps left out of the medians [3]
 #   --lr X         constant learning rate [1e-4]
-#   --variants LIST  also train halo-shell once per HALO_CUDA_GROUPED_GEMM value in LIST (e.g.
-#                  wg,wg-n256,wg-tma) on each case's weights and rows, into halo-<value>.json and
-#                  .log beside halo.json, and write OUTDIR/variants.json: per case and value the
-#                  tokens/s, its ratio to the default run's, peak GiB and the largest loss
-#                  difference from the default run [none]
+#   --variants LIST  also train halo-shell once per variant in LIST on each case's weights and
+#                  rows: a HALO_CUDA_GROUPED_GEMM value (wg-n256), or any switch setting written
+#                  NAME=VALUE (HALO_MOE_PATH=composed), or several joined by '+'
+#                  (wg-n256+HALO_MOE_EXPERT_OUTPUTS=keep); into halo-<variant>.json and .log
+#                  beside halo.json ('=' written '-' in the file name), and write
+#                  OUTDIR/variants.json: per case and variant the tokens/s, its ratio to the
+#                  default run's, peak GiB and the largest loss difference from the default
+#                  run [none]
 #   --eps LIST     also run the expert-parallel sweep (EP sizes of 1, 2, 4, 8, at most the GPUs
 #                  present) of the first case through halo-shell alone, into OUTDIR/ep/
 #                  (moe-ep{N}.json, and moe_shape.py's summary moe-ep-report.json: tokens/s,
@@ -108,6 +111,29 @@ for c in ${cases//,/ }; do
 	positive "case $c sequence length" "$t"
 	names+=("$s-${l}l-${b}x$t") shapes+=("$s") layers+=("$l") batches+=("$b") seqlens+=("$t")
 done
+# variant_env V prints the environment assignments of variant V, one per line.
+variant_env() {
+	local part
+	for part in ${1//+/ }; do
+		case $part in
+		HALO_*=*) echo "$part" ;;
+		*=*)
+			echo "moe-bench.sh: variant $1: $part is not a HALO_* switch setting" >&2
+			return 1
+			;;
+		*) echo "HALO_CUDA_GROUPED_GEMM=$part" ;;
+		esac
+	done
+}
+for v in ${variants//,/ }; do
+	case $v in
+	*[!A-Za-z0-9_.=+-]*)
+		echo "moe-bench.sh: --variants: $v: use letters, digits and . _ - = + only" >&2
+		exit 2
+		;;
+	esac
+	variant_env "$v" >/dev/null || exit 2
+done
 if [ ${#names[@]} -eq 0 ]; then
 	echo "moe-bench.sh: --cases is empty" >&2
 	exit 2
@@ -143,11 +169,13 @@ for i in "${!names[@]}"; do
 		"${common[@]}" "${trace_flag[@]}" --out "$d/halo.json" 2>&1 | tee "$d/halo.log"
 	[ "${PIPESTATUS[0]}" -ne 0 ] && echo "== ${names[$i]}: halo-shell failed (see $d/halo.log)"
 	for v in ${variants//,/ }; do
-		echo "== ${names[$i]}: halo-shell, HALO_CUDA_GROUPED_GEMM=$v"
-		HALO_CUDA_GROUPED_GEMM=$v "$bin" run bench-train --model "$d/init" --data "$d/tokens.jsonl" --device cuda \
-			--optim adamw_bf16_nearest "${common[@]}" --out "$d/halo-$v.json" >"$d/halo-$v.log" 2>&1 ||
-			echo "== ${names[$i]}: HALO_CUDA_GROUPED_GEMM=$v failed (see $d/halo-$v.log)"
-		tail -1 "$d/halo-$v.log"
+		mapfile -t venv < <(variant_env "$v")
+		tag=${v//=/-}
+		echo "== ${names[$i]}: halo-shell, ${venv[*]}"
+		env "${venv[@]}" "$bin" run bench-train --model "$d/init" --data "$d/tokens.jsonl" --device cuda \
+			--optim adamw_bf16_nearest "${common[@]}" --out "$d/halo-$tag.json" >"$d/halo-$tag.log" 2>&1 ||
+			echo "== ${names[$i]}: ${venv[*]} failed (see $d/halo-$tag.log)"
+		tail -1 "$d/halo-$tag.log"
 	done
 	if [ -n "$eps" ] && [ "$i" = 0 ]; then
 		mkdir -p "$out/ep"
@@ -170,7 +198,7 @@ rows = []
 for name in names:
     base = load(os.path.join(out, name, "halo.json"))
     for v in variants:
-        r = load(os.path.join(out, name, f"halo-{v}.json"))
+        r = load(os.path.join(out, name, "halo-%s.json" % v.replace("=", "-")))
         row = {"case": name, "variant": v, "ok": r is not None}
         if r is not None:
             row["tokens_per_s"] = r["tokens_per_s"]
