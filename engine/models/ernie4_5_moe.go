@@ -12,8 +12,10 @@ import (
 // renormalised, beside a shared SwiGLU MLP (ernieMoE). Checkpoint names are transformers':
 //
 //	mlp.gate.weight                                   [E, C]  router
-//	mlp.gate.moe_statics.e_score_correction_bias      [1, E]  selection bias (a parameter
-//	                                                          without gradient)
+//	mlp.moe_statics.e_score_correction_bias           [1, E]  selection bias (a parameter
+//	                                                          without gradient; transformers
+//	                                                          holds it as mlp.gate.moe_statics.*
+//	                                                          and writes it under this name)
 //	mlp.experts.X.{gate,up,down}_proj (transformers 5.17 holds them fused, mlp.experts.*)
 //	mlp.shared_experts.{gate,up,down}_proj
 //
@@ -28,14 +30,15 @@ func init() {
 		InterleavedRoPE: true,
 		Placements: decoderPlacements(
 			expertPlacements("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
-			[]Placement{{Module: "model.layers.*.mlp.gate.moe_statics", Split: Replicated}},
+			[]Placement{{Module: "model.layers.*.mlp.moe_statics", Split: Replicated}},
 			denseMLPPlacements("mlp", "gate_proj", "up_proj", "down_proj", Replicated),
 			sharedPlacements("shared_experts", "")),
 	})
 }
 
-// ernieStatics is the module of ERNIE 4.5's correction bias under the router.
-const ernieStatics = ".gate.moe_statics." + scoreBiasName
+// ernieStatics is the checkpoint name of ERNIE 4.5's correction bias under the MoE block (the
+// Hub's and what transformers writes).
+const ernieStatics = ".moe_statics." + scoreBiasName
 
 // ernieMoE are ERNIE 4.5's feed-forward hooks: moeFFN's softmax router, experts and shared
 // experts, with the router's selection-only correction bias [1, E] (nn.MoE.ScoreBias), which

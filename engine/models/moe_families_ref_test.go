@@ -41,7 +41,7 @@ var moeRefSpecs = map[string]moeRefSpec{
 	"hunyuan_v1_moe": {qkNorm: "after", qName: "query_layernorm", kName: "key_layernorm", block: "mlp", router: "gate.wg",
 		gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_mlp", renorm: true},
 	"ernie4_5_moe": {interleaved: true, block: "mlp", router: "gate", gate: "gate_proj", up: "up_proj", down: "down_proj",
-		bias: "gate.moe_statics.e_score_correction_bias", shared: "shared_experts", renorm: true},
+		bias: "moe_statics.e_score_correction_bias", shared: "shared_experts", renorm: true},
 	"laguna": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "mlp", router: "gate",
 		gate: "gate_proj", up: "up_proj", down: "down_proj", sigmoid: true, bias: "gate.e_score_correction_bias",
 		shared: "shared_experts", renorm: true, headGate: true},

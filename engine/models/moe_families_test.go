@@ -91,7 +91,7 @@ func TestGraniteMoESavesFusedExperts(t *testing.T) {
 // token choose it, while the weights stay the renormalised probabilities.
 func TestErnieCorrectionBiasChoosesOnly(t *testing.T) {
 	m := tinyMoE(t, "ernie4_5_moe", nil)
-	name := "model.layers.1.mlp.gate.moe_statics.e_score_correction_bias"
+	name := "model.layers.1.mlp.moe_statics.e_score_correction_bias"
 	bias := make([]float32, m.Arch.Experts)
 	bias[3] = 10
 	if err := m.SetParam(name, bias); err != nil {

@@ -19,6 +19,10 @@ var fusedExpertName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.experts\.(
 // bias (mlp.e_score_correction_bias, block_sparse_moe.e_score_correction_bias on the Hub).
 var fusedRouterName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.(gate\.weight|e_score_correction_bias)$`)
 
+// ernieStaticsInMemory matches ERNIE 4.5's correction bias under transformers 5's in-memory name
+// (mlp.gate.moe_statics.e_score_correction_bias; mlp.moe_statics.* on the Hub).
+var ernieStaticsInMemory = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.gate\.moe_statics\.e_score_correction_bias$`)
+
 // fusedExperts presents a checkpoint whose experts are stored the way transformers 5 holds them
 // in memory — model.layers.L.mlp.experts.gate_up_proj [E, 2I, C] (each expert's gate rows, then
 // its up rows) and model.layers.L.mlp.experts.down_proj [E, C, I] — under the Hub names of
@@ -45,6 +49,12 @@ func withFusedExperts(src safetensors.Source, f *moeFFN) safetensors.Source {
 			Data: info.Data[off*es : (off+n)*es], File: info.File}
 	}
 	for _, name := range src.Names() {
+		if sm := ernieStaticsInMemory.FindStringSubmatch(name); sm != nil {
+			info, _ := src.Tensor(name)
+			add(fmt.Sprintf("model.layers.%s.mlp%s", sm[1], ernieStatics), info, info.Shape, 0, int(info.NumElements()))
+			replaced[name] = true
+			continue
+		}
 		if sm := fusedRouterName.FindStringSubmatch(name); sm != nil && f.block != "mlp" {
 			info, _ := src.Tensor(name)
 			add(fmt.Sprintf("model.layers.%s.%s.%s", sm[1], f.block, sm[2]), info, info.Shape, 0, int(info.NumElements()))

@@ -274,10 +274,11 @@ func compareGrads(t *testing.T, m *Model, path string) {
 	// floor below.
 	scale := map[string]float64{}
 	for _, s := range m.Specs {
-		if strings.HasSuffix(s.Name, ".e_score_correction_bias") {
-			// A buffer to transformers, which gives it no gradient; nor does the model.
+		if isBuffer(s.Name) {
+			// A buffer to transformers (a router's selection bias, Gemma 4's layer_scalar), which
+			// gives it no gradient and writes none to the file; nor does the model.
 			if g, err := m.GradFloat32(s.Name); err != nil || slices.ContainsFunc(g, func(v float32) bool { return v != 0 }) {
-				t.Errorf("%s: the correction bias has a gradient (%v)", s.Name, err)
+				t.Errorf("%s: the buffer has a gradient (%v)", s.Name, err)
 			}
 			continue
 		}
@@ -348,7 +349,7 @@ func diffNorm(a, b []float32) float64 {
 }
 
 // expertName matches a per-expert weight in the Hub layout.
-var expertName = regexp.MustCompile(`^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$`)
+var expertName = regexp.MustCompile(`^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$`)
 
 // transformersGrad returns the gradient of parameter s from a file written with transformers 5's
 // in-memory names: experts fused as mlp.experts.gate_up_proj [E, 2I, C] (gate rows, then up
@@ -380,7 +381,13 @@ func transformersGrad(gf *safetensors.File, s ParamSpec) ([]float32, error) {
 	case "down_proj", "w2":
 		fused, off = "down_proj", x*n
 	}
-	all, err := get("model.layers." + sm[1] + ".mlp.experts." + fused)
+	// transformers keeps LFM2-MoE's experts under feed_forward, every other family's under mlp
+	// (Mixtral's block_sparse_moe included).
+	block := "mlp"
+	if strings.Contains(s.Name, ".feed_forward.experts.") {
+		block = "feed_forward"
+	}
+	all, err := get("model.layers." + sm[1] + "." + block + ".experts." + fused)
 	if err != nil {
 		// granitemoe's own fused tensors.
 		own := map[string]string{"gate_up_proj": "input_linear", "down_proj": "output_linear"}[fused]

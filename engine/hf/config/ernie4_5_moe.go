@@ -6,7 +6,7 @@ import "fmt"
 // rotary pairs; the layers moe_layer_start_index..moe_layer_end_index whose (i+1) is a multiple
 // of moe_layer_interval are sparse: moe_num_experts experts of moe_intermediate_size, the top
 // moe_k of the router's softmax plus a selection-only correction bias
-// (gate.moe_statics.e_score_correction_bias), renormalised, beside a shared SwiGLU MLP of
+// (mlp.moe_statics.e_score_correction_bias), renormalised, beside a shared SwiGLU MLP of
 // moe_num_shared_experts * moe_intermediate_size; the other layers have a dense MLP of
 // intermediate_size. num_experts and num_experts_per_tok are read as moe_num_experts and
 // moe_k. use_bias (biases on every projection and the LM head) is refused.

@@ -273,7 +273,8 @@ func resolveGemma4PerLayer(c *Config) {
 	for _, k := range keys {
 		e := entries[k]
 		i, err := strconv.Atoi(k)
-		if err != nil || i < 0 || i >= c.NumHiddenLayers || strconv.Itoa(i) != k {
+		// Decimal digits only; transformers writes them zero-padded ("05" of 30 layers).
+		if err != nil || i < 0 || i >= c.NumHiddenLayers || strings.Trim(k, "0123456789") != "" {
 			bad("key %q is not a layer index in [0, %d)", k, c.NumHiddenLayers)
 			return
 		}

@@ -48,12 +48,13 @@ func TestGemma4Resolves(t *testing.T) {
 	if d.Rope.Type != "proportional" || d.Rope.PartialRotaryFactor != 0.25 || d.SlidingRope.Theta != 1e4 || d.GlobalHead() != 512 {
 		t.Errorf("defaults: full rope %+v, sliding %+v, global head %d", d.Rope, d.SlidingRope, d.GlobalHead())
 	}
-	// per_layer_config's layer indices are ints in transformers: written in numeric order.
+	// per_layer_config's layer indices are ints in transformers: written in numeric order,
+	// zero-padded to the width of the largest.
 	out, err := d.MarshalJSON()
 	if err != nil {
 		t.Fatal(err)
 	}
-	i5, i11, i29 := strings.Index(string(out), `"5": {`), strings.Index(string(out), `"11": {`), strings.Index(string(out), `"29": {`)
+	i5, i11, i29 := strings.Index(string(out), `"05": {`), strings.Index(string(out), `"11": {`), strings.Index(string(out), `"29": {`)
 	if i5 < 0 || i11 < 0 || i29 < 0 || !(i5 < i11 && i11 < i29) {
 		t.Errorf("per_layer_config of the default 30 layers not in numeric order:\n%s", out)
 	}
@@ -147,6 +148,7 @@ func TestGemma4PerLayerConfig(t *testing.T) {
 		{`{"1": {"head_dim": 32}, "3": {"head_dim": 64}}`, "head_dim 32 and 64"},
 		{`{"1": {"sliding_window": 3}}`, `"sliding_window" is not supported`},
 		{`{"7": {"head_dim": 32}}`, `key "7" is not a layer index`},
+		{`{"+1": {"head_dim": 32}}`, `key "+1" is not a layer index`},
 	} {
 		_, err := Parse([]byte(`{"model_type": "gemma4_text", "num_hidden_layers": 4, "head_dim": 16,
 			"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
@@ -154,5 +156,15 @@ func TestGemma4PerLayerConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("per_layer_config %s: got %v, want an error containing %q", tc.per, err, tc.want)
 		}
+	}
+	// Keys zero-padded as transformers 5.17 writes them name the same layers.
+	padded, err := Parse([]byte(`{"model_type": "gemma4_text", "num_hidden_layers": 4, "head_dim": 16,
+		"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+		"per_layer_config": {"01": {"head_dim": 48, "num_key_value_heads": 1}, "03": {"head_dim": 48, "num_key_value_heads": 1}}}`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, kv := padded.Shape().LayerHeads(3); hd != 48 || kv != 1 {
+		t.Errorf("zero-padded keys: full layer head_dim %d, kv heads %d; want 48, 1", hd, kv)
 	}
 }

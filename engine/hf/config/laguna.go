@@ -7,13 +7,14 @@ import (
 
 // laguna: LagunaConfig (poolside Laguna). Qwen2-MoE's config without its sparse-step, qkv_bias,
 // norm_topk_prob and sliding switches: attention with per-head q/k norms before RoPE, a
-// per-head output gate softplus(g_proj(x)), sliding-window layers where layer_types says
+// per-head output gate softplus(g_proj(x)) (gating, true by default), sliding-window layers where layer_types says
 // sliding_attention, and rope_parameters keyed by layer type (full layers rotate half of each
 // head with base 500000, sliding layers all of it with base 10000, by default); the layers
 // mlp_layer_types marks sparse (all but the first, by default) route to num_experts experts of
 // moe_intermediate_size by sigmoid plus a selection-only correction bias, renormalised and
 // scaled by moe_routed_scaling_factor, beside an ungated shared expert of
-// shared_expert_intermediate_size. Refused: per-layer head counts that differ from
+// shared_expert_intermediate_size. Refused: gating=false (attention without the gate),
+// per-layer head counts that differ from
 // num_attention_heads, moe_apply_router_weight_on_input (transformers refuses it too),
 // moe_router_logit_softcapping and output_router_logits (the load-balancing loss of
 // transformers takes a softmax over this sigmoid router's logits), none of which is
@@ -22,7 +23,7 @@ func init() {
 	Register(Family{
 		ModelType:     "laguna",
 		Architectures: []string{"LagunaForCausalLM", "LagunaModel"},
-		Keys: []string{"attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim",
+		Keys: []string{"attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "gating", "head_dim",
 			"hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
 			"max_position_embeddings", "mlp_layer_types", "moe_apply_router_weight_on_input",
 			"moe_intermediate_size", "moe_routed_scaling_factor", "moe_router_logit_softcapping",
@@ -49,6 +50,7 @@ func init() {
 			c.NumExperts = 256
 			c.RouterAuxLossCoef = 0.001
 			c.RoutedScalingFactor = 1.0
+			c.Gating = true
 			c.Rope.PartialRotaryFactor = 0.5
 			c.SlidingRope.PartialRotaryFactor = 1.0
 		},
@@ -96,6 +98,9 @@ func init() {
 				if h != c.NumAttentionHeads {
 					return fmt.Errorf("num_attention_heads_per_layer[%d] is %d but num_attention_heads is %d: layers with their own head counts are not supported; give every layer num_attention_heads", i, h, c.NumAttentionHeads)
 				}
+			}
+			if !c.Gating {
+				return fmt.Errorf("gating=false (attention without the per-head output gate) is not supported; set it to true")
 			}
 			if c.MoEApplyRouterWeightOnInput {
 				return fmt.Errorf("moe_apply_router_weight_on_input=true is not supported (transformers refuses it too); set it to false")

@@ -34,6 +34,9 @@ type MoEKeys struct {
 	MoEApplyRouterWeightOnInput bool
 	// MoERouterLogitSoftcapping caps Laguna's router logits with tanh (0: none). Default 0.
 	MoERouterLogitSoftcapping float64
+	// Gating: Laguna's attention scales each head's output by softplus(g_proj(x)) (one gate
+	// per head; only true is supported). Default true.
+	Gating bool
 
 	// headsDerived: NumAttentionHeadsPerLayer was derived (as headsFrom) and follows
 	// num_attention_heads and num_hidden_layers until it is changed.
@@ -73,4 +76,5 @@ var _ = addFields(map[string]field{
 	"moe_routed_scaling_factor":        {kFloat, false, func(c *Config) any { return &c.RoutedScalingFactor }},
 	"moe_apply_router_weight_on_input": {kBool, false, func(c *Config) any { return &c.MoEApplyRouterWeightOnInput }},
 	"moe_router_logit_softcapping":     {kFloat, false, func(c *Config) any { return &c.MoERouterLogitSoftcapping }},
+	"gating":                           {kBool, false, func(c *Config) any { return &c.Gating }},
 })

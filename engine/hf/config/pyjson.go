@@ -29,7 +29,8 @@ type pyInt string
 type pyObject map[string]pyValue
 
 // pyIntKeys is a Python dict with int keys (gemma4_text's per_layer_config): written as a JSON
-// object whose keys are sorted as numbers, as json.dumps(sort_keys=True) sorts them.
+// object in numeric key order, each key zero-padded to the width of the largest, as
+// transformers writes per_layer_config.
 type pyIntKeys map[int]pyValue
 
 func intValue(v int) pyValue { return pyInt(strconv.Itoa(v)) }
@@ -93,8 +94,8 @@ func writePy(b *bytes.Buffer, v pyValue, depth int) error {
 		indent(b, depth)
 		b.WriteByte(']')
 	case pyIntKeys:
-		// json.dumps(sort_keys=True) sorts a dict's int keys as numbers, then writes them as
-		// strings.
+		// transformers 5.17 writes the keys as strings zero-padded to the digits of the largest
+		// one (str(i).zfill), so that json.dumps(sort_keys=True) keeps them in numeric order.
 		keys := make([]int, 0, len(x))
 		for k := range x {
 			keys = append(keys, k)
@@ -104,10 +105,11 @@ func writePy(b *bytes.Buffer, v pyValue, depth int) error {
 			return nil
 		}
 		sort.Ints(keys)
+		width := len(strconv.Itoa(keys[len(keys)-1]))
 		b.WriteString("{\n")
 		for i, k := range keys {
 			indent(b, depth+1)
-			writePyString(b, strconv.Itoa(k))
+			writePyString(b, fmt.Sprintf("%0*d", width, k))
 			b.WriteString(": ")
 			if err := writePy(b, x[k], depth+1); err != nil {
 				return err
