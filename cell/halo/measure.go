@@ -24,6 +24,11 @@ type Measurement struct {
 	// Fastest is the fastest sample's seconds per op: what the device can do when other work
 	// on the machine slows some samples down (the median includes them).
 	Fastest float64
+	// DeviceFastest is the fastest seconds per op the device itself took, timed between
+	// device marks with the op queued behind other work, so the host's cost of issuing it is
+	// hidden; 0 where the device has no timer (the CPU, whose ops run as they are issued, so
+	// Fastest is already the device's time).
+	DeviceFastest float64
 	// FLOPs and Bytes are the work of one op: floating-point operations, and the least bytes
 	// it reads and writes in device memory (each operand once).
 	FLOPs, Bytes float64
@@ -65,6 +70,15 @@ func (m Measurement) FastGBps() float64 {
 	return m.Bytes / m.Fastest / 1e9
 }
 
+// DeviceGBps is Bytes per DeviceFastest, in GB/s: the bandwidth inside a stream of work, where
+// an op shorter than its launch is not held back by it. Without a device time it is FastGBps.
+func (m Measurement) DeviceGBps() float64 {
+	if m.DeviceFastest <= 0 {
+		return m.FastGBps()
+	}
+	return m.Bytes / m.DeviceFastest / 1e9
+}
+
 // Measure times op on the session's device at the given sizes (see Measurement.Op for the
 // ops; the named Measure functions below say what each size is). dtype "" means f32. Measure
 // is a control call: it occupies the device, at a step boundary when a run is going.
@@ -101,6 +115,7 @@ func measurementOf(r *session.MeasureResponse) Measurement {
 			m.Fastest = s
 		}
 	}
+	m.DeviceFastest = r.Values["device_fastest_s"]
 	return m
 }
 
@@ -199,6 +214,12 @@ type DeviceInfo struct {
 	Memory      int64  // capacity in bytes, 0 when unknown
 	HostThreads int    // the session's CPU worker threads
 	GPUs        int    // the CUDA devices the session's machine has (0 without a usable driver)
+	// Units are the workers ops are spread over: the SMs of a GPU, the CPU backend's worker
+	// threads (0 when the backend does not say).
+	Units int
+	// CacheBytes is the last-level cache: a GPU's L2, the CPU's largest cache level (0 when
+	// unknown). An experiment that is to stay in cache sizes its operands from it.
+	CacheBytes int64
 }
 
 func (d DeviceInfo) String() string {
@@ -213,7 +234,7 @@ func (d DeviceInfo) String() string {
 func Device() DeviceInfo {
 	m := measure("halo.Device", "info", "")
 	return DeviceInfo{Name: m.Device, GPU: strings.HasPrefix(m.Device, "cuda"), Memory: m.DeviceMemory, HostThreads: m.HostThreads,
-		GPUs: int(m.Values["gpus"])}
+		GPUs: int(m.Values["gpus"]), Units: int(m.Values["units"]), CacheBytes: int64(m.Values["cache_bytes"])}
 }
 
 // Collective is a collective timed over several devices (MeasureCollective).

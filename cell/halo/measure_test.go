@@ -56,6 +56,13 @@ func TestMeasurementOf(t *testing.T) {
 	if c := measurementOf(&session.MeasureResponse{Op: "copy", Bytes: 8}); c.Intensity != 0 {
 		t.Errorf("a copy has no arithmetic intensity: %v", c.Intensity)
 	}
+	if m.DeviceFastest != 0 || m.DeviceGBps() != m.FastGBps() {
+		t.Errorf("without a device time DeviceGBps is FastGBps: %v, %v", m.DeviceGBps(), m.FastGBps())
+	}
+	c := measurementOf(&session.MeasureResponse{Op: "copy", Bytes: 4e6, SampleS: []float64{8e-6}, Values: map[string]float64{"device_fastest_s": 2e-6}})
+	if c.DeviceFastest != 2e-6 || c.DeviceGBps() != 2000 || c.FastGBps() != 500 {
+		t.Errorf("copy with a device time: DeviceFastest %v, DeviceGBps %v, FastGBps %v", c.DeviceFastest, c.DeviceGBps(), c.FastGBps())
+	}
 }
 
 func TestFormatSeconds(t *testing.T) {

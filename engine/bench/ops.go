@@ -83,6 +83,15 @@ type OpResult struct {
 	// GOMAXPROCS.
 	DeviceMemory int64
 	HostThreads  int
+	// Props are the device's sizes (SMs and L2 of a GPU, workers and last-level cache of the
+	// CPU), zero where the backend does not report them.
+	Props backend.DeviceProps
+	// DeviceFastest is the fastest per-op time the device itself took, read from device marks
+	// around a batch of ops queued behind a long copy, so that the host's cost of issuing each
+	// op is hidden (0 on backends without a device timer, whose ops run as they are issued).
+	// For an op shorter than its launch it is what the op costs inside a stream of work, where
+	// the sample times are the launch rate.
+	DeviceFastest time.Duration
 }
 
 // TFLOPS is FLOPs per median time, in TFLOP/s (0 when the op does no arithmetic).
@@ -153,7 +162,7 @@ func MeasureOp(ctx context.Context, b backend.Backend, r OpRequest) (OpResult, e
 		r.MaxTotal = 2 * time.Second
 	}
 	res := OpResult{Device: b.Name(), Op: r.Op, Sizes: slices.Clone(r.Sizes), DType: r.DType,
-		DeviceMemory: b.MemStats().Total, HostThreads: runtime.GOMAXPROCS(0)}
+		DeviceMemory: b.MemStats().Total, HostThreads: runtime.GOMAXPROCS(0), Props: backend.PropsOf(b)}
 	if r.Op == OpInfo {
 		return res, nil
 	}
@@ -197,6 +206,13 @@ func MeasureOp(ctx context.Context, b backend.Backend, r OpRequest) (OpResult, e
 		}
 		res.Samples = append(res.Samples, d)
 	}
+	if t := b.Optional().Timer; t != nil {
+		// Each device sample runs deviceBatch+1 ops and a copy; MaxTotal bounds them too.
+		samples := max(1, min(repeats, int(r.MaxTotal/(time.Duration(deviceBatch+1)*max(one, time.Nanosecond)))))
+		if res.DeviceFastest, err = o.deviceTime(t, run, samples); err != nil {
+			return OpResult{}, fmt.Errorf("bench: op %s %v: device time: %w", r.Op, r.Sizes, err)
+		}
+	}
 	s := slices.Clone(res.Samples)
 	slices.Sort(s)
 	res.Median = s[len(s)/2]
@@ -218,6 +234,71 @@ func timeOps(b backend.Backend, run func() error, n int) (time.Duration, error) 
 		return 0, err
 	}
 	return time.Since(start) / time.Duration(n), nil
+}
+
+// deviceBatch is the ops between the marks of one device-timed sample, and busyBytes the
+// copy queued ahead of them: long enough (tens of microseconds at several TB/s) that the host
+// has issued the marks and the ops before the device reaches them, so that they run back to
+// back.
+const (
+	deviceBatch = 8
+	busyBytes   = 256 << 20
+)
+
+// deviceTime returns the fastest device time per op over samples batches: each batch is
+// queued behind a copy of busyBytes, one op (to warm caches after the copy), then deviceBatch
+// ops between two marks. It returns 0 (no device time) when the copy's buffers do not fit the
+// measurement's budget beside the op's operands.
+func (o *opRun) deviceTime(t backend.DeviceTimer, run func() error, samples int) (time.Duration, error) {
+	n := busyBytes / o.dt.Size()
+	src, err := o.tensor("busy copy", o.dt, 1, n)
+	if errors.Is(err, ErrBadOp) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	dst, err := o.tensor("busy copy", o.dt, 0, n)
+	if errors.Is(err, ErrBadOp) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var best time.Duration
+	for range samples {
+		if err := o.b.Copy(dst, src); err != nil {
+			return 0, err
+		}
+		if err := run(); err != nil {
+			return 0, err
+		}
+		from, err := t.Mark()
+		if err != nil {
+			return 0, err
+		}
+		for range deviceBatch {
+			if err = run(); err != nil {
+				break
+			}
+		}
+		var to backend.TimeMark
+		if err == nil {
+			to, err = t.Mark()
+		}
+		var d time.Duration
+		if err == nil {
+			d, err = t.Elapsed(from, to)
+		}
+		t.Release(from, to)
+		if err != nil {
+			return 0, err
+		}
+		if per := d / deviceBatch; best == 0 || per < best {
+			best = per
+		}
+	}
+	return best, nil
 }
 
 // opRun holds the operands of one measurement.

@@ -116,3 +116,76 @@ func TestMeasureOpRefusesBadRequests(t *testing.T) {
 		t.Errorf("refused measurements left %d bytes allocated", b.MemStats().Allocated)
 	}
 }
+
+// hostTimer is a backend.DeviceTimer whose marks are host clock readings: the CPU backend's
+// ops finish before they return, so its "device" times are the host's.
+type hostTimer struct {
+	marks []time.Time
+	live  int
+}
+
+func (h *hostTimer) Mark() (backend.TimeMark, error) {
+	h.marks = append(h.marks, time.Now())
+	h.live++
+	return backend.TimeMark(len(h.marks)), nil
+}
+
+func (h *hostTimer) Elapsed(from, to backend.TimeMark) (time.Duration, error) {
+	return h.marks[to-1].Sub(h.marks[from-1]), nil
+}
+
+func (h *hostTimer) Release(marks ...backend.TimeMark) {
+	for _, m := range marks {
+		if m != 0 {
+			h.live--
+		}
+	}
+}
+
+// timed is the CPU backend with a device timer, counting its copies.
+type timed struct {
+	*cpu.Backend
+	t      *hostTimer
+	copies int
+}
+
+func (b *timed) Optional() backend.Optional {
+	o := b.Backend.Optional()
+	o.Timer = b.t
+	return o
+}
+
+func (b *timed) Copy(dst, src tensor.Tensor) error { b.copies++; return b.Backend.Copy(dst, src) }
+
+func TestMeasureOpDeviceTimeAndProps(t *testing.T) {
+	c := cpu.New(cpu.Options{Workers: 2})
+	defer c.Close()
+	plain, err := MeasureOp(context.Background(), c, fastReq(OpLaunch, tensor.F32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.DeviceFastest != 0 {
+		t.Errorf("a backend without a timer has no device time: %v", plain.DeviceFastest)
+	}
+	if plain.Props.Units != 2 {
+		t.Errorf("Props.Units %d, want the backend's 2 workers", plain.Props.Units)
+	}
+	b := &timed{Backend: c, t: &hostTimer{}}
+	r, err := MeasureOp(context.Background(), b, fastReq(OpLaunch, tensor.F32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.DeviceFastest <= 0 || r.DeviceFastest > 10*r.Median+time.Millisecond {
+		t.Errorf("device time %v against a median of %v", r.DeviceFastest, r.Median)
+	}
+	// Every device sample is queued behind one busy copy, and its marks are handed back.
+	if b.copies < 1 || b.copies > fastReq(OpLaunch, tensor.F32).Repeats {
+		t.Errorf("%d busy copies for at most %d device samples", b.copies, fastReq(OpLaunch, tensor.F32).Repeats)
+	}
+	if b.t.live != 0 {
+		t.Errorf("%d marks not released", b.t.live)
+	}
+	if c.MemStats().Allocated != 0 {
+		t.Errorf("the device samples left %d bytes allocated", c.MemStats().Allocated)
+	}
+}

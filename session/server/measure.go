@@ -80,8 +80,14 @@ func (e *engine) cmdMeasure(ctx context.Context, device string, req bench.OpRequ
 	for _, s := range res.Samples {
 		out.SampleS = append(out.SampleS, s.Seconds())
 	}
+	out.Values = map[string]float64{}
+	if res.DeviceFastest > 0 {
+		out.Values["device_fastest_s"] = res.DeviceFastest.Seconds()
+	}
 	if req.Op == bench.OpInfo {
-		out.Values = map[string]float64{"gpus": float64(cuda.DeviceCount())}
+		out.Values["gpus"] = float64(cuda.DeviceCount())
+		out.Values["units"] = float64(res.Props.Units)
+		out.Values["cache_bytes"] = float64(res.Props.CacheBytes)
 	}
 	return out, nil
 }
