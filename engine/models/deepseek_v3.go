@@ -27,7 +27,7 @@ func init() {
 	Register(&Family{
 		ModelType:  "deepseek_v3",
 		Caps:       Caps{TiedEmbeddings: true, Reason: "(DeepSeek-V3 attention has no sliding window)"},
-		FFN:        &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts"}},
+		FFN:        &sigmoidMoE{moeFFN: moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts"}},
 		Placements: latentPlacements(),
 	})
 }
@@ -127,8 +127,21 @@ func latentAttention(a *Arch, i int, lin func(string) nn.Linear, norm func(strin
 //	<block>.shared_experts.{gate,up,down}_proj   one SwiGLU MLP of the shared width
 //
 // and the router's sigmoid scores, expert groups, renormalisation and scaling from config.json.
-// The shared experts are moeFFN's (shared: "shared_experts").
-type sigmoidMoE struct{ moeFFN }
+// The shared experts are moeFFN's (shared: "shared_experts"). bias is the correction bias's
+// module under the block when it is not the router's ("" for "gate"; Laguna's "experts").
+type sigmoidMoE struct {
+	moeFFN
+	bias string
+}
+
+// biasName is the correction bias of layer i.
+func (f *sigmoidMoE) biasName(i int) string {
+	m := f.bias
+	if m == "" {
+		m = "gate"
+	}
+	return f.prefix(i) + "." + m + "." + scoreBiasName
+}
 
 // Specs implements FFNHooks.
 func (f *sigmoidMoE) Specs(a *Arch, i int) []ParamSpec {
@@ -136,9 +149,8 @@ func (f *sigmoidMoE) Specs(a *Arch, i int) []ParamSpec {
 	if s == nil {
 		return nil
 	}
-	pre := f.prefix(i)
 	// After the router weight: the correction bias, then the experts and the shared MLP.
-	return append([]ParamSpec{s[0], bias(pre+".gate."+scoreBiasName, a.Experts)}, s[1:]...)
+	return append([]ParamSpec{s[0], bias(f.biasName(i), a.Experts)}, s[1:]...)
 }
 
 // Build implements FFNHooks.
@@ -149,9 +161,8 @@ func (f *sigmoidMoE) Build(a *Arch, i int, param, grad func(string) tensor.Tenso
 		return ffn
 	}
 	c := a.Config
-	pre := f.prefix(i)
 	m.Score, m.NGroup, m.TopKGroup = backend.RouterSigmoid, c.NGroup, c.TopKGroup
 	m.RoutedScaling = float32(c.RoutedScalingFactor)
-	m.ScoreBias = param(pre + ".gate." + scoreBiasName)
+	m.ScoreBias = param(f.biasName(i))
 	return m
 }

@@ -24,9 +24,10 @@ import (
 // models with shared experts (rule etp), context parallelism of MoE models by rule support.
 func init() {
 	Register(&Family{
-		ModelType:       "ernie4_5_moe",
-		Caps:            Caps{TiedEmbeddings: true, Reason: "(ERNIE 4.5 attention has no sliding window)"},
-		FFN:             &ernieMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts"}},
+		ModelType: "ernie4_5_moe",
+		Caps:      Caps{TiedEmbeddings: true, Reason: "(ERNIE 4.5 attention has no sliding window)"},
+		FFN: &ernieMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts",
+			inMemory: []rename{{"gate.moe_statics.", "moe_statics."}}}},
 		InterleavedRoPE: true,
 		Placements: decoderPlacements(
 			expertPlacements("mlp", "gate", "gate_proj", "up_proj", "down_proj"),

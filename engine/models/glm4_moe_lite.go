@@ -12,7 +12,7 @@ func init() {
 	Register(&Family{
 		ModelType:  "glm4_moe_lite",
 		Caps:       Caps{TiedEmbeddings: true, Reason: "(GLM-4.7-Flash attention has no sliding window)"},
-		FFN:        &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts"}},
+		FFN:        &sigmoidMoE{moeFFN: moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", shared: "shared_experts"}},
 		Placements: latentPlacements(),
 	})
 }

@@ -6,10 +6,12 @@ package models
 // per-head output gate softplus(g_proj(x)) (nn.Attention.HeadGate); dense SwiGLU layers where
 // mlp_layer_types says dense, and in the sparse ones DeepSeek's sigmoid router with its
 // selection-only correction bias (sigmoidMoE, no expert groups), renormalised and scaled by
-// moe_routed_scaling_factor, beside an ungated shared expert. Checkpoint names are
-// transformers': self_attn.{q,k,v,o}_proj, q_norm, k_norm, g_proj; mlp.gate.weight,
-// mlp.gate.e_score_correction_bias (a parameter without gradient), mlp.experts.* (held fused by
-// transformers 5.17, split on load), mlp.shared_experts.*.
+// moe_routed_scaling_factor, beside an ungated shared expert. Checkpoint names are the Hub's,
+// which transformers 5.17 writes: self_attn.{q,k,v,o}_proj, q_norm, k_norm, g_proj;
+// mlp.gate.weight, mlp.experts.e_score_correction_bias (a parameter without gradient),
+// mlp.experts.X.* (held fused by transformers, split on load), mlp.shared_expert.*.
+// transformers holds the bias as mlp.gate.e_score_correction_bias and the shared expert as
+// mlp.shared_experts.* in memory; checkpoints under those names load too.
 //
 // Layouts: data parallelism, FSDP, tensor parallelism (heads split with their norms and gate
 // rows; routers, dense MLPs and the shared expert whole) and expert parallelism. Expert-tensor
@@ -20,12 +22,15 @@ func init() {
 		ModelType: "laguna",
 		Caps: Caps{SlidingWindow: true, TiedEmbeddings: true, RopeTypes: []string{"default"},
 			Reason: "(Laguna's rope scaling per layer type is not implemented)"},
-		FFN: &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj",
-			shared: "shared_experts"}},
+		FFN: &sigmoidMoE{moeFFN: moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj",
+			shared:   "shared_expert",
+			inMemory: []rename{{"gate." + scoreBiasName, "experts." + scoreBiasName}, {"shared_experts.", "shared_expert."}}},
+			bias: "experts"},
 		Placements: decoderPlacements(qkNormPlacements(PerHead),
-			[]Placement{{Module: "model.layers.*.self_attn.g_proj", Split: Column}},
+			[]Placement{{Module: "model.layers.*.self_attn.g_proj", Split: Column},
+				{Module: "model.layers.*.mlp.experts", Split: Replicated}}, // the correction bias
 			expertPlacements("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
 			denseMLPPlacements("mlp", "gate_proj", "up_proj", "down_proj", Replicated),
-			sharedPlacements("shared_experts", "")),
+			sharedPlacements("shared_expert", "")),
 	})
 }

@@ -40,7 +40,15 @@ type moeFFN struct {
 	// above. The experts keep their per-expert names in the parameter table; Load splits the
 	// fused tensors into them and Save writes them fused (moe_weights.go).
 	fused fusedNames
+	// inMemory are the names under the block that transformers 5 gives some of the family's
+	// tensors in memory where its checkpoints (and Save) use others: a checkpoint written
+	// under the in-memory names loads too (moe_weights.go). Each entry renames a prefix.
+	inMemory []rename
 }
+
+// rename is one name prefix under a MoE block: from (transformers' in-memory name) to (the
+// checkpoint's).
+type rename struct{ from, to string }
 
 // fusedNames are a family's fused expert tensors under the MoE block: GateUp [E,2I,C] (each
 // expert's gate rows, then its up rows) and Down [E,C,I].

@@ -43,8 +43,8 @@ var moeRefSpecs = map[string]moeRefSpec{
 	"ernie4_5_moe": {interleaved: true, block: "mlp", router: "gate", gate: "gate_proj", up: "up_proj", down: "down_proj",
 		bias: "moe_statics.e_score_correction_bias", shared: "shared_experts", renorm: true},
 	"laguna": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "mlp", router: "gate",
-		gate: "gate_proj", up: "up_proj", down: "down_proj", sigmoid: true, bias: "gate.e_score_correction_bias",
-		shared: "shared_experts", renorm: true, headGate: true},
+		gate: "gate_proj", up: "up_proj", down: "down_proj", sigmoid: true, bias: "experts.e_score_correction_bias",
+		shared: "shared_expert", renorm: true, headGate: true},
 	"minimax_m2": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "block_sparse_moe", router: "gate",
 		gate: "w1", up: "w3", down: "w2", sigmoid: true, bias: "e_score_correction_bias", renorm: true},
 }

@@ -82,7 +82,7 @@ func init() {
 	Register(&Family{
 		ModelType: "glm4_moe",
 		Caps:      Caps{TiedEmbeddings: true, Reason: "(GLM-4.5 attention has no sliding window)"},
-		FFN: &sigmoidMoE{moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj",
+		FFN: &sigmoidMoE{moeFFN: moeFFN{block: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj",
 			shared: "shared_experts"}},
 		Placements: decoderPlacements(qkNormPlacements(PerHead),
 			expertPlacements("mlp", "gate", "gate_proj", "up_proj", "down_proj"),

@@ -19,10 +19,6 @@ var fusedExpertName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.experts\.(
 // bias (mlp.e_score_correction_bias, block_sparse_moe.e_score_correction_bias on the Hub).
 var fusedRouterName = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.(gate\.weight|e_score_correction_bias)$`)
 
-// ernieStaticsInMemory matches ERNIE 4.5's correction bias under transformers 5's in-memory name
-// (mlp.gate.moe_statics.e_score_correction_bias; mlp.moe_statics.* on the Hub).
-var ernieStaticsInMemory = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.gate\.moe_statics\.e_score_correction_bias$`)
-
 // fusedExperts presents a checkpoint whose experts are stored the way transformers 5 holds them
 // in memory — model.layers.L.mlp.experts.gate_up_proj [E, 2I, C] (each expert's gate rows, then
 // its up rows) and model.layers.L.mlp.experts.down_proj [E, C, I] — under the Hub names of
@@ -49,9 +45,9 @@ func withFusedExperts(src safetensors.Source, f *moeFFN) safetensors.Source {
 			Data: info.Data[off*es : (off+n)*es], File: info.File}
 	}
 	for _, name := range src.Names() {
-		if sm := ernieStaticsInMemory.FindStringSubmatch(name); sm != nil {
+		if to, ok := f.checkpointName(name); ok {
 			info, _ := src.Tensor(name)
-			add(fmt.Sprintf("model.layers.%s.mlp%s", sm[1], ernieStatics), info, info.Shape, 0, int(info.NumElements()))
+			add(to, info, info.Shape, 0, int(info.NumElements()))
 			replaced[name] = true
 			continue
 		}
@@ -121,6 +117,32 @@ func (fe *fusedExperts) Tensor(name string) (safetensors.TensorInfo, bool) {
 		info.Shape = slices.Clone(info.Shape)
 	}
 	return info, ok
+}
+
+// checkpointName returns the checkpoint name of a tensor that name holds under one of the
+// family's in-memory names (moeFFN.inMemory), and whether it is one.
+func (f *moeFFN) checkpointName(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "model.layers.")
+	if !ok {
+		return "", false
+	}
+	num, tail, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", false
+	}
+	if _, err := strconv.Atoi(num); err != nil {
+		return "", false
+	}
+	tail, ok = strings.CutPrefix(tail, f.block+".")
+	if !ok {
+		return "", false
+	}
+	for _, r := range f.inMemory {
+		if t, ok := strings.CutPrefix(tail, r.from); ok {
+			return "model.layers." + num + "." + f.block + "." + r.to + t, true
+		}
+	}
+	return "", false
 }
 
 // ownFused matches name against the family's own fused expert tensors (moeFFN.fused) and

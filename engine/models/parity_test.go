@@ -282,7 +282,7 @@ func compareGrads(t *testing.T, m *Model, path string) {
 			}
 			continue
 		}
-		want, err := transformersGrad(gf, s)
+		want, err := transformersGrad(gf, s, expertHooks(m.Family))
 		if err != nil {
 			t.Errorf("%s: %v", filepath.Base(path), err)
 			continue
@@ -353,8 +353,9 @@ var expertName = regexp.MustCompile(`^model\.layers\.(\d+)\.(?:mlp|block_sparse_
 
 // transformersGrad returns the gradient of parameter s from a file written with transformers 5's
 // in-memory names: experts fused as mlp.experts.gate_up_proj [E, 2I, C] (gate rows, then up
-// rows) and mlp.experts.down_proj [E, C, I]; Mixtral's router as mlp.gate.weight.
-func transformersGrad(gf *safetensors.File, s ParamSpec) ([]float32, error) {
+// rows) and mlp.experts.down_proj [E, C, I]; Mixtral's router as mlp.gate.weight; the family's
+// other in-memory names (moe, nil for dense families) for their checkpoint names.
+func transformersGrad(gf *safetensors.File, s ParamSpec, moe *moeFFN) ([]float32, error) {
 	get := func(name string) ([]float32, error) {
 		info, ok := gf.Tensor(name)
 		if !ok {
@@ -370,7 +371,18 @@ func transformersGrad(gf *safetensors.File, s ParamSpec) ([]float32, error) {
 				return make([]float32, s.Numel()), nil
 			}
 		}
-		return get(strings.Replace(s.Name, ".block_sparse_moe.gate.", ".mlp.gate.", 1))
+		name := strings.Replace(s.Name, ".block_sparse_moe.gate.", ".mlp.gate.", 1)
+		if _, ok := gf.Tensor(name); !ok && moe != nil {
+			// A tensor transformers holds under another name in memory (moeFFN.inMemory:
+			// Laguna's mlp.shared_experts for the checkpoint's mlp.shared_expert).
+			for _, r := range moe.inMemory {
+				if n := strings.Replace(name, "."+moe.block+"."+r.to, "."+moe.block+"."+r.from, 1); n != name {
+					name = n
+					break
+				}
+			}
+		}
+		return get(name)
 	}
 	x, _ := strconv.Atoi(sm[2])
 	n := s.Numel()
