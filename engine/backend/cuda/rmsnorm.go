@@ -71,6 +71,25 @@ func (o normBwdOptions) plan(C int) normBwdPlan {
 	return normBwdPlan{"rmsnorm_bwd_bf16x8_c2048", o.blocksPerSMWide, uint32(4 * 8 * C)}
 }
 
+// normRowThreads is the block of the one-block-per-row bf16 kernels (rmsnorm.cu:
+// rmsnorm_fwd_bf16x8_row, add_rmsnorm_fwd_bf16x8_row) and normRowVectors the vectors of 8 each
+// of their threads holds (RN_ROW_V).
+const (
+	normRowThreads = 256
+	normRowVectors = 8
+)
+
+// normRowPerBlock reports whether N rows of C elements, which the warp-per-row kernels would
+// cover in blocks of rpb rows, run the one-block-per-row kernels instead: when the warp kernels
+// would give the sms SMs fewer than two blocks each (few rows, as in decoding), and the rows are
+// wide enough to spread over a block (C >= 1024) and narrow enough for its registers.
+func normRowPerBlock(N, C, rpb, sms int) bool {
+	if rpb <= 0 || C < 1024 || C/8 > normRowThreads*normRowVectors {
+		return false
+	}
+	return (N+rpb-1)/rpb < 2*max(sms, 1)
+}
+
 func normBlock(C int) uint32 {
 	switch {
 	case C >= 1024:
@@ -101,6 +120,12 @@ func (b *Backend) RMSNorm(out, rstd, x, w T, eps float32) error {
 		return nil
 	}
 	if rpb := normVecRowsPerBlock(C); rpb > 0 && vec8(int64(C), []int32{co, cx, cw}, po, px, pw) {
+		if normRowPerBlock(N, C, rpb, b.d.info.SMs) {
+			args := packArgs(po, pr, px, pw, int32(C), eps)
+			return b.d.Post(func() error {
+				return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_fwd_bf16x8_row", [3]uint32{uint32(N), 1, 1}, [3]uint32{normRowThreads, 1, 1}, 0, args...)
+			})
+		}
 		args := packArgs(po, pr, px, pw, int64(N), int32(C), eps)
 		return b.d.Post(func() error {
 			return b.d.launchOnThread("rmsnorm.cu", "rmsnorm_fwd_bf16x8", [3]uint32{uint32((N + rpb - 1) / rpb), 1, 1}, [3]uint32{256, 1, 1}, 0, args...)
@@ -157,6 +182,12 @@ func (b *Backend) AddRMSNorm(residualOut, out, rstd, x, residual, w T, eps float
 		return nil
 	}
 	if rpb := normVecRowsPerBlock(C); rpb > 0 && vec8(int64(C), []int32{cro, co, cx, cres, cw}, pro, po, px, pres, pw) {
+		if normRowPerBlock(N, C, rpb, b.d.info.SMs) {
+			args := packArgs(pro, po, pr, px, pres, pw, int32(C), eps)
+			return b.d.Post(func() error {
+				return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd_bf16x8_row", [3]uint32{uint32(N), 1, 1}, [3]uint32{normRowThreads, 1, 1}, 0, args...)
+			})
+		}
 		args := packArgs(pro, po, pr, px, pres, pw, int64(N), int32(C), eps)
 		return b.d.Post(func() error {
 			return b.d.launchOnThread("rmsnorm.cu", "add_rmsnorm_fwd_bf16x8", [3]uint32{uint32((N + rpb - 1) / rpb), 1, 1}, [3]uint32{256, 1, 1}, 0, args...)

@@ -703,7 +703,11 @@ func TestGPUMemoryBoundKernels(t *testing.T) {
 // accumulate form (dX +=) into bf16 gradients.
 func TestGPURMSNormVectorised(t *testing.T) {
 	g := gpu(t)
-	for _, s := range []struct{ N, C int }{{1029, 128}, {50, 64}, {13, 24}, {77, 1024}, {40, 2048}, {300, 1032}, {33, 1536}, {9, 2056}} {
+	// Few rows of 1024 or more take the block-per-row forward (normRowPerBlock): {1, 8192},
+	// {4, 16384}, {77, 1024} and the others up to 2056; {4096, 1024} and {3, 16392} (too wide
+	// for it) keep the warp-per-row one.
+	for _, s := range []struct{ N, C int }{{1029, 128}, {50, 64}, {13, 24}, {77, 1024}, {40, 2048}, {300, 1032}, {33, 1536}, {9, 2056},
+		{1, 8192}, {4, 16384}, {4096, 1024}, {3, 16392}} {
 		rel := 2 * bf16Eps
 		fwd := opCase{
 			Name: fmt.Sprintf("rmsnorm_and_add_rmsnorm/bf16/N%d_C%d", s.N, s.C),
@@ -724,6 +728,9 @@ func TestGPURMSNormVectorised(t *testing.T) {
 			},
 		}
 		t.Run(fwd.Name, func(t *testing.T) { runCase(t, g, fwd) })
+		if s.C > 4096 {
+			continue // the wide rows are there for the forward's kernel choice
+		}
 		c := opCase{
 			Name: fmt.Sprintf("rmsnorm_backward_accumulate/bf16/N%d_C%d", s.N, s.C),
 			Tensors: []tspec{

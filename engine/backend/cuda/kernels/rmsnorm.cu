@@ -176,6 +176,100 @@ extern "C" __global__ void add_rmsnorm_fwd_bf16x8(rn_bf8* resid_out, rn_bf8* out
     }
 }
 
+// ---- one block per row, for few rows ----
+//
+// With too few rows to fill the SMs with the warp-per-row kernels above (decoding: one row per
+// sequence), each row would be one warp's C/256 serial round trips to memory. These spread a row
+// over the block: thread t holds vectors t, t + blockDim.x, ... (at most RN_ROW_V of them) in
+// registers, loads all of them before it stores anything (so resid_out and out may alias x and
+// residual), and the row sum is a block sum. The arithmetic is the warp kernels' (the same
+// expressions); only the summation order differs. C/8 <= blockDim.x * RN_ROW_V.
+#define RN_ROW_V 8
+
+extern "C" __global__ void rmsnorm_fwd_bf16x8_row(rn_bf8* out, float* rstd, const rn_bf8* x, const rn_bf8* w,
+                                                  int C, float eps) {
+    __shared__ float scratch[32];
+    int C8 = C >> 3;
+    long long base = (long long)blockIdx.x * C8;
+    rn_bf8 v[RN_ROW_V];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        int k = threadIdx.x + i * blockDim.x;
+        v[i] = rn_bf8{{0u, 0u, 0u, 0u}};
+        if (k < C8) v[i] = x[base + k];
+    }
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float f = rn_at(v[i], j);  // zero past the row
+            ss += f * f;
+        }
+    ss = block_sum(ss, scratch);
+    float r = rsqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        int k = threadIdx.x + i * blockDim.x;
+        if (k >= C8) break;
+        rn_bf8 wv = w[k], o;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            o.u[j] = rn_pack(rn_at(v[i], 2 * j) * r * rn_at(wv, 2 * j), rn_at(v[i], 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
+        out[base + k] = o;
+    }
+}
+
+extern "C" __global__ void add_rmsnorm_fwd_bf16x8_row(rn_bf8* resid_out, rn_bf8* out, float* rstd, const rn_bf8* x,
+                                                      const rn_bf8* residual, const rn_bf8* w, int C, float eps) {
+    __shared__ float scratch[32];
+    int C8 = C >> 3;
+    long long base = (long long)blockIdx.x * C8;
+    rn_bf8 a[RN_ROW_V], b[RN_ROW_V];
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        int k = threadIdx.x + i * blockDim.x;
+        a[i] = b[i] = rn_bf8{{0u, 0u, 0u, 0u}};
+        if (k < C8) {
+            a[i] = x[base + k];
+            b[i] = residual[base + k];
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        rn_bf8 h;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            h.u[j] = rn_pack(rn_at(a[i], 2 * j) + rn_at(b[i], 2 * j), rn_at(a[i], 2 * j + 1) + rn_at(b[i], 2 * j + 1));
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float f = rn_at(h, j);  // the rounded value, as the unfused Add gives; zero past the row
+            ss += f * f;
+        }
+        a[i] = h;  // a now holds the sum
+    }
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        int k = threadIdx.x + i * blockDim.x;
+        if (k < C8) resid_out[base + k] = a[i];
+    }
+    ss = block_sum(ss, scratch);
+    float r = rsqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        int k = threadIdx.x + i * blockDim.x;
+        if (k >= C8) break;
+        rn_bf8 wv = w[k], o;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            o.u[j] = rn_pack(rn_at(a[i], 2 * j) * r * rn_at(wv, 2 * j), rn_at(a[i], 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
+        out[base + k] = o;
+    }
+}
+
 // Row groups stride over the rows. Each lane keeps its columns' dw partial sums in registers; at
 // the end every row group (8 warps x 32/L groups = G) stores them in dynamic shared memory
 // [G, C] (G*C = 8 * max(C, 256) floats), the block adds the G rows in order and stores the sum
