@@ -306,6 +306,18 @@ type Rounding struct {
 	// StepSeconds is the median time of one optimizer step; StepBytes the least bytes it
 	// moves; GBps their ratio.
 	StepSeconds, StepBytes, GBps float64
+	// StepDeviceSeconds is the median time of one step on the device, between device marks
+	// (0 where the device has no timer, as on the CPU): the step's kernels without the host's
+	// cost of issuing them and waiting for them.
+	StepDeviceSeconds float64
+}
+
+// DeviceStep is StepDeviceSeconds where the device timed the step, else StepSeconds.
+func (r Rounding) DeviceStep() float64 {
+	if r.StepDeviceSeconds > 0 {
+		return r.StepDeviceSeconds
+	}
+	return r.StepSeconds
 }
 
 // BytesPerParam is the weights, gradients and optimizer state per parameter.
@@ -344,7 +356,7 @@ func MeasureAdamW(mode string, n, steps int, lr, w0 float64) Rounding {
 	return Rounding{Mode: mode, Device: r.Device, N: n, Steps: steps, LR: lr, W0: v["w0"], ULP: v["ulp"],
 		StaleFraction: v["stale_fraction"], MeanChange: v["mean_change"], ExpectedChange: v["expected_change"],
 		WeightBytes: int64(v["weight_bytes"]), GradBytes: int64(v["grad_bytes"]), StateBytes: int64(v["state_bytes"]),
-		StepSeconds: r.MedianS, StepBytes: r.Bytes, GBps: r.GbS}
+		StepSeconds: r.MedianS, StepBytes: r.Bytes, GBps: r.GbS, StepDeviceSeconds: v["step_device_s"]}
 }
 
 // RoPEMerge is what a RoPE precision experiment found (MeasureRoPE). A position merges when

@@ -79,6 +79,10 @@ type RoundingResult struct {
 	// synchronised); StepBytes the least bytes one step reads and writes.
 	StepSeconds float64
 	StepBytes   float64
+	// StepDeviceSeconds is the median time of one step on the device, between device marks
+	// around it (0 on backends without a device timer): the step's kernels without the host's
+	// cost of issuing them and of waiting for the device.
+	StepDeviceSeconds float64
 }
 
 // maxRoundingSteps bounds the steps of one experiment.
@@ -155,20 +159,48 @@ func MeasureRounding(ctx context.Context, b backend.Backend, r RoundingRequest) 
 	} else {
 		res.StepBytes = n * (2 + 4 + 4 + 4)
 	}
-	var times []time.Duration
+	var times, devTimes []time.Duration
 	host := make([]byte, w.Bytes())
+	timer := b.Optional().Timer
+	release := func(marks ...backend.TimeMark) {
+		if timer != nil {
+			timer.Release(marks...)
+		}
+	}
 	for s := 1; s <= r.Steps; s++ {
 		if err := ctx.Err(); err != nil {
 			return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
 		}
 		start := time.Now()
+		var from, to backend.TimeMark
+		if timer != nil {
+			if from, err = timer.Mark(); err != nil {
+				return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
+			}
+		}
 		if err := opt.Step(r.LR, 1); err != nil {
+			release(from)
 			return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
 		}
+		if timer != nil {
+			if to, err = timer.Mark(); err != nil {
+				release(from)
+				return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
+			}
+		}
 		if err := b.Sync(); err != nil {
+			release(from, to)
 			return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
 		}
 		times = append(times, time.Since(start))
+		if timer != nil {
+			d, err := timer.Elapsed(from, to)
+			release(from, to)
+			if err != nil {
+				return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
+			}
+			devTimes = append(devTimes, d)
+		}
 		if s == 1 {
 			if err := b.Download(host, w); err != nil {
 				return RoundingResult{}, fmt.Errorf("bench: adamw_rounding: %w", err)
@@ -200,6 +232,10 @@ func MeasureRounding(ctx context.Context, b backend.Backend, r RoundingRequest) 
 	res.MeanChange = sum / n
 	slices.Sort(times)
 	res.StepSeconds = times[len(times)/2].Seconds()
+	if len(devTimes) > 0 {
+		slices.Sort(devTimes)
+		res.StepDeviceSeconds = devTimes[len(devTimes)/2].Seconds()
+	}
 	return res, nil
 }
 

@@ -152,3 +152,28 @@ func TestBusFactor(t *testing.T) {
 		}
 	}
 }
+
+func TestRoundingStepDeviceTime(t *testing.T) {
+	c := cpu.New(cpu.Options{Workers: 2})
+	defer c.Close()
+	req := RoundingRequest{Mode: MasterF32, N: 1 << 10, Steps: 5, LR: 1e-4, W0: 1}
+	r, err := MeasureRounding(context.Background(), c, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StepDeviceSeconds != 0 {
+		t.Errorf("a backend without a timer has no device step time: %v", r.StepDeviceSeconds)
+	}
+	b := &timed{Backend: c, t: &hostTimer{}}
+	r, err = MeasureRounding(context.Background(), b, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The marks lie inside each host-timed step, so the device time cannot exceed it.
+	if r.StepDeviceSeconds <= 0 || r.StepDeviceSeconds > r.StepSeconds {
+		t.Errorf("device step %v s against a host step of %v s", r.StepDeviceSeconds, r.StepSeconds)
+	}
+	if b.t.live != 0 {
+		t.Errorf("%d marks not released", b.t.live)
+	}
+}

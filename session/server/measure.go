@@ -167,7 +167,7 @@ func (e *engine) measureRounding(ctx context.Context, device string, req bench.O
 		Bytes: res.StepBytes, MedianS: res.StepSeconds, DeviceMemory: b.MemStats().Total, HostThreads: int32(runtime.GOMAXPROCS(0)),
 		Values: map[string]float64{"ulp": res.ULP, "stale_fraction": res.StaleFraction, "mean_change": res.MeanChange,
 			"expected_change": res.ExpectedChange, "weight_bytes": float64(res.WeightBytes), "grad_bytes": float64(res.GradBytes),
-			"state_bytes": float64(res.StateBytes), "w0": res.W0}}
+			"state_bytes": float64(res.StateBytes), "w0": res.W0, "step_device_s": res.StepDeviceSeconds}}
 	if res.StepSeconds > 0 {
 		out.GbS = res.StepBytes / res.StepSeconds / 1e9
 	}
