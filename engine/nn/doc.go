@@ -19,6 +19,13 @@
 // may be stored in 4-bit NF4 (QuantWeight, QLoRA), dequantised into a WeightScratch shared by
 // the layers right before each product.
 //
+// HostTape is a small reverse-mode differentiator over float64 matrices on the host, for
+// layers built of many small reductions the backends have no fused ops for; DSV4 runs
+// DeepSeek-V4's decoder on it (hyper-connection residual streams with Sinkhorn-projected
+// mixing, shared-key-value attention with sinks over a sliding window plus compressed entries
+// chosen by a lightning indexer, a grouped output projection, hash- or score-routed clamped
+// SwiGLU experts), its gradients coming from the tape.
+//
 // Every activation is a row-major [N, ...] tensor where N is the total number of tokens of a
 // packed micro-batch; documents are separated by cumulative sequence lengths and positions
 // restart at 0 for each document. Letters used in shape comments:
