@@ -197,7 +197,7 @@ func TestDeepseekV4HostMatchesTransformers(t *testing.T) {
 		for i, v := range grads[name] {
 			g[i] = float32(v)
 		}
-		want, err := transformersGrad(gf, ParamSpec{Name: name, Shape: []int{p.r, p.c}})
+		want, err := transformersGrad(gf, ParamSpec{Name: name, Shape: []int{p.r, p.c}}, nil)
 		if err != nil {
 			// No gradient in transformers: the indexer's weights only pick entries.
 			if d := norm(g); d != 0 {
