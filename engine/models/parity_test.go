@@ -14,6 +14,8 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/internal/gradcheck"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // parityReference is reference.json of a fixture made by transformers
@@ -257,7 +259,8 @@ func TestParityWithTransformers(t *testing.T) {
 	}
 }
 
-// compareGrads compares every gradient of m with a gradient file of transformers (1e-3 relative).
+// compareGrads compares every gradient of m with a gradient file of transformers by the rule
+// of gradcheck (1e-3 relative; a noise-level reference within its layer's float32 floor).
 func compareGrads(t *testing.T, m *Model, path string) {
 	t.Helper()
 	gf, err := safetensors.Open(path)
@@ -265,14 +268,7 @@ func compareGrads(t *testing.T, m *Model, path string) {
 		t.Fatal(err)
 	}
 	defer gf.Close()
-	type pair struct {
-		name      string
-		got, want []float32
-	}
-	var pairs []pair
-	// scale is the largest reference gradient norm of each layer (layerOf), for the noise
-	// floor below.
-	scale := map[string]float64{}
+	got, want := map[string][]float32{}, map[string][]float32{}
 	for _, s := range m.Specs {
 		if isBuffer(s.Name) {
 			// A buffer to transformers (a router's selection bias, Gemma 4's layer_scalar), which
@@ -282,7 +278,7 @@ func compareGrads(t *testing.T, m *Model, path string) {
 			}
 			continue
 		}
-		want, err := transformersGrad(gf, s, expertHooks(m.Family))
+		w, err := transformersGrad(gf, s, expertHooks(m.Family))
 		if err != nil {
 			t.Errorf("%s: %v", filepath.Base(path), err)
 			continue
@@ -291,61 +287,26 @@ func compareGrads(t *testing.T, m *Model, path string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pairs = append(pairs, pair{s.Name, g, want})
-		l := layerOf(s.Name)
-		scale[l] = math.Max(scale[l], norm(want))
+		got[s.Name], want[s.Name] = g, w
+	}
+	noise, err := gradcheck.Noise(tensor.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffs, err := gradcheck.Compare(got, want, noise)
+	if err != nil {
+		t.Fatalf("%s: %v", filepath.Base(path), err)
 	}
 	worst := 0.0
-	for _, p := range pairs {
-		// A gradient that is zero in exact arithmetic holds only rounding noise on both sides
-		// (the key bias of a layer without RoPE: it adds the same q·b to every key's score of a
-		// query, which softmax cancels), so their relative difference is meaningless. Rule: a
-		// tensor whose reference gradient norm is below gradNoise times the largest gradient
-		// norm of its layer must agree within that absolute floor, gradNoise·scale; any other
-		// tensor within relative 1e-3.
-		floor := gradNoise * scale[layerOf(p.name)]
-		if norm(p.want) < floor {
-			if d := diffNorm(p.got, p.want); d > floor {
-				t.Errorf("%s: %s: gradient differs from transformers' noise-level one: |diff| %.3g, floor %.3g (%g × its layer's largest gradient norm)",
-					filepath.Base(path), p.name, d, floor, gradNoise)
-			}
-			continue
+	for _, d := range diffs {
+		if !d.Noise {
+			worst = math.Max(worst, d.Rel)
 		}
-		r := relDiff(p.got, p.want)
-		worst = math.Max(worst, r)
-		if r > 1e-3 {
-			t.Errorf("%s: %s: gradient differs from transformers: relative %.3g (tolerance 1e-3)", filepath.Base(path), p.name, r)
+		if !d.Pass(1e-3) {
+			t.Errorf("%s: gradient differs from transformers: %v (tolerance 1e-3 relative)", filepath.Base(path), d)
 		}
 	}
 	t.Logf("%s: worst gradient relative difference %.2g", filepath.Base(path), worst)
-}
-
-// gradNoise is the fraction of a layer's largest gradient norm below which a reference gradient
-// is float32 rounding noise of an exactly-zero gradient (float32 carries about 6e-8 relative).
-const gradNoise = 1e-5
-
-// layerPrefix matches the parameters of one decoder layer.
-var layerPrefix = regexp.MustCompile(`^model\.layers\.\d+\.`)
-
-// layerOf returns the decoder-layer prefix of a parameter name ("model.layers.3."), or "" for
-// parameters outside the layers (embeddings, final norm, head).
-func layerOf(name string) string { return layerPrefix.FindString(name) }
-
-func norm(a []float32) float64 {
-	var s float64
-	for _, v := range a {
-		s += float64(v) * float64(v)
-	}
-	return math.Sqrt(s)
-}
-
-func diffNorm(a, b []float32) float64 {
-	var s float64
-	for i := range a {
-		d := float64(a[i]) - float64(b[i])
-		s += d * d
-	}
-	return math.Sqrt(s)
 }
 
 // expertName matches a per-expert weight in the Hub layout.
