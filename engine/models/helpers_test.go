@@ -154,3 +154,12 @@ func maxAbsDiff(a, b []float32) float64 {
 }
 
 var _ = tensor.F32
+
+// norm is the Euclidean norm of a.
+func norm(a []float32) float64 {
+	var s float64
+	for _, v := range a {
+		s += float64(v) * float64(v)
+	}
+	return math.Sqrt(s)
+}
