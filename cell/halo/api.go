@@ -445,14 +445,20 @@ func Losses() []float64 {
 }
 
 // Profile runs the next k steps with profiling and returns where their time went.
-func Profile(k int) ProfileReport {
+func Profile(k int) ProfileReport { return takeProfile("halo.Profile", k, false) }
+
+// ProfileTrace is Profile that also keeps every op of the steps: the report's Trace is their
+// Chrome/Perfetto trace, and OpTotals adds them up by op.
+func ProfileTrace(k int) ProfileReport { return takeProfile("halo.ProfileTrace", k, true) }
+
+func takeProfile(name string, k int, trace bool) ProfileReport {
 	if k < 1 {
-		fail("halo.Profile", fmt.Errorf("k = %d: want at least 1 step", k))
+		fail(name, fmt.Errorf("k = %d: want at least 1 step", k))
 	}
-	c, ctx, e := client("halo.Profile")
-	r, err := c.Profile(ctx, k, false)
+	c, ctx, e := client(name)
+	r, err := c.Profile(ctx, k, trace)
 	if err != nil {
-		fail("halo.Profile", err)
+		fail(name, err)
 	}
 	for _, s := range r.Steps {
 		e.Record(c, s.Metrics)

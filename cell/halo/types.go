@@ -1,6 +1,7 @@
 package halo
 
 import (
+	"encoding/json"
 	"fmt"
 	"html"
 	"math"
@@ -345,6 +346,8 @@ type StepProfile struct {
 	// CommBytes is the bytes of each device's operands in the step's collectives, by kind
 	// (what one device contributes; a mean over devices; empty on one device).
 	CommBytes map[string]float64
+	// Metrics are the step's own metrics (tokens, model FLOPs, ...).
+	Metrics StepMetrics
 }
 
 // ProfileReport is the result of profiling some steps.
@@ -419,10 +422,73 @@ func (p ProfileReport) Bundle() Bundle { return p.Table().Bundle() }
 func profileOf(r *session.ProfileResponse) ProfileReport {
 	out := ProfileReport{Trace: r.TraceJson}
 	for _, s := range r.Steps {
-		out.Steps = append(out.Steps, StepProfile{Step: s.Step, StepTime: s.StepS, Compute: s.ComputeS, Comm: s.CommS,
-			Host: s.HostS, Ops: s.Ops, Syncs: s.Syncs, FLOPs: s.Flops, Bytes: s.Bytes, CommBytes: s.CommBytes})
+		sp := StepProfile{Step: s.Step, StepTime: s.StepS, Compute: s.ComputeS, Comm: s.CommS,
+			Host: s.HostS, Ops: s.Ops, Syncs: s.Syncs, FLOPs: s.Flops, Bytes: s.Bytes, CommBytes: s.CommBytes}
+		if s.Metrics != nil {
+			sp.Metrics = metricsOf(s.Metrics)
+		}
+		out.Steps = append(out.Steps, sp)
 	}
 	return out
+}
+
+// OpTotal is one op's share of a traced profile (ProfileTrace): its calls, device or host
+// seconds, and the FLOPs and bytes the cost table counts for them, summed over the steps.
+type OpTotal struct {
+	Name, Class  string
+	Calls        int
+	Seconds      float64
+	FLOPs, Bytes float64
+}
+
+// OpTotals adds up the ops of a traced profile by op name, largest FLOPs first (then by
+// seconds). It fails when the report has no trace (Profile, not ProfileTrace) or the trace is
+// not one the session writes.
+func (p ProfileReport) OpTotals() ([]OpTotal, error) {
+	if len(p.Trace) == 0 {
+		return nil, fmt.Errorf("halo: OpTotals: the report has no trace: take it with halo.ProfileTrace")
+	}
+	var tr struct {
+		TraceEvents []struct {
+			Name string         `json:"name"`
+			Cat  string         `json:"cat"`
+			Ph   string         `json:"ph"`
+			Dur  float64        `json:"dur"` // microseconds
+			Args map[string]any `json:"args"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(p.Trace, &tr); err != nil {
+		return nil, fmt.Errorf("halo: OpTotals: the trace is not a Chrome trace: %w", err)
+	}
+	num := func(a map[string]any, k string) float64 {
+		v, _ := a[k].(float64)
+		return v
+	}
+	var totals []OpTotal
+	index := map[string]int{}
+	for _, ev := range tr.TraceEvents {
+		if ev.Ph != "X" || ev.Cat == "step" {
+			continue // metadata, and the steps' own events
+		}
+		k, ok := index[ev.Name]
+		if !ok {
+			k = len(totals)
+			index[ev.Name] = k
+			totals = append(totals, OpTotal{Name: ev.Name, Class: ev.Cat})
+		}
+		t := &totals[k]
+		t.Calls++
+		t.Seconds += ev.Dur / 1e6
+		t.FLOPs += num(ev.Args, "flops")
+		t.Bytes += num(ev.Args, "bytes")
+	}
+	sort.SliceStable(totals, func(a, b int) bool {
+		if totals[a].FLOPs != totals[b].FLOPs {
+			return totals[a].FLOPs > totals[b].FLOPs
+		}
+		return totals[a].Seconds > totals[b].Seconds
+	})
+	return totals, nil
 }
 
 // Table is a small table that displays as aligned text and as HTML.
