@@ -82,6 +82,7 @@ func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
 		{`{"model_type": "laguna", "num_hidden_layers": 2, "num_attention_heads_per_layer": [32, 16]}`, "num_attention_heads_per_layer"},
 		{`{"model_type": "laguna", "moe_router_logit_softcapping": 30.0}`, "moe_router_logit_softcapping"},
 		{`{"model_type": "laguna", "moe_apply_router_weight_on_input": true}`, "moe_apply_router_weight_on_input"},
+		{`{"model_type": "laguna", "gating": false}`, "gating=false"},
 		{`{"model_type": "laguna", "output_router_logits": true}`, "output_router_logits"},
 		{`{"model_type": "laguna", "num_hidden_layers": 2, "mlp_layer_types": ["dense"]}`, "mlp_layer_types"},
 	} {
