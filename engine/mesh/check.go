@@ -31,6 +31,9 @@ const (
 	RuleSupport    = "support"     // the combination is outside the support matrix
 	RuleExpertBias = "expert-bias" // experts with biases in the checkpoint's layout (gpt_oss) are not split
 	RuleAdapters   = "adapters"    // LoRA adapters train under plain data parallelism only
+	// RuleGemma4Parts: Gemma 4's per-layer inputs, MoE block and shared KV layers run
+	// under data, fsdp and context parallelism only.
+	RuleGemma4Parts = "gemma4-parts"
 )
 
 // CheckAdapters is the rule for a run that trains LoRA adapters over a frozen base: the
@@ -106,6 +109,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 	}
 	if m.ExpertBias && (l.TP > 1 || l.EP > 1) {
 		return RuleExpertBias, fmt.Sprintf("this model's experts (gpt_oss) are held in the checkpoint's layout with biases, whose split over tensor_parallel_size %d or expert_parallel_size %d is not implemented; use data parallelism or fsdp", l.TP, l.EP)
+	}
+	if g := m.Global; (l.TP > 1 || l.EP > 1) && (g.PerLayerInput > 0 || g.BesideExperts > 0 || slices.ContainsFunc(g.SharedFrom, func(j int) bool { return j >= 0 })) {
+		return RuleGemma4Parts, fmt.Sprintf("this model's per-layer input embeddings, MoE block beside the MLP or shared KV layers (gemma4_text) run whole on each rank, and their split over tensor_parallel_size %d or expert_parallel_size %d is not implemented; use data parallelism, fsdp or context parallelism", l.TP, l.EP)
 	}
 	if l.TP > 1 {
 		if m.Heads%l.TP != 0 || m.KVHeads%l.TP != 0 {

@@ -65,6 +65,14 @@ type Family struct {
 	// LayerScalar: each layer holds a layer_scalar buffer [1] that multiplies its output
 	// (gemma4_text). It is a checkpoint tensor without a gradient.
 	LayerScalar bool
+	// LayerTail lists parameters layer i has after its norms and layer_scalar (Gemma 4's
+	// per-layer input stage and MoE block), ModelTail those after the final norm (Gemma 4's
+	// per-layer input embeddings); nil for none.
+	LayerTail func(a *Arch, i int) []ParamSpec
+	ModelTail func(a *Arch) []ParamSpec
+	// Extend, when set, finishes the layers after the generic build: it may rewire blocks and
+	// set the model's per-layer input stage (Gemma 4).
+	Extend func(m *Model, b *binder)
 }
 
 // MixerHooks let a family give a layer its own token mixer. Both hooks are called for every

@@ -129,6 +129,12 @@ func (m *Model) forwardBackward(b Batch, head func(p *pass, r *resolved, x tenso
 		return nil, err
 	}
 	xs = append(xs, x)
+	if m.ple != nil {
+		defer m.ple.release(&p.Pass)
+		if err = m.ple.forward(&p.Pass, p.ids, x, m.blocks, true); err != nil {
+			return nil, err
+		}
+	}
 	for _, blk := range m.blocks {
 		y, err := blk.Forward(&p.Pass, xs[len(xs)-1], true)
 		if err != nil {
@@ -156,6 +162,11 @@ func (m *Model) forwardBackward(b Batch, head func(p *pass, r *resolved, x tenso
 		}
 		_ = m.b.Free(xs[i+1])
 		xs[i+1] = tensor.Tensor{}
+	}
+	if m.ple != nil {
+		if err = m.ple.backward(&p.Pass, dx, p.ids); err != nil {
+			return nil, err
+		}
 	}
 	if err = m.embed.Backward(&p.Pass, dx, p.ids); err != nil {
 		return nil, err
@@ -291,6 +302,13 @@ func (m *Model) hidden(p *nnPass, ids tensor.Tensor) (tensor.Tensor, error) {
 	x, err := m.embed.Forward(p, ids)
 	if err != nil {
 		return tensor.Tensor{}, err
+	}
+	if m.ple != nil {
+		defer m.ple.release(p)
+		if err = m.ple.forward(p, ids, x, m.blocks, false); err != nil {
+			_ = m.b.Free(x)
+			return tensor.Tensor{}, err
+		}
 	}
 	for _, blk := range m.blocks {
 		y, err := blk.Forward(p, x, false)

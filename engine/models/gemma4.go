@@ -24,16 +24,17 @@ import (
 // Checkpoint names are transformers': self_attn.{q_proj, q_norm, k_norm, k_proj, v_proj,
 // o_proj}, mlp.{gate,up,down}_proj, the four layer norms and layer_scalar.
 //
-// ArchFromConfig refuses what the model does not build, naming the key: per-layer input
-// embeddings (hidden_size_per_layer_input > 0, which transformers turns on by default: set it
-// to 0), shared KV layers (num_kv_shared_layers > 0), the MoE block (enable_moe_block) and
-// bidirectional attention of every token (use_bidirectional_attention "all"; "vision" concerns
-// image tokens only and leaves text causal). use_double_wide_mlp only widens KV-shared layers
-// and is inert without them.
+// The optional parts (gemma4_ext.go): per-layer input embeddings (hidden_size_per_layer_input,
+// on by default in transformers), shared KV layers (num_kv_shared_layers, with
+// use_double_wide_mlp) and the MoE block beside the MLP (enable_moe_block). ArchFromConfig
+// refuses bidirectional attention of every token (use_bidirectional_attention "all"; "vision"
+// concerns image tokens only and leaves text causal) and combinations of the optional parts
+// that cannot be built, naming the key.
 //
 // Layouts: data parallelism, FSDP, tensor parallelism (q, k, v by heads of each layer's
 // width, o by input features, q/k norms per head; the degree must divide the key/value heads
-// of both layer kinds, rule tp-heads) and context parallelism.
+// of both layer kinds, rule tp-heads) and context parallelism; with any optional part, tensor
+// and expert parallelism are refused (rule gemma4-parts).
 func init() {
 	Register(&Family{
 		ModelType: "gemma4_text",
@@ -44,11 +45,29 @@ func init() {
 				{Module: "model.layers.*.pre_feedforward_layernorm", Split: Replicated},
 				{Module: "model.layers.*.post_feedforward_layernorm", Split: Replicated},
 				{Module: "model.layers.*", Split: Replicated}, // layer_scalar
+				// Per-layer inputs and the MoE block: whole on every tensor rank
+				// (gemma4CheckLayout refuses the layouts that would split them).
+				{Module: "model.embed_tokens_per_layer", Split: Replicated},
+				{Module: "model.per_layer_model_projection", Split: Replicated},
+				{Module: "model.per_layer_projection_norm", Split: Replicated},
+				{Module: "model.layers.*.per_layer_input_gate", Split: Replicated},
+				{Module: "model.layers.*.per_layer_projection", Split: Replicated},
+				{Module: "model.layers.*.post_per_layer_input_norm", Split: Replicated},
+				{Module: "model.layers.*.router", Split: Replicated},
+				{Module: "model.layers.*.router.proj", Split: Replicated},
+				{Module: "model.layers.*.experts", Split: Replicated},
+				{Module: "model.layers.*.post_feedforward_layernorm_1", Split: Replicated},
+				{Module: "model.layers.*.post_feedforward_layernorm_2", Split: Replicated},
+				{Module: "model.layers.*.pre_feedforward_layernorm_2", Split: Replicated},
 			}),
 		LayerNorms:      gemmaNorms,
 		ScaleEmbeddings: true,
 		Mixer:           gemma4Attention{},
+		FFN:             gemma4FFN{},
 		LayerScalar:     true,
+		LayerTail:       gemma4LayerTail,
+		ModelTail:       gemma4ModelTail,
+		Extend:          gemma4Extend,
 	})
 }
 
@@ -57,23 +76,11 @@ func gemma4Check(c *config.Config) error {
 	if c.ModelType != "gemma4_text" {
 		return nil
 	}
-	for _, r := range []struct {
-		on       bool
-		key, why string
-	}{
-		{c.HiddenSizePerLayerInput > 0, fmt.Sprintf("hidden_size_per_layer_input %d", c.HiddenSizePerLayerInput),
-			"per-layer input embeddings are not implemented; set it to 0 (a checkpoint trained with them will not load)"},
-		{c.NumKVSharedLayers > 0, fmt.Sprintf("num_kv_shared_layers %d", c.NumKVSharedLayers),
-			"layers that reuse earlier layers' keys and values are not implemented; set it to 0"},
-		{c.EnableMoEBlock, "enable_moe_block", "the mixture-of-experts block beside the MLP is not implemented; set it to false"},
-		// "vision" makes only image tokens attend both ways: text stays causal.
-		{c.Bidirectional == "all", fmt.Sprintf("use_bidirectional_attention %q", c.Bidirectional), "attention is causal; set it to null (or \"vision\", which leaves text causal)"},
-	} {
-		if r.on {
-			return fmt.Errorf("models: gemma4_text: %s is not supported: %s", r.key, r.why)
-		}
+	// "vision" makes only image tokens attend both ways: text stays causal.
+	if c.Bidirectional == "all" {
+		return fmt.Errorf("models: gemma4_text: use_bidirectional_attention %q is not supported: attention is causal; set it to null (or \"vision\", which leaves text causal)", c.Bidirectional)
 	}
-	return nil
+	return gemma4CheckParts(c)
 }
 
 // gemma4Attention are Gemma 4's attention hooks: every layer at its own head width.
@@ -98,6 +105,12 @@ func (gemma4Attention) Specs(a *Arch, i int) []ParamSpec {
 		}
 	}
 	lin("q_proj", q, a.Hidden, a.QKVBias)
+	if gemma4PartsOf(a).sharedSource(a, i) >= 0 {
+		// A shared KV layer projects only its queries.
+		s = append(s, normWeight(at("q_norm.weight"), hd))
+		lin("o_proj", a.Hidden, q, a.OBias)
+		return s
+	}
 	s = append(s, normWeight(at("q_norm.weight"), hd), normWeight(at("k_norm.weight"), hd))
 	lin("k_proj", kv, a.Hidden, a.QKVBias)
 	if !gemma4KEqV(a, i) {
@@ -115,12 +128,19 @@ func (gemma4Attention) Build(a *Arch, i int, b *binder) *nn.Attention {
 		Name: pre[:len(pre)-1], Q: b.lin(pre + "q_proj"), K: b.lin(pre + "k_proj"), O: b.lin(pre + "o_proj"),
 		NH: a.Heads, NKV: kvh, HD: hd, Window: a.Windows[i], Layer: i, Scale: 1, KEqV: gemma4KEqV(a, i),
 	}
-	if !at.KEqV {
-		at.V = b.lin(pre + "v_proj")
+	qn := b.norm(pre + "q_norm")
+	at.QNorm = &qn
+	if gemma4PartsOf(a).sharedSource(a, i) >= 0 {
+		// Keys and values come from an earlier layer (gemma4Extend sets KVIn).
+		at.K, at.KEqV = nn.Linear{}, false
+	} else {
+		if !at.KEqV {
+			at.V = b.lin(pre + "v_proj")
+		}
+		kn := b.norm(pre + "k_norm")
+		at.KNorm = &kn
+		at.VNorm = &nn.RMSNorm{Name: pre + "v_norm", W: b.ones(hd), Eps: a.NormEps}
 	}
-	qn, kn := b.norm(pre+"q_norm"), b.norm(pre+"k_norm")
-	at.QNorm, at.KNorm = &qn, &kn
-	at.VNorm = &nn.RMSNorm{Name: pre + "v_norm", W: b.ones(hd), Eps: a.NormEps}
 	if a.SlidingRope != nil && a.LocalRope[i] {
 		at.LocalRope, at.RotaryDim = true, a.SlidingRope.RotaryDim()
 	} else {

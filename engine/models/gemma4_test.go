@@ -1,6 +1,7 @@
 package models
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,8 +27,10 @@ func TestGemma4OverridesUnfoldPerLayerConfig(t *testing.T) {
 	}
 }
 
-// TestGemma4Refusals: the parts of the decoder the model does not build are refused naming the
-// key; use_bidirectional_attention "vision" (image tokens only) is accepted for text.
+// TestGemma4Refusals: the parts of the decoder the model does not build, and the
+// combinations of its optional parts that cannot be built, are refused naming the key; the
+// per-layer inputs, the MoE block, shared KV layers and use_bidirectional_attention "vision"
+// (image tokens only) are accepted for text.
 func TestGemma4Refusals(t *testing.T) {
 	base, err := config.Preset("gemma4_text", "tiny")
 	if err != nil {
@@ -37,9 +40,14 @@ func TestGemma4Refusals(t *testing.T) {
 		set  []string
 		want string
 	}{
-		{[]string{"hidden_size_per_layer_input=8"}, "hidden_size_per_layer_input 8 is not supported"},
-		{[]string{"num_kv_shared_layers=1"}, "num_kv_shared_layers 1 is not supported"},
-		{[]string{"enable_moe_block=true", "num_experts=4", "top_k_experts=2", "moe_intermediate_size=8"}, "enable_moe_block is not supported"},
+		{[]string{"hidden_size_per_layer_input=8"}, ""},
+		{[]string{"hidden_size_per_layer_input=8", "vocab_size_per_layer_input=0"}, "needs vocab_size_per_layer_input > 0"},
+		// The tiny model's two layers are sliding then full: the full one has no earlier
+		// full layer to share.
+		{[]string{"num_kv_shared_layers=1"}, "layer 1 (full_attention) shares keys and values but no layer before"},
+		{[]string{"enable_moe_block=true", "num_experts=4", "top_k_experts=2", "moe_intermediate_size=8"}, ""},
+		{[]string{"enable_moe_block=true", "num_experts=4", "top_k_experts=5", "moe_intermediate_size=8"}, "top_k_experts 5 must be between 1 and num_experts 4"},
+		{[]string{"enable_moe_block=true", "top_k_experts=2", "moe_intermediate_size=8"}, "enable_moe_block needs num_experts >= 1"},
 		{[]string{`use_bidirectional_attention="all"`}, `use_bidirectional_attention "all" is not supported`},
 		{[]string{`use_bidirectional_attention="vision"`}, ""},
 	} {
@@ -57,5 +65,38 @@ func TestGemma4Refusals(t *testing.T) {
 		if m != nil {
 			m.Close()
 		}
+	}
+}
+
+// TestGemma4PartsLoRATargets: all-linear adapters reach the attention and the dense MLP beside
+// the experts of every layer, and a shared KV layer's only projections (q_proj, o_proj); a
+// training step runs through them.
+func TestGemma4PartsLoRATargets(t *testing.T) {
+	var a Arch
+	for _, tc := range familyCases {
+		if tc.name == "gemma4_all_parts" {
+			a = tc.arch
+		}
+	}
+	m := newTiny(t, newCPU(), a, Options{}, 5)
+	if err := m.AttachLoRA(LoRAConfig{R: 2, Alpha: 4, Targets: []string{AllLinear}}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, mod := range m.lora.Modules {
+		got = append(got, mod.Name)
+	}
+	for _, want := range []string{"model.layers.0.self_attn.k_proj", "model.layers.2.self_attn.q_proj",
+		"model.layers.2.self_attn.o_proj", "model.layers.2.mlp.gate_proj", "model.layers.1.mlp.down_proj"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("no adapter on %s; adapters: %v", want, got)
+		}
+	}
+	if slices.Contains(got, "model.layers.2.self_attn.k_proj") {
+		t.Errorf("an adapter on the shared KV layer's k_proj, which it does not have")
+	}
+	b := Batch{Tokens: []int32{1, 2, 3, 4, 5, 6}, Targets: []int32{2, 3, 4, 5, 6, -100}}
+	if _, _, err := m.ForwardBackward(b, 1); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -22,7 +22,7 @@ func tinyArch(family string, mod func(*Arch)) Arch {
 	c.VocabSize, c.HiddenSize, c.IntermediateSize, c.NumHiddenLayers = 37, 16, 24, 2
 	c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim = 4, 2, 4
 	if family == "gemma4_text" {
-		// Without the per-layer inputs the model refuses; full layers of 8-wide heads.
+		// No per-layer inputs unless a case sets them (Global); full layers of 8-wide heads.
 		c.HiddenSizePerLayerInput, c.GlobalHeadDim = 0, 8
 	}
 	a, err := ArchFromConfig(c)

@@ -129,6 +129,8 @@ func (m *Model) linearLayers() []*nn.Linear {
 			ls = append(ls, at.Linear.Linears()...)
 		case at.Conv != nil:
 			ls = append(ls, &at.Conv.InProj, &at.Conv.OutProj)
+		case at.KVIn != nil:
+			ls = append(ls, &at.Q, &at.O) // keys and values come from an earlier layer
 		default:
 			ls = append(ls, &at.Q, &at.K)
 			if !at.KEqV {
@@ -136,7 +138,11 @@ func (m *Model) linearLayers() []*nn.Linear {
 			}
 			ls = append(ls, &at.O)
 		}
-		if mlp, ok := b.FFN.(*nn.MLP); ok {
+		mlp, ok := b.FFN.(*nn.MLP)
+		if beside, isBeside := b.FFN.(*nn.MoEBesideMLP); isBeside {
+			mlp, ok = beside.MLP, true // the dense MLP beside Gemma 4's experts
+		}
+		if ok {
 			ls = append(ls, &mlp.Gate, &mlp.Up, &mlp.Down)
 		}
 	}

@@ -92,6 +92,8 @@ type Model struct {
 	blocks []*nn.Block
 	head   nn.Head
 	score  nn.Linear // the score head of a sequence classifier (Arch.NumLabels > 0)
+	// ple is the per-layer input embeddings stage (gemma4_text; nil: none).
+	ple *perLayerInputs
 
 	// RoPE tables: invFreq is uploaded once unless the rope type depends on the length
 	// (dynamic), in which case rope tracks transformers' cached-length state.
@@ -323,6 +325,9 @@ func (m *Model) build() {
 			blk.OutScale = p(pre + layerScalarName)
 		}
 		m.blocks[i] = blk
+	}
+	if m.Family.Extend != nil {
+		m.Family.Extend(m, bind)
 	}
 	m.bindMoE()
 	m.bindLoRA()

@@ -74,6 +74,20 @@ var familyCases = []struct {
 		a.Rope = backend.RoPEConfig{Type: "proportional", PartialRotaryFactor: 0.5, Theta: 10000, MaxPositionEmbeddings: 64}
 		a.LogitSoftcap = 2
 	})},
+	// Gemma 4's optional parts: per-layer inputs of width 4, a third (sliding) layer that
+	// attends over the first layer's keys and values with a double-wide MLP, and an MoE block
+	// of 3 experts (top-2) beside every MLP.
+	{"gemma4_all_parts", tinyArch("gemma4_text", func(a *Arch) {
+		a.Layers = 3
+		a.Windows = []int{3, 0, 3}
+		a.LocalRope = []bool{true, false, true}
+		a.Global = config.GlobalShape{Full: []bool{false, true, false}, HeadDim: 8, KVHeads: 2,
+			PerLayerInput: 4, PerLayerVocab: 37, SharedFrom: []int{-1, -1, 0}, WideMLP: []bool{false, false, true},
+			BesideExperts: 3, BesideWidth: 6, BesideTopK: 2}
+		a.SlidingRope = &backend.RoPEConfig{Theta: 100, MaxPositionEmbeddings: 64}
+		a.Rope = backend.RoPEConfig{Type: "proportional", PartialRotaryFactor: 0.5, Theta: 10000, MaxPositionEmbeddings: 64}
+		a.LogitSoftcap = 2
+	})},
 	{"gemma3_all_features", tinyArch("gemma3_text", func(a *Arch) {
 		a.Windows = []int{3, 0}
 		a.LocalRope = []bool{true, false}

@@ -16,15 +16,21 @@ import (
 var structuralVariants = []struct {
 	key   string
 	value any
+	more  map[string]any // further keys the variant needs
 }{
-	{"attention_bias", true},
-	{"mlp_bias", true},
-	{"tie_word_embeddings", true},
-	{"tie_word_embeddings", false},                   // families tied by default (smollm3)
-	{"mlp_only_layers", []int{0}},                    // a dense layer in a mixture of experts
-	{"q_lora_rank", nil},                             // latent attention with a plain q_proj
-	{"moe_layer_start_index", 1},                     // a dense first layer (ernie4_5_moe)
-	{"mlp_layer_types", []string{"dense", "sparse"}}, // a dense layer (laguna)
+	{"attention_bias", true, nil},
+	{"mlp_bias", true, nil},
+	{"tie_word_embeddings", true, nil},
+	{"tie_word_embeddings", false, nil},                   // families tied by default (smollm3)
+	{"mlp_only_layers", []int{0}, nil},                    // a dense layer in a mixture of experts
+	{"q_lora_rank", nil, nil},                             // latent attention with a plain q_proj
+	{"moe_layer_start_index", 1, nil},                     // a dense first layer (ernie4_5_moe)
+	{"mlp_layer_types", []string{"dense", "sparse"}, nil}, // a dense layer (laguna)
+	// gemma4_text's per-layer inputs, MoE block and shared KV layers with double-wide MLPs.
+	{"hidden_size_per_layer_input", 8, nil},
+	{"enable_moe_block", true, map[string]any{"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}},
+	{"num_kv_shared_layers", 2, map[string]any{"num_hidden_layers": 4, "use_double_wide_mlp": true,
+		"layer_types": []string{"sliding_attention", "full_attention", "sliding_attention", "full_attention"}}},
 }
 
 // variant is one structural variant of a family's tiny model.
@@ -58,7 +64,11 @@ func tinyVariants(t *testing.T, fam string) map[string]variant {
 		if !slices.Contains(cf.Keys, v.key) {
 			continue
 		}
-		c, err := base.Override(map[string]any{v.key: v.value}, "variant")
+		set := map[string]any{v.key: v.value}
+		for k, x := range v.more {
+			set[k] = x
+		}
+		c, err := base.Override(set, "variant")
 		if err != nil {
 			t.Fatal(err)
 		}

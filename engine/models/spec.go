@@ -246,8 +246,14 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 			// A buffer of ones in transformers: no decay, and no gradient ever reaches it.
 			s = append(s, ParamSpec{Name: layerName(i, layerScalarName), Shape: []int{1}, Init: InitOnes, ZeroRow: -1})
 		}
+		if f != nil && f.LayerTail != nil {
+			s = append(s, f.LayerTail(a, i)...)
+		}
 	}
 	s = append(s, normWeight(f.finalNorm()+".weight", a.Hidden))
+	if f != nil && f.ModelTail != nil {
+		s = append(s, f.ModelTail(a)...)
+	}
 	switch {
 	case a.NumLabels > 0:
 		s = append(s, matrix(nameScore, a.NumLabels, a.Hidden))

@@ -74,6 +74,11 @@ type Attention struct {
 	// (before the key norm and RoPE), normalised by VNorm when set (Gemma 4's
 	// attention_k_eq_v). Their gradient joins the key projection's.
 	KEqV bool
+	// KVOut, when set, receives this layer's keys and values after each forward for the later
+	// layers that share them, and gives their gradients back in the backward; KVIn, when set,
+	// makes the layer attend over another layer's keys and values (K, V, KNorm and VNorm
+	// unused). See SharedKV.
+	KVOut, KVIn *SharedKV
 
 	c attnCache
 }
@@ -117,6 +122,9 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	}
 	if a.Conv != nil {
 		return a.Conv.Forward(p, x, keep)
+	}
+	if a.KVIn != nil {
+		return a.forwardShared(p, x, keep)
 	}
 	if a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", a.Name)
@@ -173,6 +181,11 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	}
 	c.kAll, c.vAll = c.k, c.v
 	if p.Slots != nil {
+		if a.KVOut != nil {
+			if err = a.KVOut.publish(p, c.k, c.v, false); err != nil {
+				return T{}, wrap(a.Name+" shared keys and values", err)
+			}
+		}
 		if err = a.attendSlots(p); err != nil {
 			return T{}, err
 		}
@@ -181,6 +194,11 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	if p.Cache != nil {
 		if c.kAll, c.vAll, err = a.appendCache(p); err != nil {
 			return T{}, err
+		}
+	}
+	if a.KVOut != nil {
+		if err = a.KVOut.publish(p, c.kAll, c.vAll, p.Cache != nil); err != nil {
+			return T{}, wrap(a.Name+" shared keys and values", err)
 		}
 	}
 	if c.out, err = p.out(p.N, a.NH*a.HD); err != nil {
@@ -442,6 +460,9 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	if a.Conv != nil {
 		return a.Conv.Backward(p, dy)
 	}
+	if a.KVIn != nil {
+		return a.backwardShared(p, dy)
+	}
 	if !a.c.live {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", a.Name)
 	}
@@ -496,6 +517,11 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		Q: c.q, K: c.k, V: c.v, Out: c.out, LSE: c.lse,
 	}); err != nil {
 		return T{}, wrap(a.Name, err)
+	}
+	if a.KVOut != nil {
+		if err = a.KVOut.takeGrads(p, dk, dv); err != nil {
+			return T{}, wrap(a.Name+" shared keys and values", err)
+		}
 	}
 	if !a.NormAfterRoPE {
 		if err = a.ropeBackward(p, dq, dk); err != nil {

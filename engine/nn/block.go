@@ -40,6 +40,12 @@ type Block struct {
 	// layer_scalar, a checkpoint buffer: it gets no gradient). It is read once per Forward.
 	OutScale T
 	outScale float32
+	// FFNOnResidual hands the FFN mid itself instead of Norm2(mid) (Norm2 unused): an FFN
+	// that normalises its own inputs (MoEBesideMLP).
+	FFNOnResidual bool
+	// PerLayer, when set, runs after the feed-forward residual add and before OutScale
+	// (Gemma 4's per-layer input embeddings).
+	PerLayer *PerLayerInput
 
 	x, h1, r1, mid, h2, r2 T
 	v                      variantCache
@@ -61,7 +67,7 @@ func (b *Block) Forward(p *Pass, x T, train bool) (y T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Forward called twice without Backward or Release", b.Name)
 	}
 	keep := train && !b.Recompute
-	if y, err = b.forward(p, x, keep); err != nil {
+	if y, err = b.forwardAll(p, x, keep); err != nil {
 		return T{}, err
 	}
 	if !b.OutScale.IsNil() {
@@ -86,6 +92,19 @@ func (b *Block) Forward(p *Pass, x T, train bool) (y T, err error) {
 		b.x, b.state = x, blockInputOnly
 	}
 	return y, nil
+}
+
+// forwardAll is forward followed by the per-layer input stage.
+func (b *Block) forwardAll(p *Pass, x T, keep bool) (y T, err error) {
+	if y, err = b.forward(p, x, keep); err != nil || b.PerLayer == nil {
+		return y, err
+	}
+	if y, err = b.PerLayer.Forward(p, y, keep); err != nil {
+		b.release(p)
+		b.Attn.Release(p)
+		b.FFN.Release(p)
+	}
+	return y, err
 }
 
 func (b *Block) forward(p *Pass, x T, keep bool) (y T, err error) {
@@ -129,7 +148,7 @@ func (b *Block) Backward(p *Pass, dy T) (T, error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a training Forward", b.Name)
 	case blockInputOnly:
 		b.state = blockIdle
-		y, err := b.forward(p, b.x, true)
+		y, err := b.forwardAll(p, b.x, true)
 		if err != nil {
 			return T{}, fmt.Errorf("nn: %s: recompute: %w", b.Name, err)
 		}
@@ -140,6 +159,11 @@ func (b *Block) Backward(p *Pass, dy T) (T, error) {
 	if !b.OutScale.IsNil() {
 		if err := p.B.Scale(dy, b.outScale); err != nil {
 			return T{}, wrap(b.Name+" layer scalar", err)
+		}
+	}
+	if b.PerLayer != nil {
+		if err := b.PerLayer.Backward(p, dy); err != nil {
+			return T{}, err
 		}
 	}
 	if b.variant() {
@@ -168,6 +192,9 @@ func (b *Block) Backward(p *Pass, dy T) (T, error) {
 
 // Release drops whatever Forward cached, without a backward.
 func (b *Block) Release(p *Pass) {
+	if b.PerLayer != nil {
+		b.PerLayer.Release(p)
+	}
 	b.Attn.Release(p)
 	b.FFN.Release(p)
 	b.release(p)

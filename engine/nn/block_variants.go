@@ -16,7 +16,7 @@ func (v *variantCache) release(p *Pass) { _ = free(p.B, &v.a, &v.ra, &v.f, &v.rf
 
 // variant reports whether the block departs from the plain pre-norm layer.
 func (b *Block) variant() bool {
-	return b.NoPreNorms || b.PostAttnNorm != nil || b.PostFFNNorm != nil ||
+	return b.NoPreNorms || b.FFNOnResidual || b.PostAttnNorm != nil || b.PostFFNNorm != nil ||
 		(b.ResidualScale != 0 && b.ResidualScale != 1)
 }
 
@@ -69,7 +69,7 @@ func (b *Block) forwardVariant(p *Pass, x T, keep bool) (y T, err error) {
 		return T{}, wrap(b.Name+" residual", err)
 	}
 	in = b.mid
-	if !b.NoPreNorms {
+	if !b.NoPreNorms && !b.FFNOnResidual {
 		if b.h2, b.r2, err = b.Norm2.Forward(p, b.mid); err != nil {
 			return T{}, err
 		}
@@ -137,7 +137,7 @@ func (b *Block) backwardVariant(p *Pass, dy T) (T, error) {
 	if err != nil {
 		return T{}, err
 	}
-	if b.NoPreNorms {
+	if b.NoPreNorms || b.FFNOnResidual {
 		err = wrap(b.Name, p.B.Add(dy, dy, dh2))
 	} else {
 		err = b.Norm2.Backward(p, dy, dh2, b.mid, b.r2, true)

@@ -13,8 +13,8 @@ import (
 
 // Gemma4 holds the keys of gemma4_text (Gemma4TextConfig) beyond Gemma 3's: the global layers'
 // own head width and key/value heads, the shared key/value projection of those layers, and
-// the parts of the decoder this package reads but the model refuses (per-layer inputs, shared
-// KV layers, the MoE block).
+// the optional parts of the decoder (per-layer inputs, shared KV layers, the MoE block), which
+// Shape describes in GlobalShape.
 type Gemma4 struct {
 	// GlobalHeadDim is the head width of the full-attention layers (global_head_dim); 0 means
 	// head_dim. Default 512.
@@ -87,8 +87,10 @@ var gemma4Fields = map[string]field{
 // layer_scalar buffer; final_logit_softcapping caps the logits.
 //
 // Keys this package does not know are refused. The per-layer inputs
-// (hidden_size_per_layer_input, on by default), the shared KV layers, the MoE block and
-// bidirectional attention are read but refused by the model with the key named.
+// (hidden_size_per_layer_input, on by default), the shared KV layers (num_kv_shared_layers:
+// the last ones reuse the keys and values of the last earlier layer of their type) and the MoE
+// block are read into Shape's GlobalShape; bidirectional attention of every token is read but
+// refused by the model with the key named.
 func init() {
 	Register(Family{
 		ModelType:     "gemma4_text",

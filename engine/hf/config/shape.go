@@ -96,11 +96,28 @@ func (l LinearShape) Parameters(h int64) int64 {
 // layer, whose heads are HeadDim wide over KVHeads key/value heads; with KEqV those layers
 // have no v_proj (their values are the k_proj output). Each layer also holds a layer_scalar
 // buffer [1], which NumParameters does not count (transformers counts parameters only).
+//
+// Gemma 4's optional parts are here too: PerLayerInput is hidden_size_per_layer_input (P; 0
+// for none) and PerLayerVocab vocab_size_per_layer_input (the per-layer input embeddings
+// [PerLayerVocab, L·P], their projection [L·P, C] and norm [P], and per layer a gate [P, C], a
+// projection [C, P] and a norm [C]); SharedFrom[i] is the layer whose keys and values layer i
+// attends over (-1: its own; a sharing layer has no k_proj, v_proj or k_norm), WideMLP[i] marks
+// a layer whose MLP is 2·Intermediate wide (use_double_wide_mlp on the sharing layers); the
+// MoE block beside every layer's MLP has BesideExperts GeGLU experts of BesideWidth, TopK
+// BesideTopK (0: no block).
 type GlobalShape struct {
 	Full             []bool
 	HeadDim, KVHeads int
 	KEqV             bool
+
+	PerLayerInput, PerLayerVocab           int
+	SharedFrom                             []int
+	WideMLP                                []bool
+	BesideExperts, BesideWidth, BesideTopK int
 }
+
+// Shared reports whether layer i attends over an earlier layer's keys and values.
+func (g GlobalShape) Shared(i int) bool { return i < len(g.SharedFrom) && g.SharedFrom[i] >= 0 }
 
 // ConvShape is lfm2_moe's short convolution: Layers[i] marks layer i as a conv layer (in_proj
 // [3C, C], conv.weight [C, 1, Taps], out_proj [C, C], each with a bias when Bias) in place of
@@ -175,6 +192,7 @@ func (c *Config) Shape() Shape {
 		for i := range s.Global.Full {
 			s.Global.Full[i] = i < len(c.LayerTypes) && c.LayerTypes[i] == FullAttention
 		}
+		gemma4Parts(c, &s.Global)
 	}
 	if c.ModelType == "lfm2_moe" {
 		s.Conv = ConvShape{Layers: make([]bool, c.NumHiddenLayers), Taps: c.ConvLCache, Bias: c.ConvBias}
@@ -278,6 +296,7 @@ func (s Shape) countParameters(active bool) int64 {
 		}
 	}
 	n += (layers - moe) * mlp(int64(s.Intermediate), s.MLPBias)
+	n += s.Global.parameters(s, active)
 	if moe > 0 {
 		experts := int64(s.Experts)
 		if active {
@@ -310,6 +329,16 @@ func (s Shape) layerMixer(i int) int64 {
 	}
 	hd, kvh := s.LayerHeads(i)
 	q, kv := int64(s.Heads*hd), int64(kvh*hd)
+	if s.Global.Shared(i) {
+		n := h*q + q*h + int64(hd) // q, o, q_norm
+		if s.QKVBias {
+			n += q
+		}
+		if s.OBias {
+			n += h
+		}
+		return n
+	}
 	n := h*q + h*kv + q*h // q, k, o
 	if s.QKVBias {
 		n += q + kv
@@ -325,6 +354,60 @@ func (s Shape) layerMixer(i int) int64 {
 	}
 	if s.QKNorm == QKNormPerHead {
 		n += 2 * int64(hd)
+	}
+	return n
+}
+
+// gemma4Parts fills g with the optional parts c turns on (GlobalShape).
+func gemma4Parts(c *Config, g *GlobalShape) {
+	l := c.NumHiddenLayers
+	if c.HiddenSizePerLayerInput > 0 {
+		g.PerLayerInput, g.PerLayerVocab = c.HiddenSizePerLayerInput, c.VocabSizePerLayerInput
+	}
+	if c.EnableMoEBlock {
+		g.BesideExperts, g.BesideWidth, g.BesideTopK = c.NumExperts, c.MoEIntermediateSize, c.TopKExperts
+	}
+	if c.NumKVSharedLayers <= 0 {
+		return
+	}
+	g.SharedFrom, g.WideMLP = make([]int, l), make([]bool, l)
+	first := l - c.NumKVSharedLayers
+	for i := range g.SharedFrom {
+		g.SharedFrom[i] = -1
+		if i < first || len(c.LayerTypes) != l {
+			continue
+		}
+		g.WideMLP[i] = c.UseDoubleWideMLP && first > 0
+		for j := first - 1; j >= 0; j-- {
+			if c.LayerTypes[j] == c.LayerTypes[i] {
+				g.SharedFrom[i] = j
+				break
+			}
+		}
+	}
+}
+
+// parameters counts what Gemma 4's optional parts add to the layers counted elsewhere: the
+// per-layer inputs, the wider MLPs and the MoE blocks (active: TopK experts of each).
+func (g GlobalShape) parameters(s Shape, active bool) int64 {
+	h, l := int64(s.Hidden), int64(s.Layers)
+	var n int64
+	if p := int64(g.PerLayerInput); p > 0 {
+		n += int64(g.PerLayerVocab)*l*p + l*p*h + p // embeddings, projection, norm
+		n += l * (p*h + h*p + h)                    // each layer's gate, projection, norm
+	}
+	for _, w := range g.WideMLP {
+		if w {
+			n += 3 * h * int64(s.Intermediate) // the second half of a double-wide MLP
+		}
+	}
+	if e := int64(g.BesideExperts); e > 0 {
+		used := e
+		if active {
+			used = int64(g.BesideTopK)
+		}
+		// router scale, per-expert scale, proj; experts; three norms.
+		n += l * (h + e + e*h + used*3*h*int64(g.BesideWidth) + 3*h)
 	}
 	return n
 }
