@@ -121,6 +121,8 @@ type Config struct {
 	Gemma4
 	// LFM2 holds lfm2_moe's keys (lfm2_moe.go).
 	LFM2
+	// DeepseekV4 holds deepseek_v4's keys (deepseek_v4.go).
+	DeepseekV4
 
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.
@@ -425,6 +427,7 @@ func (c *Config) Clone() *Config {
 	n.MoEKeys = c.MoEKeys.clone()
 	n.Latent = c.Latent.clone()
 	n.SlidingRope = c.SlidingRope.clone()
+	n.DeepseekV4 = c.DeepseekV4.clone()
 	return &n
 }
 

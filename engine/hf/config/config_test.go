@@ -302,6 +302,13 @@ func TestTinyPresetShape(t *testing.T) {
 			// conv, attention, conv; the first layer dense.
 			want.Layers, want.MoELayers, want.RouterBias = 3, 2, true
 			want.Conv = ConvShape{Layers: []bool{true, false, true}, Taps: 3, Bias: true}
+		case "deepseek_v4":
+			// One layer of each attention kind over one shared key/value head, every layer
+			// routed (the first by hash), 2 hyper-connection streams.
+			want.Layers, want.KVHeads, want.MoELayers, want.RouterBias = 3, 1, 3, true
+			want.V4 = V4Shape{QRank: 24, OGroups: 2, ORank: 16, HC: 2,
+				LayerTypes: []string{DSV4Sliding, DSV4CSA, DSV4HCA}, Rates: []int{0, 4, 8},
+				IndexHeads: 2, IndexDim: 8, Hash: []bool{true, false, false}}
 		}
 		if !reflect.DeepEqual(s, want) {
 			t.Errorf("%s tiny: shape %+v, want %+v", mt, s, want)
@@ -310,8 +317,12 @@ func TestTinyPresetShape(t *testing.T) {
 		if c.Rope.PartialRotaryFactor != 0 {
 			rot = int(16 * c.Rope.PartialRotaryFactor) // glm4, glm4_moe rotate half of each head
 		}
-		if s.QDim() != 64 || s.KVDim() != 32 || c.RotaryDim() != rot {
-			t.Errorf("%s tiny: q %d, kv %d, rotary %d; want 64, 32, %d", mt, s.QDim(), s.KVDim(), c.RotaryDim(), rot)
+		kv := 32
+		if mt == "deepseek_v4" {
+			kv = 16 // one key/value head
+		}
+		if s.QDim() != 64 || s.KVDim() != kv || c.RotaryDim() != rot {
+			t.Errorf("%s tiny: q %d, kv %d, rotary %d; want 64, %d, %d", mt, s.QDim(), s.KVDim(), c.RotaryDim(), kv, rot)
 		}
 	}
 }

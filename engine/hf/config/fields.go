@@ -20,6 +20,7 @@ const (
 	kTokenIDs               // integer, list of integers or null (eos_token_id)
 	kIntList                // list of integers; *[]int
 	kStringList             // list of strings; *[]string
+	kIntMap                 // object of integers; *map[string]int
 )
 
 // field maps one config.json key onto a Config field.
@@ -201,6 +202,26 @@ func decodeStringList(key string, raw []byte) ([]string, error) {
 	return out, nil
 }
 
+func decodeIntMap(key string, raw []byte) (map[string]int, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return nil, typeError(key, "an object of integers", raw)
+	}
+	var elems map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, fmt.Errorf("key %q: %v", key, err)
+	}
+	out := make(map[string]int, len(elems))
+	for k, e := range elems {
+		v, err := decodeInt(key+"."+k, e)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
 // setField decodes raw into the field of key on c.
 func (c *Config) setField(key string, f field, raw []byte) error {
 	if isNull(raw) {
@@ -222,6 +243,8 @@ func (c *Config) setField(key string, f field, raw []byte) error {
 			*f.ptr(c).(*[]int) = nil
 		case kStringList:
 			*f.ptr(c).(*[]string) = nil
+		case kIntMap:
+			*f.ptr(c).(*map[string]int) = nil
 		case kString:
 			*f.ptr(c).(*string) = ""
 		case kBool:
@@ -262,6 +285,8 @@ func (c *Config) setField(key string, f field, raw []byte) error {
 		*f.ptr(c).(*[]int), err = decodeIntList(key, raw)
 	case kStringList:
 		*f.ptr(c).(*[]string), err = decodeStringList(key, raw)
+	case kIntMap:
+		*f.ptr(c).(*map[string]int), err = decodeIntMap(key, raw)
 	}
 	return err
 }
@@ -326,6 +351,16 @@ func (c *Config) fieldValue(key string) pyValue {
 		out := make([]pyValue, len(l))
 		for i, v := range l {
 			out[i] = v
+		}
+		return out
+	case kIntMap:
+		m := *f.ptr(c).(*map[string]int)
+		if m == nil {
+			return nil
+		}
+		out := pyObject{}
+		for k, v := range m {
+			out[k] = intValue(v)
 		}
 		return out
 	}

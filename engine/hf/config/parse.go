@@ -386,6 +386,7 @@ func (c *Config) readRope(scaling, params, topTheta, topPartial, localTheta []by
 	r := &c.Rope
 	r.src = map[string]bool{}
 	perType := c.family != nil && c.family.RopePerLayerType
+	fullKey, slidingKey := c.family.ropeKeys()
 	if perType {
 		c.SlidingRope.src = map[string]bool{}
 	}
@@ -401,23 +402,23 @@ func (c *Config) readRope(scaling, params, topTheta, topPartial, localTheta []by
 		}
 		nested := false
 		for _, kv := range kvs {
-			if kv.Key == FullAttention || kv.Key == SlidingAttention {
+			if kv.Key == fullKey || kv.Key == slidingKey {
 				nested = true
 			}
 		}
 		switch {
 		case nested && !perType:
-			return fmt.Errorf("key %q: per-layer-type rope parameters (%q) are not supported for model_type %s; give one set of parameters", name, FullAttention, c.ModelType)
+			return fmt.Errorf("key %q: per-layer-type rope parameters (%q) are not supported for model_type %s; give one set of parameters", name, fullKey, c.ModelType)
 		case nested:
 			for _, kv := range kvs {
-				target, prefix := r, "rope_parameters."+FullAttention
+				target, prefix := r, "rope_parameters."+fullKey
 				switch kv.Key {
-				case FullAttention:
-				case SlidingAttention:
-					target, prefix = &c.SlidingRope, "rope_parameters."+SlidingAttention
+				case fullKey:
+				case slidingKey:
+					target, prefix = &c.SlidingRope, "rope_parameters."+slidingKey
 				default:
 					return fmt.Errorf("key %q: %q is not a layer type; model_type %s gives one dictionary per layer type (%q, %q)",
-						name, kv.Key, c.ModelType, FullAttention, SlidingAttention)
+						name, kv.Key, c.ModelType, fullKey, slidingKey)
 				}
 				if isNull(kv.Value) {
 					continue
@@ -433,11 +434,11 @@ func (c *Config) readRope(scaling, params, topTheta, topPartial, localTheta []by
 				}
 			}
 		case perType && name == "rope_parameters":
-			return fmt.Errorf("key \"rope_parameters\": model_type %s gives one dictionary per layer type: {%q: {...}, %q: {...}}", c.ModelType, FullAttention, SlidingAttention)
+			return fmt.Errorf("key \"rope_parameters\": model_type %s gives one dictionary per layer type: {%q: {...}, %q: {...}}", c.ModelType, fullKey, slidingKey)
 		default:
 			prefix := "rope_parameters"
 			if perType {
-				prefix += "." + FullAttention
+				prefix += "." + fullKey
 			}
 			for _, kv := range kvs {
 				if err := c.setRopeKey(r, prefix, name, kv.Key, kv.Value); err != nil {
@@ -448,7 +449,7 @@ func (c *Config) readRope(scaling, params, topTheta, topPartial, localTheta []by
 	}
 	fullPrefix := "rope_parameters"
 	if perType {
-		fullPrefix += "." + FullAttention
+		fullPrefix += "." + fullKey
 	}
 	if !r.src["rope_theta"] && topTheta != nil {
 		if err := c.setRopeKey(r, fullPrefix, "", "rope_theta", topTheta); err != nil {
@@ -456,7 +457,7 @@ func (c *Config) readRope(scaling, params, topTheta, topPartial, localTheta []by
 		}
 	}
 	if perType && !c.SlidingRope.src["rope_theta"] && localTheta != nil {
-		if err := c.setRopeKey(&c.SlidingRope, "rope_parameters."+SlidingAttention, "", "rope_theta", localTheta); err != nil {
+		if err := c.setRopeKey(&c.SlidingRope, "rope_parameters."+slidingKey, "", "rope_theta", localTheta); err != nil {
 			return fmt.Errorf("rope_local_base_freq: %w", err)
 		}
 	}

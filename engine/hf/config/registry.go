@@ -80,6 +80,10 @@ type Family struct {
 	// ({"full_attention": {...}, "sliding_attention": {...}}; Config.Rope and
 	// Config.SlidingRope), as gemma3_text writes it.
 	RopePerLayerType bool
+	// RopeTypeKeys name rope_parameters' two dictionaries under RopePerLayerType: the one read
+	// into Rope, then the one read into SlidingRope; the zero value is full_attention and
+	// sliding_attention (deepseek_v4 names them by rope type: compress and main).
+	RopeTypeKeys [2]string
 	// DefaultSlidingRopeTheta is SlidingRope's rope_theta when the file has none.
 	DefaultSlidingRopeTheta float64
 	// SlidingRopeThetaKey is the top-level key of 4.x files that holds the sliding layers'
@@ -371,6 +375,14 @@ func Preset(modelType, name string) (*Config, error) {
 		return nil, fmt.Errorf("config: preset %s/%s: %w", modelType, name, err)
 	}
 	return c, nil
+}
+
+// ropeKeys returns the names of the per-layer-type rope dictionaries (RopeTypeKeys).
+func (f *Family) ropeKeys() (full, sliding string) {
+	if f != nil && f.RopeTypeKeys != [2]string{} {
+		return f.RopeTypeKeys[0], f.RopeTypeKeys[1]
+	}
+	return FullAttention, SlidingAttention
 }
 
 // field returns the field of key in family f: its own type (FieldTypes) or the package's.

@@ -1,5 +1,7 @@
 package config
 
+import "slices"
+
 // Shape is the structure of the model a config describes, resolved by its family's rules: the
 // sizes, which optional weights exist (biases, q/k norms, a separate LM head) and where the
 // mixture-of-experts layers are. It is the one description of a model's structure: engine/models
@@ -67,6 +69,38 @@ type Shape struct {
 	Global GlobalShape
 	// Conv is the short convolution of lfm2_moe's conv layers (zero for the other families).
 	Conv ConvShape
+	// V4 is deepseek_v4's structure (zero for the other families).
+	V4 V4Shape
+}
+
+// V4Shape is deepseek_v4's structure: low-rank queries (QRank), one shared key/value head of
+// HeadDim, a grouped output projection (OGroups groups to ORank), HC residual streams mixed by
+// hyper-connections, each layer's attention kind (LayerTypes) with its compression rate
+// (Rates, 0 for sliding layers), the lightning indexer of compressed sparse layers
+// (IndexHeads of IndexDim) and the hash-routed layers (Hash).
+type V4Shape struct {
+	QRank, OGroups, ORank, HC int
+	LayerTypes                []string
+	Rates                     []int
+	IndexHeads, IndexDim      int
+	Hash                      []bool
+}
+
+// attention counts layer i's attention parameters, its compressor and indexer included, for
+// model width h, heads and head width hd.
+func (v V4Shape) attention(i int, h, heads, hd int64) int64 {
+	q, r := int64(v.QRank), int64(v.ORank*v.OGroups)
+	n := heads + h*q + q + q*heads*hd + h*hd + hd + r*(heads*hd/int64(v.OGroups)) + h*r
+	m := int64(v.Rates[i])
+	switch v.LayerTypes[i] {
+	case DSV4HCA:
+		n += 2*h*hd + m*hd + hd
+	case DSV4CSA:
+		di, hi := int64(v.IndexDim), int64(v.IndexHeads)
+		n += 4*h*hd + m*2*hd + hd
+		n += 4*h*di + m*2*di + di + q*hi*di + h*hi
+	}
+	return n
 }
 
 // LinearShape is the structure of the gated delta-net layers of a model.
@@ -200,6 +234,17 @@ func (c *Config) Shape() Shape {
 			s.Conv.Layers[i] = c.IsConvLayer(i)
 		}
 	}
+	if c.ModelType == "deepseek_v4" {
+		s.V4 = V4Shape{QRank: c.QLoRARank, OGroups: c.OGroups, ORank: c.OLoRARank, HC: c.HCMult,
+			LayerTypes: slices.Clone(c.LayerTypes), Rates: make([]int, len(c.LayerTypes)),
+			IndexHeads: c.IndexNHeads, IndexDim: c.IndexHeadDim, Hash: make([]bool, len(c.MLPLayerTypes))}
+		for i, t := range c.LayerTypes {
+			s.V4.Rates[i] = c.CompressRates[t]
+		}
+		for i, t := range c.MLPLayerTypes {
+			s.V4.Hash[i] = t == DSV4HashMoE
+		}
+	}
 	if s.HeadDim == 0 && s.Heads > 0 {
 		s.HeadDim = s.Hidden / s.Heads
 	}
@@ -241,6 +286,9 @@ func (s Shape) NumParameters() int64 { return s.countParameters(false) }
 func (s Shape) ActiveParameters() int64 { return s.countParameters(true) }
 
 func (s Shape) countParameters(active bool) int64 {
+	if s.V4.HC > 0 {
+		return s.v4Parameters(active)
+	}
 	h, v := int64(s.Hidden), int64(s.Vocab)
 	q, kv := int64(s.QDim()), int64(s.KVDim())
 	n := v * h // embed_tokens
@@ -312,6 +360,30 @@ func (s Shape) countParameters(active bool) int64 {
 				n += moe * h
 			}
 		}
+	}
+	return n
+}
+
+// v4Parameters counts deepseek_v4's parameters: embeddings, LM head and final norm, the final
+// hyper-connection head, and per layer its attention (V4Shape.attention), two RMSNorms, two
+// hyper-connections, the router, the routed experts and the shared expert (the correction
+// bias and the token table are buffers).
+func (s Shape) v4Parameters(active bool) int64 {
+	h, v, hc := int64(s.Hidden), int64(s.Vocab), int64(s.V4.HC)
+	n := v * h
+	if !s.Tied {
+		n += v * h
+	}
+	n += h + hc*hc*h + hc + 1 // final norm, hc_head
+	experts := int64(s.Experts)
+	if active {
+		experts = int64(s.TopK)
+	}
+	mix := (2 + hc) * hc
+	for i := 0; i < s.Layers; i++ {
+		n += s.V4.attention(i, h, int64(s.Heads), int64(s.HeadDim))
+		n += 2*h + 2*(mix*hc*h+mix+3)
+		n += h*int64(s.Experts) + experts*3*h*int64(s.ExpertIntermediate) + 3*h*int64(s.SharedExpert)
 	}
 	return n
 }

@@ -96,15 +96,16 @@ func (c *Config) toPy() (pyObject, error) {
 		out["head_dim"] = nil
 	}
 	if f.RopePerLayerType {
-		full, err := c.Rope.toPy(c.intLit, "rope_parameters."+FullAttention)
+		fullKey, slidingKey := f.ropeKeys()
+		full, err := c.Rope.toPy(c.intLit, "rope_parameters."+fullKey)
 		if err != nil {
 			return nil, err
 		}
-		sliding, err := c.SlidingRope.toPy(c.intLit, "rope_parameters."+SlidingAttention)
+		sliding, err := c.SlidingRope.toPy(c.intLit, "rope_parameters."+slidingKey)
 		if err != nil {
 			return nil, err
 		}
-		out["rope_parameters"] = pyObject{FullAttention: full, SlidingAttention: sliding}
+		out["rope_parameters"] = pyObject{fullKey: full, slidingKey: sliding}
 		return out, nil
 	}
 	rope, err := c.Rope.toPy(c.intLit, "rope_parameters")
