@@ -1,6 +1,9 @@
 package models
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -98,5 +101,41 @@ func TestGemma4PartsLoRATargets(t *testing.T) {
 	b := Batch{Tokens: []int32{1, 2, 3, 4, 5, 6}, Targets: []int32{2, 3, 4, 5, 6, -100}}
 	if _, _, err := m.ForwardBackward(b, 1); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGemma4PartsCountAsTransformers: config.Shape counts the optional parts' parameters as
+// transformers does: the gemma4_text_ple fixture's parameter shapes (written by transformers)
+// sum to NumParameters of the model loaded from it.
+func TestGemma4PartsCountAsTransformers(t *testing.T) {
+	dir := filepath.Join("testdata", "parity", "gemma4_text_ple")
+	raw, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if os.IsNotExist(err) {
+		t.Skipf("no fixture %s", dir)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Shapes map[string][]int `json:"param_shapes"`
+	}
+	if err := json.Unmarshal(raw, &ref); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(0)
+	for _, s := range ref.Shapes {
+		n := int64(1)
+		for _, d := range s {
+			n *= int64(d)
+		}
+		want += n
+	}
+	m, err := Load(dir, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if got := m.Arch.NumParameters(); got != want || want == 0 {
+		t.Errorf("NumParameters %d, transformers' parameters %d", got, want)
 	}
 }

@@ -60,6 +60,14 @@ var familyCases = []struct {
 	// one key/value projection shared with the values, v_norm, unscaled scores, proportional
 	// RoPE on the full layers, layer scalars, a final-logit cap.
 	{"gemma4_global512", "gemma4_text", []string{"global_head_dim=512", "final_logit_softcapping=3.0", "sliding_window=5"}, false},
+	// Gemma 4's optional parts (the gemma4_text_ple fixture's): per-layer input embeddings,
+	// two layers sharing the first two layers' keys and values with double-wide MLPs, the MoE
+	// block beside every MLP (routed on the host), full heads of 24 under partial RoPE.
+	{"gemma4_all_parts", "gemma4_text", []string{"num_hidden_layers=4",
+		`layer_types=["sliding_attention","full_attention","sliding_attention","full_attention"]`,
+		"global_head_dim=24", "hidden_size_per_layer_input=8", "num_kv_shared_layers=2", "use_double_wide_mlp=true",
+		"enable_moe_block=true", "num_experts=4", "top_k_experts=2", "moe_intermediate_size=24",
+		"final_logit_softcapping=3.0", "sliding_window=5"}, true},
 	// LFM2-MoE: short-convolution layers (their gating and convolution run on the host between
 	// the device projections) around an attention layer, the sigmoid router with expert_bias.
 	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}, true},
