@@ -23,6 +23,20 @@ func init() {
 		"sliding_window": 5, "final_logit_softcapping": 3.0, "layer_types": ["sliding_attention", "full_attention"],
 		"rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
 			"sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}`
+	// Gemma 4's optional parts: per-layer inputs, the last two layers attending over the
+	// first two layers' keys and values with double-wide MLPs, the MoE block beside each MLP.
+	// Weights of std 0.1: at 0.2 this four-layer model's gradients amplify the rounding of the
+	// chunked context-parallel attention to about 1e-5 of their scale (the routing and the
+	// loss agree), the comparison's tolerance.
+	tinyConfigs["gemma4_text_parts"] = `{"model_type": "gemma4_text", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
+		"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4, "global_head_dim": 8,
+		"hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 41, "num_kv_shared_layers": 2, "use_double_wide_mlp": true,
+		"enable_moe_block": true, "num_experts": 3, "top_k_experts": 2, "moe_intermediate_size": 8,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6, "initializer_range": 0.1, "pad_token_id": null,
+		"bos_token_id": null, "eos_token_id": null, "sliding_window": 5, "final_logit_softcapping": 3.0,
+		"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+		"rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+			"sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}`
 	tinyConfigs["lfm2_moe"] = `{"model_type": "lfm2_moe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 24,
 		"moe_intermediate_size": 8, "num_experts": 4, "num_experts_per_tok": 2, "num_dense_layers": 1,
 		"use_expert_bias": true, "routed_scaling_factor": 1.5, "conv_bias": true, "conv_L_cache": 3,
@@ -33,12 +47,17 @@ func init() {
 // TestGemma4AndLFM2LayoutsMatchSingleDevice runs both families under the layouts they support
 // against the single-device loss and gradients: Gemma 4 under data, FSDP, tensor (2: the
 // full layers' two key/value heads) and context parallelism; LFM2-MoE under data, FSDP and
-// expert parallelism.
+// expert parallelism; Gemma 4 with its optional parts under data, FSDP and context
+// parallelism.
 func TestGemma4AndLFM2LayoutsMatchSingleDevice(t *testing.T) {
 	checkLayouts(t, []string{"gemma4_text"}, []struct {
 		n      int
 		layout string
 	}{{1, ""}, {2, ""}, {2, "fsdp"}, {2, "tp=2"}, {2, "cp=2"}, {4, "fsdp"}, {4, "tp=2 fsdp"}, {4, "tp=2 cp=2"}, {8, "tp=2 cp=2 fsdp"}})
+	checkLayouts(t, []string{"gemma4_text_parts"}, []struct {
+		n      int
+		layout string
+	}{{1, ""}, {2, ""}, {2, "fsdp"}, {2, "cp=2"}, {4, "cp=2 fsdp"}})
 	checkLayouts(t, []string{"lfm2_moe"}, []struct {
 		n      int
 		layout string
@@ -54,6 +73,7 @@ func TestGemma4AndLFM2LayoutsRefused(t *testing.T) {
 		rule           string
 	}{
 		{"gemma4_text", "tp=4", 4, mesh.RuleTPHeads}, // 2 key/value heads on the full layers
+		{"gemma4_text_parts", "tp=2", 2, mesh.RuleGemma4Parts},
 		{"lfm2_moe", "tp=2", 2, mesh.RuleTPConv},
 		{"lfm2_moe", "cp=2", 2, mesh.RuleCPConv},
 		{"lfm2_moe", "ep=2 tp=2 etp=2", 4, mesh.RuleTPConv},
