@@ -26,6 +26,12 @@
 // among every expert by global id (m.HeldExperts, m.ExpertOf); an expert-parallel plan sets
 // the runners that reach the other experts.
 //
+// A family may run its whole decoder on the host instead (Family.Host, host.go: deepseek_v4,
+// whose hyper-connections, compressors and indexer have no backend ops): its parameters sit in
+// the same arenas, and each pass downloads them, runs every document on nn.HostTape and adds
+// the gradients back; it trains on the CPU backend under data parallelism, without adapters,
+// generation or a classifier head.
+//
 // Parameters live in one arena per model (gradients in a second) with a named view per
 // parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and
 // checkpoints each see one flat buffer.

@@ -73,6 +73,9 @@ type Family struct {
 	// Extend, when set, finishes the layers after the generic build: it may rewire blocks and
 	// set the model's per-layer input stage (Gemma 4).
 	Extend func(m *Model, b *binder)
+	// Host, when set, runs the family's whole decoder on the host tape (host.go) instead of
+	// the device blocks (deepseek_v4).
+	Host hostDecoder
 }
 
 // MixerHooks let a family give a layer its own token mixer. Both hooks are called for every

@@ -20,6 +20,9 @@ func (m *Model) ForwardBackward(b Batch, lossScale float32) (lossSum float64, nT
 	if err := m.lmOnly("ForwardBackward"); err != nil {
 		return 0, 0, err
 	}
+	if m.Family.Host != nil {
+		return m.hostForwardBackward(b, lossScale)
+	}
 	var loss tensor.Tensor
 	defer func() {
 		if !loss.IsNil() {
@@ -53,6 +56,9 @@ func (m *Model) ForwardBackwardWeighted(b Batch, weigh func(logprob []float32) (
 	}
 	if err := m.lmOnly("ForwardBackwardWeighted"); err != nil {
 		return err
+	}
+	if m.Family.Host != nil {
+		return m.hostWeighted(b, weigh)
 	}
 	var lpt, st tensor.Tensor
 	defer func() {
@@ -248,6 +254,22 @@ func (m *Model) evalTokens(b Batch, wantLoss, wantLP bool) (loss, lp []float32, 
 	if err := m.lmOnly("a language-model forward"); err != nil {
 		return nil, nil, err
 	}
+	if m.Family.Host != nil {
+		lp, err := m.hostRun(&b, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		if wantLoss {
+			loss = make([]float32, len(lp))
+			for i, v := range lp {
+				loss[i] = -v
+			}
+		}
+		if !wantLP {
+			lp = nil
+		}
+		return loss, lp, nil
+	}
 	r, err := m.resolve(&b)
 	if err != nil {
 		return nil, nil, err
@@ -299,6 +321,9 @@ func (m *Model) evalTokens(b Batch, wantLoss, wantLP bool) (loss, lp []float32, 
 // hidden runs the embedding and every block without caching and returns the final residual
 // stream [N,C] (before the final norm); the caller frees it.
 func (m *Model) hidden(p *nnPass, ids tensor.Tensor) (tensor.Tensor, error) {
+	if m.Family.Host != nil {
+		return tensor.Tensor{}, m.errHostOnly("device hidden states (generation, scoring heads)")
+	}
 	x, err := m.embed.Forward(p, ids)
 	if err != nil {
 		return tensor.Tensor{}, err

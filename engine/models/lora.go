@@ -167,6 +167,9 @@ func (m *Model) AttachLoRA(c LoRAConfig) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	if m.Family.Host != nil {
+		return fmt.Errorf("models: LoRA on %s is not supported yet: its decoder runs on the host tape, which has no adapters; train the full model instead", m.Arch.ModelType)
+	}
 	if m.Arch.FusedQKV || m.Arch.FusedGateUp {
 		return fmt.Errorf("models: LoRA on %s is not supported: its qkv_proj / gate_up_proj are fused weights that run as separate parts here, and an adapter on a fused module would have to span its parts; train the full model instead", m.Arch.ModelType)
 	}

@@ -122,6 +122,8 @@ type Model struct {
 	dropoutKey uint64
 	// adaptersOff runs passes without the adapters (SetAdaptersEnabled).
 	adaptersOff bool
+	// hostBufs are a host decoder's integer checkpoint tables (Family.Host), by name.
+	hostBufs map[string][]int64
 }
 
 // newModel builds a model of family f with architecture a on b. Parameters are zero: load them
@@ -168,8 +170,19 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 		// A classifier has no LM head for the embedding to be tied to.
 		a.NumLabels, a.Tied = o.NumLabels, false
 	}
+	if f.Host != nil {
+		if err := f.Host.check(&a, b); err != nil {
+			return nil, err
+		}
+		if o.prequant != nil {
+			return nil, fmt.Errorf("models: %s: a 4-bit base is not supported by its host decoder", a.ModelType)
+		}
+	}
 	m := &Model{Family: f, Arch: a, cfg: cfg, opts: o, b: b}
 	m.Specs = specsFor(f, &m.Arch)
+	if f.Host != nil {
+		m.initHostBuffers()
+	}
 	if q := o.prequant; q != nil {
 		if a.HeldExperts.Len() != a.NumExperts() {
 			return nil, errors.New("models: a 4-bit checkpoint loads into a model holding every expert")
@@ -215,6 +228,9 @@ func newModel(f *Family, a Arch, cfg configSource, b backend.Backend, o Options)
 
 // build creates the layers and binds them to the parameter (and gradient) views.
 func (m *Model) build() {
+	if m.Family.Host != nil {
+		return // the decoder runs on the host tape (host.go); there are no device blocks
+	}
 	a := &m.Arch
 	p := func(name string) tensor.Tensor { t, _ := m.Params.Get(name); return t }
 	g := func(name string) tensor.Tensor {

@@ -279,13 +279,18 @@ func compareGrads(t *testing.T, m *Model, path string) {
 			continue
 		}
 		w, err := transformersGrad(gf, s, expertHooks(m.Family))
+		g, gerr := m.GradFloat32(s.Name)
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		if _, saved := gf.Tensor(s.Name); err != nil && !saved && !slices.ContainsFunc(g, func(v float32) bool { return v != 0 }) {
+			// transformers gives no gradient to a parameter that only chooses (DeepSeek-V4's
+			// indexer, whose top-k indices are all that leave it); ours is exactly zero too.
+			continue
+		}
 		if err != nil {
 			t.Errorf("%s: %v", filepath.Base(path), err)
 			continue
-		}
-		g, err := m.GradFloat32(s.Name)
-		if err != nil {
-			t.Fatal(err)
 		}
 		got[s.Name], want[s.Name] = g, w
 	}

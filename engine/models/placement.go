@@ -95,7 +95,9 @@ type ParamPlacement struct {
 var paramKinds = map[string]bool{"weight": true, "bias": true, "e_score_correction_bias": true, "sinks": true,
 	"gate_up_proj": true, "gate_up_proj_bias": true, "down_proj": true, "down_proj_bias": true,
 	"dt_bias": true, "A_log": true,
-	"expert_bias": true, "layer_scalar": true, "per_expert_scale": true}
+	"expert_bias": true, "layer_scalar": true, "per_expert_scale": true,
+	// DeepSeek-V4's hyper-connections and compressors.
+	"fn": true, "base": true, "hc_fn": true, "hc_base": true, "hc_scale": true, "position_bias": true}
 
 // classifierHead is the module of a sequence classifier's score head (Arch.NumLabels > 0).
 const classifierHead = "score"
@@ -109,7 +111,7 @@ func (f *Family) Place(name string) (ParamPlacement, error) {
 	// A router's selection bias (DeepSeek's e_score_correction_bias), gpt-oss's attention sinks
 	// and its stacked experts' tensors are placed with their modules.
 	// Gemma 4's router holds a scale beside its projection.
-	routerScale := kind == "scale" && strings.HasSuffix(module, ".router")
+	routerScale := kind == "scale" && (strings.HasSuffix(module, ".router") || strings.HasSuffix(module, "_hc"))
 	if !ok || !paramKinds[kind] && !routerScale {
 		return ParamPlacement{}, fmt.Errorf("models: %s: parameter %q is not a module's weight or bias", f.ModelType, name)
 	}

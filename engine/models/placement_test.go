@@ -17,20 +17,25 @@ var structuralVariants = []struct {
 	key   string
 	value any
 	more  map[string]any // further keys the variant needs
+	// only, when set, is the one family the variant applies to; not is a family whose
+	// config refuses the value (the variant describes another family's structure).
+	only, not string
 }{
-	{"attention_bias", true, nil},
-	{"mlp_bias", true, nil},
-	{"tie_word_embeddings", true, nil},
-	{"tie_word_embeddings", false, nil},                   // families tied by default (smollm3)
-	{"mlp_only_layers", []int{0}, nil},                    // a dense layer in a mixture of experts
-	{"q_lora_rank", nil, nil},                             // latent attention with a plain q_proj
-	{"moe_layer_start_index", 1, nil},                     // a dense first layer (ernie4_5_moe)
-	{"mlp_layer_types", []string{"dense", "sparse"}, nil}, // a dense layer (laguna)
+	{"attention_bias", true, nil, "", ""},
+	{"mlp_bias", true, nil, "", ""},
+	{"tie_word_embeddings", true, nil, "", ""},
+	{"tie_word_embeddings", false, nil, "", ""},                              // families tied by default (smollm3)
+	{"mlp_only_layers", []int{0}, nil, "", ""},                               // a dense layer in a mixture of experts
+	{"q_lora_rank", nil, nil, "", "deepseek_v4"},                             // latent attention with a plain q_proj
+	{"moe_layer_start_index", 1, nil, "", ""},                                // a dense first layer (ernie4_5_moe)
+	{"mlp_layer_types", []string{"dense", "sparse"}, nil, "", "deepseek_v4"}, // a dense layer (laguna)
+	// deepseek_v4's learned routing (with a correction bias) in the first layer.
+	{"mlp_layer_types", []string{"moe", "hash_moe", "moe"}, nil, "deepseek_v4", ""},
 	// gemma4_text's per-layer inputs, MoE block and shared KV layers with double-wide MLPs.
-	{"hidden_size_per_layer_input", 8, nil},
-	{"enable_moe_block", true, map[string]any{"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}},
+	{"hidden_size_per_layer_input", 8, nil, "", ""},
+	{"enable_moe_block", true, map[string]any{"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}, "", ""},
 	{"num_kv_shared_layers", 2, map[string]any{"num_hidden_layers": 4, "use_double_wide_mlp": true,
-		"layer_types": []string{"sliding_attention", "full_attention", "sliding_attention", "full_attention"}}},
+		"layer_types": []string{"sliding_attention", "full_attention", "sliding_attention", "full_attention"}}, "", ""},
 }
 
 // variant is one structural variant of a family's tiny model.
@@ -61,7 +66,7 @@ func tinyVariants(t *testing.T, fam string) map[string]variant {
 	}
 	add("tiny", base)
 	for _, v := range structuralVariants {
-		if !slices.Contains(cf.Keys, v.key) {
+		if !slices.Contains(cf.Keys, v.key) || v.only != "" && v.only != fam || v.not == fam {
 			continue
 		}
 		set := map[string]any{v.key: v.value}

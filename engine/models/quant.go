@@ -37,6 +37,9 @@ func (m *Model) QuantizeBase(c quant.Config) error {
 	if !c.LoadIn4bit {
 		return nil
 	}
+	if m.Family.Host != nil {
+		return fmt.Errorf("models: a 4-bit base of %s is not supported: its decoder runs on the host tape", m.Arch.ModelType)
+	}
 	if m.quant != nil {
 		return errors.New("models: the base is already quantised")
 	}

@@ -213,6 +213,9 @@ func layerNormNames(n config.LayerNorms) []string {
 // list their experts' gate and up weights before all their down weights (moeFFN), so that the
 // arena holds them as the stacked tensors of the grouped GEMMs.
 func specsFor(f *Family, a *Arch) []ParamSpec {
+	if f != nil && f.Host != nil {
+		return f.Host.specs(a)
+	}
 	emb := matrix(nameEmbed, a.Vocab, a.Hidden)
 	if a.PadID >= 0 && a.PadID < a.Vocab {
 		emb.ZeroRow = a.PadID

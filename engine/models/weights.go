@@ -29,6 +29,13 @@ func (m *Model) LoadWeights(src safetensors.Source) (unused []string, err error)
 // loadWeights is LoadWeights for the model's arena; the tensors of its NF4 weights (read by
 // Load from a bitsandbytes checkpoint) are not reported unused.
 func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error) {
+	if m.Family.Host != nil {
+		hs := m.hostSource(src)
+		if err := m.loadHostBuffers(hs); err != nil {
+			return nil, err
+		}
+		src = hs
+	}
 	if m.Family.GatedDeltaNet == GDNSplit {
 		src = withLanguageModelPrefix(src)
 	}
@@ -62,6 +69,9 @@ func (m *Model) loadWeights(src safetensors.Source) (unused []string, err error)
 		}
 	}
 	held := m.Arch.HeldExperts
+	for n := range m.hostBufs {
+		want[n] = true
+	}
 	for _, n := range src.Names() {
 		if want[n] || m.quant.holds(n) {
 			continue
@@ -117,6 +127,9 @@ func (m *Model) WeightTensors(dt tensor.DType) ([]safetensors.Tensor, error) {
 	ts, err := arenaTensors(m, m.Specs, m.Params, dt)
 	if err != nil {
 		return nil, err
+	}
+	if m.Family.Host != nil {
+		return m.hostTensors(ts), nil
 	}
 	return m.fuseExperts(ts, dt)
 }

@@ -27,6 +27,8 @@ type DSV4Config struct {
 	Rates                []int
 	// Experts routed, TopK per token, ExpertDim their width (also the shared expert's).
 	Experts, TopK, ExpertDim int
+	// SharedBias: the shared expert's projections carry biases (mlp_bias).
+	SharedBias               bool
 	RoutedScale, SwigluLimit float64
 	// HC streams, HCIters Sinkhorn iterations, HCEps their floor.
 	HC, HCIters int
@@ -289,6 +291,13 @@ func (m *DSV4) moe(t *HostTape, i int, h *HVar, ids []int) *HVar {
 	}
 	routed := t.ScatterRows(T, c.Hidden, parts, rows)
 	se := mlp + "shared_experts."
-	a := t.ClampSwiGLU(t.Linear(h, m.p(se+"gate_proj.weight")), t.Linear(h, m.p(se+"up_proj.weight")), c.SwigluLimit)
-	return t.Add(routed, t.Linear(a, m.p(se+"down_proj.weight")))
+	lin := func(x *HVar, name string) *HVar {
+		y := t.Linear(x, m.p(se+name+".weight"))
+		if c.SharedBias {
+			y = t.AddRow(y, m.p(se+name+".bias"))
+		}
+		return y
+	}
+	a := t.ClampSwiGLU(lin(h, "gate_proj"), lin(h, "up_proj"), c.SwigluLimit)
+	return t.Add(routed, lin(a, "down_proj"))
 }

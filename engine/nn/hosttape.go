@@ -81,6 +81,24 @@ func (t *HostTape) Linear(x, w *HVar) *HVar {
 	return y
 }
 
+// AddRow returns x [R, C] plus the row vector b [C] on every row (a linear layer's bias).
+func (t *HostTape) AddRow(x, b *HVar) *HVar {
+	if len(b.V) != x.C {
+		panic(fmt.Sprintf("nn: HostTape.AddRow: [%d %d] plus %d", x.R, x.C, len(b.V)))
+	}
+	y := newHVar(x.R, x.C)
+	for i, v := range x.V {
+		y.V[i] = v + b.V[i%x.C]
+	}
+	t.rec(func() {
+		for i, g := range y.G {
+			x.G[i] += g
+			b.G[i%x.C] += g
+		}
+	})
+	return y
+}
+
 // GroupedLinear splits each row of x [R, G*K] into G groups and multiplies group g by its
 // block w_g [M, K] of w [G*M, K], giving [R, G*M] (DeepSeek-V4's grouped output projection).
 func (t *HostTape) GroupedLinear(x, w *HVar, groups int) *HVar {

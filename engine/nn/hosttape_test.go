@@ -21,6 +21,7 @@ func TestHostTapeGradients(t *testing.T) {
 		{"linear", [][2]int{mat(3, 4), mat(5, 4)}, func(t *HostTape, in []*HVar) *HVar { return t.Linear(in[0], in[1]) }},
 		{"grouped linear", [][2]int{mat(3, 6), mat(4, 3)}, func(t *HostTape, in []*HVar) *HVar { return t.GroupedLinear(in[0], in[1], 2) }},
 		{"add", [][2]int{mat(2, 3), mat(2, 3)}, func(t *HostTape, in []*HVar) *HVar { return t.Add(in[0], in[1]) }},
+		{"add row", [][2]int{mat(2, 3), mat(1, 3)}, func(t *HostTape, in []*HVar) *HVar { return t.AddRow(in[0], in[1]) }},
 		{"rows", [][2]int{mat(4, 3)}, func(t *HostTape, in []*HVar) *HVar { return t.Rows(in[0], []int{2, 0, 2}) }},
 		{"scatter rows", [][2]int{mat(2, 3), mat(1, 3)}, func(t *HostTape, in []*HVar) *HVar {
 			return t.ScatterRows(3, 3, in, [][]int{{2, 0}, {2}})

@@ -19,7 +19,8 @@ import (
 // (swiglu_limit) of moe_intermediate_size beside one shared expert of that width, routed by
 // sqrt(softplus) scores (scoring_func), top num_experts_per_tok with a selection-only
 // correction bias (mlp_layer_types "moe") or by a fixed token-to-experts table (hash_moe),
-// weights renormalised and scaled by routed_scaling_factor. rope_parameters holds two
+// weights renormalised and scaled by routed_scaling_factor; mlp_bias gives the shared expert's
+// projections biases (attention_bias is kept but builds nothing, as in transformers). rope_parameters holds two
 // dictionaries: main (sliding layers, rope_theta) and compress (compressed layers, their
 // compressors and indexer, compress_rope_theta), each over partial_rotary_factor of a head.
 // transformers writes rope_theta, partial_rotary_factor and qk_rope_head_dim at the top level

@@ -366,8 +366,8 @@ func (s Shape) countParameters(active bool) int64 {
 
 // v4Parameters counts deepseek_v4's parameters: embeddings, LM head and final norm, the final
 // hyper-connection head, and per layer its attention (V4Shape.attention), two RMSNorms, two
-// hyper-connections, the router, the routed experts and the shared expert (the correction
-// bias and the token table are buffers).
+// hyper-connections, the router, the routed experts and the shared expert with its biases
+// under mlp_bias (the correction bias and the token table are buffers).
 func (s Shape) v4Parameters(active bool) int64 {
 	h, v, hc := int64(s.Hidden), int64(s.Vocab), int64(s.V4.HC)
 	n := v * h
@@ -384,6 +384,9 @@ func (s Shape) v4Parameters(active bool) int64 {
 		n += s.V4.attention(i, h, int64(s.Heads), int64(s.HeadDim))
 		n += 2*h + 2*(mix*hc*h+mix+3)
 		n += h*int64(s.Experts) + experts*3*h*int64(s.ExpertIntermediate) + 3*h*int64(s.SharedExpert)
+		if s.MLPBias {
+			n += 2*int64(s.SharedExpert) + h // the shared expert's biases
+		}
 	}
 	return n
 }
