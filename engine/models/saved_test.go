@@ -73,6 +73,11 @@ var savedCases = []struct {
 	// Per-head q/k norms and output gates, a sliding layer with its own rotary base and width, a
 	// dense layer before a sigmoid-routed one with a non-zero correction bias, a shared expert.
 	{"laguna", "laguna", []string{"mlp_layer_types=[\"dense\",\"sparse\"]", "attention_bias=true"}},
+	// A sliding, a compressed sparse (indexer over 3 windows) and a heavily compressed layer
+	// under a 4-token window, clamped SwiGLU, shared-expert biases, a hash layer with its own
+	// token table and two routed layers with a non-zero correction bias.
+	{"deepseek_v4", "deepseek_v4", []string{"sliding_window=4", "swiglu_limit=0.5", "mlp_bias=true",
+		`layer_types=["sliding_attention","compressed_sparse_attention","heavily_compressed_attention"]`}},
 }
 
 // savedIDs is the sequence whose logprobs both sides compute.
@@ -163,6 +168,15 @@ func writeSavedCheckpoints(t *testing.T) {
 				if err := m.SetParam(s.Name, v); err != nil {
 					t.Fatal(err)
 				}
+			}
+		}
+		for name, tab := range m.hostBufs {
+			// deepseek_v4's tid2eid starts at zero: give each token two distinct experts.
+			if !strings.HasSuffix(name, ".tid2eid") {
+				continue
+			}
+			for i := range tab {
+				tab[i] = int64((3*(i/cfg.NumExpertsPerTok) + 5*(i%cfg.NumExpertsPerTok)) % cfg.NumExperts)
 			}
 		}
 		batch := packedBatch(cfg.VocabSize, []int{12, 9}, 12)

@@ -186,20 +186,15 @@ func resolveDeepseekV4(c *Config) {
 	if c.CompressRates == nil {
 		c.CompressRates = map[string]int{DSV4CSA: 4, DSV4HCA: 128}
 	}
-	if c.LayerTypes == nil || c.layerTypesDerived {
-		lt := slices.Repeat([]string{DSV4HCA}, min(n, 2))
-		for i := 0; i < n-2; i++ {
-			if i%2 == 1 {
-				lt = append(lt, DSV4CSA)
-			} else {
-				lt = append(lt, DSV4HCA)
-			}
-		}
-		c.LayerTypes, c.layerTypesDerived = lt, true
-	}
 	if len(c.LayerTypes) > n {
 		c.LayerTypes = c.LayerTypes[:n]
 	}
+	deriveLayerTypesAs(c, func(i int) string {
+		if i < 2 || i%2 == 0 {
+			return DSV4HCA
+		}
+		return DSV4CSA
+	})
 	if c.MLPLayerTypes == nil || (c.Latent.mlpDerived && slices.Equal(c.MLPLayerTypes, c.Latent.mlpFrom)) {
 		mt := append(slices.Repeat([]string{DSV4HashMoE}, min(n, 3)), slices.Repeat([]string{DSV4MoE}, max(0, n-3))...)
 		c.MLPLayerTypes, c.Latent.mlpDerived, c.Latent.mlpFrom = mt, true, slices.Clone(mt)

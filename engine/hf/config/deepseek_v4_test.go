@@ -87,3 +87,29 @@ func TestDeepseekV4Refusals(t *testing.T) {
 		})
 	}
 }
+
+// Overriding another key keeps layer_types that were given, not derived.
+func TestDeepseekV4OverrideKeepsLayerTypes(t *testing.T) {
+	c, err := Preset("deepseek_v4", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Override(map[string]any{"sliding_window": 4, "num_hidden_layers": 3}, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{DSV4Sliding, DSV4CSA, DSV4HCA}; !slices.Equal(o.LayerTypes, want) {
+		t.Errorf("layer_types %v after the override, want %v", o.LayerTypes, want)
+	}
+	d, err := New("deepseek_v4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err = d.Override(map[string]any{"num_hidden_layers": 4}, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{DSV4HCA, DSV4HCA, DSV4HCA, DSV4CSA}; !slices.Equal(o.LayerTypes, want) {
+		t.Errorf("derived layer_types %v for 4 layers, want %v", o.LayerTypes, want)
+	}
+}
