@@ -77,12 +77,13 @@ func dsv4Name(disk string) string {
 // saves them, and each hash layer's tid2eid table is a buffer kept beside the arenas.
 //
 // Refused: backends other than the CPU (the host decoder would move every weight each pass),
-// rope types other than "default", LoRA, 4-bit bases, generation and sequence classification;
+// the length-dependent rope types (dynamic, longrope), LoRA, 4-bit bases, generation and
+// sequence classification;
 // engine/mesh refuses every parallel layout but data parallelism (rule host-decoder).
 func init() {
 	Register(&Family{
 		ModelType:  "deepseek_v4",
-		Caps:       Caps{SlidingWindow: true, TiedEmbeddings: true, RopeTypes: []string{"default"}, Reason: "(the host DeepSeek-V4 decoder implements the default rotary tables)"},
+		Caps:       Caps{SlidingWindow: true, TiedEmbeddings: true, RopeTypes: []string{"default", "linear", "llama3", "yarn"}, Reason: "(the host DeepSeek-V4 decoder tracks no sequence length for the length-dependent rope types)"},
 		Host:       dsv4Decoder{},
 		Placements: dsv4Placements(),
 	})
@@ -220,8 +221,19 @@ func (dsv4Decoder) check(a *Arch, b backend.Backend) error {
 	if b.Name() != "cpu" {
 		return fmt.Errorf("models: deepseek_v4 runs its decoder on the host (its hyper-connections, compressors and indexer have no %s ops yet); use the CPU backend", b.Name())
 	}
-	if a.SlidingRope == nil || a.SlidingRope.Type != "default" || a.Rope.Type != "default" {
-		return fmt.Errorf("models: deepseek_v4: only the default rope type is implemented for rope_parameters main and compress (yarn on the compressed layers is not yet)")
+	if a.SlidingRope == nil {
+		return errors.New("models: deepseek_v4: rope_parameters needs its main dictionary")
+	}
+	for _, r := range []struct {
+		name string
+		r    backend.RoPEConfig
+	}{{"main", *a.SlidingRope}, {"compress", a.Rope}} {
+		if r.r.DependsOnLength() {
+			return fmt.Errorf("models: deepseek_v4: rope_parameters.%s.rope_type %q depends on the sequence length, which the host decoder does not track; use default, linear, llama3 or yarn", r.name, r.r.Type)
+		}
+		if _, _, err := dsv4Rope(r.r); err != nil {
+			return fmt.Errorf("models: deepseek_v4: rope_parameters.%s: %w", r.name, err)
+		}
 	}
 	return nil
 }
@@ -239,8 +251,14 @@ func (dsv4Decoder) decoder(m *Model, param func(string) *nn.HVar) (*nn.DSV4, err
 		ExpertDim: m.Arch.ExpertIntermediate, SharedBias: m.Arch.MLPBias, RoutedScale: c.RoutedScalingFactor, SwigluLimit: c.SwigluLimit,
 		HC: v.HC, HCIters: c.HCSinkhornIters, HCEps: c.HCEps, Eps: c.RMSNormEps,
 		IndexHeads: v.IndexHeads, IndexDim: v.IndexDim, IndexTopK: c.IndexTopK,
-		MainInvFreq:     nn.RopeInvFreq(c.SlidingRope.Theta, c.RotaryDim()),
-		CompressInvFreq: nn.RopeInvFreq(c.Rope.Theta, c.RotaryDim())}
+	}
+	var err error
+	if cfg.MainInvFreq, cfg.MainScale, err = dsv4Rope(*m.Arch.SlidingRope); err != nil {
+		return nil, fmt.Errorf("models: deepseek_v4: rope_parameters.main: %w", err)
+	}
+	if cfg.CompressInvFreq, cfg.CompressScale, err = dsv4Rope(m.Arch.Rope); err != nil {
+		return nil, fmt.Errorf("models: deepseek_v4: rope_parameters.compress: %w", err)
+	}
 	for _, hash := range v.Hash {
 		t := nn.DSV4RoutedMoE
 		if hash {
@@ -263,6 +281,24 @@ func (dsv4Decoder) decoder(m *Model, param func(string) *nn.HVar) (*nn.DSV4, err
 		}
 	}
 	return &nn.DSV4{Cfg: cfg, Param: param, Tid2Eid: tid}, nil
+}
+
+// dsv4Rope is a rotary table as transformers' rope functions compute it: the default type in
+// float32 as torch does, the others by backend.RoPEConfig.Compute; with the attention scaling
+// that multiplies cos and sin.
+func dsv4Rope(r backend.RoPEConfig) ([]float64, float64, error) {
+	if r.Type == "" || r.Type == "default" {
+		return nn.RopeInvFreq(r.Theta, r.RotaryDim()), 1, nil
+	}
+	inv, scale, err := r.Compute(0)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]float64, len(inv))
+	for i, v := range inv {
+		out[i] = float64(v)
+	}
+	return out, float64(scale), nil
 }
 
 // dsv4DiskLeaves are transformers' module names and DeepSeek's, for saveName: applied in

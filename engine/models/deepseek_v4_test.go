@@ -2,6 +2,7 @@ package models
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
+	"github.com/halo-shell/halo-shell/engine/nn"
 )
 
 // TestDeepseekV4Names maps the names of DeepSeek's own checkpoints onto transformers' modules.
@@ -126,8 +128,59 @@ func TestDeepseekV4Refusals(t *testing.T) {
 		t.Error("a sequence classifier ran on the host decoder")
 	}
 	y := c.Clone()
-	y.Rope.Type, y.Rope.Factor, y.Rope.OriginalMaxPositionEmbeddings = "yarn", 4, 64
+	y.Rope.Type, y.Rope.Factor = "dynamic", 4
 	if _, err := New(y, newCPU(), Options{}); err == nil || !strings.Contains(err.Error(), "rope") {
-		t.Errorf("yarn compress rope: %v", err)
+		t.Errorf("dynamic compress rope: %v", err)
+	}
+}
+
+// A Hub-style file with a flat yarn rope_scaling rotates the compressed layers by yarn's
+// table at attention factor 1 (DeepseekV4Config's __post_init__) and the sliding layers by
+// the default one.
+func TestDeepseekV4YarnCompressRope(t *testing.T) {
+	c, err := config.Parse([]byte(`{"model_type": "deepseek_v4", "num_hidden_layers": 3, "vocab_size": 64,
+		"hidden_size": 32, "num_attention_heads": 4, "head_dim": 16, "q_lora_rank": 8, "o_groups": 2,
+		"o_lora_rank": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+		"hc_mult": 2, "hc_sinkhorn_iters": 3, "index_n_heads": 2, "index_head_dim": 8, "index_topk": 2,
+		"sliding_window": 4, "partial_rotary_factor": 0.5, "pad_token_id": null,
+		"compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
+		"layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+		"rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1}}`), "hub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Rope.Type != "yarn" || c.Rope.AttentionFactor != 1 || c.Rope.Theta != 160000 || c.SlidingRope.Type != "default" {
+		t.Fatalf("compress rope %+v, main rope %+v", c.Rope, c.SlidingRope)
+	}
+	m, err := New(c, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.InitRandom(3); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := dsv4Decoder{}.decoder(m, func(string) *nn.HVar { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, scale, err := m.Arch.Rope.Compute(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dec.Cfg.CompressScale != float64(scale) || scale != 1 || len(dec.Cfg.CompressInvFreq) != len(inv) || dec.Cfg.CompressInvFreq[3] != float64(inv[3]) {
+		t.Errorf("compress table %v scale %v, yarn's %v scale %v", dec.Cfg.CompressInvFreq, dec.Cfg.CompressScale, inv, scale)
+	}
+	if want := nn.RopeInvFreq(10000, 8); !slices.Equal(dec.Cfg.MainInvFreq, want) || dec.Cfg.MainScale != 1 {
+		t.Errorf("main table %v scale %v, want the default %v", dec.Cfg.MainInvFreq, dec.Cfg.MainScale, want)
+	}
+	lp, err := m.Logprobs([]int32{1, 5, 9, 2, 7, 3, 8, 4, 6, 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range lp {
+		if math.IsNaN(float64(v)) || v > 0 {
+			t.Fatalf("logprobs %v", lp)
+		}
 	}
 }

@@ -36,8 +36,18 @@ type DSV4Config struct {
 	// The lightning indexer of compressed sparse attention.
 	IndexHeads, IndexDim, IndexTopK int
 	// MainInvFreq is the rotary table of sliding layers, CompressInvFreq that of compressed
-	// layers, their compressors and indexers (one frequency per rotated pair, float32-rounded).
+	// layers, their compressors and indexers (one frequency per rotated pair, float32-rounded);
+	// MainScale and CompressScale multiply their cos and sin (a rope type's attention
+	// scaling; 0 means 1).
 	MainInvFreq, CompressInvFreq []float64
+	MainScale, CompressScale     float64
+}
+
+func (c *DSV4Config) compressScale() float64 {
+	if c.CompressScale == 0 {
+		return 1
+	}
+	return c.CompressScale
 }
 
 // RopeInvFreq returns transformers' default inverse frequencies for rotating dim channels
@@ -146,15 +156,18 @@ func (m *DSV4) attention(t *HostTape, i int, h *HVar, pos []int) *HVar {
 	sa := fmt.Sprintf("model.layers.%d.self_attn.", i)
 	D, T := c.HeadDim, h.R
 	kind := c.LayerTypes[i]
-	inv := c.CompressInvFreq
+	inv, scale := c.CompressInvFreq, c.CompressScale
 	if kind == DSV4Sliding {
-		inv = c.MainInvFreq
+		inv, scale = c.MainInvFreq, c.MainScale
+	}
+	if scale == 0 {
+		scale = 1
 	}
 	qres := t.RMSNorm(t.Linear(h, m.p(sa+"q_a_proj.weight")), c.QRank, m.p(sa+"q_a_norm.weight"), c.Eps)
 	q := t.RMSNorm(t.Linear(qres, m.p(sa+"q_b_proj.weight")), D, nil, c.Eps)
-	q = t.Rope(q, D, pos, inv, 1)
+	q = t.RopeScaled(q, D, pos, inv, 1, scale)
 	kv := t.RMSNorm(t.Linear(h, m.p(sa+"kv_proj.weight")), D, m.p(sa+"kv_norm.weight"), c.Eps)
-	kv = t.Rope(kv, D, pos, inv, 1)
+	kv = t.RopeScaled(kv, D, pos, inv, 1, scale)
 	win := c.Window
 	allow := func(q, s int) bool { return s <= q && q-s < win }
 	if kind != DSV4Sliding {
@@ -179,7 +192,7 @@ func (m *DSV4) attention(t *HostTape, i int, h *HVar, pos []int) *HVar {
 		}
 	}
 	o := t.SinkAttention(q, kv, m.p(sa+"sinks"), allow, 1/math.Sqrt(float64(D)))
-	o = t.Rope(o, D, pos, inv, -1)
+	o = t.RopeScaled(o, D, pos, inv, -1, scale)
 	o = t.GroupedLinear(o, m.p(sa+"o_a_proj.weight"), c.OGroups)
 	return t.Linear(o, m.p(sa+"o_b_proj.weight"))
 }
@@ -200,7 +213,7 @@ func (m *DSV4) compress(t *HostTape, h *HVar, pre string, rate int, overlap bool
 	for w := range pos {
 		pos[w] = w * rate
 	}
-	return t.Rope(pooled, pooled.C, pos, m.Cfg.CompressInvFreq, 1)
+	return t.RopeScaled(pooled, pooled.C, pos, m.Cfg.CompressInvFreq, 1, m.Cfg.compressScale())
 }
 
 // index is the lightning indexer: for each query it marks the IndexTopK compressed entries
@@ -214,7 +227,7 @@ func (m *DSV4) index(t *HostTape, h, qres *HVar, pre string, rate, n int) [][]bo
 	for i := range pos {
 		pos[i] = i
 	}
-	q := t.Rope(t.Linear(qres, m.p(pre+"q_b_proj.weight")), Di, pos, c.CompressInvFreq, 1)
+	q := t.RopeScaled(t.Linear(qres, m.p(pre+"q_b_proj.weight")), Di, pos, c.CompressInvFreq, 1, c.compressScale())
 	wts := t.Linear(h, m.p(pre+"scorer.weights_proj.weight"))
 	k := min(c.IndexTopK, n)
 	out := make([][]bool, T)

@@ -295,6 +295,12 @@ func (t *HostTape) RMSNorm(x *HVar, n int, w *HVar, eps float64) *HVar {
 // by pairs (2i, 2i+1) at angle sign*pos[r]*inv[i] (DeepSeek-V4's interleaved partial RoPE;
 // sign -1 undoes it).
 func (t *HostTape) Rope(x *HVar, hd int, pos []int, inv []float64, sign float64) *HVar {
+	return t.RopeScaled(x, hd, pos, inv, sign, 1)
+}
+
+// RopeScaled is Rope with cos and sin multiplied by scale (a rope type's attention scaling,
+// which transformers applies to both).
+func (t *HostTape) RopeScaled(x *HVar, hd int, pos []int, inv []float64, sign, scale float64) *HVar {
 	rd := 2 * len(inv)
 	if x.C%hd != 0 || rd > hd || len(pos) != x.R {
 		panic(fmt.Sprintf("nn: HostTape.Rope: [%d %d], head %d, rope %d, %d positions", x.R, x.C, hd, rd, len(pos)))
@@ -305,7 +311,7 @@ func (t *HostTape) Rope(x *HVar, hd int, pos []int, inv []float64, sign float64)
 	for r, p := range pos {
 		for i, f := range inv {
 			a := float64(float32(float64(p) * f))
-			cs[r*len(inv)+i], sn[r*len(inv)+i] = math.Cos(a), sign*math.Sin(a)
+			cs[r*len(inv)+i], sn[r*len(inv)+i] = scale*math.Cos(a), scale*sign*math.Sin(a)
 		}
 	}
 	y := newHVar(x.R, x.C)

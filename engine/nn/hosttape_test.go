@@ -36,6 +36,9 @@ func TestHostTapeGradients(t *testing.T) {
 		{"rope inverse", [][2]int{mat(2, 6)}, func(t *HostTape, in []*HVar) *HVar {
 			return t.Rope(in[0], 6, []int{5, 1}, RopeInvFreq(100, 6), -1)
 		}},
+		{"rope scaled", [][2]int{mat(2, 8)}, func(t *HostTape, in []*HVar) *HVar {
+			return t.RopeScaled(in[0], 8, []int{2, 9}, RopeInvFreq(50, 4), 1, 1.3)
+		}},
 		{"sigmoid", [][2]int{mat(2, 3)}, func(t *HostTape, in []*HVar) *HVar { return t.Sigmoid(in[0], 2, 0.5) }},
 		{"sqrt softplus", [][2]int{mat(2, 3)}, func(t *HostTape, in []*HVar) *HVar { return t.SqrtSoftplus(in[0]) }},
 		{"scale shift", [][2]int{mat(2, 4), mat(1, 2), mat(1, 4)}, func(t *HostTape, in []*HVar) *HVar {
