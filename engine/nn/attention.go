@@ -201,16 +201,8 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, wrap(a.Name+" shared keys and values", err)
 		}
 	}
-	if c.out, err = p.out(p.N, a.NH*a.HD); err != nil {
-		return T{}, wrap(a.Name, err)
-	}
-	if c.lse, err = p.outF32(p.N, a.NH); err != nil {
-		return T{}, wrap(a.Name, err)
-	}
-	if err = p.B.Attention(backend.AttentionArgs{
-		AttentionShape: a.shape(p), Out: c.out, LSE: c.lse, Q: c.q, K: c.kAll, V: c.vAll,
-	}); err != nil {
-		return T{}, wrap(a.Name, err)
+	if err = a.attend(p); err != nil {
+		return T{}, err
 	}
 	if !a.Sinks.IsNil() {
 		if err = p.B.AttentionSinks(c.out, c.lse, a.Sinks); err != nil {
@@ -218,6 +210,24 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 		}
 	}
 	return a.project(p, x)
+}
+
+// attend runs the fused attention of the cached c.q over c.kAll and c.vAll into new c.out and
+// its log-sum-exp c.lse (kept for the backward).
+func (a *Attention) attend(p *Pass) (err error) {
+	c := &a.c
+	if c.out, err = p.out(p.N, a.NH*a.HD); err != nil {
+		return wrap(a.Name, err)
+	}
+	if c.lse, err = p.outF32(p.N, a.NH); err != nil {
+		return wrap(a.Name, err)
+	}
+	if err = p.B.Attention(backend.AttentionArgs{
+		AttentionShape: a.shape(p), Out: c.out, LSE: c.lse, Q: c.q, K: c.kAll, V: c.vAll,
+	}); err != nil {
+		return wrap(a.Name, err)
+	}
+	return nil
 }
 
 // project returns O of the attention output c.out, gated first by the output gate (OutGate) or

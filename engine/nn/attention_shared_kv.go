@@ -139,16 +139,8 @@ func (a *Attention) forwardShared(p *Pass, x T, keep bool) (y T, err error) {
 		}
 		return a.O.Forward(p, c.out)
 	}
-	if c.out, err = p.out(p.N, a.NH*a.HD); err != nil {
-		return T{}, wrap(a.Name, err)
-	}
-	if c.lse, err = p.outF32(p.N, a.NH); err != nil {
-		return T{}, wrap(a.Name, err)
-	}
-	if err = p.B.Attention(backend.AttentionArgs{
-		AttentionShape: a.shape(p), Out: c.out, LSE: c.lse, Q: c.q, K: c.kAll, V: c.vAll,
-	}); err != nil {
-		return T{}, wrap(a.Name, err)
+	if err = a.attend(p); err != nil {
+		return T{}, err
 	}
 	return a.O.Forward(p, c.out)
 }
