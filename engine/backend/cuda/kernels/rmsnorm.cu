@@ -186,6 +186,28 @@ extern "C" __global__ void add_rmsnorm_fwd_bf16x8(rn_bf8* resid_out, rn_bf8* out
 // expressions); only the summation order differs. C/8 <= blockDim.x * RN_ROW_V.
 #define RN_ROW_V 8
 
+// rn_row_store finishes a block's row of the _row kernels: the block sum of ss (this thread's
+// sum of squares) gives the row's 1/rms, stored in rstd; then out = v * rstd * w for this
+// thread's vectors of the row.
+__device__ __forceinline__ void rn_row_store(rn_bf8* out, float* rstd, const rn_bf8 (&v)[RN_ROW_V], const rn_bf8* w,
+                                             float ss, float* scratch, int C, float eps) {
+    int C8 = C >> 3;
+    long long base = (long long)blockIdx.x * C8;
+    ss = block_sum(ss, scratch);
+    float r = rsqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+#pragma unroll
+    for (int i = 0; i < RN_ROW_V; i++) {
+        int k = threadIdx.x + i * blockDim.x;
+        if (k >= C8) break;
+        rn_bf8 wv = w[k], o;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            o.u[j] = rn_pack(rn_at(v[i], 2 * j) * r * rn_at(wv, 2 * j), rn_at(v[i], 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
+        out[base + k] = o;
+    }
+}
+
 extern "C" __global__ void rmsnorm_fwd_bf16x8_row(rn_bf8* out, float* rstd, const rn_bf8* x, const rn_bf8* w,
                                                   int C, float eps) {
     __shared__ float scratch[32];
@@ -206,19 +228,7 @@ extern "C" __global__ void rmsnorm_fwd_bf16x8_row(rn_bf8* out, float* rstd, cons
             float f = rn_at(v[i], j);  // zero past the row
             ss += f * f;
         }
-    ss = block_sum(ss, scratch);
-    float r = rsqrtf(ss / (float)C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-#pragma unroll
-    for (int i = 0; i < RN_ROW_V; i++) {
-        int k = threadIdx.x + i * blockDim.x;
-        if (k >= C8) break;
-        rn_bf8 wv = w[k], o;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            o.u[j] = rn_pack(rn_at(v[i], 2 * j) * r * rn_at(wv, 2 * j), rn_at(v[i], 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
-        out[base + k] = o;
-    }
+    rn_row_store(out, rstd, v, w, ss, scratch, C, eps);
 }
 
 extern "C" __global__ void add_rmsnorm_fwd_bf16x8_row(rn_bf8* resid_out, rn_bf8* out, float* rstd, const rn_bf8* x,
@@ -255,19 +265,7 @@ extern "C" __global__ void add_rmsnorm_fwd_bf16x8_row(rn_bf8* resid_out, rn_bf8*
         int k = threadIdx.x + i * blockDim.x;
         if (k < C8) resid_out[base + k] = a[i];
     }
-    ss = block_sum(ss, scratch);
-    float r = rsqrtf(ss / (float)C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-#pragma unroll
-    for (int i = 0; i < RN_ROW_V; i++) {
-        int k = threadIdx.x + i * blockDim.x;
-        if (k >= C8) break;
-        rn_bf8 wv = w[k], o;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            o.u[j] = rn_pack(rn_at(a[i], 2 * j) * r * rn_at(wv, 2 * j), rn_at(a[i], 2 * j + 1) * r * rn_at(wv, 2 * j + 1));
-        out[base + k] = o;
-    }
+    rn_row_store(out, rstd, a, w, ss, scratch, C, eps);
 }
 
 // Row groups stride over the rows. Each lane keeps its columns' dw partial sums in registers; at
