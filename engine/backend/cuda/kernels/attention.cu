@@ -225,6 +225,28 @@ extern "C" __global__ void attn_bwd_dq(void* dq, const void* q, const void* k, c
     }
 }
 
+// dkv_key_row sets up key row j (global index) of the dK/dV kernels: [*lo, *hi] are the query
+// rows that attend to it (from j to the end of its document, or to j + window - 1), empty
+// (lo > hi) past N; the row's K and V of group g go to kr and vr ([HD] each, this warp's lanes).
+__device__ __forceinline__ void dkv_key_row(const void* k, const void* v, int dt, const int* cu, int D, long long N,
+                                            long long j, long long kstride, int g, int HD, int window, float* kr,
+                                            float* vr, int lane, int* lo, int* hi) {
+    *lo = 0x7fffffff;
+    *hi = -1;
+    if (j >= N) return;
+    int d = find_doc(cu, D, j);
+    int len = cu[d + 1] - cu[d];
+    int jk = (int)(j - cu[d]);
+    int last = len - 1;
+    if (window > 0) last = min(last, jk + window - 1);
+    *lo = (int)j;
+    *hi = cu[d] + last;
+    for (int e = lane; e < HD; e += 32) {
+        kr[e] = ldf(k, dt, j * kstride + (long long)g * HD + e);
+        vr[e] = ldf(v, dt, j * kstride + (long long)g * HD + e);
+    }
+}
+
 extern "C" __global__ void attn_bwd_dkv(void* dk, void* dv, const void* q, const void* k, const void* v, const void* dout, int dt,
                                         const float* lse, const float* dvec, const int* cu, int D, long long N,
                                         int NH, int NKV, int HD, float scale, int window) {
@@ -240,20 +262,8 @@ extern "C" __global__ void attn_bwd_dkv(void* dk, void* dv, const void* q, const
     int g = blockIdx.y, G = NH / NKV;
     long long j = (long long)blockIdx.x * ROWS + warp;
     long long kstride = (long long)NKV * HD, qstride = (long long)NH * HD;
-    int lo = 0x7fffffff, hi = -1;
-    if (j < N) {
-        int d = find_doc(cu, D, j);
-        int len = cu[d + 1] - cu[d];
-        int jk = (int)(j - cu[d]);
-        int last = len - 1;
-        if (window > 0) last = min(last, jk + window - 1);
-        lo = (int)j;
-        hi = cu[d] + last;
-        for (int e = lane; e < HD; e += 32) {
-            kS[warp * HD + e] = ldf(k, dt, j * kstride + (long long)g * HD + e);
-            vS[warp * HD + e] = ldf(v, dt, j * kstride + (long long)g * HD + e);
-        }
-    }
+    int lo, hi;
+    dkv_key_row(k, v, dt, cu, D, N, j, kstride, g, HD, window, kS + warp * HD, vS + warp * HD, lane, &lo, &hi);
     int blo, bhi;
     block_range(s_lo, s_hi, lo, hi, &blo, &bhi);
     float dka[MAXD], dva[MAXD];
@@ -530,20 +540,8 @@ extern "C" __global__ void attn_bwd_dkv_wide(void* dk, void* dv, const void* q, 
     int g = blockIdx.y, G = NH / NKV;
     long long j = (long long)blockIdx.x * ROWS + warp;
     long long kstride = (long long)NKV * HD, qstride = (long long)NH * HD;
-    int lo = 0x7fffffff, hi = -1;
-    if (j < N) {
-        int d = find_doc(cu, D, j);
-        int len = cu[d + 1] - cu[d];
-        int jk = (int)(j - cu[d]);
-        int last = len - 1;
-        if (window > 0) last = min(last, jk + window - 1);
-        lo = (int)j;
-        hi = cu[d] + last;
-        for (int e = lane; e < HD; e += 32) {
-            kS[warp * HD + e] = ldf(k, dt, j * kstride + (long long)g * HD + e);
-            vS[warp * HD + e] = ldf(v, dt, j * kstride + (long long)g * HD + e);
-        }
-    }
+    int lo, hi;
+    dkv_key_row(k, v, dt, cu, D, N, j, kstride, g, HD, window, kS + warp * HD, vS + warp * HD, lane, &lo, &hi);
     int blo, bhi;
     block_range(s_lo, s_hi, lo, hi, &blo, &bhi);
     float dka[WMAXD], dva[WMAXD];
