@@ -485,3 +485,27 @@ func DecodeAttentionCost(a DecodeAttentionArgs, pairs int64) Cost {
 func SampleTokensCost(a SampleArgs) Cost {
 	return Cost{FLOPs: elems(a.Logits), Bytes: sizes(a.Logits, a.Out, a.Bad), Class: profilekeys.ClassOther}
 }
+
+// ShortConvCost is Optional.ShortConv (class other): 2 FLOPs per tap and 2 for the gates per
+// element of Conv; BCX, W, Bias and the positions read, Conv and Gated written.
+func ShortConvCost(a ShortConvArgs) Cost {
+	l := int64(0)
+	if n := elems(a.Conv); n > 0 && a.Conv.Rank() == 2 {
+		l = elems(a.W) / int64(max(a.Conv.Dim(1), 1))
+	}
+	return Cost{FLOPs: elems(a.Conv) * (2*l + 2), Bytes: sizes(a.BCX, a.W, a.Bias, a.Positions, a.Conv, a.Gated),
+		Class: profilekeys.ClassOther}
+}
+
+// ShortConvBackwardCost is Optional.ShortConvBackward (class other): 6 FLOPs per tap (the
+// input, filter and recomputed-input products) and 4 for the gates per element of DGated;
+// DGated, BCX, W, the positions and Conv read, DBCX written, GW and GBias read and written.
+func ShortConvBackwardCost(a ShortConvBackwardArgs) Cost {
+	l := int64(0)
+	if n := elems(a.DGated); n > 0 && a.DGated.Rank() == 2 {
+		l = elems(a.W) / int64(max(a.DGated.Dim(1), 1))
+	}
+	return Cost{FLOPs: elems(a.DGated) * (6*l + 4),
+		Bytes: sizes(a.DGated, a.BCX, a.W, a.Positions, a.Conv, a.DBCX) + 2*sizes(a.GW, a.GBias),
+		Class: profilekeys.ClassOther}
+}

@@ -95,6 +95,16 @@ type Optional struct {
 	// Attention with separate key boundaries.
 	DecodeAttention func(a DecodeAttentionArgs) error
 
+	// ShortConv and ShortConvBackward run the gated causal depthwise convolution of a
+	// short-convolution layer on the device, forward and backward (ShortConvArgs in
+	// shortconv.go), documents kept apart by the token positions. The CPU and CUDA backends
+	// have them.
+	//
+	// Fallback: the host computation of engine/nn's ShortConv (the input projection's rows
+	// downloaded, convolved and gated on the host, the result uploaded).
+	ShortConv         func(a ShortConvArgs) error
+	ShortConvBackward func(a ShortConvBackwardArgs) error
+
 	// SampleTokens draws one token per row of logits on the device: greedy, or with
 	// temperature, top-k and top-p from a counter-based stream (SampleArgs in decode.go). The
 	// CPU and CUDA backends have it.

@@ -13,7 +13,8 @@
 // (Granite) and an output scale (Gemma 4's layer_scalar); attention may skip RoPE (NoPE layers),
 // rotate interleaved pairs (GLM), take its own score scale, normalise its values and take them
 // from the key projection (Gemma 4), or give way to LFM2's gated short convolution (ShortConv,
-// whose gating and causal depthwise convolution run on the host between device projections),
+// whose gating and causal depthwise convolution run in the backend's ShortConv op where it has
+// one, on the host otherwise and when decoding),
 // or attend over an earlier layer's keys and values (SharedKV: Gemma 4's shared KV layers). A
 // Block may end with Gemma 4's per-layer input stage (PerLayerInput) and take, in place of its
 // MLP, Gemma 4's mixture of GeGLU experts beside the MLP (MoEBesideMLP, routed on the host).

@@ -23,14 +23,16 @@ import (
 // document).
 //
 // The projections run on the backend. The gating and the convolution between them run on the
-// host over downloaded rows (the backend contract has no convolution op): every backend
-// computes the block, at the cost of one download and one upload of [N, 3C] and [N, C] per
-// pass in each direction (a CPU backend's copies are memory copies). Values are computed in
-// float32 and rounded to the pass dtype where transformers rounds them (bx and C * conv).
+// backend too where it has Optional.ShortConv and ShortConvBackward (the CPU and CUDA
+// backends; engine/backend/shortconv.go), for every pass but a decoding one. Otherwise, and when
+// decoding, they run on the host over downloaded rows, at the cost of one download and one
+// upload of [N, 3C] and [N, C] per pass in each direction. Values are computed in float32 and
+// rounded to the pass dtype where transformers rounds them (bx, conv and C * conv).
 //
 // Gradients: the projections' and the adapter's as Linear's (+=); GW [C, 1, L] and GBias [C]
-// += (downloaded, added to and uploaded: they are small). Cached for backward (keep): x (not
-// owned), the gated input C * conv on the device, and on the host B, C, x, bx and conv.
+// +=. Cached for backward (keep): x (not owned) and the gated input C * conv on the device;
+// with the backend op also in_proj's output [N, 3C] and conv [N, C] on the device, on the host
+// path B, C, x, bx and conv on the host.
 //
 // Decoding: with Pass.Cache the layer's KVCache K [MaxLen, C] holds bx of every cached token,
 // laid out as attention lays out keys (appended at CacheLen, regathered by CacheGather into
@@ -51,6 +53,7 @@ type ShortConv struct {
 
 type convCache struct {
 	x, gated           T
+	bcx, conv          T // the backend op's path: in_proj's output and conv, on the device
 	b, cg, xv, bx, cnv []float32
 	pos                []int32
 	live               bool
@@ -78,6 +81,9 @@ func (s *ShortConv) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	bcx, err := s.InProj.Forward(p, x)
 	if err != nil {
 		return T{}, err
+	}
+	if s.onDevice(p) {
+		return s.forwardDevice(p, bcx)
 	}
 	host, err := backend.ToFloat32(p.B, bcx)
 	_ = free(p.B, &bcx)
@@ -267,6 +273,9 @@ func (s *ShortConv) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, wrap(s.Name, err)
 	}
 	err = s.OutProj.Backward(p, dg, dy, c.gated, false)
+	if !c.bcx.IsNil() {
+		return s.backwardDevice(p, dg, err)
+	}
 	var dgh []float32
 	if err == nil {
 		dgh, err = backend.ToFloat32(p.B, dg)
@@ -356,8 +365,64 @@ func (s *ShortConv) accumulate(p *Pass, t T, g []float64) error {
 	return wrap(s.Name+" conv grad", p.B.Upload(t, raw))
 }
 
+// onDevice reports whether the pass takes the backend's short-convolution op: it has one and
+// the pass does not decode (the decoding history lives in the KV cache, read on the host).
+func (s *ShortConv) onDevice(p *Pass) bool {
+	o := p.B.Optional()
+	return o.ShortConv != nil && o.ShortConvBackward != nil && p.Cache == nil
+}
+
+// forwardDevice is Forward's convolution and gating through Optional.ShortConv; it owns bcx.
+func (s *ShortConv) forwardDevice(p *Pass, bcx T) (T, error) {
+	c := &s.c
+	c.bcx = bcx
+	var err error
+	if c.conv, err = p.out(p.N, s.C); err != nil {
+		return T{}, wrap(s.Name, err)
+	}
+	if c.gated, err = p.out(p.N, s.C); err != nil {
+		return T{}, wrap(s.Name, err)
+	}
+	if err := p.B.Optional().ShortConv(backend.ShortConvArgs{BCX: bcx, W: s.W, Bias: s.Bias,
+		Positions: p.Positions, Conv: c.conv, Gated: c.gated}); err != nil {
+		return T{}, wrap(s.Name, err)
+	}
+	return s.OutProj.Forward(p, c.gated)
+}
+
+// backwardDevice is Backward after out_proj (whose error is err) through
+// Optional.ShortConvBackward; it frees dg.
+func (s *ShortConv) backwardDevice(p *Pass, dg T, err error) (dx T, _ error) {
+	c := &s.c
+	defer func() { _ = free(p.B, &dg) }()
+	if err != nil {
+		return T{}, err
+	}
+	d, err := p.out(p.N, 3*s.C)
+	if err != nil {
+		return T{}, wrap(s.Name, err)
+	}
+	defer func() { _ = free(p.B, &d) }()
+	var gbias T
+	if !s.Bias.IsNil() {
+		gbias = s.GBias
+	}
+	if err := p.B.Optional().ShortConvBackward(backend.ShortConvBackwardArgs{DGated: dg, BCX: c.bcx, W: s.W,
+		Positions: p.Positions, Conv: c.conv, DBCX: d, GW: s.GW, GBias: gbias}); err != nil {
+		return T{}, wrap(s.Name, err)
+	}
+	if dx, err = p.out(c.x.Shape()...); err != nil {
+		return T{}, wrap(s.Name, err)
+	}
+	if err = s.InProj.Backward(p, dx, d, c.x, false); err != nil {
+		_ = free(p.B, &dx)
+		return T{}, err
+	}
+	return dx, nil
+}
+
 // Release frees the cached activations without a backward.
 func (s *ShortConv) Release(p *Pass) {
-	_ = free(p.B, &s.c.gated)
+	_ = free(p.B, &s.c.gated, &s.c.bcx, &s.c.conv)
 	s.c = convCache{}
 }

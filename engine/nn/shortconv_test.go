@@ -4,6 +4,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
 func newShortConv(e *env, c, l int, bias bool) *ShortConv {
@@ -245,5 +247,87 @@ func TestBlockOutScale(t *testing.T) {
 		l.bwd = func(p *Pass, _ T, dy T) (T, error) { return b.Backward(p, dy) }
 		l.param, l.grad = append(l.param, b.Norm1.W, m.Down.W), append(l.grad, b.Norm1.GW, m.Down.GW)
 		checkGradients(t, e, p, x, l)
+	}
+}
+
+// noShortConv is a backend without the short-convolution op, to exercise the host path.
+type noShortConv struct{ backend.Backend }
+
+func (u noShortConv) Optional() backend.Optional {
+	o := u.Backend.Optional()
+	o.ShortConv, o.ShortConvBackward = nil, nil
+	return o
+}
+
+// TestShortConvBackendOpMatchesHost runs the layer forward and backward through the backend's
+// ShortConv op and through the host path (the same backend without it) and compares y, dx and
+// every gradient, over packed documents shorter and longer than the filter, with and without
+// biases, with a frozen filter.
+func TestShortConvBackendOpMatchesHost(t *testing.T) {
+	const C = 5
+	for _, tc := range []struct {
+		name         string
+		l            int
+		bias, frozen bool
+		lens         []int
+	}{
+		{"three taps with biases", 3, true, false, []int{5, 1, 7}},
+		{"four taps", 4, false, false, []int{2, 9, 3}},
+		{"frozen filter", 3, true, true, []int{6, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			s := newShortConv(e, C, tc.l, tc.bias)
+			if tc.frozen {
+				s.GW = T{}
+			}
+			x, dy := e.randn(1, 15, C), e.randn(1, 15, C)
+			run := func(b backend.Backend) map[string][]float32 {
+				p := e.pass(tc.lens, 4)
+				p.B = b
+				xs, err := x.Rows(0, p.N)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dys, err := dy.Rows(0, p.N)
+				if err != nil {
+					t.Fatal(err)
+				}
+				grads := map[string]T{"in_proj.GW": s.InProj.GW, "out_proj.GW": s.OutProj.GW, "GW": s.GW, "GBias": s.GBias}
+				for _, g := range grads {
+					if !g.IsNil() {
+						e.set(g, make([]float32, g.Numel()))
+					}
+				}
+				y, err := s.Forward(p, xs, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dx, err := s.Backward(p, dys)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := map[string][]float32{"y": e.get(y), "dx": e.get(dx)}
+				for name, g := range grads {
+					if !g.IsNil() {
+						out[name] = e.get(g)
+					}
+				}
+				return out
+			}
+			dev, host := run(e.b), run(noShortConv{e.b})
+			if len(dev) != len(host) {
+				t.Fatalf("the op path gave %d outputs, the host path %d", len(dev), len(host))
+			}
+			for name, want := range host {
+				got := dev[name]
+				for i := range want {
+					if math.Abs(float64(got[i]-want[i])) > 1e-5*(1+math.Abs(float64(want[i]))) {
+						t.Errorf("%s[%d]: op %g, host %g", name, i, got[i], want[i])
+						break
+					}
+				}
+			}
+		})
 	}
 }

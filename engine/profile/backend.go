@@ -442,6 +442,24 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			return b.end(s, f(a), "Dropout", backend.DropoutCost(a), a.Out)
 		}
 	}
+	if f := in.ShortConv; f != nil {
+		out.ShortConv = func(a backend.ShortConvArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "ShortConv", backend.ShortConvCost(a), a.Gated)
+		}
+	}
+	if f := in.ShortConvBackward; f != nil {
+		out.ShortConvBackward = func(a backend.ShortConvBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "ShortConvBackward", backend.ShortConvBackwardCost(a), a.DBCX)
+		}
+	}
 	if f := in.DecodeAttention; f != nil {
 		out.DecodeAttention = func(a backend.DecodeAttentionArgs) error {
 			if b.rec.mode.Load() == 0 {

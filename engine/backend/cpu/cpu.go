@@ -87,6 +87,7 @@ func (b *Backend) Optional() backend.Optional {
 		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
 		DequantNF4: b.DequantNF4, Dropout: b.Dropout,
+		ShortConv: b.ShortConv, ShortConvBackward: b.ShortConvBackward,
 		DecodeAttention: b.DecodeAttention, SampleTokens: b.SampleTokens,
 	}
 }

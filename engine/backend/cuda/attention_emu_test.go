@@ -22,6 +22,11 @@ import (
 //go:embed testdata/hostemu/emu.h testdata/hostemu/attention_check.cc
 var hostEmu embed.FS
 
+// shortConvEmu holds the host emulation of shortconv.cu (TestShortConvKernelsOnHost).
+//
+//go:embed testdata/hostemu/emu.h testdata/hostemu/shortconv_check.cc
+var shortConvEmu embed.FS
+
 // hostEmuTol bounds max |err| / rms(ref) of the fp32 kernels against the float64 reference:
 // the worst measured is about 1e-5 (sums over 512 head dims and 150 keys), a wrong mask, chunk
 // or reduction is of order 1.

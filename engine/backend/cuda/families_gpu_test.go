@@ -68,8 +68,8 @@ var familyCases = []struct {
 		"global_head_dim=24", "hidden_size_per_layer_input=8", "num_kv_shared_layers=2", "use_double_wide_mlp=true",
 		"enable_moe_block=true", "num_experts=4", "top_k_experts=2", "moe_intermediate_size=24",
 		"final_logit_softcapping=3.0", "sliding_window=5"}, true},
-	// LFM2-MoE: short-convolution layers (their gating and convolution run on the host between
-	// the device projections) around an attention layer, the sigmoid router with expert_bias.
+	// LFM2-MoE: short-convolution layers (their gating and convolution in kernels/shortconv.cu
+	// between the projections) around an attention layer, the sigmoid router with expert_bias.
 	{"lfm2_moe_conv", "lfm2_moe", []string{"routed_scaling_factor=1.5"}, true},
 	// MiniMax-M2: projection-wide q/k norms, sigmoid routing with a correction bias.
 	{"minimax_m2", "minimax_m2", nil, true},

@@ -1,5 +1,6 @@
-// emu.h: the CUDA built-ins that kernels/attention.cu uses, for running its kernels as host
-// C++ (TestAttentionKernelsOnHost). A block's threads are fibers on one OS thread;
+// emu.h: the CUDA built-ins that kernels/attention.cu and kernels/shortconv.cu use, for running
+// their kernels as host C++ (TestAttentionKernelsOnHost, TestShortConvKernelsOnHost). A block's
+// threads are fibers on one OS thread;
 // __syncthreads and each warp shuffle are barriers at which a fiber yields until every
 // participant has arrived, so a barrier reached by only some of its threads never completes
 // (the run hangs and the test's timeout reports it). The test prepends
@@ -66,5 +67,7 @@ inline float __int_as_float(int i) {
     memcpy(&f, &i, 4);
     return f;
 }
+// __fmul_rn is a product rounded once, which keeps nvcc from contracting it into a multiply-add.
+inline float __fmul_rn(float a, float b) { return a * b; }
 using std::max;
 using std::min;
