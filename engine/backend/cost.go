@@ -509,3 +509,21 @@ func ShortConvBackwardCost(a ShortConvBackwardArgs) Cost {
 		Bytes: sizes(a.DGated, a.BCX, a.W, a.Positions, a.Conv, a.DBCX) + 2*sizes(a.GW, a.GBias),
 		Class: profilekeys.ClassOther}
 }
+
+// GatedDeltaCost is Optional.GatedDelta (class attention): 6·KD FLOPs per value element and
+// token (the decay, the memory read, the update and the output); the inputs read, Out and
+// States written.
+func GatedDeltaCost(a GatedDeltaArgs) Cost {
+	return Cost{FLOPs: 6 * int64(a.KD) * elems(a.Out), Bytes: sizes(a.Q, a.K, a.V, a.Beta, a.G, a.Out, a.States),
+		Class: profilekeys.ClassAttention}
+}
+
+// GatedDeltaBackwardCost is Optional.GatedDeltaBackward (class attention): the recomputed
+// states of each stretch (Chunk/2 steps per token on average) and 14·KD FLOPs per value element
+// and token for the step's gradients; the inputs, States and DOut read, the gradients written.
+func GatedDeltaBackwardCost(a GatedDeltaBackwardArgs) Cost {
+	per := int64(14+3*max(a.Chunk, 1)) * int64(a.KD)
+	return Cost{FLOPs: per * elems(a.DOut),
+		Bytes: sizes(a.Q, a.K, a.V, a.Beta, a.G, a.States, a.DOut, a.DQ, a.DK, a.DV, a.DBeta, a.DG),
+		Class: profilekeys.ClassAttention}
+}

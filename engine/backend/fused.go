@@ -105,6 +105,14 @@ type Optional struct {
 	ShortConv         func(a ShortConvArgs) error
 	ShortConvBackward func(a ShortConvBackwardArgs) error
 
+	// GatedDelta and GatedDeltaBackward run the gated delta rule, the recurrence of the gated
+	// delta-net linear-attention layers, per document and value head on the device
+	// (GatedDeltaArgs in gated_delta.go). The CPU and CUDA backends have them.
+	//
+	// Fallback: the float64 host recurrence of engine/nn's GatedDeltaNet.
+	GatedDelta         func(a GatedDeltaArgs) error
+	GatedDeltaBackward func(a GatedDeltaBackwardArgs) error
+
 	// SampleTokens draws one token per row of logits on the device: greedy, or with
 	// temperature, top-k and top-p from a counter-based stream (SampleArgs in decode.go). The
 	// CPU and CUDA backends have it.

@@ -460,6 +460,24 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			return b.end(s, f(a), "ShortConvBackward", backend.ShortConvBackwardCost(a), a.DBCX)
 		}
 	}
+	if f := in.GatedDelta; f != nil {
+		out.GatedDelta = func(a backend.GatedDeltaArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "GatedDelta", backend.GatedDeltaCost(a), a.Out)
+		}
+	}
+	if f := in.GatedDeltaBackward; f != nil {
+		out.GatedDeltaBackward = func(a backend.GatedDeltaBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "GatedDeltaBackward", backend.GatedDeltaBackwardCost(a), a.DV)
+		}
+	}
 	if f := in.DecodeAttention; f != nil {
 		out.DecodeAttention = func(a backend.DecodeAttentionArgs) error {
 			if b.rec.mode.Load() == 0 {

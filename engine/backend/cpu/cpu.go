@@ -88,6 +88,7 @@ func (b *Backend) Optional() backend.Optional {
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
 		DequantNF4: b.DequantNF4, Dropout: b.Dropout,
 		ShortConv: b.ShortConv, ShortConvBackward: b.ShortConvBackward,
+		GatedDelta: b.GatedDelta, GatedDeltaBackward: b.GatedDeltaBackward,
 		DecodeAttention: b.DecodeAttention, SampleTokens: b.SampleTokens,
 	}
 }

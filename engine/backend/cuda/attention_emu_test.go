@@ -27,6 +27,11 @@ var hostEmu embed.FS
 //go:embed testdata/hostemu/emu.h testdata/hostemu/shortconv_check.cc
 var shortConvEmu embed.FS
 
+// gatedDeltaEmu holds the host emulation of gated_delta.cu (TestGatedDeltaKernelsOnHost).
+//
+//go:embed testdata/hostemu/emu.h testdata/hostemu/gated_delta_check.cc
+var gatedDeltaEmu embed.FS
+
 // hostEmuTol bounds max |err| / rms(ref) of the fp32 kernels against the float64 reference:
 // the worst measured is about 1e-5 (sums over 512 head dims and 150 keys), a wrong mask, chunk
 // or reduction is of order 1.

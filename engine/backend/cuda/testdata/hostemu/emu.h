@@ -1,6 +1,6 @@
-// emu.h: the CUDA built-ins that kernels/attention.cu and kernels/shortconv.cu use, for running
-// their kernels as host C++ (TestAttentionKernelsOnHost, TestShortConvKernelsOnHost). A block's
-// threads are fibers on one OS thread;
+// emu.h: the CUDA built-ins that kernels/attention.cu, shortconv.cu and gated_delta.cu use, for
+// running their kernels as host C++ (TestAttentionKernelsOnHost, TestShortConvKernelsOnHost,
+// TestGatedDeltaKernelsOnHost). A block's threads are fibers on one OS thread;
 // __syncthreads and each warp shuffle are barriers at which a fiber yields until every
 // participant has arrived, so a barrier reached by only some of its threads never completes
 // (the run hangs and the test's timeout reports it). The test prepends
@@ -69,5 +69,11 @@ inline float __int_as_float(int i) {
 }
 // __fmul_rn is a product rounded once, which keeps nvcc from contracting it into a multiply-add.
 inline float __fmul_rn(float a, float b) { return a * b; }
+// atomicAdd: the host runs one thread at a time, so a plain addition is atomic.
+inline float atomicAdd(float* p, float v) {
+    float old = *p;
+    *p = old + v;
+    return old;
+}
 using std::max;
 using std::min;
