@@ -28,7 +28,8 @@ import (
 // The (+=) outputs let a device sum the columns of a state with atomic additions; callers zero
 // them first for "=".
 //
-// Fallback (nil members): the float64 host recurrence of engine/nn's GatedDeltaNet.
+// Fallback (nil members): the float64 host recurrence of engine/nn's GatedDeltaNet, which
+// takes the op for every pass but a decoding one.
 
 // GatedDeltaArgs are the operands of Optional.GatedDelta.
 type GatedDeltaArgs struct {

@@ -2,8 +2,9 @@
 // methods over packed token rows: linear, embedding, RMSNorm, rotary attention with grouped
 // query heads, multi-head latent attention (MLA: DeepSeek-V3's low-rank query and key/value
 // projections with a shared rotary key, run through the same attention op), gated delta-net
-// linear attention (Qwen3-Next's causal conv and gated delta rule, on the host) and a sigmoid
-// output gate on attention, the SwiGLU MLP,
+// linear attention (Qwen3-Next's causal conv and gated norm on the host, its gated delta rule in
+// the backend's GatedDelta op where it has one) and a sigmoid output gate on attention, the
+// SwiGLU MLP,
 // the sparse mixture-of-experts block (softmax top-k router, or DeepSeek's sigmoid router with
 // a correction bias, expert groups and shared experts; SwiGLU experts, transformers'
 // load-balancing loss; on the device with grouped GEMMs where the backend has the MoE ops, else

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // GatedDeltaNet is the linear-attention token mixer of Qwen3-Next and Qwen3.5 (transformers'
@@ -27,16 +28,19 @@ import (
 //	y = Out(rms(o)·NormW·silu(z))     rms over each head's VD values (eps Eps), no 1 + w offset
 //
 // The recurrence is the plain one of transformers' torch_recurrent_gated_delta_rule; the
-// chunked form transformers runs on a whole sequence computes the same values. The conv,
-// recurrence and gated norm run on the host in float64 (the projections run on the backend),
-// so every backend runs the layer through Download and Upload; the recurrence of the key
-// heads' groups of value heads runs on up to GOMAXPROCS goroutines.
+// chunked form transformers runs on a whole sequence computes the same values. The conv and
+// gated norm run on the host in float64 (the projections run on the backend), so every backend
+// runs the layer through Download and Upload. The recurrence runs in the backend's GatedDelta
+// op where it has one (the CPU and CUDA backends; engine/backend/gated_delta.go), with q̂, k̂, v,
+// β and g uploaded as F32 and o downloaded, for every pass but a decoding one; otherwise it
+// runs here in float64, the key heads' groups of value heads on up to GOMAXPROCS goroutines.
 //
 // Gradients: Conv, DtBias, ALog and NormW accumulate (+=) into GConv, GDtBias, GALog and
 // GNormW; the projections' gradients accumulate through Linear.Backward. Cached for backward
 // (host float64): the conv input and pre-activation, z, β, g, the normalised q̂ and k̂ with their
-// inverse norms, v, the state S at the start of every stateChunk tokens of each document, the
-// recurrence output o and its rms; the layer input x is not owned. The states inside a chunk
+// inverse norms, v, the state S at the start of every stateChunk tokens of each document (with
+// the backend op: on the device, in F32), the recurrence output o and its rms; the layer input
+// x is not owned. The states inside a chunk
 // are recomputed in backward from the chunk's first one, so the cache holds N/stateChunk
 // states per head, never N.
 type GatedDeltaNet struct {
@@ -70,15 +74,18 @@ type LinearState struct {
 const stateChunk = 64
 
 type gdnCache struct {
-	live                bool
-	x                   T
-	docs                []int32             // document boundaries (CuSeqlens)
-	mixed, pre          []float64           // conv input and pre-activation [N,D]
-	z, beta, g, ga      []float64           // z [N,VH·VD]; β, g and a + dt_bias [N,VH]
-	q, k, v             []float64           // q̂ and k̂ [N,KH,KD], v [N,VH,VD]
-	qInv, kInv          []float64           // [N,KH] inverse l2 norms
-	o, rs               []float64           // o [N,VH,VD], rs [N,VH] inverse rms
-	states              []map[int][]float64 // per value head: S before token t, every stateChunk tokens
+	live           bool
+	x              T
+	docs           []int32             // document boundaries (CuSeqlens)
+	mixed, pre     []float64           // conv input and pre-activation [N,D]
+	z, beta, g, ga []float64           // z [N,VH·VD]; β, g and a + dt_bias [N,VH]
+	q, k, v        []float64           // q̂ and k̂ [N,KH,KD], v [N,VH,VD]
+	qInv, kInv     []float64           // [N,KH] inverse l2 norms
+	o, rs          []float64           // o [N,VH,VD], rs [N,VH] inverse rms
+	states         []map[int][]float64 // per value head: S before token t, every stateChunk tokens
+	// dev: the recurrence ran in the backend op, whose kept states are devStates (device F32).
+	dev                 bool
+	devStates           T
 	conv, dt, aLog, nrm []float64
 	// Decoding only: per document of the pass, the state it continues (nil: a new row) and
 	// the recurrent states after its last token.
@@ -140,7 +147,10 @@ func (l *GatedDeltaNet) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, err
 		}
 	}
-	core := l.mix()
+	core, err := l.mix(p, keep)
+	if err != nil {
+		return T{}, err
+	}
 	if st != nil {
 		l.suspend(st)
 	}
@@ -287,7 +297,7 @@ func softplus(x float64) float64 {
 
 // mix runs the conv, the gates, the recurrence and the gated norm from the cached projections
 // and returns the normed, gated output [N, VH·VD].
-func (l *GatedDeltaNet) mix() []float32 {
+func (l *GatedDeltaNet) mix(p *Pass, keep bool) ([]float32, error) {
 	c := &l.c
 	n, d := len(c.mixed)/l.convDim(), l.convDim()
 	// Causal depthwise conv per document, then silu. A decoded document's inputs before its
@@ -353,23 +363,17 @@ func (l *GatedDeltaNet) mix() []float32 {
 		}
 		copy(c.v[t*l.VH*l.VD:(t+1)*l.VH*l.VD], row[2*kd:])
 	}
-	// The recurrence, per document and value head; the groups of value heads that share a key
-	// head run in parallel (they write disjoint outputs).
+	// The recurrence, per document and value head: the backend's op where it has one (not
+	// when decoding), else here, where the groups of value heads that share a key head run in
+	// parallel (they write disjoint outputs).
 	vdAll := l.VH * l.VD
-	c.o = make([]float64, n*vdAll)
-	c.states = make([]map[int][]float64, l.VH)
-	r := l.VH / l.KH
-	parallelFor(l.KH, func(kh int) {
-		for h := kh * r; h < (kh+1)*r; h++ {
-			c.states[h] = map[int][]float64{}
+	if l.onDevice(p) {
+		if err := l.recurDevice(p, keep); err != nil {
+			return nil, err
 		}
-		for di := 0; di+1 < len(c.docs); di++ {
-			lo, hi := int(c.docs[di]), int(c.docs[di+1])
-			for h := kh * r; h < (kh+1)*r; h++ {
-				l.forwardHead(di, lo, hi, h)
-			}
-		}
-	})
+	} else {
+		l.recurHost()
+	}
 	// Gated RMSNorm per head.
 	out := make([]float32, n*vdAll)
 	c.rs = make([]float64, n*l.VH)
@@ -388,7 +392,127 @@ func (l *GatedDeltaNet) mix() []float32 {
 			}
 		}
 	}
-	return out
+	return out, nil
+}
+
+// recurHost runs the recurrence on the host: the outputs o and the states kept for backward.
+func (l *GatedDeltaNet) recurHost() {
+	c := &l.c
+	n := len(c.mixed) / l.convDim()
+	c.o = make([]float64, n*l.VH*l.VD)
+	c.states = make([]map[int][]float64, l.VH)
+	r := l.VH / l.KH
+	parallelFor(l.KH, func(kh int) {
+		for h := kh * r; h < (kh+1)*r; h++ {
+			c.states[h] = map[int][]float64{}
+		}
+		for di := 0; di+1 < len(c.docs); di++ {
+			lo, hi := int(c.docs[di]), int(c.docs[di+1])
+			for h := kh * r; h < (kh+1)*r; h++ {
+				l.forwardHead(di, lo, hi, h)
+			}
+		}
+	})
+}
+
+// onDevice reports whether the recurrence runs in the backend's GatedDelta op: it has one and
+// the pass does not decode (a decoded row's state lives on the host).
+func (l *GatedDeltaNet) onDevice(p *Pass) bool {
+	o := p.B.Optional()
+	return o.GatedDelta != nil && o.GatedDeltaBackward != nil && p.Cache == nil
+}
+
+// gdInputs uploads q̂, k̂, v, β and g as F32 for the backend op; free releases them.
+func (l *GatedDeltaNet) gdInputs(p *Pass) (ts [5]T, release func(), err error) {
+	c, n := &l.c, p.N
+	release = func() {
+		for i := range ts {
+			_ = free(p.B, &ts[i])
+		}
+	}
+	for i, x := range []struct {
+		v    []float64
+		cols int
+	}{{c.q, l.KH * l.KD}, {c.k, l.KH * l.KD}, {c.v, l.VH * l.VD}, {c.beta, l.VH}, {c.g, l.VH}} {
+		if ts[i], err = backend.FromFloat32(p.B, narrow(x.v), tensor.F32, n, x.cols); err != nil {
+			release()
+			return ts, nil, wrap(l.Name, err)
+		}
+	}
+	return ts, release, nil
+}
+
+// recurDevice runs the recurrence through Optional.GatedDelta: the outputs o come back to the
+// host; with keep the states before every stateChunk-th token stay on the device for Backward.
+func (l *GatedDeltaNet) recurDevice(p *Pass, keep bool) error {
+	c, n := &l.c, p.N
+	in, freeIn, err := l.gdInputs(p)
+	if err != nil {
+		return err
+	}
+	defer freeIn()
+	out, err := p.B.Empty(tensor.F32, n, l.VH*l.VD)
+	if err != nil {
+		return wrap(l.Name, err)
+	}
+	defer func() { _ = free(p.B, &out) }()
+	if keep {
+		if c.devStates, err = p.B.Empty(tensor.F32, (n+stateChunk-1)/stateChunk, l.VH, l.KD, l.VD); err != nil {
+			return wrap(l.Name, err)
+		}
+	}
+	if err := p.B.Optional().GatedDelta(backend.GatedDeltaArgs{Q: in[0], K: in[1], V: in[2], Beta: in[3], G: in[4],
+		CuSeqlens: p.CuSeqlens, Out: out, States: c.devStates, Chunk: stateChunk,
+		KH: l.KH, VH: l.VH, KD: l.KD, VD: l.VD}); err != nil {
+		return wrap(l.Name, err)
+	}
+	o, err := backend.ToFloat32(p.B, out)
+	if err != nil {
+		return wrap(l.Name, err)
+	}
+	c.o, c.dev = widen(o), true
+	return nil
+}
+
+// recurDeviceBackward is the recurrence's backward through Optional.GatedDeltaBackward, from
+// do, into the host gradients dq, dk, dv, dbeta and dg (=).
+func (l *GatedDeltaNet) recurDeviceBackward(p *Pass, do, dq, dk, dv, dbeta, dg []float64) error {
+	c, n := &l.c, p.N
+	in, freeIn, err := l.gdInputs(p)
+	if err != nil {
+		return err
+	}
+	defer freeIn()
+	var g [6]T // dout, dq, dk, dv, dbeta, dg
+	defer func() {
+		for i := range g {
+			_ = free(p.B, &g[i])
+		}
+	}()
+	if g[0], err = backend.FromFloat32(p.B, narrow(do), tensor.F32, n, l.VH*l.VD); err != nil {
+		return wrap(l.Name, err)
+	}
+	for i, cols := range []int{l.KH * l.KD, l.KH * l.KD, l.VH * l.VD, l.VH, l.VH} {
+		if g[i+1], err = p.B.Alloc(tensor.F32, n, cols); err != nil {
+			return wrap(l.Name, err)
+		}
+	}
+	if err := p.B.Optional().GatedDeltaBackward(backend.GatedDeltaBackwardArgs{Q: in[0], K: in[1], V: in[2],
+		Beta: in[3], G: in[4], CuSeqlens: p.CuSeqlens, States: c.devStates, DOut: g[0],
+		DQ: g[1], DK: g[2], DV: g[3], DBeta: g[4], DG: g[5], Chunk: stateChunk,
+		KH: l.KH, VH: l.VH, KD: l.KD, VD: l.VD}); err != nil {
+		return wrap(l.Name, err)
+	}
+	for i, dst := range [][]float64{dq, dk, dv, dbeta, dg} {
+		v, err := backend.ToFloat32(p.B, g[i+1])
+		if err != nil {
+			return wrap(l.Name, err)
+		}
+		for j, x := range v {
+			dst[j] = float64(x)
+		}
+	}
+	return nil
 }
 
 // forwardHead runs value head h's recurrence over document di, tokens [lo, hi), keeping its
@@ -547,7 +671,15 @@ func (l *GatedDeltaNet) Backward(p *Pass, dy T) (dx T, err error) {
 	// Key-head groups in parallel: the value heads of one group add into the same dq and dk
 	// rows, so a group runs on one goroutine.
 	r := l.VH / l.KH
+	if c.dev {
+		if err := l.recurDeviceBackward(p, do, dq, dk, dv, dbeta, dg); err != nil {
+			return T{}, err
+		}
+	}
 	parallelFor(l.KH, func(kh int) {
+		if c.dev {
+			return
+		}
 		for di := 0; di+1 < len(c.docs); di++ {
 			lo, hi := int(c.docs[di]), int(c.docs[di+1])
 			for h := kh * r; h < (kh+1)*r; h++ {
@@ -843,4 +975,7 @@ func (l *GatedDeltaNet) Linears() []*Linear {
 }
 
 // Release drops the cached activations without a backward.
-func (l *GatedDeltaNet) Release(p *Pass) { l.c = gdnCache{} }
+func (l *GatedDeltaNet) Release(p *Pass) {
+	_ = free(p.B, &l.c.devStates)
+	l.c = gdnCache{}
+}

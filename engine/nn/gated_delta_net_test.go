@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
 )
 
 // gdnCase is one shape of gated delta-net under test.
@@ -455,6 +457,61 @@ func TestGatedDeltaNetDecodingContinuesRows(t *testing.T) {
 			slotted.Slots = &SlotCache{}
 			if _, err := l.Forward(slotted, e.randn(1, 1, C), false); err == nil {
 				t.Error("a slotted cache was accepted")
+			}
+		})
+	}
+}
+
+// noGatedDelta is a backend without the gated delta rule op, to exercise the host recurrence.
+type noGatedDelta struct{ backend.Backend }
+
+func (u noGatedDelta) Optional() backend.Optional {
+	o := u.Backend.Optional()
+	o.GatedDelta, o.GatedDeltaBackward = nil, nil
+	return o
+}
+
+// TestGatedDeltaNetBackendOpMatchesHost runs the layer forward and backward with its
+// recurrence in the backend's GatedDelta op and on the host (the same backend without the op)
+// and compares y, dx and every gradient, over documents that cross the kept-state stretches.
+func TestGatedDeltaNetBackendOpMatchesHost(t *testing.T) {
+	const C = 8
+	lens := []int{3, stateChunk + 9, 1, 2*stateChunk + 1}
+	for _, c := range gdnCases {
+		t.Run(c.String(), func(t *testing.T) {
+			e := newEnv(t)
+			l := newGDN(e, C, c)
+			lay := gdnLayer(l)
+			p0 := e.pass(lens, 4)
+			x, dy := e.randn(1, p0.N, C), e.randn(1, p0.N, C)
+			run := func(b backend.Backend) [][]float32 {
+				for _, g := range lay.grad {
+					e.set(g, make([]float32, g.Numel()))
+				}
+				p := e.pass(lens, 4)
+				p.B = b
+				y, err := l.Forward(p, x, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dx, err := l.Backward(p, dy)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := [][]float32{e.get(y), e.get(dx)}
+				for _, g := range lay.grad {
+					out = append(out, e.get(g))
+				}
+				return out
+			}
+			dev, host := run(e.b), run(noGatedDelta{e.b})
+			for i := range host {
+				for j := range host[i] {
+					if g, w := dev[i][j], host[i][j]; math.Abs(float64(g-w)) > 1e-4*(1+math.Abs(float64(w))) {
+						t.Errorf("output %d (0 y, 1 dx, then the gradients) [%d]: op %g, host %g", i, j, g, w)
+						break
+					}
+				}
 			}
 		})
 	}

@@ -47,7 +47,8 @@ var familyCases = []struct {
 	{"granitemoe", "granitemoe", []string{"attention_bias=true", "output_router_logits=true"}, true},
 	// HunYuan MoE: per-head q/k norms after RoPE, a shared MLP beside the experts.
 	{"hunyuan_v1_moe", "hunyuan_v1_moe", []string{"attention_bias=true"}, true},
-	// Gated delta-net layers (their conv, recurrence and gated norm run on the host) beside
+	// Gated delta-net layers (their conv and gated norm run on the host, the recurrence in
+	// kernels/gated_delta.cu) beside
 	// gated full attention with partial rotary and per-head q/k norms, experts with a gated
 	// shared expert; qwen3_next with attention biases and a dense layer, qwen3_5_moe_text with
 	// tied embeddings.
