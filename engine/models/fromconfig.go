@@ -56,7 +56,7 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if c.ResidPdrop != 0 || c.EmbdPdrop != 0 {
 		return Arch{}, fmt.Errorf("models: %s: resid_pdrop %v and embd_pdrop %v are not supported (no dropout on the residual stream or the embeddings is implemented); set them to 0 in config.json", c.ModelType, c.ResidPdrop, c.EmbdPdrop)
 	}
-	if c.RouterJitterNoise != 0 {
+	if c.RouterJitterNoise != 0 && (c.Family() == nil || !c.Family().SparseMixer) {
 		return Arch{}, fmt.Errorf("models: %s: router_jitter_noise %v is not supported (training would not match transformers); set it to 0 in config.json", c.ModelType, c.RouterJitterNoise)
 	}
 	a := Arch{
@@ -108,6 +108,9 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		}
 	}
 	a.Rope = rope(c.Rope)
+	if f := c.Family(); f != nil && f.RopeAttentionFactor != nil {
+		a.Rope.AttentionFactor = f.RopeAttentionFactor(c)
+	}
 	if a.Global.Full != nil {
 		// gemma4_text: the main table is the full layers', at their head width.
 		a.Rope.HeadDim = a.Global.HeadDim

@@ -257,7 +257,11 @@ func (m *Model) build() {
 		return l
 	}
 	norm := func(name string) nn.RMSNorm {
-		return nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps, Offset: m.Family.NormOffset}
+		n := nn.RMSNorm{Name: name, W: p(name + ".weight"), GW: g(name + ".weight"), Eps: a.NormEps, Offset: m.Family.NormOffset}
+		if a.layerNorm() {
+			n.Center, n.B, n.GB = true, p(name+".bias"), g(name+".bias")
+		}
+		return n
 	}
 	bind := &binder{lin: lin, norm: norm, param: p, grad: g, ones: m.onesOf}
 	m.embed = nn.Embedding{Name: "model.embed_tokens", W: p(nameEmbed), GW: g(nameEmbed), Scale: a.EmbedScale}
@@ -356,6 +360,9 @@ func (m *Model) build() {
 		m.head.W, m.head.GW = p(nameEmbed), g(nameEmbed)
 	default:
 		m.head.W, m.head.GW = p(nameLMHead), g(nameLMHead)
+	}
+	if a.lmHeadBias() {
+		m.head.B, m.head.GB = p(nameLMHeadBias), g(nameLMHeadBias)
 	}
 }
 

@@ -44,6 +44,13 @@ type moeFFN struct {
 	// tensors in memory where its checkpoints (and Save) use others: a checkpoint written
 	// under the in-memory names loads too (moe_weights.go). Each entry renames a prefix.
 	inMemory []rename
+	// memBlock is the block's module in transformers 5's memory when it differs from block
+	// (phimoe: mlp for the checkpoints' block_sparse_moe): names under it load through
+	// inMemory's renames, or as they are.
+	memBlock string
+	// sparseMixer: the router is the sparsemixer (nn.SparseMixer) with router_jitter_noise as
+	// its threshold.
+	sparseMixer bool
 }
 
 // rename is one name prefix under a MoE block: from (transformers' in-memory name) to (the
@@ -121,6 +128,9 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 		m.Experts[j] = nn.Expert{Gate: lin(ep + f.gate), Up: lin(ep + f.up), Down: lin(ep + f.down)}
 	}
 	m.GateUp, m.Down = stackExperts(m)
+	if f.sparseMixer {
+		m.SparseMixer = &nn.SparseMixer{Eps: c.RouterJitterNoise}
+	}
 	f.buildExtra(a, m, pre, lin)
 	return m
 }

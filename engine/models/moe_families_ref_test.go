@@ -32,6 +32,11 @@ type moeRefSpec struct {
 	renorm      bool   // the top-k weights are divided by their sum
 	// headGate scales each head's attention output by softplus(g_proj(x)) (Laguna).
 	headGate bool
+	// layerNorm: the pre-norms and the final norm are nn.LayerNorms with a bias (PhiMoE).
+	layerNorm bool
+	// sparseMixer: PhiMoE's router in eval mode, two stages of a softmax over the experts
+	// within 2*router_jitter_noise (relative) of the stage's best logit.
+	sparseMixer bool
 }
 
 var moeRefSpecs = map[string]moeRefSpec{
@@ -45,6 +50,7 @@ var moeRefSpecs = map[string]moeRefSpec{
 	"laguna": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "mlp", router: "gate",
 		gate: "gate_proj", up: "up_proj", down: "down_proj", sigmoid: true, bias: "experts.e_score_correction_bias",
 		shared: "shared_expert", renorm: true, headGate: true},
+	"phimoe": {block: "block_sparse_moe", router: "gate", gate: "w1", up: "w3", down: "w2", layerNorm: true, sparseMixer: true},
 	"minimax_m2": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "block_sparse_moe", router: "gate",
 		gate: "w1", up: "w3", down: "w2", sigmoid: true, bias: "e_score_correction_bias", renorm: true},
 }
@@ -70,6 +76,57 @@ func (r moeRef) rms(x, w []float64) []float64 {
 		}
 	}
 	return out
+}
+
+// norm is the pre-norm or final norm module on the rows x: an RMSNorm, or a LayerNorm
+// (biased variance, then weight and bias) for layerNorm.
+func (r moeRef) norm(x []float64, module string) []float64 {
+	w := r.p(module + ".weight")
+	if !r.s.layerNorm {
+		return r.rms(x, w)
+	}
+	b, c := r.p(module+".bias"), len(w)
+	out := make([]float64, len(x))
+	for i := 0; i < len(x)/c; i++ {
+		row := x[i*c : (i+1)*c]
+		mean, vr := 0.0, 0.0
+		for _, v := range row {
+			mean += v
+		}
+		mean /= float64(c)
+		for _, v := range row {
+			vr += (v - mean) * (v - mean)
+		}
+		rs := 1 / math.Sqrt(vr/float64(c)+r.c.RMSNormEps)
+		for j, v := range row {
+			out[i*c+j] = (v-mean)*rs*w[j] + b[j]
+		}
+	}
+	return out
+}
+
+// sparseMixer returns the two experts and weights of PhiMoE's eval-mode router for one
+// token's logits: stage k takes the best logit m among the experts not yet chosen, keeps those
+// j with (m - z_j) / max(|z_j|, m) <= 2 eps, and weighs its choice by their softmax.
+func sparseMixer(z []float64, eps float64) (sel [2]int, w [2]float64) {
+	chosen := -1
+	for k := 0; k < 2; k++ {
+		best := -1
+		for j := range z {
+			if j != chosen && (best < 0 || z[j] > z[best]) {
+				best = j
+			}
+		}
+		m, sum := z[best], 0.0
+		for j, v := range z {
+			if j != chosen && (m-v)/math.Max(math.Abs(v), m) <= 2*eps {
+				sum += math.Exp(v - m)
+			}
+		}
+		sel[k], w[k] = best, 1/sum
+		chosen = best
+	}
+	return sel, w
 }
 
 // proj is x @ W^T (+ b when the module has a bias).
@@ -154,7 +211,7 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 		}
 		in := x
 		if !r.s.postNorms {
-			in = r.rms(x, r.p(pre+"input_layernorm.weight"))
+			in = r.norm(x, pre+"input_layernorm")
 		}
 		q := r.proj(in, pre+"self_attn.q_proj", h, bias)
 		k := r.proj(in, pre+"self_attn.k_proj", h, bias)
@@ -219,7 +276,7 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 		}
 		in = x
 		if !r.s.postNorms {
-			in = r.rms(x, r.p(pre+"post_attention_layernorm.weight"))
+			in = r.norm(x, pre+"post_attention_layernorm")
 		}
 		var f []float64
 		if c.IsMoELayer(l) {
@@ -234,12 +291,18 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 			x[i] += resid * f[i]
 		}
 	}
-	x = r.rms(x, r.p(nameFinalNorm))
+	x = r.norm(x, "model.norm")
 	head := nameLMHead
 	if a.Tied {
 		head = nameEmbed
 	}
 	logits := lin(x, r.p(head), h)
+	if c.LMHeadBias {
+		b := r.p(nameLMHeadBias)
+		for i := range logits {
+			logits[i] += b[i%len(b)]
+		}
+	}
 	out := make([]float64, n-1)
 	v := a.Vocab
 	for t := 0; t < n-1; t++ {
@@ -290,6 +353,17 @@ func (r moeRef) moe(x []float64, pre string) []float64 {
 				p[j] /= z
 			}
 		}
+		xt := x[t*h : (t+1)*h]
+		if r.s.sparseMixer {
+			sel, w := sparseMixer(row, r.c.RouterJitterNoise)
+			for k, s := range sel {
+				y := r.swiglu(xt, pre+"experts."+strconv.Itoa(s)+".", r.s.gate, r.s.up, r.s.down, h)
+				for j := range y {
+					out[t*h+j] += w[k] * y[j]
+				}
+			}
+			continue
+		}
 		score := make([]float64, e)
 		idx := make([]int, e)
 		for j := range p {
@@ -304,7 +378,6 @@ func (r moeRef) moe(x []float64, pre string) []float64 {
 		for _, s := range sel {
 			sum += p[s]
 		}
-		xt := x[t*h : (t+1)*h]
 		for _, s := range sel {
 			w := p[s]
 			if r.s.renorm {
@@ -355,6 +428,10 @@ func TestMoEFamiliesMatchReference(t *testing.T) {
 			c.NumAttentionHeadsPerLayer = []int{4, 4, 4}
 			c.SlidingWindow = 3
 		}, func(r *moeRef) { r.s.headGate = false }},
+		// The threshold at 0.3 so that the stages keep several experts; the reference without
+		// the sparsemixer (plain top-2 softmax weights) must disagree.
+		{"phimoe", func(c *config.Config) { c.AttentionBias, c.LMHeadBias, c.RouterJitterNoise = true, true, 0.3 },
+			func(r *moeRef) { r.s.sparseMixer = false }},
 		{"minimax_m2", func(c *config.Config) { c.NumExpertsPerTok = 3 },
 			func(r *moeRef) { r.s.bias = "" }},
 	} {

@@ -71,6 +71,10 @@ var moeCases = []struct {
 	{"qwen3_moe_sparse_step", "qwen3_moe", func(c *config.Config) { c.DecoderSparseStep, c.NumHiddenLayers = 2, 3 }},
 	{"qwen3_moe_mlp_only", "qwen3_moe", func(c *config.Config) { c.MLPOnlyLayers = []int{0} }},
 	{"mixtral", "mixtral", nil},
+	// LayerNorms with biases, attention and lm_head biases, the sparsemixer router (its
+	// threshold at 0.3 so that stages keep more than one expert and no check straddles a change
+	// of the kept sets).
+	{"phimoe", "phimoe", func(c *config.Config) { c.AttentionBias, c.LMHeadBias, c.RouterJitterNoise = true, true, 0.3 }},
 	{"olmoe", "olmoe", nil},
 	// OLMo 2's post-norms and projection-wide q/k norms around OLMoE's experts.
 	{"flex_olmo", "flex_olmo", nil},
@@ -155,6 +159,16 @@ func selections(m *Model) [][]int32 {
 	var s [][]int32
 	for _, l := range m.moe.layers {
 		s = append(s, slices.Clone(l.Routing().Sel))
+		// The sparsemixer's kept sets are choices too: a change of one is a discontinuity.
+		if sets := l.SparseMixerSets(); sets != nil {
+			kept := make([]int32, len(sets))
+			for i, k := range sets {
+				if k {
+					kept[i] = 1
+				}
+			}
+			s = append(s, kept)
+		}
 	}
 	return s
 }

@@ -133,14 +133,23 @@ func (f *moeFFN) checkpointName(name string) (string, bool) {
 	if _, err := strconv.Atoi(num); err != nil {
 		return "", false
 	}
-	tail, ok = strings.CutPrefix(tail, f.block+".")
+	t, ok := strings.CutPrefix(tail, f.block+".")
+	mem := false
+	if !ok && f.memBlock != "" {
+		t, ok = strings.CutPrefix(tail, f.memBlock+".")
+		mem = ok
+	}
 	if !ok {
 		return "", false
 	}
 	for _, r := range f.inMemory {
-		if t, ok := strings.CutPrefix(tail, r.from); ok {
-			return "model.layers." + num + "." + f.block + "." + r.to + t, true
+		if rest, ok := strings.CutPrefix(t, r.from); ok {
+			return "model.layers." + num + "." + f.block + "." + r.to + rest, true
 		}
+	}
+	if mem && !fusedExpertName.MatchString(name) {
+		// The fused experts are split below, into the checkpoint names.
+		return "model.layers." + num + "." + f.block + "." + t, true
 	}
 	return "", false
 }

@@ -51,7 +51,7 @@ var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_y
 	"qwen3_moe", "qwen3_moe_sparse", "mixtral", "olmoe",
 	"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe",
 	"gemma3_text", "deepseek_v3", "deepseek_v3_qproj", "glm4_moe_lite", "gpt_oss",
-	"flex_olmo",
+	"flex_olmo", "phimoe",
 	"gemma4_text", "lfm2_moe", "lfm2_moe_raw"}
 
 // parityDirs returns parityCases followed by every other fixture directory found under
@@ -345,6 +345,17 @@ func transformersGrad(gf *safetensors.File, s ParamSpec, moe *moeFFN) ([]float32
 				if n := strings.Replace(name, "."+moe.block+"."+r.to, "."+moe.block+"."+r.from, 1); n != name {
 					name = n
 					break
+				}
+				// Under the block's own in-memory module (PhiMoE's mlp.router for
+				// block_sparse_moe.gate).
+				if moe.memBlock == "" {
+					continue
+				}
+				if n := strings.Replace(s.Name, "."+moe.block+"."+r.to, "."+moe.memBlock+"."+r.from, 1); n != s.Name {
+					if _, ok := gf.Tensor(n); ok {
+						name = n
+						break
+					}
 				}
 			}
 		}

@@ -73,6 +73,9 @@ var savedCases = []struct {
 	// Per-head q/k norms and output gates, a sliding layer with its own rotary base and width, a
 	// dense layer before a sigmoid-routed one with a non-zero correction bias, a shared expert.
 	{"laguna", "laguna", []string{"mlp_layer_types=[\"dense\",\"sparse\"]", "attention_bias=true"}},
+	// LayerNorms with biases, attention and lm_head biases, the sparsemixer router with its
+	// threshold widened so that its stages keep several experts.
+	{"phimoe", "phimoe", []string{"attention_bias=true", "lm_head_bias=true", "router_jitter_noise=0.3"}},
 	// A sliding, a compressed sparse (indexer over 3 windows) and a heavily compressed layer
 	// under a 4-token window, clamped SwiGLU, shared-expert biases, a hash layer with its own
 	// token table and two routed layers with a non-zero correction bias.

@@ -94,6 +94,7 @@ const (
 	// layerScalarName is Gemma 4's per-layer output scale (under model.layers.<i>.).
 	layerScalarName = "layer_scalar"
 	nameLMHead      = "lm_head.weight"
+	nameLMHeadBias  = "lm_head.bias"
 	nameScore       = "score.weight"
 )
 
@@ -177,10 +178,26 @@ func mlpSpecs(a *Arch, i int) []ParamSpec {
 func layerNormSpecs(f *Family, a *Arch, i int) []ParamSpec {
 	var s []ParamSpec
 	for _, n := range f.normNames(a.Norms) {
-		s = append(s, normWeight(layerName(i, n+".weight"), a.Hidden))
+		s = append(s, normSpecs(a, layerName(i, n))...)
 	}
 	return s
 }
+
+// normSpecs lists the parameters of the norm module: its weight, and its bias where the
+// family's norms are LayerNorms (config.Family.LayerNorm).
+func normSpecs(a *Arch, module string) []ParamSpec {
+	s := []ParamSpec{normWeight(module+".weight", a.Hidden)}
+	if a.layerNorm() {
+		s = append(s, bias(module+".bias", a.Hidden))
+	}
+	return s
+}
+
+// layerNorm reports whether the model's norms are LayerNorms with a bias (phimoe).
+func (a *Arch) layerNorm() bool { return a.NormBias }
+
+// lmHeadBias reports whether lm_head carries a bias (lm_head_bias).
+func (a *Arch) lmHeadBias() bool { return a.HeadBias && a.NumLabels == 0 }
 
 // layerNormRoles names the modules of a layer's RMSNorms: the pre-attention norm, the
 // pre-feed-forward norm, the attention output norm and the feed-forward output norm, where
@@ -253,7 +270,7 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 			s = append(s, f.LayerTail(a, i)...)
 		}
 	}
-	s = append(s, normWeight(f.finalNorm()+".weight", a.Hidden))
+	s = append(s, normSpecs(a, f.finalNorm())...)
 	if f != nil && f.ModelTail != nil {
 		s = append(s, f.ModelTail(a)...)
 	}
@@ -262,6 +279,9 @@ func specsFor(f *Family, a *Arch) []ParamSpec {
 		s = append(s, matrix(nameScore, a.NumLabels, a.Hidden))
 	case !a.Tied:
 		s = append(s, matrix(nameLMHead, a.Vocab, a.Hidden))
+	}
+	if a.lmHeadBias() {
+		s = append(s, bias(nameLMHeadBias, a.Vocab))
 	}
 	if f != nil && f.NormOffset != 0 {
 		// The norms multiply by NormOffset + w: transformers starts w at zero (Gemma).

@@ -1,15 +1,16 @@
 // Package nn holds the layers of a decoder-only transformer with explicit Forward and Backward
-// methods over packed token rows: linear, embedding, RMSNorm, rotary attention with grouped
+// methods over packed token rows: linear, embedding, RMSNorm (or LayerNorm with a bias,
+// composed of the backend's ops: layernorm.go), rotary attention with grouped
 // query heads, multi-head latent attention (MLA: DeepSeek-V3's low-rank query and key/value
 // projections with a shared rotary key, run through the same attention op), gated delta-net
 // linear attention (Qwen3-Next's causal conv and gated norm on the host, its gated delta rule in
 // the backend's GatedDelta op where it has one) and a sigmoid output gate on attention, the
 // SwiGLU MLP,
 // the sparse mixture-of-experts block (softmax top-k router, or DeepSeek's sigmoid router with
-// a correction bias, expert groups and shared experts; SwiGLU experts, transformers'
-// load-balancing loss; on the device with grouped GEMMs where the backend has the MoE ops, else
-// composed with per-expert GEMMs and host routing) and the LM head with a fused cross-entropy
-// loss. A decoder layer (Block) is pre-norm, or has norms on
+// a correction bias, expert groups and shared experts, or Phi-3.5-MoE's sparsemixer on the
+// host; SwiGLU experts, transformers' load-balancing loss; on the device with grouped GEMMs
+// where the backend has the MoE ops, else composed with per-expert GEMMs and host routing) and
+// the LM head with a fused cross-entropy loss (and an optional bias). A decoder layer (Block) is pre-norm, or has norms on
 // its branch outputs with or without the pre-norms (OLMo 2, GLM-4) and a residual scale
 // (Granite) and an output scale (Gemma 4's layer_scalar); attention may skip RoPE (NoPE layers),
 // rotate interleaved pairs (GLM), take its own score scale, normalise its values and take them

@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -13,10 +14,15 @@ import (
 // With LogitScale set the logits are multiplied by it (granite divides them by
 // logits_scaling): the normed hidden states are scaled before the LM head, which is the same
 // product, and their gradient by the same factor.
+//
+// With B set (lm_head.bias [V], gradient GB) the fused cross-entropy sees the bias as one more
+// input column: hidden [N,C+1] with a last column of ones against [W | B] [V,C+1], built for
+// each call (a copy of the head's weight), and the gradient of the last column is GB's.
 type Head struct {
 	Name       string
 	Norm       RMSNorm
 	W, GW      T
+	B, GB      T
 	ChunkRows  int     // tokens per cross-entropy chunk; 0 = backend default
 	LogitScale float32 // 0 means 1
 	// Softcap caps the logits after LogitScale, Softcap * tanh(logit / Softcap)
@@ -61,7 +67,12 @@ func (h *Head) LossScaled(p *Pass, x, targets, tokenScale, loss, logprob T, trai
 		}
 		args.DHidden, args.DWeight = dh, h.GW
 	}
-	if err = p.B.CrossEntropy(args); err != nil {
+	if !h.B.IsNil() {
+		err = h.biasedCrossEntropy(p, args, train)
+	} else {
+		err = p.B.CrossEntropy(args)
+	}
+	if err != nil {
 		return T{}, wrap(h.Name+" cross-entropy", err)
 	}
 	if !train {
@@ -96,7 +107,7 @@ func (h *Head) Logits(p *Pass, x T) (T, error) {
 			return T{}, wrap(h.Name, err)
 		}
 	}
-	lin := Linear{Name: h.Name, W: h.W}
+	lin := Linear{Name: h.Name, W: h.W, B: h.B}
 	return lin.Forward(p, hid)
 }
 
@@ -109,4 +120,79 @@ func (h *Head) SoftcapLogits(logits []float32) {
 	for i, x := range logits {
 		logits[i] = float32(c * math.Tanh(float64(x)/c))
 	}
+}
+
+// biasedCrossEntropy runs the fused cross-entropy of args with the head's bias as a last input
+// column (see Head), then hands the gradients of the augmented operands back to args.DHidden,
+// GW and GB.
+func (h *Head) biasedCrossEntropy(p *Pass, args backend.CrossEntropyArgs, train bool) (err error) {
+	n, c := args.Hidden.Dim(0), args.Hidden.Dim(1)
+	v := h.W.Dim(0)
+	var hid, w, dh, dw T
+	defer func() { _ = free(p.B, &hid, &w, &dh, &dw) }()
+	cols := func(dst, src T, width, dstOff, srcOff int, acc bool) error {
+		return p.B.CopyColumns(backend.ColumnCopyArgs{Dst: dst, Src: src, Groups: 1, Width: width,
+			DstOffset: dstOff, SrcOffset: srcOff, Accumulate: acc})
+	}
+	if hid, err = p.B.Empty(args.Hidden.DType(), n, c+1); err != nil {
+		return err
+	}
+	if w, err = p.B.Empty(h.W.DType(), v, c+1); err != nil {
+		return err
+	}
+	b, err := h.B.Reshape(v, 1)
+	if err != nil {
+		return err
+	}
+	if err = p.B.Fill(hid, 1); err == nil {
+		err = cols(hid, args.Hidden, c, 0, 0, false)
+	}
+	if err == nil {
+		err = cols(w, h.W, c, 0, 0, false)
+	}
+	if err == nil {
+		err = cols(w, b, 1, c, 0, false)
+	}
+	if err != nil {
+		return fmt.Errorf("bias column: %w", err)
+	}
+	aug := args
+	aug.Hidden, aug.Weight, aug.DHidden, aug.DWeight = hid, w, T{}, T{}
+	if train {
+		if dh, err = p.B.Empty(args.DHidden.DType(), n, c+1); err != nil {
+			return err
+		}
+		aug.DHidden = dh
+		if !h.GW.IsNil() || !h.GB.IsNil() {
+			dt := h.GW.DType()
+			if h.GW.IsNil() {
+				dt = h.GB.DType()
+			}
+			if dw, err = p.B.Alloc(dt, v, c+1); err != nil {
+				return err
+			}
+			aug.DWeight = dw
+		}
+	}
+	if err = p.B.CrossEntropy(aug); err != nil || !train {
+		return err
+	}
+	if err = cols(args.DHidden, dh, c, 0, 0, false); err != nil {
+		return err
+	}
+	if !h.GW.IsNil() {
+		if err = cols(h.GW, dw, c, 0, 0, true); err != nil {
+			return err
+		}
+	}
+	if !h.GB.IsNil() {
+		gb, err := h.GB.Reshape(v, 1)
+		if err == nil {
+			err = cols(gb, dw, 1, 0, c, true)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

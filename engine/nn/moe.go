@@ -82,6 +82,11 @@ type MoE struct {
 	NGroup, TopKGroup int
 	// RoutedScaling multiplies the routing weights after the normalisation; 0 means 1.
 	RoutedScaling float32
+	// SparseMixer, when set, chooses the experts and their weights in place of the top-k of
+	// the probabilities (Phi-3.5-MoE; moe_sparsemixer.go). TopK must be 2, NormTopK, Bias,
+	// NGroup and RoutedScaling unset; the block runs the host path. Probs stay the softmax of
+	// the logits, for the aux loss.
+	SparseMixer *SparseMixer
 	// ScoreBias, when set ([E], a float tensor on the block's backend), is a selection-only
 	// bias of the checkpoint (DeepSeek-V3's e_score_correction_bias), added to the scores with
 	// Bias; it has no gradient.
@@ -117,6 +122,7 @@ type MoE struct {
 	biasDev  T    // Bias on the device (device path), uploaded when biasHost differs from Bias
 	biasB    backend.Backend
 	biasHost []float32
+	smLogits []float32 // the router logits [N,E] of the cached forward (SparseMixer)
 }
 
 // Routing is the result of one forward's router, kept after the forward (also without keep)
@@ -346,6 +352,12 @@ func (m *MoE) route(p *Pass, logits []float32, n int) error {
 			return fmt.Errorf("nn: %s: score correction bias has %d entries for %d experts", m.Name, len(sbias), e)
 		}
 	}
+	if m.SparseMixer != nil {
+		if err := m.checkSparseMixer(e, k); err != nil {
+			return err
+		}
+		m.smLogits = append(m.smLogits[:0], logits[:n*e]...)
+	}
 	r := &m.r
 	r.reset()
 	r.N, r.E, r.K = n, e, k
@@ -381,6 +393,10 @@ func (m *MoE) route(p *Pass, logits []float32, n int) error {
 			if math.IsNaN(score[j]) {
 				return fmt.Errorf("nn: %s: router output of token %d is NaN", m.Name, t)
 			}
+		}
+		if m.SparseMixer != nil {
+			m.SparseMixer.route(r.Sel[t*k:(t+1)*k], r.Weights[t*k:(t+1)*k], row)
+			continue
 		}
 		if keep != nil {
 			backend.KeepGroups(keep, score, gscore, gsel)
@@ -761,7 +777,11 @@ func (m *MoE) backwardRouted(p *Pass, dy T) (dx T, err error) {
 		sel := r.Sel[t*k : (t+1)*k]
 		w := r.Weights[t*k : (t+1)*k]
 		g := dw[t*k : (t+1)*k]
-		if m.NormTopK {
+		switch {
+		case m.SparseMixer != nil:
+			// Only the aux gradient goes through the probabilities; the weights' own gradient
+			// is the sparsemixer's, added below.
+		case m.NormTopK:
 			s, dot := 0.0, 0.0
 			for j, x := range sel {
 				s += float64(pr[x])
@@ -773,7 +793,7 @@ func (m *MoE) backwardRouted(p *Pass, dy T) (dx T, err error) {
 			for j, x := range sel {
 				dp[x] += (scale*g[j] - dot) / s
 			}
-		} else {
+		default:
 			for j, x := range sel {
 				dp[x] += scale * g[j]
 			}
@@ -794,6 +814,9 @@ func (m *MoE) backwardRouted(p *Pass, dy T) (dx T, err error) {
 		}
 		for j, v := range pr {
 			dz[t*e+j] = float32(float64(v) * (dp[j] - dot))
+		}
+		if m.SparseMixer != nil {
+			m.SparseMixer.grad(dz[t*e:(t+1)*e], m.smLogits[t*e:(t+1)*e], g)
 		}
 	}
 	dlogits, err := p.alloc(n, e)

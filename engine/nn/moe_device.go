@@ -236,7 +236,7 @@ func (m *MoE) deviceOps(p *Pass, x T) (backend.Optional, bool) {
 	o := p.B.Optional()
 	_, sorted := m.Runner.(SortedRunner)
 	experts := (m.Runner == nil && m.holdsAll()) || sorted
-	ok := !m.Composed && !swMoEPath.Is("composed") && experts && x.Rank() == 2 && x.Dim(0) > 0 && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
+	ok := !m.Composed && m.SparseMixer == nil && !swMoEPath.Is("composed") && experts && x.Rank() == 2 && x.Dim(0) > 0 && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
 		o.MoERoute != nil && o.MoERouteBackward != nil && o.MoEPermute != nil && o.MoEPermuteBackward != nil &&
 		o.MoECombine != nil && o.MoECombineBackward != nil && o.SwiGLUPacked != nil && o.SwiGLUPackedBackward != nil &&
 		o.GroupedGEMM != nil

@@ -11,12 +11,20 @@ import (
 // With Offset set the gain is Offset + W (Gemma's RMSNorm multiplies by 1 + w, its weights
 // starting at zero): each call builds the gain once in F32 ([C], freed before it returns), so
 // the backend ops see an ordinary weight; dW is unchanged, since d(Offset + W)/dW = 1.
+//
+// With Center set it is a LayerNorm with an affine weight and, when B is set, a bias (Phi-3.5-
+// MoE's nn.LayerNorm): y = (x - mean(x)) * rstd * W + B, rstd = 1/sqrt(var(x) + eps), which is
+// the RMSNorm of the centred row plus B (layernorm.go).
 type RMSNorm struct {
 	Name   string
 	W      T
 	GW     T
 	Eps    float32
 	Offset float32
+	// Center subtracts each row's mean before the norm (LayerNorm); B [C] and GB [C] are the
+	// optional bias and its gradient, added after the gain.
+	Center bool
+	B, GB  T
 }
 
 // gain returns the weight the backend ops multiply by: W, or Offset + W in a new F32 tensor
@@ -41,6 +49,9 @@ func (n *RMSNorm) gain(p *Pass) (w T, done func(), err error) {
 
 // Forward returns out (same shape as x, rows = x.Numel()/C) and rstd [rows] F32 for backward.
 func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
+	if n.Center || !n.B.IsNil() {
+		return n.layerNormForward(p, x)
+	}
 	v, out, rstd, err := n.outputs(p, x)
 	if err != nil {
 		return T{}, T{}, err
@@ -63,7 +74,7 @@ func (n *RMSNorm) Forward(p *Pass, x T) (out, rstd T, err error) {
 // elsewhere Add and Forward (the same values).
 func (n *RMSNorm) AddForward(p *Pass, x, residual T) (out, rstd T, err error) {
 	fused := p.B.Optional().AddRMSNorm
-	if fused == nil {
+	if fused == nil || n.Center || !n.B.IsNil() {
 		if err := p.B.Add(residual, x, residual); err != nil {
 			return T{}, T{}, wrap(n.Name+" residual", err)
 		}
@@ -115,6 +126,9 @@ func (n *RMSNorm) outputs(p *Pass, x T) (v normViews, out, rstd T, err error) {
 // Backward: dx (= or += with accumulate) from dy, the forward input x and rstd; GW +=.
 // dx may not alias dy.
 func (n *RMSNorm) Backward(p *Pass, dx, dy, x, rstd T, accumulate bool) error {
+	if n.Center || !n.B.IsNil() {
+		return n.layerNormBackward(p, dx, dy, x, rstd, accumulate)
+	}
 	c := n.W.Dim(0)
 	rows := x.Numel() / c
 	v := func(t T) T { r, _ := t.Reshape(rows, c); return r }

@@ -396,6 +396,24 @@ CASES += [
     # implemented here).
     case("minimax_m2", "minimax_m2", **dict(ODD, intermediate_size=24), head_dim=12, num_hidden_layers=2,
          num_local_experts=6, num_experts_per_tok=2, output_router_logits=False, tie_word_embeddings=False),
+    # PhiMoE: LayerNorms with biases (every norm), attention and lm_head biases, 5 experts of 24
+    # under the sparsemixer router with its threshold (router_jitter_noise) at 0.3 so that its
+    # stages keep several experts, with the aux loss; longrope over the heads of 8 with T = 16
+    # past the original context of 8, cos and sin scaled by the (equal) mscales. Trained in eval
+    # mode (EVAL_TRAINING).
+    case("phimoe", "phimoe", **dict(ODD, intermediate_size=24), num_hidden_layers=2, num_local_experts=5,
+         num_experts_per_tok=2, router_jitter_noise=0.3, attention_bias=True, lm_head_bias=True,
+         output_router_logits=True, router_aux_loss_coef=0.02, tie_word_embeddings=False,
+         max_position_embeddings=64,
+         rope_parameters={
+             "rope_type": "longrope",
+             "rope_theta": 10000.0,
+             "original_max_position_embeddings": 8,
+             "short_factor": [1.0, 1.2, 1.5, 2.0],
+             "long_factor": [1.5, 3.0, 5.0, 9.0],
+             "short_mscale": 1.2,
+             "long_mscale": 1.2,
+         }),
     # Laguna: per-head q/k norms and softplus output gates (g_proj), sliding (window 5) and full
     # layers with their own rotary bases and widths (all of each 12-wide head, half of it),
     # attention biases, a dense first layer (40 wide), then 6 experts of 20 (top 2, sigmoid plus
@@ -443,9 +461,13 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
                 "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "deepseek_v4",
-                "laguna")
+                "laguna", "phimoe")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
+# Families whose training mode is random where halo-shell's is not: PhiMoE's sparsemixer samples
+# its experts (Gumbel noise) and its gradient estimator draws a random midpoint mask in training
+# mode. Their AdamW steps run in eval mode, whose routing and exact gradient halo-shell computes.
+EVAL_TRAINING = ("phimoe",)
 # Families whose experts need transformers' eager experts implementation in float64.
 EAGER_EXPERTS = MOE_FAMILIES + ("gpt_oss",)
 
@@ -608,7 +630,10 @@ def make(outdir, name, model_type, cfg_kw, seed):
         }
 
     # Three AdamW steps on the same batch.
-    model.train()
+    if model_type in EVAL_TRAINING:
+        model.eval()
+    else:
+        model.train()
     if hasattr(model.config, "router_jitter_noise"):
         model.config.router_jitter_noise = 0.0
     decay = [p for p in model.parameters() if p.ndim >= 2]

@@ -77,6 +77,10 @@ var familyCases = []struct {
 	// Laguna: per-head q/k norms and softplus output gates, per-layer-type rotary bases and
 	// widths, a sliding layer, sigmoid routing with a correction bias, a shared expert.
 	{"laguna", "laguna", []string{"attention_bias=true"}, true},
+	// PhiMoE: LayerNorms with biases (composed of the backend's ops), attention and lm_head
+	// biases (the head's bias as an extra column of the fused cross-entropy), the sparsemixer
+	// router on the host.
+	{"phimoe", "phimoe", []string{"attention_bias=true", "lm_head_bias=true", "router_jitter_noise=0.3"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the

@@ -151,6 +151,11 @@ type Config struct {
 	// RouterJitterNoise is the multiplicative jitter applied to router inputs in training
 	// (mixtral). Default 0.0.
 	RouterJitterNoise float64
+	// InputJitterNoise scales the MoE blocks' inputs by uniform noise in [1-x, 1+x] in training
+	// (phimoe). Default 0.0.
+	InputJitterNoise float64
+	// LMHeadBias: lm_head carries a bias [vocab] (phimoe). Default false.
+	LMHeadBias bool
 
 	// QueryPreAttnScalar: attention scores are scaled by QueryPreAttnScalar^-0.5 instead of
 	// head_dim^-0.5 (gemma3_text; default 256).

@@ -288,6 +288,7 @@ func TestTinyPresetShape(t *testing.T) {
 			want.RouterBias = want.RouterBias || f.RouterBiasParam // ernie4_5_moe's moe_statics
 			want.RouterBiasParam = f.RouterBiasParam
 		}
+		want.NormBias = f.LayerNorm // phimoe's LayerNorms
 		if f.AttnOutputGate {
 			// qwen3_next, qwen3_5_moe_text: 4 layers alternating linear and full attention.
 			want.Layers, want.MoELayers, want.AttnOutputGate = 4, 4, true

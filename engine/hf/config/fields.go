@@ -69,6 +69,8 @@ var fields = map[string]field{
 	"output_router_logits":    {kBool, false, func(c *Config) any { return &c.OutputRouterLogits }},
 	"router_aux_loss_coef":    {kFloat, false, func(c *Config) any { return &c.RouterAuxLossCoef }},
 	"router_jitter_noise":     {kFloat, false, func(c *Config) any { return &c.RouterJitterNoise }},
+	"input_jitter_noise":      {kFloat, false, func(c *Config) any { return &c.InputJitterNoise }},
+	"lm_head_bias":            {kBool, false, func(c *Config) any { return &c.LMHeadBias }},
 	// Gemma's keys (gemma.go).
 	"hidden_activation":           {kString, false, func(c *Config) any { return &c.HiddenAct }},
 	"query_pre_attn_scalar":       {kFloat, false, func(c *Config) any { return &c.QueryPreAttnScalar }},

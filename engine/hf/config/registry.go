@@ -119,6 +119,15 @@ type Family struct {
 	// RouterBias, when set, says whether each MoE layer's router has a selection-only bias
 	// [E] (a checkpoint buffer); nil means the families with n_group have one.
 	RouterBias func(*Config) bool
+	// SparseMixer: the MoE router is Phi-3.5-MoE's sparsemixer (two experts, chosen in two
+	// stages; router_jitter_noise is its deterministic threshold, not noise).
+	SparseMixer bool
+	// LayerNorm: every norm is an nn.LayerNorm with a weight and a bias (its eps rms_norm_eps)
+	// instead of an RMSNorm (phimoe).
+	LayerNorm bool
+	// RopeAttentionFactor, when set, is the factor the family's rotary embedding multiplies
+	// cos and sin by in place of the rope type's (phimoe's short_mscale and long_mscale).
+	RopeAttentionFactor func(*Config) float64
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }

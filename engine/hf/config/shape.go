@@ -23,6 +23,9 @@ type Shape struct {
 	HeadDim      int // HD
 	// Tied: lm_head shares model.embed_tokens.weight (and is absent from the checkpoint).
 	Tied bool
+	// NormBias: every norm is a LayerNorm with a bias [C] beside its weight (phimoe);
+	// HeadBias: lm_head has a bias [V] (lm_head_bias).
+	NormBias, HeadBias bool
 	// QKVBias: q/k/v projections carry biases; OBias: o_proj does; MLPBias: the dense MLP
 	// projections do.
 	QKVBias, OBias, MLPBias bool
@@ -192,7 +195,7 @@ func (c *Config) Shape() Shape {
 		Intermediate: c.IntermediateSize, Layers: c.NumHiddenLayers,
 		Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim,
 		Tied: c.TieWordEmbeddings, QKVBias: c.QKVBias(), OBias: c.OProjBias(), MLPBias: c.MLPBias,
-		QKNorm: c.QKNormKind(),
+		QKNorm: c.QKNormKind(), HeadBias: c.LMHeadBias,
 	}
 	if f := c.Family(); f != nil {
 		s.Sinks, s.ExpertBias = f.Sinks, f.ExpertBias
@@ -202,6 +205,7 @@ func (c *Config) Shape() Shape {
 		}
 		s.AttnOutputGate = f.AttnOutputGate
 		s.HeadGate = f.HeadGate
+		s.NormBias = f.LayerNorm
 	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsLinearLayer(i) {
@@ -295,7 +299,15 @@ func (s Shape) countParameters(active bool) int64 {
 	if !s.Tied {
 		n += v * h // lm_head
 	}
-	n += h // final norm
+	n += h           // final norm
+	norm := int64(1) // parameter vectors per norm
+	if s.NormBias {
+		n += h
+		norm = 2
+	}
+	if s.HeadBias {
+		n += v
+	}
 
 	attn := h*q + 2*h*kv + q*h
 	if s.QKVBias {
@@ -335,7 +347,7 @@ func (s Shape) countParameters(active bool) int64 {
 	layers, moe := int64(s.Layers), int64(s.MoELayers)
 	lin := int64(s.Linear.Layers)
 	n += (layers-lin)*attn + lin*s.Linear.Parameters(h)
-	n += layers * int64(s.Norms.PerLayer()) * h // the layers' norms
+	n += layers * int64(s.Norms.PerLayer()) * norm * h // the layers' norms
 	if s.Global.Full != nil || s.Conv.Layers != nil {
 		// Layers of two kinds: count each layer's mixer by its own geometry.
 		n -= layers * attn
