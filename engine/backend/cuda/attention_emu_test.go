@@ -16,21 +16,52 @@ import (
 	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
-// hostEmu holds the host emulation of attention.cu's SIMT kernels (testdata/hostemu), embedded
-// so that the test binary runs from any directory.
+// hostEmu holds the host emulation of CUDA kernels (testdata/hostemu: emu.h and one *_check.cc
+// driver per kernel file), embedded so that the test binary runs from any directory.
 //
-//go:embed testdata/hostemu/emu.h testdata/hostemu/attention_check.cc
+//go:embed testdata/hostemu/emu.h testdata/hostemu/*_check.cc
 var hostEmu embed.FS
 
-// shortConvEmu holds the host emulation of shortconv.cu (TestShortConvKernelsOnHost).
-//
-//go:embed testdata/hostemu/emu.h testdata/hostemu/shortconv_check.cc
-var shortConvEmu embed.FS
-
-// gatedDeltaEmu holds the host emulation of gated_delta.cu (TestGatedDeltaKernelsOnHost).
-//
-//go:embed testdata/hostemu/emu.h testdata/hostemu/gated_delta_check.cc
-var gatedDeltaEmu embed.FS
+// buildHostEmu compiles kernel source src (a kernels/ file, possibly rewritten for the harness)
+// with testdata/hostemu's emu.h and driver check ("attention_check") into a host program and
+// returns its path. It skips the test without a C++17 compiler, and fails under CI, whose
+// .ci/run installs g++; what names the kernels in those messages.
+func buildHostEmu(t *testing.T, what, check, src string, flags ...string) string {
+	t.Helper()
+	var cxx string
+	for _, name := range []string{"g++", "clang++", "clang++-19", "clang++-18", "clang++-17", "clang++-16", "clang++-15", "clang++-14"} {
+		if p, err := exec.LookPath(name); err == nil {
+			cxx = p
+			break
+		}
+	}
+	if cxx == "" {
+		if switches.CI.Value() == "1" {
+			t.Fatalf("no C++ compiler: .ci/run installs g++ to run the %s kernels on the host", what)
+		}
+		t.Skipf("needs g++ or clang++ to run the %s kernels on the host", what)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"emu.h", check + ".cc"} {
+		b, err := hostEmu.ReadFile("testdata/hostemu/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kernels.inc"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, check)
+	args := append([]string{"-std=c++17"}, flags...)
+	args = append(args, "-w", "-I", dir, filepath.Join(dir, check+".cc"), "-o", bin)
+	if out, err := exec.Command(cxx, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot build the host emulation of the %s kernels: %v\n%s", cxx, what, err, out)
+	}
+	return bin
+}
 
 // hostEmuTol bounds max |err| / rms(ref) of the fp32 kernels against the float64 reference:
 // the worst measured is about 1e-5 (sums over 512 head dims and 150 keys), a wrong mask, chunk
@@ -50,19 +81,6 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the attention kernels in a host emulation for about a minute")
 	}
-	var cxx string
-	for _, name := range []string{"g++", "clang++", "clang++-19", "clang++-18", "clang++-17", "clang++-16", "clang++-15", "clang++-14"} {
-		if p, err := exec.LookPath(name); err == nil {
-			cxx = p
-			break
-		}
-	}
-	if cxx == "" {
-		if switches.CI.Value() == "1" {
-			t.Fatal("no C++ compiler: .ci/run installs g++ to run the attention kernels on the host")
-		}
-		t.Skip("needs g++ or clang++ to run the attention kernels on the host")
-	}
 	src, err := kernelSource("attention.cu")
 	if err != nil {
 		t.Fatal(err)
@@ -75,25 +93,8 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	}
 	src = strings.ReplaceAll(src, "extern __shared__ float sm[];", "float* sm = emu_smem;")
 	src = strings.ReplaceAll(src, "__shared__ ", "static ")
-	dir := t.TempDir()
-	for _, f := range []string{"emu.h", "attention_check.cc"} {
-		b, err := hostEmu.ReadFile("testdata/hostemu/" + f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kernels.inc"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "attention_check")
 	// _FORTIFY_SOURCE would check _longjmp against the current stack, which a fiber switch leaves.
-	if out, err := exec.Command(cxx, "-std=c++17", "-O2", "-w", "-U_FORTIFY_SOURCE", "-I", dir,
-		filepath.Join(dir, "attention_check.cc"), "-o", bin).CombinedOutput(); err != nil {
-		t.Fatalf("%s cannot build the host emulation: %v\n%s", cxx, err, out)
-	}
+	bin := buildHostEmu(t, "attention", "attention_check", src, "-O2", "-U_FORTIFY_SOURCE")
 	cases := []struct {
 		hd, nh, nkv, window int
 		scale               float64 // times 1/sqrt(hd)

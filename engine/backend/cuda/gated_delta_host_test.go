@@ -5,9 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,7 +14,6 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/tensor"
-	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // gatedDeltaCase is one gated delta rule: documents of the given lengths, KH key heads of KD,
@@ -200,41 +197,11 @@ func compareGatedDelta(t *testing.T, gc gatedDeltaCase, got, want map[string][]f
 // gatedDeltaCases and compares every output with the CPU backend's GatedDelta and
 // GatedDeltaBackward. It needs a C++17 compiler and skips without one (fails under CI).
 func TestGatedDeltaKernelsOnHost(t *testing.T) {
-	var cxx string
-	for _, name := range []string{"g++", "clang++"} {
-		if p, err := exec.LookPath(name); err == nil {
-			cxx = p
-			break
-		}
-	}
-	if cxx == "" {
-		if switches.CI.Value() == "1" {
-			t.Fatal("no C++ compiler: .ci/run installs g++ to run the CUDA kernels on the host")
-		}
-		t.Skip("needs g++ or clang++ to run the gated delta kernels on the host")
-	}
 	src, err := kernelSource(gatedDeltaFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	for _, f := range []string{"emu.h", "gated_delta_check.cc"} {
-		b, err := gatedDeltaEmu.ReadFile("testdata/hostemu/" + f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kernels.inc"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "gated_delta_check")
-	if out, err := exec.Command(cxx, "-std=c++17", "-O1", "-w", "-I", dir, filepath.Join(dir, "gated_delta_check.cc"),
-		"-o", bin).CombinedOutput(); err != nil {
-		t.Fatalf("%s cannot build the host emulation: %v\n%s", cxx, err, out)
-	}
+	bin := buildHostEmu(t, "gated delta", "gated_delta_check", src, "-O1")
 	c := cpu.New(cpu.Options{Workers: 1})
 	defer c.Close()
 	var in bytes.Buffer

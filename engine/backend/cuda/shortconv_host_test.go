@@ -5,9 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,7 +14,6 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/tensor"
-	"github.com/halo-shell/halo-shell/internal/switches"
 )
 
 // shortConvCase is one short convolution: documents of the given lengths packed into N rows
@@ -178,41 +175,11 @@ func compareShortConv(t *testing.T, sc shortConvCase, got, want map[string][]flo
 // cases of shortConvCases and compares every output with the CPU backend's ShortConv and
 // ShortConvBackward. It needs a C++17 compiler and skips without one (fails under CI).
 func TestShortConvKernelsOnHost(t *testing.T) {
-	var cxx string
-	for _, name := range []string{"g++", "clang++"} {
-		if p, err := exec.LookPath(name); err == nil {
-			cxx = p
-			break
-		}
-	}
-	if cxx == "" {
-		if switches.CI.Value() == "1" {
-			t.Fatal("no C++ compiler: .ci/run installs g++ to run the CUDA kernels on the host")
-		}
-		t.Skip("needs g++ or clang++ to run the short-convolution kernels on the host")
-	}
 	src, err := kernelSource(shortConvFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	for _, f := range []string{"emu.h", "shortconv_check.cc"} {
-		b, err := shortConvEmu.ReadFile("testdata/hostemu/" + f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kernels.inc"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "shortconv_check")
-	if out, err := exec.Command(cxx, "-std=c++17", "-O1", "-w", "-I", dir, filepath.Join(dir, "shortconv_check.cc"),
-		"-o", bin).CombinedOutput(); err != nil {
-		t.Fatalf("%s cannot build the host emulation: %v\n%s", cxx, err, out)
-	}
+	bin := buildHostEmu(t, "short-convolution", "shortconv_check", src, "-O1")
 	c := cpu.New(cpu.Options{Workers: 1})
 	defer c.Close()
 	var in bytes.Buffer
