@@ -5,6 +5,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,6 +62,67 @@ func buildHostEmu(t *testing.T, what, check, src string, flags ...string) string
 		t.Fatalf("%s cannot build the host emulation of the %s kernels: %v\n%s", cxx, what, err, out)
 	}
 	return bin
+}
+
+// writeFloats writes v to a host emulation's input as one line of space-separated values.
+func writeFloats(w *bytes.Buffer, v []float32) {
+	for _, x := range v {
+		w.WriteString(strconv.FormatFloat(float64(x), 'g', -1, 32))
+		w.WriteByte(' ')
+	}
+	w.WriteByte('\n')
+}
+
+// runHostEmu runs the host emulation bin on in (two minutes at most) and returns, per case, its
+// outputs by name: bin prints perCase lines per case, each a name and its values.
+func runHostEmu(t *testing.T, bin string, in *bytes.Buffer, perCase, cases int) []map[string][]float32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Stdin = in
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("host emulation: %v\n%s", err, stderr.Bytes())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != perCase*cases {
+		t.Fatalf("host emulation printed %d lines, want %d", len(lines), perCase*cases)
+	}
+	gots := make([]map[string][]float32, cases)
+	for ci := range gots {
+		got := map[string][]float32{}
+		for _, line := range lines[perCase*ci : perCase*ci+perCase] {
+			f := strings.Fields(line)
+			vals := make([]float32, len(f)-1)
+			for i, s := range f[1:] {
+				v, err := strconv.ParseFloat(s, 32)
+				if err != nil {
+					t.Fatalf("unexpected output %q", s)
+				}
+				vals[i] = float32(v)
+			}
+			got[f[0]] = vals
+		}
+		gots[ci] = got
+	}
+	return gots
+}
+
+// maxErrOverRMS is max |got - want| / rms(want), +Inf where a difference is NaN.
+func maxErrOverRMS(got, want []float32) float64 {
+	var ss, worst float64
+	for i := range want {
+		ss += float64(want[i]) * float64(want[i])
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		worst = max(worst, d)
+	}
+	return worst / math.Sqrt(ss/float64(len(want))+1e-30)
 }
 
 // hostEmuTol bounds max |err| / rms(ref) of the fp32 kernels against the float64 reference:

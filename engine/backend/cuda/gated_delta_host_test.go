@@ -2,14 +2,9 @@ package cuda
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"math"
-	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
@@ -177,16 +172,7 @@ func compareGatedDelta(t *testing.T, gc gatedDeltaCase, got, want map[string][]f
 			t.Errorf("%v: %s: %s has %d values, the CPU %d", gc, name, who, len(g), len(w))
 			continue
 		}
-		var ss, worst float64
-		for i := range w {
-			ss += float64(w[i]) * float64(w[i])
-			d := math.Abs(float64(g[i]) - float64(w[i]))
-			if math.IsNaN(d) {
-				d = math.Inf(1)
-			}
-			worst = max(worst, d)
-		}
-		e := worst / math.Sqrt(ss/float64(len(w))+1e-30)
+		e := maxErrOverRMS(g, w)
 		if !(e <= gatedDeltaTol(gc.dt)) {
 			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", gc, name, who, e, gatedDeltaTol(gc.dt))
 		}
@@ -221,35 +207,8 @@ func TestGatedDeltaKernelsOnHost(t *testing.T) {
 			writeFloats(&in, v)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Stdin = &in
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("host emulation: %v\n%s", err, stderr.Bytes())
-	}
-	k := len(gatedDeltaOutputs)
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != k*len(gatedDeltaCases) {
-		t.Fatalf("host emulation printed %d lines, want %d", len(lines), k*len(gatedDeltaCases))
-	}
-	for ci, gc := range gatedDeltaCases {
-		got := map[string][]float32{}
-		for _, line := range lines[k*ci : k*ci+k] {
-			f := strings.Fields(line)
-			vals := make([]float32, len(f)-1)
-			for i, s := range f[1:] {
-				v, err := strconv.ParseFloat(s, 32)
-				if err != nil {
-					t.Fatalf("unexpected output %q", s)
-				}
-				vals[i] = float32(v)
-			}
-			got[f[0]] = vals
-		}
-		compareGatedDelta(t, gc, got, wants[ci], "the host-emulated kernel")
+	gots := runHostEmu(t, bin, &in, len(gatedDeltaOutputs), len(gatedDeltaCases))
+	for ci, c := range gatedDeltaCases {
+		compareGatedDelta(t, c, gots[ci], wants[ci], "the host-emulated kernel")
 	}
 }

@@ -2,14 +2,9 @@ package cuda
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"math"
-	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
@@ -159,12 +154,7 @@ func compareShortConv(t *testing.T, sc shortConvCase, got, want map[string][]flo
 			t.Errorf("%v: %s: %s has %d values, the CPU %d", sc, name, who, len(g), len(w))
 			continue
 		}
-		var ss, worst float64
-		for i := range w {
-			ss += float64(w[i]) * float64(w[i])
-			worst = max(worst, math.Abs(float64(g[i])-float64(w[i])))
-		}
-		e := worst / math.Sqrt(ss/float64(len(w))+1e-30)
+		e := maxErrOverRMS(g, w)
 		if !(e <= shortConvTol(sc.dt)) {
 			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", sc, name, who, e, shortConvTol(sc.dt))
 		}
@@ -206,42 +196,8 @@ func TestShortConvKernelsOnHost(t *testing.T) {
 			writeFloats(&in, v)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Stdin = &in
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("host emulation: %v\n%s", err, stderr.Bytes())
+	gots := runHostEmu(t, bin, &in, 5, len(shortConvCases))
+	for ci, c := range shortConvCases {
+		compareShortConv(t, c, gots[ci], wants[ci], "the host-emulated kernel")
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 5*len(shortConvCases) {
-		t.Fatalf("host emulation printed %d lines, want %d", len(lines), 5*len(shortConvCases))
-	}
-	for ci, sc := range shortConvCases {
-		got := map[string][]float32{}
-		for _, line := range lines[5*ci : 5*ci+5] {
-			f := strings.Fields(line)
-			vals := make([]float32, len(f)-1)
-			for i, s := range f[1:] {
-				v, err := strconv.ParseFloat(s, 32)
-				if err != nil {
-					t.Fatalf("unexpected output %q", s)
-				}
-				vals[i] = float32(v)
-			}
-			got[f[0]] = vals
-		}
-		compareShortConv(t, sc, got, wants[ci], "the host-emulated kernel")
-	}
-}
-
-func writeFloats(w *bytes.Buffer, v []float32) {
-	for _, x := range v {
-		w.WriteString(strconv.FormatFloat(float64(x), 'g', -1, 32))
-		w.WriteByte(' ')
-	}
-	w.WriteByte('\n')
 }
