@@ -145,6 +145,31 @@ extern "C" __global__ void attn_bwd_dot(float* dvec, const void* dout, const voi
     if (lane == 0) dvec[w] = s;
 }
 
+// dq_query_row sets up query row i (global index) of head h for the dQ kernels: [*lo, *hi] are
+// the key rows it attends to (its document's start, or i - window + 1, to i), empty (lo > hi)
+// past N; the row's Q and dOut go to qr and dor ([HD] each, this warp's lanes), its
+// log-sum-exp and dOut·Out to *li and *di (0 past N).
+__device__ __forceinline__ void dq_query_row(const void* q, const void* dout, int dt, const float* lse, const float* dvec,
+                                             const int* cu, int D, long long N, long long i, int NH, int h, int HD,
+                                             int window, float* qr, float* dor, int lane, int* lo, int* hi, float* li,
+                                             float* di) {
+    *lo = 0x7fffffff;
+    *hi = -1;
+    *li = 0.f;
+    *di = 0.f;
+    if (i >= N) return;
+    int d = find_doc(cu, D, i);
+    int iq = (int)(i - cu[d]);
+    *lo = cu[d] + (window > 0 ? max(0, iq - window + 1) : 0);
+    *hi = (int)i;
+    for (int e = lane; e < HD; e += 32) {
+        qr[e] = ldf(q, dt, i * NH * HD + (long long)h * HD + e);
+        dor[e] = ldf(dout, dt, i * NH * HD + (long long)h * HD + e);
+    }
+    *li = lse[i * NH + h];
+    *di = dvec[i * NH + h];
+}
+
 extern "C" __global__ void attn_bwd_dq(void* dq, const void* q, const void* k, const void* v, const void* dout, int dt,
                                        const float* lse, const float* dvec, const int* cu, int D, long long N,
                                        int NH, int NKV, int HD, float scale, int window) {
@@ -158,20 +183,10 @@ extern "C" __global__ void attn_bwd_dq(void* dq, const void* q, const void* k, c
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
     long long i = (long long)blockIdx.x * ROWS + warp;
-    int lo = 0x7fffffff, hi = -1;
-    float li = 0.f, di = 0.f;
-    if (i < N) {
-        int d = find_doc(cu, D, i);
-        int iq = (int)(i - cu[d]);
-        lo = cu[d] + (window > 0 ? max(0, iq - window + 1) : 0);
-        hi = (int)i;
-        for (int e = lane; e < HD; e += 32) {
-            Qs[warp * HD + e] = ldf(q, dt, i * NH * HD + (long long)h * HD + e);
-            dOs[warp * HD + e] = ldf(dout, dt, i * NH * HD + (long long)h * HD + e);
-        }
-        li = lse[i * NH + h];
-        di = dvec[i * NH + h];
-    }
+    int lo, hi;
+    float li, di;
+    dq_query_row(q, dout, dt, lse, dvec, cu, D, N, i, NH, h, HD, window, Qs + warp * HD, dOs + warp * HD, lane, &lo, &hi,
+                 &li, &di);
     int blo, bhi;
     block_range(s_lo, s_hi, lo, hi, &blo, &bhi);
     float acc[MAXD];
@@ -467,20 +482,10 @@ extern "C" __global__ void attn_bwd_dq_wide(void* dq, const void* q, const void*
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y, g = h / (NH / NKV);
     long long i = (long long)blockIdx.x * ROWS + warp;
-    int lo = 0x7fffffff, hi = -1;
-    float li = 0.f, di = 0.f;
-    if (i < N) {
-        int d = find_doc(cu, D, i);
-        int iq = (int)(i - cu[d]);
-        lo = cu[d] + (window > 0 ? max(0, iq - window + 1) : 0);
-        hi = (int)i;
-        for (int e = lane; e < HD; e += 32) {
-            Qs[warp * HD + e] = ldf(q, dt, i * NH * HD + (long long)h * HD + e);
-            dOs[warp * HD + e] = ldf(dout, dt, i * NH * HD + (long long)h * HD + e);
-        }
-        li = lse[i * NH + h];
-        di = dvec[i * NH + h];
-    }
+    int lo, hi;
+    float li, di;
+    dq_query_row(q, dout, dt, lse, dvec, cu, D, N, i, NH, h, HD, window, Qs + warp * HD, dOs + warp * HD, lane, &lo, &hi,
+                 &li, &di);
     int blo, bhi;
     block_range(s_lo, s_hi, lo, hi, &blo, &bhi);
     float acc[WMAXD];
