@@ -32,7 +32,15 @@ type groupedWGVariant struct {
 	// tma marks the TMA variant: 384 threads (a loading warpgroup and two multiplying ones),
 	// the A and B operands passed as tensor maps (groupedTMAMaps).
 	tma bool
+	// persistent marks a variant whose weight gradient is persistent: a grid of at most
+	// persistentCTAs CTAs a multiprocessor that walk all groups' output tiles (groupedGrid's
+	// weight-gradient grid is then the tile count it bounds).
+	persistent bool
 }
+
+// persistentCTAs is how many CTAs of a persistent weight gradient share a multiprocessor
+// (__launch_bounds__ of grouped_gemm_wg_dw_p).
+const persistentCTAs = 2
 
 func wgShared(stages, cols int) uint32 { return uint32(stages*(16384+cols*128) + 1024) }
 
@@ -43,6 +51,7 @@ var groupedWGVariants = map[string]groupedWGVariant{
 	"wg-n256":   {suffix: "_n256", cols: 256, shared: wgShared(4, 256)},
 	"wg-n128x2": {suffix: "_n128x2", cols: 128, shared: wgShared(3, 128)},
 	"wg-tma":    {suffix: "_tma", cols: 256, shared: wgShared(4, 256), tma: true},
+	"wg-p":      {suffix: "_p", cols: 128, shared: wgShared(3, 128), persistent: true},
 }
 
 // defaultGroupedWG is the choice of grouped GEMM kernels on a device of arch when
@@ -108,6 +117,14 @@ func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims, cols int) ([3]
 	return [3]uint32{uint32(g[0]), uint32(g[1]), uint32(g[2])}, nil
 }
 
+// persistentGrid is the one-dimensional grid of a persistent weight gradient whose tiles
+// would take grid: one CTA a tile up to persistentCTAs a multiprocessor of sms.
+func persistentGrid(grid [3]uint32, sms int) [3]uint32 {
+	tiles := uint64(grid[0]) * uint64(grid[1]) * uint64(grid[2])
+	n := uint64(max(sms, 1) * persistentCTAs)
+	return [3]uint32{uint32(max(min(tiles, n), 1)), 1, 1}
+}
+
 // GroupedGEMM implements backend.Optional.GroupedGEMM: one launch for all groups, the groups'
 // rows found on the device from Offsets (never read here). bf16 operands with 16-byte aligned
 // rows take the tensor-core kernels (the warpgroup-MMA variant groupedWG names, else mma.sync); other
@@ -157,6 +174,9 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		grid, err := groupedGrid(a.Kind, d, cols)
 		if err != nil {
 			return fmt.Errorf("cuda: %s: %w", op, err)
+		}
+		if groupedWGVariants[variant].persistent && a.Kind == backend.GroupedWeightGrad {
+			grid = persistentGrid(grid, b.d.info.SMs)
 		}
 		if groupedWGVariants[variant].tma {
 			sa, sb := groupedTMAMaps(a.Kind, d)

@@ -74,6 +74,32 @@ func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 		}
 		seen[n] = true
 	}
+	// A persistent variant's forward and input grad are GW_KERNEL lines of 128 columns, its
+	// weight gradient grouped_gemm_wg_dw_SUFFIX running gw_dw_persist<stages>.
+	for n, v := range groupedWGVariants {
+		if !v.persistent {
+			continue
+		}
+		for _, k := range []string{"fwd", "dx"} {
+			m := regexp.MustCompile(`(?m)^GW_KERNEL\(` + k + `, ` + v.suffix + `, (\d+), (\d+), (true|false), (\d)\)`).FindStringSubmatch(src)
+			if m == nil {
+				t.Errorf("variant %s: grouped_gemm_wg.cu has no GW_KERNEL line for %s%s", n, k, v.suffix)
+				continue
+			}
+			cols, _ := strconv.Atoi(m[1])
+			stages, _ := strconv.Atoi(m[2])
+			if want := wgShared(stages, cols); v.cols != cols || v.shared != want {
+				t.Errorf("variant %s %s: host tiles of %d columns and %d bytes; the kernel's %d columns in %d stages need %d", n, k, v.cols, v.shared, cols, stages, want)
+			}
+		}
+		m := regexp.MustCompile(`grouped_gemm_wg_dw` + v.suffix + `\([^{]*\{[^}]*gw_dw_persist<(\d+)>`).FindStringSubmatch(src)
+		if m == nil {
+			t.Errorf("variant %s: grouped_gemm_wg.cu has no kernel grouped_gemm_wg_dw%s running gw_dw_persist", n, v.suffix)
+		} else if stages, _ := strconv.Atoi(m[1]); v.shared != wgShared(stages, 128) {
+			t.Errorf("variant %s: host gives %d bytes of shared memory, the persistent weight gradient's %d stages need %d", n, v.shared, stages, wgShared(stages, 128))
+		}
+		seen[n] = true
+	}
 	var values []string
 	for n := range groupedWGVariants {
 		if !seen[n] {
@@ -209,5 +235,24 @@ func TestEncodeTMAWithoutTheEntryPoint(t *testing.T) {
 	_, err := d.encodeTMA(a, 0)
 	if err == nil || !strings.Contains(err.Error(), "cuTensorMapEncodeTiled") || !strings.Contains(err.Error(), "HALO_CUDA_GROUPED_GEMM=wg") {
 		t.Fatalf("got %v, want a refusal naming cuTensorMapEncodeTiled and HALO_CUDA_GROUPED_GEMM=wg", err)
+	}
+}
+
+// TestPersistentGrid: the persistent weight gradient launches one CTA a tile up to
+// persistentCTAs a multiprocessor, and at least one.
+func TestPersistentGrid(t *testing.T) {
+	for _, tc := range []struct {
+		grid [3]uint32
+		sms  int
+		want uint32
+	}{
+		{[3]uint32{16, 12, 128}, 132, 264}, // Qwen3-30B-A3B gate-up: 24576 tiles
+		{[3]uint32{2, 1, 3}, 132, 6},       // fewer tiles than CTAs
+		{[3]uint32{1, 1, 1}, 0, 1},         // no multiprocessor count known
+		{[3]uint32{65535, 65535, 2}, 8, 16},
+	} {
+		if got := persistentGrid(tc.grid, tc.sms); got != [3]uint32{tc.want, 1, 1} {
+			t.Errorf("persistentGrid(%v, %d) = %v, want [%d 1 1]", tc.grid, tc.sms, got, tc.want)
+		}
 	}
 }

@@ -322,6 +322,116 @@ GW_KERNELS(_n256, 256, 4, true, 1)       // 4 x 48 KiB + 1 KiB
 GW_KERNELS(_n128x2, 128, 3, true, 2)     // 3 x 32 KiB + 1 KiB
 
 // ---------------------------------------------------------------------------------------------
+// The persistent weight gradient (suffix _p, grouped_gemm.go's "wg-p"): a grid of at most two
+// CTAs a multiprocessor, each walking the 128 x 128 output tiles t = blockIdx.x, blockIdx.x +
+// gridDim.x, ... of all groups (t = g * tiles_per_group + row tile * column tiles + column tile,
+// so that the CTAs at work at one time share a group's rows in L2). The cp.async ring of gw_tile
+// runs over the concatenated reduction steps of the CTA's tiles, so the copies of a tile's first
+// steps are in flight while the previous tile finishes and stores: a group's reduction is a few
+// hundred rows (a few steps), and a CTA per tile would wait out the ring's fill on every tile.
+// Tiles of a group without rows write zeros (or keep out, accumulating). The forward and input
+// grad of the variant are _n128x2's.
+
+// gw_ptile is output tile t of the persistent weight gradient: its group, first output row (of
+// N_) and column (of K_), and its reduction rows [k0, k_end) with nk steps of GW_BK.
+struct gw_ptile {
+    long long m0, n0, k0, k_end;
+    int g, nk;
+};
+__device__ __forceinline__ gw_ptile gw_ptile_at(long long t, int tn, int per_g, const int* off) {
+    gw_ptile p;
+    p.g = (int)(t / per_g);
+    const int r = (int)(t % per_g);
+    p.m0 = (long long)(r / tn) * 128;
+    p.n0 = (long long)(r % tn) * 128;
+    p.k0 = off[p.g];
+    p.k_end = off[p.g + 1];
+    p.nk = (int)((p.k_end - p.k0 + GW_BK - 1) / GW_BK);
+    return p;
+}
+
+template <int S>
+__device__ __forceinline__ void gw_dw_persist(unsigned char* smem, void* out, int co, const bf16* a, const bf16* b,
+                                              const int* off, int G, int N, int K, int accumulate) {
+    constexpr int NA = 64, D = S - 1; // the ring runs S - 1 steps ahead (gw_tile without PIPE)
+    const int tn = (K + 127) / 128, per_g = ((N + 127) / 128) * tn;
+    const long long total = (long long)G * per_g, step = gridDim.x;
+    const unsigned sa = wg_tile_base(smem), sb = sa + S * GW_TILE_BYTES;
+    const unsigned aoff = (threadIdx.x >> 7) * (64 * 128);
+    const size_t esize = co == DT_F32 ? 4 : 2;
+    // The loading cursor: tile lt (lp) and its step lk, always at a step that exists or past
+    // the CTA's last tile (lt >= total).
+    long long lt = blockIdx.x;
+    int lk = 0;
+    gw_ptile lp;
+    if (lt < total) lp = gw_ptile_at(lt, tn, per_g, off);
+    while (lt < total && lp.nk == 0) {
+        lt += step;
+        if (lt < total) lp = gw_ptile_at(lt, tn, per_g, off);
+    }
+    auto load_next = [&](int st) {
+        if (lt >= total) return;
+        const long long kt = lp.k0 + (long long)lk * GW_BK;
+        gw_load_mn<128>(sa + st * GW_TILE_BYTES, a, N, kt, lp.k_end, lp.m0, N);
+        gw_load_mn<128>(sb + st * GW_TILE_BYTES, b, K, kt, lp.k_end, lp.n0, K);
+        if (++lk < lp.nk) return;
+        lk = 0;
+        do {
+            lt += step;
+            if (lt < total) lp = gw_ptile_at(lt, tn, per_g, off);
+        } while (lt < total && lp.nk == 0);
+    };
+#pragma unroll
+    for (int st = 0; st < D; st++) {
+        load_next(st);
+        cp_commit();
+    }
+    float acc[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++) acc[i] = 0.f;
+    int i = 0; // steps consumed so far: the stage of the next one is i % S
+    for (long long ct = blockIdx.x; ct < total; ct += step) {
+        const gw_ptile cp = gw_ptile_at(ct, tn, per_g, off);
+        char* o = (char*)out + (long long)cp.g * N * K * esize;
+        if (cp.nk == 0) {
+            if (!accumulate) gw_store<128, true>(o, co, K, acc, cp.m0, N, cp.n0, K, 0, threadIdx.x);
+            continue;
+        }
+        for (int k = 0; k < cp.nk; k++, i++) {
+            cp_wait_n<D - 1>();
+            wg_fence_proxy();
+            __syncthreads();
+            load_next((i + D) % S);
+            cp_commit();
+            const int st = i % S;
+            const unsigned long long da = wg_desc_mn<64>(sa + st * GW_TILE_BYTES + aoff);
+            const unsigned long long db = wg_desc_mn<64>(sb + st * GW_TILE_BYTES);
+            wg_hold<NA>(acc);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < GW_BK / 16; kk++)
+                gw_mma<128>::template run<true, true>(acc, wg_mnstep(da, kk), wg_mnstep(db, kk));
+            wg_commit();
+            wg_wait_all();
+            wg_hold<NA>(acc);
+        }
+        gw_store<128, true>(o, co, K, acc, cp.m0, N, cp.n0, K, accumulate, threadIdx.x);
+#pragma unroll
+        for (int j = 0; j < NA; j++) acc[j] = 0.f;
+    }
+    cp_wait_n<0>();
+}
+
+// Dynamic shared memory: three stages of two 16 KiB tiles, plus 1 KiB (wgShared(3, 128)).
+GW_KERNEL(fwd, _p, 128, 3, true, 2)
+GW_KERNEL(dx, _p, 128, 3, true, 2)
+extern "C" __global__ void __launch_bounds__(GW_THREADS, 2) grouped_gemm_wg_dw_p(void* out, int co, const bf16* a, const bf16* b,
+                                                                                const int* off, int G, int N, int K, int accumulate) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char gw_smem[];
+    gw_dw_persist<3>(gw_smem, out, co, a, b, off, G, N, K, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The TMA variant (suffix _tma, grouped_gemm.go's "wg-tma"): 384 threads, of which the first
 // warpgroup loads and the other two multiply, 128 x 256 tiles in four stages. Thread 0 fills
 // the stages with the tensor memory accelerator (cp.async.bulk.tensor): each TMA copies one box
