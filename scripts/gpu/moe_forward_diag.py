@@ -13,6 +13,8 @@ weights and rows (same --seed, shape, layers, batch, seq-len and --steps as moe-
       batched_mm), each sdpa backend (flash, efficient, cudnn), and the embedding with one bf16
       unit flipped in 10% of its entries;
   torch fp32: the same weights in float32 with TF32 off;
+  torch bf16 and fp32 with exact inv_freq: the rotary frequencies recomputed in float32, where
+      the bench's model.to(dtype=bf16) has rounded that buffer to bf16 (halo-shell's are exact);
   halo-shell (with --halo BIN): bench-train for one step in bf16 and with --fp32.
 
 For each it records the step-1 loss, the gradient norm before clipping and, for the torch
@@ -95,6 +97,30 @@ def step1(model, ids, routes):
     loss = out.loss.item()
     model.zero_grad(set_to_none=True)
     return loss, gn, routes.take()
+
+
+def rotary_modules(model):
+    return [m for m in model.modules() if torch.is_tensor(getattr(m, "inv_freq", None)) and hasattr(m, "rope_init_fn")]
+
+
+def exact_inv_freq(model):
+    """Recomputes every rotary module's inv_freq in float32 and returns a function that puts the
+    old buffers back. model.to(dtype=bf16) rounds the inv_freq buffer to bf16 (it is a floating
+    buffer), and the forward then rotates with the rounded frequencies; halo-shell computes them
+    exactly."""
+    old = []
+    for m in rotary_modules(model):
+        inv, _ = m.rope_init_fn(m.config, m.inv_freq.device)
+        old.append((m, m.inv_freq, getattr(m, "original_inv_freq", None)))
+        m.inv_freq = inv.float()
+        m.original_inv_freq = m.inv_freq
+
+    def restore():
+        for m, inv, orig in old:
+            m.inv_freq = inv
+            m.original_inv_freq = orig
+
+    return restore
 
 
 def disagreement(base, other):
@@ -189,6 +215,16 @@ def main(argv):
 
     record("torch bf16 embedding +-1 ulp in 10%", run_perturbed)
 
+    def run_exact(batch=None):
+        restore = exact_inv_freq(model)
+        try:
+            return step1(model, ids[:batch] if batch else ids, routes)
+        finally:
+            restore()
+
+    inv_dtypes = sorted({str(m.inv_freq.dtype) for m in rotary_modules(model)})
+    record("torch bf16 exact fp32 inv_freq", run_exact)
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     fp32_batch = args.fp32_batch or args.batch
@@ -204,6 +240,15 @@ def main(argv):
             return step1(model, ids[:fp32_batch], routes)
 
     record("torch fp32", run_fp32)
+
+    def run_fp32_exact():
+        restore = exact_inv_freq(model)
+        try:
+            return run_fp32()
+        finally:
+            restore()
+
+    record("torch fp32 exact fp32 inv_freq", run_fp32_exact)
     del model
     torch.cuda.empty_cache()
 
@@ -231,6 +276,10 @@ def main(argv):
     if "halo-shell fp32" in by and "torch fp32" in by:
         summary["halo_fp32_minus_torch_fp32"] = by["halo-shell fp32"]["loss"] - by["torch fp32"]["loss"]
         summary["grad_norm_fp32_ratio"] = by["halo-shell fp32"]["grad_norm"] / by["torch fp32"]["grad_norm"]
+    if "halo-shell fp32" in by and "torch fp32 exact fp32 inv_freq" in by:
+        summary["halo_fp32_minus_torch_fp32_exact_inv_freq"] = (
+            by["halo-shell fp32"]["loss"] - by["torch fp32 exact fp32 inv_freq"]["loss"])
+    summary["torch_inv_freq_dtypes"] = inv_dtypes
     report = {"shape": args.shape, "layers": config.num_hidden_layers, "batch": args.batch, "seq_len": args.seq_len,
               "fp32_batch": fp32_batch, "steps_of_rows": args.steps, "seed": args.seed, "summary": summary,
               "results": results}
