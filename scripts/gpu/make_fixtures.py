@@ -537,6 +537,32 @@ def objective(model, ids, is_moe):
     return ce, ce, None
 
 
+def checkpoint_names(model, d):
+    """Each parameter's name in the checkpoint that save_pretrained wrote to d. transformers
+    renames some families' parameters on save (granitemoe's fused experts are gate_up_proj in
+    memory and input_linear.weight on disk), and a checkpoint reader knows only the saved names;
+    a parameter is matched to the saved tensor of equal shape and equal values (the weights are
+    random, so the match is unique)."""
+    from safetensors import safe_open
+
+    saved = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(d, f), framework="pt") as st:
+                for k in st.keys():
+                    saved[k] = st.get_tensor(k)
+    names = {}
+    for n, p in model.named_parameters():
+        if n in saved and saved[n].shape == p.shape:
+            names[n] = n
+            continue
+        hits = [k for k, t in saved.items() if t.shape == p.shape and torch.equal(t.to(p.dtype), p.detach().cpu())]
+        if len(hits) != 1:
+            raise RuntimeError(f"parameter {n} {tuple(p.shape)}: {len(hits)} saved tensors match it ({hits[:4]})")
+        names[n] = hits[0]
+    return names
+
+
 def make(outdir, name, model_type, cfg_kw, seed):
     torch.manual_seed(seed)
     config = transformers.AutoConfig.for_model(model_type, **cfg_kw)
@@ -550,6 +576,7 @@ def make(outdir, name, model_type, cfg_kw, seed):
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
+    saved_as = checkpoint_names(model, d)
     for extra in ("generation_config.json",):
         p = os.path.join(d, extra)
         if os.path.exists(p):
@@ -581,16 +608,16 @@ def make(outdir, name, model_type, cfg_kw, seed):
 
     # Gradients of the cross-entropy (and of the total objective where there is an aux loss).
     ce.backward(retain_graph=has_aux)
-    grads = {n: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {saved_as[n]: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
     save_file(grads, os.path.join(d, "grads.safetensors"), metadata={"format": "pt"})
     if has_aux:
         model.zero_grad(set_to_none=True)
         _, total, _ = objective(model, ids, is_moe)
         total.backward()
-        gt = {n: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+        gt = {saved_as[n]: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
         save_file(gt, os.path.join(d, "grads_total.safetensors"), metadata={"format": "pt"})
-    ref["param_names"] = [n for n, _ in model.named_parameters()]
-    ref["param_shapes"] = {n: list(p.shape) for n, p in model.named_parameters()}
+    ref["param_names"] = [saved_as[n] for n, _ in model.named_parameters()]
+    ref["param_shapes"] = {saved_as[n]: list(p.shape) for n, p in model.named_parameters()}
 
     # Float64 logprobs of the same weights, for diagnosing precision questions.
     # (MoE experts need the eager experts implementation: grouped_mm has no float64 kernel.)
