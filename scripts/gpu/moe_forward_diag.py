@@ -99,26 +99,41 @@ def step1(model, ids, routes):
     return loss, gn, routes.take()
 
 
-def rotary_modules(model):
-    return [m for m in model.modules() if torch.is_tensor(getattr(m, "inv_freq", None)) and hasattr(m, "rope_init_fn")]
+def inv_freq_buffers(model):
+    """(module, buffer name) of every rotary frequency buffer (a buffer whose name ends in
+    inv_freq: inv_freq, original_inv_freq, or one per layer type)."""
+    found = []
+    for mod_name, m in model.named_modules():
+        for b_name, b in m.named_buffers(recurse=False):
+            if b_name.endswith("inv_freq") and torch.is_tensor(b):
+                found.append((m, b_name))
+    return found
 
 
 def exact_inv_freq(model):
-    """Recomputes every rotary module's inv_freq in float32 and returns a function that puts the
-    old buffers back. model.to(dtype=bf16) rounds the inv_freq buffer to bf16 (it is a floating
-    buffer), and the forward then rotates with the rounded frequencies; halo-shell computes them
-    exactly."""
+    """Recomputes every rotary frequency buffer in float32 for default RoPE and returns a
+    function that puts the old buffers back. model.to(dtype=bf16) rounds these buffers to bf16
+    (they are floating buffers), and the forward then rotates with the rounded frequencies;
+    halo-shell computes them exactly. Other RoPE types are left as they are."""
+    c = model.config
+    rp = getattr(c, "rope_parameters", None) or {}
+    if rp.get("rope_type", "default") != "default":
+        return lambda: None
+    theta = rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    dim = int(head_dim * getattr(c, "partial_rotary_factor", 1.0))
     old = []
-    for m in rotary_modules(model):
-        inv, _ = m.rope_init_fn(m.config, m.inv_freq.device)
-        old.append((m, m.inv_freq, getattr(m, "original_inv_freq", None)))
-        m.inv_freq = inv.float()
-        m.original_inv_freq = m.inv_freq
+    for m, name in inv_freq_buffers(model):
+        b = getattr(m, name)
+        exact = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=b.device) / dim))
+        if exact.shape != b.shape:
+            continue
+        old.append((m, name, b))
+        setattr(m, name, exact.float())
 
     def restore():
-        for m, inv, orig in old:
-            m.inv_freq = inv
-            m.original_inv_freq = orig
+        for m, name, b in old:
+            setattr(m, name, b)
 
     return restore
 
@@ -222,7 +237,7 @@ def main(argv):
         finally:
             restore()
 
-    inv_dtypes = sorted({str(m.inv_freq.dtype) for m in rotary_modules(model)})
+    inv_dtypes = sorted({"%s %s" % (name, getattr(m, name).dtype) for m, name in inv_freq_buffers(model)})
     record("torch bf16 exact fp32 inv_freq", run_exact)
 
     torch.backends.cuda.matmul.allow_tf32 = False
