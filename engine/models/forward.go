@@ -98,7 +98,7 @@ func (m *Model) ForwardBackwardWeighted(b Batch, weigh func(logprob []float32) (
 // forwardBackward runs the blocks forward with their caches, hands the head's input to head
 // (which returns the new gradient dx [N,C] of the objective with respect to it, and
 // accumulates the head's own gradients), then runs the blocks and the embedding backward.
-func (m *Model) forwardBackward(b Batch, head func(p *pass, r *resolved, x tensor.Tensor) (tensor.Tensor, error)) (*resolved, error) {
+func (m *Model) forwardBackward(b Batch, head func(p *pass, r *resolved, x tensor.Tensor) (tensor.Tensor, error)) (_ *resolved, err error) {
 	if err := m.EnableGrads(); err != nil {
 		return nil, err
 	}
@@ -113,6 +113,14 @@ func (m *Model) forwardBackward(b Batch, head func(p *pass, r *resolved, x tenso
 	defer p.release(m.b)
 	p.Train, p.DropoutKey = true, m.dropoutKey
 	m.dropoutKey++
+	// The gradients ZeroGrads left unfilled are written by their blocks' backward; any a
+	// failed or partial pass did not reach are zeroed on the way out.
+	p.Fresh = m.fresh
+	defer func() {
+		if serr := m.SettleGrads(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
 
 	// xs[i] is the input of block i; xs[L] the input of the head.
 	xs := make([]tensor.Tensor, 0, len(m.blocks)+1)

@@ -110,6 +110,11 @@ type Model struct {
 	ropeLen    int // dynamic rope: length invFreq was computed for
 
 	moe moeState // mixture-of-experts layers, aux loss and balancing (empty when dense)
+	// freshGrads are the gradients ZeroGrads may leave unfilled (fresh.go), freshRanges their
+	// element ranges in Grads.Flat; fresh holds those not yet written this step.
+	freshGrads  []tensor.Tensor
+	freshRanges [][2]int
+	fresh       *nn.FreshGrads
 	// fullIndex[i] is the index of Specs[i] in the table of the model holding every expert
 	// (nil when this model holds every expert).
 	fullIndex []int
@@ -364,6 +369,7 @@ func (m *Model) build() {
 	if a.lmHeadBias() {
 		m.head.B, m.head.GB = p(nameLMHeadBias), g(nameLMHeadBias)
 	}
+	m.collectFresh()
 }
 
 // HeldExperts is the range of routed experts the model holds in each MoE layer (every
@@ -438,6 +444,10 @@ func (m *Model) ZeroGrads() error {
 	if m.Grads == nil {
 		return m.EnableGrads()
 	}
+	if len(m.freshGrads) > 0 && swGradZero.Is("lazy") {
+		return m.zeroGradsLazily()
+	}
+	m.fresh = nil // the fill zeroes every gradient: none is left to its first write
 	return m.b.Fill(m.Grads.Flat, 0)
 }
 

@@ -88,6 +88,11 @@ func MoERecomputedBytes(n, c, k, inter, el int) int64 {
 type GroupedExperts struct {
 	Name         string
 	GateUp, Down Linear // W [G,2I,C] and [G,C,I]
+	// OverwriteGateUp and OverwriteDown make the next Backward write GateUp.GW and Down.GW
+	// (=) instead of adding to them (+=): they hold no values yet this step (FreshGrads). The
+	// weight-gradient GEMM writes every expert's block, zeros for an expert without rows. Each
+	// is cleared by the Backward that honours it.
+	OverwriteGateUp, OverwriteDown bool
 
 	gu, offsets T
 }
@@ -196,9 +201,10 @@ func (g *GroupedExperts) backward(p *Pass, o backend.Optional, dys, ws T, rows f
 		}
 	}
 	if !g.Down.GW.IsNil() {
-		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: dys, B: act, Out: g.Down.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
+		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: dys, B: act, Out: g.Down.GW, Offsets: g.offsets, Accumulate: !g.OverwriteDown}); err != nil {
 			return T{}, T{}, wrap(g.Down.Name, err)
 		}
+		g.OverwriteDown = false
 	}
 	_ = free(p.B, &act, &dys)
 	// gu becomes its own gradient.
@@ -216,9 +222,10 @@ func (g *GroupedExperts) backward(p *Pass, o backend.Optional, dys, ws T, rows f
 		if xs, owned, err = rows(); err != nil {
 			return T{}, T{}, err
 		}
-		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: g.gu, B: xs, Out: g.GateUp.GW, Offsets: g.offsets, Accumulate: true}); err != nil {
+		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: g.gu, B: xs, Out: g.GateUp.GW, Offsets: g.offsets, Accumulate: !g.OverwriteGateUp}); err != nil {
 			return T{}, T{}, wrap(g.GateUp.Name, err)
 		}
+		g.OverwriteGateUp = false
 	}
 	return dxs, dws, nil
 }

@@ -64,6 +64,10 @@ type Pass struct {
 	// Scratch receives the bf16 weights of quantised linears (Linear.Quant); the model owns it
 	// and shares it across its layers and passes. Required only when a layer is quantised.
 	Scratch *WeightScratch
+	// Fresh, when set, holds the gradients this optimizer step has not written yet, which hold
+	// no values: their first write overwrites them (FreshGrads). nil: every gradient holds
+	// values (zeros after ZeroGrads) and every write accumulates.
+	Fresh *FreshGrads
 }
 
 // alloc returns a zeroed activation of the pass dtype.

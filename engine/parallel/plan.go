@@ -657,6 +657,9 @@ func (p *Plan) runRows(rows []models.Batch, fn func(rk *rank, row int, lb models
 				rk.auxSum += rk.m.AuxLoss()
 			}
 		}
+		if err := rk.m.SettleGrads(); err != nil {
+			return err
+		}
 		if err := p.reduceGrads(rk); err != nil {
 			return err
 		}

@@ -186,6 +186,9 @@ func (d *deviceSteps) step(ctx context.Context, batches []data.Batch, total int,
 		}
 	}
 	out.loss = lossSum / float64(total)
+	if err := d.m.SettleGrads(); err != nil {
+		return out, true, err
+	}
 	norm, err := optim.GradNorm(d.b, []backend.T{d.m.TrainableGrads()})
 	if err != nil {
 		return out, true, err
