@@ -31,6 +31,10 @@ type RoPEConfig struct {
 	// ShortFactor and LongFactor are longrope's per-frequency divisors [R/2]: the long ones
 	// apply once the sequence is longer than OriginalMaxPositionEmbeddings.
 	ShortFactor, LongFactor []float64
+	// ShortFactorsOnly makes longrope divide by ShortFactor at every length, LongFactor never
+	// applying: transformers 5's PhimoeRotaryEmbedding computes its frequencies without the
+	// sequence length (rope_init_fn(config)), so they are the short ones however long the batch.
+	ShortFactorsOnly bool
 }
 
 // maxHeadDim bounds head_dim read from a config so a corrupt value cannot ask for a huge table.
@@ -50,13 +54,17 @@ func (c RoPEConfig) RotaryDim() int {
 }
 
 // DependsOnLength reports whether Compute's result changes with the sequence length (dynamic
-// NTK scaling), so callers recompute it per micro-batch instead of once.
-func (c RoPEConfig) DependsOnLength() bool { return c.Type == "dynamic" || c.Type == "longrope" }
+// NTK scaling, longrope unless ShortFactorsOnly), so callers recompute it per micro-batch
+// instead of once.
+func (c RoPEConfig) DependsOnLength() bool {
+	return c.Type == "dynamic" || (c.Type == "longrope" && !c.ShortFactorsOnly)
+}
 
 // LongRoPE reports whether longrope uses its long factors for a sequence of seqLen tokens
-// (seqLen > original_max_position_embeddings, as transformers switches them).
+// (seqLen > original_max_position_embeddings, as transformers switches them; never under
+// ShortFactorsOnly).
 func (c RoPEConfig) LongRoPE(seqLen int) bool {
-	return c.Type == "longrope" && seqLen > c.OriginalMaxPositionEmbeddings
+	return c.Type == "longrope" && !c.ShortFactorsOnly && seqLen > c.OriginalMaxPositionEmbeddings
 }
 
 // Compute returns inv_freq [R/2] and the attention scaling (multiplier of cos and sin) exactly as
@@ -210,9 +218,9 @@ func (c RoPEConfig) Compute(seqLen int) (invFreq []float32, attentionScaling flo
 		}
 	case "longrope":
 		// transformers' _compute_longrope_parameters: inv_freq = 1 / (ext * base^(2i/R)) with
-		// ext the short factors, or the long ones past the original context; the attention
-		// factor is sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings / original
-		// (1 when s <= 1) unless given.
+		// ext the short factors, or the long ones past the original context (LongRoPE); the
+		// attention factor is sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
+		// original (1 when s <= 1) unless given.
 		orig := c.OriginalMaxPositionEmbeddings
 		if orig <= 0 || c.MaxPositionEmbeddings <= 0 {
 			return nil, 0, fmt.Errorf("rope: longrope needs original_max_position_embeddings and max_position_embeddings > 0")

@@ -192,6 +192,20 @@ func TestLongRoPE(t *testing.T) {
 			t.Errorf("seq %d: attention factor %v, want %v", tc.seq, scale, wantScale)
 		}
 	}
+	// ShortFactorsOnly (phimoe): the short factors past the original context too, a table
+	// that no longer depends on the length.
+	so := c
+	so.ShortFactorsOnly = true
+	if so.DependsOnLength() || so.LongRoPE(17) {
+		t.Errorf("ShortFactorsOnly: DependsOnLength %v, LongRoPE(17) %v; want neither", so.DependsOnLength(), so.LongRoPE(17))
+	}
+	inv, _, err := so.Compute(17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []float64{1 / 1.0, 1 / (2 * 10.0)}; math.Abs(float64(inv[0])-want[0]) > 1e-7 || math.Abs(float64(inv[1])-want[1]) > 1e-7 {
+		t.Errorf("ShortFactorsOnly: inv_freq at 17 tokens %v, want the short factors' %v", inv, want)
+	}
 	c.LongFactor = c.LongFactor[:1]
 	if _, _, err := c.Compute(1); err == nil || !strings.Contains(err.Error(), "2 entries") {
 		t.Errorf("short long_factor: %v", err)

@@ -111,6 +111,9 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	if f := c.Family(); f != nil && f.RopeAttentionFactor != nil {
 		a.Rope.AttentionFactor = f.RopeAttentionFactor(c)
 	}
+	if f := c.Family(); f != nil && f.RopeShortFactorsOnly {
+		a.Rope.ShortFactorsOnly = true
+	}
 	if a.Global.Full != nil {
 		// gemma4_text: the main table is the full layers', at their head width.
 		a.Rope.HeadDim = a.Global.HeadDim

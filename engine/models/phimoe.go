@@ -5,7 +5,9 @@ package models
 // lm_head bias (lm_head_bias) and the sparsemixer router (nn.SparseMixer, deterministic: the
 // routing transformers computes outside training, and its exact gradient). Checkpoints store
 // the block as block_sparse_moe with gate and experts.<e>.w1/w3/w2; transformers 5 holds it as
-// mlp with router and fused experts, which load too.
+// mlp with router and fused experts, which load too. Longrope rotates with short_factor at
+// every length, as transformers 5 does (backend.RoPEConfig.ShortFactorsOnly), its cos and sin
+// scaled by the mscale.
 //
 // Tensor parallelism splits attention as Mixtral's (the biases with their projections); the
 // norms, the router and the head stay whole. Experts are spread over the expert group, and

@@ -94,28 +94,8 @@ func TestPhimoeLoadsTransformersNames(t *testing.T) {
 // (PhimoeRotaryEmbedding's short_mscale and long_mscale), not by longrope's own attention
 // factor, and the model's logprobs move with it.
 func TestPhimoeLongRoPEScale(t *testing.T) {
-	longrope := func(mscale float64) func(*config.Config) {
-		return func(c *config.Config) {
-			p := fmt.Sprintf(`{"model_type": "phimoe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 12,
-				"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 6,
-				"max_position_embeddings": 64, "initializer_range": 0.3, "dtype": "float32",
-				"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 8,
-				"short_factor": [1.0, 1.5], "long_factor": [2.0, 4.0], "short_mscale": %v, "long_mscale": %v}}`, mscale, mscale)
-			n, err := config.Parse([]byte(p), "config.json")
-			if err != nil {
-				t.Fatal(err)
-			}
-			*c = *n
-		}
-	}
 	logprobs := func(mscale float64) ([]float32, Arch) {
-		m := tinyMoE(t, "phimoe", longrope(mscale))
-		ids := []int32{3, 17, 0, 36, 5, 5, 21, 9, 30, 2, 40}
-		lp, err := m.Logprobs(ids)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lp, m.Arch
+		return phimoeLongRoPELogprobs(t, mscale, "[2.0, 4.0]")
 	}
 	a, arch := logprobs(1.3)
 	_, scale, err := arch.Rope.Compute(11)
@@ -132,5 +112,55 @@ func TestPhimoeLongRoPEScale(t *testing.T) {
 	}
 	if diff < 1e-4 {
 		t.Errorf("the mscale moved no logprob (max %g)", diff)
+	}
+}
+
+// phimoeLongRoPELogprobs returns the logprobs of 11 ids (past the original context of 8) from a
+// tiny phimoe under longrope with the given mscale (short and long alike) and long_factor, and
+// the model's Arch.
+func phimoeLongRoPELogprobs(t *testing.T, mscale float64, longFactor string) ([]float32, Arch) {
+	t.Helper()
+	m := tinyMoE(t, "phimoe", func(c *config.Config) {
+		p := fmt.Sprintf(`{"model_type": "phimoe", "vocab_size": 41, "hidden_size": 16, "intermediate_size": 12,
+			"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 6,
+			"max_position_embeddings": 64, "initializer_range": 0.3, "dtype": "float32",
+			"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 8,
+			"short_factor": [1.0, 1.5], "long_factor": %s, "short_mscale": %v, "long_mscale": %v}}`, longFactor, mscale, mscale)
+		n, err := config.Parse([]byte(p), "config.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		*c = *n
+	})
+	ids := []int32{3, 17, 0, 36, 5, 5, 21, 9, 30, 2, 40}
+	lp, err := m.Logprobs(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lp, m.Arch
+}
+
+// TestPhimoeLongRoPEShortFactors: transformers 5's PhimoeRotaryEmbedding computes its
+// frequencies from short_factor whatever the length, so a sequence past the original context
+// rotates as a short one and long_factor changes no logprob.
+func TestPhimoeLongRoPEShortFactors(t *testing.T) {
+	a, arch := phimoeLongRoPELogprobs(t, 1.2, "[2.0, 4.0]")
+	if !arch.Rope.ShortFactorsOnly || arch.Rope.LongRoPE(11) || arch.Rope.DependsOnLength() {
+		t.Errorf("rope %+v: want short factors at every length", arch.Rope)
+	}
+	short, _, err := arch.Rope.Compute(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, _, err := arch.Rope.Compute(11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(short, long) {
+		t.Errorf("inv_freq at 11 tokens %v, at 1 token %v: want the short factors' both times", long, short)
+	}
+	b, _ := phimoeLongRoPELogprobs(t, 1.2, "[7.0, 9.0]")
+	if !slices.Equal(a, b) {
+		t.Errorf("long_factor moved the logprobs: %v, then %v", a, b)
 	}
 }

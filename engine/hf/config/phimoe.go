@@ -10,8 +10,11 @@ import (
 // bias, eps rms_norm_eps) in place of every RMSNorm, optional biases on q/k/v/o
 // (attention_bias) and on lm_head (lm_head_bias), and the sparsemixer router: two experts chosen
 // in two stages, router_jitter_noise being the stages' relative threshold. Rotary embedding
-// default or longrope, whose cos and sin transformers multiplies by short_mscale or
-// long_mscale (rope_parameters) instead of the longrope attention factor.
+// default or longrope. Under longrope transformers 5's PhimoeRotaryEmbedding computes the
+// frequencies without the sequence length, so short_factor applies at every length and
+// long_factor never does, and multiplies cos and sin by short_mscale or long_mscale
+// (rope_parameters; long_mscale once the batch's longest position + 1 exceeds
+// original_max_position_embeddings) instead of the longrope attention factor.
 func init() {
 	Register(Family{
 		ModelType:     "phimoe",
@@ -67,10 +70,11 @@ func init() {
 			}
 			return nil
 		},
-		MoELayer:            func(c *Config, i int) bool { return c.NumExperts > 0 },
-		SparseMixer:         true,
-		LayerNorm:           true,
-		RopeAttentionFactor: phimoeAttentionFactor,
+		MoELayer:             func(c *Config, i int) bool { return c.NumExperts > 0 },
+		SparseMixer:          true,
+		LayerNorm:            true,
+		RopeAttentionFactor:  phimoeAttentionFactor,
+		RopeShortFactorsOnly: true,
 		Presets: map[string]func(*Config){
 			"tiny": tiny,
 			// microsoft/Phi-3.5-MoE-instruct, without its longrope tables.

@@ -28,8 +28,9 @@ const phimoeHub = `{
 }`
 
 // TestPhimoeReadsHubConfig: the Hub's file reads (without its input_jitter_noise, which is
-// refused, see TestPhimoeRefusals), longrope with the mscale as the attention factor, the
-// biases on; and it writes back in the 5.x dialect that reads the same.
+// refused, see TestPhimoeRefusals), longrope with the mscale as the attention factor and the
+// short factors at every length, the biases on; and it writes back in the 5.x dialect that
+// reads the same.
 func TestPhimoeReadsHubConfig(t *testing.T) {
 	src := strings.Replace(phimoeHub, `"input_jitter_noise": 0.01`, `"input_jitter_noise": 0.0`, 1)
 	src = strings.Replace(src, `"PhiMoEForCausalLM"]`, `"PhimoeForCausalLM"]`, 1)
@@ -42,6 +43,9 @@ func TestPhimoeReadsHubConfig(t *testing.T) {
 	}
 	if f := c.Family().RopeAttentionFactor(c); f != 1.243163121016122 {
 		t.Errorf("attention factor %v, want the mscale 1.243163121016122", f)
+	}
+	if !c.Family().RopeShortFactorsOnly {
+		t.Error("RopeShortFactorsOnly unset: transformers 5's PhimoeRotaryEmbedding uses short_factor at every length")
 	}
 	s := c.Shape()
 	if !s.QKVBias || !s.OBias || !s.HeadBias || !s.NormBias || s.Experts != 16 || s.TopK != 2 {

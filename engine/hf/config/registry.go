@@ -128,6 +128,9 @@ type Family struct {
 	// RopeAttentionFactor, when set, is the factor the family's rotary embedding multiplies
 	// cos and sin by in place of the rope type's (phimoe's short_mscale and long_mscale).
 	RopeAttentionFactor func(*Config) float64
+	// RopeShortFactorsOnly: under longrope the family's rotary embedding uses short_factor at
+	// every length, never long_factor (phimoe in transformers 5).
+	RopeShortFactorsOnly bool
 	// Presets maps a preset name to a function that sets its values on a defaulted Config.
 	Presets map[string]func(*Config)
 }
