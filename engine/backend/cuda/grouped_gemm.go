@@ -32,15 +32,11 @@ type groupedWGVariant struct {
 	// tma marks the TMA variant: 384 threads (a loading warpgroup and two multiplying ones),
 	// the A and B operands passed as tensor maps (groupedTMAMaps).
 	tma bool
-	// persistent marks a variant whose weight gradient is persistent: a grid of at most
-	// persistentCTAs CTAs a multiprocessor that walk all groups' output tiles (groupedGrid's
-	// weight-gradient grid is then the tile count it bounds).
-	persistent bool
+	// ctas, when set, makes the variant's weight gradient persistent: a grid of at most ctas
+	// CTAs a multiprocessor (its __launch_bounds__) that walk all groups' output tiles
+	// (groupedGrid's weight-gradient grid is then the tile count it bounds).
+	ctas int
 }
-
-// persistentCTAs is how many CTAs of a persistent weight gradient share a multiprocessor
-// (__launch_bounds__ of grouped_gemm_wg_dw_p).
-const persistentCTAs = 2
 
 func wgShared(stages, cols int) uint32 { return uint32(stages*(16384+cols*128) + 1024) }
 
@@ -51,7 +47,8 @@ var groupedWGVariants = map[string]groupedWGVariant{
 	"wg-n256":   {suffix: "_n256", cols: 256, shared: wgShared(4, 256)},
 	"wg-n128x2": {suffix: "_n128x2", cols: 128, shared: wgShared(3, 128)},
 	"wg-tma":    {suffix: "_tma", cols: 256, shared: wgShared(4, 256), tma: true},
-	"wg-p":      {suffix: "_p", cols: 128, shared: wgShared(3, 128), persistent: true},
+	"wg-p":      {suffix: "_p", cols: 128, shared: wgShared(3, 128), ctas: 2},
+	"wg-p256":   {suffix: "_p256", cols: 256, shared: wgShared(4, 256), ctas: 1},
 }
 
 // defaultGroupedWG is the choice of grouped GEMM kernels on a device of arch when
@@ -118,10 +115,10 @@ func groupedGrid(kind backend.GroupedKind, d backend.GroupedDims, cols int) ([3]
 }
 
 // persistentGrid is the one-dimensional grid of a persistent weight gradient whose tiles
-// would take grid: one CTA a tile up to persistentCTAs a multiprocessor of sms.
-func persistentGrid(grid [3]uint32, sms int) [3]uint32 {
+// would take grid: one CTA a tile up to ctas a multiprocessor of sms.
+func persistentGrid(grid [3]uint32, sms, ctas int) [3]uint32 {
 	tiles := uint64(grid[0]) * uint64(grid[1]) * uint64(grid[2])
-	n := uint64(max(sms, 1) * persistentCTAs)
+	n := uint64(max(sms, 1) * max(ctas, 1))
 	return [3]uint32{uint32(max(min(tiles, n), 1)), 1, 1}
 }
 
@@ -175,8 +172,8 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 		if err != nil {
 			return fmt.Errorf("cuda: %s: %w", op, err)
 		}
-		if groupedWGVariants[variant].persistent && a.Kind == backend.GroupedWeightGrad {
-			grid = persistentGrid(grid, b.d.info.SMs)
+		if c := groupedWGVariants[variant].ctas; c > 0 && a.Kind == backend.GroupedWeightGrad {
+			grid = persistentGrid(grid, b.d.info.SMs, c)
 		}
 		if groupedWGVariants[variant].tma {
 			sa, sb := groupedTMAMaps(a.Kind, d)

@@ -77,7 +77,7 @@ func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 	// A persistent variant's forward and input grad are GW_KERNEL lines of 128 columns, its
 	// weight gradient grouped_gemm_wg_dw_SUFFIX running gw_dw_persist<stages>.
 	for n, v := range groupedWGVariants {
-		if !v.persistent {
+		if v.ctas == 0 {
 			continue
 		}
 		for _, k := range []string{"fwd", "dx"} {
@@ -92,11 +92,16 @@ func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 				t.Errorf("variant %s %s: host tiles of %d columns and %d bytes; the kernel's %d columns in %d stages need %d", n, k, v.cols, v.shared, cols, stages, want)
 			}
 		}
-		m := regexp.MustCompile(`grouped_gemm_wg_dw` + v.suffix + `\([^{]*\{[^}]*gw_dw_persist<(\d+)>`).FindStringSubmatch(src)
+		m := regexp.MustCompile(`(?m)^GW_DW_PERSIST\(` + v.suffix + `, (\d+), (\d+), (\d+)\)`).FindStringSubmatch(src)
 		if m == nil {
-			t.Errorf("variant %s: grouped_gemm_wg.cu has no kernel grouped_gemm_wg_dw%s running gw_dw_persist", n, v.suffix)
-		} else if stages, _ := strconv.Atoi(m[1]); v.shared != wgShared(stages, 128) {
-			t.Errorf("variant %s: host gives %d bytes of shared memory, the persistent weight gradient's %d stages need %d", n, v.shared, stages, wgShared(stages, 128))
+			t.Errorf("variant %s: grouped_gemm_wg.cu has no GW_DW_PERSIST line for %s", n, v.suffix)
+		} else {
+			cols, _ := strconv.Atoi(m[1])
+			stages, _ := strconv.Atoi(m[2])
+			ctas, _ := strconv.Atoi(m[3])
+			if v.cols != cols || v.shared != wgShared(stages, cols) || v.ctas != ctas {
+				t.Errorf("variant %s: host tiles of %d columns, %d bytes, %d CTAs a multiprocessor; the persistent weight gradient has %d columns in %d stages (%d bytes), %d CTAs", n, v.cols, v.shared, v.ctas, cols, stages, wgShared(stages, cols), ctas)
+			}
 		}
 		seen[n] = true
 	}
@@ -238,21 +243,22 @@ func TestEncodeTMAWithoutTheEntryPoint(t *testing.T) {
 	}
 }
 
-// TestPersistentGrid: the persistent weight gradient launches one CTA a tile up to
-// persistentCTAs a multiprocessor, and at least one.
+// TestPersistentGrid: a persistent weight gradient launches one CTA a tile up to its CTAs a
+// multiprocessor, and at least one.
 func TestPersistentGrid(t *testing.T) {
 	for _, tc := range []struct {
-		grid [3]uint32
-		sms  int
-		want uint32
+		grid      [3]uint32
+		sms, ctas int
+		want      uint32
 	}{
-		{[3]uint32{16, 12, 128}, 132, 264}, // Qwen3-30B-A3B gate-up: 24576 tiles
-		{[3]uint32{2, 1, 3}, 132, 6},       // fewer tiles than CTAs
-		{[3]uint32{1, 1, 1}, 0, 1},         // no multiprocessor count known
-		{[3]uint32{65535, 65535, 2}, 8, 16},
+		{[3]uint32{16, 12, 128}, 132, 2, 264}, // Qwen3-30B-A3B gate-up: 24576 tiles
+		{[3]uint32{8, 12, 128}, 132, 1, 132},  // the same in 256-column tiles, one CTA each
+		{[3]uint32{2, 1, 3}, 132, 2, 6},       // fewer tiles than CTAs
+		{[3]uint32{1, 1, 1}, 0, 2, 1},         // no multiprocessor count known
+		{[3]uint32{65535, 65535, 2}, 8, 2, 16},
 	} {
-		if got := persistentGrid(tc.grid, tc.sms); got != [3]uint32{tc.want, 1, 1} {
-			t.Errorf("persistentGrid(%v, %d) = %v, want [%d 1 1]", tc.grid, tc.sms, got, tc.want)
+		if got := persistentGrid(tc.grid, tc.sms, tc.ctas); got != [3]uint32{tc.want, 1, 1} {
+			t.Errorf("persistentGrid(%v, %d, %d) = %v, want [%d 1 1]", tc.grid, tc.sms, tc.ctas, got, tc.want)
 		}
 	}
 }
