@@ -527,3 +527,38 @@ func GatedDeltaBackwardCost(a GatedDeltaBackwardArgs) Cost {
 		Bytes: sizes(a.Q, a.K, a.V, a.Beta, a.G, a.States, a.DOut, a.DQ, a.DK, a.DV, a.DBeta, a.DG),
 		Class: profilekeys.ClassAttention}
 }
+
+// GatedDeltaPrepCost is Optional.GatedDeltaPrep (class other): 2 FLOPs per tap and about 8 for
+// the SiLU and the norm per element of Mixed, 10 per gate; the inputs read, Q, K, V, Beta and G
+// written.
+func GatedDeltaPrepCost(a GatedDeltaPrepArgs) Cost {
+	l := elems(a.Conv) / int64(max(2*a.KH*a.KD+a.VH*a.VD, 1))
+	return Cost{FLOPs: elems(a.Mixed)*(2*l+8) + 10*elems(a.Beta),
+		Bytes: sizes(a.Mixed, a.B, a.A, a.Conv, a.DtBias, a.ALog, a.CuSeqlens, a.Q, a.K, a.V, a.Beta, a.G),
+		Class: profilekeys.ClassOther}
+}
+
+// GatedDeltaPrepBackwardCost is Optional.GatedDeltaPrepBackward (class other): the recomputed
+// conv and the input and filter products (6 FLOPs per tap) and about 16 for the SiLU and the
+// norm per element of Mixed, 12 per gate; the inputs and the forward's operands read, DMixed,
+// DB and DA written, the gradients read and written.
+func GatedDeltaPrepBackwardCost(a GatedDeltaPrepBackwardArgs) Cost {
+	l := elems(a.Conv) / int64(max(2*a.KH*a.KD+a.VH*a.VD, 1))
+	return Cost{FLOPs: elems(a.Mixed)*(6*l+16) + 12*elems(a.DBeta),
+		Bytes: sizes(a.Mixed, a.B, a.A, a.Conv, a.DtBias, a.ALog, a.CuSeqlens, a.DQ, a.DK, a.DV, a.DBeta, a.DG,
+			a.DMixed, a.DB, a.DA) + 2*sizes(a.GConv, a.GDtBias, a.GALog),
+		Class: profilekeys.ClassOther}
+}
+
+// GatedRMSNormCost is Optional.GatedRMSNorm (class norm): 8 FLOPs per element (the square, the
+// scale, the weight and the SiLU gate); X, Z and Weight read, Out and RStd written.
+func GatedRMSNormCost(a GatedRMSNormArgs) Cost {
+	return Cost{FLOPs: 8 * elems(a.X), Bytes: sizes(a.X, a.Z, a.Weight, a.Out, a.RStd), Class: profilekeys.ClassNorm}
+}
+
+// GatedRMSNormBackwardCost is Optional.GatedRMSNormBackward (class norm): 16 FLOPs per element;
+// DOut, X, Z, Weight and RStd read, DX and DZ written, GWeight read and written.
+func GatedRMSNormBackwardCost(a GatedRMSNormBackwardArgs) Cost {
+	return Cost{FLOPs: 16 * elems(a.X), Bytes: sizes(a.DOut, a.X, a.Z, a.Weight, a.RStd, a.DX, a.DZ) + 2*sizes(a.GWeight),
+		Class: profilekeys.ClassNorm}
+}

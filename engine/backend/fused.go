@@ -113,6 +113,18 @@ type Optional struct {
 	GatedDelta         func(a GatedDeltaArgs) error
 	GatedDeltaBackward func(a GatedDeltaBackwardArgs) error
 
+	// GatedDeltaPrep and GatedDeltaPrepBackward run the stages of a gated delta-net layer
+	// between its input projections and the recurrence (the causal conv, SiLU, the l2 norms of
+	// q and k and the gates β and g), and GatedRMSNorm and GatedRMSNormBackward the gated
+	// RMSNorm after it, on the device (GatedDeltaPrepArgs and GatedRMSNormArgs in
+	// gated_delta_stages.go). The CPU and CUDA backends have them.
+	//
+	// Fallback: the float64 host stages of engine/nn's GatedDeltaNet over downloaded rows.
+	GatedDeltaPrep         func(a GatedDeltaPrepArgs) error
+	GatedDeltaPrepBackward func(a GatedDeltaPrepBackwardArgs) error
+	GatedRMSNorm           func(a GatedRMSNormArgs) error
+	GatedRMSNormBackward   func(a GatedRMSNormBackwardArgs) error
+
 	// SampleTokens draws one token per row of logits on the device: greedy, or with
 	// temperature, top-k and top-p from a counter-based stream (SampleArgs in decode.go). The
 	// CPU and CUDA backends have it.

@@ -478,6 +478,42 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 			return b.end(s, f(a), "GatedDeltaBackward", backend.GatedDeltaBackwardCost(a), a.DV)
 		}
 	}
+	if f := in.GatedDeltaPrep; f != nil {
+		out.GatedDeltaPrep = func(a backend.GatedDeltaPrepArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "GatedDeltaPrep", backend.GatedDeltaPrepCost(a), a.V)
+		}
+	}
+	if f := in.GatedDeltaPrepBackward; f != nil {
+		out.GatedDeltaPrepBackward = func(a backend.GatedDeltaPrepBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "GatedDeltaPrepBackward", backend.GatedDeltaPrepBackwardCost(a), a.DMixed)
+		}
+	}
+	if f := in.GatedRMSNorm; f != nil {
+		out.GatedRMSNorm = func(a backend.GatedRMSNormArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "GatedRMSNorm", backend.GatedRMSNormCost(a), a.Out)
+		}
+	}
+	if f := in.GatedRMSNormBackward; f != nil {
+		out.GatedRMSNormBackward = func(a backend.GatedRMSNormBackwardArgs) error {
+			if b.rec.mode.Load() == 0 {
+				return f(a)
+			}
+			s := b.begin()
+			return b.end(s, f(a), "GatedRMSNormBackward", backend.GatedRMSNormBackwardCost(a), a.DX)
+		}
+	}
 	if f := in.DecodeAttention; f != nil {
 		out.DecodeAttention = func(a backend.DecodeAttentionArgs) error {
 			if b.rec.mode.Load() == 0 {

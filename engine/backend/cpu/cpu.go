@@ -77,7 +77,7 @@ var (
 
 // Optional implements backend.Backend: the CPU backend fuses AddRMSNorm, runs AdamW, has
 // every mixture-of-experts op (GroupedGEMM, routing, permutation, combine: the reference of the
-// device kernels), NF4 dequantisation, dropout, and the decoding ops (slotted-cache attention and sampling); it has no device queue to time (ops finish before
+// device kernels), NF4 dequantisation, dropout, the short convolution, the gated delta rule and the gated delta-net stages around it, and the decoding ops (slotted-cache attention and sampling); it has no device queue to time (ops finish before
 // they return), so no Timer.
 func (b *Backend) Optional() backend.Optional {
 	return backend.Optional{
@@ -89,6 +89,8 @@ func (b *Backend) Optional() backend.Optional {
 		DequantNF4: b.DequantNF4, Dropout: b.Dropout,
 		ShortConv: b.ShortConv, ShortConvBackward: b.ShortConvBackward,
 		GatedDelta: b.GatedDelta, GatedDeltaBackward: b.GatedDeltaBackward,
+		GatedDeltaPrep: b.GatedDeltaPrep, GatedDeltaPrepBackward: b.GatedDeltaPrepBackward,
+		GatedRMSNorm: b.GatedRMSNorm, GatedRMSNormBackward: b.GatedRMSNormBackward,
 		DecodeAttention: b.DecodeAttention, SampleTokens: b.SampleTokens,
 	}
 }
