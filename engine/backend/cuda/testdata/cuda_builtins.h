@@ -30,6 +30,7 @@ __device__ float fmaf(float, float, float);
 __device__ float expf(float);
 __device__ float exp2f(float);
 __device__ float logf(float);
+__device__ float log1pf(float);
 __device__ float sqrtf(float);
 __device__ float rsqrtf(float);
 __device__ float __expf(float);

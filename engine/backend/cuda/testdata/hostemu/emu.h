@@ -1,6 +1,6 @@
-// emu.h: the CUDA built-ins that kernels/attention.cu, shortconv.cu and gated_delta.cu use, for
-// running their kernels as host C++ (TestAttentionKernelsOnHost, TestShortConvKernelsOnHost,
-// TestGatedDeltaKernelsOnHost). A block's threads are fibers on one OS thread;
+// emu.h: the CUDA built-ins that kernels/attention.cu, shortconv.cu, gated_delta.cu and
+// gated_delta_stages.cu use, for running their kernels as host C++ (TestAttentionKernelsOnHost,
+// TestShortConvKernelsOnHost, TestGatedDeltaKernelsOnHost, TestGatedDeltaStagesKernelsOnHost). A block's threads are fibers on one OS thread;
 // __syncthreads and each warp shuffle are barriers at which a fiber yields until every
 // participant has arrived, so a barrier reached by only some of its threads never completes
 // (the run hangs and the test's timeout reports it). The test prepends
