@@ -28,21 +28,28 @@ import (
 //	y = Out(rms(o)·NormW·silu(z))     rms over each head's VD values (eps Eps), no 1 + w offset
 //
 // The recurrence is the plain one of transformers' torch_recurrent_gated_delta_rule; the
-// chunked form transformers runs on a whole sequence computes the same values. The conv and
-// gated norm run on the host in float64 (the projections run on the backend), so every backend
-// runs the layer through Download and Upload. The recurrence runs in the backend's GatedDelta
-// op where it has one (the CPU and CUDA backends; engine/backend/gated_delta.go), with q̂, k̂, v,
-// β and g uploaded as F32 and o downloaded, for every pass but a decoding one; otherwise it
-// runs here in float64, the key heads' groups of value heads on up to GOMAXPROCS goroutines.
+// chunked form transformers runs on a whole sequence computes the same values.
+//
+// Paths, by what the backend has. The device path (gated_delta_net_device.go) runs every stage
+// as a backend op on device tensors — the projections, GatedDeltaPrep (conv, SiLU, l2 norms,
+// gates), GatedDelta (the recurrence), GatedRMSNorm, and their backwards — for every pass but a
+// decoding one, when the backend has those ops (the CPU and CUDA backends); its cache stays on
+// the device and no [N, D] rows cross to the host. Otherwise the stages around the recurrence
+// run here on the host in float64 over downloaded rows (the projections still on the backend),
+// with the recurrence in the backend's GatedDelta op where it has one (engine/backend/
+// gated_delta.go; q̂, k̂, v, β and g uploaded as F32 and o downloaded) outside decoding, else
+// here in float64 too, the key heads' groups of value heads on up to GOMAXPROCS goroutines. A
+// decoding pass always takes the host path: the row's recurrent state lives on the host. The
+// host float64 path is the reference the device path is tested against.
 //
 // Gradients: Conv, DtBias, ALog and NormW accumulate (+=) into GConv, GDtBias, GALog and
 // GNormW; the projections' gradients accumulate through Linear.Backward. Cached for backward
-// (host float64): the conv input and pre-activation, z, β, g, the normalised q̂ and k̂ with their
-// inverse norms, v, the state S at the start of every stateChunk tokens of each document (with
-// the backend op: on the device, in F32), the recurrence output o and its rms; the layer input
-// x is not owned. The states inside a chunk
-// are recomputed in backward from the chunk's first one, so the cache holds N/stateChunk
-// states per head, never N.
+// on the host paths (host float64): the conv input and pre-activation, z, β, g, the normalised
+// q̂ and k̂ with their inverse norms, v, the state S at the start of every stateChunk tokens of
+// each document (with the backend op: on the device, in F32), the recurrence output o and its
+// rms; the device path's cache is described in gated_delta_net_device.go. The layer input x is
+// not owned. The states inside a chunk are recomputed in backward from the chunk's first one,
+// so the cache holds N/stateChunk states per head, never N.
 type GatedDeltaNet struct {
 	Name string
 	// Grouped selects the projection layout: QKVZ [2·KH·KD+2·VH·VD, C] and BA [2·VH, C] grouped
@@ -84,9 +91,15 @@ type gdnCache struct {
 	o, rs          []float64           // o [N,VH,VD], rs [N,VH] inverse rms
 	states         []map[int][]float64 // per value head: S before token t, every stateChunk tokens
 	// dev: the recurrence ran in the backend op, whose kept states are devStates (device F32).
-	dev                 bool
-	devStates           T
-	conv, dt, aLog, nrm []float64
+	dev       bool
+	devStates T
+	// stages: the pass took the device path (gated_delta_net_device.go), whose cache is the
+	// projections' outputs (activation dtype), the recurrence's output o and the norm's inverse
+	// rms (F32), all on the device, with devStates.
+	stages                     bool
+	devMixed, devZ, devB, devA T
+	devO, devRS                T
+	conv, dt, aLog, nrm        []float64
 	// Decoding only: per document of the pass, the state it continues (nil: a new row) and
 	// the recurrent states after its last token.
 	hist, s0, final [][]float64
@@ -132,6 +145,14 @@ func (l *GatedDeltaNet) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			l.Release(p)
 		}
 	}()
+	if l.stagesOnDevice(p) {
+		core, err := l.forwardDevice(p, x, keep)
+		if err != nil {
+			return T{}, err
+		}
+		defer func() { _ = free(p.B, &core) }()
+		return l.Out.Forward(p, core)
+	}
 	if c.docs, err = backend.ToInt32(p.B, p.CuSeqlens); err != nil {
 		return T{}, wrap(l.Name+" documents", err)
 	}
@@ -607,6 +628,9 @@ func (l *GatedDeltaNet) Backward(p *Pass, dy T) (dx T, err error) {
 	}
 	c := &l.c
 	defer l.Release(p)
+	if c.stages {
+		return l.backwardDevice(p, dy)
+	}
 	n, d, vdAll, kd := p.N, l.convDim(), l.VH*l.VD, l.KH*l.KD
 	// The gated norm's input, rebuilt for out_proj's gradient.
 	core := make([]float64, n*vdAll)
@@ -976,6 +1000,7 @@ func (l *GatedDeltaNet) Linears() []*Linear {
 
 // Release drops the cached activations without a backward.
 func (l *GatedDeltaNet) Release(p *Pass) {
-	_ = free(p.B, &l.c.devStates)
+	c := &l.c
+	_ = free(p.B, &c.devStates, &c.devMixed, &c.devZ, &c.devB, &c.devA, &c.devO, &c.devRS)
 	l.c = gdnCache{}
 }
