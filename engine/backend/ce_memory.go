@@ -1,5 +1,7 @@
 package backend
 
+import "github.com/halo-shell/halo-shell/internal/switches"
+
 // The memory of Ops.CrossEntropy, the fused LM head and loss.
 //
 // An unfused head computes logits = hidden @ W^T for the whole micro-batch and keeps them, in
@@ -68,17 +70,41 @@ func CrossEntropyChunkRows(N, V int, budget int64) int {
 	return min(rows, maxRows, N)
 }
 
+// The CUDA backend's layout of the chunk buffers of a bf16 head (CrossEntropyScratch says what
+// each holds).
+var (
+	swCELogits = switches.Register(switches.Switch{Name: "HALO_CE_LOGITS", Kind: switches.Tuning,
+		Default: "f32", Values: []string{"f32", "bf16"},
+		Doc: "The dtype of the LM head's chunk logits on the CUDA backend when the head's weight is bf16: f32 (the logits GEMM writes fp32, the loss reads them, dlogits go to a bf16 buffer beside them: rows x V x 6 bytes) or bf16 (the GEMM rounds the logits to bf16, as transformers' bf16 LM head does before its fp32 loss, and the dlogits overwrite them: rows x V x 2 bytes). The loss's sums are fp32 either way."})
+	swCEDWeight = switches.Register(switches.Switch{Name: "HALO_CE_DWEIGHT", Kind: switches.Tuning,
+		Default: "f32", Values: []string{"f32", "direct"},
+		Doc: "How the CUDA backend's LM head accumulates the chunks' weight gradients into a bf16 DWeight: f32 (into an fp32 [V, C] buffer added to DWeight once, one rounding) or direct (each chunk's GEMM adds into DWeight as HALO_CUDA_GEMM_BETA adds into bf16, no buffer: V x C x 4 bytes fewer; with its default each chunk's product is rounded to bf16 and then added, as autograd adds bf16 gradients)."})
+)
+
+// CrossEntropyBF16Logits reports whether a bf16 head's chunk logits are bf16 (HALO_CE_LOGITS).
+func CrossEntropyBF16Logits() bool { return swCELogits.Is("bf16") }
+
+// CrossEntropyDirectDWeight reports whether a bf16 DWeight takes each chunk's product directly
+// (HALO_CE_DWEIGHT=direct) rather than through an fp32 accumulator.
+func CrossEntropyDirectDWeight() bool { return swCEDWeight.Is("direct") }
+
 // CrossEntropyScratch is the device memory a chunked CrossEntropy of rows-row chunks holds
-// besides its operands, as the CUDA backend lays it out: the chunk's fp32 logits [rows, V]; with
-// backward and a weight of elemBytes < 4 its dlogits [rows, V] in the weight's dtype (fp32
-// dlogits overwrite the logits); and when a DWeight of fewer than 4 bytes per element is
-// accumulated, an fp32 [V, C] buffer the chunks add into.
+// besides its operands, as the CUDA backend lays it out: the chunk's logits [rows, V], fp32, or
+// bf16 for a head of elemBytes < 4 under HALO_CE_LOGITS=bf16; with backward and a weight of
+// elemBytes < 4 and fp32 logits its dlogits [rows, V] in the weight's dtype (dlogits of the
+// logits' dtype overwrite them); and when a DWeight of fewer than 4 bytes per element is
+// accumulated (bf16DWeight) through an fp32 accumulator (HALO_CE_DWEIGHT=f32), that [V, C]
+// buffer.
 func CrossEntropyScratch(rows, V, C int, backward bool, elemBytes int, bf16DWeight bool) int64 {
-	n := int64(rows) * int64(V) * 4
-	if backward && elemBytes < 4 {
+	logit := int64(4)
+	if elemBytes < 4 && CrossEntropyBF16Logits() {
+		logit = int64(elemBytes)
+	}
+	n := int64(rows) * int64(V) * logit
+	if backward && elemBytes < 4 && logit == 4 {
 		n += int64(rows) * int64(V) * int64(elemBytes)
 	}
-	if bf16DWeight {
+	if bf16DWeight && !CrossEntropyDirectDWeight() {
 		n += int64(V) * int64(C) * 4
 	}
 	return n

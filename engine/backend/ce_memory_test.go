@@ -71,3 +71,27 @@ func TestCrossEntropyScratch(t *testing.T) {
 		t.Errorf("fp32 dlogits add %d bytes; they overwrite the logits", a-b)
 	}
 }
+
+// TestCrossEntropyScratchLayouts: HALO_CE_LOGITS=bf16 holds a bf16 head's chunk logits in bf16
+// with the dlogits over them (rows x V x 2 bytes instead of x 6), and HALO_CE_DWEIGHT=direct
+// drops the fp32 [V, C] accumulator of a bf16 DWeight; an fp32 head keeps fp32 logits under both.
+func TestCrossEntropyScratchLayouts(t *testing.T) {
+	const rows, V, C = 2816, 151936, 2048
+	for _, tc := range []struct {
+		logits, dweight string
+		el              int
+		want            int64
+	}{
+		{"f32", "f32", 2, rows*V*6 + V*C*4},
+		{"bf16", "f32", 2, rows*V*2 + V*C*4},
+		{"f32", "direct", 2, rows * V * 6},
+		{"bf16", "direct", 2, rows * V * 2},
+		{"bf16", "direct", 4, rows * V * 4},
+	} {
+		t.Setenv("HALO_CE_LOGITS", tc.logits)
+		t.Setenv("HALO_CE_DWEIGHT", tc.dweight)
+		if got := CrossEntropyScratch(rows, V, C, true, tc.el, tc.el < 4); got != tc.want {
+			t.Errorf("logits %s, dweight %s, %d-byte head: %d bytes, want %d", tc.logits, tc.dweight, tc.el, got, tc.want)
+		}
+	}
+}

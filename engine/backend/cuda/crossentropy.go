@@ -91,7 +91,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			return err
 		}
 		dWeightAcc = dWeight2D
-		if a.DWeight.DType() != tensor.F32 {
+		if a.DWeight.DType() != tensor.F32 && !backend.CrossEntropyDirectDWeight() {
 			// Chunks accumulate into an fp32 [V, C] buffer that is added to DWeight once at the
 			// end: one rounding to DWeight's dtype, and no per-chunk conversion pass. The first
 			// chunk's product overwrites it, so it needs no zero fill.
@@ -102,21 +102,26 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 			foldDWeight = true
 		}
 	}
-	// Chunk buffers, overwritten by each chunk: fp32 logits, and (backward) dlogits in the
-	// weight's dtype.
-	logits, err := b.allocScratch(tensor.F32, rows, V)
+	// Chunk buffers, overwritten by each chunk: the logits (fp32, or bf16 for a bf16 head under
+	// HALO_CE_LOGITS=bf16), and (backward) dlogits in the weight's dtype, in place of logits of
+	// that dtype.
+	logitsDT := tensor.F32
+	if a.Weight.DType() == tensor.BF16 && backend.CrossEntropyBF16Logits() {
+		logitsDT = tensor.BF16
+	}
+	logits, err := b.allocScratch(logitsDT, rows, V)
 	if err != nil {
 		return err
 	}
 	defer b.Free(logits)
 	dlogits := logits
-	if backward && a.Weight.DType() != tensor.F32 {
+	if backward && a.Weight.DType() != logitsDT {
 		if dlogits, err = b.allocScratch(a.Weight.DType(), rows, V); err != nil {
 			return err
 		}
 		defer b.Free(dlogits)
 	}
-	pLogits := arg.ptr("logits", logits)
+	pLogits, cLogits := arg.float("logits", logits)
 	pDL, cDL := arg.float("dlogits", dlogits)
 	if err := arg.err(); err != nil {
 		return err
@@ -140,7 +145,7 @@ func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 		if backward {
 			dlp = pDL
 		}
-		args := packArgs(pLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, pTS, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr(), a.Softcap)
+		args := packArgs(pLogits, cLogits, pt, pLoss, pLP, dlp, cDL, a.GradScale, pTS, int64(r0), int32(V), int32(backend.IgnoreIndex), b.flagPtr(), a.Softcap)
 		if err := b.d.Post(func() error {
 			return b.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(r), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
 		}); err != nil {

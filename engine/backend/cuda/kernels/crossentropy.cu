@@ -14,13 +14,28 @@
 // With cap > 0 every logit is first capped, x = cap * tanh(x / cap) (final_logit_softcapping),
 // and dlogits carries the cap's derivative: scale * (softmax - onehot) * (1 - tanh^2); the
 // capped logits are recomputed on each read and never stored.
-// Each logit is read once for lse (a running max and rescaled sum) and once more for dlogits;
-// with V a multiple of 4 the reads are 16-byte and the bf16 dlogits stores 8-byte. dlogits may
-// alias logits when both are fp32 (each thread rewrites only what it read).
+// The logits are fp32 or bf16 (dtl: HALO_CE_LOGITS=bf16 has the logits GEMM round them to bf16,
+// as transformers' bf16 LM head does before its fp32 loss); every sum is fp32. Each logit is read
+// once for lse (a running max and rescaled sum) and once more for dlogits; with V a multiple of 4
+// the reads are 16-byte (fp32) or 8-byte (bf16) and the bf16 dlogits stores 8-byte. dlogits may
+// alias logits when both have the same dtype (each thread rewrites only the elements it read,
+// after the barrier that follows thread 0's read of the target's logit).
 
 struct alignas(16) ce_f4 { float x, y, z, w; };
 struct alignas(8) ce_u2 { unsigned int x, y; };
 struct alignas(16) ce_out4 { float x, y, z, w; };
+
+// ce_ld4 reads logits 4k..4k+3 of a row of dtype dtl (V a multiple of 4).
+__device__ __forceinline__ ce_f4 ce_ld4(const void* row, int dtl, int k) {
+    if (dtl == DT_F32) return ((const ce_f4*)row)[k];
+    ce_u2 u = ((const ce_u2*)row)[k];
+    ce_f4 x;
+    x.x = bf2f((bf16)(u.x & 0xffffu));
+    x.y = bf2f((bf16)(u.x >> 16));
+    x.z = bf2f((bf16)(u.y & 0xffffu));
+    x.w = bf2f((bf16)(u.y >> 16));
+    return x;
+}
 
 // ce_add folds x into the running (max m, sum s of exp(v - m)).
 __device__ __forceinline__ void ce_add(float& m, float& s, float x) {
@@ -79,12 +94,13 @@ __device__ __forceinline__ float ce_grad(float x, float lse, float scale, int v,
     return scale * (expf(x - lse) - (v == t ? 1.f : 0.f)) * d;
 }
 
-extern "C" __global__ void ce_rows(const float* logits, const int* targets, float* loss, float* logprob,
+extern "C" __global__ void ce_rows(const void* logits, int dtl, const int* targets, float* loss, float* logprob,
                                    void* dlogits, int dtdl, float scale, const float* token_scale,
                                    long long row0, int V, int ignore_index, int* bad, float cap) {
     long long r = blockIdx.x;
     long long n = row0 + r;
-    const float* lr = logits + r * (long long)V;
+    const long long rowOff = r * (long long)V;
+    const void* lr = dtl == DT_F32 ? (const void*)((const float*)logits + rowOff) : (const void*)((const bf16*)logits + rowOff);
     int t = targets[n];
     bool ignored = (t == ignore_index);
     if (!ignored && (t < 0 || t >= V)) {
@@ -95,31 +111,29 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
     int V4 = V >> 2;
     float m = __int_as_float(0xff800000), s = 0.f;
     if (vec) {
-        const ce_f4* l4 = (const ce_f4*)lr;
         for (int k = threadIdx.x; k < V4; k += blockDim.x) {
-            ce_f4 x = l4[k];
+            ce_f4 x = ce_ld4(lr, dtl, k);
             ce_add(m, s, ce_cap(x.x, cap));
             ce_add(m, s, ce_cap(x.y, cap));
             ce_add(m, s, ce_cap(x.z, cap));
             ce_add(m, s, ce_cap(x.w, cap));
         }
     } else {
-        for (int v = threadIdx.x; v < V; v += blockDim.x) ce_add(m, s, ce_cap(lr[v], cap));
+        for (int v = threadIdx.x; v < V; v += blockDim.x) ce_add(m, s, ce_cap(ldf(lr, dtl, v), cap));
     }
     float lse = ce_block_lse(m, s);
     if (threadIdx.x == 0) {
-        float lp = ignored ? 0.f : ce_cap(lr[t], cap) - lse;
+        float lp = ignored ? 0.f : ce_cap(ldf(lr, dtl, t), cap) - lse;
         if (loss) loss[n] = -lp;
         if (logprob) logprob[n] = lp;
     }
     if (!dlogits) return;
     if (token_scale) scale *= token_scale[n];
-    // fp32 dlogits may alias logits: no thread may store before thread 0 has read lr[t].
+    // dlogits may alias logits: no thread may store before thread 0 has read the target's logit.
     __syncthreads();
     if (vec) {
-        const ce_f4* l4 = (const ce_f4*)lr;
         for (int k = threadIdx.x; k < V4; k += blockDim.x) {
-            ce_f4 x = l4[k];
+            ce_f4 x = ce_ld4(lr, dtl, k);
             int v = 4 * k;
             float g0 = ce_grad(x.x, lse, scale, v, t, ignored, cap);
             float g1 = ce_grad(x.y, lse, scale, v + 1, t, ignored, cap);
@@ -136,6 +150,6 @@ extern "C" __global__ void ce_rows(const float* logits, const int* targets, floa
         }
     } else {
         for (int v = threadIdx.x; v < V; v += blockDim.x)
-            stf(dlogits, dtdl, r * (long long)V + v, ce_grad(lr[v], lse, scale, v, t, ignored, cap));
+            stf(dlogits, dtdl, rowOff + v, ce_grad(ldf(lr, dtl, v), lse, scale, v, t, ignored, cap));
     }
 }

@@ -75,5 +75,11 @@ inline float atomicAdd(float* p, float v) {
     *p = old + v;
     return old;
 }
+// atomicMin: as atomicAdd, one thread at a time.
+inline int atomicMin(int* p, int v) {
+    int old = *p;
+    if (v < old) *p = v;
+    return old;
+}
 using std::max;
 using std::min;
