@@ -20,7 +20,7 @@ import (
 // hostEmu holds the host emulation of CUDA kernels (testdata/hostemu: emu.h and one *_check.cc
 // driver per kernel file), embedded so that the test binary runs from any directory.
 //
-//go:embed testdata/hostemu/emu.h testdata/hostemu/emu_fibers.h testdata/hostemu/*_check.cc
+//go:embed testdata/hostemu/*.h testdata/hostemu/*_check.cc
 var hostEmu embed.FS
 
 // buildHostEmu compiles kernel source src (a kernels/ file, possibly rewritten for the harness)
@@ -43,7 +43,7 @@ func buildHostEmu(t *testing.T, what, check, src string, flags ...string) string
 		t.Skipf("needs g++ or clang++ to run the %s kernels on the host", what)
 	}
 	dir := t.TempDir()
-	for _, f := range []string{"emu.h", "emu_fibers.h", check + ".cc"} {
+	for _, f := range []string{"emu.h", "emu_fibers.h", "emu_tensor.h", check + ".cc"} {
 		b, err := hostEmu.ReadFile("testdata/hostemu/" + f)
 		if err != nil {
 			t.Fatal(err)

@@ -14,36 +14,24 @@
 
 #include "emu.h"
 
-emu_dim3 threadIdx, blockIdx, blockDim;
+emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 float* emu_smem;
 emu_barrier emu_block, emu_warp[32];
 float emu_slot[2][32][32];
 
 #include "kernels.inc"
 #include "emu_fibers.h"
-
-// buf holds a float tensor in dtype dt.
-struct buf {
-    int dt;
-    std::vector<float> f;
-    std::vector<bf16> h;
-    buf(int dt, size_t n) : dt(dt), f(dt == DT_F32 ? n : 0), h(dt == DT_BF16 ? n : 0) {}
-    void* ptr() { return dt == DT_F32 ? (void*)f.data() : (void*)h.data(); }
-};
+#include "emu_tensor.h"
 
 int main() {
     long long R, V, row0;
     int dtl, dtdl, alias;
     float cap, scale;
     while (scanf("%lld %lld %lld %d %d %d %f %f", &R, &V, &row0, &dtl, &dtdl, &alias, &cap, &scale) == 8) {
-        buf logits(dtl, R * V), dl(dtdl, alias ? 0 : R * V);
-        for (long long i = 0; i < R * V; i++) {
-            float v;
-            if (scanf("%f", &v) != 1) {
-                fprintf(stderr, "crossentropy_check: truncated logits\n");
-                return 1;
-            }
-            stf(logits.ptr(), dtl, i, v);
+        tensor logits(dtl, R * V), dl(dtdl, alias ? 0 : R * V);
+        if (!read(logits)) {
+            fprintf(stderr, "crossentropy_check: truncated logits\n");
+            return 1;
         }
         std::vector<int> targets(row0 + R);
         for (auto& t : targets)

@@ -24,45 +24,11 @@ float emu_slot[2][32][32];
 void emu_yield() {}
 
 #include "kernels.inc"
+#include "emu_tensor.h"
 
 template <class F>
 static void launch(unsigned gx, unsigned gy, unsigned threads, F body) {
-    gridDim = {gx, gy, 1};
-    blockDim = {threads, 1, 1};
-    for (unsigned y = 0; y < gy; y++)
-        for (unsigned x = 0; x < gx; x++)
-            for (unsigned t = 0; t < threads; t++) {
-                blockIdx = {x, y, 0};
-                threadIdx = {t, 0, 0};
-                body();
-            }
-}
-
-struct tensor {
-    int dt;
-    std::vector<float> f;
-    std::vector<bf16> h;
-    tensor(int dt, size_t n) : dt(dt), f(dt == DT_F32 ? n : 0), h(dt == DT_BF16 ? n : 0) {}
-    void* ptr() { return dt == DT_F32 ? (void*)f.data() : (void*)h.data(); }
-    float* fp() { return f.data(); }
-    void set(size_t i, float v) { stf(ptr(), dt, (long long)i, v); }
-    float get(size_t i) { return ldf(ptr(), dt, (long long)i); }
-    size_t size() { return dt == DT_F32 ? f.size() : h.size(); }
-};
-
-static bool read(tensor& t) {
-    for (size_t i = 0; i < t.size(); i++) {
-        float v;
-        if (scanf("%f", &v) != 1) return false;
-        t.set(i, v);
-    }
-    return true;
-}
-
-static void print(const char* name, tensor& t) {
-    printf("%s", name);
-    for (size_t i = 0; i < t.size(); i++) printf(" %.9g", t.get(i));
-    printf("\n");
+    emu_grid(gx, gy, threads, body);
 }
 
 int main() {

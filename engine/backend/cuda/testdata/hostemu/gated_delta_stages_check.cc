@@ -29,45 +29,12 @@ float emu_slot[2][32][32];
 void emu_yield() {}
 
 #include "kernels.inc"
+#include "emu_tensor.h"
 
+// launch runs body over the small grid of the emulation: 3 blocks of 32 threads.
 template <class F>
 static void launch(F body) {
-    gridDim = {3, 1, 1};
-    blockDim = {32, 1, 1};
-    for (unsigned b = 0; b < gridDim.x; b++)
-        for (unsigned t = 0; t < blockDim.x; t++) {
-            blockIdx = {b, 0, 0};
-            threadIdx = {t, 0, 0};
-            body();
-        }
-}
-
-// tensor holds a float tensor in dtype dt.
-struct tensor {
-    int dt;
-    std::vector<float> f;
-    std::vector<bf16> h;
-    tensor(int dt, size_t n) : dt(dt), f(dt == DT_F32 ? n : 0), h(dt == DT_BF16 ? n : 0) {}
-    void* ptr() { return dt == DT_F32 ? (void*)f.data() : (void*)h.data(); }
-    float* fp() { return f.data(); }
-    void set(size_t i, float v) { stf(ptr(), dt, (long long)i, v); }
-    float get(size_t i) { return ldf(ptr(), dt, (long long)i); }
-    size_t size() { return dt == DT_F32 ? f.size() : h.size(); }
-};
-
-static bool read(tensor& t) {
-    for (size_t i = 0; i < t.size(); i++) {
-        float v;
-        if (scanf("%f", &v) != 1) return false;
-        t.set(i, v);
-    }
-    return true;
-}
-
-static void print(const char* name, tensor& t) {
-    printf("%s", name);
-    for (size_t i = 0; i < t.size(); i++) printf(" %.9g", t.get(i));
-    printf("\n");
+    emu_grid(3, 1, 32, body);
 }
 
 int main() {
