@@ -16,8 +16,8 @@ var swGradZero = switches.Register(switches.Switch{Name: "HALO_GRAD_ZERO", Kind:
 	Doc: "How an optimizer step starts the gradients of MoE blocks' stacked experts: lazy (not filled: the block's first backward of the step writes them with =, its grouped weight-gradient GEMM writing every expert's block, or zeroes them first on the paths that accumulate; saves the fill and the GEMM's read of the zeros, about 4 bytes per expert parameter) or fill (zeroed with the rest, every write accumulates)."})
 
 // collectFresh lists the gradients that ZeroGrads may leave unfilled: the stacked experts of
-// the MoE blocks (each written only by its block's backward, which takes it from the pass's
-// FreshGrads), with their element ranges in the gradient arena.
+// the MoE blocks, gpt-oss's included (each written only by its block's backward, which takes
+// it from the pass's FreshGrads), with their element ranges in the gradient arena.
 func (m *Model) collectFresh() {
 	m.freshGrads, m.freshRanges = nil, nil
 	if m.Grads == nil || m.lora != nil {
@@ -26,11 +26,14 @@ func (m *Model) collectFresh() {
 	flat := m.Grads.Flat
 	el := int64(flat.DType().Size())
 	for _, blk := range m.blocks {
-		moe, ok := blk.FFN.(*nn.MoE)
-		if !ok {
-			continue
+		var gs []tensor.Tensor
+		switch f := blk.FFN.(type) {
+		case *nn.MoE:
+			gs = []tensor.Tensor{f.GateUp.GW, f.Down.GW}
+		case *nn.OSSMoE:
+			gs = []tensor.Tensor{f.GGateUp, f.GDown}
 		}
-		for _, g := range []tensor.Tensor{moe.GateUp.GW, moe.Down.GW} {
+		for _, g := range gs {
 			if g.IsNil() || g.Buffer() != flat.Buffer() {
 				continue
 			}

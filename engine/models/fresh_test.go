@@ -13,15 +13,21 @@ import (
 // gradients poisoned with NaN (a previous step's leftovers), one optimizer step's gradients
 // over two micro-batches (the second accumulating) equal those of HALO_GRAD_ZERO=fill bit for
 // bit, on the device path (grouped weight gradient with =) and on the composed path (zeroed,
-// then accumulated), for a family with a dense first layer and one whose every layer is MoE.
+// then accumulated), for qwen3_moe, glm4_moe (a dense first layer) and gpt_oss (its own
+// block, with expert biases).
 func TestLazyGradZeroMatchesFill(t *testing.T) {
-	for _, fam := range []string{"qwen3_moe", "glm4_moe"} {
+	build := map[string]func() *Model{
+		"qwen3_moe": func() *Model { return tinyMoE(t, "qwen3_moe", nil) },
+		"glm4_moe":  func() *Model { return tinyMoE(t, "glm4_moe", nil) },
+		"gpt_oss":   func() *Model { return tinyOSS(t, 0.4) },
+	}
+	for _, fam := range []string{"qwen3_moe", "glm4_moe", "gpt_oss"} {
 		for _, path := range []string{"device", "composed"} {
 			t.Run(fam+"/"+path, func(t *testing.T) {
 				t.Setenv("HALO_MOE_PATH", path)
 				run := func(mode string) map[string][]float32 {
 					t.Setenv("HALO_GRAD_ZERO", mode)
-					m := tinyMoE(t, fam, nil)
+					m := build[fam]()
 					if err := m.EnableGrads(); err != nil {
 						t.Fatal(err)
 					}

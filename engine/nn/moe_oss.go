@@ -224,8 +224,22 @@ func (m *OSSMoE) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
+	// The stacked experts' gradients that hold no values yet this step (Pass.Fresh) are
+	// written (=) by the device path's grouped weight gradients, and zeroed first for the
+	// experts' own GEMMs, which accumulate.
+	freshGU, freshDown := p.Fresh.Take(m.GGateUp), p.Fresh.Take(m.GDown)
 	if m.dev.active {
-		return m.deviceBackward(p, p.B.Optional(), dy)
+		return m.deviceBackward(p, p.B.Optional(), dy, freshGU, freshDown)
+	}
+	for _, z := range []struct {
+		fresh bool
+		g     T
+	}{{freshGU, m.GGateUp}, {freshDown, m.GDown}} {
+		if z.fresh {
+			if err := p.B.Fill(z.g, 0); err != nil {
+				return T{}, wrap(m.Name+" expert gradients", err)
+			}
+		}
 	}
 	ne, cw, iw := m.dims()
 	n, k := c.n, m.TopK

@@ -155,7 +155,9 @@ func (m *OSSMoE) deviceForward(p *Pass, o backend.Optional, x T, keep bool) (out
 	return out, nil
 }
 
-func (m *OSSMoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err error) {
+// deviceBackward is Backward on the device path; overwriteGU and overwriteDown make the
+// grouped weight gradients write GGateUp and GDown (=) rather than add to them.
+func (m *OSSMoE) deviceBackward(p *Pass, o backend.Optional, dy T, overwriteGU, overwriteDown bool) (dx T, err error) {
 	ne, cw, iw := m.dims()
 	d := &m.dev
 	n, k := m.c.n, m.TopK
@@ -186,7 +188,7 @@ func (m *OSSMoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err er
 		// The activation was not kept: make it again from gu.
 		if act, err = p.out(s, iw); err == nil {
 			if err = p.B.SwiGLUClamped(act, d.gu, m.Alpha, m.Limit); err == nil {
-				err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: act, B: dys, Out: m.GDown, Offsets: d.offsets, Accumulate: true})
+				err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: act, B: dys, Out: m.GDown, Offsets: d.offsets, Accumulate: !overwriteDown})
 			}
 		}
 		if err != nil {
@@ -215,7 +217,7 @@ func (m *OSSMoE) deviceBackward(p *Pass, o backend.Optional, dy T) (dx T, err er
 		if xs, offs, order, slot, err = m.sortRows(p, o, d.sel, m.c.x, ne); err != nil {
 			return T{}, err
 		}
-		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: xs, B: d.gu, Out: m.GGateUp, Offsets: d.offsets, Accumulate: true}); err != nil {
+		if err = o.GroupedGEMM(backend.GroupedGEMMArgs{Kind: backend.GroupedWeightGrad, A: xs, B: d.gu, Out: m.GGateUp, Offsets: d.offsets, Accumulate: !overwriteGU}); err != nil {
 			return T{}, wrap(m.Name+" gate_up", err)
 		}
 		_ = free(p.B, &xs, &offs, &order, &slot)
