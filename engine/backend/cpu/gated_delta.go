@@ -25,16 +25,8 @@ func (b *Backend) gatedDeltaInputs(op string, d backend.GatedDeltaDims, q, k, v,
 			return in, err
 		}
 	}
-	if in.cu, err = ints(op, "CuSeqlens", cu); err != nil {
+	if in.cu, err = docBounds(op, cu, d.Docs, d.N); err != nil {
 		return in, err
-	}
-	if in.cu[0] != 0 || int(in.cu[d.Docs]) != d.N {
-		return in, fmt.Errorf("cpu: %s: CuSeqlens %v must run from 0 to N = %d", op, in.cu, d.N)
-	}
-	for i := 1; i <= d.Docs; i++ {
-		if in.cu[i] < in.cu[i-1] {
-			return in, fmt.Errorf("cpu: %s: CuSeqlens %v must not decrease", op, in.cu)
-		}
 	}
 	return in, nil
 }

@@ -40,16 +40,8 @@ func (b *Backend) gatedDeltaPrepInputs(op string, d backend.GatedDeltaPrepDims, 
 			return in, err
 		}
 	}
-	if in.cu, err = ints(op, "CuSeqlens", cu); err != nil {
+	if in.cu, err = docBounds(op, cu, d.Docs, d.N); err != nil {
 		return in, err
-	}
-	if in.cu[0] != 0 || int(in.cu[d.Docs]) != d.N {
-		return in, fmt.Errorf("cpu: %s: CuSeqlens %v must run from 0 to N = %d", op, in.cu, d.N)
-	}
-	for i := 1; i <= d.Docs; i++ {
-		if in.cu[i] < in.cu[i-1] {
-			return in, fmt.Errorf("cpu: %s: CuSeqlens %v must not decrease", op, in.cu)
-		}
 	}
 	return in, nil
 }
@@ -281,24 +273,7 @@ func (b *Backend) GatedDeltaPrepBackward(a backend.GatedDeltaPrepBackwardArgs) e
 			galog[h] += dAlog[t*d.VH+h]
 		}
 	}
-	for _, acc := range []struct {
-		name string
-		t    T
-		g    []float64
-	}{{"GConv", a.GConv, gconv}, {"GDtBias", a.GDtBias, gdt}, {"GALog", a.GALog, galog}} {
-		if acc.t.IsNil() {
-			continue
-		}
-		cur, flush, err := b.out(op, acc.name, acc.t, true)
-		if err != nil {
-			return err
-		}
-		for i := range cur {
-			cur[i] += float32(acc.g[i])
-		}
-		flush()
-	}
-	return nil
+	return b.addGrads(op, gradSum{"GConv", a.GConv, gconv}, gradSum{"GDtBias", a.GDtBias, gdt}, gradSum{"GALog", a.GALog, galog})
 }
 
 // GatedRMSNorm implements backend.Optional.GatedRMSNorm: rows on the workers.

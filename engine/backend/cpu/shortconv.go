@@ -146,24 +146,7 @@ func (b *Backend) ShortConvBackward(a backend.ShortConvBackwardArgs) error {
 			}
 		}
 	})
-	for _, acc := range []struct {
-		name string
-		t    T
-		g    []float64
-	}{{"GW", a.GW, gw}, {"GBias", a.GBias, gb}} {
-		if acc.t.IsNil() {
-			continue
-		}
-		cur, flush, err := b.out(op, acc.name, acc.t, true)
-		if err != nil {
-			return err
-		}
-		for i := range cur {
-			cur[i] += float32(acc.g[i])
-		}
-		flush()
-	}
-	return nil
+	return b.addGrads(op, gradSum{"GW", a.GW, gw}, gradSum{"GBias", a.GBias, gb})
 }
 
 // roundTo rounds a float32 to dt (the identity for F32).

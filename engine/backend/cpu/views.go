@@ -118,6 +118,50 @@ func ints(op, name string, t T) ([]int32, error) {
 	return i32alias(raw), nil
 }
 
+// docBounds returns the document boundaries cu [docs+1] I32 of n packed rows, checked to run
+// from 0 to n without decreasing.
+func docBounds(op string, cu T, docs, n int) ([]int32, error) {
+	v, err := ints(op, "CuSeqlens", cu)
+	if err != nil {
+		return nil, err
+	}
+	if len(v) != docs+1 || v[0] != 0 || int(v[docs]) != n {
+		return nil, fmt.Errorf("cpu: %s: CuSeqlens %v must run from 0 to N = %d", op, v, n)
+	}
+	for i := 1; i <= docs; i++ {
+		if v[i] < v[i-1] {
+			return nil, fmt.Errorf("cpu: %s: CuSeqlens %v must not decrease", op, v)
+		}
+	}
+	return v, nil
+}
+
+// gradSum is a parameter gradient's sums in float64, to be added to its tensor.
+type gradSum struct {
+	name string
+	t    T
+	g    []float64
+}
+
+// addGrads adds each sum to its gradient tensor (+=, rounded once to the tensor's dtype); a
+// zero tensor is skipped.
+func (b *Backend) addGrads(op string, sums ...gradSum) error {
+	for _, acc := range sums {
+		if acc.t.IsNil() {
+			continue
+		}
+		cur, flush, err := b.out(op, acc.name, acc.t, true)
+		if err != nil {
+			return err
+		}
+		for i := range cur {
+			cur[i] += float32(acc.g[i])
+		}
+		flush()
+	}
+	return nil
+}
+
 // f32only returns an F32 tensor's memory (for per-row statistics that must be F32).
 func f32only(op, name string, t T) ([]float32, error) {
 	raw, err := hostBytes(op, name, t)
