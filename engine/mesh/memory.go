@@ -195,8 +195,8 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	c, hd := int64(m.Hidden), int64(m.HeadDim)
 	qh, kvh := int64(m.Heads)/tp, int64(m.KVHeads)/tp
 	attn := 2*qh*hd + 2*kvh*hd // q, out, k, v
-	if m.QKNorm != config.NoQKNorm {
-		attn += qh*hd + kvh*hd // pre-norm q and k
+	if m.QKNorm != config.NoQKNorm && !nn.AttentionRemakesQK() {
+		attn += qh*hd + kvh*hd // pre-norm q and k beside the normed ones (HALO_ATTN_QK=keep)
 	}
 	if m.Latent.KVRank > 0 {
 		attn = m.Latent.ActivationsPerToken(m.Heads)

@@ -209,7 +209,44 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 			return T{}, wrap(a.Name+" sinks", err)
 		}
 	}
+	if keep && a.remakesQK(p) {
+		// The normed and rotated queries and keys are made again from qPre and kPre in
+		// Backward (remakeQK): (H + H_kv) * D activation elements per token fewer held.
+		_ = free(p.B, &c.q, &c.k)
+		c.kAll = T{}
+	}
 	return a.project(p, x)
+}
+
+// remakesQK reports whether a kept forward drops its normed (and rotated) queries and keys for
+// Backward to make again from the pre-norm ones it keeps: with q/k norms, outside decoding and
+// key/value sharing, under HALO_ATTN_QK=recompute.
+func (a *Attention) remakesQK(p *Pass) bool {
+	return a.QNorm != nil && a.KNorm != nil && p.Cache == nil && p.Slots == nil && a.KVOut == nil && AttentionRemakesQK()
+}
+
+// remakeQK makes the cached queries and keys again from qPre and kPre: the norms' forward
+// (their new rstd is dropped: the forward's qRs and kRs are the same numbers) and, when the
+// norms come before it, RoPE; the forward's ops on the same inputs, so the values are the
+// forward's bit for bit. (With NormAfterRoPE, qPre and kPre are already rotated.)
+func (a *Attention) remakeQK(p *Pass) (err error) {
+	c := &a.c
+	var rs T
+	if c.q, rs, err = a.QNorm.Forward(p, c.qPre); err != nil {
+		return err
+	}
+	_ = free(p.B, &rs)
+	if c.k, rs, err = a.KNorm.Forward(p, c.kPre); err != nil {
+		return err
+	}
+	_ = free(p.B, &rs)
+	if !a.NormAfterRoPE {
+		if err = a.ropeForward(p); err != nil {
+			return err
+		}
+	}
+	c.kAll = c.k
+	return nil
 }
 
 // attend runs the fused attention of the cached c.q over c.kAll and c.vAll into new c.out and
@@ -507,6 +544,11 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 		}
 	} else if err = a.O.Backward(p, dattn, dy, c.out, false); err != nil {
 		return T{}, err
+	}
+	if c.q.IsNil() {
+		if err = a.remakeQK(p); err != nil {
+			return T{}, err
+		}
 	}
 	if dq, err = p.out(c.q.Shape()...); err != nil {
 		return T{}, wrap(a.Name, err)

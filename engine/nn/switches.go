@@ -12,3 +12,13 @@ var swMoEPath = switches.Register(switches.Switch{Name: "HALO_MOE_PATH", Kind: s
 var swMoEOutputs = switches.Register(switches.Switch{Name: "HALO_MOE_EXPERT_OUTPUTS", Kind: switches.Tuning,
 	Default: "recompute", Values: []string{"keep", "recompute"},
 	Doc: "What the device path of a MoE block (experts held on the device, no expert parallelism) does with the experts' outputs ys [S,C] for the combine's weight gradient: recompute (not kept, K*C activation elements per token and layer fewer; the backward runs the down projection's input gradient on the unweighted output gradient and takes the weights' gradient as its row dot product with the SwiGLU output, five more small ops per layer, no GEMM) or keep (held from the forward; the combine's backward reads them)."})
+
+// swAttnQK chooses whether attention with q/k norms keeps its normed and rotated queries and
+// keys for the backward.
+var swAttnQK = switches.Register(switches.Switch{Name: "HALO_ATTN_QK", Kind: switches.Tuning,
+	Default: "recompute", Values: []string{"recompute", "keep"},
+	Doc: "What a training forward of attention with q/k norms (qwen3, qwen3_moe, olmo2, ...) holds for the backward besides the pre-norm queries and keys: recompute (not the normed and rotated ones: the backward makes them again with the norms' forward and RoPE, (heads + kv heads) x head_dim activation elements per token and layer fewer) or keep (both)."})
+
+// AttentionRemakesQK reports whether attention with q/k norms remakes its normed and rotated
+// queries and keys in the backward rather than keeping them (HALO_ATTN_QK=recompute).
+func AttentionRemakesQK() bool { return swAttnQK.Is("recompute") }
