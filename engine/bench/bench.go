@@ -27,6 +27,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -364,6 +365,58 @@ type Breakdown struct {
 	CountedGFLOP float64 `json:"counted_gflop"`
 	// Comm is the collectives of the profiled step on a parallel layout (nil on one device).
 	Comm *CommBreakdown `json:"comm,omitempty"`
+	// TopOps are the ops of the profiled step (of the first device) with the most time, by
+	// name within class, most first: what each class's time is made of (from the spans the
+	// recorder keeps, all of them below profile.MaxSpans a step).
+	TopOps []OpTime `json:"top_ops,omitempty"`
+}
+
+// OpTime is the time of one op name in the profiled step.
+type OpTime struct {
+	Name  string  `json:"name"`
+	Class string  `json:"class"`
+	S     float64 `json:"s"`
+	Calls int     `json:"calls"`
+	// GFLOP is the work the profiler counted for these calls (0 where it counts none).
+	GFLOP float64 `json:"gflop,omitempty"`
+}
+
+// topOpsKept is how many ops Breakdown.TopOps lists.
+const topOpsKept = 20
+
+// topOps sums the spans of a step by op name and class (collectives apart) and returns the n
+// with the most time, most first (ties by name).
+func topOps(spans []profile.Span, n int) []OpTime {
+	type key struct{ name, class string }
+	sum := map[key]*OpTime{}
+	for _, sp := range spans {
+		if sp.Comm {
+			continue
+		}
+		k := key{sp.Name, sp.Class}
+		o := sum[k]
+		if o == nil {
+			o = &OpTime{Name: sp.Name, Class: sp.Class}
+			sum[k] = o
+		}
+		o.S += sp.Dur.Seconds()
+		o.Calls++
+		o.GFLOP += float64(sp.FLOPs) / 1e9
+	}
+	out := make([]OpTime, 0, len(sum))
+	for _, o := range sum {
+		out = append(out, *o)
+	}
+	slices.SortFunc(out, func(a, b OpTime) int {
+		if a.S != b.S {
+			return cmp.Compare(b.S, a.S)
+		}
+		return cmp.Compare(a.Name+"/"+a.Class, b.Name+"/"+b.Class)
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
 }
 
 // Report is the result of Run. Its JSON form is what `halo-shell run bench-train` prints.
@@ -612,7 +665,8 @@ func writeTrace(path string, steps []profile.Step) error {
 func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Recorder, devs []backend.Backend, progress func(StepResult), trace string) (*Breakdown, error) {
 	n := tr.Steps() + 1
 	for _, rec := range recs {
-		rec.Enable(true, trace != "")
+		// Spans are kept for the trace and for the breakdown's top ops.
+		rec.Enable(true, true)
 		defer rec.Enable(false, false)
 	}
 	var before []comm.Stats
@@ -674,6 +728,7 @@ func profiledStep(ctx context.Context, tr *train.Trainer, recs []*profile.Record
 	if len(devs) > 0 {
 		bd.Comm = commBreakdown(steps, ps, before, tr.Plan().CommStats(), devs)
 	}
+	bd.TopOps = topOps(steps[0].Spans, topOpsKept)
 	return bd, nil
 }
 

@@ -14,6 +14,9 @@ import (
 	"github.com/halo-shell/halo-shell/engine/data"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/tensor"
+	"time"
+
+	"github.com/halo-shell/halo-shell/engine/profile"
 )
 
 // tinyLlama saves a random tiny llama (tied embeddings, vocab 256) with our own save code.
@@ -123,6 +126,31 @@ func TestRunTrainsAndReports(t *testing.T) {
 	}
 	if math.Abs(sum-1) > 1e-9 {
 		t.Fatalf("breakdown fractions add up to %v: %v", sum, bd.Fraction)
+	}
+	// The top ops are the step's ops by name: sorted, within their class's time, and led by ops
+	// that ran (the matmul class is among them).
+	if len(bd.TopOps) == 0 || len(bd.TopOps) > topOpsKept {
+		t.Fatalf("%d top ops, want 1 to %d", len(bd.TopOps), topOpsKept)
+	}
+	byClass := map[string]float64{}
+	seenMatmul := false
+	for i, o := range bd.TopOps {
+		if i > 0 && o.S > bd.TopOps[i-1].S {
+			t.Fatalf("top ops not sorted by time: %+v", bd.TopOps)
+		}
+		if o.Calls <= 0 || o.Name == "" {
+			t.Fatalf("top op %+v", o)
+		}
+		byClass[o.Class] += o.S
+		seenMatmul = seenMatmul || o.Class == "matmul"
+	}
+	for c, v := range byClass {
+		if v > bd.ByClassS[c]*(1+1e-9)+1e-12 {
+			t.Errorf("top ops of class %s take %v s, more than the class's %v s", c, v, bd.ByClassS[c])
+		}
+	}
+	if !seenMatmul {
+		t.Errorf("no matmul op among the top ops %+v", bd.TopOps)
 	}
 	raw, err := json.Marshal(r)
 	if err != nil {
@@ -418,5 +446,34 @@ func TestQLoRAOptions(t *testing.T) {
 	o.LoadIn4bit = true
 	if _, err := o.Config(); err == nil || !strings.Contains(err.Error(), "--lora-r") {
 		t.Fatalf("a 4-bit base without adapters: %v, want a refusal naming --lora-r", err)
+	}
+}
+
+// TestTopOps: spans are summed by name within class (collectives left out), the most time
+// first with ties by name, and cut to n.
+func TestTopOps(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	spans := []profile.Span{
+		{Name: "LinearBackward", Class: "matmul", Dur: ms(3), FLOPs: 2e9},
+		{Name: "Attention", Class: "attention", Dur: ms(4)},
+		{Name: "LinearBackward", Class: "matmul", Dur: ms(2), FLOPs: 1e9},
+		{Name: "all_reduce", Class: "all_reduce", Comm: true, Dur: ms(9)},
+		{Name: "Add", Class: "other", Dur: ms(1)},
+		{Name: "Fill", Class: "other", Dur: ms(1)},
+	}
+	got := topOps(spans, 3)
+	want := []OpTime{
+		{Name: "LinearBackward", Class: "matmul", S: 0.005, Calls: 2, GFLOP: 3},
+		{Name: "Attention", Class: "attention", S: 0.004, Calls: 1},
+		{Name: "Add", Class: "other", S: 0.001, Calls: 1},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("topOps = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Name != w.Name || g.Class != w.Class || g.Calls != w.Calls || math.Abs(g.S-w.S) > 1e-12 || math.Abs(g.GFLOP-w.GFLOP) > 1e-9 {
+			t.Errorf("topOps[%d] = %+v, want %+v", i, g, w)
+		}
 	}
 }
