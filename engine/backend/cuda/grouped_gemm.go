@@ -146,6 +146,9 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 	if a.Out.Numel() == 0 {
 		return nil
 	}
+	if b.groupedWG == groupedCublas {
+		return b.groupedPerGroup(op, a, d)
+	}
 	acc := int32(0)
 	if a.Accumulate {
 		acc = 1
@@ -198,4 +201,93 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 	n := int64(a.Out.Numel())
 	return b.launch1D(groupedFile, "grouped_gemm_simt", n, int32(a.Kind), po, co, pa, ca, pb, cb, poff,
 		int32(d.G), int64(d.S), int32(d.N), int32(d.K), acc)
+}
+
+// groupedCublas is the HALO_CUDA_GROUPED_GEMM value that runs each group as its own cuBLASLt
+// GEMM (groupedPerGroup).
+const groupedCublas = "cublas"
+
+// checkGroupOffsets checks the groups' row offsets read to the host: G+1 of them rising from 0 to S.
+func checkGroupOffsets(offs []int32, g, s int) error {
+	if len(offs) != g+1 {
+		return fmt.Errorf("%d offsets for %d groups; want G+1", len(offs), g)
+	}
+	if offs[0] != 0 || int(offs[g]) != s {
+		return fmt.Errorf("offsets run from %d to %d; want 0 to the %d rows", offs[0], offs[g], s)
+	}
+	for i := 1; i <= g; i++ {
+		if offs[i] < offs[i-1] {
+			return fmt.Errorf("offsets %d and %d of groups %d and %d fall; they must not decrease", offs[i-1], offs[i], i-1, i)
+		}
+	}
+	return nil
+}
+
+// groupedPerGroup runs a grouped product as one cuBLASLt GEMM per group (HALO_CUDA_GROUPED_GEMM
+// =cublas): the offsets are read to the host first, which waits for the work that made them.
+// Products accumulate in fp32 and round once into Out, an accumulating bf16 Out included
+// (FoldBeta), as GroupedGEMMArgs states; an empty group's weight gradient is zeros (or Out
+// kept, accumulating).
+func (b *Backend) groupedPerGroup(op string, a backend.GroupedGEMMArgs, d backend.GroupedDims) error {
+	offs, err := backend.ToInt32(b, a.Offsets)
+	if err != nil {
+		return fmt.Errorf("cuda: %s: offsets: %w", op, err)
+	}
+	if err := checkGroupOffsets(offs, d.G, d.S); err != nil {
+		return fmt.Errorf("cuda: %s: %w", op, err)
+	}
+	beta := float32(0)
+	if a.Accumulate {
+		beta = 1
+	}
+	view := func(t T, g, rows, cols int) (T, error) { return t.View(g*rows*cols, rows, cols) }
+	for g := 0; g < d.G; g++ {
+		r0, r1 := int(offs[g]), int(offs[g+1])
+		n := r1 - r0
+		var call gemmCall
+		var err error
+		switch a.Kind {
+		case backend.GroupedForward, backend.GroupedInputGrad:
+			if n == 0 {
+				continue
+			}
+			k, cols := d.K, d.N // forward: [n, K_] x [N_, K_]^T -> [n, N_]
+			if a.Kind == backend.GroupedInputGrad {
+				k, cols = d.N, d.K // input grad: [n, N_] x [N_, K_] -> [n, K_]
+			}
+			var ag, bg, og T
+			if ag, err = a.A.View(r0*k, n, k); err == nil {
+				if bg, err = view(a.B, g, d.N, d.K); err == nil {
+					og, err = a.Out.View(r0*cols, n, cols)
+				}
+			}
+			call = gemmCall{A: ag, B: bg, C: og, M: n, N: cols, K: k, TransB: a.Kind == backend.GroupedForward,
+				Alpha: 1, Beta: beta, FoldBeta: true}
+		default: // weight grad: [n, N_]^T x [n, K_] -> [N_, K_]
+			og, verr := view(a.Out, g, d.N, d.K)
+			if verr != nil {
+				return fmt.Errorf("cuda: %s: group %d: %w", op, g, verr)
+			}
+			if n == 0 {
+				if !a.Accumulate {
+					if err := b.Fill(og, 0); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			var ag, bg T
+			if ag, err = a.A.View(r0*d.N, n, d.N); err == nil {
+				bg, err = a.B.View(r0*d.K, n, d.K)
+			}
+			call = gemmCall{A: ag, B: bg, C: og, M: d.N, N: d.K, K: n, TransA: true, Alpha: 1, Beta: beta, FoldBeta: true}
+		}
+		if err != nil {
+			return fmt.Errorf("cuda: %s: group %d: %w", op, g, err)
+		}
+		if err := b.gemm(op, call); err != nil {
+			return err
+		}
+	}
+	return nil
 }

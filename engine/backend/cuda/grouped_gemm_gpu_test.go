@@ -75,17 +75,20 @@ func groupedCase(kind backend.GroupedKind, name string, rows []int, n, k int, in
 var groupedKindList = []backend.GroupedKind{backend.GroupedForward, backend.GroupedInputGrad, backend.GroupedWeightGrad}
 
 // groupedImpls are the tensor-core implementations of the grouped products a GPU of arch has:
-// "mma" (mma.sync, every arch) and, on sm_90, every warpgroup-MMA variant in a fixed order, or
-// only the one HALO_CUDA_GROUPED_GEMM names, alone (so that each variant can be tested in a
+// "mma" (mma.sync, every arch), "cublas" (a cuBLASLt GEMM per group, every arch) and, on sm_90,
+// every warpgroup-MMA variant in a fixed order, or only the one HALO_CUDA_GROUPED_GEMM names, alone (so that each variant can be tested in a
 // process of its own, under a timeout of its own, without repeating the others' cases).
 func groupedImpls(arch string) []string {
+	if v := swGrouped.Value(); v == groupedCublas {
+		return []string{v}
+	}
 	if !wgArch(arch) {
-		return []string{"mma"}
+		return []string{"mma", groupedCublas}
 	}
 	if v := swGrouped.Value(); v != "auto" {
 		return []string{v}
 	}
-	return []string{"mma", "wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma"}
+	return []string{"mma", "wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma", "wg-p", "wg-p256", groupedCublas}
 }
 
 // forGroupedImpls runs f as a subtest per implementation of groupedImpls, with g set to use it.
@@ -169,6 +172,9 @@ func TestGPUGroupedGEMM(t *testing.T) {
 // (the offsets stay on the device) and that its result does not change from run to run.
 func TestGPUGroupedGEMMDoesNotSynchronise(t *testing.T) {
 	g := gpu(t)
+	if g.groupedWG == groupedCublas {
+		t.Skip("HALO_CUDA_GROUPED_GEMM=cublas reads the offsets to the host: it synchronises by design")
+	}
 	rows := groupRows(9, 16, 3000)
 	off, err := backend.FromInt32(g, groupOffsets(rows), len(rows)+1)
 	if err != nil {

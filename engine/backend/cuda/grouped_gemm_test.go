@@ -15,7 +15,7 @@ import (
 // TestGroupedWGVariantsMatchTheKernels checks the host's table of warpgroup-MMA variants against
 // the kernel file: every GW_KERNELS line of grouped_gemm_wg.cu has a variant with its suffix, its
 // tile columns and the shared memory its stages need, and HALO_CUDA_GROUPED_GEMM offers exactly
-// those variants besides auto and mma. A variant added on one side only would launch a kernel
+// those variants besides auto, mma and cublas. A variant added on one side only would launch a kernel
 // that does not exist or with too little shared memory.
 func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 	src, err := kernelSource(groupedWGFile)
@@ -112,7 +112,7 @@ func TestGroupedWGVariantsMatchTheKernels(t *testing.T) {
 		}
 		values = append(values, n)
 	}
-	want := append([]string{"auto", "mma"}, values...)
+	want := append([]string{"auto", "mma", groupedCublas}, values...)
 	slices.Sort(want)
 	got := slices.Clone(swGrouped.Values)
 	slices.Sort(got)
@@ -259,6 +259,28 @@ func TestPersistentGrid(t *testing.T) {
 	} {
 		if got := persistentGrid(tc.grid, tc.sms, tc.ctas); got != [3]uint32{tc.want, 1, 1} {
 			t.Errorf("persistentGrid(%v, %d, %d) = %v, want [%d 1 1]", tc.grid, tc.sms, tc.ctas, got, tc.want)
+		}
+	}
+}
+
+// TestCheckGroupOffsets: the per-group cuBLASLt path refuses offsets that do not rise from 0
+// to S over G+1 entries, naming what is wrong.
+func TestCheckGroupOffsets(t *testing.T) {
+	for _, tc := range []struct {
+		offs []int32
+		g, s int
+		bad  string
+	}{
+		{[]int32{0, 3, 3, 7}, 3, 7, ""},
+		{[]int32{0, 0}, 1, 0, ""},
+		{[]int32{0, 3, 7}, 3, 7, "3 offsets for 3 groups"},
+		{[]int32{1, 3, 7}, 2, 7, "run from 1 to 7"},
+		{[]int32{0, 3, 6}, 2, 7, "run from 0 to 6"},
+		{[]int32{0, 5, 3, 7}, 3, 7, "must not decrease"},
+	} {
+		err := checkGroupOffsets(tc.offs, tc.g, tc.s)
+		if tc.bad == "" && err != nil || tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad)) {
+			t.Errorf("checkGroupOffsets(%v, %d, %d) = %v, want %q", tc.offs, tc.g, tc.s, err, tc.bad)
 		}
 	}
 }

@@ -47,6 +47,9 @@ type gemmCall struct {
 	M, N, K        int
 	TransA, TransB bool
 	Alpha, Beta    float32
+	// FoldBeta makes an accumulating bf16 output round once (gemmFolded) whatever
+	// HALO_CUDA_GEMM_BETA says: for callers whose contract is one rounding.
+	FoldBeta bool
 }
 
 func (b *Backend) gemm(op string, g gemmCall) error {
@@ -76,7 +79,7 @@ func (b *Backend) gemm(op string, g gemmCall) error {
 		// as autograd does when it adds separately rounded bf16 gradients: the backend contract
 		// allows it for accumulating outputs. gemmFoldBeta rounds once, through fp32 scratch, at
 		// the cost of writing and re-reading that scratch (testdata/README.md, gpu-run18).
-		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && b.gemmFoldBeta) {
+		if split > 1 || (g.Beta != 0 && g.C.DType() == tensor.BF16 && (b.gemmFoldBeta || g.FoldBeta)) {
 			return b.gemmFolded(op, g, dt, pa, pb, pc, split)
 		}
 	}

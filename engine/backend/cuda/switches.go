@@ -41,8 +41,8 @@ var (
 		Default: "on", Values: []string{"off", "on"},
 		Doc: "on offers the mixture-of-experts routing, permutation, combine and packed SwiGLU kernels (kernels/moe.cu), so MoE blocks run on the device path with grouped expert GEMMs; off falls back to the routed composition (host routing, one GEMM per expert), for comparison and diagnosis."})
 	swGrouped = switches.Register(switches.Switch{Name: "HALO_CUDA_GROUPED_GEMM", Kind: switches.Tuning,
-		Default: "auto", Values: []string{"auto", "mma", "wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma", "wg-p", "wg-p256"},
-		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: auto the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu; the variant of each product kind in grouped_gemm.go's groupedWGAuto: wg-n256 for the forward, wg-n128x2 for both gradients) on sm_90 and the mma.sync ones (kernels/grouped_gemm.cu) elsewhere; mma the mma.sync ones everywhere; wg, wg-n128, wg-n256 and wg-n128x2 one warpgroup-MMA variant on sm_90 (mma.sync elsewhere): wg 128 x 128 tiles, each step's products finished before the next; the others keep a step's products in flight, with 128-column tiles in 5 stages, 256-column tiles in 4, or 128-column tiles in 3 stages and two CTAs a multiprocessor; wg-tma 256-column tiles whose operands a loading warpgroup copies with the tensor memory accelerator; wg-p wg-n128x2's forward and input grad with a persistent weight gradient (two CTAs a multiprocessor walking every group's 128 x 128 tiles, the copies of a tile's first steps overlapping the previous tile's last products and store); wg-p256 wg-n256's forward and input grad with a persistent weight gradient of 128 x 256 tiles, one CTA a multiprocessor."})
+		Default: "auto", Values: []string{"auto", "mma", "wg", "wg-n128", "wg-n256", "wg-n128x2", "wg-tma", "wg-p", "wg-p256", "cublas"},
+		Doc: "Which tensor-core kernels run the grouped expert GEMMs of bf16 operands: auto the Hopper warpgroup-MMA ones (kernels/grouped_gemm_wg.cu; the variant of each product kind in grouped_gemm.go's groupedWGAuto: wg-n256 for the forward, wg-n128x2 for both gradients) on sm_90 and the mma.sync ones (kernels/grouped_gemm.cu) elsewhere; mma the mma.sync ones everywhere; wg, wg-n128, wg-n256 and wg-n128x2 one warpgroup-MMA variant on sm_90 (mma.sync elsewhere): wg 128 x 128 tiles, each step's products finished before the next; the others keep a step's products in flight, with 128-column tiles in 5 stages, 256-column tiles in 4, or 128-column tiles in 3 stages and two CTAs a multiprocessor; wg-tma 256-column tiles whose operands a loading warpgroup copies with the tensor memory accelerator; wg-p wg-n128x2's forward and input grad with a persistent weight gradient (two CTAs a multiprocessor walking every group's 128 x 128 tiles, the copies of a tile's first steps overlapping the previous tile's last products and store); wg-p256 wg-n256's forward and input grad with a persistent weight gradient of 128 x 256 tiles, one CTA a multiprocessor; cublas (every arch) reads the groups' row offsets to the host once per call, a synchronisation, and runs one cuBLASLt GEMM per group: for a few large groups (Mixtral's 8 experts of thousands of rows), where a dense GEMM's tiles beat the grouped kernels, at the cost of the host waiting for the routing in every MoE layer."})
 	swSyncOps = switches.Register(switches.Switch{Name: "HALO_CUDA_SYNC_OPS", Kind: switches.Debug,
 		Values: []string{"1"},
 		Doc:    "1 makes every backend call wait for the GPU before it returns (errors then point at the op that caused them)."})
@@ -79,6 +79,8 @@ func optionsFromSwitches(arch string) (backendOptions, error) {
 	o.gemmFoldBeta = swGemmBeta.Is("fold")
 	o.moeKernels = !swMoEKernels.Is("off")
 	switch v := swGrouped.Value(); {
+	case v == groupedCublas:
+		o.groupedWG = v // every arch: cuBLASLt runs everywhere
 	case v == "mma" || !wgArch(arch):
 		o.groupedWG = ""
 	case v != "auto":
