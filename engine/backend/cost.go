@@ -386,17 +386,17 @@ func GroupedGEMMCost(a GroupedGEMMArgs) Cost {
 }
 
 // MoERouteCost is Optional.MoERoute (class router): 8 FLOPs per logit (the score function, the
-// bias and the top-k comparisons); Logits and Bias read, Probs, Sel, Weights and ProbSum written,
-// Counts read and written.
+// bias and the top-k comparisons); Logits, Bias and ExpertScale read, Probs, Sel, Weights and
+// ProbSum written, Counts read and written.
 func MoERouteCost(a MoERouteArgs) Cost {
-	return Cost{FLOPs: 8 * elems(a.Logits), Bytes: sizes(a.Logits, a.Bias, a.Probs, a.Sel, a.Weights, a.ProbSum) + 2*size(a.Counts),
+	return Cost{FLOPs: 8 * elems(a.Logits), Bytes: sizes(a.Logits, a.Bias, a.Probs, a.Sel, a.Weights, a.ProbSum, a.ExpertScale) + 2*size(a.Counts),
 		Class: profilekeys.ClassRouter}
 }
 
 // MoERouteBackwardCost is Optional.MoERouteBackward (class router): 4 FLOPs per probability;
-// Probs, Sel, Weights, DWeights and AuxGrad read, DLogits written.
+// Probs, Sel, Weights, DWeights, AuxGrad and ExpertScale read, DLogits and DExpertScale written.
 func MoERouteBackwardCost(a MoERouteBackwardArgs) Cost {
-	return Cost{FLOPs: 4 * elems(a.Probs), Bytes: sizes(a.Probs, a.Sel, a.Weights, a.DWeights, a.AuxGrad, a.DLogits), Class: profilekeys.ClassRouter}
+	return Cost{FLOPs: 4 * elems(a.Probs), Bytes: sizes(a.Probs, a.Sel, a.Weights, a.DWeights, a.AuxGrad, a.DLogits, a.ExpertScale, a.DExpertScale), Class: profilekeys.ClassRouter}
 }
 
 // MoEPermuteCost is Optional.MoEPermute (class permute), a sort and a gather, no FLOPs: Sel read,
@@ -443,6 +443,18 @@ func SwiGLUPackedCost(out, gateUp T) Cost {
 // element of dOut; dOut and gateUp read, dGateUp written (counted apart even where it is gateUp).
 func SwiGLUPackedBackwardCost(dGateUp, dOut, gateUp T) Cost {
 	return Cost{FLOPs: 10 * elems(dOut), Bytes: sizes(dGateUp, dOut, gateUp), Class: profilekeys.ClassMLPActivation}
+}
+
+// GeGLUPackedCost is Optional.GeGLUPacked, GeGLU over packed gate|up rows: GeGLUCost's 12
+// FLOPs per output element; gateUp read, out written.
+func GeGLUPackedCost(out, gateUp T) Cost {
+	return Cost{FLOPs: 12 * elems(out), Bytes: sizes(out, gateUp), Class: profilekeys.ClassMLPActivation}
+}
+
+// GeGLUPackedBackwardCost is Optional.GeGLUPackedBackward: GeGLUBackwardCost's 20 FLOPs per
+// element of dOut; dOut and gateUp read, dGateUp written (counted apart even where it is gateUp).
+func GeGLUPackedBackwardCost(dGateUp, dOut, gateUp T) Cost {
+	return Cost{FLOPs: 20 * elems(dOut), Bytes: sizes(dGateUp, dOut, gateUp), Class: profilekeys.ClassMLPActivation}
 }
 
 // DequantNF4Cost is Optional.DequantNF4 (class other: it feeds the product that reads the

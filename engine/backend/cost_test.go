@@ -175,6 +175,9 @@ func TestMoECostTable(t *testing.T) {
 		// 5 and 10 per element of [S, I] (25165824); out S*I*2 + gateUp S*2I*2.
 		{"SwiGLUPacked", SwiGLUPackedCost(act, gu), Cost{125829120, 150994944, profilekeys.ClassMLPActivation}},
 		{"SwiGLUPackedBackward in place", SwiGLUPackedBackwardCost(gu, act, gu), Cost{251658240, 251658240, profilekeys.ClassMLPActivation}},
+		// GeGLU's 12 and 20 per element of [S, I], the same bytes.
+		{"GeGLUPacked", GeGLUPackedCost(act, gu), Cost{301989888, 150994944, profilekeys.ClassMLPActivation}},
+		{"GeGLUPackedBackward in place", GeGLUPackedBackwardCost(gu, act, gu), Cost{503316480, 251658240, profilekeys.ClassMLPActivation}},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, tc.got, tc.want)

@@ -71,6 +71,17 @@ type Optional struct {
 	//
 	// Fallback: SwiGLUBackward on copies of the halves.
 	SwiGLUPackedBackward func(dGateUp, dOut, gateUp T) error
+	// GeGLUPacked is GeGLU over packed gate|up rows, laid out as for SwiGLUPacked:
+	// out [R,I] = gelu_tanh(gate) * up (=), the experts of Gemma 4's MoE block. The CPU and
+	// CUDA backends have it.
+	//
+	// Fallback: GeGLU on copies of the two halves.
+	GeGLUPacked func(out, gateUp T) error
+	// GeGLUPackedBackward writes dGateUp [R,2I] (=) from dOut [R,I] and the forward's gateUp;
+	// dGateUp may be gateUp itself (each element is read before it is written).
+	//
+	// Fallback: GeGLUBackward on copies of the halves.
+	GeGLUPackedBackward func(dGateUp, dOut, gateUp T) error
 
 	// DequantNF4 writes a 4-bit NormalFloat weight (QLoRA's frozen base) into a bf16 tensor
 	// (DequantNF4Args in nf4.go): Out = NF4Code[code] * scale (=). The CPU and CUDA backends

@@ -7,7 +7,7 @@ import (
 
 // Mixture-of-experts routing, permutation and combine: the argument types of the optional
 // capabilities that route tokens to experts, sort them by expert and combine the experts'
-// outputs on the device (members MoERoute ... SwiGLUPackedBackward of Optional in fused.go).
+// outputs on the device (members MoERoute ... GeGLUPackedBackward of Optional in fused.go).
 // Together with GroupedGEMM (moe.go) they run a whole MoE block without reading anything on the
 // host inside the layer:
 //
@@ -15,7 +15,7 @@ import (
 //	MoERoute:    probs, sel, weights            [N,E] [N,K] [N,K]
 //	MoEPermute:  offsets, order, slot, Xs       [E+1] [S] [N,K] [S,C]
 //	GroupedGEMM: GU = Xs · GateUp_e^T           [S,2I]
-//	SwiGLUPacked: A = silu(GU[:, :I]) * GU[:, I:]  [S,I]
+//	SwiGLUPacked: A = silu(GU[:, :I]) * GU[:, I:]  [S,I]   (GeGLUPacked: gelu_tanh, Gemma 4)
 //	GroupedGEMM: Ys = A · Down_e^T              [S,C]
 //	MoECombine:  out[n] = sum_k weights[n,k] * Ys[slot[n,k]]   [N,C]
 //
@@ -109,7 +109,8 @@ func (r MoERouting) Check(op string, e int) error {
 //	groups       = the TopKGroup best groups by score (when Grouped)
 //	sel[n]       = the K experts of largest score (in the kept groups), largest first, ties
 //	               to the lower expert index
-//	weights[n,j] = probs[n,sel[n,j]], / sum_j probs[n,sel[n,j]] when NormTopK, * Scaling
+//	weights[n,j] = probs[n,sel[n,j]], / sum_j probs[n,sel[n,j]] when NormTopK, * Scaling,
+//	               * ExpertScale[sel[n,j]] when set
 //	counts[e]   += the number of tokens that chose e
 //
 // A NaN probability is a bad router output: the CPU backend refuses it; a device backend ranks
@@ -125,18 +126,24 @@ type MoERouteArgs struct {
 	// ProbSum [E] F32 =, optional: sum over the N tokens of probs[:,e] in a fixed order (the
 	// P term of the load-balancing loss).
 	ProbSum T
+	// ExpertScale [E] F32, optional: a per-expert factor of the weights, applied last (Gemma
+	// 4's trainable per_expert_scale); it does not affect the selection.
+	ExpertScale T
 }
 
 // MoERouteBackwardArgs describe the router's backward: with g[n,j] = d objective /
-// d weights[n,j] and s = Scaling,
+// d weights[n,j], s = Scaling and a[n,j] = ExpertScale[sel[n,j]] (1 without it),
 //
 //	dp[n,e]   = AuxGrad[e] + sum over j with sel[n,j] = e of
-//	              s*g[n,j]                          without NormTopK
-//	              (s*g[n,j] - sum_i g[n,i]*weights[n,i]) / D,  D = sum_j probs[n,sel[n,j]] (+1e-20 for sigmoid)
+//	              s*a[n,j]*g[n,j]                   without NormTopK
+//	              (s*a[n,j]*g[n,j] - sum_i g[n,i]*weights[n,i]) / D,  D = sum_j probs[n,sel[n,j]] (+1e-20 for sigmoid)
 //	dlogits[n] = softmax: probs[n] * (dp[n] - dot(probs[n], dp[n]));
 //	             sigmoid: probs[n] * (1 - probs[n]) * dp[n]                     (=)
+//	dscale[e]  = sum over the slots (n,j) with sel[n,j] = e of g[n,j] * q[n,j], q[n,j] the
+//	             weight before the expert scale: s*probs[n,sel[n,j]] (/ D with NormTopK)  (=)
 //
-// in fp32 or better; the selection is not differentiated (nor is the Bias).
+// in fp32 or better, dscale summed in a fixed order; the selection is not differentiated (nor
+// is the Bias).
 type MoERouteBackwardArgs struct {
 	MoERouting
 	Probs    T // [N,E] F32, the forward's
@@ -147,6 +154,10 @@ type MoERouteBackwardArgs struct {
 	// loss's d aux / d probs[n,e], the same for every token).
 	AuxGrad T
 	DLogits T // [N,E] F32 or BF16 =
+	// ExpertScale [E] F32, optional: the forward's; Weights include it.
+	ExpertScale T
+	// DExpertScale [E] F32 =, optional (with ExpertScale): the gradient of ExpertScale.
+	DExpertScale T
 }
 
 // MoEPermuteArgs describe the sort of the routed slots by expert. Slot i = n*K + j is token n's

@@ -611,4 +611,22 @@ func (b *Backend) wrapMoE(in backend.Optional, out *backend.Optional) {
 			return b.end(s, f(dGateUp, dOut, gateUp), "SwiGLUPackedBackward", backend.SwiGLUPackedBackwardCost(dGateUp, dOut, gateUp), T{})
 		}
 	}
+	if f := in.GeGLUPacked; f != nil {
+		out.GeGLUPacked = func(o, gateUp T) error {
+			if b.rec.mode.Load() == 0 {
+				return f(o, gateUp)
+			}
+			s := b.begin()
+			return b.end(s, f(o, gateUp), "GeGLUPacked", backend.GeGLUPackedCost(o, gateUp), o)
+		}
+	}
+	if f := in.GeGLUPackedBackward; f != nil {
+		out.GeGLUPackedBackward = func(dGateUp, dOut, gateUp T) error {
+			if b.rec.mode.Load() == 0 {
+				return f(dGateUp, dOut, gateUp)
+			}
+			s := b.begin()
+			return b.end(s, f(dGateUp, dOut, gateUp), "GeGLUPackedBackward", backend.GeGLUPackedBackwardCost(dGateUp, dOut, gateUp), T{})
+		}
+	}
 }

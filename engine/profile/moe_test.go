@@ -38,6 +38,8 @@ func TestWrapRecordsMoEOps(t *testing.T) {
 		{"MoEPermute", ClassPermute, func() error { return opt.MoEPermute(pa) }},
 		{"SwiGLUPacked", ClassMLPActivation, func() error { return opt.SwiGLUPacked(act, gu) }},
 		{"SwiGLUPackedBackward", ClassMLPActivation, func() error { return opt.SwiGLUPackedBackward(gu, act, gu) }},
+		{"GeGLUPacked", ClassMLPActivation, func() error { return opt.GeGLUPacked(act, gu) }},
+		{"GeGLUPackedBackward", ClassMLPActivation, func() error { return opt.GeGLUPackedBackward(gu, act, gu) }},
 		{"MoECombine", ClassCombine, func() error {
 			return opt.MoECombine(backend.MoECombineArgs{Ys: pa.Xs, Slot: pa.Slot, Weights: ra.Weights, Out: alloc(tensor.F32, n, c)})
 		}},

@@ -86,6 +86,7 @@ func (b *Backend) Optional() backend.Optional {
 		MoEPermute: b.MoEPermute, MoEPermuteBackward: b.MoEPermuteBackward,
 		MoECombine: b.MoECombine, MoECombineBackward: b.MoECombineBackward,
 		SwiGLUPacked: b.SwiGLUPacked, SwiGLUPackedBackward: b.SwiGLUPackedBackward,
+		GeGLUPacked: b.GeGLUPacked, GeGLUPackedBackward: b.GeGLUPackedBackward,
 		DequantNF4: b.DequantNF4, Dropout: b.Dropout,
 		ShortConv: b.ShortConv, ShortConvBackward: b.ShortConvBackward,
 		GatedDelta: b.GatedDelta, GatedDeltaBackward: b.GatedDeltaBackward,

@@ -82,6 +82,12 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 			return err
 		}
 	}
+	var escale []float32
+	if !a.ExpertScale.IsNil() {
+		if escale, err = f32Matrix(op, "expertScale", a.ExpertScale, 1, e); err != nil {
+			return err
+		}
+	}
 	scale := a.Scaling()
 	const per = 64
 	bad := make([]int, (n+per-1)/per) // per chunk, the first token with a NaN score, or -1
@@ -135,6 +141,9 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 					w[j] /= sum
 				}
 				w[j] *= scale
+				if escale != nil {
+					w[j] *= escale[s[j]]
+				}
 			}
 		}
 	})
@@ -196,12 +205,31 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 	if err := moeMatrix(op, "dLogits", a.DLogits, n, e); err != nil {
 		return err
 	}
+	var escale, descale []float32
+	if !a.ExpertScale.IsNil() {
+		if escale, err = f32Matrix(op, "expertScale", a.ExpertScale, 1, e); err != nil {
+			return err
+		}
+	}
+	if !a.DExpertScale.IsNil() {
+		if escale == nil {
+			return fmt.Errorf("cpu: %s: dExpertScale needs the forward's expertScale", op)
+		}
+		if descale, err = f32Matrix(op, "dExpertScale", a.DExpertScale, 1, e); err != nil {
+			return err
+		}
+	}
 	if err := checkSel(op, sel, e); err != nil {
 		return err
 	}
 	dz, flush, err := b.out(op, "dLogits", a.DLogits, false)
 	if err != nil {
 		return err
+	}
+	// gq[n,j] = g[n,j] * q[n,j], the terms of dExpertScale, summed in slot order below.
+	var gq []float64
+	if descale != nil {
+		gq = make([]float64, n*k)
 	}
 	s := float64(a.Scaling())
 	b.pool.rows(n, 64, func(lo, hi int) {
@@ -212,6 +240,14 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 			st := sel[t*k : (t+1)*k]
 			w := weights[t*k : (t+1)*k]
 			g := dw[t*k : (t+1)*k]
+			// ag(j) is g[j] times the slot's expert scale: the gradient of its weight before
+			// the scale.
+			ag := func(j int) float64 {
+				if escale == nil {
+					return float64(g[j])
+				}
+				return float64(g[j]) * float64(escale[st[j]])
+			}
 			if a.NormTopK {
 				d, dot := 0.0, 0.0
 				for j, x := range st {
@@ -222,11 +258,21 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 					d += 1e-20
 				}
 				for j, x := range st {
-					dp[x] += (s*float64(g[j]) - dot) / d
+					dp[x] += (s*ag(j) - dot) / d
+				}
+				if gq != nil {
+					for j, x := range st {
+						gq[t*k+j] = float64(g[j]) * s * float64(p[x]) / d
+					}
 				}
 			} else {
 				for j, x := range st {
-					dp[x] += s * float64(g[j])
+					dp[x] += s * ag(j)
+				}
+				if gq != nil {
+					for j, x := range st {
+						gq[t*k+j] = float64(g[j]) * s * float64(p[x])
+					}
 				}
 			}
 			for j, c := range aux {
@@ -250,6 +296,15 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 		}
 	})
 	flush()
+	if descale != nil {
+		acc := make([]float64, e)
+		for i, x := range sel {
+			acc[x] += gq[i]
+		}
+		for j, v := range acc {
+			descale[j] = float32(v)
+		}
+	}
 	return nil
 }
 

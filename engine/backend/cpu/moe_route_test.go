@@ -458,6 +458,108 @@ func TestSwiGLUPacked(t *testing.T) {
 	}
 }
 
+// TestGeGLUPacked: the packed op equals GeGLU and GeGLUBackward on the two halves, bit for
+// bit, also with the backward written over its input.
+func TestGeGLUPacked(t *testing.T) {
+	const r, w = 5, 6
+	b := newTestBackend(t)
+	rng := rand.New(rand.NewPCG(10, 11))
+	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			gu := rounded(randn(rng, r*2*w, 2), dt)
+			var g, u []float64
+			for row := range r {
+				g = append(g, gu[row*2*w:row*2*w+w]...)
+				u = append(u, gu[row*2*w+w:(row+1)*2*w]...)
+			}
+			d := rounded(randn(rng, r*w, 1), dt)
+			out, ref := zeros(t, b, dt, r, w), zeros(t, b, dt, r, w)
+			gt, ut := up(t, b, g, dt, r, w), up(t, b, u, dt, r, w)
+			must(t, b.GeGLUPacked(out, up(t, b, gu, dt, r, 2*w)))
+			must(t, b.GeGLU(ref, gt, ut))
+			if slices.Equal(down(t, b, out), make([]float64, r*w)) {
+				t.Fatal("GeGLUPacked wrote zeros")
+			}
+			approx(t, "out", down(t, b, out), down(t, b, ref), 0, 0)
+			must(t, b.GeGLUBackward(gt, ut, up(t, b, d, dt, r, w), gt, ut))
+			gut := up(t, b, gu, dt, r, 2*w)
+			must(t, b.GeGLUPackedBackward(gut, up(t, b, d, dt, r, w), gut))
+			got := down(t, b, gut)
+			dg, du := down(t, b, gt), down(t, b, ut)
+			for row := range r {
+				approx(t, "dGate", got[row*2*w:row*2*w+w], dg[row*w:(row+1)*w], 0, 0)
+				approx(t, "dUp", got[row*2*w+w:(row+1)*2*w], du[row*w:(row+1)*w], 0, 0)
+			}
+		})
+	}
+}
+
+// TestMoERouteExpertScale: with ExpertScale a the router's weights are those without it times
+// a[sel]; its backward gives the dlogits of the unscaled router for the gradient a[sel]*g (the
+// chain rule through w = q*a), and dExpertScale[e] the sum over the slots choosing e of g*q,
+// with and without the renormalisation and a routed scaling, softmax and sigmoid.
+func TestMoERouteExpertScale(t *testing.T) {
+	const n, e = 9, 6
+	b := newTestBackend(t)
+	rng := rand.New(rand.NewPCG(12, 13))
+	for _, r := range []backend.MoERouting{
+		{TopK: 2, NormTopK: true},
+		{TopK: 1, NormTopK: true},
+		{TopK: 3},
+		{Score: backend.RouterSigmoid, TopK: 2, NormTopK: true, RoutedScaling: 2.5},
+	} {
+		k := r.TopK
+		logits := up(t, b, randn(rng, n*e, 1.5), tensor.F32, n, e)
+		a := make([]float64, e)
+		for j := range a {
+			a[j] = 1 + 0.4*rng.NormFloat64()
+		}
+		at := up(t, b, a, tensor.F32, e)
+		route := func(scale T) (probs, sel, w T) {
+			probs, sel, w = zeros(t, b, tensor.F32, n, e), zeros(t, b, tensor.I32, n, k), zeros(t, b, tensor.F32, n, k)
+			must(t, b.MoERoute(backend.MoERouteArgs{MoERouting: r, Logits: logits, Probs: probs, Sel: sel, Weights: w, ExpertScale: scale}))
+			return probs, sel, w
+		}
+		probs, sel, q := route(T{})
+		_, sels, w := route(at)
+		ids, err := backend.ToInt32(b, sel)
+		must(t, err)
+		idsScaled, err := backend.ToInt32(b, sels)
+		must(t, err)
+		if !slices.Equal(ids, idsScaled) {
+			t.Fatalf("%+v: the expert scale changed the selection: %v, %v", r, idsScaled, ids)
+		}
+		qv, wv := down(t, b, q), down(t, b, w)
+		want := make([]float64, n*k)
+		for i, x := range ids {
+			want[i] = float64(float32(qv[i]) * float32(a[x]))
+		}
+		approx(t, "weights", wv, rounded(want, tensor.F32), 0, 0)
+
+		g := randn(rng, n*k, 1)
+		ag, wantDA := make([]float64, n*k), make([]float64, e)
+		for i, x := range ids {
+			ag[i] = g[i] * float64(float32(a[x]))
+			wantDA[x] += g[i] * qv[i]
+		}
+		dz, dzRef, da := zeros(t, b, tensor.F32, n, e), zeros(t, b, tensor.F32, n, e), zeros(t, b, tensor.F32, e)
+		must(t, b.MoERouteBackward(backend.MoERouteBackwardArgs{MoERouting: r, Probs: probs, Sel: sel, Weights: w,
+			DWeights: up(t, b, g, tensor.F32, n, k), DLogits: dz, ExpertScale: at, DExpertScale: da}))
+		must(t, b.MoERouteBackward(backend.MoERouteBackwardArgs{MoERouting: r, Probs: probs, Sel: sel, Weights: q,
+			DWeights: up(t, b, ag, tensor.F32, n, k), DLogits: dzRef}))
+		approx(t, "dLogits", down(t, b, dz), down(t, b, dzRef), 1e-7, 1e-5)
+		approx(t, "dExpertScale", down(t, b, da), wantDA, 1e-7, 1e-5)
+		if slices.Equal(down(t, b, da), make([]float64, e)) {
+			t.Fatalf("%+v: dExpertScale is all zeros", r)
+		}
+	}
+	if err := b.MoERouteBackward(backend.MoERouteBackwardArgs{MoERouting: backend.MoERouting{TopK: 1}, Probs: zeros(t, b, tensor.F32, 2, 2),
+		Sel: zeros(t, b, tensor.I32, 2, 1), Weights: zeros(t, b, tensor.F32, 2, 1), DWeights: zeros(t, b, tensor.F32, 2, 1),
+		DLogits: zeros(t, b, tensor.F32, 2, 2), DExpertScale: zeros(t, b, tensor.F32, 2)}); err == nil || !strings.Contains(err.Error(), "needs the forward's expertScale") {
+		t.Errorf("dExpertScale without expertScale: error %v", err)
+	}
+}
+
 // TestMoEOpErrors: bad arguments get errors that name them.
 func TestMoEOpErrors(t *testing.T) {
 	b := newTestBackend(t)

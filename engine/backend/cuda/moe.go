@@ -10,7 +10,7 @@ import (
 
 // Host launchers of kernels/moe.cu: the mixture-of-experts router and its backward, the
 // counting sort of the routed slots by expert with the row gather, the weighted combine, and
-// SwiGLU over packed gate|up rows. No launcher reads anything back from the device.
+// SwiGLU and GeGLU over packed gate|up rows. No launcher reads anything back from the device.
 
 const moeFile = "moe.cu"
 
@@ -77,6 +77,7 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 		moeOptShape(op, "bias", a.Bias, 1, e, tensor.F32),
 		moeOptShape(op, "counts", a.Counts, 1, e, tensor.I32),
 		moeOptShape(op, "probSum", a.ProbSum, 1, e, tensor.F32),
+		moeOptShape(op, "expertScale", a.ExpertScale, 1, e, tensor.F32),
 	); err != nil {
 		return err
 	}
@@ -100,6 +101,7 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 	pw := arg.ptr("weights", a.Weights)
 	pc := arg.opt("counts", a.Counts)
 	pps := arg.opt("probSum", a.ProbSum)
+	pes := arg.opt("expertScale", a.ExpertScale)
 	if err := arg.err(); err != nil {
 		return err
 	}
@@ -110,7 +112,7 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 		return nil
 	}
 	sigmoid := b2i(a.Score == backend.RouterSigmoid)
-	args := packArgs(pl, cl, pb, pp, ps, pw, pc, int32(n), int32(e), int32(k), sigmoid, b2i(a.NormTopK), a.Scaling(), int32(ng), int32(a.TopKGroup))
+	args := packArgs(pl, cl, pb, pp, ps, pw, pc, pes, int32(n), int32(e), int32(k), sigmoid, b2i(a.NormTopK), a.Scaling(), int32(ng), int32(a.TopKGroup))
 	blocks := min((n+warps-1)/warps, 32*max(b.d.info.SMs, 1))
 	return b.d.Post(func() error {
 		if err := b.d.launchOnThread(moeFile, "moe_route_fwd", [3]uint32{uint32(blocks), 1, 1}, [3]uint32{uint32(32 * warps), 1, 1}, uint32(warps*perWarp), args...); err != nil {
@@ -119,21 +121,27 @@ func (b *Backend) MoERoute(a backend.MoERouteArgs) error {
 		if pps == 0 {
 			return nil
 		}
-		// R row chunks of at least 32 rows, at most 128: partial sums, then their sum in order.
-		r := min(128, (n+31)/32)
-		per := (n + r - 1) / r
-		part, err := b.d.allocOnThread(uint64(4 * r * e))
-		if err != nil {
-			return err
-		}
-		defer b.d.alloc.Free(part.ptr) // freed after the kernels: later work is on the same stream
-		if err := b.d.launchOnThread(moeFile, "moe_prob_sum_part", [3]uint32{uint32((e + 31) / 32), uint32(r), 1}, [3]uint32{32, 8, 1}, 0,
-			packArgs(pp, part.ptr, int32(n), int32(e), int32(per))...); err != nil {
-			return err
-		}
-		return b.d.launchOnThread(moeFile, "moe_prob_sum", [3]uint32{uint32((e + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
-			packArgs(part.ptr, pps, int32(r), int32(e))...)
+		return b.columnSumOnThread(pp, pps, n, e)
 	})
+}
+
+// columnSumOnThread queues sum[e] = sum over the n rows of m[n,e] (both F32 device pointers) in
+// a fixed order: partial sums over R row chunks of at least 32 rows, at most 128, then the R
+// partials in order. It runs on the device thread (inside Post).
+func (b *Backend) columnSumOnThread(m, sum uintptr, n, e int) error {
+	r := min(128, (n+31)/32)
+	per := (n + r - 1) / r
+	part, err := b.d.allocOnThread(uint64(4 * r * e))
+	if err != nil {
+		return err
+	}
+	defer b.d.alloc.Free(part.ptr) // freed after the kernels: later work is on the same stream
+	if err := b.d.launchOnThread(moeFile, "moe_prob_sum_part", [3]uint32{uint32((e + 31) / 32), uint32(r), 1}, [3]uint32{32, 8, 1}, 0,
+		packArgs(m, part.ptr, int32(n), int32(e), int32(per))...); err != nil {
+		return err
+	}
+	return b.d.launchOnThread(moeFile, "moe_prob_sum", [3]uint32{uint32((e + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
+		packArgs(part.ptr, sum, int32(r), int32(e))...)
 }
 
 // MoERouteBackward implements backend.Optional.MoERouteBackward.
@@ -154,8 +162,13 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 		moeShape(op, "dWeights", a.DWeights, n, k, tensor.F32),
 		moeOptShape(op, "auxGrad", a.AuxGrad, 1, e, tensor.F32),
 		moeShape(op, "dLogits", a.DLogits, n, e, tensor.Invalid),
+		moeOptShape(op, "expertScale", a.ExpertScale, 1, e, tensor.F32),
+		moeOptShape(op, "dExpertScale", a.DExpertScale, 1, e, tensor.F32),
 	); err != nil {
 		return err
+	}
+	if !a.DExpertScale.IsNil() && a.ExpertScale.IsNil() {
+		return fmt.Errorf("cuda: %s: dExpertScale needs the forward's expertScale", op)
 	}
 	if n > math.MaxInt32/max(e, k) {
 		return fmt.Errorf("cuda: %s: %d tokens of %d experts exceed the kernel's int32 indices", op, n, e)
@@ -171,16 +184,38 @@ func (b *Backend) MoERouteBackward(a backend.MoERouteBackwardArgs) error {
 	pdw := arg.ptr("dWeights", a.DWeights)
 	pa := arg.opt("auxGrad", a.AuxGrad)
 	pd, cd := arg.float("dLogits", a.DLogits)
+	pes := arg.opt("expertScale", a.ExpertScale)
+	pdes := arg.opt("dExpertScale", a.DExpertScale)
 	if err := arg.err(); err != nil {
 		return err
 	}
 	if n == 0 {
+		if pdes != 0 {
+			return b.Fill(a.DExpertScale, 0)
+		}
 		return nil
 	}
-	args := packArgs(pp, ps, pw, pdw, pa, pd, cd, int32(n), int32(e), int32(k), b2i(a.Score == backend.RouterSigmoid), b2i(a.NormTopK), a.Scaling())
 	blocks := min((n+warps-1)/warps, 32*max(b.d.info.SMs, 1))
 	return b.d.Post(func() error {
-		return b.d.launchOnThread(moeFile, "moe_route_bwd", [3]uint32{uint32(blocks), 1, 1}, [3]uint32{uint32(32 * warps), 1, 1}, uint32(warps*4*e), args...)
+		// With dExpertScale, the per-token terms go to an [N,E] scratch summed per expert in a
+		// fixed order (no atomics): the probability sum's kernels.
+		var gq uintptr
+		if pdes != 0 {
+			s, err := b.d.allocOnThread(uint64(4 * n * e))
+			if err != nil {
+				return err
+			}
+			defer b.d.alloc.Free(s.ptr) // freed after the kernels: later work is on the same stream
+			gq = s.ptr
+		}
+		args := packArgs(pp, ps, pw, pdw, pa, pd, cd, pes, gq, int32(n), int32(e), int32(k), b2i(a.Score == backend.RouterSigmoid), b2i(a.NormTopK), a.Scaling())
+		if err := b.d.launchOnThread(moeFile, "moe_route_bwd", [3]uint32{uint32(blocks), 1, 1}, [3]uint32{uint32(32 * warps), 1, 1}, uint32(warps*4*e), args...); err != nil {
+			return err
+		}
+		if gq == 0 {
+			return nil
+		}
+		return b.columnSumOnThread(gq, pdes, n, e)
 	})
 }
 
@@ -427,4 +462,46 @@ func (b *Backend) SwiGLUPackedBackward(dGateUp, dOut, gateUp T) error {
 		return b.launch1D(moeFile, "swiglu_packed_bwd_bf16x8", int64(r)*int64(i/8), pdg, pd, pg, int64(r), int32(i/8))
 	}
 	return b.launch1D(moeFile, "swiglu_packed_bwd", int64(r)*int64(i), pdg, cdg, pd, cd, pg, cg, int64(r), int32(i))
+}
+
+// GeGLUPacked implements backend.Optional.GeGLUPacked.
+func (b *Backend) GeGLUPacked(out, gateUp T) error {
+	const op = "GeGLUPacked"
+	r, i, err := packedArgs(op, gateUp, "out", out)
+	if err != nil {
+		return err
+	}
+	arg := b.args(op)
+	po, co := arg.float("out", out)
+	pg, cg := arg.float("gateUp", gateUp)
+	if err := arg.err(); err != nil {
+		return err
+	}
+	if vec8(int64(i), []int32{co, cg}, po, pg) {
+		return b.launch1D(moeFile, "geglu_packed_fwd_bf16x8", int64(r)*int64(i/8), po, pg, int64(r), int32(i/8))
+	}
+	return b.launch1D(moeFile, "geglu_packed_fwd", int64(r)*int64(i), po, co, pg, cg, int64(r), int32(i))
+}
+
+// GeGLUPackedBackward implements backend.Optional.GeGLUPackedBackward.
+func (b *Backend) GeGLUPackedBackward(dGateUp, dOut, gateUp T) error {
+	const op = "GeGLUPackedBackward"
+	r, i, err := packedArgs(op, gateUp, "dOut", dOut)
+	if err != nil {
+		return err
+	}
+	if dGateUp.Numel() != gateUp.Numel() {
+		return fmt.Errorf("cuda: %s: dGateUp %v must match gateUp %v", op, dGateUp, gateUp)
+	}
+	arg := b.args(op)
+	pdg, cdg := arg.float("dGateUp", dGateUp)
+	pd, cd := arg.float("dOut", dOut)
+	pg, cg := arg.float("gateUp", gateUp)
+	if err := arg.err(); err != nil {
+		return err
+	}
+	if vec8(int64(i), []int32{cdg, cd, cg}, pdg, pd, pg) {
+		return b.launch1D(moeFile, "geglu_packed_bwd_bf16x8", int64(r)*int64(i/8), pdg, pd, pg, int64(r), int32(i/8))
+	}
+	return b.launch1D(moeFile, "geglu_packed_bwd", int64(r)*int64(i), pdg, cdg, pd, cd, pg, cg, int64(r), int32(i))
 }

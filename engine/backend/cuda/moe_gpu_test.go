@@ -484,3 +484,182 @@ func TestGPUSwiGLUPacked(t *testing.T) {
 		t.Run(bwd.Name, func(t *testing.T) { runCase(t, g, bwd) })
 	}
 }
+
+// TestGPUGeGLUPacked compares GeGLU over packed gate|up rows (Gemma 4's experts), forward and
+// in-place backward, on the bf16x8 kernels (I a multiple of 8) and the scalar ones.
+func TestGPUGeGLUPacked(t *testing.T) {
+	g := moeGPU(t)
+	for _, s := range []struct {
+		R, I int
+		dt   tensor.DType
+	}{{512, 704, tensor.BF16}, {37, 1000, tensor.F32}, {3, 5, tensor.BF16}} {
+		rel := 2 * bf16Eps
+		if s.dt == tensor.F32 {
+			rel = 1e-5
+		}
+		fwd := opCase{
+			Name: fmt.Sprintf("geglu_packed/%s/R%d_I%d", s.dt, s.R, s.I),
+			Tensors: []tspec{
+				{Name: "gu", DType: s.dt, Shape: []int{s.R, 2 * s.I}, Gen: gen{Scale: 2}},
+				{Name: "out", DType: s.dt, Shape: []int{s.R, s.I}, Out: true, AbsFrac: 1e-4, Rel: rel},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				return be.Optional().GeGLUPacked(ts["out"], ts["gu"])
+			},
+		}
+		t.Run(fwd.Name, func(t *testing.T) { runCase(t, g, fwd) })
+		bwd := opCase{
+			Name: fmt.Sprintf("geglu_packed_backward/%s/R%d_I%d", s.dt, s.R, s.I),
+			Tensors: []tspec{
+				{Name: "gu", DType: s.dt, Shape: []int{s.R, 2 * s.I}, Gen: gen{Scale: 2}, Out: true, AbsFrac: 1e-4, Rel: rel},
+				{Name: "dout", DType: s.dt, Shape: []int{s.R, s.I}, Gen: gen{Scale: 1}},
+			},
+			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
+				return be.Optional().GeGLUPackedBackward(ts["gu"], ts["dout"], ts["gu"])
+			},
+		}
+		t.Run(bwd.Name, func(t *testing.T) { runCase(t, g, bwd) })
+	}
+}
+
+// TestGPUMoERouteExpertScale compares the router with a per-expert scale (Gemma 4's
+// per_expert_scale, MoERoute's ExpertScale) with the CPU's: the weights of every token whose
+// choice is not near-tied, and the backward's dlogits and dExpertScale (the per-token terms
+// summed per expert by the column-sum kernels) on the CPU forward's routing. Tolerances as
+// TestGPUMoERoute and TestGPUMoERouteBackward; dExpertScale, an fp32 sum over N tokens against
+// the CPU's fp64 one, within 1e-5*rms + 1e-4*|ref|.
+func TestGPUMoERouteExpertScale(t *testing.T) {
+	g := moeGPU(t)
+	ref := cpu.New(cpu.Options{})
+	defer ref.Close()
+	for _, c := range []routeCase{
+		{"gemma4 E128 K8 norm bf16", backend.MoERouting{TopK: 8, NormTopK: true}, 1000, 128, tensor.BF16, false},
+		{"E8 K2 norm f32", backend.MoERouting{TopK: 2, NormTopK: true}, 777, 8, tensor.F32, false},
+		{"K=1", backend.MoERouting{TopK: 1, NormTopK: true}, 300, 16, tensor.F32, false},
+		{"K=E", backend.MoERouting{TopK: 4, NormTopK: true}, 65, 4, tensor.F32, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.n)+1, uint64(c.e)))
+			k := c.r.TopK
+			logits := make([]float32, c.n*c.e)
+			for i := range logits {
+				logits[i] = float32(rng.NormFloat64() * 2)
+				if c.dt == tensor.BF16 {
+					logits[i] = tensor.BF16ToF32(tensor.F32ToBF16(logits[i]))
+				}
+			}
+			scale := make([]float32, c.e)
+			for i := range scale {
+				scale[i] = float32(1 + 0.3*rng.NormFloat64())
+			}
+			dw := make([]float32, c.n*k)
+			for i := range dw {
+				dw[i] = float32(rng.NormFloat64())
+			}
+			type out struct {
+				probs, weights, dlogits, dscale []float32
+				sel                             []int32
+			}
+			run := func(be backend.Backend, probs []float32, sel []int32) out {
+				o := moeOpt(t, be)
+				mk := func(dt tensor.DType, shape ...int) tensor.Tensor {
+					x, err := be.Alloc(dt, shape...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { be.Free(x) })
+					return x
+				}
+				up := func(v []float32, dt tensor.DType, shape ...int) tensor.Tensor {
+					x, err := backend.FromFloat32(be, v, dt, shape...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { be.Free(x) })
+					return x
+				}
+				get := func(x tensor.Tensor) []float32 {
+					v, err := backend.ToFloat32(be, x)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return v
+				}
+				st := up(scale, tensor.F32, c.e)
+				a := backend.MoERouteArgs{MoERouting: c.r, Logits: up(logits, c.dt, c.n, c.e), Probs: mk(tensor.F32, c.n, c.e),
+					Sel: mk(tensor.I32, c.n, k), Weights: mk(tensor.F32, c.n, k), ExpertScale: st}
+				if err := o.MoERoute(a); err != nil {
+					t.Fatalf("%s: %v", be.Name(), err)
+				}
+				var r out
+				r.probs, r.weights = get(a.Probs), get(a.Weights)
+				var err error
+				if r.sel, err = backend.ToInt32(be, a.Sel); err != nil {
+					t.Fatal(err)
+				}
+				// The backward runs on the given routing (the CPU's), so that both backends
+				// differentiate the same selection.
+				if probs == nil {
+					probs, sel = r.probs, r.sel
+				}
+				ps := up(probs, tensor.F32, c.n, c.e)
+				sl, err := backend.FromInt32(be, sel, c.n, k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { be.Free(sl) })
+				w := make([]float32, c.n*k)
+				for n := range c.n {
+					d := float32(0)
+					for j := range k {
+						d += probs[n*c.e+int(sel[n*k+j])]
+					}
+					for j := range k {
+						x := sel[n*k+j]
+						w[n*k+j] = probs[n*c.e+int(x)] / d * scale[x]
+					}
+				}
+				dz, ds := mk(tensor.F32, c.n, c.e), mk(tensor.F32, c.e)
+				if err := o.MoERouteBackward(backend.MoERouteBackwardArgs{MoERouting: c.r, Probs: ps, Sel: sl, Weights: up(w, tensor.F32, c.n, k),
+					DWeights: up(dw, tensor.F32, c.n, k), DLogits: dz, ExpertScale: st, DExpertScale: ds}); err != nil {
+					t.Fatalf("%s: %v", be.Name(), err)
+				}
+				r.dlogits, r.dscale = get(dz), get(ds)
+				return r
+			}
+			want := run(ref, nil, nil)
+			got := run(g, want.probs, want.sel)
+			close := 0
+			for n := range c.n {
+				if nearTie(logits[n*c.e:(n+1)*c.e], want.probs[n*c.e:(n+1)*c.e], nil, want.sel[n*k:(n+1)*k], c.r) {
+					close++
+					continue
+				}
+				for j := range k {
+					q := n*k + j
+					if got.sel[q] != want.sel[q] {
+						t.Fatalf("token %d: sel %v, CPU %v", n, got.sel[n*k:(n+1)*k], want.sel[n*k:(n+1)*k])
+					}
+					if !within(float64(got.weights[q]), float64(want.weights[q]), 1e-6, 2e-5) {
+						t.Fatalf("token %d: weight %d = %g, CPU %g", n, j, got.weights[q], want.weights[q])
+					}
+				}
+			}
+			if close > c.n/10 {
+				t.Fatalf("%d of %d tokens have near-tied choices: the case does not test the selection", close, c.n)
+			}
+			for name, v := range map[string][2][]float32{"dlogits": {got.dlogits, want.dlogits}, "dExpertScale": {got.dscale, want.dscale}} {
+				rms := 0.0
+				for _, x := range v[1] {
+					rms += float64(x) * float64(x)
+				}
+				rms = math.Sqrt(rms / float64(len(v[1])))
+				for i := range v[1] {
+					if !within(float64(v[0][i]), float64(v[1][i]), 1e-5*rms, 1e-4) {
+						t.Fatalf("%s[%d] = %g on the GPU, %g on the CPU (rms %g)", name, i, v[0][i], v[1][i], rms)
+					}
+				}
+			}
+		})
+	}
+}

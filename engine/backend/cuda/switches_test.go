@@ -151,13 +151,14 @@ func TestOptionalMoEKernels(t *testing.T) {
 	if o.GroupedGEMM == nil || o.AddRMSNorm == nil || o.AdamW == nil || o.Timer == nil {
 		t.Fatal("the always-offered capabilities are missing")
 	}
-	if o.MoERoute != nil || o.MoEPermute != nil || o.MoECombine != nil || o.SwiGLUPacked != nil {
+	if o.MoERoute != nil || o.MoEPermute != nil || o.MoECombine != nil || o.SwiGLUPacked != nil || o.GeGLUPacked != nil {
 		t.Fatal("MoE routing kernels offered with moeKernels off (HALO_CUDA_MOE_KERNELS=off)")
 	}
 	b.moeKernels = true
 	o = b.Optional()
 	if o.MoERoute == nil || o.MoERouteBackward == nil || o.MoEPermute == nil || o.MoEPermuteBackward == nil ||
-		o.MoECombine == nil || o.MoECombineBackward == nil || o.SwiGLUPacked == nil || o.SwiGLUPackedBackward == nil {
+		o.MoECombine == nil || o.MoECombineBackward == nil || o.SwiGLUPacked == nil || o.SwiGLUPackedBackward == nil ||
+		o.GeGLUPacked == nil || o.GeGLUPackedBackward == nil {
 		t.Fatalf("with moeKernels some MoE ops are missing: %+v", o)
 	}
 }

@@ -1,4 +1,5 @@
-// moe.cu: mixture-of-experts routing, permutation, combine and SwiGLU over packed gate|up rows.
+// moe.cu: mixture-of-experts routing, permutation, combine, and SwiGLU and GeGLU over packed
+// gate|up rows.
 //
 // Letters: N tokens, C hidden size, E experts, K top-k, I expert width, S = N*K routed slots
 // (slot i = n*K + j is token n's j-th choice), CH = ceil(S / 1024) chunks of slots, R row
@@ -13,13 +14,16 @@
 //                  (the other groups' experts score 0, as transformers' masked_fill sets them)
 //   sel[n]       = the K largest scores, largest first, ties to the lower expert     [N,K] I32 =
 //   weights[n,j] = probs[n,sel[n,j]] (/ sum_j probs[n,sel[n,j]] (+1e-20 sigmoid)) * scaling
-//                                                                                   [N,K] F32 =
+//                  (* escale[sel[n,j]], escale optional)                           [N,K] F32 =
 //   counts[e]   += tokens choosing e (integer atomics: the result does not depend on order) [E]
 // moe_prob_sum_part, moe_prob_sum: prob_sum[e] = sum_n probs[n,e]: partial sums over R row
 // chunks [R,E] (scratch), then the R partials in order                           [E] F32 =
-// Backward (moe_route_bwd, one warp per token): with g = dweights, s = scaling,
-//   dp[e]  = aux[e] + s*g[j] (sel[n,j] = e), or with norm (s*g[j] - sum_i g[i]*w[i]) / D
+// Backward (moe_route_bwd, one warp per token): with g = dweights, s = scaling, a[j] =
+// escale[sel[n,j]] (1 without escale),
+//   dp[e]  = aux[e] + s*a[j]*g[j] (sel[n,j] = e), or with norm (s*a[j]*g[j] - sum_i g[i]*w[i]) / D
 //   dlogits = probs*(dp - dot(probs, dp)) (softmax) or probs*(1-probs)*dp (sigmoid)  [N,E] =
+//   gq[n,e] = g[j] * s*probs[n,e] (/ D with norm) for sel[n,j] = e, else 0  [N,E] F32 = (optional)
+// and dscale[e] = sum_n gq[n,e] by moe_prob_sum_part and moe_prob_sum, as prob_sum  [E] F32 =
 //
 // Permutation, a stable counting sort by expert in three passes and a gather:
 //   moe_hist     hist[ch,e]  = slots of chunk ch choosing e                    [CH,E] I32 (scratch)
@@ -34,6 +38,8 @@
 //                    dw[n,j] = dot(dout[n], ys[slot[n,j]]) (block tree, fixed order) [N,K] F32 =
 // swiglu_packed_fwd: out[r,i] = silu(gu[r,i]) * gu[r,I+i]                       [R,I] =
 // swiglu_packed_bwd: dgu[r,i], dgu[r,I+i] from dout [R,I] and gu [R,2I] (=, may alias gu)
+// geglu_packed_fwd:  out[r,i] = gelu_tanh(gu[r,i]) * gu[r,I+i]                  [R,I] =
+// geglu_packed_bwd:  dgu[r,i], dgu[r,I+i] from dout and gu, as geglu.cu's geglu_bwd (=, may alias gu)
 //
 // Nothing uses floating-point atomics or scatter-adds, so every result is deterministic. Nothing
 // reads sizes back to the host: offsets stay on the device for the grouped GEMM.
@@ -81,6 +87,7 @@ extern "C" __global__ void moe_route_fwd(const void* logits, int dtl,  // [N,E]
                                          int* sel,                      // [N,K]
                                          float* weights,                // [N,K]
                                          int* counts,                   // [E] or null
+                                         const float* escale,           // [E] or null
                                          int N, int E, int K, int sigmoid, int norm, float scaling,
                                          int n_group, int topk_group) {
     extern __shared__ float moe_sh[];
@@ -152,7 +159,9 @@ extern "C" __global__ void moe_route_fwd(const void* logits, int dtl,  // [N,E]
                 long long q = (long long)n * K + j;
                 float w = weights[q];
                 if (norm) w = w / sum;
-                weights[q] = w * scaling;
+                w = w * scaling;
+                if (escale) w = w * escale[sel[q]];
+                weights[q] = w;
             }
         }
         __syncwarp();
@@ -192,6 +201,8 @@ extern "C" __global__ void moe_route_bwd(const float* probs,    // [N,E]
                                          const float* dweights, // [N,K]
                                          const float* aux,      // [E] or null
                                          void* dlogits, int dtd, // [N,E]
+                                         const float* escale,   // [E] or null
+                                         float* gq,             // [N,E] or null: dscale's terms
                                          int N, int E, int K, int sigmoid, int norm, float scaling) {
     extern __shared__ float moe_sh[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -216,9 +227,23 @@ extern "C" __global__ void moe_route_bwd(const float* probs,    // [N,E]
             int e = sel[krow + j];
             if (e < 0 || e >= E) continue;
             float g = scaling * dweights[krow + j];
+            if (escale) g = g * escale[e];
             dp[e] += norm ? (g - dot) / d : g;
         }
         __syncwarp();
+        if (gq) {
+            // Each lane writes its experts' entries: the term of the slot choosing e, or 0.
+            for (int e = lane; e < E; e += 32) {
+                float v = 0.f;
+                for (int j = 0; j < K; j++)
+                    if (sel[krow + j] == e) {
+                        float q = scaling * probs[row + e];
+                        if (norm) q = q / d;
+                        v = dweights[krow + j] * q;
+                    }
+                gq[row + e] = v;
+            }
+        }
         if (sigmoid) {
             for (int e = lane; e < E; e += 32) {
                 float pv = probs[row + e];
@@ -398,8 +423,39 @@ extern "C" __global__ void swiglu_packed_bwd(void* dgu, int dtdg, const void* do
     }
 }
 
+// gelu_tanh(g) and its derivative in *d: the arithmetic of geglu.cu's gg_eval.
+#define MOE_GELU_C 0.7978845608028654f
+__device__ __forceinline__ float moe_gelu(float g, float* d) {
+    float t = tanhf(MOE_GELU_C * (g + 0.044715f * g * g * g));
+    *d = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * MOE_GELU_C * (1.f + 3.f * 0.044715f * g * g);
+    return 0.5f * g * (1.f + t);
+}
+
+extern "C" __global__ void geglu_packed_fwd(void* out, int dto, const void* gu, int dtg, long long R, int I) {
+    GRID_STRIDE(i, R * I) {
+        long long r = i / I, c = i - r * I;
+        float g = ldf(gu, dtg, r * 2 * I + c), u = ldf(gu, dtg, r * 2 * I + I + c);
+        float d;
+        stf(out, dto, i, moe_gelu(g, &d) * u);
+    }
+}
+
+extern "C" __global__ void geglu_packed_bwd(void* dgu, int dtdg, const void* dout, int dtdo, const void* gu, int dtg,
+                                            long long R, int I) {
+    GRID_STRIDE(i, R * I) {
+        long long r = i / I, c = i - r * I;
+        long long ig = r * 2 * I + c, iu = ig + I;
+        float g = ldf(gu, dtg, ig), u = ldf(gu, dtg, iu), o = ldf(dout, dtdo, i);
+        float d;
+        float y = moe_gelu(g, &d);
+        // both inputs are read before either output is written: dgu may be gu
+        stf(dgu, dtdg, ig, o * u * d);
+        stf(dgu, dtdg, iu, o * y);
+    }
+}
+
 // Vectorised bf16 forms of the combine, the gather's backward, the combine's backward and the
-// packed SwiGLU, for bf16 rows whose width is a multiple of 8 and 16-byte aligned addresses: a
+// packed SwiGLU and GeGLU, for bf16 rows whose width is a multiple of 8 and 16-byte aligned addresses: a
 // thread moves 8 elements per 16-byte access. Same arithmetic in the same order as the scalar
 // kernels above, so the results are identical, except the combine backward's dw, whose block
 // sum takes the elements in another order.
@@ -511,6 +567,42 @@ extern "C" __global__ void swiglu_packed_bwd_bf16x8(moe_v16* dgu, const moe_v16*
             float sg = 1.f / (1.f + expf(-g[k]));
             dg[k] = d[k] * u[k] * sg * (1.f + g[k] * (1.f - sg));
             du[k] = d[k] * g[k] * sg;
+        }
+        // both vectors were read above: dgu may be gu
+        dgu[ig] = moe_pack8(dg);
+        dgu[iu] = moe_pack8(du);
+    }
+}
+
+extern "C" __global__ void geglu_packed_fwd_bf16x8(moe_v16* out, const moe_v16* gu, long long R, int I8) {
+    GRID_STRIDE(i, R * I8) {
+        long long r = i / I8, c = i - r * I8;
+        float g[8], u[8];
+        moe_unpack8(gu[r * 2 * I8 + c], g);
+        moe_unpack8(gu[r * 2 * I8 + I8 + c], u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float d;
+            g[k] = moe_gelu(g[k], &d) * u[k];
+        }
+        out[i] = moe_pack8(g);
+    }
+}
+
+extern "C" __global__ void geglu_packed_bwd_bf16x8(moe_v16* dgu, const moe_v16* dout, const moe_v16* gu, long long R, int I8) {
+    GRID_STRIDE(i, R * I8) {
+        long long r = i / I8, c = i - r * I8;
+        long long ig = r * 2 * I8 + c, iu = ig + I8;
+        float g[8], u[8], o[8], dg[8], du[8];
+        moe_unpack8(gu[ig], g);
+        moe_unpack8(gu[iu], u);
+        moe_unpack8(dout[i], o);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float d;
+            float y = moe_gelu(g[k], &d);
+            dg[k] = o[k] * u[k] * d;
+            du[k] = o[k] * y;
         }
         // both vectors were read above: dgu may be gu
         dgu[ig] = moe_pack8(dg);

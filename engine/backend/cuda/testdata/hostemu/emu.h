@@ -1,6 +1,7 @@
-// emu.h: the CUDA built-ins that kernels/attention.cu, shortconv.cu, gated_delta.cu and
-// gated_delta_stages.cu use, for running their kernels as host C++ (TestAttentionKernelsOnHost,
-// TestShortConvKernelsOnHost, TestGatedDeltaKernelsOnHost, TestGatedDeltaStagesKernelsOnHost). A block's threads are fibers on one OS thread;
+// emu.h: the CUDA built-ins that kernels/attention.cu, shortconv.cu, gated_delta.cu,
+// gated_delta_stages.cu and moe.cu use, for running their kernels as host C++
+// (TestAttentionKernelsOnHost, TestShortConvKernelsOnHost, TestGatedDeltaKernelsOnHost,
+// TestGatedDeltaStagesKernelsOnHost, TestMoEKernelsOnHost). A block's threads are fibers on one OS thread;
 // __syncthreads and each warp shuffle are barriers at which a fiber yields until every
 // participant has arrived, so a barrier reached by only some of its threads never completes
 // (the run hangs and the test's timeout reports it). The test prepends
@@ -52,6 +53,20 @@ inline float emu_shfl(float v, int src, bool xor_lane) {
 }
 inline float __shfl_sync(unsigned, float v, int src) { return emu_shfl(v, src, false); }
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu_shfl(v, mask, true); }
+// The int shuffle moves the bits through the same slots (never through float arithmetic).
+inline int emu_shfl_int(int v, int src, bool xor_lane) {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    int p = (int)(emu_warp[w].gen & 1);
+    memcpy(&emu_slot[p][w][l], &v, 4);
+    emu_arrive(emu_warp[w]);
+    int r;
+    memcpy(&r, &emu_slot[p][w][xor_lane ? (l ^ src) : (src & 31)], 4);
+    return r;
+}
+inline int __shfl_sync(unsigned, int v, int src) { return emu_shfl_int(v, src, false); }
+inline int __shfl_xor_sync(unsigned, int v, int mask) { return emu_shfl_int(v, mask, true); }
+// __syncwarp is a barrier of the calling thread's warp (all 32 lanes take part).
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_arrive(emu_warp[threadIdx.x >> 5]); }
 inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);
@@ -79,6 +94,11 @@ inline float atomicAdd(float* p, float v) {
 inline int atomicMin(int* p, int v) {
     int old = *p;
     if (v < old) *p = v;
+    return old;
+}
+inline int atomicAdd(int* p, int v) {
+    int old = *p;
+    *p = old + v;
     return old;
 }
 using std::max;

@@ -27,11 +27,13 @@ static void fiber_entry() {
     _longjmp(sched_jb, 1);
 }
 
-// emu_launch runs body for every block of a gx x gy grid of T threads (a multiple of 32) with
-// shared bytes of dynamic shared memory, filled with NaN before each block so that a read of a
-// value no thread staged shows in the results.
-static void emu_launch(unsigned gx, unsigned gy, unsigned T, size_t shared, const std::function<void()>& body) {
-    blockDim = {T, 1, 1};
+// emu_launch_xy runs body for every block of a gx x gy grid of tx x ty threads with shared
+// bytes of dynamic shared memory, filled with NaN before each block so that a read of a value
+// no thread staged shows in the results. emu.h's warp built-ins index warps by threadIdx.x, so
+// kernels that use them need ty 1 and tx a multiple of 32.
+static void emu_launch_xy(unsigned gx, unsigned gy, unsigned tx, unsigned ty, size_t shared, const std::function<void()>& body) {
+    const unsigned T = tx * ty;
+    blockDim = {tx, ty, 1};
     std::vector<float> sm(shared / 4 + 1);
     emu_smem = sm.data();
     kernel_body = &body;
@@ -42,7 +44,7 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned T, size_t shared, cons
         for (unsigned bx = 0; bx < gx; bx++) {
             std::fill(sm.begin(), sm.end(), NAN);
             emu_block = emu_barrier{(int)T, 0, 0};
-            for (unsigned w = 0; w < T / 32; w++) emu_warp[w] = emu_barrier{32, 0, 0};
+            for (unsigned w = 0; w < (T + 31) / 32 && w < 32; w++) emu_warp[w] = emu_barrier{32, 0, 0};
             done.assign(T, 0);
             started.assign(T, 0);
             for (unsigned t = 0; t < T; t++) {
@@ -59,7 +61,7 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned T, size_t shared, cons
                     if (done[t]) continue;
                     running = true;
                     current = t;
-                    threadIdx = {t, 0, 0};
+                    threadIdx = {t % tx, t / tx, 0};
                     if (_setjmp(sched_jb)) continue;  // the fiber yielded or finished
                     if (!started[t]) {
                         started[t] = 1;
@@ -71,3 +73,7 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned T, size_t shared, cons
         }
 }
 
+// emu_launch is emu_launch_xy for blocks of T threads (a multiple of 32) in one dimension.
+static void emu_launch(unsigned gx, unsigned gy, unsigned T, size_t shared, const std::function<void()>& body) {
+    emu_launch_xy(gx, gy, T, 1, shared, body);
+}
