@@ -16,8 +16,9 @@ var swGradZero = switches.Register(switches.Switch{Name: "HALO_GRAD_ZERO", Kind:
 	Doc: "How an optimizer step starts the gradients of MoE blocks' stacked experts: lazy (not filled: the block's first backward of the step writes them with =, its grouped weight-gradient GEMM writing every expert's block, or zeroes them first on the paths that accumulate; saves the fill and the GEMM's read of the zeros, about 4 bytes per expert parameter) or fill (zeroed with the rest, every write accumulates)."})
 
 // collectFresh lists the gradients that ZeroGrads may leave unfilled: the stacked experts of
-// the MoE blocks, gpt-oss's included (each written only by its block's backward, which takes
-// it from the pass's FreshGrads), with their element ranges in the gradient arena.
+// the MoE blocks, gpt-oss's and Gemma 4's beside the MLP included (each written only by its
+// block's backward, which takes it from the pass's FreshGrads), with their element ranges in
+// the gradient arena.
 func (m *Model) collectFresh() {
 	m.freshGrads, m.freshRanges = nil, nil
 	if m.Grads == nil || m.lora != nil {
@@ -32,6 +33,8 @@ func (m *Model) collectFresh() {
 			gs = []tensor.Tensor{f.GateUp.GW, f.Down.GW}
 		case *nn.OSSMoE:
 			gs = []tensor.Tensor{f.GGateUp, f.GDown}
+		case *nn.MoEBesideMLP:
+			gs = []tensor.Tensor{f.GateUp.GW, f.Down.GW}
 		}
 		for _, g := range gs {
 			if g.IsNil() || g.Buffer() != flat.Buffer() {

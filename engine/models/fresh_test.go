@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 )
 
 // TestLazyGradZeroMatchesFill: with HALO_GRAD_ZERO=lazy ZeroGrads leaves the stacked experts'
@@ -13,15 +14,16 @@ import (
 // gradients poisoned with NaN (a previous step's leftovers), one optimizer step's gradients
 // over two micro-batches (the second accumulating) equal those of HALO_GRAD_ZERO=fill bit for
 // bit, on the device path (grouped weight gradient with =) and on the composed path (zeroed,
-// then accumulated), for qwen3_moe, glm4_moe (a dense first layer) and gpt_oss (its own
-// block, with expert biases).
+// then accumulated), for qwen3_moe, glm4_moe (a dense first layer), gpt_oss (its own
+// block, with expert biases) and gemma4_text (the MoE block beside every MLP).
 func TestLazyGradZeroMatchesFill(t *testing.T) {
 	build := map[string]func() *Model{
-		"qwen3_moe": func() *Model { return tinyMoE(t, "qwen3_moe", nil) },
-		"glm4_moe":  func() *Model { return tinyMoE(t, "glm4_moe", nil) },
-		"gpt_oss":   func() *Model { return tinyOSS(t, 0.4) },
+		"qwen3_moe":   func() *Model { return tinyMoE(t, "qwen3_moe", nil) },
+		"glm4_moe":    func() *Model { return tinyMoE(t, "glm4_moe", nil) },
+		"gpt_oss":     func() *Model { return tinyOSS(t, 0.4) },
+		"gemma4_text": func() *Model { return tinyGemma4MoE(t) },
 	}
-	for _, fam := range []string{"qwen3_moe", "glm4_moe", "gpt_oss"} {
+	for _, fam := range []string{"qwen3_moe", "glm4_moe", "gpt_oss", "gemma4_text"} {
 		for _, path := range []string{"device", "composed"} {
 			t.Run(fam+"/"+path, func(t *testing.T) {
 				t.Setenv("HALO_MOE_PATH", path)
@@ -57,6 +59,29 @@ func TestLazyGradZeroMatchesFill(t *testing.T) {
 			})
 		}
 	}
+}
+
+// tinyGemma4MoE is the tiny gemma4_text preset with the MoE block (4 experts of width 8,
+// top-2) beside every MLP, with random weights.
+func tinyGemma4MoE(t *testing.T) *Model {
+	t.Helper()
+	base, err := config.Preset("gemma4_text", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ApplyOverrides(base, []string{"enable_moe_block=true", "num_experts=4", "top_k_experts=2", "moe_intermediate_size=8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(c, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.InitRandom(5); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // TestLazyGradZeroSettlesUnwritten: a gradient left unfilled and never written (no pass ran)

@@ -21,7 +21,8 @@ import (
 //     with use_double_wide_mlp their MLP is twice intermediate_size wide;
 //   - the MoE block (enable_moe_block): nn.MoEBesideMLP in place of the MLP, reading the
 //     residual stream, with the router's scale and per-expert scale and GeGLU experts stored
-//     stacked (experts.gate_up_proj [E, 2I, C], experts.down_proj [E, C, I]).
+//     stacked (experts.gate_up_proj [E, 2I, C], experts.down_proj [E, C, I]), bound whole
+//     for the block's device path and as per-expert views for its host path.
 
 // gemma4Parts are the optional parts a gemma4_text model has (config.GlobalShape).
 type gemma4Parts struct {
@@ -127,6 +128,10 @@ func (gemma4FFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 	}
 	gu, dn := param(pre+"experts.gate_up_proj"), param(pre+"experts.down_proj")
 	ggu, gdn := grad(pre+"experts.gate_up_proj"), grad(pre+"experts.down_proj")
+	// The checkpoint stores the experts stacked: the device path's grouped GEMMs read these
+	// tensors, the host path the per-expert views below (the same memory).
+	m.GateUp = nn.Linear{Name: pre + "experts.gate_up_proj", W: gu, GW: ggu}
+	m.Down = nn.Linear{Name: pre + "experts.down_proj", W: dn, GW: gdn}
 	c, e := a.Hidden, g.moeI
 	view := func(t tensor.Tensor, off int, shape ...int) tensor.Tensor {
 		if t.IsNil() {

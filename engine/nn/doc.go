@@ -19,7 +19,8 @@
 // one, on the host otherwise and when decoding),
 // or attend over an earlier layer's keys and values (SharedKV: Gemma 4's shared KV layers). A
 // Block may end with Gemma 4's per-layer input stage (PerLayerInput) and take, in place of its
-// MLP, Gemma 4's mixture of GeGLU experts beside the MLP (MoEBesideMLP, routed on the host).
+// MLP, Gemma 4's mixture of GeGLU experts beside the MLP (MoEBesideMLP, on the MoE device path
+// where the backend has it, routed on the host otherwise).
 // A Linear may carry a LoRA adapter (two small GEMMs,
 // a scale and an add on top of a frozen base weight read through Linear.Weight), and that base
 // may be stored in 4-bit NF4 (QuantWeight, QLoRA), dequantised into a WeightScratch shared by

@@ -21,16 +21,28 @@ import (
 //	e      = PostExperts(sum_{e in S_n} w_n,e * Expert_e(PreExperts(x)))
 //	out    = d + e
 //
-// The experts are GeGLU (gelu_tanh(gate) * up, then down) without biases. Routing runs on the
-// host, as the host composition of MoE does: the router logits [N,E] are downloaded, the
-// selection and weights computed, each expert runs on its rows (gathered with the Embedding
-// op, scatter-added back with EmbeddingBackward, weighted with ScaleRows), and the backward
-// takes the weights' gradient with RowDot, so every backend that runs the dense layers runs
-// this block.
+// The experts are GeGLU (gelu_tanh(gate) * up, then down) without biases.
+//
+// Two paths compute the experts, as for MoE. When the backend has the optional MoE ops,
+// GeGLUPacked and GroupedGEMM (backend.Optional) and the experts' weights are stacked (GateUp,
+// Down), the device path (moe_beside_mlp_device.go) reads nothing on the host: MoERoute (the
+// softmax top-k renormalised and multiplied by PerExpertScale, its ExpertScale), MoEPermute,
+// two grouped GEMMs around the packed GeGLU (GroupedExperts), MoECombine, and their
+// backwards, MoERouteBackward giving the per-expert scale's gradient too. Otherwise, or with
+// Composed or HALO_MOE_PATH=composed, routing runs on the host, as the host composition of MoE
+// does: the router logits [N,E] are downloaded, the selection and weights computed, each
+// expert runs on its rows (gathered with the Embedding op, scatter-added back with
+// EmbeddingBackward, weighted with ScaleRows), and the backward takes the weights' gradient
+// with RowDot, so every backend that runs the dense layers runs this block. The host path is
+// the reference of the device path.
 //
 // Cached for backward (keep): x (not owned), the inputs of the norms and their rstd, the
-// router's normed input, per expert its rows' ids, gathered input, gate, up, product, weights
-// and unweighted output, and on the host the probabilities, selection and weights.
+// router's normed input, the experts' normed input x2 and their sum e; on the host path per
+// expert its rows' ids, gathered input, gate, up, product, weights and unweighted output, and
+// on the host the probabilities, selection and weights; on the device path the
+// probabilities [N,E] F32, sel, weights and slot [N,K], offsets [E+1], the per-expert scale in
+// F32, the experts' gate|up rows [S,2I] and, with HALO_MOE_EXPERT_OUTPUTS=keep, their outputs
+// [S,C].
 type MoEBesideMLP struct {
 	Name string
 	// PreMLP, MLP and PostMLP are the dense branch (pre_feedforward_layernorm, mlp,
@@ -50,6 +62,16 @@ type MoEBesideMLP struct {
 	PreExperts, PostExperts RMSNorm
 	Experts                 []Expert
 	TopK                    int
+	// GateUp and Down are the experts' weights stacked for the device path, with their
+	// gradients: GateUp.W [E,2I,C] holds expert e's gate rows then its up rows, Down.W
+	// [E,C,I]; the memory the Experts' Linear views read. Zero tensors: the host path.
+	GateUp, Down Linear
+	// Composed makes the block run the host path even where the device path could (the
+	// reference); HALO_MOE_PATH=composed does it for every block.
+	Composed bool
+
+	dv    besideDev // device-path cache
+	onDev bool      // the cached forward took the device path
 
 	x                T
 	h, rh, d, d1r    T // PreMLP out, its rstd; MLP out; PostMLP rstd
@@ -110,17 +132,24 @@ func (m *MoEBesideMLP) Forward(p *Pass, x T, keep bool) (out T, err error) {
 			_ = free(p.B, &out)
 		}
 	}()
-	if err = m.route(p, x); err != nil {
-		return T{}, err
-	}
-	if m.x2, m.r2, err = m.PreExperts.Forward(p, x); err != nil {
-		return T{}, err
-	}
-	if m.e, err = p.alloc(x.Shape()...); err != nil {
-		return T{}, wrap(m.Name, err)
-	}
-	if err = m.expertsForward(p); err != nil {
-		return T{}, err
+	if o, ok := m.deviceOps(p, x); ok {
+		m.onDev = true
+		if err = m.deviceForward(p, o, x, keep); err != nil {
+			return T{}, err
+		}
+	} else {
+		if err = m.route(p, x); err != nil {
+			return T{}, err
+		}
+		if m.x2, m.r2, err = m.PreExperts.Forward(p, x); err != nil {
+			return T{}, err
+		}
+		if m.e, err = p.alloc(x.Shape()...); err != nil {
+			return T{}, wrap(m.Name, err)
+		}
+		if err = m.expertsForward(p); err != nil {
+			return T{}, err
+		}
 	}
 	e2, er, err := m.PostExperts.Forward(p, m.e)
 	if err != nil {
@@ -135,16 +164,22 @@ func (m *MoEBesideMLP) Forward(p *Pass, x T, keep bool) (out T, err error) {
 	return out, nil
 }
 
-// route runs the router on x and computes the selection and weights on the host.
-func (m *MoEBesideMLP) route(p *Pass, x T) (err error) {
+// routerLogits normalises x for the router (keeping rn, rr and gain) and returns the router
+// logits [N,E] (new).
+func (m *MoEBesideMLP) routerLogits(p *Pass, x T) (lt T, err error) {
 	if err = m.routerGain(p); err != nil {
-		return err
+		return T{}, err
 	}
 	norm := RMSNorm{Name: m.Name + ".router.norm", W: m.gain, Eps: m.RouterEps}
 	if m.rn, m.rr, err = norm.Forward(p, x); err != nil {
-		return err
+		return T{}, err
 	}
-	lt, err := m.Router.Forward(p, m.rn)
+	return m.Router.Forward(p, m.rn)
+}
+
+// route runs the router on x and computes the selection and weights on the host.
+func (m *MoEBesideMLP) route(p *Pass, x T) (err error) {
+	lt, err := m.routerLogits(p, x)
 	if err != nil {
 		return err
 	}
@@ -302,6 +337,31 @@ func (m *MoEBesideMLP) Backward(p *Pass, dy T) (dx T, err error) {
 	if err = m.PostExperts.Backward(p, de, dy, m.e, m.er, false); err != nil {
 		return T{}, err
 	}
+	// Both paths write the stacked experts' gradients (the host path through the Experts'
+	// views of them): a fresh one (FreshGrads) is overwritten by the device path's grouped
+	// weight gradient and zeroed first for the host path, which accumulates.
+	freshGU, freshDown := p.Fresh.Take(m.GateUp.GW), p.Fresh.Take(m.Down.GW)
+	if m.onDev {
+		o, ok := m.deviceOps(p, m.x)
+		if !ok {
+			return T{}, fmt.Errorf("nn: %s: the forward ran on the device path, which the backward's backend lacks", m.Name)
+		}
+		m.dv.experts.OverwriteGateUp, m.dv.experts.OverwriteDown = freshGU, freshDown
+		if err = m.deviceBackward(p, o, dx, de); err != nil {
+			return T{}, err
+		}
+		return dx, nil
+	}
+	for _, z := range []struct {
+		fresh bool
+		g     T
+	}{{freshGU, m.GateUp.GW}, {freshDown, m.Down.GW}} {
+		if z.fresh {
+			if err = p.B.Fill(z.g, 0); err != nil {
+				return T{}, wrap(m.Name+" expert gradients", err)
+			}
+		}
+	}
 	if dx2, err = p.alloc(dy.Shape()...); err != nil {
 		return T{}, wrap(m.Name, err)
 	}
@@ -434,6 +494,13 @@ func (m *MoEBesideMLP) routerBackward(p *Pass, dx T, dw []float32) error {
 		return wrap(m.Name+" router", err)
 	}
 	defer func() { _ = free(p.B, &dlt) }()
+	return m.routerInputBackward(p, dx, dlt)
+}
+
+// routerInputBackward takes the router logits' gradient dlt [N,E] back through the router
+// projection and its norm, adding the gradient of the residual stream into dx and the
+// gradients of the router and RouterScale into theirs.
+func (m *MoEBesideMLP) routerInputBackward(p *Pass, dx, dlt T) error {
 	drn, err := p.out(dx.Shape()...)
 	if err != nil {
 		return wrap(m.Name+" router", err)
@@ -472,6 +539,7 @@ func (m *MoEBesideMLP) Release(p *Pass) {
 		ex := &m.ex[i]
 		_ = free(p.B, &ex.ids, &ex.w, &ex.xe, &ex.g, &ex.u, &ex.a, &ex.o)
 	}
+	m.dv.release(p)
 	m.ex, m.probs, m.sel, m.weights = nil, nil, nil, nil
-	m.x, m.live = T{}, false
+	m.x, m.live, m.onDev = T{}, false, false
 }

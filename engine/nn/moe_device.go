@@ -75,11 +75,11 @@ func MoERecomputedBytes(n, c, k, inter, el int) int64 {
 	return int64(n) * int64(k) * int64(c+inter) * int64(el)
 }
 
-// GroupedExperts computes stacked SwiGLU experts over rows sorted by expert, one grouped GEMM
-// per projection, for the rows [offsets[g], offsets[g+1]) of each expert g:
+// GroupedExperts computes stacked SwiGLU (or GeGLU) experts over rows sorted by expert, one
+// grouped GEMM per projection, for the rows [offsets[g], offsets[g+1]) of each expert g:
 //
 //	gu  = xs · GateUp_g^T         [M,2I]   (gate rows, then up rows)
-//	act = silu(gu[:, :I]) * gu[:, I:]   [M,I]
+//	act = silu(gu[:, :I]) * gu[:, I:]   [M,I]   (gelu_tanh(gu[:, :I]) * gu[:, I:] with GeGLU)
 //	ys  = act · Down_g^T          [M,C]
 //
 // Cached for backward (keep): gu only, and a reference to offsets (the caller keeps it
@@ -93,8 +93,37 @@ type GroupedExperts struct {
 	// weight-gradient GEMM writes every expert's block, zeros for an expert without rows. Each
 	// is cleared by the Backward that honours it.
 	OverwriteGateUp, OverwriteDown bool
+	// GeGLU makes the experts GeGLU (Gemma 4's): the packed activation is GeGLUPacked.
+	GeGLU bool
 
 	gu, offsets T
+}
+
+// Usable reports whether o has the packed activation of these experts and the grouped GEMM.
+func (g *GroupedExperts) Usable(o backend.Optional) bool {
+	if o.GroupedGEMM == nil {
+		return false
+	}
+	if g.GeGLU {
+		return o.GeGLUPacked != nil && o.GeGLUPackedBackward != nil
+	}
+	return o.SwiGLUPacked != nil && o.SwiGLUPackedBackward != nil
+}
+
+// act writes the packed activation of gu [M,2I] into out [M,I].
+func (g *GroupedExperts) act(o backend.Optional, out, gu T) error {
+	if g.GeGLU {
+		return wrap(g.Name+" geglu", o.GeGLUPacked(out, gu))
+	}
+	return wrap(g.Name+" swiglu", o.SwiGLUPacked(out, gu))
+}
+
+// actBackward writes the packed activation's gradient into dgu [M,2I] (may be gu).
+func (g *GroupedExperts) actBackward(o backend.Optional, dgu, dact, gu T) error {
+	if g.GeGLU {
+		return wrap(g.Name+" geglu", o.GeGLUPackedBackward(dgu, dact, gu))
+	}
+	return wrap(g.Name+" swiglu", o.SwiGLUPackedBackward(dgu, dact, gu))
 }
 
 // Forward returns ys [M,C] (new; the caller owns it) for xs [M,C] and offsets [G+1] I32.
@@ -120,8 +149,8 @@ func (g *GroupedExperts) Forward(p *Pass, o backend.Optional, xs, offsets T, kee
 	if act, err = p.out(s, inter); err != nil {
 		return T{}, wrap(g.Name, err)
 	}
-	if err = o.SwiGLUPacked(act, gu); err != nil {
-		return T{}, wrap(g.Name+" swiglu", err)
+	if err = g.act(o, act, gu); err != nil {
+		return T{}, err
 	}
 	if ys, err = p.out(s, c); err != nil {
 		return T{}, wrap(g.Name, err)
@@ -175,12 +204,12 @@ func (g *GroupedExperts) backward(p *Pass, o backend.Optional, dys, ws T, rows f
 		return T{}, T{}, wrap(g.Down.Name, err)
 	}
 	if !g.Down.GW.IsNil() || !ws.IsNil() {
-		// The SwiGLU output was not kept: recompute it from gu for the weight gradients.
+		// The activation was not kept: recompute it from gu for the weight gradients.
 		if act, err = p.out(s, inter); err != nil {
 			return T{}, T{}, wrap(g.Name, err)
 		}
-		if err = o.SwiGLUPacked(act, g.gu); err != nil {
-			return T{}, T{}, wrap(g.Name+" swiglu", err)
+		if err = g.act(o, act, g.gu); err != nil {
+			return T{}, T{}, err
 		}
 	}
 	if !ws.IsNil() {
@@ -208,8 +237,8 @@ func (g *GroupedExperts) backward(p *Pass, o backend.Optional, dys, ws T, rows f
 	}
 	_ = free(p.B, &act, &dys)
 	// gu becomes its own gradient.
-	if err = o.SwiGLUPackedBackward(g.gu, dact, g.gu); err != nil {
-		return T{}, T{}, wrap(g.Name+" swiglu", err)
+	if err = g.actBackward(o, g.gu, dact, g.gu); err != nil {
+		return T{}, T{}, err
 	}
 	_ = free(p.B, &dact)
 	if dxs, err = p.out(s, c); err != nil {
@@ -245,8 +274,7 @@ func (m *MoE) deviceOps(p *Pass, x T) (backend.Optional, bool) {
 	experts := (m.Runner == nil && m.holdsAll()) || sorted
 	ok := !m.Composed && m.SparseMixer == nil && !swMoEPath.Is("composed") && experts && x.Rank() == 2 && x.Dim(0) > 0 && !m.GateUp.W.IsNil() && !m.Down.W.IsNil() &&
 		o.MoERoute != nil && o.MoERouteBackward != nil && o.MoEPermute != nil && o.MoEPermuteBackward != nil &&
-		o.MoECombine != nil && o.MoECombineBackward != nil && o.SwiGLUPacked != nil && o.SwiGLUPackedBackward != nil &&
-		o.GroupedGEMM != nil
+		o.MoECombine != nil && o.MoECombineBackward != nil && (&GroupedExperts{}).Usable(o)
 	return o, ok
 }
 
@@ -438,7 +466,12 @@ func (m *MoE) sortAgain(p *Pass, o backend.Optional) (T, error) {
 // a new [R*K', C'] tensor of x's dtype. With sel the forward's [N,K] and x [N,·] it is the
 // forward's sort; with sel viewed as [S,1] and x [S,·] (one row per slot) it sorts per-slot
 // values, such as the routing weights, into the slots' sorted order.
-func (m *MoE) sortBy(p *Pass, o backend.Optional, sel, x T) (xs T, err error) {
+func (m *MoE) sortBy(p *Pass, o backend.Optional, sel, x T) (T, error) {
+	return sortRows(p, o, m.Name, m.r.E, sel, x)
+}
+
+// sortRows is MoE.sortBy for a block named name of e experts.
+func sortRows(p *Pass, o backend.Optional, name string, e int, sel, x T) (xs T, err error) {
 	rows, k := sel.Dim(0), sel.Dim(1)
 	var off, order, slot T
 	defer func() {
@@ -448,7 +481,7 @@ func (m *MoE) sortBy(p *Pass, o backend.Optional, sel, x T) (xs T, err error) {
 		}
 	}()
 	i32 := func(shape ...int) (T, error) { return p.B.Empty(tensor.I32, shape...) }
-	if off, err = i32(m.r.E + 1); err == nil {
+	if off, err = i32(e + 1); err == nil {
 		if order, err = i32(rows * k); err == nil {
 			if slot, err = i32(rows, k); err == nil {
 				xs, err = p.B.Empty(x.DType(), rows*k, x.Dim(1))
@@ -456,9 +489,9 @@ func (m *MoE) sortBy(p *Pass, o backend.Optional, sel, x T) (xs T, err error) {
 		}
 	}
 	if err != nil {
-		return T{}, wrap(m.Name, err)
+		return T{}, wrap(name, err)
 	}
-	return xs, wrap(m.Name+" permute", o.MoEPermute(backend.MoEPermuteArgs{E: m.r.E, Sel: sel, X: x, Offsets: off, Order: order, Slot: slot, Xs: xs}))
+	return xs, wrap(name+" permute", o.MoEPermute(backend.MoEPermuteArgs{E: e, Sel: sel, X: x, Offsets: off, Order: order, Slot: slot, Xs: xs}))
 }
 
 // unweightedBackward is the experts' backward without their kept outputs
@@ -471,25 +504,33 @@ func (m *MoE) sortBy(p *Pass, o backend.Optional, sel, x T) (xs T, err error) {
 // gradient by ws where the weighted ones are needed). It writes dw [N,K] and returns dxs.
 func (m *MoE) unweightedBackward(p *Pass, o backend.Optional, dy, dw T) (dxs T, err error) {
 	d := &m.d
-	s := m.r.N * m.r.K
+	return unweightedExperts(p, o, m.Name, m.r.E, &d.experts, d.sel, d.weights, d.slot, m.x, dy, dw)
+}
+
+// unweightedExperts is the unweighted backward of grouped experts ex of a block named name with
+// e experts, for the forward's sel, weights and slot [N,K], its experts' input rows x [N,C]
+// (sorted again for the weight gradient) and the output gradient dy [N,C]: it writes dw [N,K]
+// and returns dxs [S,C].
+func unweightedExperts(p *Pass, o backend.Optional, name string, e int, ex *GroupedExperts, sel, weights, slot, x, dy, dw T) (dxs T, err error) {
+	s := sel.Numel()
 	var dyu, ws, dws T
 	defer func() { _ = free(p.B, &dyu, &ws, &dws) }()
-	if dyu, err = m.sortBy(p, o, d.sel, dy); err != nil {
+	if dyu, err = sortRows(p, o, name, e, sel, dy); err != nil {
 		return T{}, err
 	}
-	sel1, err := d.sel.Reshape(s, 1)
+	sel1, err := sel.Reshape(s, 1)
 	if err != nil {
-		return T{}, wrap(m.Name, err)
+		return T{}, wrap(name, err)
 	}
-	w1, err := d.weights.Reshape(s, 1)
+	w1, err := weights.Reshape(s, 1)
 	if err != nil {
-		return T{}, wrap(m.Name, err)
+		return T{}, wrap(name, err)
 	}
-	if ws, err = m.sortBy(p, o, sel1, w1); err != nil {
+	if ws, err = sortRows(p, o, name, e, sel1, w1); err != nil {
 		return T{}, err
 	}
-	dxs, dws, err = d.experts.backward(p, o, dyu, ws, func() (T, bool, error) {
-		xs, err := m.sortAgain(p, o)
+	dxs, dws, err = ex.backward(p, o, dyu, ws, func() (T, bool, error) {
+		xs, err := sortRows(p, o, name, e, sel, x)
 		return xs, true, err
 	})
 	dyu = T{} // freed by the experts' backward
@@ -497,21 +538,21 @@ func (m *MoE) unweightedBackward(p *Pass, o backend.Optional, dy, dw T) (dxs T, 
 		return T{}, err
 	}
 	// dw[n,j] = dws[slot[n,j]]: the permute's backward with one slot per row.
-	slot1, err := d.slot.Reshape(s, 1)
+	slot1, err := slot.Reshape(s, 1)
 	if err != nil {
-		return T{}, wrap(m.Name, err)
+		return T{}, wrap(name, err)
 	}
 	dw1, err := dw.Reshape(s, 1)
 	if err != nil {
-		return T{}, wrap(m.Name, err)
+		return T{}, wrap(name, err)
 	}
 	dws1, err := dws.Reshape(s, 1)
 	if err != nil {
-		return T{}, wrap(m.Name, err)
+		return T{}, wrap(name, err)
 	}
 	if err = o.MoEPermuteBackward(backend.MoEPermuteBackwardArgs{DXs: dws1, Slot: slot1, DX: dw1}); err != nil {
 		_ = free(p.B, &dxs)
-		return T{}, wrap(m.Name+" combine", err)
+		return T{}, wrap(name+" combine", err)
 	}
 	return dxs, nil
 }

@@ -5,13 +5,13 @@ import "github.com/halo-shell/halo-shell/internal/switches"
 // swMoEPath chooses how MoE blocks run where both paths can.
 var swMoEPath = switches.Register(switches.Switch{Name: "HALO_MOE_PATH", Kind: switches.Tuning,
 	Default: "device", Values: []string{"device", "composed"},
-	Doc: "How MoE blocks run where the backend has the MoE ops and grouped GEMM: device (routing, sort, grouped expert GEMMs and combine on the device) or composed (host routing, one GEMM per expert; the reference)."})
+	Doc: "How MoE blocks (MoE, and Gemma 4's MoE beside the MLP) run where the backend has the MoE ops and grouped GEMM: device (routing, sort, grouped expert GEMMs and combine on the device) or composed (host routing, one GEMM per expert; the reference)."})
 
 // swMoEOutputs chooses whether the device path of a MoE block keeps its experts' outputs for
 // the backward.
 var swMoEOutputs = switches.Register(switches.Switch{Name: "HALO_MOE_EXPERT_OUTPUTS", Kind: switches.Tuning,
 	Default: "recompute", Values: []string{"keep", "recompute"},
-	Doc: "What the device path of a MoE block (experts held on the device, no expert parallelism) does with the experts' outputs ys [S,C] for the combine's weight gradient: recompute (not kept, K*C activation elements per token and layer fewer; the backward runs the down projection's input gradient on the unweighted output gradient and takes the weights' gradient as its row dot product with the SwiGLU output, five more small ops per layer, no GEMM) or keep (held from the forward; the combine's backward reads them)."})
+	Doc: "What the device path of a MoE block (experts held on the device, no expert parallelism) does with the experts' outputs ys [S,C] for the combine's weight gradient: recompute (not kept, K*C activation elements per token and layer fewer; the backward runs the down projection's input gradient on the unweighted output gradient and takes the weights' gradient as its row dot product with the SwiGLU (Gemma 4: GeGLU) output, five more small ops per layer, no GEMM) or keep (held from the forward; the combine's backward reads them)."})
 
 // swAttnQK chooses whether attention with q/k norms keeps its normed and rotated queries and
 // keys for the backward.
