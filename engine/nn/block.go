@@ -16,6 +16,9 @@ import (
 // inputs, so gradients are bit-identical to the stored-activation path while activation memory
 // drops to one [N,C] tensor per layer.
 //
+// With Parallel set the layer is Cohere's (block_parallel.go): one norm feeds both branches,
+// y = x + Attn(Norm1(x)) + FFN(Norm1(x)).
+//
 // Variants (block_variants.go) put RMSNorms on the outputs of the attention and feed-forward
 // blocks (PostAttnNorm, PostFFNNorm: GLM-4's sandwich with the pre-norms kept, OLMo 2's with
 // NoPreNorms), and scale both branches before their residual adds (ResidualScale: Granite):
@@ -30,6 +33,9 @@ type Block struct {
 	FFN       FFN
 	Recompute bool
 
+	// Parallel: the attention and the feed-forward block both read Norm1(x) and both add to
+	// the residual (block_parallel.go); Norm2 is unused.
+	Parallel bool
 	// NoPreNorms: Norm1 and Norm2 are not applied (the blocks see x and mid themselves).
 	NoPreNorms bool
 	// PostAttnNorm and PostFFNNorm, when set, normalise each branch's output.
@@ -108,6 +114,9 @@ func (b *Block) forwardAll(p *Pass, x T, keep bool) (y T, err error) {
 }
 
 func (b *Block) forward(p *Pass, x T, keep bool) (y T, err error) {
+	if b.Parallel {
+		return b.forwardParallel(p, x, keep)
+	}
 	if b.variant() {
 		return b.forwardVariant(p, x, keep)
 	}
@@ -165,6 +174,9 @@ func (b *Block) Backward(p *Pass, dy T) (T, error) {
 		if err := b.PerLayer.Backward(p, dy); err != nil {
 			return T{}, err
 		}
+	}
+	if b.Parallel {
+		return b.backwardParallel(p, dy)
 	}
 	if b.variant() {
 		return b.backwardVariant(p, dy)

@@ -97,6 +97,10 @@ type MoE struct {
 	// SharedGate, when set with Shared (W [1,C]), scales the shared output of each token by
 	// sigmoid(x @ W^T) (Qwen2-MoE's shared_expert_gate; moe_shared_gate.go).
 	SharedGate *Linear
+	// SharedScale multiplies the shared output before it is added (0 means 1): with
+	// RoutedScaling 0.5 too it makes the block the average of the routed and the shared
+	// output (Cohere2-MoE's shared_expert_combination_strategy "average").
+	SharedScale float32
 
 	// Runner, when set, computes the experts (an expert-parallel plan); nil computes them
 	// here, on the rows of this block.
@@ -555,6 +559,12 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 		return out, err
 	}
 	ys, err := m.sharedForward(p, x, keep)
+	if err == nil && m.sharedScaled() {
+		err = wrap(m.Name+" shared experts", p.B.Scale(ys, m.SharedScale))
+		if err != nil {
+			_ = free(p.B, &ys)
+		}
+	}
 	if err == nil {
 		err = wrap(m.Name+" shared experts", p.B.Add(out, out, ys))
 		_ = free(p.B, &ys)
@@ -725,7 +735,7 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 	if dx, err = m.backwardRouted(p, dy); err != nil || m.Shared == nil {
 		return dx, err
 	}
-	dxs, err := m.sharedBackward(p, dy)
+	dxs, err := m.sharedBackwardScaled(p, dy)
 	if err == nil {
 		err = wrap(m.Name+" shared experts", p.B.Add(dx, dx, dxs))
 		_ = free(p.B, &dxs)
@@ -735,6 +745,29 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, err
 	}
 	return dx, nil
+}
+
+// sharedScaled reports whether SharedScale changes the shared output.
+func (m *MoE) sharedScaled() bool { return m.SharedScale != 0 && m.SharedScale != 1 }
+
+// sharedBackwardScaled is sharedBackward for the output gradient dy of the whole block: the
+// shared branch sees SharedScale * dy (a scaled copy; dy itself is left as it is).
+func (m *MoE) sharedBackwardScaled(p *Pass, dy T) (T, error) {
+	if !m.sharedScaled() {
+		return m.sharedBackward(p, dy)
+	}
+	g, err := p.out(dy.Shape()...)
+	if err != nil {
+		return T{}, wrap(m.Name+" shared experts", err)
+	}
+	defer func() { _ = free(p.B, &g) }()
+	if err = p.B.Copy(g, dy); err == nil {
+		err = p.B.Scale(g, m.SharedScale)
+	}
+	if err != nil {
+		return T{}, wrap(m.Name+" shared experts", err)
+	}
+	return m.sharedBackward(p, g)
 }
 
 // zeroFresh zeroes the stacked experts' gradients that were fresh, for a path that
