@@ -123,6 +123,8 @@ type Config struct {
 	LFM2
 	// DeepseekV4 holds deepseek_v4's keys (deepseek_v4.go).
 	DeepseekV4
+	// Cohere2MoE holds cohere2_moe's keys (cohere2_moe.go).
+	Cohere2MoE
 
 	// NumExperts is the number of routed experts per MoE layer (qwen3_moe num_experts or
 	// num_local_experts, mixtral num_local_experts, olmoe num_experts); 0 for dense families.

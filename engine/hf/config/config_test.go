@@ -289,6 +289,8 @@ func TestTinyPresetShape(t *testing.T) {
 			want.RouterBiasParam = f.RouterBiasParam
 		}
 		want.NormBias = f.LayerNorm // phimoe's LayerNorms
+		// phimoe's LayerNorms and cohere2_moe's (without bias, rms_norm_eps null) centre.
+		want.NormCenter = f.LayerNorm || mt == "cohere2_moe"
 		if f.AttnOutputGate {
 			// qwen3_next, qwen3_5_moe_text: 4 layers alternating linear and full attention.
 			want.Layers, want.MoELayers, want.AttnOutputGate = 4, 4, true

@@ -70,8 +70,11 @@ func (f Features) clone() Features {
 }
 
 // UsesRoPE reports whether layer i rotates its queries and keys (false for smollm3's NoPE
-// layers).
+// layers and cohere2_moe's unrotated ones, Family.RoPELayer).
 func (c *Config) UsesRoPE(i int) bool {
+	if f := c.Family(); f != nil && f.RoPELayer != nil {
+		return f.RoPELayer(c, i)
+	}
 	if c.NoRopeLayers == nil || i < 0 || i >= len(c.NoRopeLayers) {
 		return true
 	}

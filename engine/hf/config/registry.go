@@ -125,6 +125,16 @@ type Family struct {
 	// LayerNorm: every norm is an nn.LayerNorm with a weight and a bias (its eps rms_norm_eps)
 	// instead of an RMSNorm (phimoe).
 	LayerNorm bool
+	// CenterNorm, when set, says whether every norm subtracts its row's mean first: a LayerNorm
+	// with a weight and no bias (cohere2_moe without rms_norm_eps). Its epsilon is RMSNormEps.
+	CenterNorm func(*Config) bool
+	// DenseIntermediate, when set, is the width of the dense layers' MLP where it is not
+	// intermediate_size (cohere2_moe's prefix_dense_intermediate_size).
+	DenseIntermediate func(*Config) int
+	// RoPELayer, when set, says whether layer i rotates its queries and keys (cohere2_moe:
+	// the sliding layers, and the dense ones under prefix_dense_sliding_window_pattern 1);
+	// nil means every layer does but smollm3's NoPE layers.
+	RoPELayer func(c *Config, i int) bool
 	// RopeAttentionFactor, when set, is the factor the family's rotary embedding multiplies
 	// cos and sin by in place of the rope type's (phimoe's short_mscale and long_mscale).
 	RopeAttentionFactor func(*Config) float64
@@ -164,12 +174,18 @@ const (
 	// post_attention_layernorm on the attention output, pre_feedforward_layernorm before the
 	// MLP and post_feedforward_layernorm after it).
 	SandwichNorms
+	// ParallelNorm: one input_layernorm whose output feeds both the attention and the
+	// feed-forward block, the two branches added to the residual together (cohere2_moe).
+	ParallelNorm
 )
 
 // PerLayer is the number of hidden-width RMSNorm weights a layer has.
 func (n LayerNorms) PerLayer() int {
-	if n == SandwichNorms {
+	switch n {
+	case SandwichNorms:
 		return 4
+	case ParallelNorm:
+		return 1
 	}
 	return 2
 }

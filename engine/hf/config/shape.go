@@ -26,6 +26,9 @@ type Shape struct {
 	// NormBias: every norm is a LayerNorm with a bias [C] beside its weight (phimoe);
 	// HeadBias: lm_head has a bias [V] (lm_head_bias).
 	NormBias, HeadBias bool
+	// NormCenter: every norm subtracts its row's mean before the RMS normalisation, a
+	// LayerNorm without bias (cohere2_moe); implied by NormBias.
+	NormCenter bool
 	// QKVBias: q/k/v projections carry biases; OBias: o_proj does; MLPBias: the dense MLP
 	// projections do.
 	QKVBias, OBias, MLPBias bool
@@ -206,6 +209,10 @@ func (c *Config) Shape() Shape {
 		s.AttnOutputGate = f.AttnOutputGate
 		s.HeadGate = f.HeadGate
 		s.NormBias = f.LayerNorm
+		s.NormCenter = f.LayerNorm || (f.CenterNorm != nil && f.CenterNorm(c))
+		if f.DenseIntermediate != nil {
+			s.Intermediate = f.DenseIntermediate(c)
+		}
 	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsLinearLayer(i) {

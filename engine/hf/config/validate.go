@@ -73,7 +73,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("num_attention_heads * head_dim (%d * %d) is larger than %d", c.NumAttentionHeads, c.HeadDim, maxDim)
 	}
 	if !(c.RMSNormEps > 0) || c.RMSNormEps >= 1 {
-		return fmt.Errorf("rms_norm_eps (%g) must be in (0, 1), typically 1e-5 or 1e-6", c.RMSNormEps)
+		key := "rms_norm_eps"
+		if f.CenterNorm != nil && f.CenterNorm(c) {
+			key = "layer_norm_eps" // the key the LayerNorms' epsilon comes from (cohere2_moe)
+		}
+		return fmt.Errorf("%s (%g) must be in (0, 1), typically 1e-5 or 1e-6", key, c.RMSNormEps)
 	}
 	if c.InitializerRange < 0 || c.InitializerRange > 1 {
 		return fmt.Errorf("initializer_range (%g) must be in [0, 1], typically 0.02", c.InitializerRange)
