@@ -9,7 +9,7 @@
 // normalised, which layers are mixtures of experts) is declared once, by its engine/hf/config
 // family, and reaches the model code as config.Shape, embedded in Arch. Each HF family is then
 // one self-registering file here (llama.go, mistral.go, qwen2.go, qwen3.go, qwen3_moe.go,
-// mixtral.go, olmoe.go, flex_olmo.go, granitemoe.go, hunyuan_v1_moe.go, ernie4_5_moe.go, minimax_m2.go, laguna.go, phimoe.go; the decoders that move or add layer norms, fuse projections, skip RoPE
+// mixtral.go, olmoe.go, flex_olmo.go, granitemoe.go, hunyuan_v1_moe.go, ernie4_5_moe.go, minimax_m2.go, laguna.go, phimoe.go, cohere2_moe.go; the decoders that move or add layer norms, fuse projections, skip RoPE
 // on some layers or scale their branches, olmo2, olmo3, phi3, granite, smollm3 and glm4, in
 // dense_variants.go; qwen2_moe and glm4_moe, whose layers add shared experts and a
 // DeepSeek-style sigmoid router, in moe_shared.go) that declares only what the model code adds: capabilities, the

@@ -60,7 +60,7 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 		return Arch{}, fmt.Errorf("models: %s: router_jitter_noise %v is not supported (training would not match transformers); set it to 0 in config.json", c.ModelType, c.RouterJitterNoise)
 	}
 	a := Arch{
-		Shape: c.Shape(), NormEps: float32(c.RMSNormEps), InitStd: c.InitializerRange,
+		Shape: c.Shape(), NormEps: float32(c.NormEpsilon()), InitStd: c.InitializerRange,
 		PadID: -1, Config: c, Act: act, LogitSoftcap: float32(c.FinalLogitSoftcapping),
 	}
 	if c.PadTokenID != nil {
@@ -88,6 +88,9 @@ func ArchFromConfig(c *config.Config) (Arch, error) {
 	a.AttnScale = float32(c.AttentionMultiplier)
 	if c.LogitsScaling != 0 {
 		a.LogitScale = float32(1 / c.LogitsScaling)
+	}
+	if c.LogitScale != 0 {
+		a.LogitScale = float32(c.LogitScale) // cohere2_moe multiplies the logits by logit_scale
 	}
 	if c.QueryPreAttnScalar > 0 {
 		a.AttnScale = float32(math.Pow(c.QueryPreAttnScalar, -0.5))

@@ -266,6 +266,9 @@ func (m *Model) build() {
 		if a.layerNorm() {
 			n.Center, n.B, n.GB = true, p(name+".bias"), g(name+".bias")
 		}
+		if a.NormCenter {
+			n.Center = true // cohere2_moe's LayerNorm without bias
+		}
 		return n
 	}
 	bind := &binder{lin: lin, norm: norm, param: p, grad: g, ones: m.onesOf}
@@ -338,9 +341,13 @@ func (m *Model) build() {
 			Recompute:     m.opts.Recompute,
 			NoPreNorms:    preAttn == "",
 			ResidualScale: a.ResidualScale,
+			Parallel:      a.Norms == config.ParallelNorm,
 		}
 		if preAttn != "" {
-			blk.Norm1, blk.Norm2 = norm(pre+preAttn), norm(pre+preFFN)
+			blk.Norm1 = norm(pre + preAttn)
+		}
+		if preFFN != "" {
+			blk.Norm2 = norm(pre + preFFN)
 		}
 		if postAttn != "" {
 			pa, pf := norm(pre+postAttn), norm(pre+postFFN)

@@ -97,6 +97,16 @@ var moeCases = []struct {
 		c.NumAttentionHeadsPerLayer = []int{4, 4, 4}
 		c.SlidingWindow = 3
 	}},
+	// Cohere2-MoE: the parallel layer with LayerNorms without bias, interleaved pairs rotated
+	// on the sliding and dense layers only, a dense first layer of its own width, softmax
+	// routing with a shared expert averaged in, scaled logits. Without cohereCases' attention
+	// biases: on the unrotated layers k_proj's bias adds the same q·b to every score of a
+	// query, so its gradient is zero up to rounding noise, which
+	// TestMoEDevicePathMatchesComposition cannot scale; the reference test covers the biases.
+	{"cohere2_moe", "cohere2_moe", func(c *config.Config) { cohereCases[0].mod(c); c.AttentionBias = false }},
+	// RMSNorms, sigmoid routing without renormalisation (top 3), the shared expert summed, an
+	// unrotated dense layer.
+	{"cohere2_moe_sigmoid", "cohere2_moe", cohereCases[1].mod},
 	{"ernie4_5_moe", "ernie4_5_moe", func(c *config.Config) {
 		c.NumHiddenLayers, c.MoELayerStartIndex, c.MoELayerEndIndex = 3, 1, 2
 	}},
@@ -181,11 +191,12 @@ func TestMoEGradientMatchesFiniteDifferences(t *testing.T) {
 	for _, tc := range moeCases {
 		t.Run(tc.name, func(t *testing.T) {
 			auxScale := 0.1
-			if tc.fam == "glm4_moe" || tc.fam == "lfm2_moe" || tc.fam == "minimax_m2" || tc.fam == "laguna" {
+			if tc.fam == "glm4_moe" || tc.fam == "lfm2_moe" || tc.fam == "minimax_m2" || tc.fam == "laguna" || tc.fam == "cohere2_moe" {
 				// transformers' GLM-4.5 and LFM2-MoE have no load-balancing loss, and its top-k of the
 				// unbiased scores (which the aux loss counts) is not the routing's, so a flip
 				// of it would go unnoticed by the tie check below. MiniMax-M2's is refused
-				// (its softmax over the sigmoid router's logits is not implemented).
+				// (its softmax over the sigmoid router's logits is not implemented). transformers'
+				// Cohere2-MoE computes none.
 				auxScale = 0
 			}
 			m := tinyMoE(t, tc.fam, tc.mod)

@@ -52,7 +52,7 @@ var parityCases = []string{"llama", "llama_tied_llama3", "mistral_swa", "qwen2_y
 	"olmo2", "olmo3", "phi3_longrope", "granite", "smollm3", "glm4", "qwen2_moe", "glm4_moe",
 	"gemma3_text", "deepseek_v3", "deepseek_v3_qproj", "glm4_moe_lite", "gpt_oss",
 	"flex_olmo", "phimoe",
-	"gemma4_text", "lfm2_moe", "lfm2_moe_raw"}
+	"gemma4_text", "lfm2_moe", "lfm2_moe_raw", "cohere2_moe", "cohere2_moe_sigmoid"}
 
 // parityDirs returns parityCases followed by every other fixture directory found under
 // testdata/parity, sorted.

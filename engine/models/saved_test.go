@@ -73,6 +73,11 @@ var savedCases = []struct {
 	// Per-head q/k norms and output gates, a sliding layer with its own rotary base and width, a
 	// dense layer before a sigmoid-routed one with a non-zero correction bias, a shared expert.
 	{"laguna", "laguna", []string{"mlp_layer_types=[\"dense\",\"sparse\"]", "attention_bias=true"}},
+	// The parallel layer with LayerNorms without bias, interleaved pairs on the sliding layer
+	// and the dense one, a dense layer of its own width before a sparse one, softmax routing
+	// with two shared experts averaged in, attention biases, scaled logits, an untied head.
+	{"cohere2_moe", "cohere2_moe", []string{"mlp_layer_types=[\"dense\",\"sparse\"]", "attention_bias=true",
+		"num_shared_experts=2", "prefix_dense_intermediate_size=40", "logit_scale=0.5", "tie_word_embeddings=false"}},
 	// LayerNorms with biases, attention and lm_head biases, the sparsemixer router with its
 	// threshold widened so that its stages keep several experts.
 	{"phimoe", "phimoe", []string{"attention_bias=true", "lm_head_bias=true", "router_jitter_noise=0.3"}},

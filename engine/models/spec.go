@@ -208,6 +208,9 @@ func layerNormRoles(n config.LayerNorms) (preAttn, preFFN, postAttn, postFFN str
 		return "", "", "post_attention_layernorm", "post_feedforward_layernorm"
 	case config.SandwichNorms:
 		return "input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"
+	case config.ParallelNorm:
+		// One norm feeds both branches (cohere2_moe).
+		return "input_layernorm", "", "", ""
 	}
 	return "input_layernorm", "post_attention_layernorm", "", ""
 }

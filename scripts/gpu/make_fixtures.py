@@ -428,6 +428,28 @@ CASES += [
              "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
          }),
+    # Cohere2-MoE (Command-A Plus): the parallel layer (one norm feeding attention and MLP, both
+    # added to the residual) with LayerNorms without bias (rms_norm_eps null), interleaved rotary
+    # pairs on the sliding layers and on the dense first layer (prefix pattern 1) while the full
+    # sparse layer attends unrotated, a window of 5, heads of 8 (head_dim given: the config's
+    # default is 128), attention biases, logits scaled by 0.5, an untied head; the dense layer
+    # 40 wide from first_k_dense_replace (popped by transformers, which writes layer_types and
+    # mlp_layer_types), then 6 experts of 24 (top 2, softmax of the top-2 logits) averaged with
+    # a shared expert of 2 x 24; no aux loss in transformers.
+    case("cohere2_moe", "cohere2_moe", **dict(ODD, intermediate_size=24), head_dim=8, num_hidden_layers=3,
+         first_k_dense_replace=1, prefix_dense_intermediate_size=40, sliding_window_pattern=2, sliding_window=5,
+         num_experts=6, num_experts_per_tok=2, num_shared_experts=2, shared_expert_combination_strategy="average",
+         expert_selection_fn="softmax", rms_norm_eps=None, layer_norm_eps=1e-5, attention_bias=True,
+         logit_scale=0.5, tie_word_embeddings=False),
+    # Its other router and norm: RMSNorms (rms_norm_eps), the sigmoid of the top-3 logits without
+    # renormalisation, the shared expert summed; two dense layers under prefix pattern 2 (a
+    # sliding one, then a full one left unrotated), then a sliding and a full sparse layer.
+    case("cohere2_moe_sigmoid", "cohere2_moe", **dict(ODD, intermediate_size=24), head_dim=8,
+         num_hidden_layers=4, first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
+         prefix_dense_intermediate_size=40, sliding_window_pattern=2, sliding_window=5, num_experts=6,
+         num_experts_per_tok=3, num_shared_experts=1, shared_expert_combination_strategy="sum",
+         expert_selection_fn="sigmoid", norm_topk_prob=False, rms_norm_eps=1e-6, logit_scale=1.5,
+         tie_word_embeddings=False),
 ]
 
 # DeepSeek-V4, every feature on at tiny sizes, as a reference for the model to be written against
@@ -461,7 +483,7 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
                 "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "deepseek_v4",
-                "laguna", "phimoe")
+                "laguna", "phimoe", "cohere2_moe")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose training mode is random where halo-shell's is not: PhiMoE's sparsemixer samples

@@ -77,6 +77,11 @@ var familyCases = []struct {
 	// Laguna: per-head q/k norms and softplus output gates, per-layer-type rotary bases and
 	// widths, a sliding layer, sigmoid routing with a correction bias, a shared expert.
 	{"laguna", "laguna", []string{"attention_bias=true"}, true},
+	// Cohere2-MoE: the parallel layer with LayerNorms without bias (composed of the backend's
+	// ops), interleaved rotary pairs on the sliding and dense layers only, a dense layer of its
+	// own width, softmax routing with a shared expert averaged in, scaled logits.
+	{"cohere2_moe", "cohere2_moe", []string{`mlp_layer_types=["dense","sparse"]`, "prefix_dense_intermediate_size=40",
+		"logit_scale=0.5"}, true},
 	// PhiMoE: LayerNorms with biases (composed of the backend's ops), attention and lm_head
 	// biases (the head's bias as an extra column of the fused cross-entropy), the sparsemixer
 	// router on the host.

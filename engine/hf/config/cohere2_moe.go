@@ -65,6 +65,12 @@ func init() {
 		},
 		Norms:      ParallelNorm,
 		CenterNorm: func(c *Config) bool { return c.CohereRMSNormEps == 0 },
+		NormEps: func(c *Config) float64 {
+			if c.CohereRMSNormEps > 0 {
+				return c.CohereRMSNormEps
+			}
+			return c.LayerNormEps
+		},
 		DenseIntermediate: func(c *Config) int {
 			if c.PrefixDenseIntermediateSize > 0 {
 				return c.PrefixDenseIntermediateSize
@@ -152,11 +158,7 @@ func resolveCohere2MoE(c *Config) {
 		break
 	}
 	k := c.FirstKDenseReplace
-	if c.CohereRMSNormEps > 0 {
-		c.RMSNormEps = c.CohereRMSNormEps
-	} else {
-		c.RMSNormEps = c.LayerNormEps
-	}
+	c.RMSNormEps = c.NormEpsilon()
 	// A zero pattern raises ZeroDivisionError in transformers; Validate refuses it, and the
 	// rule here keeps every such layer sliding rather than divide by zero.
 	full := func(pos, pattern int) bool { return pattern > 0 && pos%pattern == 0 }
@@ -228,4 +230,14 @@ func validateCohere2MoE(c *Config) error {
 		return fmt.Errorf("prefix_dense_intermediate_size (%d) must be a positive size, or null for intermediate_size", c.PrefixDenseIntermediateSize)
 	}
 	return nil
+}
+
+// NormEpsilon is the epsilon of the model's norms: the family's (Family.NormEps) where it has
+// its own keys for it, else rms_norm_eps. It follows those keys also when they are changed in
+// code after the config was resolved.
+func (c *Config) NormEpsilon() float64 {
+	if f := c.Family(); f != nil && f.NormEps != nil {
+		return f.NormEps(c)
+	}
+	return c.RMSNormEps
 }

@@ -128,6 +128,9 @@ type Family struct {
 	// CenterNorm, when set, says whether every norm subtracts its row's mean first: a LayerNorm
 	// with a weight and no bias (cohere2_moe without rms_norm_eps). Its epsilon is RMSNormEps.
 	CenterNorm func(*Config) bool
+	// NormEps, when set, is the epsilon of the model's norms where it is not rms_norm_eps
+	// (cohere2_moe: layer_norm_eps for its LayerNorms); see Config.NormEpsilon.
+	NormEps func(*Config) float64
 	// DenseIntermediate, when set, is the width of the dense layers' MLP where it is not
 	// intermediate_size (cohere2_moe's prefix_dense_intermediate_size).
 	DenseIntermediate func(*Config) int
