@@ -58,6 +58,12 @@ func init() {
 			c.NormTopKProb = true
 			c.SlidingWindowPattern = 4
 		},
+		// Cohere2MoeConfig declares rope_theta as a field of its own, which transformers writes
+		// beside rope_parameters and which its rotary setup reads when rope_parameters lacks it;
+		// written with rope_parameters' value, the file gives one base whichever is read.
+		WriteExtra: func(c *Config, out pyObject) {
+			out["rope_theta"] = floatValue(c.Rope.Theta, c.intLit["rope_parameters.rope_theta"])
+		},
 		Resolve:  resolveCohere2MoE,
 		Validate: validateCohere2MoE,
 		MoELayer: func(c *Config, i int) bool {

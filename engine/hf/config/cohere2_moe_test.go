@@ -133,6 +133,34 @@ func TestCohere2MoEWritesTransformersKeys(t *testing.T) {
 			t.Errorf("%s written as %s, want %s", k, m[k], want)
 		}
 	}
+	// rope_theta, a field of Cohere2MoeConfig, is written beside rope_parameters with its value.
+	th, err := Parse([]byte(`{"model_type": "cohere2_moe", "rope_theta": 50000.0}`), "cfg.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tout, err := th.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tm struct {
+		Theta float64 `json:"rope_theta"`
+		Rope  struct {
+			Theta float64 `json:"rope_theta"`
+		} `json:"rope_parameters"`
+	}
+	if err := json.Unmarshal(tout, &tm); err != nil {
+		t.Fatal(err)
+	}
+	if tm.Theta != 50000 || tm.Rope.Theta != 50000 {
+		t.Errorf("rope_theta written as %v, rope_parameters.rope_theta %v; want 50000 both", tm.Theta, tm.Rope.Theta)
+	}
+	back, err := Parse(tout, "written")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Rope.Theta != 50000 {
+		t.Errorf("written file reads back with theta %v", back.Rope.Theta)
+	}
 	r, err := Parse([]byte(`{"model_type": "cohere2_moe", "rms_norm_eps": 1e-6, "layer_norm_eps": 1e-3}`), "cfg.json")
 	if err != nil {
 		t.Fatal(err)
