@@ -527,3 +527,17 @@ func TestCohere2MoESaveLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestCohere2MoERefusesScaledRope: rope types other than default are refused when the model is
+// built, naming the rope type.
+func TestCohere2MoERefusesScaledRope(t *testing.T) {
+	c, err := config.Parse([]byte(`{"model_type": "cohere2_moe", "num_hidden_layers": 2, "hidden_size": 16,
+		"intermediate_size": 8, "num_attention_heads": 4, "head_dim": 4, "num_experts": 4, "vocab_size": 41,
+		"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}`), "cfg.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(c, newCPU(), Options{}); err == nil || !strings.Contains(err.Error(), "linear") {
+		t.Errorf("linear rope: %v, want a refusal naming it", err)
+	}
+}

@@ -220,6 +220,10 @@ func validateCohere2MoE(c *Config) error {
 	if c.CohereRMSNormEps == 0 && !(c.LayerNormEps > 0 && c.LayerNormEps < 1) {
 		return fmt.Errorf("layer_norm_eps (%g) must be in (0, 1), typically 1e-5", c.LayerNormEps)
 	}
+	if f := c.Rope.PartialRotaryFactor; f != 0 && f != 1 {
+		// Cohere2MoeRotaryEmbedding's default frequencies span head_dim whatever the factor.
+		return fmt.Errorf("partial_rotary_factor %g is not read by transformers' Cohere2-MoE rotary embedding, which rotates all of each head; remove it", f)
+	}
 	if c.LogitScale == 0 {
 		return fmt.Errorf("logit_scale 0 makes every logit zero (transformers multiplies the logits by it); set it to the checkpoint's value, 1.0 for none")
 	}

@@ -207,6 +207,7 @@ func TestCohere2MoERefusals(t *testing.T) {
 		{`{"num_shared_experts": -1}`, "num_shared_experts (-1)"},
 		{`{"layer_norm_eps": 0.0}`, "layer_norm_eps (0)"},
 		{`{"rms_norm_eps": 2.0}`, "rms_norm_eps (2)"},
+		{`{"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}`, "partial_rotary_factor 0.5"},
 	} {
 		src := `{"model_type": "cohere2_moe", ` + strings.TrimPrefix(tc.file, "{")
 		if _, err := Parse([]byte(src), "cfg.json"); err == nil || !strings.Contains(err.Error(), tc.key) {
