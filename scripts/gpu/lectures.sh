@@ -17,7 +17,8 @@
 # the script stops it after the notebook.
 # HALO_BIN overrides the binary (bin/halo-shell); PYTHON the interpreter (python3); EXECUTOR
 # picks nbclient or halo (default: nbclient when PYTHON has it); CELL_TIMEOUT bounds one cell
-# under halo (default 10m); OUT the output directory (notebooks/executed/<gpu>).
+# under halo (default 10m); NOTEBOOKS_OUT the output directory (notebooks/executed/<gpu>; a
+# name of its own, so that an OUT set by the environment for other outputs is not taken for it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root="$(pwd)"
@@ -36,7 +37,7 @@ esac
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr '[:upper:] ' '[:lower:]-' | tr -cd 'a-z0-9-')"
 gpu="${gpu#nvidia-}"
 [ -n "$gpu" ] || { echo "lectures.sh: no GPU found by nvidia-smi; the notebooks would measure the CPU (run them with kernel/lectures_test.go instead)" >&2; exit 1; }
-out="${OUT:-notebooks/executed/$gpu}"
+out="${NOTEBOOKS_OUT:-notebooks/executed/$gpu}"
 mkdir -p "$out"
 work="$(mktemp -d /tmp/hl.XXXXXX)"
 export JUPYTER_PATH="$work/prefix/share/jupyter" JUPYTER_DATA_DIR="$work/data" JUPYTER_RUNTIME_DIR="$work/runtime" \
