@@ -1,10 +1,6 @@
 package cpu
 
-import (
-	"math"
-
-	"github.com/halo-shell/halo-shell/engine/tensor"
-)
+import "math"
 
 // geluTanhC is sqrt(2/pi), the constant of the tanh approximation of GELU.
 const geluTanhC = 0.7978845608028654
@@ -102,75 +98,23 @@ func (b *Backend) GeGLUBackward(dGate, dUp, dOut, gate, up T) error {
 
 // GeGLUPacked implements backend.Optional.GeGLUPacked with GeGLU's arithmetic.
 func (b *Backend) GeGLUPacked(out, gateUp T) error {
-	const op = "geglu-packed"
-	r, w, err := packedShapes(op, gateUp, "out", out)
-	if err != nil || r == 0 {
-		return err
-	}
-	gu, err := b.in(op, "gateUp", gateUp)
-	if err != nil {
-		return err
-	}
-	o, flush, err := b.out(op, "out", out, false)
-	if err != nil {
-		return err
-	}
-	b.pool.rows(r, max(1, convChunk/w), func(lo, hi int) {
-		for row := lo; row < hi; row++ {
-			g := gu[row*2*w : row*2*w+w]
-			u := gu[row*2*w+w : (row+1)*2*w]
-			dst := o[row*w : (row+1)*w]
-			for i, gv := range g {
-				y, _ := geluTanh(gv)
-				dst[i] = float32(y * float64(u[i]))
-			}
+	return b.packedRows("geglu-packed", out, gateUp, func(g, u, dst, _ []float32) {
+		for i, gv := range g {
+			y, _ := geluTanh(gv)
+			dst[i] = float32(y * float64(u[i]))
 		}
 	})
-	flush()
-	return nil
 }
 
 // GeGLUPackedBackward implements backend.Optional.GeGLUPackedBackward with GeGLUBackward's
 // arithmetic.
 func (b *Backend) GeGLUPackedBackward(dGateUp, dOut, gateUp T) error {
-	const op = "geglu-packed-backward"
-	r, w, err := packedShapes(op, gateUp, "dOut", dOut)
-	if err != nil || r == 0 {
-		return err
-	}
-	if err := numel(op, "dGateUp", dGateUp, gateUp.Numel(), "numel(gateUp)"); err != nil {
-		return err
-	}
-	gu, err := b.in(op, "gateUp", gateUp)
-	if err != nil {
-		return err
-	}
-	if gateUp.DType() == tensor.F32 {
-		// dGateUp may be gateUp: read the forward values from a copy.
-		gu = append([]float32(nil), gu...)
-	}
-	d, err := b.in(op, "dOut", dOut)
-	if err != nil {
-		return err
-	}
-	dgu, flush, err := b.out(op, "dGateUp", dGateUp, false)
-	if err != nil {
-		return err
-	}
-	b.pool.rows(r, max(1, convChunk/w), func(lo, hi int) {
-		for row := lo; row < hi; row++ {
-			g := gu[row*2*w : row*2*w+w]
-			u := gu[row*2*w+w : (row+1)*2*w]
-			dg := dgu[row*2*w : row*2*w+w]
-			du := dgu[row*2*w+w : (row+1)*2*w]
-			for i, gv := range g {
-				y, dy := geluTanh(gv)
-				dv := float64(d[row*w+i])
-				dg[i] = float32(dv * float64(u[i]) * dy)
-				du[i] = float32(dv * y)
-			}
+	return b.packedBackwardRows("geglu-packed-backward", dGateUp, dOut, gateUp, func(g, u, d, dg, du, _ []float32) {
+		for i, gv := range g {
+			y, dy := geluTanh(gv)
+			dv := float64(d[i])
+			dg[i] = float32(dv * float64(u[i]) * dy)
+			du[i] = float32(dv * y)
 		}
 	})
-	flush()
-	return nil
 }

@@ -564,9 +564,9 @@ func packedShapes(op string, gateUp T, hname string, half T) (r, i int, err erro
 	return r, i, nil
 }
 
-// SwiGLUPacked implements backend.Optional.SwiGLUPacked with SwiGLU's arithmetic.
-func (b *Backend) SwiGLUPacked(out, gateUp T) error {
-	const op = "swiglu-packed"
+// packedRows runs row on every row of a packed gate|up activation's forward: gateUp [R, 2W]
+// (gate columns, then up columns) into out [R, W]. scratch is a W-float buffer per worker.
+func (b *Backend) packedRows(op string, out, gateUp T, row func(g, u, dst, scratch []float32)) error {
 	r, w, err := packedShapes(op, gateUp, "out", out)
 	if err != nil || r == 0 {
 		return err
@@ -580,25 +580,20 @@ func (b *Backend) SwiGLUPacked(out, gateUp T) error {
 		return err
 	}
 	b.pool.rows(r, max(1, convChunk/w), func(lo, hi int) {
-		sg := make([]float32, w)
-		for row := lo; row < hi; row++ {
-			g := gu[row*2*w : row*2*w+w]
-			u := gu[row*2*w+w : (row+1)*2*w]
-			sigmoidInto(sg, g)
-			dst := o[row*w : (row+1)*w]
-			for i, gv := range g {
-				dst[i] = gv * sg[i] * u[i]
-			}
+		sc := make([]float32, w)
+		for k := lo; k < hi; k++ {
+			row(gu[k*2*w:k*2*w+w], gu[k*2*w+w:(k+1)*2*w], o[k*w:(k+1)*w], sc)
 		}
 	})
 	flush()
 	return nil
 }
 
-// SwiGLUPackedBackward implements backend.Optional.SwiGLUPackedBackward with SwiGLUBackward's
-// arithmetic.
-func (b *Backend) SwiGLUPackedBackward(dGateUp, dOut, gateUp T) error {
-	const op = "swiglu-packed-backward"
+// packedBackwardRows runs row on every row of a packed gate|up activation's backward: from
+// dOut [R, W] and the forward's gateUp [R, 2W] into dGateUp [R, 2W] (which may be gateUp: an
+// fp32 gateUp is read from a copy), d the row of dOut, dg and du the gate and up halves of its
+// gradient.
+func (b *Backend) packedBackwardRows(op string, dGateUp, dOut, gateUp T, row func(g, u, d, dg, du, scratch []float32)) error {
 	r, w, err := packedShapes(op, gateUp, "dOut", dOut)
 	if err != nil || r == 0 {
 		return err
@@ -623,20 +618,34 @@ func (b *Backend) SwiGLUPackedBackward(dGateUp, dOut, gateUp T) error {
 		return err
 	}
 	b.pool.rows(r, max(1, convChunk/w), func(lo, hi int) {
-		sg := make([]float32, w)
-		for row := lo; row < hi; row++ {
-			g := gu[row*2*w : row*2*w+w]
-			u := gu[row*2*w+w : (row+1)*2*w]
-			dg := dgu[row*2*w : row*2*w+w]
-			du := dgu[row*2*w+w : (row+1)*2*w]
-			sigmoidInto(sg, g)
-			for i, gv := range g {
-				s, uv, dv := sg[i], u[i], d[row*w+i]
-				dg[i] = dv * uv * s * (1 + gv*(1-s))
-				du[i] = dv * gv * s
-			}
+		sc := make([]float32, w)
+		for k := lo; k < hi; k++ {
+			row(gu[k*2*w:k*2*w+w], gu[k*2*w+w:(k+1)*2*w], d[k*w:(k+1)*w], dgu[k*2*w:k*2*w+w], dgu[k*2*w+w:(k+1)*2*w], sc)
 		}
 	})
 	flush()
 	return nil
+}
+
+// SwiGLUPacked implements backend.Optional.SwiGLUPacked with SwiGLU's arithmetic.
+func (b *Backend) SwiGLUPacked(out, gateUp T) error {
+	return b.packedRows("swiglu-packed", out, gateUp, func(g, u, dst, sg []float32) {
+		sigmoidInto(sg, g)
+		for i, gv := range g {
+			dst[i] = gv * sg[i] * u[i]
+		}
+	})
+}
+
+// SwiGLUPackedBackward implements backend.Optional.SwiGLUPackedBackward with SwiGLUBackward's
+// arithmetic.
+func (b *Backend) SwiGLUPackedBackward(dGateUp, dOut, gateUp T) error {
+	return b.packedBackwardRows("swiglu-packed-backward", dGateUp, dOut, gateUp, func(g, u, d, dg, du, sg []float32) {
+		sigmoidInto(sg, g)
+		for i, gv := range g {
+			s, uv, dv := sg[i], u[i], d[i]
+			dg[i] = dv * uv * s * (1 + gv*(1-s))
+			du[i] = dv * gv * s
+		}
+	})
 }

@@ -422,9 +422,10 @@ func packedArgs(op string, gateUp T, hname string, half T) (r, i int, err error)
 	return r, i, moeShape(op, hname, half, r, i, tensor.Invalid)
 }
 
-// SwiGLUPacked implements backend.Optional.SwiGLUPacked.
-func (b *Backend) SwiGLUPacked(out, gateUp T) error {
-	const op = "SwiGLUPacked"
+// packedForward launches kernel (a packed gate|up activation's forward, kernels/moe.cu: the
+// name, and name_bf16x8 for bf16 rows of 16-byte aligned eighths) from gateUp [R, 2I] into out
+// [R, I].
+func (b *Backend) packedForward(op, kernel string, out, gateUp T) error {
 	r, i, err := packedArgs(op, gateUp, "out", out)
 	if err != nil {
 		return err
@@ -436,72 +437,50 @@ func (b *Backend) SwiGLUPacked(out, gateUp T) error {
 		return err
 	}
 	if vec8(int64(i), []int32{co, cg}, po, pg) {
-		return b.launch1D(moeFile, "swiglu_packed_fwd_bf16x8", int64(r)*int64(i/8), po, pg, int64(r), int32(i/8))
+		return b.launch1D(moeFile, kernel+"_bf16x8", int64(r)*int64(i/8), po, pg, int64(r), int32(i/8))
 	}
-	return b.launch1D(moeFile, "swiglu_packed_fwd", int64(r)*int64(i), po, co, pg, cg, int64(r), int32(i))
+	return b.launch1D(moeFile, kernel, int64(r)*int64(i), po, co, pg, cg, int64(r), int32(i))
+}
+
+// packedBackward launches kernel (as packedForward, the backward: dGateUp [R, 2I] from dOut
+// [R, I] and the forward's gateUp; dGateUp may be gateUp).
+func (b *Backend) packedBackward(op, kernel string, dGateUp, dOut, gateUp T) error {
+	r, i, err := packedArgs(op, gateUp, "dOut", dOut)
+	if err != nil {
+		return err
+	}
+	if dGateUp.Numel() != gateUp.Numel() {
+		return fmt.Errorf("cuda: %s: dGateUp %v must match gateUp %v", op, dGateUp, gateUp)
+	}
+	arg := b.args(op)
+	pdg, cdg := arg.float("dGateUp", dGateUp)
+	pd, cd := arg.float("dOut", dOut)
+	pg, cg := arg.float("gateUp", gateUp)
+	if err := arg.err(); err != nil {
+		return err
+	}
+	if vec8(int64(i), []int32{cdg, cd, cg}, pdg, pd, pg) {
+		return b.launch1D(moeFile, kernel+"_bf16x8", int64(r)*int64(i/8), pdg, pd, pg, int64(r), int32(i/8))
+	}
+	return b.launch1D(moeFile, kernel, int64(r)*int64(i), pdg, cdg, pd, cd, pg, cg, int64(r), int32(i))
+}
+
+// SwiGLUPacked implements backend.Optional.SwiGLUPacked.
+func (b *Backend) SwiGLUPacked(out, gateUp T) error {
+	return b.packedForward("SwiGLUPacked", "swiglu_packed_fwd", out, gateUp)
 }
 
 // SwiGLUPackedBackward implements backend.Optional.SwiGLUPackedBackward.
 func (b *Backend) SwiGLUPackedBackward(dGateUp, dOut, gateUp T) error {
-	const op = "SwiGLUPackedBackward"
-	r, i, err := packedArgs(op, gateUp, "dOut", dOut)
-	if err != nil {
-		return err
-	}
-	if dGateUp.Numel() != gateUp.Numel() {
-		return fmt.Errorf("cuda: %s: dGateUp %v must match gateUp %v", op, dGateUp, gateUp)
-	}
-	arg := b.args(op)
-	pdg, cdg := arg.float("dGateUp", dGateUp)
-	pd, cd := arg.float("dOut", dOut)
-	pg, cg := arg.float("gateUp", gateUp)
-	if err := arg.err(); err != nil {
-		return err
-	}
-	if vec8(int64(i), []int32{cdg, cd, cg}, pdg, pd, pg) {
-		return b.launch1D(moeFile, "swiglu_packed_bwd_bf16x8", int64(r)*int64(i/8), pdg, pd, pg, int64(r), int32(i/8))
-	}
-	return b.launch1D(moeFile, "swiglu_packed_bwd", int64(r)*int64(i), pdg, cdg, pd, cd, pg, cg, int64(r), int32(i))
+	return b.packedBackward("SwiGLUPackedBackward", "swiglu_packed_bwd", dGateUp, dOut, gateUp)
 }
 
 // GeGLUPacked implements backend.Optional.GeGLUPacked.
 func (b *Backend) GeGLUPacked(out, gateUp T) error {
-	const op = "GeGLUPacked"
-	r, i, err := packedArgs(op, gateUp, "out", out)
-	if err != nil {
-		return err
-	}
-	arg := b.args(op)
-	po, co := arg.float("out", out)
-	pg, cg := arg.float("gateUp", gateUp)
-	if err := arg.err(); err != nil {
-		return err
-	}
-	if vec8(int64(i), []int32{co, cg}, po, pg) {
-		return b.launch1D(moeFile, "geglu_packed_fwd_bf16x8", int64(r)*int64(i/8), po, pg, int64(r), int32(i/8))
-	}
-	return b.launch1D(moeFile, "geglu_packed_fwd", int64(r)*int64(i), po, co, pg, cg, int64(r), int32(i))
+	return b.packedForward("GeGLUPacked", "geglu_packed_fwd", out, gateUp)
 }
 
 // GeGLUPackedBackward implements backend.Optional.GeGLUPackedBackward.
 func (b *Backend) GeGLUPackedBackward(dGateUp, dOut, gateUp T) error {
-	const op = "GeGLUPackedBackward"
-	r, i, err := packedArgs(op, gateUp, "dOut", dOut)
-	if err != nil {
-		return err
-	}
-	if dGateUp.Numel() != gateUp.Numel() {
-		return fmt.Errorf("cuda: %s: dGateUp %v must match gateUp %v", op, dGateUp, gateUp)
-	}
-	arg := b.args(op)
-	pdg, cdg := arg.float("dGateUp", dGateUp)
-	pd, cd := arg.float("dOut", dOut)
-	pg, cg := arg.float("gateUp", gateUp)
-	if err := arg.err(); err != nil {
-		return err
-	}
-	if vec8(int64(i), []int32{cdg, cd, cg}, pdg, pd, pg) {
-		return b.launch1D(moeFile, "geglu_packed_bwd_bf16x8", int64(r)*int64(i/8), pdg, pd, pg, int64(r), int32(i/8))
-	}
-	return b.launch1D(moeFile, "geglu_packed_bwd", int64(r)*int64(i), pdg, cdg, pd, cd, pg, cg, int64(r), int32(i))
+	return b.packedBackward("GeGLUPackedBackward", "geglu_packed_bwd", dGateUp, dOut, gateUp)
 }
