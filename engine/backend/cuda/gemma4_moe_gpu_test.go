@@ -74,48 +74,7 @@ func gemma4MoETrainingMatchesCPU(t *testing.T, g *Backend) {
 			t.Fatal(err)
 		}
 		defer opt.Free()
-		var losses []float64
-		for step := range steps {
-			if err := m.ZeroGrads(); err != nil {
-				t.Fatal(err)
-			}
-			var before SyncStats
-			if onGPU {
-				if step == steps-1 {
-					rec.Enable(true, true)
-					rec.BeginStep(step)
-				}
-				before = g.Syncs()
-			}
-			sum, n, err := m.ForwardBackward(batch, 1/float32(B*T))
-			if err != nil {
-				t.Fatalf("step %d on %s: %v", step, be.Name(), err)
-			}
-			if onGPU && step > 0 && step < steps-1 {
-				for op, k := range syncDelta(before, g.Syncs()) {
-					if op != "Download" {
-						t.Fatalf("step %d: the GPU made the host wait in %s (x%d); only downloads after the backward may", step, op, k)
-					}
-				}
-			}
-			if err := opt.Step(1e-3, 1); err != nil {
-				t.Fatal(err)
-			}
-			if onGPU && step == steps-1 {
-				st, _ := rec.EndStep()
-				rec.Enable(false, false)
-				seen := map[string]bool{}
-				for _, sp := range st.Spans {
-					seen[sp.Class] = true
-				}
-				for _, c := range []string{profile.ClassRouter, profile.ClassPermute, profile.ClassCombine, profile.ClassExpertGEMM} {
-					if !seen[c] {
-						t.Errorf("the profiled step has no %s span: the MoE blocks did not take the device path", c)
-					}
-				}
-			}
-			losses = append(losses, sum/float64(n))
-		}
+		losses, _ := trainMoESteps(t, g, rec, be, m, opt, batch, steps, B*T, onGPU, "MoE blocks", nil)
 		return losses
 	}
 	want := train(ref, false)

@@ -451,71 +451,58 @@ func TestGPUMoECombine(t *testing.T) {
 
 // TestGPUSwiGLUPacked compares SwiGLU over packed gate|up rows, forward and in-place backward.
 func TestGPUSwiGLUPacked(t *testing.T) {
-	g := moeGPU(t)
-	for _, s := range []struct {
-		R, I int
-		dt   tensor.DType
-	}{{512, 768, tensor.BF16}, {37, 1000, tensor.F32}, {3, 5, tensor.BF16}} {
-		rel := 2 * bf16Eps
-		if s.dt == tensor.F32 {
-			rel = 1e-5
-		}
-		fwd := opCase{
-			Name: fmt.Sprintf("swiglu_packed/%s/R%d_I%d", s.dt, s.R, s.I),
-			Tensors: []tspec{
-				{Name: "gu", DType: s.dt, Shape: []int{s.R, 2 * s.I}, Gen: gen{Scale: 2}},
-				{Name: "out", DType: s.dt, Shape: []int{s.R, s.I}, Out: true, AbsFrac: 1e-4, Rel: rel},
-			},
-			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				return be.Optional().SwiGLUPacked(ts["out"], ts["gu"])
-			},
-		}
-		t.Run(fwd.Name, func(t *testing.T) { runCase(t, g, fwd) })
-		bwd := opCase{
-			Name: fmt.Sprintf("swiglu_packed_backward/%s/R%d_I%d", s.dt, s.R, s.I),
-			Tensors: []tspec{
-				{Name: "gu", DType: s.dt, Shape: []int{s.R, 2 * s.I}, Gen: gen{Scale: 2}, Out: true, AbsFrac: 1e-4, Rel: rel},
-				{Name: "dout", DType: s.dt, Shape: []int{s.R, s.I}, Gen: gen{Scale: 1}},
-			},
-			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				return be.Optional().SwiGLUPackedBackward(ts["gu"], ts["dout"], ts["gu"])
-			},
-		}
-		t.Run(bwd.Name, func(t *testing.T) { runCase(t, g, bwd) })
-	}
+	packedActivationCases(t, "swiglu_packed", 768, func(o backend.Optional) (packedFwd, packedBwd) {
+		return o.SwiGLUPacked, o.SwiGLUPackedBackward
+	})
 }
 
 // TestGPUGeGLUPacked compares GeGLU over packed gate|up rows (Gemma 4's experts), forward and
 // in-place backward, on the bf16x8 kernels (I a multiple of 8) and the scalar ones.
 func TestGPUGeGLUPacked(t *testing.T) {
+	packedActivationCases(t, "geglu_packed", 704, func(o backend.Optional) (packedFwd, packedBwd) {
+		return o.GeGLUPacked, o.GeGLUPackedBackward
+	})
+}
+
+type (
+	packedFwd func(out, gateUp tensor.Tensor) error
+	packedBwd func(dGateUp, dOut, gateUp tensor.Tensor) error
+)
+
+// packedActivationCases compares a packed gate|up activation (ops picks its forward and
+// backward from a backend's Optional) with the CPU's, forward and in-place backward, over rows
+// of width wide (bf16, the bf16x8 kernels), 1000 (f32) and 5 (bf16, the scalar kernels).
+func packedActivationCases(t *testing.T, name string, wide int, ops func(backend.Optional) (packedFwd, packedBwd)) {
 	g := moeGPU(t)
 	for _, s := range []struct {
 		R, I int
 		dt   tensor.DType
-	}{{512, 704, tensor.BF16}, {37, 1000, tensor.F32}, {3, 5, tensor.BF16}} {
+	}{{512, wide, tensor.BF16}, {37, 1000, tensor.F32}, {3, 5, tensor.BF16}} {
 		rel := 2 * bf16Eps
 		if s.dt == tensor.F32 {
 			rel = 1e-5
 		}
 		fwd := opCase{
-			Name: fmt.Sprintf("geglu_packed/%s/R%d_I%d", s.dt, s.R, s.I),
+			Name: fmt.Sprintf("%s/%s/R%d_I%d", name, s.dt, s.R, s.I),
 			Tensors: []tspec{
 				{Name: "gu", DType: s.dt, Shape: []int{s.R, 2 * s.I}, Gen: gen{Scale: 2}},
 				{Name: "out", DType: s.dt, Shape: []int{s.R, s.I}, Out: true, AbsFrac: 1e-4, Rel: rel},
 			},
 			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				return be.Optional().GeGLUPacked(ts["out"], ts["gu"])
+				f, _ := ops(be.Optional())
+				return f(ts["out"], ts["gu"])
 			},
 		}
 		t.Run(fwd.Name, func(t *testing.T) { runCase(t, g, fwd) })
 		bwd := opCase{
-			Name: fmt.Sprintf("geglu_packed_backward/%s/R%d_I%d", s.dt, s.R, s.I),
+			Name: fmt.Sprintf("%s_backward/%s/R%d_I%d", name, s.dt, s.R, s.I),
 			Tensors: []tspec{
 				{Name: "gu", DType: s.dt, Shape: []int{s.R, 2 * s.I}, Gen: gen{Scale: 2}, Out: true, AbsFrac: 1e-4, Rel: rel},
 				{Name: "dout", DType: s.dt, Shape: []int{s.R, s.I}, Gen: gen{Scale: 1}},
 			},
 			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
-				return be.Optional().GeGLUPackedBackward(ts["gu"], ts["dout"], ts["gu"])
+				_, f := ops(be.Optional())
+				return f(ts["gu"], ts["dout"], ts["gu"])
 			},
 		}
 		t.Run(bwd.Name, func(t *testing.T) { runCase(t, g, bwd) })

@@ -89,53 +89,13 @@ func moeTrainingMatchesCPU(t *testing.T, g *Backend, family string) {
 		}
 		defer opt.Free()
 		var r run
-		for step := range steps {
-			if err := m.ZeroGrads(); err != nil {
-				t.Fatal(err)
-			}
+		r.loss, r.aux = trainMoESteps(t, g, rec, be, m, opt, batch, steps, B*T, onGPU, "MoE layers", func() {
 			for _, l := range m.MoELayers() {
 				if l.GateUp.W.IsNil() || l.Composed {
 					t.Fatalf("%s: no stacked expert weights, the device path cannot run", l.Name)
 				}
 			}
-			var before SyncStats
-			if onGPU {
-				if step == steps-1 {
-					rec.Enable(true, true)
-					rec.BeginStep(step)
-				}
-				before = g.Syncs()
-			}
-			sum, n, err := m.ForwardBackward(batch, 1/float32(B*T))
-			if err != nil {
-				t.Fatalf("step %d on %s: %v", step, be.Name(), err)
-			}
-			if onGPU && step > 0 && step < steps-1 {
-				for op, k := range syncDelta(before, g.Syncs()) {
-					if op != "Download" {
-						t.Fatalf("step %d: the GPU made the host wait in %s (x%d); only downloads after the backward may", step, op, k)
-					}
-				}
-			}
-			if err := opt.Step(1e-3, 1); err != nil {
-				t.Fatal(err)
-			}
-			if onGPU && step == steps-1 {
-				st, _ := rec.EndStep()
-				rec.Enable(false, false)
-				seen := map[string]bool{}
-				for _, sp := range st.Spans {
-					seen[sp.Class] = true
-				}
-				for _, c := range []string{profile.ClassRouter, profile.ClassPermute, profile.ClassCombine, profile.ClassExpertGEMM} {
-					if !seen[c] {
-						t.Errorf("the profiled step has no %s span: the MoE layers did not take the device path", c)
-					}
-				}
-			}
-			r.loss = append(r.loss, sum/float64(n))
-			r.aux = append(r.aux, m.AuxLoss())
-		}
+		})
 		return r
 	}
 	want := train(ref, false)
@@ -153,4 +113,60 @@ func moeTrainingMatchesCPU(t *testing.T, g *Backend, family string) {
 	}
 	report.addCheck("tiny "+t.Name()+" trains on the GPU device path like on the CPU", !t.Failed(),
 		fmt.Sprintf("losses GPU %v, CPU %v; aux GPU %v, CPU %v", got.loss, want.loss, got.aux, want.aux))
+}
+
+// trainMoESteps runs steps AdamW steps of m on be over batch (tokens target tokens) and returns
+// each step's loss and aux loss; check runs before each step's forward. On the GPU (onGPU: be
+// is g wrapped with the recorder rec) the steps between the first and the last may make the
+// host wait only for downloads, and the last step's profile must show the MoE device path's
+// classes (router, permute, combine, expert GEMM); what names the blocks in that error.
+func trainMoESteps(t *testing.T, g *Backend, rec *profile.Recorder, be backend.Backend, m *models.Model, opt *optim.AdamW,
+	batch models.Batch, steps, tokens int, onGPU bool, what string, check func()) (loss, aux []float64) {
+	t.Helper()
+	for step := range steps {
+		if err := m.ZeroGrads(); err != nil {
+			t.Fatal(err)
+		}
+		if check != nil {
+			check()
+		}
+		var before SyncStats
+		if onGPU {
+			if step == steps-1 {
+				rec.Enable(true, true)
+				rec.BeginStep(step)
+			}
+			before = g.Syncs()
+		}
+		sum, n, err := m.ForwardBackward(batch, 1/float32(tokens))
+		if err != nil {
+			t.Fatalf("step %d on %s: %v", step, be.Name(), err)
+		}
+		if onGPU && step > 0 && step < steps-1 {
+			for op, k := range syncDelta(before, g.Syncs()) {
+				if op != "Download" {
+					t.Fatalf("step %d: the GPU made the host wait in %s (x%d); only downloads after the backward may", step, op, k)
+				}
+			}
+		}
+		if err := opt.Step(1e-3, 1); err != nil {
+			t.Fatal(err)
+		}
+		if onGPU && step == steps-1 {
+			st, _ := rec.EndStep()
+			rec.Enable(false, false)
+			seen := map[string]bool{}
+			for _, sp := range st.Spans {
+				seen[sp.Class] = true
+			}
+			for _, c := range []string{profile.ClassRouter, profile.ClassPermute, profile.ClassCombine, profile.ClassExpertGEMM} {
+				if !seen[c] {
+					t.Errorf("the profiled step has no %s span: the %s did not take the device path", c, what)
+				}
+			}
+		}
+		loss = append(loss, sum/float64(n))
+		aux = append(aux, m.AuxLoss())
+	}
+	return loss, aux
 }
