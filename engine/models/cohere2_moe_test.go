@@ -3,7 +3,6 @@ package models
 import (
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -500,32 +499,7 @@ func TestCohere2MoESaveLoad(t *testing.T) {
 		out = append(out, safetensors.Tensor{Name: pre + "gate_up_proj", DType: safetensors.F32, Shape: []int{e, 2 * in, c}, Data: gu},
 			safetensors.Tensor{Name: pre + "down_proj", DType: safetensors.F32, Shape: []int{e, c, in}, Data: dn})
 	}
-	fdir := t.TempDir()
-	if err := safetensors.Save(fdir+"/model.safetensors", out, nil); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := os.ReadFile(dir + "/config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(fdir+"/config.json", cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	fused, err := Load(fdir, newCPU(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fused.Close()
-	if len(fused.Unused) != 0 {
-		t.Errorf("fused tensors not used: %v", fused.Unused)
-	}
-	for _, s := range m.Specs {
-		a, _ := m.ParamFloat32(s.Name)
-		b, err := fused.ParamFloat32(s.Name)
-		if err != nil || !slices.Equal(a, b) {
-			t.Errorf("%s differs after loading the fused experts (%v)", s.Name, err)
-		}
-	}
+	checkLoadsAs(t, m, dir, out, "loading the fused experts")
 }
 
 // TestCohere2MoERefusesScaledRope: rope types other than default are refused when the model is

@@ -3,11 +3,14 @@ package models
 import (
 	"math"
 	"math/rand/v2"
+	"os"
+	"slices"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/hf/config"
+	"github.com/halo-shell/halo-shell/engine/hf/safetensors"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -162,4 +165,37 @@ func norm(a []float32) float64 {
 		s += float64(v) * float64(v)
 	}
 	return math.Sqrt(s)
+}
+
+// checkLoadsAs saves tensors as a checkpoint beside dir's config.json, loads it, and checks
+// that every tensor is used and every parameter equals m's: the checkpoint is m under other
+// names or layouts (what says which, in errors).
+func checkLoadsAs(t *testing.T, m *Model, dir string, tensors []safetensors.Tensor, what string) {
+	t.Helper()
+	fdir := t.TempDir()
+	if err := safetensors.Save(fdir+"/model.safetensors", tensors, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(dir + "/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fdir+"/config.json", cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Load(fdir, newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	if len(back.Unused) != 0 {
+		t.Errorf("%s: tensors not used: %v", what, back.Unused)
+	}
+	for _, s := range m.Specs {
+		a, _ := m.ParamFloat32(s.Name)
+		b, err := back.ParamFloat32(s.Name)
+		if err != nil || !slices.Equal(a, b) {
+			t.Errorf("%s differs after %s (%v)", s.Name, what, err)
+		}
+	}
 }

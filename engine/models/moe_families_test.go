@@ -3,7 +3,6 @@ package models
 import (
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -158,30 +157,5 @@ func TestMiniMaxM2LoadsTransformersNames(t *testing.T) {
 		info, _ := ck.Tensor(n)
 		out = append(out, safetensors.Tensor{Name: strings.Replace(n, ".block_sparse_moe.", ".mlp.", 1), DType: info.DType, Shape: info.Shape, Data: info.Data})
 	}
-	fdir := t.TempDir()
-	if err := safetensors.Save(fdir+"/model.safetensors", out, nil); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := os.ReadFile(dir + "/config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(fdir+"/config.json", cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	back, err := Load(fdir, newCPU(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer back.Close()
-	if len(back.Unused) != 0 {
-		t.Errorf("tensors not used: %v", back.Unused)
-	}
-	for _, s := range m.Specs {
-		a, _ := m.ParamFloat32(s.Name)
-		b, err := back.ParamFloat32(s.Name)
-		if err != nil || !slices.Equal(a, b) {
-			t.Errorf("%s differs after loading transformers' names (%v)", s.Name, err)
-		}
-	}
+	checkLoadsAs(t, m, dir, out, "loading transformers' names")
 }
