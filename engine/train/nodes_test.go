@@ -100,15 +100,23 @@ func trainAcross(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, s
 	return trainAcrossWith(t, nnodes, steps, cfgs, func(int) gpuNodeOps { return realGPUNodeOps() }, saveAt, ckpt)
 }
 
-// trainAcrossWith is trainAcross with node reaching its GPUs and NCCL through ops(node).
+// trainAcrossWith is trainAcross with node reaching its GPUs and NCCL through ops(node). The
+// rendezvous port is one the system handed out a moment before; if another process took it in
+// between (node 0 cannot bind it: nothing has run yet), the nodes join again on a new one.
 func trainAcrossWith(t *testing.T, nnodes, steps int, cfgs func(node int) *Config, ops func(node int) gpuNodeOps, saveAt int, ckpt string) []nodeRun {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		runs := trainAcrossAt(t, freeAddr(t), nnodes, steps, cfgs, ops, saveAt, ckpt)
+		if attempt == 3 || runs[0].err == nil || !strings.Contains(runs[0].err.Error(), "address already in use") {
+			return runs
+		}
+		t.Logf("the rendezvous port was taken before node 0 bound it (%v); joining on another", runs[0].err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+}
+
+// trainAcrossAt is trainAcrossWith with the rendezvous at addr.
+func trainAcrossAt(t *testing.T, addr string, nnodes, steps int, cfgs func(node int) *Config, ops func(node int) gpuNodeOps, saveAt int, ckpt string) []nodeRun {
+	t.Helper()
 	runs := make([]nodeRun, nnodes)
 	var wg sync.WaitGroup
 	for node := range nnodes {
