@@ -93,3 +93,14 @@ func (f *FreshGrads) Settle(b backend.Backend) error {
 	}
 	return nil
 }
+
+// zeroFresh zeroes those of a MoE block's stacked expert gradients gs that are fresh, for a
+// path that accumulates into them; name is the block's, for errors.
+func zeroFresh(p *Pass, name string, gs ...T) error {
+	for _, g := range gs {
+		if err := p.Fresh.Zero(p.B, g); err != nil {
+			return wrap(name+" expert gradients", err)
+		}
+	}
+	return nil
+}

@@ -770,42 +770,25 @@ func (m *MoE) sharedBackwardScaled(p *Pass, dy T) (T, error) {
 	return m.sharedBackward(p, g)
 }
 
-// zeroFresh zeroes the stacked experts' gradients that were fresh, for a path that
-// accumulates into them.
-func (m *MoE) zeroFresh(p *Pass, gateUp, down bool) error {
-	for _, z := range []struct {
-		fresh bool
-		g     T
-	}{{gateUp, m.GateUp.GW}, {down, m.Down.GW}} {
-		if z.fresh {
-			if err := p.B.Fill(z.g, 0); err != nil {
-				return wrap(m.Name+" expert gradients", err)
-			}
-		}
-	}
-	return nil
-}
-
 // backwardRouted is Backward through the router and the routed experts.
 func (m *MoE) backwardRouted(p *Pass, dy T) (dx T, err error) {
 	// Every path writes the stacked experts' gradients (the composed one through the
 	// Experts' views of them): a fresh one is overwritten by the device path's grouped
 	// weight gradient and zeroed first for the others, which accumulate.
-	freshGU, freshDown := p.Fresh.Take(m.GateUp.GW), p.Fresh.Take(m.Down.GW)
 	if m.onDev {
 		o, ok := m.deviceOps(p, m.x)
 		if !ok {
 			return T{}, fmt.Errorf("nn: %s: the forward ran on the device path, which the backward's backend lacks", m.Name)
 		}
 		if m.d.sorted == nil {
-			m.d.experts.OverwriteGateUp, m.d.experts.OverwriteDown = freshGU, freshDown
-		} else if err := m.zeroFresh(p, freshGU, freshDown); err != nil {
+			m.d.experts.OverwriteGateUp, m.d.experts.OverwriteDown = p.Fresh.Take(m.GateUp.GW), p.Fresh.Take(m.Down.GW)
+		} else if err := zeroFresh(p, m.Name, m.GateUp.GW, m.Down.GW); err != nil {
 			// Expert parallelism's sorted runner: its owners accumulate.
 			return T{}, err
 		}
 		return m.deviceBackward(p, o, dy)
 	}
-	if err := m.zeroFresh(p, freshGU, freshDown); err != nil {
+	if err := zeroFresh(p, m.Name, m.GateUp.GW, m.Down.GW); err != nil {
 		return T{}, err
 	}
 	r := &m.r

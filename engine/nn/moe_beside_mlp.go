@@ -340,27 +340,19 @@ func (m *MoEBesideMLP) Backward(p *Pass, dy T) (dx T, err error) {
 	// Both paths write the stacked experts' gradients (the host path through the Experts'
 	// views of them): a fresh one (FreshGrads) is overwritten by the device path's grouped
 	// weight gradient and zeroed first for the host path, which accumulates.
-	freshGU, freshDown := p.Fresh.Take(m.GateUp.GW), p.Fresh.Take(m.Down.GW)
 	if m.onDev {
 		o, ok := m.deviceOps(p, m.x)
 		if !ok {
 			return T{}, fmt.Errorf("nn: %s: the forward ran on the device path, which the backward's backend lacks", m.Name)
 		}
-		m.dv.experts.OverwriteGateUp, m.dv.experts.OverwriteDown = freshGU, freshDown
+		m.dv.experts.OverwriteGateUp, m.dv.experts.OverwriteDown = p.Fresh.Take(m.GateUp.GW), p.Fresh.Take(m.Down.GW)
 		if err = m.deviceBackward(p, o, dx, de); err != nil {
 			return T{}, err
 		}
 		return dx, nil
 	}
-	for _, z := range []struct {
-		fresh bool
-		g     T
-	}{{freshGU, m.GateUp.GW}, {freshDown, m.Down.GW}} {
-		if z.fresh {
-			if err = p.B.Fill(z.g, 0); err != nil {
-				return T{}, wrap(m.Name+" expert gradients", err)
-			}
-		}
+	if err := zeroFresh(p, m.Name, m.GateUp.GW, m.Down.GW); err != nil {
+		return T{}, err
 	}
 	if dx2, err = p.alloc(dy.Shape()...); err != nil {
 		return T{}, wrap(m.Name, err)

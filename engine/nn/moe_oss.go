@@ -227,19 +227,11 @@ func (m *OSSMoE) Backward(p *Pass, dy T) (dx T, err error) {
 	// The stacked experts' gradients that hold no values yet this step (Pass.Fresh) are
 	// written (=) by the device path's grouped weight gradients, and zeroed first for the
 	// experts' own GEMMs, which accumulate.
-	freshGU, freshDown := p.Fresh.Take(m.GGateUp), p.Fresh.Take(m.GDown)
 	if m.dev.active {
-		return m.deviceBackward(p, p.B.Optional(), dy, freshGU, freshDown)
+		return m.deviceBackward(p, p.B.Optional(), dy, p.Fresh.Take(m.GGateUp), p.Fresh.Take(m.GDown))
 	}
-	for _, z := range []struct {
-		fresh bool
-		g     T
-	}{{freshGU, m.GGateUp}, {freshDown, m.GDown}} {
-		if z.fresh {
-			if err := p.B.Fill(z.g, 0); err != nil {
-				return T{}, wrap(m.Name+" expert gradients", err)
-			}
-		}
+	if err := zeroFresh(p, m.Name, m.GGateUp, m.GDown); err != nil {
+		return T{}, err
 	}
 	ne, cw, iw := m.dims()
 	n, k := c.n, m.TopK
