@@ -11,7 +11,6 @@ import (
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 	"github.com/halo-shell/halo-shell/engine/profile"
-	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // tinyGemma4MoE is a two-layer gemma4_text model with the MoE block beside every MLP (16 GeGLU
@@ -24,15 +23,7 @@ func tinyGemma4MoE(t *testing.T, be backend.Backend, seed uint64) *models.Model 
 	}
 	c.VocabSize = 512
 	c.EnableMoEBlock, c.NumExperts, c.TopKExperts, c.MoEIntermediateSize = true, 16, 4, 64
-	m, err := models.New(c, be, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.InitRandom(seed); err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	return m
+	return seededBF16(t, c, be, seed)
 }
 
 // TestGPUGemma4MoETrainingMatchesCPU trains a tiny gemma4_text model with the MoE block for a

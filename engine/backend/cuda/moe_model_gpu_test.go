@@ -30,15 +30,7 @@ func tinyMoE(t *testing.T, be backend.Backend, family string, seed uint64) *mode
 	} else {
 		c.IntermediateSize = 64 // mixtral's and olmoe's experts are intermediate_size wide
 	}
-	m, err := models.New(c, be, models.Options{DType: tensor.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.InitRandom(seed); err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	return m
+	return seededBF16(t, c, be, seed)
 }
 
 // TestGPUMoETrainingMatchesCPU trains tiny qwen3_moe, mixtral and olmoe models for a few AdamW
@@ -169,4 +161,19 @@ func trainMoESteps(t *testing.T, g *Backend, rec *profile.Recorder, be backend.B
 		aux = append(aux, m.AuxLoss())
 	}
 	return loss, aux
+}
+
+// seededBF16 is c's model in bf16 on be with weights drawn from seed, so that two backends
+// start from the same model; the caller closes it.
+func seededBF16(t *testing.T, c *config.Config, be backend.Backend, seed uint64) *models.Model {
+	t.Helper()
+	m, err := models.New(c, be, models.Options{DType: tensor.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.InitRandom(seed); err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	return m
 }
