@@ -16,27 +16,42 @@ type Arena struct {
 	index map[string]int
 }
 
-// newArena allocates one zeroed buffer of dtype dt for specs.
-func newArena(b backend.Backend, dt tensor.DType, specs []ParamSpec) (*Arena, error) {
-	total := 0
-	for _, s := range specs {
+// ArenaAlign is the element alignment of every view in an arena: each parameter starts on a
+// multiple of 8 elements (16 bytes in bf16, 32 in float32), so that a parameter of odd size (a
+// per-layer scalar, an odd bias) does not leave the ones after it misaligned for the kernels'
+// 16-byte vector loads, tensor-memory-accelerator copies and cuBLASLt's tensor-core algorithms.
+// The padding between views is zero and stays zero (no gradient reaches it).
+const ArenaAlign = 8
+
+// ArenaLayout returns the element offset of each spec's view in an arena of specs, and the
+// arena's total length (padding included). Everything that addresses Flat by element offsets
+// (sharding, expert ranges, optimizer slabs) takes them from here.
+func ArenaLayout(specs []ParamSpec) (offs []int, total int) {
+	offs = make([]int, len(specs))
+	for i, s := range specs {
+		total = (total + ArenaAlign - 1) / ArenaAlign * ArenaAlign
+		offs[i] = total
 		total += s.Numel()
 	}
+	return offs, total
+}
+
+// newArena allocates one zeroed buffer of dtype dt for specs.
+func newArena(b backend.Backend, dt tensor.DType, specs []ParamSpec) (*Arena, error) {
+	offs, total := ArenaLayout(specs)
 	flat, err := b.Alloc(dt, total)
 	if err != nil {
 		return nil, fmt.Errorf("models: arena of %d %s elements: %w", total, dt, err)
 	}
 	a := &Arena{Flat: flat, Views: make([]tensor.Tensor, len(specs)), index: make(map[string]int, len(specs))}
-	off := 0
 	for i, s := range specs {
-		v, err := flat.View(off, s.Shape...)
+		v, err := flat.View(offs[i], s.Shape...)
 		if err != nil {
 			_ = b.Free(flat)
 			return nil, fmt.Errorf("models: arena view %s: %w", s.Name, err)
 		}
 		a.Views[i] = v
 		a.index[s.Name] = i
-		off += s.Numel()
 	}
 	return a, nil
 }

@@ -56,7 +56,7 @@ func TestModelHoldingSomeExperts(t *testing.T) {
 			if !slices.Equal(got, want) || dropped == 0 {
 				t.Fatalf("subset spec table %v\nwant %v (dropping %d elements)", got, want, dropped)
 			}
-			if sub.NumParams() != full.NumParams()-dropped || sub.Params.Flat.Numel() != sub.NumParams() {
+			if _, arena := ArenaLayout(sub.Specs); sub.NumParams() != full.NumParams()-dropped || sub.Params.Flat.Numel() != arena {
 				t.Errorf("subset holds %d parameters in a %d-element arena, full %d less %d", sub.NumParams(), sub.Params.Flat.Numel(), full.NumParams(), dropped)
 			}
 			for _, name := range want {

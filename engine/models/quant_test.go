@@ -52,8 +52,12 @@ func TestQuantizeBase(t *testing.T) {
 				t.Errorf("%s was quantised", n)
 			}
 		}
-		if got := q.Params.Flat.Numel(); got != total-quantised {
-			t.Errorf("the arena holds %d elements, want %d without the quantised weights", got, total-quantised)
+		kept := 0
+		for _, s := range q.Specs {
+			kept += s.Numel()
+		}
+		if _, arena := ArenaLayout(q.Specs); kept != total-quantised || q.Params.Flat.Numel() != arena {
+			t.Errorf("the arena holds %d elements for specs of %d, want %d without the quantised weights (%d with the alignment padding)", q.Params.Flat.Numel(), kept, total-quantised, arena)
 		}
 		qp, qb, largest, err := QuantizedParamCount(a.Shape, quant.Config{LoadIn4bit: true, DoubleQuant: nested})
 		if err != nil || qp != int64(quantised) || largest != int64(a.Intermediate*a.Hidden) {

@@ -243,16 +243,17 @@ func (p *Plan) reduceExpertGrads(rk *rank) error {
 		}
 		return c.AllReduce(v, comm.Sum)
 	}
+	offs, _ := models.ArenaLayout(m.Specs)
 	cur, lo, off := false, 0, 0
-	for _, s := range m.Specs {
+	for i, s := range m.Specs {
 		_, k := p.expertHolder(s.Name)
 		if k != cur {
 			if err := flush(cur, lo, off); err != nil {
 				return err
 			}
-			cur, lo = k, off
+			cur, lo = k, offs[i]
 		}
-		off += s.Numel()
+		off = offs[i] + s.Numel()
 	}
 	return flush(cur, lo, off)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/halo-shell/halo-shell/engine/comm"
+	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
@@ -49,26 +50,45 @@ func (p *Plan) partOf(name string) int {
 func (p *Plan) fsdpParts(rk *rank) []fsdpPart {
 	var dense, expert []seg
 	add := func(s []seg, off, n int) []seg {
-		if k := len(s); k > 0 && s[k-1].off+s[k-1].n == off {
-			s[k-1].n += n
+		// A segment that ends where this one starts, up to the arena's alignment padding,
+		// takes it in, padding included (zeros that stay zero), so that a part stays one block.
+		if k := len(s); k > 0 && alignUp(s[k-1].off+s[k-1].n) == off {
+			s[k-1].n = off + n - s[k-1].off
 			return s
 		}
 		return append(s, seg{off, n})
 	}
-	off := 0
-	for _, s := range rk.m.Specs {
+	offs, _ := models.ArenaLayout(rk.m.Specs)
+	for i, s := range rk.m.Specs {
 		if p.partOf(s.Name) == 1 {
-			expert = add(expert, off, s.Numel())
+			expert = add(expert, offs[i], s.Numel())
 		} else {
-			dense = add(dense, off, s.Numel())
+			dense = add(dense, offs[i], s.Numel())
 		}
-		off += s.Numel()
 	}
 	parts := []fsdpPart{{c: rk.data, segs: dense}}
 	if len(expert) > 0 {
 		parts = append(parts, fsdpPart{c: rk.edata, segs: expert})
 	}
 	return parts
+}
+
+// alignUp rounds an arena offset up to the arena's view alignment.
+func alignUp(off int) int {
+	return (off + models.ArenaAlign - 1) / models.ArenaAlign * models.ArenaAlign
+}
+
+// packed returns the position in the part's packed order of the n arena elements from off,
+// and whether one segment holds them.
+func (pt *fsdpPart) packed(off, n int) (int, bool) {
+	pos := 0
+	for _, sg := range pt.segs {
+		if off >= sg.off && off+n <= sg.off+sg.n {
+			return pos + off - sg.off, true
+		}
+		pos += sg.n
+	}
+	return 0, false
 }
 
 // setupFSDP builds rank rk's shards, copies its current parameters into them and returns the
@@ -78,6 +98,7 @@ func (p *Plan) setupFSDP(rk *rank, counted func(string) bool) error {
 	sh.on = true
 	sh.parts = p.fsdpParts(rk)
 	m := rk.m
+	offs, _ := models.ArenaLayout(m.Specs)
 	pack := 0
 	for i := range sh.parts {
 		pt := &sh.parts[i]
@@ -111,13 +132,17 @@ func (p *Plan) setupFSDP(rk *rank, counted func(string) bool) error {
 			return err
 		}
 		// The shard's parameters, and its optimizer parameters, spec by spec.
-		pos, off := 0, 0
-		for _, s := range m.Specs {
-			n, o := s.Numel(), off
-			off += n
+		covered := 0
+		for j, s := range m.Specs {
+			n, o := s.Numel(), offs[j]
 			if p.partOf(s.Name) != i {
 				continue
 			}
+			pos, ok := pt.packed(o, n)
+			if !ok {
+				return fmt.Errorf("parallel: rank %d: FSDP part %d has no segment holding %s (spec table and segments disagree)", rk.id, i, s.Name)
+			}
+			covered += n
 			lo, hi := max(pos, pt.lo), min(pos+n, pt.hi)
 			if lo < hi {
 				src, _ := m.Params.Flat.View(o+lo-pos, hi-lo)
@@ -130,10 +155,9 @@ func (p *Plan) setupFSDP(rk *rank, counted func(string) bool) error {
 				rk.optElem = append(rk.optElem, lo-pos)
 				rk.countNorm = append(rk.countNorm, counted(s.Name))
 			}
-			pos += n
 		}
-		if pos != pt.p {
-			return fmt.Errorf("parallel: rank %d: FSDP part of %d elements covers %d (spec table and segments disagree)", rk.id, pt.p, pos)
+		if covered > pt.p {
+			return fmt.Errorf("parallel: rank %d: FSDP part of %d elements holds specs of %d (spec table and segments disagree)", rk.id, pt.p, covered)
 		}
 	}
 	if pack > 0 {

@@ -245,9 +245,9 @@ func (p *Plan) multiState(local []map[string]*state, kinds map[string]bool) (int
 		first := !seen[tp]
 		seen[tp] = true
 		step = s.step
-		off := 0
-		for _, sp := range rk.m.Specs {
-			n := sp.Numel()
+		offs, _ := models.ArenaLayout(rk.m.Specs)
+		for j, sp := range rk.m.Specs {
+			n, off := sp.Numel(), offs[j]
 			_, expert := p.expertHolder(sp.Name)
 			for k, suf := range stateSuffixes {
 				if s.vals[k] == nil || !first && !expert {
@@ -256,7 +256,6 @@ func (p *Plan) multiState(local []map[string]*state, kinds map[string]bool) (int
 				kinds[suf] = true
 				local[tp][sp.Name+suf] = &state{dt: s.dts[k], vals: s.vals[k][off : off+n]}
 			}
-			off += n
 		}
 		for k, byName := range experts[i] {
 			for name, v := range byName {
@@ -277,11 +276,10 @@ func (p *Plan) rankState(rk *rank) (*rankSlab, error) {
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
+	at, total := models.ArenaLayout(rk.m.Specs)
 	offs := make(map[string]int, len(rk.m.Specs))
-	total := 0
-	for _, s := range rk.m.Specs {
-		offs[s.Name] = total
-		total += s.Numel()
+	for i, s := range rk.m.Specs {
+		offs[s.Name] = at[i]
 	}
 	nk := len(stateSuffixes)
 	s := &rankSlab{step: st, dts: make([]tensor.DType, nk), vals: make([][]float32, nk)}
@@ -398,12 +396,11 @@ type expertSpec struct {
 // expertSpecs are rank rk's routed-expert parameters in arena order.
 func (p *Plan) expertSpecs(rk *rank) []expertSpec {
 	var out []expertSpec
-	off := 0
-	for _, s := range rk.m.Specs {
+	offs, _ := models.ArenaLayout(rk.m.Specs)
+	for i, s := range rk.m.Specs {
 		if x, ok := p.expertOf(s.Name); ok && p.partOf(s.Name) == 1 {
-			out = append(out, expertSpec{name: s.Name, off: off, n: s.Numel(), expert: x})
+			out = append(out, expertSpec{name: s.Name, off: offs[i], n: s.Numel(), expert: x})
 		}
-		off += s.Numel()
 	}
 	return out
 }

@@ -88,9 +88,10 @@ var groupedMMAKernels = [...]string{
 }
 
 // groupedMMA reports whether the mma.sync kernels take a product of sizes d: bf16 operands whose
-// rows start on 16-byte boundaries (N_ and K_ multiples of 8, 16-byte aligned tensors).
-func groupedMMA(d backend.GroupedDims, ca, cb int32, pa, pb uintptr) bool {
-	return d.N%8 == 0 && vec8(int64(d.K), []int32{ca, cb}, pa, pb)
+// rows start on 16-byte boundaries (N_ and K_ multiples of 8, 16-byte aligned tensors), into an
+// output that starts on one too (the epilogues store pairs and the accumulating ones read them).
+func groupedMMA(d backend.GroupedDims, ca, cb int32, pa, pb, po uintptr) bool {
+	return d.N%8 == 0 && po%16 == 0 && vec8(int64(d.K), []int32{ca, cb}, pa, pb)
 }
 
 // groupedGrid is the launch grid of a tensor-core kernel of kind for sizes d, whose tiles have
@@ -153,7 +154,7 @@ func (b *Backend) GroupedGEMM(a backend.GroupedGEMMArgs) error {
 	if a.Accumulate {
 		acc = 1
 	}
-	if groupedMMA(d, ca, cb, pa, pb) {
+	if groupedMMA(d, ca, cb, pa, pb, po) {
 		file, name, shared, cols := groupedFile, groupedMMAKernels[a.Kind], uint32(groupedShared), groupedTile
 		variant := b.groupedWG
 		if variant == "auto" {
