@@ -9,12 +9,16 @@ import "github.com/halo-shell/halo-shell/internal/switches"
 // V = 151,936, so 4.6 GiB at 4096 tokens; transformers' loss path holds more, as it also keeps
 // the bf16 logits and the log-softmax). The fused op computes the logits a chunk of rows at a
 // time, folds them into the loss and (backward) into dHidden and dWeight at once, and reuses one
-// chunk buffer: its scratch is rows·V·(4 + dlogits bytes) whatever N, plus, when a bf16 head
-// trains, one fp32 [V, C] accumulator for dWeight (CrossEntropyScratch). Chunks hold at most
-// CrossEntropyBudget bytes of fp32 logits: with the default budgets and V = 151,936 a frozen
-// head (LoRA, QLoRA, evaluation) runs 768-row chunks, 0.65 GiB of scratch with bf16 dlogits
-// (0.16 MiB per token of a 4096-token micro-batch, against 1.16 MiB unfused); a trained head
-// 3328-row chunks (2.83 GiB with bf16 dlogits).
+// chunk buffer, whatever N (CrossEntropyScratch). A bf16 head by default (HALO_CE_LOGITS=bf16)
+// writes bf16 logits, as transformers' bf16 head does before its fp32 loss, and overwrites them
+// with the dlogits: rows·V·2 bytes; with HALO_CE_LOGITS=f32 the logits are fp32 with bf16
+// dlogits beside them, rows·V·6. A trained bf16 head's chunks add their dWeight products into
+// the bf16 gradient directly (HALO_CE_DWEIGHT=direct), or through one fp32 [V, C] accumulator
+// (=f32). Chunks hold at most CrossEntropyBudget bytes of fp32-sized logits: with the default
+// budgets and V = 151,936 a frozen head (LoRA, QLoRA, evaluation) runs 768-row chunks, 0.22 GiB
+// of scratch by default and 0.65 GiB with fp32 logits (0.05 or 0.16 MiB per token of a
+// 4096-token micro-batch, against 1.16 MiB unfused); a trained head 3328-row chunks (0.94 GiB,
+// or 2.83 GiB with fp32 logits).
 
 const (
 	// CrossEntropyChunkBytes bounds the fp32 logits of one chunk when the head's weight trains:
@@ -74,10 +78,10 @@ func CrossEntropyChunkRows(N, V int, budget int64) int {
 // each holds).
 var (
 	swCELogits = switches.Register(switches.Switch{Name: "HALO_CE_LOGITS", Kind: switches.Tuning,
-		Default: "f32", Values: []string{"f32", "bf16"},
+		Default: "bf16", Values: []string{"f32", "bf16"},
 		Doc: "The dtype of the LM head's chunk logits on the CUDA backend when the head's weight is bf16: f32 (the logits GEMM writes fp32, the loss reads them, dlogits go to a bf16 buffer beside them: rows x V x 6 bytes) or bf16 (the GEMM rounds the logits to bf16, as transformers' bf16 LM head does before its fp32 loss, and the dlogits overwrite them: rows x V x 2 bytes). The loss's sums are fp32 either way."})
 	swCEDWeight = switches.Register(switches.Switch{Name: "HALO_CE_DWEIGHT", Kind: switches.Tuning,
-		Default: "f32", Values: []string{"f32", "direct"},
+		Default: "direct", Values: []string{"f32", "direct"},
 		Doc: "How the CUDA backend's LM head accumulates the chunks' weight gradients into a bf16 DWeight: f32 (into an fp32 [V, C] buffer added to DWeight once, one rounding) or direct (each chunk's GEMM adds into DWeight as HALO_CUDA_GEMM_BETA adds into bf16, no buffer: V x C x 4 bytes fewer; with its default each chunk's product is rounded to bf16 and then added, as autograd adds bf16 gradients)."})
 )
 

@@ -52,12 +52,21 @@ func TestCrossEntropyBudget(t *testing.T) {
 }
 
 // TestCrossEntropyScratch checks the per-chunk figures the package doc states for Qwen3's
-// vocabulary: 0.65 GiB for a frozen bf16 head in 768-row chunks, 2.83 GiB plus the 0.58 GiB
-// fp32 accumulator of a trained bf16 [151936, 1024] head in 3328-row chunks, and fp32 dlogits
+// vocabulary: by default 0.22 GiB for a frozen bf16 head in 768-row chunks and 0.94 GiB for a
+// trained bf16 [151936, 1024] head in 3328-row chunks, without an accumulator; with fp32 logits
+// and the fp32 accumulator 0.65 GiB, 2.83 GiB plus the 0.58 GiB accumulator; and fp32 dlogits
 // sharing the logits' buffer.
 func TestCrossEntropyScratch(t *testing.T) {
 	const V, C = 151936, 1024
 	gib := func(n int64) float64 { return float64(n) / (1 << 30) }
+	if got := gib(CrossEntropyScratch(768, V, C, true, 2, false)); got < 0.21 || got > 0.22 {
+		t.Errorf("frozen bf16 head, 768 rows, default logits: %.3f GiB, want 0.22", got)
+	}
+	if got := gib(CrossEntropyScratch(3328, V, C, true, 2, true)); got < 0.94 || got > 0.95 {
+		t.Errorf("trained bf16 head, 3328 rows, default logits and dWeight: %.3f GiB, want 0.94", got)
+	}
+	t.Setenv("HALO_CE_LOGITS", "f32")
+	t.Setenv("HALO_CE_DWEIGHT", "f32")
 	if got := gib(CrossEntropyScratch(768, V, C, true, 2, false)); got < 0.65 || got > 0.66 {
 		t.Errorf("frozen bf16 head, 768 rows: %.3f GiB, want 0.65", got)
 	}

@@ -62,16 +62,24 @@ func TestGPUCrossEntropySoftcap(t *testing.T) {
 			}
 			return int32((i * 131) % s.V)
 		})
+		// With bf16 chunk logits (HALO_CE_LOGITS=bf16) each logit carries a rounding of up to
+		// 2^-9 of its size before the cap (logits near 15 here: 0.03), as transformers' bf16
+		// head does; the loss moves by up to two of those and the softmax's probabilities,
+		// so dlogits, by that much relative. The CPU reference keeps fp32 logits.
+		lossTol, gradTol := 1e-3, 1e-2
+		if backend.CrossEntropyBF16Logits() {
+			lossTol, gradTol = 4e-3, 4e-2
+		}
 		c := opCase{
 			Name: fmt.Sprintf("cross_entropy_softcap/bf16/N%d_C%d_V%d_cap%g", s.N, s.C, s.V, s.softcap),
 			Tensors: []tspec{
 				{Name: "h", DType: tensor.BF16, Shape: []int{s.N, s.C}, Gen: gen{Scale: 1}},
 				{Name: "w", DType: tensor.BF16, Shape: []int{s.V, s.C}, Gen: gen{Scale: 0.5}},
 				{Name: "targets", DType: tensor.I32, Shape: []int{s.N}, Gen: gen{Ints: targets}},
-				{Name: "loss", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: 1e-3, Rel: 1e-3},
-				{Name: "logprob", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: 1e-3, Rel: 1e-3},
-				{Name: "dh", DType: tensor.BF16, Shape: []int{s.N, s.C}, Out: true, AbsFrac: 1e-2, Rel: 2 * bf16Eps},
-				{Name: "dw", DType: tensor.F32, Shape: []int{s.V, s.C}, Gen: gen{Scale: 0.01}, Out: true, AbsFrac: 1e-2, Rel: 2 * bf16Eps},
+				{Name: "loss", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: lossTol, Rel: 1e-3},
+				{Name: "logprob", DType: tensor.F32, Shape: []int{s.N}, Out: true, AbsFrac: lossTol, Rel: 1e-3},
+				{Name: "dh", DType: tensor.BF16, Shape: []int{s.N, s.C}, Out: true, AbsFrac: gradTol, Rel: 2 * bf16Eps},
+				{Name: "dw", DType: tensor.F32, Shape: []int{s.V, s.C}, Gen: gen{Scale: 0.01}, Out: true, AbsFrac: gradTol, Rel: 2 * bf16Eps},
 			},
 			Run: func(be backend.Backend, ts map[string]tensor.Tensor) error {
 				return be.CrossEntropy(backend.CrossEntropyArgs{Hidden: ts["h"], Weight: ts["w"], Targets: ts["targets"], Loss: ts["loss"], LogProb: ts["logprob"],

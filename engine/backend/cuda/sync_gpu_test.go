@@ -524,7 +524,10 @@ func TestGPUCrossEntropyThroughput(t *testing.T) {
 	pLoss, _ := g.ptr("bench", "loss", loss)
 	kernel := func(dlp uintptr) func() error {
 		return func() error {
-			args := packArgs(pl, pt, pLoss, uintptr(0), dlp, int32(tensor.BF16), float32(1.0/N), int64(0), int32(V), int32(backend.IgnoreIndex), g.flagPtr())
+			// ce_rows(logits, dtl, targets, loss, logprob, dlogits, dtdl, scale, token_scale,
+			// row0, V, ignore_index, bad, cap), as CrossEntropy launches it.
+			args := packArgs(pl, int32(tensor.F32), pt, pLoss, uintptr(0), dlp, int32(tensor.BF16), float32(1.0/N), uintptr(0),
+				int64(0), int32(V), int32(backend.IgnoreIndex), g.flagPtr(), float32(0))
 			return g.d.Do(func() error {
 				return g.d.launchOnThread("crossentropy.cu", "ce_rows", [3]uint32{uint32(rows), 1, 1}, [3]uint32{512, 1, 1}, 0, args...)
 			})
