@@ -573,16 +573,66 @@ def checkpoint_names(model, d):
             with safe_open(os.path.join(d, f), framework="pt") as st:
                 for k in st.keys():
                     saved[k] = st.get_tensor(k)
+    def match(v):
+        return [k for k, t in saved.items() if t.shape == v.shape and torch.equal(t.to(v.dtype), v)]
+
+    whole = lambda t: t
     names = {}
     for n, p in model.named_parameters():
         if n in saved and saved[n].shape == p.shape:
-            names[n] = n
+            names[n] = [(n, whole)]
             continue
-        hits = [k for k, t in saved.items() if t.shape == p.shape and torch.equal(t.to(p.dtype), p.detach().cpu())]
-        if len(hits) != 1:
+        v = p.detach().cpu()
+        hits = match(v)
+        if len(hits) == 1:
+            names[n] = [(hits[0], whole)]
+            continue
+        # A stacked expert tensor [E, ...] that the checkpoint stores per expert: each expert's
+        # slice whole (down_proj) or as two halves of its rows (gate_up_proj: gate, then up),
+        # in memory's orientation or transposed.
+        parts = split_experts(n, v, match)
+        if parts is None:
             raise RuntimeError(f"parameter {n} {tuple(p.shape)}: {len(hits)} saved tensors match it ({hits[:4]})")
-        names[n] = hits[0]
+        names[n] = parts
     return names
+
+
+def split_experts(n, v, match):
+    """The per-expert saved names of stacked parameter v, with a function from the stacked
+    tensor to each saved tensor, or None when the checkpoint does not hold v that way."""
+    if v.dim() != 3:
+        return None
+    views = [
+        lambda t, e: [t[e]],
+        lambda t, e: [t[e].transpose(0, 1)],
+        lambda t, e: [t[e, : t.shape[1] // 2], t[e, t.shape[1] // 2 :]],
+        lambda t, e: [t[e].transpose(0, 1)[: t.shape[2] // 2], t[e].transpose(0, 1)[t.shape[2] // 2 :]],
+    ]
+    for view in views:
+        out = []
+        for e in range(v.shape[0]):
+            pieces = view(v, e)
+            for j, piece in enumerate(pieces):
+                hits = match(piece.contiguous())
+                if len(hits) != 1:
+                    break
+                out.append((hits[0], lambda t, e=e, j=j, view=view: view(t, e)[j]))
+            else:
+                continue
+            break
+        else:
+            return out
+    return None
+
+
+def by_saved(saved_as, named):
+    """{saved name: tensor} of (parameter name, in-memory tensor) pairs, each split as the
+    checkpoint stores it."""
+    out = {}
+    for n, t in named:
+        for k, f in saved_as[n]:
+            out[k] = f(t).float().contiguous()
+    return out
 
 
 def make(outdir, name, model_type, cfg_kw, seed):
@@ -630,16 +680,16 @@ def make(outdir, name, model_type, cfg_kw, seed):
 
     # Gradients of the cross-entropy (and of the total objective where there is an aux loss).
     ce.backward(retain_graph=has_aux)
-    grads = {saved_as[n]: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+    grads = by_saved(saved_as, [(n, p.grad.detach()) for n, p in model.named_parameters() if p.grad is not None])
     save_file(grads, os.path.join(d, "grads.safetensors"), metadata={"format": "pt"})
     if has_aux:
         model.zero_grad(set_to_none=True)
         _, total, _ = objective(model, ids, is_moe)
         total.backward()
-        gt = {saved_as[n]: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+        gt = by_saved(saved_as, [(n, p.grad.detach()) for n, p in model.named_parameters() if p.grad is not None])
         save_file(gt, os.path.join(d, "grads_total.safetensors"), metadata={"format": "pt"})
-    ref["param_names"] = [saved_as[n] for n, _ in model.named_parameters()]
-    ref["param_shapes"] = {saved_as[n]: list(p.shape) for n, p in model.named_parameters()}
+    ref["param_names"] = [k for n, _ in model.named_parameters() for k, _ in saved_as[n]]
+    ref["param_shapes"] = {k: list(t.shape) for k, t in by_saved(saved_as, [(n, p.detach()) for n, p in model.named_parameters()]).items()}
 
     # Float64 logprobs of the same weights, for diagnosing precision questions.
     # (MoE experts need the eager experts implementation: grouped_mm has no float64 kernel.)
