@@ -15,9 +15,11 @@ import (
 // (backend.CrossEntropyChunkRows under backend.CrossEntropyBudget: multiples of 256 rows, at
 // most 2 GiB of fp32 logits when the head trains, 512 MiB when it is frozen, and 1/32 of the
 // device's memory cap when one is set). Scratch memory while it runs
-// (backend.CrossEntropyScratch): the chunk's fp32 logits, with backward its dlogits in the
-// weight's dtype, and with a bf16 DWeight an fp32 [V, C] accumulator (0.6 GiB for a 152k x 1024
-// head) that is added to DWeight once at the end.
+// (backend.CrossEntropyScratch): the chunk's logits, bf16 for a bf16 head with the dlogits
+// written over them (the default), or fp32 with dlogits in the weight's dtype beside them
+// (HALO_CE_LOGITS=f32); and under HALO_CE_DWEIGHT=f32 with a bf16 DWeight an fp32 [V, C]
+// accumulator (0.6 GiB for a 152k x 1024 head) added to DWeight once at the end, where by
+// default each chunk's product is added into DWeight directly.
 func (b *Backend) CrossEntropy(a backend.CrossEntropyArgs) error {
 	const op = "CrossEntropy"
 	if a.Weight.Rank() != 2 {
