@@ -203,6 +203,11 @@ func Estimate(l Layout, m ModelShape, w Workload) Memory {
 	}
 	block := 4*c + attn                                 // x, h1, mid, h2
 	denseFFN := n * 3 * int64(m.Intermediate) / tp * pb // gate, up and SwiGLU output
+	if g := m.Global; g.BesideExperts > 0 {
+		// Gemma 4's MoE block beside every layer's MLP (engine/nn's MoEBesideKeptBytes; the
+		// layouts that hold it keep its experts whole: no TP or EP of the block).
+		denseFFN += nn.MoEBesideKeptBytes(int(n), int(c), g.BesideExperts, g.BesideTopK, g.BesideWidth, int(pb))
+	}
 	var moeFFN, moeLayers int64
 	if m.MoE() {
 		// What a MoE layer's device path keeps (engine/nn's MoEKeptBytes): router

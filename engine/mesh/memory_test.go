@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/nn"
 )
 
@@ -101,5 +102,27 @@ func TestEstimateCountsWhatAMoELayerKeeps(t *testing.T) {
 	c := Estimate(Layout{DP: 1}, shape(2, 3), w)
 	if got, want := c.Activations-a.Activations, int64(n)*3*256*2-kept(2); got != want {
 		t.Fatalf("one MoE layer fewer changes the activations by %d bytes, want a dense MLP's minus a MoE layer's, %d", got, want)
+	}
+}
+
+// TestEstimateCountsGemma4MoEBlock: Gemma 4's MoE block beside the MLP adds, per layer, what
+// its device path keeps (nn.MoEBesideKeptBytes) to the activations, with and without
+// activation recomputation (where one layer's worth is held at a time).
+func TestEstimateCountsGemma4MoEBlock(t *testing.T) {
+	dense := ModelShape{Hidden: 64, Intermediate: 256, Heads: 8, KVHeads: 8, HeadDim: 8, Layers: 6, Vocab: 100,
+		Global: config.GlobalShape{Full: make([]bool, 6), HeadDim: 8, KVHeads: 8}}
+	moe := dense
+	moe.Global.BesideExperts, moe.Global.BesideWidth, moe.Global.BesideTopK = 16, 32, 4
+	for _, recompute := range []bool{false, true} {
+		w := Workload{Rows: 2, SeqLen: 128, ParamBytes: 2, Recompute: recompute}
+		layers := int64(6)
+		if recompute {
+			layers = 1
+		}
+		kept := nn.MoEBesideKeptBytes(w.Rows*w.SeqLen, 64, 16, 4, 32, 2)
+		a, b := Estimate(Layout{DP: 1}, dense, w), Estimate(Layout{DP: 1}, moe, w)
+		if got := b.Activations - a.Activations; got != layers*kept {
+			t.Errorf("recompute %v: the MoE block adds %d activation bytes, want %d layers x %d", recompute, got, layers, kept)
+		}
 	}
 }

@@ -64,6 +64,14 @@ func MoEKeptBytes(n, c, e, k, inter, el int) int64 {
 	return n64*int64(e)*4 + 3*s*4 + int64(e+1)*4 + s*int64(2*inter+c)*int64(el)
 }
 
+// MoEBesideKeptBytes is what a device-path MoEBesideMLP (Gemma 4's MoE block beside its MLP)
+// keeps for its backward beyond its dense branch, for n tokens: MoEKeptBytes of its GeGLU
+// experts, the router's normed input, the experts' normed input and their combined output [N,C]
+// in the activation dtype with the three norms' rstd [N] F32, and the per-expert scale [E] F32.
+func MoEBesideKeptBytes(n, c, e, k, inter, el int) int64 {
+	return MoEKeptBytes(n, c, e, k, inter, el) + int64(n)*(3*int64(c)*int64(el)+3*4) + int64(e)*4
+}
+
 // MoEKeepsExpertOutputs reports whether a MoE block holding its experts keeps their outputs
 // ys [S,C] for the backward (HALO_MOE_EXPERT_OUTPUTS=keep). Under expert parallelism the
 // outputs are always kept.

@@ -136,7 +136,8 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	// Kept per layer: input, two norm outputs, q, k, v, attention output (dtype), plus fp32
 	// rstd and attention log-sum-exp rows; then the feed-forward's: a dense MLP's gate, up and
 	// SwiGLU output, or what a mixture-of-experts layer's device path keeps (nn.MoEKeptBytes:
-	// router probabilities, the routing, gate|up and the experts' outputs per routed slot).
+	// router probabilities, the routing, gate|up and the experts' outputs per routed slot), and
+	// beside the MLP Gemma 4's MoE block's (nn.MoEBesideKeptBytes).
 	attnAct := 2*q + 2*kv
 	if l := a.Latent; l.KVRank > 0 {
 		attnAct = l.ActivationsPerToken(a.Heads) // nn.MLA's heads at the attention width
@@ -151,6 +152,10 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 				moeLayers++
 			}
 		}
+	}
+	if g := a.Global; g.BesideExperts > 0 {
+		// Gemma 4's MoE block beside every layer's MLP keeps its own on top of the MLP's.
+		denseFFN += nn.MoEBesideKeptBytes(int(T), int(C), g.BesideExperts, g.BesideTopK, g.BesideWidth, int(el))
 	}
 	if cfg.Run.GradientCheckpointing {
 		ffn := denseFFN
