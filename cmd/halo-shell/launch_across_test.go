@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/backend/cpu"
 	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/tensor"
+	"github.com/halo-shell/halo-shell/internal/testnet"
 )
 
 // acrossArgsEnv carries a child process's launch arguments (separated by \x1f).
@@ -43,16 +43,11 @@ func metricLines(t *testing.T, dir string) []string {
 	return got
 }
 
-// freePort returns a localhost address whose port was free a moment ago.
+// freePort returns a localhost address whose port was free a moment ago, below the
+// ephemeral range (testnet).
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return testnet.FreeAddr(t)
 }
 
 // launchNodesProcs runs "launch" as nnodes processes of this test binary, node r with

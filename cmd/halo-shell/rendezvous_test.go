@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/comm/tcp"
+	"github.com/halo-shell/halo-shell/internal/testnet"
 )
 
 func runRendezvousCmd(args ...string) (string, error) {
@@ -43,12 +43,7 @@ type rdzvOut struct {
 func TestRunRendezvous(t *testing.T) {
 	t.Setenv("SLURM_NNODES", "5")
 	t.Setenv("SLURM_NODEID", "3")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testnet.FreeAddr(t)
 	node1 := make(chan error, 1)
 	go func() {
 		w, err := rendezvous.Join(context.Background(), rendezvous.Config{NNodes: 2, NodeRank: 1, Addr: addr, Token: "tok", Timeout: 20 * time.Second}, 4, nil)
@@ -128,12 +123,7 @@ func TestRendezvousArg(t *testing.T) {
 // in-process, on loopback: both join a two-rank TCP world, the all-reduce of rank+1 gives 3 and
 // node 0 reports a positive bandwidth.
 func TestRunRendezvousTCP(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testnet.FreeAddr(t)
 	node1 := make(chan error, 1)
 	go func() {
 		cfg := rendezvous.Config{NNodes: 2, NodeRank: 1, Addr: addr, Token: "tok", Timeout: 30 * time.Second}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
+	"github.com/halo-shell/halo-shell/internal/testnet"
 )
 
 func TestNodeDevicesRefusesWhatRunsAcrossNodesDoNotSupport(t *testing.T) {
@@ -505,15 +505,11 @@ func dropTimes(t *testing.T, raw []byte) []byte {
 	return out
 }
 
-// freeAddr returns a localhost address whose port was free a moment ago.
+// freeAddr returns a localhost address whose port was free a moment ago, below the
+// ephemeral range (testnet).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return testnet.FreeAddr(t)
 }
 
 // Nodes on CPU devices whose configs disagree (here node 1's gradient clipping and schedule)

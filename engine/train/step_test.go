@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,6 +18,7 @@ import (
 	"github.com/halo-shell/halo-shell/engine/comm/rendezvous"
 	"github.com/halo-shell/halo-shell/engine/mesh"
 	"github.com/halo-shell/halo-shell/engine/profile"
+	"github.com/halo-shell/halo-shell/internal/testnet"
 )
 
 // untimed is m without the fields that depend on the wall clock, after checking that they
@@ -185,12 +185,7 @@ func TestResumedRunWritesTheSameLosses(t *testing.T) {
 // one summary line, and both see the same metrics.
 func TestRunAcrossNodesWritesOnNodeZero(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(24))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testnet.FreeAddr(t)
 	type nodeResult struct {
 		out  string
 		log  bytes.Buffer

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/halo-shell/halo-shell/internal/testnet"
 )
 
 // A test binary started with HALO_RDZV_CHILD=1 is one node of a multi-process rendezvous: it
@@ -48,14 +50,11 @@ func childNode() int {
 	return 0
 }
 
+// freeAddr returns a localhost address whose port was free a moment ago, below the
+// ephemeral range (testnet).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return testnet.FreeAddr(t)
 }
 
 type nodeResult struct {
