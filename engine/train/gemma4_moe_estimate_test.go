@@ -1,7 +1,6 @@
 package train
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -33,23 +32,7 @@ seed: 7
 device: cpu
 output_dir: %s
 `, ov, quickTok, path, filepath.Join(t.TempDir(), "out"))
-	cfg, err := ParseConfig([]byte(y), "q.yaml", MethodSFT, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mc, err := ModelConfigFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	est, err := EstimateMemory(cfg, mc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := newTrainer(t, cfg)
-	if _, err := tr.Step(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return tr.b.MemStats().Peak, est.Total()
+	return stepPeak(t, y)
 }
 
 // TestGemma4MoEEstimateTracksTheMeasuredPeak compares the dry-run estimate of a full fine-tune
@@ -61,13 +44,5 @@ func TestGemma4MoEEstimateTracksTheMeasuredPeak(t *testing.T) {
 	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(40))
 	m2, e2 := gemma4MoEPeak(t, path, 2)
 	m4, e4 := gemma4MoEPeak(t, path, 4)
-	t.Logf("2 layers: measured %d, estimated %d; 4 layers: measured %d, estimated %d", m2, e2, m4, e4)
-	if dm, de := m4-m2, e4-e2; float64(de) < 0.98*float64(dm) || float64(de) > 1.02*float64(dm) {
-		t.Errorf("two layers add %d bytes to the measured peak and %d to the estimate; want them within 2%%", dm, de)
-	}
-	for _, c := range []struct{ m, e int64 }{{m2, e2}, {m4, e4}} {
-		if r := float64(c.e) / float64(c.m); r < 0.97 || r > 1.05 {
-			t.Errorf("estimate %d bytes for a measured peak of %d (%.3f); want 0.97 to 1.05 of it", c.e, c.m, r)
-		}
-	}
+	checkEstimateTracks(t, "2 layers", "4 layers", [2]int64{m2, e2}, [2]int64{m4, e4}, 0.97, 1.05)
 }
