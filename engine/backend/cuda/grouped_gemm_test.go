@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
 // TestGroupedWGVariantsMatchTheKernels checks the host's table of warpgroup-MMA variants against
@@ -281,6 +282,34 @@ func TestCheckGroupOffsets(t *testing.T) {
 		err := checkGroupOffsets(tc.offs, tc.g, tc.s)
 		if tc.bad == "" && err != nil || tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad)) {
 			t.Errorf("checkGroupOffsets(%v, %d, %d) = %v, want %q", tc.offs, tc.g, tc.s, err, tc.bad)
+		}
+	}
+}
+
+// The tensor-core kernels take only bf16 operands with rows on 16-byte boundaries, and an
+// output that starts on one: a gradient view 2 bytes off (an arena packed around a one-element
+// parameter) faulted with a misaligned address before the output was checked.
+func TestGroupedMMANeedsAlignedOperandsAndOutput(t *testing.T) {
+	bf, f32 := int32(tensor.BF16), int32(tensor.F32)
+	d := backend.GroupedDims{G: 4, S: 64, N: 128, K: 64}
+	for _, c := range []struct {
+		name       string
+		d          backend.GroupedDims
+		ca, cb     int32
+		pa, pb, po uintptr
+		want       bool
+	}{
+		{"aligned", d, bf, bf, 4096, 8192, 16384, true},
+		{"output 2 bytes off", d, bf, bf, 4096, 8192, 16386, false},
+		{"output 8 bytes off", d, bf, bf, 4096, 8192, 16392, false},
+		{"A 2 bytes off", d, bf, bf, 4098, 8192, 16384, false},
+		{"B 4 bytes off", d, bf, bf, 4096, 8196, 16384, false},
+		{"f32 operand", d, f32, bf, 4096, 8192, 16384, false},
+		{"N not a multiple of 8", backend.GroupedDims{G: 4, S: 64, N: 100, K: 64}, bf, bf, 4096, 8192, 16384, false},
+		{"K not a multiple of 8", backend.GroupedDims{G: 4, S: 64, N: 128, K: 60}, bf, bf, 4096, 8192, 16384, false},
+	} {
+		if got := groupedMMA(c.d, c.ca, c.cb, c.pa, c.pb, c.po); got != c.want {
+			t.Errorf("%s: groupedMMA = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
