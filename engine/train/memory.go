@@ -139,6 +139,9 @@ func EstimateMemory(cfg *Config, mc *config.Config) (MemoryEstimate, error) {
 	// router probabilities, the routing, gate|up and the experts' outputs per routed slot), and
 	// beside the MLP Gemma 4's MoE block's (nn.MoEBesideKeptBytes).
 	attnAct := 2*q + 2*kv
+	if a.QKNorm != config.NoQKNorm && !nn.AttentionRemakesQK() {
+		attnAct += q + kv // pre-norm q and k beside the normed ones (HALO_ATTN_QK=keep)
+	}
 	if l := a.Latent; l.KVRank > 0 {
 		attnAct = l.ActivationsPerToken(a.Heads) // nn.MLA's heads at the attention width
 	}

@@ -53,3 +53,32 @@ func TestMemoryEstimateCountsMoEActivations(t *testing.T) {
 		t.Fatalf("per-slot activations %d bytes, want gate|up and the expert output, %d", kept, want)
 	}
 }
+
+// TestMemoryEstimateCountsKeptQK: with HALO_ATTN_QK=keep, attention with q/k norms keeps the
+// pre-norm q and k beside the normed ones, and the estimate counts them in every layer
+// (L x tokens x (q + kv) widths); by default (recompute) it keeps neither. On the H200 the
+// Qwen3-30B-A3B shape at 8 layers, 2 x 4096 tokens, peaked 0.56 GiB higher with keep
+// (engine/bench/testdata/h200-2026-12-02c-moe), which is this formula's 8 x 8192 x 4608 x 2 bytes.
+func TestMemoryEstimateCountsKeptQK(t *testing.T) {
+	path := writeJSONL(t, t.TempDir(), "d.jsonl", pcRecords(8))
+	cfg := tinyConfig(t, path)
+	mc, err := config.Parse([]byte(`{"model_type": "qwen3", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+		"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+		"max_position_embeddings": 64, "rms_norm_eps": 1e-6}`), filepath.Join("test", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	est := func(qk string) MemoryEstimate {
+		t.Helper()
+		t.Setenv("HALO_ATTN_QK", qk)
+		e, err := EstimateMemory(cfg, mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	T := int64(cfg.Batch.PerDeviceTrainBatchSize * cfg.Batch.MaxLength)
+	if got, want := est("keep").ActBytes-est("recompute").ActBytes, 3*T*(4*8+2*8)*4; got != want {
+		t.Fatalf("keeping the pre-norm q/k adds %d activation bytes, want 3 layers x %d tokens x 48 x 4 = %d", got, T, want)
+	}
+}
