@@ -13,6 +13,9 @@ import (
 type Arena struct {
 	Flat  tensor.Tensor   // [total] every element, in spec order
 	Views []tensor.Tensor // Views[i] has Specs[i].Shape
+	// Offs[i] is Views[i]'s element offset in Flat (ArenaLayout): what sharding, expert ranges
+	// and optimizer slabs address Flat by.
+	Offs  []int
 	index map[string]int
 }
 
@@ -23,13 +26,18 @@ type Arena struct {
 // The padding between views is zero and stays zero (no gradient reaches it).
 const ArenaAlign = 8
 
+// AlignArenaOffset rounds an element offset up to the next view boundary (ArenaAlign).
+func AlignArenaOffset(off int) int {
+	return (off + ArenaAlign - 1) / ArenaAlign * ArenaAlign
+}
+
 // ArenaLayout returns the element offset of each spec's view in an arena of specs, and the
 // arena's total length (padding included). Everything that addresses Flat by element offsets
-// (sharding, expert ranges, optimizer slabs) takes them from here.
+// (sharding, expert ranges, optimizer slabs) takes them from here, through Arena.Offs.
 func ArenaLayout(specs []ParamSpec) (offs []int, total int) {
 	offs = make([]int, len(specs))
 	for i, s := range specs {
-		total = (total + ArenaAlign - 1) / ArenaAlign * ArenaAlign
+		total = AlignArenaOffset(total)
 		offs[i] = total
 		total += s.Numel()
 	}
@@ -43,7 +51,7 @@ func newArena(b backend.Backend, dt tensor.DType, specs []ParamSpec) (*Arena, er
 	if err != nil {
 		return nil, fmt.Errorf("models: arena of %d %s elements: %w", total, dt, err)
 	}
-	a := &Arena{Flat: flat, Views: make([]tensor.Tensor, len(specs)), index: make(map[string]int, len(specs))}
+	a := &Arena{Flat: flat, Views: make([]tensor.Tensor, len(specs)), Offs: offs, index: make(map[string]int, len(specs))}
 	for i, s := range specs {
 		v, err := flat.View(offs[i], s.Shape...)
 		if err != nil {

@@ -39,7 +39,7 @@ func TestArenaViewsAreAligned(t *testing.T) {
 			end := 0
 			for i, s := range m.Specs {
 				off := int((m.Params.Views[i].Offset() - m.Params.Flat.Offset()) / el)
-				if off != offs[i] || int64(off)*el%16 != 0 || off < end {
+				if off != offs[i] || off != m.Params.Offs[i] || int64(off)*el%16 != 0 || off < end {
 					t.Errorf("%s %s: %s at element %d (layout %d, previous view ends at %d): want 16-byte aligned views", family, dt, s.Name, off, offs[i], end)
 				}
 				odd = odd || s.Numel()%ArenaAlign != 0

@@ -243,7 +243,7 @@ func (p *Plan) reduceExpertGrads(rk *rank) error {
 		}
 		return c.AllReduce(v, comm.Sum)
 	}
-	offs, _ := models.ArenaLayout(m.Specs)
+	offs := m.Grads.Offs
 	cur, lo, off := false, 0, 0
 	for i, s := range m.Specs {
 		_, k := p.expertHolder(s.Name)

@@ -52,13 +52,13 @@ func (p *Plan) fsdpParts(rk *rank) []fsdpPart {
 	add := func(s []seg, off, n int) []seg {
 		// A segment that ends where this one starts, up to the arena's alignment padding,
 		// takes it in, padding included (zeros that stay zero), so that a part stays one block.
-		if k := len(s); k > 0 && alignUp(s[k-1].off+s[k-1].n) == off {
+		if k := len(s); k > 0 && models.AlignArenaOffset(s[k-1].off+s[k-1].n) == off {
 			s[k-1].n = off + n - s[k-1].off
 			return s
 		}
 		return append(s, seg{off, n})
 	}
-	offs, _ := models.ArenaLayout(rk.m.Specs)
+	offs := rk.m.Params.Offs
 	for i, s := range rk.m.Specs {
 		if p.partOf(s.Name) == 1 {
 			expert = add(expert, offs[i], s.Numel())
@@ -71,11 +71,6 @@ func (p *Plan) fsdpParts(rk *rank) []fsdpPart {
 		parts = append(parts, fsdpPart{c: rk.edata, segs: expert})
 	}
 	return parts
-}
-
-// alignUp rounds an arena offset up to the arena's view alignment.
-func alignUp(off int) int {
-	return (off + models.ArenaAlign - 1) / models.ArenaAlign * models.ArenaAlign
 }
 
 // packed returns the position in the part's packed order of the n arena elements from off,
@@ -98,7 +93,7 @@ func (p *Plan) setupFSDP(rk *rank, counted func(string) bool) error {
 	sh.on = true
 	sh.parts = p.fsdpParts(rk)
 	m := rk.m
-	offs, _ := models.ArenaLayout(m.Specs)
+	offs := m.Params.Offs
 	pack := 0
 	for i := range sh.parts {
 		pt := &sh.parts[i]

@@ -245,7 +245,7 @@ func (p *Plan) multiState(local []map[string]*state, kinds map[string]bool) (int
 		first := !seen[tp]
 		seen[tp] = true
 		step = s.step
-		offs, _ := models.ArenaLayout(rk.m.Specs)
+		offs := rk.m.Params.Offs
 		for j, sp := range rk.m.Specs {
 			n, off := sp.Numel(), offs[j]
 			_, expert := p.expertHolder(sp.Name)
@@ -276,7 +276,7 @@ func (p *Plan) rankState(rk *rank) (*rankSlab, error) {
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
-	at, total := models.ArenaLayout(rk.m.Specs)
+	at, total := rk.m.Params.Offs, rk.m.Params.Flat.Numel()
 	offs := make(map[string]int, len(rk.m.Specs))
 	for i, s := range rk.m.Specs {
 		offs[s.Name] = at[i]
@@ -396,7 +396,7 @@ type expertSpec struct {
 // expertSpecs are rank rk's routed-expert parameters in arena order.
 func (p *Plan) expertSpecs(rk *rank) []expertSpec {
 	var out []expertSpec
-	offs, _ := models.ArenaLayout(rk.m.Specs)
+	offs := rk.m.Params.Offs
 	for i, s := range rk.m.Specs {
 		if x, ok := p.expertOf(s.Name); ok && p.partOf(s.Name) == 1 {
 			out = append(out, expertSpec{name: s.Name, off: offs[i], n: s.Numel(), expert: x})
