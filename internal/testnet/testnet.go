@@ -29,9 +29,14 @@ const lowestPort = 10000
 // a moment ago.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	hi := ephemeralLow()
+	return freeIn(tb, lowestPort, ephemeralLow())
+}
+
+// freeIn returns "127.0.0.1:PORT" for a random port of [lo, hi) that was free a moment ago.
+func freeIn(tb testing.TB, lo, hi int) string {
+	tb.Helper()
 	for range 200 {
-		port := lowestPort + rand.IntN(hi-lowestPort)
+		port := lo + rand.IntN(hi-lo)
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -40,7 +45,7 @@ func FreeAddr(tb testing.TB) string {
 		ln.Close()
 		return addr
 	}
-	tb.Fatalf("testnet: no free localhost port in [%d, %d) after 200 tries", lowestPort, hi)
+	tb.Fatalf("testnet: no free localhost port in [%d, %d) after 200 tries", lo, hi)
 	return ""
 }
 
