@@ -454,8 +454,22 @@ func (p *peer) write(f *frame, deadline time.Time) error {
 	}
 	n, err := bufs.WriteTo(p.conn)
 	p.sent.Add(n)
+	if err != nil && !os.IsTimeout(err) {
+		// A write that fails on a dead connection races the reader, which closes the
+		// connection once it has seen the peer go and then says why (a peer that closed its
+		// world, a lost connection): wait briefly for that reason rather than report the
+		// socket's own "use of closed network connection" or "broken pipe".
+		select {
+		case <-p.gone:
+			return p.goneErr
+		case <-time.After(goneWait):
+		}
+	}
 	return err
 }
+
+// goneWait bounds how long a failed write waits for the reader to say why the peer went.
+const goneWait = time.Second
 
 // read runs until the connection ends, delivering every frame.
 func (w *World) read(p *peer) {
