@@ -136,6 +136,14 @@ type Optional struct {
 	GatedRMSNorm           func(a GatedRMSNormArgs) error
 	GatedRMSNormBackward   func(a GatedRMSNormBackwardArgs) error
 
+	// DSV4 holds DeepSeek-V4's ops (hyper-connection weights, stream collapse and expand,
+	// sink attention over own and compressed keys, window pooling, index scores, sqrt-softplus
+	// and the split clamped SwiGLU; dsv4.go), set only when the backend has every one of them.
+	// The CPU and CUDA backends have it.
+	//
+	// Fallback: deepseek_v4's decoder on the host tape (nn.DSV4), parameters downloaded.
+	DSV4 *DSV4Ops
+
 	// SampleTokens draws one token per row of logits on the device: greedy, or with
 	// temperature, top-k and top-p from a counter-based stream (SampleArgs in decode.go). The
 	// CPU and CUDA backends have it.

@@ -389,7 +389,7 @@ func (b *Backend) Optional() backend.Optional { return b.opt }
 // wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
 // recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs, NF4
 // dequantisation, dropout and the decoding sampler as class other, the decoding attention as
-// class attention), the timer is forwarded.
+// class attention), the timer and DeepSeek-V4's ops are forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 	out := backend.Optional{Timer: in.Timer, Syncs: in.Syncs}
 	if f := in.AdamW; f != nil {
@@ -533,6 +533,9 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 		}
 	}
 	b.wrapMoE(in, &out)
+	// DeepSeek-V4's ops are forwarded unwrapped: their time falls in the span of the layer
+	// that calls them.
+	out.DSV4 = in.DSV4
 	return out
 }
 

@@ -93,6 +93,7 @@ func (b *Backend) Optional() backend.Optional {
 		GatedDeltaPrep: b.GatedDeltaPrep, GatedDeltaPrepBackward: b.GatedDeltaPrepBackward,
 		GatedRMSNorm: b.GatedRMSNorm, GatedRMSNormBackward: b.GatedRMSNormBackward,
 		DecodeAttention: b.DecodeAttention, SampleTokens: b.SampleTokens,
+		DSV4: dsv4Ops(b),
 	}
 }
 

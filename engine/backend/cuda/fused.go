@@ -21,5 +21,6 @@ func (b *Backend) Optional() backend.Optional {
 		o.SwiGLUPacked, o.SwiGLUPackedBackward = b.SwiGLUPacked, b.SwiGLUPackedBackward
 		o.GeGLUPacked, o.GeGLUPackedBackward = b.GeGLUPacked, b.GeGLUPackedBackward
 	}
+	o.DSV4 = dsv4Ops(b)
 	return o
 }
