@@ -361,6 +361,10 @@ func transformersGrad(gf *safetensors.File, s ParamSpec, moe *moeFFN) ([]float32
 		}
 		return get(name)
 	}
+	if _, ok := gf.Tensor(s.Name); ok {
+		// Saved per expert (transformers 5 writes Cohere2-MoE's stacked experts so).
+		return get(s.Name)
+	}
 	x, _ := strconv.Atoi(sm[2])
 	n := s.Numel()
 	fused, off := "gate_up_proj", 2*x*n
