@@ -218,8 +218,8 @@ func (dsv4Decoder) loadName(disk string) string { return dsv4Name(disk) }
 func (dsv4Decoder) saveName(name string) string { return dsv4DiskName(name) }
 
 func (dsv4Decoder) check(a *Arch, b backend.Backend) error {
-	if b.Name() != "cpu" {
-		return fmt.Errorf("models: deepseek_v4 runs its decoder on the host (its hyper-connections, compressors and indexer have no %s ops yet); use the CPU backend", b.Name())
+	if b.Name() != "cpu" && b.Optional().DSV4 == nil {
+		return fmt.Errorf("models: deepseek_v4 needs DeepSeek-V4's ops (hyper-connections, compressors, the indexer, sink attention), which the %s backend does not have; use the CPU or CUDA backend", b.Name())
 	}
 	if a.SlidingRope == nil {
 		return errors.New("models: deepseek_v4: rope_parameters needs its main dictionary")

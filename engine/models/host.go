@@ -64,6 +64,9 @@ func (m *Model) hostRun(b *Batch, seed func(lp []float32) ([]float64, error)) ([
 	if err != nil {
 		return nil, err
 	}
+	if m.hostOnDevice() {
+		return m.deviceRun(r, seed)
+	}
 	var tape nn.HostTape
 	leaves := make(map[string]*nn.HVar, len(m.Specs))
 	for _, s := range m.Specs {

@@ -22,3 +22,20 @@ var swAttnQK = switches.Register(switches.Switch{Name: "HALO_ATTN_QK", Kind: swi
 // AttentionRemakesQK reports whether attention with q/k norms remakes its normed and rotated
 // queries and keys in the backward rather than keeping them (HALO_ATTN_QK=recompute).
 func AttentionRemakesQK() bool { return swAttnQK.Is("recompute") }
+
+// swDSV4Path chooses where deepseek_v4's decoder runs.
+var swDSV4Path = switches.Register(switches.Switch{Name: "HALO_DSV4_PATH", Kind: switches.Tuning,
+	Default: "auto", Values: []string{"auto", "host", "device"},
+	Doc: "Where deepseek_v4's decoder runs: auto (through the backend's ops, DSV4Device, on a backend other than the CPU that has DeepSeek-V4's ops; on the float64 host tape, DSV4, on the CPU backend), host (the host tape everywhere: parameters downloaded each pass) or device (the backend's ops, the CPU backend's too)."})
+
+// DSV4OnDevice reports whether deepseek_v4's decoder runs through the ops of the backend
+// named (DSV4Device) rather than on the host tape, given whether it has DeepSeek-V4's ops.
+func DSV4OnDevice(backendName string, hasOps bool) bool {
+	switch swDSV4Path.Value() {
+	case "host":
+		return false
+	case "device":
+		return hasOps
+	}
+	return hasOps && backendName != "cpu"
+}

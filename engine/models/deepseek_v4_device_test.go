@@ -1,0 +1,151 @@
+package models
+
+import (
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/tensor"
+)
+
+// dsv4Batch packs documents long enough for the compressed layers' entries (rate 4 and 8 in
+// the fixture), a short one without any, and a few ignored targets.
+func dsv4Batch() Batch {
+	docs := [][]int32{
+		{5, 17, 230, 44, 8, 91, 3, 120, 77, 61, 250, 12, 33, 9, 140, 200, 18, 7, 66, 101, 45, 2, 88, 19},
+		{4, 99, 150},
+		{13, 31, 60, 1, 247, 38, 72, 110, 5, 16, 27},
+	}
+	b := rowsBatch(docs)
+	b.Targets[2], b.Targets[30] = backend.IgnoreIndex, backend.IgnoreIndex
+	return b
+}
+
+// dsv4Run loads the deepseek_v4 fixture in dt with HALO_DSV4_PATH=path and returns the
+// per-token log-probabilities, the loss sum and every parameter's gradient after one
+// ForwardBackward of dsv4Batch.
+func dsv4Run(t *testing.T, path string, dt tensor.DType) ([]float32, float64, map[string][]float32) {
+	t.Helper()
+	t.Setenv("HALO_DSV4_PATH", path)
+	m, err := Load(filepath.Join("testdata", "parity", "deepseek_v4"), newCPU(), Options{DType: dt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b := dsv4Batch()
+	lp, err := m.TokenLogprobs(b)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if err := m.ZeroGrads(); err != nil {
+		t.Fatal(err)
+	}
+	sum, _, err := m.ForwardBackward(b, 1)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	grads := map[string][]float32{}
+	for _, s := range m.Specs {
+		if grads[s.Name], err = m.GradFloat32(s.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return lp, sum, grads
+}
+
+// TestDSV4DeviceMatchesHostTape: deepseek_v4 through the backend's ops (nn.DSV4Device, here
+// the CPU backend's) computes what the float64 host tape computes, on packed documents with
+// sliding, compressed sparse and heavily compressed layers, hash and score routing: the same
+// log-probabilities, loss and gradient of every parameter in float32, and within bf16's
+// rounding with bf16 parameters and activations.
+func TestDSV4DeviceMatchesHostTape(t *testing.T) {
+	for _, tc := range []struct {
+		dt tensor.DType
+		// lpTol bounds each log-probability's difference; gTol each gradient's, relative to
+		// its tensor's largest (0: not checked tensor by tensor); l2Tol the whole gradient's
+		// relative L2 difference. In bf16 the activations and their gradients are rounded on
+		// the device path and not on the host tape, and a router may choose other experts
+		// for a token, so only the whole gradient is bounded.
+		lpTol, gTol, l2Tol float64
+	}{{tensor.F32, 2e-5, 2e-4, 1e-5}, {tensor.BF16, 0.08, 0, 0.15}} {
+		t.Run(tc.dt.String(), func(t *testing.T) {
+			lpH, sumH, gH := dsv4Run(t, "host", tc.dt)
+			lpD, sumD, gD := dsv4Run(t, "device", tc.dt)
+			worst := 0.0
+			for i := range lpH {
+				worst = math.Max(worst, math.Abs(float64(lpH[i]-lpD[i])))
+			}
+			if worst > tc.lpTol {
+				t.Errorf("log-probabilities differ by up to %.2g (tolerance %.2g)", worst, tc.lpTol)
+			}
+			if math.Abs(sumH-sumD) > tc.lpTol*float64(len(lpH)) {
+				t.Errorf("loss sum %.6f on the device, %.6f on the host tape", sumD, sumH)
+			}
+			nonzero := 0
+			num, den := 0.0, 0.0
+			for name, h := range gH {
+				for i := range h {
+					e := float64(h[i] - gD[name][i])
+					num, den = num+e*e, den+float64(h[i])*float64(h[i])
+				}
+			}
+			if l2 := math.Sqrt(num / den); l2 > tc.l2Tol {
+				t.Errorf("the whole gradient differs by %.3g in relative L2 (tolerance %.2g)", l2, tc.l2Tol)
+			}
+			for name, h := range gH {
+				d := gD[name]
+				scale, diff := 0.0, 0.0
+				for i := range h {
+					scale = math.Max(scale, math.Abs(float64(h[i])))
+					diff = math.Max(diff, math.Abs(float64(h[i]-d[i])))
+				}
+				if scale > 0 {
+					nonzero++
+				}
+				if tc.gTol > 0 && diff > tc.gTol*scale+1e-7 {
+					t.Errorf("%s: gradients differ by %.3g (largest %.3g)", name, diff, scale)
+				}
+			}
+			if nonzero < len(gH)/2 {
+				t.Errorf("only %d of %d gradients are nonzero", nonzero, len(gH))
+			}
+			t.Logf("%s: worst log-probability difference %.2g", tc.dt, worst)
+		})
+	}
+}
+
+// TestDSV4DevicePathSwitch: HALO_DSV4_PATH picks the decoder: under auto the CPU backend takes
+// the host tape and another backend with DeepSeek-V4's ops the device path; none without them.
+func TestDSV4DevicePathSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		value, backend string
+		ops, want      bool
+	}{
+		{"auto", "cpu", true, false}, {"auto", "cuda", true, true}, {"auto", "cuda", false, false},
+		{"device", "cpu", true, true}, {"host", "cuda", true, false}, {"device", "cuda", false, false},
+	} {
+		t.Setenv("HALO_DSV4_PATH", tc.value)
+		m := &Model{b: namedBackend{newCPU(), tc.backend, tc.ops}}
+		if got := m.hostOnDevice(); got != tc.want {
+			t.Errorf("HALO_DSV4_PATH=%s on %s (ops %v): device %v, want %v", tc.value, tc.backend, tc.ops, got, tc.want)
+		}
+	}
+}
+
+// namedBackend is a backend under another name, with or without DeepSeek-V4's ops.
+type namedBackend struct {
+	backend.Backend
+	name string
+	ops  bool
+}
+
+func (n namedBackend) Name() string { return n.name }
+
+func (n namedBackend) Optional() backend.Optional {
+	o := n.Backend.Optional()
+	if !n.ops {
+		o.DSV4 = nil
+	}
+	return o
+}
