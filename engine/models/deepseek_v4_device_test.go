@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
+	"github.com/halo-shell/halo-shell/engine/hf/config"
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
@@ -22,14 +23,30 @@ func dsv4Batch() Batch {
 	return b
 }
 
-// dsv4Run loads the deepseek_v4 fixture in dt with HALO_DSV4_PATH=path and returns the
+// dsv4Run loads the deepseek_v4 fixture (or, with preset, builds the tiny preset) in dt with HALO_DSV4_PATH=path and returns the
 // per-token log-probabilities, the loss sum and every parameter's gradient after one
 // ForwardBackward of dsv4Batch.
-func dsv4Run(t *testing.T, path string, dt tensor.DType) ([]float32, float64, map[string][]float32) {
+func dsv4Run(t *testing.T, path string, dt tensor.DType, preset bool) ([]float32, float64, map[string][]float32) {
 	t.Helper()
 	t.Setenv("HALO_DSV4_PATH", path)
-	m, err := Load(filepath.Join("testdata", "parity", "deepseek_v4"), newCPU(), Options{DType: dt})
-	if err != nil {
+	var m *Model
+	var err error
+	if preset {
+		// The tiny preset with four streams and clamps that hold, from random weights.
+		c, err := config.Preset("deepseek_v4", "tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err = ApplyOverrides(c, []string{"hc_mult=4", "swiglu_limit=1.0", "initializer_range=0.2"}); err != nil {
+			t.Fatal(err)
+		}
+		if m, err = New(c, newCPU(), Options{DType: dt}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.InitRandom(5); err != nil {
+			t.Fatal(err)
+		}
+	} else if m, err = Load(filepath.Join("testdata", "parity", "deepseek_v4"), newCPU(), Options{DType: dt}); err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
@@ -68,10 +85,15 @@ func TestDSV4DeviceMatchesHostTape(t *testing.T) {
 		// the device path and not on the host tape, and a router may choose other experts
 		// for a token, so only the whole gradient is bounded.
 		lpTol, gTol, l2Tol float64
-	}{{tensor.F32, 2e-5, 2e-4, 1e-5}, {tensor.BF16, 0.08, 0, 0.15}} {
-		t.Run(tc.dt.String(), func(t *testing.T) {
-			lpH, sumH, gH := dsv4Run(t, "host", tc.dt)
-			lpD, sumD, gD := dsv4Run(t, "device", tc.dt)
+		preset             bool
+	}{{tensor.F32, 2e-5, 2e-4, 1e-5, false}, {tensor.BF16, 0.08, 0, 0.15, false}, {tensor.F32, 2e-5, 2e-4, 1e-5, true}} {
+		name := tc.dt.String()
+		if tc.preset {
+			name += "/tiny-4-streams"
+		}
+		t.Run(name, func(t *testing.T) {
+			lpH, sumH, gH := dsv4Run(t, "host", tc.dt, tc.preset)
+			lpD, sumD, gD := dsv4Run(t, "device", tc.dt, tc.preset)
 			worst := 0.0
 			for i := range lpH {
 				worst = math.Max(worst, math.Abs(float64(lpH[i]-lpD[i])))

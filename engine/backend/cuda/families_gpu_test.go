@@ -86,6 +86,11 @@ var familyCases = []struct {
 	// biases (the head's bias as an extra column of the fused cross-entropy), the sparsemixer
 	// router on the host.
 	{"phimoe", "phimoe", []string{"attention_bias=true", "lm_head_bias=true", "router_jitter_noise=0.3"}, true},
+	// DeepSeek-V4 through the backend's ops (nn.DSV4Device) against the CPU's float64 host
+	// tape: four hyper-connection streams, a sliding, a compressed sparse (the indexer keeps 2
+	// of the rate-4 entries) and a heavily compressed layer (rate 8), hash and score routing,
+	// clamps that hold.
+	{"deepseek_v4", "deepseek_v4", []string{"hc_mult=4", "sliding_window=5", "swiglu_limit=1.0"}, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the
