@@ -26,11 +26,15 @@
 // among every expert by global id (m.HeldExperts, m.ExpertOf); an expert-parallel plan sets
 // the runners that reach the other experts.
 //
-// A family may run its whole decoder on the host instead (Family.Host, host.go: deepseek_v4,
-// whose hyper-connections, compressors and indexer have no backend ops): its parameters sit in
-// the same arenas, and each pass downloads them, runs every document on nn.HostTape and adds
-// the gradients back; it trains on the CPU backend under data parallelism, without adapters,
-// generation or a classifier head.
+// A family may instead run a decoder of its own (Family.Host, host.go: deepseek_v4, whose
+// hyper-connections, compressors and indexer are not Blocks): its parameters sit in the same
+// arenas, and each pass runs every document either through the backend's ops, the DeepSeek-V4
+// ones of backend.Optional.DSV4 among them (nn.DSV4Device, host_device.go: the parameters stay
+// on the device, the LM head is the fused cross-entropy), or on the float64 host tape
+// (nn.HostTape: parameters downloaded, gradients added back), as HALO_DSV4_PATH chooses (by
+// default the device path on a backend other than the CPU that has the ops, the host tape on
+// the CPU backend). It trains under data parallelism, without adapters, generation or a
+// classifier head.
 //
 // Parameters live in one arena per model (gradients in a second) with a named view per
 // parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and

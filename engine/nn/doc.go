@@ -31,7 +31,11 @@
 // DeepSeek-V4's decoder on it (hyper-connection residual streams with Sinkhorn-projected
 // mixing, shared-key-value attention with sinks over a sliding window plus compressed entries
 // chosen by a lightning indexer, a grouped output projection, hash- or score-routed clamped
-// SwiGLU experts), its gradients coming from the tape.
+// SwiGLU experts), its gradients coming from the tape. DSV4Device runs the same decoder
+// through the backend's ops (backend.Optional.DSV4 for the pieces only DeepSeek-V4 has), on a
+// DevTape that records each op's backward over device tensors; only the discrete choices (the
+// routers' and the indexer's top-k, the hash tables) and the routing weights are made on the
+// host.
 //
 // Every activation is a row-major [N, ...] tensor where N is the total number of tokens of a
 // packed micro-batch; documents are separated by cumulative sequence lengths and positions
