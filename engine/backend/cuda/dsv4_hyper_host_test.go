@@ -3,6 +3,7 @@ package cuda
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -257,6 +258,11 @@ func dsv4HyperTol(c dsv4HyperCase, name string) float64 {
 		return 3e-2
 	}
 	if c.kind == "hyper" {
+		if name == "gscale" || name == "gbase" {
+			// Sums over the N rows in fp32 (chunks, then a fold), against float64 on the CPU:
+			// the error grows as sqrt(N) (measured on the H200: 4.9e-5 at 4099 rows).
+			return 3e-5 * math.Max(1, math.Sqrt(float64(c.N)/256))
+		}
 		return 3e-5
 	}
 	return 1e-5

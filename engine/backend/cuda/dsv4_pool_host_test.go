@@ -225,8 +225,16 @@ func compareWindowPool(t *testing.T, c windowPoolCase, got, want map[string][]fl
 		if len(w) == 0 {
 			continue
 		}
-		if e := maxErrOverRMS(g, w); !(e <= dsv4PoolTol(c.dt)) {
-			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", c, name, who, e, dsv4PoolTol(c.dt))
+		tol := dsv4PoolTol(c.dt)
+		if c.dt == tensor.BF16 {
+			// A bf16 result rounded once on each side can differ by one unit in the last place
+			// of its largest elements: 2^-8 of the largest magnitude, several times the rms
+			// in a gradient where a few slots take most of a window's weight (measured on the
+			// H200: 0.042 of the rms for DKV at 4096 x 1024).
+			tol += 2 * math.Pow(2, -8) * maxAbs(w) / rmsOf(w)
+		}
+		if e := maxErrOverRMS(g, w); !(e <= tol) {
+			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", c, name, who, e, tol)
 		}
 	}
 }
@@ -320,4 +328,22 @@ func TestDSV4PoolKernelsOnHost(t *testing.T) {
 	for i, ic := range indexScoresCases {
 		compareIndexScores(t, ic, gots[i]["scores"], iwants[i], "the host-emulated kernel")
 	}
+}
+
+// maxAbs is the largest magnitude of v.
+func maxAbs(v []float32) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = math.Max(m, math.Abs(float64(x)))
+	}
+	return m
+}
+
+// rmsOf is the root mean square of v (never 0).
+func rmsOf(v []float32) float64 {
+	ss := 0.0
+	for _, x := range v {
+		ss += float64(x) * float64(x)
+	}
+	return math.Sqrt(ss/float64(max(len(v), 1)) + 1e-30)
 }
