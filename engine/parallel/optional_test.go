@@ -72,28 +72,50 @@ func newAllCapabilities(t *testing.T) *allCapabilities {
 		record := func() { b.calls[f.Name]++ }
 		switch f.Type.Kind() {
 		case reflect.Func:
-			v.Field(i).Set(reflect.MakeFunc(f.Type, func([]reflect.Value) []reflect.Value {
-				record()
-				out := make([]reflect.Value, f.Type.NumOut())
-				for j := range out {
-					out[j] = reflect.Zero(f.Type.Out(j))
-				}
-				return out
-			}))
+			v.Field(i).Set(makeCounted(f.Type, record))
 		case reflect.Interface:
 			m, ok := interfaceMembers[f.Type]
 			if !ok {
 				t.Fatalf("backend.Optional.%s is an interface (%s) this test cannot make: add it to interfaceMembers", f.Name, f.Type)
 			}
 			v.Field(i).Set(reflect.ValueOf(m.make(record)))
+		case reflect.Pointer:
+			// A group of func members handed out together (DSV4): each counts as
+			// "Group.Member".
+			st := f.Type.Elem()
+			if st.Kind() != reflect.Struct {
+				t.Fatalf("backend.Optional.%s is a pointer to %s: a group must be a struct of funcs", f.Name, st.Kind())
+			}
+			g := reflect.New(st)
+			for j := range st.NumField() {
+				gf := st.Field(j)
+				if gf.Type.Kind() != reflect.Func {
+					t.Fatalf("backend.Optional.%s.%s is a %s: a group's members are funcs", f.Name, gf.Name, gf.Type.Kind())
+				}
+				name := f.Name + "." + gf.Name
+				g.Elem().Field(j).Set(makeCounted(gf.Type, func() { b.calls[name]++ }))
+			}
+			v.Field(i).Set(g)
 		default:
-			t.Fatalf("backend.Optional.%s is a %s: members are funcs or interfaces, nil where absent", f.Name, f.Type.Kind())
+			t.Fatalf("backend.Optional.%s is a %s: members are funcs, interfaces or groups of funcs, nil where absent", f.Name, f.Type.Kind())
 		}
 	}
 	return b
 }
 
 func (b *allCapabilities) Optional() backend.Optional { return b.opt }
+
+// makeCounted makes a func of type ft that calls record and returns zero values.
+func makeCounted(ft reflect.Type, record func()) reflect.Value {
+	return reflect.MakeFunc(ft, func([]reflect.Value) []reflect.Value {
+		record()
+		out := make([]reflect.Value, ft.NumOut())
+		for j := range out {
+			out[j] = reflect.Zero(ft.Out(j))
+		}
+		return out
+	})
+}
 
 // callMember calls member i of opt once with zero arguments and returns its error result.
 func callMember(t *testing.T, opt backend.Optional, i int) error {
@@ -102,6 +124,11 @@ func callMember(t *testing.T, opt backend.Optional, i int) error {
 	if f.Kind() == reflect.Interface {
 		return interfaceMembers[f.Type()].call(f.Interface())
 	}
+	return callFunc(f)
+}
+
+// callFunc calls the func f once with zero arguments and returns its error result.
+func callFunc(f reflect.Value) error {
 	ft := f.Type()
 	args := make([]reflect.Value, ft.NumIn())
 	for j := range args {
@@ -161,6 +188,24 @@ func TestWrappersKeepOptionalCapabilities(t *testing.T) {
 				name := v.Type().Field(i).Name
 				if v.Field(i).IsNil() {
 					t.Errorf("the wrapper hides the optional %s of the backend it wraps", name)
+					continue
+				}
+				if v.Field(i).Kind() == reflect.Pointer {
+					g := v.Field(i).Elem()
+					for j := range g.NumField() {
+						member := name + "." + g.Type().Field(j).Name
+						if g.Field(j).IsNil() {
+							t.Errorf("the wrapper hides the optional %s of the backend it wraps", member)
+							continue
+						}
+						clear(in.calls)
+						if err := callFunc(g.Field(j)); err != nil {
+							t.Errorf("%s: %v", member, err)
+						}
+						if in.calls[member] != 1 || len(in.calls) != 1 {
+							t.Errorf("one call of the wrapper's %s made the calls %v on the inner backend, want %s once", member, in.calls, member)
+						}
+					}
 					continue
 				}
 				clear(in.calls)
