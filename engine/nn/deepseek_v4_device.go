@@ -1197,44 +1197,52 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 		return nil, err
 	}
 	type expertRun struct {
-		ids            T
+		ids, w         T // views of the layer's sorted assignments
+		lo             int
 		at             []int
-		w              T
 		xe, g, u, a, y *DVar
 		gate, up, down *DVar
 	}
+	// Every assignment sorted by expert (in increasing assignment order within one), uploaded
+	// once for the layer: each expert's token ids and weights are views of them.
+	var toks []int32
+	var we []float32
 	var runs []*expertRun
 	for e := 0; e < E; e++ {
-		var toks []int32
-		var at []int
-		var we []float32
+		r := &expertRun{lo: len(toks)}
 		for j, x := range idx {
 			if x == e {
-				toks, at, we = append(toks, int32(j/K)), append(at, j), append(we, float32(wts[j]))
+				toks, we, r.at = append(toks, int32(j/K)), append(we, float32(wts[j])), append(r.at, j)
 			}
 		}
-		if len(toks) == 0 {
-			continue
+		if len(r.at) > 0 {
+			ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
+			if r.gate, err = m.p(t, ex+"gate_proj.weight"); err != nil {
+				return nil, err
+			}
+			if r.up, err = m.p(t, ex+"up_proj.weight"); err != nil {
+				return nil, err
+			}
+			if r.down, err = m.p(t, ex+"down_proj.weight"); err != nil {
+				return nil, err
+			}
+			runs = append(runs, r)
 		}
-		ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
-		r := &expertRun{at: at}
-		if r.gate, err = m.p(t, ex+"gate_proj.weight"); err != nil {
-			return nil, err
-		}
-		if r.up, err = m.p(t, ex+"up_proj.weight"); err != nil {
-			return nil, err
-		}
-		if r.down, err = m.p(t, ex+"down_proj.weight"); err != nil {
-			return nil, err
-		}
-		if r.ids, err = backend.FromInt32(m.B, toks, len(toks)); err != nil {
-			return nil, err
-		}
-		t.owned = append(t.owned, r.ids)
-		if r.w, err = backend.FromFloat32(m.B, we, tensor.F32, len(we)); err != nil {
-			return nil, err
-		}
-		t.owned = append(t.owned, r.w)
+	}
+	idsAll, err := backend.FromInt32(m.B, toks, len(toks))
+	if err != nil {
+		return nil, err
+	}
+	t.owned = append(t.owned, idsAll)
+	wAll, err := backend.FromFloat32(m.B, we, tensor.F32, len(we))
+	if err != nil {
+		return nil, err
+	}
+	t.owned = append(t.owned, wAll)
+	for _, r := range runs {
+		hi := r.lo + len(r.at)
+		r.ids, _ = idsAll.Rows(r.lo, hi)
+		r.w, _ = wAll.Rows(r.lo, hi)
 		if r.xe, err = t.embed(h, r.ids); err != nil {
 			return nil, dsv4Err(where, err)
 		}
@@ -1263,7 +1271,6 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 		if err := m.B.EmbeddingBackward(routed.V, ys, r.ids); err != nil {
 			return nil, dsv4Err(where+" combine", err)
 		}
-		runs = append(runs, r)
 	}
 	// The combine's backward: each expert's rows of the routed gradient, weighted into its
 	// output's gradient, and the weights' gradients (read back) into the scores'.
@@ -1273,8 +1280,12 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 			return err
 		}
 		dw := make([]float64, T_*K)
-		dots := make([]T, len(runs))
-		for k, r := range runs {
+		// Each expert's weight gradients land in its rows of one tensor, read back once.
+		dots, err := t.alloc(tensor.F32, len(toks))
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
 			rows := r.y.V.Dim(0)
 			dy, err := t.alloc(gr.DType(), rows, C)
 			if err != nil {
@@ -1283,10 +1294,8 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 			if err := m.B.Embedding(dy, gr, r.ids); err != nil {
 				return err
 			}
-			if dots[k], err = t.alloc(tensor.F32, rows); err != nil {
-				return err
-			}
-			if err := m.B.RowDot(dots[k], dy, r.y.V); err != nil {
+			dr, _ := dots.Rows(r.lo, r.lo+rows)
+			if err := m.B.RowDot(dr, dy, r.y.V); err != nil {
 				return err
 			}
 			if err := m.B.ScaleRows(dy, r.w); err != nil {
@@ -1300,13 +1309,13 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 				return err
 			}
 		}
-		for k, r := range runs {
-			v, err := backend.ToFloat32(m.B, dots[k])
-			if err != nil {
-				return err
-			}
+		v, err := backend.ToFloat32(m.B, dots)
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
 			for j, a := range r.at {
-				dw[a] += float64(v[j])
+				dw[a] += float64(v[r.lo+j])
 			}
 		}
 		ds := make([]float32, T_*E)

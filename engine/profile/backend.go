@@ -5,6 +5,7 @@ import (
 
 	"github.com/halo-shell/halo-shell/engine/backend"
 	"github.com/halo-shell/halo-shell/engine/tensor"
+	"github.com/halo-shell/halo-shell/internal/profilekeys"
 )
 
 type T = tensor.Tensor
@@ -389,7 +390,7 @@ func (b *Backend) Optional() backend.Optional { return b.opt }
 // wrapOptional decides for each of the inner backend's optional capabilities: the fused ops are
 // recorded as spans (the grouped expert products as class expert_gemm, 2*S*N_*K_ FLOPs, NF4
 // dequantisation, dropout and the decoding sampler as class other, the decoding attention as
-// class attention), the timer and DeepSeek-V4's ops are forwarded.
+// class attention; DeepSeek-V4's ops as wrapDSV4 says), the timer is forwarded.
 func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 	out := backend.Optional{Timer: in.Timer, Syncs: in.Syncs}
 	if f := in.AdamW; f != nil {
@@ -533,10 +534,66 @@ func (b *Backend) wrapOptional(in backend.Optional) backend.Optional {
 		}
 	}
 	b.wrapMoE(in, &out)
-	// DeepSeek-V4's ops are forwarded unwrapped: their time falls in the span of the layer
-	// that calls them.
-	out.DSV4 = in.DSV4
+	out.DSV4 = b.wrapDSV4(in.DSV4)
 	return out
+}
+
+// spanOf wraps an op of one argument struct in a span of the class, its FLOPs not counted.
+func spanOf[A any](b *Backend, name, class string, f func(A) error) func(A) error {
+	return func(a A) error {
+		if b.rec.mode.Load() == 0 {
+			return f(a)
+		}
+		s := b.begin()
+		return b.end(s, f(a), name, backend.Cost{Class: class}, T{})
+	}
+}
+
+// wrapDSV4 records each of DeepSeek-V4's ops as a span (sink attention as class attention,
+// the router's activation as router, the rest as other; FLOPs not counted).
+func (b *Backend) wrapDSV4(in *backend.DSV4Ops) *backend.DSV4Ops {
+	if in == nil {
+		return nil
+	}
+	other, att, router := profilekeys.ClassOther, profilekeys.ClassAttention, profilekeys.ClassRouter
+	span := func(name, class string, run func() error) error {
+		if b.rec.mode.Load() == 0 {
+			return run()
+		}
+		s := b.begin()
+		return b.end(s, run(), name, backend.Cost{Class: class}, T{})
+	}
+	return &backend.DSV4Ops{
+		HyperWeights:         spanOf(b, "HyperWeights", other, in.HyperWeights),
+		HyperWeightsBackward: spanOf(b, "HyperWeightsBackward", other, in.HyperWeightsBackward),
+		StreamCollapse: func(out, w, x T) error {
+			return span("StreamCollapse", other, func() error { return in.StreamCollapse(out, w, x) })
+		},
+		StreamCollapseBackward: func(dW, dX, dOut, w, x T) error {
+			return span("StreamCollapseBackward", other, func() error { return in.StreamCollapseBackward(dW, dX, dOut, w, x) })
+		},
+		StreamExpand:          spanOf(b, "StreamExpand", other, in.StreamExpand),
+		StreamExpandBackward:  spanOf(b, "StreamExpandBackward", other, in.StreamExpandBackward),
+		SinkAttention:         spanOf(b, "SinkAttention", att, in.SinkAttention),
+		SinkAttentionBackward: spanOf(b, "SinkAttentionBackward", att, in.SinkAttentionBackward),
+		WindowPool:            spanOf(b, "WindowPool", other, in.WindowPool),
+		WindowPoolBackward:    spanOf(b, "WindowPoolBackward", other, in.WindowPoolBackward),
+		IndexScores:           spanOf(b, "IndexScores", att, in.IndexScores),
+		SqrtSoftplus: func(out, x T) error {
+			return span("SqrtSoftplus", router, func() error { return in.SqrtSoftplus(out, x) })
+		},
+		SqrtSoftplusBackward: func(dX, dOut, x, out T) error {
+			return span("SqrtSoftplusBackward", router, func() error { return in.SqrtSoftplusBackward(dX, dOut, x, out) })
+		},
+		SwiGLUClampedSplit: func(out, gate, up T, limit float32) error {
+			return span("SwiGLUClampedSplit", profilekeys.ClassMLPActivation, func() error { return in.SwiGLUClampedSplit(out, gate, up, limit) })
+		},
+		SwiGLUClampedSplitBackward: func(dGate, dUp, dOut, gate, up T, limit float32) error {
+			return span("SwiGLUClampedSplitBackward", profilekeys.ClassMLPActivation, func() error {
+				return in.SwiGLUClampedSplitBackward(dGate, dUp, dOut, gate, up, limit)
+			})
+		},
+	}
 }
 
 // wrapMoE records the mixture-of-experts routing ops as spans of the classes router, permute
