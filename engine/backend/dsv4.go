@@ -43,6 +43,20 @@ import (
 //	LSE[t,h] = log(exp(Sinks[h]) + Σ_visible exp(Scale·Q[t,h]·KV[s]))
 //	Out[t,h] = Σ_s p[t,h,s]·KV[s]
 //
+// Sink softmax (SinkSoftmax, SinkSoftmaxBackward): sink attention's softmax alone, for a
+// composition of sink attention from matrix products (the scores X = Scale·Q·KVᵀ and the
+// output P·KV, with the query heads as rows: row r = t·H + h of Q viewed as [N·H, D]). Over
+// the visible s of row r (SinkAttention's rule for query t = r / H):
+//
+//	LSE[r]  = log(exp(Sinks[h]) + Σ_visible exp(X[r,s]))   (=, or read with UseLSE)
+//	P[r,s]  = exp(X[r,s] - LSE[r]) where visible, 0 elsewhere   (=)
+//
+// and back, with DP the gradient of P:
+//
+//	Δ[r]      = Σ_s P[r,s]·DP[r,s]
+//	DS[r,s]   = P[r,s]·(DP[r,s] - Δ[r])     (=; the gradient of X; DS may be P itself)
+//	GSinks[h] += -Σ_t exp(Sinks[h] - LSE[t·H+h])·Δ[t·H+h]
+//
 // Window pooling (the compressors, nn.HostTape.WindowPool): window w of Rate rows holds, per
 // channel d < D, the softmax over its slots of Gate + APE[slot] weighting KV; without Overlap
 // (W = D) the slots are the window's own rows (APE row i for row w·Rate+i); with Overlap
@@ -74,6 +88,8 @@ type DSV4Ops struct {
 	StreamExpandBackward   func(a StreamExpandBackwardArgs) error
 	SinkAttention          func(a SinkAttentionArgs) error
 	SinkAttentionBackward  func(a SinkAttentionBackwardArgs) error
+	SinkSoftmax            func(a SinkSoftmaxArgs) error
+	SinkSoftmaxBackward    func(a SinkSoftmaxBackwardArgs) error
 	WindowPool             func(a WindowPoolArgs) error
 	WindowPoolBackward     func(a WindowPoolBackwardArgs) error
 	IndexScores            func(a IndexScoresArgs) error
@@ -324,6 +340,99 @@ func (a SinkAttentionBackwardArgs) Validate() (SinkAttentionDims, error) {
 	return d, nil
 }
 
+// SinkSoftmaxArgs are the operands of DSV4Ops.SinkSoftmax.
+type SinkSoftmaxArgs struct {
+	X      T // [N·H,S] F32: the scaled scores
+	Sinks  T // [H] float
+	Mask   T // [N,S-N] I32, optional (as SinkAttentionArgs.Mask)
+	Heads  int
+	Window int
+	Rate   int
+	UseLSE bool // read LSE (the forward's) instead of writing it
+	P      T    // [N·H,S] float (=)
+	LSE    T    // [N,H] F32 (= or read)
+}
+
+// SinkSoftmaxBackwardArgs are the operands of DSV4Ops.SinkSoftmaxBackward.
+type SinkSoftmaxBackwardArgs struct {
+	P      T // [N·H,S] float: the forward's
+	DP     T // [N·H,S] F32
+	Sinks  T // [H] float
+	LSE    T // [N,H] F32: the forward's
+	Heads  int
+	DS     T // [N·H,S] float (=), may be P
+	GSinks T // [H] float (+=), optional
+}
+
+// SinkSoftmaxDims are the sizes of a sink softmax: N queries, H heads, S keys.
+type SinkSoftmaxDims struct{ N, H, S int }
+
+// Validate checks the operands.
+func (a SinkSoftmaxArgs) Validate() (SinkSoftmaxDims, error) {
+	const op = "sink-softmax"
+	var d SinkSoftmaxDims
+	if a.Heads < 1 {
+		return d, fmt.Errorf("%s: %d heads", op, a.Heads)
+	}
+	if a.X.IsNil() || a.X.Rank() != 2 || a.X.DType() != tensor.F32 || a.X.Dim(0)%a.Heads != 0 {
+		return d, fmt.Errorf("%s: X %v must be [N·%d,S] F32", op, a.X, a.Heads)
+	}
+	d.H, d.N, d.S = a.Heads, a.X.Dim(0)/a.Heads, a.X.Dim(1)
+	if d.S < d.N {
+		return d, fmt.Errorf("%s: %d keys, fewer than the %d queries' own", op, d.S, d.N)
+	}
+	if d.S > d.N && a.Rate < 1 {
+		return d, fmt.Errorf("%s: %d compressed entries need a Rate of at least 1, not %d", op, d.S-d.N, a.Rate)
+	}
+	if a.Window < 0 {
+		return d, fmt.Errorf("%s: window %d", op, a.Window)
+	}
+	if err := needLen(op, "Sinks", a.Sinks, d.H); err != nil {
+		return d, err
+	}
+	if !a.Mask.IsNil() {
+		if a.Mask.DType() != tensor.I32 || a.Mask.Rank() != 2 || a.Mask.Dim(0) != d.N || a.Mask.Dim(1) != d.S-d.N {
+			return d, fmt.Errorf("%s: Mask %v must be [%d,%d] I32", op, a.Mask, d.N, d.S-d.N)
+		}
+	}
+	if err := need2(op, "P", a.P, d.N*d.H, d.S); err != nil {
+		return d, err
+	}
+	return d, needF32(op, "LSE", a.LSE, d.N, d.H)
+}
+
+// Validate checks the operands.
+func (a SinkSoftmaxBackwardArgs) Validate() (SinkSoftmaxDims, error) {
+	const op = "sink-softmax-backward"
+	var d SinkSoftmaxDims
+	if a.Heads < 1 {
+		return d, fmt.Errorf("%s: %d heads", op, a.Heads)
+	}
+	if err := need2(op, "P", a.P, -1, -1); err != nil {
+		return d, err
+	}
+	if a.P.Dim(0)%a.Heads != 0 {
+		return d, fmt.Errorf("%s: P %v must have N·%d rows", op, a.P, a.Heads)
+	}
+	d.H, d.N, d.S = a.Heads, a.P.Dim(0)/a.Heads, a.P.Dim(1)
+	if err := needF32(op, "DP", a.DP, d.N*d.H, d.S); err != nil {
+		return d, err
+	}
+	if err := need2(op, "DS", a.DS, d.N*d.H, d.S); err != nil {
+		return d, err
+	}
+	if err := needLen(op, "Sinks", a.Sinks, d.H); err != nil {
+		return d, err
+	}
+	if err := needF32(op, "LSE", a.LSE, d.N, d.H); err != nil {
+		return d, err
+	}
+	if !a.GSinks.IsNil() {
+		return d, needLen(op, "GSinks", a.GSinks, d.H)
+	}
+	return d, nil
+}
+
 // WindowPoolArgs are the operands of DSV4Ops.WindowPool.
 type WindowPoolArgs struct {
 	KV, Gate T // [N,W] float
@@ -484,6 +593,7 @@ func (o *DSV4Ops) Complete() (bool, string) {
 		{"StreamCollapse", o.StreamCollapse != nil}, {"StreamCollapseBackward", o.StreamCollapseBackward != nil},
 		{"StreamExpand", o.StreamExpand != nil}, {"StreamExpandBackward", o.StreamExpandBackward != nil},
 		{"SinkAttention", o.SinkAttention != nil}, {"SinkAttentionBackward", o.SinkAttentionBackward != nil},
+		{"SinkSoftmax", o.SinkSoftmax != nil}, {"SinkSoftmaxBackward", o.SinkSoftmaxBackward != nil},
 		{"WindowPool", o.WindowPool != nil}, {"WindowPoolBackward", o.WindowPoolBackward != nil},
 		{"IndexScores", o.IndexScores != nil},
 		{"SqrtSoftplus", o.SqrtSoftplus != nil}, {"SqrtSoftplusBackward", o.SqrtSoftplusBackward != nil},
