@@ -576,6 +576,8 @@ func (b *Backend) wrapDSV4(in *backend.DSV4Ops) *backend.DSV4Ops {
 		StreamExpandBackward:  spanOf(b, "StreamExpandBackward", other, in.StreamExpandBackward),
 		SinkAttention:         spanOf(b, "SinkAttention", att, in.SinkAttention),
 		SinkAttentionBackward: spanOf(b, "SinkAttentionBackward", att, in.SinkAttentionBackward),
+		SinkSoftmax:           spanOf(b, "SinkSoftmax", att, in.SinkSoftmax),
+		SinkSoftmaxBackward:   spanOf(b, "SinkSoftmaxBackward", att, in.SinkSoftmaxBackward),
 		WindowPool:            spanOf(b, "WindowPool", other, in.WindowPool),
 		WindowPoolBackward:    spanOf(b, "WindowPoolBackward", other, in.WindowPoolBackward),
 		IndexScores:           spanOf(b, "IndexScores", att, in.IndexScores),
