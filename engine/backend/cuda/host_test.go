@@ -467,7 +467,7 @@ func TestWGKernelsFitTheirBlocks(t *testing.T) {
 
 func TestEmbeddedKernels(t *testing.T) {
 	files := KernelFiles()
-	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_sinks.cu", "attention_tc.cu", "attention_wg.cu", "columns.cu", "crossentropy.cu", "decode.cu", "dropout.cu", "dsv4_attention.cu", "dsv4_hyper.cu", "dsv4_pool.cu", "elementwise.cu", "embedding.cu", "gated_delta.cu", "gated_delta_stages.cu", "geglu.cu", "grouped_gemm.cu", "grouped_gemm_wg.cu", "moe.cu", "nf4.cu", "rmsnorm.cu", "rope.cu", "shortconv.cu", "swiglu.cu"}
+	want := []string{"adamw.cu", "attention.cu", "attention_fused.cu", "attention_sinks.cu", "attention_tc.cu", "attention_wg.cu", "columns.cu", "crossentropy.cu", "decode.cu", "dropout.cu", "dsv4_attention.cu", "dsv4_hyper.cu", "dsv4_pool.cu", "dsv4_softmax.cu", "elementwise.cu", "embedding.cu", "gated_delta.cu", "gated_delta_stages.cu", "geglu.cu", "grouped_gemm.cu", "grouped_gemm_wg.cu", "moe.cu", "nf4.cu", "rmsnorm.cu", "rope.cu", "shortconv.cu", "swiglu.cu"}
 	if strings.Join(files, ",") != strings.Join(want, ",") {
 		t.Errorf("embedded kernel files = %v, want %v", files, want)
 	}
