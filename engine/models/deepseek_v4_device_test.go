@@ -50,6 +50,9 @@ func dsv4Run(t *testing.T, path string, dt tensor.DType, preset bool) ([]float32
 		t.Fatal(err)
 	}
 	defer m.Close()
+	if got := m.hostOnDevice(); got != (path == "device") {
+		t.Fatalf("HALO_DSV4_PATH=%s: the device path runs %v (the CPU backend has DeepSeek-V4's ops: %v)", path, got, m.b.Optional().DSV4 != nil)
+	}
 	b := dsv4Batch()
 	lp, err := m.TokenLogprobs(b)
 	if err != nil {
@@ -72,34 +75,48 @@ func dsv4Run(t *testing.T, path string, dt tensor.DType, preset bool) ([]float32
 }
 
 // TestDSV4DeviceMatchesHostTape: deepseek_v4 through the backend's ops (nn.DSV4Device, here
-// the CPU backend's) computes what the float64 host tape computes, on packed documents with
+// the CPU backend's, with the fused sink attention and with its composition from matrix
+// products) computes what the float64 host tape computes, on packed documents with
 // sliding, compressed sparse and heavily compressed layers, hash and score routing: the same
 // log-probabilities, loss and gradient of every parameter in float32, and within bf16's
 // rounding with bf16 parameters and activations.
 func TestDSV4DeviceMatchesHostTape(t *testing.T) {
 	for _, tc := range []struct {
 		dt tensor.DType
-		// lpTol bounds each log-probability's difference; gTol each gradient's, relative to
+		// lpTol bounds each log-probability's difference (in bf16 their mean); gTol each
+		// gradient's, relative to
 		// its tensor's largest (0: not checked tensor by tensor); l2Tol the whole gradient's
 		// relative L2 difference. In bf16 the activations and their gradients are rounded on
 		// the device path and not on the host tape, and a router may choose other experts
 		// for a token, so only the whole gradient is bounded.
 		lpTol, gTol, l2Tol float64
 		preset             bool
-	}{{tensor.F32, 2e-5, 2e-4, 1e-5, false}, {tensor.BF16, 0.08, 0, 0.15, false}, {tensor.F32, 2e-5, 2e-4, 1e-5, true}} {
-		name := tc.dt.String()
+		attention          string // HALO_DSV4_ATTENTION
+	}{
+		{tensor.F32, 2e-5, 2e-4, 1e-5, false, "fused"}, {tensor.F32, 2e-5, 2e-4, 1e-5, false, "dense"},
+		{tensor.BF16, 0.03, 0, 0.15, false, "fused"}, {tensor.BF16, 0.03, 0, 0.15, false, "dense"},
+		{tensor.F32, 2e-5, 2e-4, 1e-5, true, "fused"}, {tensor.F32, 2e-5, 2e-4, 1e-5, true, "dense"},
+	} {
+		name := tc.dt.String() + "/" + tc.attention
 		if tc.preset {
 			name += "/tiny-4-streams"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Setenv("HALO_DSV4_ATTENTION", tc.attention)
 			lpH, sumH, gH := dsv4Run(t, "host", tc.dt, tc.preset)
 			lpD, sumD, gD := dsv4Run(t, "device", tc.dt, tc.preset)
-			worst := 0.0
+			worst, mean := 0.0, 0.0
 			for i := range lpH {
-				worst = math.Max(worst, math.Abs(float64(lpH[i]-lpD[i])))
+				d := math.Abs(float64(lpH[i] - lpD[i]))
+				worst, mean = math.Max(worst, d), mean+d/float64(len(lpH))
 			}
-			if worst > tc.lpTol {
+			if tc.dt == tensor.F32 && worst > tc.lpTol {
 				t.Errorf("log-probabilities differ by up to %.2g (tolerance %.2g)", worst, tc.lpTol)
+			}
+			if tc.dt == tensor.BF16 && mean > tc.lpTol {
+				// In bf16 a token whose expert or indexer choice flips on a rounding moves
+				// by more than rounding alone: the mean is bounded, not each token.
+				t.Errorf("log-probabilities differ by %.2g on average, up to %.2g (tolerance %.2g on average)", mean, worst, tc.lpTol)
 			}
 			if math.Abs(sumH-sumD) > tc.lpTol*float64(len(lpH)) {
 				t.Errorf("loss sum %.6f on the device, %.6f on the host tape", sumD, sumH)
@@ -132,7 +149,7 @@ func TestDSV4DeviceMatchesHostTape(t *testing.T) {
 			if nonzero < len(gH)/2 {
 				t.Errorf("only %d of %d gradients are nonzero", nonzero, len(gH))
 			}
-			t.Logf("%s: worst log-probability difference %.2g", tc.dt, worst)
+			t.Logf("%s: log-probability differences up to %.2g, %.2g on average", tc.dt, worst, mean)
 		})
 	}
 }

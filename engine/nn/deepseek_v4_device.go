@@ -841,27 +841,9 @@ func (m *DSV4Device) attention(t *DevTape, i int, h *DVar, pos T) (*DVar, error)
 	}
 	sinks := ps["sinks"]
 	a.Q, a.KV, a.Sinks, a.Out, a.LSE = q.V, kv.V, sinks.V, o.V, lse
-	if err := m.ops.SinkAttention(a); err != nil {
+	if err := m.sinkAttention(t, a, q, kv, sinks, o); err != nil {
 		return nil, dsv4Err(where, err)
 	}
-	att := o // o is rebound below; the backward needs the attention's own output
-	t.rec(func() error {
-		ba := backend.SinkAttentionBackwardArgs{SinkAttentionArgs: a}
-		var err error
-		if ba.DOut, err = t.grad(att); err != nil {
-			return err
-		}
-		if ba.DQ, err = t.grad(q); err != nil {
-			return err
-		}
-		if ba.DKV, err = t.grad(kv); err != nil {
-			return err
-		}
-		if ba.GSinks, err = t.grad(sinks); err != nil {
-			return err
-		}
-		return dsv4Err(where+" backward", m.ops.SinkAttentionBackward(ba))
-	})
 	if o, err = m.rope(t, o, D, pos, main, -1, scale); err != nil {
 		return nil, dsv4Err(where, err)
 	}
@@ -1408,3 +1390,108 @@ func (t *DevTape) Grad(v *DVar) (T, error) { return t.grad(v) }
 
 // Own hands x to the tape, which frees it in Close.
 func (t *DevTape) Own(x T) { t.owned = append(t.owned, x) }
+
+// sinkAttention runs sink attention a (its Out, o's tensor, written) and records its backward:
+// the fused op, or its composition from matrix products around the sink softmax
+// (HALO_DSV4_ATTENTION).
+func (m *DSV4Device) sinkAttention(t *DevTape, a backend.SinkAttentionArgs, q, kv, sinks, o *DVar) error {
+	if !DSV4DenseAttention(m.B.Name()) {
+		if err := m.ops.SinkAttention(a); err != nil {
+			return err
+		}
+		t.rec(func() error {
+			ba := backend.SinkAttentionBackwardArgs{SinkAttentionArgs: a}
+			var err error
+			if ba.DOut, err = t.grad(o); err != nil {
+				return err
+			}
+			if ba.DQ, err = t.grad(q); err != nil {
+				return err
+			}
+			if ba.DKV, err = t.grad(kv); err != nil {
+				return err
+			}
+			if ba.GSinks, err = t.grad(sinks); err != nil {
+				return err
+			}
+			return dsv4Err("sink attention backward", m.ops.SinkAttentionBackward(ba))
+		})
+		return nil
+	}
+	// The key/value head is every query head's, so the heads are rows: Q [N·H, D] against
+	// KV [S, D]. The scores and probabilities [N·H, S] live only inside the forward and the
+	// backward (which makes them again from LSE).
+	N, H, S := q.V.Dim(0), a.Heads, kv.V.Dim(0)
+	D := kv.V.Dim(1)
+	R := N * H
+	qr := mustReshape(q.V, R, D)
+	probs := func(useLSE bool) (x, p T, err error) {
+		if x, err = m.B.Alloc(tensor.F32, R, S); err != nil {
+			return
+		}
+		if p, err = m.B.Alloc(kv.V.DType(), R, S); err != nil {
+			_ = m.B.Free(x)
+			return
+		}
+		err = m.B.GEMM(backend.GEMMArgs{A: qr, B: kv.V, C: x, TransB: true, Alpha: a.Scale})
+		if err == nil {
+			err = m.ops.SinkSoftmax(backend.SinkSoftmaxArgs{X: x, Sinks: a.Sinks, Mask: a.Mask, Heads: H, Window: a.Window,
+				Rate: a.Rate, UseLSE: useLSE, P: p, LSE: a.LSE})
+		}
+		if err != nil {
+			_ = m.B.Free(x)
+			_ = m.B.Free(p)
+		}
+		return
+	}
+	x, p, err := probs(false)
+	if err != nil {
+		return err
+	}
+	err = m.B.GEMM(backend.GEMMArgs{A: p, B: kv.V, C: mustReshape(o.V, R, D), Alpha: 1})
+	err = errors.Join(err, m.B.Free(x), m.B.Free(p))
+	if err != nil {
+		return err
+	}
+	t.rec(func() error {
+		gO, err := t.grad(o)
+		if err != nil {
+			return err
+		}
+		gQ, err := t.grad(q)
+		if err != nil {
+			return err
+		}
+		gKV, err := t.grad(kv)
+		if err != nil {
+			return err
+		}
+		gS, err := t.grad(sinks)
+		if err != nil {
+			return err
+		}
+		x, p, err := probs(true)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = m.B.Free(x); _ = m.B.Free(p) }()
+		dO := mustReshape(gO, R, D)
+		// dKV += Pᵀ·dO; dP = dO·KVᵀ (into the scores' buffer); dS = P∘(dP - Δ) (over P);
+		// dQ += Scale·dS·KV; dKV += Scale·dSᵀ·Q.
+		if err := m.B.GEMM(backend.GEMMArgs{A: p, B: dO, C: gKV, TransA: true, Alpha: 1, Beta: 1}); err != nil {
+			return err
+		}
+		if err := m.B.GEMM(backend.GEMMArgs{A: dO, B: kv.V, C: x, TransB: true, Alpha: 1}); err != nil {
+			return err
+		}
+		if err := m.ops.SinkSoftmaxBackward(backend.SinkSoftmaxBackwardArgs{P: p, DP: x, Sinks: a.Sinks, LSE: a.LSE,
+			Heads: H, DS: p, GSinks: gS}); err != nil {
+			return err
+		}
+		if err := m.B.GEMM(backend.GEMMArgs{A: p, B: kv.V, C: mustReshape(gQ, R, D), Alpha: a.Scale, Beta: 1}); err != nil {
+			return err
+		}
+		return m.B.GEMM(backend.GEMMArgs{A: p, B: qr, C: gKV, TransA: true, Alpha: a.Scale, Beta: 1})
+	})
+	return nil
+}

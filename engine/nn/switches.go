@@ -39,3 +39,20 @@ func DSV4OnDevice(backendName string, hasOps bool) bool {
 	}
 	return hasOps && backendName != "cpu"
 }
+
+// swDSV4Attention chooses how deepseek_v4's device decoder computes its sink attention.
+var swDSV4Attention = switches.Register(switches.Switch{Name: "HALO_DSV4_ATTENTION", Kind: switches.Tuning,
+	Default: "auto", Values: []string{"auto", "fused", "dense"},
+	Doc: "How deepseek_v4's device decoder (HALO_DSV4_PATH) computes sink attention: fused (the SinkAttention op over the visible keys only, no score matrix), dense (the query heads as rows of two matrix products, scale·Q·KVᵀ and P·KV, around the SinkSoftmax op: tensor cores, with an F32 score and a probability matrix of [tokens·heads, keys] for the time of one layer's forward or backward) or auto (dense on a backend other than the CPU, fused on the CPU)."})
+
+// DSV4DenseAttention reports whether deepseek_v4's device decoder composes its sink attention
+// from matrix products on the backend named (HALO_DSV4_ATTENTION).
+func DSV4DenseAttention(backendName string) bool {
+	switch swDSV4Attention.Value() {
+	case "fused":
+		return false
+	case "dense":
+		return true
+	}
+	return backendName != "cpu"
+}
