@@ -133,12 +133,28 @@ SHAPES["mixtral-8x7b"] = (
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     ),
 )
+# DeepSeek-V4-Flash's attention and hyper-connections as DeepseekV4Config's defaults give them
+# (hidden 4096, 64 heads of 512 over one shared key/value head, q and grouped o LoRA ranks
+# 1024, window 128, compress rates 4 and 128, the indexer's 64 heads of 128 keeping 512, four
+# streams with 20 Sinkhorn iterations), one layer of each attention kind and a second
+# compressed sparse one, with 16 routed experts of 2048 instead of 256 (top-6, one shared) so
+# that AdamW's state fits one GPU; the first layer hash-routed.
+SHAPES["deepseek-v4-flash"] = (
+    "deepseek_v4",
+    dict(
+        num_hidden_layers=4, n_routed_experts=16, num_nextn_predict_layers=0,
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                     "compressed_sparse_attention"],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+    ),
+)
 DEFAULT_LAYERS = {"qwen3-30b-a3b": 4, "mixtral-8x7b": 4}
 
 
 def moe_sizes(config):
     """(experts, top-k, expert width, MoE layers) of a mixture-of-experts config, or None."""
-    e = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    e = (getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+         or getattr(config, "n_routed_experts", None))
     if not e:
         return None
     k = config.num_experts_per_tok
@@ -209,11 +225,15 @@ def model_config(args):
 
 def build_model(config):
     """Random init directly on the GPU in bf16."""
+    # sdpa where the family has it; eager otherwise (DeepSeek-V4's sink attention).
+    attn = "sdpa"
+    if config.model_type in ("deepseek_v4",):
+        attn = "eager"
     with torch.device("cuda"):
         try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.bfloat16)
         except TypeError:  # transformers before dtype= was the keyword
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, torch_dtype=torch.bfloat16)
     model = model.to(device="cuda", dtype=torch.bfloat16)
     model.config.use_cache = False
     if getattr(model, "is_gradient_checkpointing", False):

@@ -8,7 +8,8 @@
 #
 # Each case is SHAPE:LAYERS:BATCHxSEQ, SHAPE one of bench_torch.py's MoE shapes
 # (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b: the Hub configs of Qwen3-30B-A3B,
-# OLMoE-1B-7B-0924 and Mixtral-8x7B with LAYERS decoder layers). Default cases:
+# OLMoE-1B-7B-0924 and Mixtral-8x7B; deepseek-v4-flash: DeepSeek-V4-Flash's attention with
+# fewer experts, as bench_torch.py gives it) with LAYERS decoder layers. Default cases:
 #
 #   qwen3-30b-a3b:4:4x2048  qwen3-30b-a3b:8:2x4096  olmoe-1b-7b:16:4x2048  mixtral-8x7b:4:4x2048
 #
@@ -96,9 +97,9 @@ for c in ${cases//,/ }; do
 	IFS=: read -r s l bs <<<"$c"
 	b=${bs%x*} t=${bs#*x}
 	case $s in
-	qwen3-30b-a3b | olmoe-1b-7b | mixtral-8x7b) ;;
+	qwen3-30b-a3b | olmoe-1b-7b | mixtral-8x7b | deepseek-v4-flash) ;;
 	*)
-		echo "moe-bench.sh: case $c: unknown shape '$s' (qwen3-30b-a3b, olmoe-1b-7b or mixtral-8x7b)" >&2
+		echo "moe-bench.sh: case $c: unknown shape '$s' (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b or deepseek-v4-flash)" >&2
 		exit 2
 		;;
 	esac
