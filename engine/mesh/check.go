@@ -34,8 +34,9 @@ const (
 	// RuleGemma4Parts: Gemma 4's per-layer inputs, MoE block and shared KV layers run
 	// under data, fsdp and context parallelism only.
 	RuleGemma4Parts = "gemma4-parts"
-	// RuleHostDecoder: a decoder that runs on the host tape (deepseek_v4) holds whole
-	// parameters on each rank: data parallelism and fsdp only.
+	// RuleHostDecoder: a family with a decoder of its own (deepseek_v4: the host tape or its
+	// device decoder) holds whole parameters and whole documents on each rank: data
+	// parallelism and fsdp only.
 	RuleHostDecoder = "host-decoder"
 )
 
@@ -111,7 +112,7 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 		return RuleDegrees, fmt.Sprintf("dp %d × tp %d × cp %d = %d, but there are %d devices (leave dp out to fill the devices)", l.DP, l.TP, l.CP, l.DP*l.TP*l.CP, n)
 	}
 	if m.V4.HC > 0 && (l.TP > 1 || l.CP > 1 || l.EP > 1 || l.ETP > 1) {
-		return RuleHostDecoder, fmt.Sprintf("this model (deepseek_v4) runs its decoder on the host tape over whole parameters and whole documents; tensor_parallel_size %d, context_parallel_size %d, expert_parallel_size %d and expert_tensor_parallel_size %d are not implemented for it: use data parallelism or fsdp", l.TP, l.CP, l.EP, l.ETP)
+		return RuleHostDecoder, fmt.Sprintf("this model (deepseek_v4) runs a decoder of its own (the host tape or its device decoder) over whole parameters and whole documents; tensor_parallel_size %d, context_parallel_size %d, expert_parallel_size %d and expert_tensor_parallel_size %d are not implemented for it: use data parallelism or fsdp", l.TP, l.CP, l.EP, l.ETP)
 	}
 	if m.ExpertBias && (l.TP > 1 || l.EP > 1) {
 		return RuleExpertBias, fmt.Sprintf("this model's experts (gpt_oss) are held in the checkpoint's layout with biases, whose split over tensor_parallel_size %d or expert_parallel_size %d is not implemented; use data parallelism or fsdp", l.TP, l.EP)
