@@ -188,3 +188,36 @@ func (n namedBackend) Optional() backend.Optional {
 	}
 	return o
 }
+
+// TestDSV4DeviceFreesItsTensors: a training pass through the device decoder leaves the
+// backend's allocation where it found it (the tape releases each op's values and gradients
+// once its backward has run, and the rest at the end), with either sink attention.
+func TestDSV4DeviceFreesItsTensors(t *testing.T) {
+	for _, attention := range []string{"fused", "dense"} {
+		t.Run(attention, func(t *testing.T) {
+			t.Setenv("HALO_DSV4_PATH", "device")
+			t.Setenv("HALO_DSV4_ATTENTION", attention)
+			b := newCPU()
+			m, err := Load(filepath.Join("testdata", "parity", "deepseek_v4"), b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if _, _, err := m.ForwardBackward(dsv4Batch(), 1); err != nil {
+				t.Fatal(err)
+			}
+			before := b.MemStats().Allocated
+			b.ResetPeak()
+			if _, _, err := m.ForwardBackward(dsv4Batch(), 1); err != nil {
+				t.Fatal(err)
+			}
+			st := b.MemStats()
+			if st.Allocated != before {
+				t.Errorf("a pass left %d bytes allocated beyond the %d before it", st.Allocated-before, before)
+			}
+			if st.Peak <= before {
+				t.Errorf("peak %d bytes, not above the %d before the pass: the pass allocated nothing", st.Peak, before)
+			}
+		})
+	}
+}

@@ -49,6 +49,10 @@ type DevTape struct {
 	train bool
 	back  []func() error
 	owned []T
+	// freed marks the owned tensors released before Close: the values (and gradients) of an
+	// op whose backward has run, which nothing reads again.
+	freed map[tensor.Buffer]bool
+	own   map[tensor.Buffer]bool
 }
 
 // NewDevTape returns an empty tape over b.
@@ -59,6 +63,51 @@ func (t *DevTape) rec(f func() error) {
 		t.back = append(t.back, f)
 	}
 }
+
+// recFree records f, after which the values outs (and their gradients) and the caches extra
+// are released: the op that made them is the first in forward order to use them, so once its
+// backward has run every reader's has.
+func (t *DevTape) recFree(f func() error, outs []*DVar, extra ...T) {
+	t.rec(func() error {
+		if err := f(); err != nil {
+			return err
+		}
+		var errs []error
+		for _, o := range outs {
+			if o == nil || o.leaf {
+				continue
+			}
+			errs = append(errs, t.release(o.V), t.release(o.G))
+			o.V, o.G = T{}, T{}
+		}
+		for _, x := range extra {
+			errs = append(errs, t.release(x))
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// release frees x now if the tape owns it and has not freed it.
+func (t *DevTape) release(x T) error {
+	if x.IsNil() || x.Offset() != 0 {
+		return nil
+	}
+	b := x.Buffer()
+	if t.freed[b] {
+		return nil
+	}
+	if !t.own[b] {
+		return nil
+	}
+	if t.freed == nil {
+		t.freed = map[tensor.Buffer]bool{}
+	}
+	t.freed[b] = true
+	return t.b.Free(x)
+}
+
+// tmp returns a zero-filled scratch tensor the caller frees (not kept by the tape).
+func (t *DevTape) tmp(dt tensor.DType, shape ...int) (T, error) { return t.b.Alloc(dt, shape...) }
 
 // Backward runs the recorded backwards in reverse order (seed the outputs' gradients first).
 func (t *DevTape) Backward() error {
@@ -75,9 +124,11 @@ func (t *DevTape) Backward() error {
 func (t *DevTape) Close() error {
 	var errs []error
 	for _, x := range t.owned {
-		errs = append(errs, t.b.Free(x))
+		if !t.freed[x.Buffer()] {
+			errs = append(errs, t.b.Free(x))
+		}
 	}
-	t.owned, t.back = nil, nil
+	t.owned, t.back, t.freed, t.own = nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -87,7 +138,7 @@ func (t *DevTape) alloc(dt tensor.DType, shape ...int) (T, error) {
 	if err != nil {
 		return T{}, err
 	}
-	t.owned = append(t.owned, x)
+	t.Own(x)
 	return x, nil
 }
 
@@ -217,12 +268,12 @@ func (m *DSV4Device) Hidden(t *DevTape, ids []int) (*DVar, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.owned = append(t.owned, idsT)
+	t.Own(idsT)
 	posT, err := backend.FromInt32(m.B, pos, T_)
 	if err != nil {
 		return nil, err
 	}
-	t.owned = append(t.owned, posT)
+	t.Own(posT)
 	emb, err := m.p(t, "model.embed_tokens.weight")
 	if err != nil {
 		return nil, err
@@ -359,7 +410,7 @@ func (m *DSV4Device) hyperWeights(t *DevTape, z *DVar, prefix string, head bool)
 	if err = m.ops.HyperWeights(a); err != nil {
 		return
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		ba := backend.HyperWeightsBackwardArgs{HyperWeightsArgs: a}
 		var err error
 		outs := []*DVar{pre}
@@ -395,7 +446,7 @@ func (m *DSV4Device) hyperWeights(t *DevTape, z *DVar, prefix string, head bool)
 			}
 		}
 		return dsv4Err("hyper-connection backward", m.ops.HyperWeightsBackward(ba))
-	})
+	}, []*DVar{pre, post, comb})
 	return pre, post, comb, nil
 }
 
@@ -409,7 +460,7 @@ func (m *DSV4Device) collapse(t *DevTape, w, x *DVar) (*DVar, error) {
 	if err := m.ops.StreamCollapse(y.V, w.V, x.V); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gw, err := t.grad(w)
 		if err != nil {
 			return err
@@ -423,7 +474,7 @@ func (m *DSV4Device) collapse(t *DevTape, w, x *DVar) (*DVar, error) {
 			return err
 		}
 		return dsv4Err("stream collapse backward", m.ops.StreamCollapseBackward(gw, gx, gy, w.V, x.V))
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -437,7 +488,7 @@ func (m *DSV4Device) expand(t *DevTape, post, f, comb, x *DVar) (*DVar, error) {
 	if err := m.ops.StreamExpand(a); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		ba := backend.StreamExpandBackwardArgs{StreamExpandArgs: a}
 		var err error
 		for _, g := range []struct {
@@ -449,7 +500,7 @@ func (m *DSV4Device) expand(t *DevTape, post, f, comb, x *DVar) (*DVar, error) {
 			}
 		}
 		return dsv4Err("stream expand backward", m.ops.StreamExpandBackward(ba))
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -478,7 +529,7 @@ func (m *DSV4Device) rmsnorm(t *DevTape, x *DVar, width int, w *DVar) (*DVar, er
 	if err := m.B.RMSNorm(yv, rstd, xv, wt, float32(m.Cfg.Eps)); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gx, err := t.grad(x)
 		if err != nil {
 			return err
@@ -495,7 +546,7 @@ func (m *DSV4Device) rmsnorm(t *DevTape, x *DVar, width int, w *DVar) (*DVar, er
 			}
 		}
 		return dsv4Err("rms norm backward", m.B.RMSNormBackward(a))
-	})
+	}, []*DVar{y}, rstd)
 	return y, nil
 }
 
@@ -516,7 +567,7 @@ func (t *DevTape) embed(w *DVar, ids T) (*DVar, error) {
 	if err := t.b.Embedding(y.V, w.V, ids); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gw, err := t.grad(w)
 		if err != nil || gw.IsNil() {
 			return err
@@ -526,7 +577,7 @@ func (t *DevTape) embed(w *DVar, ids T) (*DVar, error) {
 			return err
 		}
 		return t.b.EmbeddingBackward(gw, gy, ids)
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -542,7 +593,7 @@ func (t *DevTape) repeat(x *DVar, n int) (*DVar, error) {
 			return nil, err
 		}
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gx, err := t.grad(x)
 		if err != nil {
 			return err
@@ -557,7 +608,7 @@ func (t *DevTape) repeat(x *DVar, n int) (*DVar, error) {
 			}
 		}
 		return nil
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -574,7 +625,7 @@ func (t *DevTape) linear(x, w, b *DVar) (*DVar, error) {
 	if err := t.b.Linear(y.V, x.V, w.V, bias); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gy, err := t.grad(y)
 		if err != nil {
 			return err
@@ -592,7 +643,7 @@ func (t *DevTape) linear(x, w, b *DVar) (*DVar, error) {
 			}
 		}
 		return t.b.LinearBackward(a)
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -605,7 +656,7 @@ func (t *DevTape) add(a, b *DVar) (*DVar, error) {
 	if err := t.b.Add(y.V, a.V, b.V); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gy, err := t.grad(y)
 		if err != nil {
 			return err
@@ -620,7 +671,7 @@ func (t *DevTape) add(a, b *DVar) (*DVar, error) {
 			}
 		}
 		return nil
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -633,7 +684,7 @@ func (t *DevTape) cols(x *DVar, lo, hi int) (*DVar, error) {
 	if err := t.b.CopyColumns(backend.ColumnCopyArgs{Dst: y.V, Src: x.V, Groups: 1, Width: hi - lo, SrcOffset: lo}); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gx, err := t.grad(x)
 		if err != nil {
 			return err
@@ -643,7 +694,7 @@ func (t *DevTape) cols(x *DVar, lo, hi int) (*DVar, error) {
 			return err
 		}
 		return t.b.CopyColumns(backend.ColumnCopyArgs{Dst: gx, Src: gy, Groups: 1, Width: hi - lo, DstOffset: lo, Accumulate: true})
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -662,7 +713,7 @@ func (t *DevTape) concatRows(a, b *DVar) (*DVar, error) {
 	if err := t.b.Copy(bot, b.V); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gy, err := t.grad(y)
 		if err != nil {
 			return err
@@ -681,7 +732,7 @@ func (t *DevTape) concatRows(a, b *DVar) (*DVar, error) {
 			return err
 		}
 		return t.b.Axpy(gb, 1, gbot)
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -707,10 +758,11 @@ func (m *DSV4Device) rope(t *DevTape, x *DVar, hd int, pos T, main bool, sign in
 	back := backend.ColumnCopyArgs{Groups: heads, Width: rd, DstOffset: hd - rd, DstStride: hd, SrcStride: rd}
 	rotate := func(dst, src T, fwd bool) error {
 		// dst = src with the rotated dims turned (fwd: by +angle·sign).
-		tmp, err := t.alloc(src.DType(), R, heads*rd)
+		tmp, err := t.tmp(src.DType(), R, heads*rd)
 		if err != nil {
 			return err
 		}
+		defer t.b.Free(tmp)
 		p := part
 		p.Dst, p.Src = tmp, src
 		if err := t.b.CopyColumns(p); err != nil {
@@ -738,7 +790,7 @@ func (m *DSV4Device) rope(t *DevTape, x *DVar, hd int, pos T, main bool, sign in
 	if err := rotate(y.V, x.V, true); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gy, err := t.grad(y)
 		if err != nil {
 			return err
@@ -747,15 +799,16 @@ func (m *DSV4Device) rope(t *DevTape, x *DVar, hd int, pos T, main bool, sign in
 		if err != nil {
 			return err
 		}
-		d, err := t.alloc(gy.DType(), gy.Shape()...)
+		d, err := t.tmp(gy.DType(), gy.Shape()...)
 		if err != nil {
 			return err
 		}
+		defer t.b.Free(d)
 		if err := rotate(d, gy, false); err != nil {
 			return err
 		}
 		return t.b.Axpy(gx, 1, d)
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -875,18 +928,19 @@ func (t *DevTape) groupedLinear(x, w *DVar, groups int) (*DVar, error) {
 			return nil, err
 		}
 		wg, _ := w.V.Rows(g*M, (g+1)*M)
-		yg, err := t.alloc(x.V.DType(), R, M)
+		yg, err := t.tmp(x.V.DType(), R, M)
 		if err != nil {
 			return nil, err
 		}
-		if err := t.b.Linear(yg, xs[g], wg, T{}); err != nil {
-			return nil, err
+		err = t.b.Linear(yg, xs[g], wg, T{})
+		if err == nil {
+			err = t.b.CopyColumns(backend.ColumnCopyArgs{Dst: y.V, Src: yg, Groups: 1, Width: M, DstOffset: g * M})
 		}
-		if err := t.b.CopyColumns(backend.ColumnCopyArgs{Dst: y.V, Src: yg, Groups: 1, Width: M, DstOffset: g * M}); err != nil {
+		if err = errors.Join(err, t.b.Free(yg)); err != nil {
 			return nil, err
 		}
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gy, err := t.grad(y)
 		if err != nil {
 			return err
@@ -900,31 +954,33 @@ func (t *DevTape) groupedLinear(x, w *DVar, groups int) (*DVar, error) {
 			return err
 		}
 		for g := 0; g < groups; g++ {
-			dy, err := t.alloc(gy.DType(), R, M)
+			dy, err := t.tmp(gy.DType(), R, M)
 			if err != nil {
 				return err
 			}
-			if err := t.b.CopyColumns(backend.ColumnCopyArgs{Dst: dy, Src: gy, Groups: 1, Width: M, SrcOffset: g * M}); err != nil {
-				return err
-			}
-			dx, err := t.alloc(gx.DType(), R, K)
+			dx, err := t.tmp(gx.DType(), R, K)
 			if err != nil {
+				_ = t.b.Free(dy)
 				return err
 			}
-			wg, _ := w.V.Rows(g*M, (g+1)*M)
-			a := backend.LinearBackwardArgs{DX: dx, DY: dy, X: xs[g], W: wg}
-			if !gw.IsNil() {
-				a.DW, _ = gw.Rows(g*M, (g+1)*M)
+			err = t.b.CopyColumns(backend.ColumnCopyArgs{Dst: dy, Src: gy, Groups: 1, Width: M, SrcOffset: g * M})
+			if err == nil {
+				wg, _ := w.V.Rows(g*M, (g+1)*M)
+				a := backend.LinearBackwardArgs{DX: dx, DY: dy, X: xs[g], W: wg}
+				if !gw.IsNil() {
+					a.DW, _ = gw.Rows(g*M, (g+1)*M)
+				}
+				err = t.b.LinearBackward(a)
 			}
-			if err := t.b.LinearBackward(a); err != nil {
-				return err
+			if err == nil {
+				err = t.b.CopyColumns(backend.ColumnCopyArgs{Dst: gx, Src: dx, Groups: 1, Width: K, DstOffset: g * K, Accumulate: true})
 			}
-			if err := t.b.CopyColumns(backend.ColumnCopyArgs{Dst: gx, Src: dx, Groups: 1, Width: K, DstOffset: g * K, Accumulate: true}); err != nil {
+			if err = errors.Join(err, t.b.Free(dy), t.b.Free(dx)); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
+	}, []*DVar{y}, xs...)
 	return y, nil
 }
 
@@ -971,7 +1027,7 @@ func (m *DSV4Device) compress(t *DevTape, h *DVar, pre string, rate int, overlap
 	if err := m.ops.WindowPool(a); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		ba := backend.WindowPoolBackwardArgs{WindowPoolArgs: a}
 		var err error
 		for _, g := range []struct {
@@ -983,7 +1039,7 @@ func (m *DSV4Device) compress(t *DevTape, h *DVar, pre string, rate int, overlap
 			}
 		}
 		return dsv4Err("window pool backward", m.ops.WindowPoolBackward(ba))
-	})
+	}, []*DVar{pooled})
 	normed, err := m.rmsnorm(t, pooled, D, norm)
 	if err != nil {
 		return nil, err
@@ -996,7 +1052,7 @@ func (m *DSV4Device) compress(t *DevTape, h *DVar, pre string, rate int, overlap
 	if err != nil {
 		return nil, err
 	}
-	t.owned = append(t.owned, posT)
+	t.Own(posT)
 	return m.rope(t, normed, D, posT, false, 1, m.Cfg.compressScale())
 }
 
@@ -1008,7 +1064,7 @@ func (m *DSV4Device) index(t *DevTape, h, qres *DVar, pre string, rate, n int) (
 	T_ := h.V.Dim(0)
 	// The indexer's values take no gradient: it runs on a tape that records nothing.
 	nt := &DevTape{b: t.b}
-	defer func() { t.owned = append(t.owned, nt.owned...) }()
+	defer nt.Close()
 	keys, err := m.compress(nt, h, pre, rate, true)
 	if err != nil {
 		return T{}, err
@@ -1029,7 +1085,7 @@ func (m *DSV4Device) index(t *DevTape, h, qres *DVar, pre string, rate, n int) (
 	if err != nil {
 		return T{}, err
 	}
-	nt.owned = append(nt.owned, posT)
+	nt.Own(posT)
 	q, err := nt.linear(qres, qb, nil)
 	if err != nil {
 		return T{}, err
@@ -1070,7 +1126,7 @@ func (m *DSV4Device) index(t *DevTape, h, qres *DVar, pre string, rate, n int) (
 	if err != nil {
 		return T{}, err
 	}
-	nt.owned = append(nt.owned, mt)
+	t.Own(mt)
 	return mt, nil
 }
 
@@ -1093,10 +1149,12 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 		return nil, err
 	}
 	lf := logits.V
+	var lfCopy T // the logits in F32 when they are not
 	if lf.DType() != tensor.F32 {
 		if lf, err = t.alloc(tensor.F32, T_, E); err != nil {
 			return nil, err
 		}
+		lfCopy = lf
 		if err := m.B.Copy(lf, logits.V); err != nil {
 			return nil, err
 		}
@@ -1104,7 +1162,7 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 	if err := m.ops.SqrtSoftplus(scores.V, lf); err != nil {
 		return nil, dsv4Err(where+" router", err)
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gs, err := t.grad(scores)
 		if err != nil {
 			return err
@@ -1118,22 +1176,24 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 		if gl.DType() == tensor.F32 {
 			return m.ops.SqrtSoftplusBackward(gl, gs, lf, scores.V)
 		}
-		d, err := t.alloc(tensor.F32, T_, E)
+		d, err := t.tmp(tensor.F32, T_, E)
 		if err != nil {
 			return err
 		}
+		defer t.b.Free(d)
 		if err := m.ops.SqrtSoftplusBackward(d, gs, lf, scores.V); err != nil {
 			return err
 		}
-		tmp, err := t.alloc(gl.DType(), T_, E)
+		tmp, err := t.tmp(gl.DType(), T_, E)
 		if err != nil {
 			return err
 		}
+		defer t.b.Free(tmp)
 		if err := m.B.Copy(tmp, d); err != nil {
 			return err
 		}
 		return m.B.Axpy(gl, 1, tmp)
-	})
+	}, []*DVar{scores}, lfCopy)
 	sv, err := backend.ToFloat32(m.B, scores.V)
 	if err != nil {
 		return nil, dsv4Err(where+" router", err)
@@ -1215,12 +1275,12 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.owned = append(t.owned, idsAll)
+	t.Own(idsAll)
 	wAll, err := backend.FromFloat32(m.B, we, tensor.F32, len(we))
 	if err != nil {
 		return nil, err
 	}
-	t.owned = append(t.owned, wAll)
+	t.Own(wAll)
 	for _, r := range runs {
 		hi := r.lo + len(r.at)
 		r.ids, _ = idsAll.Rows(r.lo, hi)
@@ -1240,54 +1300,50 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 		if r.y, err = t.linear(r.a, r.down, nil); err != nil {
 			return nil, dsv4Err(where, err)
 		}
-		ys, err := t.alloc(r.y.V.DType(), r.y.V.Shape()...)
+		ys, err := t.tmp(r.y.V.DType(), r.y.V.Shape()...)
 		if err != nil {
 			return nil, err
 		}
-		if err := m.B.Copy(ys, r.y.V); err != nil {
-			return nil, err
+		err = m.B.Copy(ys, r.y.V)
+		if err == nil {
+			err = m.B.ScaleRows(ys, r.w)
 		}
-		if err := m.B.ScaleRows(ys, r.w); err != nil {
-			return nil, dsv4Err(where, err)
+		if err == nil {
+			err = m.B.EmbeddingBackward(routed.V, ys, r.ids)
 		}
-		if err := m.B.EmbeddingBackward(routed.V, ys, r.ids); err != nil {
+		if err = errors.Join(err, m.B.Free(ys)); err != nil {
 			return nil, dsv4Err(where+" combine", err)
 		}
 	}
 	// The combine's backward: each expert's rows of the routed gradient, weighted into its
 	// output's gradient, and the weights' gradients (read back) into the scores'.
-	t.rec(func() error {
+	t.recFree(func() error {
 		gr, err := t.grad(routed)
 		if err != nil {
 			return err
 		}
 		dw := make([]float64, T_*K)
 		// Each expert's weight gradients land in its rows of one tensor, read back once.
-		dots, err := t.alloc(tensor.F32, len(toks))
+		dots, err := t.tmp(tensor.F32, len(toks))
 		if err != nil {
 			return err
 		}
+		defer t.b.Free(dots)
 		for _, r := range runs {
 			rows := r.y.V.Dim(0)
-			dy, err := t.alloc(gr.DType(), rows, C)
-			if err != nil {
-				return err
-			}
-			if err := m.B.Embedding(dy, gr, r.ids); err != nil {
-				return err
-			}
-			dr, _ := dots.Rows(r.lo, r.lo+rows)
-			if err := m.B.RowDot(dr, dy, r.y.V); err != nil {
-				return err
-			}
-			if err := m.B.ScaleRows(dy, r.w); err != nil {
-				return err
-			}
+			// r.y's only reader is this combine: its gradient is the gathered rows, weighted.
 			gy, err := t.grad(r.y)
 			if err != nil {
 				return err
 			}
-			if err := m.B.Axpy(gy, 1, dy); err != nil {
+			if err := m.B.Embedding(gy, gr, r.ids); err != nil {
+				return err
+			}
+			dr, _ := dots.Rows(r.lo, r.lo+rows)
+			if err := m.B.RowDot(dr, gy, r.y.V); err != nil {
+				return err
+			}
+			if err := m.B.ScaleRows(gy, r.w); err != nil {
 				return err
 			}
 		}
@@ -1314,13 +1370,13 @@ func (m *DSV4Device) moe(t *DevTape, i int, h *DVar, ids []int) (*DVar, error) {
 		if err != nil {
 			return err
 		}
-		t.owned = append(t.owned, dsT)
+		t.Own(dsT)
 		gs, err := t.grad(scores)
 		if err != nil {
 			return err
 		}
 		return m.B.Axpy(gs, 1, dsT)
-	})
+	}, []*DVar{routed})
 	// The shared expert.
 	se := mlp + "shared_experts."
 	lin := func(x *DVar, name string) (*DVar, error) {
@@ -1366,7 +1422,7 @@ func (m *DSV4Device) clampSwiGLU(t *DevTape, g, u *DVar) (*DVar, error) {
 	if err := m.ops.SwiGLUClampedSplit(y.V, g.V, u.V, lim); err != nil {
 		return nil, err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gy, err := t.grad(y)
 		if err != nil {
 			return err
@@ -1380,7 +1436,7 @@ func (m *DSV4Device) clampSwiGLU(t *DevTape, g, u *DVar) (*DVar, error) {
 			return err
 		}
 		return m.ops.SwiGLUClampedSplitBackward(gg, gu, gy, g.V, u.V, lim)
-	})
+	}, []*DVar{y})
 	return y, nil
 }
 
@@ -1389,7 +1445,13 @@ func (m *DSV4Device) clampSwiGLU(t *DevTape, g, u *DVar) (*DVar, error) {
 func (t *DevTape) Grad(v *DVar) (T, error) { return t.grad(v) }
 
 // Own hands x to the tape, which frees it in Close.
-func (t *DevTape) Own(x T) { t.owned = append(t.owned, x) }
+func (t *DevTape) Own(x T) {
+	if t.own == nil {
+		t.own = map[tensor.Buffer]bool{}
+	}
+	t.owned = append(t.owned, x)
+	t.own[x.Buffer()] = true
+}
 
 // sinkAttention runs sink attention a (its Out, o's tensor, written) and records its backward:
 // the fused op, or its composition from matrix products around the sink softmax
@@ -1399,7 +1461,7 @@ func (m *DSV4Device) sinkAttention(t *DevTape, a backend.SinkAttentionArgs, q, k
 		if err := m.ops.SinkAttention(a); err != nil {
 			return err
 		}
-		t.rec(func() error {
+		t.recFree(func() error {
 			ba := backend.SinkAttentionBackwardArgs{SinkAttentionArgs: a}
 			var err error
 			if ba.DOut, err = t.grad(o); err != nil {
@@ -1415,7 +1477,7 @@ func (m *DSV4Device) sinkAttention(t *DevTape, a backend.SinkAttentionArgs, q, k
 				return err
 			}
 			return dsv4Err("sink attention backward", m.ops.SinkAttentionBackward(ba))
-		})
+		}, []*DVar{o}, a.LSE)
 		return nil
 	}
 	// The key/value head is every query head's, so the heads are rows: Q [N·H, D] against
@@ -1453,7 +1515,7 @@ func (m *DSV4Device) sinkAttention(t *DevTape, a backend.SinkAttentionArgs, q, k
 	if err != nil {
 		return err
 	}
-	t.rec(func() error {
+	t.recFree(func() error {
 		gO, err := t.grad(o)
 		if err != nil {
 			return err
@@ -1492,6 +1554,6 @@ func (m *DSV4Device) sinkAttention(t *DevTape, a backend.SinkAttentionArgs, q, k
 			return err
 		}
 		return m.B.GEMM(backend.GEMMArgs{A: p, B: qr, C: gKV, TransA: true, Alpha: a.Scale, Beta: 1})
-	})
+	}, []*DVar{o}, a.LSE)
 	return nil
 }
