@@ -101,6 +101,9 @@ type MoE struct {
 	// RoutedScaling 0.5 too it makes the block the average of the routed and the shared
 	// output (Cohere2-MoE's shared_expert_combination_strategy "average").
 	SharedScale float32
+	// OutBias, when set ([C]), is added to every row of the block's output (JetMoE's
+	// mlp.bias); GOutBias is its gradient (+=).
+	OutBias, GOutBias T
 
 	// Runner, when set, computes the experts (an expert-parallel plan); nil computes them
 	// here, on the rows of this block.
@@ -555,8 +558,17 @@ func (m *MoE) Forward(p *Pass, x T, keep bool) (out T, err error) {
 			m.Release(p)
 		}
 	}()
-	if out, err = m.forwardRouted(p, x, keep); err != nil || m.Shared == nil {
+	if out, err = m.forwardRouted(p, x, keep); err != nil {
 		return out, err
+	}
+	if !m.OutBias.IsNil() {
+		if err = addRowBias(p, out, m.OutBias); err != nil {
+			_ = free(p.B, &out)
+			return T{}, wrap(m.Name+" bias", err)
+		}
+	}
+	if m.Shared == nil {
+		return out, nil
 	}
 	ys, err := m.sharedForward(p, x, keep)
 	if err == nil && m.sharedScaled() {
@@ -732,6 +744,11 @@ func (m *MoE) Backward(p *Pass, dy T) (dx T, err error) {
 		return T{}, fmt.Errorf("nn: %s: Backward without a cached Forward", m.Name)
 	}
 	defer m.Release(p)
+	if !m.OutBias.IsNil() && !m.GOutBias.IsNil() {
+		if err = rowBiasGrad(p, m.GOutBias, dy); err != nil {
+			return T{}, wrap(m.Name+" bias gradient", err)
+		}
+	}
 	if dx, err = m.backwardRouted(p, dy); err != nil || m.Shared == nil {
 		return dx, err
 	}
@@ -1026,4 +1043,41 @@ func LoadBalancingLoss(rs []*Routing, scale float64) (aux float64, c []float64, 
 		c[j] = scale * float64(e) * f / T
 	}
 	return aux * float64(e), c, nil
+}
+
+// addRowBias adds b [C] to every row of out [R,C] (a rank-one GEMM update against a column of
+// ones).
+func addRowBias(p *Pass, out, b T) error {
+	rows, c := out.Dim(0), out.Dim(1)
+	ones, err := p.out(rows, 1)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = free(p.B, &ones) }()
+	if err := p.B.Fill(ones, 1); err != nil {
+		return err
+	}
+	br, err := b.Reshape(1, c)
+	if err != nil {
+		return err
+	}
+	return p.B.GEMM(backend.GEMMArgs{A: ones, B: br, C: out, Alpha: 1, Beta: 1})
+}
+
+// rowBiasGrad adds the column sums of dy [R,C] to gb [C] (the gradient of addRowBias's b).
+func rowBiasGrad(p *Pass, gb, dy T) error {
+	rows, c := dy.Dim(0), dy.Dim(1)
+	ones, err := p.out(rows, 1)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = free(p.B, &ones) }()
+	if err := p.B.Fill(ones, 1); err != nil {
+		return err
+	}
+	g, err := gb.Reshape(1, c)
+	if err != nil {
+		return err
+	}
+	return p.B.GEMM(backend.GEMMArgs{A: ones, B: dy, C: g, TransA: true, Alpha: 1, Beta: 1})
 }

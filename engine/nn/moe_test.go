@@ -55,12 +55,14 @@ func TestMoEGradients(t *testing.T) {
 		norm     bool
 		auxScale float64
 		bias     bool
+		outBias  bool // JetMoE's bias on the block's output
 	}{
-		{"top2 renormalised", 2, true, 0, false},
-		{"top2 raw weights", 2, false, 0, false},
-		{"top3 renormalised with aux loss", 3, true, 0.5, false},
-		{"top2 raw weights with aux loss", 2, false, 0.5, false},
-		{"top1 with balancing bias", 1, false, 0.3, true},
+		{"top2 renormalised", 2, true, 0, false, false},
+		{"top2 raw weights", 2, false, 0, false, false},
+		{"top3 renormalised with aux loss", 3, true, 0.5, false, false},
+		{"top2 raw weights with aux loss", 2, false, 0.5, false, false},
+		{"top1 with balancing bias", 1, false, 0.3, true, false},
+		{"top2 renormalised with an output bias", 2, true, 0, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,6 +109,10 @@ func TestMoEGradients(t *testing.T) {
 				},
 				param: []T{m.Router.W, m.Experts[0].Gate.W, m.Experts[1].Up.W, m.Experts[2].Down.W},
 				grad:  []T{m.Router.GW, m.Experts[0].Gate.GW, m.Experts[1].Up.GW, m.Experts[2].Down.GW},
+			}
+			if tc.outBias {
+				m.OutBias, m.GOutBias = e.randn(0.3, C), e.zeros(C)
+				l.param, l.grad = append(l.param, m.OutBias), append(l.grad, m.GOutBias)
 			}
 			y, err := m.Forward(p, x, false)
 			if err != nil {
