@@ -38,6 +38,10 @@ const (
 	// device decoder) holds whole parameters and whole documents on each rank: data
 	// parallelism and fsdp only.
 	RuleHostDecoder = "host-decoder"
+	// RuleMoA: JetMoE's mixture of attention heads holds each expert's query and output
+	// projections whole, and routes each token's queries on its own rank: data parallelism
+	// and fsdp only.
+	RuleMoA = "moa"
 )
 
 // CheckAdapters is the rule for a run that trains LoRA adapters over a frozen base: the
@@ -113,6 +117,9 @@ func firstBroken(l Layout, n int, m ModelShape, seqLen int) (rule, detail string
 	}
 	if m.V4.HC > 0 && (l.TP > 1 || l.CP > 1 || l.EP > 1 || l.ETP > 1) {
 		return RuleHostDecoder, fmt.Sprintf("this model (deepseek_v4) runs a decoder of its own (the host tape or its device decoder) over whole parameters and whole documents; tensor_parallel_size %d, context_parallel_size %d, expert_parallel_size %d and expert_tensor_parallel_size %d are not implemented for it: use data parallelism or fsdp", l.TP, l.CP, l.EP, l.ETP)
+	}
+	if m.MoA && (l.TP > 1 || l.CP > 1 || l.EP > 1 || l.ETP > 1) {
+		return RuleMoA, fmt.Sprintf("this model's attention (jetmoe) is a mixture of attention heads whose experts' query and output projections are held whole; tensor_parallel_size %d, context_parallel_size %d, expert_parallel_size %d and expert_tensor_parallel_size %d are not implemented for it: use data parallelism or fsdp", l.TP, l.CP, l.EP, l.ETP)
 	}
 	if m.ExpertBias && (l.TP > 1 || l.EP > 1) {
 		return RuleExpertBias, fmt.Sprintf("this model's experts (gpt_oss) are held in the checkpoint's layout with biases, whose split over tensor_parallel_size %d or expert_parallel_size %d is not implemented; use data parallelism or fsdp", l.TP, l.EP)

@@ -150,6 +150,8 @@ func TestCheckRefusesWithRuleAndWorkingSuggestion(t *testing.T) {
 		{"gemma4 per-layer inputs under tp", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Global: config.GlobalShape{Full: []bool{false, true}, HeadDim: 16, KVHeads: 8, PerLayerInput: 8, PerLayerVocab: 64}}, 0, RuleGemma4Parts, "per-layer input"},
 		{"gemma4 shared kv layers under tp", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Global: config.GlobalShape{Full: []bool{false, true, false}, HeadDim: 16, KVHeads: 8, SharedFrom: []int{-1, -1, 0}}}, 0, RuleGemma4Parts, "shared KV layers"},
 		{"host decoder under tp", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 1, Intermediate: 48, V4: config.V4Shape{HC: 2}}, 0, RuleHostDecoder, "tensor_parallel_size 2"},
+		{"mixture of attention under tp", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 4, Intermediate: 48, MoA: true}, 0, RuleMoA, "tensor_parallel_size 2"},
+		{"mixture of attention under cp", "cp=2", 2, ModelShape{Heads: 8, KVHeads: 4, Intermediate: 48, MoA: true}, 16, RuleMoA, "context_parallel_size 2"},
 		{"host decoder under ep", "ep=2", 2, ModelShape{Heads: 8, KVHeads: 1, Intermediate: 48, Experts: 4, TopK: 2, MoELayers: 1, ExpertIntermediate: 8, V4: config.V4Shape{HC: 2}}, 0, RuleHostDecoder, "expert_parallel_size 2"},
 		{"gemma4 moe block under ep", "ep=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, Global: config.GlobalShape{Full: []bool{false, true}, HeadDim: 16, KVHeads: 8, BesideExperts: 4, BesideWidth: 8, BesideTopK: 2}}, 0, RuleGemma4Parts, "expert_parallel_size 2"},
 		{"fused qkv", "tp=2", 2, ModelShape{Heads: 8, KVHeads: 8, Intermediate: 48, FusedQKV: true}, 0, RuleTPFused, "qkv_proj"},

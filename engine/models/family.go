@@ -50,6 +50,10 @@ type Family struct {
 	// NormOffset is added to every RMSNorm weight before it scales (Gemma: 1, the norm
 	// multiplies by 1 + w and its weights start at zero); 0 for the Llama convention.
 	NormOffset float32
+	// LayerNormEps, when nonzero, is the epsilon of the decoder layers' pre-attention and
+	// pre-feed-forward norms in place of the config's rms_norm_eps, which then applies to the
+	// final norm only (JetMoE builds its layer norms with the module's default, 1e-6).
+	LayerNormEps float32
 	// ScaleEmbeddings multiplies the embedding rows by sqrt(hidden_size), rounded to the
 	// parameter dtype (Gemma's scaled word embedding).
 	ScaleEmbeddings bool
@@ -220,4 +224,12 @@ func (f *Family) normNames(n config.LayerNorms) []string {
 		}
 	}
 	return out
+}
+
+// layerNorm applies the family's LayerNormEps to a decoder layer's norm.
+func (f *Family) layerNorm(n nn.RMSNorm) nn.RMSNorm {
+	if f != nil && f.LayerNormEps != 0 {
+		n.Eps = f.LayerNormEps
+	}
+	return n
 }

@@ -344,10 +344,10 @@ func (m *Model) build() {
 			Parallel:      a.Norms == config.ParallelNorm,
 		}
 		if preAttn != "" {
-			blk.Norm1 = norm(pre + preAttn)
+			blk.Norm1 = m.Family.layerNorm(norm(pre + preAttn))
 		}
 		if preFFN != "" {
-			blk.Norm2 = norm(pre + preFFN)
+			blk.Norm2 = m.Family.layerNorm(norm(pre + preFFN))
 		}
 		if postAttn != "" {
 			pa, pf := norm(pre+postAttn), norm(pre+postFFN)

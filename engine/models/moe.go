@@ -51,6 +51,9 @@ type moeFFN struct {
 	// sparseMixer: the router is the sparsemixer (nn.SparseMixer) with router_jitter_noise as
 	// its threshold.
 	sparseMixer bool
+	// outBias names a [C] bias under the block added to its output (JetMoE's "bias"); "" for
+	// none.
+	outBias string
 }
 
 // rename is one name prefix under a MoE block: from (transformers' in-memory name) to (the
@@ -132,6 +135,9 @@ func (f *moeFFN) Build(a *Arch, i int, param, grad func(string) tensor.Tensor) n
 		m.SparseMixer = &nn.SparseMixer{Eps: c.RouterJitterNoise}
 	}
 	f.buildExtra(a, m, pre, lin)
+	if f.outBias != "" {
+		m.OutBias, m.GOutBias = param(pre+"."+f.outBias), grad(pre+"."+f.outBias)
+	}
 	return m
 }
 

@@ -15,8 +15,12 @@ const scoreBiasName = "e_score_correction_bias"
 
 // extraSpecs lists the shared experts' parameters.
 func (f *moeFFN) extraSpecs(a *Arch, pre string) []ParamSpec {
+	var out []ParamSpec
+	if f.outBias != "" {
+		out = append(out, bias(pre+"."+f.outBias, a.Hidden))
+	}
 	if f.shared == "" || a.SharedExpert <= 0 {
-		return nil
+		return out
 	}
 	sp := pre + "." + f.shared + "."
 	s := []ParamSpec{matrix(sp+"gate_proj.weight", a.SharedExpert, a.Hidden),
@@ -25,7 +29,7 @@ func (f *moeFFN) extraSpecs(a *Arch, pre string) []ParamSpec {
 	if f.sharedGate != "" && a.SharedExpertGate {
 		s = append(s, matrix(pre+"."+f.sharedGate+".weight", 1, a.Hidden))
 	}
-	return s
+	return append(out, s...)
 }
 
 // buildExtra sets the shared experts (and their gate) on block m.

@@ -70,6 +70,11 @@ type Family struct {
 	// Sinks: every attention layer has learned per-head sink logits; ExpertBias: the router
 	// and the routed experts carry biases (gpt_oss).
 	Sinks, ExpertBias bool
+	// MoA: every attention layer is JetMoE's mixture of attention heads: a router over the
+	// experts, each expert's query and output projections for the key/value heads (one
+	// tensor each over the experts), a bias on the output, one kv_proj for keys and values;
+	// every MoE block also adds a bias to its output.
+	MoA bool
 	// RouterBiasParam: every MoE layer's router has a selection-only correction bias that
 	// transformers holds as a parameter (ernie4_5_moe's moe_statics).
 	RouterBiasParam bool

@@ -61,6 +61,8 @@ type Shape struct {
 	// Sinks: each attention layer has a learned sink logit per query head (gpt_oss);
 	// ExpertBias: the router and the routed experts' projections carry biases (gpt_oss).
 	Sinks, ExpertBias bool
+	// MoA: the attention is JetMoE's mixture of attention heads (Family.MoA).
+	MoA bool
 	// Latent is the multi-head latent attention of deepseek_v3 and glm4_moe_lite (zero for
 	// the other families); HeadDim is then its rotary width.
 	Latent LatentShape
@@ -201,7 +203,7 @@ func (c *Config) Shape() Shape {
 		QKNorm: c.QKNormKind(), HeadBias: c.LMHeadBias,
 	}
 	if f := c.Family(); f != nil {
-		s.Sinks, s.ExpertBias = f.Sinks, f.ExpertBias
+		s.Sinks, s.ExpertBias, s.MoA = f.Sinks, f.ExpertBias, f.MoA
 		s.Norms, s.FusedQKV, s.FusedGateUp = f.Norms, f.FusedQKV, f.FusedGateUp
 		if f.SharedExpert != nil {
 			s.SharedExpert, s.SharedExpertGate = f.SharedExpert(c)
@@ -338,6 +340,16 @@ func (s Shape) countParameters(active bool) int64 {
 	if s.Sinks {
 		attn += int64(s.Heads)
 	}
+	if s.MoA {
+		// The router, each expert's query and output projections (for the key/value heads;
+		// top-k of them with active), the output bias and kv_proj.
+		e, kvw := int64(s.Experts), int64(s.KVHeads*s.HeadDim)
+		used := e
+		if active {
+			used = int64(s.TopK)
+		}
+		attn = e*h + used*2*kvw*h + h + 2*kvw*h
+	}
 	switch s.QKNorm {
 	case QKNormPerHead:
 		attn += 2 * int64(s.HeadDim)
@@ -372,6 +384,9 @@ func (s Shape) countParameters(active bool) int64 {
 		n += moe * (h*int64(s.Experts) + experts*mlp(int64(s.ExpertIntermediate), s.ExpertBias))
 		if s.ExpertBias || s.RouterBiasParam {
 			n += moe * int64(s.Experts) // the router's bias
+		}
+		if s.MoA {
+			n += moe * h // the block's output bias
 		}
 		if s.SharedExpert > 0 {
 			n += moe * mlp(int64(s.SharedExpert), false)
