@@ -67,6 +67,9 @@ type Attention struct {
 	// Conv, when set, is the layer's gated short convolution (LFM2's conv layers), run in
 	// place of attention.
 	Conv *ShortConv
+	// MoA, when set, is the layer's mixture of attention heads (JetMoE), run in place of the
+	// projections above (attention_moa.go).
+	MoA *MoA
 	// VNorm, when set, RMS-normalises each value head (Gemma 4's v_norm: its W is a ones
 	// vector of HD, not a parameter, and GW is unset).
 	VNorm *RMSNorm
@@ -122,6 +125,9 @@ func (a *Attention) Forward(p *Pass, x T, keep bool) (y T, err error) {
 	}
 	if a.Conv != nil {
 		return a.Conv.Forward(p, x, keep)
+	}
+	if a.MoA != nil {
+		return a.MoA.Forward(p, x, keep)
 	}
 	if a.KVIn != nil {
 		return a.forwardShared(p, x, keep)
@@ -507,6 +513,9 @@ func (a *Attention) Backward(p *Pass, dy T) (dx T, err error) {
 	if a.Conv != nil {
 		return a.Conv.Backward(p, dy)
 	}
+	if a.MoA != nil {
+		return a.MoA.Backward(p, dy)
+	}
 	if a.KVIn != nil {
 		return a.backwardShared(p, dy)
 	}
@@ -646,6 +655,10 @@ func (a *Attention) Release(p *Pass) {
 	}
 	if a.Conv != nil {
 		a.Conv.Release(p)
+		return
+	}
+	if a.MoA != nil {
+		a.MoA.Release(p)
 		return
 	}
 	c := &a.c

@@ -17,7 +17,9 @@
 // from the key projection (Gemma 4), or give way to LFM2's gated short convolution (ShortConv,
 // whose gating and causal depthwise convolution run in the backend's ShortConv op where it has
 // one, on the host otherwise and when decoding),
-// or attend over an earlier layer's keys and values (SharedKV: Gemma 4's shared KV layers). A
+// or attend over an earlier layer's keys and values (SharedKV: Gemma 4's shared KV layers), or
+// give way to JetMoE's mixture of attention heads (MoA: top-k routed query and output experts
+// over shared keys and values, routed on the host). A
 // Block may end with Gemma 4's per-layer input stage (PerLayerInput) and take, in place of its
 // MLP, Gemma 4's mixture of GeGLU experts beside the MLP (MoEBesideMLP, on the MoE device path
 // where the backend has it, routed on the host otherwise).
