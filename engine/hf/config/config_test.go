@@ -275,7 +275,7 @@ func TestTinyPresetShape(t *testing.T) {
 		want := Shape{ModelType: mt, Vocab: TinyVocab, Hidden: 64, Intermediate: c.IntermediateSize, Layers: 2,
 			Heads: 4, KVHeads: 2, HeadDim: 16, QKVBias: c.QKVBias(), OBias: c.OProjBias(), QKNorm: c.QKNormKind(),
 			Tied: c.TieWordEmbeddings, Norms: f.Norms, FusedQKV: f.FusedQKV, FusedGateUp: f.FusedGateUp,
-			Sinks: f.Sinks, ExpertBias: f.ExpertBias, HeadGate: f.HeadGate}
+			Sinks: f.Sinks, ExpertBias: f.ExpertBias, HeadGate: f.HeadGate, MoA: f.MoA}
 		if c.IsMoE() {
 			want.Experts, want.ExpertIntermediate, want.TopK, want.MoELayers = 8, 32, 2, 2
 			if mt == "glm4_moe" {

@@ -1,6 +1,6 @@
 // Package config reads and writes Hugging Face config.json files for the decoder families that
 // halo-shell trains: llama, mistral, qwen2, qwen3, olmo2, olmo3, phi3, granite, smollm3, glm4
-// (dense) and qwen3_moe, mixtral, olmoe, flex_olmo, granitemoe, hunyuan_v1_moe, ernie4_5_moe, minimax_m2, laguna, phimoe, cohere2_moe, qwen2_moe, glm4_moe (mixture of experts).
+// (dense) and qwen3_moe, mixtral, olmoe, flex_olmo, granitemoe, hunyuan_v1_moe, ernie4_5_moe, minimax_m2, laguna, phimoe, cohere2_moe, jetmoe, qwen2_moe, glm4_moe (mixture of experts).
 //
 // Parse and Load turn a config.json into a typed Config with Hugging Face's defaults filled in
 // for absent keys, exactly as transformers 5.17 resolves them for that model_type. Both dialects

@@ -30,6 +30,10 @@ func TestMoEFamiliesParameters(t *testing.T) {
 		// per-head q/k norms (16), g_proj (4 heads), a router with its correction bias (a
 		// parameter), 8 experts of 32 and a shared expert of 32
 		{"laguna", 2*v*h + h + 2*(attn+2*16+4*h+2*h+h*8+8+8*3*h*32+3*h*32)},
+		// tied; per layer a mixture of attention heads (a router, 8 experts' query and
+		// output projections of 2·16 wide, kv_proj, an output bias), two norms, a router, 8
+		// GLU experts of 32 and the block's output bias
+		{"jetmoe", v*h + h + 2*(h*8+8*2*h*kv+2*h*kv+h+2*h+h*8+8*3*h*32+h)},
 	} {
 		c, err := Preset(tc.family, "tiny")
 		if err != nil {
@@ -44,7 +48,7 @@ func TestMoEFamiliesParameters(t *testing.T) {
 // The further MoE families refuse keys they do not know, naming the key, and read the
 // aliases transformers' attribute_map declares.
 func TestMoEFamiliesRefuseUnknownKeys(t *testing.T) {
-	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "laguna"} {
+	for _, fam := range []string{"flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "laguna", "jetmoe"} {
 		_, err := Parse([]byte(`{"model_type": "`+fam+`", "use_post_norm": true}`), "cfg.json")
 		if err == nil || !strings.Contains(err.Error(), `key "use_post_norm" is not a `+fam+` key`) {
 			t.Errorf("%s: unknown key: %v", fam, err)
@@ -155,5 +159,57 @@ func TestMoEFamiliesDefaults(t *testing.T) {
 		c.SlidingRope.Theta != 10000 || c.SlidingRope.PartialRotaryFactor != 1 || len(c.NumAttentionHeadsPerLayer) != 40 ||
 		s.SharedExpert != 512 || !s.HeadGate || !s.RouterBiasParam {
 		t.Errorf("laguna defaults: %+v", c)
+	}
+}
+
+// jetmoe: JetMoeConfig's defaults, num_attention_heads derived from the key/value heads and
+// the top-k whatever the file says, head_dim read as kv_channels, and the values the family
+// does not implement refused naming the key.
+func TestJetMoe(t *testing.T) {
+	c, err := New("jetmoe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Shape()
+	if c.VocabSize != 32000 || c.HiddenSize != 2048 || c.NumHiddenLayers != 12 || c.NumKeyValueHeads != 16 ||
+		c.NumAttentionHeads != 32 || c.HeadDim != 128 || c.IntermediateSize != 5632 || c.MaxPositionEmbeddings != 4096 ||
+		c.HiddenAct != "silu" || c.NumExperts != 8 || c.NumExpertsPerTok != 2 || c.OutputRouterLogits ||
+		c.RouterAuxLossCoef != 0.01 || !c.UseCache || *c.BOSTokenID != 1 || c.EOSTokenIDs[0] != 2 || c.PadTokenID != nil ||
+		!c.TieWordEmbeddings || c.Rope.Theta != 10000 || c.Rope.Type != "default" || c.RMSNormEps != 1e-6 ||
+		c.InitializerRange != 0.01 || c.AttentionDropout != 0 || !c.NormTopKProb ||
+		!s.MoA || s.MoELayers != 12 || s.ExpertIntermediate != 5632 || s.QKVBias || s.OBias {
+		t.Errorf("jetmoe defaults: %+v", c)
+	}
+	c, err = Parse([]byte(`{"model_type": "jetmoe", "hidden_size": 24, "num_key_value_heads": 2, "num_attention_heads": 7,
+		"head_dim": 6, "num_local_experts": 4, "num_experts_per_tok": 3, "intermediate_size": 20}`), "cfg.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumAttentionHeads != 6 || c.HeadDim != 6 || c.NumExperts != 4 || c.NumExpertsPerTok != 3 || c.ExpertIntermediateSize() != 20 {
+		t.Errorf("jetmoe derived heads, head_dim alias: %+v", c)
+	}
+	out, err := c.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"num_attention_heads": 6,`, `"kv_channels": 6,`, `"activation_function": "silu",`, `"aux_loss_coef": 0.01,`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("jetmoe written without %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), `"head_dim"`) || strings.Contains(string(out), `"hidden_act"`) {
+		t.Errorf("jetmoe written with another family's keys:\n%s", out)
+	}
+	for _, tc := range []struct{ file, key string }{
+		{`{"model_type": "jetmoe", "output_router_logits": true}`, "output_router_logits"},
+		{`{"model_type": "jetmoe", "activation_function": "gelu"}`, "activation_function"},
+		{`{"model_type": "jetmoe", "activation_function": "tanh"}`, "activation_function"},
+		{`{"model_type": "jetmoe", "hidden_act": "silu"}`, "hidden_act"},
+		{`{"model_type": "jetmoe", "num_experts_per_tok": 9}`, "num_experts_per_tok"},
+		{`{"model_type": "jetmoe", "num_key_value_heads": null}`, "num_key_value_heads"},
+	} {
+		if _, err := Parse([]byte(tc.file), "cfg.json"); err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("jetmoe %s: %v, want an error naming %s", tc.file, err, tc.key)
+		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // refuseUnknown is the Validate rule of the families that refuse keys they do not know
-// (gemma3_text, gpt_oss, olmo2, olmo3, phi3, granite, smollm3, glm4, qwen2_moe, glm4_moe, flex_olmo, granitemoe, hunyuan_v1_moe, ernie4_5_moe, minimax_m2, laguna, phimoe, cohere2_moe): any
+// (gemma3_text, gpt_oss, olmo2, olmo3, phi3, granite, smollm3, glm4, qwen2_moe, glm4_moe, flex_olmo, granitemoe, hunyuan_v1_moe, ernie4_5_moe, minimax_m2, laguna, phimoe, cohere2_moe, jetmoe): any
 // such key could change the model, so it is an error naming the key rather than a key kept and
 // ignored. quantization_config describes how the checkpoint's weights are stored, not the
 // model, and is read by the weight loader; auto_map names the remote-code classes of Hub

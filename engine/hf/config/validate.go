@@ -86,7 +86,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("attention_dropout (%g) must be a probability in [0, 1]", c.AttentionDropout)
 	}
 	if !slices.Contains(HiddenActs, c.HiddenAct) {
-		return fmt.Errorf("hidden_act %q is not supported; use one of %s", c.HiddenAct, strings.Join(HiddenActs, ", "))
+		key := "hidden_act"
+		if _, has := f.knows("activation_function"); has {
+			key = "activation_function" // jetmoe's name of it
+		}
+		return fmt.Errorf("%s %q is not supported; use one of %s", key, c.HiddenAct, strings.Join(HiddenActs, ", "))
 	}
 	if c.DType != "" && !slices.Contains(DTypes, c.DType) {
 		return fmt.Errorf("dtype %q is not supported; use one of %s", c.DType, strings.Join(DTypes, ", "))

@@ -34,7 +34,7 @@ FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe
             "deepseek_v3", "glm4_moe_lite",
             "gemma3_text", "gpt_oss", "gemma4_text", "lfm2_moe", "qwen3_next", "qwen3_5_moe_text",
             "flex_olmo", "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2",
-            "laguna", "deepseek_v4", "phimoe"]
+            "laguna", "deepseek_v4", "phimoe", "cohere2_moe", "jetmoe"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
