@@ -475,6 +475,21 @@ DSV4.update(vocab_size=251, hidden_size=48, moe_intermediate_size=16, num_hidden
             num_nextn_predict_layers=0, output_router_logits=False, tie_word_embeddings=False)
 CASES += [("deepseek_v4", "deepseek_v4", DSV4)]
 
+# JetMoE, appended last so that the seeds of the cases above (their places in CASES) stay: a
+# mixture of attention heads (4 experts, top 2, each with its own query and output projections
+# of 2 KV heads x 6 over one shared kv_proj, so 4 query heads of 6 on a width of 24) and 4 GLU
+# experts of 20 (top 2, softmax of the top-2 logits), each block with an output bias (mlp.bias,
+# self_attention.experts.bias: zero at init, randomised by perturb), tied embeddings; no aux
+# loss (output_router_logits=False: halo-shell refuses it for this family). JetMoeConfig
+# derives num_attention_heads as num_key_value_heads * num_experts_per_tok; it is given here as
+# that value so that no other one reaches the config.
+CASES += [
+    case("jetmoe", "jetmoe", vocab_size=61, hidden_size=24, num_hidden_layers=2, num_key_value_heads=2,
+         num_attention_heads=4, kv_channels=6, num_local_experts=4, num_experts_per_tok=2,
+         intermediate_size=20, activation_function="silu", output_router_logits=False,
+         initializer_range=0.2, tie_word_embeddings=True),
+]
+
 # Keys of BASE that a family's config does not have (transformers would keep them as extra
 # attributes and write them to config.json).
 NOT_KEYS = {"qwen3_5_moe_text": ("intermediate_size",)}
@@ -483,7 +498,7 @@ CASES = [(n, mt, {k: v for k, v in kw.items() if k not in NOT_KEYS.get(mt, ())})
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite",
                 "lfm2_moe", "qwen3_next", "qwen3_5_moe_text", "flex_olmo",
                 "granitemoe", "hunyuan_v1_moe", "ernie4_5_moe", "minimax_m2", "deepseek_v4",
-                "laguna", "phimoe", "cohere2_moe")
+                "laguna", "phimoe", "cohere2_moe", "jetmoe")
 # Families with gated delta-net layers (torch_linear_attention).
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_moe_text")
 # Families whose training mode is random where halo-shell's is not: PhiMoE's sparsemixer samples
@@ -551,11 +566,17 @@ def token_logprobs(logits, ids):
     return lp[:, :-1, :].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+def aux_coef(config):
+    """The load-balancing loss's coefficient (JetMoeConfig names it aux_loss_coef)."""
+    coef = getattr(config, "router_aux_loss_coef", None)
+    return config.aux_loss_coef if coef is None else coef
+
+
 def objective(model, ids, is_moe):
     out = model(input_ids=ids, labels=ids)
     ce = out.loss
     if is_moe and getattr(out, "aux_loss", None) is not None:
-        return ce, ce + model.config.router_aux_loss_coef * out.aux_loss, out.aux_loss
+        return ce, ce + aux_coef(model.config) * out.aux_loss, out.aux_loss
     return ce, ce, None
 
 
@@ -675,7 +696,7 @@ def make(outdir, name, model_type, cfg_kw, seed):
     ref["loss"] = ce.item()
     if has_aux:
         ref["aux_loss"] = aux.item()
-        ref["router_aux_loss_coef"] = model.config.router_aux_loss_coef
+        ref["router_aux_loss_coef"] = aux_coef(model.config)
         ref["loss_total"] = total.item()
 
     # Gradients of the cross-entropy (and of the total objective where there is an aux loss).
