@@ -129,6 +129,10 @@ func (m *Model) linearLayers() []*nn.Linear {
 			ls = append(ls, at.Linear.Linears()...)
 		case at.Conv != nil:
 			ls = append(ls, &at.Conv.InProj, &at.Conv.OutProj)
+		case at.MoA != nil:
+			// The experts' query and output projections are one tensor each over the experts,
+			// not linear layers; kv_proj is.
+			ls = append(ls, &at.MoA.KV)
 		case at.KVIn != nil:
 			ls = append(ls, &at.Q, &at.O) // keys and values come from an earlier layer
 		default:

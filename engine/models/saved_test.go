@@ -50,6 +50,9 @@ var savedCases = []struct {
 	// Granite's multipliers (the tiny preset's) and experts written fused (input_linear,
 	// output_linear), attention biases.
 	{"granitemoe", "granitemoe", []string{"attention_bias=true"}},
+	// The mixture of attention heads (its experts' tensors whole, kv_proj) and the experts
+	// written fused with the block's output bias.
+	{"jetmoe", "jetmoe", nil},
 	// Per-head q/k norms after RoPE, a shared MLP beside the experts, attention biases.
 	{"hunyuan_v1_moe", "hunyuan_v1_moe", []string{"attention_bias=true"}},
 	// Gated delta-net layers (grouped in_proj_qkvz / in_proj_ba) beside gated attention with
