@@ -91,6 +91,9 @@ var familyCases = []struct {
 	// of the rate-4 entries) and a heavily compressed layer (rate 8), hash and score routing,
 	// clamps that hold.
 	{"deepseek_v4", "deepseek_v4", []string{"hc_mult=4", "sliding_window=5", "swiglu_limit=1.0"}, true},
+	// JetMoE: the mixture of attention heads (host routing, per-expert query and output
+	// products around the backend's grouped attention) and GLU experts with an output bias.
+	{"jetmoe", "jetmoe", nil, true},
 }
 
 // TestGPUFamiliesMatchCPU runs each of familyCases on the GPU and on the CPU backend from the
