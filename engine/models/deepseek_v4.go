@@ -221,6 +221,9 @@ func (dsv4Decoder) check(a *Arch, b backend.Backend) error {
 	if b.Name() != "cpu" && b.Optional().DSV4 == nil {
 		return fmt.Errorf("models: deepseek_v4 needs DeepSeek-V4's ops (hyper-connections, compressors, the indexer, sink attention), which the %s backend does not have; use the CPU or CUDA backend", b.Name())
 	}
+	if b.Name() != "cpu" && a.V4.HC > 8 {
+		return fmt.Errorf("models: deepseek_v4: hc_mult %d: the %s backend's DeepSeek-V4 ops take at most 8 hyper-connection streams (the CPU backend's host tape takes any)", a.V4.HC, b.Name())
+	}
 	if a.SlidingRope == nil {
 		return errors.New("models: deepseek_v4: rope_parameters needs its main dictionary")
 	}

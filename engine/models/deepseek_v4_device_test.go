@@ -3,6 +3,7 @@ package models
 import (
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/backend"
@@ -220,4 +221,25 @@ func TestDSV4DeviceFreesItsTensors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDSV4RefusesManyStreamsOffTheCPU: a backend other than the CPU refuses deepseek_v4 with
+// more than 8 hyper-connection streams when the model is built, naming hc_mult; the CPU
+// backend builds it (its host tape takes any).
+func TestDSV4RefusesManyStreamsOffTheCPU(t *testing.T) {
+	c, err := config.Preset("deepseek_v4", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err = ApplyOverrides(c, []string{"hc_mult=9"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(c, namedBackend{newCPU(), "cuda", true}, Options{}); err == nil || !strings.Contains(err.Error(), "hc_mult 9") {
+		t.Errorf("9 streams on cuda: %v, want a refusal naming hc_mult", err)
+	}
+	m, err := New(c, newCPU(), Options{})
+	if err != nil {
+		t.Fatalf("9 streams on the CPU: %v", err)
+	}
+	m.Close()
 }
