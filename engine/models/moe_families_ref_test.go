@@ -37,6 +37,15 @@ type moeRefSpec struct {
 	// sparseMixer: PhiMoE's router in eval mode, two stages of a softmax over the experts
 	// within 2*router_jitter_noise (relative) of the stage's best logit.
 	sparseMixer bool
+	// moa: the attention is JetMoE's mixture of attention heads (self_attention.experts.*,
+	// kv_proj); moaInterleave pairs query head h with key head h / top-k (repeat_interleave)
+	// in place of JetMoE's h % NKV, for the feature check.
+	moa, moaInterleave bool
+	// outBias: the MoE block adds the bias of this name under it to its output.
+	outBias string
+	// layerEps, when nonzero, is the decoder layers' norms' epsilon (rms_norm_eps then the
+	// final norm's only: JetMoE).
+	layerEps float64
 }
 
 var moeRefSpecs = map[string]moeRefSpec{
@@ -51,6 +60,8 @@ var moeRefSpecs = map[string]moeRefSpec{
 		gate: "gate_proj", up: "up_proj", down: "down_proj", sigmoid: true, bias: "experts.e_score_correction_bias",
 		shared: "shared_expert", renorm: true, headGate: true},
 	"phimoe": {block: "block_sparse_moe", router: "gate", gate: "w1", up: "w3", down: "w2", layerNorm: true, sparseMixer: true},
+	"jetmoe": {moa: true, block: "mlp", router: "router.layer", gate: "gate_proj", up: "up_proj", down: "down_proj",
+		renorm: true, outBias: "bias", layerEps: 1e-6},
 	"minimax_m2": {qkNorm: "before", qName: "q_norm", kName: "k_norm", block: "block_sparse_moe", router: "gate",
 		gate: "w1", up: "w3", down: "w2", sigmoid: true, bias: "e_score_correction_bias", renorm: true},
 }
@@ -62,7 +73,9 @@ type moeRef struct {
 	p func(name string) []float64
 }
 
-func (r moeRef) rms(x, w []float64) []float64 {
+func (r moeRef) rms(x, w []float64) []float64 { return r.rmsEps(x, w, r.c.RMSNormEps) }
+
+func (r moeRef) rmsEps(x, w []float64, eps float64) []float64 {
 	c := len(w)
 	out := make([]float64, len(x))
 	for i := 0; i < len(x)/c; i++ {
@@ -70,7 +83,7 @@ func (r moeRef) rms(x, w []float64) []float64 {
 		for _, v := range x[i*c : (i+1)*c] {
 			s += v * v
 		}
-		rs := 1 / math.Sqrt(s/float64(c)+r.c.RMSNormEps)
+		rs := 1 / math.Sqrt(s/float64(c)+eps)
 		for j := 0; j < c; j++ {
 			out[i*c+j] = x[i*c+j] * rs * w[j]
 		}
@@ -211,7 +224,18 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 		}
 		in := x
 		if !r.s.postNorms {
-			in = r.norm(x, pre+"input_layernorm")
+			in = r.layerNorm(x, pre+"input_layernorm")
+		}
+		if r.s.moa {
+			o := r.moaAttention(in, pre+"self_attention.", rot)
+			for i := range x {
+				x[i] += o[i]
+			}
+			f := r.moe(r.layerNorm(x, pre+"post_attention_layernorm"), pre+r.s.block+".")
+			for i := range x {
+				x[i] += f[i]
+			}
+			continue
 		}
 		q := r.proj(in, pre+"self_attn.q_proj", h, bias)
 		k := r.proj(in, pre+"self_attn.k_proj", h, bias)
@@ -276,7 +300,7 @@ func (r moeRef) logprobs(ids []int32) []float64 {
 		}
 		in = x
 		if !r.s.postNorms {
-			in = r.norm(x, pre+"post_attention_layernorm")
+			in = r.layerNorm(x, pre+"post_attention_layernorm")
 		}
 		var f []float64
 		if c.IsMoELayer(l) {
@@ -397,6 +421,115 @@ func (r moeRef) moe(x []float64, pre string) []float64 {
 				out[t*h+j] += y[j]
 			}
 		}
+		if r.s.outBias != "" {
+			b := r.p(pre + r.s.outBias)
+			for j := range b {
+				out[t*h+j] += b[j]
+			}
+		}
+	}
+	return out
+}
+
+// layerNorm is a decoder layer's pre-norm (norm, with layerEps when set).
+func (r moeRef) layerNorm(x []float64, module string) []float64 {
+	if r.s.layerEps != 0 {
+		return r.rmsEps(x, r.p(module+".weight"), r.s.layerEps)
+	}
+	return r.norm(x, module)
+}
+
+// moaAttention is JetMoE's mixture of attention heads at module pre on the normalised rows x
+// (rot rotates [n, heads, hd] rows in place by the main table): each token's top-k experts by
+// router logit, weighted by the softmax over those logits, project its queries for the NKV
+// key/value heads; query head i·NKV + j attends causally with key/value head j of kv_proj;
+// each slot's output goes through its expert's output projection, weighted, plus the bias.
+func (r moeRef) moaAttention(x []float64, pre string, rot func([]float64, int)) []float64 {
+	a := r.a
+	h, e, k, nkv, hd, n := a.Hidden, a.Experts, a.TopK, a.KVHeads, a.HeadDim, len(x)/a.Hidden
+	kvw, nh := nkv*hd, k*nkv
+	logits := r.proj(x, pre+"experts.router.layer", h, false)
+	wq, wo := r.p(pre+"experts.input_linear.weight"), r.p(pre+"experts.output_linear.weight")
+	sel := make([][]int, n)
+	gates := make([][]float64, n)
+	q := make([]float64, n*nh*hd)
+	for t := 0; t < n; t++ {
+		row := logits[t*e : (t+1)*e]
+		idx := make([]int, e)
+		for j := range idx {
+			idx[j] = j
+		}
+		sort.SliceStable(idx, func(i, j int) bool { return row[idx[i]] > row[idx[j]] })
+		sel[t] = idx[:k]
+		m, z := row[sel[t][0]], 0.0
+		gates[t] = make([]float64, k)
+		for i, s := range sel[t] {
+			gates[t][i] = math.Exp(row[s] - m)
+			z += gates[t][i]
+		}
+		for i, s := range sel[t] {
+			gates[t][i] /= z
+			for o := 0; o < kvw; o++ {
+				acc := 0.0
+				for c := 0; c < h; c++ {
+					acc += wq[(s*kvw+o)*h+c] * x[t*h+c]
+				}
+				q[t*nh*hd+i*kvw+o] = acc
+			}
+		}
+	}
+	kv := r.proj(x, pre+"kv_proj", h, false)
+	kk, vv := make([]float64, n*kvw), make([]float64, n*kvw)
+	for t := 0; t < n; t++ {
+		copy(kk[t*kvw:(t+1)*kvw], kv[t*2*kvw:t*2*kvw+kvw])
+		copy(vv[t*kvw:(t+1)*kvw], kv[t*2*kvw+kvw:(t+1)*2*kvw])
+	}
+	rot(q, nh)
+	rot(kk, nkv)
+	scale := 1 / math.Sqrt(float64(hd))
+	att := make([]float64, n*nh*hd)
+	for t := 0; t < n; t++ {
+		for hh := 0; hh < nh; hh++ {
+			kh := hh % nkv
+			if r.s.moaInterleave {
+				kh = hh / k
+			}
+			sc := make([]float64, t+1)
+			m := math.Inf(-1)
+			for j := 0; j <= t; j++ {
+				s := 0.0
+				for d := 0; d < hd; d++ {
+					s += q[(t*nh+hh)*hd+d] * kk[(j*nkv+kh)*hd+d]
+				}
+				sc[j] = s * scale
+				m = math.Max(m, sc[j])
+			}
+			z := 0.0
+			for _, s := range sc {
+				z += math.Exp(s - m)
+			}
+			for j := 0; j <= t; j++ {
+				for d := 0; d < hd; d++ {
+					att[(t*nh+hh)*hd+d] += math.Exp(sc[j]-m) / z * vv[(j*nkv+kh)*hd+d]
+				}
+			}
+		}
+	}
+	b := r.p(pre + "experts.bias")
+	out := make([]float64, n*h)
+	for t := 0; t < n; t++ {
+		for i, s := range sel[t] {
+			for c := 0; c < h; c++ {
+				acc := 0.0
+				for o := 0; o < kvw; o++ {
+					acc += wo[(s*h+c)*kvw+o] * att[t*nh*hd+i*kvw+o]
+				}
+				out[t*h+c] += gates[t][i] * acc
+			}
+		}
+		for c := 0; c < h; c++ {
+			out[t*h+c] += b[c]
+		}
 	}
 	return out
 }
@@ -434,6 +567,10 @@ func TestMoEFamiliesMatchReference(t *testing.T) {
 			func(r *moeRef) { r.s.sparseMixer = false }},
 		{"minimax_m2", func(c *config.Config) { c.NumExpertsPerTok = 3 },
 			func(r *moeRef) { r.s.bias = "" }},
+		// rms_norm_eps far from the layer norms' 1e-6, so that the final norm's own epsilon
+		// shows; the feature checked is the key head each query head reads (h % NKV).
+		{"jetmoe", func(c *config.Config) { c.RMSNormEps = 0.05 },
+			func(r *moeRef) { r.s.moaInterleave = true }},
 	} {
 		t.Run(tc.fam, func(t *testing.T) {
 			m := tinyMoE(t, tc.fam, tc.mod)
@@ -446,6 +583,20 @@ func TestMoEFamiliesMatchReference(t *testing.T) {
 				}
 				if err := m.SetParam(name, b); err != nil {
 					t.Fatal(err)
+				}
+			}
+			if tc.fam == "jetmoe" {
+				// Biases away from their zero initial values.
+				for l := 0; l < m.Arch.Layers; l++ {
+					for _, name := range []string{"self_attention.experts.bias", "mlp.bias"} {
+						b := make([]float32, m.Arch.Hidden)
+						for i := range b {
+							b[i] = 0.2 * float32(i%5-2)
+						}
+						if err := m.SetParam(layerName(l, name), b); err != nil {
+							t.Fatal(err)
+						}
+					}
 				}
 			}
 			ref := moeRef{s: moeRefSpecs[tc.fam], c: m.Config(), a: m.Arch, p: float64s(t, m)}
