@@ -461,18 +461,11 @@ func (m *DSV4Device) collapse(t *DevTape, w, x *DVar) (*DVar, error) {
 		return nil, err
 	}
 	t.recFree(func() error {
-		gw, err := t.grad(w)
+		gs, err := t.grads(w, x, y)
 		if err != nil {
 			return err
 		}
-		gx, err := t.grad(x)
-		if err != nil {
-			return err
-		}
-		gy, err := t.grad(y)
-		if err != nil {
-			return err
-		}
+		gw, gx, gy := gs[0], gs[1], gs[2]
 		return dsv4Err("stream collapse backward", m.ops.StreamCollapseBackward(gw, gx, gy, w.V, x.V))
 	}, []*DVar{y})
 	return y, nil
@@ -530,14 +523,11 @@ func (m *DSV4Device) rmsnorm(t *DevTape, x *DVar, width int, w *DVar) (*DVar, er
 		return nil, err
 	}
 	t.recFree(func() error {
-		gx, err := t.grad(x)
+		gs, err := t.grads(x, y)
 		if err != nil {
 			return err
 		}
-		gy, err := t.grad(y)
-		if err != nil {
-			return err
-		}
+		gx, gy := gs[0], gs[1]
 		a := backend.RMSNormBackwardArgs{DY: mustReshape(gy, rows, width), X: xv, W: wt, RStd: rstd, AccumulateDX: true,
 			DX: mustReshape(gx, rows, width)}
 		if w != nil {
@@ -594,14 +584,11 @@ func (t *DevTape) repeat(x *DVar, n int) (*DVar, error) {
 		}
 	}
 	t.recFree(func() error {
-		gx, err := t.grad(x)
+		gs, err := t.grads(x, y)
 		if err != nil {
 			return err
 		}
-		gy, err := t.grad(y)
-		if err != nil {
-			return err
-		}
+		gx, gy := gs[0], gs[1]
 		for k := 0; k < n; k++ {
 			if err := t.b.CopyColumns(backend.ColumnCopyArgs{Dst: gx, Src: gy, Groups: 1, Width: C, SrcOffset: k * C, Accumulate: true}); err != nil {
 				return err
@@ -685,14 +672,11 @@ func (t *DevTape) cols(x *DVar, lo, hi int) (*DVar, error) {
 		return nil, err
 	}
 	t.recFree(func() error {
-		gx, err := t.grad(x)
+		gs, err := t.grads(x, y)
 		if err != nil {
 			return err
 		}
-		gy, err := t.grad(y)
-		if err != nil {
-			return err
-		}
+		gx, gy := gs[0], gs[1]
 		return t.b.CopyColumns(backend.ColumnCopyArgs{Dst: gx, Src: gy, Groups: 1, Width: hi - lo, DstOffset: lo, Accumulate: true})
 	}, []*DVar{y})
 	return y, nil
@@ -720,14 +704,11 @@ func (t *DevTape) concatRows(a, b *DVar) (*DVar, error) {
 		}
 		gtop, _ := gy.Rows(0, ra)
 		gbot, _ := gy.Rows(ra, ra+rb)
-		ga, err := t.grad(a)
+		gs, err := t.grads(a, b)
 		if err != nil {
 			return err
 		}
-		gb, err := t.grad(b)
-		if err != nil {
-			return err
-		}
+		ga, gb := gs[0], gs[1]
 		if err := t.b.Axpy(ga, 1, gtop); err != nil {
 			return err
 		}
@@ -791,14 +772,11 @@ func (m *DSV4Device) rope(t *DevTape, x *DVar, hd int, pos T, main bool, sign in
 		return nil, err
 	}
 	t.recFree(func() error {
-		gy, err := t.grad(y)
+		gs, err := t.grads(y, x)
 		if err != nil {
 			return err
 		}
-		gx, err := t.grad(x)
-		if err != nil {
-			return err
-		}
+		gy, gx := gs[0], gs[1]
 		d, err := t.tmp(gy.DType(), gy.Shape()...)
 		if err != nil {
 			return err
@@ -941,18 +919,11 @@ func (t *DevTape) groupedLinear(x, w *DVar, groups int) (*DVar, error) {
 		}
 	}
 	t.recFree(func() error {
-		gy, err := t.grad(y)
+		gs, err := t.grads(y, x, w)
 		if err != nil {
 			return err
 		}
-		gx, err := t.grad(x)
-		if err != nil {
-			return err
-		}
-		gw, err := t.grad(w)
-		if err != nil {
-			return err
-		}
+		gy, gx, gw := gs[0], gs[1], gs[2]
 		for g := 0; g < groups; g++ {
 			dy, err := t.tmp(gy.DType(), R, M)
 			if err != nil {
@@ -1423,21 +1394,27 @@ func (m *DSV4Device) clampSwiGLU(t *DevTape, g, u *DVar) (*DVar, error) {
 		return nil, err
 	}
 	t.recFree(func() error {
-		gy, err := t.grad(y)
+		gs, err := t.grads(y, g, u)
 		if err != nil {
 			return err
 		}
-		gg, err := t.grad(g)
-		if err != nil {
-			return err
-		}
-		gu, err := t.grad(u)
-		if err != nil {
-			return err
-		}
+		gy, gg, gu := gs[0], gs[1], gs[2]
 		return m.ops.SwiGLUClampedSplitBackward(gg, gu, gy, g.V, u.V, lim)
 	}, []*DVar{y})
 	return y, nil
+}
+
+// grads returns the gradients of vs (grad of each, in order).
+func (t *DevTape) grads(vs ...*DVar) ([]T, error) {
+	out := make([]T, len(vs))
+	for i, v := range vs {
+		g, err := t.grad(v)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = g
+	}
+	return out, nil
 }
 
 // Grad returns v's gradient tensor, allocating it (zeros) on first use: seed an output's
@@ -1516,22 +1493,11 @@ func (m *DSV4Device) sinkAttention(t *DevTape, a backend.SinkAttentionArgs, q, k
 		return err
 	}
 	t.recFree(func() error {
-		gO, err := t.grad(o)
+		gs, err := t.grads(o, q, kv, sinks)
 		if err != nil {
 			return err
 		}
-		gQ, err := t.grad(q)
-		if err != nil {
-			return err
-		}
-		gKV, err := t.grad(kv)
-		if err != nil {
-			return err
-		}
-		gS, err := t.grad(sinks)
-		if err != nil {
-			return err
-		}
+		gO, gQ, gKV, gS := gs[0], gs[1], gs[2], gs[3]
 		x, p, err := probs(true)
 		if err != nil {
 			return err

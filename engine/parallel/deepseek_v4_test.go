@@ -1,13 +1,9 @@
 package parallel
 
 import (
-	"fmt"
-	"math"
-	"strings"
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/mesh"
-	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
 // A tiny deepseek_v4: two hyper-connection streams, a sliding, a compressed sparse (rate 4,
@@ -34,43 +30,7 @@ func TestDeepseekV4LayoutsMatchSingleDevice(t *testing.T) {
 	for _, path := range []string{"host", "device"} {
 		t.Run(path, func(t *testing.T) {
 			t.Setenv("HALO_DSV4_PATH", path)
-			src := tinyModel(t, "deepseek_v4", 3)
-			rows := tinyRows(4, 16, 41, 4)
-			wantLoss, wantGrads, _ := referenceAux(t, src, rows)
-			for _, tc := range []struct {
-				n      int
-				layout string
-			}{{2, ""}, {2, "fsdp"}, {4, "fsdp"}} {
-				t.Run(fmt.Sprintf("%d/%s", tc.n, strings.ReplaceAll(tc.layout, " ", ",")), func(t *testing.T) {
-					p := newPlan(t, src, tc.n, tc.layout, optim.Config{})
-					loss, _, err := p.ForwardBackward(rows)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if math.Abs(loss-wantLoss) > 1e-6*math.Abs(wantLoss) {
-						t.Errorf("loss %.9g, single device %.9g", loss, wantLoss)
-					}
-					grads, err := p.Grads()
-					if err != nil {
-						t.Fatal(err)
-					}
-					for _, s := range src.Specs {
-						if err := closeTo(grads[s.Name], wantGrads[s.Name], 1e-5); err != nil {
-							t.Errorf("gradient %s (%s): %v", s.Name, p.Placement(s.Name), err)
-						}
-					}
-				})
-			}
+			checkWholeLayouts(t, tinyModel(t, "deepseek_v4", 3), mesh.RuleHostDecoder)
 		})
-	}
-	src := tinyModel(t, "deepseek_v4", 3)
-	for _, layout := range []string{"tp=2", "cp=2", "ep=2"} {
-		l, err := mesh.ParseLayout(layout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := New(src, cpuDevices(2), l, Options{}); err == nil || !strings.Contains(err.Error(), mesh.RuleHostDecoder) {
-			t.Errorf("%s: %v, want a refusal naming rule %s", layout, err, mesh.RuleHostDecoder)
-		}
 	}
 }

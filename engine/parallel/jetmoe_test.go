@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/halo-shell/halo-shell/engine/mesh"
+	"github.com/halo-shell/halo-shell/engine/models"
 	"github.com/halo-shell/halo-shell/engine/optim"
 )
 
@@ -23,6 +24,15 @@ func init() {
 // device's loss and gradients; tensor, context and expert parallelism are refused by rule moa.
 func TestJetMoeLayoutsMatchSingleDevice(t *testing.T) {
 	src := tinyModel(t, "jetmoe", 3)
+	checkWholeLayouts(t, src, mesh.RuleMoA)
+}
+
+// checkWholeLayouts runs src (a family whose parameters stay whole on every rank, without an
+// aux loss) under data parallelism and FSDP on 2 and 4 simulated devices against the single
+// device's loss and every gradient, and checks that tensor, context and expert parallelism are
+// refused naming rule.
+func checkWholeLayouts(t *testing.T, src *models.Model, rule string) {
+	t.Helper()
 	rows := tinyRows(4, 16, 41, 4)
 	wantLoss, wantGrads, _ := referenceAux(t, src, rows)
 	for _, tc := range []struct {
@@ -54,8 +64,8 @@ func TestJetMoeLayoutsMatchSingleDevice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := New(src, cpuDevices(2), l, Options{}); err == nil || !strings.Contains(err.Error(), mesh.RuleMoA) {
-			t.Errorf("%s: %v, want a refusal naming rule %s", layout, err, mesh.RuleMoA)
+		if _, err := New(src, cpuDevices(2), l, Options{}); err == nil || !strings.Contains(err.Error(), rule) {
+			t.Errorf("%s: %v, want a refusal naming rule %s", layout, err, rule)
 		}
 	}
 }
