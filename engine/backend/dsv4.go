@@ -307,10 +307,8 @@ func (a SinkAttentionArgs) Validate() (SinkAttentionDims, error) {
 	if err := needLen(op, "Sinks", a.Sinks, d.H); err != nil {
 		return d, err
 	}
-	if !a.Mask.IsNil() {
-		if a.Mask.DType() != tensor.I32 || a.Mask.Rank() != 2 || a.Mask.Dim(0) != d.N || a.Mask.Dim(1) != d.S-d.N {
-			return d, fmt.Errorf("%s: Mask %v must be [%d,%d] I32", op, a.Mask, d.N, d.S-d.N)
-		}
+	if err := needMask(op, a.Mask, d.N, d.S-d.N); err != nil {
+		return d, err
 	}
 	if err := need2(op, "Out", a.Out, d.N, d.H*d.D); err != nil {
 		return d, err
@@ -390,10 +388,8 @@ func (a SinkSoftmaxArgs) Validate() (SinkSoftmaxDims, error) {
 	if err := needLen(op, "Sinks", a.Sinks, d.H); err != nil {
 		return d, err
 	}
-	if !a.Mask.IsNil() {
-		if a.Mask.DType() != tensor.I32 || a.Mask.Rank() != 2 || a.Mask.Dim(0) != d.N || a.Mask.Dim(1) != d.S-d.N {
-			return d, fmt.Errorf("%s: Mask %v must be [%d,%d] I32", op, a.Mask, d.N, d.S-d.N)
-		}
+	if err := needMask(op, a.Mask, d.N, d.S-d.N); err != nil {
+		return d, err
 	}
 	if err := need2(op, "P", a.P, d.N*d.H, d.S); err != nil {
 		return d, err
@@ -604,4 +600,12 @@ func (o *DSV4Ops) Complete() (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// needMask checks an optional indexer mask: [n, c] I32.
+func needMask(op string, m T, n, c int) error {
+	if !m.IsNil() && (m.DType() != tensor.I32 || m.Rank() != 2 || m.Dim(0) != n || m.Dim(1) != c) {
+		return fmt.Errorf("%s: Mask %v must be [%d,%d] I32", op, m, n, c)
+	}
+	return nil
 }
