@@ -63,6 +63,9 @@ func init() {
 		// written with rope_parameters' value, the file gives one base whichever is read.
 		WriteExtra: func(c *Config, out pyObject) {
 			out["rope_theta"] = floatValue(c.Rope.Theta, c.intLit["rope_parameters.rope_theta"])
+			// Its rope_scaling attribute too, None for the default rope (the only type the
+			// family takes).
+			out["rope_scaling"] = nil
 		},
 		Resolve:  resolveCohere2MoE,
 		Validate: validateCohere2MoE,
