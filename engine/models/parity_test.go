@@ -381,12 +381,14 @@ func transformersGrad(gf *safetensors.File, s ParamSpec, moe *moeFFN) ([]float32
 		block = "feed_forward"
 	}
 	all, err := get("model.layers." + sm[1] + "." + block + ".experts." + fused)
+	if err != nil && moe != nil && moe.fused.GateUp != "" {
+		// The family's own fused tensors (granitemoe's and jetmoe's input_linear and
+		// output_linear).
+		own := map[string]string{"gate_up_proj": moe.fused.GateUp, "down_proj": moe.fused.Down}[fused]
+		all, err = get("model.layers." + sm[1] + "." + moe.block + "." + own)
+	}
 	if err != nil {
-		// granitemoe's own fused tensors.
-		own := map[string]string{"gate_up_proj": "input_linear", "down_proj": "output_linear"}[fused]
-		if all, err = get("model.layers." + sm[1] + ".block_sparse_moe." + own + ".weight"); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	if off+n > len(all) {
 		return nil, fmt.Errorf("%s: fused tensor too small for expert %d", s.Name, x)
