@@ -66,20 +66,23 @@ func dsv4Name(disk string) string {
 	return "model." + n
 }
 
-// DeepSeek-V4 (structure: the deepseek_v4 family of engine/hf/config) runs its whole decoder
-// on the host tape (nn.DSV4): hyper-connection residual streams, shared-key-value attention
-// with sinks and compressed entries, the lightning indexer, grouped output projection and
-// hash- or score-routed clamped-SwiGLU experts have no backend ops yet. Parameters live in the
-// model's arenas as for every family (transformers' names: self_attn.q_a_proj, q_a_norm,
-// q_b_proj, kv_proj, kv_norm, o_a_proj, o_b_proj, sinks, compressor.*, compressor.indexer.*;
-// mlp.gate, mlp.experts.X.{gate,up,down}_proj, mlp.shared_experts.*; attn_hc and ffn_hc;
-// model.hc_head); checkpoints are read and written with DeepSeek's own names, as transformers
-// saves them, and each hash layer's tid2eid table is a buffer kept beside the arenas.
+// DeepSeek-V4 (structure: the deepseek_v4 family of engine/hf/config) runs a decoder of its
+// own: hyper-connection residual streams, shared-key-value attention with sinks and compressed
+// entries, the lightning indexer, grouped output projection and hash- or score-routed
+// clamped-SwiGLU experts are not Blocks. It runs through the backend's ops where the backend
+// has DeepSeek-V4's (nn.DSV4Device, host_device.go), or on the float64 host tape (nn.DSV4), as
+// HALO_DSV4_PATH says. Parameters live in the model's arenas as for every family
+// (transformers' names: self_attn.q_a_proj, q_a_norm, q_b_proj, kv_proj, kv_norm, o_a_proj,
+// o_b_proj, sinks, compressor.*, compressor.indexer.*; mlp.gate, mlp.experts.X.{gate,up,down}_proj,
+// mlp.shared_experts.*; attn_hc and ffn_hc; model.hc_head); checkpoints are read and written
+// with DeepSeek's own names, as transformers saves them, and each hash layer's tid2eid table is
+// a buffer kept beside the arenas. Generation re-runs each row's sequence per new token (no
+// KV cache; host_generate.go).
 //
-// Refused: backends other than the CPU (the host decoder would move every weight each pass),
-// the length-dependent rope types (dynamic, longrope), LoRA, 4-bit bases, generation and
-// sequence classification;
-// engine/mesh refuses every parallel layout but data parallelism (rule host-decoder).
+// Refused: backends without DeepSeek-V4's ops other than the CPU, more than 8
+// hyper-connection streams off the CPU, the length-dependent rope types (dynamic, longrope),
+// LoRA, 4-bit bases and sequence classification; engine/mesh refuses every parallel layout
+// but data parallelism and fsdp (rule host-decoder).
 func init() {
 	Register(&Family{
 		ModelType:  "deepseek_v4",

@@ -116,9 +116,6 @@ func TestDeepseekV4Refusals(t *testing.T) {
 	if err := m.AttachLoRA(LoRAConfig{R: 4, Alpha: 8, Targets: []string{"all-linear"}}); err == nil || !strings.Contains(err.Error(), "host tape") {
 		t.Errorf("LoRA: %v", err)
 	}
-	if _, err := m.Generate([]int32{1, 2}, GenerateOptions{MaxNewTokens: 2}); err == nil || !strings.Contains(err.Error(), "host") {
-		t.Errorf("generate: %v", err)
-	}
 	cm, err := New(c, newCPU(), Options{NumLabels: 1})
 	if err != nil {
 		t.Fatal(err)

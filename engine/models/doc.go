@@ -33,8 +33,8 @@
 // on the device, the LM head is the fused cross-entropy), or on the float64 host tape
 // (nn.HostTape: parameters downloaded, gradients added back), as HALO_DSV4_PATH chooses (by
 // default the device path on a backend other than the CPU that has the ops, the host tape on
-// the CPU backend). It trains under data parallelism, without adapters, generation or a
-// classifier head.
+// the CPU backend). It trains under data parallelism and fsdp, without adapters or a classifier
+// head, and generates by re-running each row (no KV cache).
 //
 // Parameters live in one arena per model (gradients in a second) with a named view per
 // parameter, derived once from the []ParamSpec table; the optimizer, the gradient norm and

@@ -68,26 +68,7 @@ func (m *Model) hostRun(b *Batch, seed func(lp []float32) ([]float64, error)) ([
 		return m.deviceRun(r, seed)
 	}
 	var tape nn.HostTape
-	leaves := make(map[string]*nn.HVar, len(m.Specs))
-	for _, s := range m.Specs {
-		v, err := m.ParamFloat32(s.Name)
-		if err != nil {
-			return nil, err
-		}
-		d := make([]float64, len(v))
-		for i, x := range v {
-			d[i] = float64(x)
-		}
-		rows, cols := 1, len(d)
-		if len(s.Shape) == 2 {
-			rows, cols = s.Shape[0], s.Shape[1]
-		}
-		leaves[s.Name] = tape.Leaf(d, rows, cols)
-	}
-	if m.Arch.Tied {
-		leaves[nameLMHead] = leaves[nameEmbed]
-	}
-	dec, err := m.Family.Host.decoder(m, func(n string) *nn.HVar { return leaves[n] })
+	leaves, dec, err := m.hostTapeDecoder(&tape)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +136,32 @@ func (m *Model) hostRun(b *Batch, seed func(lp []float32) ([]float64, error)) ([
 		}
 	}
 	return lp, nil
+}
+
+// hostTapeDecoder downloads every parameter as a leaf of tape (the tied head sharing the
+// embedding's) and builds the host decoder over them.
+func (m *Model) hostTapeDecoder(tape *nn.HostTape) (map[string]*nn.HVar, *nn.DSV4, error) {
+	leaves := make(map[string]*nn.HVar, len(m.Specs))
+	for _, s := range m.Specs {
+		v, err := m.ParamFloat32(s.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		d := make([]float64, len(v))
+		for i, x := range v {
+			d[i] = float64(x)
+		}
+		rows, cols := 1, len(d)
+		if len(s.Shape) == 2 {
+			rows, cols = s.Shape[0], s.Shape[1]
+		}
+		leaves[s.Name] = tape.Leaf(d, rows, cols)
+	}
+	if m.Arch.Tied {
+		leaves[nameLMHead] = leaves[nameEmbed]
+	}
+	dec, err := m.Family.Host.decoder(m, func(n string) *nn.HVar { return leaves[n] })
+	return leaves, dec, err
 }
 
 // hostForwardBackward is ForwardBackward on the host decoder.

@@ -26,34 +26,12 @@ func (m *Model) deviceRun(r *resolved, seed func(lp []float32) ([]float64, error
 			return nil, err
 		}
 	}
-	base, err := m.Family.Host.decoder(m, func(string) *nn.HVar { return nil })
-	if err != nil {
-		return nil, err
-	}
-	param := func(name string) (tensor.Tensor, tensor.Tensor, error) {
-		if name == nameLMHead && m.Arch.Tied {
-			name = nameEmbed
-		}
-		w, ok := m.Params.Get(name)
-		if !ok {
-			return tensor.Tensor{}, tensor.Tensor{}, fmt.Errorf("models: %s has no parameter %s", m.Arch.ModelType, name)
-		}
-		var g tensor.Tensor
-		if train {
-			g, _ = m.Grads.Get(name)
-		}
-		return w, g, nil
-	}
-	dev, err := nn.NewDSV4Device(base.Cfg, m.b, m.DType(), param, base.Tid2Eid)
+	dev, head, headG, err := m.deviceDecoder(train)
 	if err != nil {
 		return nil, err
 	}
 	tape := nn.NewDevTape(m.b, train)
 	defer func() { err = errors.Join(err, tape.Close(), dev.Close()) }()
-	head, headG, err := param(nameLMHead)
-	if err != nil {
-		return nil, err
-	}
 	type doc struct {
 		lo, hi  int
 		hidden  *nn.DVar
@@ -142,4 +120,37 @@ func (m *Model) deviceRun(r *resolved, seed func(lp []float32) ([]float64, error
 		return nil, err
 	}
 	return lp, nil
+}
+
+// deviceDecoder builds the device decoder over the model's parameters (their gradients when
+// train) and returns it with the LM head's weight and gradient.
+func (m *Model) deviceDecoder(train bool) (*nn.DSV4Device, tensor.Tensor, tensor.Tensor, error) {
+	base, err := m.Family.Host.decoder(m, func(string) *nn.HVar { return nil })
+	if err != nil {
+		return nil, tensor.Tensor{}, tensor.Tensor{}, err
+	}
+	param := func(name string) (tensor.Tensor, tensor.Tensor, error) {
+		if name == nameLMHead && m.Arch.Tied {
+			name = nameEmbed
+		}
+		w, ok := m.Params.Get(name)
+		if !ok {
+			return tensor.Tensor{}, tensor.Tensor{}, fmt.Errorf("models: %s has no parameter %s", m.Arch.ModelType, name)
+		}
+		var g tensor.Tensor
+		if train {
+			g, _ = m.Grads.Get(name)
+		}
+		return w, g, nil
+	}
+	dev, err := nn.NewDSV4Device(base.Cfg, m.b, m.DType(), param, base.Tid2Eid)
+	if err != nil {
+		return nil, tensor.Tensor{}, tensor.Tensor{}, err
+	}
+	head, headG, err := param(nameLMHead)
+	if err != nil {
+		_ = dev.Close()
+		return nil, tensor.Tensor{}, tensor.Tensor{}, err
+	}
+	return dev, head, headG, nil
 }
