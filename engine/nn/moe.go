@@ -1045,19 +1045,28 @@ func LoadBalancingLoss(rs []*Routing, scale float64) (aux float64, c []float64, 
 	return aux * float64(e), c, nil
 }
 
+// onesColumn returns an [rows, 1] tensor of ones of the pass dtype (the caller frees it).
+func onesColumn(p *Pass, rows int) (T, error) {
+	ones, err := p.out(rows, 1)
+	if err != nil {
+		return T{}, err
+	}
+	if err := p.B.Fill(ones, 1); err != nil {
+		_ = free(p.B, &ones)
+		return T{}, err
+	}
+	return ones, nil
+}
+
 // addRowBias adds b [C] to every row of out [R,C] (a rank-one GEMM update against a column of
 // ones).
 func addRowBias(p *Pass, out, b T) error {
-	rows, c := out.Dim(0), out.Dim(1)
-	ones, err := p.out(rows, 1)
+	ones, err := onesColumn(p, out.Dim(0))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = free(p.B, &ones) }()
-	if err := p.B.Fill(ones, 1); err != nil {
-		return err
-	}
-	br, err := b.Reshape(1, c)
+	br, err := b.Reshape(1, out.Dim(1))
 	if err != nil {
 		return err
 	}
@@ -1066,16 +1075,12 @@ func addRowBias(p *Pass, out, b T) error {
 
 // rowBiasGrad adds the column sums of dy [R,C] to gb [C] (the gradient of addRowBias's b).
 func rowBiasGrad(p *Pass, gb, dy T) error {
-	rows, c := dy.Dim(0), dy.Dim(1)
-	ones, err := p.out(rows, 1)
+	ones, err := onesColumn(p, dy.Dim(0))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = free(p.B, &ones) }()
-	if err := p.B.Fill(ones, 1); err != nil {
-		return err
-	}
-	g, err := gb.Reshape(1, c)
+	g, err := gb.Reshape(1, dy.Dim(1))
 	if err != nil {
 		return err
 	}
