@@ -483,15 +483,11 @@ func (m *DSV4Device) expand(t *DevTape, post, f, comb, x *DVar) (*DVar, error) {
 	}
 	t.recFree(func() error {
 		ba := backend.StreamExpandBackwardArgs{StreamExpandArgs: a}
-		var err error
-		for _, g := range []struct {
-			dst *T
-			v   *DVar
-		}{{&ba.DOut, y}, {&ba.DPost, post}, {&ba.DComb, comb}, {&ba.DF, f}, {&ba.DX, x}} {
-			if *g.dst, err = t.grad(g.v); err != nil {
-				return err
-			}
+		gs, err := t.grads(y, post, comb, f, x)
+		if err != nil {
+			return err
 		}
+		ba.DOut, ba.DPost, ba.DComb, ba.DF, ba.DX = gs[0], gs[1], gs[2], gs[3], gs[4]
 		return dsv4Err("stream expand backward", m.ops.StreamExpandBackward(ba))
 	}, []*DVar{y})
 	return y, nil
@@ -1000,15 +996,11 @@ func (m *DSV4Device) compress(t *DevTape, h *DVar, pre string, rate int, overlap
 	}
 	t.recFree(func() error {
 		ba := backend.WindowPoolBackwardArgs{WindowPoolArgs: a}
-		var err error
-		for _, g := range []struct {
-			dst *T
-			v   *DVar
-		}{{&ba.DOut, pooled}, {&ba.DKV, kv}, {&ba.DGate, gate}, {&ba.GAPE, ape}} {
-			if *g.dst, err = t.grad(g.v); err != nil {
-				return err
-			}
+		gs, err := t.grads(pooled, kv, gate, ape)
+		if err != nil {
+			return err
 		}
+		ba.DOut, ba.DKV, ba.DGate, ba.GAPE = gs[0], gs[1], gs[2], gs[3]
 		return dsv4Err("window pool backward", m.ops.WindowPoolBackward(ba))
 	}, []*DVar{pooled})
 	normed, err := m.rmsnorm(t, pooled, D, norm)
