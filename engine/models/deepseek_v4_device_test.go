@@ -324,3 +324,46 @@ func TestDSV4Generates(t *testing.T) {
 		t.Errorf("greedy tokens on the host tape %v, through the device decoder %v", greedy[0], greedy[1])
 	}
 }
+
+// TestJetMoeGenerates: jetmoe, whose mixture of attention heads keeps no KV cache, generates
+// by re-running each row: every greedy token is the argmax of NextLogits over its prefix, a
+// stop id ends the row, and two prompts batched decode as they do alone.
+func TestJetMoeGenerates(t *testing.T) {
+	m, err := Load(filepath.Join("testdata", "parity", "jetmoe"), newCPU(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	prompts := [][]int32{{3, 17, 40, 8, 21}, {9, 1, 30}}
+	got, err := m.GenerateBatch(prompts, BatchGenerateOptions{GenerateOptions: GenerateOptions{MaxNewTokens: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, p := range prompts {
+		seq := slices.Clone(p)
+		for k, id := range got[r] {
+			l, err := m.NextLogits(seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := Argmax(l); id != want {
+				t.Errorf("row %d, new token %d: %d, the argmax of the prefix's logits is %d", r, k, id, want)
+			}
+			seq = append(seq, id)
+		}
+		alone, err := m.Generate(p, GenerateOptions{MaxNewTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(alone, got[r]) {
+			t.Errorf("row %d alone %v, batched %v", r, alone, got[r])
+		}
+	}
+	stop, err := m.Generate(prompts[0], GenerateOptions{MaxNewTokens: 4, StopIDs: []int32{got[0][1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := got[0][:slices.Index(got[0], got[0][1])+1]; !slices.Equal(stop, want) {
+		t.Errorf("stopping at %d: %v, want %v", got[0][1], stop, want)
+	}
+}

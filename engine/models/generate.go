@@ -107,7 +107,7 @@ func (m *Model) GenerateBatch(prompts [][]int32, o BatchGenerateOptions) ([][]in
 	if o.Temperature < 0 || math.IsNaN(o.Temperature) || o.TopK < 0 || o.TopP < 0 || o.TopP > 1 || math.IsNaN(o.TopP) {
 		return nil, fmt.Errorf("models: Generate: need temperature >= 0, top_k >= 0 and 0 <= top_p <= 1 (got %v, %d, %v)", o.Temperature, o.TopK, o.TopP)
 	}
-	if m.Family.Host != nil {
+	if m.recomputes() {
 		return m.generateRecompute(prompts, o)
 	}
 	if dev, err := m.deviceDecoding(); err != nil {

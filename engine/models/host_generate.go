@@ -11,11 +11,26 @@ import (
 	"github.com/halo-shell/halo-shell/engine/tensor"
 )
 
-// generateRecompute is GenerateBatch for a family with a decoder of its own (deepseek_v4),
-// which keeps no KV cache: each new token of a row re-runs the row's whole sequence (on the
-// device decoder or the host tape, as HALO_DSV4_PATH says) and samples from its last
-// position's logits, so a row of n tokens costs n forwards of growing length. Sampling,
-// streaming and stopping are GenerateBatch's (each row its own stream).
+// recomputes reports whether the model generates without a KV cache: a family with a decoder
+// of its own (deepseek_v4), or one whose attention keeps no cache (jetmoe's mixture of
+// attention heads).
+func (m *Model) recomputes() bool {
+	if m.Family.Host != nil {
+		return true
+	}
+	if m.cfg != nil {
+		if f := m.cfg.Family(); f != nil && f.MoA {
+			return true
+		}
+	}
+	return false
+}
+
+// generateRecompute is GenerateBatch for the models that keep no KV cache (recomputes): each
+// new token of a row re-runs the row's whole sequence (deepseek_v4 on its device decoder or
+// the host tape, as HALO_DSV4_PATH says; the others through NextLogits) and samples from its
+// last position's logits, so a row of n tokens costs n forwards of growing length.
+// Sampling, streaming and stopping are GenerateBatch's (each row its own stream).
 func (m *Model) generateRecompute(prompts [][]int32, o BatchGenerateOptions) ([][]int32, error) {
 	if m.lora != nil || m.quant != nil {
 		return nil, m.errHostOnly("adapters or 4-bit base")
@@ -57,9 +72,12 @@ func (m *Model) generateRecompute(prompts [][]int32, o BatchGenerateOptions) ([]
 	return out, nil
 }
 
-// ownLastLogits runs one sequence through the model's own decoder and returns the logits [V] of
-// its last position.
+// ownLastLogits runs one sequence without a cache and returns the logits [V] of its last
+// position: through the family's own decoder where it has one, else NextLogits.
 func (m *Model) ownLastLogits(seq []int32) ([]float32, error) {
+	if m.Family.Host == nil {
+		return m.NextLogits(seq)
+	}
 	ids := make([]int, len(seq))
 	for i, id := range seq {
 		if id < 0 || int(id) >= m.Arch.Vocab {
