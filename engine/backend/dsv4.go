@@ -609,3 +609,32 @@ func needMask(op string, m T, n, c int) error {
 	}
 	return nil
 }
+
+// ElementwiseCount checks the operands of an elementwise DeepSeek-V4 op (SqrtSoftplus,
+// SwiGLUClampedSplit and their backwards): each present, with the element count of the first,
+// which it returns. names name them in errors.
+func ElementwiseCount(op string, names []string, ts ...T) (int, error) {
+	if ts[0].IsNil() {
+		return 0, fmt.Errorf("%s: %s is required", op, names[0])
+	}
+	n := ts[0].Numel()
+	for i := 1; i < len(ts); i++ {
+		if ts[i].IsNil() || ts[i].Numel() != n {
+			return 0, fmt.Errorf("%s: %s %v must have the %d elements of %s %v", op, names[i], ts[i], n, names[0], ts[0])
+		}
+	}
+	return n, nil
+}
+
+// SwiGLUClampedSplitBackwardCount is ElementwiseCount over SwiGLUClampedSplitBackward's
+// operands, an absent gradient (nil: not wanted) left out.
+func SwiGLUClampedSplitBackwardCount(op string, dGate, dUp, dOut, gate, up T) (int, error) {
+	names, ts := []string{"gate", "up", "dOut"}, []T{gate, up, dOut}
+	if !dGate.IsNil() {
+		names, ts = append(names, "dGate"), append(ts, dGate)
+	}
+	if !dUp.IsNil() {
+		names, ts = append(names, "dUp"), append(ts, dUp)
+	}
+	return ElementwiseCount(op, names, ts...)
+}

@@ -534,27 +534,12 @@ func (b *Backend) StreamExpandBackward(a backend.StreamExpandBackwardArgs) error
 	return nil
 }
 
-// elementwise checks that every operand of an elementwise op is there with the elements of
-// the first.
-func elementwise(op string, names []string, ts ...T) (int, error) {
-	if ts[0].IsNil() {
-		return 0, fmt.Errorf("cpu: %s: %s is missing", op, names[0])
-	}
-	n := ts[0].Numel()
-	for i := 1; i < len(ts); i++ {
-		if err := numel(op, names[i], ts[i], n, "the elements of "+names[0]); err != nil {
-			return 0, err
-		}
-	}
-	return n, nil
-}
-
 // SqrtSoftplus implements backend.DSV4Ops.SqrtSoftplus: out = sqrt(softplus(x)).
 func (b *Backend) SqrtSoftplus(out, x T) error {
 	const op = "sqrt-softplus"
-	cnt, err := elementwise(op, []string{"x", "out"}, x, out)
+	cnt, err := backend.ElementwiseCount(op, []string{"x", "out"}, x, out)
 	if err != nil {
-		return err
+		return fmt.Errorf("cpu: %w", err)
 	}
 	xv, err := b.in(op, "x", x)
 	if err != nil {
@@ -577,9 +562,9 @@ func (b *Backend) SqrtSoftplus(out, x T) error {
 // sigmoid(x) / (2·out), nothing where out is 0.
 func (b *Backend) SqrtSoftplusBackward(dX, dOut, x, out T) error {
 	const op = "sqrt-softplus-backward"
-	cnt, err := elementwise(op, []string{"x", "out", "dOut", "dX"}, x, out, dOut, dX)
+	cnt, err := backend.ElementwiseCount(op, []string{"x", "out", "dOut", "dX"}, x, out, dOut, dX)
 	if err != nil {
-		return err
+		return fmt.Errorf("cpu: %w", err)
 	}
 	xv, err := b.in(op, "x", x)
 	if err != nil {
@@ -614,9 +599,9 @@ func (b *Backend) SqrtSoftplusBackward(dX, dOut, x, out T) error {
 // limit)) · clamp(up, -limit, limit), gate and up separate tensors.
 func (b *Backend) SwiGLUClampedSplit(out, gate, up T, limit float32) error {
 	const op = "swiglu-clamped-split"
-	cnt, err := elementwise(op, []string{"gate", "up", "out"}, gate, up, out)
+	cnt, err := backend.ElementwiseCount(op, []string{"gate", "up", "out"}, gate, up, out)
 	if err != nil {
-		return err
+		return fmt.Errorf("cpu: %w", err)
 	}
 	gv, err := b.in(op, "gate", gate)
 	if err != nil {
@@ -647,18 +632,9 @@ func (b *Backend) SwiGLUClampedSplit(out, gate, up T, limit float32) error {
 // limit (gc, uc the clamped inputs); either gradient may be nil.
 func (b *Backend) SwiGLUClampedSplitBackward(dGate, dUp, dOut, gate, up T, limit float32) error {
 	const op = "swiglu-clamped-split-backward"
-	names, ts := []string{"gate", "up", "dOut"}, []T{gate, up, dOut}
-	for _, g := range []struct {
-		name string
-		t    T
-	}{{"dGate", dGate}, {"dUp", dUp}} {
-		if !g.t.IsNil() {
-			names, ts = append(names, g.name), append(ts, g.t)
-		}
-	}
-	cnt, err := elementwise(op, names, ts...)
+	cnt, err := backend.SwiGLUClampedSplitBackwardCount(op, dGate, dUp, dOut, gate, up)
 	if err != nil {
-		return err
+		return fmt.Errorf("cpu: %w", err)
 	}
 	gv, err := b.in(op, "gate", gate)
 	if err != nil {

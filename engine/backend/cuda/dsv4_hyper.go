@@ -265,28 +265,14 @@ func (b *Backend) StreamExpandBackward(a backend.StreamExpandBackwardArgs) error
 		pc, px, cx, int64(N), int32(n), int64(C))
 }
 
-// hyperElementwise checks that every operand of an elementwise op is there with the elements
-// of the first.
-func hyperElementwise(op string, names []string, ts ...T) (int64, error) {
-	if ts[0].IsNil() {
-		return 0, fmt.Errorf("cuda: %s: %s is required", op, names[0])
-	}
-	n := ts[0].Numel()
-	for i := 1; i < len(ts); i++ {
-		if ts[i].IsNil() || ts[i].Numel() != n {
-			return 0, fmt.Errorf("cuda: %s: %s %v must have the %d elements of %s %v", op, names[i], ts[i], n, names[0], ts[0])
-		}
-	}
-	return int64(n), nil
-}
-
 // SqrtSoftplus implements backend.DSV4Ops.SqrtSoftplus.
 func (b *Backend) SqrtSoftplus(out, x T) error {
 	const op = "SqrtSoftplus"
-	n, err := hyperElementwise(op, []string{"x", "out"}, x, out)
+	cnt, err := backend.ElementwiseCount(op, []string{"x", "out"}, x, out)
 	if err != nil {
-		return err
+		return fmt.Errorf("cuda: %w", err)
 	}
+	n := int64(cnt)
 	arg := b.args(op)
 	po, co := arg.float("out", out)
 	px, cx := arg.float("x", x)
@@ -299,10 +285,11 @@ func (b *Backend) SqrtSoftplus(out, x T) error {
 // SqrtSoftplusBackward implements backend.DSV4Ops.SqrtSoftplusBackward.
 func (b *Backend) SqrtSoftplusBackward(dX, dOut, x, out T) error {
 	const op = "SqrtSoftplusBackward"
-	n, err := hyperElementwise(op, []string{"x", "out", "dOut", "dX"}, x, out, dOut, dX)
+	cnt, err := backend.ElementwiseCount(op, []string{"x", "out", "dOut", "dX"}, x, out, dOut, dX)
 	if err != nil {
-		return err
+		return fmt.Errorf("cuda: %w", err)
 	}
+	n := int64(cnt)
 	arg := b.args(op)
 	pdx, cdx := arg.float("dX", dX)
 	pdo, cdo := arg.float("dOut", dOut)
@@ -317,10 +304,11 @@ func (b *Backend) SqrtSoftplusBackward(dX, dOut, x, out T) error {
 // SwiGLUClampedSplit implements backend.DSV4Ops.SwiGLUClampedSplit.
 func (b *Backend) SwiGLUClampedSplit(out, gate, up T, limit float32) error {
 	const op = "SwiGLUClampedSplit"
-	n, err := hyperElementwise(op, []string{"gate", "up", "out"}, gate, up, out)
+	cnt, err := backend.ElementwiseCount(op, []string{"gate", "up", "out"}, gate, up, out)
 	if err != nil {
-		return err
+		return fmt.Errorf("cuda: %w", err)
 	}
+	n := int64(cnt)
 	arg := b.args(op)
 	po, co := arg.float("out", out)
 	pg, cg := arg.float("gate", gate)
@@ -335,19 +323,11 @@ func (b *Backend) SwiGLUClampedSplit(out, gate, up T, limit float32) error {
 // gradient may be nil).
 func (b *Backend) SwiGLUClampedSplitBackward(dGate, dUp, dOut, gate, up T, limit float32) error {
 	const op = "SwiGLUClampedSplitBackward"
-	names, ts := []string{"gate", "up", "dOut"}, []T{gate, up, dOut}
-	for _, g := range []struct {
-		name string
-		t    T
-	}{{"dGate", dGate}, {"dUp", dUp}} {
-		if !g.t.IsNil() {
-			names, ts = append(names, g.name), append(ts, g.t)
-		}
-	}
-	n, err := hyperElementwise(op, names, ts...)
+	cnt, err := backend.SwiGLUClampedSplitBackwardCount(op, dGate, dUp, dOut, gate, up)
 	if err != nil {
-		return err
+		return fmt.Errorf("cuda: %w", err)
 	}
+	n := int64(cnt)
 	arg := b.args(op)
 	pdg, cdg := arg.optFloat("dGate", dGate)
 	pdu, cdu := arg.optFloat("dUp", dUp)
