@@ -125,6 +125,25 @@ func maxErrOverRMS(got, want []float32) float64 {
 	return worst / math.Sqrt(ss/float64(len(want))+1e-30)
 }
 
+// compareOutputs reports, for each output of names, a length that differs from the CPU's, or
+// a max |err| / rms(want) above tol(name, want); c names the case and who the side under test.
+func compareOutputs(t *testing.T, c any, names []string, got, want map[string][]float32, who string, tol func(name string, want []float32) float64) {
+	t.Helper()
+	for _, name := range names {
+		g, w := got[name], want[name]
+		if len(g) != len(w) {
+			t.Errorf("%v: %s: %s has %d values, the CPU %d", c, name, who, len(g), len(w))
+			continue
+		}
+		if len(w) == 0 {
+			continue
+		}
+		if e, lim := maxErrOverRMS(g, w), tol(name, w); !(e <= lim) {
+			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", c, name, who, e, lim)
+		}
+	}
+}
+
 // hostEmuTol bounds max |err| / rms(ref) of the fp32 kernels against the float64 reference:
 // the worst measured is about 1e-5 (sums over 512 head dims and 150 keys), a wrong mask, chunk
 // or reduction is of order 1.

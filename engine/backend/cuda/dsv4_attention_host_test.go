@@ -161,19 +161,7 @@ func (sc sinkAttnCase) tol() float64 {
 // compareSinkAttn reports each output's max |err| / rms(want).
 func compareSinkAttn(t *testing.T, sc sinkAttnCase, got, want map[string][]float32, who string) {
 	t.Helper()
-	for _, name := range sinkAttnOutputs {
-		g, w := got[name], want[name]
-		if len(g) != len(w) {
-			t.Errorf("%v: %s: %s has %d values, the CPU %d", sc, name, who, len(g), len(w))
-			continue
-		}
-		if len(w) == 0 {
-			continue
-		}
-		if e := maxErrOverRMS(g, w); !(e <= sc.tol()) {
-			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", sc, name, who, e, sc.tol())
-		}
-	}
+	compareOutputs(t, sc, sinkAttnOutputs, got, want, who, func(string, []float32) float64 { return sc.tol() })
 }
 
 // sinkAttnCases cover one query, own keys only (no window, a window shorter than N, a window

@@ -271,19 +271,7 @@ func dsv4HyperTol(c dsv4HyperCase, name string) float64 {
 // compareDSV4Hyper reports each result's max |err| / rms(want).
 func compareDSV4Hyper(t *testing.T, c dsv4HyperCase, got, want map[string][]float32, who string) {
 	t.Helper()
-	for _, name := range dsv4HyperOutputs[c.kind] {
-		g, w := got[name], want[name]
-		if len(g) != len(w) {
-			t.Errorf("%v: %s: %s has %d values, the CPU %d", c, name, who, len(g), len(w))
-			continue
-		}
-		if len(w) == 0 {
-			continue
-		}
-		if e := maxErrOverRMS(g, w); !(e <= dsv4HyperTol(c, name)) {
-			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", c, name, who, e, dsv4HyperTol(c, name))
-		}
-	}
+	compareOutputs(t, c, dsv4HyperOutputs[c.kind], got, want, who, func(name string, _ []float32) float64 { return dsv4HyperTol(c, name) })
 }
 
 // dsv4HyperCases cover 1, 3 (not a power of two), 4 and 8 streams, 1 row and several, one

@@ -185,20 +185,12 @@ func gatedDeltaStagesTol(dt tensor.DType) float64 {
 
 func compareGatedDeltaStages(t *testing.T, sc gatedDeltaStagesCase, got, want map[string][]float32, who string) {
 	t.Helper()
-	for _, name := range gatedDeltaStagesOutputs {
-		g, w := got[name], want[name]
-		if len(g) != len(w) {
-			t.Errorf("%v: %s: %s has %d values, the CPU %d", sc, name, who, len(g), len(w))
-			continue
-		}
-		tol := gatedDeltaStagesTol(sc.dt)
+	compareOutputs(t, sc, gatedDeltaStagesOutputs, got, want, who, func(name string, _ []float32) float64 {
 		if gatedDeltaStagesF32[name] {
-			tol = gatedDeltaStagesTol(tensor.F32)
+			return gatedDeltaStagesTol(tensor.F32)
 		}
-		if e := maxErrOverRMS(g, w); !(e <= tol) {
-			t.Errorf("%v: %s: %s max |err|/rms = %.3g against the CPU, above %.1e", sc, name, who, e, tol)
-		}
-	}
+		return gatedDeltaStagesTol(sc.dt)
+	})
 }
 
 // TestGatedDeltaStagesKernelsOnHost runs kernels/gated_delta_stages.cu as host C++
