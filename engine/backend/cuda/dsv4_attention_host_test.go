@@ -61,23 +61,32 @@ func (sc sinkAttnCase) data() sinkAttnData {
 		q: fill(sc.n*sc.h*sc.d, 1.2), kv: fill(s*sc.d, 1.2), sinks: fill(sc.h, 2),
 		dout: fill(sc.n*sc.h*sc.d, 1), dq: fill(sc.n*sc.h*sc.d, 1), dkv: fill(s*sc.d, 1), gs: fill(sc.h, 1),
 	}
-	switch sc.mask {
-	case "pattern": // row 1 sees no entry, the last every one, the others a pattern
-		d.mask = make([]int32, sc.n*sc.c)
-		for i := range d.mask {
-			t, w := i/sc.c, i%sc.c
+	d.mask = testIndexerMask(sc.mask, sc.n, sc.c)
+	return d
+}
+
+// testIndexerMask is an indexer mask [n, c] of the kind the sink tests name: "pattern" (row 1
+// sees no entry, the last row every one, the others a pattern of nonzero values), "zero"
+// (every entry hidden), or none (nil) for anything else.
+func testIndexerMask(kind string, n, c int) []int32 {
+	switch kind {
+	case "pattern":
+		m := make([]int32, n*c)
+		for i := range m {
+			t, w := i/c, i%c
 			switch {
 			case t == 1:
-			case t == sc.n-1:
-				d.mask[i] = 1
+			case t == n-1:
+				m[i] = 1
 			case (t*7+w*3)%5 < 2:
-				d.mask[i] = int32(1 + (t+w)%3)
+				m[i] = int32(1 + (t+w)%3)
 			}
 		}
+		return m
 	case "zero":
-		d.mask = make([]int32, sc.n*sc.c)
+		return make([]int32, n*c)
 	}
-	return d
+	return nil
 }
 
 // sinkAttnOps are the members of backend.DSV4Ops that these tests run, as the CPU and CUDA

@@ -65,22 +65,7 @@ func (sc sinkSoftmaxCase) data() sinkSoftmaxData {
 	for i := range d.lse {
 		d.lse[i] = float32(4 + uniform())
 	}
-	switch sc.mask {
-	case "pattern": // row 1 sees no entry, the last every one, the others a pattern
-		d.mask = make([]int32, sc.n*sc.c)
-		for i := range d.mask {
-			t, w := i/sc.c, i%sc.c
-			switch {
-			case t == 1:
-			case t == sc.n-1:
-				d.mask[i] = 1
-			case (t*7+w*3)%5 < 2:
-				d.mask[i] = int32(1 + (t+w)%3)
-			}
-		}
-	case "zero":
-		d.mask = make([]int32, sc.n*sc.c)
-	}
+	d.mask = testIndexerMask(sc.mask, sc.n, sc.c)
 	return d
 }
 
