@@ -31,8 +31,8 @@ func (m *Model) recomputes() bool {
 // the host tape, as HALO_DSV4_PATH says; the others through NextLogits) and samples from its
 // last position's logits, so a row of n tokens costs n forwards of growing length.
 // Sampling, streaming and stopping are GenerateBatch's (each row its own stream).
-func (m *Model) generateRecompute(prompts [][]int32, o BatchGenerateOptions) ([][]int32, error) {
-	if m.lora != nil || m.quant != nil {
+func (m *Model) generateRecompute(prompts [][]int32, o BatchGenerateOptions) (_ [][]int32, err error) {
+	if m.Family.Host != nil && (m.lora != nil || m.quant != nil) {
 		return nil, m.errHostOnly("adapters or 4-bit base")
 	}
 	rngs := make([]*rand.Rand, len(prompts))
@@ -41,12 +41,17 @@ func (m *Model) generateRecompute(prompts [][]int32, o BatchGenerateOptions) ([]
 	for r := range prompts {
 		rngs[r], seqs[r], running[r] = rowRNG(o.Seed, r), slices.Clone(prompts[r]), r
 	}
+	next, done, err := m.nextLogitsFunc()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, done()) }()
 	out := make([][]int32, len(prompts))
 	for step := 0; len(running) > 0; step++ {
 		logits := make([][]float32, len(running))
 		for i, r := range running {
 			var err error
-			if logits[i], err = m.ownLastLogits(seqs[r]); err != nil {
+			if logits[i], err = next(seqs[r]); err != nil {
 				return out, fmt.Errorf("models: Generate: row %d: %w", r, err)
 			}
 		}
@@ -72,46 +77,65 @@ func (m *Model) generateRecompute(prompts [][]int32, o BatchGenerateOptions) ([]
 	return out, nil
 }
 
-// ownLastLogits runs one sequence without a cache and returns the logits [V] of its last
-// position: through the family's own decoder where it has one, else NextLogits.
-func (m *Model) ownLastLogits(seq []int32) ([]float32, error) {
+// nextLogitsFunc returns a function that runs one sequence without a cache and returns the
+// logits [V] of its last position: through the family's own decoder where it has one (built
+// once, the host tape's parameters downloaded once, for every call), else NextLogits; and a
+// function that releases the decoder.
+func (m *Model) nextLogitsFunc() (next func(seq []int32) ([]float32, error), done func() error, err error) {
 	if m.Family.Host == nil {
-		return m.NextLogits(seq)
+		return m.NextLogits, func() error { return nil }, nil
 	}
-	ids := make([]int, len(seq))
-	for i, id := range seq {
-		if id < 0 || int(id) >= m.Arch.Vocab {
-			return nil, fmt.Errorf("token id %d at %d is outside the vocabulary of %d", id, i, m.Arch.Vocab)
-		}
-		ids[i] = int(id)
-	}
-	if !m.hostOnDevice() {
-		var tape nn.HostTape
-		_, dec, err := m.hostTapeDecoder(&tape)
-		if err != nil {
-			return nil, err
-		}
-		l, err := dec.Logits(&tape, ids)
-		if err != nil {
-			return nil, err
-		}
-		out := make([]float32, l.C)
-		for j := range out {
-			out[j] = float32(l.V[(l.R-1)*l.C+j])
+	ids := func(seq []int32) ([]int, error) {
+		out := make([]int, len(seq))
+		for i, id := range seq {
+			if id < 0 || int(id) >= m.Arch.Vocab {
+				return nil, fmt.Errorf("token id %d at %d is outside the vocabulary of %d", id, i, m.Arch.Vocab)
+			}
+			out[i] = int(id)
 		}
 		return out, nil
 	}
+	if !m.hostOnDevice() {
+		// The leaves hold the parameters; each call runs on a tape of its own over them.
+		var leafTape nn.HostTape
+		_, dec, err := m.hostTapeDecoder(&leafTape)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(seq []int32) ([]float32, error) {
+			x, err := ids(seq)
+			if err != nil {
+				return nil, err
+			}
+			var tape nn.HostTape
+			l, err := dec.Logits(&tape, x)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]float32, l.C)
+			for j := range out {
+				out[j] = float32(l.V[(l.R-1)*l.C+j])
+			}
+			return out, nil
+		}, func() error { return nil }, nil
+	}
 	dev, _, _, err := m.deviceDecoder(false)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	tape := nn.NewDevTape(m.b, false)
-	h, err := dev.Hidden(tape, ids)
-	var out []float32
-	if err == nil {
-		out, err = m.headLogits(h.V)
-	}
-	return out, errors.Join(err, tape.Close(), dev.Close())
+	return func(seq []int32) ([]float32, error) {
+		x, err := ids(seq)
+		if err != nil {
+			return nil, err
+		}
+		tape := nn.NewDevTape(m.b, false)
+		h, err := dev.Hidden(tape, x)
+		var out []float32
+		if err == nil {
+			out, err = m.headLogits(h.V)
+		}
+		return out, errors.Join(err, tape.Close())
+	}, dev.Close, nil
 }
 
 // headLogits applies the LM head to the last row of hidden [T, C] and returns its logits [V].
